@@ -1,0 +1,1 @@
+//! Clock (being written).

@@ -1,0 +1,1 @@
+//! Pure limiter logic (being written).

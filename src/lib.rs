@@ -1,0 +1,44 @@
+//! sluice: a distributed rate limiter that decides locally.
+//!
+//! Every host keeps all quotas and counters in one memory region (an nginx
+//! shared zone, or a heap region behind the C ABI) and answers "may this
+//! request pass?" from it with no network call. A background thread syncs
+//! counters with the quota roots; `../shared/DESIGN.md` in the project states
+//! the semantics this crate implements.
+//!
+//! # Layout
+//!
+//! - [`core`] — pure, deterministic limiter logic: no IO, no clock reads, no
+//!   unsafe. Time is always a parameter.
+//!   - `core/quota.rs` — the quota model and its validation (names, numbers,
+//!     parent chains).
+//!   - `core/counter.rs` — a counter as `(level, at)`: leak, add, max-merge.
+//!   - `core/decision.rs` — the pass/reject rule with its probabilistic band,
+//!     and the check of a quota chain (all pass, then commit).
+//!   - `core/estimate.rs` — the level estimate between syncs and the two
+//!     extrapolation modes (constant ratio, adaptive fill rate).
+//!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws from.
+//!   - `core/spec.rs` — quota files (JSON) parsed and checked as a whole set.
+//! - [`table`] — the fixed-capacity quota + counter table in one contiguous
+//!   region, shared by threads and processes (atomics, per-slot seqlock,
+//!   offsets instead of pointers).
+//!   - `table/layout.rs` — the region's header, slot and index formats.
+//!   - `table/names.rs` — the name hash and the name arena.
+//!   - `table/mod.rs` — lookup, check, upsert/delete by epoch, delta
+//!     collection and counter merge.
+//! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
+//!   `check_by_name(name, weight)`.
+//! - [`clock`] — the monotonic clock the shells (C ABI, nginx) read.
+//! - `nginx/` — the nginx module glue (cargo feature `nginx`).
+//! - `root/` and `main.rs` — the quota root server and the `sluice` CLI
+//!   (cargo feature `root`).
+
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod core;
+pub mod ffi;
+pub mod table;
+
+#[cfg(feature = "nginx")]
+mod nginx;

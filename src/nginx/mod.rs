@@ -1,0 +1,1 @@
+//! nginx module glue (being written).
