@@ -1,1 +1,24 @@
-//! Pure limiter logic (being written).
+//! Pure limiter logic: quotas, counters, the decision, the estimate.
+//!
+//! Nothing here reads a clock, does IO or uses `unsafe`; time is always a
+//! parameter in nanoseconds of some monotonic clock chosen by the caller.
+//! The nginx module, the C ABI, the root and the simulator all call these
+//! functions, so the semantics exist once.
+
+pub mod counter;
+pub mod decision;
+pub mod estimate;
+pub mod quota;
+pub mod rng;
+pub mod spec;
+
+pub use counter::Level;
+pub use decision::{check_chain, decide, ChainVerdict, QuotaView, Verdict};
+pub use estimate::{Estimator, Extrapolation};
+pub use quota::{Quota, ValidationError};
+
+/// Nanoseconds on a monotonic clock; the unit of every time in the core.
+pub type Nanos = u64;
+
+/// Nanoseconds per second, as a float for rate arithmetic.
+pub const NANOS_PER_SEC: f64 = 1e9;

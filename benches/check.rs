@@ -1,0 +1,2 @@
+//! Check-path benchmarks (being written).
+fn main() {}

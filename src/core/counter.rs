@@ -1,0 +1,172 @@
+//! A counter as a level at a time.
+//!
+//! DESIGN.md describes each counter as a grow-only number `C` with a rising
+//! floor `F(t) = limit * t` and a bucket level `max(C, F(t)) - F(t)`. Raw
+//! `C` overflows 64 bits (1e12 units/s for 100 years is ~3e21), so a counter
+//! is stored and sent as the equivalent pair `(level, at)`: the level at
+//! time `at`. Leaking, adding and max-merging on pairs is exactly the
+//! grow-only semantics:
+//!
+//! - leak to `t`: `level' = max(0, level - limit * (t - at))`
+//!   (the floor rising; an idle quota banks no credit);
+//! - add `w` at `t`: leak to `t`, then `level' + w` (`C = max(C, F) + w`);
+//! - merge two views: leak both to the later `at`, keep the larger level
+//!   (`max` of two grow-only numbers).
+//!
+//! Levels are `f64`: no operation can overflow (the largest level any caller
+//! can build is a sum of clamped weights, far below `f64::MAX`), and with
+//! bursts capped at 2^53 and weights at 2^40 every level that matters is held
+//! exactly or to well under one unit.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Nanos, NANOS_PER_SEC};
+
+/// A bucket level observed at a time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Level {
+    /// Units in the bucket at `at`; never negative.
+    pub level: f64,
+    /// When the level was observed, in nanoseconds of the owner's clock.
+    pub at: Nanos,
+}
+
+/// Seconds from `from` to `to`; zero when `to` is not after `from`, so a
+/// clock that steps backwards never un-leaks a bucket.
+pub fn seconds_between(from: Nanos, to: Nanos) -> f64 {
+    to.saturating_sub(from) as f64 / NANOS_PER_SEC
+}
+
+impl Level {
+    /// An empty bucket at `at`.
+    pub const fn empty(at: Nanos) -> Self {
+        Self { level: 0.0, at }
+    }
+
+    /// The level at `now` after leaking at `limit` units per second.
+    ///
+    /// A `now` before `at` keeps the level and the time (the clamp for a
+    /// clock that stepped back).
+    pub fn leaked(self, limit: f64, now: Nanos) -> Self {
+        if now <= self.at {
+            return self;
+        }
+        let level = (self.level - limit * seconds_between(self.at, now)).max(0.0);
+        Self { level, at: now }
+    }
+
+    /// Leaks to `now`, then adds `weight`: `C = max(C, F(now)) + weight`.
+    pub fn add(self, limit: f64, now: Nanos, weight: f64) -> Self {
+        let leaked = self.leaked(limit, now);
+        Self { level: leaked.level + weight, at: leaked.at }
+    }
+
+    /// The larger of two views of one counter, compared at the later time.
+    pub fn merge(self, other: Self, limit: f64) -> Self {
+        let at = self.at.max(other.at);
+        let a = self.leaked(limit, at);
+        let b = other.leaked(limit, at);
+        Self { level: a.level.max(b.level), at }
+    }
+
+    /// True when the level is a finite, non-negative number: the only kind a
+    /// sync reply may carry.
+    pub fn is_valid(&self) -> bool {
+        self.level.is_finite() && self.level >= 0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::quota::{MAX_LIMIT, MAX_WEIGHT};
+
+    const SEC: Nanos = 1_000_000_000;
+    const HUNDRED_YEARS: Nanos = 100 * 365 * 24 * 3600 * SEC + 25 * 24 * 3600 * SEC;
+
+    #[test]
+    fn leaking_drains_at_the_limit_and_stops_at_zero() {
+        let l = Level { level: 100.0, at: 0 };
+        assert_eq!(l.leaked(10.0, 5 * SEC).level, 50.0);
+        assert_eq!(l.leaked(10.0, 20 * SEC).level, 0.0);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_does_not_unleak() {
+        let l = Level { level: 100.0, at: 10 * SEC };
+        assert_eq!(l.leaked(10.0, 5 * SEC), l);
+        assert_eq!(l.add(10.0, 5 * SEC, 1.0).level, 101.0);
+    }
+
+    #[test]
+    fn an_idle_quota_banks_no_credit() {
+        // C lifted to the floor: after a long idle period, adding w gives w.
+        let l = Level { level: 3.0, at: 0 }.add(1.0, 3600 * SEC, 7.0);
+        assert_eq!(l.level, 7.0);
+    }
+
+    #[test]
+    fn merge_is_max_after_leaking_to_the_same_time() {
+        let a = Level { level: 100.0, at: 0 };
+        let b = Level { level: 60.0, at: 2 * SEC };
+        // a leaked to 2 s at 10/s is 80 > 60.
+        assert_eq!(a.merge(b, 10.0), Level { level: 80.0, at: 2 * SEC });
+        assert_eq!(b.merge(a, 10.0), Level { level: 80.0, at: 2 * SEC });
+        let c = Level { level: 90.0, at: 2 * SEC };
+        assert_eq!(a.merge(c, 10.0).level, 90.0);
+    }
+
+    #[test]
+    fn merge_is_commutative_associative_and_idempotent() {
+        let xs = [
+            Level { level: 5.0, at: 1 },
+            Level { level: 50.0, at: 3 * SEC },
+            Level { level: 0.0, at: 9 * SEC },
+        ];
+        for a in xs {
+            assert_eq!(a.merge(a, 2.0), a);
+            for b in xs {
+                assert_eq!(a.merge(b, 2.0), b.merge(a, 2.0));
+                for c in xs {
+                    assert_eq!(a.merge(b, 2.0).merge(c, 2.0), a.merge(b.merge(c, 2.0), 2.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hundred_years_at_1e12_per_second_with_max_weights_stays_finite_and_exact() {
+        // The edge DESIGN.md names: raw C would be ~3e21 here.
+        let limit = 1e12;
+        let w = MAX_WEIGHT as f64;
+        let mut l = Level::empty(0);
+        l = l.add(limit, HUNDRED_YEARS - SEC, w);
+        assert_eq!(l.level, w);
+        l = l.add(limit, HUNDRED_YEARS - SEC, w);
+        assert_eq!(l.level, 2.0 * w);
+        // One second later at 1e12/s, 1e12 units leaked.
+        let later = l.leaked(limit, HUNDRED_YEARS);
+        assert_eq!(later.level, 2.0 * w - 1e12);
+        assert_eq!(later.at, HUNDRED_YEARS);
+        // The full span leaks everything, with no overflow at the top limit.
+        assert_eq!(Level { level: w, at: 0 }.leaked(MAX_LIMIT, u64::MAX).level, 0.0);
+    }
+
+    #[test]
+    fn millions_of_max_weight_adds_stay_finite() {
+        let mut l = Level::empty(0);
+        for _ in 0..1_000_000 {
+            l = l.add(0.0, 0, MAX_WEIGHT as f64);
+        }
+        assert!(l.is_valid());
+        assert_eq!(l.level, 1e6 * MAX_WEIGHT as f64);
+    }
+
+    #[test]
+    fn validity_rejects_nan_infinite_and_negative_levels() {
+        assert!(Level { level: 0.0, at: 0 }.is_valid());
+        assert!(!Level { level: f64::NAN, at: 0 }.is_valid());
+        assert!(!Level { level: f64::INFINITY, at: 0 }.is_valid());
+        assert!(!Level { level: -1.0, at: 0 }.is_valid());
+    }
+}

@@ -1,0 +1,214 @@
+//! The level estimate between syncs.
+//!
+//! At a sync the host learns the cluster level `known` (every host's
+//! admitted weight up to then). Until the next sync it estimates
+//!
+//! ```text
+//! L_est(t) = max(0, known.level + others(dt) - limit * dt) + own_recent
+//! ```
+//!
+//! where `dt = t - known.at`, `own_recent` is what this host admitted since
+//! (known exactly, so never guessed) and `others(dt)` extrapolates what the
+//! rest of the fleet added:
+//!
+//! - [`Extrapolation::ConstantRatio`] — YARL's rule: the others fill at
+//!   `ratio * limit`, whatever they really do;
+//! - [`Extrapolation::Adaptive`] (default) — the others fill at the rate
+//!   measured over the last syncs ([`measure_fill_rate`]), so the estimate
+//!   follows real load up and down.
+//!
+//! Extrapolation stops `horizon` after `known.at`: when syncs stop (every
+//! root down) the estimate falls back to "known level, leaking, plus what
+//! this host admitted", i.e. per-host limiting, instead of guessing forever.
+
+use serde::{Deserialize, Serialize};
+
+use super::counter::{seconds_between, Level};
+use super::decision::QuotaView;
+use super::Nanos;
+
+/// How the rest of the fleet's fill is extrapolated between syncs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Extrapolation {
+    /// Others fill at `ratio * limit` (YARL's `correction_ratio`).
+    ConstantRatio {
+        /// Fraction of the limit the others are assumed to fill.
+        ratio: f64,
+    },
+    /// Others fill at their measured rate (EWMA over the last syncs).
+    Adaptive,
+}
+
+/// Extrapolation mode plus how long after a sync to keep extrapolating.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimator {
+    /// The extrapolation rule.
+    pub mode: Extrapolation,
+    /// Nanoseconds after `known.at` past which nothing more is extrapolated
+    /// (two sync intervals by default).
+    pub horizon: Nanos,
+}
+
+impl Default for Estimator {
+    fn default() -> Self {
+        Self { mode: Extrapolation::Adaptive, horizon: 2_000_000_000 }
+    }
+}
+
+/// Weight of the newest measurement in the fill-rate average.
+pub const FILL_RATE_SMOOTHING: f64 = 0.5;
+
+/// The estimated level of one quota at `now`.
+pub fn estimate_level(view: &QuotaView, now: Nanos, estimator: &Estimator) -> f64 {
+    let others_rate = match estimator.mode {
+        Extrapolation::ConstantRatio { ratio } => ratio * view.limit,
+        Extrapolation::Adaptive => view.fill_rate,
+    };
+    let dt = seconds_between(view.known.at, now);
+    let horizon = estimator.horizon as f64 / super::NANOS_PER_SEC;
+    let others = others_rate * dt.min(horizon);
+    (view.known.level + others - view.limit * dt).max(0.0) + view.own_recent
+}
+
+/// Updates the others' fill rate from two consecutive cluster levels.
+///
+/// `own_acked` is the weight this host sent that `next` newly includes, so
+/// it is subtracted: the host knows its own load exactly and only guesses
+/// the others'. What the fleet added between the two is
+/// `next.level - max(0, prev.level - limit * dt)`: exact when the bucket did
+/// not run dry in between, a lower bound when it did. Returns `prev_rate`
+/// when `next` is not later than `prev`.
+pub fn measure_fill_rate(
+    prev: Level,
+    next: Level,
+    limit: f64,
+    own_acked: f64,
+    prev_rate: f64,
+) -> f64 {
+    let dt = seconds_between(prev.at, next.at);
+    if dt <= 0.0 {
+        return prev_rate;
+    }
+    let drained = prev.leaked(limit, next.at).level;
+    let added_by_others = (next.level - drained - own_acked).max(0.0);
+    let rate = added_by_others / dt;
+    FILL_RATE_SMOOTHING * rate + (1.0 - FILL_RATE_SMOOTHING) * prev_rate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Nanos = 1_000_000_000;
+
+    fn view(level: f64, fill_rate: f64, own_recent: f64) -> QuotaView {
+        QuotaView {
+            limit: 100.0,
+            low_burst: 100.0,
+            high_burst: 200.0,
+            known: Level { level, at: 0 },
+            fill_rate,
+            own_recent,
+        }
+    }
+
+    #[test]
+    fn own_recent_weight_is_added_exactly() {
+        let est = Estimator::default();
+        assert_eq!(estimate_level(&view(50.0, 0.0, 7.0), 0, &est), 57.0);
+    }
+
+    #[test]
+    fn adaptive_follows_the_measured_fill_rate() {
+        let est = Estimator::default();
+        // Others fill at 300/s, leak 100/s: +200 over one second.
+        assert_eq!(estimate_level(&view(50.0, 300.0, 0.0), SEC, &est), 250.0);
+        // Others idle: plain leak.
+        assert_eq!(estimate_level(&view(50.0, 0.0, 0.0), SEC / 4, &est), 25.0);
+    }
+
+    #[test]
+    fn constant_ratio_assumes_a_fixed_share_of_the_limit() {
+        let est = Estimator { mode: Extrapolation::ConstantRatio { ratio: 1.0 }, horizon: 2 * SEC };
+        // Others fill exactly at the limit: the level stays put.
+        assert_eq!(estimate_level(&view(50.0, 300.0, 0.0), SEC, &est), 50.0);
+    }
+
+    #[test]
+    fn extrapolation_stops_at_the_horizon_and_the_level_then_leaks() {
+        let est = Estimator { mode: Extrapolation::Adaptive, horizon: 2 * SEC };
+        // 2 s of others at 300/s = 600, 10 s of leak at 100/s = 1000.
+        assert_eq!(estimate_level(&view(500.0, 300.0, 0.0), 10 * SEC, &est), 100.0);
+        // Long after, only this host's own weight remains.
+        assert_eq!(estimate_level(&view(500.0, 300.0, 3.0), 100 * SEC, &est), 3.0);
+    }
+
+    #[test]
+    fn fill_rate_excludes_own_weight_and_smooths() {
+        let prev = Level { level: 100.0, at: 0 };
+        let next = Level { level: 150.0, at: SEC };
+        // Leak 100, so the fleet added 150; 30 was ours: others 120/s.
+        // Smoothed with the previous 40/s: 80/s.
+        assert_eq!(measure_fill_rate(prev, next, 100.0, 30.0, 40.0), 80.0);
+        assert_eq!(measure_fill_rate(next, prev, 100.0, 30.0, 40.0), 40.0);
+    }
+
+    /// A host syncing every second while the rest of the fleet adds
+    /// `others[s]` units spread evenly over second `s`. Returns the mean
+    /// absolute error of the estimate against the true cluster level,
+    /// sampled 10 times a second (the host itself is idle, so the whole
+    /// error is the extrapolation's).
+    fn mean_error(others: &[f64], estimator: &Estimator) -> f64 {
+        let limit = 100.0;
+        let steps = 10u64;
+        let step = SEC / steps;
+        let mut truth = Level::empty(0);
+        let mut known = Level::empty(0);
+        let mut rate = 0.0;
+        let mut error = 0.0;
+        let mut samples = 0.0;
+        for (s, added) in others.iter().enumerate() {
+            for k in 1..=steps {
+                let now = s as u64 * SEC + k * step;
+                truth = truth.add(limit, now, added / steps as f64);
+                if s >= 3 {
+                    let v = QuotaView {
+                        limit,
+                        low_burst: 0.0,
+                        high_burst: 0.0,
+                        known,
+                        fill_rate: rate,
+                        own_recent: 0.0,
+                    };
+                    error += (estimate_level(&v, now, estimator) - truth.level).abs();
+                    samples += 1.0;
+                }
+            }
+            rate = measure_fill_rate(known, truth, limit, 0.0, rate);
+            known = truth;
+        }
+        error / samples
+    }
+
+    const ADAPTIVE: Estimator = Estimator { mode: Extrapolation::Adaptive, horizon: 2 * SEC };
+    const YARL: Estimator =
+        Estimator { mode: Extrapolation::ConstantRatio { ratio: 1.0 }, horizon: 2 * SEC };
+
+    #[test]
+    fn adaptive_is_better_under_steady_overload() {
+        // The fleet offers 2x the limit every second.
+        let load = vec![200.0; 30];
+        let (a, c) = (mean_error(&load, &ADAPTIVE), mean_error(&load, &YARL));
+        assert!(a < c / 4.0, "adaptive {a} vs constant {c}");
+    }
+
+    #[test]
+    fn constant_ratio_is_better_when_load_flips_every_sync() {
+        // On for one second at 3x, off the next: the last measurement is
+        // always the wrong guess for the coming second.
+        let load: Vec<f64> = (0..30).map(|s| if s % 2 == 0 { 300.0 } else { 0.0 }).collect();
+        let (a, c) = (mean_error(&load, &ADAPTIVE), mean_error(&load, &YARL));
+        assert!(c < a, "constant {c} vs adaptive {a}");
+    }
+}

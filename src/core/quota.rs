@@ -1,0 +1,228 @@
+//! The quota model and its validation.
+//!
+//! A quota is a leaky bucket with a name, an optional parent and three
+//! numbers: `limit` (leak rate, units per second), `low_burst` (level up to
+//! which everything passes) and `high_burst` (level from which everything is
+//! rejected). Validation lives here once; the root, the quota file loader and
+//! the C ABI all call it.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest quota name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest parent chain, counting the quota itself.
+pub const MAX_DEPTH: usize = 8;
+/// Largest weight a single check may carry; larger weights are clamped.
+///
+/// 2^40 units (1 TiB when a unit is a byte) keeps every sum the table makes
+/// far from `u64` overflow and exactly representable as `f64`.
+pub const MAX_WEIGHT: u64 = 1 << 40;
+/// Largest accepted `limit`, units per second (1e15: 1000× the design's
+/// 1e12 requirement, still leaving `limit * 100 years` finite and exact
+/// enough in `f64`).
+pub const MAX_LIMIT: f64 = 1e15;
+/// Largest accepted burst: 2^53, the last integer `f64` holds exactly.
+pub const MAX_BURST: f64 = 9_007_199_254_740_992.0;
+
+/// One quota as the root stores it and the sync protocol carries it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Stable numeric id; it also names the quota's counter.
+    pub id: u64,
+    /// Unique name, e.g. `s3_photos_read` (see [`validate_name`]).
+    pub name: String,
+    /// Id of the parent quota, if any.
+    #[serde(default)]
+    pub parent: Option<u64>,
+    /// Leak rate in units per second.
+    pub limit: f64,
+    /// Level up to which every request passes.
+    pub low_burst: f64,
+    /// Level from which every request is rejected.
+    pub high_burst: f64,
+    /// Global change number of the last write to this quota.
+    pub epoch: u64,
+    /// Tombstone: the quota was deleted at `epoch`.
+    #[serde(default)]
+    pub deleted: bool,
+}
+
+/// Why a quota (or a set of quotas) is not acceptable, naming the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ValidationError {
+    /// The offending field: `name`, `limit`, `low_burst`, `high_burst`,
+    /// `parent`, or `quotas` for set-wide problems.
+    pub field: &'static str,
+    /// What is wrong, for a human.
+    pub message: String,
+}
+
+impl ValidationError {
+    /// Builds an error for `field`.
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+        Self { field, message: message.into() }
+    }
+}
+
+/// True for the bytes a quota name may contain: `[A-Za-z0-9_.:-]`.
+pub fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-')
+}
+
+/// Checks a quota name: 1..=255 bytes of `[A-Za-z0-9_.:-]`.
+pub fn validate_name(name: &str) -> Result<(), ValidationError> {
+    if name.is_empty() {
+        return Err(ValidationError::new("name", "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(ValidationError::new(
+            "name",
+            format!("is {} bytes long, at most {MAX_NAME_LEN} allowed", name.len()),
+        ));
+    }
+    if let Some(pos) = name.bytes().position(|b| !is_name_byte(b)) {
+        return Err(ValidationError::new(
+            "name",
+            format!("byte {pos} is not one of [A-Za-z0-9_.:-]"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_number(field: &'static str, value: f64, max: f64) -> Result<(), ValidationError> {
+    if !value.is_finite() {
+        return Err(ValidationError::new(field, "must be a finite number"));
+    }
+    if value < 0.0 {
+        return Err(ValidationError::new(field, "must not be negative"));
+    }
+    if value > max {
+        return Err(ValidationError::new(field, format!("must be at most {max}")));
+    }
+    Ok(())
+}
+
+/// Checks the three numbers of a quota: finite, non-negative, bounded, and
+/// `low_burst <= high_burst`.
+pub fn validate_params(limit: f64, low_burst: f64, high_burst: f64) -> Result<(), ValidationError> {
+    validate_number("limit", limit, MAX_LIMIT)?;
+    validate_number("low_burst", low_burst, MAX_BURST)?;
+    validate_number("high_burst", high_burst, MAX_BURST)?;
+    if low_burst > high_burst {
+        return Err(ValidationError::new(
+            "low_burst",
+            format!("{low_burst} is greater than high_burst {high_burst}"),
+        ));
+    }
+    Ok(())
+}
+
+impl Quota {
+    /// Checks name and numbers; a tombstone only needs a valid name.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate_name(&self.name)?;
+        if self.deleted {
+            return Ok(());
+        }
+        if self.parent == Some(self.id) {
+            return Err(ValidationError::new("parent", "a quota cannot be its own parent"));
+        }
+        validate_params(self.limit, self.low_burst, self.high_burst)
+    }
+}
+
+/// Checks that following `parent_of` from `start` ends within
+/// [`MAX_DEPTH`] quotas (counting `start`) without revisiting one.
+///
+/// `parent_of` answers the parent of a key, `None` for a top-level quota.
+/// Works for names or ids, so the root (which sees the database) and the
+/// file loader (which sees a set) share it.
+pub fn validate_chain<K, F>(start: &K, mut parent_of: F) -> Result<usize, ValidationError>
+where
+    K: PartialEq + Clone + std::fmt::Debug,
+    F: FnMut(&K) -> Option<K>,
+{
+    let mut seen: Vec<K> = vec![start.clone()];
+    let mut cur = start.clone();
+    while let Some(parent) = parent_of(&cur) {
+        if seen.contains(&parent) {
+            return Err(ValidationError::new(
+                "parent",
+                format!("parent chain of {start:?} loops back to {parent:?}"),
+            ));
+        }
+        seen.push(parent.clone());
+        if seen.len() > MAX_DEPTH {
+            return Err(ValidationError::new(
+                "parent",
+                format!("parent chain of {start:?} is deeper than {MAX_DEPTH}"),
+            ));
+        }
+        cur = parent;
+    }
+    Ok(seen.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn names_accept_the_documented_charset() {
+        assert!(validate_name("s3_photos-2024.read:v1").is_ok());
+        assert!(validate_name(&"a".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn names_reject_empty_long_and_foreign_bytes() {
+        assert_eq!(validate_name("").unwrap_err().field, "name");
+        assert!(validate_name(&"a".repeat(256)).is_err());
+        for bad in ["a b", "a/b", "é", "a\0", "a*"] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn params_reject_nan_infinite_negative_and_inverted_band() {
+        assert!(validate_params(10.0, 5.0, 10.0).is_ok());
+        assert!(validate_params(0.0, 0.0, 0.0).is_ok());
+        assert_eq!(validate_params(f64::NAN, 1.0, 1.0).unwrap_err().field, "limit");
+        assert_eq!(validate_params(f64::INFINITY, 1.0, 1.0).unwrap_err().field, "limit");
+        assert_eq!(validate_params(-1.0, 1.0, 1.0).unwrap_err().field, "limit");
+        assert_eq!(validate_params(1.0, -1.0, 1.0).unwrap_err().field, "low_burst");
+        assert_eq!(validate_params(1.0, 1.0, f64::NAN).unwrap_err().field, "high_burst");
+        assert_eq!(validate_params(1.0, 2.0, 1.0).unwrap_err().field, "low_burst");
+        assert_eq!(validate_params(MAX_LIMIT * 2.0, 1.0, 1.0).unwrap_err().field, "limit");
+    }
+
+    #[test]
+    fn tombstones_need_only_a_name() {
+        let q = Quota {
+            id: 1,
+            name: "gone".into(),
+            parent: None,
+            limit: f64::NAN,
+            low_burst: 0.0,
+            high_burst: 0.0,
+            epoch: 3,
+            deleted: true,
+        };
+        assert!(q.validate().is_ok());
+    }
+
+    #[test]
+    fn chains_report_depth_and_reject_loops_and_depth_nine() {
+        let parents: HashMap<u32, u32> = (1..=8).map(|i| (i, i - 1)).collect();
+        // 8 -> 7 -> ... -> 0 is nine quotas deep.
+        let parent_of = |k: &u32| parents.get(k).copied();
+        assert_eq!(validate_chain(&7, parent_of).unwrap(), 8);
+        assert!(validate_chain(&8, parent_of).is_err());
+
+        let looped: HashMap<u32, u32> = [(1, 2), (2, 3), (3, 1)].into_iter().collect();
+        let err = validate_chain(&1, |k| looped.get(k).copied()).unwrap_err();
+        assert_eq!(err.field, "parent");
+        assert!(err.message.contains("loops"));
+    }
+}
