@@ -28,6 +28,8 @@
 //!     collection and counter merge.
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`.
+//! - [`wire`] — the sync protocol's request and response types, used by both
+//!   the root and the limiter's sync thread.
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx) read.
 //! - `nginx/` — the nginx module glue (cargo feature `nginx`).
 //! - `root/` and `main.rs` — the quota root server and the `sluice` CLI
@@ -39,6 +41,7 @@ pub mod clock;
 pub mod core;
 pub mod ffi;
 pub mod table;
+pub mod wire;
 
 #[cfg(feature = "nginx")]
 mod nginx;
