@@ -1,0 +1,263 @@
+# sluice build and test entry points (GNU make).
+#
+#   make            deps + nginx + module + C ABI library (target `all`)
+#   make test       cargo tests, the C ABI test, then the Test::Nginx suite in t/
+#   make run        build everything and say what `run` will start once it exists
+#   make help       every target, one line each
+#
+# Everything built here lives under build/ (nginx source copy, objects, the
+# installed nginx, the module) and target/ (cargo). `make clean` removes both.
+#
+# Where the nginx source comes from: the `nginx-src` crate on crates.io ships
+# the nginx source tree. `ngx`'s `vendored` feature would use it too, but that
+# configures nginx inside the cargo registry and compiles a downloader we do
+# not want, so the module build never enables it. Instead a throwaway manifest
+# under build/ depends on nginx-src at an exact version; `cargo metadata` on it
+# downloads the crate (crates.io is the only network it needs) and reports
+# where the crate was unpacked; the `nginx/` directory inside is copied to
+# build/nginx-src and configured and built there. The project's own
+# Cargo.toml and Cargo.lock stay free of nginx-src and its dependencies.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := all
+.DELETE_ON_ERROR:
+
+# ---------------------------------------------------------------------------
+# Paths and versions
+
+ROOT := $(CURDIR)
+BUILD := $(ROOT)/build
+STAMPS := $(BUILD)/stamps
+
+# nginx-src 1.28.5+1.28.3 carries nginx 1.28.3, the version `ngx` 0.5.1
+# (nginx-sys 0.5.0) is built and tested against.
+NGINX_SRC_CRATE_VERSION := 1.28.5+1.28.3
+NGINX_FETCH_DIR := $(BUILD)/nginx-src-fetch
+NGINX_SRC := $(BUILD)/nginx-src
+NGINX_OBJ := $(BUILD)/nginx-obj
+NGINX_PREFIX := $(BUILD)/nginx
+NGINX_BIN := $(NGINX_PREFIX)/sbin/nginx
+
+NGINX_CONFIGURE_ARGS := \
+	--prefix=$(NGINX_PREFIX) \
+	--builddir=$(NGINX_OBJ) \
+	--with-compat \
+	--with-threads \
+	--with-http_ssl_module \
+	--with-http_realip_module \
+	--with-http_v2_module \
+	--with-stream
+
+# The module is built in its own target dir so that switching between the
+# default features (root, C ABI) and `nginx` does not rebuild either.
+MODULE_TARGET_DIR := $(ROOT)/target/nginx
+MODULE_SO := $(NGINX_PREFIX)/modules/ngx_http_sluice_module.so
+
+LIB_SO := $(ROOT)/target/release/libsluice.so
+SLUICE_BIN := $(ROOT)/target/release/sluice
+CAPI_SRC := tests/capi.c
+CAPI_TEST := $(BUILD)/capi_test
+
+CARGO ?= cargo
+CC ?= cc
+PROVE ?= prove
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+
+# nginx's own make runs in parallel unless the caller already passed -j (then
+# the jobserver is shared and forcing -j again would only print a warning).
+NGINX_JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(NPROC))
+
+# Read by the t/*.t files (and by Test::Nginx itself for the binary).
+export TEST_NGINX_BINARY := $(NGINX_BIN)
+export TEST_NGINX_SLUICE_MODULE := $(MODULE_SO)
+
+# ---------------------------------------------------------------------------
+# System packages
+
+# Needed to build nginx, the module (bindgen needs libclang and its headers)
+# and the C ABI test.
+BUILD_PKGS := build-essential libpcre2-dev zlib1g-dev libssl-dev \
+	libclang-dev libclang-common-14-dev
+# Needed by the Test::Nginx runner in t/ (ours and upstream's).
+TEST_PKGS := libtest-base-perl libipc-run-perl liblist-moreutils-perl \
+	libtext-diff-perl libtest-longstring-perl libwww-perl liburi-perl \
+	libhttp-message-perl
+# Benchmarks (wrk) and the quota root's PostgreSQL tests.
+EXTRA_PKGS := wrk postgresql
+
+SUDO := $(if $(filter 0,$(shell id -u)),,$(shell command -v sudo 2>/dev/null))
+
+# ---------------------------------------------------------------------------
+# Top-level targets
+
+.PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo \
+	test-capi test-nginx bench run fmt fmt-check clippy clean help FORCE
+
+all: deps nginx module lib ## deps, nginx, the module and the C ABI library
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
+		sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 16
+
+deps: ## install missing apt packages (build, test, wrk, postgresql)
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BUILD_PKGS) $(TEST_PKGS) $(EXTRA_PKGS)"
+
+deps-build: ## install only the packages the build needs (used by the Dockerfile)
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BUILD_PKGS)"
+
+# Installs the packages in $(PKGS) that dpkg does not report as installed;
+# `apt-get update` runs once, and only when something is missing.
+.PHONY: install-pkgs
+install-pkgs:
+	@missing=""; \
+	for p in $(PKGS); do \
+		status=$$(dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null || true); \
+		[ "$$status" = "install ok installed" ] || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then \
+		echo "deps: all $(words $(PKGS)) apt packages present"; \
+	else \
+		if [ "$$(id -u)" != 0 ] && [ -z "$(SUDO)" ]; then \
+			echo "deps: missing packages:$$missing" >&2; \
+			echo "deps: not root and no sudo; install them and rerun" >&2; \
+			exit 1; \
+		fi; \
+		echo "deps: installing$$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$(SUDO) apt-get update -q; \
+		$(SUDO) -E apt-get install -y -q --no-install-recommends $$missing; \
+	fi; \
+	command -v $(CARGO) >/dev/null || { \
+		echo "deps: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; \
+		exit 1; }
+
+nginx: $(NGINX_BIN) ## build nginx 1.28 into build/nginx
+
+module: $(STAMPS)/nginx-configured ## build the nginx module into build/nginx/modules
+	NGINX_SOURCE_DIR=$(NGINX_SRC) NGINX_BUILD_DIR=$(NGINX_OBJ) \
+	CARGO_TARGET_DIR=$(MODULE_TARGET_DIR) \
+		$(CARGO) build --release --no-default-features --features nginx --lib
+	@mkdir -p $(dir $(MODULE_SO))
+	@# Copy only when changed, so the .so keeps its mtime across no-op builds.
+	@cmp -s $(MODULE_TARGET_DIR)/release/libsluice.so $(MODULE_SO) || \
+		{ cp $(MODULE_TARGET_DIR)/release/libsluice.so $(MODULE_SO).tmp && \
+		  mv $(MODULE_SO).tmp $(MODULE_SO) && echo "module: $(MODULE_SO)"; }
+
+lib: ## build the C ABI library target/release/libsluice.so
+	$(CARGO) build --release --lib
+
+bin: ## build the sluice binary (root server, CLI)
+	$(CARGO) build --release --bin sluice
+
+capi-test: lib ## build the C ABI test program build/capi_test
+	@if [ ! -f $(CAPI_SRC) ]; then \
+		echo "capi-test: $(CAPI_SRC) does not exist yet; skipping the C ABI test"; \
+	else \
+		mkdir -p $(BUILD) && \
+		echo "$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST)" && \
+		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
+	fi
+
+test: test-cargo test-capi test-nginx ## all tests: cargo, C ABI, t/ suite
+
+test-cargo: ## cargo tests (default features)
+	$(CARGO) test --all-targets
+
+test-capi: capi-test ## run the C ABI test program
+	@if [ -f $(CAPI_SRC) ]; then \
+		echo "LD_LIBRARY_PATH=target/release $(CAPI_TEST)"; \
+		LD_LIBRARY_PATH=$(ROOT)/target/release $(CAPI_TEST); \
+	fi
+
+# Upstream Test::Nginx is used when it is installed (it is not packaged for
+# Debian); otherwise our own implementation of the same format in t/lib.
+test-nginx: nginx module ## the Test::Nginx suite in t/ only
+	@if perl -MTest::Nginx::Socket -e1 2>/dev/null; then \
+		echo "test-nginx: using the installed Test::Nginx"; \
+		echo "$(PROVE) -r t/"; $(PROVE) -r t/; \
+	else \
+		echo "test-nginx: using the runner in t/lib"; \
+		echo "$(PROVE) -I t/lib -r t/"; $(PROVE) -I t/lib -r t/; \
+	fi
+
+bench: ## run the criterion benchmark of the check path
+	$(CARGO) bench --bench check
+
+run: all bin ## build everything; the root, sync and directives are not done yet
+	@echo
+	@echo "run: built"
+	@echo "  nginx       $(NGINX_BIN)"
+	@echo "  module      $(MODULE_SO)"
+	@echo "  C ABI       $(LIB_SO)"
+	@echo "  binary      $(SLUICE_BIN)"
+	@echo
+	@echo "run: nothing to start yet. Still missing before 'make run' can start a"
+	@echo "     root and an nginx that limits requests:"
+	@echo "  - the quota root server (sluice binary: SQLite DB, sync and admin API)"
+	@echo "  - the sync thread in the module (limiter <-> roots)"
+	@echo "  - the nginx directives (root list, zone, per-location checks, status)"
+	@echo "  - an example config in nginx-conf/ that uses them"
+
+fmt: ## rustfmt the crate
+	$(CARGO) fmt --all
+
+fmt-check: ## fail if rustfmt would change anything
+	$(CARGO) fmt --all -- --check
+
+clippy: $(STAMPS)/nginx-configured ## clippy, default features and the nginx feature
+	$(CARGO) clippy --all-targets -- -D warnings
+	NGINX_SOURCE_DIR=$(NGINX_SRC) NGINX_BUILD_DIR=$(NGINX_OBJ) \
+	CARGO_TARGET_DIR=$(MODULE_TARGET_DIR) \
+		$(CARGO) clippy --release --no-default-features --features nginx --lib -- -D warnings
+
+clean: ## remove build/ and target/
+	rm -rf $(BUILD) $(ROOT)/target t/servroot*
+
+# ---------------------------------------------------------------------------
+# nginx from the nginx-src crate
+
+# Stamp named after the crate version: changing the version copies afresh.
+$(STAMPS)/nginx-src-$(NGINX_SRC_CRATE_VERSION):
+	@mkdir -p $(NGINX_FETCH_DIR) $(STAMPS)
+	@printf '%s\n' \
+		'# Generated by the Makefile: only used to locate the nginx-src crate.' \
+		'[package]' \
+		'name = "sluice-nginx-src-fetch"' \
+		'version = "0.0.0"' \
+		'edition = "2021"' \
+		'publish = false' \
+		'[lib]' \
+		'path = "lib.rs"' \
+		'[dependencies]' \
+		'nginx-src = "=$(NGINX_SRC_CRATE_VERSION)"' \
+		'[workspace]' > $(NGINX_FETCH_DIR)/Cargo.toml
+	@: > $(NGINX_FETCH_DIR)/lib.rs
+	@echo "nginx-src: locating crate nginx-src $(NGINX_SRC_CRATE_VERSION)"
+	@crate_dir=$$(cd $(NGINX_FETCH_DIR) && $(CARGO) metadata --format-version 1 --quiet | \
+		perl -MJSON::PP -MFile::Basename=dirname -0777 -ne \
+		'for (@{ decode_json($$_)->{packages} }) { print dirname($$_->{manifest_path}) if $$_->{name} eq "nginx-src" }'); \
+	test -f "$$crate_dir/nginx/src/core/nginx.h" || { echo "nginx-src: no nginx source in '$$crate_dir'" >&2; exit 1; }; \
+	echo "nginx-src: copying $$crate_dir/nginx to $(NGINX_SRC)"; \
+	rm -rf $(NGINX_SRC) $(NGINX_SRC).tmp $(NGINX_OBJ) $(STAMPS)/nginx-configured; \
+	cp -R "$$crate_dir/nginx" $(NGINX_SRC).tmp; \
+	chmod -R u+w $(NGINX_SRC).tmp; \
+	mv $(NGINX_SRC).tmp $(NGINX_SRC)
+	@touch $@
+
+# Rewritten only when the configure arguments change, so that editing them
+# reconfigures and nothing else does.
+$(STAMPS)/nginx-configure-args: FORCE
+	@mkdir -p $(@D)
+	@echo '$(NGINX_CONFIGURE_ARGS)' | cmp -s - $@ || echo '$(NGINX_CONFIGURE_ARGS)' > $@
+
+$(STAMPS)/nginx-configured: $(STAMPS)/nginx-src-$(NGINX_SRC_CRATE_VERSION) $(STAMPS)/nginx-configure-args
+	cd $(NGINX_SRC) && ./auto/configure $(NGINX_CONFIGURE_ARGS)
+	@touch $@
+
+$(NGINX_BIN): $(STAMPS)/nginx-configured
+	$(MAKE) -C $(NGINX_SRC) $(NGINX_JOBS)
+	$(MAKE) -C $(NGINX_SRC) install
+	@touch $@
+
+FORCE:
