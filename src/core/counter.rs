@@ -58,7 +58,10 @@ impl Level {
     /// Leaks to `now`, then adds `weight`: `C = max(C, F(now)) + weight`.
     pub fn add(self, limit: f64, now: Nanos, weight: f64) -> Self {
         let leaked = self.leaked(limit, now);
-        Self { level: leaked.level + weight, at: leaked.at }
+        Self {
+            level: leaked.level + weight,
+            at: leaked.at,
+        }
     }
 
     /// The larger of two views of one counter, compared at the later time.
@@ -66,7 +69,10 @@ impl Level {
         let at = self.at.max(other.at);
         let a = self.leaked(limit, at);
         let b = other.leaked(limit, at);
-        Self { level: a.level.max(b.level), at }
+        Self {
+            level: a.level.max(b.level),
+            at,
+        }
     }
 
     /// True when the level is a finite, non-negative number: the only kind a
@@ -86,14 +92,20 @@ mod tests {
 
     #[test]
     fn leaking_drains_at_the_limit_and_stops_at_zero() {
-        let l = Level { level: 100.0, at: 0 };
+        let l = Level {
+            level: 100.0,
+            at: 0,
+        };
         assert_eq!(l.leaked(10.0, 5 * SEC).level, 50.0);
         assert_eq!(l.leaked(10.0, 20 * SEC).level, 0.0);
     }
 
     #[test]
     fn a_clock_stepping_back_does_not_unleak() {
-        let l = Level { level: 100.0, at: 10 * SEC };
+        let l = Level {
+            level: 100.0,
+            at: 10 * SEC,
+        };
         assert_eq!(l.leaked(10.0, 5 * SEC), l);
         assert_eq!(l.add(10.0, 5 * SEC, 1.0).level, 101.0);
     }
@@ -107,12 +119,33 @@ mod tests {
 
     #[test]
     fn merge_is_max_after_leaking_to_the_same_time() {
-        let a = Level { level: 100.0, at: 0 };
-        let b = Level { level: 60.0, at: 2 * SEC };
+        let a = Level {
+            level: 100.0,
+            at: 0,
+        };
+        let b = Level {
+            level: 60.0,
+            at: 2 * SEC,
+        };
         // a leaked to 2 s at 10/s is 80 > 60.
-        assert_eq!(a.merge(b, 10.0), Level { level: 80.0, at: 2 * SEC });
-        assert_eq!(b.merge(a, 10.0), Level { level: 80.0, at: 2 * SEC });
-        let c = Level { level: 90.0, at: 2 * SEC };
+        assert_eq!(
+            a.merge(b, 10.0),
+            Level {
+                level: 80.0,
+                at: 2 * SEC
+            }
+        );
+        assert_eq!(
+            b.merge(a, 10.0),
+            Level {
+                level: 80.0,
+                at: 2 * SEC
+            }
+        );
+        let c = Level {
+            level: 90.0,
+            at: 2 * SEC,
+        };
         assert_eq!(a.merge(c, 10.0).level, 90.0);
     }
 
@@ -120,8 +153,14 @@ mod tests {
     fn merge_is_commutative_associative_and_idempotent() {
         let xs = [
             Level { level: 5.0, at: 1 },
-            Level { level: 50.0, at: 3 * SEC },
-            Level { level: 0.0, at: 9 * SEC },
+            Level {
+                level: 50.0,
+                at: 3 * SEC,
+            },
+            Level {
+                level: 0.0,
+                at: 9 * SEC,
+            },
         ];
         for a in xs {
             assert_eq!(a.merge(a, 2.0), a);
@@ -149,7 +188,10 @@ mod tests {
         assert_eq!(later.level, 2.0 * w - 1e12);
         assert_eq!(later.at, HUNDRED_YEARS);
         // The full span leaks everything, with no overflow at the top limit.
-        assert_eq!(Level { level: w, at: 0 }.leaked(MAX_LIMIT, u64::MAX).level, 0.0);
+        assert_eq!(
+            Level { level: w, at: 0 }.leaked(MAX_LIMIT, u64::MAX).level,
+            0.0
+        );
     }
 
     #[test]
@@ -165,8 +207,16 @@ mod tests {
     #[test]
     fn validity_rejects_nan_infinite_and_negative_levels() {
         assert!(Level { level: 0.0, at: 0 }.is_valid());
-        assert!(!Level { level: f64::NAN, at: 0 }.is_valid());
-        assert!(!Level { level: f64::INFINITY, at: 0 }.is_valid());
+        assert!(!Level {
+            level: f64::NAN,
+            at: 0
+        }
+        .is_valid());
+        assert!(!Level {
+            level: f64::INFINITY,
+            at: 0
+        }
+        .is_valid());
         assert!(!Level { level: -1.0, at: 0 }.is_valid());
     }
 }

@@ -24,11 +24,13 @@ pub enum Verdict {
 /// With `low_burst == high_burst` the band is empty: a hard cut.
 pub fn decide(level: f64, weight: f64, low_burst: f64, high_burst: f64, draw: f64) -> Verdict {
     let after = level + weight;
-    if after <= low_burst {
-        Verdict::Pass
-    } else if after > high_burst {
-        Verdict::Reject
-    } else if draw < (after - low_burst) / (high_burst - low_burst) {
+    let reject = if after <= low_burst {
+        false
+    } else {
+        // Above the band always; in it, with the band's probability.
+        after > high_burst || draw < (after - low_burst) / (high_burst - low_burst)
+    };
+    if reject {
         Verdict::Reject
     } else {
         Verdict::Pass
@@ -84,7 +86,11 @@ pub fn check_chain(
         let level = estimate_level(view, now, estimator);
         let after = level + weight;
         // Draw only inside the band: outside it the draw cannot matter.
-        let x = if after > view.low_burst && after <= view.high_burst { draw() } else { 0.0 };
+        let x = if after > view.low_burst && after <= view.high_burst {
+            draw()
+        } else {
+            0.0
+        };
         if decide(level, weight, view.low_burst, view.high_burst, x) == Verdict::Reject {
             return ChainVerdict::Reject { at };
         }
@@ -118,7 +124,10 @@ mod tests {
                 .filter(|_| decide(level, 0.0, 10.0, 20.0, rng.next_unit()) == Verdict::Reject)
                 .count();
             let p = rejected as f64 / n as f64;
-            assert!((p - expected).abs() < 0.01, "level {level}: p {p} vs {expected}");
+            assert!(
+                (p - expected).abs() < 0.01,
+                "level {level}: p {p} vs {expected}"
+            );
         }
     }
 
@@ -141,17 +150,28 @@ mod tests {
     #[test]
     fn a_chain_passes_only_if_every_quota_passes() {
         let est = Estimator::default();
-        let ok = [view(0.0, 10.0, 10.0), view(5.0, 10.0, 10.0), view(9.0, 10.0, 10.0)];
+        let ok = [
+            view(0.0, 10.0, 10.0),
+            view(5.0, 10.0, 10.0),
+            view(9.0, 10.0, 10.0),
+        ];
         assert_eq!(check_chain(&ok, 1.0, 0, &est, || 0.5), ChainVerdict::Pass);
         let full_parent = [view(0.0, 10.0, 10.0), view(10.0, 10.0, 10.0)];
-        assert_eq!(check_chain(&full_parent, 1.0, 0, &est, || 0.5), ChainVerdict::Reject { at: 1 });
+        assert_eq!(
+            check_chain(&full_parent, 1.0, 0, &est, || 0.5),
+            ChainVerdict::Reject { at: 1 }
+        );
     }
 
     #[test]
     fn a_chain_draws_only_inside_the_band() {
         let est = Estimator::default();
         let mut draws = 0;
-        let chain = [view(0.0, 10.0, 20.0), view(15.0, 10.0, 20.0), view(0.0, 10.0, 20.0)];
+        let chain = [
+            view(0.0, 10.0, 20.0),
+            view(15.0, 10.0, 20.0),
+            view(0.0, 10.0, 20.0),
+        ];
         check_chain(&chain, 1.0, 0, &est, || {
             draws += 1;
             0.99

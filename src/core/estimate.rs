@@ -52,7 +52,10 @@ pub struct Estimator {
 
 impl Default for Estimator {
     fn default() -> Self {
-        Self { mode: Extrapolation::Adaptive, horizon: 2_000_000_000 }
+        Self {
+            mode: Extrapolation::Adaptive,
+            horizon: 2_000_000_000,
+        }
     }
 }
 
@@ -130,24 +133,42 @@ mod tests {
 
     #[test]
     fn constant_ratio_assumes_a_fixed_share_of_the_limit() {
-        let est = Estimator { mode: Extrapolation::ConstantRatio { ratio: 1.0 }, horizon: 2 * SEC };
+        let est = Estimator {
+            mode: Extrapolation::ConstantRatio { ratio: 1.0 },
+            horizon: 2 * SEC,
+        };
         // Others fill exactly at the limit: the level stays put.
         assert_eq!(estimate_level(&view(50.0, 300.0, 0.0), SEC, &est), 50.0);
     }
 
     #[test]
     fn extrapolation_stops_at_the_horizon_and_the_level_then_leaks() {
-        let est = Estimator { mode: Extrapolation::Adaptive, horizon: 2 * SEC };
+        let est = Estimator {
+            mode: Extrapolation::Adaptive,
+            horizon: 2 * SEC,
+        };
         // 2 s of others at 300/s = 600, 10 s of leak at 100/s = 1000.
-        assert_eq!(estimate_level(&view(500.0, 300.0, 0.0), 10 * SEC, &est), 100.0);
+        assert_eq!(
+            estimate_level(&view(500.0, 300.0, 0.0), 10 * SEC, &est),
+            100.0
+        );
         // Long after, only this host's own weight remains.
-        assert_eq!(estimate_level(&view(500.0, 300.0, 3.0), 100 * SEC, &est), 3.0);
+        assert_eq!(
+            estimate_level(&view(500.0, 300.0, 3.0), 100 * SEC, &est),
+            3.0
+        );
     }
 
     #[test]
     fn fill_rate_excludes_own_weight_and_smooths() {
-        let prev = Level { level: 100.0, at: 0 };
-        let next = Level { level: 150.0, at: SEC };
+        let prev = Level {
+            level: 100.0,
+            at: 0,
+        };
+        let next = Level {
+            level: 150.0,
+            at: SEC,
+        };
         // Leak 100, so the fleet added 150; 30 was ours: others 120/s.
         // Smoothed with the previous 40/s: 80/s.
         assert_eq!(measure_fill_rate(prev, next, 100.0, 30.0, 40.0), 80.0);
@@ -191,9 +212,14 @@ mod tests {
         error / samples
     }
 
-    const ADAPTIVE: Estimator = Estimator { mode: Extrapolation::Adaptive, horizon: 2 * SEC };
-    const YARL: Estimator =
-        Estimator { mode: Extrapolation::ConstantRatio { ratio: 1.0 }, horizon: 2 * SEC };
+    const ADAPTIVE: Estimator = Estimator {
+        mode: Extrapolation::Adaptive,
+        horizon: 2 * SEC,
+    };
+    const YARL: Estimator = Estimator {
+        mode: Extrapolation::ConstantRatio { ratio: 1.0 },
+        horizon: 2 * SEC,
+    };
 
     #[test]
     fn adaptive_is_better_under_steady_overload() {
@@ -207,7 +233,9 @@ mod tests {
     fn constant_ratio_is_better_when_load_flips_every_sync() {
         // On for one second at 3x, off the next: the last measurement is
         // always the wrong guess for the coming second.
-        let load: Vec<f64> = (0..30).map(|s| if s % 2 == 0 { 300.0 } else { 0.0 }).collect();
+        let load: Vec<f64> = (0..30)
+            .map(|s| if s % 2 == 0 { 300.0 } else { 0.0 })
+            .collect();
         let (a, c) = (mean_error(&load, &ADAPTIVE), mean_error(&load, &YARL));
         assert!(c < a, "constant {c} vs adaptive {a}");
     }

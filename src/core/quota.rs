@@ -61,7 +61,10 @@ pub struct ValidationError {
 impl ValidationError {
     /// Builds an error for `field`.
     pub fn new(field: &'static str, message: impl Into<String>) -> Self {
-        Self { field, message: message.into() }
+        Self {
+            field,
+            message: message.into(),
+        }
     }
 }
 
@@ -78,7 +81,10 @@ pub fn validate_name(name: &str) -> Result<(), ValidationError> {
     if name.len() > MAX_NAME_LEN {
         return Err(ValidationError::new(
             "name",
-            format!("is {} bytes long, at most {MAX_NAME_LEN} allowed", name.len()),
+            format!(
+                "is {} bytes long, at most {MAX_NAME_LEN} allowed",
+                name.len()
+            ),
         ));
     }
     if let Some(pos) = name.bytes().position(|b| !is_name_byte(b)) {
@@ -98,7 +104,10 @@ fn validate_number(field: &'static str, value: f64, max: f64) -> Result<(), Vali
         return Err(ValidationError::new(field, "must not be negative"));
     }
     if value > max {
-        return Err(ValidationError::new(field, format!("must be at most {max}")));
+        return Err(ValidationError::new(
+            field,
+            format!("must be at most {max}"),
+        ));
     }
     Ok(())
 }
@@ -126,7 +135,10 @@ impl Quota {
             return Ok(());
         }
         if self.parent == Some(self.id) {
-            return Err(ValidationError::new("parent", "a quota cannot be its own parent"));
+            return Err(ValidationError::new(
+                "parent",
+                "a quota cannot be its own parent",
+            ));
         }
         validate_params(self.limit, self.low_burst, self.high_burst)
     }
@@ -188,13 +200,33 @@ mod tests {
     fn params_reject_nan_infinite_negative_and_inverted_band() {
         assert!(validate_params(10.0, 5.0, 10.0).is_ok());
         assert!(validate_params(0.0, 0.0, 0.0).is_ok());
-        assert_eq!(validate_params(f64::NAN, 1.0, 1.0).unwrap_err().field, "limit");
-        assert_eq!(validate_params(f64::INFINITY, 1.0, 1.0).unwrap_err().field, "limit");
+        assert_eq!(
+            validate_params(f64::NAN, 1.0, 1.0).unwrap_err().field,
+            "limit"
+        );
+        assert_eq!(
+            validate_params(f64::INFINITY, 1.0, 1.0).unwrap_err().field,
+            "limit"
+        );
         assert_eq!(validate_params(-1.0, 1.0, 1.0).unwrap_err().field, "limit");
-        assert_eq!(validate_params(1.0, -1.0, 1.0).unwrap_err().field, "low_burst");
-        assert_eq!(validate_params(1.0, 1.0, f64::NAN).unwrap_err().field, "high_burst");
-        assert_eq!(validate_params(1.0, 2.0, 1.0).unwrap_err().field, "low_burst");
-        assert_eq!(validate_params(MAX_LIMIT * 2.0, 1.0, 1.0).unwrap_err().field, "limit");
+        assert_eq!(
+            validate_params(1.0, -1.0, 1.0).unwrap_err().field,
+            "low_burst"
+        );
+        assert_eq!(
+            validate_params(1.0, 1.0, f64::NAN).unwrap_err().field,
+            "high_burst"
+        );
+        assert_eq!(
+            validate_params(1.0, 2.0, 1.0).unwrap_err().field,
+            "low_burst"
+        );
+        assert_eq!(
+            validate_params(MAX_LIMIT * 2.0, 1.0, 1.0)
+                .unwrap_err()
+                .field,
+            "limit"
+        );
     }
 
     #[test]

@@ -57,7 +57,10 @@ impl QuotaSpec {
         if let Some(parent) = &self.parent {
             validate_name(parent).map_err(|e| ValidationError::new("parent", e.message))?;
             if parent == &self.name {
-                return Err(ValidationError::new("parent", "a quota cannot be its own parent"));
+                return Err(ValidationError::new(
+                    "parent",
+                    "a quota cannot be its own parent",
+                ));
             }
         }
         validate_params(self.limit, self.low(), self.high())
@@ -67,9 +70,7 @@ impl QuotaSpec {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum SpecFile {
-    Wrapped {
-        quotas: Vec<QuotaSpec>,
-    },
+    Wrapped { quotas: Vec<QuotaSpec> },
     Bare(Vec<QuotaSpec>),
 }
 
@@ -101,7 +102,8 @@ pub enum SpecError {
 impl QuotaSet {
     /// Parses and checks a JSON quota set.
     pub fn from_json(text: &str) -> Result<Self, SpecError> {
-        let file: SpecFile = serde_json::from_str(text).map_err(|e| SpecError::Json(e.to_string()))?;
+        let file: SpecFile =
+            serde_json::from_str(text).map_err(|e| SpecError::Json(e.to_string()))?;
         let quotas = match file {
             SpecFile::Wrapped { quotas } | SpecFile::Bare(quotas) => quotas,
         };
@@ -110,12 +112,18 @@ impl QuotaSet {
 
     /// Checks a set of quotas.
     pub fn new(quotas: Vec<QuotaSpec>) -> Result<Self, SpecError> {
-        let invalid = |q: &QuotaSpec, error| SpecError::Invalid { name: q.name.clone(), error };
+        let invalid = |q: &QuotaSpec, error| SpecError::Invalid {
+            name: q.name.clone(),
+            error,
+        };
         let mut parent_of: HashMap<&str, Option<&str>> = HashMap::with_capacity(quotas.len());
         for q in &quotas {
             q.validate().map_err(|e| invalid(q, e))?;
             if parent_of.insert(&q.name, q.parent.as_deref()).is_some() {
-                return Err(invalid(q, ValidationError::new("name", "appears more than once")));
+                return Err(invalid(
+                    q,
+                    ValidationError::new("name", "appears more than once"),
+                ));
             }
         }
         for q in &quotas {
@@ -133,8 +141,12 @@ impl QuotaSet {
 
     /// The set as table quotas: ids `1..=n` in order, every one at `epoch`.
     pub fn to_quotas(&self, epoch: u64) -> Vec<Quota> {
-        let ids: HashMap<&str, u64> =
-            self.quotas.iter().enumerate().map(|(i, q)| (q.name.as_str(), i as u64 + 1)).collect();
+        let ids: HashMap<&str, u64> = self
+            .quotas
+            .iter()
+            .enumerate()
+            .map(|(i, q)| (q.name.as_str(), i as u64 + 1))
+            .collect();
         self.quotas
             .iter()
             .enumerate()
@@ -176,10 +188,16 @@ mod tests {
         let cases = [
             (r#"[{"name":"a b","limit":1}]"#, "name"),
             (r#"[{"name":"a","limit":-1}]"#, "limit"),
-            (r#"[{"name":"a","limit":1,"low_burst":5,"high_burst":2}]"#, "low_burst"),
+            (
+                r#"[{"name":"a","limit":1,"low_burst":5,"high_burst":2}]"#,
+                "low_burst",
+            ),
             (r#"[{"name":"a","limit":1,"parent":"zz"}]"#, "parent"),
             (r#"[{"name":"a","limit":1},{"name":"a","limit":2}]"#, "name"),
-            (r#"[{"name":"a","limit":1,"parent":"b"},{"name":"b","limit":1,"parent":"a"}]"#, "parent"),
+            (
+                r#"[{"name":"a","limit":1,"parent":"b"},{"name":"b","limit":1,"parent":"a"}]"#,
+                "parent",
+            ),
         ];
         for (text, field) in cases {
             match QuotaSet::from_json(text) {
@@ -208,7 +226,11 @@ mod tests {
             high_burst: None,
         }];
         for i in 1..9 {
-            qs.push(QuotaSpec { name: format!("q{i}"), parent: Some(format!("q{}", i - 1)), ..qs[0].clone() });
+            qs.push(QuotaSpec {
+                name: format!("q{i}"),
+                parent: Some(format!("q{}", i - 1)),
+                ..qs[0].clone()
+            });
         }
         assert!(QuotaSet::new(qs[..8].to_vec()).is_ok());
         assert!(QuotaSet::new(qs).is_err());

@@ -1,1 +1,1079 @@
-//! The quota table (being written).
+//! The quota table: every quota and counter of a host in one region.
+//!
+//! The region is fixed-size and holds no pointers (see [`layout`]), so the
+//! same bytes work as an nginx shared memory zone mapped into every worker
+//! or as a heap block behind the C ABI. Concurrency:
+//!
+//! - **Checks** ([`Table::check`]) take no lock. They find the slot through
+//!   the index, read each quota of the chain under its seqlock (retrying a
+//!   bounded number of times, then failing open), decide with
+//!   [`crate::core::check_chain`], and on pass add the weight to each
+//!   slot's `pending` with one atomic add.
+//! - **Writers** (applying quotas, merging counters, collecting deltas)
+//!   hold the region's writer lock, a spin lock naming its holder's process
+//!   id so a lock left by a crashed process is taken over. Writers never do
+//!   IO while holding it.
+//! - **Deltas** move `pending → inflight` when collected and leave
+//!   `inflight` when a root's reply includes them; each move is an atomic
+//!   add/sub pair ordered so a concurrent check may briefly count a weight
+//!   twice (rejecting a little early) but never miss it, and no increment
+//!   is ever lost.
+
+pub mod layout;
+pub mod names;
+
+use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use crate::core::estimate::Estimator;
+use crate::core::quota::{MAX_DEPTH, MAX_WEIGHT};
+use crate::core::{check_chain, ChainVerdict, Extrapolation, Level, Nanos, Quota, QuotaView};
+
+use layout::{
+    Geometry, Header, Slot, FLAG_LIVE, INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC,
+};
+
+const ACQ: Ordering = Ordering::Acquire;
+const REL: Ordering = Ordering::Release;
+const RLX: Ordering = Ordering::Relaxed;
+
+/// Seqlock read attempts before a check gives up and fails open.
+const READ_RETRIES: u32 = 1000;
+
+/// A slot number in the table.
+pub type SlotId = u32;
+
+/// Errors of table construction and quota writes.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum TableError {
+    /// Every slot holds a live quota.
+    #[error(
+        "quota table is full ({capacity} quotas); quota {name:?} refused, existing quotas kept"
+    )]
+    Full {
+        /// Slots in the table.
+        capacity: u32,
+        /// The quota that did not fit.
+        name: String,
+    },
+    /// The name arena has no room for this name.
+    #[error("quota table name space is full; quota {name:?} refused, existing quotas kept")]
+    NamesFull {
+        /// The quota that did not fit.
+        name: String,
+    },
+    /// The quota itself is invalid.
+    #[error("quota {name:?} is invalid: {error}")]
+    Invalid {
+        /// The quota's name.
+        name: String,
+        /// What is wrong.
+        error: crate::core::ValidationError,
+    },
+    /// The region is too small for even one quota, or not aligned.
+    #[error("table region of {have} bytes is unusable: {why}")]
+    BadRegion {
+        /// Bytes offered.
+        have: usize,
+        /// Why it cannot be used.
+        why: &'static str,
+    },
+    /// The region holds a table of another format or size.
+    #[error("table region holds an incompatible table: {0}")]
+    Incompatible(&'static str),
+}
+
+/// What [`Table::apply_quotas`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApplyReport {
+    /// New quotas.
+    pub inserted: usize,
+    /// Existing quotas changed.
+    pub updated: usize,
+    /// Quotas removed by tombstones.
+    pub deleted: usize,
+    /// Changes ignored because the table already had that epoch or newer.
+    pub stale: usize,
+    /// Quotas refused, with why.
+    pub refused: Vec<TableError>,
+}
+
+/// Outcome of a check.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Outcome {
+    /// Every quota in the chain passed; the weight was counted.
+    Pass,
+    /// A quota of the chain rejected; nothing was counted.
+    Reject(Rejection),
+    /// No quota has this name: the request passes uncounted.
+    Unknown,
+}
+
+/// Details of a rejection, for status headers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rejection {
+    /// Index in the chain of the quota that rejected (0: the named one).
+    pub depth: usize,
+    /// That quota's limit, units per second.
+    pub limit: f64,
+    /// Seconds until its level has leaked below `low_burst - weight`, when
+    /// the request would surely pass (infinite for a zero limit).
+    pub retry_after: f64,
+}
+
+/// A collected local delta, ready to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectedDelta {
+    /// Where the counter lives.
+    pub slot: SlotId,
+    /// Its quota id.
+    pub id: u64,
+    /// Weight moved from `pending` to `inflight`.
+    pub delta: u64,
+}
+
+/// A quota as the table holds it, with its live state (for listings and
+/// metrics; not used on the request path).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaState {
+    /// The quota as applied.
+    pub quota: Quota,
+    /// Slot it lives in.
+    pub slot: SlotId,
+    /// Estimated level now.
+    pub level: f64,
+    /// Other hosts' measured fill rate, units/s.
+    pub fill_rate: f64,
+    /// Weight admitted locally not yet collected.
+    pub pending: u64,
+    /// Weight sent and not yet acknowledged.
+    pub inflight: u64,
+    /// Checks passed.
+    pub passed: u64,
+    /// Checks rejected.
+    pub rejected: u64,
+}
+
+/// One cache line, the unit of heap regions (so they are 64-byte aligned).
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A quota table over a region of memory.
+pub struct Table {
+    base: *mut u8,
+    geometry: Geometry,
+    /// Keeps a heap region alive; `None` for borrowed (shared) memory.
+    _owned: Option<Box<[Line]>>,
+}
+
+// SAFETY: every byte of the region is accessed through atomics, and the
+// region outlives the Table (owned, or guaranteed by `from_raw`'s caller).
+unsafe impl Send for Table {}
+// SAFETY: as above; all shared access is atomic.
+unsafe impl Sync for Table {}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("geometry", &self.geometry)
+            .finish()
+    }
+}
+
+impl Table {
+    /// A table on the heap for `capacity` quotas with names averaging
+    /// `avg_name_bytes`.
+    pub fn new_heap(capacity: u32, avg_name_bytes: usize) -> Table {
+        let geometry = Geometry::new(capacity, avg_name_bytes);
+        let lines = geometry.region_len() / 64;
+        let mut owned: Box<[Line]> = (0..lines).map(|_| Line([0; 64])).collect();
+        let base = owned.as_mut_ptr().cast::<u8>();
+        let table = Table {
+            base,
+            geometry,
+            _owned: Some(owned),
+        };
+        table.format(geometry.region_len());
+        table
+    }
+
+    /// A table over `len` bytes at `base`: formats the region if it does
+    /// not hold a table yet (all zeroes, or `reformat`), otherwise attaches
+    /// to the table in it (how an nginx zone survives a reload).
+    ///
+    /// # Safety
+    /// `base` must be valid for reads and writes of `len` bytes, 64-byte
+    /// aligned, for as long as the returned table (and anything sharing the
+    /// region) lives, and only ever be accessed through `Table`s.
+    pub unsafe fn from_raw(
+        base: *mut u8,
+        len: usize,
+        avg_name_bytes: usize,
+        reformat: bool,
+    ) -> Result<Table, TableError> {
+        if base.is_null() || (base as usize) % 64 != 0 {
+            return Err(TableError::BadRegion {
+                have: len,
+                why: "not 64-byte aligned",
+            });
+        }
+        let geometry = Geometry::fitting(len, avg_name_bytes).ok_or(TableError::BadRegion {
+            have: len,
+            why: "too small for one quota",
+        })?;
+        let table = Table {
+            base,
+            geometry,
+            _owned: None,
+        };
+        let header = table.header();
+        if reformat || header.magic.load(ACQ) == 0 {
+            // SAFETY: the caller guarantees `len` writable bytes.
+            unsafe { std::ptr::write_bytes(base, 0, geometry.region_len()) };
+            table.format(len);
+            return Ok(table);
+        }
+        if header.magic.load(ACQ) != MAGIC || header.layout_version.load(RLX) != LAYOUT_VERSION {
+            return Err(TableError::Incompatible("another format or version"));
+        }
+        let found = Geometry {
+            capacity: header.capacity.load(RLX),
+            index_len: header.index_len.load(RLX),
+            arena_granules: header.arena_granules.load(RLX),
+        };
+        if found.region_len() > len {
+            return Err(TableError::Incompatible(
+                "the region is smaller than its table",
+            ));
+        }
+        Ok(Table {
+            base,
+            geometry: found,
+            _owned: None,
+        })
+    }
+
+    fn format(&self, region_len: usize) {
+        let h = self.header();
+        let g = self.geometry;
+        h.layout_version.store(LAYOUT_VERSION, RLX);
+        h.capacity.store(g.capacity, RLX);
+        h.index_len.store(g.index_len, RLX);
+        h.arena_granules.store(g.arena_granules, RLX);
+        h.region_len.store(region_len as u64, RLX);
+        self.set_estimator(Estimator::default());
+        h.magic.store(MAGIC, REL);
+    }
+
+    // ---- region access -------------------------------------------------
+
+    fn header(&self) -> &Header {
+        // SAFETY: the region starts with a Header (64-byte aligned), all of
+        // whose fields are atomics for which any bit pattern is valid.
+        unsafe { &*self.base.cast::<Header>() }
+    }
+
+    fn index(&self) -> &[AtomicU32] {
+        // SAFETY: `index_len` u32 atomics start at the index offset, inside
+        // the region (Geometry::region_len covers them).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(Geometry::index_offset()).cast::<AtomicU32>(),
+                self.geometry.index_len as usize,
+            )
+        }
+    }
+
+    fn slots(&self) -> &[Slot] {
+        // SAFETY: `capacity` slots start at the slots offset, 64-aligned,
+        // inside the region; Slot is all atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(self.geometry.slots_offset()).cast::<Slot>(),
+                self.geometry.capacity as usize,
+            )
+        }
+    }
+
+    fn arena(&self) -> &[AtomicU64] {
+        // SAFETY: `arena_granules` 16-byte granules (two u64 atomics each)
+        // start at the arena offset, inside the region.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base
+                    .add(self.geometry.arena_offset())
+                    .cast::<AtomicU64>(),
+                self.geometry.arena_granules as usize * 2,
+            )
+        }
+    }
+
+    fn slot(&self, id: SlotId) -> Option<&Slot> {
+        self.slots().get(id as usize)
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        self.geometry.capacity
+    }
+
+    /// Live quotas.
+    pub fn len(&self) -> u32 {
+        self.header().live.load(RLX)
+    }
+
+    /// True when no quota is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the region the table uses.
+    pub fn region_len(&self) -> usize {
+        self.geometry.region_len()
+    }
+
+    /// The region's geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Highest quota epoch applied.
+    pub fn max_epoch(&self) -> u64 {
+        self.header().max_epoch.load(ACQ)
+    }
+
+    /// Checks of names that have no quota.
+    pub fn unknown_checks(&self) -> u64 {
+        self.header().unknown_checks.load(RLX)
+    }
+
+    /// Quotas refused because the table was full.
+    pub fn refused_quotas(&self) -> u64 {
+        self.header().refused_quotas.load(RLX)
+    }
+
+    /// Changes whenever slots are added, removed or re-linked.
+    pub fn generation(&self) -> u64 {
+        self.header().generation.load(ACQ)
+    }
+
+    /// Sets how levels are extrapolated between syncs.
+    pub fn set_estimator(&self, estimator: Estimator) {
+        let h = self.header();
+        let (mode, ratio) = match estimator.mode {
+            Extrapolation::Adaptive => (0, 0.0),
+            Extrapolation::ConstantRatio { ratio } => (1, ratio),
+        };
+        h.estimator_ratio.store(f64::to_bits(ratio), RLX);
+        h.estimator_horizon.store(estimator.horizon, RLX);
+        h.estimator_mode.store(mode, REL);
+    }
+
+    /// How levels are extrapolated between syncs.
+    pub fn estimator(&self) -> Estimator {
+        let h = self.header();
+        let mode = match h.estimator_mode.load(ACQ) {
+            1 => Extrapolation::ConstantRatio {
+                ratio: f64::from_bits(h.estimator_ratio.load(RLX)),
+            },
+            _ => Extrapolation::Adaptive,
+        };
+        Estimator {
+            mode,
+            horizon: h.estimator_horizon.load(RLX),
+        }
+    }
+
+    // ---- the request path ------------------------------------------------
+
+    /// Finds the live slot named `name`.
+    pub fn lookup(&self, name: &[u8]) -> Option<SlotId> {
+        let h = self.header();
+        let index = self.index();
+        let mask = index.len() - 1;
+        let hash = names::hash(name);
+        let tag = (hash >> 56) as u32;
+        for _ in 0..READ_RETRIES {
+            let seq = h.index_seq.load(ACQ);
+            let mut pos = hash as usize & mask;
+            for _ in 0..index.len() {
+                let entry = index[pos].load(ACQ);
+                if entry == INDEX_EMPTY {
+                    break;
+                }
+                if entry != INDEX_TOMBSTONE && entry >> 24 == tag {
+                    let slot = (entry & 0x00ff_ffff) - 1;
+                    if self.slot_is_named(slot, name) {
+                        return Some(slot);
+                    }
+                }
+                pos = (pos + 1) & mask;
+            }
+            // A miss is final unless the index was being rebuilt meanwhile.
+            if seq & 1 == 0 && h.index_seq.load(ACQ) == seq {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    fn slot_is_named(&self, slot: SlotId, name: &[u8]) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.flags.load(RLX) & FLAG_LIVE != 0;
+                let len = s.name_len.load(RLX) as usize;
+                let same = live
+                    && len == name.len()
+                    && names::name_words(self.arena(), s.name_at.load(RLX), len)
+                        .is_some_and(|w| names::equals(w, name));
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return same;
+                }
+            }
+            std::hint::spin_loop();
+        }
+        false
+    }
+
+    /// Reads one slot's quota numbers and cluster state consistently,
+    /// plus its parent; `None` if it is not live or never stabilised.
+    fn read_view(&self, slot: SlotId) -> Option<(QuotaView, Option<SlotId>)> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.flags.load(RLX) & FLAG_LIVE != 0;
+                let parent = s.parent.load(RLX);
+                let mut view = QuotaView {
+                    limit: f64::from_bits(s.limit.load(RLX)),
+                    low_burst: f64::from_bits(s.low_burst.load(RLX)),
+                    high_burst: f64::from_bits(s.high_burst.load(RLX)),
+                    known: Level {
+                        level: f64::from_bits(s.known_level.load(RLX)),
+                        at: s.known_at.load(RLX),
+                    },
+                    fill_rate: f64::from_bits(s.fill_rate.load(RLX)),
+                    own_recent: 0.0,
+                };
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    if !live {
+                        return None;
+                    }
+                    // Deltas are plain counters outside the seqlock: a
+                    // check reads them after the quota, and the collector
+                    // moves weight so that it is never absent from both.
+                    view.own_recent = (s.pending.load(RLX) + s.inflight.load(RLX)) as f64;
+                    return Some((view, parent.checked_sub(1)));
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Checks `name` for a request of `weight` at `now`, drawing from this
+    /// thread's PRNG; on pass the weight is counted in the whole chain.
+    pub fn check(&self, name: &[u8], weight: u64, now: Nanos) -> Outcome {
+        self.check_with(name, weight, now, crate::core::rng::thread_unit)
+    }
+
+    /// [`Table::check`] with the random draws supplied (for tests and the
+    /// simulator).
+    pub fn check_with(
+        &self,
+        name: &[u8],
+        weight: u64,
+        now: Nanos,
+        draw: impl FnMut() -> f64,
+    ) -> Outcome {
+        let Some(first) = self.lookup(name) else {
+            self.header().unknown_checks.fetch_add(1, RLX);
+            return Outcome::Unknown;
+        };
+        self.check_slot(first, weight, now, draw)
+    }
+
+    /// Checks the quota in `first` (see [`Table::check`]).
+    pub fn check_slot(
+        &self,
+        first: SlotId,
+        weight: u64,
+        now: Nanos,
+        draw: impl FnMut() -> f64,
+    ) -> Outcome {
+        let weight = weight.min(MAX_WEIGHT);
+        let mut views = [QuotaView::default(); MAX_DEPTH];
+        let mut slots = [0 as SlotId; MAX_DEPTH];
+        let mut n = 0;
+        let mut cur = Some(first);
+        while let Some(slot) = cur {
+            if n == MAX_DEPTH {
+                break;
+            }
+            let Some((view, parent)) = self.read_view(slot) else {
+                if n == 0 {
+                    // Deleted or unstable: fail open, as for an unknown name.
+                    self.header().unknown_checks.fetch_add(1, RLX);
+                    return Outcome::Unknown;
+                }
+                // An ancestor vanished: check what is left of the chain.
+                break;
+            };
+            views[n] = view;
+            slots[n] = slot;
+            n += 1;
+            cur = parent;
+        }
+        let slots_all = self.slots();
+        let head = &slots_all[first as usize];
+        match check_chain(&views[..n], weight as f64, now, &self.estimator(), draw) {
+            ChainVerdict::Pass => {
+                if weight > 0 {
+                    for &s in &slots[..n] {
+                        slots_all[s as usize].pending.fetch_add(weight, RLX);
+                    }
+                }
+                head.passed.fetch_add(1, RLX);
+                Outcome::Pass
+            }
+            ChainVerdict::Reject { at } => {
+                head.rejected.fetch_add(1, RLX);
+                let v = &views[at];
+                let level = crate::core::estimate::estimate_level(v, now, &self.estimator());
+                let excess = (level + weight as f64 - v.low_burst).max(0.0);
+                Outcome::Reject(Rejection {
+                    depth: at,
+                    limit: v.limit,
+                    retry_after: if v.limit > 0.0 {
+                        excess / v.limit
+                    } else {
+                        f64::INFINITY
+                    },
+                })
+            }
+        }
+    }
+
+    // ---- writers ---------------------------------------------------------
+
+    fn lock(&self) -> WriterGuard<'_> {
+        WriterGuard::acquire(&self.header().writer)
+    }
+
+    /// Applies quota changes from a root or a file: upserts live quotas
+    /// whose epoch is newer than the table's copy, removes tombstoned ones,
+    /// then re-links parents. Invalid quotas and quotas that do not fit are
+    /// refused (listed in the report) and everything else still applies.
+    pub fn apply_quotas(&self, quotas: &[Quota]) -> ApplyReport {
+        let _guard = self.lock();
+        let mut report = ApplyReport::default();
+        let mut freed = Vec::new();
+        let mut relink = false;
+        for q in quotas {
+            match self.apply_one(q, &mut freed) {
+                Ok(Applied::Inserted) => {
+                    report.inserted += 1;
+                    relink = true;
+                }
+                Ok(Applied::Updated { parent_changed }) => {
+                    report.updated += 1;
+                    relink |= parent_changed;
+                }
+                Ok(Applied::Deleted) => {
+                    report.deleted += 1;
+                    relink = true;
+                }
+                Ok(Applied::Stale) => report.stale += 1,
+                Err(e) => {
+                    if matches!(e, TableError::Full { .. } | TableError::NamesFull { .. }) {
+                        self.header().refused_quotas.fetch_add(1, RLX);
+                    }
+                    report.refused.push(e);
+                }
+            }
+            self.header().max_epoch.fetch_max(q.epoch, REL);
+        }
+        if relink {
+            self.relink();
+        }
+        // Freed slots become reusable only now, after no live slot links to
+        // them any more.
+        for slot in freed {
+            self.free_slot(slot);
+        }
+        if relink || report.deleted > 0 {
+            self.maybe_rebuild_index();
+            self.header().generation.fetch_add(1, REL);
+        }
+        report
+    }
+
+    fn apply_one(&self, q: &Quota, freed: &mut Vec<SlotId>) -> Result<Applied, TableError> {
+        q.validate().map_err(|error| TableError::Invalid {
+            name: q.name.clone(),
+            error,
+        })?;
+        let existing = self.lookup(q.name.as_bytes());
+        if let Some(slot) = existing {
+            let s = &self.slots()[slot as usize];
+            if s.epoch.load(RLX) >= q.epoch {
+                return Ok(Applied::Stale);
+            }
+            if q.deleted {
+                self.remove(slot);
+                freed.push(slot);
+                return Ok(Applied::Deleted);
+            }
+            let parent_changed = s.parent_id.load(RLX) != q.parent.unwrap_or(0);
+            self.write_quota(slot, q);
+            return Ok(Applied::Updated { parent_changed });
+        }
+        if q.deleted {
+            return Ok(Applied::Stale);
+        }
+        let slot = self.alloc_slot().ok_or_else(|| TableError::Full {
+            capacity: self.capacity(),
+            name: q.name.clone(),
+        })?;
+        let Some(name_at) = self.alloc_name(q.name.len()) else {
+            self.free_slot(slot);
+            return Err(TableError::NamesFull {
+                name: q.name.clone(),
+            });
+        };
+        let s = &self.slots()[slot as usize];
+        s.name_at.store(name_at, RLX);
+        self.write_quota(slot, q);
+        self.index_insert(q.name.as_bytes(), slot);
+        self.header().live.fetch_add(1, RLX);
+        Ok(Applied::Inserted)
+    }
+
+    /// Writes a quota into a slot under its seqlock. A new id (a new quota,
+    /// or a name deleted and created again) starts a fresh counter.
+    fn write_quota(&self, slot: SlotId, q: &Quota) {
+        let s = &self.slots()[slot as usize];
+        let fresh = s.id.load(RLX) != q.id || s.flags.load(RLX) & FLAG_LIVE == 0;
+        let w = SeqWrite::begin(s);
+        s.flags.store(FLAG_LIVE, RLX);
+        s.limit.store(q.limit.to_bits(), RLX);
+        s.low_burst.store(q.low_burst.to_bits(), RLX);
+        s.high_burst.store(q.high_burst.to_bits(), RLX);
+        if fresh {
+            s.name_len.store(q.name.len() as u32, RLX);
+            if let Some(words) = names::name_words(self.arena(), s.name_at.load(RLX), q.name.len())
+            {
+                names::store(words, q.name.as_bytes());
+            }
+            s.known_level.store(0f64.to_bits(), RLX);
+            s.known_at.store(0, RLX);
+            s.fill_rate.store(0f64.to_bits(), RLX);
+            s.parent.store(0, RLX);
+            s.pending.store(0, RLX);
+            s.inflight.store(0, RLX);
+            s.passed.store(0, RLX);
+            s.rejected.store(0, RLX);
+        }
+        s.id.store(q.id, RLX);
+        s.epoch.store(q.epoch, RLX);
+        s.parent_id.store(q.parent.unwrap_or(0), RLX);
+        drop(w);
+    }
+
+    fn remove(&self, slot: SlotId) {
+        let s = &self.slots()[slot as usize];
+        let len = s.name_len.load(RLX) as usize;
+        let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
+            .map(|w| names::load(w, len))
+            .unwrap_or_default();
+        self.index_remove(&name, slot);
+        let w = SeqWrite::begin(s);
+        s.flags.store(0, RLX);
+        drop(w);
+        self.free_name(s.name_at.load(RLX), len);
+        self.header().live.fetch_sub(1, RLX);
+    }
+
+    /// Points every live slot's `parent` at its parent id's slot.
+    fn relink(&self) {
+        let slots = self.slots();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let by_id: HashMap<u64, SlotId> = slots[..used]
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.flags.load(RLX) & FLAG_LIVE != 0)
+            .map(|(i, s)| (s.id.load(RLX), i as SlotId))
+            .collect();
+        for s in slots[..used]
+            .iter()
+            .filter(|s| s.flags.load(RLX) & FLAG_LIVE != 0)
+        {
+            let pid = s.parent_id.load(RLX);
+            let want = if pid == 0 {
+                0
+            } else {
+                by_id.get(&pid).map_or(0, |&p| p + 1)
+            };
+            if s.parent.load(RLX) != want {
+                let w = SeqWrite::begin(s);
+                s.parent.store(want, RLX);
+                drop(w);
+            }
+        }
+    }
+
+    // ---- slot, name and index allocation (writer lock held) -------------
+
+    fn alloc_slot(&self) -> Option<SlotId> {
+        let h = self.header();
+        let head = h.free_slots.load(RLX);
+        if head != 0 {
+            let slot = head - 1;
+            h.free_slots
+                .store(self.slots()[slot as usize].next_free.load(RLX), RLX);
+            return Some(slot);
+        }
+        let next = h.next_unused.load(RLX);
+        if next < self.capacity() {
+            h.next_unused.store(next + 1, RLX);
+            return Some(next);
+        }
+        None
+    }
+
+    fn free_slot(&self, slot: SlotId) {
+        let h = self.header();
+        self.slots()[slot as usize]
+            .next_free
+            .store(h.free_slots.load(RLX), RLX);
+        h.free_slots.store(slot + 1, RLX);
+    }
+
+    fn alloc_name(&self, len: usize) -> Option<u32> {
+        let h = self.header();
+        let k = names::granules_for(len);
+        let head = &h.arena_free[k - 1];
+        let first = head.load(RLX);
+        if first != 0 {
+            let at = first - 1;
+            // A free chunk's first word links to the next free chunk.
+            let next = self.arena()[at as usize * 2].load(RLX) as u32;
+            head.store(next, RLX);
+            return Some(at);
+        }
+        let next = h.arena_next.load(RLX);
+        if next as usize + k <= self.geometry.arena_granules as usize {
+            h.arena_next.store(next + k as u32, RLX);
+            return Some(next);
+        }
+        None
+    }
+
+    fn free_name(&self, at: u32, len: usize) {
+        let k = names::granules_for(len);
+        let head = &self.header().arena_free[k - 1];
+        self.arena()[at as usize * 2].store(u64::from(head.load(RLX)), RLX);
+        head.store(at + 1, RLX);
+    }
+
+    fn index_insert(&self, name: &[u8], slot: SlotId) {
+        let h = self.header();
+        let index = self.index();
+        let mask = index.len() - 1;
+        let hash = names::hash(name);
+        let entry = ((hash >> 56) as u32) << 24 | (slot + 1);
+        let mut pos = hash as usize & mask;
+        loop {
+            let e = index[pos].load(RLX);
+            if e == INDEX_EMPTY || e == INDEX_TOMBSTONE {
+                if e == INDEX_TOMBSTONE {
+                    h.index_tombstones.fetch_sub(1, RLX);
+                }
+                index[pos].store(entry, REL);
+                return;
+            }
+            // The index has at least twice as many entries as slots, so an
+            // empty entry is always found.
+            pos = (pos + 1) & mask;
+        }
+    }
+
+    fn index_remove(&self, name: &[u8], slot: SlotId) {
+        let index = self.index();
+        let mask = index.len() - 1;
+        let hash = names::hash(name);
+        let entry = ((hash >> 56) as u32) << 24 | (slot + 1);
+        let mut pos = hash as usize & mask;
+        for _ in 0..index.len() {
+            let e = index[pos].load(RLX);
+            if e == INDEX_EMPTY {
+                return;
+            }
+            if e == entry {
+                index[pos].store(INDEX_TOMBSTONE, REL);
+                self.header().index_tombstones.fetch_add(1, RLX);
+                return;
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+
+    /// Rebuilds the index when tombstones make up a quarter of it, so
+    /// misses keep ending at an empty entry soon. Lookups that miss during
+    /// the rebuild see `index_seq` move and retry.
+    fn maybe_rebuild_index(&self) {
+        let h = self.header();
+        let index = self.index();
+        if (h.index_tombstones.load(RLX) as usize) * 4 < index.len() {
+            return;
+        }
+        h.index_seq.fetch_add(1, REL);
+        fence(Ordering::SeqCst);
+        for e in index {
+            e.store(INDEX_EMPTY, RLX);
+        }
+        h.index_tombstones.store(0, RLX);
+        let used = h.next_unused.load(RLX) as usize;
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            if s.flags.load(RLX) & FLAG_LIVE != 0 {
+                let len = s.name_len.load(RLX) as usize;
+                if let Some(w) = names::name_words(self.arena(), s.name_at.load(RLX), len) {
+                    self.index_insert(&names::load(w, len), i as SlotId);
+                }
+            }
+        }
+        h.index_seq.fetch_add(1, REL);
+    }
+
+    // ---- counters ---------------------------------------------------------
+
+    /// Moves every live slot's pending weight to in-flight and returns the
+    /// moved amounts; what a sync sends. A weight admitted concurrently is
+    /// either moved now or stays pending for the next collection, never
+    /// lost or taken twice.
+    pub fn collect_deltas(&self, out: &mut Vec<CollectedDelta>) {
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            let delta = s.pending.load(ACQ);
+            if delta == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            // In-flight first, then out of pending: a check in between sees
+            // the weight twice (conservative), never zero times.
+            s.inflight.fetch_add(delta, RLX);
+            s.pending.fetch_sub(delta, RLX);
+            out.push(CollectedDelta {
+                slot: i as SlotId,
+                id: s.id.load(RLX),
+                delta,
+            });
+        }
+    }
+
+    /// Merges a cluster counter value (already in local time) into the
+    /// slot if it still holds quota `id`, takes `acked` weight off
+    /// in-flight (the value includes it), and updates the others' fill
+    /// rate. Returns false if the slot holds another quota now.
+    pub fn merge_counter(&self, slot: SlotId, id: u64, value: Level, acked: u64) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        if !value.is_valid() {
+            return false;
+        }
+        let _guard = self.lock();
+        if s.flags.load(RLX) & FLAG_LIVE == 0 || s.id.load(RLX) != id {
+            return false;
+        }
+        let limit = f64::from_bits(s.limit.load(RLX));
+        let known = Level {
+            level: f64::from_bits(s.known_level.load(RLX)),
+            at: s.known_at.load(RLX),
+        };
+        let merged = known.merge(value, limit);
+        let rate = crate::core::estimate::measure_fill_rate(
+            known,
+            merged,
+            limit,
+            acked as f64,
+            f64::from_bits(s.fill_rate.load(RLX)),
+        );
+        let w = SeqWrite::begin(s);
+        s.known_level.store(merged.level.to_bits(), RLX);
+        s.known_at.store(merged.at, RLX);
+        s.fill_rate.store(rate.to_bits(), RLX);
+        drop(w);
+        // After the new level is visible: a check may count `acked` twice
+        // for an instant, never zero times.
+        let taken = acked.min(s.inflight.load(RLX));
+        s.inflight.fetch_sub(taken, RLX);
+        true
+    }
+
+    /// Standalone mode (no roots): folds every pending and in-flight weight
+    /// into the slot's own level at `now`, acting as this host's root.
+    pub fn fold_local(&self, now: Nanos) {
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        for s in self.slots()[..used].iter() {
+            if s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            let pending = s.pending.load(ACQ);
+            let inflight = s.inflight.load(ACQ);
+            let limit = f64::from_bits(s.limit.load(RLX));
+            let known = Level {
+                level: f64::from_bits(s.known_level.load(RLX)),
+                at: s.known_at.load(RLX),
+            };
+            let folded = known.add(limit, now, (pending + inflight) as f64);
+            let w = SeqWrite::begin(s);
+            s.known_level.store(folded.level.to_bits(), RLX);
+            s.known_at.store(folded.at, RLX);
+            drop(w);
+            s.pending.fetch_sub(pending, RLX);
+            s.inflight.fetch_sub(inflight, RLX);
+        }
+    }
+
+    // ---- listing ------------------------------------------------------------
+
+    /// Every live quota with its live state, in slot order.
+    pub fn quotas(&self, now: Nanos) -> Vec<QuotaState> {
+        let estimator = self.estimator();
+        let used = self.header().next_unused.load(ACQ) as usize;
+        let mut out = Vec::new();
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            if let Some(state) = self.quota_state(i as SlotId, s, now, &estimator) {
+                out.push(state);
+            }
+        }
+        out
+    }
+
+    /// The live state of one quota by name.
+    pub fn quota(&self, name: &[u8], now: Nanos) -> Option<QuotaState> {
+        let slot = self.lookup(name)?;
+        self.quota_state(slot, &self.slots()[slot as usize], now, &self.estimator())
+    }
+
+    fn quota_state(
+        &self,
+        slot: SlotId,
+        s: &Slot,
+        now: Nanos,
+        estimator: &Estimator,
+    ) -> Option<QuotaState> {
+        let (view, _) = self.read_view(slot)?;
+        let len = s.name_len.load(RLX) as usize;
+        let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
+            .map(|w| names::load(w, len))?;
+        let parent = s.parent_id.load(RLX);
+        Some(QuotaState {
+            quota: Quota {
+                id: s.id.load(RLX),
+                name: String::from_utf8_lossy(&name).into_owned(),
+                parent: (parent != 0).then_some(parent),
+                limit: view.limit,
+                low_burst: view.low_burst,
+                high_burst: view.high_burst,
+                epoch: s.epoch.load(RLX),
+                deleted: false,
+            },
+            slot,
+            level: crate::core::estimate::estimate_level(&view, now, estimator),
+            fill_rate: view.fill_rate,
+            pending: s.pending.load(RLX),
+            inflight: s.inflight.load(RLX),
+            passed: s.passed.load(RLX),
+            rejected: s.rejected.load(RLX),
+        })
+    }
+}
+
+enum Applied {
+    Inserted,
+    Updated { parent_changed: bool },
+    Deleted,
+    Stale,
+}
+
+/// An open seqlock write on a slot: `seq` is odd until dropped.
+struct SeqWrite<'a> {
+    seq: &'a AtomicU32,
+}
+
+impl<'a> SeqWrite<'a> {
+    fn begin(slot: &'a Slot) -> Self {
+        let seq = &slot.seq;
+        let s = seq.load(RLX);
+        // A crashed writer may have left it odd; always move to odd.
+        seq.store((s | 1).wrapping_add(if s & 1 == 1 { 2 } else { 0 }), RLX);
+        fence(REL);
+        SeqWrite { seq }
+    }
+}
+
+impl Drop for SeqWrite<'_> {
+    fn drop(&mut self) {
+        let s = self.seq.load(RLX);
+        self.seq.store(s.wrapping_add(1), REL);
+    }
+}
+
+/// The region's writer lock, held for the guard's life.
+struct WriterGuard<'a> {
+    lock: &'a AtomicU32,
+}
+
+impl<'a> WriterGuard<'a> {
+    fn acquire(lock: &'a AtomicU32) -> Self {
+        let me = std::process::id().max(1);
+        let mut spins = 0u32;
+        loop {
+            let holder = lock.load(RLX);
+            if holder == 0 {
+                if lock.compare_exchange_weak(0, me, ACQ, RLX).is_ok() {
+                    return WriterGuard { lock };
+                }
+            } else if spins > 10_000 && holder != me && !process_alive(holder) {
+                // The holder died mid-write: take the lock over.
+                if lock.compare_exchange(holder, me, ACQ, RLX).is_ok() {
+                    return WriterGuard { lock };
+                }
+            }
+            spins = spins.saturating_add(1);
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.store(0, REL);
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks for the process's existence.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(test)]
+mod tests;

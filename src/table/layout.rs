@@ -1,0 +1,240 @@
+//! The table region's format: a header, an index, slots, a name arena.
+//!
+//! ```text
+//! +--------+-----------------+--------------------------+-----------------+
+//! | Header | index: [u32; N] | slots: [Slot; capacity]  | arena: granules |
+//! +--------+-----------------+--------------------------+-----------------+
+//! ```
+//!
+//! Everything is an atomic integer at a fixed offset from the region's
+//! start: no pointers, so the region works at any address in any process,
+//! and all-zero bytes are a valid (empty) state of every field. Sections
+//! start on 64-byte lines.
+//!
+//! A [`Slot`] is two cache lines. Line A holds everything a check reads
+//! (quota numbers, the cluster level, the parent link) under the slot's
+//! seqlock; line B holds what a check writes (the local delta, request
+//! counts) and the quota's identity. A check of a short-named quota touches
+//! one index line and the slot's two adjacent lines; names longer than 16
+//! bytes add one arena line.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// Marks a formatted region: "SLUICE" + layout version 1.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
+/// Bumped whenever the layout changes, so an old zone is never misread.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Bytes of one name-arena granule.
+pub const GRANULE: usize = 16;
+/// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
+pub const NAME_CLASSES: usize = 16;
+/// Largest slot count: index entries keep the slot in 24 bits.
+pub const MAX_CAPACITY: u32 = (1 << 24) - 2;
+
+/// Index entry meaning "never used": a probe stops here.
+pub const INDEX_EMPTY: u32 = 0;
+/// Index entry meaning "deleted": a probe continues past it.
+pub const INDEX_TOMBSTONE: u32 = u32::MAX;
+
+/// Slot flag: the slot holds a live quota.
+pub const FLAG_LIVE: u32 = 1;
+
+/// The region's first lines: geometry, allocation state, table-wide state.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct Header {
+    /// [`MAGIC`] once formatted.
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`] of the format.
+    pub layout_version: AtomicU32,
+    /// Number of slots.
+    pub capacity: AtomicU32,
+    /// Number of index entries (a power of two, at least twice capacity).
+    pub index_len: AtomicU32,
+    /// Number of 16-byte granules in the name arena.
+    pub arena_granules: AtomicU32,
+    /// Total region bytes the format was laid out for.
+    pub region_len: AtomicU64,
+    /// Writer lock: 0 when free, else the holder's process id.
+    pub writer: AtomicU32,
+    /// Live quotas.
+    pub live: AtomicU32,
+    /// Head of the free slot list (slot + 1; 0 = empty).
+    pub free_slots: AtomicU32,
+    /// Slots `[next_unused, capacity)` were never used.
+    pub next_unused: AtomicU32,
+    /// Granules `[arena_next, arena_granules)` were never used.
+    pub arena_next: AtomicU32,
+    /// Tombstones in the index.
+    pub index_tombstones: AtomicU32,
+
+    /// Heads of the free name-chunk lists, per size class (granule + 1).
+    pub arena_free: [AtomicU32; NAME_CLASSES],
+
+    /// Highest quota epoch applied.
+    pub max_epoch: AtomicU64,
+    /// Even while the index is stable, odd while it is rebuilt; a lookup
+    /// that misses retries if it changed.
+    pub index_seq: AtomicU32,
+    /// Extrapolation mode: 0 adaptive, 1 constant ratio.
+    pub estimator_mode: AtomicU32,
+    /// Constant-ratio `ratio` (f64 bits).
+    pub estimator_ratio: AtomicU64,
+    /// Extrapolation horizon, nanoseconds.
+    pub estimator_horizon: AtomicU64,
+    /// Checks of names with no quota.
+    pub unknown_checks: AtomicU64,
+    /// Quotas refused because the table or the arena was full.
+    pub refused_quotas: AtomicU64,
+    /// Bumped on every structural change (insert, delete, re-link), so
+    /// holders of slot maps (the sync thread) know to rebuild them.
+    pub generation: AtomicU64,
+}
+
+/// One quota and its counter: 128 bytes, two cache lines.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct Slot {
+    // ---- line A: read by every check, written under `seq` ----
+    /// Seqlock: odd while a writer changes line A (or the name).
+    pub seq: AtomicU32,
+    /// [`FLAG_LIVE`] or 0.
+    pub flags: AtomicU32,
+    /// Parent's slot + 1; 0 for none.
+    pub parent: AtomicU32,
+    /// Name length in bytes.
+    pub name_len: AtomicU32,
+    /// Leak rate, units/s (f64 bits).
+    pub limit: AtomicU64,
+    /// Low burst (f64 bits).
+    pub low_burst: AtomicU64,
+    /// High burst (f64 bits).
+    pub high_burst: AtomicU64,
+    /// Cluster level at the last merge (f64 bits).
+    pub known_level: AtomicU64,
+    /// Local time of `known_level`, nanoseconds.
+    pub known_at: AtomicU64,
+    /// Other hosts' measured fill rate, units/s (f64 bits).
+    pub fill_rate: AtomicU64,
+
+    // ---- line B: written by checks and the sync thread ----
+    /// Weight admitted here and not yet collected for a sync.
+    pub pending: AtomicU64,
+    /// Weight collected and sent, not yet included in `known_level`.
+    pub inflight: AtomicU64,
+    /// Checks that passed (requests, not weight).
+    pub passed: AtomicU64,
+    /// Checks that were rejected.
+    pub rejected: AtomicU64,
+    /// Quota id (the counter's name in the sync protocol).
+    pub id: AtomicU64,
+    /// Epoch of the quota version held.
+    pub epoch: AtomicU64,
+    /// Parent quota id; 0 for none (ids start at 1).
+    pub parent_id: AtomicU64,
+    /// First granule of the name in the arena.
+    pub name_at: AtomicU32,
+    /// Next free slot + 1 while on the free list.
+    pub next_free: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 128);
+const _: () = assert!(std::mem::size_of::<Header>() % 64 == 0);
+
+/// Rounds `n` up to a multiple of 64.
+pub const fn line_up(n: usize) -> usize {
+    (n + 63) & !63
+}
+
+/// Where each section of a region starts, for a given geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Number of slots.
+    pub capacity: u32,
+    /// Number of index entries.
+    pub index_len: u32,
+    /// Number of arena granules.
+    pub arena_granules: u32,
+}
+
+impl Geometry {
+    /// Geometry for `capacity` quotas with names averaging
+    /// `avg_name_bytes` (rounded up to granules, at least one).
+    pub fn new(capacity: u32, avg_name_bytes: usize) -> Self {
+        let capacity = capacity.clamp(1, MAX_CAPACITY);
+        let index_len = (capacity as usize * 2).next_power_of_two().max(16) as u32;
+        let per_name = avg_name_bytes.div_ceil(GRANULE).max(1);
+        let arena_granules = (capacity as usize * per_name).min(u32::MAX as usize) as u32;
+        Self {
+            capacity,
+            index_len,
+            arena_granules,
+        }
+    }
+
+    /// The largest geometry that fits `bytes` for the given average name.
+    pub fn fitting(bytes: usize, avg_name_bytes: usize) -> Option<Self> {
+        let per_name = avg_name_bytes.div_ceil(GRANULE).max(1) * GRANULE;
+        // Index is at most 4 entries (16 bytes) per quota after rounding.
+        let per_quota = std::mem::size_of::<Slot>() + 16 + per_name;
+        let fixed = Self::index_offset() + 64 * 3;
+        let mut capacity =
+            (bytes.checked_sub(fixed)? / per_quota).min(MAX_CAPACITY as usize) as u32;
+        while capacity > 0 {
+            let g = Self::new(capacity, avg_name_bytes);
+            if g.region_len() <= bytes {
+                return Some(g);
+            }
+            capacity -= (capacity / 64).max(1);
+        }
+        None
+    }
+
+    /// Offset of the index.
+    pub const fn index_offset() -> usize {
+        line_up(std::mem::size_of::<Header>())
+    }
+
+    /// Offset of slot 0.
+    pub fn slots_offset(&self) -> usize {
+        line_up(Self::index_offset() + self.index_len as usize * 4)
+    }
+
+    /// Offset of the arena.
+    pub fn arena_offset(&self) -> usize {
+        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
+    }
+
+    /// Total bytes of a region with this geometry.
+    pub fn region_len(&self) -> usize {
+        line_up(self.arena_offset() + self.arena_granules as usize * GRANULE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_are_line_aligned_and_do_not_overlap() {
+        let g = Geometry::new(1000, 24);
+        assert_eq!(g.index_len, 2048);
+        assert_eq!(Geometry::index_offset() % 64, 0);
+        assert_eq!(g.slots_offset() % 64, 0);
+        assert!(g.slots_offset() >= Geometry::index_offset() + 2048 * 4);
+        assert!(g.arena_offset() >= g.slots_offset() + 1000 * 128);
+        assert!(g.region_len() >= g.arena_offset() + 2000 * GRANULE);
+    }
+
+    #[test]
+    fn fitting_uses_the_space_it_is_given() {
+        for bytes in [64 << 10, 1 << 20, 10 << 20, 100 << 20] {
+            let g = Geometry::fitting(bytes, 32).unwrap();
+            assert!(g.region_len() <= bytes);
+            // At least 80% of what an ideal packing would hold.
+            let ideal = bytes / (128 + 8 + 32);
+            assert!(g.capacity as usize * 10 >= ideal * 7, "{bytes}: {g:?}");
+        }
+        assert!(Geometry::fitting(100, 32).is_none());
+    }
+}

@@ -1,0 +1,136 @@
+//! Quota names: the hash the index uses and the arena that stores them.
+//!
+//! Names are stored as little-endian 8-byte words, zero padded, in chunks
+//! of 16-byte granules; a chunk of `k` granules comes from free list `k-1`
+//! or from the never-used end of the arena. Comparing a name reads the
+//! words with atomic loads, so a concurrent writer is never a data race;
+//! the slot's seqlock tells the reader whether what it read was stable.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::layout::GRANULE;
+
+/// 64-bit hash of a name: word-at-a-time multiply-rotate, finished with
+/// a full avalanche so both the low bits (index position) and the top byte
+/// (index tag) are well mixed. Names come from the quota database, not
+/// from requests, so the table holds no attacker-chosen collisions.
+pub fn hash(name: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = (name.len() as u64).wrapping_mul(K);
+    let mut chunks = name.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().unwrap_or_default());
+        h = (h.rotate_left(23) ^ w).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        h = (h.rotate_left(23) ^ word_at(rest, 0)).wrapping_mul(K);
+    }
+    // murmur3's finaliser.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The `i`-th little-endian word of `name`, zero padded past its end.
+pub fn word_at(name: &[u8], i: usize) -> u64 {
+    let start = (i * 8).min(name.len());
+    let end = (start + 8).min(name.len());
+    let mut buf = [0u8; 8];
+    buf[..end - start].copy_from_slice(&name[start..end]);
+    u64::from_le_bytes(buf)
+}
+
+/// Granules needed for a name of `len` bytes (at least one).
+pub fn granules_for(len: usize) -> usize {
+    len.div_ceil(GRANULE).max(1)
+}
+
+/// Words of the arena holding a name that starts at granule `at`.
+pub fn name_words(arena: &[AtomicU64], at: u32, len: usize) -> Option<&[AtomicU64]> {
+    let start = at as usize * 2;
+    arena.get(start..start + len.div_ceil(8))
+}
+
+/// True when the stored words equal `name` (length already matched).
+pub fn equals(words: &[AtomicU64], name: &[u8]) -> bool {
+    words
+        .iter()
+        .enumerate()
+        .all(|(i, w)| w.load(Relaxed) == word_at(name, i))
+}
+
+/// Writes `name` into the words (the caller holds the writer lock and the
+/// slot's seqlock is odd).
+pub fn store(words: &[AtomicU64], name: &[u8]) {
+    for (i, w) in words.iter().enumerate() {
+        w.store(word_at(name, i), Relaxed);
+    }
+}
+
+/// Reads a stored name back.
+pub fn load(words: &[AtomicU64], len: usize) -> Vec<u8> {
+    let mut out: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.load(Relaxed).to_le_bytes())
+        .collect();
+    out.truncate(len);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_pad_with_zeros() {
+        assert_eq!(word_at(b"abc", 0), u64::from_le_bytes(*b"abc\0\0\0\0\0"));
+        assert_eq!(
+            word_at(b"abcdefghij", 1),
+            u64::from_le_bytes(*b"ij\0\0\0\0\0\0")
+        );
+        assert_eq!(word_at(b"abcdefgh", 1), 0);
+    }
+
+    #[test]
+    fn hashes_differ_for_names_differing_in_any_byte_or_length() {
+        let base = b"s3_photos_read".to_vec();
+        let h = hash(&base);
+        for i in 0..base.len() {
+            let mut other = base.clone();
+            other[i] ^= 1;
+            assert_ne!(hash(&other), h);
+        }
+        assert_ne!(hash(b"a"), hash(b"a\0"));
+        assert_ne!(hash(b""), hash(b"\0"));
+    }
+
+    #[test]
+    fn top_byte_and_low_bits_spread_over_sequential_names() {
+        let mut tags = [0u32; 256];
+        let mut lows = [0u32; 256];
+        for i in 0..256 * 100 {
+            let h = hash(format!("q{i}").as_bytes());
+            tags[(h >> 56) as usize] += 1;
+            lows[(h & 255) as usize] += 1;
+        }
+        assert!(tags
+            .iter()
+            .chain(lows.iter())
+            .all(|&c| (50..160).contains(&c)));
+    }
+
+    #[test]
+    fn names_round_trip_through_words() {
+        let words: Vec<AtomicU64> = (0..6).map(|_| AtomicU64::new(0)).collect();
+        let name = b"a_name_of_twenty_two_b";
+        let w = name_words(&words, 1, name.len()).unwrap();
+        store(w, name);
+        assert!(equals(w, name));
+        assert!(!equals(w, b"a_name_of_twenty_two_c"));
+        assert_eq!(load(w, name.len()), name);
+        assert!(name_words(&words, 2, 40).is_none());
+    }
+}

@@ -1,0 +1,467 @@
+use super::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+const SEC: Nanos = 1_000_000_000;
+
+fn quota(id: u64, name: &str, parent: Option<u64>, limit: f64, low: f64, high: f64) -> Quota {
+    Quota {
+        id,
+        name: name.into(),
+        parent,
+        limit,
+        low_burst: low,
+        high_burst: high,
+        epoch: id,
+        deleted: false,
+    }
+}
+
+fn never() -> f64 {
+    0.999_999
+}
+
+#[test]
+fn unknown_names_pass_and_are_counted() {
+    let t = Table::new_heap(16, 16);
+    assert_eq!(t.check(b"nobody", 1, 0), Outcome::Unknown);
+    assert_eq!(t.unknown_checks(), 1);
+}
+
+#[test]
+fn a_hard_cut_quota_admits_exactly_its_burst_at_one_instant() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "q", None, 100.0, 100.0, 100.0)]);
+    let passed = (0..1000)
+        .filter(|_| t.check_with(b"q", 1, SEC, never) == Outcome::Pass)
+        .count();
+    assert_eq!(passed, 100);
+    let st = t.quota(b"q", SEC).unwrap();
+    assert_eq!((st.passed, st.rejected, st.pending), (100, 900, 100));
+}
+
+#[test]
+fn weight_zero_checks_without_counting() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "q", None, 1.0, 2.0, 2.0)]);
+    for _ in 0..10 {
+        assert_eq!(t.check(b"q", 0, 0), Outcome::Pass);
+    }
+    assert_eq!(t.quota(b"q", 0).unwrap().pending, 0);
+    assert_eq!(t.check(b"q", 2, 0), Outcome::Pass);
+    assert!(matches!(t.check(b"q", 0, 0), Outcome::Pass));
+    assert!(matches!(t.check(b"q", 1, 0), Outcome::Reject(_)));
+}
+
+#[test]
+fn a_chain_passes_only_if_every_ancestor_passes_and_commits_to_all() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[
+        quota(1, "bucket", None, 1.0, 5.0, 5.0),
+        quota(2, "bucket_read", Some(1), 1.0, 100.0, 100.0),
+        quota(3, "bucket_write", Some(1), 1.0, 100.0, 100.0),
+    ]);
+    for _ in 0..3 {
+        assert_eq!(t.check_with(b"bucket_read", 1, 0, never), Outcome::Pass);
+    }
+    for _ in 0..2 {
+        assert_eq!(t.check_with(b"bucket_write", 1, 0, never), Outcome::Pass);
+    }
+    // The parent is full: both children reject, at depth 1.
+    match t.check_with(b"bucket_read", 1, 0, never) {
+        Outcome::Reject(r) => assert_eq!(r.depth, 1),
+        other => panic!("{other:?}"),
+    }
+    let st = |n: &str| t.quota(n.as_bytes(), 0).unwrap().pending;
+    assert_eq!(
+        (st("bucket"), st("bucket_read"), st("bucket_write")),
+        (5, 3, 2)
+    );
+}
+
+#[test]
+fn rejection_reports_when_to_retry() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "q", None, 10.0, 20.0, 20.0)]);
+    for _ in 0..20 {
+        t.check(b"q", 1, 0);
+    }
+    match t.check(b"q", 5, 0) {
+        Outcome::Reject(r) => {
+            assert_eq!(r.limit, 10.0);
+            assert!((r.retry_after - 0.5).abs() < 1e-9, "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn parents_link_whatever_order_they_arrive_in_and_relink_on_reparent() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(2, "child", Some(1), 1.0, 100.0, 100.0)]);
+    // Parent unknown yet: the child checks alone.
+    assert_eq!(t.check(b"child", 1, 0), Outcome::Pass);
+    t.apply_quotas(&[
+        quota(1, "p1", None, 1.0, 0.0, 0.0),
+        quota(3, "p2", None, 1.0, 10.0, 10.0),
+    ]);
+    assert!(matches!(
+        t.check(b"child", 1, 0),
+        Outcome::Reject(Rejection { depth: 1, .. })
+    ));
+    let mut moved = quota(2, "child", Some(3), 1.0, 100.0, 100.0);
+    moved.epoch = 10;
+    t.apply_quotas(&[moved]);
+    assert_eq!(t.check(b"child", 1, 0), Outcome::Pass);
+    assert_eq!(t.quota(b"p2", 0).unwrap().pending, 1);
+}
+
+#[test]
+fn upserts_apply_by_epoch_and_stale_ones_are_ignored() {
+    let t = Table::new_heap(16, 16);
+    let mut q = quota(1, "q", None, 1.0, 1.0, 1.0);
+    q.epoch = 5;
+    assert_eq!(t.apply_quotas(&[q.clone()]).inserted, 1);
+    let mut older = q.clone();
+    older.epoch = 4;
+    older.limit = 99.0;
+    assert_eq!(t.apply_quotas(&[older]).stale, 1);
+    assert_eq!(t.quota(b"q", 0).unwrap().quota.limit, 1.0);
+    let mut newer = q.clone();
+    newer.epoch = 6;
+    newer.limit = 7.0;
+    assert_eq!(t.apply_quotas(&[newer]).updated, 1);
+    assert_eq!(t.quota(b"q", 0).unwrap().quota.limit, 7.0);
+    assert_eq!(t.max_epoch(), 6);
+}
+
+#[test]
+fn an_update_keeps_the_counter_and_a_recreated_name_starts_fresh() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "q", None, 1.0, 10.0, 10.0)]);
+    t.check(b"q", 4, 0);
+    let mut changed = quota(1, "q", None, 2.0, 10.0, 10.0);
+    changed.epoch = 2;
+    t.apply_quotas(&[changed]);
+    assert_eq!(t.quota(b"q", 0).unwrap().pending, 4);
+    let mut recreated = quota(9, "q", None, 2.0, 10.0, 10.0);
+    recreated.epoch = 3;
+    t.apply_quotas(&[recreated]);
+    let st = t.quota(b"q", 0).unwrap();
+    assert_eq!((st.quota.id, st.pending, st.passed), (9, 0, 0));
+}
+
+#[test]
+fn tombstones_delete_and_freed_slots_and_names_are_reused() {
+    let t = Table::new_heap(4, 16);
+    let qs: Vec<Quota> = (1..=4)
+        .map(|i| quota(i, &format!("q{i}"), None, 1.0, 1.0, 1.0))
+        .collect();
+    assert_eq!(t.apply_quotas(&qs).inserted, 4);
+    let mut gone = qs[1].clone();
+    gone.deleted = true;
+    gone.epoch = 10;
+    assert_eq!(t.apply_quotas(&[gone]).deleted, 1);
+    assert_eq!(t.check(b"q2", 1, 0), Outcome::Unknown);
+    assert_eq!(t.len(), 3);
+    let mut fifth = quota(5, "q5", None, 1.0, 1.0, 1.0);
+    fifth.epoch = 11;
+    assert_eq!(t.apply_quotas(&[fifth]).inserted, 1);
+    assert_eq!(t.len(), 4);
+    assert_eq!(t.check(b"q5", 1, 0), Outcome::Pass);
+    for i in [1, 3, 4] {
+        assert!(t.lookup(format!("q{i}").as_bytes()).is_some());
+    }
+}
+
+#[test]
+fn a_full_table_refuses_new_quotas_loudly_and_keeps_the_old() {
+    let t = Table::new_heap(2, 16);
+    let qs: Vec<Quota> = (1..=3)
+        .map(|i| quota(i, &format!("q{i}"), None, 1.0, 1.0, 1.0))
+        .collect();
+    let report = t.apply_quotas(&qs);
+    assert_eq!(report.inserted, 2);
+    assert_eq!(report.refused.len(), 1);
+    let msg = report.refused[0].to_string();
+    assert!(
+        msg.contains("full") && msg.contains("q3") && msg.contains("kept"),
+        "{msg}"
+    );
+    assert_eq!(t.refused_quotas(), 1);
+    assert!(t.lookup(b"q1").is_some() && t.lookup(b"q2").is_some());
+}
+
+#[test]
+fn a_full_name_arena_refuses_and_releases_the_slot() {
+    let t = Table::new_heap(4, 16);
+    // 4 granules in all: one 60-byte name takes 4.
+    let long = "x".repeat(60);
+    assert_eq!(
+        t.apply_quotas(&[quota(1, &long, None, 1.0, 1.0, 1.0)])
+            .inserted,
+        1
+    );
+    let r = t.apply_quotas(&[quota(2, "short", None, 1.0, 1.0, 1.0)]);
+    assert!(matches!(r.refused[..], [TableError::NamesFull { .. }]));
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn invalid_quotas_are_refused_and_the_rest_applies() {
+    let t = Table::new_heap(4, 16);
+    let r = t.apply_quotas(&[
+        quota(1, "bad name", None, 1.0, 1.0, 1.0),
+        quota(2, "ok", None, 1.0, 1.0, 1.0),
+    ]);
+    assert_eq!(r.inserted, 1);
+    assert!(matches!(r.refused[..], [TableError::Invalid { .. }]));
+}
+
+#[test]
+fn long_names_up_to_255_bytes_work() {
+    let t = Table::new_heap(8, 128);
+    let names: Vec<String> = [17, 64, 200, 255]
+        .iter()
+        .map(|&n| "n".repeat(n - 1) + "z")
+        .collect();
+    let qs: Vec<Quota> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| quota(i as u64 + 1, n, None, 1.0, 1.0, 1.0))
+        .collect();
+    assert_eq!(t.apply_quotas(&qs).inserted, 4);
+    for n in &names {
+        assert!(t.lookup(n.as_bytes()).is_some());
+        assert_eq!(t.quota(n.as_bytes(), 0).unwrap().quota.name, *n);
+    }
+    assert!(t.lookup(("n".repeat(254) + "y").as_bytes()).is_none());
+}
+
+#[test]
+fn many_deletes_rebuild_the_index_and_lookups_still_work() {
+    let t = Table::new_heap(64, 16);
+    let mut epoch = 0;
+    for round in 0..20u64 {
+        let qs: Vec<Quota> = (0..64)
+            .map(|i| {
+                epoch += 1;
+                let mut q = quota(
+                    round * 100 + i + 1,
+                    &format!("r{round}_{i}"),
+                    None,
+                    1.0,
+                    1.0,
+                    1.0,
+                );
+                q.epoch = epoch;
+                q
+            })
+            .collect();
+        assert_eq!(t.apply_quotas(&qs).inserted, 64, "round {round}");
+        for q in &qs {
+            assert!(t.lookup(q.name.as_bytes()).is_some());
+        }
+        let dead: Vec<Quota> = qs
+            .iter()
+            .map(|q| {
+                epoch += 1;
+                Quota {
+                    deleted: true,
+                    epoch,
+                    ..q.clone()
+                }
+            })
+            .collect();
+        assert_eq!(t.apply_quotas(&dead).deleted, 64);
+        assert!(t.is_empty());
+    }
+    assert!(t.lookup(b"r3_3").is_none());
+}
+
+#[test]
+fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[quota(7, "q", None, 10.0, 100.0, 100.0)]);
+    for _ in 0..5 {
+        t.check(b"q", 2, 0);
+    }
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    assert_eq!(
+        out,
+        vec![CollectedDelta {
+            slot: 0,
+            id: 7,
+            delta: 10
+        }]
+    );
+    let st = t.quota(b"q", 0).unwrap();
+    assert_eq!((st.pending, st.inflight, st.level), (0, 10, 10.0));
+    // The root saw our 10 plus 30 from others.
+    assert!(t.merge_counter(
+        0,
+        7,
+        Level {
+            level: 40.0,
+            at: SEC
+        },
+        10
+    ));
+    let st = t.quota(b"q", SEC).unwrap();
+    assert_eq!((st.inflight, st.level), (0, 40.0));
+    assert!(st.fill_rate > 0.0);
+    // A value for another id (the slot was reused) is refused.
+    assert!(!t.merge_counter(
+        0,
+        8,
+        Level {
+            level: 1.0,
+            at: SEC
+        },
+        0
+    ));
+    assert!(!t.merge_counter(
+        0,
+        7,
+        Level {
+            level: f64::NAN,
+            at: SEC
+        },
+        0
+    ));
+}
+
+#[test]
+fn standalone_folding_leaks_admitted_weight_over_time() {
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[quota(1, "q", None, 100.0, 100.0, 100.0)]);
+    let mut now = 0;
+    let mut passed = 0;
+    // 10 seconds at 1000 requests per second, folding every 100 ms.
+    for step in 0..10_000u64 {
+        now = step * SEC / 1000;
+        if t.check_with(b"q", 1, now, never) == Outcome::Pass {
+            passed += 1;
+        }
+        if step % 100 == 99 {
+            t.fold_local(now);
+        }
+    }
+    // Burst 100 plus 100/s for ~10 s.
+    assert!((1050..=1110).contains(&passed), "passed {passed} by {now}");
+}
+
+#[test]
+fn a_region_is_reattached_with_its_quotas_and_counters() {
+    let mut region: Vec<Line> = (0..4096).map(|_| Line([0; 64])).collect();
+    let len = region.len() * 64;
+    let base = region.as_mut_ptr().cast::<u8>();
+    // SAFETY: the region is owned by this test, aligned, and outlives both tables.
+    let first = unsafe { Table::from_raw(base, len, 16, false) }.unwrap();
+    first.apply_quotas(&[quota(1, "q", None, 1.0, 10.0, 10.0)]);
+    first.check(b"q", 3, 0);
+    // SAFETY: as above.
+    let second = unsafe { Table::from_raw(base, len, 16, false) }.unwrap();
+    assert_eq!(second.quota(b"q", 0).unwrap().pending, 3);
+    assert_eq!(second.geometry(), first.geometry());
+    // SAFETY: as above; a smaller view of the same region is incompatible.
+    let smaller = unsafe { Table::from_raw(base, len / 2, 16, false) };
+    assert!(matches!(smaller, Err(TableError::Incompatible(_))));
+    // SAFETY: as above; reformat starts empty.
+    let fresh = unsafe { Table::from_raw(base, len, 16, true) }.unwrap();
+    assert!(fresh.is_empty());
+    drop(region);
+}
+
+#[test]
+fn a_slot_is_128_bytes_and_a_quota_costs_under_170_with_its_index_share() {
+    let g = Geometry::new(1 << 20, 16);
+    let per_quota = g.region_len() as f64 / f64::from(g.capacity);
+    assert_eq!(std::mem::size_of::<Slot>(), 128);
+    // 128 slot + 8 index + 16 name granule.
+    assert!(per_quota <= 153.0, "{per_quota}");
+}
+
+/// Readers check a hot quota chain, a writer keeps upserting and deleting
+/// other quotas (so slots, names and the index churn), and a collector
+/// moves deltas as a sync thread would. Every admitted weight must be found
+/// exactly once: collected, or still pending.
+#[test]
+fn concurrent_checks_writes_and_collection_lose_no_increment() {
+    let t = Arc::new(Table::new_heap(256, 16));
+    t.apply_quotas(&[
+        quota(1, "parent", None, 0.0, 1e15, 1e15),
+        quota(2, "hot", Some(1), 0.0, 1e15, 1e15),
+    ]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|r| {
+            let t = Arc::clone(&t);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut admitted = 0u64;
+                let mut i = 0u64;
+                while !stop.load(RLX) || i < 10_000 {
+                    let w = 1 + (i + r) % 7;
+                    if t.check(b"hot", w, 0) == Outcome::Pass {
+                        admitted += w;
+                    }
+                    i += 1;
+                }
+                admitted
+            })
+        })
+        .collect();
+    let writer = {
+        let t = Arc::clone(&t);
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut epoch = 10;
+            while !stop.load(RLX) {
+                for i in 0..100u64 {
+                    epoch += 1;
+                    let mut q = quota(100 + i, &format!("churn_{i}"), Some(1), 1.0, 1.0, 1.0);
+                    q.epoch = epoch;
+                    q.deleted = epoch % 3 == 0;
+                    t.apply_quotas(&[q]);
+                }
+            }
+        })
+    };
+    let collector = {
+        let t = Arc::clone(&t);
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut collected: HashMap<u64, u64> = HashMap::new();
+            let mut out = Vec::new();
+            while !stop.load(RLX) {
+                out.clear();
+                t.collect_deltas(&mut out);
+                for d in &out {
+                    *collected.entry(d.id).or_default() += d.delta;
+                }
+                std::thread::yield_now();
+            }
+            collected
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    stop.store(true, RLX);
+    let admitted: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
+    writer.join().unwrap();
+    let collected = collector.join().unwrap();
+    let hot = t.quota(b"hot", 0).unwrap();
+    let parent = t.quota(b"parent", 0).unwrap();
+    assert!(admitted > 10_000);
+    assert_eq!(
+        collected.get(&2).copied().unwrap_or(0) + hot.pending,
+        admitted
+    );
+    assert_eq!(
+        collected.get(&1).copied().unwrap_or(0) + parent.pending,
+        admitted
+    );
+    assert_eq!(hot.inflight, collected.get(&2).copied().unwrap_or(0));
+    assert_eq!(hot.passed + hot.rejected, hot.passed);
+}
