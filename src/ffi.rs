@@ -1,1 +1,393 @@
-//! The C ABI (being written).
+//! The C ABI: one process-wide limiter behind `check_by_name`.
+//!
+//! `include/sluice.h` is generated from this file by cbindgen (see
+//! `tests/header.rs`); the doc comments here are the header's. Every export
+//! is a panic boundary: a bug inside sluice returns `SLUICE_ERROR` with a
+//! message, it never unwinds into C. Every pointer argument may be NULL.
+//!
+//! The limiter's memory is never freed, even by `sluice_shutdown`, so a
+//! check racing a shutdown on another thread reads valid memory; each
+//! `sluice_init` after a shutdown allocates a new table.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::core::spec::QuotaSet;
+use crate::core::{Estimator, Extrapolation, Quota};
+use crate::table::{Outcome, Table};
+
+/// The request may pass: every quota in its chain had room; the weight was
+/// counted.
+pub const SLUICE_PASS: c_int = 0;
+/// The request is over a quota (its own or an ancestor's); nothing was
+/// counted.
+pub const SLUICE_REJECT: c_int = 1;
+/// No quota has this name: the request passes and is not counted.
+pub const SLUICE_UNKNOWN: c_int = 2;
+/// The call failed (not initialised, NULL or invalid argument, internal
+/// error); `sluice_last_error()` says why. A check that fails should be
+/// treated as a pass (fail open).
+pub const SLUICE_ERROR: c_int = -1;
+
+/// Limiter configuration, from the JSON given to `sluice_init`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Config {
+    /// Quotas the table can hold.
+    capacity: u32,
+    /// Average quota name length the name space is sized for.
+    avg_name_bytes: usize,
+    /// Quota root URLs (used once the sync thread exists).
+    roots: Vec<String>,
+    /// Sync (or, standalone, local fold) interval in milliseconds.
+    sync_interval_ms: u64,
+    /// How levels are extrapolated between syncs.
+    extrapolation: Option<Extrapolation>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            capacity: 100_000,
+            avg_name_bytes: 32,
+            roots: Vec::new(),
+            sync_interval_ms: 1000,
+            extrapolation: None,
+        }
+    }
+}
+
+/// The process-wide limiter.
+struct Limiter {
+    /// All quotas and counters.
+    table: Arc<Table>,
+    /// Ids given to quota names loaded from files, so a quota keeps its
+    /// id (and its counter) across loads.
+    ids: Mutex<FileIds>,
+    /// Tells the maintenance thread to stop.
+    stop: Arc<AtomicBool>,
+    /// The maintenance thread, joined at shutdown.
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct FileIds {
+    by_name: HashMap<String, u64>,
+    next: u64,
+}
+
+static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(ptr::null_mut());
+/// Serialises init and shutdown against each other.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(message: impl Into<String>) {
+    let text = CString::new(message.into().replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+}
+
+/// Runs `f` as an export body: errors become `SLUICE_ERROR` plus a message,
+/// panics are caught.
+fn boundary(f: impl FnOnce() -> Result<c_int, String>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(message)) => {
+            set_error(message);
+            SLUICE_ERROR
+        }
+        Err(_) => {
+            set_error("internal error (panic) in sluice; the call was abandoned");
+            SLUICE_ERROR
+        }
+    }
+}
+
+fn limiter() -> Result<&'static Limiter, String> {
+    let p = LIMITER.load(Ordering::Acquire);
+    // SAFETY: a non-null LIMITER points to a leaked Box that is never freed.
+    unsafe { p.as_ref() }.ok_or_else(|| "sluice is not initialised: call sluice_init".to_string())
+}
+
+/// Reads a C string argument; NULL is an error naming the argument.
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string.
+unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a CStr, String> {
+    if p.is_null() {
+        return Err(format!("{what} is NULL"));
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    Ok(unsafe { CStr::from_ptr(p) })
+}
+
+fn init(config_json: Option<&str>) -> Result<c_int, String> {
+    let config: Config = match config_json {
+        Some(text) => {
+            serde_json::from_str(text).map_err(|e| format!("invalid config JSON: {e}"))?
+        }
+        None => Config::default(),
+    };
+    if config.sync_interval_ms < 10 {
+        return Err("sync_interval_ms must be at least 10".into());
+    }
+    if let Some(Extrapolation::ConstantRatio { ratio }) = config.extrapolation {
+        if !(ratio.is_finite() && ratio >= 0.0) {
+            return Err("extrapolation ratio must be a finite, non-negative number".into());
+        }
+    }
+    let _lock = LIFECYCLE
+        .lock()
+        .map_err(|_| "sluice lifecycle lock poisoned")?;
+    if !LIMITER.load(Ordering::Acquire).is_null() {
+        return Err("sluice is already initialised: call sluice_shutdown first".into());
+    }
+    let table = Arc::new(Table::new_heap(config.capacity, config.avg_name_bytes));
+    let interval = Duration::from_millis(config.sync_interval_ms);
+    table.set_estimator(Estimator {
+        mode: config.extrapolation.unwrap_or(Extrapolation::Adaptive),
+        horizon: 2 * interval.as_nanos() as u64,
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = spawn_standalone_folder(Arc::clone(&table), Arc::clone(&stop), interval)
+        .map_err(|e| format!("cannot start the sluice thread: {e}"))?;
+    let limiter = Box::new(Limiter {
+        table,
+        ids: Mutex::new(FileIds::default()),
+        stop,
+        worker: Mutex::new(Some(worker)),
+    });
+    LIMITER.store(Box::into_raw(limiter), Ordering::Release);
+    Ok(SLUICE_PASS)
+}
+
+/// Standalone mode: with no root to sum counters, the host is its own
+/// root and folds its admitted weight into the levels every interval (at
+/// most 100 ms apart, so the leak is applied smoothly).
+fn spawn_standalone_folder(
+    table: Arc<Table>,
+    stop: Arc<AtomicBool>,
+    interval: Duration,
+) -> std::io::Result<JoinHandle<()>> {
+    let tick = interval.min(Duration::from_millis(100));
+    std::thread::Builder::new()
+        .name("sluice-fold".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::park_timeout(tick);
+                table.fold_local(crate::clock::now());
+            }
+        })
+}
+
+fn load_quotas(text: &str) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    let set = QuotaSet::from_json(text).map_err(|e| e.to_string())?;
+    let mut guard = limiter
+        .ids
+        .lock()
+        .map_err(|_| "sluice quota lock poisoned")?;
+    let ids = &mut *guard;
+    let epoch = limiter.table.max_epoch() + 1;
+    let mut quotas = set.to_quotas(epoch);
+    // Keep ids stable by name across loads, so counters survive a reload.
+    let file_ids: HashMap<u64, u64> = quotas
+        .iter()
+        .map(|q| {
+            let next = &mut ids.next;
+            let id = *ids.by_name.entry(q.name.clone()).or_insert_with(|| {
+                *next += 1;
+                *next
+            });
+            (q.id, id)
+        })
+        .collect();
+    for q in &mut quotas {
+        q.id = file_ids[&q.id];
+        q.parent = q.parent.map(|p| file_ids[&p]);
+    }
+    // Quotas loaded before and missing now are deleted.
+    let keep: std::collections::HashSet<&str> = quotas.iter().map(|q| q.name.as_str()).collect();
+    let gone: Vec<Quota> = limiter
+        .table
+        .quotas(0)
+        .into_iter()
+        .filter(|s| !keep.contains(s.quota.name.as_str()))
+        .map(|s| Quota {
+            deleted: true,
+            epoch,
+            ..s.quota
+        })
+        .collect();
+    quotas.extend(gone);
+    let report = limiter.table.apply_quotas(&quotas);
+    if let Some(first) = report.refused.first() {
+        return Err(format!(
+            "{} quota(s) refused, first: {first}",
+            report.refused.len()
+        ));
+    }
+    Ok(SLUICE_PASS)
+}
+
+fn check(name: &[u8], weight: u64) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    Ok(
+        match limiter.table.check(name, weight, crate::clock::now()) {
+            Outcome::Pass => SLUICE_PASS,
+            Outcome::Reject(_) => SLUICE_REJECT,
+            Outcome::Unknown => SLUICE_UNKNOWN,
+        },
+    )
+}
+
+/// Starts the process-wide limiter.
+///
+/// `config_json` may be NULL for defaults, or a JSON object with any of:
+/// `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
+/// (default 32), `sync_interval_ms` (default 1000), `extrapolation`
+/// (`{"mode": "adaptive"}`, the default, or
+/// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs;
+/// accepted but not used yet: this version runs standalone only).
+/// The string is only read during the call.
+///
+/// Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is
+/// invalid or the limiter is already running.
+///
+/// # Safety
+/// `config_json` must be NULL or point to a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_init(config_json: *const c_char) -> c_int {
+    boundary(|| {
+        let text = if config_json.is_null() {
+            None
+        } else {
+            // SAFETY: non-null; the caller passes a NUL-terminated string.
+            let s = unsafe { c_str(config_json, "config_json") }?;
+            Some(
+                s.to_str()
+                    .map_err(|_| "config_json is not UTF-8".to_string())?,
+            )
+        };
+        init(text)
+    })
+}
+
+/// Replaces the standalone quota set with the one in `json`:
+/// `{"quotas": [{"name": "...", "limit": 100, "low_burst": 100,
+/// "high_burst": 200, "parent": "name-or-null"}, ...]}` (or a bare array).
+/// Quotas keep their counters across loads; quotas absent from the new set
+/// are removed. Nothing is applied if the set is invalid.
+///
+/// Returns `SLUICE_PASS` or `SLUICE_ERROR` (see `sluice_last_error`).
+///
+/// # Safety
+/// `json` must be NULL or point to a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_load_quotas_json(json: *const c_char) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
+        let text = unsafe { c_str(json, "json") }?;
+        load_quotas(
+            text.to_str()
+                .map_err(|_| "quota JSON is not UTF-8".to_string())?,
+        )
+    })
+}
+
+/// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`.
+///
+/// # Safety
+/// `path` must be NULL or point to a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_load_quotas_file(path: *const c_char) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
+        let path = unsafe { c_str(path, "path") }?;
+        let path = path.to_str().map_err(|_| "path is not UTF-8".to_string())?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        load_quotas(&text)
+    })
+}
+
+/// Checks the quota named by the NUL-terminated `name` (and all its
+/// ancestors) for a request of `weight` units, counting the weight if it
+/// passes. `weight` 0 checks without counting; weights above 2^40 count as
+/// 2^40. Never blocks and never does IO.
+///
+/// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
+/// pass) or `SLUICE_ERROR` (not initialised or NULL name: pass, fail open).
+///
+/// # Safety
+/// `name` must be NULL or point to a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn check_by_name(name: *const c_char, weight: u64) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
+        let name = unsafe { c_str(name, "name") }?;
+        check(name.to_bytes(), weight)
+    })
+}
+
+/// `check_by_name` for a name given as `len` bytes (no NUL needed), for
+/// callers holding Go or Lua strings.
+///
+/// # Safety
+/// `name` must be NULL or point to at least `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_check(name: *const c_char, len: usize, weight: u64) -> c_int {
+    boundary(|| {
+        if name.is_null() {
+            return Err("name is NULL".into());
+        }
+        // SAFETY: non-null, and the caller guarantees `len` readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(name.cast::<u8>(), len) };
+        check(bytes, weight)
+    })
+}
+
+/// Number of quotas loaded, or `SLUICE_ERROR` if not initialised.
+#[no_mangle]
+pub extern "C" fn sluice_quota_count() -> c_int {
+    boundary(|| Ok(c_int::try_from(limiter()?.table.len()).unwrap_or(c_int::MAX)))
+}
+
+/// Stops the limiter's thread. Later checks return `SLUICE_ERROR` until
+/// `sluice_init` is called again. Safe to call when not initialised.
+#[no_mangle]
+pub extern "C" fn sluice_shutdown() -> c_int {
+    boundary(|| {
+        let _lock = LIFECYCLE
+            .lock()
+            .map_err(|_| "sluice lifecycle lock poisoned")?;
+        let p = LIMITER.swap(ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: a non-null LIMITER points to a leaked Box never freed.
+        if let Some(limiter) = unsafe { p.as_ref() } {
+            limiter.stop.store(true, Ordering::Release);
+            let worker = limiter.worker.lock().ok().and_then(|mut w| w.take());
+            if let Some(worker) = worker {
+                worker.thread().unpark();
+                let _ = worker.join();
+            }
+        }
+        Ok(SLUICE_PASS)
+    })
+}
+
+/// Text of the last error on this thread ("" if none). The pointer stays
+/// valid until the next sluice call on the same thread; do not free it.
+#[no_mangle]
+pub extern "C" fn sluice_last_error() -> *const c_char {
+    catch_unwind(|| LAST_ERROR.with(|e| e.borrow().as_ptr())).unwrap_or(c"internal error".as_ptr())
+}

@@ -22,14 +22,21 @@ pub enum Verdict {
 ///   against `draw`, a uniform number in `[0, 1)`.
 ///
 /// With `low_burst == high_burst` the band is empty: a hard cut.
+///
+/// A weight-0 check asks "is this quota full?" on behalf of a caller that
+/// counts elsewhere, so it rejects at `high_burst` itself (`level >=
+/// high_burst`), where any counted request would be rejected; otherwise a
+/// hard-cut quota filled exactly to its burst would never reject it.
 pub fn decide(level: f64, weight: f64, low_burst: f64, high_burst: f64, draw: f64) -> Verdict {
     let after = level + weight;
-    let reject = if after <= low_burst {
-        false
+    let full = if weight > 0.0 {
+        after > high_burst
     } else {
-        // Above the band always; in it, with the band's probability.
-        after > high_burst || draw < (after - low_burst) / (high_burst - low_burst)
+        after >= high_burst
     };
+    // Past `full`, the band is not empty, so the division is safe.
+    let reject =
+        full || (after > low_burst && draw < (after - low_burst) / (high_burst - low_burst));
     if reject {
         Verdict::Reject
     } else {
@@ -132,9 +139,12 @@ mod tests {
     }
 
     #[test]
-    fn weight_zero_checks_the_level_itself() {
-        assert_eq!(decide(10.0, 0.0, 10.0, 10.0, 0.0), Verdict::Pass);
-        assert_eq!(decide(10.5, 0.0, 10.0, 10.0, 0.0), Verdict::Reject);
+    fn weight_zero_rejects_from_a_full_bucket_on() {
+        assert_eq!(decide(9.5, 0.0, 10.0, 10.0, 0.0), Verdict::Pass);
+        assert_eq!(decide(10.0, 0.0, 10.0, 10.0, 0.0), Verdict::Reject);
+        assert_eq!(decide(0.0, 0.0, 0.0, 0.0, 0.0), Verdict::Reject);
+        assert_eq!(decide(15.0, 0.0, 10.0, 20.0, 0.6), Verdict::Pass);
+        assert_eq!(decide(15.0, 0.0, 10.0, 20.0, 0.4), Verdict::Reject);
     }
 
     fn view(level: f64, low: f64, high: f64) -> QuotaView {

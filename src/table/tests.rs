@@ -48,9 +48,12 @@ fn weight_zero_checks_without_counting() {
         assert_eq!(t.check(b"q", 0, 0), Outcome::Pass);
     }
     assert_eq!(t.quota(b"q", 0).unwrap().pending, 0);
-    assert_eq!(t.check(b"q", 2, 0), Outcome::Pass);
-    assert!(matches!(t.check(b"q", 0, 0), Outcome::Pass));
-    assert!(matches!(t.check(b"q", 1, 0), Outcome::Reject(_)));
+    assert_eq!(t.check(b"q", 1, 0), Outcome::Pass);
+    assert_eq!(t.check(b"q", 0, 0), Outcome::Pass);
+    assert_eq!(t.check(b"q", 1, 0), Outcome::Pass);
+    // Full: a weight-0 check now rejects, and still counts nothing.
+    assert!(matches!(t.check(b"q", 0, 0), Outcome::Reject(_)));
+    assert_eq!(t.quota(b"q", 0).unwrap().pending, 2);
 }
 
 #[test]
