@@ -71,6 +71,12 @@ NGINX_JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(NPROC))
 # Read by the t/*.t files (and by Test::Nginx itself for the binary).
 export TEST_NGINX_BINARY := $(NGINX_BIN)
 export TEST_NGINX_SLUICE_MODULE := $(MODULE_SO)
+# Each .t file picks a free port and its own t/servroot_<port> (removed when
+# the file passes), so suites of several checkouts on one machine do not
+# collide. `make test-nginx TEST_NGINX_RANDOMIZE=` uses port 1984 and
+# t/servroot instead.
+TEST_NGINX_RANDOMIZE ?= 1
+export TEST_NGINX_RANDOMIZE
 
 # ---------------------------------------------------------------------------
 # System packages
