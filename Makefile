@@ -204,6 +204,11 @@ run: all bin ## build everything; the root, sync and directives are not done yet
 	@echo "  - the sync thread in the module (limiter <-> roots)"
 	@echo "  - the nginx directives (root list, zone, per-location checks, status)"
 	@echo "  - an example config in nginx-conf/ that uses them"
+	@echo
+	@echo "Meanwhile nginx with the module loaded (no limits) can be tried:"
+	@echo "  $(NGINX_BIN) -p $(NGINX_PREFIX)/ -c $(ROOT)/nginx-conf/minimal.conf"
+	@echo "  curl http://127.0.0.1:8080/"
+	@echo "  $(NGINX_BIN) -p $(NGINX_PREFIX)/ -c $(ROOT)/nginx-conf/minimal.conf -s stop"
 
 fmt: ## rustfmt the crate
 	$(CARGO) fmt --all
