@@ -1,2 +1,138 @@
-//! Check-path benchmarks (being written).
-fn main() {}
+//! Request-path benchmarks: one check, through the core table and through
+//! the C ABI. Results go to BENCHMARKS.md (`make bench`).
+//!
+//! - `hot_single`: one quota, always in cache;
+//! - `hot_depth3`: a quota with a parent and a grandparent;
+//! - `random_1m`: a random name among 1M loaded quotas (cache misses);
+//! - `contended_2threads`: two threads checking one quota at once.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use sluice::core::rng::Rng;
+use sluice::core::Quota;
+use sluice::table::Table;
+
+fn quota(id: u64, name: String, parent: Option<u64>) -> Quota {
+    // Huge limits: the benchmarks measure passing checks, as in production.
+    Quota {
+        id,
+        name,
+        parent,
+        limit: 1e12,
+        low_burst: 1e15,
+        high_burst: 1e15,
+        epoch: 1,
+        deleted: false,
+    }
+}
+
+fn bench_table(c: &mut Criterion) {
+    let t = Table::new_heap(1024, 32);
+    t.apply_quotas(&[
+        quota(1, "s3_photos".into(), None),
+        quota(2, "s3_photos_rw".into(), Some(1)),
+        quota(3, "s3_photos_read".into(), Some(2)),
+        quota(4, "s3_single_read".into(), None),
+    ]);
+    let now = sluice::clock::now();
+    let mut g = c.benchmark_group("table");
+    g.bench_function("hot_single", |b| {
+        b.iter(|| t.check(black_box(b"s3_single_read"), 1, now))
+    });
+    g.bench_function("hot_depth3", |b| {
+        b.iter(|| t.check(black_box(b"s3_photos_read"), 1, now))
+    });
+    g.bench_function("unknown_name", |b| {
+        b.iter(|| t.check(black_box(b"s3_nobody_read"), 1, now))
+    });
+    g.finish();
+}
+
+fn bench_random_1m(c: &mut Criterion) {
+    const N: u64 = 1_000_000;
+    let t = Table::new_heap(N as u32, 16);
+    let quotas: Vec<Quota> = (1..=N).map(|i| quota(i, format!("q{i}"), None)).collect();
+    let report = t.apply_quotas(&quotas);
+    assert_eq!(report.inserted, N as usize);
+    eprintln!(
+        "random_1m: region {} MiB for {} quotas = {:.1} bytes per quota",
+        t.region_len() >> 20,
+        t.capacity(),
+        t.region_len() as f64 / f64::from(t.capacity())
+    );
+    // Names drawn up front so the loop measures the check, not formatting.
+    let mut rng = Rng::new(7);
+    let names: Vec<Vec<u8>> = (0..1 << 16)
+        .map(|_| format!("q{}", 1 + rng.next_u64() % N).into_bytes())
+        .collect();
+    let now = sluice::clock::now();
+    let mut i = 0usize;
+    c.bench_function("table/random_1m", |b| {
+        b.iter(|| {
+            i = (i + 1) & (names.len() - 1);
+            t.check(black_box(&names[i]), 1, now)
+        })
+    });
+}
+
+fn bench_contended(c: &mut Criterion) {
+    let t = Arc::new(Table::new_heap(16, 32));
+    t.apply_quotas(&[quota(1, "shared".into(), None)]);
+    c.bench_function("table/contended_2threads", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            let other = {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || {
+                    let now = sluice::clock::now();
+                    for _ in 0..iters {
+                        black_box(t.check(black_box(b"shared"), 1, now));
+                    }
+                })
+            };
+            let now = sluice::clock::now();
+            for _ in 0..iters {
+                black_box(t.check(black_box(b"shared"), 1, now));
+            }
+            other.join().unwrap();
+            // Time per check as each thread sees it (both run at once).
+            start.elapsed()
+        })
+    });
+}
+
+fn bench_c_abi(c: &mut Criterion) {
+    use sluice::ffi::{check_by_name, sluice_init, sluice_load_quotas_json};
+    let quotas = c"{\"quotas\":[
+        {\"name\":\"s3_photos\",\"limit\":1e12,\"low_burst\":1e15,\"high_burst\":1e15},
+        {\"name\":\"s3_photos_rw\",\"parent\":\"s3_photos\",\"limit\":1e12,\"low_burst\":1e15,\"high_burst\":1e15},
+        {\"name\":\"s3_photos_read\",\"parent\":\"s3_photos_rw\",\"limit\":1e12,\"low_burst\":1e15,\"high_burst\":1e15},
+        {\"name\":\"s3_single_read\",\"limit\":1e12,\"low_burst\":1e15,\"high_burst\":1e15}]}";
+    // SAFETY: NULL config and a NUL-terminated literal.
+    unsafe {
+        assert_eq!(sluice_init(std::ptr::null()), 0);
+        assert_eq!(sluice_load_quotas_json(quotas.as_ptr()), 0);
+    }
+    let mut g = c.benchmark_group("c_abi");
+    // SAFETY: NUL-terminated literals.
+    g.bench_function("hot_single", |b| {
+        b.iter(|| unsafe { check_by_name(black_box(c"s3_single_read".as_ptr()), 1) })
+    });
+    // SAFETY: as above.
+    g.bench_function("hot_depth3", |b| {
+        b.iter(|| unsafe { check_by_name(black_box(c"s3_photos_read".as_ptr()), 1) })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = bench_table, bench_c_abi, bench_contended, bench_random_1m
+}
+criterion_main!(benches);
