@@ -35,8 +35,10 @@ extern "C" {
 // `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
 // (default 32), `sync_interval_ms` (default 1000), `extrapolation`
 // (`{"mode": "adaptive"}`, the default, or
-// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs;
-// accepted but not used yet: this version runs standalone only).
+// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs,
+// e.g. `["http://10.0.0.1:7070"]`; none: standalone, counting locally),
+// `sync_timeout_ms`, `sync_token` (bearer token for the roots),
+// `limiter_id` (default: the host name).
 // The string is only read during the call.
 //
 // Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is
@@ -85,6 +87,20 @@ int sluice_check(const char *name, size_t len, uint64_t weight);
 
 // Number of quotas loaded, or `SLUICE_ERROR` if not initialised.
 int sluice_quota_count(void);
+
+// The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
+// and per root: `url`, `up`, `last_success`, `syncs`, `errors`,
+// `last_error`, `round_trip`, `clock_offset`, `bytes_sent`,
+// `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
+// the string and frees it with `sluice_free_string`.
+char *sluice_sync_metrics_json(void);
+
+// Frees a string returned by sluice (NULL is ignored).
+//
+// # Safety
+// `s` must be NULL or a pointer returned by a sluice function that says
+// the caller frees it, not freed before.
+void sluice_free_string(char *s);
 
 // Stops the limiter's thread. Later checks return `SLUICE_ERROR` until
 // `sluice_init` is called again. Safe to call when not initialised.

@@ -14,15 +14,15 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::core::spec::QuotaSet;
 use crate::core::{Estimator, Extrapolation, Quota};
+use crate::sync::{SyncConfig, SyncHandle};
 use crate::table::{Outcome, Table};
 
 /// The request may pass: every quota in its chain had room; the weight was
@@ -46,10 +46,16 @@ struct Config {
     capacity: u32,
     /// Average quota name length the name space is sized for.
     avg_name_bytes: usize,
-    /// Quota root URLs (used once the sync thread exists).
+    /// Quota root URLs; none for standalone.
     roots: Vec<String>,
-    /// Sync (or, standalone, local fold) interval in milliseconds.
+    /// Sync interval in milliseconds.
     sync_interval_ms: u64,
+    /// Timeout of one sync request (default: 80% of the interval).
+    sync_timeout_ms: Option<u64>,
+    /// Bearer token the roots require for `/v1/sync`.
+    sync_token: Option<String>,
+    /// This limiter's id at the roots (default: the host name).
+    limiter_id: Option<String>,
     /// How levels are extrapolated between syncs.
     extrapolation: Option<Extrapolation>,
 }
@@ -61,6 +67,9 @@ impl Default for Config {
             avg_name_bytes: 32,
             roots: Vec::new(),
             sync_interval_ms: 1000,
+            sync_timeout_ms: None,
+            sync_token: None,
+            limiter_id: None,
             extrapolation: None,
         }
     }
@@ -73,10 +82,8 @@ struct Limiter {
     /// Ids given to quota names loaded from files, so a quota keeps its
     /// id (and its counter) across loads.
     ids: Mutex<FileIds>,
-    /// Tells the maintenance thread to stop.
-    stop: Arc<AtomicBool>,
-    /// The maintenance thread, joined at shutdown.
-    worker: Mutex<Option<JoinHandle<()>>>,
+    /// The sync thread (standalone folding when there are no roots).
+    sync: Mutex<Option<SyncHandle>>,
 }
 
 #[derive(Default)]
@@ -159,36 +166,30 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
         mode: config.extrapolation.unwrap_or(Extrapolation::Adaptive),
         horizon: 2 * interval.as_nanos() as u64,
     });
-    let stop = Arc::new(AtomicBool::new(false));
-    let worker = spawn_standalone_folder(Arc::clone(&table), Arc::clone(&stop), interval)
-        .map_err(|e| format!("cannot start the sluice thread: {e}"))?;
+    for root in &config.roots {
+        if !(root.starts_with("http://") || root.starts_with("https://")) {
+            return Err(format!("root {root:?} is not an http:// or https:// URL"));
+        }
+    }
+    let sync_config = SyncConfig {
+        roots: config.roots,
+        interval,
+        timeout: config.sync_timeout_ms.map(Duration::from_millis),
+        token: config.sync_token,
+        limiter_id: config
+            .limiter_id
+            .unwrap_or_else(crate::sync::default_limiter_id),
+        ..SyncConfig::default()
+    };
+    let sync = SyncHandle::start(Arc::clone(&table), sync_config)
+        .map_err(|e| format!("cannot start the sluice sync thread: {e}"))?;
     let limiter = Box::new(Limiter {
         table,
         ids: Mutex::new(FileIds::default()),
-        stop,
-        worker: Mutex::new(Some(worker)),
+        sync: Mutex::new(Some(sync)),
     });
     LIMITER.store(Box::into_raw(limiter), Ordering::Release);
     Ok(SLUICE_PASS)
-}
-
-/// Standalone mode: with no root to sum counters, the host is its own
-/// root and folds its admitted weight into the levels every interval (at
-/// most 100 ms apart, so the leak is applied smoothly).
-fn spawn_standalone_folder(
-    table: Arc<Table>,
-    stop: Arc<AtomicBool>,
-    interval: Duration,
-) -> std::io::Result<JoinHandle<()>> {
-    let tick = interval.min(Duration::from_millis(100));
-    std::thread::Builder::new()
-        .name("sluice-fold".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                std::thread::park_timeout(tick);
-                table.fold_local(crate::clock::now());
-            }
-        })
 }
 
 fn load_quotas(text: &str) -> Result<c_int, String> {
@@ -258,8 +259,10 @@ fn check(name: &[u8], weight: u64) -> Result<c_int, String> {
 /// `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
 /// (default 32), `sync_interval_ms` (default 1000), `extrapolation`
 /// (`{"mode": "adaptive"}`, the default, or
-/// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs;
-/// accepted but not used yet: this version runs standalone only).
+/// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs,
+/// e.g. `["http://10.0.0.1:7070"]`; none: standalone, counting locally),
+/// `sync_timeout_ms`, `sync_token` (bearer token for the roots),
+/// `limiter_id` (default: the host name).
 /// The string is only read during the call.
 ///
 /// Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is
@@ -363,6 +366,51 @@ pub extern "C" fn sluice_quota_count() -> c_int {
     boundary(|| Ok(c_int::try_from(limiter()?.table.len()).unwrap_or(c_int::MAX)))
 }
 
+/// The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
+/// and per root: `url`, `up`, `last_success`, `syncs`, `errors`,
+/// `last_error`, `round_trip`, `clock_offset`, `bytes_sent`,
+/// `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
+/// the string and frees it with `sluice_free_string`.
+#[no_mangle]
+pub extern "C" fn sluice_sync_metrics_json() -> *mut c_char {
+    let result = catch_unwind(|| -> Result<CString, String> {
+        let limiter = limiter()?;
+        let metrics = limiter
+            .sync
+            .lock()
+            .map_err(|_| "sluice sync lock poisoned")?
+            .as_ref()
+            .map(|s| s.metrics())
+            .unwrap_or_default();
+        let text = serde_json::to_string(&metrics).map_err(|e| e.to_string())?;
+        CString::new(text).map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(Ok(text)) => text.into_raw(),
+        Ok(Err(message)) => {
+            set_error(message);
+            ptr::null_mut()
+        }
+        Err(_) => {
+            set_error("internal error (panic) in sluice; the call was abandoned");
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Frees a string returned by sluice (NULL is ignored).
+///
+/// # Safety
+/// `s` must be NULL or a pointer returned by a sluice function that says
+/// the caller frees it, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_free_string(s: *mut c_char) {
+    if !s.is_null() {
+        // SAFETY: `s` came from CString::into_raw in this library, once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { CString::from_raw(s) })));
+    }
+}
+
 /// Stops the limiter's thread. Later checks return `SLUICE_ERROR` until
 /// `sluice_init` is called again. Safe to call when not initialised.
 #[no_mangle]
@@ -374,11 +422,9 @@ pub extern "C" fn sluice_shutdown() -> c_int {
         let p = LIMITER.swap(ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: a non-null LIMITER points to a leaked Box never freed.
         if let Some(limiter) = unsafe { p.as_ref() } {
-            limiter.stop.store(true, Ordering::Release);
-            let worker = limiter.worker.lock().ok().and_then(|mut w| w.take());
-            if let Some(worker) = worker {
-                worker.thread().unpark();
-                let _ = worker.join();
+            let sync = limiter.sync.lock().ok().and_then(|mut s| s.take());
+            if let Some(sync) = sync {
+                sync.stop();
             }
         }
         Ok(SLUICE_PASS)

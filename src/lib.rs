@@ -26,6 +26,12 @@
 //!   - `table/names.rs` — the name hash and the name arena.
 //!   - `table/mod.rs` — lookup, check, upsert/delete by epoch, delta
 //!     collection and counter merge.
+//! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
+//!   (max-merged) and quota changes back; standalone folding when there are
+//!   no roots or all are down.
+//!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
+//!     deltas, backoff, metrics.
+//!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`.
 //! - [`wire`] — the sync protocol's request and response types, used by both
@@ -40,6 +46,7 @@
 pub mod clock;
 pub mod core;
 pub mod ffi;
+pub mod sync;
 pub mod table;
 pub mod wire;
 

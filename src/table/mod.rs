@@ -944,13 +944,16 @@ impl Table {
             at: s.known_at.load(RLX),
         };
         let merged = known.merge(value, limit);
-        let rate = crate::core::estimate::measure_fill_rate(
-            known,
-            merged,
-            limit,
-            acked as f64,
-            f64::from_bits(s.fill_rate.load(RLX)),
-        );
+        let old_rate = f64::from_bits(s.fill_rate.load(RLX));
+        // Measure over a span of at least half an interval (a quarter of
+        // the horizon): several roots answering one cycle milliseconds
+        // apart must not turn a few units into a huge rate.
+        let span = merged.at.saturating_sub(known.at);
+        let rate = if span >= self.estimator().horizon / 4 {
+            crate::core::estimate::measure_fill_rate(known, merged, limit, acked as f64, old_rate)
+        } else {
+            old_rate
+        };
         let w = SeqWrite::begin(s);
         s.known_level.store(merged.level.to_bits(), RLX);
         s.known_at.store(merged.at, RLX);
@@ -989,7 +992,30 @@ impl Table {
         }
     }
 
+    /// Takes `amount` off a slot's in-flight weight without a counter value:
+    /// a root acknowledged the delta but sent no value for it (it does not
+    /// know the quota). Ignored if the slot holds another quota now.
+    pub fn release_inflight(&self, slot: SlotId, id: u64, amount: u64) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id {
+            s.inflight.fetch_sub(amount.min(s.inflight.load(RLX)), RLX);
+        }
+    }
+
     // ---- listing ------------------------------------------------------------
+
+    /// `(quota id, slot)` of every live quota: what the sync thread maps
+    /// root replies with. Rebuild it when [`Table::generation`] changes.
+    pub fn slot_ids(&self) -> HashMap<u64, SlotId> {
+        let used = self.header().next_unused.load(ACQ) as usize;
+        self.slots()[..used]
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.flags.load(RLX) & FLAG_LIVE != 0)
+            .map(|(i, s)| (s.id.load(RLX), i as SlotId))
+            .collect()
+    }
 
     /// Every live quota with its live state, in slot order.
     pub fn quotas(&self, now: Nanos) -> Vec<QuotaState> {
