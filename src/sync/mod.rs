@@ -20,6 +20,7 @@
 //! limiting goes on with local counts only, per host, and the log says so
 //! once a minute.
 
+pub mod engine;
 pub mod link;
 
 use std::sync::atomic::{AtomicBool, Ordering};

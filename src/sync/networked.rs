@@ -1,25 +1,21 @@
 //! The sync loop with roots: a tokio current-thread runtime and a reqwest
-//! (rustls) client inside the sync thread.
+//! (rustls) client inside the sync thread, driving a [`SyncEngine`].
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::task::JoinSet;
 
-use super::link::RootLink;
-use super::{local_now, run_standalone, LogLevel, Shared, SyncConfig, SyncMetrics};
+use super::engine::{next_page, Outgoing, Page, SyncEngine};
+use super::{local_now, run_standalone, LogLevel, Shared, SyncConfig};
 use crate::core::rng::Rng;
-use crate::core::Nanos;
-use crate::table::{CollectedDelta, SlotId, Table};
-use crate::wire::{CounterDelta, QuotaCursor, SyncRequest, SyncResponse, SYNC_PATH};
+use crate::table::Table;
+use crate::wire::{SyncRequest, SyncResponse, SYNC_PATH};
 
 /// Largest sync reply accepted (a page of quotas plus counters).
 const MAX_REPLY_BYTES: usize = 256 << 20;
 /// Quota pages fetched from one root in one cycle at most.
 const MAX_PAGES_PER_CYCLE: usize = 1000;
-/// How often "all roots down" is repeated in the log.
-const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
 
 pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -30,9 +26,7 @@ pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
         .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
         .build();
     match (runtime, client) {
-        (Ok(runtime), Ok(client)) => {
-            runtime.block_on(Syncer::new(table, config, shared, client).run())
-        }
+        (Ok(runtime), Ok(client)) => runtime.block_on(run_loop(&table, &config, &shared, client)),
         (Err(e), _) => {
             (config.log)(
                 LogLevel::Error,
@@ -50,335 +44,104 @@ pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
     }
 }
 
-/// Deltas collected and sent, not yet included in a root's answer, by id.
-/// The first root whose reply covers them takes them off `inflight`.
-#[derive(Default)]
-struct Unacked {
-    by_id: HashMap<u64, (SlotId, u64)>,
-}
-
-impl Unacked {
-    fn add(&mut self, collected: &[CollectedDelta]) {
-        for d in collected {
-            let e = self.by_id.entry(d.id).or_insert((d.slot, 0));
-            e.0 = d.slot;
-            e.1 += d.delta;
+async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: reqwest::Client) {
+    let now = || local_now(config.clock_skew);
+    let interval = config.interval;
+    let mut engine = SyncEngine::new(
+        &config.roots,
+        config.limiter_id.clone(),
+        interval.as_nanos() as u64,
+        config.max_owed,
+        now(),
+    );
+    let mut rng = Rng::new(now() ^ u64::from(std::process::id()).rotate_left(32));
+    let log = |lines: Vec<(LogLevel, String)>| {
+        for (level, line) in lines {
+            (config.log)(level, &line);
+        }
+    };
+    while !shared.stop.load(Ordering::Acquire) {
+        let mut exchanges = JoinSet::new();
+        for out in engine.begin_cycle(table, now()) {
+            let url = format!("{}{SYNC_PATH}", engine.root_url(out.root));
+            let client = client.clone();
+            let token = config.token.clone();
+            let skew = config.clock_skew;
+            exchanges
+                .spawn(async move { exchange(&client, url, token.as_deref(), out, skew).await });
+        }
+        // Replies are applied as they arrive; a slow root delays nobody.
+        while let Some(joined) = exchanges.join_next().await {
+            match joined {
+                Ok(ex) => {
+                    engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
+                    log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+                }
+                Err(e) => (config.log)(LogLevel::Error, &format!("sync task failed: {e}")),
+            }
+        }
+        log(engine.end_cycle(table, now()));
+        if let Ok(mut m) = shared.metrics.lock() {
+            *m = engine.metrics();
+        }
+        let jitter = interval.mul_f64(0.1 * rng.next_unit());
+        tokio::select! {
+            _ = tokio::time::sleep(interval + jitter) => {}
+            _ = shared.async_wake.notified() => {}
         }
     }
-
-    /// Takes up to `sent` of `id`'s unacknowledged weight.
-    fn take(&mut self, id: u64, sent: u64) -> Option<(SlotId, u64)> {
-        let e = self.by_id.get_mut(&id)?;
-        let acked = e.1.min(sent);
-        e.1 -= acked;
-        let slot = e.0;
-        if e.1 == 0 {
-            self.by_id.remove(&id);
-        }
-        Some((slot, acked))
-    }
 }
 
-/// One successful page of an exchange with a root.
-struct Page {
-    sent_at: Nanos,
-    received_at: Nanos,
-    reply: SyncResponse,
-}
-
-/// What one exchange with a root produced: the pages that succeeded and,
-/// if the exchange stopped early, why.
+/// What one exchange with a root produced.
 struct Exchange {
+    root: usize,
+    owed: std::collections::HashMap<u64, u64>,
     pages: Vec<Page>,
     error: Option<String>,
     bytes_sent: u64,
     bytes_received: u64,
 }
 
-/// The request state an exchange starts from.
-#[derive(Clone)]
-struct Ask {
-    url: String,
-    token: Option<String>,
-    limiter: String,
-    cursor: QuotaCursor,
-    counter_version: u64,
-    root_instance: u64,
-    skew: i64,
-}
-
-struct Syncer {
-    table: Arc<Table>,
-    config: SyncConfig,
-    shared: Arc<Shared>,
-    client: reqwest::Client,
-    links: Vec<RootLink>,
-    unacked: Unacked,
-    slots: HashMap<u64, SlotId>,
-    slots_generation: Option<u64>,
-    started: Nanos,
-    last_any_success: Option<Nanos>,
-    all_down: bool,
-    down_logged_at: Option<Nanos>,
-    cycles: u64,
-    rng: Rng,
-}
-
-impl Syncer {
-    fn new(
-        table: Arc<Table>,
-        config: SyncConfig,
-        shared: Arc<Shared>,
-        client: reqwest::Client,
-    ) -> Self {
-        let links = config
-            .roots
-            .iter()
-            .map(|u| RootLink::new(u.trim_end_matches('/').into()))
-            .collect();
-        let started = local_now(config.clock_skew);
-        let seed = started ^ u64::from(std::process::id()).rotate_left(32);
-        Self {
-            table,
-            config,
-            shared,
-            client,
-            links,
-            unacked: Unacked::default(),
-            slots: HashMap::new(),
-            slots_generation: None,
-            started,
-            last_any_success: None,
-            all_down: false,
-            down_logged_at: None,
-            cycles: 0,
-            rng: Rng::new(seed),
-        }
-    }
-
-    fn now(&self) -> Nanos {
-        local_now(self.config.clock_skew)
-    }
-
-    fn log(&self, level: LogLevel, message: &str) {
-        (self.config.log)(level, message);
-    }
-
-    async fn run(mut self) {
-        let interval = self.config.interval;
-        while !self.shared.stop.load(Ordering::Acquire) {
-            self.cycle().await;
-            self.publish_metrics();
-            let jitter = interval.mul_f64(0.1 * self.rng.next_unit());
-            tokio::select! {
-                _ = tokio::time::sleep(interval + jitter) => {}
-                _ = self.shared.async_wake.notified() => {}
-            }
-        }
-    }
-
-    fn publish_metrics(&self) {
-        if let Ok(mut m) = self.shared.metrics.lock() {
-            *m = SyncMetrics {
-                cycles: self.cycles,
-                all_roots_down: self.all_down,
-                roots: self.links.iter().map(|l| l.metrics.clone()).collect(),
-            };
-        }
-    }
-
-    async fn cycle(&mut self) {
-        self.cycles += 1;
-        let mut collected = Vec::new();
-        self.table.collect_deltas(&mut collected);
-        self.unacked.add(&collected);
-        for link in &mut self.links {
-            link.owe(
-                collected.iter().map(|d| (d.id, d.delta)),
-                self.config.max_owed,
-            );
-        }
-
-        let now = self.now();
-        let mut exchanges = JoinSet::new();
-        for (i, link) in self.links.iter_mut().enumerate() {
-            if link.retry_at > now {
-                continue;
-            }
-            let owed = std::mem::take(&mut link.owed);
-            let ask = Ask {
-                url: format!("{}{SYNC_PATH}", link.url),
-                token: self.config.token.clone(),
-                limiter: self.config.limiter_id.clone(),
-                cursor: link.cursor,
-                counter_version: link.counter_version,
-                root_instance: link.root_instance,
-                skew: self.config.clock_skew,
-            };
-            let client = self.client.clone();
-            exchanges.spawn(async move {
-                let ex = exchange(&client, ask, &owed).await;
-                (i, owed, ex)
-            });
-        }
-        // Replies are applied as they arrive; a slow root delays nobody.
-        while let Some(joined) = exchanges.join_next().await {
-            match joined {
-                Ok((i, owed, ex)) => self.finish(i, owed, ex),
-                Err(e) => self.log(LogLevel::Error, &format!("sync task failed: {e}")),
-            }
-        }
-        self.check_all_down();
-    }
-
-    fn finish(&mut self, i: usize, owed: HashMap<u64, u64>, ex: Exchange) {
-        let now = self.now();
-        let interval = self.config.interval.as_nanos() as u64;
-        let max_owed = self.config.max_owed;
-        let link = &mut self.links[i];
-        link.metrics.bytes_sent += ex.bytes_sent;
-        link.metrics.bytes_received += ex.bytes_received;
-        if ex.pages.is_empty() {
-            // Nothing reached the root (or its answer was lost): owe again.
-            let was_up = link.metrics.up || link.metrics.syncs == 0;
-            let error = ex.error.unwrap_or_else(|| "no reply".into());
-            link.owe(owed.into_iter(), max_owed);
-            link.failed(now, interval, error.clone());
-            if was_up {
-                let msg = format!("quota root {} unreachable: {error}", link.url);
-                self.log(LogLevel::Warn, &msg);
-            }
-            return;
-        }
-        if !link.metrics.up && link.metrics.errors > 0 {
-            let msg = format!("quota root {} reachable again", link.url);
-            self.log(LogLevel::Info, &msg);
-        }
-        let empty = HashMap::new();
-        for (k, page) in ex.pages.iter().enumerate() {
-            self.links[i].succeeded(page.sent_at, page.received_at, &page.reply);
-            // Deltas went out with the first page only.
-            self.apply(i, &page.reply, if k == 0 { &owed } else { &empty });
-        }
-        if let Some(error) = ex.error {
-            // A later page failed; the deltas were delivered with the first.
-            let link = &mut self.links[i];
-            link.failed(now, interval, error);
-        }
-        self.last_any_success = Some(now);
-    }
-
-    fn apply(&mut self, i: usize, reply: &SyncResponse, sent: &HashMap<u64, u64>) {
-        if !reply.quotas.is_empty() {
-            let report = self.table.apply_quotas(&reply.quotas);
-            for refused in report.refused.iter().take(5) {
-                self.log(LogLevel::Error, &refused.to_string());
-            }
-        }
-        let generation = self.table.generation();
-        if self.slots_generation != Some(generation) {
-            self.slots = self.table.slot_ids();
-            self.slots_generation = Some(generation);
-        }
-        let link = &self.links[i];
-        let mut answered = HashSet::with_capacity(reply.counters.len());
-        for c in &reply.counters {
-            answered.insert(c.id);
-            let Some(&slot) = self.slots.get(&c.id) else {
-                continue;
-            };
-            let acked = sent
-                .get(&c.id)
-                .and_then(|&s| self.unacked.take(c.id, s))
-                .map_or(0, |a| a.1);
-            self.table
-                .merge_counter(slot, c.id, link.to_local(c), acked);
-        }
-        for (&id, &amount) in sent {
-            if !answered.contains(&id) {
-                if let Some((slot, acked)) = self.unacked.take(id, amount) {
-                    self.table.release_inflight(slot, id, acked);
-                }
-            }
-        }
-    }
-
-    /// No root answered for two intervals: count locally (fold the local
-    /// weight into the levels) and say so, once a minute.
-    fn check_all_down(&mut self) {
-        let now = self.now();
-        let window = 2 * self.config.interval.as_nanos() as u64;
-        let down = match self.last_any_success {
-            Some(t) => now.saturating_sub(t) > window,
-            None => now.saturating_sub(self.started) > window,
-        };
-        if down {
-            self.table.fold_local(now);
-            self.unacked = Unacked::default();
-            let due = self
-                .down_logged_at
-                .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY);
-            if due {
-                self.down_logged_at = Some(now);
-                let msg = format!(
-                    "all {} quota roots unreachable; limiting with local counts only (per host)",
-                    self.links.len()
-                );
-                self.log(LogLevel::Warn, &msg);
-            }
-        } else if self.all_down {
-            self.down_logged_at = None;
-            self.log(
-                LogLevel::Info,
-                "a quota root answers again; cluster limiting resumed",
-            );
-        }
-        self.all_down = down;
-    }
-}
-
 /// One exchange with a root: the request with the owed deltas, then more
 /// quota pages while the root says there are more.
-async fn exchange(client: &reqwest::Client, ask: Ask, owed: &HashMap<u64, u64>) -> Exchange {
+async fn exchange(
+    client: &reqwest::Client,
+    url: String,
+    token: Option<&str>,
+    out: Outgoing,
+    skew: i64,
+) -> Exchange {
+    let Outgoing {
+        root,
+        request,
+        owed,
+    } = out;
     let mut ex = Exchange {
+        root,
+        owed,
         pages: Vec::new(),
         error: None,
         bytes_sent: 0,
         bytes_received: 0,
     };
-    let mut request = SyncRequest {
-        limiter: ask.limiter.clone(),
-        quotas_after: ask.cursor,
-        counter_version: ask.counter_version,
-        root_instance: ask.root_instance,
-        deltas: owed
-            .iter()
-            .map(|(&id, &delta)| CounterDelta { id, delta })
-            .collect(),
-    };
-    for _ in 0..MAX_PAGES_PER_CYCLE {
-        let sent_at = crate::clock::now_precise().saturating_add_signed(ask.skew);
-        match post(client, &ask, &request, &mut ex).await {
+    let mut request = Some(request);
+    let mut pages = 0;
+    while let Some(req) = request.take() {
+        let sent_at = crate::clock::now_precise().saturating_add_signed(skew);
+        match post(client, &url, token, &req, &mut ex).await {
             Ok(reply) => {
-                let received_at = crate::clock::now_precise().saturating_add_signed(ask.skew);
-                let more = reply.more_quotas && !reply.quotas.is_empty();
-                request.quotas_after = reply.quotas_after;
-                request.counter_version = reply.counter_version;
-                request.root_instance = reply.root_instance;
-                request.deltas = Vec::new();
+                let received_at = crate::clock::now_precise().saturating_add_signed(skew);
+                pages += 1;
+                if pages < MAX_PAGES_PER_CYCLE {
+                    request = next_page(&req, &reply);
+                }
                 ex.pages.push(Page {
                     sent_at,
                     received_at,
                     reply,
                 });
-                if !more {
-                    break;
-                }
             }
-            Err(e) => {
-                ex.error = Some(e);
-                break;
-            }
+            Err(e) => ex.error = Some(e),
         }
     }
     ex
@@ -386,17 +149,18 @@ async fn exchange(client: &reqwest::Client, ask: Ask, owed: &HashMap<u64, u64>) 
 
 async fn post(
     client: &reqwest::Client,
-    ask: &Ask,
+    url: &str,
+    token: Option<&str>,
     request: &SyncRequest,
     ex: &mut Exchange,
 ) -> Result<SyncResponse, String> {
     let body = serde_json::to_vec(request).map_err(|e| format!("cannot encode request: {e}"))?;
     ex.bytes_sent += body.len() as u64;
     let mut builder = client
-        .post(&ask.url)
+        .post(url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body);
-    if let Some(token) = &ask.token {
+    if let Some(token) = token {
         builder = builder.bearer_auth(token);
     }
     let mut response = builder.send().await.map_err(|e| describe(&e))?;
@@ -469,7 +233,7 @@ fn describe(e: &reqwest::Error) -> String {
 mod tests {
     use super::*;
     use crate::core::Quota;
-    use crate::wire::CounterValue;
+    use crate::wire::{CounterValue, QuotaCursor};
 
     fn reply(quotas: Vec<Quota>, counters: Vec<CounterValue>) -> SyncResponse {
         SyncResponse {
@@ -481,24 +245,6 @@ mod tests {
             counters,
             counter_version: 1,
         }
-    }
-
-    #[test]
-    fn unacked_weight_is_taken_once() {
-        let mut u = Unacked::default();
-        u.add(&[CollectedDelta {
-            slot: 3,
-            id: 7,
-            delta: 10,
-        }]);
-        u.add(&[CollectedDelta {
-            slot: 3,
-            id: 7,
-            delta: 5,
-        }]);
-        assert_eq!(u.take(7, 12), Some((3, 12)));
-        assert_eq!(u.take(7, 12), Some((3, 3)));
-        assert_eq!(u.take(7, 12), None);
     }
 
     #[test]

@@ -1,0 +1,474 @@
+//! The sync logic without the network: what to send each root, and what to
+//! do with what comes back.
+//!
+//! The networked loop (`networked.rs`) and the simulator both drive this
+//! engine, so the accounting that keeps counts exact lives once:
+//!
+//! - every collected delta is **owed** to every root until that root
+//!   confirms it (resent after a failure, bounded);
+//! - every collected delta is **unacknowledged** until the first root whose
+//!   reply covers it; that reply takes it off the table's `inflight`, later
+//!   roots' replies only max-merge their values;
+//! - when no root answered for two intervals the engine folds local weight
+//!   into the levels (per-host limiting) and says so once a minute.
+
+use std::collections::{HashMap, HashSet};
+
+use super::link::RootLink;
+use super::{LogLevel, SyncMetrics};
+use crate::core::Nanos;
+use crate::table::{CollectedDelta, SlotId, Table};
+use crate::wire::{CounterDelta, SyncRequest, SyncResponse};
+
+/// How often "all roots down" is repeated in the log.
+const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
+
+/// A request to send to one root, with the deltas it carries.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    /// Index of the root in the configured list.
+    pub root: usize,
+    /// The request body.
+    pub request: SyncRequest,
+    /// The deltas in `request`, by quota id; hand them back with the
+    /// outcome.
+    pub owed: HashMap<u64, u64>,
+}
+
+/// One successful page of an exchange with a root.
+#[derive(Clone, Debug)]
+pub struct Page {
+    /// Local time the request was sent.
+    pub sent_at: Nanos,
+    /// Local time the reply arrived.
+    pub received_at: Nanos,
+    /// The root's reply, already validated.
+    pub reply: SyncResponse,
+}
+
+/// A log line the engine wants written.
+pub type LogLine = (LogLevel, String);
+
+/// Deltas collected and sent, not yet included in any root's answer.
+#[derive(Default, Debug)]
+struct Unacked {
+    by_id: HashMap<u64, (SlotId, u64)>,
+}
+
+impl Unacked {
+    fn add(&mut self, collected: &[CollectedDelta]) {
+        for d in collected {
+            let e = self.by_id.entry(d.id).or_insert((d.slot, 0));
+            e.0 = d.slot;
+            e.1 += d.delta;
+        }
+    }
+
+    /// Takes up to `sent` of `id`'s unacknowledged weight.
+    fn take(&mut self, id: u64, sent: u64) -> Option<(SlotId, u64)> {
+        let e = self.by_id.get_mut(&id)?;
+        let acked = e.1.min(sent);
+        e.1 -= acked;
+        let slot = e.0;
+        if e.1 == 0 {
+            self.by_id.remove(&id);
+        }
+        Some((slot, acked))
+    }
+}
+
+/// The request for the next quota page after `reply`, if the root has more
+/// (no deltas: they went with the first page).
+pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncRequest> {
+    (reply.more_quotas && !reply.quotas.is_empty()).then(|| SyncRequest {
+        limiter: previous.limiter.clone(),
+        quotas_after: reply.quotas_after,
+        counter_version: reply.counter_version,
+        root_instance: reply.root_instance,
+        deltas: Vec::new(),
+    })
+}
+
+/// The sync state of one limiter.
+#[derive(Debug)]
+pub struct SyncEngine {
+    links: Vec<RootLink>,
+    unacked: Unacked,
+    slots: HashMap<u64, SlotId>,
+    slots_generation: Option<u64>,
+    limiter_id: String,
+    interval: Nanos,
+    max_owed: usize,
+    started: Nanos,
+    last_any_success: Option<Nanos>,
+    all_down: bool,
+    down_logged_at: Option<Nanos>,
+    cycles: u64,
+}
+
+impl SyncEngine {
+    /// An engine for `roots`, syncing every `interval` nanoseconds.
+    pub fn new(
+        roots: &[String],
+        limiter_id: String,
+        interval: Nanos,
+        max_owed: usize,
+        now: Nanos,
+    ) -> Self {
+        Self {
+            links: roots
+                .iter()
+                .map(|u| RootLink::new(u.trim_end_matches('/').into()))
+                .collect(),
+            unacked: Unacked::default(),
+            slots: HashMap::new(),
+            slots_generation: None,
+            limiter_id,
+            interval,
+            max_owed,
+            started: now,
+            last_any_success: None,
+            all_down: false,
+            down_logged_at: None,
+            cycles: 0,
+        }
+    }
+
+    /// The base URL of root `i`.
+    pub fn root_url(&self, i: usize) -> &str {
+        &self.links[i].url
+    }
+
+    /// Starts a cycle: collects the table's deltas, owes them to every
+    /// root, and returns a request for each root not backing off.
+    pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
+        self.cycles += 1;
+        let mut collected = Vec::new();
+        table.collect_deltas(&mut collected);
+        self.unacked.add(&collected);
+        let mut out = Vec::new();
+        for (root, link) in self.links.iter_mut().enumerate() {
+            link.owe(collected.iter().map(|d| (d.id, d.delta)), self.max_owed);
+            if link.retry_at > now {
+                continue;
+            }
+            let owed = std::mem::take(&mut link.owed);
+            let request = SyncRequest {
+                limiter: self.limiter_id.clone(),
+                quotas_after: link.cursor,
+                counter_version: link.counter_version,
+                root_instance: link.root_instance,
+                deltas: owed
+                    .iter()
+                    .map(|(&id, &delta)| CounterDelta { id, delta })
+                    .collect(),
+            };
+            out.push(Outgoing {
+                root,
+                request,
+                owed,
+            });
+        }
+        out
+    }
+
+    /// Applies the outcome of one exchange with root `root`: the pages that
+    /// succeeded (in order) and, if it stopped early, the error. With no
+    /// page at all the root is owed `owed` again and backs off.
+    pub fn finish(
+        &mut self,
+        table: &Table,
+        root: usize,
+        owed: HashMap<u64, u64>,
+        pages: &[Page],
+        error: Option<String>,
+        now: Nanos,
+    ) -> Vec<LogLine> {
+        let mut log = Vec::new();
+        let link = &mut self.links[root];
+        if pages.is_empty() {
+            let was_up = link.metrics.up || link.metrics.syncs == 0;
+            let error = error.unwrap_or_else(|| "no reply".into());
+            link.owe(owed.into_iter(), self.max_owed);
+            if was_up {
+                log.push((
+                    LogLevel::Warn,
+                    format!("quota root {} unreachable: {error}", link.url),
+                ));
+            }
+            link.failed(now, self.interval, error);
+            return log;
+        }
+        if !link.metrics.up && link.metrics.errors > 0 {
+            log.push((
+                LogLevel::Info,
+                format!("quota root {} reachable again", link.url),
+            ));
+        }
+        let nothing = HashMap::new();
+        for (k, page) in pages.iter().enumerate() {
+            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
+            // Deltas went out with the first page only.
+            let sent = if k == 0 { &owed } else { &nothing };
+            self.apply(table, root, &page.reply, sent, &mut log);
+        }
+        if let Some(error) = error {
+            // A later page failed; the deltas were delivered with the first.
+            self.links[root].failed(now, self.interval, error);
+        }
+        self.last_any_success = Some(now);
+        log
+    }
+
+    fn apply(
+        &mut self,
+        table: &Table,
+        root: usize,
+        reply: &SyncResponse,
+        sent: &HashMap<u64, u64>,
+        log: &mut Vec<LogLine>,
+    ) {
+        if !reply.quotas.is_empty() {
+            let report = table.apply_quotas(&reply.quotas);
+            for refused in report.refused.iter().take(5) {
+                log.push((LogLevel::Error, refused.to_string()));
+            }
+        }
+        let generation = table.generation();
+        if self.slots_generation != Some(generation) {
+            self.slots = table.slot_ids();
+            self.slots_generation = Some(generation);
+        }
+        let link = &self.links[root];
+        let mut answered = HashSet::with_capacity(reply.counters.len());
+        for c in &reply.counters {
+            answered.insert(c.id);
+            let Some(&slot) = self.slots.get(&c.id) else {
+                continue;
+            };
+            let acked = sent
+                .get(&c.id)
+                .and_then(|&s| self.unacked.take(c.id, s))
+                .map_or(0, |a| a.1);
+            table.merge_counter(slot, c.id, link.to_local(c), acked);
+        }
+        for (&id, &amount) in sent {
+            if !answered.contains(&id) {
+                if let Some((slot, acked)) = self.unacked.take(id, amount) {
+                    table.release_inflight(slot, id, acked);
+                }
+            }
+        }
+    }
+
+    /// Ends a cycle. When no root answered for two intervals, folds local
+    /// weight into the levels (limiting goes on per host) and logs it once
+    /// a minute.
+    pub fn end_cycle(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
+        let mut log = Vec::new();
+        let since = self.last_any_success.unwrap_or(self.started);
+        let down = !self.links.is_empty() && now.saturating_sub(since) > 2 * self.interval;
+        if down {
+            table.fold_local(now);
+            self.unacked = Unacked::default();
+            if self
+                .down_logged_at
+                .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
+            {
+                self.down_logged_at = Some(now);
+                let msg = format!(
+                    "all {} quota roots unreachable; limiting with local counts only (per host)",
+                    self.links.len()
+                );
+                log.push((LogLevel::Warn, msg));
+            }
+        } else if self.all_down {
+            self.down_logged_at = None;
+            log.push((
+                LogLevel::Info,
+                "a quota root answers again; cluster limiting resumed".into(),
+            ));
+        }
+        self.all_down = down;
+        log
+    }
+
+    /// Counts request and reply bytes for root `root`.
+    pub fn count_bytes(&mut self, root: usize, sent: u64, received: u64) {
+        let m = &mut self.links[root].metrics;
+        m.bytes_sent += sent;
+        m.bytes_received += received;
+    }
+
+    /// True while no root has answered for two intervals.
+    pub fn all_down(&self) -> bool {
+        self.all_down
+    }
+
+    /// A snapshot of the metrics.
+    pub fn metrics(&self) -> SyncMetrics {
+        SyncMetrics {
+            cycles: self.cycles,
+            all_roots_down: self.all_down,
+            roots: self.links.iter().map(|l| l.metrics.clone()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Quota;
+    use crate::table::Outcome;
+    use crate::wire::{CounterValue, QuotaCursor};
+
+    const SEC: Nanos = 1_000_000_000;
+
+    fn table() -> Table {
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&[Quota {
+            id: 1,
+            name: "q".into(),
+            parent: None,
+            limit: 10.0,
+            low_burst: 100.0,
+            high_burst: 100.0,
+            epoch: 1,
+            deleted: false,
+        }]);
+        t
+    }
+
+    fn reply(level: f64, at: Nanos) -> SyncResponse {
+        SyncResponse {
+            root_instance: 7,
+            root_time: at,
+            quotas: vec![],
+            quotas_after: QuotaCursor { epoch: 1, id: 1 },
+            more_quotas: false,
+            counters: vec![CounterValue { id: 1, level, at }],
+            counter_version: 1,
+        }
+    }
+
+    fn page(level: f64, at: Nanos) -> Page {
+        Page {
+            sent_at: at,
+            received_at: at,
+            reply: reply(level, at),
+        }
+    }
+
+    #[test]
+    fn the_first_answer_acknowledges_and_the_second_only_merges() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        for _ in 0..5 {
+            assert_eq!(t.check(b"q", 2, 0), Outcome::Pass);
+        }
+        let out = e.begin_cycle(&t, SEC);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            out[0].request.deltas,
+            vec![CounterDelta { id: 1, delta: 10 }]
+        );
+        let st = t.quota(b"q", SEC).unwrap();
+        assert_eq!((st.pending, st.inflight), (0, 10));
+        e.finish(&t, 0, out[0].owed.clone(), &[page(30.0, SEC)], None, SEC);
+        assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 0);
+        assert_eq!(t.quota(b"q", SEC).unwrap().level, 30.0);
+        e.finish(&t, 1, out[1].owed.clone(), &[page(25.0, SEC)], None, SEC);
+        let st = t.quota(b"q", SEC).unwrap();
+        assert_eq!((st.inflight, st.level), (0, 30.0));
+    }
+
+    #[test]
+    fn a_failed_root_is_owed_its_deltas_and_gets_them_next_time() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 4, 0);
+        let out = e.begin_cycle(&t, SEC);
+        e.finish(&t, 0, out[0].owed.clone(), &[page(4.0, SEC)], None, SEC);
+        let logs = e.finish(&t, 1, out[1].owed.clone(), &[], Some("refused".into()), SEC);
+        assert_eq!(logs.len(), 1);
+        t.check(b"q", 3, 0);
+        // b backs off one interval; at 2 s it is due again with 4 + 3.
+        let out = e.begin_cycle(&t, 2 * SEC);
+        let to_b = out.iter().find(|o| o.root == 1).unwrap();
+        assert_eq!(to_b.request.deltas, vec![CounterDelta { id: 1, delta: 7 }]);
+        let to_a = out.iter().find(|o| o.root == 0).unwrap();
+        assert_eq!(to_a.request.deltas, vec![CounterDelta { id: 1, delta: 3 }]);
+        let m = e.metrics();
+        assert!(m.roots[0].up && !m.roots[1].up);
+    }
+
+    #[test]
+    fn with_every_root_down_the_engine_counts_locally_and_says_so_once() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 50, 0);
+        let mut warnings = 0;
+        for s in 1..=10 {
+            let now = s * SEC;
+            for o in e.begin_cycle(&t, now) {
+                e.finish(&t, o.root, o.owed, &[], Some("down".into()), now);
+            }
+            warnings += e
+                .end_cycle(&t, now)
+                .iter()
+                .filter(|l| l.0 == LogLevel::Warn)
+                .count();
+        }
+        assert!(e.all_down());
+        assert_eq!(warnings, 1);
+        // Folded and leaked locally: 50 units at 10/s are gone after 10 s.
+        let st = t.quota(b"q", 10 * SEC).unwrap();
+        assert_eq!((st.pending, st.inflight, st.level), (0, 0, 0.0));
+        // The root comes back: merged by max, and the log says so.
+        let out = e.begin_cycle(&t, 20 * SEC);
+        let logs = e.finish(
+            &t,
+            0,
+            out[0].owed.clone(),
+            &[page(60.0, 20 * SEC)],
+            None,
+            20 * SEC,
+        );
+        assert!(!logs.is_empty());
+        assert!(e
+            .end_cycle(&t, 20 * SEC)
+            .iter()
+            .any(|l| l.0 == LogLevel::Info));
+        assert_eq!(t.quota(b"q", 20 * SEC).unwrap().level, 60.0);
+    }
+
+    #[test]
+    fn later_pages_carry_no_deltas() {
+        let first = SyncRequest {
+            limiter: "h".into(),
+            quotas_after: QuotaCursor::default(),
+            counter_version: 0,
+            root_instance: 0,
+            deltas: vec![CounterDelta { id: 1, delta: 1 }],
+        };
+        let mut r = reply(1.0, 0);
+        assert!(next_page(&first, &r).is_none());
+        r.more_quotas = true;
+        r.quotas = vec![Quota {
+            id: 2,
+            name: "x".into(),
+            parent: None,
+            limit: 1.0,
+            low_burst: 1.0,
+            high_burst: 1.0,
+            epoch: 1,
+            deleted: false,
+        }];
+        let next = next_page(&first, &r).unwrap();
+        assert!(next.deltas.is_empty());
+        assert_eq!(next.quotas_after, r.quotas_after);
+    }
+}
