@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Nanos, NANOS_PER_SEC};
+use super::{Nanos, SECS_PER_NANO};
 
 /// A bucket level observed at a time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -34,7 +34,7 @@ pub struct Level {
 /// Seconds from `from` to `to`; zero when `to` is not after `from`, so a
 /// clock that steps backwards never un-leaks a bucket.
 pub fn seconds_between(from: Nanos, to: Nanos) -> f64 {
-    to.saturating_sub(from) as f64 / NANOS_PER_SEC
+    to.saturating_sub(from) as f64 * SECS_PER_NANO
 }
 
 impl Level {

@@ -69,7 +69,7 @@ pub fn estimate_level(view: &QuotaView, now: Nanos, estimator: &Estimator) -> f6
         Extrapolation::Adaptive => view.fill_rate,
     };
     let dt = seconds_between(view.known.at, now);
-    let horizon = estimator.horizon as f64 / super::NANOS_PER_SEC;
+    let horizon = estimator.horizon as f64 * super::SECS_PER_NANO;
     let others = others_rate * dt.min(horizon);
     (view.known.level + others - view.limit * dt).max(0.0) + view.own_recent
 }

@@ -20,5 +20,7 @@ pub use quota::{Quota, ValidationError};
 /// Nanoseconds on a monotonic clock; the unit of every time in the core.
 pub type Nanos = u64;
 
-/// Nanoseconds per second, as a float for rate arithmetic.
-pub const NANOS_PER_SEC: f64 = 1e9;
+/// Seconds per nanosecond: rate arithmetic multiplies by it (a float
+/// multiply is a few cycles; a divide by 1e9 would be the slowest step of a
+/// check).
+pub const SECS_PER_NANO: f64 = 1e-9;

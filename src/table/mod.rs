@@ -123,6 +123,57 @@ pub struct Rejection {
     pub retry_after: f64,
 }
 
+/// Most quotas one [`Table::check_many`] call checks.
+pub const MAX_CHECKS: usize = 8;
+
+/// Outcome of [`Table::check_many`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ManyOutcome {
+    /// `Pass` if every known quota passed (and was counted), `Reject` with
+    /// the first rejection, `Unknown` if no name had a quota.
+    pub outcome: Outcome,
+    /// Index of the item that rejected.
+    pub item: Option<usize>,
+}
+
+/// A quota and its ancestors as read for one check.
+#[derive(Clone, Copy)]
+struct Chain {
+    views: [QuotaView; MAX_DEPTH],
+    slots: [SlotId; MAX_DEPTH],
+    len: usize,
+}
+
+impl Chain {
+    fn check(
+        &self,
+        weight: u64,
+        now: Nanos,
+        estimator: &Estimator,
+        draw: impl FnMut() -> f64,
+    ) -> Result<(), Rejection> {
+        let views = &self.views[..self.len];
+        match check_chain(views, weight as f64, now, estimator, draw) {
+            ChainVerdict::Pass => Ok(()),
+            ChainVerdict::Reject { at } => {
+                let v = &views[at];
+                let level = crate::core::estimate::estimate_level(v, now, estimator);
+                let excess = (level + weight as f64 - v.low_burst).max(0.0);
+                let retry_after = if v.limit > 0.0 {
+                    excess / v.limit
+                } else {
+                    f64::INFINITY
+                };
+                Err(Rejection {
+                    depth: at,
+                    limit: v.limit,
+                    retry_after,
+                })
+            }
+        }
+    }
+}
+
 /// A collected local delta, ready to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CollectedDelta {
@@ -556,56 +607,107 @@ impl Table {
         draw: impl FnMut() -> f64,
     ) -> Outcome {
         let weight = weight.min(MAX_WEIGHT);
-        let mut views = [QuotaView::default(); MAX_DEPTH];
-        let mut slots = [0 as SlotId; MAX_DEPTH];
-        let mut n = 0;
-        let mut cur = Some(first);
-        while let Some(slot) = cur {
-            if n == MAX_DEPTH {
-                break;
-            }
-            let Some((view, parent)) = self.read_view(slot) else {
-                if n == 0 {
-                    // Deleted or unstable: fail open, as for an unknown name.
-                    self.header().unknown_checks.fetch_add(1, RLX);
-                    return Outcome::Unknown;
-                }
-                // An ancestor vanished: check what is left of the chain.
-                break;
-            };
-            views[n] = view;
-            slots[n] = slot;
-            n += 1;
-            cur = parent;
-        }
-        let slots_all = self.slots();
-        let head = &slots_all[first as usize];
-        match check_chain(&views[..n], weight as f64, now, &self.estimator(), draw) {
-            ChainVerdict::Pass => {
-                if weight > 0 {
-                    for &s in &slots[..n] {
-                        slots_all[s as usize].pending.fetch_add(weight, RLX);
-                    }
-                }
-                head.passed.fetch_add(1, RLX);
+        let Some(chain) = self.read_chain(first) else {
+            // Deleted or unstable: fail open, as for an unknown name.
+            self.header().unknown_checks.fetch_add(1, RLX);
+            return Outcome::Unknown;
+        };
+        let estimator = self.estimator();
+        match chain.check(weight, now, &estimator, draw) {
+            Ok(()) => {
+                self.commit(&chain, weight);
                 Outcome::Pass
             }
-            ChainVerdict::Reject { at } => {
-                head.rejected.fetch_add(1, RLX);
-                let v = &views[at];
-                let level = crate::core::estimate::estimate_level(v, now, &self.estimator());
-                let excess = (level + weight as f64 - v.low_burst).max(0.0);
-                Outcome::Reject(Rejection {
-                    depth: at,
-                    limit: v.limit,
-                    retry_after: if v.limit > 0.0 {
-                        excess / v.limit
-                    } else {
-                        f64::INFINITY
-                    },
-                })
+            Err(rejection) => {
+                self.slots()[first as usize].rejected.fetch_add(1, RLX);
+                Outcome::Reject(rejection)
             }
         }
+    }
+
+    /// Checks several quotas for one request (several `sluice` directives
+    /// in one nginx location): the request passes only if every known quota
+    /// and all their ancestors pass, and only then is each weight counted
+    /// (check all, then commit). Unknown names are skipped. At most
+    /// [`MAX_CHECKS`] items are checked; later ones are ignored.
+    pub fn check_many(
+        &self,
+        items: &[(&[u8], u64)],
+        now: Nanos,
+        mut draw: impl FnMut() -> f64,
+    ) -> ManyOutcome {
+        let estimator = self.estimator();
+        let mut chains: [Option<Chain>; MAX_CHECKS] = [None; MAX_CHECKS];
+        let mut known = 0;
+        for (i, &(name, weight)) in items.iter().take(MAX_CHECKS).enumerate() {
+            let chain = self.lookup(name).and_then(|slot| self.read_chain(slot));
+            let Some(chain) = chain else {
+                self.header().unknown_checks.fetch_add(1, RLX);
+                continue;
+            };
+            if let Err(rejection) = chain.check(weight.min(MAX_WEIGHT), now, &estimator, &mut draw)
+            {
+                self.slots()[chain.slots[0] as usize]
+                    .rejected
+                    .fetch_add(1, RLX);
+                return ManyOutcome {
+                    outcome: Outcome::Reject(rejection),
+                    item: Some(i),
+                };
+            }
+            chains[i] = Some(chain);
+            known += 1;
+        }
+        for (chain, &(_, weight)) in chains.iter().zip(items) {
+            if let Some(chain) = chain {
+                self.commit(chain, weight.min(MAX_WEIGHT));
+            }
+        }
+        let outcome = if known == 0 {
+            Outcome::Unknown
+        } else {
+            Outcome::Pass
+        };
+        ManyOutcome {
+            outcome,
+            item: None,
+        }
+    }
+
+    /// Reads a quota and its ancestors; `None` if the quota itself is gone.
+    fn read_chain(&self, first: SlotId) -> Option<Chain> {
+        let mut chain = Chain {
+            views: [QuotaView::default(); MAX_DEPTH],
+            slots: [0; MAX_DEPTH],
+            len: 0,
+        };
+        let mut cur = Some(first);
+        while let Some(slot) = cur {
+            if chain.len == MAX_DEPTH {
+                break;
+            }
+            // An ancestor that vanished ends the chain; the quota itself
+            // vanishing fails the read.
+            let Some((view, parent)) = self.read_view(slot) else {
+                break;
+            };
+            chain.views[chain.len] = view;
+            chain.slots[chain.len] = slot;
+            chain.len += 1;
+            cur = parent;
+        }
+        (chain.len > 0).then_some(chain)
+    }
+
+    /// Counts a passed check: the weight into every counter of the chain.
+    fn commit(&self, chain: &Chain, weight: u64) {
+        let slots = self.slots();
+        if weight > 0 {
+            for &s in &chain.slots[..chain.len] {
+                slots[s as usize].pending.fetch_add(weight, RLX);
+            }
+        }
+        slots[chain.slots[0] as usize].passed.fetch_add(1, RLX);
     }
 
     // ---- writers ---------------------------------------------------------

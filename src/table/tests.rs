@@ -468,3 +468,24 @@ fn concurrent_checks_writes_and_collection_lose_no_increment() {
     assert_eq!(hot.inflight, collected.get(&2).copied().unwrap_or(0));
     assert_eq!(hot.passed + hot.rejected, hot.passed);
 }
+
+#[test]
+fn several_checks_pass_together_or_count_nothing() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[
+        quota(1, "a", None, 1.0, 10.0, 10.0),
+        quota(2, "b", None, 1.0, 3.0, 3.0),
+    ]);
+    let items: [(&[u8], u64); 3] = [(b"a", 1), (b"nobody", 1), (b"b", 1)];
+    for _ in 0..3 {
+        assert_eq!(t.check_many(&items, 0, never).outcome, Outcome::Pass);
+    }
+    // b is full: the request is rejected at item 2 and a is not charged.
+    let r = t.check_many(&items, 0, never);
+    assert!(matches!(r.outcome, Outcome::Reject(_)));
+    assert_eq!(r.item, Some(2));
+    assert_eq!(t.quota(b"a", 0).unwrap().pending, 3);
+    assert_eq!(t.quota(b"b", 0).unwrap().rejected, 1);
+    let unknown: [(&[u8], u64); 1] = [(b"nobody", 1)];
+    assert_eq!(t.check_many(&unknown, 0, never).outcome, Outcome::Unknown);
+}
