@@ -216,6 +216,7 @@ fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared) {
         table.fold_local(local_now(config.clock_skew));
         if let Ok(mut m) = shared.metrics.lock() {
             m.cycles += 1;
+            table.publish_sync_status(&m);
         }
     }
 }

@@ -81,8 +81,10 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
             }
         }
         log(engine.end_cycle(table, now()));
+        let metrics = engine.metrics();
+        table.publish_sync_status(&metrics);
         if let Ok(mut m) = shared.metrics.lock() {
-            *m = engine.metrics();
+            *m = metrics;
         }
         let jitter = interval.mul_f64(0.1 * rng.next_unit());
         tokio::select! {

@@ -1,9 +1,9 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+-----------------+--------------------------+-----------------+
-//! | Header | index: [u64; N] | slots: [Slot; capacity]  | arena: granules |
-//! +--------+-----------------+--------------------------+-----------------+
+//! +--------+------------+-----------------+-------------------------+-------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena |
+//! +--------+------------+-----------------+-------------------------+-------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -116,6 +116,50 @@ pub struct Header {
     /// Bumped on every structural change (insert, delete, re-link), so
     /// holders of slot maps (the sync thread) know to rebuild them.
     pub generation: AtomicU64,
+}
+
+/// Roots whose sync state the region can publish.
+pub const STATUS_ROOTS: usize = 16;
+
+/// Sync state of one root, as published by the sync thread.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct RootStatus {
+    /// 1 when the last attempt succeeded.
+    pub up: AtomicU64,
+    /// Local monotonic time of the last success (ns; 0: never).
+    pub last_success: AtomicU64,
+    /// Successful syncs.
+    pub syncs: AtomicU64,
+    /// Failed syncs.
+    pub errors: AtomicU64,
+    /// Last round trip, ns.
+    pub round_trip: AtomicU64,
+    /// Clock offset to the root, ns (i64 bits).
+    pub clock_offset: AtomicU64,
+    /// Request bytes sent.
+    pub bytes_sent: AtomicU64,
+    /// Response bytes received.
+    pub bytes_received: AtomicU64,
+    /// Owed deltas dropped.
+    pub dropped_deltas: AtomicU64,
+}
+
+/// What the sync thread publishes for every process sharing the region
+/// (nginx workers other than the one running sync serve the metrics too).
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct SyncStatus {
+    /// Seqlock over the whole block.
+    pub seq: AtomicU32,
+    /// Roots published.
+    pub roots: AtomicU32,
+    /// Completed sync cycles.
+    pub cycles: AtomicU64,
+    /// 1 while every root has been unreachable for two intervals.
+    pub all_roots_down: AtomicU64,
+    /// Per-root state, in configuration order.
+    pub root: [RootStatus; STATUS_ROOTS],
 }
 
 /// One quota and its counter: 128 bytes, two cache lines.
@@ -217,9 +261,14 @@ impl Geometry {
         None
     }
 
+    /// Offset of the sync status block.
+    pub const fn status_offset() -> usize {
+        line_up(std::mem::size_of::<Header>())
+    }
+
     /// Offset of the index.
     pub const fn index_offset() -> usize {
-        line_up(std::mem::size_of::<Header>())
+        line_up(Self::status_offset() + std::mem::size_of::<SyncStatus>())
     }
 
     /// Offset of slot 0.

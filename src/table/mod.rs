@@ -31,8 +31,8 @@ use crate::core::quota::{MAX_DEPTH, MAX_WEIGHT};
 use crate::core::{check_chain, ChainVerdict, Extrapolation, Level, Nanos, Quota, QuotaView};
 
 use layout::{
-    entry_matches, entry_parts, index_entry, index_home, Geometry, Header, Slot, FLAG_LIVE,
-    INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC,
+    entry_matches, entry_parts, index_entry, index_home, Geometry, Header, Slot, SyncStatus,
+    FLAG_LIVE, INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC, STATUS_ROOTS,
 };
 
 const ACQ: Ordering = Ordering::Acquire;
@@ -364,6 +364,17 @@ impl Table {
         // SAFETY: the region starts with a Header (64-byte aligned), all of
         // whose fields are atomics for which any bit pattern is valid.
         unsafe { &*self.base.cast::<Header>() }
+    }
+
+    fn status(&self) -> &SyncStatus {
+        // SAFETY: the status block follows the header inside the region,
+        // 64-byte aligned; it is all atomics.
+        unsafe {
+            &*self
+                .base
+                .add(Geometry::status_offset())
+                .cast::<SyncStatus>()
+        }
     }
 
     fn index(&self) -> &[AtomicU64] {
@@ -1103,6 +1114,73 @@ impl Table {
         if s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id {
             s.inflight.fetch_sub(amount.min(s.inflight.load(RLX)), RLX);
         }
+    }
+
+    // ---- sync status ---------------------------------------------------------
+
+    /// Publishes the sync thread's metrics for every process sharing the
+    /// region (the first [`STATUS_ROOTS`] roots).
+    pub fn publish_sync_status(&self, m: &crate::sync::SyncMetrics) {
+        let st = self.status();
+        let _guard = self.lock();
+        let seq = st.seq.load(RLX);
+        st.seq.store(seq.wrapping_add(1) | 1, RLX);
+        fence(REL);
+        st.cycles.store(m.cycles, RLX);
+        st.all_roots_down.store(u64::from(m.all_roots_down), RLX);
+        st.roots.store(m.roots.len().min(STATUS_ROOTS) as u32, RLX);
+        for (slot, r) in st.root.iter().zip(&m.roots) {
+            slot.up.store(u64::from(r.up), RLX);
+            slot.last_success.store(r.last_success, RLX);
+            slot.syncs.store(r.syncs, RLX);
+            slot.errors.store(r.errors, RLX);
+            slot.round_trip.store(r.round_trip, RLX);
+            slot.clock_offset.store(r.clock_offset as u64, RLX);
+            slot.bytes_sent.store(r.bytes_sent, RLX);
+            slot.bytes_received.store(r.bytes_received, RLX);
+            slot.dropped_deltas.store(r.dropped_deltas, RLX);
+        }
+        st.seq.store((seq.wrapping_add(1) | 1).wrapping_add(1), REL);
+    }
+
+    /// The sync metrics last published (root URLs are left empty: every
+    /// process knows them from its own configuration).
+    pub fn sync_status(&self) -> crate::sync::SyncMetrics {
+        let st = self.status();
+        for _ in 0..READ_RETRIES {
+            let seq = st.seq.load(ACQ);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let n = (st.roots.load(RLX) as usize).min(STATUS_ROOTS);
+            let roots = st.root[..n]
+                .iter()
+                .map(|r| crate::sync::RootMetrics {
+                    url: String::new(),
+                    up: r.up.load(RLX) != 0,
+                    last_success: r.last_success.load(RLX),
+                    syncs: r.syncs.load(RLX),
+                    errors: r.errors.load(RLX),
+                    last_error: String::new(),
+                    round_trip: r.round_trip.load(RLX),
+                    clock_offset: r.clock_offset.load(RLX) as i64,
+                    bytes_sent: r.bytes_sent.load(RLX),
+                    bytes_received: r.bytes_received.load(RLX),
+                    dropped_deltas: r.dropped_deltas.load(RLX),
+                })
+                .collect();
+            let m = crate::sync::SyncMetrics {
+                cycles: st.cycles.load(RLX),
+                all_roots_down: st.all_roots_down.load(RLX) != 0,
+                roots,
+            };
+            fence(ACQ);
+            if st.seq.load(RLX) == seq {
+                return m;
+            }
+        }
+        crate::sync::SyncMetrics::default()
     }
 
     // ---- listing ------------------------------------------------------------

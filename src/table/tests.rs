@@ -489,3 +489,23 @@ fn several_checks_pass_together_or_count_nothing() {
     let unknown: [(&[u8], u64); 1] = [(b"nobody", 1)];
     assert_eq!(t.check_many(&unknown, 0, never).outcome, Outcome::Unknown);
 }
+
+#[test]
+fn sync_status_is_published_for_other_processes() {
+    let t = Table::new_heap(4, 16);
+    assert_eq!(t.sync_status(), crate::sync::SyncMetrics::default());
+    let m = crate::sync::SyncMetrics {
+        cycles: 5,
+        all_roots_down: true,
+        roots: vec![crate::sync::RootMetrics {
+            url: String::new(),
+            up: true,
+            syncs: 4,
+            errors: 1,
+            clock_offset: -12,
+            ..Default::default()
+        }],
+    };
+    t.publish_sync_status(&m);
+    assert_eq!(t.sync_status(), m);
+}
