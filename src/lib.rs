@@ -36,6 +36,8 @@
 //!   `check_by_name(name, weight)`.
 //! - [`wire`] — the sync protocol's request and response types, used by both
 //!   the root and the limiter's sync thread.
+//! - [`metrics`] — Prometheus text for a limiter (table totals, busiest
+//!   quotas, sync state per root).
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx) read.
 //! - `nginx/` — the nginx module glue (cargo feature `nginx`).
 //! - `root/` and `main.rs` — the quota root server and the `sluice` CLI
@@ -46,6 +48,7 @@
 pub mod clock;
 pub mod core;
 pub mod ffi;
+pub mod metrics;
 pub mod sync;
 pub mod table;
 pub mod wire;

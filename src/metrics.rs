@@ -1,0 +1,308 @@
+//! Prometheus text for a limiter: table totals, the busiest quotas, sync
+//! state per root. Served by nginx's `sluice_metrics` location.
+//!
+//! Per-quota series are bounded: only the `top` quotas with the most
+//! checks get their own series (a table can hold millions of quotas; a
+//! scrape must not), and the rest are summed into `quota="_other"`.
+
+use std::fmt::Write;
+
+use crate::core::Nanos;
+use crate::sync::SyncMetrics;
+use crate::table::{QuotaState, Table};
+
+/// Renders the metrics of `table` (and its published sync status) as
+/// Prometheus text. `roots` names the configured roots in order; `top`
+/// bounds the per-quota series.
+pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String {
+    let mut out = String::with_capacity(4096);
+    let quotas = table.quotas(now);
+    gauge(
+        &mut out,
+        "sluice_quotas",
+        "Quotas in the table.",
+        quotas.len() as f64,
+    );
+    gauge(
+        &mut out,
+        "sluice_table_capacity",
+        "Quotas the table can hold.",
+        table.capacity().into(),
+    );
+    counter(
+        &mut out,
+        "sluice_unknown_checks_total",
+        "Checks of names with no quota (passed uncounted).",
+        table.unknown_checks() as f64,
+    );
+    counter(
+        &mut out,
+        "sluice_refused_quotas_total",
+        "Quotas refused because the table was full.",
+        table.refused_quotas() as f64,
+    );
+    gauge(
+        &mut out,
+        "sluice_quota_epoch",
+        "Highest quota epoch applied.",
+        table.max_epoch() as f64,
+    );
+    render_quotas(&mut out, quotas, top);
+    render_sync(&mut out, &table.sync_status(), roots, now);
+    out
+}
+
+fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
+    let busy = |q: &QuotaState| q.passed + q.rejected;
+    if quotas.len() > top {
+        quotas.select_nth_unstable_by_key(top, |q| std::cmp::Reverse(busy(q)));
+    }
+    let rest = if quotas.len() > top {
+        quotas.split_off(top)
+    } else {
+        Vec::new()
+    };
+    quotas.sort_by(|a, b| a.quota.name.cmp(&b.quota.name));
+    let _ = writeln!(
+        out,
+        "# HELP sluice_checks_total Checks per quota and result (top {top} quotas)."
+    );
+    let _ = writeln!(out, "# TYPE sluice_checks_total counter");
+    for q in &quotas {
+        let name = escape(&q.quota.name);
+        let _ = writeln!(
+            out,
+            "sluice_checks_total{{quota=\"{name}\",result=\"passed\"}} {}",
+            q.passed
+        );
+        let _ = writeln!(
+            out,
+            "sluice_checks_total{{quota=\"{name}\",result=\"rejected\"}} {}",
+            q.rejected
+        );
+    }
+    if !rest.is_empty() {
+        let passed: u64 = rest.iter().map(|q| q.passed).sum();
+        let rejected: u64 = rest.iter().map(|q| q.rejected).sum();
+        let _ = writeln!(
+            out,
+            "sluice_checks_total{{quota=\"_other\",result=\"passed\"}} {passed}"
+        );
+        let _ = writeln!(
+            out,
+            "sluice_checks_total{{quota=\"_other\",result=\"rejected\"}} {rejected}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_quota_level Estimated bucket level per quota (top quotas)."
+    );
+    let _ = writeln!(out, "# TYPE sluice_quota_level gauge");
+    for q in &quotas {
+        let _ = writeln!(
+            out,
+            "sluice_quota_level{{quota=\"{}\"}} {}",
+            escape(&q.quota.name),
+            q.level
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_quota_limit Quota limit, units per second (top quotas)."
+    );
+    let _ = writeln!(out, "# TYPE sluice_quota_limit gauge");
+    for q in &quotas {
+        let _ = writeln!(
+            out,
+            "sluice_quota_limit{{quota=\"{}\"}} {}",
+            escape(&q.quota.name),
+            q.quota.limit
+        );
+    }
+}
+
+/// One per-root series: name, type, help, and how to read it.
+type RootSeries = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&crate::sync::RootMetrics, Nanos) -> f64,
+);
+
+fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) {
+    counter(
+        out,
+        "sluice_sync_cycles_total",
+        "Sync cycles run.",
+        m.cycles as f64,
+    );
+    gauge(
+        out,
+        "sluice_sync_all_roots_down",
+        "1 while no root answered for two intervals (limiting is per host).",
+        u64::from(m.all_roots_down) as f64,
+    );
+    let series: [RootSeries; 7] = [
+        (
+            "sluice_root_up",
+            "gauge",
+            "1 when the last sync with the root succeeded.",
+            |r, _| u64::from(r.up) as f64,
+        ),
+        (
+            "sluice_root_syncs_total",
+            "counter",
+            "Successful syncs.",
+            |r, _| r.syncs as f64,
+        ),
+        (
+            "sluice_root_errors_total",
+            "counter",
+            "Failed syncs.",
+            |r, _| r.errors as f64,
+        ),
+        (
+            "sluice_root_round_trip_seconds",
+            "gauge",
+            "Last sync round trip.",
+            |r, _| r.round_trip as f64 * 1e-9,
+        ),
+        (
+            "sluice_root_clock_offset_seconds",
+            "gauge",
+            "Root clock minus local clock.",
+            |r, _| r.clock_offset as f64 * 1e-9,
+        ),
+        (
+            "sluice_root_last_success_age_seconds",
+            "gauge",
+            "Seconds since the last success.",
+            |r, now| {
+                if r.last_success == 0 {
+                    -1.0
+                } else {
+                    now.saturating_sub(r.last_success) as f64 * 1e-9
+                }
+            },
+        ),
+        (
+            "sluice_root_dropped_deltas_total",
+            "counter",
+            "Owed deltas dropped.",
+            |r, _| r.dropped_deltas as f64,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (r, url) in m.roots.iter().zip(roots) {
+            let _ = writeln!(out, "{name}{{root=\"{}\"}} {}", escape(url), value(r, now));
+        }
+    }
+    for (name, help, pick) in [
+        (
+            "sluice_root_sent_bytes_total",
+            "Sync request bytes sent.",
+            0,
+        ),
+        (
+            "sluice_root_received_bytes_total",
+            "Sync reply bytes received.",
+            1,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (r, url) in m.roots.iter().zip(roots) {
+            let v = if pick == 0 {
+                r.bytes_sent
+            } else {
+                r.bytes_received
+            };
+            let _ = writeln!(out, "{name}{{root=\"{}\"}} {v}", escape(url));
+        }
+    }
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+    );
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+/// Escapes a label value (quota names cannot need it; URLs might).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Quota;
+
+    fn quota(id: u64, name: &str) -> Quota {
+        Quota {
+            id,
+            name: name.into(),
+            parent: None,
+            limit: 5.0,
+            low_burst: 2.0,
+            high_burst: 2.0,
+            epoch: 1,
+            deleted: false,
+        }
+    }
+
+    #[test]
+    fn metrics_show_the_busiest_quotas_and_sum_the_rest() {
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&[quota(1, "busy"), quota(2, "quiet"), quota(3, "idle")]);
+        for _ in 0..5 {
+            t.check(b"busy", 1, 0);
+        }
+        t.check(b"quiet", 1, 0);
+        t.check(b"nobody", 1, 0);
+        let text = render(&t, &[], 1, 0);
+        assert!(
+            text.contains("sluice_checks_total{quota=\"busy\",result=\"passed\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_checks_total{quota=\"busy\",result=\"rejected\"} 3\n"));
+        assert!(text.contains("sluice_checks_total{quota=\"_other\",result=\"passed\"} 1\n"));
+        assert!(!text.contains("quota=\"quiet\""));
+        assert!(text.contains("sluice_unknown_checks_total 1\n"));
+        assert!(text.contains("sluice_quotas 3\n"));
+    }
+
+    #[test]
+    fn sync_state_is_labelled_by_root() {
+        let t = Table::new_heap(8, 16);
+        let m = SyncMetrics {
+            cycles: 3,
+            all_roots_down: false,
+            roots: vec![crate::sync::RootMetrics {
+                up: true,
+                syncs: 3,
+                ..Default::default()
+            }],
+        };
+        t.publish_sync_status(&m);
+        let text = render(&t, &["http://r1:7070".to_string()], 10, 0);
+        assert!(
+            text.contains("sluice_root_up{root=\"http://r1:7070\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_root_syncs_total{root=\"http://r1:7070\"} 3\n"));
+        assert!(text.contains("sluice_sync_all_roots_down 0\n"));
+    }
+}
