@@ -92,7 +92,9 @@ TEST_PKGS := libtest-base-perl libipc-run-perl liblist-moreutils-perl \
 # Benchmarks (wrk) and the quota root's PostgreSQL tests.
 EXTRA_PKGS := wrk postgresql
 
+# Root runs apt-get directly; anyone else through sudo, when there is one.
 SUDO := $(if $(filter 0,$(shell id -u)),,$(shell command -v sudo 2>/dev/null))
+APT_GET ?= apt-get
 
 # ---------------------------------------------------------------------------
 # Top-level targets
@@ -130,9 +132,9 @@ install-pkgs:
 			exit 1; \
 		fi; \
 		echo "deps: installing$$missing"; \
-		export DEBIAN_FRONTEND=noninteractive; \
-		$(SUDO) apt-get update -q; \
-		$(SUDO) -E apt-get install -y -q --no-install-recommends $$missing; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive $(APT_GET) update -q; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -q \
+			--no-install-recommends $$missing; \
 	fi; \
 	command -v $(CARGO) >/dev/null || { \
 		echo "deps: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; \
