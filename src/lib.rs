@@ -39,6 +39,10 @@
 //! - [`metrics`] — Prometheus text for a limiter (table totals, busiest
 //!   quotas, sync state per root).
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx) read.
+//! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
+//!   each running a real table and sync engine, simulated roots and
+//!   network, per-second CSV, SVG plots and accuracy numbers (cargo feature
+//!   `sim`).
 //! - `nginx/` — the nginx module glue (cargo feature `nginx`).
 //! - `root/` and `main.rs` — the quota root server and the `sluice` CLI
 //!   (cargo feature `root`).
@@ -52,6 +56,9 @@ pub mod metrics;
 pub mod sync;
 pub mod table;
 pub mod wire;
+
+#[cfg(feature = "sim")]
+pub mod sim;
 
 #[cfg(feature = "nginx")]
 mod nginx;

@@ -1,0 +1,228 @@
+//! SVG plots of a run, in the style of YARL's graphs: per quota, offered
+//! load, admitted (2xx) and rejected (429) per second against the limit,
+//! and below it the true cluster level against the hosts' estimates.
+//!
+//! plotters' SVG backend writes text as `<text>` elements, so no font is
+//! needed (the crate is built without a font backend; plotters then sizes
+//! labels with a built-in estimate).
+
+use plotters::prelude::*;
+
+use super::series::{QuotaSeries, Series};
+
+const OFFERED: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
+const ADMITTED: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
+const REJECTED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+const IDEAL: RGBColor = RGBColor(0x7f, 0x7f, 0x7f);
+const TRUTH: RGBColor = RGBColor(0x00, 0x00, 0x00);
+const ESTIMATE: RGBColor = RGBColor(0xff, 0x7f, 0x0e);
+
+/// Width of the image, pixels.
+const WIDTH: u32 = 960;
+/// Height of one panel, pixels.
+const PANEL: u32 = 250;
+
+/// Renders `series` as an SVG document titled `title`.
+pub fn svg(series: &Series, title: &str) -> Result<String, String> {
+    let mut out = String::new();
+    {
+        let height = 40 + PANEL * 2 * series.quotas.len() as u32;
+        let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
+        let panels = root.split_evenly((2 * series.quotas.len(), 1));
+        for (q, pair) in series.quotas.iter().zip(panels.chunks(2)) {
+            rates(&pair[0], q, series.seconds)?;
+            levels(&pair[1], q, series.seconds)?;
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("plot: {e}")
+}
+
+/// Reads one number out of a bin.
+type BinField = fn(&super::series::Bin) -> u64;
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Offered, admitted and rejected per second, with the limit and what the
+/// ideal limiter admitted.
+fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
+    let per_second: Vec<_> = (0..seconds).map(|s| q.second(s)).collect();
+    let top = per_second
+        .iter()
+        .map(|b| b.offered as f64)
+        .fold(q.limit * 1.2, f64::max)
+        * 1.05;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{}: requests per second", q.name),
+            ("sans-serif", 16),
+        )
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..seconds as f64, 0f64..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("units / s")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(err)?;
+    // A second's count is drawn at its middle, so a step at a whole second
+    // is drawn crossing that second.
+    let line = |f: BinField| {
+        per_second
+            .iter()
+            .enumerate()
+            .map(move |(s, b)| (s as f64 + 0.5, f(b) as f64))
+            .collect::<Vec<_>>()
+    };
+    let series: [(&str, RGBColor, BinField); 3] = [
+        ("offered", OFFERED, |b| b.offered),
+        ("admitted (2xx)", ADMITTED, |b| b.admitted),
+        ("rejected (429)", REJECTED, |b| b.rejected),
+    ];
+    for (name, color, f) in series {
+        chart
+            .draw_series(LineSeries::new(line(f), color.stroke_width(2)))
+            .map_err(err)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .draw_series(DashedLineSeries::new(
+            line(|b| b.ideal),
+            4,
+            3,
+            IDEAL.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label("ideal limiter admitted")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], IDEAL));
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0.0, q.limit), (seconds as f64, q.limit)],
+            8,
+            4,
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label("limit")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+/// The true cluster level and the hosts' estimates (mean, min, max).
+fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
+    let top = q
+        .levels
+        .iter()
+        .map(|l| l.truth.max(l.est_max))
+        .fold(q.high_burst * 1.1, f64::max)
+        * 1.05;
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{}: bucket level", q.name), ("sans-serif", 16))
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..seconds as f64, 0f64..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("units")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(err)?;
+    // Levels are sampled at the end of each second.
+    let at = |f: fn(&super::series::LevelSample) -> f64| {
+        q.levels
+            .iter()
+            .enumerate()
+            .map(move |(s, l)| ((s + 1) as f64, f(l)))
+            .collect::<Vec<_>>()
+    };
+    chart
+        .draw_series(LineSeries::new(at(|l| l.truth), TRUTH.stroke_width(2)))
+        .map_err(err)?
+        .label("true cluster level")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], TRUTH.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(
+            at(|l| l.est_mean),
+            ESTIMATE.stroke_width(2),
+        ))
+        .map_err(err)?
+        .label("hosts' estimate (mean)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ESTIMATE.stroke_width(2)));
+    let bounds: [fn(&super::series::LevelSample) -> f64; 2] = [|l| l.est_min, |l| l.est_max];
+    for f in bounds {
+        chart
+            .draw_series(LineSeries::new(at(f), ESTIMATE.mix(0.4).stroke_width(1)))
+            .map_err(err)?;
+    }
+    for (name, y) in [("low_burst", q.low_burst), ("high_burst", q.high_burst)] {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0.0, y), (seconds as f64, y)],
+                8,
+                4,
+                BLACK.mix(0.6).stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(name)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.6)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plot_has_axis_labels_and_a_legend() {
+        let mut s = Series::new(3, &crate::sim::series::tests::quotas(&["q"]));
+        s.quotas[0].bins[5].offered = 20;
+        s.quotas[0].bins[5].admitted = 10;
+        let doc = svg(&s, "test").unwrap();
+        assert!(doc.starts_with("<svg"));
+        for text in [
+            "seconds",
+            "units / s",
+            "admitted (2xx)",
+            "rejected (429)",
+            "limit",
+            "q: bucket level",
+        ] {
+            assert!(doc.contains(text), "missing {text:?}");
+        }
+    }
+}
