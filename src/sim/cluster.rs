@@ -68,7 +68,7 @@ enum Event {
     Tick { host: usize },
     /// A sync request reaches its root.
     AtRoot { exchange: u64 },
-    /// A root's reply reaches the host.
+    /// A root's reply (or its host's refusal) reaches the limiter host.
     AtHost { exchange: u64 },
     /// A host gives up waiting for a reply.
     Timeout { exchange: u64 },
@@ -137,7 +137,7 @@ struct Exchange {
     owed: HashMap<u64, u64>,
     /// Host local time the request left.
     sent_at: Nanos,
-    /// The root's reply, once it answered.
+    /// The root's reply, once it answered (`None` at the host: refused).
     reply: Option<SyncResponse>,
 }
 
@@ -560,43 +560,55 @@ impl<'a> Sim<'a> {
             return;
         };
         let root = ex.root;
-        if !self.roots[root].up {
-            return;
-        }
         let root_now = self.root_time(root, now);
-        let reply = self.roots[root].sync(&ex.request, root_now);
+        // A killed root's host refuses the connection: the error comes
+        // back after one round trip. (Silent drops are `network.loss`.)
+        let reply = if self.roots[root].up {
+            Some(self.roots[root].sync(&ex.request, root_now))
+        } else {
+            None
+        };
+        let refused = reply.is_none();
         if let Some(ex) = self.exchanges.get_mut(&exchange) {
-            ex.reply = Some(reply);
+            ex.reply = reply;
         }
-        if !self.lost() {
+        if refused || !self.lost() {
             let delay = self.delay();
             self.push(now + delay, Event::AtHost { exchange });
         }
     }
 
+    /// The reply (or the refusal) reaches the host.
     fn at_host(&mut self, exchange: u64, now: Nanos) {
-        // A reply after the timeout finds the exchange gone, as reqwest
-        // would have dropped it.
+        // After the timeout the exchange is gone, as reqwest would have
+        // dropped it.
         let Some(ex) = self.exchanges.remove(&exchange) else {
-            return;
-        };
-        let Some(reply) = ex.reply else {
             return;
         };
         let h = &mut self.hosts[ex.host];
         if h.alive {
-            let page = Page {
-                sent_at: ex.sent_at,
-                received_at: h.local(now),
-                reply,
-            };
             let local = h.local(now);
-            h.engine
-                .finish(&h.table, ex.root, ex.owed, &[page], None, local);
+            match ex.reply {
+                Some(reply) => {
+                    let page = Page {
+                        sent_at: ex.sent_at,
+                        received_at: local,
+                        reply,
+                    };
+                    h.engine
+                        .finish(&h.table, ex.root, ex.owed, &[page], None, local);
+                }
+                None => {
+                    let error = Some("connection refused".to_string());
+                    h.engine
+                        .finish(&h.table, ex.root, ex.owed, &[], error, local);
+                }
+            }
         }
         self.exchange_done(ex.host, now);
     }
 
+    /// No reply in time: the request or the reply was lost.
     fn timeout(&mut self, exchange: u64, now: Nanos) {
         let Some(ex) = self.exchanges.remove(&exchange) else {
             return;
@@ -604,14 +616,9 @@ impl<'a> Sim<'a> {
         let h = &mut self.hosts[ex.host];
         if h.alive {
             let local = h.local(now);
-            h.engine.finish(
-                &h.table,
-                ex.root,
-                ex.owed,
-                &[],
-                Some("timed out".into()),
-                local,
-            );
+            let error = Some("timed out".to_string());
+            h.engine
+                .finish(&h.table, ex.root, ex.owed, &[], error, local);
         }
         self.exchange_done(ex.host, now);
     }

@@ -283,7 +283,8 @@ pub struct EventSpec {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
-    /// A root stops answering and loses its counters.
+    /// A root process stops: connections to it are refused, and its
+    /// counters are gone.
     KillRoot {
         /// Root index.
         root: usize,
