@@ -100,7 +100,8 @@ APT_GET ?= apt-get
 # Top-level targets
 
 .PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo \
-	test-capi test-nginx bench run fmt fmt-check clippy clean help FORCE
+	test-capi test-nginx bench bench-accuracy run fmt fmt-check clippy clean \
+	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
 
@@ -191,6 +192,14 @@ test-nginx: nginx module ## the Test::Nginx suite in t/ only
 
 bench: ## run the criterion benchmark of the check path
 	$(CARGO) bench --bench check
+
+# Seeds per scenario and mode; the table shows their mean and range.
+ACCURACY_SEEDS ?= 5
+
+bench-accuracy: ## simulate the standard scenarios: table into BENCHMARKS.md, plots into benches/accuracy/
+	$(CARGO) run --release --bin sluice -- sim \
+		$(sort $(wildcard benches/scenarios/*.toml)) --both-modes \
+		--seeds $(ACCURACY_SEEDS) --svg-dir benches/accuracy --markdown BENCHMARKS.md
 
 run: all bin ## build everything; the root, sync and directives are not done yet
 	@echo
