@@ -59,6 +59,10 @@ pub struct SimArgs {
     /// Extrapolation mode of the hosts (default: the scenario's).
     #[arg(long, value_enum, conflicts_with = "both_modes")]
     pub mode: Option<Mode>,
+    /// `correction_ratio` of the constant-ratio mode (default: the
+    /// scenario's, else 1.0).
+    #[arg(long)]
+    pub ratio: Option<f64>,
     /// Run every scenario in both extrapolation modes.
     #[arg(long)]
     pub both_modes: bool,
@@ -155,7 +159,13 @@ pub fn run(args: &SimArgs) -> Result<(), String> {
     let mut all = Vec::new();
     let mut descriptions = Vec::new();
     for path in &args.scenarios {
-        let checked = load(path)?;
+        let mut checked = load(path)?;
+        if let Some(ratio) = args.ratio {
+            if !(ratio.is_finite() && ratio >= 0.0) {
+                return Err(format!("--ratio must not be negative, not {ratio}"));
+            }
+            checked.scenario.ratio = ratio;
+        }
         descriptions.push((
             checked.scenario.name.clone(),
             checked.scenario.description.clone(),
@@ -242,11 +252,14 @@ fn relative_to(dir: &Path, file: &Path) -> PathBuf {
 pub fn summary(checked: &Checked, r: &RunResult) -> String {
     let s = &checked.scenario;
     let mut out = String::new();
+    let mode = match r.mode {
+        Mode::ConstantRatio => format!("constant_ratio {}", s.ratio),
+        Mode::Adaptive => "adaptive".to_string(),
+    };
     let _ = writeln!(
         out,
-        "== {} — {} (seed {}): {} hosts, {} roots, {} s",
+        "== {} — {mode} (seed {}): {} hosts, {} roots, {} s",
         r.name,
-        r.mode.name(),
         r.seed,
         s.hosts.count,
         if s.local_limits { 0 } else { s.roots },

@@ -106,6 +106,7 @@ pub enum Mode {
     #[default]
     Adaptive,
     /// A constant share of the limit (YARL's `correction_ratio`).
+    #[value(name = "constant_ratio", alias = "constant-ratio")]
     ConstantRatio,
 }
 
