@@ -188,12 +188,10 @@ impl<'a> Sim<'a> {
         let index_of = |id: u64| quotas.iter().position(|q| q.id == id);
         let chains = (0..quotas.len())
             .map(|i| {
-                let mut chain = vec![i];
-                while let Some(p) = quotas[*chain.last().unwrap_or(&i)]
-                    .parent
-                    .and_then(index_of)
-                {
+                let (mut chain, mut cur) = (vec![i], i);
+                while let Some(p) = quotas[cur].parent.and_then(index_of) {
                     chain.push(p);
+                    cur = p;
                 }
                 chain
             })
