@@ -74,6 +74,16 @@ enum SpecFile {
     Bare(Vec<QuotaSpec>),
 }
 
+/// Parses a JSON quota file (wrapped or bare) without checking the quotas,
+/// for callers that check them against more than the file (the root merges
+/// a file with the quotas it already has).
+pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
+    let file: SpecFile = serde_json::from_str(text).map_err(|e| SpecError::Json(e.to_string()))?;
+    match file {
+        SpecFile::Wrapped { quotas } | SpecFile::Bare(quotas) => Ok(quotas),
+    }
+}
+
 /// A whole set of quotas, checked together: every quota valid, names
 /// unique, parents present in the set, chains acyclic and at most
 /// [`super::quota::MAX_DEPTH`] deep.
@@ -102,12 +112,7 @@ pub enum SpecError {
 impl QuotaSet {
     /// Parses and checks a JSON quota set.
     pub fn from_json(text: &str) -> Result<Self, SpecError> {
-        let file: SpecFile =
-            serde_json::from_str(text).map_err(|e| SpecError::Json(e.to_string()))?;
-        let quotas = match file {
-            SpecFile::Wrapped { quotas } | SpecFile::Bare(quotas) => quotas,
-        };
-        Self::new(quotas)
+        Self::new(specs_from_json(text)?)
     }
 
     /// Checks a set of quotas.
@@ -205,6 +210,13 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn parsing_alone_leaves_parents_unchecked() {
+        let specs = specs_from_json(r#"[{"name":"a","parent":"elsewhere","limit":1}]"#).unwrap();
+        assert_eq!(specs[0].parent.as_deref(), Some("elsewhere"));
+        assert!(matches!(specs_from_json("[1]"), Err(SpecError::Json(_))));
     }
 
     #[test]
