@@ -44,8 +44,10 @@
 //!   network, per-second CSV, SVG plots and accuracy numbers (cargo feature
 //!   `sim`).
 //! - `nginx/` — the nginx module glue (cargo feature `nginx`).
-//! - `root/` and `main.rs` — the quota root server and the `sluice` CLI
-//!   (cargo feature `root`).
+//! - [`root`] — the quota root server: database, sync endpoint, admin API,
+//!   metrics (cargo feature `root`).
+//! - `main.rs` and `cli/` — the `sluice` binary: `sluice root`, the admin
+//!   CLI `sluice quota ...` and `sluice sim` (cargo feature `root`).
 
 #![warn(missing_docs)]
 
@@ -56,6 +58,9 @@ pub mod metrics;
 pub mod sync;
 pub mod table;
 pub mod wire;
+
+#[cfg(feature = "root")]
+pub mod root;
 
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -1,0 +1,374 @@
+//! The root's configuration: a TOML file and command-line flags.
+//!
+//! Flags override the file and the file overrides the defaults, key by key.
+//! Every key of the file has a flag of the same name (with `-` for `_`)
+//! except the tuning knobs, which only the file sets:
+//!
+//! ```toml
+//! listen = "127.0.0.1:7070"
+//! db = "sqlite://./sluice.db"         # or "postgres://user:pass@host/db"
+//! admin_token_file = "/etc/sluice/admin.token"
+//! sync_token_file = "/etc/sluice/sync.token"
+//! reload_interval = "1s"
+//! db_timeout = "3s"
+//! max_connections = 1024
+//! max_in_flight = 256
+//! max_sync_body = 67108864
+//! max_admin_body = 1048576
+//! max_apply_body = 268435456
+//! sync_page_quotas = 20000
+//! sync_page_counters = 100000
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::auth::Token;
+
+/// Default listen address: loopback, so a root started without tokens is
+/// not reachable from other hosts.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// Default database: an SQLite file in the working directory, created if
+/// missing.
+pub const DEFAULT_DB: &str = "sqlite://./sluice.db";
+
+/// Flags of `sluice root`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct RootArgs {
+    /// TOML config file; flags override its keys.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to serve HTTP on [default: 127.0.0.1:7070].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Quota database: `sqlite://PATH` (created if missing) or
+    /// `postgres://...` [default: sqlite://./sluice.db].
+    #[arg(long, value_name = "URL")]
+    pub db: Option<String>,
+    /// File holding the bearer token of the admin API.
+    #[arg(long, value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// File holding the bearer token limiters must send to `/v1/sync`.
+    #[arg(long, value_name = "FILE")]
+    pub sync_token_file: Option<PathBuf>,
+    /// How often to reread changed quotas from the database [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub reload_interval: Option<Duration>,
+}
+
+/// The TOML file: every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RootFile {
+    listen: Option<SocketAddr>,
+    db: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    sync_token_file: Option<PathBuf>,
+    reload_interval: Option<String>,
+    db_timeout: Option<String>,
+    max_connections: Option<usize>,
+    max_in_flight: Option<usize>,
+    max_sync_body: Option<usize>,
+    max_admin_body: Option<usize>,
+    max_apply_body: Option<usize>,
+    sync_page_quotas: Option<usize>,
+    sync_page_counters: Option<usize>,
+}
+
+/// A configuration that cannot be used, with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Largest request bodies accepted, per kind of endpoint, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// `POST /v1/sync` (a million deltas is about 40 MB of JSON).
+    pub sync: usize,
+    /// `PUT /v1/quotas/{name}`.
+    pub admin: usize,
+    /// `POST /v1/apply` (a whole quota set).
+    pub apply: usize,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self {
+            sync: 64 << 20,
+            admin: 1 << 20,
+            apply: 256 << 20,
+        }
+    }
+}
+
+/// Everything a root needs to run, resolved and checked.
+#[derive(Clone, Debug)]
+pub struct RootConfig {
+    /// Address to serve on.
+    pub listen: SocketAddr,
+    /// Database URL (`sqlite://...` or `postgres://...`).
+    pub db: String,
+    /// Token the admin API requires; `None` leaves it open (loopback only).
+    pub admin_token: Option<Token>,
+    /// Token `/v1/sync` requires; `None` leaves it open.
+    pub sync_token: Option<Token>,
+    /// Period of the quota reload from the database.
+    pub reload_interval: Duration,
+    /// How long a database operation may wait for a connection before the
+    /// root calls the database unavailable.
+    pub db_timeout: Duration,
+    /// Most TCP connections served at once; the listener stops accepting
+    /// above it.
+    pub max_connections: usize,
+    /// Most requests handled at once; the rest wait for a slot.
+    pub max_in_flight: usize,
+    /// Request body limits.
+    pub body_limits: BodyLimits,
+    /// Most quotas in one sync reply; a fresh limiter pages through the rest.
+    pub sync_page_quotas: usize,
+    /// Most counters in one sync reply; the rest follow in the next syncs.
+    pub sync_page_counters: usize,
+}
+
+impl Default for RootConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN
+                .parse()
+                .expect("the default listen address parses"),
+            db: DEFAULT_DB.to_string(),
+            admin_token: None,
+            sync_token: None,
+            reload_interval: Duration::from_secs(1),
+            db_timeout: Duration::from_secs(3),
+            max_connections: 1024,
+            max_in_flight: 256,
+            body_limits: BodyLimits::default(),
+            sync_page_quotas: 20_000,
+            sync_page_counters: 100_000,
+        }
+    }
+}
+
+impl RootConfig {
+    /// Resolves flags over the config file (if any) over the defaults,
+    /// reads the token files and checks the result.
+    pub fn load(args: &RootArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => RootFile::default(),
+        };
+        let mut config = Self::default();
+        config.apply_file(file)?;
+        config.apply_args(args)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn apply_file(&mut self, file: RootFile) -> Result<(), ConfigError> {
+        let RootFile {
+            listen,
+            db,
+            admin_token_file,
+            sync_token_file,
+            reload_interval,
+            db_timeout,
+            max_connections,
+            max_in_flight,
+            max_sync_body,
+            max_admin_body,
+            max_apply_body,
+            sync_page_quotas,
+            sync_page_counters,
+        } = file;
+        set(&mut self.listen, listen);
+        set(&mut self.db, db);
+        if let Some(path) = admin_token_file {
+            self.admin_token = Some(read_token(&path)?);
+        }
+        if let Some(path) = sync_token_file {
+            self.sync_token = Some(read_token(&path)?);
+        }
+        if let Some(text) = reload_interval {
+            self.reload_interval = duration_key("reload_interval", &text)?;
+        }
+        if let Some(text) = db_timeout {
+            self.db_timeout = duration_key("db_timeout", &text)?;
+        }
+        set(&mut self.max_connections, max_connections);
+        set(&mut self.max_in_flight, max_in_flight);
+        set(&mut self.body_limits.sync, max_sync_body);
+        set(&mut self.body_limits.admin, max_admin_body);
+        set(&mut self.body_limits.apply, max_apply_body);
+        set(&mut self.sync_page_quotas, sync_page_quotas);
+        set(&mut self.sync_page_counters, sync_page_counters);
+        Ok(())
+    }
+
+    fn apply_args(&mut self, args: &RootArgs) -> Result<(), ConfigError> {
+        set(&mut self.listen, args.listen);
+        set(&mut self.db, args.db.clone());
+        if let Some(path) = &args.admin_token_file {
+            self.admin_token = Some(read_token(path)?);
+        }
+        if let Some(path) = &args.sync_token_file {
+            self.sync_token = Some(read_token(path)?);
+        }
+        set(&mut self.reload_interval, args.reload_interval);
+        Ok(())
+    }
+
+    /// Checks the values that flags and files cannot rule out by type.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "listening on {} without an admin token would open the admin API to the \
+                 network; set admin_token_file or listen on a loopback address",
+                self.listen
+            )));
+        }
+        positive("reload_interval", self.reload_interval.as_nanos() as usize)?;
+        positive("db_timeout", self.db_timeout.as_nanos() as usize)?;
+        positive("max_connections", self.max_connections)?;
+        positive("max_in_flight", self.max_in_flight)?;
+        positive("max_sync_body", self.body_limits.sync)?;
+        positive("max_admin_body", self.body_limits.admin)?;
+        positive("max_apply_body", self.body_limits.apply)?;
+        positive("sync_page_quotas", self.sync_page_quotas)?;
+        positive("sync_page_counters", self.sync_page_counters)?;
+        Ok(())
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *slot = value;
+    }
+}
+
+fn positive(key: &str, value: usize) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(ConfigError(format!("{key} must be greater than zero")));
+    }
+    Ok(())
+}
+
+fn read_file(path: &Path) -> Result<RootFile, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| ConfigError(format!("config {}: {e}", path.display())))
+}
+
+fn read_token(path: &Path) -> Result<Token, ConfigError> {
+    Token::from_file(path).map_err(|e| ConfigError(format!("token file {}: {e}", path.display())))
+}
+
+fn duration_key(key: &str, text: &str) -> Result<Duration, ConfigError> {
+    parse_duration(text).map_err(|e| ConfigError(format!("{key}: {e}")))
+}
+
+/// Parses a duration such as `250ms`, `1s`, `1.5s` or `2m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 1s"))?;
+    let scale = match unit.trim() {
+        "ms" => 1e-3,
+        "s" | "" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    let seconds = value * scale;
+    if !seconds.is_finite() || seconds > 1e9 {
+        return Err(format!("{text:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("1 fortnight").is_err());
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("root.toml");
+        std::fs::write(
+            &path,
+            "db = \"sqlite://file.db\"\nreload_interval = \"5s\"\nsync_page_quotas = 7\n",
+        )
+        .unwrap();
+        let args = RootArgs {
+            config: Some(path),
+            reload_interval: Some(Duration::from_millis(100)),
+            ..RootArgs::default()
+        };
+        let config = RootConfig::load(&args).unwrap();
+        assert_eq!(config.db, "sqlite://file.db");
+        assert_eq!(config.reload_interval, Duration::from_millis(100));
+        assert_eq!(config.sync_page_quotas, 7);
+        assert_eq!(config.listen, DEFAULT_LISTEN.parse().unwrap());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("root.toml");
+        std::fs::write(&path, "lisen = \"127.0.0.1:1\"\n").unwrap();
+        let args = RootArgs {
+            config: Some(path.clone()),
+            ..RootArgs::default()
+        };
+        assert!(RootConfig::load(&args).unwrap_err().0.contains("lisen"));
+        std::fs::write(&path, "max_in_flight = 0\n").unwrap();
+        assert!(RootConfig::load(&args)
+            .unwrap_err()
+            .0
+            .contains("max_in_flight"));
+    }
+
+    #[test]
+    fn a_public_listen_address_needs_an_admin_token() {
+        let args = RootArgs {
+            listen: Some("0.0.0.0:7070".parse().unwrap()),
+            ..RootArgs::default()
+        };
+        assert!(RootConfig::load(&args)
+            .unwrap_err()
+            .0
+            .contains("admin token"));
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("admin.token");
+        std::fs::write(&token, "s3cret\n").unwrap();
+        let args = RootArgs {
+            admin_token_file: Some(token),
+            ..args
+        };
+        assert!(RootConfig::load(&args).is_ok());
+    }
+}

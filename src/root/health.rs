@@ -1,0 +1,190 @@
+//! Whether the root is ready and the database reachable, with rate-limited
+//! logging of database trouble.
+//!
+//! A root is **ready** once it has loaded the quotas at least once; before
+//! that it answers syncs and admin reads with 503 rather than serve a state
+//! it does not have. Afterwards a database outage only makes it read-only:
+//! syncs go on with the quotas it holds.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Least time between two "database still down" log lines.
+pub const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// Health as the endpoints and metrics show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthSnapshot {
+    /// Quotas have been loaded at least once.
+    pub ready: bool,
+    /// The last database operation succeeded.
+    pub db_up: bool,
+    /// The last database error, while down.
+    pub db_error: Option<String>,
+    /// Seconds since the database went down, while down.
+    pub down_for: Option<f64>,
+    /// Seconds since the last successful reload.
+    pub since_reload: Option<f64>,
+    /// Database failures since start.
+    pub db_failures: u64,
+}
+
+/// Log bookkeeping of an outage.
+#[derive(Debug, Default)]
+struct Outage {
+    /// The last error.
+    error: Option<String>,
+    /// When the database went down.
+    since: Option<Instant>,
+    /// When the last line about it was logged.
+    logged: Option<Instant>,
+    /// Failures since that line.
+    unlogged: u64,
+}
+
+/// Readiness and database state of one root.
+#[derive(Debug)]
+pub struct Health {
+    /// Quotas loaded at least once.
+    ready: AtomicBool,
+    /// The last database operation succeeded.
+    db_up: AtomicBool,
+    /// Database failures since start.
+    failures: AtomicU64,
+    /// The current outage, for messages and log rate limiting.
+    outage: Mutex<Outage>,
+    /// When the quotas were last reloaded successfully.
+    reloaded: Mutex<Option<Instant>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            ready: AtomicBool::new(false),
+            // Unknown until the first attempt; starting "up" avoids a
+            // spurious recovery line.
+            db_up: AtomicBool::new(true),
+            failures: AtomicU64::new(0),
+            outage: Mutex::new(Outage::default()),
+            reloaded: Mutex::new(None),
+        }
+    }
+}
+
+impl Health {
+    /// True once quotas have been loaded.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// True when the last database operation succeeded.
+    pub fn db_up(&self) -> bool {
+        self.db_up.load(Ordering::Acquire)
+    }
+
+    /// Records a successful reload (which also makes the root ready).
+    pub fn reloaded(&self) {
+        *lock(&self.reloaded) = Some(Instant::now());
+        self.ready.store(true, Ordering::Release);
+        self.db_ok();
+    }
+
+    /// Records a successful database operation; logs the recovery once.
+    pub fn db_ok(&self) {
+        if self.db_up.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut outage = lock(&self.outage);
+        let down_for = outage.since.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        tracing::info!(down_for_secs = down_for, "database reachable again");
+        *outage = Outage::default();
+    }
+
+    /// Records a failed database operation. Logs at once when the database
+    /// was up, then at most every [`LOG_EVERY`].
+    pub fn db_failed(&self, error: &str) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let was_up = self.db_up.swap(false, Ordering::AcqRel);
+        let mut outage = lock(&self.outage);
+        let now = Instant::now();
+        outage.error = Some(error.to_string());
+        if was_up || outage.since.is_none() {
+            outage.since = Some(now);
+        }
+        let due = outage
+            .logged
+            .is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
+        if was_up || due {
+            let down_for = outage
+                .since
+                .map_or(0.0, |s| now.duration_since(s).as_secs_f64());
+            tracing::warn!(
+                error,
+                down_for_secs = down_for,
+                failures_since_last_log = outage.unlogged,
+                ready = self.is_ready(),
+                "database unavailable; serving the quotas already loaded, admin writes refused"
+            );
+            outage.logged = Some(now);
+            outage.unlogged = 0;
+        } else {
+            outage.unlogged += 1;
+        }
+    }
+
+    /// The last database error, while the database is down.
+    pub fn db_error(&self) -> Option<String> {
+        if self.db_up() {
+            return None;
+        }
+        lock(&self.outage).error.clone()
+    }
+
+    /// Everything at once, for `/healthz` and `/metrics`.
+    pub fn snapshot(&self) -> HealthSnapshot {
+        let db_up = self.db_up();
+        let outage = lock(&self.outage);
+        HealthSnapshot {
+            ready: self.is_ready(),
+            db_up,
+            db_error: if db_up { None } else { outage.error.clone() },
+            down_for: if db_up {
+                None
+            } else {
+                outage.since.map(|s| s.elapsed().as_secs_f64())
+            },
+            since_reload: lock(&self.reloaded).map(|t| t.elapsed().as_secs_f64()),
+            db_failures: self.failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: the data is plain bookkeeping that
+/// stays consistent even if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_mark_the_database_down_until_a_success() {
+        let health = Health::default();
+        assert!(!health.is_ready());
+        health.db_failed("connection refused");
+        health.db_failed("connection refused");
+        let snap = health.snapshot();
+        assert!(!snap.db_up && !snap.ready);
+        assert_eq!(snap.db_error.as_deref(), Some("connection refused"));
+        assert_eq!(snap.db_failures, 2);
+        health.reloaded();
+        let snap = health.snapshot();
+        assert!(snap.db_up && snap.ready && snap.db_error.is_none());
+        assert!(snap.since_reload.is_some());
+    }
+}

@@ -1,0 +1,95 @@
+//! The limiters that have synced with this root.
+//!
+//! Each limiter id is interned to a small index, so counters can remember
+//! which limiters fed them without storing names. The registry is bounded:
+//! past [`MAX_LIMITERS`] distinct ids, new ones are still served but not
+//! recorded.
+
+use rustc_hash::FxHashMap;
+
+use crate::core::Nanos;
+
+/// Most limiters the registry records.
+pub const MAX_LIMITERS: usize = 100_000;
+
+/// What the root knows about one limiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimiterInfo {
+    /// The limiter's id as it sends it.
+    pub name: Box<str>,
+    /// Root time of its last sync.
+    pub last_sync: Nanos,
+    /// Syncs received from it since the root started.
+    pub syncs: u64,
+}
+
+/// Registry of limiters by id.
+#[derive(Debug, Default)]
+pub struct Limiters {
+    /// Limiter id to index in `list`.
+    index: FxHashMap<Box<str>, u32>,
+    /// Limiters in order of first sync.
+    list: Vec<LimiterInfo>,
+}
+
+impl Limiters {
+    /// Records a sync from `name` at `now`; returns the limiter's index, or
+    /// `None` when the registry is full and `name` is new.
+    pub fn touch(&mut self, name: &str, now: Nanos) -> Option<u32> {
+        let index = match self.index.get(name) {
+            Some(&index) => index,
+            None if self.list.len() >= MAX_LIMITERS => return None,
+            None => {
+                let index = self.list.len() as u32;
+                self.list.push(LimiterInfo {
+                    name: name.into(),
+                    last_sync: now,
+                    syncs: 0,
+                });
+                self.index.insert(name.into(), index);
+                index
+            }
+        };
+        let info = &mut self.list[index as usize];
+        info.last_sync = now;
+        info.syncs += 1;
+        Some(index)
+    }
+
+    /// A limiter by index.
+    pub fn get(&self, index: u32) -> Option<&LimiterInfo> {
+        self.list.get(index as usize)
+    }
+
+    /// Number of limiters ever recorded.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// True when no limiter has synced.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Number of limiters whose last sync was at or after `since`.
+    pub fn active_since(&self, since: Nanos) -> usize {
+        self.list.iter().filter(|l| l.last_sync >= since).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limiters_are_interned_and_counted() {
+        let mut limiters = Limiters::default();
+        assert_eq!(limiters.touch("a", 1), Some(0));
+        assert_eq!(limiters.touch("b", 2), Some(1));
+        assert_eq!(limiters.touch("a", 3), Some(0));
+        let a = limiters.get(0).unwrap();
+        assert_eq!((a.last_sync, a.syncs), (3, 2));
+        assert_eq!(limiters.active_since(3), 1);
+        assert_eq!(limiters.len(), 2);
+    }
+}

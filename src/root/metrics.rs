@@ -1,0 +1,458 @@
+//! Counters of what the root did, rendered as Prometheus text.
+//!
+//! Event counts are atomics bumped by the handlers; sizes (quotas,
+//! counters, limiters, epoch) and health are read at scrape time. Every
+//! metric is prefixed `sluice_root_`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::health::HealthSnapshot;
+use super::ledger::LedgerStats;
+
+/// Outcome of a sync request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncResult {
+    /// Answered.
+    Ok,
+    /// Refused as invalid (400, 413).
+    Rejected,
+    /// Missing or wrong sync token (401).
+    Unauthorized,
+    /// Not ready yet (503).
+    Unavailable,
+}
+
+impl SyncResult {
+    const ALL: [Self; 4] = [
+        Self::Ok,
+        Self::Rejected,
+        Self::Unauthorized,
+        Self::Unavailable,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Rejected => "rejected",
+            Self::Unauthorized => "unauthorized",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Which API a rejected request was for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/sync`.
+    Sync,
+    /// The admin API.
+    Admin,
+}
+
+impl Api {
+    const ALL: [Self; 2] = [Self::Sync, Self::Admin];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+/// Why a request was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Not JSON of the expected shape.
+    Malformed,
+    /// Body over the limit.
+    TooLarge,
+    /// Well-formed but invalid values.
+    Invalid,
+    /// Missing or wrong token.
+    Unauthorized,
+}
+
+impl Rejection {
+    const ALL: [Self; 4] = [
+        Self::Malformed,
+        Self::TooLarge,
+        Self::Invalid,
+        Self::Unauthorized,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::TooLarge => "too_large",
+            Self::Invalid => "invalid",
+            Self::Unauthorized => "unauthorized",
+        }
+    }
+}
+
+/// Upper bounds of the sync latency buckets, in seconds.
+const LATENCY_BOUNDS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A latency histogram with fixed buckets.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last is `+Inf`.
+    buckets: [AtomicU64; LATENCY_BOUNDS.len() + 1],
+    /// Sum of observations, nanoseconds.
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    pub fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let bucket = LATENCY_BOUNDS
+            .iter()
+            .position(|&b| seconds <= b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let le = LATENCY_BOUNDS
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+    }
+}
+
+/// Event counts of one root.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Sync requests by [`SyncResult`].
+    syncs: [AtomicU64; 4],
+    /// Time to handle a sync (parse to serialised reply).
+    pub sync_seconds: Histogram,
+    /// Deltas added to counters.
+    deltas_applied: AtomicU64,
+    /// Deltas dropped: unknown or deleted quota.
+    deltas_ignored: AtomicU64,
+    /// Quotas sent in sync replies.
+    quotas_sent: AtomicU64,
+    /// Counters sent in sync replies.
+    counters_sent: AtomicU64,
+    /// Refused requests by [`Api`] and [`Rejection`].
+    rejected: [[AtomicU64; 4]; 2],
+    /// Admin writes committed.
+    admin_writes: AtomicU64,
+    /// Quota reloads that succeeded / failed.
+    reloads: [AtomicU64; 2],
+    /// Quotas read by reloads.
+    quotas_loaded: AtomicU64,
+    /// Quota rows skipped by reloads because they are invalid.
+    quotas_invalid: AtomicU64,
+}
+
+/// What a scrape reads besides the event counts.
+#[derive(Clone, Debug)]
+pub struct Scrape {
+    /// Sizes of the in-memory state.
+    pub stats: LedgerStats,
+    /// Limiters that synced in the last five minutes.
+    pub active_limiters: usize,
+    /// Readiness and database state.
+    pub health: HealthSnapshot,
+    /// This root process's instance id.
+    pub instance: u64,
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+}
+
+impl Metrics {
+    /// Counts a sync by outcome.
+    pub fn sync(&self, result: SyncResult) {
+        self.syncs[result as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts what a successful sync moved.
+    pub fn sync_moved(&self, applied: usize, ignored: usize, quotas: usize, counters: usize) {
+        self.deltas_applied
+            .fetch_add(applied as u64, Ordering::Relaxed);
+        self.deltas_ignored
+            .fetch_add(ignored as u64, Ordering::Relaxed);
+        self.quotas_sent.fetch_add(quotas as u64, Ordering::Relaxed);
+        self.counters_sent
+            .fetch_add(counters as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a refused request.
+    pub fn rejected(&self, api: Api, why: Rejection) {
+        self.rejected[api as usize][why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a committed admin write.
+    pub fn admin_write(&self) {
+        self.admin_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a reload.
+    pub fn reload(&self, ok: bool, loaded: usize, invalid: usize) {
+        self.reloads[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
+        self.quotas_loaded
+            .fetch_add(loaded as u64, Ordering::Relaxed);
+        self.quotas_invalid
+            .fetch_add(invalid as u64, Ordering::Relaxed);
+    }
+
+    /// Deltas applied so far (for tests and benchmarks).
+    pub fn deltas_applied(&self) -> u64 {
+        self.deltas_applied.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self, scrape: &Scrape) -> String {
+        let mut out = String::with_capacity(4096);
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        family(
+            &mut out,
+            "syncs_total",
+            "counter",
+            "Sync requests by result.",
+        );
+        for result in SyncResult::ALL {
+            let value = get(&self.syncs[result as usize]);
+            sample(
+                &mut out,
+                "syncs_total",
+                &format!("result=\"{}\"", result.label()),
+                value,
+            );
+        }
+        self.sync_seconds.render(
+            "sluice_root_sync_duration_seconds",
+            "Time to handle a sync request.",
+            &mut out,
+        );
+        let totals = [
+            (
+                "sync_deltas_applied_total",
+                "Deltas added to counters.",
+                &self.deltas_applied,
+            ),
+            (
+                "sync_deltas_ignored_total",
+                "Deltas for unknown or deleted quotas.",
+                &self.deltas_ignored,
+            ),
+            (
+                "sync_quotas_sent_total",
+                "Quotas sent in sync replies.",
+                &self.quotas_sent,
+            ),
+            (
+                "sync_counters_sent_total",
+                "Counters sent in sync replies.",
+                &self.counters_sent,
+            ),
+            (
+                "admin_writes_total",
+                "Admin writes committed.",
+                &self.admin_writes,
+            ),
+            (
+                "quotas_loaded_total",
+                "Quota rows read by reloads.",
+                &self.quotas_loaded,
+            ),
+            (
+                "quotas_invalid_total",
+                "Invalid quota rows skipped by reloads.",
+                &self.quotas_invalid,
+            ),
+        ];
+        for (name, help, value) in totals {
+            family(&mut out, name, "counter", help);
+            sample(&mut out, name, "", get(value));
+        }
+        family(
+            &mut out,
+            "rejected_requests_total",
+            "counter",
+            "Refused requests by API and reason.",
+        );
+        for api in Api::ALL {
+            for why in Rejection::ALL {
+                let labels = format!("api=\"{}\",reason=\"{}\"", api.label(), why.label());
+                let value = get(&self.rejected[api as usize][why as usize]);
+                sample(&mut out, "rejected_requests_total", &labels, value);
+            }
+        }
+        family(
+            &mut out,
+            "reloads_total",
+            "counter",
+            "Quota reloads from the database by result.",
+        );
+        sample(
+            &mut out,
+            "reloads_total",
+            "result=\"ok\"",
+            get(&self.reloads[0]),
+        );
+        sample(
+            &mut out,
+            "reloads_total",
+            "result=\"failed\"",
+            get(&self.reloads[1]),
+        );
+        render_state(scrape, &mut out);
+        out
+    }
+}
+
+fn render_state(scrape: &Scrape, out: &mut String) {
+    let s = &scrape.stats;
+    let h = &scrape.health;
+    let gauges: [(&str, &str, f64); 10] = [
+        ("quotas", "Live quotas held.", s.quotas as f64),
+        (
+            "quota_tombstones",
+            "Deleted quotas held as tombstones.",
+            s.tombstones as f64,
+        ),
+        ("counters", "Counters in memory.", s.counters as f64),
+        (
+            "quota_epoch",
+            "Epoch of the last quota loaded.",
+            s.epoch as f64,
+        ),
+        (
+            "counter_version",
+            "Last counter version handed out.",
+            s.counter_version as f64,
+        ),
+        (
+            "limiters_seen",
+            "Limiters that synced since start.",
+            s.limiters as f64,
+        ),
+        (
+            "limiters_active",
+            "Limiters that synced in the last 5 minutes.",
+            scrape.active_limiters as f64,
+        ),
+        (
+            "ready",
+            "1 once quotas have been loaded.",
+            f64::from(u8::from(h.ready)),
+        ),
+        (
+            "db_up",
+            "1 when the last database operation succeeded.",
+            f64::from(u8::from(h.db_up)),
+        ),
+        (
+            "db_failures",
+            "Database failures since start.",
+            h.db_failures as f64,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        family(out, name, "gauge", help);
+        let _ = writeln!(out, "sluice_root_{name} {value}");
+    }
+    if let Some(age) = h.since_reload {
+        family(
+            out,
+            "seconds_since_reload",
+            "gauge",
+            "Seconds since the last successful reload.",
+        );
+        let _ = writeln!(out, "sluice_root_seconds_since_reload {age}");
+    }
+    family(out, "info", "gauge", "This root process.");
+    let _ = writeln!(
+        out,
+        "sluice_root_info{{instance=\"{:016x}\",backend=\"{}\",version=\"{}\"}} 1",
+        scrape.instance,
+        scrape.backend,
+        env!("CARGO_PKG_VERSION")
+    );
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(
+        out,
+        "# HELP sluice_root_{name} {help}\n# TYPE sluice_root_{name} {kind}"
+    );
+}
+
+fn sample(out: &mut String, name: &str, labels: &str, value: u64) {
+    if labels.is_empty() {
+        let _ = writeln!(out, "sluice_root_{name} {value}");
+    } else {
+        let _ = writeln!(out, "sluice_root_{name}{{{labels}}} {value}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape() -> Scrape {
+        Scrape {
+            stats: LedgerStats {
+                quotas: 3,
+                epoch: 9,
+                ..LedgerStats::default()
+            },
+            active_limiters: 2,
+            health: HealthSnapshot {
+                ready: true,
+                db_up: false,
+                db_error: Some("refused".into()),
+                down_for: Some(1.0),
+                since_reload: Some(2.0),
+                db_failures: 4,
+            },
+            instance: 0xabc,
+            backend: "sqlite",
+        }
+    }
+
+    #[test]
+    fn the_text_carries_counts_gauges_and_a_cumulative_histogram() {
+        let m = Metrics::default();
+        m.sync(SyncResult::Ok);
+        m.sync(SyncResult::Ok);
+        m.sync(SyncResult::Rejected);
+        m.rejected(Api::Sync, Rejection::TooLarge);
+        m.sync_seconds.observe(Duration::from_micros(300));
+        m.sync_seconds.observe(Duration::from_secs(10));
+        let text = m.render(&scrape());
+        for line in [
+            "sluice_root_syncs_total{result=\"ok\"} 2",
+            "sluice_root_syncs_total{result=\"rejected\"} 1",
+            "sluice_root_rejected_requests_total{api=\"sync\",reason=\"too_large\"} 1",
+            "sluice_root_sync_duration_seconds_bucket{le=\"0.0005\"} 1",
+            "sluice_root_sync_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "sluice_root_sync_duration_seconds_count 2",
+            "sluice_root_quotas 3",
+            "sluice_root_quota_epoch 9",
+            "sluice_root_db_up 0",
+            "sluice_root_limiters_active 2",
+            "sluice_root_info{instance=\"0000000000000abc\",backend=\"sqlite\"",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+}
