@@ -17,6 +17,8 @@
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
 //!   - `counter_book.rs` — counters with their version-ordered list;
 //!   - `limiters.rs` — the limiters that synced.
+//! - `store/` — the database: schema migrations (`migrations/`), epochs,
+//!   single writes, bulk apply.
 //! - `metrics.rs` — event counts and the Prometheus text.
 
 pub mod auth;
@@ -27,5 +29,6 @@ pub mod ledger;
 pub mod limiters;
 pub mod metrics;
 pub mod quota_book;
+pub mod store;
 
 pub use config::{RootArgs, RootConfig};

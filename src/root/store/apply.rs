@@ -1,0 +1,391 @@
+//! Bulk apply: a whole quota set in one transaction and one epoch.
+//!
+//! The set is merged with the live quotas (with `prune`, the set replaces
+//! them: live quotas missing from it are deleted), the merged result is
+//! validated as a whole with [`QuotaSet::new`] (names, numbers, parents,
+//! cycles, depth), and the difference is written, or only reported for a
+//! dry run. Nothing is written unless everything is valid.
+//!
+//! Writes go parents first: new quotas level by level (so a new parent has
+//! a smaller id than its new children and exists when they are inserted),
+//! then updates and revivals, then deletions.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use sqlx::{Any, Row, Transaction};
+
+use crate::core::spec::{QuotaSet, QuotaSpec, SpecError};
+
+use super::{unix_millis, Store, StoreError};
+
+/// Options of an apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyOptions {
+    /// Delete live quotas that are not in the set.
+    pub prune: bool,
+    /// Report the difference without writing it.
+    pub dry_run: bool,
+}
+
+/// One field an apply changes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FieldChange {
+    /// `parent`, `limit`, `low_burst` or `high_burst`.
+    pub field: &'static str,
+    /// The value before.
+    pub from: serde_json::Value,
+    /// The value after.
+    pub to: serde_json::Value,
+}
+
+/// A quota an apply changes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QuotaUpdate {
+    /// The quota's name.
+    pub name: String,
+    /// What changes.
+    pub changes: Vec<FieldChange>,
+}
+
+/// The difference between the live quotas and a set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ApplyDiff {
+    /// Quotas the set adds (or revives), parents first.
+    pub created: Vec<String>,
+    /// Quotas the set changes.
+    pub updated: Vec<QuotaUpdate>,
+    /// Live quotas deleted because the set lacks them (prune only).
+    pub deleted: Vec<String>,
+    /// Quotas in the set that already match.
+    pub unchanged: usize,
+}
+
+impl ApplyDiff {
+    /// True when applying changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.created.is_empty() && self.updated.is_empty() && self.deleted.is_empty()
+    }
+}
+
+/// What an apply did (or would do).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApplyOutcome {
+    /// The difference.
+    pub diff: ApplyDiff,
+    /// The epoch the changes got; `None` for a dry run or an empty diff.
+    pub epoch: Option<u64>,
+}
+
+/// A quota row as the apply needs it: by name, parent by name.
+#[derive(Clone, Debug)]
+struct Existing {
+    spec: QuotaSpec,
+    deleted: bool,
+}
+
+/// Rows per multi-row INSERT (eight parameters each, far below both
+/// backends' parameter limits).
+const INSERT_CHUNK: usize = 1000;
+
+impl Store {
+    /// Applies a quota set in one transaction; see the module doc.
+    pub async fn apply(
+        &self,
+        set: Vec<QuotaSpec>,
+        options: ApplyOptions,
+    ) -> Result<ApplyOutcome, StoreError> {
+        check_set_alone(&set, options.prune)?;
+        let (mut tx, epoch) = self.begin_write().await?;
+        let existing = load_all(&mut tx).await?;
+        let merged = merge(&set, &existing, options.prune);
+        let depths = validate_merged(merged)?;
+        let diff = diff(&set, &existing, options.prune, &depths);
+        if options.dry_run || diff.is_empty() {
+            tx.rollback().await?;
+            return Ok(ApplyOutcome { diff, epoch: None });
+        }
+        write_diff(&mut tx, &set, &existing, &diff, &depths, epoch).await?;
+        tx.commit().await?;
+        Ok(ApplyOutcome {
+            diff,
+            epoch: Some(epoch),
+        })
+    }
+}
+
+/// Checks what needs no database: each quota on its own, unique names,
+/// and for a pruning apply the whole set (it must stand alone).
+fn check_set_alone(set: &[QuotaSpec], prune: bool) -> Result<(), StoreError> {
+    if prune {
+        return QuotaSet::new(set.to_vec()).map(|_| ()).map_err(spec_error);
+    }
+    let mut names = HashMap::with_capacity(set.len());
+    for spec in set {
+        spec.validate().map_err(|error| StoreError::Invalid {
+            quota: Some(spec.name.clone()),
+            error,
+        })?;
+        if names.insert(spec.name.as_str(), ()).is_some() {
+            return Err(StoreError::Invalid {
+                quota: Some(spec.name.clone()),
+                error: crate::core::ValidationError::new("name", "appears more than once"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn spec_error(error: SpecError) -> StoreError {
+    match error {
+        SpecError::Invalid { name, error } => StoreError::Invalid {
+            quota: Some(name),
+            error,
+        },
+        SpecError::Json(message) => {
+            StoreError::invalid("quotas", format!("invalid quota JSON: {message}"))
+        }
+    }
+}
+
+async fn load_all(
+    tx: &mut Transaction<'static, Any>,
+) -> Result<HashMap<String, Existing>, StoreError> {
+    let rows = sqlx::query(
+        r#"SELECT q.name, p.name, q."limit", q.low_burst, q.high_burst, q.deleted
+           FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#,
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut existing = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let spec = QuotaSpec {
+            name: row.try_get(0)?,
+            parent: row.try_get(1)?,
+            limit: row.try_get(2)?,
+            low_burst: Some(row.try_get(3)?),
+            high_burst: Some(row.try_get(4)?),
+        };
+        let deleted = row.try_get::<i64, _>(5)? != 0;
+        existing.insert(spec.name.clone(), Existing { spec, deleted });
+    }
+    Ok(existing)
+}
+
+/// The live quotas as they will be after the apply.
+fn merge(set: &[QuotaSpec], existing: &HashMap<String, Existing>, prune: bool) -> Vec<QuotaSpec> {
+    let mut merged = set.to_vec();
+    if !prune {
+        let in_set: HashMap<&str, ()> = set.iter().map(|q| (q.name.as_str(), ())).collect();
+        merged.extend(
+            existing
+                .values()
+                .filter(|e| !e.deleted && !in_set.contains_key(e.spec.name.as_str()))
+                .map(|e| e.spec.clone()),
+        );
+    }
+    merged
+}
+
+/// Validates the merged quotas as one set and returns each one's depth
+/// (1 for a top-level quota).
+fn validate_merged(merged: Vec<QuotaSpec>) -> Result<HashMap<String, usize>, StoreError> {
+    let set = QuotaSet::new(merged).map_err(spec_error)?;
+    let parent_of: HashMap<&str, Option<&str>> = set
+        .quotas
+        .iter()
+        .map(|q| (q.name.as_str(), q.parent.as_deref()))
+        .collect();
+    let mut depths = HashMap::with_capacity(set.quotas.len());
+    for q in &set.quotas {
+        let mut depth = 1;
+        let mut cur = q.parent.as_deref();
+        while let Some(name) = cur {
+            depth += 1;
+            cur = parent_of.get(name).copied().flatten();
+        }
+        depths.insert(q.name.clone(), depth);
+    }
+    Ok(depths)
+}
+
+fn diff(
+    set: &[QuotaSpec],
+    existing: &HashMap<String, Existing>,
+    prune: bool,
+    depths: &HashMap<String, usize>,
+) -> ApplyDiff {
+    let mut diff = ApplyDiff::default();
+    let mut created: Vec<(usize, &str)> = Vec::new();
+    for spec in set {
+        match existing.get(&spec.name).filter(|e| !e.deleted) {
+            None => created.push((depths.get(&spec.name).copied().unwrap_or(1), &spec.name)),
+            Some(current) => {
+                let changes = field_changes(&current.spec, spec);
+                if changes.is_empty() {
+                    diff.unchanged += 1;
+                } else {
+                    diff.updated.push(QuotaUpdate {
+                        name: spec.name.clone(),
+                        changes,
+                    });
+                }
+            }
+        }
+    }
+    created.sort_by_key(|&(depth, _)| depth);
+    diff.created = created
+        .into_iter()
+        .map(|(_, name)| name.to_string())
+        .collect();
+    if prune {
+        let in_set: HashMap<&str, ()> = set.iter().map(|q| (q.name.as_str(), ())).collect();
+        let mut deleted: Vec<String> = existing
+            .values()
+            .filter(|e| !e.deleted && !in_set.contains_key(e.spec.name.as_str()))
+            .map(|e| e.spec.name.clone())
+            .collect();
+        deleted.sort();
+        diff.deleted = deleted;
+    }
+    diff
+}
+
+fn field_changes(current: &QuotaSpec, wanted: &QuotaSpec) -> Vec<FieldChange> {
+    let mut changes = Vec::new();
+    if current.parent != wanted.parent {
+        changes.push(FieldChange {
+            field: "parent",
+            from: current.parent.clone().into(),
+            to: wanted.parent.clone().into(),
+        });
+    }
+    let numbers = [
+        ("limit", current.limit, wanted.limit),
+        ("low_burst", current.low(), wanted.low()),
+        ("high_burst", current.high(), wanted.high()),
+    ];
+    for (field, from, to) in numbers {
+        if from != to {
+            changes.push(FieldChange {
+                field,
+                from: from.into(),
+                to: to.into(),
+            });
+        }
+    }
+    changes
+}
+
+async fn write_diff(
+    tx: &mut Transaction<'static, Any>,
+    set: &[QuotaSpec],
+    existing: &HashMap<String, Existing>,
+    diff: &ApplyDiff,
+    depths: &HashMap<String, usize>,
+    epoch: u64,
+) -> Result<(), StoreError> {
+    let now = unix_millis();
+    let by_name: HashMap<&str, &QuotaSpec> = set.iter().map(|q| (q.name.as_str(), q)).collect();
+    let mut new_by_depth: BTreeMap<usize, Vec<&QuotaSpec>> = BTreeMap::new();
+    let mut rewrites: Vec<&QuotaSpec> = Vec::new();
+    for name in &diff.created {
+        let spec = by_name[name.as_str()];
+        if existing.contains_key(name) {
+            rewrites.push(spec);
+        } else {
+            new_by_depth
+                .entry(depths.get(name).copied().unwrap_or(1))
+                .or_default()
+                .push(spec);
+        }
+    }
+    for level in new_by_depth.values() {
+        for chunk in level.chunks(INSERT_CHUNK) {
+            insert_chunk(tx, chunk, epoch, now).await?;
+        }
+    }
+    rewrites.extend(diff.updated.iter().map(|u| by_name[u.name.as_str()]));
+    for spec in rewrites {
+        rewrite(tx, spec, epoch, now).await?;
+    }
+    for name in &diff.deleted {
+        sqlx::query("UPDATE quotas SET deleted = 1, epoch = $1, updated_at = $2 WHERE name = $3")
+            .bind(epoch as i64)
+            .bind(now)
+            .bind(name)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Inserts new quotas whose parents already exist; parents are looked up by
+/// name inside the statement.
+async fn insert_chunk(
+    tx: &mut Transaction<'static, Any>,
+    chunk: &[&QuotaSpec],
+    epoch: u64,
+    now: i64,
+) -> Result<(), StoreError> {
+    let mut sql = String::from(
+        r#"INSERT INTO quotas
+           (name, parent, "limit", low_burst, high_burst, epoch, deleted, created_at, updated_at)
+           VALUES "#,
+    );
+    for i in 0..chunk.len() {
+        let p = i * 8;
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(${}, (SELECT id FROM quotas WHERE name = ${}), ${}, ${}, ${}, ${}, 0, ${}, ${})",
+            p + 1,
+            p + 2,
+            p + 3,
+            p + 4,
+            p + 5,
+            p + 6,
+            p + 7,
+            p + 8
+        ));
+    }
+    let mut query = sqlx::query(&sql);
+    for spec in chunk {
+        query = query
+            .bind(spec.name.as_str())
+            .bind(spec.parent.as_deref())
+            .bind(spec.limit)
+            .bind(spec.low())
+            .bind(spec.high())
+            .bind(epoch as i64)
+            .bind(now)
+            .bind(now);
+    }
+    query.execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// Overwrites an existing row (an update, or a revived tombstone).
+async fn rewrite(
+    tx: &mut Transaction<'static, Any>,
+    spec: &QuotaSpec,
+    epoch: u64,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        r#"UPDATE quotas SET parent = (SELECT p.id FROM quotas p WHERE p.name = $1),
+           "limit" = $2, low_burst = $3, high_burst = $4, epoch = $5, deleted = 0,
+           updated_at = $6 WHERE name = $7"#,
+    )
+    .bind(spec.parent.as_deref())
+    .bind(spec.limit)
+    .bind(spec.low())
+    .bind(spec.high())
+    .bind(epoch as i64)
+    .bind(now)
+    .bind(spec.name.as_str())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! The quota database: SQLite or PostgreSQL, one schema, one set of queries.
+//!
+//! Access goes through sqlx's `Any` driver, so both backends run the same
+//! SQL (`$n` placeholders, row values, `RETURNING`, recursive CTEs: all
+//! understood by SQLite ≥ 3.35 and PostgreSQL). Only the migrations and the
+//! statement that opens a write transaction differ.
+//!
+//! **Epochs.** Every write transaction starts with
+//! `UPDATE meta SET epoch = epoch + 1 ... RETURNING epoch` and stamps the
+//! rows it writes with that epoch. The update locks the single `meta` row
+//! (PostgreSQL) or the whole database (SQLite, `BEGIN IMMEDIATE`), so
+//! writers are serialised and commit in epoch order: a reader that sees
+//! epoch `e` committed has already seen every epoch below it, and a reload
+//! by "epoch greater than the last one seen" misses nothing.
+//!
+//! **Tombstones.** Deleting a quota keeps its row with `deleted = 1` and a
+//! new epoch, so the deletion reaches limiters through the same incremental
+//! reads. Setting a deleted name again revives the row with its old id.
+//!
+//! - `migrations.rs` — the schema, embedded per backend.
+//! - `write.rs` — single-quota writes: put (create, update, re-parent) and
+//!   delete.
+//! - `apply.rs` — bulk apply of a whole quota set in one transaction.
+
+mod apply;
+mod migrations;
+mod write;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{Any, AnyPool, Executor, Row, Transaction};
+
+use crate::core::{Quota, ValidationError};
+use crate::wire::QuotaCursor;
+
+pub use apply::{ApplyDiff, ApplyOptions, ApplyOutcome, FieldChange, QuotaUpdate};
+pub use write::{PutOutcome, Written};
+
+/// Which database a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `sqlite:` URLs.
+    Sqlite,
+    /// `postgres:` and `postgresql:` URLs.
+    Postgres,
+}
+
+impl Backend {
+    /// The backend of a database URL.
+    pub fn of_url(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Self::Sqlite)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Ok(Self::Postgres)
+        } else {
+            Err(StoreError::Config(format!(
+                "unsupported database URL {:?}: use sqlite://PATH or postgres://...",
+                redact_url(url)
+            )))
+        }
+    }
+
+    /// Short lowercase name for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+/// Why a database operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL or options are unusable.
+    #[error("{0}")]
+    Config(String),
+    /// The database cannot be reached or is too busy: retry later.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The request is invalid against the current quotas.
+    #[error("{}{error}", quota.as_ref().map(|q| format!("quota {q:?}: ")).unwrap_or_default())]
+    Invalid {
+        /// The quota the error is about, when the request names several.
+        quota: Option<String>,
+        /// The offending field and why.
+        error: ValidationError,
+    },
+    /// No live quota has this name.
+    #[error("no quota named {0:?}")]
+    NotFound(String),
+    /// The write conflicts with other quotas (deleting a parent).
+    #[error("{0}")]
+    Conflict(ValidationError),
+    /// Anything else: a bug or a schema the root does not understand.
+    #[error("database error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            quota: None,
+            error: ValidationError::new(field, message),
+        }
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        match &error {
+            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+                Self::Unavailable(error.to_string())
+            }
+            E::Protocol(_) => Self::Unavailable(error.to_string()),
+            E::Database(db) if is_unavailable_code(db.code().as_deref()) => {
+                Self::Unavailable(error.to_string())
+            }
+            _ => Self::Internal(error.to_string()),
+        }
+    }
+}
+
+/// Database error codes that mean "not now" rather than "never": SQLite
+/// busy/locked/read-only/I-O/full/cannot-open, PostgreSQL connection
+/// exceptions (08), insufficient resources (53) and shutdown (57P).
+fn is_unavailable_code(code: Option<&str>) -> bool {
+    let Some(code) = code else { return false };
+    // SQLSTATEs are always five characters; SQLite's extended result codes
+    // are decimal numbers below 10000.
+    if code.len() == 5 {
+        return code.starts_with("08") || code.starts_with("53") || code.starts_with("57P");
+    }
+    code.parse::<i32>()
+        .is_ok_and(|sqlite| matches!(sqlite & 0xff, 5 | 6 | 8 | 10 | 13 | 14))
+}
+
+/// The URL with any password replaced, for messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// Milliseconds since the Unix epoch, for the rows' timestamps.
+fn unix_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Most rows one reload query reads.
+pub const LOAD_PAGE: usize = 10_000;
+
+/// The columns every quota query selects, in [`quota_from_row`]'s order.
+const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted"#;
+
+/// A pool of connections to the quota database.
+#[derive(Clone, Debug)]
+pub struct Store {
+    /// The connections (opened lazily, so a root starts with the database
+    /// down and connects when it comes back).
+    pool: AnyPool,
+    /// Which database this is.
+    backend: Backend,
+}
+
+impl Store {
+    /// A store for `url`; connects on first use. SQLite files are created
+    /// if missing and use write-ahead logging.
+    pub fn open(url: &str, timeout: Duration, max_connections: u32) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = Backend::of_url(url)?;
+        let mut options = AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(timeout);
+        let url = match backend {
+            Backend::Sqlite => {
+                options = options.after_connect(|conn, _meta| {
+                    Box::pin(async move {
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        Ok(())
+                    })
+                });
+                sqlite_url_creating(url)
+            }
+            Backend::Postgres => url.to_string(),
+        };
+        let pool = options
+            .connect_lazy(&url)
+            .map_err(|e| StoreError::Config(format!("{}: {e}", redact_url(&url))))?;
+        Ok(Self { pool, backend })
+    }
+
+    /// Which database this is.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Brings the schema up to date (idempotent; safe with several roots).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrations::run(&self.pool, self.backend).await
+    }
+
+    /// Up to `limit` quotas after `after` in `(epoch, id)` order, tombstones
+    /// included.
+    pub async fn load_after(
+        &self,
+        after: QuotaCursor,
+        limit: usize,
+    ) -> Result<Vec<StoredQuota>, StoreError> {
+        let sql = format!(
+            "SELECT {QUOTA_COLUMNS} FROM quotas WHERE (epoch, id) > ($1, $2) \
+             ORDER BY epoch, id LIMIT $3"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(to_i64(after.epoch))
+            .bind(to_i64(after.id))
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(quota_from_row).collect()
+    }
+
+    /// The newest epoch in the database.
+    pub async fn epoch(&self) -> Result<u64, StoreError> {
+        let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM meta WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(epoch as u64)
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Opens a write transaction and takes the next epoch in it.
+    async fn begin_write(&self) -> Result<(Transaction<'static, Any>, u64), StoreError> {
+        let mut tx = match self.backend {
+            // IMMEDIATE takes the write lock now, so two writers never both
+            // read and then fail to upgrade.
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        };
+        let epoch: i64 =
+            sqlx::query_scalar("UPDATE meta SET epoch = epoch + 1 WHERE id = 1 RETURNING epoch")
+                .fetch_one(&mut *tx)
+                .await?;
+        Ok((tx, epoch as u64))
+    }
+}
+
+/// A quota row as read from the database: valid, or the reason it is not
+/// (a hand-edited row); a reload skips the latter and says so.
+pub type StoredQuota = Result<Quota, (QuotaCursor, String)>;
+
+/// Appends `mode=rwc` (create if missing) unless the URL picks a mode.
+fn sqlite_url_creating(url: &str) -> String {
+    if url.contains("mode=") {
+        return url.to_string();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}mode=rwc")
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn quota_from_row(row: &AnyRow) -> Result<StoredQuota, StoreError> {
+    let id: i64 = row.try_get(0)?;
+    let epoch: i64 = row.try_get(6)?;
+    let position = QuotaCursor {
+        epoch: epoch.max(0) as u64,
+        id: id.max(0) as u64,
+    };
+    let parent: Option<i64> = row.try_get(2)?;
+    let quota = Quota {
+        id: position.id,
+        name: row.try_get(1)?,
+        parent: parent.map(|p| p.max(0) as u64),
+        limit: row.try_get(3)?,
+        low_burst: row.try_get(4)?,
+        high_burst: row.try_get(5)?,
+        epoch: position.epoch,
+        deleted: row.try_get::<i64, _>(7)? != 0,
+    };
+    if id <= 0 || epoch <= 0 {
+        return Ok(Err((position, format!("row {id} has id or epoch below 1"))));
+    }
+    Ok(quota
+        .validate()
+        .map(|()| quota)
+        .map_err(|e| (position, e.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_pick_the_backend() {
+        assert_eq!(Backend::of_url("sqlite://./x.db").unwrap(), Backend::Sqlite);
+        assert_eq!(
+            Backend::of_url("postgres://h/db").unwrap(),
+            Backend::Postgres
+        );
+        assert_eq!(
+            Backend::of_url("postgresql://h/db").unwrap(),
+            Backend::Postgres
+        );
+        assert!(Backend::of_url("mysql://h/db").is_err());
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u:pw@h:5/db"),
+            "postgres://u:***@h:5/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://./x.db"), "sqlite://./x.db");
+    }
+
+    #[test]
+    fn sqlite_urls_create_the_file_unless_a_mode_is_given() {
+        assert_eq!(
+            sqlite_url_creating("sqlite://x.db"),
+            "sqlite://x.db?mode=rwc"
+        );
+        assert_eq!(
+            sqlite_url_creating("sqlite://x.db?cache=shared"),
+            "sqlite://x.db?cache=shared&mode=rwc"
+        );
+        assert_eq!(
+            sqlite_url_creating("sqlite://x.db?mode=ro"),
+            "sqlite://x.db?mode=ro"
+        );
+    }
+
+    #[test]
+    fn transient_database_codes_mean_unavailable() {
+        assert!(is_unavailable_code(Some("5")));
+        assert!(is_unavailable_code(Some("517")));
+        assert!(is_unavailable_code(Some("57P01")));
+        assert!(is_unavailable_code(Some("08006")));
+        assert!(!is_unavailable_code(Some("23505")));
+        assert!(!is_unavailable_code(Some("19")));
+        assert!(!is_unavailable_code(None));
+    }
+}
