@@ -5,12 +5,18 @@
 //! the changes every interval by epoch; keeps one counter per quota in
 //! memory only, in its own monotonic clock; answers limiters' syncs
 //! (`POST /v1/sync`, [`crate::wire`]); and serves the admin API, `/healthz`
-//! and `/metrics`.
+//! and `/metrics`. Several roots may share one database; they never talk to
+//! each other. If the database goes away a root keeps serving what it has,
+//! read-only, and recovers by itself.
 //!
 //! # Layout
 //!
+//! - `server.rs` — [`run`]: bind, serve, reload task, graceful shutdown.
+//! - `listener.rs` — the TCP listener bounded in connections.
 //! - `config.rs` — [`RootConfig`] from a TOML file and flags.
 //! - `auth.rs` — bearer tokens, compared in constant time.
+//! - `state.rs` — what handlers and tasks share; reload and write rules.
+//! - `reload.rs` — the periodic reload from the database.
 //! - `health.rs` — readiness, database state, rate-limited outage logs.
 //! - `ledger.rs` — the in-memory state and the sync step, pure, time passed
 //!   in:
@@ -19,16 +25,23 @@
 //!   - `limiters.rs` — the limiters that synced.
 //! - `store/` — the database: schema migrations (`migrations/`), epochs,
 //!   single writes, bulk apply.
+//! - `api/` — the HTTP handlers and error replies.
 //! - `metrics.rs` — event counts and the Prometheus text.
 
+pub mod api;
 pub mod auth;
 pub mod config;
 pub mod counter_book;
 pub mod health;
 pub mod ledger;
 pub mod limiters;
+pub mod listener;
 pub mod metrics;
 pub mod quota_book;
+pub mod reload;
+pub mod server;
+pub mod state;
 pub mod store;
 
 pub use config::{RootArgs, RootConfig};
+pub use server::{bind_and_run, run, RootError};

@@ -1,0 +1,231 @@
+//! The HTTP API: sync, admin, health and metrics.
+//!
+//! | route | auth | |
+//! |---|---|---|
+//! | `POST /v1/sync` | sync token | limiter sync ([`crate::wire`]) |
+//! | `GET /v1/quotas?prefix=&after=&limit=` | admin token | list quotas |
+//! | `GET/PUT/DELETE /v1/quotas/{name}` | admin token | one quota |
+//! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
+//! | `GET /healthz` | none | readiness and database state |
+//! | `GET /metrics` | none | Prometheus text |
+//!
+//! Every error is `{"error": {"field": ..., "message": ...}}`.
+//!
+//! - `error.rs` — the error reply.
+//! - `sync.rs`, `quotas.rs`, `apply.rs`, `ops.rs` — the handlers.
+
+mod apply;
+mod error;
+mod ops;
+mod quotas;
+mod sync;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use crate::wire::SYNC_PATH;
+
+use super::metrics::{Api, Rejection};
+use super::state::RootState;
+
+pub use error::ApiError;
+
+/// The root's routes over `state`.
+pub fn router(state: Arc<RootState>) -> Router {
+    let limits = state.config.body_limits;
+    let sync = Router::new()
+        .route(
+            SYNC_PATH,
+            post(sync::sync).layer(DefaultBodyLimit::max(limits.sync)),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_sync_token,
+        ));
+    let admin = Router::new()
+        .route("/v1/quotas", get(quotas::list))
+        .route(
+            "/v1/quotas/{name}",
+            get(quotas::get)
+                .put(quotas::put)
+                .delete(quotas::delete)
+                .layer(DefaultBodyLimit::max(limits.admin)),
+        )
+        .route(
+            "/v1/apply",
+            post(apply::apply).layer(DefaultBodyLimit::max(limits.apply)),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_admin_token,
+        ));
+    let in_flight = Arc::new(Semaphore::new(state.config.max_in_flight));
+    Router::new()
+        .merge(sync)
+        .merge(admin)
+        .route("/healthz", get(ops::healthz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::not_found("no such route").into_response() })
+        .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), observe))
+        .with_state(state)
+}
+
+/// A JSON reply.
+pub(crate) fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => json_bytes(status, bytes),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// A reply of already serialised JSON.
+fn json_bytes(status: StatusCode, bytes: Vec<u8>) -> Response {
+    let mut response = (status, bytes).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// A request body parsed as JSON, with errors as [`ApiError`]s: 413 over
+/// the route's limit, 400 naming the path to the bad value otherwise.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<RootState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Arc<RootState>) -> Result<Self, ApiError> {
+        let bytes = read_body(request, state).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Reads a whole body within the route's limit.
+async fn read_body(request: Request, state: &Arc<RootState>) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large("request body is larger than this endpoint accepts")
+            } else {
+                ApiError::malformed(None, rejection.body_text())
+            }
+        })
+}
+
+/// Parses JSON; on failure parses again with path tracking, so the common
+/// case pays nothing for a good error message.
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|_| {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        match serde_path_to_error::deserialize::<_, T>(&mut de) {
+            Ok(_) => ApiError::malformed(None, "trailing characters after the JSON value"),
+            Err(e) => {
+                let path = e.path().to_string();
+                let message = e.into_inner().to_string();
+                let field = match named_field(&message) {
+                    Some(name) if path == "." => Some(name.to_string()),
+                    Some(name) if !path.ends_with(name) => Some(format!("{path}.{name}")),
+                    _ => (path != ".").then_some(path),
+                };
+                ApiError::malformed(field, message)
+            }
+        }
+    })
+}
+
+/// The field serde names in "missing field `x`" (reported at the path of
+/// the enclosing object) and "unknown field `x`".
+fn named_field(message: &str) -> Option<&str> {
+    let rest = message
+        .strip_prefix("missing field `")
+        .or_else(|| message.strip_prefix("unknown field `"))?;
+    rest.split('`').next()
+}
+
+async fn require_sync_token(
+    State(state): State<Arc<RootState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    check_token(state.config.sync_token.as_ref(), "sync", request, next).await
+}
+
+async fn require_admin_token(
+    State(state): State<Arc<RootState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    check_token(state.config.admin_token.as_ref(), "admin", request, next).await
+}
+
+async fn check_token(
+    token: Option<&super::auth::Token>,
+    which: &str,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = token {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        if !token.admits(presented) {
+            let mut response = ApiError::unauthorized(which).into_response();
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+/// Bounds the requests handled at once; the rest wait for a slot (their
+/// number is bounded by the listener's connection limit).
+async fn limit_in_flight(
+    State(slots): State<Arc<Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Ok(_slot) = slots.acquire().await else {
+        return ApiError::unavailable("shutting down").into_response();
+    };
+    next.run(request).await
+}
+
+/// Logs each request at debug level and counts rejections.
+async fn observe(State(state): State<Arc<RootState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    let api = if path == SYNC_PATH {
+        Api::Sync
+    } else {
+        Api::Admin
+    };
+    if let Some(&why) = response.extensions().get::<Rejection>() {
+        state.metrics.rejected(api, why);
+    }
+    if api == Api::Sync {
+        state.metrics.sync(sync::result_of(response.status()));
+    }
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(%method, path, status, elapsed_ms, "request");
+    response
+}

@@ -1,0 +1,168 @@
+//! `POST /v1/sync`: a limiter's deltas in, quota and counter changes out.
+//!
+//! The whole request is checked before anything is applied, so an absurd
+//! request (a malformed body, too many deltas, an impossible delta, a bad
+//! limiter id) changes nothing and gets a 400.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use crate::core::quota::MAX_BURST;
+use crate::wire::{SyncRequest, SyncResponse, MAX_DELTAS_PER_SYNC};
+
+use crate::root::ledger::SyncPaging;
+use crate::root::metrics::SyncResult;
+use crate::root::state::RootState;
+
+use super::{json_bytes, ApiError, JsonBody};
+
+/// Longest limiter id, in bytes.
+pub const MAX_LIMITER_ID_LEN: usize = 255;
+
+/// Largest delta one sync may carry for one counter: 2^53, the largest
+/// integer a level holds exactly (a limiter sends at least every few
+/// seconds, so anything near it is a bug, not traffic).
+pub const MAX_DELTA: u64 = MAX_BURST as u64;
+
+/// Handles one sync.
+pub async fn sync(
+    State(state): State<Arc<RootState>>,
+    JsonBody(request): JsonBody<SyncRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    if !state.health.is_ready() {
+        return Err(ApiError::unavailable(
+            "quotas not loaded yet: the root has not reached its database since it started",
+        ));
+    }
+    check_request(&request)?;
+    let paging = SyncPaging {
+        quotas: state.config.sync_page_quotas,
+        counters: state.config.sync_page_counters,
+    };
+    let now = state.now();
+    let step = state.ledger().sync(&request, state.instance, now, paging);
+    state.metrics.sync_moved(
+        step.applied,
+        step.ignored,
+        step.quotas.quotas.len(),
+        step.counters.counters.len(),
+    );
+    let response = SyncResponse {
+        root_instance: state.instance,
+        root_time: now,
+        quotas: step
+            .quotas
+            .quotas
+            .iter()
+            .map(|q| q.as_ref().clone())
+            .collect(),
+        quotas_after: step.quotas.after,
+        more_quotas: step.quotas.more,
+        counters: step.counters.counters,
+        counter_version: step.counters.version,
+    };
+    let body = serde_json::to_vec(&response).map_err(|e| ApiError::internal(e.to_string()))?;
+    state.metrics.sync_seconds.observe(started.elapsed());
+    tracing::trace!(
+        limiter = %request.limiter,
+        deltas = request.deltas.len(),
+        ignored = step.ignored,
+        quotas = response.quotas.len(),
+        counters = response.counters.len(),
+        "sync"
+    );
+    Ok(json_bytes(StatusCode::OK, body))
+}
+
+/// Checks a sync request as a whole.
+pub fn check_request(request: &SyncRequest) -> Result<(), ApiError> {
+    check_limiter_id(&request.limiter)?;
+    if request.deltas.len() > MAX_DELTAS_PER_SYNC {
+        return Err(ApiError::invalid(
+            "deltas",
+            format!(
+                "{} deltas, at most {MAX_DELTAS_PER_SYNC} per sync",
+                request.deltas.len()
+            ),
+        ));
+    }
+    if let Some(i) = request.deltas.iter().position(|d| d.delta > MAX_DELTA) {
+        return Err(ApiError::invalid(
+            format!("deltas[{i}].delta"),
+            format!("{} is larger than {MAX_DELTA}", request.deltas[i].delta),
+        ));
+    }
+    Ok(())
+}
+
+fn check_limiter_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > MAX_LIMITER_ID_LEN {
+        return Err(ApiError::invalid(
+            "limiter",
+            format!("must be 1 to {MAX_LIMITER_ID_LEN} bytes long"),
+        ));
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::invalid(
+            "limiter",
+            "must be printable ASCII without spaces",
+        ));
+    }
+    Ok(())
+}
+
+/// How a sync reply's status is counted.
+pub fn result_of(status: StatusCode) -> SyncResult {
+    match status {
+        StatusCode::OK => SyncResult::Ok,
+        StatusCode::UNAUTHORIZED => SyncResult::Unauthorized,
+        StatusCode::SERVICE_UNAVAILABLE => SyncResult::Unavailable,
+        _ => SyncResult::Rejected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::CounterDelta;
+
+    fn request(limiter: &str, deltas: Vec<CounterDelta>) -> SyncRequest {
+        SyncRequest {
+            limiter: limiter.into(),
+            quotas_after: Default::default(),
+            counter_version: 0,
+            root_instance: 0,
+            deltas,
+        }
+    }
+
+    #[test]
+    fn absurd_requests_name_the_field() {
+        let big = CounterDelta {
+            id: 1,
+            delta: MAX_DELTA + 1,
+        };
+        let ok = CounterDelta {
+            id: 1,
+            delta: MAX_DELTA,
+        };
+        let cases = [
+            (request("", vec![]), "limiter"),
+            (request("a b", vec![]), "limiter"),
+            (request(&"x".repeat(256), vec![]), "limiter"),
+            (request("h", vec![ok, big]), "deltas[1].delta"),
+        ];
+        for (req, field) in cases {
+            assert_eq!(
+                check_request(&req).unwrap_err().field.as_deref(),
+                Some(field)
+            );
+        }
+        assert!(check_request(&request("host-1:4242", vec![ok])).is_ok());
+    }
+}

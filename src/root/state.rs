@@ -1,0 +1,217 @@
+//! The state one root process shares between its handlers and its reload
+//! task.
+
+use std::collections::hash_map::RandomState;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::core::Nanos;
+use crate::wire::QuotaCursor;
+
+use super::config::RootConfig;
+use super::health::Health;
+use super::ledger::Ledger;
+use super::metrics::{Metrics, Scrape};
+use super::store::{Store, StoreError, LOAD_PAGE};
+
+/// Window in which a limiter counts as active for metrics.
+const ACTIVE_WINDOW: Nanos = 300 * 1_000_000_000;
+
+/// Most database connections one root opens.
+const MAX_DB_CONNECTIONS: u32 = 8;
+
+/// Everything a root's handlers and tasks share.
+#[derive(Debug)]
+pub struct RootState {
+    /// The configuration it was started with.
+    pub config: RootConfig,
+    /// The quota database.
+    pub store: Store,
+    /// Quotas, counters and limiters. Held only for in-memory work, never
+    /// across IO or an `.await`.
+    ledger: Mutex<Ledger>,
+    /// Readiness and database state.
+    pub health: Health,
+    /// Event counts for `/metrics`.
+    pub metrics: Metrics,
+    /// Random id of this process, sent in every sync reply so limiters
+    /// notice a restart (and the counters that went with it).
+    pub instance: u64,
+    /// Position of the last row a reload read (valid or skipped); also
+    /// serialises reloads.
+    reload_cursor: tokio::sync::Mutex<QuotaCursor>,
+    /// The schema has been migrated by this process.
+    migrated: AtomicBool,
+    /// Serialises this root's writes. The database serialises writers
+    /// anyway; queueing them here keeps SQLite's busy handler out of it.
+    write_gate: tokio::sync::Mutex<()>,
+}
+
+impl RootState {
+    /// State for `config`; the database is connected lazily.
+    pub fn new(config: RootConfig) -> Result<Self, StoreError> {
+        let store = Store::open(&config.db, config.db_timeout, MAX_DB_CONNECTIONS)?;
+        Ok(Self {
+            config,
+            store,
+            ledger: Mutex::new(Ledger::default()),
+            health: Health::default(),
+            metrics: Metrics::default(),
+            instance: new_instance_id(),
+            reload_cursor: tokio::sync::Mutex::new(QuotaCursor::default()),
+            migrated: AtomicBool::new(false),
+            write_gate: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The root clock: monotonic nanoseconds, the time base of counters.
+    pub fn now(&self) -> Nanos {
+        crate::clock::now()
+    }
+
+    /// Locks the in-memory state.
+    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        // A panic while holding the lock cannot leave the ledger half
+        // updated in a way later syncs cannot live with; keep serving.
+        self.ledger
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reads every quota change after the last one seen and applies them
+    /// at once (so a bulk apply never shows half), migrating the schema
+    /// first if this process has not yet. Returns how many quotas changed.
+    pub async fn reload(&self) -> Result<usize, StoreError> {
+        let mut cursor = self.reload_cursor.lock().await;
+        let result = self.read_changes(*cursor).await;
+        let (quotas, after, invalid) = match result {
+            Ok(read) => read,
+            Err(error) => {
+                self.health.db_failed(&error.to_string());
+                self.metrics.reload(false, 0, 0);
+                return Err(error);
+            }
+        };
+        let loaded = quotas.len();
+        let changed = self.ledger().load(quotas, self.now());
+        *cursor = after;
+        self.health.reloaded();
+        self.metrics.reload(true, loaded, invalid);
+        if changed > 0 {
+            tracing::debug!(changed, epoch = after.epoch, "quotas reloaded");
+        }
+        Ok(changed)
+    }
+
+    async fn read_changes(
+        &self,
+        mut after: QuotaCursor,
+    ) -> Result<(Vec<crate::core::Quota>, QuotaCursor, usize), StoreError> {
+        if !self.migrated.load(Ordering::Acquire) {
+            self.store.migrate().await?;
+            self.migrated.store(true, Ordering::Release);
+        }
+        let mut quotas = Vec::new();
+        let mut invalid = 0;
+        loop {
+            let page = self.store.load_after(after, LOAD_PAGE).await?;
+            let full = page.len() == LOAD_PAGE;
+            for row in page {
+                match row {
+                    Ok(quota) => {
+                        after = QuotaCursor {
+                            epoch: quota.epoch,
+                            id: quota.id,
+                        };
+                        quotas.push(quota);
+                    }
+                    Err((position, reason)) => {
+                        tracing::error!(id = position.id, reason, "skipping invalid quota row");
+                        after = position;
+                        invalid += 1;
+                    }
+                }
+            }
+            if !full {
+                return Ok((quotas, after, invalid));
+            }
+        }
+    }
+
+    /// Runs a database write: refused with 503 while the database is known
+    /// to be down or the root not ready, queued behind this root's other
+    /// writes, and followed by a reload so the reply reflects it.
+    pub async fn write<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = self.read_only(operation).await;
+        if result.is_ok() {
+            self.metrics.admin_write();
+            // A failed reload is logged by `reload`; the write stands.
+            let _ = self.reload().await;
+        }
+        result
+    }
+
+    /// Runs a database operation that changes nothing (a dry run) under
+    /// the same rules as [`Self::write`], without the reload.
+    pub async fn read_only<T>(
+        &self,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.check_writable()?;
+        let _gate = self.write_gate.lock().await;
+        let result = operation.await;
+        match &result {
+            Err(StoreError::Unavailable(reason)) => self.health.db_failed(reason),
+            Err(StoreError::Internal(_)) => {}
+            _ => self.health.db_ok(),
+        }
+        result
+    }
+
+    fn check_writable(&self) -> Result<(), StoreError> {
+        if !self.health.is_ready() {
+            return Err(StoreError::Unavailable(
+                "quotas not loaded yet since the root started".into(),
+            ));
+        }
+        if let Some(reason) = self.health.db_error() {
+            return Err(StoreError::Unavailable(reason));
+        }
+        Ok(())
+    }
+
+    /// What `/metrics` reads besides event counts.
+    pub fn scrape(&self) -> Scrape {
+        let now = self.now();
+        let (stats, active_limiters) = {
+            let ledger = self.ledger();
+            (
+                ledger.stats(),
+                ledger
+                    .limiters
+                    .active_since(now.saturating_sub(ACTIVE_WINDOW)),
+            )
+        };
+        Scrape {
+            stats,
+            active_limiters,
+            health: self.health.snapshot(),
+            instance: self.instance,
+            backend: self.store.backend().name(),
+        }
+    }
+}
+
+/// A random, non-zero id for this process (zero means "no root yet" on the
+/// wire). The standard library seeds `RandomState` from the OS.
+fn new_instance_id() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(crate::clock::now());
+    hasher.write_u32(std::process::id());
+    hasher.finish().max(1)
+}
