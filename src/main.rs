@@ -1,5 +1,135 @@
-//! The `sluice` binary (being written).
-fn main() {
-    eprintln!("sluice: the root server is not built yet");
-    std::process::exit(2);
+//! The `sluice` binary.
+//!
+//! - `sluice root` — run a quota root ([`sluice::root`]).
+//! - `sluice quota list|get|set|delete|apply` — administer quotas on a root
+//!   (`cli/`).
+//! - `sluice sim` — the cluster simulator (`sluice::sim`, cargo feature
+//!   `sim`).
+//!
+//! Thin on purpose: parse flags, set up logging, hand over.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice::root::{RootArgs, RootConfig};
+
+/// A distributed rate limiter that decides locally.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version)]
+struct Cli {
+    /// Log line format (logs go to stderr; RUST_LOG filters them, default
+    /// info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a quota root: database, sync endpoint, admin API, metrics.
+    Root(RootArgs),
+    /// Administer quotas on a root.
+    Quota(cli::QuotaArgs),
+    /// Simulate a cluster of limiters and roots from scenario files.
+    #[cfg(feature = "sim")]
+    Sim(sluice::sim::SimArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    match args.command {
+        Command::Root(root) => {
+            init_logging(args.log_format, "info");
+            run_root(&root)
+        }
+        Command::Quota(quota) => {
+            init_logging(args.log_format, "warn");
+            cli::run(quota)
+        }
+        #[cfg(feature = "sim")]
+        Command::Sim(sim) => match sluice::sim::run(&sim) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice sim: {error}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn init_logging(format: LogFormat, default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn run_root(args: &RootArgs) -> ExitCode {
+    let config = match RootConfig::load(args) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("sluice root: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sluice root: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sluice::root::bind_and_run(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "quota root failed");
+            eprintln!("sluice root: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let terminate = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the root");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot watch SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = interrupt => tracing::info!("SIGINT received"),
+        _ = terminate => tracing::info!("SIGTERM received"),
+    }
 }

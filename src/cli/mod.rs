@@ -1,0 +1,536 @@
+//! `sluice quota ...`: the admin CLI, a thin client of the root's admin API.
+//!
+//! Tables by default, the root's JSON with `--json`; on failure one line
+//! `sluice: <reason>` on stderr and exit status 1.
+//!
+//! - `client.rs` — HTTP requests and error lines.
+//! - `output.rs` — tables and number formatting.
+
+mod client;
+mod output;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Map, Value};
+
+use sluice::root::config::parse_duration;
+
+use client::{CliError, Client, Reply};
+use output::{number, text, Table};
+
+/// `sluice quota` and its shared flags.
+#[derive(Debug, clap::Args)]
+pub struct QuotaArgs {
+    /// Base URL of the root.
+    #[arg(
+        long,
+        env = "SLUICE_ROOT",
+        default_value = "http://127.0.0.1:7070",
+        global = true
+    )]
+    root: String,
+    /// Admin token.
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
+    /// File holding the admin token (used when --token is not given).
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_TOKEN_FILE",
+        value_name = "FILE",
+        global = true
+    )]
+    token_file: Option<PathBuf>,
+    /// Print the root's JSON replies instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Give up on the root after this long.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, global = true)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: QuotaCommand,
+}
+
+/// The quota commands.
+#[derive(Debug, clap::Subcommand)]
+enum QuotaCommand {
+    /// List quotas in name order.
+    List {
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Start after this name.
+        #[arg(long)]
+        after: Option<String>,
+        /// Quotas per page.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Fetch every page, not just the first.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one quota with its live level, fill rate and recent limiters.
+    Get {
+        /// Quota name.
+        name: String,
+    },
+    /// Create a quota or change one; options not given keep their current
+    /// values (a new quota needs --limit).
+    Set {
+        /// Quota name.
+        name: String,
+        /// Leak rate, units per second.
+        #[arg(long, allow_negative_numbers = true)]
+        limit: Option<f64>,
+        /// Level up to which everything passes [new quota: the limit].
+        #[arg(long, allow_negative_numbers = true)]
+        low_burst: Option<f64>,
+        /// Level from which everything is rejected [new quota: low burst].
+        #[arg(long, allow_negative_numbers = true)]
+        high_burst: Option<f64>,
+        /// Parent quota's name.
+        #[arg(long, conflicts_with = "no_parent")]
+        parent: Option<String>,
+        /// Make the quota top-level.
+        #[arg(long)]
+        no_parent: bool,
+    },
+    /// Delete a quota (refused while it has children).
+    Delete {
+        /// Quota name.
+        name: String,
+    },
+    /// Apply a quota file (JSON; TOML when the name ends in .toml) in one
+    /// transaction.
+    Apply {
+        /// The quota file: {"quotas": [...]} or a bare array.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+        /// Show what would change, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also delete quotas missing from the file.
+        #[arg(long)]
+        prune: bool,
+    },
+}
+
+/// Runs a quota command; prints the result or one error line.
+pub fn run(args: QuotaArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&CliError::new(format!("cannot start the runtime: {e}"))),
+    };
+    match runtime.block_on(execute(args)) {
+        Ok(output) => {
+            print!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(&error),
+    }
+}
+
+fn fail(error: &CliError) -> ExitCode {
+    eprintln!("sluice: {error}");
+    ExitCode::FAILURE
+}
+
+async fn execute(args: QuotaArgs) -> Result<String, CliError> {
+    let token = token(&args)?;
+    let client = Client::new(&args.root, token, args.timeout)?;
+    let json = args.json;
+    match args.command {
+        QuotaCommand::List {
+            prefix,
+            after,
+            limit,
+            all,
+        } => list(&client, &prefix, after, limit, all, json).await,
+        QuotaCommand::Get { name } => {
+            let reply = client
+                .send(Method::GET, client.url("v1/quotas", &[&name], &[]), None)
+                .await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                show_quota(&reply.body)
+            })
+        }
+        QuotaCommand::Set {
+            name,
+            limit,
+            low_burst,
+            high_burst,
+            parent,
+            no_parent,
+        } => {
+            let parent = if no_parent {
+                Some(None)
+            } else {
+                parent.map(Some)
+            };
+            let change = Change {
+                limit,
+                low_burst,
+                high_burst,
+                parent,
+            };
+            set(&client, &name, change, json).await
+        }
+        QuotaCommand::Delete { name } => {
+            let url = client.url("v1/quotas", &[&name], &[]);
+            let reply = client.send(Method::DELETE, url, None).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                format!("deleted {name} (epoch {})\n", number(&reply.body["epoch"]))
+            })
+        }
+        QuotaCommand::Apply {
+            file,
+            dry_run,
+            prune,
+        } => apply(&client, &file, dry_run, prune, json).await,
+    }
+}
+
+/// The token from --token (or its env var), else from --token-file.
+fn token(args: &QuotaArgs) -> Result<Option<String>, CliError> {
+    if let Some(token) = &args.token {
+        return Ok(Some(token.trim().to_string()));
+    }
+    let Some(path) = &args.token_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::new(format!("cannot read token file {}: {e}", path.display())))?;
+    Ok(Some(text.trim().to_string()))
+}
+
+fn to_json(value: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+async fn list(
+    client: &Client,
+    prefix: &str,
+    mut after: Option<String>,
+    limit: usize,
+    all: bool,
+    json: bool,
+) -> Result<String, CliError> {
+    let limit = limit.to_string();
+    let mut quotas: Vec<Value> = Vec::new();
+    let next = loop {
+        let query = [
+            ("prefix", Some(prefix)),
+            ("after", after.as_deref()),
+            ("limit", Some(limit.as_str())),
+        ];
+        let reply = client
+            .send(Method::GET, client.url("v1/quotas", &[], &query), None)
+            .await?;
+        if let Some(page) = reply.body["quotas"].as_array() {
+            quotas.extend(page.iter().cloned());
+        }
+        let next = reply.body["next"].as_str().map(str::to_string);
+        match next {
+            Some(name) if all => after = Some(name),
+            other => break other,
+        }
+    };
+    if json {
+        return Ok(to_json(&json!({ "quotas": quotas, "next": next })));
+    }
+    let mut table = Table::new(&["NAME", "PARENT", "LIMIT", "LOW", "HIGH", "LEVEL", "EPOCH"]);
+    for q in &quotas {
+        table.row(vec![
+            text(&q["name"]),
+            text(&q["parent"]),
+            number(&q["limit"]),
+            number(&q["low_burst"]),
+            number(&q["high_burst"]),
+            number(&q["level"]),
+            number(&q["epoch"]),
+        ]);
+    }
+    let mut out = table.render();
+    if let Some(next) = next {
+        out.push_str(&format!("(more: --after {next}, or --all)\n"));
+    }
+    Ok(out)
+}
+
+fn show_quota(q: &Value) -> String {
+    let mut table = Table::new(&["FIELD", "VALUE"]);
+    let fields = [
+        ("name", text(&q["name"])),
+        ("id", number(&q["id"])),
+        ("parent", text(&q["parent"])),
+        ("limit", number(&q["limit"])),
+        ("low_burst", number(&q["low_burst"])),
+        ("high_burst", number(&q["high_burst"])),
+        ("epoch", number(&q["epoch"])),
+        ("level", number(&q["level"])),
+        ("fill_rate", number(&q["fill_rate"])),
+    ];
+    for (field, value) in fields {
+        table.row(vec![field.to_string(), value]);
+    }
+    let mut out = table.render();
+    let limiters = q["limiters"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if !limiters.is_empty() {
+        let mut seen = Table::new(&["LIMITER", "SECONDS AGO"]);
+        for l in limiters {
+            seen.row(vec![text(&l["limiter"]), number(&l["seconds_ago"])]);
+        }
+        out.push('\n');
+        out.push_str(&seen.render());
+    }
+    out
+}
+
+/// What `set` changes; `None` keeps the current value.
+#[derive(Debug)]
+struct Change {
+    limit: Option<f64>,
+    low_burst: Option<f64>,
+    high_burst: Option<f64>,
+    /// `Some(None)` makes the quota top-level.
+    parent: Option<Option<String>>,
+}
+
+async fn set(client: &Client, name: &str, change: Change, json: bool) -> Result<String, CliError> {
+    let url = client.url("v1/quotas", &[name], &[]);
+    let current = match client.send(Method::GET, url.clone(), None).await {
+        Ok(reply) => Some(reply.body),
+        Err(e) if e.status == Some(StatusCode::NOT_FOUND) => None,
+        Err(e) => return Err(e),
+    };
+    let body = merge_change(name, current.as_ref(), &change)?;
+    let payload = serde_json::to_vec(&body).map_err(CliError::new)?;
+    let Reply { status, body } = client.send(Method::PUT, url, Some(payload)).await?;
+    if json {
+        return Ok(to_json(&body));
+    }
+    let verb = match (status, body["changed"].as_bool()) {
+        (StatusCode::CREATED, _) => "created",
+        (_, Some(false)) => "unchanged",
+        _ => "updated",
+    };
+    Ok(format!(
+        "{verb} {name} (epoch {})\n",
+        number(&body["epoch"])
+    ))
+}
+
+/// The PUT body: the current quota (if any) with `change` applied.
+fn merge_change(name: &str, current: Option<&Value>, change: &Change) -> Result<Value, CliError> {
+    let mut body = Map::new();
+    let limit = change
+        .limit
+        .or_else(|| current.and_then(|c| c["limit"].as_f64()))
+        .ok_or_else(|| {
+            CliError::new(format!(
+                "quota {name:?} does not exist yet: --limit is required to create it"
+            ))
+        })?;
+    body.insert("limit".into(), json!(limit));
+    let keep = |field: &str| current.and_then(|c| c[field].as_f64());
+    if let Some(low) = change.low_burst.or_else(|| keep("low_burst")) {
+        body.insert("low_burst".into(), json!(low));
+    }
+    if let Some(high) = change.high_burst.or_else(|| keep("high_burst")) {
+        body.insert("high_burst".into(), json!(high));
+    }
+    let parent = match &change.parent {
+        Some(parent) => parent.clone(),
+        None => current.and_then(|c| c["parent"].as_str().map(str::to_string)),
+    };
+    body.insert("parent".into(), json!(parent));
+    Ok(Value::Object(body))
+}
+
+async fn apply(
+    client: &Client,
+    file: &Path,
+    dry_run: bool,
+    prune: bool,
+    json: bool,
+) -> Result<String, CliError> {
+    let payload = read_quota_file(file)?;
+    let flag = |on: bool| Some(if on { "true" } else { "false" });
+    let url = client.url(
+        "v1/apply",
+        &[],
+        &[("dry_run", flag(dry_run)), ("prune", flag(prune))],
+    );
+    let reply = client.send(Method::POST, url, Some(payload)).await?;
+    Ok(if json {
+        to_json(&reply.body)
+    } else {
+        show_diff(&reply.body)
+    })
+}
+
+/// The quota file as JSON bytes (TOML files converted).
+fn read_quota_file(file: &Path) -> Result<Vec<u8>, CliError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::new(format!("cannot read {}: {e}", file.display())))?;
+    if file.extension().is_some_and(|e| e == "toml") {
+        let value: toml::Value = toml::from_str(&text)
+            .map_err(|e| CliError::new(format!("{}: {}", file.display(), e.message())))?;
+        return serde_json::to_vec(&value).map_err(CliError::new);
+    }
+    Ok(text.into_bytes())
+}
+
+fn show_diff(reply: &Value) -> String {
+    let counts = &reply["counts"];
+    let dry = reply["dry_run"].as_bool().unwrap_or(false);
+    let mut out = String::new();
+    let names = |key: &str| -> Vec<String> {
+        reply[key]
+            .as_array()
+            .map(|a| a.iter().map(text).collect())
+            .unwrap_or_default()
+    };
+    for name in names("created") {
+        out.push_str(&format!("+ {name}\n"));
+    }
+    for update in reply["updated"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let changes: Vec<String> = update["changes"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} -> {}",
+                    text(&c["field"]),
+                    shown(&c["from"]),
+                    shown(&c["to"])
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "~ {}: {}\n",
+            text(&update["name"]),
+            changes.join(", ")
+        ));
+    }
+    for name in names("deleted") {
+        out.push_str(&format!("- {name}\n"));
+    }
+    if reply["truncated"].as_bool() == Some(true) {
+        out.push_str("(lists cut short; see --json for the counts)\n");
+    }
+    let summary = format!(
+        "{} created, {} updated, {} deleted, {} unchanged",
+        number(&counts["created"]),
+        number(&counts["updated"]),
+        number(&counts["deleted"]),
+        number(&counts["unchanged"])
+    );
+    let line = match (dry, reply["epoch"].as_u64()) {
+        (true, _) => format!("dry run: would have {summary}\n"),
+        (false, Some(epoch)) => format!("applied at epoch {epoch}: {summary}\n"),
+        (false, None) => format!("nothing to change: {summary}\n"),
+    };
+    out.push_str(&line);
+    out
+}
+
+fn shown(value: &Value) -> String {
+    match value {
+        Value::Number(_) => number(value),
+        Value::String(s) => s.clone(),
+        _ => "none".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_keeps_what_is_not_given_and_can_detach() {
+        let current = json!({"limit": 10.0, "low_burst": 20.0, "high_burst": 30.0, "parent": "p"});
+        let change = Change {
+            limit: Some(5.0),
+            low_burst: None,
+            high_burst: None,
+            parent: None,
+        };
+        let body = merge_change("q", Some(&current), &change).unwrap();
+        assert_eq!(
+            body,
+            json!({"limit": 5.0, "low_burst": 20.0, "high_burst": 30.0, "parent": "p"})
+        );
+        let detach = Change {
+            limit: None,
+            low_burst: None,
+            high_burst: None,
+            parent: Some(None),
+        };
+        assert_eq!(
+            merge_change("q", Some(&current), &detach).unwrap()["parent"],
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn set_needs_a_limit_for_a_new_quota() {
+        let change = Change {
+            limit: None,
+            low_burst: Some(1.0),
+            high_burst: None,
+            parent: None,
+        };
+        assert!(merge_change("q", None, &change)
+            .unwrap_err()
+            .message
+            .contains("--limit"));
+        let change = Change {
+            limit: Some(3.0),
+            ..change
+        };
+        assert_eq!(
+            merge_change("q", None, &change).unwrap(),
+            json!({"limit": 3.0, "low_burst": 1.0, "parent": null})
+        );
+    }
+
+    #[test]
+    fn diffs_read_as_plus_tilde_minus() {
+        let reply = json!({
+            "dry_run": true, "epoch": null,
+            "counts": {"created": 1, "updated": 1, "deleted": 1, "unchanged": 2},
+            "created": ["a"], "deleted": ["c"], "truncated": false,
+            "updated": [{"name": "b", "changes": [{"field": "limit", "from": 1.0, "to": 2.0}]}],
+        });
+        assert_eq!(
+            show_diff(&reply),
+            "+ a\n~ b: limit 1 -> 2\n- c\ndry run: would have 1 created, 1 updated, 1 deleted, 2 unchanged\n"
+        );
+    }
+}
