@@ -1,0 +1,607 @@
+//! The admin API over real HTTP, on SQLite and on PostgreSQL.
+
+#[macro_use]
+mod root_support;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use root_support::{
+    config, config_with_tokens, quota, Db, Limiter, TestRoot, ADMIN_TOKEN, SYNC_TOKEN,
+};
+
+on_both_backends!(
+    quotas_are_created_read_updated_listed_and_deleted,
+    an_identical_put_changes_nothing,
+    validation_errors_name_the_field,
+    admin_and_sync_need_their_own_tokens,
+    a_quota_with_children_cannot_be_deleted,
+    deletions_travel_as_tombstones_and_names_can_be_reused,
+    reparenting_moves_a_subtree_within_the_depth_limit,
+    cycles_and_chains_deeper_than_eight_are_rejected,
+    listing_pages_by_name_and_prefix,
+    apply_dry_run_reports_the_diff_and_writes_nothing,
+    apply_is_all_or_nothing,
+    apply_with_prune_deletes_quotas_missing_from_the_set,
+    apply_writes_one_epoch_with_parents_first,
+    oversized_and_malformed_bodies_get_json_errors,
+);
+
+fn names(list: &Value) -> Vec<&str> {
+    list["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect()
+}
+
+fn error_field(reply: &Value) -> Option<&str> {
+    reply["error"]["field"].as_str()
+}
+
+async fn epoch(root: &TestRoot) -> u64 {
+    let (_, health) = root.request(Method::GET, "/healthz", None, None).await;
+    health["epoch"].as_u64().unwrap()
+}
+
+async fn quotas_are_created_read_updated_listed_and_deleted(db: Db) {
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    let (status, created) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/s3_photos",
+            Some(quota(100.0, 100.0, 200.0, None)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["changed"], true);
+    assert_eq!(created["quota"]["high_burst"], 200.0);
+    let first_epoch = created["epoch"].as_u64().unwrap();
+
+    // Bursts default to the limit.
+    root.put(
+        "s3_photos_read",
+        json!({"limit": 80, "parent": "s3_photos"}),
+    )
+    .await;
+    let (status, read) = root.get("s3_photos_read").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(read["parent"], "s3_photos");
+    assert_eq!(
+        (read["low_burst"].as_f64(), read["high_burst"].as_f64()),
+        (Some(80.0), Some(80.0))
+    );
+    assert_eq!(read["level"], 0.0);
+    assert!(read["epoch"].as_u64().unwrap() > first_epoch);
+
+    let (status, updated) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/s3_photos_read",
+            Some(quota(90.0, 90.0, 180.0, Some("s3_photos"))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(updated["quota"]["limit"], 90.0);
+    assert!(updated["epoch"].as_u64().unwrap() > read["epoch"].as_u64().unwrap());
+
+    let (_, list) = root.admin(Method::GET, "/v1/quotas", None).await;
+    assert_eq!(names(&list), ["s3_photos", "s3_photos_read"]);
+
+    let (status, deleted) = root
+        .admin(Method::DELETE, "/v1/quotas/s3_photos_read", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deleted}");
+    assert_eq!(root.get("s3_photos_read").await.0, StatusCode::NOT_FOUND);
+    let (_, list) = root.admin(Method::GET, "/v1/quotas", None).await;
+    assert_eq!(names(&list), ["s3_photos"]);
+    let (status, again) = root
+        .admin(Method::DELETE, "/v1/quotas/s3_photos_read", None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error_field(&again), Some("name"));
+    root.stop().await;
+}
+
+async fn an_identical_put_changes_nothing(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    let first = root.put("q", quota(10.0, 10.0, 20.0, None)).await;
+    let (status, second) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/q",
+            Some(quota(10.0, 10.0, 20.0, None)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(second["changed"], false);
+    assert_eq!(second["epoch"], first["epoch"]);
+    assert_eq!(epoch(&root).await, first["epoch"].as_u64().unwrap());
+    root.stop().await;
+}
+
+async fn validation_errors_name_the_field(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("base", quota(1.0, 1.0, 1.0, None)).await;
+    let long = "x".repeat(256);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("a%20b", json!({"limit": 1}), "name"),
+        ("caf%C3%A9", json!({"limit": 1}), "name"),
+        (&long, json!({"limit": 1}), "name"),
+        ("q", json!({"limit": -1}), "limit"),
+        ("q", json!({"limit": 1e16}), "limit"),
+        ("q", json!({"limit": "ten"}), "limit"),
+        ("q", json!({}), "limit"),
+        ("q", json!({"limit": 1, "low_burst": -1}), "low_burst"),
+        (
+            "q",
+            json!({"limit": 1, "low_burst": 0, "high_burst": -5}),
+            "high_burst",
+        ),
+        (
+            "q",
+            json!({"limit": 1, "low_burst": 5, "high_burst": 2}),
+            "low_burst",
+        ),
+        ("q", json!({"limit": 1, "parent": "missing"}), "parent"),
+        ("q", json!({"limit": 1, "parent": "q"}), "parent"),
+        ("q", json!({"limit": 1, "parent": "bad name"}), "parent"),
+        ("q", json!({"limit": 1, "limt": 2}), "limt"),
+    ];
+    for (name, body, field) in cases {
+        let (status, reply) = root
+            .admin(
+                Method::PUT,
+                &format!("/v1/quotas/{name}"),
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{name} {body}: {reply}");
+        assert_eq!(error_field(&reply), Some(field), "{name} {body}: {reply}");
+        assert!(!reply["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let (_, list) = root.admin(Method::GET, "/v1/quotas", None).await;
+    assert_eq!(names(&list), ["base"]);
+    root.stop().await;
+}
+
+async fn admin_and_sync_need_their_own_tokens(db: Db) {
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    for token in [None, Some("wrong"), Some(SYNC_TOKEN)] {
+        let (status, reply) = root.request(Method::GET, "/v1/quotas", token, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
+        assert!(reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("admin"));
+        let body = serde_json::to_vec(&json!({"limit": 1})).unwrap();
+        let (status, _) = root
+            .request(Method::PUT, "/v1/quotas/q", token, Some(body))
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    let sync = serde_json::to_vec(&Limiter::new("h").request(&[])).unwrap();
+    for token in [None, Some("wrong"), Some(ADMIN_TOKEN)] {
+        let (status, _) = root
+            .request(Method::POST, "/v1/sync", token, Some(sync.clone()))
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
+    }
+    let (status, _) = root
+        .request(Method::POST, "/v1/sync", Some(SYNC_TOKEN), Some(sync))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        root.admin(Method::GET, "/v1/quotas", None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        root.request(Method::GET, "/healthz", None, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(root.get("nothing").await.0, StatusCode::NOT_FOUND);
+    let unauthorized =
+        root.metric("sluice_root_rejected_requests_total{api=\"admin\",reason=\"unauthorized\"}");
+    assert_eq!(unauthorized.await, Some(6.0));
+    assert_eq!(
+        root.metric("sluice_root_syncs_total{result=\"unauthorized\"}")
+            .await,
+        Some(3.0)
+    );
+    root.stop().await;
+}
+
+async fn a_quota_with_children_cannot_be_deleted(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("parent", quota(10.0, 10.0, 10.0, None)).await;
+    root.put("child", quota(5.0, 5.0, 5.0, Some("parent")))
+        .await;
+    let (status, reply) = root.admin(Method::DELETE, "/v1/quotas/parent", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reply}");
+    assert_eq!(error_field(&reply), Some("name"));
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("child"));
+    assert_eq!(root.get("parent").await.0, StatusCode::OK);
+    root.admin(Method::DELETE, "/v1/quotas/child", None).await;
+    assert_eq!(
+        root.admin(Method::DELETE, "/v1/quotas/parent", None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    root.stop().await;
+}
+
+async fn deletions_travel_as_tombstones_and_names_can_be_reused(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(10.0, 10.0, 10.0, None)).await;
+    let mut limiter = Limiter::new("host-1");
+    limiter.catch_up(&root).await;
+    let id = limiter.id_of("q").unwrap();
+
+    root.admin(Method::DELETE, "/v1/quotas/q", None).await;
+    let reply = limiter.sync(&root, &[]).await;
+    let tombstone = &reply["quotas"][0];
+    assert_eq!(
+        (tombstone["id"].as_u64(), &tombstone["deleted"]),
+        (Some(id), &json!(true))
+    );
+    assert_eq!(reply["quotas"].as_array().unwrap().len(), 1);
+    assert!(limiter.id_of("q").is_none());
+
+    // Setting the name again revives the same id at a newer epoch.
+    root.put("q", quota(20.0, 20.0, 20.0, None)).await;
+    let reply = limiter.sync(&root, &[]).await;
+    let revived = &reply["quotas"][0];
+    assert_eq!(
+        (revived["id"].as_u64(), &revived["deleted"]),
+        (Some(id), &json!(false))
+    );
+    assert!(revived["epoch"].as_u64() > tombstone["epoch"].as_u64());
+    assert_eq!(revived["limit"], 20.0);
+
+    // A fresh limiter gets the current state of every id.
+    let mut fresh = Limiter::new("host-2");
+    fresh.catch_up(&root).await;
+    assert_eq!(fresh.id_of("q"), Some(id));
+    root.stop().await;
+}
+
+async fn reparenting_moves_a_subtree_within_the_depth_limit(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    // d1 <- d2 <- ... <- d7: d7 is seven deep.
+    root.put("d1", quota(1.0, 1.0, 1.0, None)).await;
+    for i in 2..=7 {
+        root.put(
+            &format!("d{i}"),
+            quota(1.0, 1.0, 1.0, Some(&format!("d{}", i - 1))),
+        )
+        .await;
+    }
+    root.put("sub", quota(1.0, 1.0, 1.0, None)).await;
+    root.put("sub_child", quota(1.0, 1.0, 1.0, Some("sub")))
+        .await;
+
+    // Under d7, sub would be 8 deep and sub_child 9.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/sub",
+            Some(quota(1.0, 1.0, 1.0, Some("d7"))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(error_field(&reply), Some("parent"));
+    assert_eq!(root.get("sub").await.1["parent"], Value::Null);
+
+    // Under d6 the whole subtree fits in eight levels.
+    root.put("sub", quota(1.0, 1.0, 1.0, Some("d6"))).await;
+    assert_eq!(root.get("sub").await.1["parent"], "d6");
+    assert_eq!(root.get("sub_child").await.1["parent"], "sub");
+
+    // Back to the top.
+    root.put("sub", quota(1.0, 1.0, 1.0, None)).await;
+    assert_eq!(root.get("sub").await.1["parent"], Value::Null);
+    root.stop().await;
+}
+
+async fn cycles_and_chains_deeper_than_eight_are_rejected(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("a", quota(1.0, 1.0, 1.0, None)).await;
+    root.put("b", quota(1.0, 1.0, 1.0, Some("a"))).await;
+    root.put("c", quota(1.0, 1.0, 1.0, Some("b"))).await;
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/a",
+            Some(quota(1.0, 1.0, 1.0, Some("c"))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(error_field(&reply), Some("parent"));
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("loops"),
+        "{reply}"
+    );
+
+    for i in 4..=8 {
+        let parent = if i == 4 {
+            "c".to_string()
+        } else {
+            format!("n{}", i - 1)
+        };
+        root.put(&format!("n{i}"), quota(1.0, 1.0, 1.0, Some(&parent)))
+            .await;
+    }
+    // a b c n4 .. n8 is eight deep; a ninth level is refused.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/n9",
+            Some(quota(1.0, 1.0, 1.0, Some("n8"))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error_field(&reply), Some("parent"));
+    root.stop().await;
+}
+
+async fn listing_pages_by_name_and_prefix(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    for name in ["s3_e", "s3_a", "t_a", "s3_c", "s3_b", "s3_d", "r_a"] {
+        root.put(name, quota(1.0, 1.0, 1.0, None)).await;
+    }
+    let (_, page) = root
+        .admin(Method::GET, "/v1/quotas?prefix=s3_&limit=2", None)
+        .await;
+    assert_eq!(
+        (names(&page), &page["next"]),
+        (vec!["s3_a", "s3_b"], &json!("s3_b"))
+    );
+    let (_, page) = root
+        .admin(
+            Method::GET,
+            "/v1/quotas?prefix=s3_&limit=2&after=s3_b",
+            None,
+        )
+        .await;
+    assert_eq!(names(&page), ["s3_c", "s3_d"]);
+    let (_, page) = root
+        .admin(
+            Method::GET,
+            "/v1/quotas?prefix=s3_&limit=2&after=s3_d",
+            None,
+        )
+        .await;
+    assert_eq!((names(&page), &page["next"]), (vec!["s3_e"], &Value::Null));
+    let (_, all) = root.admin(Method::GET, "/v1/quotas", None).await;
+    assert_eq!(names(&all).len(), 7);
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=10001", "limit"),
+        ("prefix=a%20b", "prefix"),
+    ] {
+        let (status, reply) = root
+            .admin(Method::GET, &format!("/v1/quotas?{query}"), None)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(error_field(&reply), Some(field));
+    }
+    assert_eq!(
+        root.admin(Method::GET, "/v1/quotas?limit=x", None).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    root.stop().await;
+}
+
+async fn apply_set(root: &TestRoot, query: &str, set: Value) -> (StatusCode, Value) {
+    root.admin(Method::POST, &format!("/v1/apply?{query}"), Some(set))
+        .await
+}
+
+async fn apply_dry_run_reports_the_diff_and_writes_nothing(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("a", quota(1.0, 1.0, 1.0, None)).await;
+    root.put("b", quota(2.0, 2.0, 2.0, None)).await;
+    root.put("c", quota(3.0, 3.0, 3.0, None)).await;
+    let before = epoch(&root).await;
+    let set = json!({"quotas": [
+        {"name": "a", "limit": 1},
+        {"name": "b", "limit": 5, "parent": "a"},
+        {"name": "d", "limit": 4, "parent": "a"},
+    ]});
+    let (status, diff) = apply_set(&root, "dry_run=true&prune=true", set).await;
+    assert_eq!(status, StatusCode::OK, "{diff}");
+    assert_eq!(diff["dry_run"], true);
+    assert_eq!(diff["epoch"], Value::Null);
+    assert_eq!(
+        diff["counts"],
+        json!({"created": 1, "updated": 1, "deleted": 1, "unchanged": 1})
+    );
+    assert_eq!(diff["created"], json!(["d"]));
+    assert_eq!(diff["deleted"], json!(["c"]));
+    let changes = &diff["updated"][0];
+    assert_eq!(changes["name"], "b");
+    let fields: Vec<&str> = changes["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["parent", "limit", "low_burst", "high_burst"]);
+    assert_eq!(
+        changes["changes"][1],
+        json!({"field": "limit", "from": 2.0, "to": 5.0})
+    );
+
+    assert_eq!(epoch(&root).await, before);
+    assert_eq!(root.get("d").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(root.get("c").await.0, StatusCode::OK);
+    assert_eq!(root.get("b").await.1["limit"], 2.0);
+    root.stop().await;
+}
+
+async fn apply_is_all_or_nothing(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("p", quota(1.0, 1.0, 1.0, None)).await;
+    root.put("q", quota(1.0, 1.0, 1.0, Some("p"))).await;
+    let before = epoch(&root).await;
+    let bad_sets = [
+        (
+            json!([{"name": "x", "limit": 1}, {"name": "y", "limit": -1}]),
+            "limit",
+            Some("y"),
+        ),
+        (
+            json!([{"name": "x", "limit": 1}, {"name": "y", "limit": 1, "parent": "zz"}]),
+            "parent",
+            Some("y"),
+        ),
+        // Valid alone, but a cycle with the quotas already there.
+        (
+            json!([{"name": "x", "limit": 1}, {"name": "p", "limit": 1, "parent": "q"}]),
+            "parent",
+            None,
+        ),
+        (
+            json!([{"name": "x", "limit": 1}, {"name": "x", "limit": 2}]),
+            "name",
+            Some("x"),
+        ),
+        (
+            json!({"quotas": [{"name": "x", "limit": 1, "burst": 2}]}),
+            "quotas",
+            None,
+        ),
+    ];
+    for (set, field, quota_name) in bad_sets {
+        let (status, reply) = apply_set(&root, "", set.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{set}: {reply}");
+        assert_eq!(error_field(&reply), Some(field), "{set}: {reply}");
+        if let Some(name) = quota_name {
+            assert_eq!(reply["error"]["quota"], name, "{reply}");
+        }
+    }
+    assert_eq!(epoch(&root).await, before);
+    assert_eq!(root.get("x").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(root.get("p").await.1["parent"], Value::Null);
+    root.stop().await;
+}
+
+async fn apply_with_prune_deletes_quotas_missing_from_the_set(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    for name in ["a", "b", "c"] {
+        root.put(name, quota(1.0, 1.0, 1.0, None)).await;
+    }
+    let set = json!([{"name": "a", "limit": 1, "low_burst": 1, "high_burst": 1}, {"name": "b", "limit": 7}]);
+    let (status, reply) = apply_set(&root, "", set.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(
+        reply["counts"],
+        json!({"created": 0, "updated": 1, "deleted": 0, "unchanged": 1})
+    );
+    assert_eq!(root.get("c").await.0, StatusCode::OK);
+
+    let (_, reply) = apply_set(&root, "prune=true", set.clone()).await;
+    assert_eq!(reply["deleted"], json!(["c"]));
+    assert_eq!(root.get("c").await.0, StatusCode::NOT_FOUND);
+
+    // Applying the same set again changes nothing and takes no epoch.
+    let (_, reply) = apply_set(&root, "prune=true", set).await;
+    assert_eq!(reply["epoch"], Value::Null);
+    assert_eq!(reply["counts"]["unchanged"], 2);
+    root.stop().await;
+}
+
+async fn apply_writes_one_epoch_with_parents_first(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("old", quota(1.0, 1.0, 1.0, None)).await;
+    let mut limiter = Limiter::new("h");
+    limiter.catch_up(&root).await;
+    // Children before parents in the file, and an existing quota moved
+    // under a new one.
+    let set = json!({"quotas": [
+        {"name": "leaf", "parent": "mid", "limit": 1},
+        {"name": "mid", "parent": "top", "limit": 2},
+        {"name": "top", "limit": 3},
+        {"name": "old", "parent": "top", "limit": 1},
+    ]});
+    let (status, reply) = apply_set(&root, "", set).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["created"], json!(["top", "mid", "leaf"]));
+    let epoch = reply["epoch"].as_u64().unwrap();
+
+    let sync = limiter.sync(&root, &[]).await;
+    let quotas = sync["quotas"].as_array().unwrap();
+    assert_eq!(quotas.len(), 4);
+    assert!(quotas.iter().all(|q| q["epoch"] == epoch));
+    let id = |name: &str| limiter.id_of(name).unwrap();
+    assert!(id("top") < id("mid") && id("mid") < id("leaf"));
+    assert_eq!(limiter.quotas[&id("old")]["parent"], id("top"));
+    assert_eq!(root.get("leaf").await.1["parent"], "mid");
+    root.stop().await;
+}
+
+async fn oversized_and_malformed_bodies_get_json_errors(db: Db) {
+    let mut config = config(&db);
+    config.body_limits.admin = 512;
+    config.body_limits.sync = 4096;
+    config.body_limits.apply = 4096;
+    let root = TestRoot::start(config).await;
+
+    let huge = format!("{{\"limit\": 1, \"parent\": \"{}\"}}", "p".repeat(1000)).into_bytes();
+    let (status, reply) = root
+        .request(Method::PUT, "/v1/quotas/q", None, Some(huge))
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(reply["error"]["message"].is_string(), "{reply}");
+
+    let deltas: Vec<(u64, u64)> = (1..=1000).map(|i| (i, 1)).collect();
+    let (status, reply) = root.sync(&Limiter::new("h").request(&deltas)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(reply["error"].is_object());
+
+    let big_set: Vec<Value> = (0..200)
+        .map(|i| json!({"name": format!("q{i}"), "limit": 1}))
+        .collect();
+    assert_eq!(
+        apply_set(&root, "", json!(big_set)).await.0,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+
+    let malformed: [(&str, &[u8]); 4] = [
+        ("/v1/quotas/q", b"{\"limit\": "),
+        ("/v1/quotas/q", b"not json"),
+        ("/v1/sync", b"[1, 2]"),
+        ("/v1/apply", b"{\"quotas\": 5}"),
+    ];
+    for (path, body) in malformed {
+        let method = if path == "/v1/quotas/q" {
+            Method::PUT
+        } else {
+            Method::POST
+        };
+        let (status, reply) = root.request(method, path, None, Some(body.to_vec())).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{path} {}",
+            String::from_utf8_lossy(body)
+        );
+        assert!(reply["error"]["message"].is_string(), "{reply}");
+    }
+    let too_large =
+        root.metric("sluice_root_rejected_requests_total{api=\"sync\",reason=\"too_large\"}");
+    assert_eq!(too_large.await, Some(1.0));
+    assert_eq!(
+        root.request(Method::GET, "/v2/nothing", None, None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    root.stop().await;
+}

@@ -1,0 +1,270 @@
+//! The `sluice` binary: the quota CLI against a root, and `sluice root`
+//! itself (flags, graceful shutdown on SIGTERM).
+
+mod root_support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use root_support::{config_with_tokens, Db, TestRoot, ADMIN_TOKEN, PATIENCE};
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// Runs `sluice quota <args>` against `root` with the admin token in the
+/// environment.
+async fn quota(root: &TestRoot, args: &[&str]) -> Output {
+    let mut command = Command::new(SLUICE);
+    command.arg("quota").arg("--root").arg(&root.url).args(args);
+    command
+        .env("SLUICE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env_remove("SLUICE_ADMIN_TOKEN_FILE");
+    output(command).await
+}
+
+async fn output(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("run sluice"))
+        .await
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+/// The single stderr line of a failed command.
+fn failure(output: &Output) -> String {
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8(output.stderr.clone()).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("sluice: "), "{stderr}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_get_list_and_delete_print_tables_or_json() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    assert_eq!(
+        stdout(&quota(&root, &["set", "a", "--limit", "10"]).await),
+        "created a (epoch 1)\n"
+    );
+    let b = [
+        "set",
+        "b",
+        "--limit",
+        "5",
+        "--parent",
+        "a",
+        "--high-burst",
+        "20",
+    ];
+    assert_eq!(stdout(&quota(&root, &b).await), "created b (epoch 2)\n");
+
+    let list = stdout(&quota(&root, &["list"]).await);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["NAME", "PARENT", "LIMIT", "LOW", "HIGH", "LEVEL", "EPOCH"]
+    );
+    assert_eq!(
+        lines[2].split_whitespace().collect::<Vec<_>>(),
+        ["b", "a", "5", "5", "20", "0", "2"]
+    );
+
+    // Options not given keep their values.
+    assert_eq!(
+        stdout(&quota(&root, &["set", "b", "--limit", "6"]).await),
+        "updated b (epoch 3)\n"
+    );
+    let json: Value =
+        serde_json::from_str(&stdout(&quota(&root, &["--json", "get", "b"]).await)).unwrap();
+    assert_eq!(
+        (&json["parent"], &json["limit"], &json["high_burst"]),
+        (&"a".into(), &6.0.into(), &20.0.into())
+    );
+    assert_eq!(
+        stdout(&quota(&root, &["set", "b", "--limit", "6"]).await),
+        "unchanged b (epoch 3)\n"
+    );
+    let shown = stdout(&quota(&root, &["get", "b"]).await);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.split_whitespace().eq(["parent", "a"])),
+        "{shown}"
+    );
+
+    let page = stdout(&quota(&root, &["list", "--limit", "1"]).await);
+    assert!(page.contains("(more: --after a, or --all)"), "{page}");
+    let all = stdout(&quota(&root, &["list", "--limit", "1", "--all", "--json"]).await);
+    let all: Value = serde_json::from_str(&all).unwrap();
+    assert_eq!(all["quotas"].as_array().unwrap().len(), 2);
+
+    assert!(failure(&quota(&root, &["delete", "a"]).await).contains("409"));
+    assert_eq!(
+        stdout(&quota(&root, &["delete", "b"]).await),
+        "deleted b (epoch 4)\n"
+    );
+    assert!(failure(&quota(&root, &["get", "b"]).await).contains("404"));
+    root.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_reads_json_and_toml_and_dry_runs_change_nothing() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json_file = dir.path().join("quotas.json");
+    std::fs::write(
+        &json_file,
+        r#"{"quotas": [{"name": "s3", "limit": 100}, {"name": "s3_read", "parent": "s3", "limit": 80}]}"#,
+    )
+    .unwrap();
+    let file = json_file.to_str().unwrap();
+    let dry = stdout(&quota(&root, &["apply", "-f", file, "--dry-run"]).await);
+    assert_eq!(
+        dry,
+        "+ s3\n+ s3_read\ndry run: would have 2 created, 0 updated, 0 deleted, 0 unchanged\n"
+    );
+    assert!(failure(&quota(&root, &["get", "s3"]).await).contains("404"));
+    let applied = stdout(&quota(&root, &["apply", "-f", file]).await);
+    assert!(
+        applied.ends_with("applied at epoch 1: 2 created, 0 updated, 0 deleted, 0 unchanged\n"),
+        "{applied}"
+    );
+
+    let toml_file = dir.path().join("quotas.toml");
+    std::fs::write(&toml_file, "[[quotas]]\nname = \"s3\"\nlimit = 200\n").unwrap();
+    let toml = toml_file.to_str().unwrap();
+    let pruned = stdout(&quota(&root, &["apply", "-f", toml, "--prune"]).await);
+    assert!(
+        pruned.contains("~ s3: limit 100 -> 200, low_burst 100 -> 200, high_burst 100 -> 200\n"),
+        "{pruned}"
+    );
+    assert!(pruned.contains("- s3_read\n"), "{pruned}");
+    let again = stdout(&quota(&root, &["apply", "-f", toml, "--prune"]).await);
+    assert_eq!(
+        again,
+        "nothing to change: 0 created, 0 updated, 0 deleted, 1 unchanged\n"
+    );
+
+    std::fs::write(&json_file, r#"[{"name": "bad name", "limit": 1}]"#).unwrap();
+    let error = failure(&quota(&root, &["apply", "-f", file]).await);
+    assert!(error.contains("400") && error.contains("name"), "{error}");
+    root.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_exit_non_zero_with_one_line() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    let wrong = failure(&quota(&root, &["--token", "wrong", "list"]).await);
+    assert!(wrong.contains("401"), "{wrong}");
+    assert!(failure(&quota(&root, &["set", "new"]).await).contains("--limit is required"));
+    assert!(failure(&quota(&root, &["set", "x", "--limit", "-1"]).await).contains("limit"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{ADMIN_TOKEN}\n")).unwrap();
+    let mut command = Command::new(SLUICE);
+    command
+        .args(["quota", "--root", &root.url, "list"])
+        .arg("--token-file")
+        .arg(&token_file);
+    command.env_remove("SLUICE_ADMIN_TOKEN");
+    assert!(output(command).await.status.success());
+
+    let mut command = Command::new(SLUICE);
+    command.args([
+        "quota",
+        "--root",
+        "http://127.0.0.1:1",
+        "--timeout",
+        "5s",
+        "list",
+    ]);
+    let unreachable = failure(&output(command).await);
+    assert!(unreachable.contains("127.0.0.1:1"), "{unreachable}");
+    root.stop().await;
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_root_serves_and_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let db = format!("sqlite://{}/root.db", dir.path().display());
+    let mut child = Command::new(SLUICE)
+        .args([
+            "root",
+            "--listen",
+            &listen,
+            "--db",
+            &db,
+            "--reload-interval",
+            "100ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let root = TestRoot::attach(&format!("http://{listen}"));
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let up = root.http.get(format!("{}/healthz", root.url)).send().await;
+        if up.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sluice root did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    root.put("q", serde_json::json!({"limit": 1})).await;
+
+    // SAFETY: kill(2) with a child's pid and a valid signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        (status, stderr)
+    });
+    let (status, stderr) = tokio::time::timeout(PATIENCE, status)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(
+        stderr.contains("SIGTERM received") && stderr.contains("quota root stopped"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_root_refuses_an_open_admin_api_on_a_public_address() {
+    let mut command = Command::new(SLUICE);
+    command.args([
+        "root",
+        "--listen",
+        "0.0.0.0:7070",
+        "--db",
+        "sqlite:///nonexistent/x.db",
+    ]);
+    let out = output(command).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("admin token"));
+}

@@ -1,0 +1,180 @@
+//! Epoch ordering under concurrent writers: a reader that only ever asks
+//! for "epoch greater than the last one I saw" must miss nothing, on both
+//! backends, straight against the store and through two roots sharing one
+//! database.
+
+#[macro_use]
+mod root_support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use sluice::core::spec::QuotaSpec;
+use sluice::root::store::{PutOutcome, Store, StoreError};
+use sluice::wire::QuotaCursor;
+
+use root_support::{config, Db, Limiter, TestRoot};
+
+on_both_backends!(concurrent_writers_then_an_incremental_reader_miss_nothing);
+
+const WRITERS: usize = 8;
+const WRITES_EACH: usize = 25;
+
+/// `(epoch, limit)` per quota id.
+type Seen = BTreeMap<u64, (u64, f64)>;
+
+async fn read_after(store: &Store, cursor: &mut QuotaCursor, seen: &mut Seen) {
+    let rows = store.load_after(*cursor, 1000).await.expect("read");
+    for row in rows {
+        let quota = row.expect("valid row");
+        assert!(
+            (quota.epoch, quota.id) > (cursor.epoch, cursor.id),
+            "rows out of order"
+        );
+        *cursor = QuotaCursor {
+            epoch: quota.epoch,
+            id: quota.id,
+        };
+        seen.insert(quota.id, (quota.epoch, quota.limit));
+    }
+}
+
+/// Puts, retrying while the database is busy (SQLite has one writer; a
+/// client would retry the same way).
+async fn put_retrying(store: &Store, spec: &QuotaSpec) -> u64 {
+    loop {
+        match store.put(spec).await {
+            Ok(PutOutcome::Created(w) | PutOutcome::Updated(w)) => return w.epoch,
+            Ok(PutOutcome::Unchanged { .. }) => panic!("every write changes the limit"),
+            Err(StoreError::Unavailable(_)) => tokio::task::yield_now().await,
+            Err(e) => panic!("put: {e}"),
+        }
+    }
+}
+
+async fn concurrent_writers_then_an_incremental_reader_miss_nothing(db: Db) {
+    let store = Store::open(&db.url, Duration::from_secs(10), 16).unwrap();
+    store.migrate().await.unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (store, done) = (store.clone(), Arc::clone(&done));
+        async move {
+            let (mut cursor, mut seen) = (QuotaCursor::default(), Seen::new());
+            while !done.load(Ordering::Acquire) {
+                read_after(&store, &mut cursor, &mut seen).await;
+            }
+            // One last read after every writer has committed.
+            read_after(&store, &mut cursor, &mut seen).await;
+            seen
+        }
+    });
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut epochs = Vec::new();
+                for i in 0..WRITES_EACH {
+                    let spec = QuotaSpec {
+                        name: format!("w{w}_{}", i % 4),
+                        parent: None,
+                        limit: (i + 1) as f64,
+                        low_burst: None,
+                        high_burst: None,
+                    };
+                    epochs.push(put_retrying(&store, &spec).await);
+                }
+                epochs
+            })
+        })
+        .collect();
+    let mut epochs = HashSet::new();
+    for writer in writers {
+        for epoch in writer.await.unwrap() {
+            assert!(epochs.insert(epoch), "epoch {epoch} given twice");
+        }
+    }
+    done.store(true, Ordering::Release);
+    let seen = reader.await.unwrap();
+
+    // Every write got its own epoch, 1..=N without gaps.
+    assert_eq!(epochs.len(), WRITERS * WRITES_EACH);
+    assert_eq!(
+        epochs.iter().max().copied(),
+        Some((WRITERS * WRITES_EACH) as u64)
+    );
+    // The incremental reader ends with exactly the database's state.
+    let (mut cursor, mut truth) = (QuotaCursor::default(), Seen::new());
+    read_after(&store, &mut cursor, &mut truth).await;
+    assert_eq!(truth.len(), WRITERS * 4);
+    assert_eq!(seen, truth);
+    store.close().await;
+}
+
+/// Two roots on one PostgreSQL database take writes at the same time; a
+/// limiter syncing with one of them ends up with every quota as the
+/// database holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_roots_on_one_postgres_database_lose_no_write() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    let (one, two) = (
+        TestRoot::start(config(&db)).await,
+        TestRoot::start(config(&db)).await,
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let syncing = tokio::spawn({
+        let (url, done) = (one.url.clone(), Arc::clone(&done));
+        async move {
+            let root = TestRoot::attach(&url);
+            let mut limiter = Limiter::new("watcher");
+            while !done.load(Ordering::Acquire) {
+                limiter.sync(&root, &[]).await;
+            }
+            limiter
+        }
+    });
+    let writes: Vec<_> = (0..60)
+        .map(|i| {
+            let root = TestRoot::attach(if i % 2 == 0 { &one.url } else { &two.url });
+            let body = json!({"limit": i, "parent": null});
+            tokio::spawn(async move { root.put(&format!("q{}", i % 10), body).await })
+        })
+        .collect();
+    let mut replies: Vec<Value> = Vec::new();
+    for write in writes {
+        replies.push(write.await.unwrap());
+    }
+    let last_epoch = replies
+        .iter()
+        .filter_map(|r| r["epoch"].as_u64())
+        .max()
+        .unwrap();
+    // Wait until root one has reloaded everything, then a final sync.
+    root_support::eventually("root one reloaded the last write", || async {
+        let (_, health) = one.request(Method::GET, "/healthz", None, None).await;
+        health["epoch"].as_u64() >= Some(last_epoch)
+    })
+    .await;
+    done.store(true, Ordering::Release);
+    let mut limiter = syncing.await.unwrap();
+    limiter.catch_up(&one).await;
+
+    let (_, list) = two.admin(Method::GET, "/v1/quotas", None).await;
+    for quota in list["quotas"].as_array().unwrap() {
+        let id = quota["id"].as_u64().unwrap();
+        let held = &limiter.quotas[&id];
+        assert_eq!(
+            (&held["epoch"], &held["limit"]),
+            (&quota["epoch"], &quota["limit"]),
+            "{quota}"
+        );
+    }
+    assert_eq!(list["quotas"].as_array().unwrap().len(), 10);
+    one.stop().await;
+    two.stop().await;
+}

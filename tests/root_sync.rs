@@ -1,0 +1,248 @@
+//! The sync endpoint over real HTTP: counter math, paging, restarts, and
+//! refusing absurd input whole.
+
+#[macro_use]
+mod root_support;
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use root_support::{config, quota, Db, Limiter, TestRoot};
+
+on_both_backends!(
+    two_limiters_share_a_counter_and_a_restarted_root_starts_from_the_floor,
+    the_floor_rises_between_syncs,
+    deltas_for_unknown_and_deleted_quotas_are_ignored,
+    an_absurd_sync_is_rejected_whole,
+    a_fresh_limiter_pages_through_every_quota,
+    an_incremental_sync_carries_only_what_changed,
+    metrics_count_syncs_deltas_and_limiters,
+);
+
+fn counter_ids(reply: &Value) -> Vec<u64> {
+    reply["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect()
+}
+
+async fn two_limiters_share_a_counter_and_a_restarted_root_starts_from_the_floor(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    // Limit 0 leaks nothing, so every level is exact.
+    root.put("q", quota(0.0, 100.0, 200.0, None)).await;
+    let (mut a, mut b) = (Limiter::new("host-a"), Limiter::new("host-b"));
+    a.catch_up(&root).await;
+    b.catch_up(&root).await;
+    let id = a.id_of("q").unwrap();
+
+    a.sync(&root, &[(id, 50)]).await;
+    assert_eq!(a.levels[&id], 50.0);
+    b.sync(&root, &[(id, 30)]).await;
+    assert_eq!(b.levels[&id], 80.0);
+    a.sync(&root, &[]).await;
+    assert_eq!(a.levels[&id], 80.0);
+    let quiet = a.sync(&root, &[]).await;
+    assert!(counter_ids(&quiet).is_empty(), "{quiet}");
+    let old_instance = a.instance;
+    root.stop().await;
+
+    // The new root has forgotten the counters; the limiters' cursors stay
+    // valid (same database), their counter versions do not.
+    let root = TestRoot::start(config(&db)).await;
+    let reply = a.sync(&root, &[(id, 5)]).await;
+    assert_ne!(a.instance, old_instance);
+    assert!(reply["quotas"].as_array().unwrap().is_empty());
+    assert_eq!(a.levels[&id], 5.0);
+    b.sync(&root, &[(id, 7)]).await;
+    assert_eq!(b.levels[&id], 12.0);
+    a.sync(&root, &[]).await;
+    assert_eq!(a.levels[&id], 12.0);
+    root.stop().await;
+}
+
+async fn the_floor_rises_between_syncs(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(1000.0, 1e6, 1e6, None)).await;
+    let mut a = Limiter::new("a");
+    a.catch_up(&root).await;
+    let id = a.id_of("q").unwrap();
+    a.sync(&root, &[(id, 500)]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // At least 0.1 s at 1000/s has leaked: at most 500 - 100 + 1 remain.
+    let reply = a.sync(&root, &[(id, 1)]).await;
+    let level = reply["counters"][0]["level"].as_f64().unwrap();
+    assert!((1.0..=401.0).contains(&level), "{level}");
+    root.stop().await;
+}
+
+async fn deltas_for_unknown_and_deleted_quotas_are_ignored(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("kept", quota(0.0, 10.0, 10.0, None)).await;
+    root.put("gone", quota(0.0, 10.0, 10.0, None)).await;
+    let mut a = Limiter::new("a");
+    a.catch_up(&root).await;
+    let (kept, gone) = (a.id_of("kept").unwrap(), a.id_of("gone").unwrap());
+    root.admin(Method::DELETE, "/v1/quotas/gone", None).await;
+
+    let reply = a.sync(&root, &[(kept, 3), (gone, 4), (999_999, 5)]).await;
+    assert_eq!(counter_ids(&reply), [kept]);
+    assert_eq!(a.levels[&kept], 3.0);
+    assert_eq!(
+        root.metric("sluice_root_sync_deltas_ignored_total").await,
+        Some(2.0)
+    );
+    assert_eq!(
+        root.metric("sluice_root_sync_deltas_applied_total").await,
+        Some(1.0)
+    );
+    root.stop().await;
+}
+
+async fn an_absurd_sync_is_rejected_whole(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(0.0, 10.0, 10.0, None)).await;
+    let mut a = Limiter::new("a");
+    a.catch_up(&root).await;
+    let id = a.id_of("q").unwrap();
+    let too_big = (1u64 << 53) + 1;
+    let mut bad_id = a.request(&[(id, 1)]);
+    bad_id["limiter"] = json!("");
+    let invalid: Vec<(Value, &str)> = vec![
+        (bad_id, "limiter"),
+        (a.request(&[(id, 1), (id, too_big)]), "deltas[1].delta"),
+    ];
+    for (request, field) in invalid {
+        let (status, reply) = root.sync(&request).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{request}");
+        assert_eq!(reply["error"]["field"], field, "{reply}");
+    }
+    let malformed = [
+        r#"{"limiter": "a", "deltas": [{"id": 1, "delta": -1}]}"#,
+        r#"{"limiter": "a", "deltas": [{"id": 1, "delta": 1.5}]}"#,
+        r#"{"limiter": "a", "deltas": [{"id": 1, "delta": "NaN"}]}"#,
+        r#"{"limiter": "a", "deltas": [{"id": 1}]}"#,
+        r#"{"limiter": "a", "quotas_after": {"epoch": -1, "id": 0}}"#,
+        r#"{"limiter": "a", "extra": true}"#,
+        r#"{"deltas": []}"#,
+    ];
+    for body in malformed {
+        let (status, reply) = root
+            .request(
+                Method::POST,
+                "/v1/sync",
+                None,
+                Some(body.as_bytes().to_vec()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(reply["error"]["message"].is_string(), "{body}: {reply}");
+    }
+    // Nothing of the rejected requests was applied.
+    let fresh = Limiter::new("b").sync(&root, &[]).await;
+    assert!(counter_ids(&fresh).is_empty(), "{fresh}");
+    let rejected = root
+        .metric("sluice_root_syncs_total{result=\"rejected\"}")
+        .await;
+    assert_eq!(rejected, Some(9.0));
+    root.stop().await;
+}
+
+async fn a_fresh_limiter_pages_through_every_quota(db: Db) {
+    let mut config = config(&db);
+    config.sync_page_quotas = 3;
+    let root = TestRoot::start(config).await;
+    let set: Vec<Value> = (0..10)
+        .map(|i| json!({"name": format!("q{i}"), "limit": 0}))
+        .collect();
+    let (status, _) = root
+        .admin(Method::POST, "/v1/apply", Some(json!(set)))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut early = Limiter::new("early");
+    early.catch_up(&root).await;
+    early.sync(&root, &[(early.id_of("q9").unwrap(), 4)]).await;
+
+    let mut fresh = Limiter::new("fresh");
+    let mut pages = Vec::new();
+    loop {
+        let reply = fresh.sync(&root, &[]).await;
+        pages.push((
+            reply["quotas"].as_array().unwrap().len(),
+            counter_ids(&reply).len(),
+        ));
+        if reply["more_quotas"] == json!(false) {
+            break;
+        }
+    }
+    // Counters wait for the last page, where every quota is known.
+    assert_eq!(pages, [(3, 0), (3, 0), (3, 0), (1, 1)]);
+    assert_eq!(fresh.quotas.len(), 10);
+    assert_eq!(fresh.levels[&fresh.id_of("q9").unwrap()], 4.0);
+    root.stop().await;
+}
+
+async fn an_incremental_sync_carries_only_what_changed(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    for name in ["a", "b", "c"] {
+        root.put(name, quota(0.0, 10.0, 10.0, None)).await;
+    }
+    let (mut x, mut y) = (Limiter::new("x"), Limiter::new("y"));
+    x.catch_up(&root).await;
+    y.catch_up(&root).await;
+    let (a, b) = (x.id_of("a").unwrap(), x.id_of("b").unwrap());
+    x.sync(&root, &[(a, 1), (b, 1)]).await;
+    y.sync(&root, &[]).await;
+
+    root.put("c", quota(5.0, 10.0, 10.0, None)).await;
+    x.sync(&root, &[(b, 2)]).await;
+    let reply = y.sync(&root, &[]).await;
+    let quotas: Vec<&str> = reply["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(quotas, ["c"]);
+    assert_eq!(counter_ids(&reply), [b]);
+    assert_eq!(y.levels[&b], 3.0);
+    root.stop().await;
+}
+
+async fn metrics_count_syncs_deltas_and_limiters(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(0.0, 10.0, 10.0, None)).await;
+    let mut limiters: Vec<Limiter> = (0..3).map(|i| Limiter::new(&format!("h{i}"))).collect();
+    for limiter in &mut limiters {
+        limiter.catch_up(&root).await;
+        let id = limiter.id_of("q").unwrap();
+        limiter.sync(&root, &[(id, 2)]).await;
+    }
+    assert_eq!(
+        root.metric("sluice_root_syncs_total{result=\"ok\"}").await,
+        Some(6.0)
+    );
+    assert_eq!(
+        root.metric("sluice_root_sync_duration_seconds_count").await,
+        Some(6.0)
+    );
+    assert_eq!(root.metric("sluice_root_limiters_seen").await, Some(3.0));
+    assert_eq!(root.metric("sluice_root_limiters_active").await, Some(3.0));
+    assert_eq!(root.metric("sluice_root_counters").await, Some(1.0));
+    assert_eq!(root.metric("sluice_root_quotas").await, Some(1.0));
+    assert_eq!(root.metric("sluice_root_db_up").await, Some(1.0));
+    let (_, view) = root.get("q").await;
+    assert_eq!(view["level"], 6.0);
+    let mut seen: Vec<&str> = view["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["limiter"].as_str().unwrap())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["h0", "h1", "h2"]);
+    root.stop().await;
+}
