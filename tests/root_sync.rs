@@ -72,10 +72,11 @@ async fn the_floor_rises_between_syncs(db: Db) {
     let id = a.id_of("q").unwrap();
     a.sync(&root, &[(id, 500)]).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // At least 0.1 s at 1000/s has leaked: at most 500 - 100 + 1 remain.
+    // At least 0.1 s at 1000/s has leaked: at most 500 - 100 + 1 remain
+    // (give or take float rounding); without the leak it would be 501.
     let reply = a.sync(&root, &[(id, 1)]).await;
     let level = reply["counters"][0]["level"].as_f64().unwrap();
-    assert!((1.0..=401.0).contains(&level), "{level}");
+    assert!((1.0..=401.01).contains(&level), "{level}");
     root.stop().await;
 }
 

@@ -67,8 +67,10 @@ impl RootState {
     }
 
     /// The root clock: monotonic nanoseconds, the time base of counters.
+    /// The fine clock: a root reads it a few hundred times a second, and
+    /// limiters estimate their offset to it from round trips.
     pub fn now(&self) -> Nanos {
-        crate::clock::now()
+        crate::clock::now_precise()
     }
 
     /// Locks the in-memory state.
