@@ -202,12 +202,15 @@ impl<'a> Sim<'a> {
             .map(|l| checked.quota_index(&l.quota).unwrap_or(0))
             .collect();
         let mut net_rng = stream(options.seed, 2);
-        let roots = (0..if s.local_limits { 0 } else { s.roots })
-            .map(|_| SimRoot::new(&quotas, net_rng.next_u64() | 1))
-            .collect();
-        let root_offsets = (0..s.roots)
+        let root_offsets: Vec<i64> = (0..s.roots)
             .map(|_| (net_rng.next_unit() * 2.0 - 1.0) * ROOT_CLOCK_SPREAD as f64)
             .map(|o| o as i64)
+            .collect();
+        let roots = (0..if s.local_limits { 0 } else { s.roots })
+            .map(|r| {
+                let started = CLOCK_BASE.saturating_add_signed(root_offsets[r]);
+                SimRoot::new(&quotas, net_rng.next_u64() | 1, started)
+            })
             .collect();
         let interval = millis(s.sync.interval_ms);
         let estimator = Estimator {
@@ -654,9 +657,10 @@ impl<'a> Sim<'a> {
             }
             Action::RestartRoot { root } => {
                 let instance = self.net_rng.next_u64() | 1;
+                let root_now = self.root_time(root, now);
                 if let Some(r) = self.roots.get_mut(root) {
                     if !r.up {
-                        r.restart(instance);
+                        r.restart(instance, root_now);
                     }
                 }
             }

@@ -4,8 +4,9 @@
 //!
 //! Each simulated host owns a real [`crate::table::Table`] (the decision,
 //! the counters, the estimate, exactly what nginx runs) and a real
-//! [`crate::sync::engine::SyncEngine`] (the sync thread's logic); the roots
-//! apply deltas with the same [`crate::core::Level`] math as the real root.
+//! [`crate::sync::engine::SyncEngine`] (the sync thread's logic); each
+//! simulated root is the real root's in-memory [`crate::root::ledger::Ledger`]
+//! answering sync requests.
 //! Only the network, the clocks and the load are simulated. A scenario file
 //! (TOML) describes the fleet, the failures and what to measure; a run
 //! writes a per-second CSV, an SVG plot and a summary table.
@@ -13,7 +14,8 @@
 //! - `scenario.rs` — scenario files: parsing and checks.
 //! - `cluster.rs` — the event loop: hosts, roots, network, load, the true
 //!   level and the ideal limiter.
-//! - `root.rs` — the simulated root.
+//! - `root.rs` — the simulated root: the real root's ledger, without the
+//!   network and the database.
 //! - `series.rs` — what a run records, and its CSV.
 //! - `report.rs` — the measured numbers against their targets.
 //! - `plot.rs` — the SVG plots.

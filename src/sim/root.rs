@@ -1,36 +1,28 @@
-//! A simulated quota root: the root's counter math and sync answers, in
-//! memory, with no IO.
+//! A simulated quota root: the real root's in-memory state and sync step
+//! ([`Ledger`]), with the network and the database taken away.
 //!
-//! It does what the real root does with a sync request: every delta is
-//! added with [`Level::add`] (`C = max(C, F(now)) + delta`, in the root's
-//! own clock), and the reply carries the quotas after the limiter's cursor,
-//! the counters changed since its version (all non-empty ones for version 0
-//! or another instance), the new version and the root's clock. A killed
-//! root answers nothing; a restarted one is a new instance with no
-//! counters.
+//! A sync request is answered exactly as `POST /v1/sync` answers it: the
+//! deltas are added with the root's counter math (`C = max(C, F(now)) +
+//! delta`, in the root's own clock), and the reply carries the quotas after
+//! the limiter's cursor, the counters changed since its version (all
+//! non-empty ones for version 0 or another instance), the new version and
+//! the root's clock. A killed root answers nothing; a restarted one is a
+//! new instance whose counters start empty.
 
-use std::collections::BTreeMap;
-
-use crate::core::{Level, Nanos, Quota};
-use crate::wire::{CounterValue, SyncRequest, SyncResponse};
-
-/// One counter and the version of its last update.
-#[derive(Clone, Copy, Debug)]
-struct Counter {
-    level: Level,
-    version: u64,
-}
+use crate::core::{Nanos, Quota};
+use crate::root::config::RootConfig;
+use crate::root::ledger::{Ledger, SyncPaging};
+use crate::wire::{SyncRequest, SyncResponse};
 
 /// A simulated root.
 #[derive(Debug)]
 pub struct SimRoot {
-    /// Every quota, in `(epoch, id)` order (the scenario's quotas all have
-    /// epoch 1, so id order).
+    /// Quotas, counters and limiters, as a real root holds them.
+    ledger: Ledger,
+    /// The quotas, loaded again at every start (from "the database").
     quotas: Vec<Quota>,
-    /// Counters by quota id (ordered, so replies are deterministic).
-    counters: BTreeMap<u64, Counter>,
-    /// Last version handed out.
-    version: u64,
+    /// Reply page sizes: the real root's defaults.
+    paging: SyncPaging,
     /// This process's id; new at every restart.
     pub instance: u64,
     /// False while killed.
@@ -38,103 +30,62 @@ pub struct SimRoot {
 }
 
 impl SimRoot {
-    /// A running root serving `quotas`.
-    pub fn new(quotas: &[Quota], instance: u64) -> Self {
-        let mut quotas = quotas.to_vec();
-        quotas.sort_by_key(|q| (q.epoch, q.id));
-        Self {
-            quotas,
-            counters: BTreeMap::new(),
-            version: 0,
+    /// A running root serving `quotas`, started at root time `now`.
+    pub fn new(quotas: &[Quota], instance: u64, now: Nanos) -> Self {
+        let defaults = RootConfig::default();
+        let mut root = Self {
+            ledger: Ledger::default(),
+            quotas: quotas.to_vec(),
+            paging: SyncPaging {
+                quotas: defaults.sync_page_quotas,
+                counters: defaults.sync_page_counters,
+            },
             instance,
             up: true,
-        }
+        };
+        root.ledger.load(root.quotas.clone(), now);
+        root
     }
 
     /// Stops answering; the counters are gone (roots keep them in memory
     /// only).
     pub fn kill(&mut self) {
         self.up = false;
-        self.counters.clear();
-        self.version = 0;
+        self.ledger = Ledger::default();
     }
 
-    /// Starts again as a new instance.
-    pub fn restart(&mut self, instance: u64) {
+    /// Starts again at root time `now` as a new instance, loading the
+    /// quotas afresh.
+    pub fn restart(&mut self, instance: u64, now: Nanos) {
         self.up = true;
         self.instance = instance;
+        self.ledger = Ledger::default();
+        self.ledger.load(self.quotas.clone(), now);
     }
 
-    /// The cluster level of quota `id` at `now` (root time), as this root
-    /// knows it.
-    pub fn level(&self, id: u64, now: Nanos) -> Option<Level> {
-        let limit = self.quotas.iter().find(|q| q.id == id)?.limit;
-        Some(self.counters.get(&id)?.level.leaked(limit, now))
+    /// The level of quota `id` at root time `now`, as this root knows it.
+    pub fn level(&self, id: u64, now: Nanos) -> Option<f64> {
+        Some(self.ledger.counters.view(id, now)?.level)
     }
 
-    /// Applies a sync request at root time `now` and builds the answer.
+    /// Applies a sync request at root time `now` and builds the answer, as
+    /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
-        for d in &request.deltas {
-            let Some(q) = self.quotas.iter().find(|q| q.id == d.id && !q.deleted) else {
-                continue;
-            };
-            self.version += 1;
-            let c = self.counters.entry(d.id).or_insert(Counter {
-                level: Level::empty(now),
-                version: 0,
-            });
-            c.level = c.level.add(q.limit, now, d.delta as f64);
-            c.version = self.version;
-        }
-        let since = if request.root_instance == self.instance {
-            request.counter_version
-        } else {
-            0
-        };
-        let counters = self
-            .counters
-            .iter()
-            .filter(|(_, c)| c.version > since)
-            .filter(|(&id, c)| since > 0 || self.is_above_floor(id, c.level, now))
-            .map(|(&id, c)| CounterValue {
-                id,
-                level: c.level.level,
-                at: c.level.at,
-            })
-            .collect();
-        let quotas: Vec<Quota> = self
-            .quotas
-            .iter()
-            .filter(|q| (q.epoch, q.id) > (request.quotas_after.epoch, request.quotas_after.id))
-            .cloned()
-            .collect();
-        let quotas_after =
-            quotas
-                .last()
-                .map_or(request.quotas_after, |q| crate::wire::QuotaCursor {
-                    epoch: q.epoch,
-                    id: q.id,
-                });
+        let step = self.ledger.sync(request, self.instance, now, self.paging);
         SyncResponse {
             root_instance: self.instance,
             root_time: now,
-            quotas,
-            quotas_after,
-            more_quotas: false,
-            counters,
-            counter_version: self.version,
+            quotas: step
+                .quotas
+                .quotas
+                .iter()
+                .map(|q| q.as_ref().clone())
+                .collect(),
+            quotas_after: step.quotas.after,
+            more_quotas: step.quotas.more,
+            counters: step.counters.counters,
+            counter_version: step.counters.version,
         }
-    }
-
-    /// A fresh limiter is sent only counters above the floor: an empty
-    /// bucket is what it assumes anyway.
-    fn is_above_floor(&self, id: u64, level: Level, now: Nanos) -> bool {
-        let limit = self
-            .quotas
-            .iter()
-            .find(|q| q.id == id)
-            .map_or(0.0, |q| q.limit);
-        level.leaked(limit, now).level > 0.0
     }
 }
 
@@ -174,7 +125,7 @@ mod tests {
 
     #[test]
     fn deltas_add_with_the_leak_and_come_back_as_changed_counters() {
-        let mut r = SimRoot::new(&quotas(), 7);
+        let mut r = SimRoot::new(&quotas(), 7, 0);
         let a = r.sync(&request(0, 0, 50), SEC);
         assert_eq!(a.quotas.len(), 1);
         assert_eq!(a.counters[0].level, 50.0);
@@ -184,15 +135,16 @@ mod tests {
         // Nothing changed since: nothing sent.
         let c = r.sync(&request(7, b.counter_version, 0), 3 * SEC);
         assert!(c.counters.is_empty());
+        assert_eq!(r.level(1, 3 * SEC), Some(60.0));
     }
 
     #[test]
     fn a_restarted_root_is_empty_and_answers_old_versions_in_full() {
-        let mut r = SimRoot::new(&quotas(), 7);
+        let mut r = SimRoot::new(&quotas(), 7, 0);
         let a = r.sync(&request(0, 0, 50), SEC);
         r.kill();
-        r.restart(8);
-        assert!(r.level(1, SEC).is_none());
+        r.restart(8, SEC);
+        assert_eq!(r.level(1, SEC), None);
         let b = r.sync(&request(7, a.counter_version, 5), 2 * SEC);
         assert_eq!(b.root_instance, 8);
         assert_eq!(b.counters[0].level, 5.0);
