@@ -14,12 +14,15 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sluice::core::spec::QuotaSpec;
-use sluice::root::store::{PutOutcome, Store, StoreError};
+use sluice::root::store::{ApplyOptions, PutOutcome, Store, StoreError};
 use sluice::wire::QuotaCursor;
 
 use root_support::{config, Db, Limiter, TestRoot};
 
-on_both_backends!(concurrent_writers_then_an_incremental_reader_miss_nothing);
+on_both_backends!(
+    concurrent_writers_then_an_incremental_reader_miss_nothing,
+    pages_split_one_epoch_and_continue_into_the_next,
+);
 
 const WRITERS: usize = 8;
 const WRITES_EACH: usize = 25;
@@ -177,4 +180,48 @@ async fn two_roots_on_one_postgres_database_lose_no_write() {
     assert_eq!(list["quotas"].as_array().unwrap().len(), 10);
     one.stop().await;
     two.stop().await;
+}
+
+async fn pages_split_one_epoch_and_continue_into_the_next(db: Db) {
+    let store = Store::open(&db.url, Duration::from_secs(10), 4).unwrap();
+    store.migrate().await.unwrap();
+    let spec = |name: String| QuotaSpec {
+        name,
+        parent: None,
+        limit: 1.0,
+        low_burst: None,
+        high_burst: None,
+    };
+    let set: Vec<QuotaSpec> = (0..25).map(|i| spec(format!("bulk{i}"))).collect();
+    store.apply(set, ApplyOptions::default()).await.unwrap();
+    put_retrying(&store, &spec("later".into())).await;
+
+    let (mut cursor, mut order) = (QuotaCursor::default(), Vec::new());
+    loop {
+        let page = store.load_after(cursor, 10).await.unwrap();
+        let full = page.len() == 10;
+        for row in page {
+            let quota = row.unwrap();
+            cursor = QuotaCursor {
+                epoch: quota.epoch,
+                id: quota.id,
+            };
+            order.push((quota.epoch, quota.id));
+        }
+        if !full {
+            break;
+        }
+    }
+    assert_eq!(order.len(), 26);
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+    assert_eq!(
+        order[..25]
+            .iter()
+            .map(|o| o.0)
+            .collect::<HashSet<_>>()
+            .len(),
+        1
+    );
+    assert!(order[25].0 > order[0].0);
+    store.close().await;
 }
