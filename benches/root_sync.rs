@@ -22,7 +22,8 @@
 //!
 //! Sizes come from the environment: `QUOTAS` (1000000), `LIMITERS` (100),
 //! `DELTAS` (10000), `ROUNDS` (10), `SECONDS` (10), `PAGE` (quotas per sync
-//! page, 20000).
+//! page, 20000). Under `cargo test` (no `--bench` argument) it makes a
+//! small smoke run instead.
 
 use std::fmt::Write as _;
 use std::process::{Child, Command, Stdio};
@@ -52,6 +53,18 @@ fn env_or(name: &str, default: u64) -> u64 {
 }
 
 impl Sizes {
+    /// Tiny sizes for the run `cargo test` makes.
+    fn smoke() -> Self {
+        Self {
+            quotas: 2_000,
+            limiters: 4,
+            deltas: 500,
+            rounds: 1,
+            seconds: 1,
+            page: 500,
+        }
+    }
+
     fn from_env() -> Self {
         Self {
             quotas: env_or("QUOTAS", 1_000_000) as usize,
@@ -549,7 +562,13 @@ fn main() {
     {
         return;
     }
-    let sizes = Sizes::from_env();
+    // `cargo test --all-targets` runs bench binaries without `--bench`:
+    // then a small smoke run checks that the benchmark still works.
+    let sizes = if std::env::args().any(|a| a == "--bench") {
+        Sizes::from_env()
+    } else {
+        Sizes::smoke()
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
