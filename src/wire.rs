@@ -80,7 +80,9 @@ pub struct SyncResponse {
     /// Root clock (monotonic nanoseconds) when the reply was built.
     pub root_time: u64,
     /// Quotas after the request's cursor (tombstones included), in
-    /// `(epoch, id)` order, at most one page.
+    /// `(epoch, id)` order, at most one page. Within one epoch (a bulk
+    /// apply) a quota may come before a parent created in the same epoch,
+    /// or in a later page: apply the whole epoch before relying on parents.
     pub quotas: Vec<Quota>,
     /// Cursor after the last quota in `quotas` (the request's own when
     /// nothing changed).
@@ -89,7 +91,11 @@ pub struct SyncResponse {
     pub more_quotas: bool,
     /// Counters changed since the request's version (all non-empty ones
     /// for version 0 or another instance), after applying its deltas.
+    /// Empty while `more_quotas` is set (the limiter may not know their
+    /// quotas yet), and at most one page (the root's `sync_page_counters`):
+    /// the rest follow in the next syncs.
     pub counters: Vec<CounterValue>,
-    /// Version to send next time.
+    /// Version to send next time: the newest one, or, when counters were
+    /// held back or cut at a page, the version up to which they were sent.
     pub counter_version: u64,
 }
