@@ -119,13 +119,22 @@ impl Health {
             let down_for = outage
                 .since
                 .map_or(0.0, |s| now.duration_since(s).as_secs_f64());
-            tracing::warn!(
-                error,
-                down_for_secs = down_for,
-                failures_since_last_log = outage.unlogged,
-                ready = self.is_ready(),
-                "database unavailable; serving the quotas already loaded, admin writes refused"
-            );
+            let unlogged = outage.unlogged;
+            if self.is_ready() {
+                tracing::warn!(
+                    error,
+                    down_for_secs = down_for,
+                    failures_since_last_log = unlogged,
+                    "database unavailable; serving the quotas already loaded, admin writes refused"
+                );
+            } else {
+                tracing::warn!(
+                    error,
+                    down_for_secs = down_for,
+                    failures_since_last_log = unlogged,
+                    "database unavailable; no quotas loaded yet, answering syncs with 503"
+                );
+            }
             outage.logged = Some(now);
             outage.unlogged = 0;
         } else {

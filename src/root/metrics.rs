@@ -322,7 +322,7 @@ impl Metrics {
 fn render_state(scrape: &Scrape, out: &mut String) {
     let s = &scrape.stats;
     let h = &scrape.health;
-    let gauges: [(&str, &str, f64); 10] = [
+    let gauges: [(&str, &str, f64); 9] = [
         ("quotas", "Live quotas held.", s.quotas as f64),
         (
             "quota_tombstones",
@@ -360,16 +360,18 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "1 when the last database operation succeeded.",
             f64::from(u8::from(h.db_up)),
         ),
-        (
-            "db_failures",
-            "Database failures since start.",
-            h.db_failures as f64,
-        ),
     ];
     for (name, help, value) in gauges {
         family(out, name, "gauge", help);
         let _ = writeln!(out, "sluice_root_{name} {value}");
     }
+    family(
+        out,
+        "db_failures_total",
+        "counter",
+        "Failed database operations.",
+    );
+    let _ = writeln!(out, "sluice_root_db_failures_total {}", h.db_failures);
     if let Some(age) = h.since_reload {
         family(
             out,

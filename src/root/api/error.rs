@@ -101,6 +101,11 @@ impl ApiError {
         }
     }
 
+    /// 404 for a path the root does not serve.
+    pub fn no_route() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "no such route")
+    }
+
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)

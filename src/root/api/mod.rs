@@ -76,7 +76,7 @@ pub fn router(state: Arc<RootState>) -> Router {
         .merge(admin)
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
-        .fallback(|| async { ApiError::not_found("no such route").into_response() })
+        .fallback(|| async { ApiError::no_route().into_response() })
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), observe))
         .with_state(state)

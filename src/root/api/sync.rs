@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
@@ -18,7 +18,7 @@ use crate::root::ledger::SyncPaging;
 use crate::root::metrics::SyncResult;
 use crate::root::state::RootState;
 
-use super::{json_bytes, ApiError, JsonBody};
+use super::{json_bytes, parse_json, read_body, ApiError};
 
 /// Longest limiter id, in bytes.
 pub const MAX_LIMITER_ID_LEN: usize = 255;
@@ -31,9 +31,12 @@ pub const MAX_DELTA: u64 = MAX_BURST as u64;
 /// Handles one sync.
 pub async fn sync(
     State(state): State<Arc<RootState>>,
-    JsonBody(request): JsonBody<SyncRequest>,
+    body: Request,
 ) -> Result<Response, ApiError> {
+    let body = read_body(body, &state).await?;
+    // Timed from here: parsing is part of the work, the upload is not.
     let started = Instant::now();
+    let request: SyncRequest = parse_json(&body)?;
     if !state.health.is_ready() {
         return Err(ApiError::unavailable(
             "quotas not loaded yet: the root has not reached its database since it started",
