@@ -12,6 +12,7 @@
 //! directory; by default the newest `/usr/lib/postgresql/*/bin` is used.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -201,6 +202,9 @@ impl PgCluster {
         );
         Command::new("sh")
             .args(["-c", &script])
+            // Its own process group: killing the test's group (a timeout)
+            // must not kill the watchdog too.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
