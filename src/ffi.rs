@@ -10,7 +10,6 @@
 //! `sluice_init` after a shutdown allocates a new table.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -21,8 +20,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::spec::QuotaSet;
-use crate::core::{Estimator, Extrapolation, Quota};
+use crate::core::{Estimator, Extrapolation};
 use crate::sync::{SyncConfig, SyncHandle};
+use crate::table::file::{load_set, FileRole};
 use crate::table::{Outcome, Table};
 
 /// The request may pass: every quota in its chain had room; the weight was
@@ -79,17 +79,10 @@ impl Default for Config {
 struct Limiter {
     /// All quotas and counters.
     table: Arc<Table>,
-    /// Ids given to quota names loaded from files, so a quota keeps its
-    /// id (and its counter) across loads.
-    ids: Mutex<FileIds>,
+    /// Serialises quota loads (each reads the table, then writes it).
+    loads: Mutex<()>,
     /// The sync thread (standalone folding when there are no roots).
     sync: Mutex<Option<SyncHandle>>,
-}
-
-#[derive(Default)]
-struct FileIds {
-    by_name: HashMap<String, u64>,
-    next: u64,
 }
 
 static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(ptr::null_mut());
@@ -185,7 +178,7 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
         .map_err(|e| format!("cannot start the sluice sync thread: {e}"))?;
     let limiter = Box::new(Limiter {
         table,
-        ids: Mutex::new(FileIds::default()),
+        loads: Mutex::new(()),
         sync: Mutex::new(Some(sync)),
     });
     LIMITER.store(Box::into_raw(limiter), Ordering::Release);
@@ -195,44 +188,11 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
 fn load_quotas(text: &str) -> Result<c_int, String> {
     let limiter = limiter()?;
     let set = QuotaSet::from_json(text).map_err(|e| e.to_string())?;
-    let mut guard = limiter
-        .ids
+    let _guard = limiter
+        .loads
         .lock()
         .map_err(|_| "sluice quota lock poisoned")?;
-    let ids = &mut *guard;
-    let epoch = limiter.table.max_epoch() + 1;
-    let mut quotas = set.to_quotas(epoch);
-    // Keep ids stable by name across loads, so counters survive a reload.
-    let file_ids: HashMap<u64, u64> = quotas
-        .iter()
-        .map(|q| {
-            let next = &mut ids.next;
-            let id = *ids.by_name.entry(q.name.clone()).or_insert_with(|| {
-                *next += 1;
-                *next
-            });
-            (q.id, id)
-        })
-        .collect();
-    for q in &mut quotas {
-        q.id = file_ids[&q.id];
-        q.parent = q.parent.map(|p| file_ids[&p]);
-    }
-    // Quotas loaded before and missing now are deleted.
-    let keep: std::collections::HashSet<&str> = quotas.iter().map(|q| q.name.as_str()).collect();
-    let gone: Vec<Quota> = limiter
-        .table
-        .quotas(0)
-        .into_iter()
-        .filter(|s| !keep.contains(s.quota.name.as_str()))
-        .map(|s| Quota {
-            deleted: true,
-            epoch,
-            ..s.quota
-        })
-        .collect();
-    quotas.extend(gone);
-    let report = limiter.table.apply_quotas(&quotas);
+    let report = load_set(&limiter.table, &set, FileRole::Authoritative);
     if let Some(first) = report.refused.first() {
         return Err(format!(
             "{} quota(s) refused, first: {first}",

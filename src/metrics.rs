@@ -53,7 +53,7 @@ pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String
 }
 
 fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
-    let busy = |q: &QuotaState| q.passed + q.rejected;
+    let busy = |q: &QuotaState| q.passed + q.rejected + q.dry_run;
     if quotas.len() > top {
         quotas.select_nth_unstable_by_key(top, |q| std::cmp::Reverse(busy(q)));
     }
@@ -80,10 +80,16 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
             "sluice_checks_total{{quota=\"{name}\",result=\"rejected\"}} {}",
             q.rejected
         );
+        let _ = writeln!(
+            out,
+            "sluice_checks_total{{quota=\"{name}\",result=\"dry_run_rejected\"}} {}",
+            q.dry_run
+        );
     }
     if !rest.is_empty() {
         let passed: u64 = rest.iter().map(|q| q.passed).sum();
         let rejected: u64 = rest.iter().map(|q| q.rejected).sum();
+        let dry_run: u64 = rest.iter().map(|q| q.dry_run).sum();
         let _ = writeln!(
             out,
             "sluice_checks_total{{quota=\"_other\",result=\"passed\"}} {passed}"
@@ -91,6 +97,10 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
         let _ = writeln!(
             out,
             "sluice_checks_total{{quota=\"_other\",result=\"rejected\"}} {rejected}"
+        );
+        let _ = writeln!(
+            out,
+            "sluice_checks_total{{quota=\"_other\",result=\"dry_run_rejected\"}} {dry_run}"
         );
     }
     let _ = writeln!(

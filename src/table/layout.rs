@@ -1,9 +1,9 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+------------+-----------------+-------------------------+-------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena |
-//! +--------+------------+-----------------+-------------------------+-------+
+//! +--------+------------+-----------------+-------------------------+--------------------------------+-------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | stats: [SlotStats; capacity] | arena |
+//! +--------+------------+-----------------+-------------------------+--------------------------------+-------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -210,6 +210,16 @@ pub struct Slot {
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 128);
+
+/// Per-quota statistics that no check reads, kept apart from the slots so
+/// the slots stay two cache lines: touched only when a dry-run check
+/// rejects, and by metrics.
+#[repr(C)]
+#[derive(Default)]
+pub struct SlotStats {
+    /// Checks that would have been rejected, let through by a dry run.
+    pub dry_run: AtomicU64,
+}
 const _: () = assert!(std::mem::size_of::<Header>() % 64 == 0);
 
 /// Rounds `n` up to a multiple of 64.
@@ -247,8 +257,9 @@ impl Geometry {
     /// The largest geometry that fits `bytes` for the given average name.
     pub fn fitting(bytes: usize, avg_name_bytes: usize) -> Option<Self> {
         let per_name = avg_name_bytes.div_ceil(GRANULE).max(1) * GRANULE;
-        let per_quota = std::mem::size_of::<Slot>() + 12 + per_name;
-        let fixed = Self::index_offset() + 64 * 3;
+        let per_quota =
+            std::mem::size_of::<Slot>() + std::mem::size_of::<SlotStats>() + 12 + per_name;
+        let fixed = Self::index_offset() + 64 * 4;
         let mut capacity =
             (bytes.checked_sub(fixed)? / per_quota).min(MAX_CAPACITY as usize) as u32;
         while capacity > 0 {
@@ -276,9 +287,14 @@ impl Geometry {
         line_up(Self::index_offset() + self.index_len as usize * 8)
     }
 
+    /// Offset of the per-slot statistics.
+    pub fn stats_offset(&self) -> usize {
+        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
+    }
+
     /// Offset of the arena.
     pub fn arena_offset(&self) -> usize {
-        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
+        line_up(self.stats_offset() + self.capacity as usize * std::mem::size_of::<SlotStats>())
     }
 
     /// Total bytes of a region with this geometry.
@@ -312,7 +328,8 @@ mod tests {
         assert_eq!(Geometry::index_offset() % 64, 0);
         assert_eq!(g.slots_offset() % 64, 0);
         assert!(g.slots_offset() >= Geometry::index_offset() + 1504 * 8);
-        assert!(g.arena_offset() >= g.slots_offset() + 1000 * 128);
+        assert!(g.stats_offset() >= g.slots_offset() + 1000 * 128);
+        assert!(g.arena_offset() >= g.stats_offset() + 1000 * 8);
         assert!(g.region_len() >= g.arena_offset() + 2000 * GRANULE);
     }
 
@@ -322,7 +339,7 @@ mod tests {
             let g = Geometry::fitting(bytes, 32).unwrap();
             assert!(g.region_len() <= bytes);
             // At least 80% of what an ideal packing would hold.
-            let ideal = bytes / (128 + 12 + 32);
+            let ideal = bytes / (128 + 8 + 12 + 32);
             assert!(g.capacity as usize * 10 >= ideal * 7, "{bytes}: {g:?}");
         }
         assert!(Geometry::fitting(100, 32).is_none());

@@ -19,6 +19,7 @@
 //!   twice (rejecting a little early) but never miss it, and no increment
 //!   is ever lost.
 
+pub mod file;
 pub mod layout;
 pub mod names;
 
@@ -31,8 +32,8 @@ use crate::core::quota::{MAX_DEPTH, MAX_WEIGHT};
 use crate::core::{check_chain, ChainVerdict, Extrapolation, Level, Nanos, Quota, QuotaView};
 
 use layout::{
-    entry_matches, entry_parts, index_entry, index_home, Geometry, Header, Slot, SyncStatus,
-    FLAG_LIVE, INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC, STATUS_ROOTS,
+    entry_matches, entry_parts, index_entry, index_home, Geometry, Header, Slot, SlotStats,
+    SyncStatus, FLAG_LIVE, INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC, STATUS_ROOTS,
 };
 
 const ACQ: Ordering = Ordering::Acquire;
@@ -116,6 +117,8 @@ pub enum Outcome {
 pub struct Rejection {
     /// Index in the chain of the quota that rejected (0: the named one).
     pub depth: usize,
+    /// Slot of the quota that rejected (see [`Table::name_into`]).
+    pub slot: SlotId,
     /// That quota's limit, units per second.
     pub limit: f64,
     /// Seconds until its level has leaked below `low_burst - weight`, when
@@ -126,6 +129,60 @@ pub struct Rejection {
 /// Most quotas one [`Table::check_many`] call checks.
 pub const MAX_CHECKS: usize = 8;
 
+/// How [`Table::check_many`] checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// A rejection is counted as a dry-run rejection (the caller lets the
+    /// request through) instead of a rejection. Nothing is counted either
+    /// way, as for a real rejection.
+    pub dry_run: bool,
+    /// Report the [`Headroom`] of the tightest quota (costs one more level
+    /// estimate per quota in the chains; for rate-limit headers).
+    pub headroom: bool,
+}
+
+/// How much room the tightest quota of a request has left, for the
+/// `RateLimit` response headers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Headroom {
+    /// Index of the item whose chain holds the quota.
+    pub item: usize,
+    /// Index of the quota in that chain (0: the named quota).
+    pub depth: usize,
+    /// Slot of the quota (see [`Table::name_into`]).
+    pub slot: SlotId,
+    /// The quota's limit, units per second.
+    pub limit: f64,
+    /// The quota's low burst: what passes with certainty from empty.
+    pub low_burst: f64,
+    /// The estimated level after this request (its weight included if it
+    /// passed).
+    pub level: f64,
+}
+
+impl Headroom {
+    /// Units that would still pass with certainty.
+    pub fn remaining(&self) -> f64 {
+        (self.low_burst - self.level).max(0.0)
+    }
+
+    /// Seconds until the bucket is empty again (infinite for limit 0 and
+    /// a non-empty bucket).
+    pub fn seconds_to_empty(&self) -> f64 {
+        if self.level <= 0.0 {
+            0.0
+        } else if self.limit > 0.0 {
+            self.level / self.limit
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    fn room(&self) -> f64 {
+        self.low_burst - self.level
+    }
+}
+
 /// Outcome of [`Table::check_many`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ManyOutcome {
@@ -134,6 +191,9 @@ pub struct ManyOutcome {
     pub outcome: Outcome,
     /// Index of the item that rejected.
     pub item: Option<usize>,
+    /// With [`CheckOptions::headroom`]: on a pass the quota with the least
+    /// room left, on a rejection the quota that rejected.
+    pub headroom: Option<Headroom>,
 }
 
 /// A quota and its ancestors as read for one check.
@@ -145,6 +205,40 @@ struct Chain {
 }
 
 impl Chain {
+    /// The headroom of the quota at `depth`, `added` units on its level.
+    fn headroom(
+        &self,
+        item: usize,
+        depth: usize,
+        added: f64,
+        now: Nanos,
+        e: &Estimator,
+    ) -> Headroom {
+        let v = &self.views[depth];
+        Headroom {
+            item,
+            depth,
+            slot: self.slots[depth],
+            limit: v.limit,
+            low_burst: v.low_burst,
+            level: crate::core::estimate::estimate_level(v, now, e) + added,
+        }
+    }
+
+    /// The quota of this chain with the least room below its low burst
+    /// once `added` units are counted.
+    fn tightest(&self, item: usize, added: f64, now: Nanos, e: &Estimator) -> Headroom {
+        (1..self.len)
+            .map(|depth| self.headroom(item, depth, added, now, e))
+            .fold(self.headroom(item, 0, added, now, e), |best, h| {
+                if h.room() < best.room() {
+                    h
+                } else {
+                    best
+                }
+            })
+    }
+
     fn check(
         &self,
         weight: u64,
@@ -166,6 +260,7 @@ impl Chain {
                 };
                 Err(Rejection {
                     depth: at,
+                    slot: self.slots[at],
                     limit: v.limit,
                     retry_after,
                 })
@@ -205,6 +300,8 @@ pub struct QuotaState {
     pub passed: u64,
     /// Checks rejected.
     pub rejected: u64,
+    /// Checks that would have been rejected, let through by a dry run.
+    pub dry_run: u64,
 }
 
 /// A private anonymous mapping holding a heap table's region.
@@ -291,13 +388,16 @@ impl Table {
     }
 
     /// A table over `len` bytes at `base`: formats the region if it does
-    /// not hold a table yet (all zeroes, or `reformat`), otherwise attaches
-    /// to the table in it (how an nginx zone survives a reload).
+    /// not hold a table yet (all zeroes), or clears and formats it when
+    /// `reformat`; otherwise attaches to the table in it (how an nginx zone
+    /// survives a reload). An all-zero region is formatted without being
+    /// written over, so a large fresh mapping costs no memory until used.
     ///
     /// # Safety
     /// `base` must be valid for reads and writes of `len` bytes, 64-byte
     /// aligned, for as long as the returned table (and anything sharing the
-    /// region) lives, and only ever be accessed through `Table`s.
+    /// region) lives, and only ever be accessed through `Table`s. Unless
+    /// `reformat`, a region that does not hold a table must be all zeroes.
     pub unsafe fn from_raw(
         base: *mut u8,
         len: usize,
@@ -320,9 +420,11 @@ impl Table {
             _owned: None,
         };
         let header = table.header();
-        if reformat || header.magic.load(ACQ) == 0 {
+        if reformat {
             // SAFETY: the caller guarantees `len` writable bytes.
             unsafe { std::ptr::write_bytes(base, 0, geometry.region_len()) };
+        }
+        if reformat || header.magic.load(ACQ) == 0 {
             table.format(len);
             return Ok(table);
         }
@@ -394,6 +496,19 @@ impl Table {
         unsafe {
             std::slice::from_raw_parts(
                 self.base.add(self.geometry.slots_offset()).cast::<Slot>(),
+                self.geometry.capacity as usize,
+            )
+        }
+    }
+
+    fn stats(&self) -> &[SlotStats] {
+        // SAFETY: `capacity` stats entries start at the stats offset, inside
+        // the region, 64-aligned; SlotStats is all atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base
+                    .add(self.geometry.stats_offset())
+                    .cast::<SlotStats>(),
                 self.geometry.capacity as usize,
             )
         }
@@ -645,6 +760,7 @@ impl Table {
         &self,
         items: &[(&[u8], u64)],
         now: Nanos,
+        options: CheckOptions,
         mut draw: impl FnMut() -> f64,
     ) -> ManyOutcome {
         let estimator = self.estimator();
@@ -658,20 +774,35 @@ impl Table {
             };
             if let Err(rejection) = chain.check(weight.min(MAX_WEIGHT), now, &estimator, &mut draw)
             {
-                self.slots()[chain.slots[0] as usize]
-                    .rejected
-                    .fetch_add(1, RLX);
+                let first = chain.slots[0] as usize;
+                if options.dry_run {
+                    self.stats()[first].dry_run.fetch_add(1, RLX);
+                } else {
+                    self.slots()[first].rejected.fetch_add(1, RLX);
+                }
+                let headroom = options
+                    .headroom
+                    .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
                 return ManyOutcome {
                     outcome: Outcome::Reject(rejection),
                     item: Some(i),
+                    headroom,
                 };
             }
             chains[i] = Some(chain);
             known += 1;
         }
-        for (chain, &(_, weight)) in chains.iter().zip(items) {
+        let mut headroom: Option<Headroom> = None;
+        for (i, (chain, &(_, weight))) in chains.iter().zip(items).enumerate() {
             if let Some(chain) = chain {
-                self.commit(chain, weight.min(MAX_WEIGHT));
+                let weight = weight.min(MAX_WEIGHT);
+                if options.headroom {
+                    let h = chain.tightest(i, weight as f64, now, &estimator);
+                    if headroom.is_none_or(|best| h.room() < best.room()) {
+                        headroom = Some(h);
+                    }
+                }
+                self.commit(chain, weight);
             }
         }
         let outcome = if known == 0 {
@@ -682,6 +813,7 @@ impl Table {
         ManyOutcome {
             outcome,
             item: None,
+            headroom,
         }
     }
 
@@ -840,6 +972,7 @@ impl Table {
             s.inflight.store(0, RLX);
             s.passed.store(0, RLX);
             s.rejected.store(0, RLX);
+            self.stats()[slot as usize].dry_run.store(0, RLX);
         }
         s.id.store(q.id, RLX);
         s.epoch.store(q.epoch, RLX);
@@ -1185,6 +1318,41 @@ impl Table {
 
     // ---- listing ------------------------------------------------------------
 
+    /// Takes over everything `old` holds (an nginx zone that changed
+    /// size): its quotas with their ids and epochs, each counter's cluster
+    /// level, time and fill rate, and the weight admitted but not yet
+    /// acknowledged by a root, which becomes pending here so it is sent
+    /// again. Quotas that do not fit are refused as in
+    /// [`Table::apply_quotas`].
+    pub fn adopt(&self, old: &Table) -> ApplyReport {
+        self.set_estimator(old.estimator());
+        let states = old.quotas(0);
+        let quotas: Vec<Quota> = states.iter().map(|s| s.quota.clone()).collect();
+        let report = self.apply_quotas(&quotas);
+        let slots = self.slot_ids();
+        let _guard = self.lock();
+        for state in &states {
+            let (Some(&slot), Some(from)) = (slots.get(&state.quota.id), old.slot(state.slot))
+            else {
+                continue;
+            };
+            let to = &self.slots()[slot as usize];
+            let w = SeqWrite::begin(to);
+            to.known_level.store(from.known_level.load(RLX), RLX);
+            to.known_at.store(from.known_at.load(RLX), RLX);
+            to.fill_rate.store(from.fill_rate.load(RLX), RLX);
+            drop(w);
+            to.pending
+                .store(state.pending.saturating_add(state.inflight), RLX);
+            to.passed.store(state.passed, RLX);
+            to.rejected.store(state.rejected, RLX);
+            self.stats()[slot as usize]
+                .dry_run
+                .store(state.dry_run, RLX);
+        }
+        report
+    }
+
     /// `(quota id, slot)` of every live quota: what the sync thread maps
     /// root replies with. Rebuild it when [`Table::generation`] changes.
     pub fn slot_ids(&self) -> HashMap<u64, SlotId> {
@@ -1208,6 +1376,32 @@ impl Table {
             }
         }
         out
+    }
+
+    /// Copies the name of the quota in `slot` into `out` without
+    /// allocating; `None` if the slot is not live (or changes meanwhile)
+    /// or `out` is too short.
+    pub fn name_into<'a>(&self, slot: SlotId, out: &'a mut [u8]) -> Option<&'a [u8]> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.flags.load(RLX) & FLAG_LIVE != 0;
+                let len = s.name_len.load(RLX) as usize;
+                let words = names::name_words(self.arena(), s.name_at.load(RLX), len)?;
+                let copied = names::load_into(words, len, out);
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return if live {
+                        copied.map(|n| &out[..n])
+                    } else {
+                        None
+                    };
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
     }
 
     /// The live state of one quota by name.
@@ -1246,6 +1440,7 @@ impl Table {
             inflight: s.inflight.load(RLX),
             passed: s.passed.load(RLX),
             rejected: s.rejected.load(RLX),
+            dry_run: self.stats()[slot as usize].dry_run.load(RLX),
         })
     }
 }

@@ -70,6 +70,16 @@ pub fn store(words: &[AtomicU64], name: &[u8]) {
     }
 }
 
+/// Copies a stored name into `out`, returning its length (`None` if `out`
+/// is too short): for callers that must not allocate.
+pub fn load_into(words: &[AtomicU64], len: usize, out: &mut [u8]) -> Option<usize> {
+    let dst = out.get_mut(..len)?;
+    for (chunk, w) in dst.chunks_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes()[..chunk.len()]);
+    }
+    Some(len)
+}
+
 /// Reads a stored name back.
 pub fn load(words: &[AtomicU64], len: usize) -> Vec<u8> {
     let mut out: Vec<u8> = words

@@ -378,12 +378,13 @@ fn a_region_is_reattached_with_its_quotas_and_counters() {
 }
 
 #[test]
-fn a_slot_is_128_bytes_and_a_quota_costs_157_with_index_and_a_short_name() {
+fn a_slot_is_128_bytes_and_a_quota_costs_165_with_index_stats_and_a_short_name() {
     let g = Geometry::new(1 << 20, 16);
     let per_quota = g.region_len() as f64 / f64::from(g.capacity);
     assert_eq!(std::mem::size_of::<Slot>(), 128);
-    // 128 slot + 12 index + 16 name granule.
-    assert!(per_quota <= 157.0, "{per_quota}");
+    assert_eq!(std::mem::size_of::<SlotStats>(), 8);
+    // 128 slot + 8 stats + 12 index + 16 name granule.
+    assert!(per_quota <= 165.0, "{per_quota}");
 }
 
 /// Readers check a hot quota chain, a writer keeps upserting and deleting
@@ -478,16 +479,90 @@ fn several_checks_pass_together_or_count_nothing() {
     ]);
     let items: [(&[u8], u64); 3] = [(b"a", 1), (b"nobody", 1), (b"b", 1)];
     for _ in 0..3 {
-        assert_eq!(t.check_many(&items, 0, never).outcome, Outcome::Pass);
+        assert_eq!(t.check_many(&items, 0, PLAIN, never).outcome, Outcome::Pass);
     }
     // b is full: the request is rejected at item 2 and a is not charged.
-    let r = t.check_many(&items, 0, never);
+    let r = t.check_many(&items, 0, PLAIN, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)));
     assert_eq!(r.item, Some(2));
     assert_eq!(t.quota(b"a", 0).unwrap().pending, 3);
     assert_eq!(t.quota(b"b", 0).unwrap().rejected, 1);
     let unknown: [(&[u8], u64); 1] = [(b"nobody", 1)];
-    assert_eq!(t.check_many(&unknown, 0, never).outcome, Outcome::Unknown);
+    assert_eq!(
+        t.check_many(&unknown, 0, PLAIN, never).outcome,
+        Outcome::Unknown
+    );
+}
+
+const PLAIN: CheckOptions = CheckOptions {
+    dry_run: false,
+    headroom: false,
+};
+
+#[test]
+fn a_dry_run_rejection_counts_apart_and_charges_nothing() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "a", None, 1.0, 2.0, 2.0)]);
+    let items: [(&[u8], u64); 1] = [(b"a", 1)];
+    let dry = CheckOptions {
+        dry_run: true,
+        ..PLAIN
+    };
+    for _ in 0..2 {
+        assert_eq!(t.check_many(&items, 0, dry, never).outcome, Outcome::Pass);
+    }
+    assert!(matches!(
+        t.check_many(&items, 0, dry, never).outcome,
+        Outcome::Reject(_)
+    ));
+    let s = t.quota(b"a", 0).unwrap();
+    assert_eq!((s.passed, s.rejected, s.dry_run, s.pending), (2, 0, 1, 2));
+    assert!(matches!(
+        t.check_many(&items, 0, PLAIN, never).outcome,
+        Outcome::Reject(_)
+    ));
+    let s = t.quota(b"a", 0).unwrap();
+    assert_eq!((s.rejected, s.dry_run), (1, 1));
+}
+
+#[test]
+fn headroom_names_the_tightest_quota_of_every_chain() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[
+        quota(1, "parent", None, 10.0, 5.0, 5.0),
+        quota(2, "child", Some(1), 10.0, 100.0, 100.0),
+        quota(3, "other", None, 10.0, 50.0, 50.0),
+    ]);
+    let items: [(&[u8], u64); 2] = [(b"other", 1), (b"child", 2)];
+    let opts = CheckOptions {
+        headroom: true,
+        ..PLAIN
+    };
+    let r = t.check_many(&items, 0, opts, never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    let h = r.headroom.unwrap();
+    // The parent (low burst 5, now at level 2) is tighter than the child
+    // (100) and than "other" (50, at 1).
+    assert_eq!((h.item, h.depth, h.low_burst, h.level), (1, 1, 5.0, 2.0));
+    assert_eq!(h.remaining(), 3.0);
+    assert!((h.seconds_to_empty() - 0.2).abs() < 1e-9);
+    // Fill the parent: the rejection reports the parent with no room left.
+    for _ in 0..3 {
+        t.check_many(&items[1..], 0, opts, never);
+    }
+    let r = t.check_many(&items, 0, opts, never);
+    assert!(matches!(r.outcome, Outcome::Reject(_)));
+    let h = r.headroom.unwrap();
+    assert_eq!((h.item, h.depth, h.level, h.remaining()), (1, 1, 4.0, 1.0));
+    let mut name = [0u8; 256];
+    assert_eq!(t.name_into(h.slot, &mut name), Some(&b"parent"[..]));
+    match r.outcome {
+        Outcome::Reject(rejection) => assert_eq!(rejection.slot, h.slot),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(t.name_into(h.slot, &mut [0u8; 3]), None);
+    assert_eq!(PLAIN, CheckOptions::default());
+    assert!(t.check_many(&items, 0, PLAIN, never).headroom.is_none());
 }
 
 #[test]
@@ -508,4 +583,33 @@ fn sync_status_is_published_for_other_processes() {
     };
     t.publish_sync_status(&m);
     assert_eq!(t.sync_status(), m);
+}
+
+#[test]
+fn a_table_adopts_another_tables_quotas_and_counters() {
+    let old = Table::new_heap(16, 16);
+    old.apply_quotas(&[
+        quota(1, "parent", None, 1.0, 50.0, 50.0),
+        quota(2, "child", Some(1), 1.0, 50.0, 50.0),
+    ]);
+    assert_eq!(old.check(b"child", 5, 0), Outcome::Pass);
+    let mut collected = Vec::new();
+    old.collect_deltas(&mut collected);
+    assert_eq!(old.check(b"child", 2, 0), Outcome::Pass);
+    let slot = old.lookup(b"child").unwrap();
+    assert!(old.merge_counter(slot, 2, Level { level: 30.0, at: 0 }, 5));
+    let new = Table::new_heap(32, 16);
+    let report = new.adopt(&old);
+    assert_eq!((report.inserted, report.refused.len()), (2, 0));
+    let child = new.quota(b"child", 0).unwrap();
+    assert_eq!(child.quota.parent, Some(1));
+    // The cluster level, plus the 2 units admitted since and not yet sent.
+    assert_eq!((child.level, child.pending, child.inflight), (32.0, 2, 0));
+    assert_eq!(child.passed, 2);
+    // The chain works in the new table: the parent has the 5 + 2 units
+    // admitted through the child (5 were sent, none acknowledged).
+    let parent = new.quota(b"parent", 0).unwrap();
+    assert_eq!(parent.pending, 7);
+    let small = Table::new_heap(1, 16);
+    assert_eq!(small.adopt(&old).refused.len(), 1);
 }

@@ -1,0 +1,238 @@
+//! Quotas from a local file applied to a table: nginx's `sluice_quotas` and
+//! the C ABI's standalone loads.
+//!
+//! A file plays one of two roles:
+//!
+//! - **authoritative** (no roots): the file is the whole quota set. Every
+//!   load gets a new epoch; a quota keeps its id (and so its counter) as
+//!   long as its name stays in the file; names gone from the file are
+//!   deleted.
+//! - **seed** (roots configured): the file only bridges the time until a
+//!   root first answers. Seeds take ids from [`SEED_ID_BASE`] up, far above
+//!   any database id, so a seed never shares a counter with a root's quota,
+//!   and epoch 0, so the root's copy of the same name (epoch 1 or more)
+//!   replaces it. [`purge_seeds`] removes the rest once a root has
+//!   answered.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{ApplyReport, Table};
+use crate::core::spec::QuotaSet;
+use crate::core::Quota;
+
+/// Lowest id given to a seed quota.
+pub const SEED_ID_BASE: u64 = 1 << 60;
+
+/// What a quota file is to the table it is loaded into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileRole {
+    /// The file is the quota set (standalone).
+    Authoritative,
+    /// The file stands in until a root answers.
+    Seed,
+}
+
+/// Applies `set` to `table` in the given role. Quotas the table refuses
+/// (full) are listed in the report; the rest still apply.
+pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
+    let held: HashMap<String, u64> = table
+        .quotas(0)
+        .into_iter()
+        .map(|s| (s.quota.name, s.quota.id))
+        .collect();
+    let wanted: HashSet<&str> = set.quotas.iter().map(|q| q.name.as_str()).collect();
+    let (epoch, first_new_id, is_ours): (u64, u64, fn(u64) -> bool) = match role {
+        FileRole::Authoritative => (table.max_epoch() + 1, 1, |id| id < SEED_ID_BASE),
+        FileRole::Seed => (0, SEED_ID_BASE, |id| id >= SEED_ID_BASE),
+    };
+    let mut next_id = held
+        .values()
+        .copied()
+        .filter(|&id| is_ours(id))
+        .max()
+        .map_or(first_new_id, |id| id + 1);
+    let mut quotas = set.to_quotas(epoch);
+    // `to_quotas` numbers the set 1..=n; map those to the table's ids.
+    let mut ids: HashMap<u64, u64> = HashMap::with_capacity(quotas.len());
+    for q in &quotas {
+        // A name the table holds keeps its id: its counter survives, and a
+        // seed whose parent came from a root links to the root's quota.
+        let id = match held.get(&q.name) {
+            Some(&id) => id,
+            None => {
+                next_id += 1;
+                next_id - 1
+            }
+        };
+        ids.insert(q.id, id);
+    }
+    for q in &mut quotas {
+        q.id = ids[&q.id];
+        q.parent = q.parent.map(|p| ids[&p]);
+    }
+    let mut changes = Vec::with_capacity(quotas.len());
+    match role {
+        FileRole::Authoritative => {
+            // Everything else in the table goes.
+            changes.extend(
+                held.iter()
+                    .filter(|(name, _)| !wanted.contains(name.as_str()))
+                    .map(|(name, &id)| tombstone(name, id, epoch)),
+            );
+            changes.extend(quotas);
+        }
+        FileRole::Seed => {
+            // Seeds are never updated in place (epoch 0 cannot beat epoch
+            // 0): a seed whose numbers changed, or that left the file, is
+            // deleted, and the new one inserted. Names the table holds from
+            // a root are left alone.
+            let current: HashMap<String, Quota> = table
+                .quotas(0)
+                .into_iter()
+                .filter(|s| is_ours(s.quota.id))
+                .map(|s| (s.quota.name.clone(), s.quota))
+                .collect();
+            for (name, old) in &current {
+                let new = quotas.iter().find(|q| &q.name == name);
+                if new.is_none_or(|new| !same_numbers(old, new)) {
+                    changes.push(tombstone(name, old.id, 1));
+                }
+            }
+            changes.extend(quotas.into_iter().filter(|q| match held.get(&q.name) {
+                Some(&id) if !is_ours(id) => false,
+                _ => current.get(&q.name).is_none_or(|old| !same_numbers(old, q)),
+            }));
+        }
+    }
+    table.apply_quotas(&changes)
+}
+
+/// Deletes every seed quota (after a root has answered: from then on the
+/// roots' quotas are the set).
+pub fn purge_seeds(table: &Table) -> ApplyReport {
+    let seeds: Vec<Quota> = table
+        .quotas(0)
+        .into_iter()
+        .filter(|s| s.quota.id >= SEED_ID_BASE)
+        .map(|s| tombstone(&s.quota.name, s.quota.id, 1))
+        .collect();
+    if seeds.is_empty() {
+        return ApplyReport::default();
+    }
+    table.apply_quotas(&seeds)
+}
+
+fn tombstone(name: &str, id: u64, epoch: u64) -> Quota {
+    Quota {
+        id,
+        name: name.to_string(),
+        parent: None,
+        limit: 0.0,
+        low_burst: 0.0,
+        high_burst: 0.0,
+        epoch,
+        deleted: true,
+    }
+}
+
+fn same_numbers(a: &Quota, b: &Quota) -> bool {
+    a.parent == b.parent
+        && a.limit == b.limit
+        && a.low_burst == b.low_burst
+        && a.high_burst == b.high_burst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::Outcome;
+
+    fn set(text: &str) -> QuotaSet {
+        QuotaSet::from_json(text).unwrap()
+    }
+
+    fn id_of(t: &Table, name: &str) -> u64 {
+        t.quota(name.as_bytes(), 0).unwrap().quota.id
+    }
+
+    #[test]
+    fn an_authoritative_file_keeps_ids_and_counters_by_name_and_deletes_the_rest() {
+        let t = Table::new_heap(16, 16);
+        load_set(
+            &t,
+            &set(r#"[{"name":"a","limit":1,"low_burst":5},{"name":"b","limit":1}]"#),
+            FileRole::Authoritative,
+        );
+        let a = id_of(&t, "a");
+        assert_eq!(t.check(b"a", 3, 0), Outcome::Pass);
+        let report = load_set(
+            &t,
+            &set(r#"[{"name":"c","limit":1},{"name":"a","limit":2,"low_burst":5}]"#),
+            FileRole::Authoritative,
+        );
+        assert!(report.refused.is_empty());
+        assert_eq!(id_of(&t, "a"), a);
+        let state = t.quota(b"a", 0).unwrap();
+        assert_eq!((state.quota.limit, state.pending), (2.0, 3));
+        assert!(t.quota(b"b", 0).is_none());
+        assert!(id_of(&t, "c") > a && id_of(&t, "c") < SEED_ID_BASE);
+    }
+
+    #[test]
+    fn a_root_quota_replaces_a_seed_of_the_same_name() {
+        let t = Table::new_heap(16, 16);
+        load_set(
+            &t,
+            &set(r#"[{"name":"a","limit":1},{"name":"b","limit":1}]"#),
+            FileRole::Seed,
+        );
+        assert!(id_of(&t, "a") >= SEED_ID_BASE);
+        t.apply_quotas(&[Quota {
+            id: 7,
+            name: "a".into(),
+            parent: None,
+            limit: 9.0,
+            low_burst: 9.0,
+            high_burst: 9.0,
+            epoch: 1,
+            deleted: false,
+        }]);
+        assert_eq!(id_of(&t, "a"), 7);
+        // Loading the seeds again (nginx reload) leaves the root's copy.
+        load_set(
+            &t,
+            &set(r#"[{"name":"a","limit":1},{"name":"b","limit":1}]"#),
+            FileRole::Seed,
+        );
+        assert_eq!(t.quota(b"a", 0).unwrap().quota.limit, 9.0);
+        purge_seeds(&t);
+        assert!(t.quota(b"b", 0).is_none());
+        assert_eq!(id_of(&t, "a"), 7);
+    }
+
+    #[test]
+    fn changed_seeds_are_replaced_and_unchanged_ones_keep_their_counters() {
+        let t = Table::new_heap(16, 16);
+        load_set(
+            &t,
+            &set(r#"[{"name":"a","limit":1,"low_burst":9},{"name":"b","limit":1,"low_burst":9}]"#),
+            FileRole::Seed,
+        );
+        assert_eq!(t.check(b"a", 2, 0), Outcome::Pass);
+        assert_eq!(t.check(b"b", 2, 0), Outcome::Pass);
+        load_set(
+            &t,
+            &set(r#"[{"name":"a","limit":1,"low_burst":9},{"name":"b","limit":5,"low_burst":9}]"#),
+            FileRole::Seed,
+        );
+        assert_eq!(t.quota(b"a", 0).unwrap().pending, 2);
+        let b = t.quota(b"b", 0).unwrap();
+        assert_eq!((b.quota.limit, b.pending), (5.0, 0));
+        load_set(
+            &t,
+            &set(r#"[{"name":"a","limit":1,"low_burst":9}]"#),
+            FileRole::Seed,
+        );
+        assert!(t.quota(b"b", 0).is_none());
+    }
+}
