@@ -25,7 +25,9 @@
 //!   - `table/layout.rs` — the region's header, slot and index formats.
 //!   - `table/names.rs` — the name hash and the name arena.
 //!   - `table/mod.rs` — lookup, check, upsert/delete by epoch, delta
-//!     collection and counter merge.
+//!     collection and counter merge, adopting another table.
+//!   - `table/file.rs` — quota files applied to a table, as the whole set
+//!     (standalone) or as seeds until a root answers.
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
@@ -43,7 +45,12 @@
 //!   each running a real table and sync engine, simulated roots and
 //!   network, per-second CSV, SVG plots and accuracy numbers (cargo feature
 //!   `sim`).
-//! - `nginx/` — the nginx module glue (cargo feature `nginx`).
+//! - `nginx/` — the nginx module (cargo feature `nginx`): directives and
+//!   configuration (`conf.rs`), the shared zone (`zone.rs`), the
+//!   access-phase check and `$sluice_status` (`handler.rs`), the metrics
+//!   location (`metrics.rs`), the sync thread in worker 0 (`worker.rs`).
+//! - [`directive`] — the module's pure parts, tested without nginx:
+//!   directive arguments, request weights, rate-limit header values.
 //! - [`root`] — the quota root server: database, sync endpoint, admin API,
 //!   metrics (cargo feature `root`).
 //! - `main.rs` and `cli/` — the `sluice` binary: `sluice root`, the admin
@@ -53,6 +60,7 @@
 
 pub mod clock;
 pub mod core;
+pub mod directive;
 pub mod ffi;
 pub mod metrics;
 pub mod sync;

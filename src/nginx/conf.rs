@@ -1,0 +1,593 @@
+//! The module's configuration: the `http`-level [`MainConf`] (zone, roots,
+//! sync), the per-location [`LocConf`] (checks, status, dry run, headers,
+//! metrics), and the directive handlers that fill them.
+//!
+//! Every handler parses its arguments in safe code returning
+//! `Result<(), String>`; the message is logged at `emerg` with the file
+//! and line (`nginx -t` fails), in nginx's own phrasing where one exists.
+
+use std::ffi::c_char;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ngx::ffi::{
+    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
+    ngx_http_complex_value_t, ngx_pcalloc, ngx_shm_zone_t, ngx_str_t, ngx_uint_t, NGX_LOG_ERR,
+    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+};
+use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
+
+use super::util::{bytes, conf_boundary, directive_args, text};
+use super::Module;
+use crate::core::quota::validate_name;
+use crate::core::spec::QuotaSet;
+use crate::directive::{
+    parse_flag, parse_host_id, parse_root_url, parse_size, parse_time_ms, parse_weight,
+};
+use crate::table::{Table, MAX_CHECKS};
+
+/// Zone size when `sluice_zone` is not given: about 180,000 quotas with
+/// 32-byte names.
+pub(crate) const DEFAULT_ZONE_SIZE: usize = 32 << 20;
+/// Smallest zone accepted.
+pub(crate) const MIN_ZONE_SIZE: usize = 256 << 10;
+/// Default and bounds of `sluice_sync_interval`, milliseconds.
+const DEFAULT_INTERVAL_MS: u64 = 1000;
+const MIN_INTERVAL_MS: u64 = 100;
+const MAX_INTERVAL_MS: u64 = 3_600_000;
+/// Per-quota series in `sluice_metrics` output unless `top=` says otherwise.
+const DEFAULT_METRICS_TOP: usize = 100;
+
+/// A quota file named by `sluice_quotas`, read and checked at
+/// configuration time.
+#[derive(Debug)]
+pub(crate) struct QuotaFile {
+    /// The path as resolved against the configuration prefix.
+    pub path: String,
+    /// Its quotas.
+    pub set: QuotaSet,
+}
+
+/// The `http`-level configuration.
+#[derive(Debug, Default)]
+pub(crate) struct MainConf {
+    /// `sluice_zone` size in bytes.
+    pub zone_size: Option<usize>,
+    /// `sluice_root` URLs, in order.
+    pub roots: Vec<String>,
+    /// `sluice_quotas`.
+    pub quotas: Option<QuotaFile>,
+    /// `sluice_sync_interval`, milliseconds.
+    pub sync_interval_ms: Option<u64>,
+    /// `sluice_sync_timeout`, milliseconds.
+    pub sync_timeout_ms: Option<u64>,
+    /// The token read from `sluice_sync_token_file`.
+    pub sync_token: Option<String>,
+    /// `sluice_host_id`.
+    pub host_id: Option<String>,
+    /// Some directive needs the zone (a check, the metrics, a root or a
+    /// quota file).
+    pub used: bool,
+    /// The shared zone this cycle uses (null until `init_main_conf`).
+    pub zone: *mut ngx_shm_zone_t,
+    /// The table in the zone, once the zone is initialised.
+    pub table: Option<Arc<Table>>,
+}
+
+// SAFETY: the raw zone pointer is only dereferenced by nginx's own thread.
+unsafe impl Send for MainConf {}
+
+impl MainConf {
+    /// The sync interval in effect.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.sync_interval_ms.unwrap_or(DEFAULT_INTERVAL_MS))
+    }
+}
+
+/// How a check's weight is given.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Weight {
+    /// `weight=<n>` (1 when absent).
+    Fixed(u64),
+    /// `weight=$variable` (or any complex value), read per request.
+    Value(*const ngx_http_complex_value_t),
+}
+
+/// One `sluice <name> [weight=...]` directive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Check {
+    /// The quota name, a complex value (variables allowed).
+    pub name: *const ngx_http_complex_value_t,
+    /// The weight.
+    pub weight: Weight,
+}
+
+/// `sluice_metrics` in a location.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MetricsConf {
+    /// Quotas that get their own series (the busiest ones).
+    pub top: usize,
+}
+
+/// The per-location configuration (also at `http` and `server` level,
+/// merged down like `limit_req`).
+#[derive(Debug, Default)]
+pub(crate) struct LocConf {
+    /// The checks; `None` inherits the enclosing level's, `Some(empty)` is
+    /// `sluice off`.
+    pub checks: Option<Vec<Check>>,
+    /// `sluice_status`.
+    pub status: Option<ngx_uint_t>,
+    /// `sluice_dry_run`.
+    pub dry_run: Option<bool>,
+    /// `sluice_log_level` (an nginx log level).
+    pub log_level: Option<ngx_uint_t>,
+    /// `sluice_headers`.
+    pub headers: Option<bool>,
+    /// `sluice_metrics` (this location only, not inherited).
+    pub metrics: Option<MetricsConf>,
+    /// `sluice off` was given at this level.
+    pub off: bool,
+}
+
+impl LocConf {
+    /// The status code rejected requests get.
+    pub fn status(&self) -> ngx_uint_t {
+        self.status.unwrap_or(429)
+    }
+
+    /// The level rejections are logged at.
+    pub fn log_level(&self) -> ngx_uint_t {
+        self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
+    }
+}
+
+impl Merge for LocConf {
+    fn merge(&mut self, prev: &Self) -> Result<(), MergeConfigError> {
+        if self.checks.is_none() {
+            self.checks.clone_from(&prev.checks);
+        }
+        self.status = self.status.or(prev.status);
+        self.dry_run = self.dry_run.or(prev.dry_run);
+        self.log_level = self.log_level.or(prev.log_level);
+        self.headers = self.headers.or(prev.headers);
+        Ok(())
+    }
+}
+
+/// The configuration structure a directive at this place fills.
+///
+/// # Safety
+/// `conf` must be the structure nginx passes for a directive registered
+/// with the matching `conf` offset (main or location).
+unsafe fn conf_mut<'a, T>(conf: *mut std::ffi::c_void) -> &'a mut T {
+    // SAFETY: per the caller, `conf` is our live configuration structure.
+    unsafe { &mut *conf.cast::<T>() }
+}
+
+/// The `http`-level configuration, reached from any directive.
+fn main_conf(cf: &ngx_conf_t) -> Result<&'static mut MainConf, String> {
+    Module::main_conf_mut(cf).ok_or_else(|| "sluice: no http configuration".to_string())
+}
+
+/// Compiles `value` (possibly with variables) into a complex value
+/// allocated from the configuration pool.
+fn compile(
+    cf: *mut ngx_conf_t,
+    value: &[u8],
+    what: &str,
+) -> Result<*const ngx_http_complex_value_t, String> {
+    // SAFETY: `cf` is the live configuration; the pool outlives the cycle's
+    // configuration, which is where the compiled value is kept.
+    unsafe {
+        let pool = (*cf).pool;
+        let cv = ngx_pcalloc(pool, std::mem::size_of::<ngx_http_complex_value_t>())
+            .cast::<ngx_http_complex_value_t>();
+        let copy = ngx_pcalloc(pool, value.len() + 1).cast::<u8>();
+        if cv.is_null() || copy.is_null() {
+            return Err(format!("sluice: out of memory compiling {what}"));
+        }
+        ptr::copy_nonoverlapping(value.as_ptr(), copy, value.len());
+        let mut source = ngx_str_t {
+            len: value.len(),
+            data: copy,
+        };
+        let mut ccv: ngx_http_compile_complex_value_t = std::mem::zeroed();
+        ccv.cf = cf;
+        ccv.value = &mut source;
+        ccv.complex_value = cv;
+        if ngx_http_compile_complex_value(&mut ccv) != NGX_OK as isize {
+            // nginx has logged why (unknown variable...).
+            return Err(format!("invalid {what} \"{}\"", text(value)));
+        }
+        Ok(cv)
+    }
+}
+
+/// True when a compiled value has no variables.
+fn is_literal(cv: *const ngx_http_complex_value_t) -> bool {
+    // SAFETY: `cv` was compiled by `compile`.
+    unsafe { (*cv).lengths.is_null() }
+}
+
+// ---- http-level directives ------------------------------------------------
+
+/// `sluice_zone <size>;`
+pub(crate) unsafe extern "C" fn set_zone(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
+        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if mcf.zone_size.is_some() {
+            return Err("\"sluice_zone\" directive is duplicate".into());
+        }
+        let size = parse_size(args[1])
+            .ok_or_else(|| format!("invalid zone size \"{}\"", text(args[1])))?;
+        if size < MIN_ZONE_SIZE {
+            return Err(format!(
+                "zone size \"{}\" is too small: sluice needs at least 256k",
+                text(args[1])
+            ));
+        }
+        mcf.zone_size = Some(size);
+        mcf.used = true;
+        Ok(())
+    })
+}
+
+/// `sluice_root <url> [<url> ...];` (may be repeated).
+pub(crate) unsafe extern "C" fn set_root(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
+        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        for arg in &args[1..] {
+            let url = parse_root_url(arg)
+                .map_err(|why| format!("invalid quota root \"{}\": {why}", text(arg)))?;
+            if mcf.roots.contains(&url) {
+                return Err(format!("quota root \"{url}\" is duplicate"));
+            }
+            if mcf.roots.len() == crate::table::layout::STATUS_ROOTS {
+                return Err(format!(
+                    "too many quota roots (at most {})",
+                    crate::table::layout::STATUS_ROOTS
+                ));
+            }
+            mcf.roots.push(url);
+        }
+        mcf.used = true;
+        Ok(())
+    })
+}
+
+/// Resolves `name` against the configuration prefix, as nginx does for
+/// files named in a configuration.
+fn full_path(cf: *mut ngx_conf_t, name: &[u8]) -> Result<String, String> {
+    // SAFETY: the copy lives in the configuration pool; ngx_conf_full_name
+    // only rewrites the ngx_str_t it is given.
+    unsafe {
+        let copy = ngx_pcalloc((*cf).pool, name.len() + 1).cast::<u8>();
+        if copy.is_null() {
+            return Err("sluice: out of memory".into());
+        }
+        ptr::copy_nonoverlapping(name.as_ptr(), copy, name.len());
+        let mut s = ngx_str_t {
+            len: name.len(),
+            data: copy,
+        };
+        if ngx::ffi::ngx_conf_full_name((*cf).cycle, &mut s, 1) != NGX_OK as isize {
+            return Err(format!("cannot resolve path \"{}\"", text(name)));
+        }
+        Ok(text(bytes(&s)).into_owned())
+    }
+}
+
+/// `sluice_quotas <file>;`
+pub(crate) unsafe extern "C" fn set_quotas(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
+        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if mcf.quotas.is_some() {
+            return Err("\"sluice_quotas\" directive is duplicate".into());
+        }
+        let path = full_path(cf, args[1])?;
+        let json = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read quota file \"{path}\": {e}"))?;
+        let set = QuotaSet::from_json(&json)
+            .map_err(|e| format!("invalid quota file \"{path}\": {e}"))?;
+        mcf.quotas = Some(QuotaFile { path, set });
+        mcf.used = true;
+        Ok(())
+    })
+}
+
+/// `sluice_sync_interval <time>;` and `sluice_sync_timeout <time>;`
+pub(crate) unsafe extern "C" fn set_sync_time(
+    cf: *mut ngx_conf_t,
+    cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
+        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration and the command.
+        let (args, name) = unsafe { (directive_args(&*cf), bytes(&(*cmd).name)) };
+        let ms =
+            parse_time_ms(args[1]).ok_or_else(|| format!("invalid time \"{}\"", text(args[1])))?;
+        let slot = if name == b"sluice_sync_interval" {
+            if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&ms) {
+                return Err(format!(
+                    "sync interval \"{}\" is out of range (100ms to 1h)",
+                    text(args[1])
+                ));
+            }
+            &mut mcf.sync_interval_ms
+        } else {
+            if ms == 0 {
+                return Err("sync timeout must be greater than 0".into());
+            }
+            &mut mcf.sync_timeout_ms
+        };
+        if slot.is_some() {
+            return Err(format!("\"{}\" directive is duplicate", text(name)));
+        }
+        *slot = Some(ms);
+        Ok(())
+    })
+}
+
+/// `sluice_sync_token_file <path>;`
+pub(crate) unsafe extern "C" fn set_token_file(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
+        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if mcf.sync_token.is_some() {
+            return Err("\"sluice_sync_token_file\" directive is duplicate".into());
+        }
+        let path = full_path(cf, args[1])?;
+        let token = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read sync token file \"{path}\": {e}"))?;
+        let token = token.trim();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "sync token file \"{path}\" must hold one token of printable characters"
+            ));
+        }
+        mcf.sync_token = Some(token.to_string());
+        Ok(())
+    })
+}
+
+/// `sluice_host_id <string>;`
+pub(crate) unsafe extern "C" fn set_host_id(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
+        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if mcf.host_id.is_some() {
+            return Err("\"sluice_host_id\" directive is duplicate".into());
+        }
+        let id = parse_host_id(args[1])
+            .map_err(|why| format!("invalid host id \"{}\": {why}", text(args[1])))?;
+        mcf.host_id = Some(id);
+        Ok(())
+    })
+}
+
+// ---- location-level directives ------------------------------------------
+
+/// `sluice <name> [weight=<number|$variable>];` or `sluice off;`
+pub(crate) unsafe extern "C" fn set_check(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
+        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        // SAFETY: as above.
+        main_conf(unsafe { &*cf })?.used = true;
+        let combined = "\"sluice off\" cannot be combined with other \"sluice\" directives \
+                        at the same level";
+        if args[1] == b"off" && args.len() == 2 {
+            if lcf.checks.as_ref().is_some_and(|c| !c.is_empty()) {
+                return Err(combined.into());
+            }
+            lcf.off = true;
+            lcf.checks = Some(Vec::new());
+            return Ok(());
+        }
+        if lcf.off {
+            return Err(combined.into());
+        }
+        let checks = lcf.checks.get_or_insert_with(Vec::new);
+        if checks.len() == MAX_CHECKS {
+            return Err(format!(
+                "too many \"sluice\" directives at one level (at most {MAX_CHECKS})"
+            ));
+        }
+        let name = compile(cf, args[1], "quota name")?;
+        if is_literal(name) {
+            let literal = std::str::from_utf8(args[1]).unwrap_or("");
+            validate_name(literal)
+                .map_err(|e| format!("invalid quota name \"{}\": {}", text(args[1]), e.message))?;
+            if checks.iter().any(|c| literal_of(c.name) == Some(args[1])) {
+                return Err(format!("quota \"{}\" is duplicate", text(args[1])));
+            }
+        }
+        let mut weight = Weight::Fixed(1);
+        for arg in &args[2..] {
+            let Some(value) = arg.strip_prefix(b"weight=") else {
+                return Err(format!("invalid parameter \"{}\"", text(arg)));
+            };
+            weight = if value.contains(&b'$') {
+                Weight::Value(compile(cf, value, "weight")?)
+            } else {
+                Weight::Fixed(
+                    parse_weight(value)
+                        .map_err(|why| format!("invalid weight \"{}\": {why}", text(value)))?,
+                )
+            };
+        }
+        checks.push(Check { name, weight });
+        Ok(())
+    })
+}
+
+/// The text of a compiled value without variables.
+fn literal_of<'a>(cv: *const ngx_http_complex_value_t) -> Option<&'a [u8]> {
+    // SAFETY: `cv` was compiled by `compile` from a pool copy that lives as
+    // long as the configuration.
+    is_literal(cv).then(|| unsafe { bytes(&(*cv).value) })
+}
+
+/// `sluice_status <code>;` (400..599)
+pub(crate) unsafe extern "C" fn set_status(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
+        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if lcf.status.is_some() {
+            return Err("\"sluice_status\" directive is duplicate".into());
+        }
+        match crate::directive::parse_u64(args[1]) {
+            Some(code @ 400..=599) => {
+                lcf.status = Some(code as ngx_uint_t);
+                Ok(())
+            }
+            _ => Err(format!(
+                "invalid status \"{}\": must be between 400 and 599",
+                text(args[1])
+            )),
+        }
+    })
+}
+
+/// `sluice_dry_run on|off;` and `sluice_headers on|off;`
+pub(crate) unsafe extern "C" fn set_flag(
+    cf: *mut ngx_conf_t,
+    cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
+        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration and the command.
+        let (args, name) = unsafe { (directive_args(&*cf), bytes(&(*cmd).name)) };
+        let slot = if name == b"sluice_dry_run" {
+            &mut lcf.dry_run
+        } else {
+            &mut lcf.headers
+        };
+        if slot.is_some() {
+            return Err(format!("\"{}\" directive is duplicate", text(name)));
+        }
+        let on = parse_flag(args[1]).ok_or_else(|| {
+            format!(
+                "invalid value \"{}\" in \"{}\" directive, it must be \"on\" or \"off\"",
+                text(args[1]),
+                text(name)
+            )
+        })?;
+        *slot = Some(on);
+        Ok(())
+    })
+}
+
+/// `sluice_log_level info|notice|warn|error;`
+pub(crate) unsafe extern "C" fn set_log_level(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
+        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if lcf.log_level.is_some() {
+            return Err("\"sluice_log_level\" directive is duplicate".into());
+        }
+        let level = match args[1] {
+            b"info" => NGX_LOG_INFO,
+            b"notice" => NGX_LOG_NOTICE,
+            b"warn" => NGX_LOG_WARN,
+            b"error" => NGX_LOG_ERR,
+            other => {
+                return Err(format!(
+                    "invalid value \"{}\": must be \"info\", \"notice\", \"warn\" or \"error\"",
+                    text(other)
+                ))
+            }
+        };
+        lcf.log_level = Some(level as ngx_uint_t);
+        Ok(())
+    })
+}
+
+/// `sluice_metrics [top=<n>];` — this location serves the metrics.
+pub(crate) unsafe extern "C" fn set_metrics(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut std::ffi::c_void,
+) -> *mut c_char {
+    conf_boundary(cf, || {
+        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
+        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
+        // SAFETY: nginx passes the live configuration.
+        let args = unsafe { directive_args(&*cf) };
+        if lcf.metrics.is_some() {
+            return Err("\"sluice_metrics\" directive is duplicate".into());
+        }
+        let mut top = DEFAULT_METRICS_TOP;
+        for arg in &args[1..] {
+            let n = arg
+                .strip_prefix(b"top=")
+                .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
+            top = crate::directive::parse_u64(n)
+                .filter(|&n| n <= 100_000)
+                .ok_or_else(|| {
+                    format!("invalid value \"{}\": top must be 0 to 100000", text(arg))
+                })? as usize;
+        }
+        lcf.metrics = Some(MetricsConf { top });
+        // SAFETY: as above.
+        main_conf(unsafe { &*cf })?.used = true;
+        super::metrics::install(cf)
+    })
+}

@@ -1,0 +1,320 @@
+//! The access-phase check and the `$sluice_status` variable.
+//!
+//! A request is charged once: its outcome is stored on the main request
+//! in a pool cleanup entry (the module context would be wiped by an
+//! internal redirect, which runs the access phase again), and a request
+//! that already has an outcome is not checked again. nginx skips the
+//! access phase for subrequests.
+//!
+//! The request path allocates nothing beyond what nginx takes from the
+//! request pool (evaluated names, response headers): items and header
+//! values live on the stack.
+
+use std::ffi::c_void;
+
+use ngx::ffi::{
+    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_request_t,
+    ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
+    NGX_DECLINED, NGX_LOG_WARN, NGX_OK,
+};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
+
+use super::conf::{Check, LocConf, Weight};
+use super::util::{bytes, log, runtime_boundary, text};
+use super::Module;
+use crate::directive::{
+    rate_limit_fields, retry_after_secs, runtime_weight, HeaderValue, RequestStatus, RuntimeWeight,
+};
+use crate::table::{CheckOptions, Headroom, ManyOutcome, Outcome, Table, MAX_CHECKS};
+
+/// The outcome of the main request, kept in its pool.
+#[repr(C)]
+struct RequestState {
+    status: RequestStatus,
+}
+
+/// Marks the pool cleanup entry that holds a [`RequestState`]; it has
+/// nothing to free.
+unsafe extern "C" fn state_marker(_data: *mut c_void) {}
+
+/// The main request's state, if it has one.
+///
+/// # Safety
+/// `r` must be a live request.
+unsafe fn find_state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState> {
+    // SAFETY: a live request has a live main request and pool; the
+    // cleanup list only holds entries nginx allocated from that pool.
+    unsafe {
+        let mut c = (*(*(*r).main).pool).cleanup;
+        while !c.is_null() {
+            if (*c)
+                .handler
+                .is_some_and(|h| std::ptr::fn_addr_eq(h, state_marker as unsafe extern "C" fn(_)))
+            {
+                return (*c).data.cast::<RequestState>().as_mut();
+            }
+            c = (*c).next;
+        }
+        None
+    }
+}
+
+/// The main request's state, created (unchecked) if it has none; `None`
+/// only when the pool is out of memory.
+///
+/// # Safety
+/// `r` must be a live request.
+unsafe fn state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState> {
+    // SAFETY: as in `find_state`; the new entry's data is sized for
+    // RequestState by ngx_pool_cleanup_add and lives as long as the pool.
+    unsafe {
+        if let Some(s) = find_state(r) {
+            return Some(s);
+        }
+        let c = ngx_pool_cleanup_add((*(*r).main).pool, std::mem::size_of::<RequestState>());
+        if c.is_null() {
+            return None;
+        }
+        let data = (*c).data.cast::<RequestState>();
+        data.write(RequestState {
+            status: RequestStatus::Unchecked,
+        });
+        (*c).handler = Some(state_marker);
+        data.as_mut()
+    }
+}
+
+/// The access-phase handler nginx calls.
+pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx passes the request being processed, valid for the call.
+    let log_to = unsafe { (*(*r).connection).log };
+    runtime_boundary(
+        log_to,
+        "the access handler",
+        NGX_DECLINED as ngx_int_t,
+        || {
+            // SAFETY: as above; nothing else uses the request meanwhile.
+            check(unsafe { &mut *r })
+        },
+    )
+}
+
+/// Evaluates a complex value for `r`; `None` if nginx could not.
+fn evaluate<'a>(
+    r: &mut ngx_http_request_t,
+    cv: *const ngx_http_complex_value_t,
+) -> Option<&'a [u8]> {
+    let mut value = ngx_str_t::default();
+    // SAFETY: `cv` was compiled at configuration time and lives with the
+    // configuration; the value nginx returns lives in the request pool (or
+    // in the configuration, for a literal).
+    unsafe {
+        if ngx_http_complex_value(r, cv.cast_mut(), &mut value) != NGX_OK as ngx_int_t {
+            return None;
+        }
+        Some(bytes(&value))
+    }
+}
+
+fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
+    let declined = NGX_DECLINED as ngx_int_t;
+    let Some(lcf) = Module::location_conf(r) else {
+        return declined;
+    };
+    let checks = match lcf.checks.as_deref() {
+        Some(checks) if !checks.is_empty() => checks,
+        _ => return declined,
+    };
+    let Some(table) = Module::main_conf(r).and_then(|m| m.table.as_deref()) else {
+        return declined;
+    };
+    // SAFETY: `r` is live for this call.
+    let Some(state) = (unsafe { state(r) }) else {
+        return declined;
+    };
+    if state.status != RequestStatus::Unchecked {
+        return declined;
+    }
+    let mut items: [(&[u8], u64); MAX_CHECKS] = [(&[], 0); MAX_CHECKS];
+    for (item, c) in items.iter_mut().zip(checks) {
+        *item = (evaluate(r, c.name).unwrap_or(&[]), weight(r, c));
+    }
+    let items = &items[..checks.len().min(MAX_CHECKS)];
+    let dry_run = lcf.dry_run.unwrap_or(false);
+    let headers = lcf.headers.unwrap_or(false);
+    let options = CheckOptions {
+        dry_run,
+        headroom: headers,
+    };
+    let result = table.check_many(
+        items,
+        crate::clock::now(),
+        options,
+        crate::core::rng::thread_unit,
+    );
+    let mut name_buf = [0u8; 256];
+    match result.outcome {
+        Outcome::Pass => {
+            state.status = RequestStatus::Passed;
+            if headers {
+                add_rate_limit_headers(r, table, items, &result, &mut name_buf, None);
+            }
+            declined
+        }
+        Outcome::Unknown => {
+            state.status = RequestStatus::Unknown;
+            declined
+        }
+        Outcome::Reject(rejection) => {
+            let item = result.item.unwrap_or(0);
+            let checked = items.get(item).map_or(&[][..], |i| i.0);
+            let mut quota_buf = [0u8; 256];
+            let quota = table
+                .name_into(rejection.slot, &mut quota_buf)
+                .unwrap_or(checked);
+            log_rejection(
+                r,
+                lcf,
+                dry_run,
+                quota,
+                checked,
+                items[item].1,
+                rejection.limit,
+            );
+            let retry = retry_after_secs(rejection.retry_after);
+            if dry_run {
+                state.status = RequestStatus::RejectedDryRun;
+                if headers {
+                    add_rate_limit_headers(r, table, items, &result, &mut name_buf, None);
+                }
+                declined
+            } else {
+                state.status = RequestStatus::Rejected;
+                if headers {
+                    add_rate_limit_headers(r, table, items, &result, &mut name_buf, retry);
+                }
+                lcf.status() as ngx_int_t
+            }
+        }
+    }
+}
+
+/// The weight of one check for this request.
+fn weight(r: &mut ngx_http_request_t, c: &Check) -> u64 {
+    match c.weight {
+        Weight::Fixed(w) => w,
+        Weight::Value(cv) => {
+            let value = evaluate(r, cv).unwrap_or(&[]);
+            match runtime_weight(value) {
+                RuntimeWeight::Units(w) => w,
+                RuntimeWeight::Invalid => {
+                    // SAFETY: the request's log.
+                    unsafe {
+                        log(
+                            NGX_LOG_WARN as ngx_uint_t,
+                            (*r.connection).log,
+                            format_args!(
+                                "sluice: weight \"{}\" is not a number; checking without counting",
+                                text(value)
+                            ),
+                        )
+                    };
+                    0
+                }
+            }
+        }
+    }
+}
+
+fn log_rejection(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    dry_run: bool,
+    quota: &[u8],
+    checked: &[u8],
+    weight: u64,
+    limit: f64,
+) {
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(quota);
+    let checked = text(checked);
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        if quota == checked {
+            log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} by quota \"{quota}\" (limit {limit}/s, weight {weight})"
+                ),
+            );
+        } else {
+            log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} by quota \"{quota}\", an ancestor of \
+                     \"{checked}\" (limit {limit}/s, weight {weight})"
+                ),
+            );
+        }
+    }
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for the tightest quota, and
+/// `Retry-After` when `retry` is given.
+fn add_rate_limit_headers(
+    r: &mut ngx_http_request_t,
+    table: &Table,
+    items: &[(&[u8], u64)],
+    result: &ManyOutcome,
+    name_buf: &mut [u8; 256],
+    retry: Option<u64>,
+) {
+    // SAFETY: `r` is the live request; Request is a transparent wrapper.
+    let request = unsafe { Request::from_ngx_http_request(r) };
+    if let Some(secs) = retry {
+        let mut value = HeaderValue::default();
+        if std::fmt::Write::write_fmt(&mut value, format_args!("{secs}")).is_ok() {
+            request.add_header_out("Retry-After", value.as_str());
+        }
+    }
+    let Some(h): Option<Headroom> = result.headroom else {
+        return;
+    };
+    let name = match table.name_into(h.slot, name_buf) {
+        Some(n) => n,
+        None => items.get(h.item).map_or(&[][..], |i| i.0),
+    };
+    let Ok(name) = std::str::from_utf8(name) else {
+        return;
+    };
+    if let Some((policy, state)) = rate_limit_fields(name, &h) {
+        request.add_header_out("RateLimit-Policy", policy.as_str());
+        request.add_header_out("RateLimit", state.as_str());
+    }
+}
+
+/// The `$sluice_status` variable's get handler.
+pub(crate) unsafe extern "C" fn status_variable(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    _data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx passes the live request and a value to fill.
+    unsafe {
+        let status = find_state(r).map_or(RequestStatus::Unchecked, |s| s.status);
+        let v = &mut *v;
+        if status == RequestStatus::Unchecked {
+            v.set_not_found(1);
+            return NGX_OK as ngx_int_t;
+        }
+        let text = status.as_str();
+        v.data = text.as_ptr().cast_mut();
+        v.set_len(text.len() as u32);
+        v.set_valid(1);
+        v.set_no_cacheable(0);
+        v.set_not_found(0);
+    }
+    NGX_OK as ngx_int_t
+}

@@ -1,0 +1,102 @@
+//! Small bridges between nginx's C world and safe Rust used by every part
+//! of the module: strings, directive arguments, panic boundaries, logging.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_str_t, ngx_uint_t, NGX_LOG_ALERT, NGX_LOG_EMERG};
+
+/// The bytes of an nginx string.
+///
+/// # Safety
+/// `s.data` must point to `s.len` readable bytes (or be anything when
+/// `s.len` is 0) that outlive the returned slice.
+pub(crate) unsafe fn bytes<'a>(s: &ngx_str_t) -> &'a [u8] {
+    if s.len == 0 || s.data.is_null() {
+        return &[];
+    }
+    // SAFETY: non-null with `len` readable bytes, per the caller.
+    unsafe { std::slice::from_raw_parts(s.data, s.len) }
+}
+
+/// The arguments of the directive being parsed, the directive name first.
+///
+/// # Safety
+/// `cf` must be the configuration nginx passed to a directive handler.
+pub(crate) unsafe fn directive_args<'a>(cf: &ngx_conf_t) -> Vec<&'a [u8]> {
+    // SAFETY: while a directive is parsed, `cf.args` is an array of
+    // `nelts` ngx_str_t living in the configuration's temporary pool.
+    unsafe {
+        let args = &*cf.args;
+        let strs = std::slice::from_raw_parts(args.elts.cast::<ngx_str_t>(), args.nelts);
+        strs.iter().map(|s| bytes(s)).collect()
+    }
+}
+
+/// Bytes as text for messages (nginx strings need not be UTF-8).
+pub(crate) fn text(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(b)
+}
+
+/// Logs a configuration error at `emerg` with nginx's "in file:line" suffix.
+pub(crate) fn conf_error(cf: *mut ngx_conf_t, message: &str) {
+    ngx::ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{}", message);
+}
+
+/// Logs `message` at `level` to `log`.
+///
+/// # Safety
+/// `log` must be a valid nginx log.
+pub(crate) unsafe fn log(level: ngx_uint_t, log: *mut ngx_log_t, message: std::fmt::Arguments) {
+    if log.is_null() {
+        return;
+    }
+    ngx::ngx_log_error!(level, log, "{}", message);
+}
+
+/// Runs a configuration callback body: `Err` is logged as a configuration
+/// error, a panic as an internal error; either makes the directive (and
+/// `nginx -t`) fail.
+pub(crate) fn conf_boundary(
+    cf: *mut ngx_conf_t,
+    f: impl FnOnce() -> Result<(), String>,
+) -> *mut std::ffi::c_char {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => ngx::core::NGX_CONF_OK,
+        Ok(Err(message)) => {
+            conf_error(cf, &message);
+            ngx::core::NGX_CONF_ERROR
+        }
+        Err(_) => {
+            conf_error(
+                cf,
+                "sluice: internal error (panic) while reading the configuration",
+            );
+            ngx::core::NGX_CONF_ERROR
+        }
+    }
+}
+
+/// Runs a runtime callback body, turning a panic into an `alert` in `log`
+/// and the value `fallback` (fail open: the caller picks a value that lets
+/// the request go on).
+pub(crate) fn runtime_boundary<T>(
+    log_to: *mut ngx_log_t,
+    what: &str,
+    fallback: T,
+    f: impl FnOnce() -> T,
+) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            // SAFETY: callers pass the log of the request or cycle at hand.
+            unsafe {
+                log(
+                    NGX_LOG_ALERT as ngx_uint_t,
+                    log_to,
+                    format_args!("sluice: internal error (panic) in {what}; failing open"),
+                )
+            };
+            fallback
+        }
+    }
+}
