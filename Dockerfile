@@ -6,7 +6,9 @@
 # engine).
 #
 #   docker build -t sluice .
-#   docker run --rm -p 8080:8080 sluice                 # nginx + module
+#   docker run --rm -p 8080:8080 sluice                 # nginx, standalone quotas
+#   docker run --rm -p 7070:7070 -v sluice:/data sluice \
+#       sluice root --listen 0.0.0.0:7070 --db sqlite:///data/sluice.db
 #   docker run --rm sluice sluice --help                # the binary
 
 # --- build ------------------------------------------------------------------
@@ -35,7 +37,8 @@ COPY . .
 RUN --mount=type=cache,target=/root/.cargo/registry \
     make NGINX_PREFIX=/opt/sluice/nginx nginx module bin \
  && install -D -m 0755 target/release/sluice /opt/sluice/bin/sluice \
- && install -D -m 0644 nginx-conf/docker.conf /opt/sluice/nginx/conf/sluice.conf
+ && install -D -m 0644 nginx-conf/docker.conf /opt/sluice/nginx/conf/sluice.conf \
+ && install -D -m 0644 nginx-conf/standalone-quotas.json /opt/sluice/nginx/conf/quotas.json
 
 # --- runtime ----------------------------------------------------------------
 FROM debian:bookworm-slim
@@ -49,6 +52,6 @@ RUN ln -s /opt/sluice/bin/sluice /usr/local/bin/sluice \
  && ln -s /opt/sluice/nginx/sbin/nginx /usr/local/bin/nginx \
  && /opt/sluice/nginx/sbin/nginx -t -c /opt/sluice/nginx/conf/sluice.conf
 
-EXPOSE 8080
+EXPOSE 8080 7070
 STOPSIGNAL SIGQUIT
 CMD ["nginx", "-c", "/opt/sluice/nginx/conf/sluice.conf"]

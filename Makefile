@@ -2,7 +2,7 @@
 #
 #   make            deps + nginx + module + C ABI library (target `all`)
 #   make test       cargo tests, the C ABI test, then the Test::Nginx suite in t/
-#   make run        build everything and say what `run` will start once it exists
+#   make run        build everything, start a quota root and nginx with the S3 example
 #   make help       every target, one line each
 #
 # Everything built here lives under build/ (nginx source copy, objects, the
@@ -71,6 +71,7 @@ NGINX_JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(NPROC))
 # Read by the t/*.t files (and by Test::Nginx itself for the binary).
 export TEST_NGINX_BINARY := $(NGINX_BIN)
 export TEST_NGINX_SLUICE_MODULE := $(MODULE_SO)
+export TEST_NGINX_SLUICE_BIN := $(SLUICE_BIN)
 # Each .t file picks a free port and its own t/servroot_<port> (removed when
 # the file passes), so suites of several checkouts on one machine do not
 # collide. `make test-nginx TEST_NGINX_RANDOMIZE=` uses port 1984 and
@@ -181,7 +182,7 @@ test-capi: capi-test ## run the C ABI test program
 
 # Upstream Test::Nginx is used when it is installed (it is not packaged for
 # Debian); otherwise our own implementation of the same format in t/lib.
-test-nginx: nginx module ## the Test::Nginx suite in t/ only
+test-nginx: nginx module bin ## the Test::Nginx suite in t/ only
 	@if perl -MTest::Nginx::Socket -e1 2>/dev/null; then \
 		echo "test-nginx: using the installed Test::Nginx"; \
 		echo "$(PROVE) -r t/"; $(PROVE) -r t/; \
@@ -201,25 +202,8 @@ bench-accuracy: ## simulate the standard scenarios: table into BENCHMARKS.md, pl
 		$(sort $(wildcard benches/scenarios/*.toml)) --both-modes \
 		--seeds $(ACCURACY_SEEDS) --svg-dir benches/accuracy --markdown BENCHMARKS.md
 
-run: all bin ## build everything; the root, sync and directives are not done yet
-	@echo
-	@echo "run: built"
-	@echo "  nginx       $(NGINX_BIN)"
-	@echo "  module      $(MODULE_SO)"
-	@echo "  C ABI       $(LIB_SO)"
-	@echo "  binary      $(SLUICE_BIN)"
-	@echo
-	@echo "run: nothing to start yet. Still missing before 'make run' can start a"
-	@echo "     root and an nginx that limits requests:"
-	@echo "  - the quota root server (sluice binary: SQLite DB, sync and admin API)"
-	@echo "  - the sync thread in the module (limiter <-> roots)"
-	@echo "  - the nginx directives (root list, zone, per-location checks, status)"
-	@echo "  - an example config in nginx-conf/ that uses them"
-	@echo
-	@echo "Meanwhile nginx with the module loaded (no limits) can be tried:"
-	@echo "  $(NGINX_BIN) -p $(NGINX_PREFIX)/ -c $(ROOT)/nginx-conf/minimal.conf"
-	@echo "  curl http://127.0.0.1:8080/"
-	@echo "  $(NGINX_BIN) -p $(NGINX_PREFIX)/ -c $(ROOT)/nginx-conf/minimal.conf -s stop"
+run: all bin ## build everything, start a quota root and nginx (S3 example) on 127.0.0.1; Ctrl-C stops
+	nginx-conf/demo.sh
 
 fmt: ## rustfmt the crate
 	$(CARGO) fmt --all

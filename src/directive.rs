@@ -209,8 +209,12 @@ pub fn retry_after_secs(seconds: f64) -> Option<u64> {
 /// low burst (what passes with certainty from an empty bucket), `w` = the
 /// seconds an empty bucket takes to refill that much room (`low_burst /
 /// limit`, at least 1); `r` = the room left, `t` = the seconds until the
-/// bucket is empty again.
-pub fn rate_limit_fields(name: &str, h: &Headroom) -> Option<(HeaderValue, HeaderValue)> {
+/// bucket is empty again, or `retry` (the `Retry-After` of a rejection).
+pub fn rate_limit_fields(
+    name: &str,
+    h: &Headroom,
+    retry: Option<u64>,
+) -> Option<(HeaderValue, HeaderValue)> {
     let mut policy = HeaderValue::default();
     let mut state = HeaderValue::default();
     let window = if h.limit > 0.0 {
@@ -219,11 +223,10 @@ pub fn rate_limit_fields(name: &str, h: &Headroom) -> Option<(HeaderValue, Heade
         // Nothing leaks: the window is "forever"; say a day.
         86_400.0
     };
-    let reset = h.seconds_to_empty();
-    let reset = if reset.is_finite() {
-        reset.ceil()
-    } else {
-        window
+    let reset = match (retry, h.seconds_to_empty()) {
+        (Some(secs), _) => secs as f64,
+        (None, t) if t.is_finite() => t.ceil(),
+        (None, _) => window,
     };
     write!(
         policy,
@@ -311,7 +314,7 @@ mod tests {
             low_burst: 25.0,
             level: 7.5,
         };
-        let (policy, state) = rate_limit_fields("s3_b_read", &h).unwrap();
+        let (policy, state) = rate_limit_fields("s3_b_read", &h, None).unwrap();
         assert_eq!(policy.as_str(), "\"s3_b_read\";q=25;w=3");
         assert_eq!(state.as_str(), "\"s3_b_read\";r=17;t=1");
         let frozen = Headroom {
@@ -319,9 +322,11 @@ mod tests {
             level: 5.0,
             ..h
         };
-        let (policy, state) = rate_limit_fields("q", &frozen).unwrap();
+        let (policy, state) = rate_limit_fields("q", &frozen, None).unwrap();
         assert_eq!(policy.as_str(), "\"q\";q=25;w=86400");
         assert_eq!(state.as_str(), "\"q\";r=20;t=86400");
+        let (_, state) = rate_limit_fields("q", &h, Some(4)).unwrap();
+        assert_eq!(state.as_str(), "\"q\";r=17;t=4");
         assert_eq!(retry_after_secs(0.2), Some(1));
         assert_eq!(retry_after_secs(2.1), Some(3));
         assert_eq!(retry_after_secs(f64::INFINITY), None);

@@ -289,7 +289,7 @@ fn add_rate_limit_headers(
     let Ok(name) = std::str::from_utf8(name) else {
         return;
     };
-    if let Some((policy, state)) = rate_limit_fields(name, &h) {
+    if let Some((policy, state)) = rate_limit_fields(name, &h, retry) {
         request.add_header_out("RateLimit-Policy", policy.as_str());
         request.add_header_out("RateLimit", state.as_str());
     }

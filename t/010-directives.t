@@ -1,0 +1,352 @@
+# Directive parsing: every bad directive stops nginx (and `nginx -t`) with
+# an [emerg] naming the problem and the file:line; good ones start.
+
+use Test::Nginx::Socket 'no_plan';
+use FindBin ();
+
+$ENV{TEST_NGINX_SLUICE_MODULE} ||=
+    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
+
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n")
+        unless defined $block->main_config;
+});
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: every directive in its valid form starts and serves
+--- http_config
+sluice_zone 512k;
+sluice_quotas ../html/q.json;
+sluice_sync_interval 500ms;
+sluice_sync_timeout 300ms;
+sluice_host_id web-01;
+sluice_status 503;
+sluice_log_level warn;
+sluice_headers off;
+sluice_dry_run off;
+--- config
+location = /q.json {
+    root html;
+    sluice api weight=2;
+    sluice api_${arg_k} weight=$arg_w;
+}
+location = /metrics { sluice_metrics top=5; }
+location /off { sluice off; }
+--- user_files
+>>> q.json
+{"quotas": [{"name": "api", "limit": 10, "low_burst": 10, "high_burst": 20}]}
+--- request
+GET /q.json
+--- response_body_like: "api"
+--- no_error_log
+[emerg]
+[alert]
+[crit]
+
+
+
+=== TEST 2: a zone size that is not a size
+--- http_config
+sluice_zone abc;
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*invalid zone size "abc" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 3: a zone too small for a table
+--- http_config
+sluice_zone 64k;
+--- config
+--- must_die
+--- error_log eval
+qr/zone size "64k" is too small: sluice needs at least 256k in .*nginx\.conf:\d+/
+
+
+
+=== TEST 4: sluice_zone twice
+--- http_config
+sluice_zone 1m;
+sluice_zone 2m;
+--- config
+--- must_die
+--- error_log eval
+qr/"sluice_zone" directive is duplicate in .*nginx\.conf:\d+/
+
+
+
+=== TEST 5: sluice_zone outside the http level is nginx's own error
+--- config
+location /t { sluice_zone 1m; }
+--- must_die
+--- error_log eval
+qr/"sluice_zone" directive is not allowed here in .*nginx\.conf:\d+/
+
+
+
+=== TEST 6: a root that is not an http(s) base URL
+--- http_config
+sluice_root http://127.0.0.1:7070 ftp://root.example;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid quota root "ftp:\/\/root\.example": must start with "http:\/\/" or "https:\/\/" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 7: a root URL with a path
+--- http_config
+sluice_root http://127.0.0.1:7070/v1/sync;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid quota root "http:\/\/127\.0\.0\.1:7070\/v1\/sync": must be a base URL/
+
+
+
+=== TEST 8: the same root twice
+--- http_config
+sluice_root http://127.0.0.1:7070 http://127.0.0.1:7070/;
+--- config
+--- must_die
+--- error_log eval
+qr/quota root "http:\/\/127\.0\.0\.1:7070" is duplicate in .*nginx\.conf:\d+/
+
+
+
+=== TEST 9: a quota file that does not exist
+--- http_config
+sluice_quotas ../html/nowhere.json;
+--- config
+--- must_die
+--- error_log eval
+qr/cannot read quota file ".*nowhere\.json": No such file or directory .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 10: a quota file that is not JSON
+--- http_config
+sluice_quotas ../html/q.json;
+--- config
+--- user_files
+>>> q.json
+{"quotas": [
+--- must_die
+--- error_log eval
+qr/invalid quota file ".*q\.json": invalid quota JSON: .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 11: a quota file with a bad quota names the quota and the field
+--- http_config
+sluice_quotas ../html/q.json;
+--- config
+--- user_files
+>>> q.json
+[{"name": "ok", "limit": 1}, {"name": "bad", "limit": -5}]
+--- must_die
+--- error_log eval
+qr/invalid quota file ".*q\.json": quota "bad": limit: .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 12: a quota file whose parent chain loops
+--- http_config
+sluice_quotas ../html/q.json;
+--- config
+--- user_files
+>>> q.json
+[{"name": "a", "limit": 1, "parent": "b"}, {"name": "b", "limit": 1, "parent": "a"}]
+--- must_die
+--- error_log eval
+qr/invalid quota file ".*q\.json": quota "a": parent: .*/
+
+
+
+=== TEST 13: a sync interval below 100ms
+--- http_config
+sluice_sync_interval 50ms;
+--- config
+--- must_die
+--- error_log eval
+qr/sync interval "50ms" is out of range \(100ms to 1h\) in .*nginx\.conf:\d+/
+
+
+
+=== TEST 14: a sync interval that is not a time
+--- http_config
+sluice_sync_interval soon;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid time "soon" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 15: a sync timeout not shorter than the interval
+--- http_config
+sluice_sync_interval 1s;
+sluice_sync_timeout 2s;
+--- config
+--- must_die
+--- error_log eval
+qr/"sluice_sync_timeout" \(2000ms\) must be shorter than "sluice_sync_interval" \(1000ms\)/
+
+
+
+=== TEST 16: a token file that does not exist
+--- http_config
+sluice_sync_token_file ../html/missing-token;
+--- config
+--- must_die
+--- error_log eval
+qr/cannot read sync token file ".*missing-token": .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 17: an empty token file
+--- http_config
+sluice_sync_token_file ../html/token;
+--- config
+--- user_files
+>>> token
+
+--- must_die
+--- error_log eval
+qr/sync token file ".*token" must hold one token of printable characters/
+
+
+
+=== TEST 18: a host id with a space
+--- http_config
+sluice_host_id "web 01";
+--- config
+--- must_die
+--- error_log eval
+qr/invalid host id "web 01": must be printable ASCII without spaces in .*nginx\.conf:\d+/
+
+
+
+=== TEST 19: a literal quota name with a forbidden byte
+--- config
+location /t { sluice "s3 photos"; }
+--- must_die
+--- error_log eval
+qr/invalid quota name "s3 photos": .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 20: an unknown parameter
+--- config
+location /t { sluice api burst=5; }
+--- must_die
+--- error_log eval
+qr/invalid parameter "burst=5" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 21: a weight that is neither a number nor a variable
+--- config
+location /t { sluice api weight=-3; }
+--- must_die
+--- error_log eval
+qr/invalid weight "-3": must be a non-negative integer or a variable in .*nginx\.conf:\d+/
+
+
+
+=== TEST 22: a weight over 2^40
+--- config
+location /t { sluice api weight=1099511627777; }
+--- must_die
+--- error_log eval
+qr/invalid weight "1099511627777": must be at most 1099511627776/
+
+
+
+=== TEST 23: a name with an unknown variable is nginx's own error
+--- config
+location /t { sluice api_$no_such_variable; }
+--- must_die
+--- error_log eval
+qr/unknown "no_such_variable" variable/
+
+
+
+=== TEST 24: the same quota twice at one level
+--- config
+location /t { sluice api; sluice api weight=2; }
+--- must_die
+--- error_log eval
+qr/quota "api" is duplicate in .*nginx\.conf:\d+/
+
+
+
+=== TEST 25: more than eight checks at one level
+--- config
+location /t {
+    sluice q1; sluice q2; sluice q3; sluice q4; sluice q5;
+    sluice q6; sluice q7; sluice q8; sluice q9;
+}
+--- must_die
+--- error_log eval
+qr/too many "sluice" directives at one level \(at most 8\) in .*nginx\.conf:\d+/
+
+
+
+=== TEST 26: sluice off beside a check
+--- config
+location /t { sluice api; sluice off; }
+--- must_die
+--- error_log eval
+qr/"sluice off" cannot be combined with other "sluice" directives at the same level/
+
+
+
+=== TEST 27: a status outside 400..599
+--- config
+location /t { sluice_status 200; }
+--- must_die
+--- error_log eval
+qr/invalid status "200": must be between 400 and 599 in .*nginx\.conf:\d+/
+
+
+
+=== TEST 28: dry run takes on or off
+--- config
+location /t { sluice_dry_run yes; }
+--- must_die
+--- error_log eval
+qr/invalid value "yes" in "sluice_dry_run" directive, it must be "on" or "off" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 29: a log level sluice does not log at
+--- config
+location /t { sluice_log_level debug; }
+--- must_die
+--- error_log eval
+qr/invalid value "debug": must be "info", "notice", "warn" or "error" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 30: metrics with a bad parameter
+--- config
+location /m { sluice_metrics top=many; }
+--- must_die
+--- error_log eval
+qr/invalid value "top=many": top must be 0 to 100000 in .*nginx\.conf:\d+/
+
+
+
+=== TEST 31: too many arguments is nginx's own error
+--- config
+location /t { sluice a weight=1 extra; }
+--- must_die
+--- error_log eval
+qr/invalid number of arguments in "sluice" directive in .*nginx\.conf:\d+/

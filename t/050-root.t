@@ -1,0 +1,195 @@
+# nginx synced with a real `sluice root` (SQLite, on a loopback port,
+# started by this file): quotas created at the root start limiting,
+# deleted ones stop, other limiters' weight counts here, seeds from a
+# quota file give way to the root's quotas, the sync token is sent, and
+# with every root down requests keep passing and the log says so once.
+#
+# nginx syncs every 200 ms and the roots reread their database every
+# 100 ms; a change is given 1.5 s (several intervals) to arrive, so a slow
+# CI machine does not make the file flaky.
+
+use Test::Nginx::Socket 'no_plan';
+use FindBin ();
+use lib "$FindBin::Bin/helpers";
+use File::Temp ();
+use HTTP::Tiny;
+use JSON::PP ();
+use SluiceTest qw(start_root stop_root root_call free_port);
+
+$ENV{TEST_NGINX_SLUICE_MODULE} ||=
+    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
+
+our $Root = start_root();
+our $TokenDir = File::Temp::tempdir(CLEANUP => 1);
+{
+    open my $fh, '>', "$TokenDir/token" or die $!;
+    print $fh "s3cret-sync-token\n";
+    close $fh;
+}
+our $GuardedRoot = start_root(args => ['--sync-token-file', "$TokenDir/token"]);
+END { stop_root($Root); stop_root($GuardedRoot) }
+
+$ENV{TEST_NGINX_ROOT_URL} = $Root->{url};
+$ENV{TEST_NGINX_GUARDED_ROOT_URL} = $GuardedRoot->{url};
+$ENV{TEST_NGINX_TOKEN_FILE} = "$TokenDir/token";
+$ENV{TEST_NGINX_DEAD_ROOTS} = join ' ', map { "http://127.0.0.1:" . free_port() } 1 .. 2;
+
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n")
+        unless defined $block->main_config;
+});
+
+no_shuffle();
+no_root_location();
+run_tests();
+
+# Creates or changes a quota at a root; fails the test on an error.
+sub put_quota {
+    my ($root, $name, $body) = @_;
+    my ($status, $reply) = root_call($root, 'PUT', "/v1/quotas/$name", $body);
+    Test::More::ok($status >= 200 && $status < 300, "root accepted quota $name ($status)")
+        or Test::More::diag(JSON::PP->new->allow_nonref->encode($reply));
+}
+
+# Sends weight to the root as another limiter would (the sync protocol).
+sub other_limiter_sends {
+    my ($root, $name, $delta) = @_;
+    my ($status, $quota) = root_call($root, 'GET', "/v1/quotas/$name");
+    die "no quota $name at the root ($status)" unless $status == 200;
+    my ($sync) = root_call($root, 'POST', '/v1/sync',
+        { limiter => 'another-host', deltas => [{ id => $quota->{id}, delta => $delta }] });
+    Test::More::is($sync, 200, "the other limiter's sync was accepted");
+}
+
+__DATA__
+
+=== TEST 1: a quota created at the root starts limiting
+--- http_config
+sluice_root $TEST_NGINX_ROOT_URL;
+sluice_sync_interval 200ms;
+sluice_host_id t-nginx;
+--- config
+location /q/ { alias html/; sluice made_at_root; }
+location / { root html; }
+--- init
+main::put_quota($main::Root, 'made_at_root', { limit => 0, low_burst => 2, high_burst => 2 });
+sleep 1.5;
+--- request eval
+["GET /q/index.html", "GET /q/index.html", "GET /q/index.html"]
+--- error_code eval
+[200, 200, 429]
+
+
+
+=== TEST 2: the root knows this limiter and the weight it sent
+--- init
+sleep 0.5;
+my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/made_at_root');
+Test::More::is($status, 200, 'the quota is at the root');
+Test::More::cmp_ok($quota->{level}, '>=', 2, 'the root counted the two admitted requests');
+Test::More::ok((grep { $_->{limiter} eq 't-nginx' } @{ $quota->{limiters} // [] }),
+    'the root lists this nginx as a limiter of the quota');
+--- request
+GET /index.html
+
+
+
+=== TEST 3: a deleted quota stops limiting
+--- init
+my ($status) = SluiceTest::root_call($main::Root, 'DELETE', '/v1/quotas/made_at_root');
+Test::More::ok($status >= 200 && $status < 300, "root deleted the quota ($status)");
+sleep 1.5;
+--- request eval
+["GET /q/index.html", "GET /q/index.html", "GET /q/index.html"]
+--- error_code eval
+[200, 200, 200]
+
+
+
+=== TEST 4: seeds from the quota file are removed once a root answers
+--- http_config
+sluice_root $TEST_NGINX_ROOT_URL;
+sluice_sync_interval 200ms;
+sluice_quotas ../html/seeds.json;
+--- config
+location /s/ { alias html/; sluice only_in_seed_file; }
+--- user_files
+>>> seeds.json
+[{"name": "only_in_seed_file", "limit": 0, "low_burst": 0, "high_burst": 0}]
+--- init
+sleep 1.5;
+--- request
+GET /s/index.html
+--- error_code: 200
+--- error_log eval
+qr/sluice: a quota root answered; 1 seed quota\(s\) from the quota file no root knows were removed/
+
+
+
+=== TEST 5: a root that requires a sync token gets it
+--- http_config
+sluice_root $TEST_NGINX_GUARDED_ROOT_URL;
+sluice_sync_interval 200ms;
+sluice_sync_token_file $TEST_NGINX_TOKEN_FILE;
+--- config
+location /g/ { alias html/; sluice guarded; }
+--- init
+main::put_quota($main::GuardedRoot, 'guarded', { limit => 0, low_burst => 1, high_burst => 1 });
+sleep 1.5;
+--- request eval
+["GET /g/index.html", "GET /g/index.html"]
+--- error_code eval
+[200, 429]
+--- no_error_log
+unreachable
+
+
+
+=== TEST 6: without the token the root refuses, and nginx says why
+--- http_config
+sluice_root $TEST_NGINX_GUARDED_ROOT_URL;
+sluice_sync_interval 200ms;
+--- config
+location /g/ { alias html/; sluice guarded; }
+--- request
+GET /g/index.html
+--- wait: 1.5
+--- error_log eval
+qr/\[warn\] .*sluice: quota root http:\/\/127\.0\.0\.1:\d+ unreachable: .*401/
+
+
+
+=== TEST 7: every root down: requests pass and the log says so once
+--- http_config
+sluice_root $TEST_NGINX_DEAD_ROOTS;
+sluice_sync_interval 200ms;
+--- config
+location /free/ { alias html/; sluice not_known_anywhere; }
+--- request
+GET /free/index.html
+--- wait: 1.5
+--- error_code: 200
+--- grep_error_log eval
+qr/sluice: all 2 quota roots unreachable; limiting with local counts only/
+--- grep_error_log_out
+sluice: all 2 quota roots unreachable; limiting with local counts only
+
+
+
+=== TEST 8: every root down: seeds from the quota file still limit, locally
+--- http_config
+sluice_root $TEST_NGINX_DEAD_ROOTS;
+sluice_sync_interval 200ms;
+sluice_quotas ../html/seeds.json;
+--- config
+location /s/ { alias html/; sluice seeded; }
+--- user_files
+>>> seeds.json
+[{"name": "seeded", "limit": 0, "low_burst": 2, "high_burst": 2}]
+--- init
+sleep 1;
+--- request eval
+["GET /s/index.html", "GET /s/index.html", "GET /s/index.html"]
+--- error_code eval
+[200, 200, 429]

@@ -1,0 +1,158 @@
+# The configurations in nginx-conf/ work as their comments say. Each is
+# copied into a scratch prefix with its quota file, its ports moved to
+# free ones (and its root to a real `sluice root` started here), then run
+# with our nginx and the module.
+#
+# A plain Test::More file (it needs several servers per example), so it
+# runs the same under upstream Test::Nginx and under the runner in t/lib.
+
+use strict;
+use warnings;
+
+use FindBin ();
+use lib "$FindBin::Bin/helpers";
+use File::Copy qw(copy);
+use File::Temp ();
+use HTTP::Tiny;
+use JSON::PP ();
+use Test::More;
+use Time::HiRes qw(sleep);
+use SluiceTest qw(free_port start_root stop_root root_call http_request);
+
+my $Repo = "$FindBin::Bin/..";
+my $Nginx = $ENV{TEST_NGINX_BINARY} || "$Repo/build/nginx/sbin/nginx";
+my $Module = $ENV{TEST_NGINX_SLUICE_MODULE}
+    || "$Repo/build/nginx/modules/ngx_http_sluice_module.so";
+my $Examples = "$Repo/nginx-conf";
+
+my $root = start_root();
+END { stop_root($root) }
+
+# Runs nginx with nginx-conf/$conf (and its quota file) in a scratch
+# prefix; returns {prefix, port, stop}.
+sub run_example {
+    my ($conf, $quotas) = @_;
+    my $prefix = File::Temp::tempdir(CLEANUP => 1);
+    # Workers run as an unprivileged user when nginx starts as root.
+    chmod 0755, $prefix;
+    mkdir "$prefix/$_", 0755 for qw(conf logs html);
+    copy("$Examples/$quotas", "$prefix/conf/$quotas") or die "copy $quotas: $!";
+    open my $fh, '>', "$prefix/html/index.html" or die $!;
+    print $fh "hello\n";
+    close $fh;
+    my ($port, $backend) = (free_port(), free_port());
+    open my $in, '<', "$Examples/$conf" or die "$conf: $!";
+    my $text = do { local $/; <$in> };
+    close $in;
+    $text =~ s{load_module modules/ngx_http_sluice_module\.so;}{load_module $Module;}
+        or die "$conf: no load_module line";
+    $text =~ s{127\.0\.0\.1:8080}{127.0.0.1:$port}g;
+    $text =~ s{127\.0\.0\.1:8081}{127.0.0.1:$backend}g;
+    $text =~ s{http://127\.0\.0\.1:7070}{$root->{url}}g;
+    $text =~ s{sluice_sync_interval 1s;}{sluice_sync_interval 200ms;}g;
+    open my $out, '>', "$prefix/conf/$conf" or die $!;
+    print $out $text;
+    close $out;
+    my @cmd = ($Nginx, '-p', "$prefix/", '-c', "$prefix/conf/$conf");
+    is(system(@cmd, '-t', '-q'), 0, "$conf: nginx -t accepts it");
+    is(system(@cmd), 0, "$conf: nginx starts") or BAIL_OUT("cannot start nginx with $conf");
+    return {
+        prefix => $prefix,
+        url => "http://127.0.0.1:$port",
+        stop => sub { system(@cmd, '-s', 'stop'); sleep 0.3 },
+    };
+}
+
+sub get { my ($url, %headers) = @_; http_request('GET', $url, \%headers) }
+
+sub statuses {
+    my ($url, $n, %headers) = @_;
+    return map { get($url, %headers)->{status} } 1 .. $n;
+}
+
+sub count { my ($want, @got) = @_; scalar grep { $_ == $want } @got }
+
+# --- s3.conf: a bucket's reads and writes, by host or by path -------------
+{
+    my ($status) = root_call($root, 'POST', '/v1/apply', do {
+        open my $q, '<', "$Examples/s3-quotas.json" or die $!;
+        local $/;
+        JSON::PP::decode_json(<$q>);
+    });
+    ok($status >= 200 && $status < 300, "the root took s3-quotas.json ($status)");
+    my $ex = run_example('s3.conf', 's3-quotas.json');
+    sleep 1;
+    my $res = get("$ex->{url}/cat.jpg", Host => 'photos.s3.example');
+    is($res->{status}, 200, 's3: a read passes');
+    is($res->{content}, "stored: GET /cat.jpg\n", 's3: and reaches the backend');
+    like($res->{headers}{'ratelimit-policy'} // '', qr/^"s3_photos(_read)?";q=\d+;w=\d+$/,
+        's3: with a RateLimit-Policy header');
+    # 15 + up to 15 more in the band, at 15/s: 60 reads in a burst cannot
+    # all pass.
+    my @reads = statuses("$ex->{url}/cat.jpg", 60, Host => 'photos.s3.example');
+    cmp_ok(count(200, @reads), '>=', 14, 's3: the burst of reads passes');
+    cmp_ok(count(429, @reads), '>=', 20, 's3: reads beyond the burst get 429');
+    # Path style, another bucket: its own quota.
+    my @logs = statuses("$ex->{url}/logs/app.log", 5);
+    is(count(200, @logs), 5, 's3: path-style requests to another bucket pass');
+    my $put = http_request('PUT', "$ex->{url}/logs/new.log", {}, 'x');
+    is($put->{status}, 200, 's3: a write is checked against the write quota');
+    sleep 0.3;    # nginx logs a request just after answering it
+    open my $log, '<', "$ex->{prefix}/logs/s3-access.log" or die $!;
+    my @lines = <$log>;
+    ok((grep { /"PUT \/logs\/new\.log HTTP\/1\.1" 200 bucket=logs op=write sluice=PASSED/ } @lines),
+        's3: the access log shows bucket, direction and $sluice_status')
+        or diag(join '', grep { /PUT/ } @lines);
+    ok((grep { /bucket=photos op=read sluice=REJECTED/ } @lines),
+        's3: rejected reads are logged as REJECTED');
+    my $metrics = get("$ex->{url}/sluice-metrics");
+    like($metrics->{content}, qr/sluice_checks_total\{quota="s3_photos_read",result="rejected"\} [1-9]/,
+        's3: the metrics count the rejections');
+    $ex->{stop}->();
+}
+
+# --- standalone.conf: a local quota file, weights, dry run ----------------
+{
+    my $ex = run_example('standalone.conf', 'standalone-quotas.json');
+    my @api = statuses("$ex->{url}/api/index.html", 40);
+    cmp_ok(count(200, @api), '>=', 10, 'standalone: the api burst passes');
+    cmp_ok(count(429, @api), '>=', 15, 'standalone: beyond it, 429');
+    my @beta = statuses("$ex->{url}/beta/index.html", 10);
+    is(count(200, @beta), 10, 'standalone: dry run rejects nothing');
+    sleep 0.3;
+    open my $log, '<', "$ex->{prefix}/logs/standalone-access.log" or die $!;
+    my @lines = <$log>;
+    ok((grep { /beta.* 200 sluice=REJECTED_DRY_RUN/ } @lines),
+        'standalone: and marks what it would have rejected');
+    $ex->{stop}->();
+}
+
+# --- app-counts.conf: the application counts, nginx checks with weight 0 --
+{
+    my ($status) = root_call($root, 'POST', '/v1/apply', do {
+        open my $q, '<', "$Examples/app-quotas.json" or die $!;
+        local $/;
+        JSON::PP::decode_json(<$q>);
+    });
+    ok($status >= 200 && $status < 300, "the root took app-quotas.json ($status)");
+    my $ex = run_example('app-counts.conf', 'app-quotas.json');
+    sleep 1;
+    my @before = statuses("$ex->{url}/api/x", 20, 'X-Tenant' => 'acme');
+    is(count(200, @before), 20, 'app: a tenant under its quota passes');
+    # The application (another limiter at the same root) counts acme's
+    # usage past its high burst.
+    my (undef, $quota) = root_call($root, 'GET', '/v1/quotas/tenant_acme');
+    my ($sync) = root_call($root, 'POST', '/v1/sync',
+        { limiter => 'app-host', deltas => [{ id => $quota->{id}, delta => 5000 }] });
+    is($sync, 200, 'app: the application reported its usage');
+    sleep 1.5;
+    my @after = statuses("$ex->{url}/api/x", 5, 'X-Tenant' => 'acme');
+    is(count(503, @after), 5, 'app: nginx now turns acme away (sluice_status 503)');
+    my @other = statuses("$ex->{url}/api/x", 5, 'X-Tenant' => 'globex');
+    is(count(200, @other), 5, 'app: other tenants still pass');
+    my (undef, $globex) = root_call($root, 'GET', '/v1/quotas/tenant_globex');
+    is($globex->{level}, 0, 'app: nginx counted nothing (weight 0)');
+    $ex->{stop}->();
+}
+
+done_testing();
