@@ -101,7 +101,7 @@ APT_GET ?= apt-get
 # Top-level targets
 
 .PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo \
-	test-capi test-nginx bench bench-accuracy run fmt fmt-check clippy clean \
+	test-capi test-nginx bench bench-nginx bench-accuracy run fmt fmt-check clippy clean \
 	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
@@ -193,6 +193,9 @@ test-nginx: nginx module bin ## the Test::Nginx suite in t/ only
 
 bench: ## run the criterion benchmark of the check path
 	$(CARGO) bench --bench check
+
+bench-nginx: nginx module bin ## wrk on 127.0.0.1: no limit, limit_req, sluice (table on stdout)
+	benches/nginx.sh
 
 # Seeds per scenario and mode; the table shows their mean and range.
 ACCURACY_SEEDS ?= 5
