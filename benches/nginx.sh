@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# `make bench-nginx`: nginx throughput and latency with wrk on 127.0.0.1,
-# the same static file served with no limit, with limit_req, and with
-# sluice (passing, rejecting, a depth-3 chain, a name built from
-# variables, and passing while syncing with a real quota root every
-# 200 ms). Every case runs in the same nginx, one after another, so they
-# compare side by side. Prints a Markdown table.
+# `make bench-nginx`: nginx throughput and latency with wrk on 127.0.0.1.
 #
-# Bounded: DURATION seconds per case (default 10), CONNECTIONS (default
-# 32), one wrk thread, one nginx worker (the machine has 2 cores: one for
-# nginx, one for wrk).
+# The same static file (612 bytes, keepalive) is served by one nginx
+# (2 workers) with: (a) no limit, (b) limit_req with a zone and a rate
+# that never limits, (c) sluice with a quota that never rejects, and
+# more sluice cases (a depth-3 chain, a name built from variables, the
+# RateLimit headers, a quota that rejects everything). The cases are
+# interleaved over ROUNDS rounds and the median is reported, so slow
+# drifts of a shared machine hit them alike. Then (d) the same sluice
+# check with every quota root hung (SIGSTOP), (e) synced with a live root
+# every 200 ms, and (f) 20 `nginx -s reload` during a wrk run, counting
+# failed requests. Prints Markdown.
+#
+# Bounded: DURATION seconds per measurement (default 10), ROUNDS (3),
+# CONNECTIONS (64), WORKERS (2), one wrk thread.
 
 set -euo pipefail
 
@@ -17,8 +22,9 @@ nginx=$repo/build/nginx/sbin/nginx
 module=$repo/build/nginx/modules/ngx_http_sluice_module.so
 sluice=$repo/target/release/sluice
 duration=${DURATION:-10}
-connections=${CONNECTIONS:-32}
-workers=${WORKERS:-1}
+rounds=${ROUNDS:-3}
+connections=${CONNECTIONS:-64}
+workers=${WORKERS:-2}
 
 command -v wrk >/dev/null || { echo "bench-nginx: wrk not found (make deps)" >&2; exit 1; }
 
@@ -28,28 +34,45 @@ free_port() {
 
 dir=$(mktemp -d)
 chmod 0755 "$dir"
-mkdir -p "$dir/conf" "$dir/logs" "$dir/html" "$dir/root"
-head -c 612 /dev/zero | tr '\0' 'x' >"$dir/html/file.txt"
+# Two nginx prefixes: "a" (standalone, then with a live root) and "b"
+# (every root hung), running side by side.
+for p in a b; do
+    mkdir -p "$dir/$p/conf" "$dir/$p/logs" "$dir/$p/html"
+    head -c 612 /dev/zero | tr '\0' 'x' >"$dir/$p/html/file.txt"
+done
+mkdir -p "$dir/root" "$dir/logs"
 chmod -R a+rX "$dir"
-port=$(free_port)
+declare -A PORT=([a]=$(free_port) [b]=$(free_port))
 root_port=$(free_port)
 root_url=http://127.0.0.1:$root_port
+root_pid=
+hung_pids=()
 
+stop_nginx() { # prefix
+    "$nginx" -p "$dir/$1/" -c "$dir/$1/conf/nginx.conf" -s stop 2>/dev/null || true
+    sleep 0.5
+}
 cleanup() {
-    "$nginx" -p "$dir/" -c "$dir/conf/nginx.conf" -s stop 2>/dev/null || true
-    [ -n "${root_pid:-}" ] && kill "$root_pid" 2>/dev/null && wait "$root_pid" 2>/dev/null
+    stop_nginx a
+    stop_nginx b
+    for p in $root_pid "${hung_pids[@]}"; do
+        kill -CONT "$p" 2>/dev/null || true
+        kill "$p" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
     rm -rf "$dir"
 }
 trap cleanup EXIT
 
-"$sluice" root --listen "127.0.0.1:$root_port" --db "sqlite://$dir/root/q.db" \
-    --reload-interval 200ms >"$dir/logs/root.log" 2>&1 &
-root_pid=$!
-for _ in $(seq 100); do curl -fsS "$root_url/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
-# Leaks 1 unit/s with room for 1e12: its level at the root counts the requests.
-"$sluice" quota set synced --limit 1 --low-burst 1e12 --high-burst 2e12 --root "$root_url" >/dev/null
+start_root() { # port db -> pid on stdout
+    "$sluice" root --listen "127.0.0.1:$1" --db "sqlite://$2" --reload-interval 200ms \
+        >>"$dir/logs/root.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 100); do curl -fsS "http://127.0.0.1:$1/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+    echo "$pid"
+}
 
-cat >"$dir/conf/quotas.json" <<'EOF'
+cat >"$dir/quotas.json" <<'EOF'
 {"quotas": [
   {"name": "pass", "limit": 1e9, "low_burst": 1e9, "high_burst": 2e9},
   {"name": "reject", "limit": 0, "low_burst": 0, "high_burst": 0},
@@ -60,7 +83,10 @@ cat >"$dir/conf/quotas.json" <<'EOF'
 ]}
 EOF
 
-cat >"$dir/conf/nginx.conf" <<EOF
+# nginx.conf of prefix $1 with the extra http-level sluice lines $2.
+write_conf() {
+    cp "$dir/quotas.json" "$dir/$1/conf/quotas.json"
+    cat >"$dir/$1/conf/nginx.conf" <<EOF
 load_module $module;
 worker_processes $workers;
 error_log logs/error.log warn;
@@ -70,49 +96,130 @@ http {
     access_log off;
     sluice_zone 32m;
     sluice_quotas quotas.json;
+    $2
     limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
     server {
-        listen 127.0.0.1:$port;
+        listen 127.0.0.1:${PORT[$1]};
         root html;
         location = /none { try_files /file.txt =404; }
         location = /limit_req { limit_req zone=perip burst=100000000 nodelay; try_files /file.txt =404; }
         location = /sluice { sluice pass; try_files /file.txt =404; }
-        location = /sluice_reject { sluice reject; sluice_log_level info; try_files /file.txt =404; }
         location = /sluice_chain { sluice leaf; try_files /file.txt =404; }
         location = /sluice_vars { set \$rw read; sluice s3_\${arg_b}_\${rw}; try_files /file.txt =404; }
         location = /sluice_headers { sluice pass; sluice_headers on; try_files /file.txt =404; }
+        location = /sluice_reject { sluice reject; sluice_log_level info; try_files /file.txt =404; }
+        location = /sluice_synced { sluice synced; try_files /file.txt =404; }
     }
 }
 EOF
-"$nginx" -p "$dir/" -c "$dir/conf/nginx.conf"
-sleep 0.5
-
-# Runs wrk against $1; prints "requests/s|p50|p99|non-2xx".
-measure() {
-    local out
-    out=$(wrk -t1 -c"$connections" -d"${duration}s" --latency "http://127.0.0.1:$port$1")
-    local rps p50 p99 non2xx
-    rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-    p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
-    p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
-    non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
-    echo "${rps}|${p50}|${p99}|${non2xx:-0}"
 }
 
-printf '| case | requests/s | p50 | p99 | non-2xx |\n|---|---|---|---|---|\n'
-for case in none limit_req sluice sluice_chain "sluice_vars?b=photos" sluice_headers sluice_reject; do
-    IFS='|' read -r rps p50 p99 non2xx <<<"$(measure "/$case")"
-    printf '| `%s` | %s | %s | %s | %s |\n' "$case" "$rps" "$p50" "$p99" "$non2xx"
+start_nginx() { # prefix extra-lines settle-seconds
+    write_conf "$1" "$2"
+    "$nginx" -p "$dir/$1/" -c "$dir/$1/conf/nginx.conf"
+    sleep "${3:-0.5}"
+}
+
+# wrk against nginx $1, path $2, for $3 seconds; prints "rps p50 p99
+# non2xx errors".
+measure() {
+    local out
+    out=$(wrk -t1 -c"$connections" -d"${3:-$duration}s" --latency "http://127.0.0.1:${PORT[$1]}$2")
+    awk '
+        /^Requests\/sec/ { rps = $2 }
+        $1 == "50%" { p50 = $2 }
+        $1 == "99%" { p99 = $2 }
+        /Non-2xx/ { non2xx = $NF }
+        /Socket errors/ { gsub(",", ""); errors = $4 + $6 + $8 + $10 }
+        END { printf "%s %s %s %d %d\n", rps, p50, p99, non2xx, errors }
+    ' <<<"$out"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+# Latency in microseconds from wrk's "1.23ms" / "456.00us" / "1.2s".
+to_us() {
+    awk '{ v = $1; if (v ~ /us$/) { sub("us", "", v); print v }
+           else if (v ~ /ms$/) { sub("ms", "", v); print v * 1000 }
+           else if (v ~ /s$/) { sub("s", "", v); print v * 1000000 } }'
+}
+
+declare -A RPS P50 P99 NON2XX ERRORS
+record() { # case "rps p50 p99 non2xx errors"
+    local rps p50 p99 non2xx errors
+    read -r rps p50 p99 non2xx errors <<<"$2"
+    RPS[$1]+="$rps "
+    P50[$1]+="$(to_us <<<"$p50") "
+    P99[$1]+="$(to_us <<<"$p99") "
+    NON2XX[$1]+="$non2xx "
+    ERRORS[$1]+="$errors "
+}
+row() { # label case
+    local rps p50 p99
+    rps=$(tr ' ' '\n' <<<"${RPS[$2]}" | grep . | median)
+    p50=$(tr ' ' '\n' <<<"${P50[$2]}" | grep . | median)
+    p99=$(tr ' ' '\n' <<<"${P99[$2]}" | grep . | median)
+    printf '| %s | %.0f | %.0f | %.0f | %s | %s |\n' "$1" "$rps" "$p50" "$p99" \
+        "${NON2XX[$2]% }" "${ERRORS[$2]% }"
+}
+
+cases=(none limit_req sluice sluice_chain "sluice_vars?b=photos" sluice_headers sluice_reject)
+
+echo "bench-nginx: $workers workers, $connections connections, ${duration}s x $rounds rounds per case" >&2
+# (d): every root hung. Two roots, both stopped with SIGSTOP after they
+# started: connections are accepted by the kernel and never answered.
+hung_urls=
+for _ in 1 2; do
+    p=$(free_port)
+    hung_pids+=("$(start_root "$p" "$dir/root/hung-$p.db")")
+    hung_urls+="http://127.0.0.1:$p "
+done
+kill -STOP "${hung_pids[@]}"
+start_nginx a ""
+start_nginx b "sluice_root $hung_urls; sluice_sync_interval 1s;" 3
+wrk -t1 -c"$connections" -d2s "http://127.0.0.1:${PORT[a]}/none" >/dev/null    # warm up
+for r in $(seq "$rounds"); do
+    for c in "${cases[@]}"; do
+        record "$c" "$(measure a "/$c")"
+    done
+    record "hung" "$(measure b /sluice)"
+done
+stop_nginx a
+stop_nginx b
+
+# (e) and (f): a live root.
+root_pid=$(start_root "$root_port" "$dir/root/live.db")
+# Leaks 1 unit/s with room for 1e12: its level at the root counts requests.
+"$sluice" quota set synced --limit 1 --low-burst 1e12 --high-burst 2e12 --root "$root_url" >/dev/null
+start_nginx a "sluice_root $root_url; sluice_sync_interval 200ms;" 1.5
+for r in $(seq "$rounds"); do
+    record "synced" "$(measure a /sluice_synced)"
+done
+sleep 1
+level=$("$sluice" quota get synced --root "$root_url" --json |
+    python3 -c 'import json,sys; print(round(json.load(sys.stdin).get("level", 0)))')
+
+reload_secs=$((20 / 2 + 4))
+# The same with no limit: socket errors there are nginx's own (old
+# workers close idle keepalive connections), not sluice's.
+for path in /sluice_synced /none; do
+    ( sleep 2; for _ in $(seq 20); do "$nginx" -p "$dir/a/" -c "$dir/a/conf/nginx.conf" -s reload; sleep 0.5; done ) &
+    reloader=$!
+    record "reloads$path" "$(measure a "$path" "$reload_secs")"
+    wait "$reloader"
 done
 
-# The same nginx again, now synced with the root every 200 ms.
-sed -i "s|sluice_quotas quotas.json;|sluice_quotas quotas.json; sluice_root $root_url; sluice_sync_interval 200ms;|; s|location = /sluice {|location = /sluice_synced { sluice synced; try_files /file.txt =404; }\n        location = /sluice {|" "$dir/conf/nginx.conf"
-"$nginx" -p "$dir/" -c "$dir/conf/nginx.conf" -s stop
-sleep 0.5
-"$nginx" -p "$dir/" -c "$dir/conf/nginx.conf"
-sleep 1.5
-IFS='|' read -r rps p50 p99 non2xx <<<"$(measure /sluice_synced)"
-printf '| `%s` | %s | %s | %s | %s |\n' "sluice_synced (root, 200 ms)" "$rps" "$p50" "$p99" "$non2xx"
-level=$("$sluice" quota get synced --root "$root_url" --json | python3 -c 'import json,sys; print(json.load(sys.stdin).get("level"))')
+printf '| case | requests/s | p50 µs | p99 µs | non-2xx per round | socket errors per round |\n|---|---|---|---|---|---|\n'
+row '(a) no limit' none
+row '(b) `limit_req`, rate never reached' limit_req
+row '(c) `sluice`, quota never rejects' sluice
+row '`sluice`, depth-3 chain' sluice_chain
+row '`sluice`, name from variables' 'sluice_vars?b=photos'
+row '`sluice`, RateLimit headers on' sluice_headers
+row '`sluice`, every request rejected (429)' sluice_reject
+row '(d) `sluice`, both roots hung (SIGSTOP)' hung
+row '(e) `sluice`, synced with a root every 200 ms' synced
+row '(f) (e) while nginx reloads 20 times' reloads/sluice_synced
+row '(f) control: no limit while nginx reloads 20 times' reloads/none
 echo
-echo "root level of \`synced\` after the run: $level (requests counted at the root)"
+echo "Root level of the synced quota afterwards: $level (requests counted at the root)."
