@@ -156,19 +156,60 @@ impl Merge for LocConf {
     }
 }
 
-/// The configuration structure a directive at this place fills.
-///
-/// # Safety
-/// `conf` must be the structure nginx passes for a directive registered
-/// with the matching `conf` offset (main or location).
-unsafe fn conf_mut<'a, T>(conf: *mut std::ffi::c_void) -> &'a mut T {
-    // SAFETY: per the caller, `conf` is our live configuration structure.
-    unsafe { &mut *conf.cast::<T>() }
+/// Defines a directive handler: the `set` callback nginx calls, running
+/// `$body` inside [`conf_boundary`] with the directive's configuration
+/// structure (`$conf` of type `$ty`), its arguments (`$args`, the directive
+/// name first) and the configuration being parsed (`$cf`).
+macro_rules! directive_handler {
+    ($(#[$doc:meta])* $name:ident, |$cf:ident, $conf:ident: &mut $ty:ty, $args:ident| $body:block) => {
+        $(#[$doc])*
+        pub(crate) unsafe extern "C" fn $name(
+            $cf: *mut ngx_conf_t,
+            _cmd: *mut ngx_command_t,
+            conf: *mut std::ffi::c_void,
+        ) -> *mut c_char {
+            conf_boundary($cf, || {
+                // SAFETY: nginx passes the live configuration and the
+                // structure this directive is registered for (main or
+                // location, matching `$ty`).
+                let ($conf, $args): (&mut $ty, Vec<&[u8]>) =
+                    unsafe { (&mut *conf.cast::<$ty>(), directive_args(&*$cf)) };
+                $body
+            })
+        }
+    };
+}
+
+/// Stores `value` unless the directive (named in `args[0]`) already did.
+fn once<T>(slot: &mut Option<T>, value: T, args: &[&[u8]]) -> Result<(), String> {
+    if slot.is_some() {
+        return Err(format!("\"{}\" directive is duplicate", text(args[0])));
+    }
+    *slot = Some(value);
+    Ok(())
 }
 
 /// The `http`-level configuration, reached from any directive.
 fn main_conf(cf: &ngx_conf_t) -> Result<&'static mut MainConf, String> {
     Module::main_conf_mut(cf).ok_or_else(|| "sluice: no http configuration".to_string())
+}
+
+/// A NUL-terminated copy of `bytes` in the configuration pool, which
+/// lives as long as the configuration that keeps it.
+fn pool_copy(cf: *mut ngx_conf_t, bytes: &[u8]) -> Result<ngx_str_t, String> {
+    // SAFETY: `cf` is the live configuration; the copy has room for the
+    // bytes and the NUL that ngx_pcalloc's zeroing provides.
+    unsafe {
+        let copy = ngx_pcalloc((*cf).pool, bytes.len() + 1).cast::<u8>();
+        if copy.is_null() {
+            return Err("sluice: out of memory".into());
+        }
+        ptr::copy_nonoverlapping(bytes.as_ptr(), copy, bytes.len());
+        Ok(ngx_str_t {
+            len: bytes.len(),
+            data: copy,
+        })
+    }
 }
 
 /// Compiles `value` (possibly with variables) into a complex value
@@ -178,21 +219,15 @@ fn compile(
     value: &[u8],
     what: &str,
 ) -> Result<*const ngx_http_complex_value_t, String> {
-    // SAFETY: `cf` is the live configuration; the pool outlives the cycle's
-    // configuration, which is where the compiled value is kept.
+    let mut source = pool_copy(cf, value)?;
+    // SAFETY: `cf` is the live configuration; the compiled value and its
+    // source live in its pool, as long as the configuration keeps them.
     unsafe {
-        let pool = (*cf).pool;
-        let cv = ngx_pcalloc(pool, std::mem::size_of::<ngx_http_complex_value_t>())
+        let cv = ngx_pcalloc((*cf).pool, std::mem::size_of::<ngx_http_complex_value_t>())
             .cast::<ngx_http_complex_value_t>();
-        let copy = ngx_pcalloc(pool, value.len() + 1).cast::<u8>();
-        if cv.is_null() || copy.is_null() {
+        if cv.is_null() {
             return Err(format!("sluice: out of memory compiling {what}"));
         }
-        ptr::copy_nonoverlapping(value.as_ptr(), copy, value.len());
-        let mut source = ngx_str_t {
-            len: value.len(),
-            data: copy,
-        };
         let mut ccv: ngx_http_compile_complex_value_t = std::mem::zeroed();
         ccv.cf = cf;
         ccv.value = &mut source;
@@ -211,22 +246,45 @@ fn is_literal(cv: *const ngx_http_complex_value_t) -> bool {
     unsafe { (*cv).lengths.is_null() }
 }
 
+/// The text of a compiled value without variables.
+fn literal_of<'a>(cv: *const ngx_http_complex_value_t) -> Option<&'a [u8]> {
+    // SAFETY: `cv` was compiled by `compile` from a pool copy that lives as
+    // long as the configuration.
+    is_literal(cv).then(|| unsafe { bytes(&(*cv).value) })
+}
+
+/// Resolves `name` against the configuration's directory, as nginx does
+/// for files named in a configuration.
+fn full_path(cf: *mut ngx_conf_t, name: &[u8]) -> Result<String, String> {
+    let mut s = pool_copy(cf, name)?;
+    // SAFETY: `cf` is live; ngx_conf_full_name only rewrites `s`, with
+    // memory from the cycle's pool.
+    unsafe {
+        if ngx::ffi::ngx_conf_full_name((*cf).cycle, &mut s, 1) != NGX_OK as isize {
+            return Err(format!("cannot resolve path \"{}\"", text(name)));
+        }
+        Ok(text(bytes(&s)).into_owned())
+    }
+}
+
+/// Reads a file named in the configuration; `what` names it in errors.
+fn read_conf_file(
+    cf: *mut ngx_conf_t,
+    name: &[u8],
+    what: &str,
+) -> Result<(String, String), String> {
+    let path = full_path(cf, name)?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {what} \"{path}\": {e}"))?;
+    Ok((path, text))
+}
+
 // ---- http-level directives ------------------------------------------------
 
-/// `sluice_zone <size>;`
-pub(crate) unsafe extern "C" fn set_zone(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
-        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if mcf.zone_size.is_some() {
-            return Err("\"sluice_zone\" directive is duplicate".into());
-        }
+directive_handler!(
+    /// `sluice_zone <size>;`
+    set_zone,
+    |cf, mcf: &mut MainConf, args| {
         let size = parse_size(args[1])
             .ok_or_else(|| format!("invalid zone size \"{}\"", text(args[1])))?;
         if size < MIN_ZONE_SIZE {
@@ -235,23 +293,16 @@ pub(crate) unsafe extern "C" fn set_zone(
                 text(args[1])
             ));
         }
-        mcf.zone_size = Some(size);
+        once(&mut mcf.zone_size, size, &args)?;
         mcf.used = true;
         Ok(())
-    })
-}
+    }
+);
 
-/// `sluice_root <url> [<url> ...];` (may be repeated).
-pub(crate) unsafe extern "C" fn set_root(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
-        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
+directive_handler!(
+    /// `sluice_root <url> [<url> ...];` (may be repeated).
+    set_root,
+    |cf, mcf: &mut MainConf, args| {
         for arg in &args[1..] {
             let url = parse_root_url(arg)
                 .map_err(|why| format!("invalid quota root \"{}\": {why}", text(arg)))?;
@@ -268,154 +319,77 @@ pub(crate) unsafe extern "C" fn set_root(
         }
         mcf.used = true;
         Ok(())
-    })
-}
-
-/// Resolves `name` against the configuration prefix, as nginx does for
-/// files named in a configuration.
-fn full_path(cf: *mut ngx_conf_t, name: &[u8]) -> Result<String, String> {
-    // SAFETY: the copy lives in the configuration pool; ngx_conf_full_name
-    // only rewrites the ngx_str_t it is given.
-    unsafe {
-        let copy = ngx_pcalloc((*cf).pool, name.len() + 1).cast::<u8>();
-        if copy.is_null() {
-            return Err("sluice: out of memory".into());
-        }
-        ptr::copy_nonoverlapping(name.as_ptr(), copy, name.len());
-        let mut s = ngx_str_t {
-            len: name.len(),
-            data: copy,
-        };
-        if ngx::ffi::ngx_conf_full_name((*cf).cycle, &mut s, 1) != NGX_OK as isize {
-            return Err(format!("cannot resolve path \"{}\"", text(name)));
-        }
-        Ok(text(bytes(&s)).into_owned())
     }
-}
+);
 
-/// `sluice_quotas <file>;`
-pub(crate) unsafe extern "C" fn set_quotas(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
-        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if mcf.quotas.is_some() {
-            return Err("\"sluice_quotas\" directive is duplicate".into());
-        }
-        let path = full_path(cf, args[1])?;
-        let json = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read quota file \"{path}\": {e}"))?;
+directive_handler!(
+    /// `sluice_quotas <file>;`
+    set_quotas,
+    |cf, mcf: &mut MainConf, args| {
+        let (path, json) = read_conf_file(cf, args[1], "quota file")?;
         let set = QuotaSet::from_json(&json)
             .map_err(|e| format!("invalid quota file \"{path}\": {e}"))?;
-        mcf.quotas = Some(QuotaFile { path, set });
+        once(&mut mcf.quotas, QuotaFile { path, set }, &args)?;
         mcf.used = true;
         Ok(())
-    })
-}
+    }
+);
 
-/// `sluice_sync_interval <time>;` and `sluice_sync_timeout <time>;`
-pub(crate) unsafe extern "C" fn set_sync_time(
-    cf: *mut ngx_conf_t,
-    cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
-        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration and the command.
-        let (args, name) = unsafe { (directive_args(&*cf), bytes(&(*cmd).name)) };
-        let ms =
-            parse_time_ms(args[1]).ok_or_else(|| format!("invalid time \"{}\"", text(args[1])))?;
-        let slot = if name == b"sluice_sync_interval" {
+directive_handler!(
+    /// `sluice_sync_interval <time>;` and `sluice_sync_timeout <time>;`
+    set_sync_time,
+    |cf, mcf: &mut MainConf, args| {
+        let ms = parse_time_ms(args[1])
+            .ok_or_else(|| format!("invalid time \"{}\"", text(args[1])))?;
+        if args[0] == b"sluice_sync_interval" {
             if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&ms) {
                 return Err(format!(
                     "sync interval \"{}\" is out of range (100ms to 1h)",
                     text(args[1])
                 ));
             }
-            &mut mcf.sync_interval_ms
+            once(&mut mcf.sync_interval_ms, ms, &args)
         } else {
             if ms == 0 {
                 return Err("sync timeout must be greater than 0".into());
             }
-            &mut mcf.sync_timeout_ms
-        };
-        if slot.is_some() {
-            return Err(format!("\"{}\" directive is duplicate", text(name)));
+            once(&mut mcf.sync_timeout_ms, ms, &args)
         }
-        *slot = Some(ms);
-        Ok(())
-    })
-}
+    }
+);
 
-/// `sluice_sync_token_file <path>;`
-pub(crate) unsafe extern "C" fn set_token_file(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
-        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if mcf.sync_token.is_some() {
-            return Err("\"sluice_sync_token_file\" directive is duplicate".into());
-        }
-        let path = full_path(cf, args[1])?;
-        let token = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read sync token file \"{path}\": {e}"))?;
+directive_handler!(
+    /// `sluice_sync_token_file <path>;`
+    set_token_file,
+    |cf, mcf: &mut MainConf, args| {
+        let (path, token) = read_conf_file(cf, args[1], "sync token file")?;
         let token = token.trim();
         if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(format!(
                 "sync token file \"{path}\" must hold one token of printable characters"
             ));
         }
-        mcf.sync_token = Some(token.to_string());
-        Ok(())
-    })
-}
+        once(&mut mcf.sync_token, token.to_string(), &args)
+    }
+);
 
-/// `sluice_host_id <string>;`
-pub(crate) unsafe extern "C" fn set_host_id(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_MAIN_CONF_OFFSET.
-        let mcf: &mut MainConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if mcf.host_id.is_some() {
-            return Err("\"sluice_host_id\" directive is duplicate".into());
-        }
+directive_handler!(
+    /// `sluice_host_id <string>;`
+    set_host_id,
+    |cf, mcf: &mut MainConf, args| {
         let id = parse_host_id(args[1])
             .map_err(|why| format!("invalid host id \"{}\": {why}", text(args[1])))?;
-        mcf.host_id = Some(id);
-        Ok(())
-    })
-}
+        once(&mut mcf.host_id, id, &args)
+    }
+);
 
 // ---- location-level directives ------------------------------------------
 
-/// `sluice <name> [weight=<number|$variable>];` or `sluice off;`
-pub(crate) unsafe extern "C" fn set_check(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
-        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        // SAFETY: as above.
+directive_handler!(
+    /// `sluice <name> [weight=<number|$variable>];` or `sluice off;`
+    set_check,
+    |cf, lcf: &mut LocConf, args| {
+        // SAFETY: `cf` is the live configuration.
         main_conf(unsafe { &*cf })?.used = true;
         let combined = "\"sluice off\" cannot be combined with other \"sluice\" directives \
                         at the same level";
@@ -439,8 +413,9 @@ pub(crate) unsafe extern "C" fn set_check(
         let name = compile(cf, args[1], "quota name")?;
         if is_literal(name) {
             let literal = std::str::from_utf8(args[1]).unwrap_or("");
-            validate_name(literal)
-                .map_err(|e| format!("invalid quota name \"{}\": {}", text(args[1]), e.message))?;
+            validate_name(literal).map_err(|e| {
+                format!("invalid quota name \"{}\": {}", text(args[1]), e.message)
+            })?;
             if checks.iter().any(|c| literal_of(c.name) == Some(args[1])) {
                 return Err(format!("quota \"{}\" is duplicate", text(args[1])));
             }
@@ -461,88 +436,47 @@ pub(crate) unsafe extern "C" fn set_check(
         }
         checks.push(Check { name, weight });
         Ok(())
-    })
-}
+    }
+);
 
-/// The text of a compiled value without variables.
-fn literal_of<'a>(cv: *const ngx_http_complex_value_t) -> Option<&'a [u8]> {
-    // SAFETY: `cv` was compiled by `compile` from a pool copy that lives as
-    // long as the configuration.
-    is_literal(cv).then(|| unsafe { bytes(&(*cv).value) })
-}
-
-/// `sluice_status <code>;` (400..599)
-pub(crate) unsafe extern "C" fn set_status(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
-        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if lcf.status.is_some() {
-            return Err("\"sluice_status\" directive is duplicate".into());
-        }
+directive_handler!(
+    /// `sluice_status <code>;` (400..599)
+    set_status,
+    |cf, lcf: &mut LocConf, args| {
         match crate::directive::parse_u64(args[1]) {
-            Some(code @ 400..=599) => {
-                lcf.status = Some(code as ngx_uint_t);
-                Ok(())
-            }
+            Some(code @ 400..=599) => once(&mut lcf.status, code as ngx_uint_t, &args),
             _ => Err(format!(
                 "invalid status \"{}\": must be between 400 and 599",
                 text(args[1])
             )),
         }
-    })
-}
+    }
+);
 
-/// `sluice_dry_run on|off;` and `sluice_headers on|off;`
-pub(crate) unsafe extern "C" fn set_flag(
-    cf: *mut ngx_conf_t,
-    cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
-        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration and the command.
-        let (args, name) = unsafe { (directive_args(&*cf), bytes(&(*cmd).name)) };
-        let slot = if name == b"sluice_dry_run" {
-            &mut lcf.dry_run
-        } else {
-            &mut lcf.headers
-        };
-        if slot.is_some() {
-            return Err(format!("\"{}\" directive is duplicate", text(name)));
-        }
+directive_handler!(
+    /// `sluice_dry_run on|off;` and `sluice_headers on|off;`
+    set_flag,
+    |cf, lcf: &mut LocConf, args| {
         let on = parse_flag(args[1]).ok_or_else(|| {
             format!(
                 "invalid value \"{}\" in \"{}\" directive, it must be \"on\" or \"off\"",
                 text(args[1]),
-                text(name)
+                text(args[0])
             )
         })?;
-        *slot = Some(on);
-        Ok(())
-    })
-}
+        let slot = if args[0] == b"sluice_dry_run" {
+            &mut lcf.dry_run
+        } else {
+            &mut lcf.headers
+        };
+        once(slot, on, &args)
+    }
+);
 
-/// `sluice_log_level info|notice|warn|error;`
-pub(crate) unsafe extern "C" fn set_log_level(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
-        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if lcf.log_level.is_some() {
-            return Err("\"sluice_log_level\" directive is duplicate".into());
-        }
+directive_handler!(
+    /// `sluice_log_level info|notice|warn|error;`
+    set_log_level,
+    |cf, lcf: &mut LocConf, args| {
         let level = match args[1] {
             b"info" => NGX_LOG_INFO,
             b"notice" => NGX_LOG_NOTICE,
@@ -555,25 +489,14 @@ pub(crate) unsafe extern "C" fn set_log_level(
                 ))
             }
         };
-        lcf.log_level = Some(level as ngx_uint_t);
-        Ok(())
-    })
-}
+        once(&mut lcf.log_level, level as ngx_uint_t, &args)
+    }
+);
 
-/// `sluice_metrics [top=<n>];` — this location serves the metrics.
-pub(crate) unsafe extern "C" fn set_metrics(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut std::ffi::c_void,
-) -> *mut c_char {
-    conf_boundary(cf, || {
-        // SAFETY: registered at NGX_HTTP_LOC_CONF_OFFSET.
-        let lcf: &mut LocConf = unsafe { conf_mut(conf) };
-        // SAFETY: nginx passes the live configuration.
-        let args = unsafe { directive_args(&*cf) };
-        if lcf.metrics.is_some() {
-            return Err("\"sluice_metrics\" directive is duplicate".into());
-        }
+directive_handler!(
+    /// `sluice_metrics [top=<n>];` — this location serves the metrics.
+    set_metrics,
+    |cf, lcf: &mut LocConf, args| {
         let mut top = DEFAULT_METRICS_TOP;
         for arg in &args[1..] {
             let n = arg
@@ -581,13 +504,12 @@ pub(crate) unsafe extern "C" fn set_metrics(
                 .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
             top = crate::directive::parse_u64(n)
                 .filter(|&n| n <= 100_000)
-                .ok_or_else(|| {
-                    format!("invalid value \"{}\": top must be 0 to 100000", text(arg))
-                })? as usize;
+                .ok_or_else(|| format!("invalid value \"{}\": top must be 0 to 100000", text(arg)))?
+                as usize;
         }
-        lcf.metrics = Some(MetricsConf { top });
-        // SAFETY: as above.
+        once(&mut lcf.metrics, MetricsConf { top }, &args)?;
+        // SAFETY: `cf` is the live configuration.
         main_conf(unsafe { &*cf })?.used = true;
         super::metrics::install(cf)
-    })
-}
+    }
+);

@@ -179,7 +179,7 @@ fn create(pool: *mut ngx_slab_pool_t, zone_size: usize) -> Result<Table, String>
             return Err(format!("sluice: zone \"{ZONE_NAME}\" is too small"));
         }
         let page = ngx_pagesize;
-        let mut avail = ((*pool).pfree as usize).saturating_sub(1) * page;
+        let mut avail = (*pool).pfree.saturating_sub(1) * page;
         // A large allocation takes whole pages; retry smaller if the free
         // pages are not contiguous enough.
         for _ in 0..16 {
