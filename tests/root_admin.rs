@@ -644,3 +644,26 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
     assert_eq!(reply.status(), StatusCode::OK);
     root.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_and_undecodable_names_get_json_errors() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config(&db)).await;
+    for (method, path) in [
+        (Method::DELETE, "/v1/apply"),
+        (Method::PATCH, "/v1/quotas/q"),
+        (Method::GET, "/v1/sync"),
+        (Method::POST, "/healthz"),
+    ] {
+        let (status, reply) = root.request(method.clone(), path, None, None).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert!(reply["error"]["message"].is_string(), "{method} {path}");
+    }
+    // %FF decodes to a byte that is not UTF-8.
+    for method in [Method::GET, Method::DELETE] {
+        let (status, reply) = root.request(method, "/v1/quotas/%FF", None, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+        assert_eq!(error_field(&reply), Some("name"), "{reply}");
+    }
+    root.stop().await;
+}
