@@ -605,3 +605,65 @@ async fn oversized_and_malformed_bodies_get_json_errors(db: Db) {
     );
     root.stop().await;
 }
+
+/// With `max_connections = 1`, an idle keep-alive connection holds the
+/// only slot: a second client is not served until the first one leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let db = Db::sqlite();
+    let mut config = config(&db);
+    config.max_connections = 1;
+    let mut root = TestRoot::start_unready(config).await;
+    // No pooled connection of the test client may hold the slot.
+    root.http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(root_support::PATIENCE)
+        .build()
+        .unwrap();
+    root.wait_ready().await;
+
+    let mut first = tokio::net::TcpStream::connect(root.addr).await.unwrap();
+    first
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: root\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    first.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    let second = tokio::spawn({
+        let (http, url) = (root.http.clone(), root.url.clone());
+        async move { http.get(format!("{url}/healthz")).send().await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!second.is_finished(), "served past the connection limit");
+    drop(first);
+    let reply = second.await.unwrap().expect("served once the slot is free");
+    assert_eq!(reply.status(), StatusCode::OK);
+    root.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_and_undecodable_names_get_json_errors() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config(&db)).await;
+    for (method, path) in [
+        (Method::DELETE, "/v1/apply"),
+        (Method::PATCH, "/v1/quotas/q"),
+        (Method::GET, "/v1/sync"),
+        (Method::POST, "/healthz"),
+    ] {
+        let (status, reply) = root.request(method.clone(), path, None, None).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert!(reply["error"]["message"].is_string(), "{method} {path}");
+    }
+    // %FF decodes to a byte that is not UTF-8.
+    for method in [Method::GET, Method::DELETE] {
+        let (status, reply) = root.request(method, "/v1/quotas/%FF", None, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+        assert_eq!(error_field(&reply), Some("name"), "{reply}");
+    }
+    root.stop().await;
+}

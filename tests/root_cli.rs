@@ -1,14 +1,16 @@
 //! The `sluice` binary: the quota CLI against a root, and `sluice root`
-//! itself (flags, graceful shutdown on SIGTERM).
+//! itself (flags, config file, token files, graceful shutdown on SIGTERM
+//! and SIGINT).
 
 mod root_support;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use root_support::{config_with_tokens, Db, TestRoot, ADMIN_TOKEN, PATIENCE};
+use root_support::{config_with_tokens, Db, Limiter, TestRoot, ADMIN_TOKEN, PATIENCE, SYNC_TOKEN};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -204,52 +206,131 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A `sluice root` child process.
+struct RootChild {
+    child: std::process::Child,
+    client: TestRoot,
+}
+
+impl RootChild {
+    /// Starts `sluice root <args>` listening on `listen` and waits until
+    /// it answers `/healthz`.
+    async fn start(listen: &str, args: &[&str]) -> Self {
+        let child = Command::new(SLUICE)
+            .arg("root")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let client = TestRoot::attach(&format!("http://{listen}"));
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let up = client
+                .http
+                .get(format!("{}/healthz", client.url))
+                .send()
+                .await;
+            if up.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sluice root did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self { child, client }
+    }
+
+    /// Sends `signal` and returns the exit status and everything the root
+    /// logged.
+    async fn stop_with(mut self, signal: libc::c_int) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill(2) with a child's pid and a valid signal number.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        let waited = tokio::task::spawn_blocking(move || {
+            let status = self.child.wait().unwrap();
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut stderr)
+                .unwrap();
+            (status, stderr)
+        });
+        tokio::time::timeout(PATIENCE, waited)
+            .await
+            .expect("the root exits after the signal")
+            .unwrap()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_root_serves_and_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let db = format!("sqlite://{}/root.db", dir.path().display());
-    let mut child = Command::new(SLUICE)
-        .args([
-            "root",
-            "--listen",
-            &listen,
-            "--db",
-            &db,
-            "--reload-interval",
-            "100ms",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let root = TestRoot::attach(&format!("http://{listen}"));
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let up = root.http.get(format!("{}/healthz", root.url)).send().await;
-        if up.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "sluice root did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    root.put("q", serde_json::json!({"limit": 1})).await;
+    let args = [
+        "--listen",
+        &listen,
+        "--db",
+        &db,
+        "--reload-interval",
+        "100ms",
+    ];
+    let root = RootChild::start(&listen, &args).await;
+    root.client.put("q", serde_json::json!({"limit": 1})).await;
 
-    // SAFETY: kill(2) with a child's pid and a valid signal number.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let status = tokio::task::spawn_blocking(move || {
-        let status = child.wait().unwrap();
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-        (status, stderr)
-    });
-    let (status, stderr) = tokio::time::timeout(PATIENCE, status)
-        .await
-        .unwrap()
-        .unwrap();
+    let (status, stderr) = root.stop_with(libc::SIGTERM).await;
     assert!(status.success(), "{status}: {stderr}");
     assert!(
         stderr.contains("SIGTERM received") && stderr.contains("quota root stopped"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_root_reads_its_config_file_and_token_files_and_stops_on_sigint() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (admin_file, sync_file) = (
+        dir.path().join("admin.token"),
+        dir.path().join("sync.token"),
+    );
+    std::fs::write(&admin_file, format!("{ADMIN_TOKEN}\n")).unwrap();
+    std::fs::write(&sync_file, format!("{SYNC_TOKEN}\n")).unwrap();
+    let config = dir.path().join("root.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{listen}\"\ndb = \"sqlite://{dir}/root.db\"\n\
+             admin_token_file = \"{admin}\"\nsync_token_file = \"{sync}\"\n\
+             reload_interval = \"250ms\"\n",
+            dir = dir.path().display(),
+            admin = admin_file.display(),
+            sync = sync_file.display(),
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let mut root = RootChild::start(&listen, &["--config", config]).await;
+
+    // Both tokens come from the files the config names.
+    let body = serde_json::to_vec(&serde_json::json!({"limit": 1})).unwrap();
+    let (status, _) = root
+        .client
+        .request(Method::PUT, "/v1/quotas/q", None, Some(body.clone()))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = root
+        .client
+        .request(Method::PUT, "/v1/quotas/q", Some(ADMIN_TOKEN), Some(body))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    root.client.sync_token = Some(SYNC_TOKEN.into());
+    let sync = Limiter::new("h").request(&[]);
+    assert_eq!(root.client.sync(&sync).await.0, StatusCode::OK);
+    root.client.sync_token = None;
+    assert_eq!(root.client.sync(&sync).await.0, StatusCode::UNAUTHORIZED);
+
+    let (status, stderr) = root.stop_with(libc::SIGINT).await;
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(
+        stderr.contains("SIGINT received") && stderr.contains("quota root stopped"),
         "{stderr}"
     );
 }

@@ -1,7 +1,7 @@
 //! Epoch ordering under concurrent writers: a reader that only ever asks
 //! for "epoch greater than the last one I saw" must miss nothing, on both
 //! backends, straight against the store and through two roots sharing one
-//! database.
+//! database. And a bulk apply is one transaction: all of it or none.
 
 #[macro_use]
 mod root_support;
@@ -16,12 +16,14 @@ use serde_json::{json, Value};
 use sluice::core::spec::QuotaSpec;
 use sluice::root::store::{ApplyOptions, PutOutcome, Store, StoreError};
 use sluice::wire::QuotaCursor;
+use sqlx::{Connection, Executor};
 
 use root_support::{config, Db, Limiter, TestRoot};
 
 on_both_backends!(
     concurrent_writers_then_an_incremental_reader_miss_nothing,
     pages_split_one_epoch_and_continue_into_the_next,
+    a_bulk_apply_that_fails_midway_leaves_nothing_behind,
 );
 
 const WRITERS: usize = 8;
@@ -223,5 +225,62 @@ async fn pages_split_one_epoch_and_continue_into_the_next(db: Db) {
         1
     );
     assert!(order[25].0 > order[0].0);
+    store.close().await;
+}
+
+/// Makes the database itself refuse to insert a quota named `poison`, the
+/// way a constraint or a lost connection can fail a statement in the
+/// middle of a transaction.
+async fn poison_inserts(db: &Db) {
+    let mut conn = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    let statements: &[&str] = if db.url.starts_with("sqlite:") {
+        &[
+            "CREATE TRIGGER poison BEFORE INSERT ON quotas WHEN NEW.name = 'poison' \
+           BEGIN SELECT RAISE(ABORT, 'poisoned row'); END",
+        ]
+    } else {
+        &[
+            "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'poisoned row'; END $$",
+            "CREATE TRIGGER poison BEFORE INSERT ON quotas FOR EACH ROW \
+             WHEN (NEW.name = 'poison') EXECUTE FUNCTION poison()",
+        ]
+    };
+    for statement in statements {
+        conn.execute(*statement).await.unwrap();
+    }
+    conn.close().await.unwrap();
+}
+
+async fn a_bulk_apply_that_fails_midway_leaves_nothing_behind(db: Db) {
+    let store = Store::open(&db.url, Duration::from_secs(10), 4).unwrap();
+    store.migrate().await.unwrap();
+    let spec = |name: &str, parent: Option<&str>| QuotaSpec {
+        name: name.into(),
+        parent: parent.map(str::to_string),
+        limit: 1.0,
+        low_burst: None,
+        high_burst: None,
+    };
+    put_retrying(&store, &spec("kept", None)).await;
+    let epoch_before = store.epoch().await.unwrap();
+    poison_inserts(&db).await;
+
+    // Valid as a set, so every check passes; the 120 top-level quotas are
+    // inserted (three statements) before the poisoned child fails.
+    let mut set: Vec<QuotaSpec> = (0..120).map(|i| spec(&format!("bulk{i}"), None)).collect();
+    set.push(spec("poison", Some("bulk0")));
+    set.push(spec("kept", Some("bulk0")));
+    let error = store.apply(set, ApplyOptions::default()).await.unwrap_err();
+    assert!(error.to_string().contains("poisoned row"), "{error}");
+
+    assert_eq!(store.epoch().await.unwrap(), epoch_before);
+    let rows = store
+        .load_after(QuotaCursor::default(), 1000)
+        .await
+        .unwrap();
+    let quotas: Vec<_> = rows.into_iter().map(Result::unwrap).collect();
+    assert_eq!(quotas.len(), 1, "{quotas:?}");
+    assert_eq!((quotas[0].name.as_str(), quotas[0].parent), ("kept", None));
     store.close().await;
 }

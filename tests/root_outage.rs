@@ -55,6 +55,8 @@ async fn a_root_serves_read_only_while_postgres_is_down_and_recovers_by_itself()
         (&json!("degraded"), &json!("down"))
     );
     assert!(state["db_error"].is_string());
+    assert!(state["db_down_secs"].as_f64() >= Some(0.0), "{state}");
+    assert!(root.metric("sluice_root_db_down_seconds").await >= Some(0.0));
     assert!(
         root.metric("sluice_root_reloads_total{result=\"failed\"}")
             .await
@@ -67,6 +69,7 @@ async fn a_root_serves_read_only_while_postgres_is_down_and_recovers_by_itself()
     })
     .await;
     assert_eq!(root.metric("sluice_root_db_up").await, Some(1.0));
+    assert_eq!(root.metric("sluice_root_db_down_seconds").await, None);
     root.put("r", json!({"limit": 1})).await;
     limiter.sync(&root, &[]).await;
     assert!(limiter.id_of("r").is_some());

@@ -247,3 +247,23 @@ async fn metrics_count_syncs_deltas_and_limiters(db: Db) {
     assert_eq!(seen, ["h0", "h1", "h2"]);
     root.stop().await;
 }
+
+/// The admin view of a quota shows the rate weight arrives at, measured
+/// over whole seconds of the root's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_read_shows_the_fill_rate_of_incoming_weight() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(0.0, 1e6, 1e6, None)).await;
+    let mut a = Limiter::new("a");
+    a.catch_up(&root).await;
+    let id = a.id_of("q").unwrap();
+    a.sync(&root, &[(id, 500)]).await;
+    // Past the first one-second window the 500 units count.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    a.sync(&root, &[(id, 1)]).await;
+    let (_, view) = root.get("q").await;
+    let rate = view["fill_rate"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate <= 500.0, "{view}");
+    root.stop().await;
+}

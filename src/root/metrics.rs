@@ -372,6 +372,15 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         "Failed database operations.",
     );
     let _ = writeln!(out, "sluice_root_db_failures_total {}", h.db_failures);
+    if let Some(down) = h.down_for {
+        family(
+            out,
+            "db_down_seconds",
+            "gauge",
+            "Seconds the database has been unreachable (only while it is).",
+        );
+        let _ = writeln!(out, "sluice_root_db_down_seconds {down}");
+    }
     if let Some(age) = h.since_reload {
         family(
             out,
@@ -451,6 +460,7 @@ mod tests {
             "sluice_root_quotas 3",
             "sluice_root_quota_epoch 9",
             "sluice_root_db_up 0",
+            "sluice_root_db_down_seconds 1",
             "sluice_root_limiters_active 2",
             "sluice_root_info{instance=\"0000000000000abc\",backend=\"sqlite\"",
         ] {

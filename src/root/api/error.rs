@@ -106,6 +106,14 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "no such route")
     }
 
+    /// 405 for a method the path does not serve.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed on this path",
+        )
+    }
+
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)

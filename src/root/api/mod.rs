@@ -76,6 +76,8 @@ pub fn router(state: Arc<RootState>) -> Router {
         .merge(admin)
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
+        // After every route: it is set on the routes registered so far.
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
         .fallback(|| async { ApiError::no_route().into_response() })
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), observe))

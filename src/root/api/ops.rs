@@ -20,6 +20,9 @@ struct HealthReply {
     db: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     db_error: Option<String>,
+    /// Seconds since the database went down, while it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    db_down_secs: Option<f64>,
     backend: &'static str,
     instance: String,
     epoch: u64,
@@ -42,6 +45,7 @@ pub async fn healthz(State(state): State<Arc<RootState>>) -> Response {
         ready: health.ready,
         db: if health.db_up { "up" } else { "down" },
         db_error: health.db_error,
+        db_down_secs: health.down_for,
         backend: state.store.backend().name(),
         instance: format!("{:016x}", state.instance),
         epoch: stats.epoch,

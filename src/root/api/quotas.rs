@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -155,6 +155,13 @@ fn view(ledger: &Ledger, quota: &Quota, now: Nanos, with_limiters: bool) -> Quot
     }
 }
 
+/// The quota name in the path, percent-decoded and valid.
+fn quota_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(name) = path.map_err(|e| ApiError::invalid("name", e.body_text()))?;
+    validate_name(&name)?;
+    Ok(name)
+}
+
 fn require_ready(state: &RootState) -> Result<(), ApiError> {
     if state.health.is_ready() {
         return Ok(());
@@ -179,9 +186,9 @@ fn lookup(state: &RootState, name: &str) -> Option<QuotaView> {
 /// `GET /v1/quotas/{name}`.
 pub async fn get(
     State(state): State<Arc<RootState>>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    validate_name(&name)?;
+    let name = quota_name(name)?;
     require_ready(&state)?;
     let view = lookup(&state, &name)
         .ok_or_else(|| ApiError::not_found(format!("no quota named {name:?}")))?;
@@ -232,10 +239,10 @@ pub async fn list(
 /// `PUT /v1/quotas/{name}`: create or replace.
 pub async fn put(
     State(state): State<Arc<RootState>>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     JsonBody(body): JsonBody<QuotaBody>,
 ) -> Result<Response, ApiError> {
-    validate_name(&name)?;
+    let name = quota_name(name)?;
     let spec = QuotaSpec {
         name,
         parent: body.parent,
@@ -270,9 +277,9 @@ pub async fn put(
 /// children (409).
 pub async fn delete(
     State(state): State<Arc<RootState>>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    validate_name(&name)?;
+    let name = quota_name(name)?;
     let written = state.write(state.store.delete(&name)).await?;
     tracing::info!(quota = name, epoch = written.epoch, "quota deleted");
     let reply = DeleteReply {

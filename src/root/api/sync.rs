@@ -168,4 +168,17 @@ mod tests {
         }
         assert!(check_request(&request("host-1:4242", vec![ok])).is_ok());
     }
+
+    #[test]
+    fn more_deltas_than_the_per_sync_cap_are_refused() {
+        let delta = CounterDelta { id: 1, delta: 1 };
+        let at_cap = request("h", vec![delta; MAX_DELTAS_PER_SYNC]);
+        assert!(check_request(&at_cap).is_ok());
+        let over = request("h", vec![delta; MAX_DELTAS_PER_SYNC + 1]);
+        let error = check_request(&over).unwrap_err();
+        assert_eq!(
+            (error.status, error.field.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("deltas"))
+        );
+    }
 }
