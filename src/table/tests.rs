@@ -613,3 +613,29 @@ fn a_table_adopts_another_tables_quotas_and_counters() {
     let small = Table::new_heap(1, 16);
     assert_eq!(small.adopt(&old).refused.len(), 1);
 }
+
+#[test]
+fn the_cached_pid_is_forgotten_in_a_forked_child() {
+    let parent = own_pid();
+    assert_eq!(parent, std::process::id());
+    // SAFETY: the child only calls async-signal-safe functions (getpid via
+    // own_pid's slow path, write to a pipe, _exit) before exiting.
+    unsafe {
+        let mut fds = [0; 2];
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        let child = libc::fork();
+        assert!(child >= 0);
+        if child == 0 {
+            let ok = own_pid() == libc::getpid() as u32 && own_pid() != parent;
+            let byte = [u8::from(ok)];
+            libc::write(fds[1], byte.as_ptr().cast(), 1);
+            libc::_exit(0);
+        }
+        let mut byte = [0u8];
+        assert_eq!(libc::read(fds[0], byte.as_mut_ptr().cast(), 1), 1);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+        assert_eq!(byte[0], 1, "the child saw its own pid");
+    }
+}
