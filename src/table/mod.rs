@@ -1105,6 +1105,25 @@ impl Table {
         }
     }
 
+    /// The leak rate of the quota in `slot`, if the slot still holds quota
+    /// `id`. The sync thread leaks deltas it still owes a root at this rate.
+    pub fn counter_limit(&self, slot: SlotId, id: u64) -> Option<f64> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id;
+                let limit = f64::from_bits(s.limit.load(RLX));
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return live.then_some(limit);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
     /// know the quota). Ignored if the slot holds another quota now.

@@ -336,6 +336,21 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
 }
 
 #[test]
+fn a_counters_limit_is_read_only_while_its_slot_holds_that_quota() {
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[quota(7, "q", None, 10.0, 100.0, 100.0)]);
+    let slot = t.lookup(b"q").unwrap();
+    assert_eq!(t.counter_limit(slot, 7), Some(10.0));
+    assert_eq!(t.counter_limit(slot, 8), None);
+    t.apply_quotas(&[Quota {
+        deleted: true,
+        epoch: 8,
+        ..quota(7, "q", None, 10.0, 100.0, 100.0)
+    }]);
+    assert_eq!(t.counter_limit(slot, 7), None);
+}
+
+#[test]
 fn standalone_folding_leaks_admitted_weight_over_time() {
     let t = Table::new_heap(4, 16);
     t.apply_quotas(&[quota(1, "q", None, 100.0, 100.0, 100.0)]);
