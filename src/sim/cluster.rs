@@ -29,6 +29,7 @@ use crate::core::estimate::{Estimator, Extrapolation};
 use crate::core::rng::Rng;
 use crate::core::{Level, Nanos, Quota};
 use crate::sync::engine::{Page, SyncEngine};
+use crate::sync::link::OwedDeltas;
 use crate::table::{Outcome, Table};
 use crate::wire::{SyncRequest, SyncResponse};
 
@@ -134,7 +135,7 @@ struct Exchange {
     host: usize,
     root: usize,
     request: SyncRequest,
-    owed: HashMap<u64, u64>,
+    owed: OwedDeltas,
     /// Host local time the request left.
     sent_at: Nanos,
     /// The root's reply, once it answered (`None` at the host: refused).

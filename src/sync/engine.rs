@@ -5,7 +5,9 @@
 //! engine, so the accounting that keeps counts exact lives once:
 //!
 //! - every collected delta is **owed** to every root until that root
-//!   confirms it (resent after a failure, bounded);
+//!   confirms it (resent after a failure, bounded); while owed it leaks at
+//!   the quota's limit, so a root that missed it gets only what is left of
+//!   it (see [`Owed`] for why);
 //! - every collected delta is **unacknowledged** until the first root whose
 //!   reply covers it; that reply takes it off the table's `inflight`, later
 //!   roots' replies only max-merge their values;
@@ -14,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::link::RootLink;
+use super::link::{Owed, OwedDeltas, RootLink};
 use super::{LogLevel, SyncMetrics};
 use crate::core::Nanos;
 use crate::table::{CollectedDelta, SlotId, Table};
@@ -30,9 +32,10 @@ pub struct Outgoing {
     pub root: usize,
     /// The request body.
     pub request: SyncRequest,
-    /// The deltas in `request`, by quota id; hand them back with the
-    /// outcome.
-    pub owed: HashMap<u64, u64>,
+    /// What `request` pays off, by quota id (entries that leaked to less
+    /// than a unit are here but not in the request); hand them back with
+    /// the outcome.
+    pub owed: OwedDeltas,
 }
 
 /// One successful page of an exchange with a root.
@@ -146,9 +149,18 @@ impl SyncEngine {
         let mut collected = Vec::new();
         table.collect_deltas(&mut collected);
         self.unacked.add(&collected);
+        let fresh: Vec<(u64, Owed)> = collected
+            .iter()
+            .map(|d| {
+                // A slot that no longer holds the quota: the root ignores
+                // the delta anyway.
+                let limit = table.counter_limit(d.slot, d.id).unwrap_or(0.0);
+                (d.id, Owed::new(d.delta, limit, now))
+            })
+            .collect();
         let mut out = Vec::new();
         for (root, link) in self.links.iter_mut().enumerate() {
-            link.owe(collected.iter().map(|d| (d.id, d.delta)), self.max_owed);
+            link.owe(fresh.iter().copied(), self.max_owed, now);
             if link.retry_at > now {
                 continue;
             }
@@ -160,7 +172,10 @@ impl SyncEngine {
                 root_instance: link.root_instance,
                 deltas: owed
                     .iter()
-                    .map(|(&id, &delta)| CounterDelta { id, delta })
+                    .filter_map(|(&id, o)| {
+                        let delta = o.due(now);
+                        (delta > 0).then_some(CounterDelta { id, delta })
+                    })
                     .collect(),
             };
             out.push(Outgoing {
@@ -179,7 +194,7 @@ impl SyncEngine {
         &mut self,
         table: &Table,
         root: usize,
-        owed: HashMap<u64, u64>,
+        owed: OwedDeltas,
         pages: &[Page],
         error: Option<String>,
         now: Nanos,
@@ -189,7 +204,7 @@ impl SyncEngine {
         if pages.is_empty() {
             let was_up = link.metrics.up || link.metrics.syncs == 0;
             let error = error.unwrap_or_else(|| "no reply".into());
-            link.owe(owed.into_iter(), self.max_owed);
+            link.owe(owed.into_iter(), self.max_owed, now);
             if was_up {
                 log.push((
                     LogLevel::Warn,
@@ -205,7 +220,7 @@ impl SyncEngine {
                 format!("quota root {} reachable again", link.url),
             ));
         }
-        let nothing = HashMap::new();
+        let nothing = OwedDeltas::new();
         for (k, page) in pages.iter().enumerate() {
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
             // Deltas went out with the first page only.
@@ -225,7 +240,7 @@ impl SyncEngine {
         table: &Table,
         root: usize,
         reply: &SyncResponse,
-        sent: &HashMap<u64, u64>,
+        sent: &OwedDeltas,
         log: &mut Vec<LogLine>,
     ) {
         if !reply.quotas.is_empty() {
@@ -246,15 +261,17 @@ impl SyncEngine {
             let Some(&slot) = self.slots.get(&c.id) else {
                 continue;
             };
+            // The whole collected weight is acknowledged, leaked or not:
+            // what leaked away is no longer part of any level.
             let acked = sent
                 .get(&c.id)
-                .and_then(|&s| self.unacked.take(c.id, s))
+                .and_then(|s| self.unacked.take(c.id, s.weight))
                 .map_or(0, |a| a.1);
             table.merge_counter(slot, c.id, link.to_local(c), acked);
         }
-        for (&id, &amount) in sent {
+        for (&id, owed) in sent {
             if !answered.contains(&id) {
-                if let Some((slot, acked)) = self.unacked.take(id, amount) {
+                if let Some((slot, acked)) = self.unacked.take(id, owed.weight) {
                     table.release_inflight(slot, id, acked);
                 }
             }
@@ -325,12 +342,17 @@ mod tests {
     const SEC: Nanos = 1_000_000_000;
 
     fn table() -> Table {
+        table_with(10.0)
+    }
+
+    /// A table with quota `q` (id 1) leaking at `limit`.
+    fn table_with(limit: f64) -> Table {
         let t = Table::new_heap(8, 16);
         t.apply_quotas(&[Quota {
             id: 1,
             name: "q".into(),
             parent: None,
-            limit: 10.0,
+            limit,
             low_burst: 100.0,
             high_burst: 100.0,
             epoch: 1,
@@ -359,6 +381,36 @@ mod tests {
         }
     }
 
+    /// A reply at `at` that reports no counter (none changed).
+    fn quiet_page(at: Nanos) -> Page {
+        let mut page = page(0.0, at);
+        page.reply.counters.clear();
+        page
+    }
+
+    /// One cycle at `now` in which every root answers `pages(root)`
+    /// (no page: the root failed).
+    fn cycle(
+        e: &mut SyncEngine,
+        t: &Table,
+        now: Nanos,
+        pages: impl Fn(usize) -> Vec<Page>,
+    ) -> Vec<Outgoing> {
+        let out = e.begin_cycle(t, now);
+        for o in &out {
+            let pages = pages(o.root);
+            let error = pages.is_empty().then(|| "down".to_string());
+            e.finish(t, o.root, o.owed.clone(), &pages, error, now);
+        }
+        e.end_cycle(t, now);
+        out
+    }
+
+    fn deltas_to(out: &[Outgoing], root: usize) -> Vec<CounterDelta> {
+        let o = out.iter().find(|o| o.root == root).expect("a request");
+        o.request.deltas.clone()
+    }
+
     #[test]
     fn the_first_answer_acknowledges_and_the_second_only_merges() {
         let t = table();
@@ -385,7 +437,8 @@ mod tests {
 
     #[test]
     fn a_failed_root_is_owed_its_deltas_and_gets_them_next_time() {
-        let t = table();
+        // Nothing leaks at a limit of 0: the whole delta is still owed.
+        let t = table_with(0.0);
         let roots = ["http://a".to_string(), "http://b".to_string()];
         let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
         t.check(b"q", 4, 0);
@@ -470,5 +523,82 @@ mod tests {
         let next = next_page(&first, &r).unwrap();
         assert!(next.deltas.is_empty());
         assert_eq!(next.quotas_after, r.quotas_after);
+    }
+
+    #[test]
+    fn deltas_owed_to_a_failed_root_leak_at_the_limit_until_resent() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 40, 0);
+        // a takes the 40; b fails and backs off one interval.
+        cycle(&mut e, &t, SEC, |r| {
+            if r == 0 {
+                vec![page(40.0, SEC)]
+            } else {
+                vec![]
+            }
+        });
+        t.check(b"q", 5, 0);
+        let out = cycle(&mut e, &t, 3 * SEC, |_| vec![page(45.0, 3 * SEC)]);
+        // Two seconds at 10/s took 20 off the 40 owed to b; the fresh 5
+        // goes to both in full.
+        assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 25 }]);
+        assert_eq!(deltas_to(&out, 0), vec![CounterDelta { id: 1, delta: 5 }]);
+    }
+
+    #[test]
+    fn a_root_back_after_a_long_outage_gets_fresh_deltas_but_no_backlog() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 50, 0);
+        // Tried at 1, 2, 4, 8 and 16 s; next at 24 s.
+        for s in 1..24 {
+            let out = cycle(&mut e, &t, s * SEC, |_| vec![]);
+            assert_eq!(out.len(), usize::from(matches!(s, 1 | 2 | 4 | 8 | 16)));
+        }
+        assert!(e.all_down());
+        t.check(b"q", 3, 24 * SEC);
+        let out = cycle(&mut e, &t, 24 * SEC, |_| vec![page(3.0, 24 * SEC)]);
+        // The 50 collected at 1 s leaked away long ago (10/s).
+        assert_eq!(
+            out[0].request.deltas,
+            vec![CounterDelta { id: 1, delta: 3 }]
+        );
+        assert!(!e.all_down());
+    }
+
+    #[test]
+    fn a_resend_that_leaked_to_nothing_still_clears_in_flight_weight() {
+        let t = table_with(1000.0);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 40, 0);
+        cycle(&mut e, &t, SEC, |_| vec![]);
+        assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 40);
+        // One interval later the 40 (1000/s) are long gone: nothing to
+        // send, but the root's answer covers them.
+        let out = cycle(&mut e, &t, 2 * SEC, |_| vec![quiet_page(2 * SEC)]);
+        assert!(out[0].request.deltas.is_empty());
+        assert_eq!(out[0].owed[&1].weight, 40);
+        let st = t.quota(b"q", 2 * SEC).unwrap();
+        assert_eq!((st.pending, st.inflight), (0, 0));
+    }
+
+    #[test]
+    fn a_repeated_request_after_a_lost_reply_counts_only_what_has_not_leaked() {
+        // The root got the request but its reply was lost: the 100 are
+        // owed again. Resent after 1 s at 60/s, only 40 count twice.
+        let t = table_with(60.0);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 100, 0);
+        cycle(&mut e, &t, SEC, |_| vec![]);
+        let out = cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
+        assert_eq!(
+            out[0].request.deltas,
+            vec![CounterDelta { id: 1, delta: 40 }]
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 
 use super::engine::{next_page, Outgoing, Page, SyncEngine};
+use super::link::OwedDeltas;
 use super::{local_now, run_standalone, LogLevel, Shared, SyncConfig};
 use crate::core::rng::Rng;
 use crate::table::Table;
@@ -97,7 +98,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
 /// What one exchange with a root produced.
 struct Exchange {
     root: usize,
-    owed: std::collections::HashMap<u64, u64>,
+    owed: OwedDeltas,
     pages: Vec<Page>,
     error: Option<String>,
     bytes_sent: u64,
