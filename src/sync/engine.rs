@@ -11,6 +11,9 @@
 //! - every collected delta is **unacknowledged** until the first root whose
 //!   reply covers it; that reply takes it off the table's `inflight`, later
 //!   roots' replies only max-merge their values;
+//! - a counter a root leaves out of a complete reply did not change there:
+//!   the engine tells the table so at the end of the cycle, which resets the
+//!   counter's extrapolation and decays its fill rate (see [`Recent`]);
 //! - when no root answered for two intervals the engine folds local weight
 //!   into the levels (per-host limiting) and says so once a minute.
 
@@ -18,12 +21,16 @@ use std::collections::{HashMap, HashSet};
 
 use super::link::{Owed, OwedDeltas, RootLink};
 use super::{LogLevel, SyncMetrics};
-use crate::core::Nanos;
+use crate::core::{Level, Nanos};
 use crate::table::{CollectedDelta, SlotId, Table};
-use crate::wire::{CounterDelta, SyncRequest, SyncResponse};
+use crate::wire::{CounterDelta, CounterValue, SyncRequest, SyncResponse};
 
 /// How often "all roots down" is repeated in the log.
 const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
+
+/// Cycles a counter stays in [`Recent`] without changing: by then its fill
+/// rate has been halved this many times (to 1/65536 of what it was).
+const QUIET_CYCLES: u32 = 16;
 
 /// A request to send to one root, with the deltas it carries.
 #[derive(Clone, Debug)]
@@ -80,6 +87,59 @@ impl Unacked {
     }
 }
 
+/// Counters whose cluster value changed in the last [`QUIET_CYCLES`]
+/// cycles, and what this cycle's replies said about them.
+///
+/// Roots send a counter only when it changed since the limiter's last
+/// version. Between syncs the table extrapolates the others' weight at
+/// their measured fill rate for up to a horizon after the counter's last
+/// known value, and the rate is only measured when a new value is merged.
+/// So when the whole fleet stops adding to a counter (the load ended, or
+/// every host rejects after a burst), no new value ever arrives: the old
+/// rate keeps being extrapolated, the estimate stays up to
+/// `fill_rate * horizon` above the truth, and the hosts keep rejecting
+/// because of it (scenario `8-bursts-churn`: seconds of rejections after
+/// each burst). A complete reply that leaves a counter out is itself a
+/// measurement: nothing was added at that root up to its clock. Merging
+/// an empty level at that time says exactly that to the table: the level
+/// leaks on, the extrapolation restarts from then and the fill rate is
+/// measured as zero for the span.
+#[derive(Default, Debug)]
+struct Recent {
+    /// Quota id to its slot and the cycles in a row it did not change.
+    by_id: HashMap<u64, (SlotId, u32)>,
+    /// Ids some root reported in this cycle.
+    reported: HashSet<u64>,
+    /// Local time up to which this cycle's complete replies vouch that
+    /// unreported counters did not change (the earliest of them: the
+    /// roots answer at different times).
+    quiet_until: Option<Nanos>,
+}
+
+impl Recent {
+    fn changed(&mut self, id: u64, slot: SlotId) {
+        self.by_id.insert(id, (slot, 0));
+        self.reported.insert(id);
+    }
+
+    /// Tells the table that every recent counter no root reported did not
+    /// change up to `quiet_until`, and forgets counters quiet for long.
+    fn settle(&mut self, table: &Table) {
+        if let Some(at) = self.quiet_until.take() {
+            let reported = &self.reported;
+            self.by_id.retain(|&id, (slot, quiet)| {
+                if reported.contains(&id) {
+                    return true;
+                }
+                *quiet += 1;
+                let nothing = Level::empty(at);
+                table.merge_counter(*slot, id, nothing, 0) && *quiet < QUIET_CYCLES
+            });
+        }
+        self.reported.clear();
+    }
+}
+
 /// The request for the next quota page after `reply`, if the root has more
 /// (no deltas: they went with the first page).
 pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncRequest> {
@@ -97,6 +157,7 @@ pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncReq
 pub struct SyncEngine {
     links: Vec<RootLink>,
     unacked: Unacked,
+    recent: Recent,
     slots: HashMap<u64, SlotId>,
     slots_generation: Option<u64>,
     limiter_id: String,
@@ -124,6 +185,7 @@ impl SyncEngine {
                 .map(|u| RootLink::new(u.trim_end_matches('/').into()))
                 .collect(),
             unacked: Unacked::default(),
+            recent: Recent::default(),
             slots: HashMap::new(),
             slots_generation: None,
             limiter_id,
@@ -227,6 +289,19 @@ impl SyncEngine {
             let sent = if k == 0 { &owed } else { &nothing };
             self.apply(table, root, &page.reply, sent, &mut log);
         }
+        if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
+            // Counters come only once the quota pages are through; then
+            // whatever this root left out did not change there.
+            let at = self.links[root]
+                .to_local(&CounterValue {
+                    id: 0,
+                    level: 0.0,
+                    at: last.reply.root_time,
+                })
+                .at;
+            let until = &mut self.recent.quiet_until;
+            *until = Some(until.map_or(at, |u| u.min(at)));
+        }
         if let Some(error) = error {
             // A later page failed; the deltas were delivered with the first.
             self.links[root].failed(now, self.interval, error);
@@ -261,6 +336,7 @@ impl SyncEngine {
             let Some(&slot) = self.slots.get(&c.id) else {
                 continue;
             };
+            self.recent.changed(c.id, slot);
             // The whole collected weight is acknowledged, leaked or not:
             // what leaked away is no longer part of any level.
             let acked = sent
@@ -285,6 +361,7 @@ impl SyncEngine {
         let mut log = Vec::new();
         let since = self.last_any_success.unwrap_or(self.started);
         let down = !self.links.is_empty() && now.saturating_sub(since) > 2 * self.interval;
+        self.recent.settle(table);
         if down {
             table.fold_local(now);
             self.unacked = Unacked::default();
@@ -600,5 +677,35 @@ mod tests {
             out[0].request.deltas,
             vec![CounterDelta { id: 1, delta: 40 }]
         );
+    }
+
+    #[test]
+    fn a_counter_no_root_reports_is_known_unchanged_and_not_extrapolated() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        cycle(&mut e, &t, SEC, |_| vec![page(50.0, SEC)]);
+        cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
+        // The others filled 50/s, then 60/s: smoothed 42.5/s.
+        let st = t.quota(b"q", 2 * SEC).unwrap();
+        assert_eq!((st.level, st.fill_rate), (100.0, 42.5));
+        // The root says nothing changed up to 3 s: 100 leaked 1 s at 10/s,
+        // no extrapolated fill on top, and the fill rate halves.
+        cycle(&mut e, &t, 3 * SEC, |_| vec![quiet_page(3 * SEC)]);
+        let st = t.quota(b"q", 3 * SEC).unwrap();
+        assert_eq!((st.level, st.fill_rate), (90.0, 21.25));
+    }
+
+    #[test]
+    fn a_reply_still_paging_quotas_says_nothing_about_counters() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        cycle(&mut e, &t, SEC, |_| vec![page(50.0, SEC)]);
+        cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
+        let mut paging = quiet_page(3 * SEC);
+        paging.reply.more_quotas = true;
+        cycle(&mut e, &t, 3 * SEC, |_| vec![paging.clone()]);
+        assert_eq!(t.quota(b"q", 2 * SEC).unwrap().fill_rate, 42.5);
     }
 }
