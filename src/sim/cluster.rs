@@ -120,8 +120,8 @@ struct Host {
     interval: Nanos,
     /// False once it left the fleet.
     alive: bool,
-    /// Exchanges of the current cycle still waiting for a reply.
-    outstanding: usize,
+    /// A sync cycle is open (ended by the next tick).
+    in_cycle: bool,
 }
 
 impl Host {
@@ -328,7 +328,7 @@ impl<'a> Sim<'a> {
             clock_offset,
             interval,
             alive: true,
-            outstanding: 0,
+            in_cycle: false,
         };
         self.hosts.push(host);
         // Hosts start at random points of their cycle, as a real fleet.
@@ -523,18 +523,20 @@ impl<'a> Sim<'a> {
             self.schedule_tick(host, now);
             return;
         }
+        // As the real loop: a cycle every interval (plus jitter), whatever
+        // is still under way; the engine leaves out roots still busy.
         let h = &mut self.hosts[host];
         let local = h.local(now);
-        let outgoing = h.engine.begin_cycle(&h.table, local);
-        if outgoing.is_empty() {
-            self.end_cycle(host, now);
-            return;
+        if h.in_cycle {
+            h.engine.end_cycle(&h.table, local);
         }
+        h.in_cycle = true;
+        let outgoing = h.engine.begin_cycle(&h.table, local);
+        self.schedule_tick(host, now);
         let timeout = match self.checked.scenario.sync.timeout_ms {
             Some(ms) => millis(ms),
-            None => h.interval * 4 / 5,
+            None => self.hosts[host].interval * 4 / 5,
         };
-        h.outstanding = outgoing.len();
         for out in outgoing {
             let id = self.next_exchange;
             self.next_exchange += 1;
@@ -607,7 +609,6 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        self.exchange_done(ex.host, now);
     }
 
     /// No reply in time: the request or the reply was lost.
@@ -622,22 +623,6 @@ impl<'a> Sim<'a> {
             h.engine
                 .finish(&h.table, ex.root, ex.owed, &[], error, local);
         }
-        self.exchange_done(ex.host, now);
-    }
-
-    fn exchange_done(&mut self, host: usize, now: Nanos) {
-        let h = &mut self.hosts[host];
-        h.outstanding = h.outstanding.saturating_sub(1);
-        if h.outstanding == 0 && h.alive {
-            self.end_cycle(host, now);
-        }
-    }
-
-    fn end_cycle(&mut self, host: usize, now: Nanos) {
-        let h = &mut self.hosts[host];
-        let local = h.local(now);
-        h.engine.end_cycle(&h.table, local);
-        self.schedule_tick(host, now);
     }
 
     fn schedule_tick(&mut self, host: usize, now: Nanos) {

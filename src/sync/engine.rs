@@ -205,7 +205,9 @@ impl SyncEngine {
     }
 
     /// Starts a cycle: collects the table's deltas, owes them to every
-    /// root, and returns a request for each root not backing off.
+    /// root, and returns a request for each root not backing off and not
+    /// still busy with an earlier exchange. Every request must be handed
+    /// back to [`SyncEngine::finish`], whenever it ends.
     pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
         self.cycles += 1;
         let mut collected = Vec::new();
@@ -220,12 +222,19 @@ impl SyncEngine {
                 (d.id, Owed::new(d.delta, limit, now))
             })
             .collect();
+        // With no root up, backoff only delays finding the first one back.
+        let any_up = self.links.iter().any(|l| l.metrics.up);
         let mut out = Vec::new();
         for (root, link) in self.links.iter_mut().enumerate() {
             link.owe(fresh.iter().copied(), self.max_owed, now);
-            if link.retry_at > now {
+            if link.busy {
                 continue;
             }
+            if link.skip > 0 && any_up {
+                link.skip -= 1;
+                continue;
+            }
+            link.busy = true;
             let owed = std::mem::take(&mut link.owed);
             let request = SyncRequest {
                 limiter: self.limiter_id.clone(),
@@ -251,7 +260,9 @@ impl SyncEngine {
 
     /// Applies the outcome of one exchange with root `root`: the pages that
     /// succeeded (in order) and, if it stopped early, the error. With no
-    /// page at all the root is owed `owed` again and backs off.
+    /// page at all the root is owed `owed` again and backs off, unless no
+    /// other root is up either: then it is tried every cycle, so that the
+    /// first root to come back is found within an interval.
     pub fn finish(
         &mut self,
         table: &Table,
@@ -262,7 +273,13 @@ impl SyncEngine {
         now: Nanos,
     ) -> Vec<LogLine> {
         let mut log = Vec::new();
+        let others_up = self
+            .links
+            .iter()
+            .enumerate()
+            .any(|(i, l)| i != root && l.metrics.up);
         let link = &mut self.links[root];
+        link.busy = false;
         if pages.is_empty() {
             let was_up = link.metrics.up || link.metrics.syncs == 0;
             let error = error.unwrap_or_else(|| "no reply".into());
@@ -273,7 +290,8 @@ impl SyncEngine {
                     format!("quota root {} unreachable: {error}", link.url),
                 ));
             }
-            link.failed(now, self.interval, error);
+            link.failed(others_up, error);
+            self.settle_if_all_in(table);
             return log;
         }
         if !link.metrics.up && link.metrics.errors > 0 {
@@ -304,10 +322,19 @@ impl SyncEngine {
         }
         if let Some(error) = error {
             // A later page failed; the deltas were delivered with the first.
-            self.links[root].failed(now, self.interval, error);
+            self.links[root].failed(others_up, error);
         }
         self.last_any_success = Some(now);
+        self.settle_if_all_in(table);
         log
+    }
+
+    /// Settles unchanged counters once every root asked has answered or
+    /// failed, so the table learns of them right away.
+    fn settle_if_all_in(&mut self, table: &Table) {
+        if !self.links.iter().any(|l| l.busy) {
+            self.recent.settle(table);
+        }
     }
 
     fn apply(
@@ -354,13 +381,19 @@ impl SyncEngine {
         }
     }
 
-    /// Ends a cycle. When no root answered for two intervals, folds local
-    /// weight into the levels (limiting goes on per host) and logs it once
-    /// a minute.
+    /// Ends a cycle (call it before the next [`SyncEngine::begin_cycle`]).
+    /// Settles unchanged counters if a slow root kept that from happening
+    /// earlier. When no root answered for two intervals, folds local weight
+    /// into the levels (limiting goes on per host) and logs it once a
+    /// minute.
     pub fn end_cycle(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
         let mut log = Vec::new();
         let since = self.last_any_success.unwrap_or(self.started);
-        let down = !self.links.is_empty() && now.saturating_sub(since) > 2 * self.interval;
+        // An exchange still under way (a long initial sync paging through
+        // quotas) has not failed yet.
+        let waiting = self.links.iter().any(|l| l.busy);
+        let down =
+            !self.links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval;
         self.recent.settle(table);
         if down {
             table.fold_local(now);
@@ -630,10 +663,8 @@ mod tests {
         let roots = ["http://a".to_string()];
         let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
         t.check(b"q", 50, 0);
-        // Tried at 1, 2, 4, 8 and 16 s; next at 24 s.
         for s in 1..24 {
-            let out = cycle(&mut e, &t, s * SEC, |_| vec![]);
-            assert_eq!(out.len(), usize::from(matches!(s, 1 | 2 | 4 | 8 | 16)));
+            cycle(&mut e, &t, s * SEC, |_| vec![]);
         }
         assert!(e.all_down());
         t.check(b"q", 3, 24 * SEC);
@@ -644,6 +675,74 @@ mod tests {
             vec![CounterDelta { id: 1, delta: 3 }]
         );
         assert!(!e.all_down());
+    }
+
+    #[test]
+    fn a_dead_root_backs_off_while_another_is_up_and_not_when_none_is() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        let asked = |out: &[Outgoing]| out.iter().map(|o| o.root).collect::<Vec<_>>();
+        let mut b_asked = Vec::new();
+        for s in 1..=16 {
+            let out = cycle(&mut e, &t, s * SEC, |r| {
+                if r == 0 {
+                    vec![quiet_page(s * SEC)]
+                } else {
+                    vec![]
+                }
+            });
+            if asked(&out).contains(&1) {
+                b_asked.push(s);
+            }
+        }
+        // Every cycle, then every 2nd, 4th and 8th.
+        assert_eq!(b_asked, vec![1, 2, 4, 8, 16]);
+        // a goes down too: from then on both are tried every cycle.
+        for s in 17..=20 {
+            let out = cycle(&mut e, &t, s * SEC, |_| vec![]);
+            if s > 17 {
+                assert_eq!(asked(&out), vec![0, 1], "at {s} s");
+            }
+        }
+    }
+
+    #[test]
+    fn a_root_still_answering_is_left_out_of_later_cycles() {
+        let t = table_with(0.0);
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 4, 0);
+        let first = e.begin_cycle(&t, SEC);
+        e.finish(&t, 0, first[0].owed.clone(), &[page(4.0, SEC)], None, SEC);
+        e.end_cycle(&t, SEC);
+        // b has not answered; the next cycles ask only a, and owe b more.
+        t.check(b"q", 3, 0);
+        for s in 2..=4 {
+            let out = e.begin_cycle(&t, s * SEC);
+            assert_eq!(out.iter().map(|o| o.root).collect::<Vec<_>>(), vec![0]);
+            e.finish(
+                &t,
+                0,
+                out[0].owed.clone(),
+                &[page(7.0, s * SEC)],
+                None,
+                s * SEC,
+            );
+            e.end_cycle(&t, s * SEC);
+        }
+        // b's answer finally arrives; the next cycle asks it again, with
+        // the 3 it has not had yet.
+        e.finish(
+            &t,
+            1,
+            first[1].owed.clone(),
+            &[page(4.0, SEC)],
+            None,
+            4 * SEC,
+        );
+        let out = e.begin_cycle(&t, 5 * SEC);
+        assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 3 }]);
     }
 
     #[test]

@@ -111,8 +111,11 @@ pub struct RootLink {
     samples: VecDeque<(u64, i64)>,
     /// Consecutive failures, for backoff.
     pub failures: u32,
-    /// Local time before which this root is not tried again.
-    pub retry_at: Nanos,
+    /// Cycles still to skip before this root is tried again.
+    pub skip: u32,
+    /// An exchange with this root is under way; later cycles leave the
+    /// root out until it ends, so a slow root delays no one.
+    pub busy: bool,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -161,7 +164,8 @@ impl RootLink {
             owed: OwedDeltas::new(),
             samples: VecDeque::new(),
             failures: 0,
-            retry_at: 0,
+            skip: 0,
+            busy: false,
             metrics,
         }
     }
@@ -214,7 +218,7 @@ impl RootLink {
         self.counter_version = reply.counter_version;
         self.root_instance = reply.root_instance;
         self.failures = 0;
-        self.retry_at = 0;
+        self.skip = 0;
         self.metrics.up = true;
         self.metrics.last_success = received;
         self.metrics.syncs += 1;
@@ -222,12 +226,16 @@ impl RootLink {
         self.metrics.clock_offset = self.offset();
     }
 
-    /// Records a failure at `now` and schedules the next try with capped
-    /// exponential backoff: one interval, then 2, 4, up to 8.
-    pub fn failed(&mut self, now: Nanos, interval: Nanos, error: String) {
+    /// Records a failure. With `back_off` the root is next tried after
+    /// capped exponential backoff (the next cycle, then every 2nd, 4th, up
+    /// to every 8th); without, in the next cycle.
+    pub fn failed(&mut self, back_off: bool, error: String) {
         self.failures = self.failures.saturating_add(1);
-        let factor = 1u64 << self.failures.saturating_sub(1).min(3);
-        self.retry_at = now + interval.saturating_mul(factor);
+        self.skip = if back_off {
+            (1u32 << self.failures.saturating_sub(1).min(3)) - 1
+        } else {
+            0
+        };
         self.metrics.up = false;
         self.metrics.errors += 1;
         self.metrics.last_error = error;
@@ -302,16 +310,18 @@ mod tests {
     #[test]
     fn failures_back_off_up_to_eight_intervals() {
         let mut l = RootLink::new("r".into());
-        let waits: Vec<u64> = (0..6)
+        let skips: Vec<u32> = (0..6)
             .map(|_| {
-                l.failed(100, 10, "down".into());
-                l.retry_at - 100
+                l.failed(true, "down".into());
+                l.skip
             })
             .collect();
-        assert_eq!(waits, vec![10, 20, 40, 80, 80, 80]);
+        assert_eq!(skips, vec![0, 1, 3, 7, 7, 7]);
         assert!(!l.metrics.up);
+        l.failed(false, "down".into());
+        assert_eq!(l.skip, 0);
         l.succeeded(0, 1, &reply(1, 1));
-        assert_eq!((l.failures, l.retry_at), (0, 0));
+        assert_eq!((l.failures, l.skip), (0, 0));
     }
 
     const SEC: Nanos = 1_000_000_000;

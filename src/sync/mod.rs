@@ -7,13 +7,16 @@
 //! lockstep):
 //!
 //! 1. collect the changed local deltas (`pending → inflight`, atomically);
-//! 2. send every root that is not backing off its owed deltas, all at once,
-//!    each request with a timeout below the interval;
+//! 2. send every root that is neither backing off nor still busy with an
+//!    earlier exchange what it is owed, all at once, each request with a
+//!    timeout below the interval;
 //! 3. apply each reply as it arrives: quotas by epoch, counters by max (in
 //!    local time, through the root's clock offset); the first reply that
 //!    includes a delta takes it off `inflight`;
-//! 4. roots that failed keep what they are owed (bounded) and are retried
-//!    with capped backoff; a slow root delays nobody.
+//! 4. roots that failed keep what they are owed (bounded, leaking at the
+//!    quota's limit) and are retried with capped backoff, or every cycle
+//!    while no root is up. The next cycle starts on time whatever is still
+//!    under way: a slow root delays nobody.
 //!
 //! With no roots configured, or when every root has been unreachable for
 //! two intervals, the thread folds local weight into the levels itself:

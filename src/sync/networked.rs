@@ -1,6 +1,7 @@
 //! The sync loop with roots: a tokio current-thread runtime and a reqwest
 //! (rustls) client inside the sync thread, driving a [`SyncEngine`].
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -61,24 +62,46 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
             (config.log)(level, &line);
         }
     };
+    // Exchanges outlive the cycle that started them: a root that has not
+    // answered yet is left out of the next cycles (the engine marks it
+    // busy) until its exchange ends, and delays no one.
+    let mut exchanges = JoinSet::new();
+    // Which root each task talks to, so that even a task that panicked
+    // ends its root's exchange.
+    let mut task_roots = HashMap::new();
     while !shared.stop.load(Ordering::Acquire) {
-        let mut exchanges = JoinSet::new();
         for out in engine.begin_cycle(table, now()) {
-            let url = format!("{}{SYNC_PATH}", engine.root_url(out.root));
+            let root = out.root;
+            let url = format!("{}{SYNC_PATH}", engine.root_url(root));
             let client = client.clone();
             let token = config.token.clone();
             let skew = config.clock_skew;
-            exchanges
+            let task = exchanges
                 .spawn(async move { exchange(&client, url, token.as_deref(), out, skew).await });
+            task_roots.insert(task.id(), root);
         }
-        // Replies are applied as they arrive; a slow root delays nobody.
-        while let Some(joined) = exchanges.join_next().await {
-            match joined {
-                Ok(ex) => {
-                    engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
-                    log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
-                }
-                Err(e) => (config.log)(LogLevel::Error, &format!("sync task failed: {e}")),
+        let jitter = interval.mul_f64(0.1 * rng.next_unit());
+        let next_cycle = tokio::time::Instant::now() + interval + jitter;
+        // Replies are applied as they arrive.
+        loop {
+            tokio::select! {
+                Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => match joined {
+                    Ok((task, ex)) => {
+                        task_roots.remove(&task);
+                        engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
+                        log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+                    }
+                    Err(e) => {
+                        (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
+                        if let Some(root) = task_roots.remove(&e.id()) {
+                            let error = Some(format!("sync task failed: {e}"));
+                            let owed = OwedDeltas::new();
+                            log(engine.finish(table, root, owed, &[], error, now()));
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(next_cycle) => break,
+                _ = shared.async_wake.notified() => break,
             }
         }
         log(engine.end_cycle(table, now()));
@@ -86,11 +109,6 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         table.publish_sync_status(&metrics);
         if let Ok(mut m) = shared.metrics.lock() {
             *m = metrics;
-        }
-        let jitter = interval.mul_f64(0.1 * rng.next_unit());
-        tokio::select! {
-            _ = tokio::time::sleep(interval + jitter) => {}
-            _ = shared.async_wake.notified() => {}
         }
     }
 }
