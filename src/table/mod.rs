@@ -1036,6 +1036,24 @@ impl Table {
         }
     }
 
+    /// True when some live quota's weight admitted here and not collected
+    /// yet (`pending`) has reached `fraction` of its burst band
+    /// (`high_burst - low_burst`; with no band, any weight): the sync
+    /// thread's early-sync probe. It reads every used slot's counter, so
+    /// its cost grows with the table.
+    pub fn unsent_beyond(&self, fraction: f64) -> bool {
+        let used = self.header().next_unused.load(ACQ) as usize;
+        self.slots()[..used].iter().any(|s| {
+            let pending = s.pending.load(RLX);
+            if pending == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                return false;
+            }
+            let band =
+                f64::from_bits(s.high_burst.load(RLX)) - f64::from_bits(s.low_burst.load(RLX));
+            pending as f64 >= fraction * band
+        })
+    }
+
     /// Merges a cluster counter value (already in local time) into the
     /// slot if it still holds quota `id`, takes `acked` weight off
     /// in-flight (the value includes it), and updates the others' fill
