@@ -12,6 +12,7 @@ mod sync_support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use sluice::sync::EarlySync;
 use sync_support::fake_root::{FakeRoot, Misbehaviour, EVIL_QUOTAS};
 use sync_support::{admitted, offer, quota, wait_until, Db, Limiter, Root};
 
@@ -199,9 +200,8 @@ fn quota_changes_at_a_root_reach_every_limiter_within_two_syncs() {
                 arrived(l)
             });
             // The first sync with root 0 that starts after the write
-            // carries it: at most the one under way and the next. The
-            // counts are published once a cycle, so one more may show
-            // by the time they are read.
+            // carries it: at most the one under way and the next. One
+            // more may have ended by the time the count is read.
             let taken = l.syncs(0) - syncs;
             assert!(taken <= 3, "quota {what}: {taken} syncs with the root");
         }
@@ -344,4 +344,29 @@ fn a_misbehaving_root_is_ignored_and_the_other_root_still_applies(how: Misbehavi
         limiters[1].quota("api").is_some_and(|q| q.level >= 150.0)
     });
     assert!(limiters[0].quota("api").unwrap().level < 102.0);
+}
+
+#[test]
+fn early_sync_sends_a_burst_long_before_the_interval_is_up() {
+    let db = Db::new();
+    let root = Root::start(&db, "root");
+    root.put("api", quota(0.0, 1000.0, 2000.0, None));
+    // A minute between syncs: only an early sync can bring the weight to
+    // the root within the test's patience (30 s).
+    let limiter = Limiter::start_with("host0", &[root.url.as_str()], |c| {
+        c.interval = Duration::from_secs(60);
+        c.early_sync = Some(EarlySync {
+            fraction: 0.1,
+            max_per_second: 4.0,
+        });
+    });
+    wait_until("the quota arrives", || limiter.quota("api").is_some());
+    // 99 is under a tenth of the 1000-wide band and waits for the
+    // interval; 100 more passes it.
+    assert!(limiter.check("api", 99));
+    assert!(limiter.check("api", 100));
+    wait_until("the root counts the burst", || {
+        root.get("api")["level"].as_f64() == Some(199.0)
+    });
+    assert_eq!(limiter.metrics().cycles, 2);
 }

@@ -56,6 +56,29 @@ pub struct Page {
     pub reply: SyncResponse,
 }
 
+/// Early sync: a cycle before the interval is up when some quota's local
+/// delta since the last send passes `fraction` of its burst band
+/// (`high_burst - low_burst`), at most `max_per_second` extra cycles a
+/// second.
+///
+/// The sync thread looks every twentieth of an interval
+/// ([`EARLY_PROBES_PER_INTERVAL`]), reading every quota's unsent weight
+/// ([`Table::unsent_beyond`]), so the probes cost CPU in proportion to
+/// the table. A host's delta is its share of the load: with `n` hosts
+/// sharing a quota evenly, `fraction` around `1 / n` makes hosts sync
+/// early when the load climbs well above what the band absorbs in an
+/// interval. Measured in the simulator (BENCHMARKS.md, "Sync").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EarlySync {
+    /// Share of the burst band a quota's unsent local delta must reach.
+    pub fraction: f64,
+    /// Most early cycles per second.
+    pub max_per_second: f64,
+}
+
+/// How often per interval early sync probes the table.
+pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
+
 /// A log line the engine wants written.
 pub type LogLine = (LogLevel, String);
 
@@ -168,6 +191,8 @@ pub struct SyncEngine {
     all_down: bool,
     down_logged_at: Option<Nanos>,
     cycles: u64,
+    early: Option<EarlySync>,
+    last_early: Option<Nanos>,
 }
 
 impl SyncEngine {
@@ -196,7 +221,41 @@ impl SyncEngine {
             all_down: false,
             down_logged_at: None,
             cycles: 0,
+            early: None,
+            last_early: None,
         }
+    }
+
+    /// Turns early sync on (or off with `None`).
+    pub fn set_early_sync(&mut self, early: Option<EarlySync>) {
+        self.early = early;
+    }
+
+    /// Time between early-sync probes, when early sync is on.
+    pub fn early_probe_every(&self) -> Option<Nanos> {
+        self.early
+            .map(|_| (self.interval / EARLY_PROBES_PER_INTERVAL).max(1))
+    }
+
+    /// True when an early cycle should start now: early sync is on, its
+    /// budget allows one, and some quota's unsent local delta passed its
+    /// share of the burst band.
+    pub fn early_sync_due(&mut self, table: &Table, now: Nanos) -> bool {
+        let Some(early) = self.early else {
+            return false;
+        };
+        let spacing = (1e9 / early.max_per_second.max(1e-9)) as Nanos;
+        if self
+            .last_early
+            .is_some_and(|t| now.saturating_sub(t) < spacing)
+        {
+            return false;
+        }
+        let due = table.unsent_beyond(early.fraction);
+        if due {
+            self.last_early = Some(now);
+        }
+        due
     }
 
     /// The base URL of root `i`.
@@ -325,6 +384,15 @@ impl SyncEngine {
             self.links[root].failed(others_up, error);
         }
         self.last_any_success = Some(now);
+        if self.all_down {
+            // Limiting is cluster-wide again from this reply on.
+            self.all_down = false;
+            self.down_logged_at = None;
+            log.push((
+                LogLevel::Info,
+                "a quota root answers again; cluster limiting resumed".into(),
+            ));
+        }
         self.settle_if_all_in(table);
         log
     }
@@ -385,7 +453,7 @@ impl SyncEngine {
     /// Settles unchanged counters if a slow root kept that from happening
     /// earlier. When no root answered for two intervals, folds local weight
     /// into the levels (limiting goes on per host) and logs it once a
-    /// minute.
+    /// minute; the first answer after that ends it (and says so).
     pub fn end_cycle(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
         let mut log = Vec::new();
         let since = self.last_any_success.unwrap_or(self.started);
@@ -409,12 +477,6 @@ impl SyncEngine {
                 );
                 log.push((LogLevel::Warn, msg));
             }
-        } else if self.all_down {
-            self.down_logged_at = None;
-            log.push((
-                LogLevel::Info,
-                "a quota root answers again; cluster limiting resumed".into(),
-            ));
         }
         self.all_down = down;
         log
@@ -600,11 +662,12 @@ mod tests {
             None,
             20 * SEC,
         );
-        assert!(!logs.is_empty());
-        assert!(e
-            .end_cycle(&t, 20 * SEC)
+        assert!(logs.iter().any(|l| l.1.contains("reachable again")));
+        assert!(logs
             .iter()
-            .any(|l| l.0 == LogLevel::Info));
+            .any(|l| l.1.contains("cluster limiting resumed")));
+        assert!(!e.all_down());
+        assert!(e.end_cycle(&t, 20 * SEC).is_empty());
         assert_eq!(t.quota(b"q", 20 * SEC).unwrap().level, 60.0);
     }
 
@@ -743,6 +806,43 @@ mod tests {
         );
         let out = e.begin_cycle(&t, 5 * SEC);
         assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 3 }]);
+    }
+
+    #[test]
+    fn early_sync_is_due_when_unsent_weight_passes_its_share_of_the_band() {
+        // Band 100..300: a tenth of it is 20 units.
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&[Quota {
+            id: 1,
+            name: "q".into(),
+            parent: None,
+            limit: 10.0,
+            low_burst: 100.0,
+            high_burst: 300.0,
+            epoch: 1,
+            deleted: false,
+        }]);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 25, 0);
+        assert!(!e.early_sync_due(&t, SEC), "off by default");
+        assert_eq!(e.early_probe_every(), None);
+        e.set_early_sync(Some(EarlySync {
+            fraction: 0.1,
+            max_per_second: 2.0,
+        }));
+        assert_eq!(e.early_probe_every(), Some(SEC / EARLY_PROBES_PER_INTERVAL));
+        assert!(e.early_sync_due(&t, SEC));
+        // At most two a second: not again within half a second, even
+        // with more weight waiting.
+        e.begin_cycle(&t, SEC);
+        t.check(b"q", 25, 0);
+        assert!(!e.early_sync_due(&t, SEC + SEC / 4));
+        assert!(e.early_sync_due(&t, SEC + SEC / 2));
+        // Once sent, the weight no longer calls for one.
+        e.begin_cycle(&t, SEC + SEC / 2);
+        t.check(b"q", 19, 0);
+        assert!(!e.early_sync_due(&t, 3 * SEC));
     }
 
     #[test]

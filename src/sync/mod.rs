@@ -35,6 +35,7 @@ use serde::Serialize;
 
 use crate::core::Nanos;
 use crate::table::Table;
+pub use engine::EarlySync;
 pub use link::RootMetrics;
 
 /// Severity of a sync log line.
@@ -70,6 +71,10 @@ pub struct SyncConfig {
     pub max_owed: usize,
     /// Added to the local clock (tests: a host whose clock is off).
     pub clock_skew: i64,
+    /// Sync before the interval is up when a quota's unsent local weight
+    /// passes a share of its burst band (off by default: it costs extra
+    /// syncs at the roots and probes of the table; see [`EarlySync`]).
+    pub early_sync: Option<EarlySync>,
     /// Log destination.
     pub log: LogSink,
 }
@@ -81,6 +86,7 @@ impl std::fmt::Debug for SyncConfig {
             .field("interval", &self.interval)
             .field("timeout", &self.timeout)
             .field("limiter_id", &self.limiter_id)
+            .field("early_sync", &self.early_sync)
             .finish_non_exhaustive()
     }
 }
@@ -95,6 +101,7 @@ impl Default for SyncConfig {
             limiter_id: default_limiter_id(),
             max_owed: 1_000_000,
             clock_skew: 0,
+            early_sync: None,
             log: Arc::new(|level, msg| eprintln!("sluice sync [{level:?}]: {msg}")),
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 
@@ -56,6 +57,11 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         config.max_owed,
         now(),
     );
+    engine.set_early_sync(config.early_sync);
+    // How often early sync looks at the table (never, when it is off).
+    let early = engine.early_probe_every().map(Duration::from_nanos);
+    let mut probe = tokio::time::interval(early.unwrap_or(interval));
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(now() ^ u64::from(std::process::id()).rotate_left(32));
     let log = |lines: Vec<(LogLevel, String)>| {
         for (level, line) in lines {
@@ -80,6 +86,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                 .spawn(async move { exchange(&client, url, token.as_deref(), out, skew).await });
             task_roots.insert(task.id(), root);
         }
+        publish(&engine, table, shared);
         let jitter = interval.mul_f64(0.1 * rng.next_unit());
         let next_cycle = tokio::time::Instant::now() + interval + jitter;
         // Replies are applied as they arrive.
@@ -90,6 +97,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                         task_roots.remove(&task);
                         engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
                         log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+                        publish(&engine, table, shared);
                     }
                     Err(e) => {
                         (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
@@ -101,15 +109,27 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                     }
                 },
                 _ = tokio::time::sleep_until(next_cycle) => break,
+                _ = probe.tick(), if early.is_some() => {
+                    if engine.early_sync_due(table, now()) {
+                        break;
+                    }
+                }
                 _ = shared.async_wake.notified() => break,
             }
         }
         log(engine.end_cycle(table, now()));
-        let metrics = engine.metrics();
-        table.publish_sync_status(&metrics);
-        if let Ok(mut m) = shared.metrics.lock() {
-            *m = metrics;
-        }
+        publish(&engine, table, shared);
+    }
+}
+
+/// Makes the engine's metrics visible to the owner and, through the
+/// table, to every process sharing it: whenever a cycle starts, an
+/// exchange ends and a cycle ends.
+fn publish(engine: &SyncEngine, table: &Table, shared: &Shared) {
+    let metrics = engine.metrics();
+    table.publish_sync_status(&metrics);
+    if let Ok(mut m) = shared.metrics.lock() {
+        *m = metrics;
     }
 }
 

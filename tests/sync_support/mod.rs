@@ -238,14 +238,14 @@ pub struct Limiter {
 
 impl Limiter {
     /// A limiter syncing with `roots` every [`INTERVAL`], its clock off by
-    /// `skew` nanoseconds.
+    /// `skew` nanoseconds. Requests time out after 1 s (the default, 80%
+    /// of the interval, is tight for a loaded CI machine).
     pub fn start(id: &str, roots: &[&str], skew: i64) -> Self {
-        Self::start_with(id, roots, skew, Duration::from_secs(1))
+        Self::start_with(id, roots, |c| c.clock_skew = skew)
     }
 
-    /// [`Limiter::start`] with a request timeout (the default one, 80% of
-    /// the interval, is too tight for a loaded CI machine).
-    pub fn start_with(id: &str, roots: &[&str], skew: i64, timeout: Duration) -> Self {
+    /// [`Limiter::start`] with the sync configuration changed by `adjust`.
+    pub fn start_with(id: &str, roots: &[&str], adjust: impl FnOnce(&mut SyncConfig)) -> Self {
         let table = Arc::new(Table::new_heap(64, 16));
         table.set_estimator(Estimator {
             mode: Extrapolation::Adaptive,
@@ -253,17 +253,18 @@ impl Limiter {
         });
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&log);
-        let config = SyncConfig {
+        let mut config = SyncConfig {
             roots: roots.iter().map(|r| r.to_string()).collect(),
             interval: INTERVAL,
-            timeout: Some(timeout),
+            timeout: Some(Duration::from_secs(1)),
             limiter_id: id.to_string(),
-            clock_skew: skew,
             log: Arc::new(move |level, line: &str| {
                 sink.lock().unwrap().push((level, line.to_string()));
             }),
             ..SyncConfig::default()
         };
+        adjust(&mut config);
+        let skew = config.clock_skew;
         let sync = SyncHandle::start(Arc::clone(&table), config).expect("sync thread");
         Self {
             table,
