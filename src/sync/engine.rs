@@ -13,7 +13,7 @@
 //!   roots' replies only max-merge their values;
 //! - a counter a root leaves out of a complete reply did not change there:
 //!   the engine tells the table so at the end of the cycle, which resets the
-//!   counter's extrapolation and decays its fill rate (see [`Recent`]);
+//!   counter's extrapolation and decays its fill rate (see `Recent`);
 //! - when no root answered for two intervals the engine folds local weight
 //!   into the levels (per-host limiting) and says so once a minute.
 
