@@ -34,6 +34,7 @@
 //!     replies, unchanged counters, all-roots-down folding, early sync.
 //!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
 //!     deltas (leaking while owed), backoff, metrics.
+//!   - `sync/ids.rs` — hash maps keyed by quota id (a multiply, not SipHash).
 //!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`.

@@ -17,8 +17,7 @@
 //! - when no root answered for two intervals the engine folds local weight
 //!   into the levels (per-host limiting) and says so once a minute.
 
-use std::collections::{HashMap, HashSet};
-
+use super::ids::{IdMap, IdSet};
 use super::link::{Owed, OwedDeltas, RootLink};
 use super::{LogLevel, SyncMetrics};
 use crate::core::{Level, Nanos};
@@ -85,7 +84,7 @@ pub type LogLine = (LogLevel, String);
 /// Deltas collected and sent, not yet included in any root's answer.
 #[derive(Default, Debug)]
 struct Unacked {
-    by_id: HashMap<u64, (SlotId, u64)>,
+    by_id: IdMap<(SlotId, u64)>,
 }
 
 impl Unacked {
@@ -129,37 +128,56 @@ impl Unacked {
 /// measured as zero for the span.
 #[derive(Default, Debug)]
 struct Recent {
-    /// Quota id to its slot and the cycles in a row it did not change.
-    by_id: HashMap<u64, (SlotId, u32)>,
-    /// Ids some root reported in this cycle.
-    reported: HashSet<u64>,
+    /// Quota id to what is tracked of it.
+    by_id: IdMap<Tracked>,
+    /// Number of the current settling round: counters reported since the
+    /// last [`Recent::settle`] carry it.
+    round: u64,
     /// Local time up to which this cycle's complete replies vouch that
     /// unreported counters did not change (the earliest of them: the
     /// roots answer at different times).
     quiet_until: Option<Nanos>,
 }
 
+/// A recently changed counter.
+#[derive(Clone, Copy, Debug)]
+struct Tracked {
+    /// Where it lives.
+    slot: SlotId,
+    /// Settling rounds in a row it did not change.
+    quiet: u32,
+    /// The round in which a root last reported it.
+    reported: u64,
+}
+
 impl Recent {
     fn changed(&mut self, id: u64, slot: SlotId) {
-        self.by_id.insert(id, (slot, 0));
-        self.reported.insert(id);
+        let reported = self.round;
+        self.by_id.insert(
+            id,
+            Tracked {
+                slot,
+                quiet: 0,
+                reported,
+            },
+        );
     }
 
     /// Tells the table that every recent counter no root reported did not
     /// change up to `quiet_until`, and forgets counters quiet for long.
     fn settle(&mut self, table: &Table) {
         if let Some(at) = self.quiet_until.take() {
-            let reported = &self.reported;
-            self.by_id.retain(|&id, (slot, quiet)| {
-                if reported.contains(&id) {
+            let round = self.round;
+            self.by_id.retain(|&id, t| {
+                if t.reported == round {
                     return true;
                 }
-                *quiet += 1;
+                t.quiet += 1;
                 let nothing = Level::empty(at);
-                table.merge_counter(*slot, id, nothing, 0) && *quiet < QUIET_CYCLES
+                table.merge_counter(t.slot, id, nothing, 0) && t.quiet < QUIET_CYCLES
             });
         }
-        self.reported.clear();
+        self.round += 1;
     }
 }
 
@@ -181,7 +199,7 @@ pub struct SyncEngine {
     links: Vec<RootLink>,
     unacked: Unacked,
     recent: Recent,
-    slots: HashMap<u64, SlotId>,
+    slots: IdMap<SlotId>,
     slots_generation: Option<u64>,
     limiter_id: String,
     interval: Nanos,
@@ -211,7 +229,7 @@ impl SyncEngine {
                 .collect(),
             unacked: Unacked::default(),
             recent: Recent::default(),
-            slots: HashMap::new(),
+            slots: IdMap::default(),
             slots_generation: None,
             limiter_id,
             interval,
@@ -359,7 +377,7 @@ impl SyncEngine {
                 format!("quota root {} reachable again", link.url),
             ));
         }
-        let nothing = OwedDeltas::new();
+        let nothing = OwedDeltas::default();
         for (k, page) in pages.iter().enumerate() {
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
             // Deltas went out with the first page only.
@@ -421,11 +439,12 @@ impl SyncEngine {
         }
         let generation = table.generation();
         if self.slots_generation != Some(generation) {
-            self.slots = table.slot_ids();
+            self.slots = table.slot_ids().into_iter().collect();
             self.slots_generation = Some(generation);
         }
         let link = &self.links[root];
-        let mut answered = HashSet::with_capacity(reply.counters.len());
+        let mut answered =
+            IdSet::with_capacity_and_hasher(reply.counters.len(), Default::default());
         for c in &reply.counters {
             answered.insert(c.id);
             let Some(&slot) = self.slots.get(&c.id) else {

@@ -2,7 +2,7 @@
 //! log and counter versions, its clock offset, the deltas it still owes the
 //! root, its health and its metrics.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use serde::Serialize;
 
@@ -90,7 +90,7 @@ impl Owed {
 }
 
 /// What a root is owed, by quota id.
-pub type OwedDeltas = HashMap<u64, Owed>;
+pub type OwedDeltas = super::ids::IdMap<Owed>;
 
 /// Per-root state kept by the sync thread.
 #[derive(Debug)]
@@ -161,7 +161,7 @@ impl RootLink {
             cursor: QuotaCursor::default(),
             counter_version: 0,
             root_instance: 0,
-            owed: OwedDeltas::new(),
+            owed: OwedDeltas::default(),
             samples: VecDeque::new(),
             failures: 0,
             skip: 0,

@@ -24,6 +24,7 @@
 //! once a minute.
 
 pub mod engine;
+pub mod ids;
 pub mod link;
 
 use std::sync::atomic::{AtomicBool, Ordering};

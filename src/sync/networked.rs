@@ -103,7 +103,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                         (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
                         if let Some(root) = task_roots.remove(&e.id()) {
                             let error = Some(format!("sync task failed: {e}"));
-                            let owed = OwedDeltas::new();
+                            let owed = OwedDeltas::default();
                             log(engine.finish(table, root, owed, &[], error, now()));
                         }
                     }
