@@ -161,6 +161,12 @@ impl Root {
         );
     }
 
+    /// `POST /v1/apply` of a whole quota file, which must succeed.
+    pub fn apply(&self, file: &Value) {
+        let reply = http(&self.url, "POST", "/v1/apply", Some(file));
+        assert!(matches!(reply, Some((200, _))), "apply: {reply:?}");
+    }
+
     /// `DELETE /v1/quotas/{name}`, which must succeed.
     pub fn delete(&self, name: &str) {
         let reply = http(&self.url, "DELETE", &format!("/v1/quotas/{name}"), None);
@@ -246,7 +252,17 @@ impl Limiter {
 
     /// [`Limiter::start`] with the sync configuration changed by `adjust`.
     pub fn start_with(id: &str, roots: &[&str], adjust: impl FnOnce(&mut SyncConfig)) -> Self {
-        let table = Arc::new(Table::new_heap(64, 16));
+        Self::start_sized(id, roots, 64, adjust)
+    }
+
+    /// [`Limiter::start_with`] with room for `capacity` quotas.
+    pub fn start_sized(
+        id: &str,
+        roots: &[&str],
+        capacity: u32,
+        adjust: impl FnOnce(&mut SyncConfig),
+    ) -> Self {
+        let table = Arc::new(Table::new_heap(capacity, 16));
         table.set_estimator(Estimator {
             mode: Extrapolation::Adaptive,
             horizon: 2 * INTERVAL.as_nanos() as u64,
