@@ -370,3 +370,36 @@ fn early_sync_sends_a_burst_long_before_the_interval_is_up() {
     });
     assert_eq!(limiter.metrics().cycles, 2);
 }
+
+#[test]
+fn a_root_that_requires_a_sync_token_serves_only_limiters_that_send_it() {
+    let db = Db::new();
+    let token_file = db.dir().join("sync.token");
+    std::fs::write(&token_file, "sync-secret-for-tests\n").unwrap();
+    let root = Root::start_with(
+        &db,
+        "root",
+        &["--sync-token-file", token_file.to_str().unwrap()],
+    );
+    root.put("api", quota(10.0, 10.0, 10.0, None));
+    let url = [root.url.as_str()];
+    let with = Limiter::start_with("host0", &url, |c| {
+        c.token = Some("sync-secret-for-tests".into());
+    });
+    let without = Limiter::start("host1", &url, 0);
+    let wrong = Limiter::start_with("host2", &url, |c| c.token = Some("guess".into()));
+    wait_until("the limiter with the token gets the quota", || {
+        with.quota("api").is_some()
+    });
+    for l in [&without, &wrong] {
+        wait_until("the others are refused", || {
+            l.metrics().roots.first().is_some_and(|r| r.errors >= 2)
+        });
+        let m = l.metrics();
+        assert!(
+            m.roots[0].syncs == 0 && m.roots[0].last_error.contains("401"),
+            "{m:?}"
+        );
+        assert!(l.quota("api").is_none());
+    }
+}

@@ -109,12 +109,19 @@ pub struct Root {
     port: u16,
     db: String,
     log: std::path::PathBuf,
+    /// More `sluice root` flags.
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl Root {
     /// Starts a root on a free port over `db` and waits until it serves.
     pub fn start(db: &Db, name: &str) -> Self {
+        Self::start_with(db, name, &[])
+    }
+
+    /// [`Root::start`] with more flags for `sluice root`.
+    pub fn start_with(db: &Db, name: &str, args: &[&str]) -> Self {
         for _ in 0..5 {
             let port = free_port();
             let mut root = Self {
@@ -122,6 +129,7 @@ impl Root {
                 port,
                 db: db.url(),
                 log: db.dir().join(format!("{name}.log")),
+                args: args.iter().map(|a| a.to_string()).collect(),
                 child: None,
             };
             // Another test may have taken the port in between: try another.
@@ -192,6 +200,7 @@ impl Root {
         let child = Command::new(SLUICE)
             .args(["root", "--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--db", &self.db, "--reload-interval", "100ms"])
+            .args(&self.args)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
