@@ -31,8 +31,12 @@
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
+//!   - `sync/engine.rs` — the sync logic without the network, shared with
+//!     the simulator: what each root is owed, acknowledgements, merging
+//!     replies, unchanged counters, all-roots-down folding, early sync.
 //!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
-//!     deltas, backoff, metrics.
+//!     deltas (leaking while owed), backoff, metrics.
+//!   - `sync/ids.rs` — hash maps keyed by quota id (a multiply, not SipHash).
 //!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`.

@@ -28,7 +28,8 @@ use crate::core::decision::{check_chain, ChainVerdict, QuotaView};
 use crate::core::estimate::{Estimator, Extrapolation};
 use crate::core::rng::Rng;
 use crate::core::{Level, Nanos, Quota};
-use crate::sync::engine::{Page, SyncEngine};
+use crate::sync::engine::{EarlySync, Page, SyncEngine};
+use crate::sync::link::OwedDeltas;
 use crate::table::{Outcome, Table};
 use crate::wire::{SyncRequest, SyncResponse};
 
@@ -64,8 +65,11 @@ enum Event {
     Second(usize),
     /// A request reaches a host.
     Arrival { host: usize, load: usize },
-    /// A host starts a sync cycle (or, without roots, folds locally).
-    Tick { host: usize },
+    /// A host starts a sync cycle (or, without roots, folds locally);
+    /// ignored unless `seq` is the host's latest (an early cycle moved it).
+    Tick { host: usize, seq: u64 },
+    /// A host with early sync looks at its unsent deltas.
+    Probe { host: usize },
     /// A sync request reaches its root.
     AtRoot { exchange: u64 },
     /// A root's reply (or its host's refusal) reaches the limiter host.
@@ -119,8 +123,10 @@ struct Host {
     interval: Nanos,
     /// False once it left the fleet.
     alive: bool,
-    /// Exchanges of the current cycle still waiting for a reply.
-    outstanding: usize,
+    /// A sync cycle is open (ended by the next tick).
+    in_cycle: bool,
+    /// Sequence number of the next regular tick.
+    tick_seq: u64,
 }
 
 impl Host {
@@ -134,7 +140,7 @@ struct Exchange {
     host: usize,
     root: usize,
     request: SyncRequest,
-    owed: HashMap<u64, u64>,
+    owed: OwedDeltas,
     /// Host local time the request left.
     sent_at: Nanos,
     /// The root's reply, once it answered (`None` at the host: refused).
@@ -278,7 +284,12 @@ impl<'a> Sim<'a> {
             match event {
                 Event::Second(sec) => self.generate(sec, at),
                 Event::Arrival { host, load } => self.arrive(host, load, at),
-                Event::Tick { host } => self.tick(host, at),
+                Event::Tick { host, seq } => {
+                    if self.hosts[host].tick_seq == seq {
+                        self.tick(host, at);
+                    }
+                }
+                Event::Probe { host } => self.probe(host, at),
                 Event::AtRoot { exchange } => self.at_root(exchange, at),
                 Event::AtHost { exchange } => self.at_host(exchange, at),
                 Event::Timeout { exchange } => self.timeout(exchange, at),
@@ -327,12 +338,17 @@ impl<'a> Sim<'a> {
             clock_offset,
             interval,
             alive: true,
-            outstanding: 0,
+            in_cycle: false,
+            tick_seq: 0,
         };
         self.hosts.push(host);
         // Hosts start at random points of their cycle, as a real fleet.
         let first = now + (self.net_rng.next_unit() * interval as f64) as Nanos;
-        self.push(first, Event::Tick { host: i });
+        self.push(first, Event::Tick { host: i, seq: 0 });
+        if let Some(early) = self.early_sync() {
+            self.hosts[i].engine.set_early_sync(Some(early));
+            self.push(first, Event::Probe { host: i });
+        }
     }
 
     fn live_hosts(&self) -> Vec<usize> {
@@ -522,18 +538,20 @@ impl<'a> Sim<'a> {
             self.schedule_tick(host, now);
             return;
         }
+        // As the real loop: a cycle every interval (plus jitter), whatever
+        // is still under way; the engine leaves out roots still busy.
         let h = &mut self.hosts[host];
         let local = h.local(now);
-        let outgoing = h.engine.begin_cycle(&h.table, local);
-        if outgoing.is_empty() {
-            self.end_cycle(host, now);
-            return;
+        if h.in_cycle {
+            h.engine.end_cycle(&h.table, local);
         }
+        h.in_cycle = true;
+        let outgoing = h.engine.begin_cycle(&h.table, local);
+        self.schedule_tick(host, now);
         let timeout = match self.checked.scenario.sync.timeout_ms {
             Some(ms) => millis(ms),
-            None => h.interval * 4 / 5,
+            None => self.hosts[host].interval * 4 / 5,
         };
-        h.outstanding = outgoing.len();
         for out in outgoing {
             let id = self.next_exchange;
             self.next_exchange += 1;
@@ -606,7 +624,6 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        self.exchange_done(ex.host, now);
     }
 
     /// No reply in time: the request or the reply was lost.
@@ -621,29 +638,40 @@ impl<'a> Sim<'a> {
             h.engine
                 .finish(&h.table, ex.root, ex.owed, &[], error, local);
         }
-        self.exchange_done(ex.host, now);
-    }
-
-    fn exchange_done(&mut self, host: usize, now: Nanos) {
-        let h = &mut self.hosts[host];
-        h.outstanding = h.outstanding.saturating_sub(1);
-        if h.outstanding == 0 && h.alive {
-            self.end_cycle(host, now);
-        }
-    }
-
-    fn end_cycle(&mut self, host: usize, now: Nanos) {
-        let h = &mut self.hosts[host];
-        let local = h.local(now);
-        h.engine.end_cycle(&h.table, local);
-        self.schedule_tick(host, now);
     }
 
     fn schedule_tick(&mut self, host: usize, now: Nanos) {
         let jitter = self.checked.scenario.sync.jitter;
         let interval = self.hosts[host].interval;
         let wait = interval + (interval as f64 * jitter * self.net_rng.next_unit()) as Nanos;
-        self.push(now + wait, Event::Tick { host });
+        let h = &mut self.hosts[host];
+        h.tick_seq += 1;
+        let seq = h.tick_seq;
+        self.push(now + wait, Event::Tick { host, seq });
+    }
+
+    fn early_sync(&self) -> Option<EarlySync> {
+        let sync = &self.checked.scenario.sync;
+        sync.early_fraction.map(|fraction| EarlySync {
+            fraction,
+            max_per_second: sync.early_max_per_sec,
+        })
+    }
+
+    /// Early sync: starts a cycle now if the host's unsent deltas call for
+    /// one (the regular tick then comes an interval later).
+    fn probe(&mut self, host: usize, now: Nanos) {
+        let h = &mut self.hosts[host];
+        if !h.alive || self.roots.is_empty() {
+            return;
+        }
+        let local = h.local(now);
+        if h.engine.early_sync_due(&h.table, local) {
+            self.tick(host, now);
+        }
+        if let Some(every) = self.hosts[host].engine.early_probe_every() {
+            self.push(now + every, Event::Probe { host });
+        }
     }
 
     // ---- scenario events and sampling --------------------------------------

@@ -5,7 +5,8 @@
 //! name = "steady"
 //! duration = 60                  # simulated seconds
 //! hosts = { count = 50, clock_skew_ms = 20 }
-//! sync = { interval_ms = 1000, jitter = 0.1 }
+//! sync = { interval_ms = 1000, jitter = 0.1 }  # early_fraction = 0.02,
+//!                                # early_max_per_sec = 4: early sync
 //! network = { latency_ms = 1.0, jitter_ms = 0.5, loss = 0.0 }
 //! roots = 1
 //!
@@ -150,6 +151,17 @@ pub struct SyncSpec {
     /// Request timeout (default: 80% of the interval, as the real loop).
     #[serde(default)]
     pub timeout_ms: Option<f64>,
+    /// Early sync: share of a quota's burst band its unsent local delta
+    /// must reach (off when absent).
+    #[serde(default)]
+    pub early_fraction: Option<f64>,
+    /// Early sync: most early cycles per host and second.
+    #[serde(default = "default_early_max")]
+    pub early_max_per_sec: f64,
+}
+
+fn default_early_max() -> f64 {
+    4.0
 }
 
 fn default_interval_ms() -> f64 {
@@ -167,6 +179,8 @@ impl Default for SyncSpec {
             interval_spread: 0.0,
             jitter: default_jitter(),
             timeout_ms: None,
+            early_fraction: None,
+            early_max_per_sec: default_early_max(),
         }
     }
 }
@@ -418,6 +432,10 @@ fn check(s: Scenario) -> Result<Checked, String> {
     fraction("sync.jitter", s.sync.jitter)?;
     if let Some(t) = s.sync.timeout_ms {
         positive("sync.timeout_ms", t)?;
+    }
+    if let Some(f) = s.sync.early_fraction {
+        fraction("sync.early_fraction", f)?;
+        positive("sync.early_max_per_sec", s.sync.early_max_per_sec)?;
     }
     if !(s.network.latency_ms >= 0.0 && s.network.jitter_ms >= 0.0) {
         return Err("network: latency_ms and jitter_ms must not be negative".into());

@@ -5,23 +5,31 @@
 //! engine, so the accounting that keeps counts exact lives once:
 //!
 //! - every collected delta is **owed** to every root until that root
-//!   confirms it (resent after a failure, bounded);
+//!   confirms it (resent after a failure, bounded); while owed it leaks at
+//!   the quota's limit, so a root that missed it gets only what is left of
+//!   it (see [`Owed`] for why);
 //! - every collected delta is **unacknowledged** until the first root whose
 //!   reply covers it; that reply takes it off the table's `inflight`, later
 //!   roots' replies only max-merge their values;
+//! - a counter a root leaves out of a complete reply did not change there:
+//!   the engine tells the table so at the end of the cycle, which resets the
+//!   counter's extrapolation and decays its fill rate (see `Recent`);
 //! - when no root answered for two intervals the engine folds local weight
 //!   into the levels (per-host limiting) and says so once a minute.
 
-use std::collections::{HashMap, HashSet};
-
-use super::link::RootLink;
+use super::ids::{IdMap, IdSet};
+use super::link::{Owed, OwedDeltas, RootLink};
 use super::{LogLevel, SyncMetrics};
-use crate::core::Nanos;
+use crate::core::{Level, Nanos};
 use crate::table::{CollectedDelta, SlotId, Table};
-use crate::wire::{CounterDelta, SyncRequest, SyncResponse};
+use crate::wire::{CounterDelta, CounterValue, SyncRequest, SyncResponse};
 
 /// How often "all roots down" is repeated in the log.
 const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
+
+/// Cycles a counter stays in [`Recent`] without changing: by then its fill
+/// rate has been halved this many times (to 1/65536 of what it was).
+const QUIET_CYCLES: u32 = 16;
 
 /// A request to send to one root, with the deltas it carries.
 #[derive(Clone, Debug)]
@@ -30,9 +38,10 @@ pub struct Outgoing {
     pub root: usize,
     /// The request body.
     pub request: SyncRequest,
-    /// The deltas in `request`, by quota id; hand them back with the
-    /// outcome.
-    pub owed: HashMap<u64, u64>,
+    /// What `request` pays off, by quota id (entries that leaked to less
+    /// than a unit are here but not in the request); hand them back with
+    /// the outcome.
+    pub owed: OwedDeltas,
 }
 
 /// One successful page of an exchange with a root.
@@ -46,13 +55,36 @@ pub struct Page {
     pub reply: SyncResponse,
 }
 
+/// Early sync: a cycle before the interval is up when some quota's local
+/// delta since the last send passes `fraction` of its burst band
+/// (`high_burst - low_burst`), at most `max_per_second` extra cycles a
+/// second.
+///
+/// The sync thread looks every twentieth of an interval
+/// ([`EARLY_PROBES_PER_INTERVAL`]), reading every quota's unsent weight
+/// ([`Table::unsent_beyond`]), so the probes cost CPU in proportion to
+/// the table. A host's delta is its share of the load: with `n` hosts
+/// sharing a quota evenly, `fraction` around `1 / n` makes hosts sync
+/// early when the load climbs well above what the band absorbs in an
+/// interval. Measured in the simulator (BENCHMARKS.md, "Sync").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EarlySync {
+    /// Share of the burst band a quota's unsent local delta must reach.
+    pub fraction: f64,
+    /// Most early cycles per second.
+    pub max_per_second: f64,
+}
+
+/// How often per interval early sync probes the table.
+pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
+
 /// A log line the engine wants written.
 pub type LogLine = (LogLevel, String);
 
 /// Deltas collected and sent, not yet included in any root's answer.
 #[derive(Default, Debug)]
 struct Unacked {
-    by_id: HashMap<u64, (SlotId, u64)>,
+    by_id: IdMap<(SlotId, u64)>,
 }
 
 impl Unacked {
@@ -77,6 +109,78 @@ impl Unacked {
     }
 }
 
+/// Counters whose cluster value changed in the last [`QUIET_CYCLES`]
+/// cycles, and what this cycle's replies said about them.
+///
+/// Roots send a counter only when it changed since the limiter's last
+/// version. Between syncs the table extrapolates the others' weight at
+/// their measured fill rate for up to a horizon after the counter's last
+/// known value, and the rate is only measured when a new value is merged.
+/// So when the whole fleet stops adding to a counter (the load ended, or
+/// every host rejects after a burst), no new value ever arrives: the old
+/// rate keeps being extrapolated, the estimate stays up to
+/// `fill_rate * horizon` above the truth, and the hosts keep rejecting
+/// because of it (scenario `8-bursts-churn`: seconds of rejections after
+/// each burst). A complete reply that leaves a counter out is itself a
+/// measurement: nothing was added at that root up to its clock. Merging
+/// an empty level at that time says exactly that to the table: the level
+/// leaks on, the extrapolation restarts from then and the fill rate is
+/// measured as zero for the span.
+#[derive(Default, Debug)]
+struct Recent {
+    /// Quota id to what is tracked of it.
+    by_id: IdMap<Tracked>,
+    /// Number of the current settling round: counters reported since the
+    /// last [`Recent::settle`] carry it.
+    round: u64,
+    /// Local time up to which this cycle's complete replies vouch that
+    /// unreported counters did not change (the earliest of them: the
+    /// roots answer at different times).
+    quiet_until: Option<Nanos>,
+}
+
+/// A recently changed counter.
+#[derive(Clone, Copy, Debug)]
+struct Tracked {
+    /// Where it lives.
+    slot: SlotId,
+    /// Settling rounds in a row it did not change.
+    quiet: u32,
+    /// The round in which a root last reported it.
+    reported: u64,
+}
+
+impl Recent {
+    fn changed(&mut self, id: u64, slot: SlotId) {
+        let reported = self.round;
+        self.by_id.insert(
+            id,
+            Tracked {
+                slot,
+                quiet: 0,
+                reported,
+            },
+        );
+    }
+
+    /// Tells the table that every recent counter no root reported did not
+    /// change up to `quiet_until`, and forgets counters quiet for long.
+    fn settle(&mut self, table: &Table) {
+        if let Some(at) = self.quiet_until.take() {
+            let round = self.round;
+            self.by_id.retain(|&id, t| {
+                if t.reported == round {
+                    return true;
+                }
+                t.quiet += 1;
+                let nothing = Level::empty(at);
+                table.merge_counter(t.slot, id, nothing, 0) && t.quiet < QUIET_CYCLES
+            });
+        }
+        self.round += 1;
+    }
+}
+
 /// The request for the next quota page after `reply`, if the root has more
 /// (no deltas: they went with the first page).
 pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncRequest> {
@@ -94,7 +198,8 @@ pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncReq
 pub struct SyncEngine {
     links: Vec<RootLink>,
     unacked: Unacked,
-    slots: HashMap<u64, SlotId>,
+    recent: Recent,
+    slots: IdMap<SlotId>,
     slots_generation: Option<u64>,
     limiter_id: String,
     interval: Nanos,
@@ -104,6 +209,8 @@ pub struct SyncEngine {
     all_down: bool,
     down_logged_at: Option<Nanos>,
     cycles: u64,
+    early: Option<EarlySync>,
+    last_early: Option<Nanos>,
 }
 
 impl SyncEngine {
@@ -121,7 +228,8 @@ impl SyncEngine {
                 .map(|u| RootLink::new(u.trim_end_matches('/').into()))
                 .collect(),
             unacked: Unacked::default(),
-            slots: HashMap::new(),
+            recent: Recent::default(),
+            slots: IdMap::default(),
             slots_generation: None,
             limiter_id,
             interval,
@@ -131,7 +239,41 @@ impl SyncEngine {
             all_down: false,
             down_logged_at: None,
             cycles: 0,
+            early: None,
+            last_early: None,
         }
+    }
+
+    /// Turns early sync on (or off with `None`).
+    pub fn set_early_sync(&mut self, early: Option<EarlySync>) {
+        self.early = early;
+    }
+
+    /// Time between early-sync probes, when early sync is on.
+    pub fn early_probe_every(&self) -> Option<Nanos> {
+        self.early
+            .map(|_| (self.interval / EARLY_PROBES_PER_INTERVAL).max(1))
+    }
+
+    /// True when an early cycle should start now: early sync is on, its
+    /// budget allows one, and some quota's unsent local delta passed its
+    /// share of the burst band.
+    pub fn early_sync_due(&mut self, table: &Table, now: Nanos) -> bool {
+        let Some(early) = self.early else {
+            return false;
+        };
+        let spacing = (1e9 / early.max_per_second.max(1e-9)) as Nanos;
+        if self
+            .last_early
+            .is_some_and(|t| now.saturating_sub(t) < spacing)
+        {
+            return false;
+        }
+        let due = table.unsent_beyond(early.fraction);
+        if due {
+            self.last_early = Some(now);
+        }
+        due
     }
 
     /// The base URL of root `i`.
@@ -140,18 +282,36 @@ impl SyncEngine {
     }
 
     /// Starts a cycle: collects the table's deltas, owes them to every
-    /// root, and returns a request for each root not backing off.
+    /// root, and returns a request for each root not backing off and not
+    /// still busy with an earlier exchange. Every request must be handed
+    /// back to [`SyncEngine::finish`], whenever it ends.
     pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
         self.cycles += 1;
         let mut collected = Vec::new();
         table.collect_deltas(&mut collected);
         self.unacked.add(&collected);
+        let fresh: Vec<(u64, Owed)> = collected
+            .iter()
+            .map(|d| {
+                // A slot that no longer holds the quota: the root ignores
+                // the delta anyway.
+                let limit = table.counter_limit(d.slot, d.id).unwrap_or(0.0);
+                (d.id, Owed::new(d.delta, limit, now))
+            })
+            .collect();
+        // With no root up, backoff only delays finding the first one back.
+        let any_up = self.links.iter().any(|l| l.metrics.up);
         let mut out = Vec::new();
         for (root, link) in self.links.iter_mut().enumerate() {
-            link.owe(collected.iter().map(|d| (d.id, d.delta)), self.max_owed);
-            if link.retry_at > now {
+            link.owe(fresh.iter().copied(), self.max_owed, now);
+            if link.busy {
                 continue;
             }
+            if link.skip > 0 && any_up {
+                link.skip -= 1;
+                continue;
+            }
+            link.busy = true;
             let owed = std::mem::take(&mut link.owed);
             let request = SyncRequest {
                 limiter: self.limiter_id.clone(),
@@ -160,7 +320,10 @@ impl SyncEngine {
                 root_instance: link.root_instance,
                 deltas: owed
                     .iter()
-                    .map(|(&id, &delta)| CounterDelta { id, delta })
+                    .filter_map(|(&id, o)| {
+                        let delta = o.due(now);
+                        (delta > 0).then_some(CounterDelta { id, delta })
+                    })
                     .collect(),
             };
             out.push(Outgoing {
@@ -174,29 +337,38 @@ impl SyncEngine {
 
     /// Applies the outcome of one exchange with root `root`: the pages that
     /// succeeded (in order) and, if it stopped early, the error. With no
-    /// page at all the root is owed `owed` again and backs off.
+    /// page at all the root is owed `owed` again and backs off, unless no
+    /// other root is up either: then it is tried every cycle, so that the
+    /// first root to come back is found within an interval.
     pub fn finish(
         &mut self,
         table: &Table,
         root: usize,
-        owed: HashMap<u64, u64>,
+        owed: OwedDeltas,
         pages: &[Page],
         error: Option<String>,
         now: Nanos,
     ) -> Vec<LogLine> {
         let mut log = Vec::new();
+        let others_up = self
+            .links
+            .iter()
+            .enumerate()
+            .any(|(i, l)| i != root && l.metrics.up);
         let link = &mut self.links[root];
+        link.busy = false;
         if pages.is_empty() {
             let was_up = link.metrics.up || link.metrics.syncs == 0;
             let error = error.unwrap_or_else(|| "no reply".into());
-            link.owe(owed.into_iter(), self.max_owed);
+            link.owe(owed.into_iter(), self.max_owed, now);
             if was_up {
                 log.push((
                     LogLevel::Warn,
                     format!("quota root {} unreachable: {error}", link.url),
                 ));
             }
-            link.failed(now, self.interval, error);
+            link.failed(others_up, error);
+            self.settle_if_all_in(table);
             return log;
         }
         if !link.metrics.up && link.metrics.errors > 0 {
@@ -205,19 +377,50 @@ impl SyncEngine {
                 format!("quota root {} reachable again", link.url),
             ));
         }
-        let nothing = HashMap::new();
+        let nothing = OwedDeltas::default();
         for (k, page) in pages.iter().enumerate() {
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
             // Deltas went out with the first page only.
             let sent = if k == 0 { &owed } else { &nothing };
             self.apply(table, root, &page.reply, sent, &mut log);
         }
+        if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
+            // Counters come only once the quota pages are through; then
+            // whatever this root left out did not change there.
+            let at = self.links[root]
+                .to_local(&CounterValue {
+                    id: 0,
+                    level: 0.0,
+                    at: last.reply.root_time,
+                })
+                .at;
+            let until = &mut self.recent.quiet_until;
+            *until = Some(until.map_or(at, |u| u.min(at)));
+        }
         if let Some(error) = error {
             // A later page failed; the deltas were delivered with the first.
-            self.links[root].failed(now, self.interval, error);
+            self.links[root].failed(others_up, error);
         }
         self.last_any_success = Some(now);
+        if self.all_down {
+            // Limiting is cluster-wide again from this reply on.
+            self.all_down = false;
+            self.down_logged_at = None;
+            log.push((
+                LogLevel::Info,
+                "a quota root answers again; cluster limiting resumed".into(),
+            ));
+        }
+        self.settle_if_all_in(table);
         log
+    }
+
+    /// Settles unchanged counters once every root asked has answered or
+    /// failed, so the table learns of them right away.
+    fn settle_if_all_in(&mut self, table: &Table) {
+        if !self.links.iter().any(|l| l.busy) {
+            self.recent.settle(table);
+        }
     }
 
     fn apply(
@@ -225,7 +428,7 @@ impl SyncEngine {
         table: &Table,
         root: usize,
         reply: &SyncResponse,
-        sent: &HashMap<u64, u64>,
+        sent: &OwedDeltas,
         log: &mut Vec<LogLine>,
     ) {
         if !reply.quotas.is_empty() {
@@ -236,38 +439,49 @@ impl SyncEngine {
         }
         let generation = table.generation();
         if self.slots_generation != Some(generation) {
-            self.slots = table.slot_ids();
+            self.slots = table.slot_ids().into_iter().collect();
             self.slots_generation = Some(generation);
         }
         let link = &self.links[root];
-        let mut answered = HashSet::with_capacity(reply.counters.len());
+        let mut answered =
+            IdSet::with_capacity_and_hasher(reply.counters.len(), Default::default());
         for c in &reply.counters {
             answered.insert(c.id);
             let Some(&slot) = self.slots.get(&c.id) else {
                 continue;
             };
+            self.recent.changed(c.id, slot);
+            // The whole collected weight is acknowledged, leaked or not:
+            // what leaked away is no longer part of any level.
             let acked = sent
                 .get(&c.id)
-                .and_then(|&s| self.unacked.take(c.id, s))
+                .and_then(|s| self.unacked.take(c.id, s.weight))
                 .map_or(0, |a| a.1);
             table.merge_counter(slot, c.id, link.to_local(c), acked);
         }
-        for (&id, &amount) in sent {
+        for (&id, owed) in sent {
             if !answered.contains(&id) {
-                if let Some((slot, acked)) = self.unacked.take(id, amount) {
+                if let Some((slot, acked)) = self.unacked.take(id, owed.weight) {
                     table.release_inflight(slot, id, acked);
                 }
             }
         }
     }
 
-    /// Ends a cycle. When no root answered for two intervals, folds local
-    /// weight into the levels (limiting goes on per host) and logs it once
-    /// a minute.
+    /// Ends a cycle (call it before the next [`SyncEngine::begin_cycle`]).
+    /// Settles unchanged counters if a slow root kept that from happening
+    /// earlier. When no root answered for two intervals, folds local weight
+    /// into the levels (limiting goes on per host) and logs it once a
+    /// minute; the first answer after that ends it (and says so).
     pub fn end_cycle(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
         let mut log = Vec::new();
         let since = self.last_any_success.unwrap_or(self.started);
-        let down = !self.links.is_empty() && now.saturating_sub(since) > 2 * self.interval;
+        // An exchange still under way (a long initial sync paging through
+        // quotas) has not failed yet.
+        let waiting = self.links.iter().any(|l| l.busy);
+        let down =
+            !self.links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval;
+        self.recent.settle(table);
         if down {
             table.fold_local(now);
             self.unacked = Unacked::default();
@@ -282,12 +496,6 @@ impl SyncEngine {
                 );
                 log.push((LogLevel::Warn, msg));
             }
-        } else if self.all_down {
-            self.down_logged_at = None;
-            log.push((
-                LogLevel::Info,
-                "a quota root answers again; cluster limiting resumed".into(),
-            ));
         }
         self.all_down = down;
         log
@@ -325,12 +533,17 @@ mod tests {
     const SEC: Nanos = 1_000_000_000;
 
     fn table() -> Table {
+        table_with(10.0)
+    }
+
+    /// A table with quota `q` (id 1) leaking at `limit`.
+    fn table_with(limit: f64) -> Table {
         let t = Table::new_heap(8, 16);
         t.apply_quotas(&[Quota {
             id: 1,
             name: "q".into(),
             parent: None,
-            limit: 10.0,
+            limit,
             low_burst: 100.0,
             high_burst: 100.0,
             epoch: 1,
@@ -359,6 +572,36 @@ mod tests {
         }
     }
 
+    /// A reply at `at` that reports no counter (none changed).
+    fn quiet_page(at: Nanos) -> Page {
+        let mut page = page(0.0, at);
+        page.reply.counters.clear();
+        page
+    }
+
+    /// One cycle at `now` in which every root answers `pages(root)`
+    /// (no page: the root failed).
+    fn cycle(
+        e: &mut SyncEngine,
+        t: &Table,
+        now: Nanos,
+        pages: impl Fn(usize) -> Vec<Page>,
+    ) -> Vec<Outgoing> {
+        let out = e.begin_cycle(t, now);
+        for o in &out {
+            let pages = pages(o.root);
+            let error = pages.is_empty().then(|| "down".to_string());
+            e.finish(t, o.root, o.owed.clone(), &pages, error, now);
+        }
+        e.end_cycle(t, now);
+        out
+    }
+
+    fn deltas_to(out: &[Outgoing], root: usize) -> Vec<CounterDelta> {
+        let o = out.iter().find(|o| o.root == root).expect("a request");
+        o.request.deltas.clone()
+    }
+
     #[test]
     fn the_first_answer_acknowledges_and_the_second_only_merges() {
         let t = table();
@@ -385,7 +628,8 @@ mod tests {
 
     #[test]
     fn a_failed_root_is_owed_its_deltas_and_gets_them_next_time() {
-        let t = table();
+        // Nothing leaks at a limit of 0: the whole delta is still owed.
+        let t = table_with(0.0);
         let roots = ["http://a".to_string(), "http://b".to_string()];
         let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
         t.check(b"q", 4, 0);
@@ -437,11 +681,12 @@ mod tests {
             None,
             20 * SEC,
         );
-        assert!(!logs.is_empty());
-        assert!(e
-            .end_cycle(&t, 20 * SEC)
+        assert!(logs.iter().any(|l| l.1.contains("reachable again")));
+        assert!(logs
             .iter()
-            .any(|l| l.0 == LogLevel::Info));
+            .any(|l| l.1.contains("cluster limiting resumed")));
+        assert!(!e.all_down());
+        assert!(e.end_cycle(&t, 20 * SEC).is_empty());
         assert_eq!(t.quota(b"q", 20 * SEC).unwrap().level, 60.0);
     }
 
@@ -470,5 +715,215 @@ mod tests {
         let next = next_page(&first, &r).unwrap();
         assert!(next.deltas.is_empty());
         assert_eq!(next.quotas_after, r.quotas_after);
+    }
+
+    #[test]
+    fn deltas_owed_to_a_failed_root_leak_at_the_limit_until_resent() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 40, 0);
+        // a takes the 40; b fails and backs off one interval.
+        cycle(&mut e, &t, SEC, |r| {
+            if r == 0 {
+                vec![page(40.0, SEC)]
+            } else {
+                vec![]
+            }
+        });
+        t.check(b"q", 5, 0);
+        let out = cycle(&mut e, &t, 3 * SEC, |_| vec![page(45.0, 3 * SEC)]);
+        // Two seconds at 10/s took 20 off the 40 owed to b; the fresh 5
+        // goes to both in full.
+        assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 25 }]);
+        assert_eq!(deltas_to(&out, 0), vec![CounterDelta { id: 1, delta: 5 }]);
+    }
+
+    #[test]
+    fn a_root_back_after_a_long_outage_gets_fresh_deltas_but_no_backlog() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 50, 0);
+        for s in 1..24 {
+            cycle(&mut e, &t, s * SEC, |_| vec![]);
+        }
+        assert!(e.all_down());
+        t.check(b"q", 3, 24 * SEC);
+        let out = cycle(&mut e, &t, 24 * SEC, |_| vec![page(3.0, 24 * SEC)]);
+        // The 50 collected at 1 s leaked away long ago (10/s).
+        assert_eq!(
+            out[0].request.deltas,
+            vec![CounterDelta { id: 1, delta: 3 }]
+        );
+        assert!(!e.all_down());
+    }
+
+    #[test]
+    fn a_dead_root_backs_off_while_another_is_up_and_not_when_none_is() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        let asked = |out: &[Outgoing]| out.iter().map(|o| o.root).collect::<Vec<_>>();
+        let mut b_asked = Vec::new();
+        for s in 1..=16 {
+            let out = cycle(&mut e, &t, s * SEC, |r| {
+                if r == 0 {
+                    vec![quiet_page(s * SEC)]
+                } else {
+                    vec![]
+                }
+            });
+            if asked(&out).contains(&1) {
+                b_asked.push(s);
+            }
+        }
+        // Every cycle, then every 2nd, 4th and 8th.
+        assert_eq!(b_asked, vec![1, 2, 4, 8, 16]);
+        // a goes down too: from then on both are tried every cycle.
+        for s in 17..=20 {
+            let out = cycle(&mut e, &t, s * SEC, |_| vec![]);
+            if s > 17 {
+                assert_eq!(asked(&out), vec![0, 1], "at {s} s");
+            }
+        }
+    }
+
+    #[test]
+    fn a_root_still_answering_is_left_out_of_later_cycles() {
+        let t = table_with(0.0);
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 4, 0);
+        let first = e.begin_cycle(&t, SEC);
+        e.finish(&t, 0, first[0].owed.clone(), &[page(4.0, SEC)], None, SEC);
+        e.end_cycle(&t, SEC);
+        // b has not answered; the next cycles ask only a, and owe b more.
+        t.check(b"q", 3, 0);
+        for s in 2..=4 {
+            let out = e.begin_cycle(&t, s * SEC);
+            assert_eq!(out.iter().map(|o| o.root).collect::<Vec<_>>(), vec![0]);
+            e.finish(
+                &t,
+                0,
+                out[0].owed.clone(),
+                &[page(7.0, s * SEC)],
+                None,
+                s * SEC,
+            );
+            e.end_cycle(&t, s * SEC);
+        }
+        // b's answer finally arrives; the next cycle asks it again, with
+        // the 3 it has not had yet.
+        e.finish(
+            &t,
+            1,
+            first[1].owed.clone(),
+            &[page(4.0, SEC)],
+            None,
+            4 * SEC,
+        );
+        let out = e.begin_cycle(&t, 5 * SEC);
+        assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 3 }]);
+    }
+
+    #[test]
+    fn early_sync_is_due_when_unsent_weight_passes_its_share_of_the_band() {
+        // Band 100..300: a tenth of it is 20 units.
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&[Quota {
+            id: 1,
+            name: "q".into(),
+            parent: None,
+            limit: 10.0,
+            low_burst: 100.0,
+            high_burst: 300.0,
+            epoch: 1,
+            deleted: false,
+        }]);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 25, 0);
+        assert!(!e.early_sync_due(&t, SEC), "off by default");
+        assert_eq!(e.early_probe_every(), None);
+        e.set_early_sync(Some(EarlySync {
+            fraction: 0.1,
+            max_per_second: 2.0,
+        }));
+        assert_eq!(e.early_probe_every(), Some(SEC / EARLY_PROBES_PER_INTERVAL));
+        assert!(e.early_sync_due(&t, SEC));
+        // At most two a second: not again within half a second, even
+        // with more weight waiting.
+        e.begin_cycle(&t, SEC);
+        t.check(b"q", 25, 0);
+        assert!(!e.early_sync_due(&t, SEC + SEC / 4));
+        assert!(e.early_sync_due(&t, SEC + SEC / 2));
+        // Once sent, the weight no longer calls for one.
+        e.begin_cycle(&t, SEC + SEC / 2);
+        t.check(b"q", 19, 0);
+        assert!(!e.early_sync_due(&t, 3 * SEC));
+    }
+
+    #[test]
+    fn a_resend_that_leaked_to_nothing_still_clears_in_flight_weight() {
+        let t = table_with(1000.0);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 40, 0);
+        cycle(&mut e, &t, SEC, |_| vec![]);
+        assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 40);
+        // One interval later the 40 (1000/s) are long gone: nothing to
+        // send, but the root's answer covers them.
+        let out = cycle(&mut e, &t, 2 * SEC, |_| vec![quiet_page(2 * SEC)]);
+        assert!(out[0].request.deltas.is_empty());
+        assert_eq!(out[0].owed[&1].weight, 40);
+        let st = t.quota(b"q", 2 * SEC).unwrap();
+        assert_eq!((st.pending, st.inflight), (0, 0));
+    }
+
+    #[test]
+    fn a_repeated_request_after_a_lost_reply_counts_only_what_has_not_leaked() {
+        // The root got the request but its reply was lost: the 100 are
+        // owed again. Resent after 1 s at 60/s, only 40 count twice.
+        let t = table_with(60.0);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 100, 0);
+        cycle(&mut e, &t, SEC, |_| vec![]);
+        let out = cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
+        assert_eq!(
+            out[0].request.deltas,
+            vec![CounterDelta { id: 1, delta: 40 }]
+        );
+    }
+
+    #[test]
+    fn a_counter_no_root_reports_is_known_unchanged_and_not_extrapolated() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        cycle(&mut e, &t, SEC, |_| vec![page(50.0, SEC)]);
+        cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
+        // The others filled 50/s, then 60/s: smoothed 42.5/s.
+        let st = t.quota(b"q", 2 * SEC).unwrap();
+        assert_eq!((st.level, st.fill_rate), (100.0, 42.5));
+        // The root says nothing changed up to 3 s: 100 leaked 1 s at 10/s,
+        // no extrapolated fill on top, and the fill rate halves.
+        cycle(&mut e, &t, 3 * SEC, |_| vec![quiet_page(3 * SEC)]);
+        let st = t.quota(b"q", 3 * SEC).unwrap();
+        assert_eq!((st.level, st.fill_rate), (90.0, 21.25));
+    }
+
+    #[test]
+    fn a_reply_still_paging_quotas_says_nothing_about_counters() {
+        let t = table();
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        cycle(&mut e, &t, SEC, |_| vec![page(50.0, SEC)]);
+        cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
+        let mut paging = quiet_page(3 * SEC);
+        paging.reply.more_quotas = true;
+        cycle(&mut e, &t, 3 * SEC, |_| vec![paging.clone()]);
+        assert_eq!(t.quota(b"q", 2 * SEC).unwrap().fill_rate, 42.5);
     }
 }

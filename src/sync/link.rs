@@ -2,7 +2,7 @@
 //! log and counter versions, its clock offset, the deltas it still owes the
 //! root, its health and its metrics.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use serde::Serialize;
 
@@ -11,6 +11,86 @@ use crate::wire::{CounterValue, QuotaCursor, SyncResponse};
 
 /// Round-trip samples kept for the clock offset.
 const OFFSET_SAMPLES: usize = 8;
+
+/// Weight a root has not received yet for one counter.
+///
+/// A root adds every delta at the moment it receives it:
+/// `C = max(C, F(now)) + delta`. Weight admitted long ago and delivered
+/// only now (the root was down, or its reply was lost and the request is
+/// repeated) would count as if it had just been admitted, although the
+/// floor has risen since: 20 s of a fleet's load sent at once to a root that
+/// comes back puts that root far above `high_burst`, and since limiters
+/// take the maximum over roots it throttles the whole fleet for as long
+/// again.
+///
+/// So what is owed is kept as this host's own bucket: `level` leaks at the
+/// quota's limit from the moment the weight was collected, exactly as the
+/// root would have leaked it had the weight been the only weight it got,
+/// and only what is left is sent. That is never more than the weight's
+/// true share of the cluster level: a bucket's level at `t` is
+/// `max over s of (W[s, t] - limit * (t - s))` for the weight `W` it got
+/// since `s`, and the sum of that over disjoint parts of the load is at
+/// most the same over the whole load (each part pays the leak on its own).
+/// A root that missed deltas therefore ends up at or below the true
+/// level, never above it; the other roots, which did get the deltas, hold
+/// the true level and win the maximum, and a root that was below it
+/// catches up as new deltas arrive. Aging deltas out after a fixed time
+/// instead would still overcount whatever is younger than that bound.
+///
+/// A repeat after a short loss (one lost reply) costs at most what has
+/// not leaked since, not a full double count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Owed {
+    /// What the root should still add, as a bucket leaking at `limit`
+    /// since the weight was collected (the local clock).
+    pub level: Level,
+    /// The quota's leak rate when weight was last added, units/s.
+    pub limit: f64,
+    /// Weight collected from the table that this entry covers, leaked or
+    /// not: what a reply from the root acknowledges.
+    pub weight: u64,
+}
+
+impl Owed {
+    /// `delta` collected at `now` for a quota leaking at `limit`.
+    pub fn new(delta: u64, limit: f64, now: Nanos) -> Self {
+        Self {
+            level: Level {
+                level: delta as f64,
+                at: now,
+            },
+            limit,
+            weight: delta,
+        }
+    }
+
+    /// Both owed amounts in one entry: each leaked to the later time, then
+    /// added (they are different weights, so they add; the newer limit
+    /// applies from then on).
+    pub fn combine(self, other: Owed) -> Owed {
+        let (older, newer) = if self.level.at <= other.level.at {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        let at = newer.level.at;
+        let level = older.level.leaked(older.limit, at).level + newer.level.level;
+        Owed {
+            level: Level { level, at },
+            limit: newer.limit,
+            weight: older.weight.saturating_add(newer.weight),
+        }
+    }
+
+    /// Whole units to send at `now`: what is left after the leak, rounded
+    /// down (a root never gets more than this host's share).
+    pub fn due(&self, now: Nanos) -> u64 {
+        self.level.leaked(self.limit, now).level.floor() as u64
+    }
+}
+
+/// What a root is owed, by quota id.
+pub type OwedDeltas = super::ids::IdMap<Owed>;
 
 /// Per-root state kept by the sync thread.
 #[derive(Debug)]
@@ -24,15 +104,18 @@ pub struct RootLink {
     /// Instance the version belongs to.
     pub root_instance: u64,
     /// Deltas this root has not received yet (it failed or was not asked),
-    /// by quota id; resent with the next request.
-    pub owed: HashMap<u64, u64>,
+    /// by quota id; resent, leaked, with the next request.
+    pub owed: OwedDeltas,
     /// Recent `(round trip, offset)` samples; the offset of the quickest
     /// round trip is the best estimate (NTP's rule).
     samples: VecDeque<(u64, i64)>,
     /// Consecutive failures, for backoff.
     pub failures: u32,
-    /// Local time before which this root is not tried again.
-    pub retry_at: Nanos,
+    /// Cycles still to skip before this root is tried again.
+    pub skip: u32,
+    /// An exchange with this root is under way; later cycles leave the
+    /// root out until it ends, so a slow root delays no one.
+    pub busy: bool,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -60,7 +143,9 @@ pub struct RootMetrics {
     pub bytes_sent: u64,
     /// Response bytes received.
     pub bytes_received: u64,
-    /// Owed delta entries dropped because the root stayed away too long.
+    /// Owed delta entries dropped because the root stayed away too long
+    /// (only when `max_owed` distinct counters are owed, none of them
+    /// leaked to nothing yet).
     pub dropped_deltas: u64,
 }
 
@@ -76,24 +161,42 @@ impl RootLink {
             cursor: QuotaCursor::default(),
             counter_version: 0,
             root_instance: 0,
-            owed: HashMap::new(),
+            owed: OwedDeltas::default(),
             samples: VecDeque::new(),
             failures: 0,
-            retry_at: 0,
+            skip: 0,
+            busy: false,
             metrics,
         }
     }
 
-    /// Adds this cycle's deltas to what the root is owed, dropping
-    /// everything (with a metric) past `max_entries` distinct counters, so a
-    /// root that stays dead does not grow memory without bound.
-    pub fn owe(&mut self, deltas: impl Iterator<Item = (u64, u64)>, max_entries: usize) {
-        for (id, delta) in deltas {
-            if self.owed.len() >= max_entries && !self.owed.contains_key(&id) {
+    /// Adds deltas to what the root is owed. Past `max_entries` distinct
+    /// counters, entries that have leaked to nothing by `now` are dropped
+    /// first, then new counters are (with a metric), so a root that stays
+    /// dead does not grow memory without bound.
+    pub fn owe(
+        &mut self,
+        deltas: impl Iterator<Item = (u64, Owed)>,
+        max_entries: usize,
+        now: Nanos,
+    ) {
+        let mut pruned = false;
+        for (id, owed) in deltas {
+            if let Some(e) = self.owed.get_mut(&id) {
+                *e = e.combine(owed);
+                continue;
+            }
+            if self.owed.len() >= max_entries && !pruned {
+                // Once per call: a full map of live entries is not rescanned
+                // for every new counter.
+                self.owed.retain(|_, o| o.due(now) > 0);
+                pruned = true;
+            }
+            if self.owed.len() >= max_entries {
                 self.metrics.dropped_deltas += 1;
                 continue;
             }
-            *self.owed.entry(id).or_default() += delta;
+            self.owed.insert(id, owed);
         }
     }
 
@@ -115,7 +218,7 @@ impl RootLink {
         self.counter_version = reply.counter_version;
         self.root_instance = reply.root_instance;
         self.failures = 0;
-        self.retry_at = 0;
+        self.skip = 0;
         self.metrics.up = true;
         self.metrics.last_success = received;
         self.metrics.syncs += 1;
@@ -123,12 +226,16 @@ impl RootLink {
         self.metrics.clock_offset = self.offset();
     }
 
-    /// Records a failure at `now` and schedules the next try with capped
-    /// exponential backoff: one interval, then 2, 4, up to 8.
-    pub fn failed(&mut self, now: Nanos, interval: Nanos, error: String) {
+    /// Records a failure. With `back_off` the root is next tried after
+    /// capped exponential backoff (the next cycle, then every 2nd, 4th, up
+    /// to every 8th); without, in the next cycle.
+    pub fn failed(&mut self, back_off: bool, error: String) {
         self.failures = self.failures.saturating_add(1);
-        let factor = 1u64 << self.failures.saturating_sub(1).min(3);
-        self.retry_at = now + interval.saturating_mul(factor);
+        self.skip = if back_off {
+            (1u32 << self.failures.saturating_sub(1).min(3)) - 1
+        } else {
+            0
+        };
         self.metrics.up = false;
         self.metrics.errors += 1;
         self.metrics.last_error = error;
@@ -203,25 +310,57 @@ mod tests {
     #[test]
     fn failures_back_off_up_to_eight_intervals() {
         let mut l = RootLink::new("r".into());
-        let waits: Vec<u64> = (0..6)
+        let skips: Vec<u32> = (0..6)
             .map(|_| {
-                l.failed(100, 10, "down".into());
-                l.retry_at - 100
+                l.failed(true, "down".into());
+                l.skip
             })
             .collect();
-        assert_eq!(waits, vec![10, 20, 40, 80, 80, 80]);
+        assert_eq!(skips, vec![0, 1, 3, 7, 7, 7]);
         assert!(!l.metrics.up);
+        l.failed(false, "down".into());
+        assert_eq!(l.skip, 0);
         l.succeeded(0, 1, &reply(1, 1));
-        assert_eq!((l.failures, l.retry_at), (0, 0));
+        assert_eq!((l.failures, l.skip), (0, 0));
     }
+
+    const SEC: Nanos = 1_000_000_000;
 
     #[test]
     fn owed_deltas_accumulate_and_are_bounded() {
         let mut l = RootLink::new("r".into());
-        l.owe([(1, 5), (2, 1)].into_iter(), 2);
-        l.owe([(1, 5), (3, 7)].into_iter(), 2);
-        assert_eq!(l.owed.get(&1), Some(&10));
-        assert_eq!(l.owed.get(&3), None);
+        let owe = |d| Owed::new(d, 0.0, 0);
+        l.owe([(1, owe(5)), (2, owe(1))].into_iter(), 2, 0);
+        l.owe([(1, owe(5)), (3, owe(7))].into_iter(), 2, 0);
+        assert_eq!(l.owed[&1].due(0), 10);
+        assert_eq!(l.owed[&1].weight, 10);
+        assert!(!l.owed.contains_key(&3));
         assert_eq!(l.metrics.dropped_deltas, 1);
+    }
+
+    #[test]
+    fn owed_weight_leaks_at_the_limit_from_when_it_was_collected() {
+        // 40 units at 10/s collected at 0, 5 more at 2 s: 20 + 5 left.
+        let owed = Owed::new(40, 10.0, 0).combine(Owed::new(5, 10.0, 2 * SEC));
+        assert_eq!(owed.due(2 * SEC), 25);
+        assert_eq!(owed.weight, 45);
+        // The order of combining does not matter.
+        assert_eq!(
+            Owed::new(5, 10.0, 2 * SEC).combine(Owed::new(40, 10.0, 0)),
+            owed
+        );
+        // Fractions are rounded down and an old entry leaks to nothing.
+        assert_eq!(Owed::new(3, 2.0, 0).due(SEC / 4), 2);
+        assert_eq!(owed.due(10 * SEC), 0);
+    }
+
+    #[test]
+    fn a_full_owed_map_drops_entries_that_leaked_away_before_new_ones() {
+        let mut l = RootLink::new("r".into());
+        l.owe([(1, Owed::new(5, 10.0, 0))].into_iter(), 1, 0);
+        // At 1 s entry 1 is gone, so entry 2 fits.
+        l.owe([(2, Owed::new(5, 10.0, SEC))].into_iter(), 1, SEC);
+        assert_eq!(l.owed.keys().collect::<Vec<_>>(), vec![&2]);
+        assert_eq!(l.metrics.dropped_deltas, 0);
     }
 }

@@ -7,13 +7,16 @@
 //! lockstep):
 //!
 //! 1. collect the changed local deltas (`pending → inflight`, atomically);
-//! 2. send every root that is not backing off its owed deltas, all at once,
-//!    each request with a timeout below the interval;
+//! 2. send every root that is neither backing off nor still busy with an
+//!    earlier exchange what it is owed, all at once, each request with a
+//!    timeout below the interval;
 //! 3. apply each reply as it arrives: quotas by epoch, counters by max (in
 //!    local time, through the root's clock offset); the first reply that
 //!    includes a delta takes it off `inflight`;
-//! 4. roots that failed keep what they are owed (bounded) and are retried
-//!    with capped backoff; a slow root delays nobody.
+//! 4. roots that failed keep what they are owed (bounded, leaking at the
+//!    quota's limit) and are retried with capped backoff, or every cycle
+//!    while no root is up. The next cycle starts on time whatever is still
+//!    under way: a slow root delays nobody.
 //!
 //! With no roots configured, or when every root has been unreachable for
 //! two intervals, the thread folds local weight into the levels itself:
@@ -21,6 +24,7 @@
 //! once a minute.
 
 pub mod engine;
+pub mod ids;
 pub mod link;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +36,7 @@ use serde::Serialize;
 
 use crate::core::Nanos;
 use crate::table::Table;
+pub use engine::EarlySync;
 pub use link::RootMetrics;
 
 /// Severity of a sync log line.
@@ -67,6 +72,10 @@ pub struct SyncConfig {
     pub max_owed: usize,
     /// Added to the local clock (tests: a host whose clock is off).
     pub clock_skew: i64,
+    /// Sync before the interval is up when a quota's unsent local weight
+    /// passes a share of its burst band (off by default: it costs extra
+    /// syncs at the roots and probes of the table; see [`EarlySync`]).
+    pub early_sync: Option<EarlySync>,
     /// Log destination.
     pub log: LogSink,
 }
@@ -78,6 +87,7 @@ impl std::fmt::Debug for SyncConfig {
             .field("interval", &self.interval)
             .field("timeout", &self.timeout)
             .field("limiter_id", &self.limiter_id)
+            .field("early_sync", &self.early_sync)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +102,7 @@ impl Default for SyncConfig {
             limiter_id: default_limiter_id(),
             max_owed: 1_000_000,
             clock_skew: 0,
+            early_sync: None,
             log: Arc::new(|level, msg| eprintln!("sluice sync [{level:?}]: {msg}")),
         }
     }

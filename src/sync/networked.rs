@@ -1,12 +1,15 @@
 //! The sync loop with roots: a tokio current-thread runtime and a reqwest
 //! (rustls) client inside the sync thread, driving a [`SyncEngine`].
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 
 use super::engine::{next_page, Outgoing, Page, SyncEngine};
+use super::link::OwedDeltas;
 use super::{local_now, run_standalone, LogLevel, Shared, SyncConfig};
 use crate::core::rng::Rng;
 use crate::table::Table;
@@ -54,50 +57,86 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         config.max_owed,
         now(),
     );
+    engine.set_early_sync(config.early_sync);
+    // How often early sync looks at the table (never, when it is off).
+    let early = engine.early_probe_every().map(Duration::from_nanos);
+    let mut probe = tokio::time::interval(early.unwrap_or(interval));
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(now() ^ u64::from(std::process::id()).rotate_left(32));
     let log = |lines: Vec<(LogLevel, String)>| {
         for (level, line) in lines {
             (config.log)(level, &line);
         }
     };
+    // Exchanges outlive the cycle that started them: a root that has not
+    // answered yet is left out of the next cycles (the engine marks it
+    // busy) until its exchange ends, and delays no one.
+    let mut exchanges = JoinSet::new();
+    // Which root each task talks to, so that even a task that panicked
+    // ends its root's exchange.
+    let mut task_roots = HashMap::new();
     while !shared.stop.load(Ordering::Acquire) {
-        let mut exchanges = JoinSet::new();
         for out in engine.begin_cycle(table, now()) {
-            let url = format!("{}{SYNC_PATH}", engine.root_url(out.root));
+            let root = out.root;
+            let url = format!("{}{SYNC_PATH}", engine.root_url(root));
             let client = client.clone();
             let token = config.token.clone();
             let skew = config.clock_skew;
-            exchanges
+            let task = exchanges
                 .spawn(async move { exchange(&client, url, token.as_deref(), out, skew).await });
+            task_roots.insert(task.id(), root);
         }
-        // Replies are applied as they arrive; a slow root delays nobody.
-        while let Some(joined) = exchanges.join_next().await {
-            match joined {
-                Ok(ex) => {
-                    engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
-                    log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+        publish(&engine, table, shared);
+        let jitter = interval.mul_f64(0.1 * rng.next_unit());
+        let next_cycle = tokio::time::Instant::now() + interval + jitter;
+        // Replies are applied as they arrive.
+        loop {
+            tokio::select! {
+                Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => match joined {
+                    Ok((task, ex)) => {
+                        task_roots.remove(&task);
+                        engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
+                        log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+                        publish(&engine, table, shared);
+                    }
+                    Err(e) => {
+                        (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
+                        if let Some(root) = task_roots.remove(&e.id()) {
+                            let error = Some(format!("sync task failed: {e}"));
+                            let owed = OwedDeltas::default();
+                            log(engine.finish(table, root, owed, &[], error, now()));
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(next_cycle) => break,
+                _ = probe.tick(), if early.is_some() => {
+                    if engine.early_sync_due(table, now()) {
+                        break;
+                    }
                 }
-                Err(e) => (config.log)(LogLevel::Error, &format!("sync task failed: {e}")),
+                _ = shared.async_wake.notified() => break,
             }
         }
         log(engine.end_cycle(table, now()));
-        let metrics = engine.metrics();
-        table.publish_sync_status(&metrics);
-        if let Ok(mut m) = shared.metrics.lock() {
-            *m = metrics;
-        }
-        let jitter = interval.mul_f64(0.1 * rng.next_unit());
-        tokio::select! {
-            _ = tokio::time::sleep(interval + jitter) => {}
-            _ = shared.async_wake.notified() => {}
-        }
+        publish(&engine, table, shared);
+    }
+}
+
+/// Makes the engine's metrics visible to the owner and, through the
+/// table, to every process sharing it: whenever a cycle starts, an
+/// exchange ends and a cycle ends.
+fn publish(engine: &SyncEngine, table: &Table, shared: &Shared) {
+    let metrics = engine.metrics();
+    table.publish_sync_status(&metrics);
+    if let Ok(mut m) = shared.metrics.lock() {
+        *m = metrics;
     }
 }
 
 /// What one exchange with a root produced.
 struct Exchange {
     root: usize,
-    owed: std::collections::HashMap<u64, u64>,
+    owed: OwedDeltas,
     pages: Vec<Page>,
     error: Option<String>,
     bytes_sent: u64,

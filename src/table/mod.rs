@@ -1205,6 +1205,24 @@ impl Table {
         }
     }
 
+    /// True when some live quota's weight admitted here and not collected
+    /// yet (`pending`) has reached `fraction` of its burst band
+    /// (`high_burst - low_burst`; with no band, any weight): the sync
+    /// thread's early-sync probe. It reads every used slot's counter, so
+    /// its cost grows with the table.
+    pub fn unsent_beyond(&self, fraction: f64) -> bool {
+        let used = self.header().next_unused.load(ACQ) as usize;
+        self.slots()[..used].iter().any(|s| {
+            let pending = s.pending.load(RLX);
+            if pending == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                return false;
+            }
+            let band =
+                f64::from_bits(s.high_burst.load(RLX)) - f64::from_bits(s.low_burst.load(RLX));
+            pending as f64 >= fraction * band
+        })
+    }
+
     /// Merges a cluster counter value (already in local time) into the
     /// slot if it still holds quota `id`, takes `acked` weight off
     /// in-flight (the value includes it), and updates the others' fill
@@ -1272,6 +1290,25 @@ impl Table {
             s.pending.fetch_sub(pending, RLX);
             s.inflight.fetch_sub(inflight, RLX);
         }
+    }
+
+    /// The leak rate of the quota in `slot`, if the slot still holds quota
+    /// `id`. The sync thread leaks deltas it still owes a root at this rate.
+    pub fn counter_limit(&self, slot: SlotId, id: u64) -> Option<f64> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id;
+                let limit = f64::from_bits(s.limit.load(RLX));
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return live.then_some(limit);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
     }
 
     /// Takes `amount` off a slot's in-flight weight without a counter value:

@@ -336,6 +336,42 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
 }
 
 #[test]
+fn a_counters_limit_is_read_only_while_its_slot_holds_that_quota() {
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[quota(7, "q", None, 10.0, 100.0, 100.0)]);
+    let slot = t.lookup(b"q").unwrap();
+    assert_eq!(t.counter_limit(slot, 7), Some(10.0));
+    assert_eq!(t.counter_limit(slot, 8), None);
+    t.apply_quotas(&[Quota {
+        deleted: true,
+        epoch: 8,
+        ..quota(7, "q", None, 10.0, 100.0, 100.0)
+    }]);
+    assert_eq!(t.counter_limit(slot, 7), None);
+}
+
+#[test]
+fn unsent_weight_is_measured_against_each_quotas_burst_band() {
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[
+        quota(1, "wide", None, 10.0, 100.0, 300.0),
+        quota(2, "cut", None, 10.0, 100.0, 100.0),
+    ]);
+    assert!(!t.unsent_beyond(0.1));
+    // 19 is under a tenth of the 200-wide band, 20 reaches it.
+    t.check(b"wide", 19, 0);
+    assert!(!t.unsent_beyond(0.1));
+    t.check(b"wide", 1, 0);
+    assert!(t.unsent_beyond(0.1));
+    // Collected weight is no longer unsent.
+    t.collect_deltas(&mut Vec::new());
+    assert!(!t.unsent_beyond(0.1));
+    // A hard cut has no band: any unsent weight counts.
+    t.check(b"cut", 1, 0);
+    assert!(t.unsent_beyond(0.1));
+}
+
+#[test]
 fn standalone_folding_leaks_admitted_weight_over_time() {
     let t = Table::new_heap(4, 16);
     t.apply_quotas(&[quota(1, "q", None, 100.0, 100.0, 100.0)]);

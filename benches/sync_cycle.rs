@@ -1,0 +1,382 @@
+//! Benchmark of the limiter's sync thread (`cargo bench --bench
+//! sync_cycle`).
+//!
+//! 1. **Cycle breakdown** (no network): a table of `QUOTAS` quotas, of
+//!    which `CHANGED` got a request since the last cycle, and the real
+//!    [`SyncEngine`]. Thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) of each
+//!    step of a cycle: collect the deltas and build the request, encode it
+//!    (JSON), decode the root's reply, apply it (max-merge every counter)
+//!    and end the cycle. The reply is built as a root would answer: every
+//!    changed counter. Body bytes per changed counter, both ways.
+//! 2. **The real sync thread** against a `sluice root` child process on
+//!    127.0.0.1 (SQLite): `CHANGED` counters changed every cycle, cycles
+//!    every 200 ms; CPU time of the sync thread (and of its runtime's
+//!    helper threads, if any) from `/proc/self/task/*/schedstat`, per
+//!    cycle; body bytes on the wire per changed counter from the sync
+//!    metrics.
+//! 3. **Check latency** with and without syncs: one thread checks the
+//!    `CHANGED` names round robin for `LATENCY_SECS`, timing every check,
+//!    first with no sync thread, then while the sync thread of part 2
+//!    syncs what those checks changed.
+//!
+//! Sizes come from the environment: `QUOTAS` (100000), `CHANGED` (10000),
+//! `CYCLES` (50), `LATENCY_SECS` (5). Under `cargo test` (no `--bench`
+//! argument) it makes a small smoke run instead.
+
+// The integration tests' harness: root processes and limiters.
+#[path = "../tests/sync_support/mod.rs"]
+mod sync_support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice::core::{Nanos, Quota};
+use sluice::sync::engine::{Page, SyncEngine};
+use sluice::table::Table;
+use sluice::wire::{CounterValue, SyncResponse};
+use sync_support::{wait_until, Db, Limiter, Root};
+
+/// Bench sizes.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    quotas: usize,
+    changed: usize,
+    cycles: usize,
+    latency_secs: u64,
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+impl Sizes {
+    /// Tiny sizes for the run `cargo test` makes.
+    fn smoke() -> Self {
+        Self {
+            quotas: 2_000,
+            changed: 500,
+            cycles: 3,
+            latency_secs: 1,
+        }
+    }
+
+    fn from_env() -> Self {
+        Self {
+            quotas: env_or("QUOTAS", 100_000) as usize,
+            changed: env_or("CHANGED", 10_000) as usize,
+            cycles: env_or("CYCLES", 50) as usize,
+            latency_secs: env_or("LATENCY_SECS", 5),
+        }
+    }
+}
+
+fn name(i: usize) -> String {
+    format!("bench_{i:07}")
+}
+
+/// Quota `i` (ids from 1): a limit no bench load reaches, so every check
+/// passes and every counter changes.
+fn quota(i: usize) -> Quota {
+    Quota {
+        id: i as u64 + 1,
+        name: name(i),
+        parent: None,
+        limit: 1e9,
+        low_burst: 1e9,
+        high_burst: 2e9,
+        epoch: 1,
+        deleted: false,
+    }
+}
+
+/// CPU time of the calling thread, nanoseconds.
+fn thread_cpu() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Runs `f` and adds its thread CPU time to `total`.
+fn timed<T>(total: &mut u64, f: impl FnOnce() -> T) -> T {
+    let start = thread_cpu();
+    let out = f();
+    *total += thread_cpu() - start;
+    out
+}
+
+/// Part 1: one cycle's steps in this thread, no network.
+fn cycle_breakdown(sizes: Sizes) {
+    let table = Table::new_heap(sizes.quotas as u32 + 16, 16);
+    let quotas: Vec<Quota> = (0..sizes.quotas).map(quota).collect();
+    table.apply_quotas(&quotas);
+    let names: Vec<String> = (0..sizes.changed).map(name).collect();
+    let mut engine = SyncEngine::new(
+        &["http://root".into()],
+        "bench".into(),
+        1_000_000_000,
+        1 << 24,
+        0,
+    );
+    let (mut collect, mut encode, mut decode, mut apply) = (0u64, 0u64, 0u64, 0u64);
+    let (mut request_bytes, mut reply_bytes) = (0usize, 0usize);
+    for cycle in 1..=sizes.cycles as u64 {
+        let now: Nanos = cycle * 1_000_000_000;
+        for n in &names {
+            table.check(n.as_bytes(), 1, now);
+        }
+        let out = timed(&mut collect, || engine.begin_cycle(&table, now));
+        let out = out.into_iter().next().expect("one root");
+        let body = timed(&mut encode, || serde_json::to_vec(&out.request).unwrap());
+        request_bytes += body.len();
+        // The root's answer: every counter this limiter changed.
+        let reply = SyncResponse {
+            root_instance: 1,
+            root_time: now,
+            quotas: Vec::new(),
+            quotas_after: Default::default(),
+            more_quotas: false,
+            counters: out
+                .request
+                .deltas
+                .iter()
+                .map(|d| CounterValue {
+                    id: d.id,
+                    level: cycle as f64 * 3.0,
+                    at: now,
+                })
+                .collect(),
+            counter_version: cycle,
+        };
+        let reply = serde_json::to_vec(&reply).unwrap();
+        reply_bytes += reply.len();
+        let reply: SyncResponse = timed(&mut decode, || serde_json::from_slice(&reply).unwrap());
+        let page = Page {
+            sent_at: now,
+            received_at: now,
+            reply,
+        };
+        timed(&mut apply, || {
+            engine.finish(&table, 0, out.owed, &[page], None, now);
+            engine.end_cycle(&table, now);
+        });
+    }
+    let n = sizes.cycles as f64;
+    let per_counter = (sizes.cycles * sizes.changed) as f64;
+    let ms = |ns: u64| ns as f64 / n / 1e6;
+    println!(
+        "cycle breakdown: {} quotas, {} changed per cycle, {} cycles (thread CPU, mean per cycle)",
+        sizes.quotas, sizes.changed, sizes.cycles
+    );
+    println!("  collect + build request   {:8.2} ms", ms(collect));
+    println!("  encode request (JSON)     {:8.2} ms", ms(encode));
+    println!("  decode reply (JSON)       {:8.2} ms", ms(decode));
+    println!("  apply reply + end cycle   {:8.2} ms", ms(apply));
+    let total = collect + encode + decode + apply;
+    println!(
+        "  total                     {:8.2} ms = {:.0} ns per changed counter",
+        ms(total),
+        total as f64 / per_counter
+    );
+    println!(
+        "  body bytes per changed counter: request {:.1}, reply {:.1}",
+        request_bytes as f64 / per_counter,
+        reply_bytes as f64 / per_counter
+    );
+}
+
+/// CPU nanoseconds so far of this process's threads whose name starts
+/// with one of `prefixes` (`/proc/self/task/*/schedstat`).
+fn threads_cpu(prefixes: &[&str]) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !prefixes.iter().any(|p| comm.starts_with(p)) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// Latency percentiles of checks, from a histogram of whole nanoseconds
+/// (the last bucket holds everything slower).
+struct Latencies {
+    buckets: Vec<u64>,
+    max: u64,
+    count: u64,
+}
+
+impl Latencies {
+    const BUCKETS: usize = 1_000_000;
+
+    fn new() -> Self {
+        Self {
+            buckets: vec![0; Self::BUCKETS],
+            max: 0,
+            count: 0,
+        }
+    }
+
+    fn record(&mut self, ns: u64) {
+        self.buckets[(ns as usize).min(Self::BUCKETS - 1)] += 1;
+        self.max = self.max.max(ns);
+        self.count += 1;
+    }
+
+    fn quantile(&self, q: f64) -> u64 {
+        let rank = (self.count as f64 * q).ceil() as u64;
+        let mut seen = 0;
+        for (ns, &c) in self.buckets.iter().enumerate() {
+            seen += c;
+            if seen >= rank.max(1) {
+                return ns as u64;
+            }
+        }
+        self.max
+    }
+
+    fn line(&self, label: &str) -> String {
+        format!(
+            "  {label:<16} {:>10} checks  p50 {:>5} ns  p90 {:>5}  p99 {:>6}  p99.9 {:>7}  p99.99 {:>7}  max {:>9}",
+            self.count,
+            self.quantile(0.5),
+            self.quantile(0.9),
+            self.quantile(0.99),
+            self.quantile(0.999),
+            self.quantile(0.9999),
+            self.max
+        )
+    }
+}
+
+/// Checks `names` round robin on `table` for `seconds`, timing each.
+fn check_latencies(table: &Table, names: &[String], seconds: u64) -> Latencies {
+    let mut lat = Latencies::new();
+    let until = Instant::now() + Duration::from_secs(seconds);
+    'outer: loop {
+        for n in names {
+            let start = Instant::now();
+            table.check(n.as_bytes(), 1, sluice::clock::now());
+            lat.record(start.elapsed().as_nanos() as u64);
+        }
+        if Instant::now() >= until {
+            break 'outer;
+        }
+    }
+    lat
+}
+
+/// Parts 2 and 3: the real sync thread against a root process.
+fn real_thread(sizes: Sizes) {
+    let db = Db::new();
+    let root = Root::start(&db, "bench-root");
+    let file: Vec<Value> = (0..sizes.quotas)
+        .map(|i| json!({"name": name(i), "limit": 1e9, "low_burst": 1e9, "high_burst": 2e9}))
+        .collect();
+    root.apply(&json!({ "quotas": file }));
+    let names: Vec<String> = (0..sizes.changed).map(name).collect();
+
+    // Without syncs: a table that holds the quotas and has no sync thread.
+    let quiet = Table::new_heap(sizes.quotas as u32 + 16, 16);
+    quiet.apply_quotas(&(0..sizes.quotas).map(quota).collect::<Vec<_>>());
+    let without = check_latencies(&quiet, &names, sizes.latency_secs);
+    drop(quiet);
+
+    let capacity = sizes.quotas as u32 + 16;
+    let limiter = Limiter::start_sized("bench", &[root.url.as_str()], capacity, |_| {});
+    wait_until("every quota arrives", || {
+        limiter.table.len() as usize == sizes.quotas
+    });
+
+    // The initial sync's last pages are still being counted: let two
+    // more syncs go by.
+    let synced = limiter.syncs(0);
+    wait_until("two more syncs", || limiter.syncs(0) >= synced + 2);
+
+    // The sync thread alone: CHANGED counters changed, then a sync that
+    // carries them, CYCLES times.
+    let threads = ["sluice-sync", "tokio-runtime-w"];
+    let start = limiter.metrics();
+    let cpu = threads_cpu(&threads);
+    for _ in 0..sizes.cycles {
+        for n in &names {
+            limiter.check(n, 1);
+        }
+        let (cycles, syncs) = (limiter.metrics().cycles, limiter.syncs(0));
+        wait_until("a cycle that collects them", || {
+            limiter.metrics().cycles > cycles
+        });
+        wait_until("its sync", || limiter.syncs(0) > syncs);
+    }
+    let end = limiter.metrics();
+    let cpu = threads_cpu(&threads) - cpu;
+    let cycles = (end.cycles - start.cycles) as f64;
+    let syncs = (end.roots[0].syncs - start.roots[0].syncs) as f64;
+    // Every round's deltas went out once, in one sync or split over two.
+    let counters = (sizes.cycles * sizes.changed) as f64;
+    println!(
+        "sync thread against a root process: {} quotas, {} changed per cycle, 200 ms interval",
+        sizes.quotas, sizes.changed
+    );
+    println!(
+        "  {cycles:.0} cycles, {syncs:.0} syncs: {:.2} ms sync-thread CPU per cycle, {:.0} ns per changed counter",
+        cpu as f64 / cycles / 1e6,
+        cpu as f64 / counters
+    );
+    println!(
+        "  body bytes per changed counter: sent {:.1}, received {:.1}",
+        (end.roots[0].bytes_sent - start.roots[0].bytes_sent) as f64 / counters,
+        (end.roots[0].bytes_received - start.roots[0].bytes_received) as f64 / counters
+    );
+
+    // With syncs: the same checks while the sync thread syncs what they
+    // change.
+    let with = check_latencies(&limiter.table, &names, sizes.latency_secs);
+    let m = limiter.metrics();
+    println!(
+        "check latency, {} names round robin, one thread (Instant around each check):",
+        sizes.changed
+    );
+    println!("{}", without.line("without syncs"));
+    println!("{}", with.line("while syncing"));
+    println!(
+        "  ({} cycles during the second run, root errors {})",
+        m.cycles - end.cycles,
+        m.roots[0].errors
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter that names another bench
+    // skips this one.
+    if std::env::args()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && !"sync_cycle".contains(&a))
+    {
+        return;
+    }
+    // `cargo test --all-targets` runs bench binaries without `--bench`:
+    // then a small smoke run checks that the benchmark still works.
+    let sizes = if std::env::args().any(|a| a == "--bench") {
+        Sizes::from_env()
+    } else {
+        Sizes::smoke()
+    };
+    cycle_breakdown(sizes);
+    if std::env::var("ONLY_BREAKDOWN").is_err() {
+        real_thread(sizes);
+    }
+}

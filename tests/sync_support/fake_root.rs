@@ -1,0 +1,190 @@
+//! A root that misbehaves on purpose: it answers `POST /v1/sync` with
+//! garbage, with HTTP 500, or not at all.
+//!
+//! Plain threads and blocking sockets: one thread accepts, one thread per
+//! connection reads a request and answers it (then closes, so the client
+//! opens a new connection for the next one).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How the fake root answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// 200 with a body that is not a valid sync reply (several kinds, in
+    /// turn).
+    Garbage,
+    /// 500 with a JSON error.
+    ServerError,
+    /// Reads the request and never answers.
+    Hang,
+}
+
+/// Quota names the garbage replies carry; a limiter must never hold one.
+pub const EVIL_QUOTAS: [&str; 3] = ["evil", "evil_first", "evil_second"];
+
+/// The running fake root; stops when dropped.
+pub struct FakeRoot {
+    /// Base URL, `http://127.0.0.1:port`.
+    pub url: String,
+    /// Sync requests received.
+    pub requests: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl FakeRoot {
+    /// Listens on a free port and answers every request as `how` says.
+    pub fn start(how: Misbehaviour) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (s, r) = (Arc::clone(&stop), Arc::clone(&requests));
+        let accept = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if s.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let n = r.fetch_add(1, Ordering::AcqRel);
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || serve(stream, how, n, &s));
+            }
+        });
+        Self {
+            url,
+            requests,
+            stop,
+            accept: Some(accept),
+        }
+    }
+}
+
+impl Drop for FakeRoot {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wakes the accept loop up so that it sees the flag.
+        let _ = TcpStream::connect(self.url.trim_start_matches("http://"));
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+    }
+}
+
+/// Reads one request (headers and a `content-length` body) and answers
+/// it. The `n`th request of a garbage root gets the `n`th kind of garbage.
+fn serve(mut stream: TcpStream, how: Misbehaviour, n: usize, stop: &AtomicBool) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+    if read_request(&mut stream, stop).is_none() {
+        return;
+    }
+    let reply = match how {
+        Misbehaviour::Garbage => {
+            let bodies = garbage();
+            let body = &bodies[n % bodies.len()];
+            response("200 OK", body)
+        }
+        Misbehaviour::ServerError => response(
+            "500 Internal Server Error",
+            r#"{"error": {"field": null, "message": "database on fire"}}"#,
+        ),
+        Misbehaviour::Hang => {
+            // Holds the connection until the client gives up or the test
+            // ends.
+            let mut byte = [0u8; 1];
+            while !stop.load(Ordering::Acquire) {
+                match stream.read(&mut byte) {
+                    Ok(0) => return,
+                    Err(e)
+                        if e.kind() != ErrorKind::WouldBlock && e.kind() != ErrorKind::TimedOut =>
+                    {
+                        return
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+    };
+    let _ = stream.write_all(reply.as_bytes());
+}
+
+fn response(status: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Replies a limiter must reject whole: not JSON, cut short, a counter
+/// with a negative level next to a quota, quotas out of order.
+fn garbage() -> Vec<String> {
+    let quota = |id: u64, name: &str, epoch: u64| {
+        format!(
+            r#"{{"id": {id}, "name": "{name}", "parent": null, "limit": 1.0, "low_burst": 1.0,
+                "high_burst": 1.0, "epoch": {epoch}, "deleted": false}}"#
+        )
+    };
+    let reply = |quotas: &[String], counters: &str| {
+        format!(
+            r#"{{"root_instance": 99, "root_time": 1, "quotas": [{}],
+                "quotas_after": {{"epoch": 1000, "id": 0}}, "more_quotas": false,
+                "counters": [{counters}], "counter_version": 1000}}"#,
+            quotas.join(",")
+        )
+    };
+    vec![
+        "<html><body>502 Bad Gateway</body></html>".to_string(),
+        r#"{"root_instance": 99, "root_time": 1, "quotas": [{"id": 900"#.to_string(),
+        reply(
+            &[quota(900, EVIL_QUOTAS[0], 1000)],
+            r#"{"id": 1, "level": -5.0, "at": 1}"#,
+        ),
+        reply(
+            &[
+                quota(901, EVIL_QUOTAS[1], 1001),
+                quota(902, EVIL_QUOTAS[2], 1000),
+            ],
+            "",
+        ),
+    ]
+}
+
+/// Reads up to the end of the body; `None` if the client went away or
+/// the test is ending.
+fn read_request(stream: &mut TcpStream, stop: &AtomicBool) -> Option<Vec<u8>> {
+    let mut data = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = find(&data, b"\r\n\r\n") {
+            let headers = String::from_utf8_lossy(&data[..end]).to_ascii_lowercase();
+            let length = headers
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if data.len() >= end + 4 + length {
+                return Some(data);
+            }
+        }
+        if stop.load(Ordering::Acquire) {
+            return None;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return None,
+            Ok(n) => data.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
