@@ -358,7 +358,9 @@ impl SyncEngine {
         let link = &mut self.links[root];
         link.busy = false;
         if pages.is_empty() {
-            let was_up = link.metrics.up || link.metrics.syncs == 0;
+            // Log a root's failure when it was up, or the first time for a
+            // root that never answered; not at every retry of a dead one.
+            let was_up = link.metrics.up || (link.metrics.syncs == 0 && link.metrics.errors == 0);
             let error = error.unwrap_or_else(|| "no reply".into());
             link.owe(owed.into_iter(), self.max_owed, now);
             if was_up {
@@ -646,6 +648,40 @@ mod tests {
         assert_eq!(to_a.request.deltas, vec![CounterDelta { id: 1, delta: 3 }]);
         let m = e.metrics();
         assert!(m.roots[0].up && !m.roots[1].up);
+    }
+
+    #[test]
+    fn a_root_that_never_answered_is_reported_unreachable_once() {
+        let t = table();
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        let mut about_b = 0;
+        for s in 1..=10 {
+            let now = s * SEC;
+            for o in e.begin_cycle(&t, now) {
+                let logs = if o.root == 0 {
+                    e.finish(&t, 0, o.owed, &[page(0.0, now)], None, now)
+                } else {
+                    e.finish(&t, 1, o.owed, &[], Some("refused".into()), now)
+                };
+                about_b += logs.iter().filter(|l| l.1.contains("http://b")).count();
+            }
+            e.end_cycle(&t, now);
+        }
+        assert_eq!(about_b, 1);
+        // When it comes back (once its backoff lets it be tried), that is
+        // said once too.
+        let mut back = Vec::new();
+        for s in 11..=40 {
+            let now = s * SEC;
+            for o in e.begin_cycle(&t, now) {
+                let logs = e.finish(&t, o.root, o.owed, &[page(0.0, now)], None, now);
+                back.extend(logs.into_iter().filter(|l| l.1.contains("http://b")));
+            }
+            e.end_cycle(&t, now);
+        }
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(back[0].0, LogLevel::Info);
     }
 
     #[test]
