@@ -503,6 +503,18 @@ impl SyncEngine {
         log
     }
 
+    /// The sync thread stops: weight sent but acknowledged by no root goes
+    /// back to the table's pending, so the next sync thread (after an nginx
+    /// reload, the new worker's) sends it instead of it staying in flight
+    /// forever. A root that did get it counts it twice, once; that
+    /// overcount leaks away like any weight.
+    pub fn abandon(&mut self, table: &Table) {
+        for (&id, &(slot, amount)) in &self.unacked.by_id {
+            table.requeue_inflight(slot, id, amount);
+        }
+        self.unacked = Unacked::default();
+    }
+
     /// Counts request and reply bytes for root `root`.
     pub fn count_bytes(&mut self, root: usize, sent: u64, received: u64) {
         let m = &mut self.links[root].metrics;
@@ -648,6 +660,27 @@ mod tests {
         assert_eq!(to_a.request.deltas, vec![CounterDelta { id: 1, delta: 3 }]);
         let m = e.metrics();
         assert!(m.roots[0].up && !m.roots[1].up);
+    }
+
+    #[test]
+    fn a_stopping_engine_hands_unacknowledged_weight_back_to_pending() {
+        let t = table_with(0.0);
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        t.check(b"q", 4, 0);
+        // Sent, never answered.
+        let _out = e.begin_cycle(&t, SEC);
+        assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 4);
+        e.abandon(&t);
+        let s = t.quota(b"q", SEC).unwrap();
+        assert_eq!((s.pending, s.inflight), (4, 0));
+        // The next engine sends it.
+        let mut next = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        let out = next.begin_cycle(&t, 2 * SEC);
+        assert_eq!(
+            out[0].request.deltas,
+            vec![CounterDelta { id: 1, delta: 4 }]
+        );
     }
 
     #[test]

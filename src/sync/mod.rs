@@ -154,6 +154,16 @@ pub struct SyncHandle {
 impl SyncHandle {
     /// Starts the sync thread for `table`.
     pub fn start(table: Arc<Table>, config: SyncConfig) -> std::io::Result<SyncHandle> {
+        let requeued = table.claim_sync();
+        if requeued > 0 {
+            (config.log)(
+                LogLevel::Info,
+                &format!(
+                    "the previous sync thread of this table died with {requeued} units in \
+                     flight; they are sent again"
+                ),
+            );
+        }
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             wake: wake::Wake::new(),

@@ -75,6 +75,28 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     // Which root each task talks to, so that even a task that panicked
     // ends its root's exchange.
     let mut task_roots = HashMap::new();
+    // Applies the outcome of one finished exchange task.
+    let finish_exchange =
+        |joined: Result<(tokio::task::Id, Exchange), tokio::task::JoinError>,
+         engine: &mut SyncEngine,
+         task_roots: &mut HashMap<tokio::task::Id, usize>| {
+            match joined {
+                Ok((task, ex)) => {
+                    task_roots.remove(&task);
+                    engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
+                    log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+                }
+                Err(e) => {
+                    (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
+                    if let Some(root) = task_roots.remove(&e.id()) {
+                        let error = Some(format!("sync task failed: {e}"));
+                        let owed = OwedDeltas::default();
+                        log(engine.finish(table, root, owed, &[], error, now()));
+                    }
+                }
+            }
+            publish(engine, table, shared);
+        };
     while !shared.stop.load(Ordering::Acquire) {
         for out in engine.begin_cycle(table, now()) {
             let root = out.root;
@@ -92,22 +114,9 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         // Replies are applied as they arrive.
         loop {
             tokio::select! {
-                Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => match joined {
-                    Ok((task, ex)) => {
-                        task_roots.remove(&task);
-                        engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
-                        log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
-                        publish(&engine, table, shared);
-                    }
-                    Err(e) => {
-                        (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
-                        if let Some(root) = task_roots.remove(&e.id()) {
-                            let error = Some(format!("sync task failed: {e}"));
-                            let owed = OwedDeltas::default();
-                            log(engine.finish(table, root, owed, &[], error, now()));
-                        }
-                    }
-                },
+                Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
+                    finish_exchange(joined, &mut engine, &mut task_roots);
+                }
                 _ = tokio::time::sleep_until(next_cycle) => break,
                 _ = probe.tick(), if early.is_some() => {
                     if engine.early_sync_due(table, now()) {
@@ -120,6 +129,12 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         log(engine.end_cycle(table, now()));
         publish(&engine, table, shared);
     }
+    // Exchanges under way finish first (each within the request timeout),
+    // so what they carried is acknowledged, not handed on and sent twice.
+    while let Some(joined) = exchanges.join_next_with_id().await {
+        finish_exchange(joined, &mut engine, &mut task_roots);
+    }
+    engine.abandon(table);
 }
 
 /// Makes the engine's metrics visible to the owner and, through the

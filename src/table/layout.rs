@@ -116,6 +116,9 @@ pub struct Header {
     /// Bumped on every structural change (insert, delete, re-link), so
     /// holders of slot maps (the sync thread) know to rebuild them.
     pub generation: AtomicU64,
+    /// Process id of the last process that started a sync thread on the
+    /// table (0: none yet).
+    pub sync_owner: AtomicU32,
 }
 
 /// Roots whose sync state the region can publish.

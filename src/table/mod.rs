@@ -1322,6 +1322,46 @@ impl Table {
         }
     }
 
+    /// Puts `amount` of a slot's in-flight weight back into pending: a sync
+    /// thread that stops with deltas no root acknowledged hands them to the
+    /// next one. Ignored if the slot holds another quota now.
+    pub fn requeue_inflight(&self, slot: SlotId, id: u64, amount: u64) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id {
+            let moved = amount.min(s.inflight.load(RLX));
+            // Pending first: a concurrent check may count the weight twice
+            // for an instant, never zero times.
+            s.pending.fetch_add(moved, RLX);
+            s.inflight.fetch_sub(moved, RLX);
+        }
+    }
+
+    /// Makes this process the table's sync owner (a sync thread starts).
+    /// When the previous owner's process is gone, it died mid-sync (a
+    /// crashed nginx worker) and nobody will acknowledge the weight it had
+    /// in flight: all of it goes back to pending, to be sent again.
+    /// Returns the weight requeued.
+    pub fn claim_sync(&self) -> u64 {
+        let me = own_pid();
+        let previous = self.header().sync_owner.swap(me, ACQ);
+        if previous == 0 || previous == me || process_alive(previous) {
+            return 0;
+        }
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut requeued = 0u64;
+        for s in &self.slots()[..used] {
+            let moved = s.inflight.load(RLX);
+            if moved > 0 {
+                s.pending.fetch_add(moved, RLX);
+                s.inflight.fetch_sub(moved, RLX);
+                requeued = requeued.saturating_add(moved);
+            }
+        }
+        requeued
+    }
+
     // ---- sync status ---------------------------------------------------------
 
     /// Publishes the sync thread's metrics for every process sharing the

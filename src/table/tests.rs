@@ -675,3 +675,46 @@ fn the_cached_pid_is_forgotten_in_a_forked_child() {
         assert_eq!(byte[0], 1, "the child saw its own pid");
     }
 }
+
+#[test]
+fn a_dead_sync_owners_in_flight_weight_is_sent_again() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "q", None, 0.0, 100.0, 100.0)]);
+    assert_eq!(t.claim_sync(), 0, "no previous owner");
+    assert_eq!(t.check(b"q", 7, 0), Outcome::Pass);
+    let mut collected = Vec::new();
+    t.collect_deltas(&mut collected);
+    // A live previous owner (this process) keeps its in-flight weight.
+    assert_eq!(t.claim_sync(), 0);
+    // A previous owner that is gone: a child that has exited.
+    // SAFETY: the child exits at once.
+    let dead = unsafe {
+        let child = libc::fork();
+        if child == 0 {
+            libc::_exit(0);
+        }
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+        child as u32
+    };
+    t.header().sync_owner.store(dead, RLX);
+    assert_eq!(t.claim_sync(), 7);
+    let s = t.quota(b"q", 0).unwrap();
+    assert_eq!((s.pending, s.inflight), (7, 0));
+    assert_eq!(t.header().sync_owner.load(RLX), std::process::id());
+}
+
+#[test]
+fn requeued_weight_moves_from_in_flight_to_pending() {
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[quota(1, "q", None, 0.0, 100.0, 100.0)]);
+    t.check(b"q", 5, 0);
+    let mut collected = Vec::new();
+    t.collect_deltas(&mut collected);
+    let slot = collected[0].slot;
+    t.requeue_inflight(slot, 1, 3);
+    let s = t.quota(b"q", 0).unwrap();
+    assert_eq!((s.pending, s.inflight), (3, 2));
+    // Another quota's id in that slot: nothing moves.
+    t.requeue_inflight(slot, 99, 2);
+    assert_eq!(t.quota(b"q", 0).unwrap().inflight, 2);
+}
