@@ -38,7 +38,9 @@ extern "C" {
 // `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs,
 // e.g. `["http://10.0.0.1:7070"]`; none: standalone, counting locally),
 // `sync_timeout_ms`, `sync_token` (bearer token for the roots),
-// `limiter_id` (default: the host name).
+// `limiter_id` (default: the host name), `early_sync`
+// (`{"fraction": 0.02, "max_per_second": 4}`: sync at once when a quota's
+// unsent weight reaches that share of its burst band; off by default).
 // The string is only read during the call.
 //
 // Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is

@@ -77,6 +77,37 @@ pub fn parse_root_url(arg: &[u8]) -> Result<String, String> {
     Ok(url.trim_end_matches('/').to_string())
 }
 
+/// Parses `sluice_sync_early <fraction> [rate=<n>]`: the share of a
+/// quota's burst band (0 < f <= 1) whose unsent weight starts a sync
+/// early, and the most early syncs per second (default 4, at most 100).
+pub fn parse_early_sync(args: &[&[u8]]) -> Result<crate::sync::EarlySync, String> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let fraction = std::str::from_utf8(args.first().copied().unwrap_or_default())
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|f| *f > 0.0 && *f <= 1.0)
+        .ok_or_else(|| {
+            format!(
+                "invalid fraction \"{}\": must be a number above 0 and at most 1",
+                text(args.first().copied().unwrap_or_default())
+            )
+        })?;
+    let mut max_per_second = 4.0;
+    for arg in &args[1..] {
+        let rate = arg
+            .strip_prefix(b"rate=")
+            .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
+        max_per_second = parse_u64(rate)
+            .filter(|r| (1..=100).contains(r))
+            .ok_or_else(|| format!("invalid rate \"{}\": must be 1 to 100 per second", text(rate)))?
+            as f64;
+    }
+    Ok(crate::sync::EarlySync {
+        fraction,
+        max_per_second,
+    })
+}
+
 /// Checks a limiter id (`sluice_host_id`): 1 to 255 printable ASCII bytes.
 pub fn parse_host_id(arg: &[u8]) -> Result<String, String> {
     if arg.is_empty() || arg.len() > 255 {
@@ -330,6 +361,19 @@ mod tests {
         assert_eq!(retry_after_secs(0.2), Some(1));
         assert_eq!(retry_after_secs(2.1), Some(3));
         assert_eq!(retry_after_secs(f64::INFINITY), None);
+    }
+
+    #[test]
+    fn early_sync_takes_a_fraction_and_a_rate() {
+        let e = parse_early_sync(&[b"0.02"]).unwrap();
+        assert_eq!((e.fraction, e.max_per_second), (0.02, 4.0));
+        let e = parse_early_sync(&[b"0.5", b"rate=10"]).unwrap();
+        assert_eq!((e.fraction, e.max_per_second), (0.5, 10.0));
+        assert!(parse_early_sync(&[b"0"]).is_err());
+        assert!(parse_early_sync(&[b"1.5"]).is_err());
+        assert!(parse_early_sync(&[b"x"]).is_err());
+        assert!(parse_early_sync(&[b"0.1", b"rate=0"]).is_err());
+        assert!(parse_early_sync(&[b"0.1", b"burst=3"]).is_err());
     }
 
     #[test]

@@ -58,6 +58,8 @@ struct Config {
     limiter_id: Option<String>,
     /// How levels are extrapolated between syncs.
     extrapolation: Option<Extrapolation>,
+    /// Sync early when a quota's unsent weight passes a share of its band.
+    early_sync: Option<crate::sync::EarlySync>,
 }
 
 impl Default for Config {
@@ -71,6 +73,7 @@ impl Default for Config {
             sync_token: None,
             limiter_id: None,
             extrapolation: None,
+            early_sync: None,
         }
     }
 }
@@ -172,6 +175,7 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
         limiter_id: config
             .limiter_id
             .unwrap_or_else(crate::sync::default_limiter_id),
+        early_sync: config.early_sync,
         ..SyncConfig::default()
     };
     let sync = SyncHandle::start(Arc::clone(&table), sync_config)
@@ -222,7 +226,9 @@ fn check(name: &[u8], weight: u64) -> Result<c_int, String> {
 /// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs,
 /// e.g. `["http://10.0.0.1:7070"]`; none: standalone, counting locally),
 /// `sync_timeout_ms`, `sync_token` (bearer token for the roots),
-/// `limiter_id` (default: the host name).
+/// `limiter_id` (default: the host name), `early_sync`
+/// (`{"fraction": 0.02, "max_per_second": 4}`: sync at once when a quota's
+/// unsent weight reaches that share of its burst band; off by default).
 /// The string is only read during the call.
 ///
 /// Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is

@@ -25,6 +25,7 @@ sluice_quotas ../html/q.json;
 sluice_sync_interval 500ms;
 sluice_sync_timeout 300ms;
 sluice_host_id web-01;
+sluice_sync_early 0.02 rate=4;
 sluice_status 503;
 sluice_log_level warn;
 sluice_headers off;
@@ -233,7 +234,17 @@ qr/invalid host id "web 01": must be printable ASCII without spaces in .*nginx\.
 
 
 
-=== TEST 19: a literal quota name with a forbidden byte
+=== TEST 19: early sync needs a fraction of the band
+--- http_config
+sluice_sync_early 2;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid fraction "2": must be a number above 0 and at most 1 in .*nginx\.conf:\d+/
+
+
+
+=== TEST 20: a literal quota name with a forbidden byte
 --- config
 location /t { sluice "s3 photos"; }
 --- must_die
@@ -242,7 +253,7 @@ qr/invalid quota name "s3 photos": .* in .*nginx\.conf:\d+/
 
 
 
-=== TEST 20: an unknown parameter
+=== TEST 21: an unknown parameter
 --- config
 location /t { sluice api burst=5; }
 --- must_die
@@ -251,7 +262,7 @@ qr/invalid parameter "burst=5" in .*nginx\.conf:\d+/
 
 
 
-=== TEST 21: a weight that is neither a number nor a variable
+=== TEST 22: a weight that is neither a number nor a variable
 --- config
 location /t { sluice api weight=-3; }
 --- must_die
@@ -260,7 +271,7 @@ qr/invalid weight "-3": must be a non-negative integer or a variable in .*nginx\
 
 
 
-=== TEST 22: a weight over 2^40
+=== TEST 23: a weight over 2^40
 --- config
 location /t { sluice api weight=1099511627777; }
 --- must_die
@@ -269,7 +280,7 @@ qr/invalid weight "1099511627777": must be at most 1099511627776/
 
 
 
-=== TEST 23: a name with an unknown variable is nginx's own error
+=== TEST 24: a name with an unknown variable is nginx's own error
 --- config
 location /t { sluice api_$no_such_variable; }
 --- must_die
@@ -278,7 +289,7 @@ qr/unknown "no_such_variable" variable/
 
 
 
-=== TEST 24: the same quota twice at one level
+=== TEST 25: the same quota twice at one level
 --- config
 location /t { sluice api; sluice api weight=2; }
 --- must_die
@@ -287,7 +298,7 @@ qr/quota "api" is duplicate in .*nginx\.conf:\d+/
 
 
 
-=== TEST 25: more than eight checks at one level
+=== TEST 26: more than eight checks at one level
 --- config
 location /t {
     sluice q1; sluice q2; sluice q3; sluice q4; sluice q5;
@@ -299,7 +310,7 @@ qr/too many "sluice" directives at one level \(at most 8\) in .*nginx\.conf:\d+/
 
 
 
-=== TEST 26: sluice off beside a check
+=== TEST 27: sluice off beside a check
 --- config
 location /t { sluice api; sluice off; }
 --- must_die
@@ -308,7 +319,7 @@ qr/"sluice off" cannot be combined with other "sluice" directives at the same le
 
 
 
-=== TEST 27: a status outside 400..599
+=== TEST 28: a status outside 400..599
 --- config
 location /t { sluice_status 200; }
 --- must_die
@@ -317,7 +328,7 @@ qr/invalid status "200": must be between 400 and 599 in .*nginx\.conf:\d+/
 
 
 
-=== TEST 28: dry run takes on or off
+=== TEST 29: dry run takes on or off
 --- config
 location /t { sluice_dry_run yes; }
 --- must_die
@@ -326,7 +337,7 @@ qr/invalid value "yes" in "sluice_dry_run" directive, it must be "on" or "off" i
 
 
 
-=== TEST 29: a log level sluice does not log at
+=== TEST 30: a log level sluice does not log at
 --- config
 location /t { sluice_log_level debug; }
 --- must_die
@@ -335,7 +346,7 @@ qr/invalid value "debug": must be "info", "notice", "warn" or "error" in .*nginx
 
 
 
-=== TEST 30: metrics with a bad parameter
+=== TEST 31: metrics with a bad parameter
 --- config
 location /m { sluice_metrics top=many; }
 --- must_die
@@ -344,7 +355,7 @@ qr/invalid value "top=many": top must be 0 to 100000 in .*nginx\.conf:\d+/
 
 
 
-=== TEST 31: too many arguments is nginx's own error
+=== TEST 32: too many arguments is nginx's own error
 --- config
 location /t { sluice a weight=1 extra; }
 --- must_die

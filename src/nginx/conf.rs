@@ -66,6 +66,8 @@ pub(crate) struct MainConf {
     pub sync_token: Option<String>,
     /// `sluice_host_id`.
     pub host_id: Option<String>,
+    /// `sluice_sync_early`.
+    pub early_sync: Option<crate::sync::EarlySync>,
     /// Some directive needs the zone (a check, the metrics, a root or a
     /// quota file).
     pub used: bool,
@@ -380,6 +382,15 @@ directive_handler!(
         let id = parse_host_id(args[1])
             .map_err(|why| format!("invalid host id \"{}\": {why}", text(args[1])))?;
         once(&mut mcf.host_id, id, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_sync_early <fraction> [rate=<n>];`
+    set_early_sync,
+    |cf, mcf: &mut MainConf, args| {
+        let early = crate::directive::parse_early_sync(&args[1..])?;
+        once(&mut mcf.early_sync, early, &args)
     }
 );
 

@@ -225,7 +225,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 14] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 15] = [
     directive(c"sluice_zone", HTTP | NGX_CONF_TAKE1, conf::set_zone, MAIN),
     directive(c"sluice_root", HTTP | NGX_CONF_1MORE, conf::set_root, MAIN),
     directive(
@@ -256,6 +256,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 14] = [
         c"sluice_host_id",
         HTTP | NGX_CONF_TAKE1,
         conf::set_host_id,
+        MAIN,
+    ),
+    directive(
+        c"sluice_sync_early",
+        HTTP | NGX_CONF_TAKE12,
+        conf::set_early_sync,
         MAIN,
     ),
     directive(c"sluice", ANY_LEVEL | NGX_CONF_TAKE12, conf::set_check, LOC),

@@ -126,6 +126,7 @@ pub(crate) fn start(cycle: &mut ngx_cycle_t) -> Result<(), String> {
             .host_id
             .clone()
             .unwrap_or_else(crate::sync::default_limiter_id),
+        early_sync: mcf.early_sync,
         log: Arc::new(move |level, line| sink.push(level, line)),
         ..SyncConfig::default()
     };

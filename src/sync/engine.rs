@@ -67,7 +67,8 @@ pub struct Page {
 /// sharing a quota evenly, `fraction` around `1 / n` makes hosts sync
 /// early when the load climbs well above what the band absorbs in an
 /// interval. Measured in the simulator (BENCHMARKS.md, "Sync").
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EarlySync {
     /// Share of the burst band a quota's unsent local delta must reach.
     pub fraction: f64,
