@@ -12,7 +12,11 @@
 # every 200 ms, and (f) 20 `nginx -s reload` during a wrk run, counting
 # failed requests. Prints Markdown.
 #
-# Bounded: DURATION seconds per measurement (default 10), ROUNDS (3),
+# Each row is the median over the rounds of: wrk's requests/s and latency
+# percentiles, and the CPU time nginx's workers spent per request
+# (/proc/<pid>/stat), the steadiest of the three on a shared machine.
+#
+# Bounded: DURATION seconds per measurement (default 6), ROUNDS (5),
 # CONNECTIONS (64), WORKERS (2), one wrk thread.
 
 set -euo pipefail
@@ -21,8 +25,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 nginx=$repo/build/nginx/sbin/nginx
 module=$repo/build/nginx/modules/ngx_http_sluice_module.so
 sluice=$repo/target/release/sluice
-duration=${DURATION:-10}
-rounds=${ROUNDS:-3}
+duration=${DURATION:-6}
+rounds=${ROUNDS:-5}
 connections=${CONNECTIONS:-64}
 workers=${WORKERS:-2}
 
@@ -120,18 +124,32 @@ start_nginx() { # prefix extra-lines settle-seconds
     sleep "${3:-0.5}"
 }
 
+# CPU time (user + system, clock ticks) of nginx $1's workers so far.
+worker_ticks() {
+    local master total=0 pid
+    master=$(cat "$dir/$1/logs/nginx.pid")
+    for pid in $(pgrep -P "$master"); do
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat")))
+    done
+    echo "$total"
+}
+
 # wrk against nginx $1, path $2, for $3 seconds; prints "rps p50 p99
-# non2xx errors".
+# non2xx errors total cpu_us_per_request".
 measure() {
-    local out
+    local out before after
+    before=$(worker_ticks "$1")
     out=$(wrk -t1 -c"$connections" -d"${3:-$duration}s" --latency "http://127.0.0.1:${PORT[$1]}$2")
-    awk '
+    after=$(worker_ticks "$1")
+    awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
         /^Requests\/sec/ { rps = $2 }
         $1 == "50%" { p50 = $2 }
         $1 == "99%" { p99 = $2 }
         /Non-2xx/ { non2xx = $NF }
         /Socket errors/ { gsub(",", ""); errors = $4 + $6 + $8 + $10 }
-        END { printf "%s %s %s %d %d\n", rps, p50, p99, non2xx, errors }
+        / requests in / { total = $1 }
+        END { printf "%s %s %s %d %d %d %.2f\n", rps, p50, p99, non2xx, errors, total,
+                     total ? ticks / hz * 1e6 / total : 0 }
     ' <<<"$out"
 }
 
@@ -144,10 +162,12 @@ to_us() {
            else if (v ~ /s$/) { sub("s", "", v); print v * 1000000 } }'
 }
 
-declare -A RPS P50 P99 NON2XX ERRORS
-record() { # case "rps p50 p99 non2xx errors"
-    local rps p50 p99 non2xx errors
-    read -r rps p50 p99 non2xx errors <<<"$2"
+declare -A RPS P50 P99 NON2XX ERRORS TOTAL CPU
+record() { # case "rps p50 p99 non2xx errors total cpu"
+    local rps p50 p99 non2xx errors total cpu
+    read -r rps p50 p99 non2xx errors total cpu <<<"$2"
+    TOTAL[$1]=$(( ${TOTAL[$1]:-0} + total ))
+    CPU[$1]+="$cpu "
     RPS[$1]+="$rps "
     P50[$1]+="$(to_us <<<"$p50") "
     P99[$1]+="$(to_us <<<"$p99") "
@@ -155,12 +175,15 @@ record() { # case "rps p50 p99 non2xx errors"
     ERRORS[$1]+="$errors "
 }
 row() { # label case
-    local rps p50 p99
+    local rps p50 p99 cpu
     rps=$(tr ' ' '\n' <<<"${RPS[$2]}" | grep . | median)
     p50=$(tr ' ' '\n' <<<"${P50[$2]}" | grep . | median)
     p99=$(tr ' ' '\n' <<<"${P99[$2]}" | grep . | median)
-    printf '| %s | %.0f | %.0f | %.0f | %s | %s |\n' "$1" "$rps" "$p50" "$p99" \
-        "${NON2XX[$2]% }" "${ERRORS[$2]% }"
+    cpu=$(tr ' ' '\n' <<<"${CPU[$2]}" | grep . | median)
+    # Reloads replace the workers whose CPU time is read: no figure.
+    [[ $2 == reloads* ]] && cpu=—
+    printf '| %s | %.0f | %.0f | %.0f | %s | %s | %s |\n' "$1" "$rps" "$p50" "$p99" "$cpu" \
+        "$(tr -s ' ' <<<"${NON2XX[$2]% }")" "$(tr -s ' ' <<<"${ERRORS[$2]% }")"
 }
 
 cases=(none limit_req sluice sluice_chain "sluice_vars?b=photos" sluice_headers sluice_reject)
@@ -209,7 +232,7 @@ for path in /sluice_synced /none; do
     wait "$reloader"
 done
 
-printf '| case | requests/s | p50 µs | p99 µs | non-2xx per round | socket errors per round |\n|---|---|---|---|---|---|\n'
+printf '| case | requests/s | p50 µs | p99 µs | nginx CPU µs/request | non-2xx per round | socket errors per round |\n|---|---|---|---|---|---|---|\n'
 row '(a) no limit' none
 row '(b) `limit_req`, rate never reached' limit_req
 row '(c) `sluice`, quota never rejects' sluice
@@ -222,4 +245,6 @@ row '(e) `sluice`, synced with a root every 200 ms' synced
 row '(f) (e) while nginx reloads 20 times' reloads/sluice_synced
 row '(f) control: no limit while nginx reloads 20 times' reloads/none
 echo
-echo "Root level of the synced quota afterwards: $level (requests counted at the root)."
+echo "Requests wrk completed in the (e) rounds: ${TOTAL[synced]}; the root's level of their quota" \
+    "just after (it leaks 1 unit/s): $level."
+
