@@ -99,8 +99,12 @@ pub fn parse_early_sync(args: &[&[u8]]) -> Result<crate::sync::EarlySync, String
             .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
         max_per_second = parse_u64(rate)
             .filter(|r| (1..=100).contains(r))
-            .ok_or_else(|| format!("invalid rate \"{}\": must be 1 to 100 per second", text(rate)))?
-            as f64;
+            .ok_or_else(|| {
+                format!(
+                    "invalid rate \"{}\": must be 1 to 100 per second",
+                    text(rate)
+                )
+            })? as f64;
     }
     Ok(crate::sync::EarlySync {
         fraction,
