@@ -27,6 +27,8 @@
 
 use std::fmt::Write as _;
 use std::process::{Child, Command, Stdio};
+mod harness;
+
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -45,13 +47,6 @@ struct Sizes {
     page: usize,
 }
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 impl Sizes {
     /// Tiny sizes for the run `cargo test` makes.
     fn smoke() -> Self {
@@ -67,12 +62,12 @@ impl Sizes {
 
     fn from_env() -> Self {
         Self {
-            quotas: env_or("QUOTAS", 1_000_000) as usize,
-            limiters: env_or("LIMITERS", 100) as usize,
-            deltas: env_or("DELTAS", 10_000) as usize,
-            rounds: env_or("ROUNDS", 10) as usize,
-            seconds: env_or("SECONDS", 10),
-            page: env_or("PAGE", 20_000) as usize,
+            quotas: harness::env_or("QUOTAS", 1_000_000) as usize,
+            limiters: harness::env_or("LIMITERS", 100) as usize,
+            deltas: harness::env_or("DELTAS", 10_000) as usize,
+            rounds: harness::env_or("ROUNDS", 10) as usize,
+            seconds: harness::env_or("SECONDS", 10),
+            page: harness::env_or("PAGE", 20_000) as usize,
         }
     }
 }
@@ -554,17 +549,10 @@ async fn bench(sizes: Sizes) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; a filter that names another bench
-    // skips this one.
-    if std::env::args()
-        .skip(1)
-        .any(|a| !a.starts_with('-') && !"root_sync".contains(&a))
-    {
+    let Some(full) = harness::full_run("root_sync") else {
         return;
-    }
-    // `cargo test --all-targets` runs bench binaries without `--bench`:
-    // then a small smoke run checks that the benchmark still works.
-    let sizes = if std::env::args().any(|a| a == "--bench") {
+    };
+    let sizes = if full {
         Sizes::from_env()
     } else {
         Sizes::smoke()

@@ -27,6 +27,8 @@
 #[path = "../tests/sync_support/mod.rs"]
 mod sync_support;
 
+mod harness;
+
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -45,13 +47,6 @@ struct Sizes {
     latency_secs: u64,
 }
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 impl Sizes {
     /// Tiny sizes for the run `cargo test` makes.
     fn smoke() -> Self {
@@ -65,10 +60,10 @@ impl Sizes {
 
     fn from_env() -> Self {
         Self {
-            quotas: env_or("QUOTAS", 100_000) as usize,
-            changed: env_or("CHANGED", 10_000) as usize,
-            cycles: env_or("CYCLES", 50) as usize,
-            latency_secs: env_or("LATENCY_SECS", 5),
+            quotas: harness::env_or("QUOTAS", 100_000) as usize,
+            changed: harness::env_or("CHANGED", 10_000) as usize,
+            cycles: harness::env_or("CYCLES", 50) as usize,
+            latency_secs: harness::env_or("LATENCY_SECS", 5),
         }
     }
 }
@@ -360,17 +355,10 @@ fn real_thread(sizes: Sizes) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; a filter that names another bench
-    // skips this one.
-    if std::env::args()
-        .skip(1)
-        .any(|a| !a.starts_with('-') && !"sync_cycle".contains(&a))
-    {
+    let Some(full) = harness::full_run("sync_cycle") else {
         return;
-    }
-    // `cargo test --all-targets` runs bench binaries without `--bench`:
-    // then a small smoke run checks that the benchmark still works.
-    let sizes = if std::env::args().any(|a| a == "--bench") {
+    };
+    let sizes = if full {
         Sizes::from_env()
     } else {
         Sizes::smoke()
