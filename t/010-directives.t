@@ -3,15 +3,10 @@
 
 use Test::Nginx::Socket 'no_plan';
 use FindBin ();
+use lib "$FindBin::Bin/helpers";
+use SluiceTest ();
 
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
-
-add_block_preprocessor(sub {
-    my $block = shift;
-    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n")
-        unless defined $block->main_config;
-});
+add_block_preprocessor(\&SluiceTest::load_sluice_module);
 
 no_shuffle();
 run_tests();

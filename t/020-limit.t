@@ -9,9 +9,8 @@
 
 use Test::Nginx::Socket 'no_plan';
 use FindBin ();
-
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
+use lib "$FindBin::Bin/helpers";
+use SluiceTest ();
 
 our $Quotas = <<'JSON';
 {"quotas": [
@@ -30,8 +29,7 @@ JSON
 
 add_block_preprocessor(sub {
     my $block = shift;
-    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n")
-        unless defined $block->main_config;
+    SluiceTest::load_sluice_module($block);
     $block->set_value(http_config => "sluice_zone 1m;\nsluice_quotas ../html/quotas.json;\n"
         . "log_format sluice '\$uri \$status \$sluice_status';\n"
         . ($block->http_config // ''));

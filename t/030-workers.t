@@ -11,9 +11,6 @@ use lib "$FindBin::Bin/helpers";
 use HTTP::Tiny;
 use SluiceTest qw(free_port);
 
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
-
 $ENV{TEST_NGINX_SHARED_PORT} = free_port();
 
 master_on();

@@ -11,9 +11,6 @@ use FindBin ();
 use lib "$FindBin::Bin/helpers";
 use SluiceTest qw(reload_nginx);
 
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
-
 master_on();
 workers(2);
 no_shuffle();

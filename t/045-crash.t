@@ -10,9 +10,6 @@ use FindBin ();
 use lib "$FindBin::Bin/helpers";
 use SluiceTest qw(nginx_pid wait_until);
 
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
-
 master_on();
 workers(2);
 no_shuffle();

@@ -16,9 +16,6 @@ use HTTP::Tiny;
 use JSON::PP ();
 use SluiceTest qw(start_root stop_root root_call free_port);
 
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
-
 our $Root = start_root();
 our $TokenDir = File::Temp::tempdir(CLEANUP => 1);
 {
@@ -34,11 +31,7 @@ $ENV{TEST_NGINX_GUARDED_ROOT_URL} = $GuardedRoot->{url};
 $ENV{TEST_NGINX_TOKEN_FILE} = "$TokenDir/token";
 $ENV{TEST_NGINX_DEAD_ROOTS} = join ' ', map { "http://127.0.0.1:" . free_port() } 1 .. 2;
 
-add_block_preprocessor(sub {
-    my $block = shift;
-    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n")
-        unless defined $block->main_config;
-});
+add_block_preprocessor(\&SluiceTest::load_sluice_module);
 
 no_shuffle();
 no_root_location();

@@ -10,9 +10,6 @@ use lib "$FindBin::Bin/helpers";
 use HTTP::Tiny;
 use SluiceTest qw(start_root stop_root root_call reload_nginx wait_until);
 
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
-
 our $Root = start_root();
 END { stop_root($Root) }
 $ENV{TEST_NGINX_ROOT_URL} = $Root->{url};

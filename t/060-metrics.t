@@ -4,13 +4,12 @@
 
 use Test::Nginx::Socket 'no_plan';
 use FindBin ();
-
-$ENV{TEST_NGINX_SLUICE_MODULE} ||=
-    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
+use lib "$FindBin::Bin/helpers";
+use SluiceTest ();
 
 add_block_preprocessor(sub {
     my $block = shift;
-    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n");
+    SluiceTest::load_sluice_module($block);
     $block->set_value(http_config => "sluice_zone 1m;\nsluice_quotas ../html/quotas.json;\n"
         . "sluice_host_id metrics-test;\n");
     $block->set_value(user_files => <<'FILES' . ($block->user_files // ''));

@@ -17,7 +17,21 @@ use POSIX ':sys_wait_h';
 use Time::HiRes qw(sleep time);
 
 our @EXPORT_OK = qw(free_port start_root stop_root root_call nginx_pid
-    reload_nginx wait_until http_request);
+    reload_nginx wait_until http_request load_sluice_module);
+
+# The module under test: $TEST_NGINX_SLUICE_MODULE (make sets it), else
+# the one `make module` builds.
+require FindBin;
+$ENV{TEST_NGINX_SLUICE_MODULE} ||=
+    "$FindBin::Bin/../build/nginx/modules/ngx_http_sluice_module.so";
+
+# A block preprocessor: `load_module` of sluice unless the block has its
+# own --- main_config.
+sub load_sluice_module {
+    my ($block) = @_;
+    $block->set_value(main_config => "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n")
+        unless defined $block->main_config;
+}
 
 # A TCP port nothing listens on right now.
 sub free_port {
