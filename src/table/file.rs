@@ -35,10 +35,11 @@ pub enum FileRole {
 /// Applies `set` to `table` in the given role. Quotas the table refuses
 /// (full) are listed in the report; the rest still apply.
 pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
-    let held: HashMap<String, u64> = table
+    // What the table holds now, by name (one scan of the table).
+    let held: HashMap<String, Quota> = table
         .quotas(0)
         .into_iter()
-        .map(|s| (s.quota.name, s.quota.id))
+        .map(|s| (s.quota.name.clone(), s.quota))
         .collect();
     let wanted: HashSet<&str> = set.quotas.iter().map(|q| q.name.as_str()).collect();
     let (epoch, first_new_id, is_ours): (u64, u64, fn(u64) -> bool) = match role {
@@ -47,7 +48,7 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
     };
     let mut next_id = held
         .values()
-        .copied()
+        .map(|q| q.id)
         .filter(|&id| is_ours(id))
         .max()
         .map_or(first_new_id, |id| id + 1);
@@ -58,7 +59,7 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
         // A name the table holds keeps its id: its counter survives, and a
         // seed whose parent came from a root links to the root's quota.
         let id = match held.get(&q.name) {
-            Some(&id) => id,
+            Some(old) => old.id,
             None => {
                 next_id += 1;
                 next_id - 1
@@ -77,7 +78,7 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
             changes.extend(
                 held.iter()
                     .filter(|(name, _)| !wanted.contains(name.as_str()))
-                    .map(|(name, &id)| tombstone(name, id, epoch)),
+                    .map(|(name, old)| tombstone(name, old.id, epoch)),
             );
             changes.extend(quotas);
         }
@@ -86,22 +87,26 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
             // 0): a seed whose numbers changed, or that left the file, is
             // deleted, and the new one inserted. Names the table holds from
             // a root are left alone.
-            let current: HashMap<String, Quota> = table
-                .quotas(0)
-                .into_iter()
-                .filter(|s| is_ours(s.quota.id))
-                .map(|s| (s.quota.name.clone(), s.quota))
-                .collect();
-            for (name, old) in &current {
-                let new = quotas.iter().find(|q| &q.name == name);
-                if new.is_none_or(|new| !same_numbers(old, new)) {
-                    changes.push(tombstone(name, old.id, 1));
+            let new: HashMap<&str, &Quota> = quotas.iter().map(|q| (q.name.as_str(), q)).collect();
+            // A held quota is unchanged when the file has the same numbers.
+            let unchanged = |old: &Quota| {
+                new.get(old.name.as_str())
+                    .is_some_and(|q| same_numbers(old, q))
+            };
+            for old in held.values().filter(|old| is_ours(old.id)) {
+                if !unchanged(old) {
+                    changes.push(tombstone(&old.name, old.id, 1));
                 }
             }
-            changes.extend(quotas.into_iter().filter(|q| match held.get(&q.name) {
-                Some(&id) if !is_ours(id) => false,
-                _ => current.get(&q.name).is_none_or(|old| !same_numbers(old, q)),
-            }));
+            let inserts: Vec<Quota> = quotas
+                .iter()
+                .filter(|q| {
+                    held.get(&q.name)
+                        .is_none_or(|old| is_ours(old.id) && !unchanged(old))
+                })
+                .cloned()
+                .collect();
+            changes.extend(inserts);
         }
     }
     table.apply_quotas(&changes)
