@@ -169,7 +169,7 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: test-cargo test-capi test-nginx ## all tests: cargo, C ABI, t/ suite
+test: deps test-cargo test-capi test-nginx ## deps, then all tests: cargo, C ABI, t/ suite
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
