@@ -89,7 +89,7 @@ BUILD_PKGS := build-essential libpcre2-dev zlib1g-dev libssl-dev \
 # Needed by the Test::Nginx runner in t/ (ours and upstream's).
 TEST_PKGS := libtest-base-perl libipc-run-perl liblist-moreutils-perl \
 	libtext-diff-perl libtest-longstring-perl libwww-perl liburi-perl \
-	libhttp-message-perl
+	libhttp-message-perl openssl
 # Benchmarks (wrk) and the quota root's PostgreSQL tests.
 EXTRA_PKGS := wrk postgresql
 

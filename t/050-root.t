@@ -24,6 +24,26 @@ our $TokenDir = File::Temp::tempdir(CLEANUP => 1);
     close $fh;
 }
 our $GuardedRoot = start_root(args => ['--sync-token-file', "$TokenDir/token"]);
+
+# A test CA and a certificate for localhost, for an https root: nginx
+# itself terminates TLS in front of the root, and its sync thread trusts
+# the CA through SSL_CERT_FILE (read by the rustls client).
+{
+    my $d = $TokenDir;
+    system("openssl req -x509 -newkey rsa:2048 -nodes -keyout $d/ca.key -out $d/ca.pem "
+        . "-days 2 -subj /CN=sluice-test-ca 2>/dev/null") == 0 or die 'openssl: CA';
+    system("openssl req -newkey rsa:2048 -nodes -keyout $d/srv.key -out $d/srv.csr "
+        . "-subj /CN=localhost 2>/dev/null") == 0 or die 'openssl: request';
+    open my $ext, '>', "$d/ext.cnf" or die $!;
+    print $ext "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n";
+    close $ext;
+    system("openssl x509 -req -in $d/srv.csr -CA $d/ca.pem -CAkey $d/ca.key -CAcreateserial "
+        . "-out $d/srv.pem -days 2 -extfile $d/ext.cnf 2>/dev/null") == 0 or die 'openssl: sign';
+}
+$ENV{TEST_NGINX_CA_FILE} = "$TokenDir/ca.pem";
+$ENV{TEST_NGINX_CERT} = "$TokenDir/srv.pem";
+$ENV{TEST_NGINX_CERT_KEY} = "$TokenDir/srv.key";
+$ENV{TEST_NGINX_TLS_PORT} = free_port();
 END { stop_root($Root); stop_root($GuardedRoot) }
 
 $ENV{TEST_NGINX_ROOT_URL} = $Root->{url};
@@ -174,7 +194,34 @@ qr/\[warn\] .*sluice: quota root http:\/\/127\.0\.0\.1:\d+ unreachable: .*401/
 
 
 
-=== TEST 8: every root down: requests pass and the log says so once
+=== TEST 8: an https root (TLS in front of the root; the CA trusted through SSL_CERT_FILE)
+--- main_config
+load_module $TEST_NGINX_SLUICE_MODULE;
+env SSL_CERT_FILE=$TEST_NGINX_CA_FILE;
+--- http_config
+sluice_root https://localhost:$TEST_NGINX_TLS_PORT;
+sluice_sync_interval 200ms;
+server {
+    listen 127.0.0.1:$TEST_NGINX_TLS_PORT ssl;
+    ssl_certificate $TEST_NGINX_CERT;
+    ssl_certificate_key $TEST_NGINX_CERT_KEY;
+    location / { proxy_pass $TEST_NGINX_ROOT_URL; }
+}
+--- config
+location /tls/ { alias html/; sluice over_tls; }
+--- init
+main::put_quota($main::Root, 'over_tls', { limit => 0, low_burst => 1, high_burst => 1 });
+sleep 1.5;
+--- request eval
+["GET /tls/index.html", "GET /tls/index.html"]
+--- error_code eval
+[200, 429]
+--- no_error_log
+unreachable
+
+
+
+=== TEST 9: every root down: requests pass and the log says so once
 --- http_config
 sluice_root $TEST_NGINX_DEAD_ROOTS;
 sluice_sync_interval 200ms;
@@ -191,7 +238,7 @@ sluice: all 2 quota roots unreachable; limiting with local counts only
 
 
 
-=== TEST 9: every root down: seeds from the quota file still limit, locally
+=== TEST 10: every root down: seeds from the quota file still limit, locally
 --- http_config
 sluice_root $TEST_NGINX_DEAD_ROOTS;
 sluice_sync_interval 200ms;
