@@ -648,6 +648,19 @@ impl Table {
 
     /// Finds the live slot named `name`.
     pub fn lookup(&self, name: &[u8]) -> Option<SlotId> {
+        self.probe(name, |slot, name_at| {
+            self.slot_is_named(slot, name_at, name).then_some(slot)
+        })
+    }
+
+    /// Walks the index for `name`, calling `at_match` with the slot and
+    /// name place of every entry whose tag matches, until it returns
+    /// something.
+    fn probe<T>(
+        &self,
+        name: &[u8],
+        mut at_match: impl FnMut(SlotId, u32) -> Option<T>,
+    ) -> Option<T> {
         let h = self.header();
         let index = self.index();
         let hash = names::hash(name);
@@ -661,8 +674,8 @@ impl Table {
                 }
                 if entry_matches(entry, hash) {
                     let (slot, name_at) = entry_parts(entry);
-                    if self.slot_is_named(slot, name_at, name) {
-                        return Some(slot);
+                    if let Some(found) = at_match(slot, name_at) {
+                        return Some(found);
                     }
                 }
                 pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
@@ -709,11 +722,41 @@ impl Table {
     /// Reads one slot's quota numbers and cluster state consistently,
     /// plus its parent; `None` if it is not live or never stabilised.
     fn read_view(&self, slot: SlotId) -> Option<(QuotaView, Option<SlotId>)> {
+        self.read_view_if(slot, |_| true)
+    }
+
+    /// [`Table::read_view`] of the slot named `name` (stored at
+    /// `name_at`), comparing the name in the same seqlock read: the check
+    /// path's first quota costs one read of the slot, not two.
+    fn read_named_view(
+        &self,
+        slot: SlotId,
+        name_at: u32,
+        name: &[u8],
+    ) -> Option<(QuotaView, Option<SlotId>)> {
+        let words = names::name_words(self.arena(), name_at, name.len())?;
+        // The check will add to line B next: start fetching it now, beside
+        // line A and the name, instead of after them.
+        prefetch_for_write(&self.slot(slot)?.pending);
+        self.read_view_if(slot, |s| {
+            names::equals(words, name)
+                && s.name_len.load(RLX) as usize == name.len()
+                && s.name_at.load(RLX) == name_at
+        })
+    }
+
+    /// Reads a slot's view under its seqlock if `matches` holds in the same
+    /// read.
+    fn read_view_if(
+        &self,
+        slot: SlotId,
+        matches: impl Fn(&Slot) -> bool,
+    ) -> Option<(QuotaView, Option<SlotId>)> {
         let s = self.slot(slot)?;
         for _ in 0..READ_RETRIES {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
-                let live = s.flags.load(RLX) & FLAG_LIVE != 0;
+                let live = s.flags.load(RLX) & FLAG_LIVE != 0 && matches(s);
                 let parent = s.parent.load(RLX);
                 let mut view = QuotaView {
                     limit: f64::from_bits(s.limit.load(RLX)),
@@ -758,11 +801,12 @@ impl Table {
         now: Nanos,
         draw: impl FnMut() -> f64,
     ) -> Outcome {
-        let Some(first) = self.lookup(name) else {
+        let mut chain = Chain::new();
+        if !self.read_named_chain(name, &mut chain) {
             self.header().unknown_checks.fetch_add(1, RLX);
             return Outcome::Unknown;
-        };
-        self.check_slot(first, weight, now, draw)
+        }
+        self.check_chain_read(&chain, weight, now, draw)
     }
 
     /// Checks the quota in `first` (see [`Table::check`]).
@@ -773,13 +817,25 @@ impl Table {
         now: Nanos,
         draw: impl FnMut() -> f64,
     ) -> Outcome {
-        let weight = weight.min(MAX_WEIGHT);
         let mut chain = Chain::new();
         if !self.read_chain(first, &mut chain) {
             // Deleted or unstable: fail open, as for an unknown name.
             self.header().unknown_checks.fetch_add(1, RLX);
             return Outcome::Unknown;
         }
+        self.check_chain_read(&chain, weight, now, draw)
+    }
+
+    /// Decides a chain just read and counts it if it passes.
+    fn check_chain_read(
+        &self,
+        chain: &Chain,
+        weight: u64,
+        now: Nanos,
+        draw: impl FnMut() -> f64,
+    ) -> Outcome {
+        let weight = weight.min(MAX_WEIGHT);
+        let first = chain.slots[0];
         let estimator = self.estimator();
         match chain.check(weight, now, &estimator, draw) {
             Ok(()) => {
@@ -812,8 +868,7 @@ impl Table {
         let mut chain = Chain::new();
         for (i, &(name, weight)) in items.iter().take(MAX_CHECKS).enumerate() {
             let weight = weight.min(MAX_WEIGHT);
-            let found = self.lookup(name);
-            if !found.is_some_and(|slot| self.read_chain(slot, &mut chain)) {
+            if !self.read_named_chain(name, &mut chain) {
                 self.header().unknown_checks.fetch_add(1, RLX);
                 continue;
             }
@@ -858,24 +913,44 @@ impl Table {
         }
     }
 
+    /// Reads the quota named `name` and its ancestors into `chain`; false
+    /// if there is no such quota.
+    fn read_named_chain(&self, name: &[u8], chain: &mut Chain) -> bool {
+        let found = self.probe(name, |slot, name_at| {
+            self.read_named_view(slot, name_at, name)
+                .map(|(view, parent)| (slot, view, parent))
+        });
+        let Some((slot, view, parent)) = found else {
+            return false;
+        };
+        chain.len = 0;
+        chain.push(view, slot);
+        self.read_ancestors(parent, chain);
+        true
+    }
+
     /// Reads a quota and its ancestors into `chain`; false if the quota
     /// itself is gone.
     fn read_chain(&self, first: SlotId, chain: &mut Chain) -> bool {
         chain.len = 0;
-        let mut cur = Some(first);
+        self.read_ancestors(Some(first), chain);
+        chain.len > 0
+    }
+
+    /// Appends `next` and its ancestors to `chain`, up to [`MAX_DEPTH`]
+    /// quotas; an ancestor that vanished ends it.
+    fn read_ancestors(&self, next: Option<SlotId>, chain: &mut Chain) {
+        let mut cur = next;
         while let Some(slot) = cur {
             if chain.len == MAX_DEPTH {
                 break;
             }
-            // An ancestor that vanished ends the chain; the quota itself
-            // vanishing fails the read.
             let Some((view, parent)) = self.read_view(slot) else {
                 break;
             };
             chain.push(view, slot);
             cur = parent;
         }
-        chain.len > 0
     }
 
     /// Counts a passed check: the weight into every counter of the chain.
