@@ -6,8 +6,9 @@
 # that never limits, (c) sluice with a quota that never rejects, and
 # more sluice cases (a depth-3 chain, a name built from variables, the
 # RateLimit headers, a quota that rejects everything). The cases are
-# interleaved over ROUNDS rounds and the median is reported, so slow
-# drifts of a shared machine hit them alike. Then (d) the same sluice
+# interleaved over ROUNDS rounds, in a new random order each round, and
+# the median is reported, so slow drifts of a shared machine hit them
+# alike. Then (d) the same sluice
 # check with every quota root hung (SIGSTOP), (e) synced with a live root
 # every 200 ms, and (f) 20 `nginx -s reload` during a wrk run, counting
 # failed requests. Prints Markdown.
@@ -16,8 +17,14 @@
 # percentiles, and the CPU time nginx's workers spent per request
 # (/proc/<pid>/stat), the steadiest of the three on a shared machine.
 #
-# Bounded: DURATION seconds per measurement (default 6), ROUNDS (5),
-# CONNECTIONS (64), WORKERS (2), one wrk thread.
+# (c) is measured twice in every round: the second, "(c) again", is an
+# A/A control that shows how far two measurements of the same thing land
+# apart here, the yardstick for reading the other differences (p99 most).
+#
+# Bounded: DURATION seconds per measurement (default 4), ROUNDS (11),
+# CONNECTIONS (64), WORKERS (2), one wrk thread. PIN=1 pins wrk to CPU 0
+# and the nginx workers to the other CPUs (use with WORKERS=1 on two
+# cores), so the two do not preempt each other and latency is steadier.
 
 set -euo pipefail
 
@@ -25,10 +32,23 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 nginx=$repo/build/nginx/sbin/nginx
 module=$repo/build/nginx/modules/ngx_http_sluice_module.so
 sluice=$repo/target/release/sluice
-duration=${DURATION:-6}
-rounds=${ROUNDS:-5}
+duration=${DURATION:-4}
+rounds=${ROUNDS:-11}
 connections=${CONNECTIONS:-64}
 workers=${WORKERS:-2}
+pin=${PIN:-0}
+wrk=(wrk)
+affinity=
+if [[ $pin == 1 ]]; then
+    wrk=(taskset -c 0 wrk)
+    # One mask per worker: CPU 1, 2, ... (wrapping past the last CPU).
+    cpus=$(nproc)
+    for ((i = 0; i < workers; i++)); do
+        # nginx masks are binary, lowest CPU rightmost: CPU k is 1 and k zeros.
+        affinity+=" 1$(printf '%0*d' $((1 + i % (cpus - 1))) 0)"
+    done
+    affinity="worker_cpu_affinity$affinity;"
+fi
 
 command -v wrk >/dev/null || { echo "bench-nginx: wrk not found (make deps)" >&2; exit 1; }
 
@@ -93,6 +113,7 @@ write_conf() {
     cat >"$dir/$1/conf/nginx.conf" <<EOF
 load_module $module;
 worker_processes $workers;
+$affinity
 error_log logs/error.log warn;
 pid logs/nginx.pid;
 events { worker_connections 4096; }
@@ -139,7 +160,7 @@ worker_ticks() {
 measure() {
     local out before after
     before=$(worker_ticks "$1")
-    out=$(wrk -t1 -c"$connections" -d"${3:-$duration}s" --latency "http://127.0.0.1:${PORT[$1]}$2")
+    out=$("${wrk[@]}" -t1 -c"$connections" -d"${3:-$duration}s" --latency "http://127.0.0.1:${PORT[$1]}$2")
     after=$(worker_ticks "$1")
     awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
         /^Requests\/sec/ { rps = $2 }
@@ -188,7 +209,7 @@ row() { # label case
 
 cases=(none limit_req sluice sluice_chain "sluice_vars?b=photos" sluice_headers sluice_reject)
 
-echo "bench-nginx: $workers workers, $connections connections, ${duration}s x $rounds rounds per case" >&2
+echo "bench-nginx: $workers workers${affinity:+ ($affinity wrk on CPU 0)}, $connections connections, ${duration}s x $rounds rounds per case" >&2
 # (d): every root hung. Two roots, both stopped with SIGSTOP after they
 # started: connections are accepted by the kernel and never answered.
 hung_urls=
@@ -200,12 +221,18 @@ done
 kill -STOP "${hung_pids[@]}"
 start_nginx a ""
 start_nginx b "sluice_root $hung_urls; sluice_sync_interval 1s;" 3
-wrk -t1 -c"$connections" -d2s "http://127.0.0.1:${PORT[a]}/none" >/dev/null    # warm up
+"${wrk[@]}" -t1 -c"$connections" -d2s "http://127.0.0.1:${PORT[a]}/none" >/dev/null    # warm up
+# Each round runs the cases in a new random order: a case's place in the
+# round shifts its numbers by several percent here (a measurement after a
+# light one runs faster), which a fixed order would turn into a bias.
 for r in $(seq "$rounds"); do
-    for c in "${cases[@]}"; do
-        record "$c" "$(measure a "/$c")"
+    for c in $(printf '%s\n' "${cases[@]}" sluice_again hung | shuf); do
+        case $c in
+        sluice_again) record "$c" "$(measure a /sluice)" ;;
+        hung) record "$c" "$(measure b /sluice)" ;;
+        *) record "$c" "$(measure a "/$c")" ;;
+        esac
     done
-    record "hung" "$(measure b /sluice)"
 done
 stop_nginx a
 stop_nginx b
@@ -236,6 +263,7 @@ printf '| case | requests/s | p50 µs | p99 µs | nginx CPU µs/request | non-2x
 row '(a) no limit' none
 row '(b) `limit_req`, rate never reached' limit_req
 row '(c) `sluice`, quota never rejects' sluice
+row '(c) again, A/A control' sluice_again
 row '`sluice`, depth-3 chain' sluice_chain
 row '`sluice`, name from variables' 'sluice_vars?b=photos'
 row '`sluice`, RateLimit headers on' sluice_headers
@@ -244,6 +272,30 @@ row '(d) `sluice`, both roots hung (SIGSTOP)' hung
 row '(e) `sluice`, synced with a root every 200 ms' synced
 row '(f) (e) while nginx reloads 20 times' reloads/sluice_synced
 row '(f) control: no limit while nginx reloads 20 times' reloads/none
+# Ratios of two cases within each round (measured a few seconds apart), so
+# drifts of the machine cancel; the median over rounds.
+paired() { # label array-name case-x case-y
+    local -n values=$2
+    local x=(${values[$3]}) y=(${values[$4]}) i
+    for i in "${!x[@]}"; do
+        awk -v x="${x[$i]}" -v y="${y[$i]}" 'BEGIN { if (y > 0) printf "%.3f\n", x / y }'
+    done | median | xargs printf '| %s | %s |\n' "$1"
+}
+echo
+printf '| paired per round, median | ratio |\n|---|---|\n'
+paired '(c)/(a) requests/s' RPS sluice none
+paired '(c)/(b) requests/s' RPS sluice limit_req
+paired '(c) again/(c) requests/s (A/A)' RPS sluice_again sluice
+paired '(c)/(a) CPU per request' CPU sluice none
+paired '(c)/(b) CPU per request' CPU sluice limit_req
+paired '(c) again/(c) CPU per request (A/A)' CPU sluice_again sluice
+paired '(d)/(c) p99' P99 hung sluice
+paired '(c) again/(c) p99 (A/A)' P99 sluice_again sluice
+echo
+echo "p99 µs of each round, in order:"
+for c in none sluice sluice_again hung; do
+    echo "- $c: ${P99[$c]% }"
+done
 echo
 echo "Requests wrk completed in the (e) rounds: ${TOTAL[synced]}; the root's level of their quota" \
     "just after (it leaks 1 unit/s): $level."
