@@ -645,6 +645,71 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
     root.stop().await;
 }
 
+/// With `max_body_memory` = 4 KiB, a request whose 4000-byte body is
+/// still arriving holds the whole budget: another request with a body
+/// waits until the first one is done, then both succeed; a request with
+/// no body does not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_share_one_memory_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let db = Db::sqlite();
+    let mut config = config(&db);
+    config.body_limits.total = 4096;
+    let root = TestRoot::start(config).await;
+
+    // An apply of 4000 bytes (JSON padded with spaces), headers and half
+    // the body sent.
+    let mut body =
+        br#"{"quotas": [{"name": "slow", "limit": 1, "low_burst": 1, "high_burst": 2}]}"#.to_vec();
+    body.resize(4000, b' ');
+    let mut first = tokio::net::TcpStream::connect(root.addr).await.unwrap();
+    first
+        .write_all(
+            b"POST /v1/apply HTTP/1.1\r\nhost: root\r\ncontent-type: application/json\r\n\
+              content-length: 4000\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    first.write_all(&body[..2000]).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    let second = tokio::spawn({
+        let root_http = root.http.clone();
+        let url = root.url.clone();
+        async move {
+            root_http
+                .put(format!("{url}/v1/quotas/fast"))
+                .header("content-type", "application/json")
+                .body(r#"{"limit": 1, "low_burst": 1, "high_burst": 2}"#)
+                .send()
+                .await
+        }
+    });
+    // Without a body a request needs no share: health answers meanwhile.
+    let (status, _) = root.request(Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "a body was read beyond the memory budget"
+    );
+
+    first.write_all(&body[2000..]).await.unwrap();
+    let mut reply = Vec::new();
+    first.read_to_end(&mut reply).await.unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let second = second
+        .await
+        .unwrap()
+        .expect("served once the budget is free");
+    assert!(second.status().is_success(), "{}", second.status());
+    assert_eq!(root.get("slow").await.0, StatusCode::OK);
+    assert_eq!(root.get("fast").await.0, StatusCode::OK);
+    root.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_methods_and_undecodable_names_get_json_errors() {
     let db = Db::sqlite();

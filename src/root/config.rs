@@ -16,6 +16,7 @@
 //! max_sync_body = 67108864
 //! max_admin_body = 1048576
 //! max_apply_body = 268435456
+//! max_body_memory = 536870912        # request bodies held at once, all requests
 //! sync_page_quotas = 20000
 //! sync_page_counters = 100000
 //! ```
@@ -74,6 +75,7 @@ struct RootFile {
     max_sync_body: Option<usize>,
     max_admin_body: Option<usize>,
     max_apply_body: Option<usize>,
+    max_body_memory: Option<usize>,
     sync_page_quotas: Option<usize>,
     sync_page_counters: Option<usize>,
 }
@@ -92,6 +94,10 @@ pub struct BodyLimits {
     pub admin: usize,
     /// `POST /v1/apply` (a whole quota set).
     pub apply: usize,
+    /// Request body bytes held at once by all requests together: a request
+    /// waits for its share before its body is read, so a flood of large
+    /// syncs cannot hold `max_in_flight` × `sync` bytes.
+    pub total: usize,
 }
 
 impl Default for BodyLimits {
@@ -100,6 +106,7 @@ impl Default for BodyLimits {
             sync: 64 << 20,
             admin: 1 << 20,
             apply: 256 << 20,
+            total: 512 << 20,
         }
     }
 }
@@ -181,6 +188,7 @@ impl RootConfig {
             max_sync_body,
             max_admin_body,
             max_apply_body,
+            max_body_memory,
             sync_page_quotas,
             sync_page_counters,
         } = file;
@@ -203,6 +211,7 @@ impl RootConfig {
         set(&mut self.body_limits.sync, max_sync_body);
         set(&mut self.body_limits.admin, max_admin_body);
         set(&mut self.body_limits.apply, max_apply_body);
+        set(&mut self.body_limits.total, max_body_memory);
         set(&mut self.sync_page_quotas, sync_page_quotas);
         set(&mut self.sync_page_counters, sync_page_counters);
         Ok(())
@@ -237,6 +246,7 @@ impl RootConfig {
         positive("max_sync_body", self.body_limits.sync)?;
         positive("max_admin_body", self.body_limits.admin)?;
         positive("max_apply_body", self.body_limits.apply)?;
+        positive("max_body_memory", self.body_limits.total)?;
         positive("sync_page_quotas", self.sync_page_quotas)?;
         positive("sync_page_counters", self.sync_page_counters)?;
         Ok(())

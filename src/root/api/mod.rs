@@ -36,6 +36,7 @@ use tokio::sync::Semaphore;
 
 use crate::wire::SYNC_PATH;
 
+use super::config::BodyLimits;
 use super::metrics::{Api, Rejection};
 use super::state::RootState;
 
@@ -70,7 +71,11 @@ pub fn router(state: Arc<RootState>) -> Router {
             Arc::clone(&state),
             require_admin_token,
         ));
-    let in_flight = Arc::new(Semaphore::new(state.config.max_in_flight));
+    let in_flight = Arc::new(Admission {
+        slots: Semaphore::new(state.config.max_in_flight),
+        body_kib: Semaphore::new(kib(limits.total) as usize),
+        limits,
+    });
     Router::new()
         .merge(sync)
         .merge(admin)
@@ -196,15 +201,65 @@ async fn check_token(
     next.run(request).await
 }
 
-/// Bounds the requests handled at once; the rest wait for a slot (their
-/// number is bounded by the listener's connection limit).
+/// What a request needs before it is handled: one of `max_in_flight`
+/// slots, and its body's share of the body memory budget (KiB permits).
+struct Admission {
+    slots: Semaphore,
+    body_kib: Semaphore,
+    limits: BodyLimits,
+}
+
+/// `bytes` in KiB, rounded up, saturating at what a semaphore can count.
+fn kib(bytes: usize) -> u32 {
+    bytes
+        .div_ceil(1024)
+        .min(Semaphore::MAX_PERMITS)
+        .min(u32::MAX as usize) as u32
+}
+
+impl Admission {
+    /// The body memory `request` may hold: its declared length, or the
+    /// route's limit for a body of unknown length (chunked), capped by
+    /// the route's limit (a longer body is refused with 413 anyway) and
+    /// by the whole budget (so one request never waits forever).
+    fn body_kib(&self, request: &Request) -> u32 {
+        let route_limit = match request.uri().path() {
+            SYNC_PATH => self.limits.sync,
+            "/v1/apply" => self.limits.apply,
+            _ => self.limits.admin,
+        };
+        let headers = request.headers();
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+        let bytes = match declared {
+            Some(n) => n.min(route_limit),
+            None if headers.contains_key(header::TRANSFER_ENCODING) => route_limit,
+            None => 0,
+        };
+        kib(bytes).min(kib(self.limits.total))
+    }
+}
+
+/// Bounds the requests handled at once, and the request body bytes they
+/// hold together; the rest wait (their number is bounded by the
+/// listener's connection limit).
 async fn limit_in_flight(
-    State(slots): State<Arc<Semaphore>>,
+    State(admission): State<Arc<Admission>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(_slot) = slots.acquire().await else {
+    let Ok(_slot) = admission.slots.acquire().await else {
         return ApiError::unavailable("shutting down").into_response();
+    };
+    let share = admission.body_kib(&request);
+    let _body = if share > 0 {
+        let Ok(permits) = admission.body_kib.acquire_many(share).await else {
+            return ApiError::unavailable("shutting down").into_response();
+        };
+        Some(permits)
+    } else {
+        None
     };
     next.run(request).await
 }
