@@ -153,7 +153,11 @@ pub fn measure(checked: &Checked, series: &Series) -> Vec<Row> {
             let q = &series.quotas[checked.quota_index(&spec.quota).unwrap_or(0)];
             let from = spec.from.unwrap_or(0.0).clamp(0.0, end);
             let to = spec.to.unwrap_or(end).clamp(from, end);
-            let (value, ideal) = measure_one(spec, q, from, to);
+            let (value, ideal) = match measure_one(spec, q, from, to) {
+                (Some(v), Some(i)) if spec.beyond_ideal => (Some(v - i), Some(0.0)),
+                (_, _) if spec.beyond_ideal => (None, None),
+                measured => measured,
+            };
             Row {
                 label: spec
                     .label
@@ -377,6 +381,49 @@ mod tests {
         // The one-second window is within 10% once at most 5 of its 100
         // bins are from the fast part: from 1.95 s.
         assert!((t - 1.95).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn beyond_ideal_rows_report_the_difference_to_the_ideal_limiter() {
+        let checked = crate::sim::scenario::parse(
+            r#"
+            name = "t"
+            duration = 10
+            hosts = { count = 1 }
+            [[quotas]]
+            name = "q"
+            limit = 100
+            [[load]]
+            quota = "q"
+            phases = [{ at = 0, x = 2 }]
+            [[report]]
+            metric = "settle"
+            quota = "q"
+            [[report]]
+            metric = "settle"
+            quota = "q"
+            beyond_ideal = true
+            max = 1.5
+            "#,
+        )
+        .unwrap();
+        // The fleet admits 3/bin for 2 s, the ideal limiter for 1 s; then
+        // both admit the limit.
+        let s = series(
+            |i| Bin {
+                admitted: if i < 2 * BINS_PER_SEC { 3 } else { 1 },
+                ideal: if i < BINS_PER_SEC { 3 } else { 1 },
+                ..Bin::default()
+            },
+            10,
+        );
+        let rows = measure(&checked, &s);
+        let (plain, beyond) = (&rows[0], &rows[1]);
+        assert!((plain.value.unwrap() - 1.95).abs() < 1e-9);
+        assert!((plain.ideal.unwrap() - 0.95).abs() < 1e-9);
+        assert!((beyond.value.unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(beyond.ideal, Some(0.0));
+        assert_eq!(beyond.met(), Some(true));
     }
 
     #[test]

@@ -351,6 +351,10 @@ pub struct ReportSpec {
     /// Target: at most this.
     #[serde(default)]
     pub max: Option<f64>,
+    /// Report the value minus the ideal limiter's (what distribution adds
+    /// on the same requests); the ideal column then reads 0.
+    #[serde(default)]
+    pub beyond_ideal: bool,
 }
 
 /// The measurements a report row can ask for.
@@ -502,6 +506,13 @@ fn check(s: Scenario) -> Result<Checked, String> {
         if r.metric == Metric::Cv && !r.window.is_some_and(|w| w > 0.0) {
             return Err("report cv: needs a positive window".into());
         }
+        if r.beyond_ideal && r.metric == Metric::LevelError {
+            return Err(
+                "report level_error: the ideal limiter has no estimate, so no \
+                        beyond_ideal"
+                    .into(),
+            );
+        }
     }
     Ok(checked)
 }
@@ -555,5 +566,9 @@ mod tests {
         let dead_root =
             format!("{MINIMAL}\n[[events]]\nat = 1\naction = \"kill_root\"\nroot = 3\n");
         assert!(parse(&dead_root).unwrap_err().contains("no root 3"));
+        let no_ideal = format!(
+            "{MINIMAL}\n[[report]]\nmetric = \"level_error\"\nquota = \"q\"\nbeyond_ideal = true\n"
+        );
+        assert!(parse(&no_ideal).unwrap_err().contains("beyond_ideal"));
     }
 }
