@@ -385,27 +385,11 @@ mod tests {
 
     #[test]
     fn beyond_ideal_rows_report_the_difference_to_the_ideal_limiter() {
-        let checked = crate::sim::scenario::parse(
-            r#"
-            name = "t"
-            duration = 10
-            hosts = { count = 1 }
-            [[quotas]]
-            name = "q"
-            limit = 100
-            [[load]]
-            quota = "q"
-            phases = [{ at = 0, x = 2 }]
-            [[report]]
-            metric = "settle"
-            quota = "q"
-            [[report]]
-            metric = "settle"
-            quota = "q"
-            beyond_ideal = true
-            max = 1.5
-            "#,
-        )
+        let checked = crate::sim::scenario::parse(&format!(
+            "{}\n[[report]]\nmetric = \"settle\"\nquota = \"q\"\n\
+             [[report]]\nmetric = \"settle\"\nquota = \"q\"\nbeyond_ideal = true\nmax = 1.5\n",
+            crate::sim::scenario::tests::MINIMAL
+        ))
         .unwrap();
         // The fleet admits 3/bin for 2 s, the ideal limiter for 1 s; then
         // both admit the limit.

@@ -518,10 +518,11 @@ fn check(s: Scenario) -> Result<Checked, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MINIMAL: &str = r#"
+    /// The smallest valid scenario: one quota "q" (limit 100), 3 hosts.
+    pub(crate) const MINIMAL: &str = r#"
         name = "t"
         duration = 10
         hosts = { count = 3 }
