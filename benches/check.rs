@@ -4,6 +4,7 @@
 //! - `hot_single`: one quota, always in cache;
 //! - `hot_depth3`: a quota with a parent and a grandparent;
 //! - `random_1m`: a random name among 1M loaded quotas (cache misses);
+//! - `random_1m_by_slot`: the same quotas checked by slot, no lookup;
 //! - `contended_2threads`: two threads checking one quota at once.
 
 use std::hint::black_box;
@@ -74,6 +75,16 @@ fn bench_random_1m(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) & (names.len() - 1);
             t.check(black_box(&names[i]), 1, now)
+        })
+    });
+    // The same checks by slot, with no name lookup: one round of misses
+    // (the slot's two lines), the floor of any layout that finds a slot
+    // from the name's hash without an index.
+    let slots: Vec<_> = names.iter().map(|n| t.lookup(n).unwrap()).collect();
+    c.bench_function("table/random_1m_by_slot", |b| {
+        b.iter(|| {
+            i = (i + 1) & (slots.len() - 1);
+            t.check_slot(black_box(slots[i]), 1, now, sluice::core::rng::thread_unit)
         })
     });
 }
