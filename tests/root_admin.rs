@@ -647,8 +647,9 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
 
 /// With `max_body_memory` = 4 KiB, a request whose 4000-byte body is
 /// still arriving holds the whole budget: another request with a body
-/// waits until the first one is done, then both succeed; a request with
-/// no body does not wait.
+/// waits until the first one is done, then both succeed. A request with
+/// no body does not wait, even with `max_in_flight` = 2: the waiting one
+/// holds no slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_share_one_memory_budget() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -656,6 +657,7 @@ async fn request_bodies_share_one_memory_budget() {
     let db = Db::sqlite();
     let mut config = config(&db);
     config.body_limits.total = 4096;
+    config.max_in_flight = 2;
     let root = TestRoot::start(config).await;
 
     // An apply of 4000 bytes (JSON padded with spaces), headers and half
@@ -686,14 +688,16 @@ async fn request_bodies_share_one_memory_budget() {
                 .await
         }
     });
-    // Without a body a request needs no share: health answers meanwhile.
-    let (status, _) = root.request(Method::GET, "/healthz", None, None).await;
-    assert_eq!(status, StatusCode::OK);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(
         !second.is_finished(),
         "a body was read beyond the memory budget"
     );
+    // Without a body a request needs no share, and the second slot is
+    // free: health answers meanwhile.
+    let (status, _) = root.request(Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!second.is_finished());
 
     first.write_all(&body[2000..]).await.unwrap();
     let mut reply = Vec::new();

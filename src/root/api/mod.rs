@@ -249,9 +249,8 @@ async fn limit_in_flight(
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(_slot) = admission.slots.acquire().await else {
-        return ApiError::unavailable("shutting down").into_response();
-    };
+    // The body's share first: a request waiting for memory holds no slot,
+    // so requests without a body (health, metrics, reads) still get one.
     let share = admission.body_kib(&request);
     let _body = if share > 0 {
         let Ok(permits) = admission.body_kib.acquire_many(share).await else {
@@ -260,6 +259,9 @@ async fn limit_in_flight(
         Some(permits)
     } else {
         None
+    };
+    let Ok(_slot) = admission.slots.acquire().await else {
+        return ApiError::unavailable("shutting down").into_response();
     };
     next.run(request).await
 }
