@@ -42,6 +42,9 @@ use super::state::RootState;
 
 pub use error::ApiError;
 
+/// Where a whole quota set is applied.
+const APPLY_PATH: &str = "/v1/apply";
+
 /// The root's routes over `state`.
 pub fn router(state: Arc<RootState>) -> Router {
     let limits = state.config.body_limits;
@@ -64,7 +67,7 @@ pub fn router(state: Arc<RootState>) -> Router {
                 .layer(DefaultBodyLimit::max(limits.admin)),
         )
         .route(
-            "/v1/apply",
+            APPLY_PATH,
             post(apply::apply).layer(DefaultBodyLimit::max(limits.apply)),
         )
         .route_layer(middleware::from_fn_with_state(
@@ -225,7 +228,7 @@ impl Admission {
     fn body_kib(&self, request: &Request) -> u32 {
         let route_limit = match request.uri().path() {
             SYNC_PATH => self.limits.sync,
-            "/v1/apply" => self.limits.apply,
+            APPLY_PATH => self.limits.apply,
             _ => self.limits.admin,
         };
         let headers = request.headers();
