@@ -27,7 +27,7 @@ use crate::directive::{
 };
 use crate::table::{Table, MAX_CHECKS};
 
-/// Zone size when `sluice_zone` is not given: about 180,000 quotas with
+/// Zone size when `sluice_zone` is not given: about 195,000 quotas with
 /// 32-byte names.
 pub(crate) const DEFAULT_ZONE_SIZE: usize = 32 << 20;
 /// Smallest zone accepted.

@@ -1,9 +1,9 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+------------+-----------------+-------------------------+--------------------------------+-------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | stats: [SlotStats; capacity] | arena |
-//! +--------+------------+-----------------+-------------------------+--------------------------------+-------+
+//! +--------+------------+-----------------+-------------------------+-------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena |
+//! +--------+------------+-----------------+-------------------------+-------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -14,17 +14,18 @@
 //! A [`Slot`] is two cache lines. Line A holds everything a check reads
 //! (quota numbers, the cluster level, the parent link) under the slot's
 //! seqlock; line B holds what a check writes (the local delta, request
-//! counts) and the quota's identity. An index entry names both the slot
+//! counts) and the quota's identity. A free slot keeps its free-list link
+//! in `id`, marked so it never equals a quota id. An index entry names both the slot
 //! and the name's place in the arena, so a lookup's second round of cache
 //! misses (slot and name) happens in parallel: a cold check costs about two
 //! memory latencies, not three.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -64,7 +65,11 @@ pub fn index_home(hash: u64, len: usize) -> usize {
 }
 
 /// Slot flag: the slot holds a live quota.
-pub const FLAG_LIVE: u32 = 1;
+pub const FLAG_LIVE: u16 = 1;
+
+/// Marks a free slot's `id` as a free-list link (quota ids stay below
+/// 2^63), so no lookup by id ever matches a free slot.
+pub const FREE_LINK: u64 = 1 << 63;
 
 /// The region's first lines: geometry, allocation state, table-wide state.
 #[repr(C, align(64))]
@@ -173,11 +178,13 @@ pub struct Slot {
     /// Seqlock: odd while a writer changes line A (or the name).
     pub seq: AtomicU32,
     /// [`FLAG_LIVE`] or 0.
-    pub flags: AtomicU32,
+    pub flags: AtomicU16,
+    /// Name length in bytes (at most 255).
+    pub name_len: AtomicU16,
     /// Parent's slot + 1; 0 for none.
     pub parent: AtomicU32,
-    /// Name length in bytes.
-    pub name_len: AtomicU32,
+    /// First granule of the name in the arena.
+    pub name_at: AtomicU32,
     /// Leak rate, units/s (f64 bits).
     pub limit: AtomicU64,
     /// Low burst (f64 bits).
@@ -200,29 +207,18 @@ pub struct Slot {
     pub passed: AtomicU64,
     /// Checks that were rejected.
     pub rejected: AtomicU64,
-    /// Quota id (the counter's name in the sync protocol).
+    /// Checks that would have been rejected, let through by a dry run.
+    pub dry_run: AtomicU64,
+    /// Quota id (the counter's name in the sync protocol); while the slot
+    /// is free, [`FREE_LINK`] | next free slot + 1 (0: end of list).
     pub id: AtomicU64,
     /// Epoch of the quota version held.
     pub epoch: AtomicU64,
     /// Parent quota id; 0 for none (ids start at 1).
     pub parent_id: AtomicU64,
-    /// First granule of the name in the arena.
-    pub name_at: AtomicU32,
-    /// Next free slot + 1 while on the free list.
-    pub next_free: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 128);
-
-/// Per-quota statistics that no check reads, kept apart from the slots so
-/// the slots stay two cache lines: touched only when a dry-run check
-/// rejects, and by metrics.
-#[repr(C)]
-#[derive(Default)]
-pub struct SlotStats {
-    /// Checks that would have been rejected, let through by a dry run.
-    pub dry_run: AtomicU64,
-}
 const _: () = assert!(std::mem::size_of::<Header>() % 64 == 0);
 
 /// Rounds `n` up to a multiple of 64.
@@ -260,8 +256,7 @@ impl Geometry {
     /// The largest geometry that fits `bytes` for the given average name.
     pub fn fitting(bytes: usize, avg_name_bytes: usize) -> Option<Self> {
         let per_name = avg_name_bytes.div_ceil(GRANULE).max(1) * GRANULE;
-        let per_quota =
-            std::mem::size_of::<Slot>() + std::mem::size_of::<SlotStats>() + 12 + per_name;
+        let per_quota = std::mem::size_of::<Slot>() + 12 + per_name;
         let fixed = Self::index_offset() + 64 * 4;
         let mut capacity =
             (bytes.checked_sub(fixed)? / per_quota).min(MAX_CAPACITY as usize) as u32;
@@ -290,14 +285,9 @@ impl Geometry {
         line_up(Self::index_offset() + self.index_len as usize * 8)
     }
 
-    /// Offset of the per-slot statistics.
-    pub fn stats_offset(&self) -> usize {
-        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
-    }
-
     /// Offset of the arena.
     pub fn arena_offset(&self) -> usize {
-        line_up(self.stats_offset() + self.capacity as usize * std::mem::size_of::<SlotStats>())
+        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
     }
 
     /// Total bytes of a region with this geometry.
@@ -331,8 +321,7 @@ mod tests {
         assert_eq!(Geometry::index_offset() % 64, 0);
         assert_eq!(g.slots_offset() % 64, 0);
         assert!(g.slots_offset() >= Geometry::index_offset() + 1504 * 8);
-        assert!(g.stats_offset() >= g.slots_offset() + 1000 * 128);
-        assert!(g.arena_offset() >= g.stats_offset() + 1000 * 8);
+        assert!(g.arena_offset() >= g.slots_offset() + 1000 * 128);
         assert!(g.region_len() >= g.arena_offset() + 2000 * GRANULE);
     }
 
@@ -342,7 +331,7 @@ mod tests {
             let g = Geometry::fitting(bytes, 32).unwrap();
             assert!(g.region_len() <= bytes);
             // At least 80% of what an ideal packing would hold.
-            let ideal = bytes / (128 + 8 + 12 + 32);
+            let ideal = bytes / (128 + 12 + 32);
             assert!(g.capacity as usize * 10 >= ideal * 7, "{bytes}: {g:?}");
         }
         assert!(Geometry::fitting(100, 32).is_none());

@@ -33,8 +33,8 @@ use crate::core::quota::{MAX_DEPTH, MAX_WEIGHT};
 use crate::core::{check_chain, ChainVerdict, Extrapolation, Level, Nanos, Quota, QuotaView};
 
 use layout::{
-    entry_matches, entry_parts, index_entry, index_home, Geometry, Header, Slot, SlotStats,
-    SyncStatus, FLAG_LIVE, INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC, STATUS_ROOTS,
+    entry_matches, entry_parts, index_entry, index_home, Geometry, Header, Slot, SyncStatus,
+    FLAG_LIVE, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE, LAYOUT_VERSION, MAGIC, STATUS_ROOTS,
 };
 
 const ACQ: Ordering = Ordering::Acquire;
@@ -542,19 +542,6 @@ impl Table {
         }
     }
 
-    fn stats(&self) -> &[SlotStats] {
-        // SAFETY: `capacity` stats entries start at the stats offset, inside
-        // the region, 64-aligned; SlotStats is all atomics.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base
-                    .add(self.geometry.stats_offset())
-                    .cast::<SlotStats>(),
-                self.geometry.capacity as usize,
-            )
-        }
-    }
-
     fn arena(&self) -> &[AtomicU64] {
         // SAFETY: `arena_granules` 16-byte granules (two u64 atomics each)
         // start at the arena offset, inside the region.
@@ -875,7 +862,7 @@ impl Table {
             if let Err(rejection) = chain.check(weight, now, &estimator, &mut draw) {
                 let first = chain.slots[0] as usize;
                 if options.dry_run {
-                    self.stats()[first].dry_run.fetch_add(1, RLX);
+                    self.slots()[first].dry_run.fetch_add(1, RLX);
                 } else {
                     self.slots()[first].rejected.fetch_add(1, RLX);
                 }
@@ -1070,7 +1057,7 @@ impl Table {
         s.low_burst.store(q.low_burst.to_bits(), RLX);
         s.high_burst.store(q.high_burst.to_bits(), RLX);
         if fresh {
-            s.name_len.store(q.name.len() as u32, RLX);
+            s.name_len.store(q.name.len() as u16, RLX);
             if let Some(words) = names::name_words(self.arena(), s.name_at.load(RLX), q.name.len())
             {
                 names::store(words, q.name.as_bytes());
@@ -1083,7 +1070,7 @@ impl Table {
             s.inflight.store(0, RLX);
             s.passed.store(0, RLX);
             s.rejected.store(0, RLX);
-            self.stats()[slot as usize].dry_run.store(0, RLX);
+            s.dry_run.store(0, RLX);
         }
         s.id.store(q.id, RLX);
         s.epoch.store(q.epoch, RLX);
@@ -1140,8 +1127,9 @@ impl Table {
         let head = h.free_slots.load(RLX);
         if head != 0 {
             let slot = head - 1;
-            h.free_slots
-                .store(self.slots()[slot as usize].next_free.load(RLX), RLX);
+            let link = self.slots()[slot as usize].id.load(RLX);
+            debug_assert_ne!(link & FREE_LINK, 0, "slot {slot} on the free list");
+            h.free_slots.store((link & !FREE_LINK) as u32, RLX);
             return Some(slot);
         }
         let next = h.next_unused.load(RLX);
@@ -1155,8 +1143,8 @@ impl Table {
     fn free_slot(&self, slot: SlotId) {
         let h = self.header();
         self.slots()[slot as usize]
-            .next_free
-            .store(h.free_slots.load(RLX), RLX);
+            .id
+            .store(FREE_LINK | u64::from(h.free_slots.load(RLX)), RLX);
         h.free_slots.store(slot + 1, RLX);
     }
 
@@ -1534,9 +1522,7 @@ impl Table {
                 .store(state.pending.saturating_add(state.inflight), RLX);
             to.passed.store(state.passed, RLX);
             to.rejected.store(state.rejected, RLX);
-            self.stats()[slot as usize]
-                .dry_run
-                .store(state.dry_run, RLX);
+            to.dry_run.store(state.dry_run, RLX);
         }
         report
     }
@@ -1550,6 +1536,8 @@ impl Table {
             .enumerate()
             .filter(|(_, s)| s.flags.load(RLX) & FLAG_LIVE != 0)
             .map(|(i, s)| (s.id.load(RLX), i as SlotId))
+            // A slot freed while this ran holds a free-list link.
+            .filter(|&(id, _)| id & FREE_LINK == 0)
             .collect()
     }
 
@@ -1610,9 +1598,13 @@ impl Table {
         let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
             .map(|w| names::load(w, len))?;
         let parent = s.parent_id.load(RLX);
+        let id = s.id.load(RLX);
+        if id & FREE_LINK != 0 {
+            return None; // freed while this ran
+        }
         Some(QuotaState {
             quota: Quota {
-                id: s.id.load(RLX),
+                id,
                 name: String::from_utf8_lossy(&name).into_owned(),
                 parent: (parent != 0).then_some(parent),
                 limit: view.limit,
@@ -1628,7 +1620,7 @@ impl Table {
             inflight: s.inflight.load(RLX),
             passed: s.passed.load(RLX),
             rejected: s.rejected.load(RLX),
-            dry_run: self.stats()[slot as usize].dry_run.load(RLX),
+            dry_run: s.dry_run.load(RLX),
         })
     }
 }

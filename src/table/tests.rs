@@ -161,12 +161,22 @@ fn tombstones_delete_and_freed_slots_and_names_are_reused() {
         .map(|i| quota(i, &format!("q{i}"), None, 1.0, 1.0, 1.0))
         .collect();
     assert_eq!(t.apply_quotas(&qs).inserted, 4);
+    let q2 = t.lookup(b"q2").unwrap();
     let mut gone = qs[1].clone();
     gone.deleted = true;
     gone.epoch = 10;
     assert_eq!(t.apply_quotas(&[gone]).deleted, 1);
     assert_eq!(t.check(b"q2", 1, 0), Outcome::Unknown);
     assert_eq!(t.len(), 3);
+    // The freed slot's id field now holds a free-list link, which must
+    // not pass for any quota id.
+    let ids = t.slot_ids();
+    assert_eq!(ids.len(), 3);
+    assert!(!ids.values().any(|&s| s == q2));
+    assert!(!t.merge_counter(q2, 2, Level { level: 0.0, at: 0 }, 0));
+    for id in [0, 1, u64::from(q2) + 1, u64::from(q2) + 2] {
+        assert!(t.counter_limit(q2, id).is_none());
+    }
     let mut fifth = quota(5, "q5", None, 1.0, 1.0, 1.0);
     fifth.epoch = 11;
     assert_eq!(t.apply_quotas(&[fifth]).inserted, 1);
@@ -414,13 +424,12 @@ fn a_region_is_reattached_with_its_quotas_and_counters() {
 }
 
 #[test]
-fn a_slot_is_128_bytes_and_a_quota_costs_165_with_index_stats_and_a_short_name() {
+fn a_slot_is_128_bytes_and_a_quota_costs_157_with_index_and_a_short_name() {
     let g = Geometry::new(1 << 20, 16);
     let per_quota = g.region_len() as f64 / f64::from(g.capacity);
     assert_eq!(std::mem::size_of::<Slot>(), 128);
-    assert_eq!(std::mem::size_of::<SlotStats>(), 8);
-    // 128 slot + 8 stats + 12 index + 16 name granule.
-    assert!(per_quota <= 165.0, "{per_quota}");
+    // 128 slot + 12 index + 16 name granule.
+    assert!(per_quota <= 157.0, "{per_quota}");
 }
 
 /// Readers check a hot quota chain, a writer keeps upserting and deleting
