@@ -101,7 +101,7 @@ APT_GET ?= apt-get
 # Top-level targets
 
 .PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo \
-	test-capi test-nginx bench bench-nginx bench-accuracy run fmt fmt-check clippy clean \
+	test-capi test-nginx bench bench-nginx bench-accuracy bench-layouts run fmt fmt-check clippy clean \
 	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
@@ -193,6 +193,11 @@ test-nginx: nginx module bin ## the Test::Nginx suite in t/ only
 
 bench: ## run the criterion benchmark of the check path
 	$(CARGO) bench --bench check
+
+bench-layouts: ## one DRAM miss, then a lookup among 1M quotas under other table layouts (C, ~2 min)
+	@mkdir -p build
+	$(CC) -O2 -o build/memlat benches/memlat.c && build/memlat
+	$(CC) -O2 -o build/layouts benches/layouts.c && build/layouts
 
 bench-nginx: nginx module bin ## wrk on 127.0.0.1: no limit, limit_req, sluice (table on stdout)
 	benches/nginx.sh
