@@ -1,10 +1,17 @@
 //! Database outages: PostgreSQL stopped and started under a running root,
-//! and roots started while their database is unreachable.
+//! PostgreSQL that stops answering mid-query, and roots started while
+//! their database is unreachable.
 
 mod root_support;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use reqwest::{Method, StatusCode};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use root_support::{config, eventually, quota, Db, Limiter, PgCluster, TestRoot};
 
@@ -145,5 +152,144 @@ async fn a_root_whose_sqlite_file_cannot_be_opened_waits_for_it() {
     std::fs::create_dir(&missing).unwrap();
     root.wait_ready().await;
     root.put("q", json!({"limit": 1})).await;
+    root.stop().await;
+}
+
+/// A TCP relay to a database that stops moving bytes, in both directions
+/// and on every connection, when a client sends a given marker (and until
+/// told to resume), while keeping its connections open: a database host
+/// that stops answering in the middle of a query.
+struct StallRelay {
+    port: u16,
+    flowing: Arc<watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StallRelay {
+    async fn start(upstream: u16, marker: &'static [u8]) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let flowing = Arc::new(watch::Sender::new(true));
+        let gate = flowing.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        pump(client_read, server_write, &gate, Some(marker)),
+                        pump(server_read, client_write, &gate, None),
+                    );
+                });
+            }
+        });
+        Self {
+            port,
+            flowing,
+            task,
+        }
+    }
+
+    fn stalled(&self) -> bool {
+        !*self.flowing.borrow()
+    }
+
+    fn resume(&self) {
+        self.flowing.send_replace(true);
+    }
+}
+
+impl Drop for StallRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to` while the gate is open and holds the bytes while
+/// it is shut; shuts it on reading `marker`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    gate: &watch::Sender<bool>,
+    marker: Option<&[u8]>,
+) {
+    let mut open = gate.subscribe();
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        if open.wait_for(|open| *open).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if marker.is_some_and(|m| buf[..n].windows(m.len()).any(|w| w == m)) {
+            gate.send_replace(false);
+        }
+        if open.wait_for(|open| *open).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_gives_up_on_a_database_that_stops_answering_mid_query() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    let upstream: u16 = db
+        .url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next()?.parse().ok())
+        .expect("a port in the database URL");
+    let relay = StallRelay::start(upstream, b"stall_here").await;
+    let relayed = Db::at(db.url.replacen(
+        &format!(":{upstream}/"),
+        &format!(":{}/", relay.port),
+        1,
+    ));
+    let mut config = config(&relayed);
+    config.db_query_timeout = Duration::from_secs(1);
+    let root = TestRoot::start(config).await;
+    root.put("q", quota(10.0, 100.0, 100.0, None)).await;
+
+    // The write's connection passed its health check and its transaction
+    // began; the statement naming the quota never gets an answer. The
+    // write gives up after db_query_timeout (the test client would wait
+    // 30 s) and says why.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/stall_here",
+            Some(json!({"limit": 1})),
+        )
+        .await;
+    assert!(relay.stalled(), "the write reached the database");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{reply}");
+    let message = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("db_query_timeout"), "{reply}");
+    eventually("reloads fail too and mark the database down", || async {
+        root.metric("sluice_root_db_up").await == Some(0.0)
+    })
+    .await;
+    // What the root holds is still served.
+    assert_eq!(root.get("q").await.0, StatusCode::OK);
+
+    relay.resume();
+    eventually("the root uses the database again", || async {
+        health(&root).await.1["db"] == "up"
+    })
+    .await;
+    root.put("r", json!({"limit": 1})).await;
+    assert_eq!(root.get("r").await.0, StatusCode::OK);
+    // The abandoned write was rolled back, not half applied.
+    assert_eq!(root.get("stall_here").await.0, StatusCode::NOT_FOUND);
     root.stop().await;
 }

@@ -10,7 +10,8 @@
 //! admin_token_file = "/etc/sluice/admin.token"
 //! sync_token_file = "/etc/sluice/sync.token"
 //! reload_interval = "1s"
-//! db_timeout = "3s"
+//! db_timeout = "3s"                  # waiting for a database connection
+//! db_query_timeout = "120s"          # one read, write or bulk apply
 //! max_connections = 1024
 //! max_in_flight = 256
 //! max_sync_body = 67108864
@@ -70,6 +71,7 @@ struct RootFile {
     sync_token_file: Option<PathBuf>,
     reload_interval: Option<String>,
     db_timeout: Option<String>,
+    db_query_timeout: Option<String>,
     max_connections: Option<usize>,
     max_in_flight: Option<usize>,
     max_sync_body: Option<usize>,
@@ -127,6 +129,10 @@ pub struct RootConfig {
     /// How long a database operation may wait for a connection before the
     /// root calls the database unavailable.
     pub db_timeout: Duration,
+    /// How long one database operation (a reload page, a write, a bulk
+    /// apply) may take before the root abandons it and calls the database
+    /// unavailable.
+    pub db_query_timeout: Duration,
     /// Most TCP connections served at once; the listener stops accepting
     /// above it.
     pub max_connections: usize,
@@ -151,6 +157,7 @@ impl Default for RootConfig {
             sync_token: None,
             reload_interval: Duration::from_secs(1),
             db_timeout: Duration::from_secs(3),
+            db_query_timeout: crate::root::store::DEFAULT_QUERY_TIMEOUT,
             max_connections: 1024,
             max_in_flight: 256,
             body_limits: BodyLimits::default(),
@@ -183,6 +190,7 @@ impl RootConfig {
             sync_token_file,
             reload_interval,
             db_timeout,
+            db_query_timeout,
             max_connections,
             max_in_flight,
             max_sync_body,
@@ -205,6 +213,9 @@ impl RootConfig {
         }
         if let Some(text) = db_timeout {
             self.db_timeout = duration_key("db_timeout", &text)?;
+        }
+        if let Some(text) = db_query_timeout {
+            self.db_query_timeout = duration_key("db_query_timeout", &text)?;
         }
         set(&mut self.max_connections, max_connections);
         set(&mut self.max_in_flight, max_in_flight);
@@ -241,6 +252,10 @@ impl RootConfig {
         }
         positive("reload_interval", self.reload_interval.as_nanos() as usize)?;
         positive("db_timeout", self.db_timeout.as_nanos() as usize)?;
+        positive(
+            "db_query_timeout",
+            self.db_query_timeout.as_nanos() as usize,
+        )?;
         positive("max_connections", self.max_connections)?;
         positive("max_in_flight", self.max_in_flight)?;
         positive("max_sync_body", self.body_limits.sync)?;
@@ -330,7 +345,8 @@ mod tests {
         let path = dir.path().join("root.toml");
         std::fs::write(
             &path,
-            "db = \"sqlite://file.db\"\nreload_interval = \"5s\"\nsync_page_quotas = 7\n",
+            "db = \"sqlite://file.db\"\nreload_interval = \"5s\"\nsync_page_quotas = 7\n\
+             db_query_timeout = \"90s\"\n",
         )
         .unwrap();
         let args = RootArgs {
@@ -342,6 +358,8 @@ mod tests {
         assert_eq!(config.db, "sqlite://file.db");
         assert_eq!(config.reload_interval, Duration::from_millis(100));
         assert_eq!(config.sync_page_quotas, 7);
+        assert_eq!(config.db_query_timeout, Duration::from_secs(90));
+        assert_eq!(config.db_timeout, Duration::from_secs(3));
         assert_eq!(config.listen, DEFAULT_LISTEN.parse().unwrap());
     }
 
@@ -360,6 +378,11 @@ mod tests {
             .unwrap_err()
             .0
             .contains("max_in_flight"));
+        std::fs::write(&path, "db_query_timeout = \"0s\"\n").unwrap();
+        assert!(RootConfig::load(&args)
+            .unwrap_err()
+            .0
+            .contains("db_query_timeout"));
     }
 
     #[test]

@@ -52,7 +52,8 @@ pub struct RootState {
 impl RootState {
     /// State for `config`; the database is connected lazily.
     pub fn new(config: RootConfig) -> Result<Self, StoreError> {
-        let store = Store::open(&config.db, config.db_timeout, MAX_DB_CONNECTIONS)?;
+        let store = Store::open(&config.db, config.db_timeout, MAX_DB_CONNECTIONS)?
+            .with_query_timeout(config.db_query_timeout);
         Ok(Self {
             config,
             store,

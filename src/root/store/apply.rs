@@ -97,6 +97,15 @@ impl Store {
         set: Vec<QuotaSpec>,
         options: ApplyOptions,
     ) -> Result<ApplyOutcome, StoreError> {
+        self.bounded("the apply", self.apply_now(set, options))
+            .await
+    }
+
+    async fn apply_now(
+        &self,
+        set: Vec<QuotaSpec>,
+        options: ApplyOptions,
+    ) -> Result<ApplyOutcome, StoreError> {
         check_set_alone(&set, options.prune)?;
         let (mut tx, epoch) = self.begin_write().await?;
         let existing = load_all(&mut tx).await?;

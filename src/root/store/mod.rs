@@ -26,6 +26,7 @@ mod apply;
 mod migrations;
 mod write;
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -158,6 +159,11 @@ fn unix_millis() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// How long one database operation may take unless the configuration
+/// says otherwise (`db_query_timeout`). A bulk apply of 1M quotas takes
+/// about 30 s on SQLite on the development machine.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Most rows one reload query reads.
 pub const LOAD_PAGE: usize = 10_000;
 
@@ -172,6 +178,10 @@ pub struct Store {
     pool: AnyPool,
     /// Which database this is.
     backend: Backend,
+    /// Longest one operation (a read, a write, a bulk apply, the
+    /// migrations) may take before it is abandoned: a database that stops
+    /// answering mid-query must not stall reloads and writes for ever.
+    query_timeout: Duration,
 }
 
 impl Store {
@@ -198,7 +208,35 @@ impl Store {
         let pool = options
             .connect_lazy(&url)
             .map_err(|e| StoreError::Config(format!("{}: {e}", redact_url(&url))))?;
-        Ok(Self { pool, backend })
+        Ok(Self {
+            pool,
+            backend,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+        })
+    }
+
+    /// This store with another limit on one operation's duration.
+    pub fn with_query_timeout(mut self, timeout: Duration) -> Self {
+        self.query_timeout = timeout;
+        self
+    }
+
+    /// Runs `op`, giving up after the query timeout. An abandoned
+    /// operation's transaction is rolled back (or its connection closed)
+    /// by the driver when the future is dropped.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.query_timeout, op)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "{what} took longer than db_query_timeout ({} ms)",
+                    self.query_timeout.as_millis()
+                )))
+            })
     }
 
     /// Which database this is.
@@ -208,7 +246,8 @@ impl Store {
 
     /// Brings the schema up to date (idempotent; safe with several roots).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrations::run(&self.pool, self.backend).await
+        self.bounded("the migrations", migrations::run(&self.pool, self.backend))
+            .await
     }
 
     /// Up to `limit` quotas after `after` in `(epoch, id)` order, tombstones
@@ -219,6 +258,15 @@ impl Store {
     /// scan the cursor's whole epoch from its start, which is quadratic
     /// when paging through a bulk apply of a million quotas (one epoch).
     pub async fn load_after(
+        &self,
+        after: QuotaCursor,
+        limit: usize,
+    ) -> Result<Vec<StoredQuota>, StoreError> {
+        self.bounded("reading quotas", self.load_after_now(after, limit))
+            .await
+    }
+
+    async fn load_after_now(
         &self,
         after: QuotaCursor,
         limit: usize,
@@ -248,10 +296,13 @@ impl Store {
 
     /// The newest epoch in the database.
     pub async fn epoch(&self) -> Result<u64, StoreError> {
-        let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM meta WHERE id = 1")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(epoch as u64)
+        self.bounded("reading the epoch", async {
+            let epoch: i64 = sqlx::query_scalar("SELECT epoch FROM meta WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(epoch as u64)
+        })
+        .await
     }
 
     /// Closes every connection.

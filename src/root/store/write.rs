@@ -56,6 +56,10 @@ impl Store {
     /// and, counting the quota's own subtree, at most
     /// [`MAX_DEPTH`] deep.
     pub async fn put(&self, spec: &QuotaSpec) -> Result<PutOutcome, StoreError> {
+        self.bounded("the write", self.put_now(spec)).await
+    }
+
+    async fn put_now(&self, spec: &QuotaSpec) -> Result<PutOutcome, StoreError> {
         spec.validate()
             .map_err(|error| StoreError::Invalid { quota: None, error })?;
         let (mut tx, epoch) = self.begin_write().await?;
@@ -95,6 +99,10 @@ impl Store {
     /// Deletes a live quota, leaving a tombstone. A quota with live
     /// children is not deleted: [`StoreError::Conflict`] names them.
     pub async fn delete(&self, name: &str) -> Result<Written, StoreError> {
+        self.bounded("the delete", self.delete_now(name)).await
+    }
+
+    async fn delete_now(&self, name: &str) -> Result<Written, StoreError> {
         let (mut tx, epoch) = self.begin_write().await?;
         let current = current_by_name(&mut tx, name).await?;
         let Some(current) = current.filter(|c| !c.deleted) else {
