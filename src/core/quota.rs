@@ -24,6 +24,10 @@ pub const MAX_LIMIT: f64 = 1e15;
 /// Largest accepted burst: 2^53, the last integer `f64` holds exactly.
 pub const MAX_BURST: f64 = 9_007_199_254_740_992.0;
 
+/// Largest quota id: ids are positive `i64`s in the root's database, and
+/// the table marks free slots with the bit above them.
+pub const MAX_QUOTA_ID: u64 = i64::MAX as u64;
+
 /// One quota as the root stores it and the sync protocol carries it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Quota {
@@ -128,8 +132,17 @@ pub fn validate_params(limit: f64, low_burst: f64, high_burst: f64) -> Result<()
 }
 
 impl Quota {
-    /// Checks name and numbers; a tombstone only needs a valid name.
+    /// Checks ids, name and numbers; a tombstone only needs valid ids and
+    /// a valid name.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        for (field, id) in [("id", Some(self.id)), ("parent", self.parent)] {
+            if id.is_some_and(|id| id == 0 || id > MAX_QUOTA_ID) {
+                return Err(ValidationError::new(
+                    field,
+                    format!("must be an id from 1 to {MAX_QUOTA_ID}"),
+                ));
+            }
+        }
         validate_name(&self.name)?;
         if self.deleted {
             return Ok(());
@@ -230,7 +243,35 @@ mod tests {
     }
 
     #[test]
-    fn tombstones_need_only_a_name() {
+    fn ids_are_positive_and_fit_an_i64() {
+        let mut q = Quota {
+            id: MAX_QUOTA_ID,
+            name: "q".into(),
+            parent: Some(1),
+            limit: 1.0,
+            low_burst: 1.0,
+            high_burst: 1.0,
+            epoch: 1,
+            deleted: false,
+        };
+        assert!(q.validate().is_ok());
+        for (id, parent, field) in [
+            (0, Some(1), "id"),
+            (MAX_QUOTA_ID + 1, Some(1), "id"),
+            (u64::MAX, None, "id"),
+            (5, Some(0), "parent"),
+            (5, Some(MAX_QUOTA_ID + 1), "parent"),
+        ] {
+            (q.id, q.parent) = (id, parent);
+            assert_eq!(q.validate().unwrap_err().field, field, "{id} {parent:?}");
+            q.deleted = true;
+            assert_eq!(q.validate().unwrap_err().field, field, "tombstone {id}");
+            q.deleted = false;
+        }
+    }
+
+    #[test]
+    fn tombstones_need_only_valid_ids_and_a_name() {
         let q = Quota {
             id: 1,
             name: "gone".into(),

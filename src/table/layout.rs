@@ -15,10 +15,10 @@
 //! (quota numbers, the cluster level, the parent link) under the slot's
 //! seqlock; line B holds what a check writes (the local delta, request
 //! counts) and the quota's identity. A free slot keeps its free-list link
-//! in `id`, marked so it never equals a quota id. An index entry names both the slot
-//! and the name's place in the arena, so a lookup's second round of cache
-//! misses (slot and name) happens in parallel: a cold check costs about two
-//! memory latencies, not three.
+//! in `id`, marked so it never equals a quota id. An index entry names both
+//! the slot and the name's place in the arena, so a lookup's second round
+//! of cache misses (slot and name) happens in parallel: a cold check costs
+//! about two memory latencies, not three.
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
@@ -67,8 +67,9 @@ pub fn index_home(hash: u64, len: usize) -> usize {
 /// Slot flag: the slot holds a live quota.
 pub const FLAG_LIVE: u16 = 1;
 
-/// Marks a free slot's `id` as a free-list link (quota ids stay below
-/// 2^63), so no lookup by id ever matches a free slot.
+/// Marks a free slot's `id` as a free-list link, so no lookup by id ever
+/// matches a free slot: `Quota::validate` refuses ids above
+/// [`crate::core::quota::MAX_QUOTA_ID`], which is below this bit.
 pub const FREE_LINK: u64 = 1 << 63;
 
 /// The region's first lines: geometry, allocation state, table-wide state.
