@@ -20,7 +20,7 @@
 //! of cache misses (slot and name) happens in parallel: a cold check costs
 //! about two memory latencies, not three.
 
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
@@ -220,6 +220,16 @@ pub struct Slot {
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 128);
+
+impl Slot {
+    /// The id of the quota the slot holds; `None` when it is free, or was
+    /// freed while the caller read it (its `id` is then a marked link).
+    pub fn quota_id(&self) -> Option<u64> {
+        let live = self.flags.load(Ordering::Relaxed) & FLAG_LIVE != 0;
+        let id = self.id.load(Ordering::Relaxed);
+        (live && id & FREE_LINK == 0).then_some(id)
+    }
+}
 const _: () = assert!(std::mem::size_of::<Header>() % 64 == 0);
 
 /// Rounds `n` up to a multiple of 64.

@@ -1050,7 +1050,7 @@ impl Table {
     /// or a name deleted and created again) starts a fresh counter.
     fn write_quota(&self, slot: SlotId, q: &Quota) {
         let s = &self.slots()[slot as usize];
-        let fresh = s.id.load(RLX) != q.id || s.flags.load(RLX) & FLAG_LIVE == 0;
+        let fresh = s.quota_id() != Some(q.id);
         let w = SeqWrite::begin(s);
         s.flags.store(FLAG_LIVE, RLX);
         s.limit.store(q.limit.to_bits(), RLX);
@@ -1096,12 +1096,7 @@ impl Table {
     fn relink(&self) {
         let slots = self.slots();
         let used = self.header().next_unused.load(RLX) as usize;
-        let by_id: HashMap<u64, SlotId> = slots[..used]
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.flags.load(RLX) & FLAG_LIVE != 0)
-            .map(|(i, s)| (s.id.load(RLX), i as SlotId))
-            .collect();
+        let by_id = self.slot_ids();
         for s in slots[..used]
             .iter()
             .filter(|s| s.flags.load(RLX) & FLAG_LIVE != 0)
@@ -1298,7 +1293,7 @@ impl Table {
             return false;
         }
         let _guard = self.lock();
-        if s.flags.load(RLX) & FLAG_LIVE == 0 || s.id.load(RLX) != id {
+        if s.quota_id() != Some(id) {
             return false;
         }
         let limit = f64::from_bits(s.limit.load(RLX));
@@ -1362,7 +1357,7 @@ impl Table {
         for _ in 0..READ_RETRIES {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
-                let live = s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id;
+                let live = s.quota_id() == Some(id);
                 let limit = f64::from_bits(s.limit.load(RLX));
                 fence(ACQ);
                 if s.seq.load(RLX) == seq {
@@ -1380,7 +1375,7 @@ impl Table {
     pub fn release_inflight(&self, slot: SlotId, id: u64, amount: u64) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
-        if s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id {
+        if s.quota_id() == Some(id) {
             s.inflight.fetch_sub(amount.min(s.inflight.load(RLX)), RLX);
         }
     }
@@ -1391,7 +1386,7 @@ impl Table {
     pub fn requeue_inflight(&self, slot: SlotId, id: u64, amount: u64) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
-        if s.flags.load(RLX) & FLAG_LIVE != 0 && s.id.load(RLX) == id {
+        if s.quota_id() == Some(id) {
             let moved = amount.min(s.inflight.load(RLX));
             // Pending first: a concurrent check may count the weight twice
             // for an instant, never zero times.
@@ -1534,10 +1529,7 @@ impl Table {
         self.slots()[..used]
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.flags.load(RLX) & FLAG_LIVE != 0)
-            .map(|(i, s)| (s.id.load(RLX), i as SlotId))
-            // A slot freed while this ran holds a free-list link.
-            .filter(|&(id, _)| id & FREE_LINK == 0)
+            .filter_map(|(i, s)| Some((s.quota_id()?, i as SlotId)))
             .collect()
     }
 
@@ -1598,10 +1590,7 @@ impl Table {
         let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
             .map(|w| names::load(w, len))?;
         let parent = s.parent_id.load(RLX);
-        let id = s.id.load(RLX);
-        if id & FREE_LINK != 0 {
-            return None; // freed while this ran
-        }
+        let id = s.quota_id()?; // None: freed while this ran
         Some(QuotaState {
             quota: Quota {
                 id,
