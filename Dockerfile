@@ -2,14 +2,18 @@
 #
 # sluice image: our nginx 1.28 with the sluice module, and the `sluice`
 # binary (quota root and CLI). Built with the same Makefile as everywhere
-# else. Not tested on the development machines (they have no Docker
-# engine).
+# else. Not built or run on the development machines (they have no Docker
+# engine); tests/packaging.py (make test) checks that this file, the
+# Makefile and deploy/docker-compose.yml agree.
 #
 #   docker build -t sluice .
 #   docker run --rm -p 8080:8080 sluice                 # nginx, standalone quotas
 #   docker run --rm -p 7070:7070 -v sluice:/data sluice \
-#       sluice root --listen 0.0.0.0:7070 --db sqlite:///data/sluice.db
+#       sluice root --listen 0.0.0.0:7070 --db sqlite:///data/sluice.db \
+#       --admin-token-file /data/admin.token
 #   docker run --rm sluice sluice --help                # the binary
+#
+# A fleet (two nginx, two roots, PostgreSQL): deploy/docker-compose.yml.
 
 # --- build ------------------------------------------------------------------
 FROM debian:bookworm AS build
@@ -27,6 +31,13 @@ RUN apt-get update \
 RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
     | sh -s -- -y --profile minimal --default-toolchain "$RUST_VERSION"
 
+# The Makefile's nginx: the same nginx-src crate version and the same
+# configure flags (the Makefile's NGINX_CONFIGURE_ARGS less --prefix and
+# --builddir). The build passes the version to make and checks the flags
+# in `nginx -V`; tests/packaging.py checks both against the Makefile.
+ARG NGINX_SRC_CRATE_VERSION=1.28.5+1.28.3
+ARG NGINX_CONFIGURE_FLAGS="--with-compat --with-threads --with-http_ssl_module --with-http_realip_module --with-http_v2_module --with-stream"
+
 WORKDIR /src
 COPY Makefile ./
 RUN make deps-build
@@ -35,7 +46,14 @@ COPY . .
 # nginx is configured with its final prefix, so the runtime image needs no
 # -p: NGINX_PREFIX moves the nginx install and the module together.
 RUN --mount=type=cache,target=/root/.cargo/registry \
-    make NGINX_PREFIX=/opt/sluice/nginx nginx module bin \
+    make NGINX_PREFIX=/opt/sluice/nginx NGINX_SRC_CRATE_VERSION="$NGINX_SRC_CRATE_VERSION" \
+        nginx module bin \
+ && nginx_v=$(/opt/sluice/nginx/sbin/nginx -V 2>&1) \
+ && for flag in $NGINX_CONFIGURE_FLAGS; do \
+        case "$nginx_v" in *" $flag"*) ;; *) echo "nginx lacks $flag: $nginx_v" >&2; exit 1;; esac; \
+    done \
+ && case "$nginx_v" in *"nginx/${NGINX_SRC_CRATE_VERSION#*+}"*) ;; \
+        *) echo "nginx is not ${NGINX_SRC_CRATE_VERSION#*+}: $nginx_v" >&2; exit 1;; esac \
  && install -D -m 0755 target/release/sluice /opt/sluice/bin/sluice \
  && install -D -m 0644 nginx-conf/docker.conf /opt/sluice/nginx/conf/sluice.conf \
  && install -D -m 0644 nginx-conf/standalone-quotas.json /opt/sluice/nginx/conf/quotas.json

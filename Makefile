@@ -93,6 +93,13 @@ TEST_PKGS := libtest-base-perl libipc-run-perl liblist-moreutils-perl \
 # Benchmarks (wrk) and the quota root's PostgreSQL tests.
 EXTRA_PKGS := wrk postgresql
 
+# Operators' tools and their tests: the root's web console in headless
+# Chromium driven by chromedriver (t/090-console.t), `sluice top` under
+# tmux, and promtool for the alert rules and metric names
+# (t/095-prometheus.t). All from Debian: no tool downloads a browser.
+OPS_PKGS := chromium chromium-driver tmux prometheus
+EXTRA_PKGS += $(OPS_PKGS)
+
 # Root runs apt-get directly; anyone else through sudo, when there is one.
 SUDO := $(if $(filter 0,$(shell id -u)),,$(shell command -v sudo 2>/dev/null))
 APT_GET ?= apt-get
@@ -100,8 +107,8 @@ APT_GET ?= apt-get
 # ---------------------------------------------------------------------------
 # Top-level targets
 
-.PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo \
-	test-capi test-nginx bench bench-nginx bench-accuracy bench-layouts run fmt fmt-check clippy clean \
+.PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo test-cluster \
+	test-capi test-nginx bench bench-keys bench-nginx bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
 	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
@@ -169,10 +176,13 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: deps test-cargo test-capi test-nginx ## deps, then all tests: cargo, C ABI, t/ suite
+test: deps test-cargo test-capi test-nginx test-cluster test-bindings test-packaging ## deps, then all tests: cargo, C ABI, t/ suite, bindings, packaging
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
+
+test-cluster: nginx module bin ## two nginx and two roots (the ignored nginx_cluster tests)
+	$(CARGO) test --test nginx_cluster -- --ignored --test-threads 1
 
 test-capi: capi-test ## run the C ABI test program
 	@if [ -f $(CAPI_SRC) ]; then \
@@ -191,8 +201,16 @@ test-nginx: nginx module bin ## the Test::Nginx suite in t/ only
 		echo "$(PROVE) -I t/lib -r t/"; $(PROVE) -I t/lib -r t/; \
 	fi
 
-bench: ## run the criterion benchmark of the check path
+bench: ## run the criterion benchmarks of the check path (named and keyed)
 	$(CARGO) bench --bench check
+	$(CARGO) bench --bench keys
+
+bench-keys: ## keyed checks and key memory (criterion; ~2 min, 2 GiB)
+	$(CARGO) bench --bench keys
+
+.PHONY: bench-root-admission
+bench-root-admission: ## a sluice root under 10,000 idle or trickling connections from one address (~2 min)
+	$(CARGO) bench --bench root_admission
 
 bench-layouts: ## one DRAM miss, then a lookup among 1M quotas under other table layouts (C, ~2 min)
 	@mkdir -p build
@@ -201,6 +219,9 @@ bench-layouts: ## one DRAM miss, then a lookup among 1M quotas under other table
 
 bench-nginx: nginx module bin ## wrk on 127.0.0.1: no limit, limit_req, sluice (table on stdout)
 	benches/nginx.sh
+
+bench-nginx-keys: nginx module ## per-key limits: keys per MiB and wrk with 1M keys, sluice vs limit_req_zone
+	benches/nginx-keys.sh
 
 # Seeds per scenario and mode; the table shows their mean and range.
 ACCURACY_SEEDS ?= 5
@@ -275,3 +296,62 @@ $(NGINX_BIN): $(STAMPS)/nginx-configured
 	@touch $@
 
 FORCE:
+
+# ---------------------------------------------------------------------------
+# Bindings over the C ABI (bindings/): Python (ctypes), LuaJIT (FFI), Go (cgo)
+
+# luajit and lua-cjson for the Lua module's test, golang-go (Go 1.19) for
+# the cgo package, python3-venv for Debian's python3 (a pyenv python has
+# venv built in).
+BINDING_PKGS := luajit lua-cjson golang-go python3-venv
+PYTHON ?= python3
+PY_VENV := $(BUILD)/py-venv
+PYTEST_VERSION := 8.4.2
+PYYAML_VERSION := 6.0.3
+PY_SOURCES := bindings/python/pyproject.toml $(wildcard bindings/python/src/sluice/*.py)
+# Named after the pinned versions: changing one rebuilds the venv.
+PY_VENV_STAMP := $(STAMPS)/py-venv-pytest-$(PYTEST_VERSION)-pyyaml-$(PYYAML_VERSION)
+# No Go module proxy is reachable and the package has no dependencies: Go
+# must never try the network, and keeps its caches under build/.
+GO_ENV := GOPROXY=off GOSUMDB=off GOFLAGS=-mod=readonly GOTOOLCHAIN=local \
+	GOCACHE=$(BUILD)/go-cache GOPATH=$(BUILD)/gopath
+BINDING_ENV := SLUICE_LIBRARY=$(LIB_SO) SLUICE_BIN=$(SLUICE_BIN)
+
+.PHONY: deps-bindings test-bindings test-python test-lua test-go bench-bindings test-packaging
+
+deps-bindings: ## install the apt packages the bindings' tests need
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BINDING_PKGS)"
+
+# The venv with pytest (and PyYAML, for tests/packaging.py) from PyPI and the package installed the way a user
+# installs it (pip install ./bindings/python); rebuilt when the package
+# changes.
+$(PY_VENV_STAMP): $(PY_SOURCES) | deps-bindings
+	@mkdir -p $(STAMPS)
+	rm -rf $(PY_VENV) $(STAMPS)/py-venv-*
+	$(PYTHON) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check \
+		pytest==$(PYTEST_VERSION) PyYAML==$(PYYAML_VERSION) ./bindings/python
+	@touch $@
+
+test-bindings: test-python test-lua test-go ## the Python, LuaJIT and Go bindings' tests
+
+test-python: lib bin $(PY_VENV_STAMP) ## pytest of bindings/python (standalone and a real root)
+	cd bindings/python && $(BINDING_ENV) $(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+test-lua: lib deps-bindings ## bindings/lua/test.lua in plain LuaJIT
+	$(BINDING_ENV) luajit bindings/lua/test.lua
+
+test-go: lib bin deps-bindings ## go vet and go test of bindings/go (cgo)
+	cd bindings/go && $(GO_ENV) $(BINDING_ENV) go vet ./... && \
+		$(GO_ENV) $(BINDING_ENV) go test -count=1 ./...
+
+bench-bindings: lib $(PY_VENV_STAMP) ## a check's cost from C, Python, LuaJIT and Go (table on stdout)
+	$(GO_ENV) PYTHON=$(PY_VENV)/bin/python benches/bindings/run.sh
+
+# ---------------------------------------------------------------------------
+# Packaging: no Docker engine here, so the Dockerfile and deploy/ are checked
+# against this Makefile (nginx-src version, configure flags, runtime
+# libraries) and each other, and deploy/nginx.conf against our nginx -t.
+
+test-packaging: nginx module $(PY_VENV_STAMP) ## the Dockerfile and deploy/docker-compose.yml agree with the Makefile
+	$(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/packaging.py

@@ -18,16 +18,7 @@ use sluice::table::Table;
 
 fn quota(id: u64, name: String, parent: Option<u64>) -> Quota {
     // Huge limits: the benchmarks measure passing checks, as in production.
-    Quota {
-        id,
-        name,
-        parent,
-        limit: 1e12,
-        low_burst: 1e15,
-        high_burst: 1e15,
-        epoch: 1,
-        deleted: false,
-    }
+    Quota::new(id, name, 1e12, 1e15, 1e15).with_parent(parent)
 }
 
 fn bench_table(c: &mut Criterion) {

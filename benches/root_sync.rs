@@ -13,6 +13,10 @@
 //!    set of `2 * DELTAS` quotas that the limiters' windows overlap on, so
 //!    every reply carries the counters the others changed.
 //! 4. **Saturated sync**: the same limiters sync back to back for `SECONDS`.
+//! 5. **Keyed**: the same, with keys of one per-key template instead of
+//!    quotas (each limiter `DELTAS` key hashes in a hot set of `2 *
+//!    DELTAS`), back to back for `SECONDS`; then `KEYS` (1000000) distinct
+//!    keys sent once, and the root's RSS growth per key.
 //!
 //! Throughput per core is counter updates divided by the root process's CPU
 //! seconds (user + system, from `/proc`), so the client's own JSON work on
@@ -21,20 +25,17 @@
 //! the server.
 //!
 //! Sizes come from the environment: `QUOTAS` (1000000), `LIMITERS` (100),
-//! `DELTAS` (10000), `ROUNDS` (10), `SECONDS` (10), `PAGE` (quotas per sync
+//! `DELTAS` (10000), `ROUNDS` (10), `SECONDS` (10), `KEYS` (1000000), `PAGE` (quotas per sync
 //! page, 20000). Under `cargo test` (no `--bench` argument) it makes a
 //! small smoke run instead.
 
 use std::fmt::Write as _;
-use std::process::{Child, Command, Stdio};
 mod harness;
 
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use sluice::wire::{QuotaCursor, SyncResponse};
-
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Bench sizes.
 #[derive(Clone, Copy, Debug)]
@@ -45,6 +46,7 @@ struct Sizes {
     rounds: usize,
     seconds: u64,
     page: usize,
+    keys: u64,
 }
 
 impl Sizes {
@@ -57,6 +59,7 @@ impl Sizes {
             rounds: 1,
             seconds: 1,
             page: 500,
+            keys: 20_000,
         }
     }
 
@@ -68,95 +71,18 @@ impl Sizes {
             rounds: harness::env_or("ROUNDS", 10) as usize,
             seconds: harness::env_or("SECONDS", 10),
             page: harness::env_or("PAGE", 20_000) as usize,
+            keys: harness::env_or("KEYS", 1_000_000),
         }
     }
 }
 
-/// A `sluice root` child process.
-struct RootProcess {
-    child: Child,
-    url: String,
-}
-
-impl RootProcess {
-    fn start(dir: &std::path::Path, page: usize) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = dir.join("root.toml");
-        let mut text = String::new();
-        writeln!(text, "listen = \"127.0.0.1:{port}\"").unwrap();
-        writeln!(text, "db = \"sqlite://{}/bench.db\"", dir.display()).unwrap();
-        writeln!(text, "max_apply_body = {}", 1usize << 30).unwrap();
-        writeln!(text, "sync_page_quotas = {page}").unwrap();
-        writeln!(text, "max_in_flight = 512").unwrap();
-        std::fs::write(&config, text).unwrap();
-        let child = Command::new(SLUICE)
-            .arg("root")
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start sluice root");
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    async fn wait_ready(&self, http: &reqwest::Client) -> Duration {
-        let started = Instant::now();
-        loop {
-            let reply = http.get(format!("{}/healthz", self.url)).send().await;
-            if reply.is_ok_and(|r| r.status().is_success()) {
-                return started.elapsed();
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(600),
-                "root not ready"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// User + system CPU seconds of the root so far.
-    fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        // Fields after the parenthesised command name; utime and stime are
-        // the 14th and 15th fields of the whole line.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-        // SAFETY: sysconf has no preconditions.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        ticks / per_second
-    }
-
-    /// (VmRSS, VmHWM) in MiB.
-    fn memory_mib(&self) -> (f64, f64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let field = |name: &str| -> f64 {
-            let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-            line.split_whitespace()
-                .nth(1)
-                .unwrap()
-                .parse::<f64>()
-                .unwrap()
-                / 1024.0
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
-
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child with a valid signal.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "root exited with {status}");
-    }
+/// A root for this bench: large apply bodies, `page` quotas per sync page.
+fn start_root(dir: &std::path::Path, page: usize) -> RootProcess {
+    let settings = format!(
+        "max_apply_body = {}\nsync_page_quotas = {page}\nmax_in_flight = 512\n",
+        1usize << 30
+    );
+    RootProcess::start(dir, &settings)
 }
 
 /// The parts of a sync reply a benchmark limiter keeps; counters are only
@@ -167,6 +93,13 @@ struct Reply {
     quotas_after: QuotaCursor,
     counter_version: u64,
     counters: Vec<serde::de::IgnoredAny>,
+    #[serde(default)]
+    keyed: Vec<KeyedReply>,
+}
+
+#[derive(Deserialize)]
+struct KeyedReply {
+    values: Vec<serde::de::IgnoredAny>,
 }
 
 /// A limiter with a fixed set of changed counters.
@@ -180,6 +113,30 @@ struct BenchLimiter {
 }
 
 impl BenchLimiter {
+    /// A limiter sending `keys` (hashes) of per-key template `template`.
+    fn keyed(
+        index: usize,
+        template: u64,
+        keys: impl Iterator<Item = u64>,
+        after: QuotaCursor,
+    ) -> Self {
+        let mut deltas = format!("\"deltas\":[],\"keyed\":[{{\"id\":{template},\"deltas\":[");
+        for (i, key) in keys.enumerate() {
+            if i > 0 {
+                deltas.push(',');
+            }
+            write!(deltas, "[{key},1]").unwrap();
+        }
+        deltas.push_str("]}]");
+        Self {
+            id: format!("keyed-{index}"),
+            deltas,
+            after,
+            version: 0,
+            instance: 0,
+        }
+    }
+
     fn new(index: usize, ids: impl Iterator<Item = u64>, after: QuotaCursor) -> Self {
         let mut deltas = String::from("\"deltas\":[");
         for (i, id) in ids.enumerate() {
@@ -226,20 +183,13 @@ impl BenchLimiter {
         self.after = reply.quotas_after;
         self.version = reply.counter_version;
         self.instance = reply.root_instance;
-        (elapsed, reply.counters.len())
+        let keyed: usize = reply.keyed.iter().map(|k| k.values.len()).sum();
+        (elapsed, reply.counters.len() + keyed)
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
+use harness::measure::{ms, percentile};
+use harness::root::RootProcess;
 
 /// `(upper bound, cumulative count)` of the root's sync latency buckets.
 async fn server_histogram(http: &reqwest::Client, url: &str) -> Vec<(f64, f64)> {
@@ -293,7 +243,10 @@ async fn populate(http: &reqwest::Client, url: &str, n: usize) -> Duration {
         )
         .unwrap();
     }
-    body.push(']');
+    body.push_str(
+        ",{\"name\":\"bench_keyed\",\"limit\":1000,\"low_burst\":1000,\"high_burst\":2000,\
+         \"per_key\":true}]",
+    );
     let started = Instant::now();
     let response = http
         .post(format!("{url}/v1/apply"))
@@ -315,6 +268,7 @@ async fn initial_sync(http: &reqwest::Client, url: &str) -> (Duration, usize, us
     let (mut quotas, mut pages) = (0, 0);
     loop {
         let request = sluice::wire::SyncRequest {
+            keyed: Vec::new(),
             limiter: "fresh".into(),
             quotas_after: after,
             counter_version: 0,
@@ -478,7 +432,7 @@ async fn bench(sizes: Sizes) {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    let setup = RootProcess::start(dir.path(), sizes.page);
+    let setup = start_root(dir.path(), sizes.page);
     setup.wait_ready(&http).await;
     let applied = populate(&http, &setup.url, sizes.quotas).await;
     println!(
@@ -488,7 +442,7 @@ async fn bench(sizes: Sizes) {
     );
     setup.stop();
 
-    let root = RootProcess::start(dir.path(), sizes.page);
+    let root = start_root(dir.path(), sizes.page);
     let loaded = root.wait_ready(&http).await;
     println!(
         "fresh root loaded {} quotas from SQLite in {:.2} s",
@@ -496,7 +450,7 @@ async fn bench(sizes: Sizes) {
         loaded.as_secs_f64()
     );
     let (elapsed, quotas, pages, after) = initial_sync(&http, &root.url).await;
-    assert_eq!(quotas, sizes.quotas);
+    assert_eq!(quotas, sizes.quotas + 1);
     println!(
         "initial sync: {quotas} quotas in {pages} pages of <= {} in {:.2} s (client parses every page)",
         sizes.page,
@@ -543,24 +497,67 @@ async fn bench(sizes: Sizes) {
         ),
         &saturated,
     );
+    let template = template_id(&http, &root.url).await;
+    let hot = 2 * sizes.deltas as u64;
+    let keyed: Vec<BenchLimiter> = (0..sizes.limiters)
+        .map(|i| {
+            let start = i as u64 * hot / sizes.limiters as u64;
+            // Key hashes: any non-zero numbers, spread like real hashes.
+            let keys = (0..sizes.deltas as u64)
+                .map(move |k| (1 + (start + k) % hot).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            BenchLimiter::keyed(i, template, keys, after)
+        })
+        .collect();
+    let (_, keyed) = drive(&root, &http, keyed, Some(1), 0, sizes.deltas).await;
+    let (saturated, _) = drive(&root, &http, keyed, None, sizes.seconds, sizes.deltas).await;
+    report(
+        &format!(
+            "saturated keyed: {} limiters x {} changed keys of one per-key quota, back to back",
+            sizes.limiters, sizes.deltas
+        ),
+        &saturated,
+    );
+    let (rss_before, _) = root.memory_mib();
+    let batch = 10_000u64;
+    let batches = sizes.keys.div_ceil(batch);
+    let fresh: Vec<BenchLimiter> = (0..batches)
+        .map(|b| {
+            let keys = (0..batch.min(sizes.keys - b * batch)).map(move |k| {
+                (1_000_000_007 + b * batch + k).wrapping_mul(0xd6e8_feb8_6659_fd93) | 1
+            });
+            BenchLimiter::keyed(1000 + b as usize, template, keys, after)
+        })
+        .collect();
+    for mut limiter in fresh {
+        limiter.sync(&http, &root.url).await;
+    }
+    let (rss_after, _) = root.memory_mib();
+    println!(
+        "root memory for {} more keys: RSS {rss_before:.0} -> {rss_after:.0} MiB = {:.0} bytes per key",
+        sizes.keys,
+        (rss_after - rss_before) * (1 << 20) as f64 / sizes.keys as f64
+    );
     let (rss, peak) = root.memory_mib();
     println!("root memory at the end: RSS {rss:.0} MiB, peak {peak:.0} MiB");
     root.stop();
 }
 
+/// The id of the per-key template `bench_keyed`.
+async fn template_id(http: &reqwest::Client, url: &str) -> u64 {
+    let bytes = http
+        .get(format!("{url}/v1/quotas/bench_keyed"))
+        .send()
+        .await
+        .expect("get the template")
+        .bytes()
+        .await
+        .expect("its body");
+    let reply: serde_json::Value = serde_json::from_slice(&bytes).expect("its JSON");
+    reply["id"].as_u64().expect("the template's id")
+}
+
 fn main() {
-    let Some(full) = harness::full_run("root_sync") else {
-        return;
-    };
-    let sizes = if full {
-        Sizes::from_env()
-    } else {
-        Sizes::smoke()
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(bench(sizes));
+    if let Some(sizes) = harness::sizes("root_sync", Sizes::smoke, Sizes::from_env) {
+        harness::block_on(bench(sizes));
+    }
 }

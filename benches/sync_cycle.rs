@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice::core::{Nanos, Quota};
 use sluice::sync::engine::{Page, SyncEngine};
-use sluice::table::Table;
-use sluice::wire::{CounterValue, SyncResponse};
+use sluice::table::{CheckItem, CheckOptions, Table};
+use sluice::wire::{CounterValue, KeyValue, KeyedValues, SyncResponse};
 use sync_support::{wait_until, Db, Limiter, Root};
 
 /// Bench sizes.
@@ -75,16 +75,7 @@ fn name(i: usize) -> String {
 /// Quota `i` (ids from 1): a limit no bench load reaches, so every check
 /// passes and every counter changes.
 fn quota(i: usize) -> Quota {
-    Quota {
-        id: i as u64 + 1,
-        name: name(i),
-        parent: None,
-        limit: 1e9,
-        low_burst: 1e9,
-        high_burst: 2e9,
-        epoch: 1,
-        deleted: false,
-    }
+    Quota::new(i as u64 + 1, name(i), 1e9, 1e9, 2e9)
 }
 
 /// CPU time of the calling thread, nanoseconds.
@@ -107,11 +98,19 @@ fn timed<T>(total: &mut u64, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Part 1: one cycle's steps in this thread, no network.
-fn cycle_breakdown(sizes: Sizes) {
-    let table = Table::new_heap(sizes.quotas as u32 + 16, 16);
-    let quotas: Vec<Quota> = (0..sizes.quotas).map(quota).collect();
-    table.apply_quotas(&quotas);
+/// Part 1: one cycle's steps in this thread, no network; `keyed`: the
+/// changed counters are keys of one per-key template instead of quotas.
+fn cycle_breakdown(sizes: Sizes, keyed: bool) {
+    let table = if keyed {
+        let t = Table::new_heap_with_keys(16, 16, 4 * sizes.changed as u64);
+        t.apply_quotas(&[quota(0).keyed()]);
+        t
+    } else {
+        let t = Table::new_heap(sizes.quotas as u32 + 16, 16);
+        let quotas: Vec<Quota> = (0..sizes.quotas).map(quota).collect();
+        t.apply_quotas(&quotas);
+        t
+    };
     let names: Vec<String> = (0..sizes.changed).map(name).collect();
     let mut engine = SyncEngine::new(
         &["http://root".into()],
@@ -124,8 +123,15 @@ fn cycle_breakdown(sizes: Sizes) {
     let (mut request_bytes, mut reply_bytes) = (0usize, 0usize);
     for cycle in 1..=sizes.cycles as u64 {
         let now: Nanos = cycle * 1_000_000_000;
+        let template = name(0);
         for n in &names {
-            table.check(n.as_bytes(), 1, now);
+            let item = CheckItem {
+                name: if keyed { &template } else { n }.as_bytes(),
+                key: keyed.then_some(n.as_bytes()),
+                weight: 1,
+                max_wait: None,
+            };
+            table.check_many(&[item], now, CheckOptions::default(), || 0.5);
         }
         let out = timed(&mut collect, || engine.begin_cycle(&table, now));
         let out = out.into_iter().next().expect("one root");
@@ -133,6 +139,19 @@ fn cycle_breakdown(sizes: Sizes) {
         request_bytes += body.len();
         // The root's answer: every counter this limiter changed.
         let reply = SyncResponse {
+            keyed: out
+                .request
+                .keyed
+                .iter()
+                .map(|group| KeyedValues {
+                    id: group.id,
+                    values: group
+                        .deltas
+                        .iter()
+                        .map(|d| KeyValue(d.0, cycle as f64 * 3.0, now))
+                        .collect(),
+                })
+                .collect(),
             root_instance: 1,
             root_time: now,
             quotas: Vec::new(),
@@ -146,9 +165,11 @@ fn cycle_breakdown(sizes: Sizes) {
                     id: d.id,
                     level: cycle as f64 * 3.0,
                     at: now,
+                    prev: 0.0,
                 })
                 .collect(),
             counter_version: cycle,
+            root_utc: None,
         };
         let reply = serde_json::to_vec(&reply).unwrap();
         reply_bytes += reply.len();
@@ -166,10 +187,19 @@ fn cycle_breakdown(sizes: Sizes) {
     let n = sizes.cycles as f64;
     let per_counter = (sizes.cycles * sizes.changed) as f64;
     let ms = |ns: u64| ns as f64 / n / 1e6;
-    println!(
-        "cycle breakdown: {} quotas, {} changed per cycle, {} cycles (thread CPU, mean per cycle)",
-        sizes.quotas, sizes.changed, sizes.cycles
-    );
+    if keyed {
+        println!(
+            "cycle breakdown, keyed: {} keys of one per-key quota changed per cycle, {} cycles \
+             (thread CPU, mean per cycle)",
+            sizes.changed, sizes.cycles
+        );
+    } else {
+        println!(
+            "cycle breakdown: {} quotas, {} changed per cycle, {} cycles (thread CPU, mean per \
+             cycle)",
+            sizes.quotas, sizes.changed, sizes.cycles
+        );
+    }
     println!("  collect + build request   {:8.2} ms", ms(collect));
     println!("  encode request (JSON)     {:8.2} ms", ms(encode));
     println!("  decode reply (JSON)       {:8.2} ms", ms(decode));
@@ -355,15 +385,11 @@ fn real_thread(sizes: Sizes) {
 }
 
 fn main() {
-    let Some(full) = harness::full_run("sync_cycle") else {
+    let Some(sizes) = harness::sizes("sync_cycle", Sizes::smoke, Sizes::from_env) else {
         return;
     };
-    let sizes = if full {
-        Sizes::from_env()
-    } else {
-        Sizes::smoke()
-    };
-    cycle_breakdown(sizes);
+    cycle_breakdown(sizes, false);
+    cycle_breakdown(sizes, true);
     if std::env::var("ONLY_BREAKDOWN").is_err() {
         real_thread(sizes);
     }

@@ -20,6 +20,10 @@
 // No quota has this name: the request passes and is not counted.
 #define SLUICE_UNKNOWN 2
 
+// The quota is per-key and the check gave no key (or an empty one): the
+// request passes and is not counted.
+#define SLUICE_NO_KEY 3
+
 // The call failed (not initialised, NULL or invalid argument, internal
 // error); `sluice_last_error()` says why. A check that fails should be
 // treated as a pass (fail open).
@@ -33,15 +37,22 @@ extern "C" {
 //
 // `config_json` may be NULL for defaults, or a JSON object with any of:
 // `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
-// (default 32), `sync_interval_ms` (default 1000), `extrapolation`
-// (`{"mode": "adaptive"}`, the default, or
-// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs,
-// e.g. `["http://10.0.0.1:7070"]`; none: standalone, counting locally),
-// `sync_timeout_ms`, `sync_token` (bearer token for the roots),
-// `limiter_id` (default: the host name), `early_sync`
-// (`{"fraction": 0.02, "max_per_second": 4}`: sync at once when a quota's
-// unsent weight reaches that share of its burst band; off by default).
-// The string is only read during the call.
+// (default 32), `key_capacity` (keys of per-key quotas held at once,
+// default 100000, 48 bytes each), `key_secret_file` (a file holding the
+// fleet's secret, at least 16 bytes, that keys are hashed with: every
+// host of a fleet must use the same one; default: a built-in secret),
+// `sync_interval_ms` (100 to 3600000, default 1000),
+// `extrapolation` (`{"mode": "adaptive"}`, the default, or
+// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
+// root base URLs, e.g. `["http://10.0.0.1:7070"]`; none: standalone,
+// counting locally), `sync_timeout_ms` (below the interval; default 80%
+// of it), `sync_token` (bearer token for the roots), `limiter_id` (1 to
+// 255 printable ASCII bytes, no spaces; default: the host name),
+// `early_sync` (`{"fraction": 0.02, "max_per_second": 4}`: sync at once
+// when a quota's unsent weight reaches that share, in (0, 1], of its
+// burst band, at most 1 to 100 times a second; off by default). These
+// are the rules nginx's `sluice_*` directives follow. The string is only
+// read during the call.
 //
 // Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is
 // invalid or the limiter is already running.
@@ -50,7 +61,10 @@ extern "C" {
 // `config_json` must be NULL or point to a NUL-terminated string.
 int sluice_init(const char *config_json);
 
-// Replaces the standalone quota set with the one in `json`:
+// Without roots, replaces the quota set with the one in `json`; with
+// roots, loads it as seeds: quotas the roots do not have stand in until
+// a root's whole quota set has arrived (then they are removed), and the
+// roots' quotas are never replaced. The set:
 // `{"quotas": [{"name": "...", "limit": 100, "low_burst": 100,
 // "high_burst": 200, "parent": "name-or-null"}, ...]}` (or a bare array).
 // Quotas keep their counters across loads; quotas absent from the new set
@@ -86,6 +100,94 @@ int check_by_name(const char *name, uint64_t weight);
 // # Safety
 // `name` must be NULL or point to at least `len` readable bytes.
 int sluice_check(const char *name, size_t len, uint64_t weight);
+
+// Checks the key `key` (`key_len` bytes, any bytes at all) of the per-key
+// quota `name` (`name_len` bytes): the key gets a counter of its own with
+// the quota's numbers (made on first use, in memory only), checked with
+// the quota's ancestors like any quota, counted if the request passes.
+// The key is hashed with the fleet's secret at once and never kept.
+//
+// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota,
+// or no room for the key: pass), `SLUICE_NO_KEY` (an empty key: pass,
+// uncounted) or `SLUICE_ERROR`. A key given for a quota that is not
+// per-key is ignored: the quota itself is checked.
+//
+// # Safety
+// `name` must be NULL or point to at least `name_len` readable bytes;
+// `key` must be NULL or point to at least `key_len` readable bytes (NULL
+// with `key_len` 0 is an empty key).
+int sluice_check_key(const char *name,
+                     size_t name_len,
+                     const char *key,
+                     size_t key_len,
+                     uint64_t weight);
+
+// A partial grant: counts and writes to `*granted` the most units, up to
+// `want`, that the quota `name` (`name_len` bytes) and all its ancestors
+// allow with certainty now (its level plus the grant at most
+// `low_burst`, whole units); a sender takes "as many as allowed" for a
+// batch.
+//
+// Returns `SLUICE_PASS` (`*granted` ≥ 1), `SLUICE_REJECT` (nothing can be
+// granted now: `*granted` is 0), `SLUICE_UNKNOWN` (no such quota: nothing
+// counted, `*granted` 0; the caller decides) or `SLUICE_ERROR` (`want`
+// 0, a NULL pointer, not initialised).
+//
+// # Safety
+// `name` must be NULL or point to at least `name_len` readable bytes;
+// `granted` must be NULL or point to a writable `uint64_t`.
+int sluice_obtain(const char *name, size_t name_len, uint64_t want, uint64_t *granted);
+
+// [`sluice_obtain`] for the key `key` (`key_len` bytes) of a per-key
+// quota (see [`sluice_check_key`]); `SLUICE_NO_KEY` for an empty key.
+//
+// # Safety
+// As [`sluice_obtain`]; `key` must be NULL or point to at least
+// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+int sluice_obtain_key(const char *name,
+                      size_t name_len,
+                      const char *key,
+                      size_t key_len,
+                      uint64_t want,
+                      uint64_t *granted);
+
+// Pacing: counts `weight` on the quota `name` now and writes to
+// `*wait_ns` how long the caller must wait before acting so that the
+// fleet stays at the quota's rate (GCRA's theoretical arrival time on the
+// fleet-wide level: callers reserving one after another are spaced
+// `weight / limit` apart once the low burst is used). When the wait would
+// exceed `max_wait_ms`, nothing is counted.
+//
+// Returns `SLUICE_PASS` (wait `*wait_ns`, then act), `SLUICE_REJECT`
+// (uncounted; `*wait_ns` is the wait it would have needed, or
+// `UINT64_MAX` when waiting cannot help: a weight above `high_burst`),
+// `SLUICE_UNKNOWN` or `SLUICE_ERROR`. A window quota in the chain is not
+// paced: its next window cannot be reserved in advance, so with no room
+// left in the current one the reservation is refused and `*wait_ns` is
+// the time to the window's end.
+//
+// # Safety
+// `name` must be NULL or point to at least `name_len` readable bytes;
+// `wait_ns` must be NULL or point to a writable `uint64_t`.
+int sluice_reserve(const char *name,
+                   size_t name_len,
+                   uint64_t weight,
+                   uint64_t max_wait_ms,
+                   uint64_t *wait_ns);
+
+// [`sluice_reserve`] for the key `key` (`key_len` bytes) of a per-key
+// quota; `SLUICE_NO_KEY` for an empty key.
+//
+// # Safety
+// As [`sluice_reserve`]; `key` must be NULL or point to at least
+// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+int sluice_reserve_key(const char *name,
+                       size_t name_len,
+                       const char *key,
+                       size_t key_len,
+                       uint64_t weight,
+                       uint64_t max_wait_ms,
+                       uint64_t *wait_ns);
 
 // Number of quotas loaded, or `SLUICE_ERROR` if not initialised.
 int sluice_quota_count(void);

@@ -41,6 +41,16 @@ pub fn now_precise() -> Nanos {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// UTC nanoseconds (since the Unix epoch) minus the monotonic clock
+/// ([`now`] and [`now_precise`] share its origin): turns it into this
+/// machine's idea of UTC, for window quotas.
+pub fn utc_offset() -> i64 {
+    let utc = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    utc - now_precise() as i64
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -49,5 +59,12 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(10));
         let b = super::now();
         assert!(a > 0 && b > a);
+    }
+
+    #[test]
+    fn the_utc_offset_turns_the_clock_into_utc() {
+        let utc = super::now() as i64 + super::utc_offset();
+        // 2020-01-01 and 2200-01-01: a UTC time, not an uptime.
+        assert!(utc > 1_577_836_800_000_000_000 && utc < 7_258_118_400_000_000_000);
     }
 }

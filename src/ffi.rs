@@ -19,11 +19,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::core::key::KeySecret;
 use crate::core::spec::QuotaSet;
-use crate::core::{Estimator, Extrapolation};
+use crate::core::Extrapolation;
 use crate::sync::{SyncConfig, SyncHandle};
 use crate::table::file::{load_set, FileRole};
-use crate::table::{Outcome, Table};
+use crate::table::{CheckItem, CheckOptions, Outcome, Table};
 
 /// The request may pass: every quota in its chain had room; the weight was
 /// counted.
@@ -33,6 +34,9 @@ pub const SLUICE_PASS: c_int = 0;
 pub const SLUICE_REJECT: c_int = 1;
 /// No quota has this name: the request passes and is not counted.
 pub const SLUICE_UNKNOWN: c_int = 2;
+/// The quota is per-key and the check gave no key (or an empty one): the
+/// request passes and is not counted.
+pub const SLUICE_NO_KEY: c_int = 3;
 /// The call failed (not initialised, NULL or invalid argument, internal
 /// error); `sluice_last_error()` says why. A check that fails should be
 /// treated as a pass (fail open).
@@ -46,6 +50,10 @@ struct Config {
     capacity: u32,
     /// Average quota name length the name space is sized for.
     avg_name_bytes: usize,
+    /// Keys of per-key quotas the table holds at once.
+    key_capacity: u64,
+    /// File holding the fleet's key secret (keys are hashed with it).
+    key_secret_file: Option<String>,
     /// Quota root URLs; none for standalone.
     roots: Vec<String>,
     /// Sync interval in milliseconds.
@@ -67,6 +75,8 @@ impl Default for Config {
         Self {
             capacity: 100_000,
             avg_name_bytes: 32,
+            key_capacity: 100_000,
+            key_secret_file: None,
             roots: Vec::new(),
             sync_interval_ms: 1000,
             sync_timeout_ms: None,
@@ -84,6 +94,9 @@ struct Limiter {
     table: Arc<Table>,
     /// Serialises quota loads (each reads the table, then writes it).
     loads: Mutex<()>,
+    /// Roots are configured: a loaded quota set only seeds the table until
+    /// a root answers, and never replaces the roots' quotas.
+    has_roots: bool,
     /// The sync thread (standalone folding when there are no roots).
     sync: Mutex<Option<SyncHandle>>,
 }
@@ -142,34 +155,14 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
         }
         None => Config::default(),
     };
-    if config.sync_interval_ms < 10 {
-        return Err("sync_interval_ms must be at least 10".into());
-    }
     if let Some(Extrapolation::ConstantRatio { ratio }) = config.extrapolation {
         if !(ratio.is_finite() && ratio >= 0.0) {
             return Err("extrapolation ratio must be a finite, non-negative number".into());
         }
     }
-    let _lock = LIFECYCLE
-        .lock()
-        .map_err(|_| "sluice lifecycle lock poisoned")?;
-    if !LIMITER.load(Ordering::Acquire).is_null() {
-        return Err("sluice is already initialised: call sluice_shutdown first".into());
-    }
-    let table = Arc::new(Table::new_heap(config.capacity, config.avg_name_bytes));
-    let interval = Duration::from_millis(config.sync_interval_ms);
-    table.set_estimator(Estimator {
-        mode: config.extrapolation.unwrap_or(Extrapolation::Adaptive),
-        horizon: 2 * interval.as_nanos() as u64,
-    });
-    for root in &config.roots {
-        if !(root.starts_with("http://") || root.starts_with("https://")) {
-            return Err(format!("root {root:?} is not an http:// or https:// URL"));
-        }
-    }
     let sync_config = SyncConfig {
         roots: config.roots,
-        interval,
+        interval: Duration::from_millis(config.sync_interval_ms),
         timeout: config.sync_timeout_ms.map(Duration::from_millis),
         token: config.sync_token,
         limiter_id: config
@@ -178,15 +171,64 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
         early_sync: config.early_sync,
         ..SyncConfig::default()
     };
+    sync_config
+        .validate()
+        .map_err(|e| format!("invalid config: {}", config_field(e)))?;
+    let _lock = LIFECYCLE
+        .lock()
+        .map_err(|_| "sluice lifecycle lock poisoned")?;
+    if !LIMITER.load(Ordering::Acquire).is_null() {
+        return Err("sluice is already initialised: call sluice_shutdown first".into());
+    }
+    let secret = match &config.key_secret_file {
+        Some(path) => {
+            let contents =
+                std::fs::read(path).map_err(|e| format!("key_secret_file {path:?}: {e}"))?;
+            Some(
+                KeySecret::from_file_contents(&contents)
+                    .map_err(|why| format!("key_secret_file {path:?} {why}"))?,
+            )
+        }
+        None => None,
+    };
+    if config.key_capacity > MAX_KEY_CAPACITY {
+        return Err(format!(
+            "key_capacity: {} is more than {MAX_KEY_CAPACITY}",
+            config.key_capacity
+        ));
+    }
+    let table = Arc::new(Table::new_heap_with_keys(
+        config.capacity,
+        config.avg_name_bytes,
+        config.key_capacity,
+    ));
+    table.set_key_secret(secret);
+    table.set_estimator(
+        sync_config.estimator(config.extrapolation.unwrap_or(Extrapolation::Adaptive)),
+    );
+    let has_roots = !sync_config.roots.is_empty();
     let sync = SyncHandle::start(Arc::clone(&table), sync_config)
         .map_err(|e| format!("cannot start the sluice sync thread: {e}"))?;
     let limiter = Box::new(Limiter {
         table,
         loads: Mutex::new(()),
+        has_roots,
         sync: Mutex::new(Some(sync)),
     });
     LIMITER.store(Box::into_raw(limiter), Ordering::Release);
     Ok(SLUICE_PASS)
+}
+
+/// A configuration error in the C ABI's words: the JSON key names the
+/// field (`interval` is `sync_interval_ms`, and so on).
+fn config_field(e: crate::core::ValidationError) -> String {
+    let key = match e.field {
+        "interval" => "sync_interval_ms",
+        "timeout" => "sync_timeout_ms",
+        "limiter" => "limiter_id",
+        other => other,
+    };
+    format!("{key}: {}", e.message)
 }
 
 fn load_quotas(text: &str) -> Result<c_int, String> {
@@ -196,7 +238,12 @@ fn load_quotas(text: &str) -> Result<c_int, String> {
         .loads
         .lock()
         .map_err(|_| "sluice quota lock poisoned")?;
-    let report = load_set(&limiter.table, &set, FileRole::Authoritative);
+    let role = if limiter.has_roots {
+        FileRole::Seed
+    } else {
+        FileRole::Authoritative
+    };
+    let report = load_set(&limiter.table, &set, role);
     if let Some(first) = report.refused.first() {
         return Err(format!(
             "{} quota(s) refused, first: {first}",
@@ -206,30 +253,160 @@ fn load_quotas(text: &str) -> Result<c_int, String> {
     Ok(SLUICE_PASS)
 }
 
-fn check(name: &[u8], weight: u64) -> Result<c_int, String> {
+/// Most keys `key_capacity` may ask for (about 48 GiB).
+const MAX_KEY_CAPACITY: u64 = 1 << 30;
+
+fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
     let limiter = limiter()?;
-    Ok(
-        match limiter.table.check(name, weight, crate::clock::now()) {
-            Outcome::Pass => SLUICE_PASS,
-            Outcome::Reject(_) => SLUICE_REJECT,
-            Outcome::Unknown => SLUICE_UNKNOWN,
-        },
-    )
+    let item = CheckItem {
+        name,
+        key,
+        weight,
+        max_wait: None,
+    };
+    let outcome = limiter
+        .table
+        .check_many(
+            &[item],
+            crate::clock::now(),
+            CheckOptions::default(),
+            crate::core::rng::thread_unit,
+        )
+        .outcome;
+    Ok(outcome_code(outcome))
+}
+
+/// The name and key arguments of a keyed call (a NULL key with length 0
+/// is the empty key).
+///
+/// # Safety
+/// `name` must be NULL or point to at least `name_len` readable bytes;
+/// `key` must be NULL or point to at least `key_len` readable bytes.
+unsafe fn name_and_key<'a>(
+    name: *const c_char,
+    name_len: usize,
+    key: *const c_char,
+    key_len: usize,
+) -> Result<(&'a [u8], &'a [u8]), String> {
+    // SAFETY: per the contract.
+    let name = unsafe { c_bytes(name, name_len, "name") }?;
+    let key = if key.is_null() && key_len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: per the contract.
+        unsafe { c_bytes(key, key_len, "key") }?
+    };
+    Ok((name, key))
+}
+
+/// The C code of an outcome.
+fn outcome_code(outcome: Outcome) -> c_int {
+    match outcome {
+        Outcome::Pass => SLUICE_PASS,
+        Outcome::Reject(_) => SLUICE_REJECT,
+        Outcome::Unknown => SLUICE_UNKNOWN,
+        Outcome::NoKey => SLUICE_NO_KEY,
+    }
+}
+
+/// Writes `value` through an out-pointer (NULL is an error naming it).
+///
+/// # Safety
+/// `out` must be NULL or point to a writable `uint64_t`.
+unsafe fn write_out(out: *mut u64, value: u64, what: &str) -> Result<(), String> {
+    if out.is_null() {
+        return Err(format!("{what} is NULL"));
+    }
+    // SAFETY: non-null and writable per the contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// # Safety
+/// `granted` must be NULL or point to a writable `uint64_t`.
+unsafe fn obtain(
+    name: &[u8],
+    key: Option<&[u8]>,
+    want: u64,
+    granted: *mut u64,
+) -> Result<c_int, String> {
+    if granted.is_null() {
+        return Err("granted is NULL".into());
+    }
+    if want == 0 {
+        return Err("want must be at least 1".into());
+    }
+    let limiter = limiter()?;
+    let item = CheckItem {
+        name,
+        key,
+        weight: want,
+        max_wait: None,
+    };
+    let grant = limiter.table.obtain(&item, crate::clock::now());
+    // SAFETY: checked above; writable per the contract.
+    unsafe { write_out(granted, grant.granted, "granted") }?;
+    Ok(outcome_code(grant.outcome))
+}
+
+/// # Safety
+/// `wait_ns` must be NULL or point to a writable `uint64_t`.
+unsafe fn reserve(
+    name: &[u8],
+    key: Option<&[u8]>,
+    weight: u64,
+    max_wait_ms: u64,
+    wait_ns: *mut u64,
+) -> Result<c_int, String> {
+    if wait_ns.is_null() {
+        return Err("wait_ns is NULL".into());
+    }
+    let limiter = limiter()?;
+    let item = CheckItem {
+        name,
+        key,
+        weight,
+        max_wait: None,
+    };
+    let max_wait = max_wait_ms.saturating_mul(1_000_000);
+    let reservation = limiter.table.reserve(&item, max_wait, crate::clock::now());
+    // SAFETY: checked above; writable per the contract.
+    unsafe { write_out(wait_ns, reservation.wait, "wait_ns") }?;
+    Ok(outcome_code(reservation.outcome))
+}
+
+/// `len` bytes at `p` (NULL is an error naming the argument).
+///
+/// # Safety
+/// `p` must be NULL or point to at least `len` readable bytes.
+unsafe fn c_bytes<'a>(p: *const c_char, len: usize, what: &str) -> Result<&'a [u8], String> {
+    if p.is_null() {
+        return Err(format!("{what} is NULL"));
+    }
+    // SAFETY: non-null, and the caller guarantees `len` readable bytes.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
 }
 
 /// Starts the process-wide limiter.
 ///
 /// `config_json` may be NULL for defaults, or a JSON object with any of:
 /// `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
-/// (default 32), `sync_interval_ms` (default 1000), `extrapolation`
-/// (`{"mode": "adaptive"}`, the default, or
-/// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (quota root URLs,
-/// e.g. `["http://10.0.0.1:7070"]`; none: standalone, counting locally),
-/// `sync_timeout_ms`, `sync_token` (bearer token for the roots),
-/// `limiter_id` (default: the host name), `early_sync`
-/// (`{"fraction": 0.02, "max_per_second": 4}`: sync at once when a quota's
-/// unsent weight reaches that share of its burst band; off by default).
-/// The string is only read during the call.
+/// (default 32), `key_capacity` (keys of per-key quotas held at once,
+/// default 100000, 48 bytes each), `key_secret_file` (a file holding the
+/// fleet's secret, at least 16 bytes, that keys are hashed with: every
+/// host of a fleet must use the same one; default: a built-in secret),
+/// `sync_interval_ms` (100 to 3600000, default 1000),
+/// `extrapolation` (`{"mode": "adaptive"}`, the default, or
+/// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
+/// root base URLs, e.g. `["http://10.0.0.1:7070"]`; none: standalone,
+/// counting locally), `sync_timeout_ms` (below the interval; default 80%
+/// of it), `sync_token` (bearer token for the roots), `limiter_id` (1 to
+/// 255 printable ASCII bytes, no spaces; default: the host name),
+/// `early_sync` (`{"fraction": 0.02, "max_per_second": 4}`: sync at once
+/// when a quota's unsent weight reaches that share, in (0, 1], of its
+/// burst band, at most 1 to 100 times a second; off by default). These
+/// are the rules nginx's `sluice_*` directives follow. The string is only
+/// read during the call.
 ///
 /// Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is
 /// invalid or the limiter is already running.
@@ -253,7 +430,10 @@ pub unsafe extern "C" fn sluice_init(config_json: *const c_char) -> c_int {
     })
 }
 
-/// Replaces the standalone quota set with the one in `json`:
+/// Without roots, replaces the quota set with the one in `json`; with
+/// roots, loads it as seeds: quotas the roots do not have stand in until
+/// a root's whole quota set has arrived (then they are removed), and the
+/// roots' quotas are never replaced. The set:
 /// `{"quotas": [{"name": "...", "limit": 100, "low_burst": 100,
 /// "high_burst": 200, "parent": "name-or-null"}, ...]}` (or a bare array).
 /// Quotas keep their counters across loads; quotas absent from the new set
@@ -305,7 +485,7 @@ pub unsafe extern "C" fn check_by_name(name: *const c_char, weight: u64) -> c_in
     boundary(|| {
         // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
         let name = unsafe { c_str(name, "name") }?;
-        check(name.to_bytes(), weight)
+        check(name.to_bytes(), None, weight)
     })
 }
 
@@ -317,12 +497,149 @@ pub unsafe extern "C" fn check_by_name(name: *const c_char, weight: u64) -> c_in
 #[no_mangle]
 pub unsafe extern "C" fn sluice_check(name: *const c_char, len: usize, weight: u64) -> c_int {
     boundary(|| {
-        if name.is_null() {
-            return Err("name is NULL".into());
-        }
-        // SAFETY: non-null, and the caller guarantees `len` readable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(name.cast::<u8>(), len) };
-        check(bytes, weight)
+        // SAFETY: NULL-checked; `len` readable bytes per the contract.
+        let bytes = unsafe { c_bytes(name, len, "name") }?;
+        check(bytes, None, weight)
+    })
+}
+
+/// Checks the key `key` (`key_len` bytes, any bytes at all) of the per-key
+/// quota `name` (`name_len` bytes): the key gets a counter of its own with
+/// the quota's numbers (made on first use, in memory only), checked with
+/// the quota's ancestors like any quota, counted if the request passes.
+/// The key is hashed with the fleet's secret at once and never kept.
+///
+/// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota,
+/// or no room for the key: pass), `SLUICE_NO_KEY` (an empty key: pass,
+/// uncounted) or `SLUICE_ERROR`. A key given for a quota that is not
+/// per-key is ignored: the quota itself is checked.
+///
+/// # Safety
+/// `name` must be NULL or point to at least `name_len` readable bytes;
+/// `key` must be NULL or point to at least `key_len` readable bytes (NULL
+/// with `key_len` 0 is an empty key).
+#[no_mangle]
+pub unsafe extern "C" fn sluice_check_key(
+    name: *const c_char,
+    name_len: usize,
+    key: *const c_char,
+    key_len: usize,
+    weight: u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let (name, key) = unsafe { name_and_key(name, name_len, key, key_len) }?;
+        check(name, Some(key), weight)
+    })
+}
+
+/// A partial grant: counts and writes to `*granted` the most units, up to
+/// `want`, that the quota `name` (`name_len` bytes) and all its ancestors
+/// allow with certainty now (its level plus the grant at most
+/// `low_burst`, whole units); a sender takes "as many as allowed" for a
+/// batch.
+///
+/// Returns `SLUICE_PASS` (`*granted` ≥ 1), `SLUICE_REJECT` (nothing can be
+/// granted now: `*granted` is 0), `SLUICE_UNKNOWN` (no such quota: nothing
+/// counted, `*granted` 0; the caller decides) or `SLUICE_ERROR` (`want`
+/// 0, a NULL pointer, not initialised).
+///
+/// # Safety
+/// `name` must be NULL or point to at least `name_len` readable bytes;
+/// `granted` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_obtain(
+    name: *const c_char,
+    name_len: usize,
+    want: u64,
+    granted: *mut u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL-checked; `name_len` readable bytes per the contract.
+        let name = unsafe { c_bytes(name, name_len, "name") }?;
+        // SAFETY: per the contract.
+        unsafe { obtain(name, None, want, granted) }
+    })
+}
+
+/// [`sluice_obtain`] for the key `key` (`key_len` bytes) of a per-key
+/// quota (see [`sluice_check_key`]); `SLUICE_NO_KEY` for an empty key.
+///
+/// # Safety
+/// As [`sluice_obtain`]; `key` must be NULL or point to at least
+/// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+#[no_mangle]
+pub unsafe extern "C" fn sluice_obtain_key(
+    name: *const c_char,
+    name_len: usize,
+    key: *const c_char,
+    key_len: usize,
+    want: u64,
+    granted: *mut u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let (name, key) = unsafe { name_and_key(name, name_len, key, key_len) }?;
+        // SAFETY: per the contract.
+        unsafe { obtain(name, Some(key), want, granted) }
+    })
+}
+
+/// Pacing: counts `weight` on the quota `name` now and writes to
+/// `*wait_ns` how long the caller must wait before acting so that the
+/// fleet stays at the quota's rate (GCRA's theoretical arrival time on the
+/// fleet-wide level: callers reserving one after another are spaced
+/// `weight / limit` apart once the low burst is used). When the wait would
+/// exceed `max_wait_ms`, nothing is counted.
+///
+/// Returns `SLUICE_PASS` (wait `*wait_ns`, then act), `SLUICE_REJECT`
+/// (uncounted; `*wait_ns` is the wait it would have needed, or
+/// `UINT64_MAX` when waiting cannot help: a weight above `high_burst`),
+/// `SLUICE_UNKNOWN` or `SLUICE_ERROR`. A window quota in the chain is not
+/// paced: its next window cannot be reserved in advance, so with no room
+/// left in the current one the reservation is refused and `*wait_ns` is
+/// the time to the window's end.
+///
+/// # Safety
+/// `name` must be NULL or point to at least `name_len` readable bytes;
+/// `wait_ns` must be NULL or point to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_reserve(
+    name: *const c_char,
+    name_len: usize,
+    weight: u64,
+    max_wait_ms: u64,
+    wait_ns: *mut u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL-checked; `name_len` readable bytes per the contract.
+        let name = unsafe { c_bytes(name, name_len, "name") }?;
+        // SAFETY: per the contract.
+        unsafe { reserve(name, None, weight, max_wait_ms, wait_ns) }
+    })
+}
+
+/// [`sluice_reserve`] for the key `key` (`key_len` bytes) of a per-key
+/// quota; `SLUICE_NO_KEY` for an empty key.
+///
+/// # Safety
+/// As [`sluice_reserve`]; `key` must be NULL or point to at least
+/// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+#[no_mangle]
+pub unsafe extern "C" fn sluice_reserve_key(
+    name: *const c_char,
+    name_len: usize,
+    key: *const c_char,
+    key_len: usize,
+    weight: u64,
+    max_wait_ms: u64,
+    wait_ns: *mut u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let (name, key) = unsafe { name_and_key(name, name_len, key, key_len) }?;
+        // SAFETY: per the contract.
+        unsafe { reserve(name, Some(key), weight, max_wait_ms, wait_ns) }
     })
 }
 

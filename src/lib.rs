@@ -8,65 +8,77 @@
 //!
 //! # Layout
 //!
+//! Dependencies run one way, from the bottom of this list up: a module
+//! uses only modules listed before it (`clock` and `wire` are leaves
+//! beside `core`). Nothing below `root` knows a root exists except through
+//! `wire`, and nothing below the shells (`ffi`, `nginx`, `root`, `sim`)
+//! reads a clock or does IO on the request path.
+//!
 //! - [`core`] — pure, deterministic limiter logic: no IO, no clock reads, no
-//!   unsafe. Time is always a parameter.
-//!   - `core/quota.rs` — the quota model and its validation (names, numbers,
-//!     parent chains).
+//!   unsafe (`#![forbid(unsafe_code)]`). Time is always a parameter.
+//!   - `core/quota.rs` — the quota model, its constructors and validation
+//!     (names, numbers, parent chains).
 //!   - `core/counter.rs` — a counter as `(level, at)`: leak, add, max-merge.
 //!   - `core/decision.rs` — the pass/reject rule with its probabilistic band,
-//!     and the check of a quota chain (all pass, then commit).
+//!     the check of a quota chain (all pass, then commit), and the room a
+//!     quota has left (`Retry-After` when waiting can help, rate-limit
+//!     headers).
 //!   - `core/estimate.rs` — the level estimate between syncs and the two
 //!     extrapolation modes (constant ratio, adaptive fill rate).
+//!   - `core/key.rs` — keys of per-key quotas as keyed hashes under the
+//!     fleet's secret (a key is never kept).
 //!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws from.
-//!   - `core/spec.rs` — quota files (JSON) parsed and checked as a whole set.
+//!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
+//!     visitor) parsed with errors that name the quota, field and line, and
+//!     checked as a whole set.
+//! - [`clock`] — the monotonic clock the shells (C ABI, nginx, sync) read.
+//! - [`wire`] — the sync protocol's request and response types, used by both
+//!   the root and the limiter's sync thread.
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
-//!   offsets instead of pointers).
-//!   - `table/layout.rs` — the region's header, slot and index formats.
-//!   - `table/names.rs` — the name hash and the name arena.
-//!   - `table/mod.rs` — lookup, check, upsert/delete by epoch, delta
-//!     collection and counter merge, adopting another table.
-//!   - `table/file.rs` — quota files applied to a table, as the whole set
-//!     (standalone) or as seeds until a root answers.
+//!   offsets instead of pointers). Its files, one concern each, are listed
+//!   in its module doc: the region (`mod.rs`, `layout.rs`, `names.rs`,
+//!   `heap.rs`), the check path (`check.rs`), writes (`write.rs`), counters
+//!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), whole-table
+//!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
+//!   locks (`lock.rs`), quota files (`file.rs`).
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
+//!   - `sync/config.rs` — [`sync::SyncConfig`] and the rules every front end
+//!     checks it by (roots, interval, timeout, limiter id, early sync,
+//!     extrapolation horizon).
 //!   - `sync/engine.rs` — the sync logic without the network, shared with
 //!     the simulator: what each root is owed, acknowledgements, merging
 //!     replies, unchanged counters, all-roots-down folding, early sync.
 //!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
 //!     deltas (leaking while owed), backoff, metrics.
+//!   - `sync/status.rs` — the sync metrics published in the table's status
+//!     block for every process sharing it.
 //!   - `sync/ids.rs` — hash maps keyed by quota id (a multiply, not SipHash).
 //!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`.
-//! - [`wire`] — the sync protocol's request and response types, used by both
-//!   the root and the limiter's sync thread.
-//! - [`metrics`] — Prometheus text for a limiter (table totals, busiest
-//!   quotas, sync state per root).
-//! - [`clock`] — the monotonic clock the shells (C ABI, nginx) read.
-//! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
-//!   each running a real table and sync engine, simulated roots and
-//!   network, per-second CSV, SVG plots and accuracy numbers (cargo feature
-//!   `sim`).
-//! - `nginx/` — the nginx module (cargo feature `nginx`): directives and
-//!   configuration (`conf.rs`), the shared zone (`zone.rs`), the
-//!   access-phase check and `$sluice_status` (`handler.rs`), the metrics
-//!   location (`metrics.rs`), the sync thread in worker 0 (`worker.rs`).
-//! - [`directive`] — the module's pure parts, tested without nginx:
-//!   directive arguments, request weights, rate-limit header values.
+//! - [`nginx`] — the nginx module: pure argument parsing, header values and
+//!   Prometheus text (always compiled and tested), and the `ngx` glue
+//!   (feature `nginx`); its files are listed in its module doc.
 //! - [`root`] — the quota root server: database, sync endpoint, admin API,
-//!   metrics (cargo feature `root`).
+//!   overview and web console, metrics, connection admission and timeouts
+//!   (feature `root`).
+//! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
+//!   each running a real table and sync engine, simulated roots (the root's
+//!   own ledger) and network, per-second CSV, SVG plots and accuracy
+//!   numbers (feature `sim`).
 //! - `main.rs` and `cli/` — the `sluice` binary: `sluice root`, the admin
-//!   CLI `sluice quota ...` and `sluice sim` (cargo feature `root`).
+//!   CLI `sluice quota ...`, `sluice top` and `sluice sim` (feature
+//!   `root`).
 
 #![warn(missing_docs)]
 
 pub mod clock;
 pub mod core;
-pub mod directive;
 pub mod ffi;
-pub mod metrics;
+pub mod nginx;
 pub mod sync;
 pub mod table;
 pub mod wire;
@@ -76,6 +88,3 @@ pub mod root;
 
 #[cfg(feature = "sim")]
 pub mod sim;
-
-#[cfg(feature = "nginx")]
-mod nginx;

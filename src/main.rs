@@ -3,6 +3,8 @@
 //! - `sluice root` — run a quota root ([`sluice::root`]).
 //! - `sluice quota list|get|set|delete|apply` — administer quotas on a root
 //!   (`cli/`).
+//! - `sluice top` — the root's busiest quotas, rates and limiters in a
+//!   terminal (`cli/top.rs`).
 //! - `sluice sim` — the cluster simulator (`sluice::sim`, cargo feature
 //!   `sim`).
 //!
@@ -33,6 +35,8 @@ enum Command {
     Root(RootArgs),
     /// Administer quotas on a root.
     Quota(cli::QuotaArgs),
+    /// Watch a root: busiest quotas, rates, rejections, limiters.
+    Top(cli::TopArgs),
     /// Simulate a cluster of limiters and roots from scenario files.
     #[cfg(feature = "sim")]
     Sim(sluice::sim::SimArgs),
@@ -47,6 +51,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
+    unblock_stop_signals();
     let args = Cli::parse();
     match args.command {
         Command::Root(root) => {
@@ -57,6 +62,10 @@ fn main() -> ExitCode {
             init_logging(args.log_format, "warn");
             cli::run(quota)
         }
+        Command::Top(top) => {
+            init_logging(args.log_format, "warn");
+            cli::top::run(top)
+        }
         #[cfg(feature = "sim")]
         Command::Sim(sim) => match sluice::sim::run(&sim) {
             Ok(()) => ExitCode::SUCCESS,
@@ -65,6 +74,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Unblocks SIGINT and SIGTERM, which `sluice root` and `sluice top` stop
+/// on. A signal mask is inherited across exec, and some supervisors and CI
+/// runners start their children with these blocked: the signal would then
+/// stay pending forever and Ctrl-C would do nothing. Called before any
+/// thread starts, so every thread inherits the unblocked mask.
+fn unblock_stop_signals() {
+    // SAFETY: `set` is a local, initialised by sigemptyset before use; the
+    // calls only read it and change this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
 }
 

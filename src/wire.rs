@@ -7,7 +7,9 @@
 //! Counters travel as `(level, at)` pairs in the root's clock
 //! ([`crate::core::Level`]); the response carries the root's clock so the
 //! limiter can keep an offset to it (round-trip corrected) and map `at` into
-//! its own time.
+//! its own time. A window quota's counter is the count of the window holding
+//! `at` (and, sliding, the previous window's in `prev`); its deltas name the
+//! UTC window they were admitted in.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +18,8 @@ use crate::core::Quota;
 /// Path of the sync endpoint.
 pub const SYNC_PATH: &str = "/v1/sync";
 
-/// Most deltas one sync request may carry; a root answers 400 above it.
+/// Most deltas (named and keyed) one sync request may carry; a root
+/// answers 400 above it.
 pub const MAX_DELTAS_PER_SYNC: usize = 1_000_000;
 
 /// Position in the root's quota change log: quotas are ordered by
@@ -31,6 +34,23 @@ pub struct QuotaCursor {
     pub id: u64,
 }
 
+/// A counter's name: a quota's id, and for a key of a per-key template the
+/// key's hash (0 for the quota's own counter).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey {
+    /// The quota (for a key: its template).
+    pub id: u64,
+    /// The key's hash; 0 for a named quota's counter.
+    pub key: u64,
+}
+
+impl CounterKey {
+    /// The counter of the quota `id` itself.
+    pub const fn named(id: u64) -> Self {
+        Self { id, key: 0 }
+    }
+}
+
 /// Weight a limiter admitted on one counter since its last send to a root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterDelta {
@@ -38,17 +58,79 @@ pub struct CounterDelta {
     pub id: u64,
     /// Admitted weight, in the quota's units.
     pub delta: u64,
+    /// For a window quota, the index of the UTC window the weight was
+    /// admitted in ([`crate::core::WindowRule::attributed_index`]): a root
+    /// counts it there, not in whatever window it arrives in. Absent for
+    /// a leaky quota (and from limiters that predate windows: counted in
+    /// the root's current window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<i64>,
 }
+
+/// Weight a limiter admitted on keys of one per-key template since its
+/// last send to a root. Grouped by template so that a key costs about what
+/// a named counter does on the wire: `[hash, delta]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyedDeltas {
+    /// The template's quota id.
+    pub id: u64,
+    /// The keys' deltas.
+    pub deltas: Vec<KeyDelta>,
+    /// For a window template, the window the deltas were admitted in (as
+    /// [`CounterDelta::window`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<i64>,
+}
+
+/// One key's delta, sent as `[hash, delta]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyDelta(
+    /// The key's hash ([`crate::core::key::KeyHash`]).
+    pub u64,
+    /// Admitted weight.
+    pub u64,
+);
+
+/// Cluster values of keys of one per-key template.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyedValues {
+    /// The template's quota id.
+    pub id: u64,
+    /// The keys' values.
+    pub values: Vec<KeyValue>,
+}
+
+/// One key's cluster value, sent as `[hash, level, at]` (`at` in the
+/// root's clock, as for [`CounterValue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyValue(
+    /// The key's hash.
+    pub u64,
+    /// Bucket level at the time.
+    pub f64,
+    /// Root clock time of the level, nanoseconds.
+    pub u64,
+);
 
 /// A cluster counter value as a root holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CounterValue {
     /// Quota id.
     pub id: u64,
-    /// Bucket level at `at`.
+    /// Bucket level at `at` (a window quota: the count of the window
+    /// holding `at`).
     pub level: f64,
     /// Root clock time of `level`, nanoseconds.
     pub at: u64,
+    /// A sliding window quota's previous window's count (0 otherwise).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prev: f64,
+}
+
+/// For `skip_serializing_if`: a zero is left out of the JSON.
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// A limiter's sync request to one root.
@@ -70,6 +152,16 @@ pub struct SyncRequest {
     /// Changed local deltas; counters with nothing new are left out.
     #[serde(default)]
     pub deltas: Vec<CounterDelta>,
+    /// Changed deltas of keys of per-key templates, by template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyed: Vec<KeyedDeltas>,
+}
+
+impl SyncRequest {
+    /// Deltas the request carries, named and keyed.
+    pub fn delta_count(&self) -> usize {
+        self.deltas.len() + self.keyed.iter().map(|k| k.deltas.len()).sum::<usize>()
+    }
 }
 
 /// A root's answer to a [`SyncRequest`].
@@ -79,6 +171,11 @@ pub struct SyncResponse {
     pub root_instance: u64,
     /// Root clock (monotonic nanoseconds) when the reply was built.
     pub root_time: u64,
+    /// UTC nanoseconds at `root_time`, by the root's system clock: limiters
+    /// place window quotas' boundaries by it, so a fleet agrees with its
+    /// roots on windows whatever each host's own clock says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_utc: Option<i64>,
     /// Quotas after the request's cursor (tombstones included), in
     /// `(epoch, id)` order, at most one page. Within one epoch (a bulk
     /// apply) a quota may come before a parent created in the same epoch,
@@ -95,7 +192,90 @@ pub struct SyncResponse {
     /// quotas yet), and at most one page (the root's `sync_page_counters`):
     /// the rest follow in the next syncs.
     pub counters: Vec<CounterValue>,
+    /// Keys of per-key templates changed since the request's version, by
+    /// template (paged with `counters`, by the same rule).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyed: Vec<KeyedValues>,
     /// Version to send next time: the newest one, or, when counters were
     /// held back or cut at a page, the version up to which they were sent.
     pub counter_version: u64,
+}
+
+/// Header a limiter adds to its sync requests once it has an estimate of
+/// its clock offset to the root: `offset=<ns>;rtt=<ns>` ([`ClockReport`]).
+/// The root shows it in its overview; nothing depends on it.
+///
+/// A header and not a field of [`SyncRequest`]: a root that predates it
+/// ignores a header, but refuses a body with an unknown field.
+pub const CLOCK_HEADER: &str = "sluice-clock";
+
+/// A limiter's estimate of its clock offset to one root, as it reports it
+/// in [`CLOCK_HEADER`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockReport {
+    /// Root clock minus the limiter's clock, nanoseconds, from the
+    /// quickest recent round trip. Both are monotonic clocks, so between
+    /// hosts this is mostly the difference of their boot times: what
+    /// matters is that it stays steady.
+    pub offset: i64,
+    /// The round trip the estimate comes from, nanoseconds: the estimate
+    /// is off by at most half of it.
+    pub round_trip: u64,
+}
+
+impl ClockReport {
+    /// The header value.
+    pub fn header_value(&self) -> String {
+        format!("offset={};rtt={}", self.offset, self.round_trip)
+    }
+
+    /// Reads a header value; `None` unless both numbers are there and
+    /// valid (unknown keys are skipped, for later additions).
+    pub fn parse(value: &str) -> Option<Self> {
+        let (mut offset, mut round_trip) = (None, None);
+        // A header is at most a few dozen bytes; anything longer is not ours.
+        if value.len() > 256 {
+            return None;
+        }
+        for part in value.split(';') {
+            match part.trim().split_once('=') {
+                Some(("offset", v)) => offset = Some(v.parse().ok()?),
+                Some(("rtt", v)) => round_trip = Some(v.parse().ok()?),
+                _ => {}
+            }
+        }
+        Some(Self {
+            offset: offset?,
+            round_trip: round_trip?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clock_report_reads_back_what_it_writes() {
+        let report = ClockReport {
+            offset: -5_000_000_123,
+            round_trip: 420_000,
+        };
+        assert_eq!(ClockReport::parse(&report.header_value()), Some(report));
+        assert_eq!(
+            ClockReport::parse("rtt=7; offset=3; later=x"),
+            Some(ClockReport {
+                offset: 3,
+                round_trip: 7
+            })
+        );
+    }
+
+    #[test]
+    fn a_partial_or_bad_clock_report_is_ignored() {
+        for value in ["", "offset=3", "rtt=1", "offset=x;rtt=1", "offset=1;rtt=-1"] {
+            assert_eq!(ClockReport::parse(value), None, "{value:?}");
+        }
+        assert_eq!(ClockReport::parse(&"x".repeat(300)), None);
+    }
 }

@@ -29,7 +29,7 @@ sluice_dry_run off;
 location = /q.json {
     root html;
     sluice api weight=2;
-    sluice api_${arg_k} weight=$arg_w;
+    sluice api_${arg_k} weight=$arg_w empty=0;
 }
 location = /metrics { sluice_metrics top=5; }
 location /off { sluice off; }
@@ -135,7 +135,7 @@ sluice_quotas ../html/q.json;
 {"quotas": [
 --- must_die
 --- error_log eval
-qr/invalid quota file ".*q\.json": invalid quota JSON: .* in .*nginx\.conf:\d+/
+qr/invalid quota file ".*q\.json": .*EOF while parsing .* at line \d+, column \d+ in .*nginx\.conf:\d+/
 
 
 
@@ -352,7 +352,69 @@ qr/invalid value "top=many": top must be 0 to 100000 in .*nginx\.conf:\d+/
 
 === TEST 32: too many arguments is nginx's own error
 --- config
-location /t { sluice a weight=1 extra; }
+location /t { sluice a key=$arg_k weight=$arg_w empty=0 extra; }
 --- must_die
 --- error_log eval
 qr/invalid number of arguments in "sluice" directive in .*nginx\.conf:\d+/
+
+
+
+=== TEST 33: a zone larger than any quota table is refused at configuration time
+--- http_config
+sluice_zone 100g;
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*zone size "100g" is larger than sluice can use: the largest quota table fits in \d+m in .*nginx\.conf:\d+/
+
+
+
+=== TEST 34: empty= takes reject or a weight
+--- config
+location /t { sluice api weight=$http_x_cost empty=none; }
+--- must_die
+--- error_log eval
+qr/invalid value "empty=none": empty= must be "reject" or a non-negative integer of at most 1099511627776 in .*nginx\.conf:\d+/
+
+
+
+=== TEST 35: empty= needs a weight from a variable
+--- config
+location /t { sluice api weight=2 empty=0; }
+--- must_die
+--- error_log eval
+qr/"empty=" needs a weight from a variable \(weight=\$\.\.\.\) in .*nginx\.conf:\d+/
+
+
+
+=== TEST 36: a parameter given twice
+--- config
+location /t { sluice api weight=1 weight=2; }
+--- must_die
+--- error_log eval
+qr/duplicate parameter "weight=2" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 37: a value of the wrong type names the quota, the field and the line
+--- http_config
+sluice_quotas ../html/q.json;
+--- config
+--- user_files
+>>> q.json
+{"quotas": [
+  {"name": "a", "limit": 1},
+  {"name": "b", "limit": "ten"}
+]}
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*invalid quota file ".*q\.json": quotas\[1\]\.limit \(quota "b"\): invalid type: string "ten", expected f64 at line 3, column \d+ in .*nginx\.conf:\d+/
+
+
+
+=== TEST 38: "." and ".." are not quota names
+--- config
+location /t { sluice ..; }
+--- must_die
+--- error_log eval
+qr/invalid quota name "\.\.": "\.\." is not a quota name: .* in .*nginx\.conf:\d+/

@@ -52,14 +52,14 @@ location / { root html; sluice three; }
 
 
 
-=== TEST 2: a rejection is logged at error level with the quota
+=== TEST 2: a rejection is logged at error level with the quota (and why waiting cannot help)
 --- config
 location / { root html; sluice zero; }
 --- request
 GET /index.html
 --- error_code: 429
 --- error_log eval
-qr/\[error\] .*sluice: limiting requests by quota "zero" \(limit 0\.001\/s, weight 1\), client: 127\.0\.0\.1/
+qr/\[error\] .*sluice: limiting requests by quota "zero" \(limit 0\.001\/s, weight 1\): it can never pass, the weight is above the quota's high_burst 0, client: 127\.0\.0\.1/
 
 
 
@@ -190,14 +190,25 @@ location / { root html; sluice frozen_ten weight=$arg_w; }
 
 
 
-=== TEST 14: a weight that is not a number is logged and not counted
+=== TEST 14: a weight that is not a number is rejected and logged
 --- config
+access_log logs/access.log sluice;
 location / { root html; sluice one weight=$arg_w; }
 --- request
 GET /index.html?w=lots
---- error_code: 200
+--- error_code: 429
 --- error_log eval
-qr/\[warn\] .*sluice: weight "lots" is not a number; checking without counting/
+qr/\[error\] .*sluice: limiting requests for quota "one": weight "lots" is not a non-negative integer/
+--- access_log
+/index.html 429 REJECTED
+
+
+
+=== TEST 14b: ...and nothing was counted: the quota of burst 1 still has its unit
+--- request eval
+["GET /index.html?w=1", "GET /index.html?w=1"]
+--- error_code eval
+[200, 429]
 
 
 
@@ -356,3 +367,118 @@ GET /ret
 --- error_code: 200
 --- response_body
 returned
+
+
+
+=== TEST 28: the client-chosen weights that escaped counting are rejected with the configured status
+--- config
+location / { root html; sluice three weight=$arg_w; sluice_status 403; }
+--- request eval
+["GET /index.html?w=-1", "GET /index.html?w=1e3", "GET /index.html?w=abc", "GET /index.html?w=1.5",
+ "GET /index.html?w=3", "GET /index.html?w=1"]
+--- error_code eval
+[403, 403, 403, 403, 200, 403]
+
+
+
+=== TEST 28b: ...logged at the configured level
+--- config
+location / { root html; sluice three weight=$arg_w; sluice_log_level warn; }
+--- request
+GET /index.html?w=1e3
+--- error_code: 429
+--- error_log eval
+qr/\[warn\] .*sluice: limiting requests for quota "three": weight "1e3" is not a non-negative integer/
+
+
+
+=== TEST 29: an empty weight is rejected unless the configuration says otherwise
+--- config
+location / { root html; sluice three weight=$arg_w; }
+--- request
+GET /index.html
+--- error_code: 429
+--- error_log eval
+qr/\[error\] .*sluice: limiting requests for quota "three": the weight is empty/
+
+
+
+=== TEST 30: empty=0 checks requests without a weight, without counting them
+--- config
+location / { root html; sluice one weight=$arg_w empty=0; }
+--- request eval
+["GET /index.html", "GET /index.html", "GET /index.html?w=1", "GET /index.html", "GET /index.html?w=1"]
+--- error_code eval
+[200, 200, 200, 429, 429]
+
+
+
+=== TEST 31: empty=<n> counts requests without a weight as n
+--- config
+location / { root html; sluice three weight=$http_x_cost empty=2; }
+--- request eval
+["GET /index.html", "GET /index.html"]
+--- error_code eval
+[200, 429]
+
+
+
+=== TEST 32: dry run lets a bad weight through, marked and logged
+--- config
+access_log logs/access.log sluice;
+location / { root html; sluice one weight=$arg_w; sluice_dry_run on; }
+--- request
+GET /index.html?w=x
+--- error_code: 200
+--- error_log eval
+qr/sluice: limiting requests, dry run, for quota "one": weight "x"/
+--- access_log
+/index.html 200 REJECTED_DRY_RUN
+
+
+
+=== TEST 33: a weight above high_burst can never pass: no Retry-After, and the log says why
+--- config
+location / { root html; sluice ten weight=11; sluice_headers on; }
+--- request
+GET /index.html
+--- error_code: 429
+--- response_headers
+!Retry-After
+RateLimit-Policy: "ten";q=10;w=10000
+--- error_log eval
+qr/sluice: limiting requests by quota "ten" \(limit 0\.001\/s, weight 11\): it can never pass, the weight is above the quota's high_burst 10, client:/
+
+
+
+=== TEST 34: a full quota whose limit is 0 never drains...
+--- config
+location / { root html; sluice frozen_one; sluice_headers on; }
+--- request
+GET /index.html
+--- error_code: 200
+
+
+
+=== TEST 34b: ...so its rejection has no Retry-After
+--- request
+GET /index.html
+--- error_code: 429
+--- response_headers
+!Retry-After
+--- error_log eval
+qr/sluice: limiting requests by quota "frozen_one" \(limit 0\/s, weight 1\): it can never pass, the quota's limit is 0: its level never drains/
+
+
+
+=== TEST 35: a rejection waiting can help keeps its Retry-After
+--- config
+location / { root html; sluice ten weight=6; sluice_headers on; }
+--- request eval
+["GET /index.html", "GET /index.html"]
+--- error_code eval
+[200, 429]
+--- response_headers eval
+["!Retry-After", "Retry-After: 2000"]
+--- no_error_log
+can never pass

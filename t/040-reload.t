@@ -77,3 +77,15 @@ GET /q/index.html
 --- error_code: 429
 --- error_log eval
 qr/sluice: zone "sluice" changed size: 1 quotas and their counters copied from the old zone, 0 did not fit/
+
+
+
+=== TEST 5: a quota file with a value of the wrong type fails the reload, naming the quota, the field and the line; the running configuration stays
+--- init
+main::rewrite(server_root() . "/html/quotas.json", sub { s/"limit": 0/"limit": "none"/ });
+main::reload_nginx(server_root());
+--- request
+GET /q/index.html
+--- error_code: 429
+--- error_log eval
+qr/\[emerg\] .*invalid quota file ".*quotas\.json": quotas\[0\]\.limit \(quota "q"\): invalid type: string "none", expected f64 at line 1, column \d+ in .*nginx\.conf:\d+/

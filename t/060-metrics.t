@@ -65,7 +65,7 @@ qr/(?s)^(?=.*\nsluice_checks_total\{quota="busy",result="passed"\} 2\n)(?=.*\nsl
 location = /metrics { sluice_metrics; }
 --- request
 GET /metrics
---- response_body_unlike: sluice_root_up\{
+--- response_body_unlike: sluice_sync_root_up\{
 
 
 
@@ -76,3 +76,19 @@ location = /metrics { sluice_metrics; }
 ["POST /metrics\nx=1", "HEAD /metrics"]
 --- error_code eval
 [405, 200]
+
+
+
+=== TEST 5: weight errors and rejections that waiting cannot help are counted
+--- config
+location /w/ { alias html/; sluice busy weight=$arg_w; }
+location /big/ { alias html/; sluice busy weight=5; }
+location = /metrics { sluice_metrics; }
+--- request eval
+["GET /w/index.html?w=x", "GET /w/index.html?w=-1", "GET /w/index.html", "GET /big/index.html",
+ "GET /metrics"]
+--- error_code eval
+[429, 429, 429, 429, 200]
+--- response_body_like eval
+["", "", "", "",
+qr/(?s)^(?=.*\nsluice_weight_errors_total\{reason="invalid"\} 2\n)(?=.*\nsluice_weight_errors_total\{reason="empty"\} 1\n)(?=.*\nsluice_unpassable_rejections_total 1\n)(?=.*\nsluice_checks_total\{quota="busy",result="rejected"\} 1\n)/]

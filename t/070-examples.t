@@ -155,4 +155,27 @@ sub count { my ($want, @got) = @_; scalar grep { $_ == $want } @got }
     $ex->{stop}->();
 }
 
+# --- shadow.conf: a fake 200 over the limit, honest 429s elsewhere --------
+{
+    my $ex = run_example('shadow.conf', 'shadow-quotas.json');
+    my @signups = map { get("$ex->{url}/signup") } 1 .. 12;
+    is(count(200, map { $_->{status} } @signups), 12, 'shadow: every sign-up gets a 200');
+    my @real = grep { $_->{content} =~ /"served_by": "app"/ } @signups;
+    my @fake = grep { $_->{content} eq qq({"status": "ok", "message": "check your inbox"}\n) } @signups;
+    # burst 5 (plus at most what leaks at 2/s while this runs)
+    cmp_ok(scalar @real, '>=', 5, 'shadow: the burst reaches the application');
+    cmp_ok(scalar @fake, '>=', 4, 'shadow: beyond it, the shadow answers');
+    is(@real + @fake, 12, 'shadow: and nothing else answers');
+    ok(!(grep { exists $_->{headers}{'retry-after'} || exists $_->{headers}{ratelimit} } @signups),
+        'shadow: no header gives the limit away');
+    my @api = statuses("$ex->{url}/api/x", 30);
+    cmp_ok(count(429, @api), '>=', 5, 'shadow: /api/ keeps honest 429s');
+    sleep 0.3;
+    open my $log, '<', "$ex->{prefix}/logs/shadow-access.log" or die $!;
+    my @lines = <$log>;
+    ok((grep { m{"GET /signup HTTP/1\.1" 200 sluice=REJECTED} } @lines),
+        'shadow: the access log shows shadowed sign-ups as REJECTED');
+    $ex->{stop}->();
+}
+
 done_testing();

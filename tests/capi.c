@@ -3,6 +3,7 @@
  *
  * Each check prints one line; the program exits non-zero on the first
  * failed expectation. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +32,35 @@ static const char *QUOTAS =
     " {\"name\": \"guarded\", \"limit\": 100, \"low_burst\": 100, \"high_burst\": 100},"
     " {\"name\": \"bucket\", \"limit\": 10, \"low_burst\": 10, \"high_burst\": 10},"
     " {\"name\": \"bucket_read\", \"parent\": \"bucket\", \"limit\": 1000,"
-    "  \"low_burst\": 1000, \"high_burst\": 1000}"
+    "  \"low_burst\": 1000, \"high_burst\": 1000},"
+    " {\"name\": \"per_user\", \"limit\": 1, \"low_burst\": 3, \"high_burst\": 3,"
+    "  \"per_key\": true},"
+    " {\"name\": \"batch\", \"limit\": 0.001, \"low_burst\": 10, \"high_burst\": 10},"
+    " {\"name\": \"paced\", \"limit\": 10, \"low_burst\": 1, \"high_burst\": 5},"
+    " {\"name\": \"daily\", \"limit\": 4, \"window\": \"1d\"},"
+    " {\"name\": \"per_user_day\", \"limit\": 2, \"window\": \"1d\", \"per_key\": true}"
     "]}";
 
 int main(void) {
     EXPECT(check_by_name("api", 1) == SLUICE_ERROR, "a check before init is an error");
     EXPECT(strstr(sluice_last_error(), "not initialised") != NULL,
            "and the error says why: %s", sluice_last_error());
+
+    /* The limiter configuration rules are nginx's: each bad field is
+     * refused, named, and leaves the library uninitialised. */
+    static const char *BAD_CONFIGS[][2] = {
+        {"{\"sync_interval_ms\": 50}", "sync_interval_ms"},
+        {"{\"sync_interval_ms\": 1000, \"sync_timeout_ms\": 1000}", "sync_timeout_ms"},
+        {"{\"limiter_id\": \"web 1\"}", "limiter_id"},
+        {"{\"roots\": [\"http://root:7070/v1/sync\"]}", "roots"},
+        {"{\"early_sync\": {\"fraction\": 0, \"max_per_second\": 4}}", "early_sync"},
+    };
+    for (size_t i = 0; i < sizeof BAD_CONFIGS / sizeof BAD_CONFIGS[0]; i++) {
+        EXPECT(sluice_init(BAD_CONFIGS[i][0]) == SLUICE_ERROR &&
+                   strstr(sluice_last_error(), BAD_CONFIGS[i][1]) != NULL,
+               "config %s is refused: %s", BAD_CONFIGS[i][0], sluice_last_error());
+    }
+    EXPECT(check_by_name("api", 1) == SLUICE_ERROR, "and nothing was initialised");
 
     EXPECT(sluice_init("{\"capacity\": 1000, \"sync_interval_ms\": 1000}") == SLUICE_PASS,
            "init with a JSON config");
@@ -49,7 +72,7 @@ int main(void) {
     EXPECT(strstr(sluice_last_error(), "name") != NULL, "naming the field");
     EXPECT(sluice_load_quotas_json(QUOTAS) == SLUICE_PASS, "load quotas: %s",
            sluice_last_error());
-    EXPECT(sluice_quota_count() == 4, "four quotas loaded (%d)", sluice_quota_count());
+    EXPECT(sluice_quota_count() == 9, "nine quotas loaded (%d)", sluice_quota_count());
 
     int passed = 0, rejected = 0;
     for (int i = 0; i < 1000; i++) {
@@ -77,6 +100,81 @@ int main(void) {
     for (int i = 0; i < 50; i++) passed += check_by_name("bucket_read", 1) == SLUICE_PASS;
     EXPECT(passed >= 9 && passed <= 12, "a child stops at its parent's limit (%d of 50)",
            passed);
+
+    /* A per-key quota: each key its own counter of 3; keys are any bytes. */
+    const char binary_key[] = {'a', 0, 'b'};
+    int alice = 0, bob = 0, binary = 0;
+    for (int i = 0; i < 10; i++) {
+        alice += sluice_check_key("per_user", 8, "alice", 5, 1) == SLUICE_PASS;
+        bob += sluice_check_key("per_user", 8, "bob", 3, 1) == SLUICE_PASS;
+        binary += sluice_check_key("per_user", 8, binary_key, 3, 1) == SLUICE_PASS;
+    }
+    EXPECT(alice == 3 && bob == 3 && binary == 3,
+           "every key gets its own 3 (alice %d, bob %d, a binary key %d)", alice, bob, binary);
+    EXPECT(sluice_check_key("per_user", 8, "", 0, 1) == SLUICE_NO_KEY,
+           "an empty key is not checked");
+    EXPECT(sluice_check_key("per_user", 8, NULL, 0, 1) == SLUICE_NO_KEY,
+           "nor is a NULL key of length 0");
+    EXPECT(check_by_name("per_user", 1) == SLUICE_NO_KEY, "nor a per-key quota without a key");
+    EXPECT(sluice_check_key("per_user", 8, NULL, 4, 1) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "key") != NULL,
+           "a NULL key with a length is an error: %s", sluice_last_error());
+    EXPECT(sluice_check_key("api", 3, "alice", 5, 0) != SLUICE_ERROR,
+           "a key on a plain quota is ignored");
+
+    /* Partial grants: as many as allowed now, counted. */
+    uint64_t granted = 99;
+    EXPECT(sluice_obtain("batch", 5, 7, &granted) == SLUICE_PASS && granted == 7,
+           "obtain 7 of a burst of 10 grants 7 (%llu)", (unsigned long long)granted);
+    EXPECT(sluice_obtain("batch", 5, 7, &granted) == SLUICE_PASS && granted == 3,
+           "obtain 7 more grants the 3 left (%llu)", (unsigned long long)granted);
+    EXPECT(sluice_obtain("batch", 5, 1, &granted) == SLUICE_REJECT && granted == 0,
+           "then nothing is granted: a reject");
+    EXPECT(sluice_obtain("nothing", 7, 1, &granted) == SLUICE_UNKNOWN && granted == 0,
+           "an unknown quota grants nothing and says so");
+    EXPECT(sluice_obtain("batch", 5, 0, &granted) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "want") != NULL,
+           "want 0 is an error: %s", sluice_last_error());
+    EXPECT(sluice_obtain("batch", 5, 1, NULL) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "granted") != NULL,
+           "a NULL out-pointer is an error: %s", sluice_last_error());
+    EXPECT(sluice_obtain_key("per_user_day", 12, "carol", 5, 5, &granted) == SLUICE_PASS &&
+               granted == 2,
+           "a key of a daily per-key quota gets its 2 (%llu)", (unsigned long long)granted);
+    EXPECT(sluice_obtain_key("per_user_day", 12, "", 0, 5, &granted) == SLUICE_NO_KEY,
+           "an empty key is not checked");
+    EXPECT(sluice_obtain("daily", 5, 10, &granted) == SLUICE_PASS && granted == 4,
+           "a day window grants its limit (%llu)", (unsigned long long)granted);
+    EXPECT(check_by_name("daily", 1) == SLUICE_REJECT, "and is full for the day");
+
+    /* Pacing: counted now, spaced at the limit (10/s, a burst of 1). */
+    uint64_t waits[4];
+    int paced_ok = 1;
+    for (int i = 0; i < 4; i++) {
+        paced_ok &= sluice_reserve("paced", 5, 1, 1000, &waits[i]) == SLUICE_PASS;
+    }
+    EXPECT(paced_ok && waits[0] == 0 && waits[1] > 90000000ull && waits[1] <= 100000000ull &&
+               waits[3] > 290000000ull && waits[3] <= 300000000ull,
+           "reservations are spaced 100 ms apart (%llu, %llu, %llu ns)",
+           (unsigned long long)waits[0], (unsigned long long)waits[1],
+           (unsigned long long)waits[3]);
+    uint64_t wait_ns = 0;
+    EXPECT(sluice_reserve("paced", 5, 1, 100, &wait_ns) == SLUICE_REJECT &&
+               wait_ns > 390000000ull && wait_ns <= 400000000ull,
+           "one that would wait past max_wait is refused, saying the wait (%llu ns)",
+           (unsigned long long)wait_ns);
+    EXPECT(sluice_reserve("paced", 5, 6, 60000, &wait_ns) == SLUICE_REJECT &&
+               wait_ns == UINT64_MAX,
+           "a weight above high_burst can never be paced");
+    EXPECT(sluice_reserve_key("per_user", 8, "dave", 4, 1, 0, &wait_ns) == SLUICE_PASS &&
+               wait_ns == 0,
+           "a key with room reserves without waiting");
+    EXPECT(sluice_reserve("daily", 5, 1, 60000, &wait_ns) == SLUICE_REJECT &&
+               wait_ns > 0 && wait_ns <= 86400000000000ull,
+           "a full day window is refused with the time to its end (%llu ns)",
+           (unsigned long long)wait_ns);
+    EXPECT(sluice_reserve("paced", 5, 1, 100, NULL) == SLUICE_ERROR,
+           "a NULL wait pointer is an error");
 
     EXPECT(check_by_name(NULL, 1) == SLUICE_ERROR, "a NULL name is an error, not a crash");
     EXPECT(sluice_load_quotas_file("/nonexistent/quotas.json") == SLUICE_ERROR,

@@ -25,6 +25,8 @@ on_both_backends!(
     apply_with_prune_deletes_quotas_missing_from_the_set,
     apply_writes_one_epoch_with_parents_first,
     oversized_and_malformed_bodies_get_json_errors,
+    per_key_templates_are_stored_and_cannot_be_parents,
+    window_quotas_are_stored_changed_and_checked,
 );
 
 fn names(list: &Value) -> Vec<&str> {
@@ -104,6 +106,143 @@ async fn quotas_are_created_read_updated_listed_and_deleted(db: Db) {
     root.stop().await;
 }
 
+async fn per_key_templates_are_stored_and_cannot_be_parents(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("api", quota(100.0, 100.0, 100.0, None)).await;
+    let (status, created) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/api_user",
+            Some(json!({"limit": 15, "parent": "api", "per_key": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["quota"]["per_key"], true);
+    assert_eq!(root.get("api").await.1["per_key"], false);
+    // Nothing goes under a template.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/under",
+            Some(json!({"limit": 1, "parent": "api_user"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(error_field(&reply), Some("parent"));
+    // A parent does not become a template.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/api",
+            Some(json!({"limit": 100, "per_key": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reply}");
+    assert_eq!(error_field(&reply), Some("per_key"));
+    // Switching a template back to a plain quota is a change like any.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/api_user",
+            Some(json!({"limit": 15, "parent": "api"})),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["changed"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    // A bulk apply reports the flag among the changed fields.
+    let (status, reply) = apply_set(
+        &root,
+        "dry_run=true",
+        json!([{"name": "api_user", "parent": "api", "limit": 15, "per_key": true}]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(
+        reply["updated"][0]["changes"][0]["field"], "per_key",
+        "{reply}"
+    );
+    root.stop().await;
+}
+
+async fn window_quotas_are_stored_changed_and_checked(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    let (status, created) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/daily",
+            Some(json!({"limit": 1000, "window": "1d"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["quota"]["window"], "1d");
+    assert!(created["quota"].get("sliding").is_none(), "{created}");
+    // Sliding, on a monthly template: refused per key; fine without.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/monthly",
+            Some(json!({"limit": 10, "window": "month", "sliding": true, "per_key": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(error_field(&reply), Some("sliding"));
+    let (status, _) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/minute",
+            Some(json!({"limit": 10, "window": "1m", "sliding": true, "parent": "daily"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(root.get("minute").await.1["sliding"], true);
+    for (body, field) in [
+        (json!({"limit": 10, "window": "2m"}), "window"),
+        (
+            json!({"limit": 10, "high_burst": 20, "window": "1h"}),
+            "high_burst",
+        ),
+        (json!({"limit": 10, "sliding": true}), "sliding"),
+    ] {
+        let (status, reply) = root
+            .admin(Method::PUT, "/v1/quotas/bad", Some(body.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {reply}");
+        assert!(
+            error_field(&reply) == Some(field) || reply.to_string().contains(field),
+            "{body}: {reply}"
+        );
+    }
+    // Turning a window quota back into a leaky one is a change; a bulk
+    // apply reports it.
+    let (status, reply) = apply_set(
+        &root,
+        "dry_run=true",
+        json!([{"name": "daily", "limit": 1000}]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(
+        reply["updated"][0]["changes"][0]["field"], "window",
+        "{reply}"
+    );
+    assert_eq!(reply["updated"][0]["changes"][0]["from"], "1d", "{reply}");
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/daily",
+            Some(json!({"limit": 1000})),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["changed"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    assert!(root.get("daily").await.1.get("window").is_none());
+    root.stop().await;
+}
+
 async fn an_identical_put_changes_nothing(db: Db) {
     let root = TestRoot::start(config(&db)).await;
     let first = root.put("q", quota(10.0, 10.0, 20.0, None)).await;
@@ -148,6 +287,7 @@ async fn validation_errors_name_the_field(db: Db) {
         ("q", json!({"limit": 1, "parent": "q"}), "parent"),
         ("q", json!({"limit": 1, "parent": "bad name"}), "parent"),
         ("q", json!({"limit": 1, "limt": 2}), "limt"),
+        ("q", json!({"limit": 1, "name": "other"}), "name"),
     ];
     for (name, body, field) in cases {
         let (status, reply) = root
@@ -163,6 +303,15 @@ async fn validation_errors_name_the_field(db: Db) {
     }
     let (_, list) = root.admin(Method::GET, "/v1/quotas", None).await;
     assert_eq!(names(&list), ["base"]);
+    // A body may repeat the path's name, as a quota file writes it.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/named",
+            Some(json!({"name": "named", "limit": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
     root.stop().await;
 }
 
@@ -476,7 +625,7 @@ async fn apply_is_all_or_nothing(db: Db) {
         ),
         (
             json!({"quotas": [{"name": "x", "limit": 1, "burst": 2}]}),
-            "quotas",
+            "quotas[0].burst",
             None,
         ),
     ];
@@ -606,15 +755,17 @@ async fn oversized_and_malformed_bodies_get_json_errors(db: Db) {
     root.stop().await;
 }
 
-/// With `max_connections = 1`, an idle keep-alive connection holds the
-/// only slot: a second client is not served until the first one leaves.
+/// With `max_connections = 1`, an idle keep-alive connection gives way to
+/// a new client (it is shed); a connection whose request is under way
+/// does not, and the newcomer is closed at once instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+async fn at_the_connection_limit_idle_connections_give_way_and_busy_ones_do_not() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let db = Db::sqlite();
     let mut config = config(&db);
     config.max_connections = 1;
+    config.max_connections_per_address = 1;
     let mut root = TestRoot::start_unready(config).await;
     // No pooled connection of the test client may hold the slot.
     root.http = reqwest::Client::builder()
@@ -633,15 +784,29 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
     first.read_exact(&mut head).await.unwrap();
     assert_eq!(&head, b"HTTP/1.1 200");
 
-    let second = tokio::spawn({
-        let (http, url) = (root.http.clone(), root.url.clone());
-        async move { http.get(format!("{url}/healthz")).send().await }
-    });
+    // `first` is idle: the second client is served in its place.
+    let reply = root.http.get(format!("{}/healthz", root.url)).send().await;
+    assert_eq!(reply.unwrap().status(), StatusCode::OK);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(root_support::PATIENCE, first.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the idle connection was shed");
+
+    // A request whose body is still arriving keeps its connection.
+    let mut busy = tokio::net::TcpStream::connect(root.addr).await.unwrap();
+    busy.write_all(
+        b"PUT /v1/quotas/q HTTP/1.1\r\nhost: root\r\ncontent-type: application/json\r\n\
+          content-length: 14\r\n\r\n{\"limit\"",
+    )
+    .await
+    .unwrap();
+    // Until the root has the head, the connection is still sheddable.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!second.is_finished(), "served past the connection limit");
-    drop(first);
-    let reply = second.await.unwrap().expect("served once the slot is free");
-    assert_eq!(reply.status(), StatusCode::OK);
+    let refused = root.http.get(format!("{}/healthz", root.url)).send().await;
+    assert!(refused.is_err(), "served past the connection limit");
+    busy.write_all(b": 10 }").await.unwrap();
+    let mut head = [0u8; 12];
+    busy.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 201");
     root.stop().await;
 }
 
@@ -711,6 +876,70 @@ async fn request_bodies_share_one_memory_budget() {
     assert!(second.status().is_success(), "{}", second.status());
     assert_eq!(root.get("slow").await.0, StatusCode::OK);
     assert_eq!(root.get("fast").await.0, StatusCode::OK);
+    root.stop().await;
+}
+
+/// A quota set with a value of the wrong type names the quota (index and
+/// name), the field and the position in the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_type_errors_name_the_quota_the_field_and_the_line() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config(&db)).await;
+    let body = "{\"quotas\": [\n  {\"name\": \"a\", \"limit\": 1},\n  \
+                {\"name\": \"b\", \"limit\": \"ten\"}\n]}";
+    let (status, reply) = root
+        .request(Method::POST, "/v1/apply", None, Some(body.into()))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(error_field(&reply), Some("quotas[1].limit"), "{reply}");
+    assert_eq!(reply["error"]["quota"], json!("b"), "{reply}");
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("expected f64 at line 3, column"),
+        "{reply}"
+    );
+    assert!(!message.contains("untagged"), "{reply}");
+    // The set is refused whole: nothing was written.
+    assert_eq!(root.get("a").await.0, StatusCode::NOT_FOUND);
+    root.stop().await;
+}
+
+/// `.` and `..` are not quota names anywhere: not in a path (even
+/// percent-encoded, which a client library would resolve away), not in a
+/// set, not as a parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_are_refused_as_quota_names() {
+    use root_support::raw::{connect_from, exchange};
+
+    let db = Db::sqlite();
+    let root = TestRoot::start(config(&db)).await;
+    for path in [
+        "/v1/quotas/..",
+        "/v1/quotas/.",
+        "/v1/quotas/%2E%2E",
+        "/v1/quotas/%2e",
+    ] {
+        let mut conn = connect_from(root.addr, "127.0.0.1").await;
+        let request = format!(
+            "PUT {path} HTTP/1.1\r\nHost: root\r\nContent-Type: application/json\r\n\
+             Content-Length: 12\r\n\r\n{{\"limit\": 1}}"
+        );
+        let (status, reply) = exchange(&mut conn, request.as_bytes()).await;
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert_eq!(error_field(&reply), Some("name"), "{path}: {reply}");
+    }
+    for set in [
+        json!([{"name": "..", "limit": 1}]),
+        json!([{"name": "ok", "limit": 1, "parent": "."}]),
+    ] {
+        let (status, reply) = apply_set(&root, "", set.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{set}: {reply}");
+    }
+    // A prefix is not a name: "." lists the names that start with a dot.
+    root.put(".hidden", json!({"limit": 1})).await;
+    let (status, list) = root.admin(Method::GET, "/v1/quotas?prefix=.", None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(names(&list), [".hidden"]);
     root.stop().await;
 }
 

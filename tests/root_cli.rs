@@ -197,6 +197,73 @@ async fn failures_exit_non_zero_with_one_line() {
     root.stop().await;
 }
 
+/// What the CLI used to misread or pass on: non-finite numbers (which
+/// became "use the default"), dot-segment names (which went into the URL
+/// path), quota files with a wrong type (which said only "did not match
+/// any variant") and TOML syntax errors (two lines, no position).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    stdout(&quota(&root, &["set", "q", "--limit", "10"]).await);
+    for (flag, value) in [
+        ("--high-burst", "inf"),
+        ("--high-burst", "NaN"),
+        ("--low-burst", "-inf"),
+        ("--limit", "1e999"),
+        ("--limit", "-2"),
+    ] {
+        let arg = format!("{flag}={value}");
+        let error = failure(&quota(&root, &["set", "q", &arg]).await);
+        assert!(
+            error.contains(flag) && error.contains("must be a finite number"),
+            "{flag} {value}: {error}"
+        );
+    }
+    // Nothing changed.
+    let shown = stdout(&quota(&root, &["--json", "get", "q"]).await);
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["high_burst"], 10.0);
+
+    for args in [["get", ".."], ["delete", "."], ["set", ".."]] {
+        let error = failure(&quota(&root, &args).await);
+        assert!(error.contains("invalid quota name"), "{args:?}: {error}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let json_file = dir.path().join("bad.json");
+    std::fs::write(
+        &json_file,
+        "{\"quotas\": [\n  {\"name\": \"a\", \"limit\": 1},\n  {\"name\": \"b\", \"limit\": \"ten\"}\n]}\n",
+    )
+    .unwrap();
+    let error = failure(&quota(&root, &["apply", "-f", json_file.to_str().unwrap()]).await);
+    assert!(
+        error.contains("bad.json: quotas[1].limit (quota \"b\"): invalid type")
+            && error.contains("at line 3, column"),
+        "{error}"
+    );
+    let toml_file = dir.path().join("bad.toml");
+    for (text, expected) in [
+        (
+            "[[quotas]]\nname = \"a\"\nlimit = true\n",
+            "quotas[0].limit (quota \"a\")",
+        ),
+        (
+            "[[quotas]]\nname = \"a\"\nlimit = = 1\n",
+            "at line 3, column",
+        ),
+    ] {
+        std::fs::write(&toml_file, text).unwrap();
+        let error = failure(&quota(&root, &["apply", "-f", toml_file.to_str().unwrap()]).await);
+        assert!(
+            error.contains("bad.toml: ") && error.contains(expected),
+            "{error}"
+        );
+    }
+    root.stop().await;
+}
+
 /// A port that was free a moment ago.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

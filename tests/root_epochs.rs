@@ -83,13 +83,7 @@ async fn concurrent_writers_then_an_incremental_reader_miss_nothing(db: Db) {
             tokio::spawn(async move {
                 let mut epochs = Vec::new();
                 for i in 0..WRITES_EACH {
-                    let spec = QuotaSpec {
-                        name: format!("w{w}_{}", i % 4),
-                        parent: None,
-                        limit: (i + 1) as f64,
-                        low_burst: None,
-                        high_burst: None,
-                    };
+                    let spec = QuotaSpec::new(format!("w{w}_{}", i % 4), (i + 1) as f64);
                     epochs.push(put_retrying(&store, &spec).await);
                 }
                 epochs
@@ -187,13 +181,7 @@ async fn two_roots_on_one_postgres_database_lose_no_write() {
 async fn pages_split_one_epoch_and_continue_into_the_next(db: Db) {
     let store = Store::open(&db.url, Duration::from_secs(10), 4).unwrap();
     store.migrate().await.unwrap();
-    let spec = |name: String| QuotaSpec {
-        name,
-        parent: None,
-        limit: 1.0,
-        low_burst: None,
-        high_burst: None,
-    };
+    let spec = |name: String| QuotaSpec::new(name, 1.0);
     let set: Vec<QuotaSpec> = (0..25).map(|i| spec(format!("bulk{i}"))).collect();
     store.apply(set, ApplyOptions::default()).await.unwrap();
     put_retrying(&store, &spec("later".into())).await;
@@ -256,11 +244,8 @@ async fn a_bulk_apply_that_fails_midway_leaves_nothing_behind(db: Db) {
     let store = Store::open(&db.url, Duration::from_secs(10), 4).unwrap();
     store.migrate().await.unwrap();
     let spec = |name: &str, parent: Option<&str>| QuotaSpec {
-        name: name.into(),
         parent: parent.map(str::to_string),
-        limit: 1.0,
-        low_burst: None,
-        high_burst: None,
+        ..QuotaSpec::new(name, 1.0)
     };
     put_retrying(&store, &spec("kept", None)).await;
     let epoch_before = store.epoch().await.unwrap();

@@ -155,6 +155,27 @@ async fn a_root_whose_sqlite_file_cannot_be_opened_waits_for_it() {
     root.stop().await;
 }
 
+/// A file that is not a database: `/healthz` and the metrics name SQLite's
+/// own error, not only that the pool gave up waiting for a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_shows_the_databases_own_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sluice.db");
+    std::fs::write(&file, "not a database, just some text ".repeat(64)).unwrap();
+    let db = Db::at(format!("sqlite://{}", file.display()));
+    let root = TestRoot::start_unready(config(&db)).await;
+    eventually("the root notices", || async {
+        root.metric("sluice_root_db_up").await == Some(0.0)
+    })
+    .await;
+    let (status, state) = health(&root).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(state["db"], json!("down"));
+    let error = state["db_error"].as_str().unwrap();
+    assert!(error.contains("file is not a database"), "{state}");
+    root.stop().await;
+}
+
 /// A TCP relay to a database that stops moving bytes, in both directions
 /// and on every connection, when a client sends a given marker (and until
 /// told to resume), while keeping its connections open: a database host

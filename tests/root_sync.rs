@@ -19,6 +19,7 @@ on_both_backends!(
     a_fresh_limiter_pages_through_every_quota,
     an_incremental_sync_carries_only_what_changed,
     metrics_count_syncs_deltas_and_limiters,
+    keys_of_a_template_are_summed_per_key_and_listed_by_hash,
 );
 
 fn counter_ids(reply: &Value) -> Vec<u64> {
@@ -28,6 +29,69 @@ fn counter_ids(reply: &Value) -> Vec<u64> {
         .iter()
         .map(|c| c["id"].as_u64().unwrap())
         .collect()
+}
+
+/// A sync request of `limiter` carrying `deltas` (key hash, weight) for
+/// the keys of template `id`.
+fn keyed_request(limiter: &Limiter, id: u64, deltas: &[(u64, u64)]) -> Value {
+    let mut request = limiter.request(&[]);
+    let deltas: Vec<Value> = deltas.iter().map(|&(k, d)| json!([k, d])).collect();
+    request["keyed"] = json!([{"id": id, "deltas": deltas}]);
+    request
+}
+
+async fn keys_of_a_template_are_summed_per_key_and_listed_by_hash(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put(
+        "per_user",
+        json!({"limit": 0, "low_burst": 100, "high_burst": 100, "per_key": true}),
+    )
+    .await;
+    let (mut a, mut b) = (Limiter::new("host-a"), Limiter::new("host-b"));
+    a.catch_up(&root).await;
+    b.catch_up(&root).await;
+    let id = a.id_of("per_user").unwrap();
+    let (status, _) = root
+        .sync(&keyed_request(&a, id, &[(0xaa, 5), (0xbb, 1)]))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, reply) = root.sync(&keyed_request(&b, id, &[(0xaa, 2)])).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let values = &reply["keyed"][0];
+    assert_eq!(values["id"], id);
+    let aa = values["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v[0] == 0xaa)
+        .unwrap();
+    assert_eq!(aa[1], 7.0);
+    // The admin API lists keys by hash, busiest first, and shows one.
+    let (status, top) = root
+        .admin(Method::GET, "/v1/quotas/per_user/keys?top=1", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{top}");
+    assert_eq!(top["keys_held"], 2);
+    assert_eq!(top["keys"].as_array().unwrap().len(), 1);
+    let (status, one) = root
+        .admin(
+            Method::GET,
+            "/v1/quotas/per_user/keys/00000000000000aa",
+            None,
+        )
+        .await;
+    assert_eq!((status, one["level"].as_f64()), (StatusCode::OK, Some(7.0)));
+    let (status, bad) = root
+        .admin(Method::GET, "/v1/quotas/per_user/keys/xyz", None)
+        .await;
+    assert_eq!(
+        (status, bad["error"]["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("key"))
+    );
+    // A key hash of 0 names no key: the whole sync is refused.
+    let (status, bad) = root.sync(&keyed_request(&a, id, &[(0, 1)])).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    root.stop().await;
 }
 
 async fn two_limiters_share_a_counter_and_a_restarted_root_starts_from_the_floor(db: Db) {

@@ -403,3 +403,91 @@ fn a_root_that_requires_a_sync_token_serves_only_limiters_that_send_it() {
         assert!(l.quota("api").is_none());
     }
 }
+
+/// Sleeps until `offset` seconds into the next UTC window of `length`
+/// seconds (the roots' clocks are this machine's, so their windows fall
+/// where this machine's UTC says).
+fn await_window(length: u64, offset: f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let next = (now / length as f64).floor() * length as f64 + length as f64 + offset;
+    std::thread::sleep(Duration::from_secs_f64(next - now));
+}
+
+#[test]
+fn window_counts_are_fleet_wide_across_two_roots_and_a_boundary_during_an_outage() {
+    // 120 per 10 s window; two limiters offer 2.5 times that (30/s),
+    // split 60/40.
+    const W: f64 = 120.0;
+    let db = Db::new();
+    let (mut a, b) = (Root::start(&db, "root0"), Root::start(&db, "root1"));
+    a.put("win", json_window(W, "10s"));
+    let roots = [a.url.as_str(), b.url.as_str()];
+    let limiters: Vec<Limiter> = (0..2)
+        .map(|i| Limiter::start(&format!("host{i}"), &roots, 0))
+        .collect();
+    for l in &limiters {
+        wait_until("every limiter holds the quota", || l.quota("win").is_some());
+    }
+    let load = [(&limiters[0], 18.0), (&limiters[1], 12.0)];
+    let window = || Duration::from_secs_f64(9.3);
+
+    // A whole window with both roots up: about W, fleet-wide.
+    await_window(10, 0.3);
+    let counts = offer("win", &load, window());
+    assert_within("admitted in one window", admitted(&counts) as f64, W, 0.1);
+    // Both limiters got some: the count is shared, not per host.
+    assert!(counts.iter().all(|c| c.admitted > 10), "{counts:?}");
+
+    // Root 0 dies in the middle of the next window and stays down over
+    // the boundary: root 1 carries the count, the next window starts
+    // over.
+    await_window(10, 0.3);
+    let first = offer("win", &load, Duration::from_secs(4));
+    a.kill();
+    let rest = offer("win", &load, Duration::from_secs_f64(5.3));
+    let total = admitted(&first) + admitted(&rest);
+    assert_within(
+        "admitted in the window root 0 died in",
+        total as f64,
+        W,
+        0.1,
+    );
+    await_window(10, 0.3);
+    let counts = offer("win", &load, Duration::from_secs(3));
+    assert!(
+        admitted(&counts) > 0,
+        "the next window starts over: {counts:?}"
+    );
+
+    // Root 0 comes back empty in that window and is told the fleet's
+    // weight from then on; the window still admits about W in all.
+    a.restart();
+    let counts_after = offer("win", &load, Duration::from_secs_f64(6.3));
+    let total = admitted(&counts) + admitted(&counts_after);
+    assert_within(
+        "admitted in the window root 0 came back in",
+        total as f64,
+        W,
+        0.1,
+    );
+    // Both roots count the window alike (root 0 only what arrived after
+    // its restart, so at most root 1's).
+    let (la, lb) = (level(&a, "win"), level(&b, "win"));
+    assert!(
+        lb >= 0.85 * W && la <= lb + 1.0 && la > 0.0,
+        "root levels {la} and {lb}"
+    );
+}
+
+/// A window quota's body.
+fn json_window(limit: f64, window: &str) -> serde_json::Value {
+    serde_json::json!({"limit": limit, "window": window})
+}
+
+/// The level a root shows for `name` now.
+fn level(root: &Root, name: &str) -> f64 {
+    root.get(name)["level"].as_f64().unwrap_or(-1.0)
+}

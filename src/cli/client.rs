@@ -66,6 +66,11 @@ impl Client {
         Ok(Self { http, base, token })
     }
 
+    /// The root's base URL.
+    pub fn base(&self) -> &str {
+        self.base.as_str()
+    }
+
     /// `path` (relative, e.g. `v1/quotas`) with each of `segments` appended
     /// as an encoded path segment and `query` pairs with a value.
     pub fn url(&self, path: &str, segments: &[&str], query: &[(&str, Option<&str>)]) -> Url {

@@ -1,13 +1,18 @@
-//! `sluice quota ...`: the admin CLI, a thin client of the root's admin API.
+//! `sluice quota ...` and `sluice top`: the admin CLI, a thin client of the
+//! root's admin API.
 //!
 //! Tables by default, the root's JSON with `--json`; on failure one line
 //! `sluice: <reason>` on stderr and exit status 1.
 //!
 //! - `client.rs` — HTTP requests and error lines.
 //! - `output.rs` — tables and number formatting.
+//! - `top.rs` — `sluice top`: the root's overview in a terminal.
 
 mod client;
 mod output;
+pub mod top;
+
+pub use top::TopArgs;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,14 +21,20 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
-use sluice::root::config::parse_duration;
+use std::cell::RefCell;
+
+use sluice::core::key::{format_hash, KeySecret};
+use sluice::core::quota::validate_name;
+use sluice::core::spec::{read_specs, specs_from_json, FilePlace, ParseError, QuotaSpec};
+use sluice::core::Window;
+use sluice::root::config::{parse_duration, toml_position};
 
 use client::{CliError, Client, Reply};
 use output::{number, text, Table};
 
-/// `sluice quota` and its shared flags.
+/// How to reach a root: the flags `sluice quota` and `sluice top` share.
 #[derive(Debug, clap::Args)]
-pub struct QuotaArgs {
+pub struct Connection {
     /// Base URL of the root.
     #[arg(
         long,
@@ -48,12 +59,37 @@ pub struct QuotaArgs {
         global = true
     )]
     token_file: Option<PathBuf>,
-    /// Print the root's JSON replies instead of tables.
-    #[arg(long, global = true)]
-    json: bool,
     /// Give up on the root after this long.
     #[arg(long, default_value = "30s", value_parser = parse_duration, global = true)]
     timeout: Duration,
+}
+
+impl Connection {
+    /// A client of the root, with the token from --token (or its env
+    /// var), else from --token-file.
+    fn client(&self) -> Result<Client, CliError> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(token), _) => Some(token.trim().to_string()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    CliError::new(format!("cannot read token file {}: {e}", path.display()))
+                })?;
+                Some(text.trim().to_string())
+            }
+            (None, None) => None,
+        };
+        Client::new(&self.root, token, self.timeout)
+    }
+}
+
+/// `sluice quota` and its shared flags.
+#[derive(Debug, clap::Args)]
+pub struct QuotaArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Print the root's JSON replies instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: QuotaCommand,
 }
@@ -101,11 +137,54 @@ enum QuotaCommand {
         /// Make the quota top-level.
         #[arg(long)]
         no_parent: bool,
+        /// Make the quota a per-key template: every key (`key=` in nginx,
+        /// `sluice_check_key` in the C ABI) gets a counter of its own.
+        #[arg(long, conflicts_with = "shared")]
+        per_key: bool,
+        /// Make a per-key template a plain quota again.
+        #[arg(long)]
+        shared: bool,
+        /// Count `--limit` units per UTC-aligned window instead of leaking:
+        /// 1s, 10s, 1m, 1h, 1d, 7d or month; `none` makes the quota a leaky
+        /// bucket again.
+        #[arg(long, value_parser = parse_window_flag)]
+        window: Option<WindowFlag>,
+        /// A sliding window: the previous window counts too, weighted by
+        /// what is left of it.
+        #[arg(long, conflicts_with = "fixed")]
+        sliding: bool,
+        /// A fixed window again (not sliding).
+        #[arg(long)]
+        fixed: bool,
     },
     /// Delete a quota (refused while it has children).
     Delete {
         /// Quota name.
         name: String,
+    },
+    /// List the busiest keys of a per-key quota, by hash.
+    Keys {
+        /// The per-key quota's name.
+        name: String,
+        /// How many keys.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+    },
+    /// Show one key of a per-key quota: give the key itself (hashed here
+    /// with the fleet's secret, never sent) or its hash.
+    Key {
+        /// The per-key quota's name.
+        name: String,
+        /// The key (a token, an address...), hashed locally.
+        #[arg(long, conflicts_with = "hash", required_unless_present = "hash")]
+        key: Option<String>,
+        /// The file with the fleet's key secret (nginx's
+        /// `sluice_key_secret_file`); without it, the built-in secret.
+        #[arg(long, value_name = "FILE", requires = "key")]
+        secret_file: Option<PathBuf>,
+        /// The key's hash (16 hex digits), as logs and listings show it.
+        #[arg(long)]
+        hash: Option<String>,
     },
     /// Apply a quota file (JSON; TOML when the name ends in .toml) in one
     /// transaction.
@@ -124,12 +203,9 @@ enum QuotaCommand {
 
 /// Runs a quota command; prints the result or one error line.
 pub fn run(args: QuotaArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(e) => return fail(&CliError::new(format!("cannot start the runtime: {e}"))),
+        Err(e) => return fail(&e),
     };
     match runtime.block_on(execute(args)) {
         Ok(output) => {
@@ -140,14 +216,21 @@ pub fn run(args: QuotaArgs) -> ExitCode {
     }
 }
 
+/// The CLI's runtime: one thread, one request at a time.
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(format!("cannot start the runtime: {e}")))
+}
+
 fn fail(error: &CliError) -> ExitCode {
     eprintln!("sluice: {error}");
     ExitCode::FAILURE
 }
 
 async fn execute(args: QuotaArgs) -> Result<String, CliError> {
-    let token = token(&args)?;
-    let client = Client::new(&args.root, token, args.timeout)?;
+    let client = args.connection.client()?;
     let json = args.json;
     match args.command {
         QuotaCommand::List {
@@ -157,6 +240,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             all,
         } => list(&client, &prefix, after, limit, all, json).await,
         QuotaCommand::Get { name } => {
+            check_name(&name)?;
             let reply = client
                 .send(Method::GET, client.url("v1/quotas", &[&name], &[]), None)
                 .await?;
@@ -173,6 +257,11 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             high_burst,
             parent,
             no_parent,
+            per_key,
+            shared,
+            window,
+            sliding,
+            fixed,
         } => {
             let parent = if no_parent {
                 Some(None)
@@ -184,10 +273,16 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 low_burst,
                 high_burst,
                 parent,
+                per_key: (per_key || shared).then_some(per_key),
+                window: window.map(|w| w.0),
+                sliding: (sliding || fixed).then_some(sliding),
             };
+            check_name(&name)?;
+            check_numbers(&change)?;
             set(&client, &name, change, json).await
         }
         QuotaCommand::Delete { name } => {
+            check_name(&name)?;
             let url = client.url("v1/quotas", &[&name], &[]);
             let reply = client.send(Method::DELETE, url, None).await?;
             Ok(if json {
@@ -201,20 +296,77 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             dry_run,
             prune,
         } => apply(&client, &file, dry_run, prune, json).await,
+        QuotaCommand::Keys { name, top } => {
+            let top = top.to_string();
+            let url = client.url("v1/quotas", &[&name, "keys"], &[("top", Some(&top))]);
+            let reply = client.send(Method::GET, url, None).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                show_keys(&reply.body)
+            })
+        }
+        QuotaCommand::Key {
+            name,
+            key,
+            secret_file,
+            hash,
+        } => {
+            let hash = match (key, hash) {
+                (Some(key), _) => {
+                    format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()))
+                }
+                (None, Some(hash)) => hash,
+                (None, None) => return Err(CliError::new("give --key or --hash")),
+            };
+            let url = client.url("v1/quotas", &[&name, "keys", &hash], &[]);
+            let reply = client.send(Method::GET, url, None).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                let mut table = Table::new(&["KEY", "LEVEL", "FILL_RATE"]);
+                table.row(vec![
+                    text(&reply.body["key"]),
+                    number(&reply.body["level"]),
+                    number(&reply.body["fill_rate"]),
+                ]);
+                table.render()
+            })
+        }
     }
 }
 
-/// The token from --token (or its env var), else from --token-file.
-fn token(args: &QuotaArgs) -> Result<Option<String>, CliError> {
-    if let Some(token) = &args.token {
-        return Ok(Some(token.trim().to_string()));
-    }
-    let Some(path) = &args.token_file else {
-        return Ok(None);
+/// The fleet's key secret from `path`, or the built-in one.
+fn key_secret(path: Option<&Path>) -> Result<KeySecret, CliError> {
+    let Some(path) = path else {
+        return Ok(KeySecret::built_in());
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::new(format!("cannot read token file {}: {e}", path.display())))?;
-    Ok(Some(text.trim().to_string()))
+    let contents = std::fs::read(path)
+        .map_err(|e| CliError::new(format!("cannot read {}: {e}", path.display())))?;
+    KeySecret::from_file_contents(&contents)
+        .map_err(|why| CliError::new(format!("secret file {} {why}", path.display())))
+}
+
+fn show_keys(reply: &Value) -> String {
+    let mut table = Table::new(&["KEY", "LEVEL", "FILL_RATE"]);
+    for k in reply["keys"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        table.row(vec![
+            text(&k["key"]),
+            number(&k["level"]),
+            number(&k["fill_rate"]),
+        ]);
+    }
+    let mut out = table.render();
+    out.push_str(&format!(
+        "({} keys of {} held at this root)\n",
+        number(&reply["keys_held"]),
+        text(&reply["quota"])
+    ));
+    out
 }
 
 fn to_json(value: &Value) -> String {
@@ -282,6 +434,18 @@ fn show_quota(q: &Value) -> String {
         ("limit", number(&q["limit"])),
         ("low_burst", number(&q["low_burst"])),
         ("high_burst", number(&q["high_burst"])),
+        (
+            "per_key",
+            q["per_key"].as_bool().unwrap_or(false).to_string(),
+        ),
+        (
+            "window",
+            match (q["window"].as_str(), q["sliding"].as_bool()) {
+                (Some(w), Some(true)) => format!("{w} (sliding)"),
+                (Some(w), _) => w.to_string(),
+                (None, _) => "-".to_string(),
+            },
+        ),
         ("epoch", number(&q["epoch"])),
         ("level", number(&q["level"])),
         ("fill_rate", number(&q["fill_rate"])),
@@ -313,6 +477,29 @@ struct Change {
     high_burst: Option<f64>,
     /// `Some(None)` makes the quota top-level.
     parent: Option<Option<String>>,
+    /// `Some(true)` makes it a per-key template, `Some(false)` a plain
+    /// quota.
+    per_key: Option<bool>,
+    /// `Some(Some(w))` makes it a window quota, `Some(None)` a leaky one.
+    window: Option<Option<Window>>,
+    /// `Some(true)` makes the window sliding, `Some(false)` fixed.
+    sliding: Option<bool>,
+}
+
+/// `--window`: a window, or `none`.
+#[derive(Clone, Copy, Debug)]
+struct WindowFlag(Option<Window>);
+
+fn parse_window_flag(text: &str) -> Result<WindowFlag, String> {
+    if text == "none" {
+        return Ok(WindowFlag(None));
+    }
+    Window::parse(text)
+        .map(|w| WindowFlag(Some(w)))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Window::ALL.iter().map(|w| w.name()).collect();
+            format!("must be one of {} or none", names.join(", "))
+        })
 }
 
 async fn set(client: &Client, name: &str, change: Change, json: bool) -> Result<String, CliError> {
@@ -363,6 +550,31 @@ fn merge_change(name: &str, current: Option<&Value>, change: &Change) -> Result<
         None => current.and_then(|c| c["parent"].as_str().map(str::to_string)),
     };
     body.insert("parent".into(), json!(parent));
+    let per_key = change
+        .per_key
+        .or_else(|| current.and_then(|c| c["per_key"].as_bool()))
+        .unwrap_or(false);
+    if per_key {
+        body.insert("per_key".into(), json!(true));
+    }
+    let window = match change.window {
+        Some(window) => window,
+        None => current.and_then(|c| c["window"].as_str().and_then(Window::parse)),
+    };
+    if let Some(window) = window {
+        body.insert("window".into(), json!(window.name()));
+        let sliding = change
+            .sliding
+            .or_else(|| current.and_then(|c| c["sliding"].as_bool()))
+            .unwrap_or(false);
+        if sliding {
+            body.insert("sliding".into(), json!(true));
+        }
+    } else if change.sliding == Some(true) {
+        return Err(CliError::new(format!(
+            "--sliding needs a window quota: add --window (quota {name:?} has none)"
+        )));
+    }
     Ok(Value::Object(body))
 }
 
@@ -388,16 +600,61 @@ async fn apply(
     })
 }
 
-/// The quota file as JSON bytes (TOML files converted).
+/// The quota file as JSON bytes (TOML files converted), checked for shape
+/// here so that an error names this file, the quota, the field and the
+/// line (the root checks the values).
 fn read_quota_file(file: &Path) -> Result<Vec<u8>, CliError> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| CliError::new(format!("cannot read {}: {e}", file.display())))?;
+    let in_file = |e: &dyn std::fmt::Display| CliError::new(format!("{}: {e}", file.display()));
     if file.extension().is_some_and(|e| e == "toml") {
-        let value: toml::Value = toml::from_str(&text)
-            .map_err(|e| CliError::new(format!("{}: {}", file.display(), e.message())))?;
-        return serde_json::to_vec(&value).map_err(CliError::new);
+        let specs = specs_from_toml(&text).map_err(|e| in_file(&e))?;
+        return serde_json::to_vec(&json!({ "quotas": specs })).map_err(CliError::new);
     }
+    specs_from_json(&text).map_err(|e| in_file(&e))?;
     Ok(text.into_bytes())
+}
+
+/// Parses a TOML quota file (`[[quotas]]` tables), with errors as
+/// [`specs_from_json`] gives them: quota, field, line and column.
+fn specs_from_toml(text: &str) -> Result<Vec<QuotaSpec>, ParseError> {
+    let place = RefCell::new(FilePlace::default());
+    read_specs(toml::Deserializer::new(text), &place).map_err(|e| {
+        let mut place = place.into_inner();
+        if let Some((line, column)) = toml_position(text, &e) {
+            (place.line, place.column) = (Some(line), Some(column));
+        }
+        ParseError {
+            place,
+            message: e.message().trim().to_string(),
+        }
+    })
+}
+
+/// Refuses what the root could only misread: a non-finite number (JSON
+/// has none; `inf` would become `null`, "use the default") or a negative
+/// one, as the flag that carried it.
+fn check_numbers(change: &Change) -> Result<(), CliError> {
+    let flags = [
+        ("--limit", change.limit),
+        ("--low-burst", change.low_burst),
+        ("--high-burst", change.high_burst),
+    ];
+    for (flag, value) in flags {
+        if let Some(v) = value.filter(|v| !v.is_finite() || *v < 0.0) {
+            return Err(CliError::new(format!(
+                "{flag} {v}: must be a finite number, zero or more"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a quota name the root would refuse, before it goes into a URL
+/// (where `.` and `..` would be resolved away to another path).
+fn check_name(name: &str) -> Result<(), CliError> {
+    validate_name(name)
+        .map_err(|e| CliError::new(format!("invalid quota name {name:?}: {}", e.message)))
 }
 
 fn show_diff(reply: &Value) -> String {
@@ -473,6 +730,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn set_makes_keeps_and_removes_windows() {
+        let change = |window, sliding| Change {
+            limit: None,
+            low_burst: None,
+            high_burst: None,
+            parent: None,
+            per_key: None,
+            window,
+            sliding,
+        };
+        let leaky = json!({"limit": 10.0});
+        let made = merge_change(
+            "q",
+            Some(&leaky),
+            &change(Some(Some(Window::Day)), Some(true)),
+        );
+        assert_eq!(
+            made.unwrap(),
+            json!({"limit": 10.0, "parent": null, "window": "1d", "sliding": true})
+        );
+        let daily = json!({"limit": 10.0, "window": "1d", "sliding": true});
+        let kept = merge_change("q", Some(&daily), &change(None, None)).unwrap();
+        assert_eq!(
+            (&kept["window"], &kept["sliding"]),
+            (&json!("1d"), &json!(true))
+        );
+        let fixed = merge_change("q", Some(&daily), &change(None, Some(false))).unwrap();
+        assert!(fixed["sliding"].is_null());
+        let gone = merge_change("q", Some(&daily), &change(Some(None), None)).unwrap();
+        assert!(gone["window"].is_null() && gone["sliding"].is_null());
+        let error = merge_change("q", Some(&leaky), &change(None, Some(true))).unwrap_err();
+        assert!(error.to_string().contains("--window"), "{error}");
+        assert!(parse_window_flag("month").is_ok() && parse_window_flag("none").is_ok());
+        assert!(parse_window_flag("2m").unwrap_err().contains("1s, 10s, 1m"));
+    }
+
+    #[test]
     fn set_keeps_what_is_not_given_and_can_detach() {
         let current = json!({"limit": 10.0, "low_burst": 20.0, "high_burst": 30.0, "parent": "p"});
         let change = Change {
@@ -480,6 +774,9 @@ mod tests {
             low_burst: None,
             high_burst: None,
             parent: None,
+            per_key: None,
+            window: None,
+            sliding: None,
         };
         let body = merge_change("q", Some(&current), &change).unwrap();
         assert_eq!(
@@ -491,11 +788,25 @@ mod tests {
             low_burst: None,
             high_burst: None,
             parent: Some(None),
+            per_key: None,
+            window: None,
+            sliding: None,
         };
         assert_eq!(
             merge_change("q", Some(&current), &detach).unwrap()["parent"],
             Value::Null
         );
+        // A per-key template stays one unless --shared says otherwise.
+        let template = json!({"limit": 10.0, "per_key": true});
+        assert_eq!(
+            merge_change("q", Some(&template), &detach).unwrap()["per_key"],
+            json!(true)
+        );
+        let shared = Change {
+            per_key: Some(false),
+            ..detach
+        };
+        assert!(merge_change("q", Some(&template), &shared).unwrap()["per_key"].is_null());
     }
 
     #[test]
@@ -505,6 +816,9 @@ mod tests {
             low_burst: Some(1.0),
             high_burst: None,
             parent: None,
+            per_key: None,
+            window: None,
+            sliding: None,
         };
         assert!(merge_change("q", None, &change)
             .unwrap_err()
@@ -518,6 +832,52 @@ mod tests {
             merge_change("q", None, &change).unwrap(),
             json!({"limit": 3.0, "low_burst": 1.0, "parent": null})
         );
+    }
+
+    #[test]
+    fn non_finite_and_negative_numbers_are_refused_by_flag() {
+        let change = |high_burst| Change {
+            limit: Some(1.0),
+            low_burst: None,
+            high_burst: Some(high_burst),
+            parent: None,
+            per_key: None,
+            window: None,
+            sliding: None,
+        };
+        assert!(check_numbers(&change(2.0)).is_ok());
+        assert!(check_numbers(&change(0.0)).is_ok());
+        for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -1.0] {
+            let error = check_numbers(&change(bad)).unwrap_err();
+            assert!(
+                error.message.starts_with("--high-burst "),
+                "{}",
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn toml_quota_files_report_quota_field_and_line() {
+        let text =
+            "[[quotas]]\nname = \"a\"\nlimit = 1\n\n[[quotas]]\nname = \"b\"\nlimit = \"ten\"\n";
+        let error = specs_from_toml(text).unwrap_err();
+        assert_eq!(error.path().as_deref(), Some("quotas[1].limit"));
+        let line = error.to_string();
+        assert!(
+            line.starts_with("quotas[1].limit (quota \"b\"): "),
+            "{line}"
+        );
+        assert!(line.contains("at line 7, column 9"), "{line}");
+        let syntax = specs_from_toml("[[quotas]\nname = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !syntax.contains('\n') && syntax.contains("at line 1"),
+            "{syntax}"
+        );
+        let ok = specs_from_toml("[[quotas]]\nname = \"a\"\nlimit = 2\n").unwrap();
+        assert_eq!((ok[0].name.as_str(), ok[0].limit), ("a", 2.0));
     }
 
     #[test]

@@ -20,6 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::window::{WindowLevel, WindowRule};
 use super::{Nanos, SECS_PER_NANO};
 
 /// A bucket level observed at a time.
@@ -79,6 +80,149 @@ impl Level {
     /// sync reply may carry.
     pub fn is_valid(&self) -> bool {
         self.level.is_finite() && self.level >= 0.0
+    }
+}
+
+/// A counter's state whatever it counts: for a leaky bucket the level at
+/// `at` (`prev` unused, 0); for a window quota the count of the window
+/// holding `at` and the count of the window before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// The level, or the window's count.
+    pub level: f64,
+    /// The previous window's count (window quotas only).
+    pub prev: f64,
+    /// When, in nanoseconds of the owner's clock.
+    pub at: Nanos,
+}
+
+impl Tally {
+    /// A leaky bucket's level as a tally.
+    pub const fn leaky(level: Level) -> Self {
+        Self {
+            level: level.level,
+            prev: 0.0,
+            at: level.at,
+        }
+    }
+
+    /// The level and its time.
+    pub const fn level(&self) -> Level {
+        Level {
+            level: self.level,
+            at: self.at,
+        }
+    }
+
+    /// True for finite, non-negative numbers.
+    pub fn is_valid(&self) -> bool {
+        self.level().is_valid() && self.prev.is_finite() && self.prev >= 0.0
+    }
+}
+
+/// How a counter moves with time: a leaky bucket drains at its limit; a
+/// window quota's count starts over with every window. Every place that
+/// adds to, merges or ages a counter (the table's slots and keys, the
+/// roots, the simulator) goes through this, so the two kinds of quota
+/// share all the machinery around their counters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Counting {
+    /// Leaks at this many units per second.
+    Leak(f64),
+    /// Counts in windows.
+    Window(WindowRule),
+}
+
+impl Counting {
+    /// The counting of a quota leaking at `limit`, or counting in windows.
+    pub fn of(limit: f64, window: Option<WindowRule>) -> Self {
+        window.map_or(Counting::Leak(limit), Counting::Window)
+    }
+
+    fn as_window(t: Tally) -> WindowLevel {
+        WindowLevel {
+            count: t.level,
+            prev: t.prev,
+            at: t.at,
+        }
+    }
+
+    fn from_window(w: WindowLevel) -> Tally {
+        Tally {
+            level: w.count,
+            prev: w.prev,
+            at: w.at,
+        }
+    }
+
+    /// Adds `weight` at `now`.
+    pub fn add(&self, t: Tally, now: Nanos, weight: f64) -> Tally {
+        match self {
+            Counting::Leak(limit) => Tally::leaky(t.level().add(*limit, now, weight)),
+            Counting::Window(rule) => Self::from_window(Self::as_window(t).add(rule, now, weight)),
+        }
+    }
+
+    /// Adds `weight` that belongs to window `index` (leaky counters
+    /// ignore it): see [`WindowLevel::add_in`]; `None` when it is too old
+    /// to matter.
+    pub fn add_in(&self, t: Tally, index: Option<i64>, now: Nanos, weight: f64) -> Option<Tally> {
+        match (self, index) {
+            (Counting::Window(rule), Some(index)) => Self::as_window(t)
+                .add_in(rule, index, now, weight)
+                .map(Self::from_window),
+            _ => Some(self.add(t, now, weight)),
+        }
+    }
+
+    /// The larger of two views of one counter (a CRDT merge).
+    pub fn merge(&self, a: Tally, b: Tally) -> Tally {
+        match self {
+            Counting::Leak(limit) => Tally::leaky(a.level().merge(b.level(), *limit)),
+            Counting::Window(rule) => {
+                Self::from_window(Self::as_window(a).merge(Self::as_window(b), rule))
+            }
+        }
+    }
+
+    /// The same counter restated at `now` (leaked to it; or moved to its
+    /// window). A `now` before `at` keeps the tally.
+    pub fn aged(&self, t: Tally, now: Nanos) -> Tally {
+        if now <= t.at {
+            return t;
+        }
+        match self {
+            Counting::Leak(limit) => Tally::leaky(t.level().leaked(*limit, now)),
+            Counting::Window(rule) => {
+                let (level, prev) = Self::as_window(t).counts_at(rule, now);
+                Tally {
+                    level,
+                    prev,
+                    at: now,
+                }
+            }
+        }
+    }
+
+    /// The level decisions compare at `now` (without extrapolation).
+    pub fn current(&self, t: Tally, now: Nanos) -> f64 {
+        match self {
+            Counting::Leak(limit) => t.level().leaked(*limit, now).level,
+            Counting::Window(rule) => Self::as_window(t).level_at(rule, now),
+        }
+    }
+
+    /// True when the counter holds nothing that can matter at `now`: a
+    /// drained bucket; a window quota with nothing in its current window
+    /// (nor, sliding, in the one before).
+    pub fn is_empty(&self, t: Tally, now: Nanos) -> bool {
+        match self {
+            Counting::Leak(_) => self.current(t, now) <= 0.0,
+            Counting::Window(rule) => {
+                let (count, prev) = Self::as_window(t).counts_at(rule, now);
+                count <= 0.0 && (!rule.sliding || prev <= 0.0)
+            }
+        }
     }
 }
 
@@ -218,5 +362,54 @@ mod tests {
         }
         .is_valid());
         assert!(!Level { level: -1.0, at: 0 }.is_valid());
+    }
+
+    #[test]
+    fn counting_treats_both_kinds_through_one_interface() {
+        use crate::core::window::Window;
+        let leak = Counting::Leak(10.0);
+        let t = leak.add(Tally::default(), 0, 50.0);
+        assert_eq!(leak.current(t, SEC), 40.0);
+        assert_eq!(
+            leak.aged(t, 2 * SEC),
+            Tally {
+                level: 30.0,
+                prev: 0.0,
+                at: 2 * SEC
+            }
+        );
+        assert!(leak.is_empty(t, 5 * SEC) && !leak.is_empty(t, 4 * SEC));
+        // A leaky counter ignores a window index.
+        assert_eq!(leak.add_in(t, Some(3), 0, 1.0).unwrap().level, 51.0);
+
+        let rule = WindowRule {
+            window: Window::TenSeconds,
+            sliding: true,
+            utc_offset: 0,
+        };
+        let win = Counting::Window(rule);
+        let t = win.add(Tally::default(), SEC, 8.0);
+        assert_eq!(win.current(t, 5 * SEC), 8.0);
+        // Half into the next window: half of the 8 still slides in.
+        assert_eq!(win.current(t, 15 * SEC), 4.0);
+        assert_eq!(
+            win.aged(t, 15 * SEC),
+            Tally {
+                level: 0.0,
+                prev: 8.0,
+                at: 15 * SEC
+            }
+        );
+        assert!(!win.is_empty(t, 15 * SEC) && win.is_empty(t, 25 * SEC));
+        let other = win.add(Tally::default(), 12 * SEC, 1.0);
+        assert_eq!(
+            win.merge(t, other),
+            Tally {
+                level: 1.0,
+                prev: 8.0,
+                at: 12 * SEC
+            }
+        );
+        assert!(win.add_in(t, Some(-1), 25 * SEC, 1.0).is_none());
     }
 }

@@ -1,8 +1,9 @@
 //! The decision: pass, reject, or reject with a probability rising across
 //! the burst band; and the check of a quota with all its ancestors.
 
-use super::estimate::{estimate_level, Estimator};
-use super::{Level, Nanos};
+use super::estimate::{estimate_level, estimate_window, Estimator};
+use super::window::WindowRule;
+use super::{Level, Nanos, SECS_PER_NANO};
 
 /// Outcome of checking one quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,9 +45,10 @@ pub fn decide(level: f64, weight: f64, low_burst: f64, high_burst: f64, draw: f6
     }
 }
 
-/// Everything the decision needs to know about one quota at check time.
+/// One quota as a check read it: everything the decision needs to know
+/// about it at check time (its numbers and its counter's state).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct QuotaView {
+pub struct QuotaSnapshot {
     /// Leak rate, units per second.
     pub limit: f64,
     /// Level up to which everything passes.
@@ -61,6 +63,314 @@ pub struct QuotaView {
     /// Weight this host admitted that `known` does not include yet (pending
     /// plus sent-but-unacknowledged).
     pub own_recent: f64,
+    /// For a window quota, how it counts: `known.level` is then the count
+    /// of the window holding `known.at`, and `prev` the count of the window
+    /// before it (see [`super::window`]). `None`: a leaky bucket.
+    pub window: Option<WindowRule>,
+    /// A window quota's previous window's count as of `known.at`.
+    pub prev: f64,
+}
+
+/// How much room a quota has as a check estimated it: what the rate-limit
+/// response headers and `Retry-After` are computed from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Room {
+    /// Leak rate, units per second.
+    pub limit: f64,
+    /// Level up to which everything passes: what passes with certainty
+    /// from an empty bucket.
+    pub low_burst: f64,
+    /// Level from which everything is rejected.
+    pub high_burst: f64,
+    /// The estimated level (with the request's weight, when it was
+    /// counted).
+    pub level: f64,
+    /// For a window quota, where its window stands: a window quota's
+    /// level falls at window ends, not by leaking.
+    pub window: Option<WindowRoom>,
+}
+
+/// Where a window quota's window stands, for [`Room`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowRoom {
+    /// Seconds until the current window ends.
+    pub to_end: f64,
+    /// The current window's length, seconds.
+    pub length: f64,
+    /// The next window's length, seconds (months differ).
+    pub next_length: f64,
+    /// The current window's count (with the added units).
+    pub count: f64,
+    /// The previous window's count (0 unless sliding).
+    pub prev: f64,
+    /// The share of `prev` that counts now (sliding).
+    pub prev_weight: f64,
+    /// The window slides.
+    pub sliding: bool,
+}
+
+impl WindowRoom {
+    /// Seconds until a window quota at `level` is down to `target`: at
+    /// once if it is there; for a fixed window, at the window's end; for a
+    /// sliding one, when the previous window's share has shrunk enough, in
+    /// this window or (when this window's own count is too high) the next.
+    fn wait_for(&self, level: f64, target: f64) -> f64 {
+        if level <= target {
+            return 0.0;
+        }
+        if !self.sliding {
+            return self.to_end;
+        }
+        if self.count <= target && self.prev > 0.0 {
+            // prev * weight falls linearly to 0 over the window.
+            let weight_then = (target - self.count) / self.prev;
+            return ((self.prev_weight - weight_then) * self.length).max(0.0);
+        }
+        // Next window: this count becomes the previous one, weighing 1 at
+        // its start.
+        let weight_then = if self.count > 0.0 {
+            (target / self.count).min(1.0)
+        } else {
+            1.0
+        };
+        self.to_end + (1.0 - weight_then) * self.next_length
+    }
+}
+
+/// Longest wait a rejection announces (a year): a request that would have
+/// to wait longer (a tiny limit, a level inflated far above its quota) is
+/// told that waiting cannot help instead of a number no client honours.
+pub const MAX_RETRY_SECS: f64 = 365.0 * 86_400.0;
+
+/// Whether, and when, waiting lets a rejected request pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Wait {
+    /// Seconds until the request passes for sure (a weight up to
+    /// `low_burst`) or has its best odds (a weight inside the burst band:
+    /// the bucket empty). Zero when only the draw rejected it.
+    Seconds(f64),
+    /// The request cannot pass this quota as it stands, however long it
+    /// waits.
+    Never(Never),
+}
+
+/// Why waiting cannot help a rejected request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Never {
+    /// The weight is above `high_burst`: it is rejected even from an empty
+    /// bucket (a check of weight 0 when `high_burst` is 0, too).
+    OverHighBurst {
+        /// The quota's `high_burst`.
+        high_burst: f64,
+    },
+    /// The limit is 0: the level never drains.
+    NoLeak,
+    /// The level drains, but only after more than [`MAX_RETRY_SECS`].
+    TooLong {
+        /// Seconds it would take.
+        seconds: f64,
+    },
+}
+
+impl std::fmt::Display for Never {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Never::OverHighBurst { high_burst } => {
+                write!(f, "the weight is above the quota's high_burst {high_burst}")
+            }
+            Never::NoLeak => f.write_str("the quota's limit is 0: its level never drains"),
+            Never::TooLong { seconds } => write!(
+                f,
+                "its level would take {seconds:.0} s to drain, more than {MAX_RETRY_SECS:.0} s"
+            ),
+        }
+    }
+}
+
+impl Room {
+    /// The room of `quota` at `now`, with `added` units on its estimated
+    /// level.
+    pub fn of(quota: &QuotaSnapshot, added: f64, now: Nanos, estimator: &Estimator) -> Room {
+        let mut room = Room {
+            limit: quota.limit,
+            low_burst: quota.low_burst,
+            high_burst: quota.high_burst,
+            level: 0.0,
+            window: None,
+        };
+        let Some(rule) = &quota.window else {
+            room.level = estimate_level(quota, now, estimator) + added;
+            return room;
+        };
+        let estimate = estimate_window(quota, rule, now, estimator);
+        let secs = |ns: i64| ns as f64 * SECS_PER_NANO;
+        let at = estimate.at;
+        room.level = estimate.level() + added;
+        room.window = Some(WindowRoom {
+            to_end: secs(at.to_end()),
+            length: secs(at.length),
+            next_length: secs(rule.window.length(at.index + 1)),
+            count: estimate.count + added,
+            prev: estimate.prev,
+            prev_weight: if rule.sliding { at.prev_weight() } else { 0.0 },
+            sliding: rule.sliding,
+        });
+        room
+    }
+
+    /// The span the quota is stated over, seconds: a window quota's window;
+    /// for a leaky bucket the time an empty bucket takes to refill its low
+    /// burst (at least 1; a day when nothing leaks).
+    pub fn period(&self) -> f64 {
+        match &self.window {
+            Some(w) => w.length,
+            None if self.limit > 0.0 => (self.low_burst / self.limit).ceil().max(1.0),
+            None => 86_400.0,
+        }
+    }
+
+    /// Units below `low_burst`: negative when the level is above it.
+    pub fn slack(&self) -> f64 {
+        self.low_burst - self.level
+    }
+
+    /// Units that would still pass with certainty.
+    pub fn remaining(&self) -> f64 {
+        self.slack().max(0.0)
+    }
+
+    /// Seconds until the bucket is empty again (infinite for limit 0 and
+    /// a non-empty bucket).
+    pub fn seconds_to_empty(&self) -> f64 {
+        if let Some(w) = &self.window {
+            // A sliding count lingers through the next window.
+            return if w.sliding && w.count > 0.0 {
+                w.to_end + w.next_length
+            } else if w.count > 0.0 || w.prev * w.prev_weight > 0.0 {
+                w.to_end
+            } else {
+                0.0
+            };
+        }
+        if self.level <= 0.0 {
+            0.0
+        } else if self.limit > 0.0 {
+            self.level / self.limit
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// When a request of `weight` that this quota rejected could pass
+    /// (`level` is the level it was rejected at, without its weight).
+    ///
+    /// A weight up to `low_burst` passes for sure once the level has
+    /// leaked to `low_burst - weight`; a weight inside the band never
+    /// passes for sure, and has its best odds once the bucket is empty; a
+    /// weight above `high_burst` never passes, nor does anything that
+    /// needs a frozen (limit 0) level to drop. A rejection by the draw
+    /// alone, at a level the request could pass at, waits 0 s.
+    pub fn wait(&self, weight: f64) -> Wait {
+        let counted = weight > 0.0;
+        if (counted && weight > self.high_burst) || (!counted && self.high_burst <= 0.0) {
+            return Wait::Never(Never::OverHighBurst {
+                high_burst: self.high_burst,
+            });
+        }
+        let after = self.level + weight;
+        let full = if counted {
+            after > self.high_burst
+        } else {
+            after >= self.high_burst
+        };
+        let target = if weight <= self.low_burst {
+            self.low_burst - weight
+        } else {
+            0.0
+        };
+        if let Some(w) = &self.window {
+            return Wait::Seconds(w.wait_for(self.level, target));
+        }
+        let excess = (self.level - target).max(0.0);
+        if self.limit <= 0.0 {
+            return if full {
+                Wait::Never(Never::NoLeak)
+            } else {
+                Wait::Seconds(0.0)
+            };
+        }
+        let seconds = excess / self.limit;
+        if seconds > MAX_RETRY_SECS {
+            Wait::Never(Never::TooLong { seconds })
+        } else {
+            Wait::Seconds(seconds)
+        }
+    }
+}
+
+/// The quota of `chain` with the least room once `added` units are
+/// counted on every level: its index in the chain and its room (the first
+/// one on a tie). `chain` must not be empty.
+pub fn tightest(
+    chain: &[QuotaSnapshot],
+    added: f64,
+    now: Nanos,
+    estimator: &Estimator,
+) -> (usize, Room) {
+    let mut best = (0, Room::of(&chain[0], added, now, estimator));
+    for (depth, quota) in chain.iter().enumerate().skip(1) {
+        let room = Room::of(quota, added, now, estimator);
+        if room.slack() < best.1.slack() {
+            best = (depth, room);
+        }
+    }
+    best
+}
+
+/// A partial grant: the most units, up to `want`, that every quota of
+/// `chain` allows with certainty now (its level plus the grant at most
+/// `low_burst`), whole units only; and the index of the quota that
+/// allows the least. `chain` must not be empty.
+///
+/// Only the certain part counts: in the burst band a partial grant would
+/// be a coin toss per unit, and a caller that asked for several units
+/// wants to know how many it may use, not a gamble.
+pub fn grantable(
+    chain: &[QuotaSnapshot],
+    want: f64,
+    now: Nanos,
+    estimator: &Estimator,
+) -> (f64, usize) {
+    let (depth, room) = tightest(chain, 0.0, now, estimator);
+    (room.slack().clamp(0.0, want).floor(), depth)
+}
+
+/// A reservation's wait: how long a request of `weight` counted now must
+/// wait before it acts so that every quota of `chain` stays at its rate
+/// (GCRA's theoretical arrival time, on the estimated fleet-wide level):
+/// the longest of the quotas' waits until their level has leaked down to
+/// room for the weight ([`Room::wait`]), in seconds. `Err` with the index
+/// of the quota that refuses and why, when waiting cannot help (a weight
+/// above a `high_burst`, a frozen level) or a window quota has no room
+/// now: its next window's room cannot be taken in advance.
+pub fn reserve_wait(
+    chain: &[QuotaSnapshot],
+    weight: f64,
+    now: Nanos,
+    estimator: &Estimator,
+) -> Result<f64, (usize, Wait)> {
+    let mut longest = 0.0f64;
+    for (depth, quota) in chain.iter().enumerate() {
+        let room = Room::of(quota, 0.0, now, estimator);
+        match room.wait(weight) {
+            Wait::Seconds(s) if s > 0.0 && room.window.is_some() => {
+                return Err((depth, Wait::Seconds(s)))
+            }
+            Wait::Seconds(s) => longest = longest.max(s),
+            never => return Err((depth, never)),
+        }
+    }
+    Ok(longest)
 }
 
 /// Outcome of checking a quota and its ancestors.
@@ -83,7 +393,7 @@ pub enum ChainVerdict {
 ///
 /// `draw` is called only for quotas whose level falls in the band.
 pub fn check_chain(
-    chain: &[QuotaView],
+    chain: &[QuotaSnapshot],
     weight: f64,
     now: Nanos,
     estimator: &Estimator,
@@ -147,13 +457,13 @@ mod tests {
         assert_eq!(decide(15.0, 0.0, 10.0, 20.0, 0.4), Verdict::Reject);
     }
 
-    fn view(level: f64, low: f64, high: f64) -> QuotaView {
-        QuotaView {
+    fn view(level: f64, low: f64, high: f64) -> QuotaSnapshot {
+        QuotaSnapshot {
             limit: 1.0,
             low_burst: low,
             high_burst: high,
             known: Level { level, at: 0 },
-            ..QuotaView::default()
+            ..QuotaSnapshot::default()
         }
     }
 
@@ -174,6 +484,112 @@ mod tests {
     }
 
     #[test]
+    fn the_wait_is_the_time_to_leak_down_to_room_for_the_weight() {
+        let room = Room {
+            limit: 10.0,
+            low_burst: 20.0,
+            high_burst: 40.0,
+            level: 20.0,
+            window: None,
+        };
+        assert_eq!(room.wait(5.0), Wait::Seconds(0.5));
+        assert_eq!(room.wait(0.0), Wait::Seconds(0.0));
+        // Inside the band: the best odds come with an empty bucket.
+        assert_eq!(room.wait(30.0), Wait::Seconds(2.0));
+        let frozen = Room { limit: 0.0, ..room };
+        assert_eq!(frozen.seconds_to_empty(), f64::INFINITY);
+        assert_eq!(room.seconds_to_empty(), 2.0);
+        assert_eq!(frozen.seconds_to_empty(), f64::INFINITY);
+        assert_eq!(
+            Room {
+                level: 0.0,
+                ..frozen
+            }
+            .seconds_to_empty(),
+            0.0
+        );
+        assert_eq!((room.remaining(), room.slack()), (0.0, 0.0));
+        assert_eq!(
+            Room {
+                level: 25.0,
+                ..room
+            }
+            .slack(),
+            -5.0
+        );
+    }
+
+    #[test]
+    fn waiting_cannot_help_over_high_burst_at_limit_zero_or_beyond_a_year() {
+        let room = Room {
+            limit: 10.0,
+            low_burst: 20.0,
+            high_burst: 40.0,
+            level: 0.0,
+            window: None,
+        };
+        let over = Wait::Never(Never::OverHighBurst { high_burst: 40.0 });
+        assert_eq!(room.wait(41.0), over);
+        assert_eq!(room.wait(crate::core::quota::MAX_WEIGHT as f64), over);
+        let closed = Room {
+            high_burst: 0.0,
+            low_burst: 0.0,
+            ..room
+        };
+        assert!(matches!(
+            closed.wait(0.0),
+            Wait::Never(Never::OverHighBurst { .. })
+        ));
+        // A frozen quota at its burst never drains...
+        let frozen = Room {
+            limit: 0.0,
+            level: 40.0,
+            window: None,
+            ..room
+        };
+        assert_eq!(frozen.wait(1.0), Wait::Never(Never::NoLeak));
+        assert_eq!(frozen.wait(0.0), Wait::Never(Never::NoLeak));
+        // ...but inside its band a retry may pass the draw now.
+        let banded = Room {
+            level: 30.0,
+            ..frozen
+        };
+        assert_eq!(banded.wait(1.0), Wait::Seconds(0.0));
+        // An inflated level (a forged sync) drains in geological time.
+        let inflated = Room {
+            level: 9e20,
+            ..room
+        };
+        assert!(matches!(
+            inflated.wait(1.0),
+            Wait::Never(Never::TooLong { .. })
+        ));
+        let year = Room {
+            level: 20.0 + 10.0 * MAX_RETRY_SECS,
+            ..room
+        };
+        assert_eq!(year.wait(0.0), Wait::Seconds(MAX_RETRY_SECS));
+        assert_eq!(
+            Never::OverHighBurst { high_burst: 40.0 }.to_string(),
+            "the weight is above the quota's high_burst 40"
+        );
+    }
+
+    #[test]
+    fn the_tightest_quota_has_the_least_room_after_the_weight() {
+        let est = Estimator::default();
+        let chain = [
+            view(0.0, 10.0, 10.0),
+            view(5.0, 10.0, 10.0),
+            view(95.0, 100.0, 100.0),
+        ];
+        let (depth, room) = tightest(&chain, 2.0, 0, &est);
+        assert_eq!((depth, room.level, room.remaining()), (1, 7.0, 3.0));
+        let (depth, _) = tightest(&chain[2..], 2.0, 0, &est);
+        assert_eq!(depth, 0);
+    }
+
+    #[test]
     fn a_chain_draws_only_inside_the_band() {
         let est = Estimator::default();
         let mut draws = 0;
@@ -187,5 +603,50 @@ mod tests {
             0.99
         });
         assert_eq!(draws, 1);
+    }
+
+    #[test]
+    fn a_grant_is_what_every_quota_allows_for_sure() {
+        let est = Estimator::default();
+        let chain = [view(3.5, 10.0, 20.0), view(0.0, 5.0, 5.0)];
+        // The parent allows 5, the quota 6.5: 5 whole units.
+        assert_eq!(grantable(&chain, 100.0, 0, &est), (5.0, 1));
+        assert_eq!(grantable(&chain, 2.0, 0, &est), (2.0, 1));
+        // In the band nothing is certain: nothing is granted.
+        let full = [view(12.0, 10.0, 20.0)];
+        assert_eq!(grantable(&full, 3.0, 0, &est), (0.0, 0));
+    }
+
+    #[test]
+    fn a_reservation_waits_until_the_level_has_room() {
+        let est = Estimator::default();
+        // limit 1/s: 4 units over a low burst of 10 with weight 2 is 6 s.
+        let chain = [view(14.0, 10.0, 20.0)];
+        assert_eq!(reserve_wait(&chain, 2.0, 0, &est), Ok(6.0));
+        assert_eq!(
+            reserve_wait(&[view(3.0, 10.0, 20.0)], 2.0, 0, &est),
+            Ok(0.0)
+        );
+        // The longest wait of the chain.
+        let chain = [view(14.0, 10.0, 20.0), view(30.0, 10.0, 40.0)];
+        assert_eq!(reserve_wait(&chain, 2.0, 0, &est), Ok(22.0));
+        // A weight above high_burst never passes.
+        assert!(matches!(
+            reserve_wait(&[view(0.0, 10.0, 20.0)], 21.0, 0, &est),
+            Err((0, Wait::Never(_)))
+        ));
+        // A full window cannot be reserved into.
+        let window = QuotaSnapshot {
+            window: Some(crate::core::WindowRule {
+                window: crate::core::Window::TenSeconds,
+                sliding: false,
+                utc_offset: 0,
+            }),
+            ..view(10.0, 10.0, 10.0)
+        };
+        assert_eq!(
+            reserve_wait(&[window], 1.0, 2_000_000_000, &est),
+            Err((0, Wait::Seconds(8.0)))
+        );
     }
 }

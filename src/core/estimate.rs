@@ -24,7 +24,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::counter::{seconds_between, Level};
-use super::decision::QuotaView;
+use super::decision::QuotaSnapshot;
+use super::window::{Located, WindowLevel, WindowRule};
 use super::Nanos;
 
 /// How the rest of the fleet's fill is extrapolated between syncs.
@@ -63,15 +64,120 @@ impl Default for Estimator {
 pub const FILL_RATE_SMOOTHING: f64 = 0.5;
 
 /// The estimated level of one quota at `now`.
-pub fn estimate_level(view: &QuotaView, now: Nanos, estimator: &Estimator) -> f64 {
-    let others_rate = match estimator.mode {
-        Extrapolation::ConstantRatio { ratio } => ratio * view.limit,
-        Extrapolation::Adaptive => view.fill_rate,
-    };
+pub fn estimate_level(view: &QuotaSnapshot, now: Nanos, estimator: &Estimator) -> f64 {
+    if let Some(rule) = &view.window {
+        return estimate_window(view, rule, now, estimator).level();
+    }
+    let others_rate = others_rate(view, estimator);
     let dt = seconds_between(view.known.at, now);
     let horizon = estimator.horizon as f64 * super::SECS_PER_NANO;
     let others = others_rate * dt.min(horizon);
     (view.known.level + others - view.limit * dt).max(0.0) + view.own_recent
+}
+
+/// The rate at which the rest of the fleet is assumed to fill a quota.
+fn others_rate(view: &QuotaSnapshot, estimator: &Estimator) -> f64 {
+    match estimator.mode {
+        // A window quota's limit is per window: a constant ratio of it
+        // per second would be meaningless, so it is the measured rate.
+        Extrapolation::ConstantRatio { ratio } if view.window.is_none() => ratio * view.limit,
+        _ => view.fill_rate,
+    }
+}
+
+/// A window quota's estimated counts at a time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowEstimate {
+    /// The current window's count: the known count if it is this window's,
+    /// what the others added in this window since (extrapolated up to the
+    /// horizon), and this host's own weight not yet known.
+    pub count: f64,
+    /// The previous window's count (sliding windows only; else 0).
+    pub prev: f64,
+    /// Where `now` is in its window.
+    pub at: Located,
+    /// The window slides.
+    pub sliding: bool,
+}
+
+impl WindowEstimate {
+    /// The level the decision compares: the count, plus the previous
+    /// window's share when sliding.
+    pub fn level(&self) -> f64 {
+        if self.sliding {
+            self.count + self.prev * self.at.prev_weight()
+        } else {
+            self.count
+        }
+    }
+}
+
+/// The estimate of a window quota at `now`, the window counterpart of
+/// [`estimate_level`]'s leaky formula: no leak, the known count starting
+/// over when its window ends, the others' extrapolated weight counted in
+/// the window it falls in.
+///
+/// This host's own unsent weight all counts in the current window, even
+/// the part admitted just before a boundary: an estimate errs high.
+pub fn estimate_window(
+    view: &QuotaSnapshot,
+    rule: &WindowRule,
+    now: Nanos,
+    estimator: &Estimator,
+) -> WindowEstimate {
+    let here = rule.locate(now);
+    let known = WindowLevel {
+        count: view.known.level,
+        prev: view.prev,
+        at: view.known.at,
+    };
+    let (count, prev) = known.counts_in(rule, here.index);
+    let rate = others_rate(view, estimator);
+    let mut estimate = WindowEstimate {
+        count: count + view.own_recent,
+        prev: 0.0,
+        at: here,
+        sliding: rule.sliding,
+    };
+    let start = now.saturating_sub(here.elapsed.max(0) as Nanos);
+    let until = now.min(view.known.at.saturating_add(estimator.horizon));
+    // A root's count lags the fleet: the others' weight since their own
+    // last syncs (half an interval on average, a quarter of the horizon)
+    // has not reached it. A leaky quota's steady state absorbs that lag;
+    // a window's count is final, so the lag would be admitted twice over
+    // at every window's end. The others' weight is counted from then.
+    let since = view.known.at.saturating_sub(estimator.horizon / 4);
+    if rate > 0.0 {
+        estimate.count += rate * seconds_between(since.max(start), until);
+    }
+    if rule.sliding {
+        estimate.prev = prev;
+        if rate > 0.0 && since < start {
+            let before = start.saturating_sub(1);
+            let prev_start = before.saturating_sub(rule.locate(before).elapsed.max(0) as Nanos);
+            estimate.prev += rate * seconds_between(since.max(prev_start), until.min(start));
+        }
+    }
+    estimate
+}
+
+/// Updates the others' fill rate of a window quota from two consecutive
+/// cluster counts (the window counterpart of [`measure_fill_rate`]):
+/// measured within one window; across a boundary the old rate stays.
+pub fn measure_window_fill_rate(
+    prev: WindowLevel,
+    next: WindowLevel,
+    rule: &WindowRule,
+    own_acked: f64,
+    prev_rate: f64,
+) -> f64 {
+    let dt = seconds_between(prev.at, next.at);
+    if dt <= 0.0 || rule.index_at(prev.at) != rule.index_at(next.at) {
+        return prev_rate;
+    }
+    let added_by_others = (next.count - prev.count - own_acked).max(0.0);
+    let rate = added_by_others / dt;
+    FILL_RATE_SMOOTHING * rate + (1.0 - FILL_RATE_SMOOTHING) * prev_rate
 }
 
 /// Updates the others' fill rate from two consecutive cluster levels.
@@ -105,14 +211,15 @@ mod tests {
 
     const SEC: Nanos = 1_000_000_000;
 
-    fn view(level: f64, fill_rate: f64, own_recent: f64) -> QuotaView {
-        QuotaView {
+    fn view(level: f64, fill_rate: f64, own_recent: f64) -> QuotaSnapshot {
+        QuotaSnapshot {
             limit: 100.0,
             low_burst: 100.0,
             high_burst: 200.0,
             known: Level { level, at: 0 },
             fill_rate,
             own_recent,
+            ..QuotaSnapshot::default()
         }
     }
 
@@ -194,13 +301,14 @@ mod tests {
                 let now = s as u64 * SEC + k * step;
                 truth = truth.add(limit, now, added / steps as f64);
                 if s >= 3 {
-                    let v = QuotaView {
+                    let v = QuotaSnapshot {
                         limit,
                         low_burst: 0.0,
                         high_burst: 0.0,
                         known,
                         fill_rate: rate,
                         own_recent: 0.0,
+                        ..QuotaSnapshot::default()
                     };
                     error += (estimate_level(&v, now, estimator) - truth.level).abs();
                     samples += 1.0;
@@ -238,5 +346,98 @@ mod tests {
             .collect();
         let (a, c) = (mean_error(&load, &ADAPTIVE), mean_error(&load, &YARL));
         assert!(c < a, "constant {c} vs adaptive {a}");
+    }
+
+    fn window_view(
+        count: f64,
+        prev: f64,
+        at: Nanos,
+        fill_rate: f64,
+        sliding: bool,
+    ) -> QuotaSnapshot {
+        QuotaSnapshot {
+            limit: 100.0,
+            low_burst: 100.0,
+            high_burst: 100.0,
+            known: Level { level: count, at },
+            fill_rate,
+            window: Some(WindowRule {
+                window: crate::core::Window::TenSeconds,
+                sliding,
+                utc_offset: 0,
+            }),
+            prev,
+            ..QuotaSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn a_window_count_does_not_leak_and_starts_over_with_the_next_window() {
+        let est = Estimator::default();
+        let v = QuotaSnapshot {
+            own_recent: 2.0,
+            ..window_view(30.0, 0.0, SEC, 0.0, false)
+        };
+        assert_eq!(estimate_level(&v, 9 * SEC, &est), 32.0);
+        // The known count was the last window's; own weight errs high.
+        assert_eq!(estimate_level(&v, 11 * SEC, &est), 2.0);
+    }
+
+    #[test]
+    fn others_are_extrapolated_into_the_window_they_fall_in() {
+        let est = Estimator {
+            mode: Extrapolation::Adaptive,
+            horizon: 2 * SEC,
+        };
+        // Others at 10/s, counted from a quarter of the horizon before the
+        // known count (the root's lag, 8.5 s) up to the horizon (11 s):
+        // 1.5 s of it in this window, 1 s in the next.
+        let v = window_view(30.0, 0.0, 9 * SEC, 10.0, false);
+        assert_eq!(estimate_level(&v, 9 * SEC + SEC / 2, &est), 40.0);
+        assert!((estimate_level(&v, 10 * SEC - 1, &est) - 45.0).abs() < 1e-6);
+        assert_eq!(estimate_level(&v, 12 * SEC, &est), 10.0);
+        // Sliding: at 12.5 s, 3/4 of the last window (30 + 15) still counts.
+        let v = window_view(30.0, 0.0, 9 * SEC, 10.0, true);
+        assert_eq!(
+            estimate_level(&v, 12 * SEC + SEC / 2, &est),
+            10.0 + 45.0 * 0.75
+        );
+    }
+
+    #[test]
+    fn constant_ratio_does_not_apply_to_window_quotas() {
+        let est = Estimator {
+            mode: Extrapolation::ConstantRatio { ratio: 1.0 },
+            horizon: 2 * SEC,
+        };
+        let v = window_view(30.0, 0.0, SEC, 0.0, false);
+        assert_eq!(estimate_level(&v, 2 * SEC, &est), 30.0);
+    }
+
+    #[test]
+    fn window_fill_rate_is_measured_within_a_window_only() {
+        let rule = WindowRule {
+            window: crate::core::Window::TenSeconds,
+            sliding: false,
+            utc_offset: 0,
+        };
+        let a = WindowLevel {
+            count: 10.0,
+            prev: 0.0,
+            at: SEC,
+        };
+        let b = WindowLevel {
+            count: 40.0,
+            prev: 0.0,
+            at: 3 * SEC,
+        };
+        // 30 added in 2 s, 10 of it ours: 10/s, smoothed with 0.
+        assert_eq!(measure_window_fill_rate(a, b, &rule, 10.0, 0.0), 5.0);
+        let c = WindowLevel {
+            count: 1.0,
+            prev: 40.0,
+            at: 11 * SEC,
+        };
+        assert_eq!(measure_window_fill_rate(b, c, &rule, 0.0, 7.0), 7.0);
     }
 }

@@ -5,17 +5,25 @@
 //! The nginx module, the C ABI, the root and the simulator all call these
 //! functions, so the semantics exist once.
 
+#![forbid(unsafe_code)]
+
 pub mod counter;
 pub mod decision;
 pub mod estimate;
+pub mod key;
 pub mod quota;
 pub mod rng;
 pub mod spec;
+pub mod window;
 
-pub use counter::Level;
-pub use decision::{check_chain, decide, ChainVerdict, QuotaView, Verdict};
+pub use counter::{Counting, Level, Tally};
+pub use decision::{
+    check_chain, decide, grantable, reserve_wait, tightest, ChainVerdict, Never, QuotaSnapshot,
+    Room, Verdict, Wait,
+};
 pub use estimate::{Estimator, Extrapolation};
 pub use quota::{Quota, ValidationError};
+pub use window::{Window, WindowLevel, WindowRule};
 
 /// Nanoseconds on a monotonic clock; the unit of every time in the core.
 pub type Nanos = u64;

@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::window::{Window, WindowRule};
+
 /// Longest quota name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 /// Longest parent chain, counting the quota itself.
@@ -49,6 +51,24 @@ pub struct Quota {
     /// Tombstone: the quota was deleted at `epoch`.
     #[serde(default)]
     pub deleted: bool,
+    /// A per-key template: every distinct key checked against it gets a
+    /// counter of its own with these numbers, chained to `parent`; the
+    /// quota itself counts nothing. A template cannot be a parent.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub per_key: bool,
+    /// A window quota: counts `limit` units per UTC-aligned window instead
+    /// of leaking (see [`super::window`]); `None`: a leaky bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
+    /// A window quota that also counts the previous window, weighted by
+    /// how much of it is still inside a window-long span ending now.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sliding: bool,
+}
+
+/// For `skip_serializing_if`: a `false` flag is left out of the JSON.
+pub fn is_false(flag: &bool) -> bool {
+    !*flag
 }
 
 /// Why a quota (or a set of quotas) is not acceptable, naming the field.
@@ -77,11 +97,25 @@ pub fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-')
 }
 
-/// Checks a quota name: 1..=255 bytes of `[A-Za-z0-9_.:-]`.
+/// Checks a quota name: 1..=255 bytes of `[A-Za-z0-9_.:-]`, and not `.`
+/// or `..` (the admin API takes names from URL paths, where those two
+/// are dot segments that clients and proxies resolve away).
 pub fn validate_name(name: &str) -> Result<(), ValidationError> {
     if name.is_empty() {
         return Err(ValidationError::new("name", "must not be empty"));
     }
+    if name == "." || name == ".." {
+        return Err(ValidationError::new(
+            "name",
+            format!("{name:?} is not a quota name: it is a path segment in the admin API's URLs"),
+        ));
+    }
+    validate_name_prefix(name)
+}
+
+/// Checks the start of a quota name (a listing's `prefix`): at most 255
+/// bytes of `[A-Za-z0-9_.:-]`, possibly empty, `.` and `..` allowed.
+pub fn validate_name_prefix(name: &str) -> Result<(), ValidationError> {
     if name.len() > MAX_NAME_LEN {
         return Err(ValidationError::new(
             "name",
@@ -132,6 +166,78 @@ pub fn validate_params(limit: f64, low_burst: f64, high_burst: f64) -> Result<()
 }
 
 impl Quota {
+    /// A live top-level quota at epoch 1. [`Quota::with_parent`] and
+    /// [`Quota::at_epoch`] set the rest; every place that builds a quota
+    /// starts here, so a new field needs one default, not one per caller.
+    pub fn new(
+        id: u64,
+        name: impl Into<String>,
+        limit: f64,
+        low_burst: f64,
+        high_burst: f64,
+    ) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            parent: None,
+            limit,
+            low_burst,
+            high_burst,
+            epoch: 1,
+            deleted: false,
+            per_key: false,
+            window: None,
+            sliding: false,
+        }
+    }
+
+    /// The tombstone that deletes quota `id` (named `name`) at `epoch`.
+    pub fn tombstone(id: u64, name: impl Into<String>, epoch: u64) -> Self {
+        Self {
+            deleted: true,
+            ..Self::new(id, name, 0.0, 0.0, 0.0).at_epoch(epoch)
+        }
+    }
+
+    /// The same quota under `parent` (`None`: top level).
+    pub fn with_parent(self, parent: Option<u64>) -> Self {
+        Self { parent, ..self }
+    }
+
+    /// The same quota at `epoch`.
+    pub fn at_epoch(self, epoch: u64) -> Self {
+        Self { epoch, ..self }
+    }
+
+    /// The same quota as a per-key template.
+    pub fn keyed(self) -> Self {
+        self.keyed_if(true)
+    }
+
+    /// The same quota, a per-key template if `per_key`.
+    pub fn keyed_if(self, per_key: bool) -> Self {
+        Self { per_key, ..self }
+    }
+
+    /// The same quota counting in `window`s (sliding if `sliding`).
+    pub fn windowed(self, window: Window, sliding: bool) -> Self {
+        Self {
+            window: Some(window),
+            sliding,
+            ..self
+        }
+    }
+
+    /// How the quota counts when it is a window quota, with `utc_offset`
+    /// turning the caller's clock into UTC.
+    pub fn window_rule(&self, utc_offset: i64) -> Option<WindowRule> {
+        self.window.map(|window| WindowRule {
+            window,
+            sliding: self.sliding,
+            utc_offset,
+        })
+    }
+
     /// Checks ids, name and numbers; a tombstone only needs valid ids and
     /// a valid name.
     pub fn validate(&self) -> Result<(), ValidationError> {
@@ -153,8 +259,54 @@ impl Quota {
                 "a quota cannot be its own parent",
             ));
         }
-        validate_params(self.limit, self.low_burst, self.high_burst)
+        validate_params(self.limit, self.low_burst, self.high_burst)?;
+        validate_window(
+            self.window,
+            self.sliding,
+            self.per_key,
+            self.limit,
+            self.high_burst,
+        )
     }
+}
+
+/// Checks a quota's window settings: `sliding` needs a window and is not
+/// offered for per-key quotas (a key's entry has no room for the previous
+/// window's count); a window quota's burst band lies within its limit
+/// (units per window: a level above it could never be reached).
+pub fn validate_window(
+    window: Option<Window>,
+    sliding: bool,
+    per_key: bool,
+    limit: f64,
+    high_burst: f64,
+) -> Result<(), ValidationError> {
+    let Some(window) = window else {
+        if sliding {
+            return Err(ValidationError::new(
+                "sliding",
+                "needs a window (\"window\": \"1m\", ...)",
+            ));
+        }
+        return Ok(());
+    };
+    if sliding && per_key {
+        return Err(ValidationError::new(
+            "sliding",
+            "is not offered for per-key quotas: use a fixed window",
+        ));
+    }
+    if high_burst > limit {
+        return Err(ValidationError::new(
+            "high_burst",
+            format!(
+                "{high_burst} is above the limit {limit}: a {} window quota counts at most \
+                 its limit per window, so its burst band must lie within it",
+                window.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that following `parent_of` from `start` ends within
@@ -210,6 +362,18 @@ mod tests {
     }
 
     #[test]
+    fn dot_segments_are_not_names_but_other_dots_are() {
+        for bad in [".", ".."] {
+            let error = validate_name(bad).unwrap_err();
+            assert_eq!(error.field, "name");
+            assert!(error.message.contains("path segment"), "{error}");
+        }
+        for good in ["...", ".a", "a.", "a..b"] {
+            assert!(validate_name(good).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
     fn params_reject_nan_infinite_negative_and_inverted_band() {
         assert!(validate_params(10.0, 5.0, 10.0).is_ok());
         assert!(validate_params(0.0, 0.0, 0.0).is_ok());
@@ -244,16 +408,7 @@ mod tests {
 
     #[test]
     fn ids_are_positive_and_fit_an_i64() {
-        let mut q = Quota {
-            id: MAX_QUOTA_ID,
-            name: "q".into(),
-            parent: Some(1),
-            limit: 1.0,
-            low_burst: 1.0,
-            high_burst: 1.0,
-            epoch: 1,
-            deleted: false,
-        };
+        let mut q = Quota::new(MAX_QUOTA_ID, "q", 1.0, 1.0, 1.0).with_parent(Some(1));
         assert!(q.validate().is_ok());
         for (id, parent, field) in [
             (0, Some(1), "id"),
@@ -271,16 +426,41 @@ mod tests {
     }
 
     #[test]
+    fn window_settings_are_checked() {
+        let q = Quota::new(1, "day", 1000.0, 900.0, 1000.0).windowed(Window::Day, false);
+        assert!(q.validate().is_ok());
+        assert!(q.clone().windowed(Window::Minute, true).validate().is_ok());
+        let wide = Quota::new(1, "day", 1000.0, 1000.0, 1500.0).windowed(Window::Day, false);
+        assert_eq!(wide.validate().unwrap_err().field, "high_burst");
+        let lone = Quota {
+            sliding: true,
+            ..Quota::new(1, "q", 1.0, 1.0, 1.0)
+        };
+        assert_eq!(lone.validate().unwrap_err().field, "sliding");
+        let keyed = q.keyed().windowed(Window::Hour, true);
+        assert_eq!(keyed.validate().unwrap_err().field, "sliding");
+        assert!(keyed.windowed(Window::Hour, false).validate().is_ok());
+        // A leaky quota's band may exceed its limit (a burst of seconds).
+        assert!(Quota::new(1, "q", 1.0, 5.0, 10.0).validate().is_ok());
+    }
+
+    #[test]
+    fn window_fields_are_left_out_of_the_json_of_a_leaky_quota() {
+        let q = Quota::new(1, "q", 1.0, 1.0, 1.0);
+        let json = serde_json::to_value(&q).unwrap();
+        assert!(json.get("window").is_none() && json.get("sliding").is_none());
+        let w = q.windowed(Window::Month, false);
+        let json = serde_json::to_value(&w).unwrap();
+        assert_eq!(json["window"], "month");
+        let back: Quota = serde_json::from_value(json).unwrap();
+        assert_eq!(back, w);
+    }
+
+    #[test]
     fn tombstones_need_only_valid_ids_and_a_name() {
         let q = Quota {
-            id: 1,
-            name: "gone".into(),
-            parent: None,
             limit: f64::NAN,
-            low_burst: 0.0,
-            high_burst: 0.0,
-            epoch: 3,
-            deleted: true,
+            ..Quota::tombstone(1, "gone", 3)
         };
         assert!(q.validate().is_ok());
     }

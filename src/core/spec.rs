@@ -14,17 +14,25 @@
 //! A bare JSON array of quotas is accepted too. `high_burst` defaults to
 //! `low_burst`, and `low_burst` to `limit` (one second of traffic).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use super::quota::{validate_chain, validate_name, validate_params, Quota, ValidationError};
+use super::quota::{
+    validate_chain, validate_name, validate_params, validate_window, Quota, ValidationError,
+};
+use super::window::Window;
 
 /// One quota by name, as a user writes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaSpec {
-    /// Unique quota name.
+    /// Unique quota name. The admin API's `PUT /v1/quotas/{name}` takes it
+    /// from the path, so its body may leave it out (empty here, which
+    /// [`QuotaSpec::validate`] refuses anywhere else).
+    #[serde(default)]
     pub name: String,
     /// Name of the parent quota, if any.
     #[serde(default)]
@@ -37,9 +45,34 @@ pub struct QuotaSpec {
     /// Level from which everything is rejected (default: `low_burst`).
     #[serde(default)]
     pub high_burst: Option<f64>,
+    /// A per-key template (see [`crate::core::Quota::per_key`]).
+    #[serde(default, skip_serializing_if = "super::quota::is_false")]
+    pub per_key: bool,
+    /// Count `limit` units per window of this length instead of leaking
+    /// (see [`crate::core::Quota::window`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
+    /// A sliding window (see [`crate::core::Quota::sliding`]).
+    #[serde(default, skip_serializing_if = "super::quota::is_false")]
+    pub sliding: bool,
 }
 
 impl QuotaSpec {
+    /// A top-level quota named `name` leaking at `limit`, with the default
+    /// bursts; set the other fields with struct update syntax.
+    pub fn new(name: impl Into<String>, limit: f64) -> Self {
+        Self {
+            name: name.into(),
+            parent: None,
+            limit,
+            low_burst: None,
+            high_burst: None,
+            per_key: false,
+            window: None,
+            sliding: false,
+        }
+    }
+
     /// `low_burst` with its default applied.
     pub fn low(&self) -> f64 {
         self.low_burst.unwrap_or(self.limit)
@@ -63,24 +96,314 @@ impl QuotaSpec {
                 ));
             }
         }
-        validate_params(self.limit, self.low(), self.high())
+        validate_params(self.limit, self.low(), self.high())?;
+        validate_window(
+            self.window,
+            self.sliding,
+            self.per_key,
+            self.limit,
+            self.high(),
+        )
     }
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SpecFile {
-    Wrapped { quotas: Vec<QuotaSpec> },
-    Bare(Vec<QuotaSpec>),
 }
 
 /// Parses a JSON quota file (wrapped or bare) without checking the quotas,
 /// for callers that check them against more than the file (the root merges
 /// a file with the quotas it already has).
 pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
-    let file: SpecFile = serde_json::from_str(text).map_err(|e| SpecError::Json(e.to_string()))?;
-    match file {
-        SpecFile::Wrapped { quotas } | SpecFile::Bare(quotas) => Ok(quotas),
+    let place = RefCell::new(FilePlace::default());
+    let mut de = serde_json::Deserializer::from_str(text);
+    let specs = read_specs(&mut de, &place).and_then(|specs| de.end().map(|()| specs));
+    specs.map_err(|e| {
+        let mut place = place.into_inner();
+        if e.line() > 0 {
+            place.line = Some(e.line());
+            place.column = Some(e.column());
+        }
+        // serde_json puts the position at the end of its message; the
+        // place carries it instead.
+        let full = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+        SpecError::Parse(ParseError { place, message })
+    })
+}
+
+/// Reads a quota list (`{"quotas": [...]}` or a bare list) from any serde
+/// format, keeping `place` up to date: when an error comes back, `place`
+/// says which quota (index, and name if it was read) and which field it
+/// is in; the caller adds the format's position.
+pub fn read_specs<'de, D: Deserializer<'de>>(
+    de: D,
+    place: &RefCell<FilePlace>,
+) -> Result<Vec<QuotaSpec>, D::Error> {
+    de.deserialize_any(FileVisitor { place })
+}
+
+/// Where in a quota file a parse error is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FilePlace {
+    /// Index of the quota in the list (from 0), when the error is in one.
+    pub index: Option<usize>,
+    /// That quota's name, when it was read before the error.
+    pub name: Option<String>,
+    /// The quota's field, when the error is in its value.
+    pub field: Option<&'static str>,
+    /// Line of the error in the text, from 1, when the format says.
+    pub line: Option<usize>,
+    /// Column of the error in its line, from 1.
+    pub column: Option<usize>,
+}
+
+/// A quota file that is not JSON (or TOML) of the expected shape: what is
+/// wrong and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseError {
+    /// Where.
+    pub place: FilePlace,
+    /// What the parser said, without its position.
+    pub message: String,
+}
+
+impl ParseError {
+    /// The path to the offending value: `quotas[3].limit`, `quotas[3]`, or
+    /// `None` outside the list.
+    pub fn path(&self) -> Option<String> {
+        let index = self.place.index?;
+        Some(match self.place.field {
+            Some(field) => format!("quotas[{index}].{field}"),
+            None => format!("quotas[{index}]"),
+        })
+    }
+
+    /// The message with the position, when known.
+    pub fn message_at(&self) -> String {
+        match (self.place.line, self.place.column) {
+            (Some(line), Some(column)) => {
+                format!("{} at line {line}, column {column}", self.message)
+            }
+            _ => self.message.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(path) = self.path() {
+            f.write_str(&path)?;
+            if let Some(name) = &self.place.name {
+                write!(f, " (quota {name:?})")?;
+            }
+            f.write_str(": ")?;
+        }
+        // One line whatever the parser wrote.
+        f.write_str(&self.message_at().replace('\n', " "))
+    }
+}
+
+/// Line and column (both from 1) of byte `offset` in `text`, for formats
+/// whose errors carry a byte span (TOML).
+pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..offset.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[start..]).chars().count() + 1;
+    (line, column)
+}
+
+/// The top of a quota file: a map with `quotas`, or the list itself.
+struct FileVisitor<'p> {
+    place: &'p RefCell<FilePlace>,
+}
+
+/// The one key of a wrapped quota file.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum FileKey {
+    Quotas,
+}
+
+impl<'de> Visitor<'de> for FileVisitor<'_> {
+    type Value = Vec<QuotaSpec>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("{\"quotas\": [...]} or a list of quotas")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut quotas = None;
+        while let Some(FileKey::Quotas) = map.next_key()? {
+            if quotas.is_some() {
+                return Err(de::Error::duplicate_field("quotas"));
+            }
+            quotas = Some(map.next_value_seed(ListSeed { place: self.place })?);
+        }
+        quotas.ok_or_else(|| de::Error::missing_field("quotas"))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        ListSeed { place: self.place }.visit_seq(seq)
+    }
+}
+
+/// The list of quotas; notes the index of each as it is read.
+#[derive(Clone, Copy)]
+struct ListSeed<'p> {
+    place: &'p RefCell<FilePlace>,
+}
+
+impl<'de> DeserializeSeed<'de> for ListSeed<'_> {
+    type Value = Vec<QuotaSpec>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListSeed<'_> {
+    type Value = Vec<QuotaSpec>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of quotas")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        // The hint comes from the input: trust it only so far.
+        let mut quotas = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+        loop {
+            *self.place.borrow_mut() = FilePlace {
+                index: Some(quotas.len()),
+                ..FilePlace::default()
+            };
+            match seq.next_element_seed(SpecSeed { place: self.place })? {
+                Some(spec) => quotas.push(spec),
+                None => break,
+            }
+        }
+        *self.place.borrow_mut() = FilePlace::default();
+        Ok(quotas)
+    }
+}
+
+/// The fields of a quota in a file.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum SpecField {
+    Name,
+    Parent,
+    Limit,
+    LowBurst,
+    HighBurst,
+    PerKey,
+    Window,
+    Sliding,
+}
+
+impl SpecField {
+    const NAMES: &'static [&'static str] = &[
+        "name",
+        "parent",
+        "limit",
+        "low_burst",
+        "high_burst",
+        "per_key",
+        "window",
+        "sliding",
+    ];
+
+    fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+/// One quota; notes the field being read, and the name once read.
+struct SpecSeed<'p> {
+    place: &'p RefCell<FilePlace>,
+}
+
+impl<'de> DeserializeSeed<'de> for SpecSeed<'_> {
+    type Value = QuotaSpec;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_struct("QuotaSpec", SpecField::NAMES, self)
+    }
+}
+
+impl SpecSeed<'_> {
+    /// Notes the quota's name (if read) for an error about to be returned.
+    fn noting<E>(&self, name: &Option<String>, error: E) -> E {
+        if let Some(name) = name {
+            self.place.borrow_mut().name = Some(name.clone());
+        }
+        error
+    }
+}
+
+impl<'de> Visitor<'de> for SpecSeed<'_> {
+    type Value = QuotaSpec;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a quota: {\"name\", \"limit\", ...}")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut name: Option<String> = None;
+        let mut parent: Option<Option<String>> = None;
+        let mut limit: Option<f64> = None;
+        let mut low_burst: Option<Option<f64>> = None;
+        let mut high_burst: Option<Option<f64>> = None;
+        let mut per_key: Option<bool> = None;
+        let mut window: Option<Option<Window>> = None;
+        let mut sliding: Option<bool> = None;
+        loop {
+            self.place.borrow_mut().field = None;
+            let key = map
+                .next_key::<SpecField>()
+                .map_err(|e| self.noting(&name, e))?;
+            let Some(key) = key else { break };
+            self.place.borrow_mut().field = Some(key.name());
+            let duplicate = match key {
+                SpecField::Name => name.is_some(),
+                SpecField::Parent => parent.is_some(),
+                SpecField::Limit => limit.is_some(),
+                SpecField::LowBurst => low_burst.is_some(),
+                SpecField::HighBurst => high_burst.is_some(),
+                SpecField::PerKey => per_key.is_some(),
+                SpecField::Window => window.is_some(),
+                SpecField::Sliding => sliding.is_some(),
+            };
+            if duplicate {
+                return Err(self.noting(&name, de::Error::duplicate_field(key.name())));
+            }
+            let read = match key {
+                SpecField::Name => map.next_value().map(|v| name = Some(v)),
+                SpecField::Parent => map.next_value().map(|v| parent = Some(v)),
+                SpecField::Limit => map.next_value().map(|v| limit = Some(v)),
+                SpecField::LowBurst => map.next_value().map(|v| low_burst = Some(v)),
+                SpecField::HighBurst => map.next_value().map(|v| high_burst = Some(v)),
+                SpecField::PerKey => map.next_value().map(|v| per_key = Some(v)),
+                SpecField::Window => map.next_value().map(|v| window = Some(v)),
+                SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
+            };
+            read.map_err(|e| self.noting(&name, e))?;
+        }
+        let Some(limit) = limit else {
+            self.place.borrow_mut().field = Some("limit");
+            return Err(self.noting(&name, de::Error::missing_field("limit")));
+        };
+        Ok(QuotaSpec {
+            name: name.unwrap_or_default(),
+            parent: parent.flatten(),
+            limit,
+            low_burst: low_burst.flatten(),
+            high_burst: high_burst.flatten(),
+            per_key: per_key.unwrap_or(false),
+            window: window.flatten(),
+            sliding: sliding.unwrap_or(false),
+        })
     }
 }
 
@@ -96,9 +419,9 @@ pub struct QuotaSet {
 /// An error in a quota set, with the quota it is about.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SpecError {
-    /// The text is not JSON of the expected shape.
-    #[error("invalid quota JSON: {0}")]
-    Json(String),
+    /// The text is not JSON (or TOML) of the expected shape.
+    #[error("{0}")]
+    Parse(ParseError),
     /// One quota is invalid.
     #[error("quota {name:?}: {error}")]
     Invalid {
@@ -122,6 +445,11 @@ impl QuotaSet {
             error,
         };
         let mut parent_of: HashMap<&str, Option<&str>> = HashMap::with_capacity(quotas.len());
+        let templates: std::collections::HashSet<&str> = quotas
+            .iter()
+            .filter(|q| q.per_key)
+            .map(|q| q.name.as_str())
+            .collect();
         for q in &quotas {
             q.validate().map_err(|e| invalid(q, e))?;
             if parent_of.insert(&q.name, q.parent.as_deref()).is_some() {
@@ -136,6 +464,9 @@ impl QuotaSet {
                 if !parent_of.contains_key(parent) {
                     let msg = format!("parent {parent:?} is not in the set");
                     return Err(invalid(q, ValidationError::new("parent", msg)));
+                }
+                if templates.contains(parent) {
+                    return Err(invalid(q, template_as_parent(parent)));
                 }
             }
             validate_chain(&q.name.as_str(), |k| parent_of.get(k).copied().flatten())
@@ -156,17 +487,23 @@ impl QuotaSet {
             .iter()
             .enumerate()
             .map(|(i, q)| Quota {
-                id: i as u64 + 1,
-                name: q.name.clone(),
-                parent: q.parent.as_deref().map(|p| ids[p]),
-                limit: q.limit,
-                low_burst: q.low(),
-                high_burst: q.high(),
-                epoch,
-                deleted: false,
+                per_key: q.per_key,
+                window: q.window,
+                sliding: q.sliding,
+                ..Quota::new(i as u64 + 1, q.name.clone(), q.limit, q.low(), q.high())
+                    .with_parent(q.parent.as_deref().map(|p| ids[p]))
+                    .at_epoch(epoch)
             })
             .collect()
     }
+}
+
+/// The error for a quota placed under a per-key template.
+pub fn template_as_parent(parent: &str) -> ValidationError {
+    ValidationError::new(
+        "parent",
+        format!("{parent:?} is a per-key template, which cannot be a parent"),
+    )
 }
 
 #[cfg(test)]
@@ -213,30 +550,123 @@ mod tests {
     }
 
     #[test]
+    fn window_quotas_parse_and_bad_windows_are_refused_naming_the_field() {
+        let set = QuotaSet::from_json(
+            r#"[{"name":"day","limit":1000,"window":"1d"},
+                {"name":"minute","parent":"day","limit":10,"window":"1m","sliding":true}]"#,
+        )
+        .unwrap();
+        let qs = set.to_quotas(1);
+        assert_eq!(qs[0].window, Some(Window::Day));
+        assert_eq!((qs[1].window, qs[1].sliding), (Some(Window::Minute), true));
+        let unknown = specs_from_json(r#"[{"name":"q","limit":1,"window":"2m"}]"#).unwrap_err();
+        let SpecError::Parse(e) = unknown else {
+            panic!("{unknown:?}")
+        };
+        assert_eq!(e.place.field, Some("window"));
+        assert!(e.message.contains("unknown variant `2m`"), "{}", e.message);
+        let wide =
+            QuotaSet::from_json(r#"[{"name":"q","limit":10,"high_burst":20,"window":"1h"}]"#)
+                .unwrap_err();
+        assert!(
+            matches!(wide, SpecError::Invalid { ref error, .. } if error.field == "high_burst")
+        );
+    }
+
+    #[test]
+    fn per_key_templates_parse_and_cannot_be_parents() {
+        let set = QuotaSet::from_json(
+            r#"[{"name":"api","limit":100},
+                {"name":"api_user","parent":"api","limit":15,"per_key":true}]"#,
+        )
+        .unwrap();
+        let qs = set.to_quotas(1);
+        assert_eq!((qs[0].per_key, qs[1].per_key), (false, true));
+        let under =
+            r#"[{"name":"t","limit":1,"per_key":true},{"name":"c","parent":"t","limit":1}]"#;
+        match QuotaSet::from_json(under) {
+            Err(SpecError::Invalid { name, error }) => {
+                assert_eq!((name.as_str(), error.field), ("c", "parent"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn parsing_alone_leaves_parents_unchecked() {
         let specs = specs_from_json(r#"[{"name":"a","parent":"elsewhere","limit":1}]"#).unwrap();
         assert_eq!(specs[0].parent.as_deref(), Some("elsewhere"));
-        assert!(matches!(specs_from_json("[1]"), Err(SpecError::Json(_))));
+        assert!(matches!(specs_from_json("[1]"), Err(SpecError::Parse(_))));
+    }
+
+    fn parse_error(text: &str) -> ParseError {
+        match specs_from_json(text) {
+            Err(SpecError::Parse(e)) => e,
+            other => panic!("{text}: {other:?}"),
+        }
     }
 
     #[test]
     fn unknown_fields_and_bad_json_are_rejected() {
-        assert!(matches!(
-            QuotaSet::from_json(r#"[{"name":"a","limit":1,"limt":2}]"#),
-            Err(SpecError::Json(_))
-        ));
-        assert!(matches!(QuotaSet::from_json("{"), Err(SpecError::Json(_))));
+        let e = parse_error(r#"[{"name":"a","limit":1,"limt":2}]"#);
+        assert_eq!(e.path().as_deref(), Some("quotas[0]"));
+        assert!(e.message.contains("unknown field `limt`"), "{e}");
+        let e = parse_error("{");
+        assert_eq!((e.path(), e.place.line), (None, Some(1)));
+        let e = parse_error(r#"{"quotas": [], "extra": 1}"#);
+        assert!(e.message.contains("unknown field `extra`"), "{e}");
+        let e = parse_error(r#"{"quota": []}"#);
+        assert!(e.to_string().contains("quota"), "{e}");
+        let e = parse_error("[] x");
+        assert!(e.message.contains("trailing"), "{e}");
+    }
+
+    #[test]
+    fn type_errors_name_the_quota_the_field_and_the_position() {
+        let text = "{\"quotas\": [\n  {\"name\": \"a\", \"limit\": 1},\n  {\"name\": \"b\", \"limit\": \"ten\"}\n]}";
+        let e = parse_error(text);
+        assert_eq!(e.path().as_deref(), Some("quotas[1].limit"));
+        assert_eq!(e.place.name.as_deref(), Some("b"));
+        assert_eq!((e.place.line, e.place.column), (Some(3), Some(30)));
+        assert_eq!(
+            e.to_string(),
+            "quotas[1].limit (quota \"b\"): invalid type: string \"ten\", expected f64 \
+             at line 3, column 30"
+        );
+        // Bare lists, a field before the name, and a missing field.
+        let e = parse_error(r#"[{"high_burst": true, "name": "c", "limit": 1}]"#);
+        assert_eq!(e.path().as_deref(), Some("quotas[0].high_burst"));
+        assert_eq!(e.place.name, None);
+        let e = parse_error(r#"[{"name": "d"}]"#);
+        assert_eq!(e.path().as_deref(), Some("quotas[0].limit"));
+        assert!(e
+            .to_string()
+            .starts_with("quotas[0].limit (quota \"d\"): missing field `limit`"));
+        let e = parse_error(r#"[{"name": "d", "limit": 1, "limit": 2}]"#);
+        assert!(e.message.contains("duplicate field `limit`"), "{e}");
+        let e = parse_error(r#"[{"name": "e", "limit": 1}, 7]"#);
+        assert_eq!(e.path().as_deref(), Some("quotas[1]"));
+    }
+
+    #[test]
+    fn nulls_stand_for_defaults_as_before() {
+        let specs =
+            specs_from_json(r#"[{"name":"a","limit":2,"low_burst":null,"parent":null}]"#).unwrap();
+        assert_eq!((specs[0].low(), specs[0].parent.as_deref()), (2.0, None));
+    }
+
+    #[test]
+    fn byte_offsets_become_lines_and_columns() {
+        let text = "ab\ncdé\nf";
+        assert_eq!(line_column(text, 0), (1, 1));
+        assert_eq!(line_column(text, 3), (2, 1));
+        assert_eq!(line_column(text, 7), (2, 4));
+        assert_eq!(line_column(text, 100), (3, 2));
     }
 
     #[test]
     fn depth_nine_is_rejected() {
-        let mut qs = vec![QuotaSpec {
-            name: "q0".into(),
-            parent: None,
-            limit: 1.0,
-            low_burst: None,
-            high_burst: None,
-        }];
+        let mut qs = vec![QuotaSpec::new("q0", 1.0)];
         for i in 1..9 {
             qs.push(QuotaSpec {
                 name: format!("q{i}"),

@@ -18,12 +18,18 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
 
+use super::args::{
+    check_zone_size, parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_weight,
+    EmptyWeight,
+};
 use super::util::{bytes, conf_boundary, directive_args, text};
+use super::zone::RequestCounters;
 use super::Module;
+use crate::core::key::KeySecret;
 use crate::core::quota::validate_name;
 use crate::core::spec::QuotaSet;
-use crate::directive::{
-    parse_flag, parse_host_id, parse_root_url, parse_size, parse_time_ms, parse_weight,
+use crate::sync::config::{
+    parse_root_url, validate_interval, validate_limiter_id, SyncConfig, MAX_ROOTS,
 };
 use crate::table::{Table, MAX_CHECKS};
 
@@ -32,10 +38,13 @@ use crate::table::{Table, MAX_CHECKS};
 pub(crate) const DEFAULT_ZONE_SIZE: usize = 32 << 20;
 /// Smallest zone accepted.
 pub(crate) const MIN_ZONE_SIZE: usize = 256 << 10;
-/// Default and bounds of `sluice_sync_interval`, milliseconds.
+/// `sluice_sync_interval` when not given, milliseconds.
 const DEFAULT_INTERVAL_MS: u64 = 1000;
-const MIN_INTERVAL_MS: u64 = 100;
-const MAX_INTERVAL_MS: u64 = 3_600_000;
+/// Bytes of the zone given to keys when `sluice_keys` is not set (about
+/// 340,000 keys).
+pub(crate) const DEFAULT_KEYS_SIZE: usize = 16 << 20;
+/// Largest `sluice_keys`.
+const MAX_KEYS_SIZE: usize = 64 << 30;
 /// Per-quota series in `sluice_metrics` output unless `top=` says otherwise.
 const DEFAULT_METRICS_TOP: usize = 100;
 
@@ -68,6 +77,10 @@ pub(crate) struct MainConf {
     pub host_id: Option<String>,
     /// `sluice_sync_early`.
     pub early_sync: Option<crate::sync::EarlySync>,
+    /// `sluice_keys`: bytes of the zone given to keys of per-key quotas.
+    pub keys_size: Option<usize>,
+    /// The secret read from `sluice_key_secret_file`.
+    pub key_secret: Option<KeySecret>,
     /// Some directive needs the zone (a check, the metrics, a root or a
     /// quota file).
     pub used: bool,
@@ -75,15 +88,46 @@ pub(crate) struct MainConf {
     pub zone: *mut ngx_shm_zone_t,
     /// The table in the zone, once the zone is initialised.
     pub table: Option<Arc<Table>>,
+    /// The request counters in the zone (null until it is initialised).
+    pub counters: *const RequestCounters,
 }
 
 // SAFETY: the raw zone pointer is only dereferenced by nginx's own thread.
 unsafe impl Send for MainConf {}
 
 impl MainConf {
+    /// The zone's request counters, once the zone is initialised.
+    pub fn counters(&self) -> Option<&RequestCounters> {
+        // SAFETY: set by the zone's init to memory of the zone, which
+        // outlives the configuration that points at it.
+        unsafe { self.counters.as_ref() }
+    }
+
     /// The sync interval in effect.
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.sync_interval_ms.unwrap_or(DEFAULT_INTERVAL_MS))
+    }
+
+    /// Bytes of the zone given to keys of per-key quotas.
+    pub fn keys_size(&self) -> usize {
+        self.keys_size.unwrap_or(DEFAULT_KEYS_SIZE)
+    }
+
+    /// The sync configuration these directives make (logging to stderr
+    /// until the worker sets its own sink).
+    pub fn sync_config(&self) -> SyncConfig {
+        SyncConfig {
+            roots: self.roots.clone(),
+            interval: self.interval(),
+            timeout: self.sync_timeout_ms.map(Duration::from_millis),
+            token: self.sync_token.clone(),
+            limiter_id: self
+                .host_id
+                .clone()
+                .unwrap_or_else(crate::sync::default_limiter_id),
+            early_sync: self.early_sync,
+            ..SyncConfig::default()
+        }
     }
 }
 
@@ -93,14 +137,21 @@ pub(crate) enum Weight {
     /// `weight=<n>` (1 when absent).
     Fixed(u64),
     /// `weight=$variable` (or any complex value), read per request.
-    Value(*const ngx_http_complex_value_t),
+    Value {
+        /// The compiled value.
+        value: *const ngx_http_complex_value_t,
+        /// What an empty value means (`empty=`; rejected by default).
+        empty: EmptyWeight,
+    },
 }
 
-/// One `sluice <name> [weight=...]` directive.
+/// One `sluice <name> [key=...] [weight=...]` directive.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Check {
     /// The quota name, a complex value (variables allowed).
     pub name: *const ngx_http_complex_value_t,
+    /// `key=`: the key of a per-key quota, read per request.
+    pub key: Option<*const ngx_http_complex_value_t>,
     /// The weight.
     pub weight: Weight,
 }
@@ -186,6 +237,16 @@ macro_rules! directive_handler {
 fn once<T>(slot: &mut Option<T>, value: T, args: &[&[u8]]) -> Result<(), String> {
     if slot.is_some() {
         return Err(format!("\"{}\" directive is duplicate", text(args[0])));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// Stores a directive parameter's value unless the directive gave it
+/// already.
+fn param_once<T>(slot: &mut Option<T>, value: T, arg: &[u8]) -> Result<(), String> {
+    if slot.is_some() {
+        return Err(format!("duplicate parameter \"{}\"", text(arg)));
     }
     *slot = Some(value);
     Ok(())
@@ -289,12 +350,13 @@ directive_handler!(
     |cf, mcf: &mut MainConf, args| {
         let size = parse_size(args[1])
             .ok_or_else(|| format!("invalid zone size \"{}\"", text(args[1])))?;
-        if size < MIN_ZONE_SIZE {
-            return Err(format!(
-                "zone size \"{}\" is too small: sluice needs at least 256k",
-                text(args[1])
-            ));
-        }
+        check_zone_size(
+            size,
+            MIN_ZONE_SIZE,
+            super::zone::largest_useful_size(),
+            super::zone::physical_memory(),
+        )
+        .map_err(|why| format!("zone size \"{}\" {why}", text(args[1])))?;
         once(&mut mcf.zone_size, size, &args)?;
         mcf.used = true;
         Ok(())
@@ -311,11 +373,8 @@ directive_handler!(
             if mcf.roots.contains(&url) {
                 return Err(format!("quota root \"{url}\" is duplicate"));
             }
-            if mcf.roots.len() == crate::table::layout::STATUS_ROOTS {
-                return Err(format!(
-                    "too many quota roots (at most {})",
-                    crate::table::layout::STATUS_ROOTS
-                ));
+            if mcf.roots.len() == MAX_ROOTS {
+                return Err(format!("too many quota roots (at most {MAX_ROOTS})"));
             }
             mcf.roots.push(url);
         }
@@ -344,7 +403,7 @@ directive_handler!(
         let ms = parse_time_ms(args[1])
             .ok_or_else(|| format!("invalid time \"{}\"", text(args[1])))?;
         if args[0] == b"sluice_sync_interval" {
-            if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&ms) {
+            if validate_interval(Duration::from_millis(ms)).is_err() {
                 return Err(format!(
                     "sync interval \"{}\" is out of range (100ms to 1h)",
                     text(args[1])
@@ -379,8 +438,9 @@ directive_handler!(
     /// `sluice_host_id <string>;`
     set_host_id,
     |cf, mcf: &mut MainConf, args| {
-        let id = parse_host_id(args[1])
-            .map_err(|why| format!("invalid host id \"{}\": {why}", text(args[1])))?;
+        let id = text(args[1]).into_owned();
+        validate_limiter_id(&id)
+            .map_err(|e| format!("invalid host id \"{id}\": {}", e.message))?;
         once(&mut mcf.host_id, id, &args)
     }
 );
@@ -389,7 +449,7 @@ directive_handler!(
     /// `sluice_sync_early <fraction> [rate=<n>];`
     set_early_sync,
     |cf, mcf: &mut MainConf, args| {
-        let early = crate::directive::parse_early_sync(&args[1..])?;
+        let early = super::args::parse_early_sync(&args[1..])?;
         once(&mut mcf.early_sync, early, &args)
     }
 );
@@ -397,7 +457,8 @@ directive_handler!(
 // ---- location-level directives ------------------------------------------
 
 directive_handler!(
-    /// `sluice <name> [weight=<number|$variable>];` or `sluice off;`
+    /// `sluice <name> [weight=<number|$variable> [empty=reject|<n>]];` or
+    /// `sluice off;`
     set_check,
     |cf, lcf: &mut LocConf, args| {
         // SAFETY: `cf` is the live configuration.
@@ -427,26 +488,85 @@ directive_handler!(
             validate_name(literal).map_err(|e| {
                 format!("invalid quota name \"{}\": {}", text(args[1]), e.message)
             })?;
-            if checks.iter().any(|c| literal_of(c.name) == Some(args[1])) {
-                return Err(format!("quota \"{}\" is duplicate", text(args[1])));
+        }
+        let mut weight = None;
+        let mut key = None;
+        let mut empty = None;
+        for arg in &args[2..] {
+            if let Some(value) = arg.strip_prefix(b"weight=") {
+                let w = if value.contains(&b'$') {
+                    Weight::Value {
+                        value: compile(cf, value, "weight")?,
+                        empty: EmptyWeight::Reject,
+                    }
+                } else {
+                    Weight::Fixed(
+                        parse_weight(value)
+                            .map_err(|why| format!("invalid weight \"{}\": {why}", text(value)))?,
+                    )
+                };
+                param_once(&mut weight, w, arg)?;
+            } else if let Some(value) = arg.strip_prefix(b"empty=") {
+                let e = parse_empty_weight(value)
+                    .map_err(|why| format!("invalid value \"{}\": empty= {why}", text(arg)))?;
+                param_once(&mut empty, e, arg)?;
+            } else if let Some(value) = arg.strip_prefix(b"key=") {
+                if value.is_empty() {
+                    return Err("\"key=\" needs a value, e.g. key=$http_x_api_token".into());
+                }
+                param_once(&mut key, compile(cf, value, "key")?, arg)?;
+            } else {
+                return Err(format!("invalid parameter \"{}\"", text(arg)));
             }
         }
-        let mut weight = Weight::Fixed(1);
-        for arg in &args[2..] {
-            let Some(value) = arg.strip_prefix(b"weight=") else {
-                return Err(format!("invalid parameter \"{}\"", text(arg)));
-            };
-            weight = if value.contains(&b'$') {
-                Weight::Value(compile(cf, value, "weight")?)
-            } else {
-                Weight::Fixed(
-                    parse_weight(value)
-                        .map_err(|why| format!("invalid weight \"{}\": {why}", text(value)))?,
-                )
-            };
+        let mut weight = weight.unwrap_or(Weight::Fixed(1));
+        match (&mut weight, empty) {
+            (Weight::Value { empty: slot, .. }, Some(empty)) => *slot = empty,
+            (Weight::Fixed(_), Some(_)) => {
+                return Err("\"empty=\" needs a weight from a variable (weight=$...)".into())
+            }
+            _ => {}
         }
-        checks.push(Check { name, weight });
+        if is_literal(name)
+            && key.is_none()
+            && checks
+                .iter()
+                .any(|c| c.key.is_none() && literal_of(c.name) == Some(args[1]))
+        {
+            return Err(format!("quota \"{}\" is duplicate", text(args[1])));
+        }
+        checks.push(Check { name, key, weight });
         Ok(())
+    }
+);
+
+directive_handler!(
+    /// `sluice_keys <size>;` — zone memory for keys of per-key quotas.
+    set_keys,
+    |cf, mcf: &mut MainConf, args| {
+        let size = parse_size(args[1])
+            .filter(|&s| s <= MAX_KEYS_SIZE)
+            .ok_or_else(|| {
+                format!(
+                    "invalid size \"{}\": must be a size up to {}g (0 for no keys)",
+                    text(args[1]),
+                    MAX_KEYS_SIZE >> 30
+                )
+            })?;
+        once(&mut mcf.keys_size, size, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_key_secret_file <path>;`
+    set_key_secret_file,
+    |cf, mcf: &mut MainConf, args| {
+        let path = full_path(cf, args[1])?;
+        let contents =
+            std::fs::read(&path).map_err(|e| format!("cannot read key secret file \"{path}\": {e}"))?;
+        let secret = KeySecret::from_file_contents(&contents)
+            .map_err(|why| format!("key secret file \"{path}\" {why}"))?;
+        once(&mut mcf.key_secret, secret, &args)
     }
 );
 
@@ -454,7 +574,7 @@ directive_handler!(
     /// `sluice_status <code>;` (400..599)
     set_status,
     |cf, lcf: &mut LocConf, args| {
-        match crate::directive::parse_u64(args[1]) {
+        match super::args::parse_u64(args[1]) {
             Some(code @ 400..=599) => once(&mut lcf.status, code as ngx_uint_t, &args),
             _ => Err(format!(
                 "invalid status \"{}\": must be between 400 and 599",
@@ -513,7 +633,7 @@ directive_handler!(
             let n = arg
                 .strip_prefix(b"top=")
                 .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
-            top = crate::directive::parse_u64(n)
+            top = super::args::parse_u64(n)
                 .filter(|&n| n <= 100_000)
                 .ok_or_else(|| format!("invalid value \"{}\": top must be 0 to 100000", text(arg)))?
                 as usize;

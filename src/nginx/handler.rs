@@ -11,21 +11,27 @@
 //! values live on the stack.
 
 use std::ffi::c_void;
+use std::sync::atomic::Ordering;
 
 use ngx::ffi::{
     ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_request_t,
-    ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
-    NGX_DECLINED, NGX_LOG_WARN, NGX_OK,
+    ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add, ngx_str_t, NGX_DECLINED, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
+use super::args::{runtime_weight, RequestStatus, WeightError};
 use super::conf::{Check, LocConf, Weight};
+use super::headers::{rate_limit_fields, retry_after_secs, HeaderValue};
 use super::util::{bytes, log, runtime_boundary, text};
+use super::zone::RequestCounters;
 use super::Module;
-use crate::directive::{
-    rate_limit_fields, retry_after_secs, runtime_weight, HeaderValue, RequestStatus, RuntimeWeight,
-};
-use crate::table::{CheckOptions, Headroom, ManyOutcome, Outcome, Table, MAX_CHECKS};
+use crate::core::key::KeyHash;
+use crate::core::Wait;
+use crate::table::{CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Table, MAX_CHECKS};
+
+/// Most bytes of a bad weight value a log line quotes (the value comes
+/// from the client).
+const MAX_LOGGED_WEIGHT: usize = 64;
 
 /// The outcome of the main request, kept in its pool.
 #[repr(C)]
@@ -125,9 +131,13 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         Some(checks) if !checks.is_empty() => checks,
         _ => return declined,
     };
-    let Some(table) = Module::main_conf(r).and_then(|m| m.table.as_deref()) else {
+    let Some(mcf) = Module::main_conf(r) else {
         return declined;
     };
+    let Some(table) = mcf.table.as_deref() else {
+        return declined;
+    };
+    let counters = mcf.counters();
     // SAFETY: `r` is live for this call.
     let Some(state) = (unsafe { state(r) }) else {
         return declined;
@@ -135,9 +145,29 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     if state.status != RequestStatus::Unchecked {
         return declined;
     }
-    let mut items: [(&[u8], u64); MAX_CHECKS] = [(&[], 0); MAX_CHECKS];
+    let none = CheckItem {
+        name: &[],
+        key: None,
+        weight: 0,
+        max_wait: None,
+    };
+    let mut items = [none; MAX_CHECKS];
     for (item, c) in items.iter_mut().zip(checks) {
-        *item = (evaluate(r, c.name).unwrap_or(&[]), weight(r, c));
+        let name = evaluate(r, c.name).unwrap_or(&[]);
+        let weight = match weight(r, c) {
+            Ok(weight) => weight,
+            Err((error, value)) => {
+                return reject_weight(r, lcf, state, counters, name, error, value);
+            }
+        };
+        // A key nginx cannot evaluate is an empty key: not checked.
+        let key = c.key.map(|cv| evaluate(r, cv).unwrap_or(&[]));
+        *item = CheckItem {
+            name,
+            key,
+            weight,
+            max_wait: None,
+        };
     }
     let items = &items[..checks.len().min(MAX_CHECKS)];
     let dry_run = lcf.dry_run.unwrap_or(false);
@@ -165,23 +195,30 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
             state.status = RequestStatus::Unknown;
             declined
         }
+        Outcome::NoKey => {
+            state.status = RequestStatus::NoKey;
+            declined
+        }
         Outcome::Reject(rejection) => {
             let item = result.item.unwrap_or(0);
-            let checked = items.get(item).map_or(&[][..], |i| i.0);
+            let checked = items.get(item).map_or(&[][..], |i| i.name);
             let mut quota_buf = [0u8; 256];
             let quota = table
                 .name_into(rejection.slot, &mut quota_buf)
                 .unwrap_or(checked);
-            log_rejection(
-                r,
-                lcf,
-                dry_run,
+            let rejected = Rejected {
                 quota,
                 checked,
-                items[item].1,
-                rejection.limit,
-            );
-            let retry = retry_after_secs(rejection.retry_after);
+                weight: items[item].weight,
+                limit: rejection.limit,
+                wait: rejection.wait,
+                key: rejection.key,
+            };
+            log_rejection(r, lcf, dry_run, &rejected);
+            if let (Wait::Never(_), Some(c)) = (rejection.wait, counters) {
+                c.unpassable.fetch_add(1, Ordering::Relaxed);
+            }
+            let retry = retry_after_secs(rejection.wait);
             if dry_run {
                 state.status = RequestStatus::RejectedDryRun;
                 if headers {
@@ -199,45 +236,112 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     }
 }
 
-/// The weight of one check for this request.
-fn weight(r: &mut ngx_http_request_t, c: &Check) -> u64 {
+/// The weight of one check for this request, or why it has none (with
+/// the variable's value).
+fn weight<'a>(r: &mut ngx_http_request_t, c: &Check) -> Result<u64, (WeightError, &'a [u8])> {
     match c.weight {
-        Weight::Fixed(w) => w,
-        Weight::Value(cv) => {
-            let value = evaluate(r, cv).unwrap_or(&[]);
-            match runtime_weight(value) {
-                RuntimeWeight::Units(w) => w,
-                RuntimeWeight::Invalid => {
-                    // SAFETY: the request's log.
-                    unsafe {
-                        log(
-                            NGX_LOG_WARN as ngx_uint_t,
-                            (*r.connection).log,
-                            format_args!(
-                                "sluice: weight \"{}\" is not a number; checking without counting",
-                                text(value)
-                            ),
-                        )
-                    };
-                    0
-                }
-            }
+        Weight::Fixed(w) => Ok(w),
+        Weight::Value { value, empty } => {
+            // A value nginx could not evaluate is no number either.
+            let Some(value) = evaluate(r, value) else {
+                return Err((WeightError::Invalid, &[]));
+            };
+            runtime_weight(value, empty).map_err(|e| (e, value))
         }
     }
 }
 
-fn log_rejection(
+/// Rejects a request whose weight is not a number (or empty, with
+/// `empty=reject`): as a rejection by a quota (the configured status and
+/// log level, let through by dry run), but nothing is checked or counted,
+/// and there is no `Retry-After`: waiting cannot fix the weight.
+fn reject_weight(
     r: &mut ngx_http_request_t,
     lcf: &LocConf,
-    dry_run: bool,
+    state: &mut RequestState,
+    counters: Option<&RequestCounters>,
     quota: &[u8],
-    checked: &[u8],
-    weight: u64,
-    limit: f64,
-) {
+    error: WeightError,
+    value: &[u8],
+) -> ngx_int_t {
+    let dry_run = lcf.dry_run.unwrap_or(false);
+    if let Some(c) = counters {
+        let counter = match error {
+            WeightError::Invalid => &c.invalid_weight,
+            WeightError::Empty => &c.empty_weight,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
     let how = if dry_run { ", dry run," } else { "" };
     let quota = text(quota);
-    let checked = text(checked);
+    let shown = text(&value[..value.len().min(MAX_LOGGED_WEIGHT)]);
+    let cut = if value.len() > MAX_LOGGED_WEIGHT {
+        "..."
+    } else {
+        ""
+    };
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        match error {
+            WeightError::Invalid => log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} for quota \"{quota}\": weight \
+                     \"{shown}{cut}\" is not a non-negative integer"
+                ),
+            ),
+            WeightError::Empty => log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} for quota \"{quota}\": the weight is \
+                     empty (set \"empty=0\" to check such requests without counting)"
+                ),
+            ),
+        }
+    }
+    if dry_run {
+        state.status = RequestStatus::RejectedDryRun;
+        NGX_DECLINED as ngx_int_t
+    } else {
+        state.status = RequestStatus::Rejected;
+        lcf.status() as ngx_int_t
+    }
+}
+
+/// A rejection as the log line tells it.
+struct Rejected<'a> {
+    /// The quota that rejected.
+    quota: &'a [u8],
+    /// The quota the directive named (the same, or a descendant).
+    checked: &'a [u8],
+    weight: u64,
+    limit: f64,
+    wait: Wait,
+    /// The key's hash when a key's counter rejected; 0 otherwise.
+    key: KeyHash,
+}
+
+fn log_rejection(r: &mut ngx_http_request_t, lcf: &LocConf, dry_run: bool, rejected: &Rejected) {
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(rejected.quota);
+    let checked = text(rejected.checked);
+    let (limit, weight) = (rejected.limit, rejected.weight);
+    // A request that waiting cannot help says why (and gets no
+    // Retry-After).
+    let (never, why) = match &rejected.wait {
+        Wait::Never(why) => (": it can never pass, ", Some(why)),
+        Wait::Seconds(_) => ("", None),
+    };
+    let why = DisplayOr(why);
+    // Only the key's hash: keys are secrets or personal data.
+    let mut key_buf = HeaderValue::default();
+    if rejected.key != 0 {
+        let _ =
+            std::fmt::Write::write_fmt(&mut key_buf, format_args!(" key {:016x}", rejected.key));
+    }
+    let key = key_buf.as_str();
     // SAFETY: the request's log; nginx appends client and request.
     unsafe {
         if quota == checked {
@@ -245,7 +349,8 @@ fn log_rejection(
                 lcf.log_level(),
                 (*r.connection).log,
                 format_args!(
-                    "sluice: limiting requests{how} by quota \"{quota}\" (limit {limit}/s, weight {weight})"
+                    "sluice: limiting requests{how} by quota \"{quota}\"{key} (limit {limit}/s, \
+                     weight {weight}){never}{why}"
                 ),
             );
         } else {
@@ -254,9 +359,21 @@ fn log_rejection(
                 (*r.connection).log,
                 format_args!(
                     "sluice: limiting requests{how} by quota \"{quota}\", an ancestor of \
-                     \"{checked}\" (limit {limit}/s, weight {weight})"
+                     \"{checked}\" (limit {limit}/s, weight {weight}){never}{why}"
                 ),
             );
+        }
+    }
+}
+
+/// Shows the value if there is one, nothing otherwise.
+struct DisplayOr<T>(Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for DisplayOr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(value) => value.fmt(f),
+            None => Ok(()),
         }
     }
 }
@@ -266,7 +383,7 @@ fn log_rejection(
 fn add_rate_limit_headers(
     r: &mut ngx_http_request_t,
     table: &Table,
-    items: &[(&[u8], u64)],
+    items: &[CheckItem],
     result: &ManyOutcome,
     name_buf: &mut [u8; 256],
     retry: Option<u64>,
@@ -284,12 +401,12 @@ fn add_rate_limit_headers(
     };
     let name = match table.name_into(h.slot, name_buf) {
         Some(n) => n,
-        None => items.get(h.item).map_or(&[][..], |i| i.0),
+        None => items.get(h.item).map_or(&[][..], |i| i.name),
     };
     let Ok(name) = std::str::from_utf8(name) else {
         return;
     };
-    if let Some((policy, state)) = rate_limit_fields(name, &h, retry) {
+    if let Some((policy, state)) = rate_limit_fields(name, &h.room, retry) {
         request.add_header_out("RateLimit-Policy", policy.as_str());
         request.add_header_out("RateLimit", state.as_str());
     }

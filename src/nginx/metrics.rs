@@ -43,7 +43,16 @@ unsafe extern "C" fn metrics_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
 fn render(mcf: &MainConf, top: usize) -> Option<String> {
     let table = mcf.table.as_deref()?;
     let now = crate::clock::now();
-    let mut text = crate::metrics::render(table, &mcf.roots, top, now);
+    let mut text = super::prometheus::render(table, &mcf.roots, top, now);
+    if let Some(c) = mcf.counters() {
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let counts = super::prometheus::RequestCounts {
+            invalid_weight: get(&c.invalid_weight),
+            empty_weight: get(&c.empty_weight),
+            unpassable: get(&c.unpassable),
+        };
+        super::prometheus::render_request_counts(&mut text, &counts);
+    }
     let host = mcf
         .host_id
         .clone()

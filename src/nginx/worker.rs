@@ -7,12 +7,11 @@
 //!
 //! The sync thread never calls into nginx: its log lines go to a bounded
 //! queue that a timer in the worker's own event loop writes to the error
-//! log. The same timer removes quota file seeds once a root has answered.
+//! log.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ngx::ffi::{
     ngx_add_timer, ngx_cycle_t, ngx_event_t, ngx_exiting, ngx_log_t, ngx_pcalloc, ngx_process,
@@ -24,8 +23,6 @@ use ngx::http::HttpModuleMainConf;
 use super::util::{log, runtime_boundary};
 use super::Module;
 use crate::sync::{LogLevel, SyncConfig, SyncHandle};
-use crate::table::file::purge_seeds;
-use crate::table::Table;
 
 /// Lines the sync thread may queue before new ones are dropped (counted).
 const MAX_QUEUED_LINES: usize = 1000;
@@ -83,9 +80,6 @@ impl LogQueue {
 struct WorkerSync {
     handle: SyncHandle,
     logs: Arc<LogQueue>,
-    table: Arc<Table>,
-    /// Seeds from the quota file wait for the first root answer.
-    seeds_pending: bool,
     log_to: *mut ngx_log_t,
 }
 
@@ -118,17 +112,8 @@ pub(crate) fn start(cycle: &mut ngx_cycle_t) -> Result<(), String> {
     let logs = Arc::new(LogQueue::default());
     let sink = Arc::clone(&logs);
     let config = SyncConfig {
-        roots: mcf.roots.clone(),
-        interval: mcf.interval(),
-        timeout: mcf.sync_timeout_ms.map(Duration::from_millis),
-        token: mcf.sync_token.clone(),
-        limiter_id: mcf
-            .host_id
-            .clone()
-            .unwrap_or_else(crate::sync::default_limiter_id),
-        early_sync: mcf.early_sync,
         log: Arc::new(move |level, line| sink.push(level, line)),
-        ..SyncConfig::default()
+        ..mcf.sync_config()
     };
     let summary = if config.roots.is_empty() {
         "standalone: no quota roots, counting locally".to_string()
@@ -150,13 +135,10 @@ pub(crate) fn start(cycle: &mut ngx_cycle_t) -> Result<(), String> {
             format_args!("sluice: sync thread started ({summary})"),
         )
     };
-    let seeds_pending = mcf.quotas.is_some() && !mcf.roots.is_empty();
     if let Ok(mut w) = WORKER.lock() {
         *w = Some(WorkerSync {
             handle,
             logs,
-            table,
-            seeds_pending,
             log_to: cycle.log,
         });
     }
@@ -214,22 +196,6 @@ unsafe extern "C" fn on_timer(ev: *mut ngx_event_t) {
         if let Ok(mut guard) = WORKER.lock() {
             if let Some(w) = guard.as_mut() {
                 w.logs.drain(log_to);
-                if w.seeds_pending && w.table.sync_status().roots.iter().any(|r| r.syncs > 0) {
-                    let report = purge_seeds(&w.table);
-                    w.seeds_pending = false;
-                    // SAFETY: the cycle's log.
-                    unsafe {
-                        log(
-                            NGX_LOG_NOTICE as ngx_uint_t,
-                            log_to,
-                            format_args!(
-                                "sluice: a quota root answered; {} seed quota(s) from the \
-                                 quota file no root knows were removed",
-                                report.deleted
-                            ),
-                        )
-                    };
-                }
             }
         }
         // SAFETY: plain read of nginx's flag; the event is still ours.

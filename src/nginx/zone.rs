@@ -16,6 +16,7 @@
 //! start; it never starts threads.
 
 use std::ffi::c_void;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use ngx::ffi::{
@@ -28,9 +29,9 @@ use ngx::http::HttpModule;
 use super::conf::{MainConf, DEFAULT_ZONE_SIZE};
 use super::util::{bytes, log, runtime_boundary};
 use super::Module;
-use crate::core::{Estimator, Extrapolation};
+use crate::core::Extrapolation;
 use crate::table::file::{load_set, FileRole};
-use crate::table::layout::Geometry;
+use crate::table::layout::{Geometry, MAX_CAPACITY};
 use crate::table::Table;
 
 /// The zone's name.
@@ -39,16 +40,54 @@ const ZONE_NAME: &str = "sluice";
 const AVG_NAME_BYTES: usize = 32;
 
 /// Where the table region lives, kept in the zone itself (the slab pool's
-/// `data` points here) so a later cycle finds it.
+/// `data` points here) so a later cycle finds it; and the request counts
+/// only nginx keeps.
 #[repr(C)]
 struct ZoneHead {
     base: *mut u8,
     len: usize,
+    counters: RequestCounters,
+}
+
+/// What the access handler counts that the table does not (every worker
+/// adds to them; `sluice_metrics` shows them).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(crate) struct RequestCounters {
+    /// Requests whose weight variable was not a number.
+    pub invalid_weight: AtomicU64,
+    /// Requests whose weight variable was empty, with `empty=reject`.
+    pub empty_weight: AtomicU64,
+    /// Rejections that waiting cannot help (no `Retry-After`).
+    pub unpassable: AtomicU64,
+}
+
+/// The largest zone size that is of any use: the largest table with the
+/// slab allocator's page bookkeeping (under 1%) and some slack on top.
+pub(crate) fn largest_useful_size() -> usize {
+    let region = Geometry::new(MAX_CAPACITY, AVG_NAME_BYTES).region_len();
+    region + region / 64 + (1 << 20)
+}
+
+/// This machine's physical memory, if the system says.
+pub(crate) fn physical_memory() -> Option<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let bytes = usize::try_from(pages)
+        .ok()?
+        .checked_mul(usize::try_from(page).ok()?)?;
+    (bytes > 0).then_some(bytes)
 }
 
 /// Asks nginx for the zone; called once the `http` block is parsed.
 pub(crate) fn add(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), String> {
-    let size = mcf.zone_size.unwrap_or(DEFAULT_ZONE_SIZE);
+    // Keys get their own share on top of the quotas'.
+    let size = mcf.zone_size.unwrap_or(DEFAULT_ZONE_SIZE) + mcf.keys_size();
     let mut name = ngx_str_t {
         len: ZONE_NAME.len(),
         data: ZONE_NAME.as_ptr().cast_mut(),
@@ -105,24 +144,25 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
     let head = unsafe { (*pool).data.cast::<ZoneHead>() };
     let table = if reused && !head.is_null() {
         // SAFETY: the head and region were made by `create` in this zone.
-        unsafe { Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, false) }
+        unsafe { Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, 0, false) }
             .map_err(|e| format!("sluice: zone \"{ZONE_NAME}\": {e}"))?
     } else {
-        let table = create(pool, zone.shm.size)?;
+        let table = create(pool, zone.shm.size, mcf.keys_size())?;
         // SAFETY: the cycle's log.
         unsafe {
             log(
                 NGX_LOG_NOTICE as ngx_uint_t,
                 log_to,
                 format_args!(
-                    "sluice: zone \"{ZONE_NAME}\" of {} KiB holds up to {} quotas",
+                    "sluice: zone \"{ZONE_NAME}\" of {} KiB holds up to {} quotas and {} keys",
                     zone.shm.size >> 10,
-                    table.capacity()
+                    table.capacity(),
+                    table.key_capacity()
                 ),
             )
         };
         if let Some(old) = previous_table(zone) {
-            let report = table.adopt(&old);
+            let report = table.adopt(&old, crate::clock::now());
             let level = if report.refused.is_empty() {
                 NGX_LOG_NOTICE
             } else {
@@ -144,10 +184,8 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
         }
         table
     };
-    table.set_estimator(Estimator {
-        mode: Extrapolation::Adaptive,
-        horizon: 2 * mcf.interval().as_nanos() as u64,
-    });
+    table.set_estimator(mcf.sync_config().estimator(Extrapolation::Adaptive));
+    table.set_key_secret(mcf.key_secret);
     if let Some(file) = &mcf.quotas {
         let role = if mcf.roots.is_empty() {
             FileRole::Authoritative
@@ -165,11 +203,14 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
         }
     }
     mcf.table = Some(Arc::new(table));
+    // SAFETY: `create` or an earlier cycle stored the head in the pool's
+    // `data`; it lives as long as the zone.
+    mcf.counters = unsafe { std::ptr::addr_of!((*(*pool).data.cast::<ZoneHead>()).counters) };
     Ok(())
 }
 
 /// Carves the largest table that fits out of a new zone's slab pool.
-fn create(pool: *mut ngx_slab_pool_t, zone_size: usize) -> Result<Table, String> {
+fn create(pool: *mut ngx_slab_pool_t, zone_size: usize, key_bytes: usize) -> Result<Table, String> {
     // SAFETY: `pool` is the zone's slab pool, only touched by this process
     // while nginx starts the cycle.
     unsafe {
@@ -181,19 +222,24 @@ fn create(pool: *mut ngx_slab_pool_t, zone_size: usize) -> Result<Table, String>
         let page = ngx_pagesize;
         let mut avail = (*pool).pfree.saturating_sub(1) * page;
         // A large allocation takes whole pages; retry smaller if the free
-        // pages are not contiguous enough.
+        // pages are not contiguous enough. Keys keep their share of the
+        // zone (the pool's own overhead shrinks both parts alike).
         for _ in 0..16 {
-            let Some(geometry) = Geometry::fitting(avail, AVG_NAME_BYTES) else {
+            let key_bytes = (avail as u128 * key_bytes as u128 / zone_size.max(1) as u128) as usize;
+            let Some(geometry) = Geometry::fitting_with_keys(avail, AVG_NAME_BYTES, key_bytes)
+            else {
                 break;
             };
             let len = geometry.region_len();
             let base = ngx_slab_alloc(pool, len).cast::<u8>();
             if !base.is_null() {
                 // Fresh shared memory is zeroed: no need to write over it.
-                let table = Table::from_raw(base, len, AVG_NAME_BYTES, false)
+                let table = Table::from_raw(base, len, AVG_NAME_BYTES, key_bytes, false)
                     .map_err(|e| format!("sluice: zone \"{ZONE_NAME}\": {e}"))?;
                 (*head).base = base;
                 (*head).len = len;
+                // The slab allocator does not zero.
+                std::ptr::addr_of_mut!((*head).counters).write(RequestCounters::default());
                 (*pool).data = head.cast();
                 return Ok(table);
             }
@@ -232,7 +278,8 @@ fn previous_table(zone: &ngx_shm_zone_t) -> Option<Table> {
                     if head.is_null() {
                         return None;
                     }
-                    return Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, false).ok();
+                    return Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, 0, false)
+                        .ok();
                 }
             }
             part = (*part).next;

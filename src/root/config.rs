@@ -13,6 +13,10 @@
 //! db_timeout = "3s"                  # waiting for a database connection
 //! db_query_timeout = "120s"          # one read, write or bulk apply
 //! max_connections = 1024
+//! max_connections_per_address = 256  # untrusted connections of one client address
+//! header_timeout = "10s"             # accept (or a request's first byte) to its last header
+//! idle_timeout = "60s"               # between requests on a kept-alive connection
+//! body_timeout = "60s"               # a request body's upload, a response body's download
 //! max_in_flight = 256
 //! max_sync_body = 67108864
 //! max_admin_body = 1048576
@@ -20,6 +24,7 @@
 //! max_body_memory = 536870912        # request bodies held at once, all requests
 //! sync_page_quotas = 20000
 //! sync_page_counters = 100000
+//! max_keys = 2000000                 # key counters of per-key quotas held at once
 //! ```
 
 use std::net::SocketAddr;
@@ -29,6 +34,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::auth::Token;
+use super::connections::ConnectionLimits;
 
 /// Default listen address: loopback, so a root started without tokens is
 /// not reachable from other hosts.
@@ -73,6 +79,10 @@ struct RootFile {
     db_timeout: Option<String>,
     db_query_timeout: Option<String>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
+    header_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    body_timeout: Option<String>,
     max_in_flight: Option<usize>,
     max_sync_body: Option<usize>,
     max_admin_body: Option<usize>,
@@ -80,6 +90,7 @@ struct RootFile {
     max_body_memory: Option<usize>,
     sync_page_quotas: Option<usize>,
     sync_page_counters: Option<usize>,
+    max_keys: Option<usize>,
 }
 
 /// A configuration that cannot be used, with the reason.
@@ -133,9 +144,21 @@ pub struct RootConfig {
     /// apply) may take before the root abandons it and calls the database
     /// unavailable.
     pub db_query_timeout: Duration,
-    /// Most TCP connections served at once; the listener stops accepting
-    /// above it.
+    /// Most TCP connections served at once; at the limit a new connection
+    /// sheds the least recently active unauthenticated idle one, or is
+    /// closed if there is none (see [`super::connections`]).
     pub max_connections: usize,
+    /// Most unauthenticated connections one client address holds; beyond
+    /// it a new one sheds that address's least recently active idle one.
+    pub max_connections_per_address: usize,
+    /// Longest wait for a request's head (request line and headers), from
+    /// accept or from the request's first byte.
+    pub header_timeout: Duration,
+    /// Longest idle spell of a kept-alive connection between requests.
+    pub idle_timeout: Duration,
+    /// Longest a request body may take to arrive, and a response body to
+    /// be taken.
+    pub body_timeout: Duration,
     /// Most requests handled at once; the rest wait for a slot.
     pub max_in_flight: usize,
     /// Request body limits.
@@ -144,6 +167,10 @@ pub struct RootConfig {
     pub sync_page_quotas: usize,
     /// Most counters in one sync reply; the rest follow in the next syncs.
     pub sync_page_counters: usize,
+    /// Most key counters (keys of per-key quotas) held at once; deltas of
+    /// further keys are ignored and counted until drained keys are
+    /// forgotten.
+    pub max_keys: usize,
 }
 
 impl Default for RootConfig {
@@ -159,10 +186,15 @@ impl Default for RootConfig {
             db_timeout: Duration::from_secs(3),
             db_query_timeout: crate::root::store::DEFAULT_QUERY_TIMEOUT,
             max_connections: 1024,
+            max_connections_per_address: 256,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
             max_in_flight: 256,
             body_limits: BodyLimits::default(),
             sync_page_quotas: 20_000,
             sync_page_counters: 100_000,
+            max_keys: 2_000_000,
         }
     }
 }
@@ -192,6 +224,10 @@ impl RootConfig {
             db_timeout,
             db_query_timeout,
             max_connections,
+            max_connections_per_address,
+            header_timeout,
+            idle_timeout,
+            body_timeout,
             max_in_flight,
             max_sync_body,
             max_admin_body,
@@ -199,6 +235,7 @@ impl RootConfig {
             max_body_memory,
             sync_page_quotas,
             sync_page_counters,
+            max_keys,
         } = file;
         set(&mut self.listen, listen);
         set(&mut self.db, db);
@@ -218,6 +255,19 @@ impl RootConfig {
             self.db_query_timeout = duration_key("db_query_timeout", &text)?;
         }
         set(&mut self.max_connections, max_connections);
+        set(
+            &mut self.max_connections_per_address,
+            max_connections_per_address,
+        );
+        for (key, text, slot) in [
+            ("header_timeout", header_timeout, &mut self.header_timeout),
+            ("idle_timeout", idle_timeout, &mut self.idle_timeout),
+            ("body_timeout", body_timeout, &mut self.body_timeout),
+        ] {
+            if let Some(text) = text {
+                *slot = duration_key(key, &text)?;
+            }
+        }
         set(&mut self.max_in_flight, max_in_flight);
         set(&mut self.body_limits.sync, max_sync_body);
         set(&mut self.body_limits.admin, max_admin_body);
@@ -225,6 +275,7 @@ impl RootConfig {
         set(&mut self.body_limits.total, max_body_memory);
         set(&mut self.sync_page_quotas, sync_page_quotas);
         set(&mut self.sync_page_counters, sync_page_counters);
+        set(&mut self.max_keys, max_keys);
         Ok(())
     }
 
@@ -257,6 +308,23 @@ impl RootConfig {
             self.db_query_timeout.as_nanos() as usize,
         )?;
         positive("max_connections", self.max_connections)?;
+        positive(
+            "max_connections_per_address",
+            self.max_connections_per_address,
+        )?;
+        if self.max_connections_per_address > self.max_connections {
+            return Err(ConfigError(format!(
+                "max_connections_per_address ({}) must not exceed max_connections ({})",
+                self.max_connections_per_address, self.max_connections
+            )));
+        }
+        for (key, value) in [
+            ("header_timeout", self.header_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("body_timeout", self.body_timeout),
+        ] {
+            positive(key, value.as_nanos() as usize)?;
+        }
         positive("max_in_flight", self.max_in_flight)?;
         positive("max_sync_body", self.body_limits.sync)?;
         positive("max_admin_body", self.body_limits.admin)?;
@@ -264,7 +332,21 @@ impl RootConfig {
         positive("max_body_memory", self.body_limits.total)?;
         positive("sync_page_quotas", self.sync_page_quotas)?;
         positive("sync_page_counters", self.sync_page_counters)?;
+        positive("max_keys", self.max_keys)?;
         Ok(())
+    }
+}
+
+impl RootConfig {
+    /// The limits the listener admits and times connections by.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections,
+            max_per_address: self.max_connections_per_address,
+            header_timeout: self.header_timeout,
+            idle_timeout: self.idle_timeout,
+            send_timeout: self.body_timeout,
+        }
     }
 }
 
@@ -284,7 +366,21 @@ fn positive(key: &str, value: usize) -> Result<(), ConfigError> {
 fn read_file(path: &Path) -> Result<RootFile, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
-    toml::from_str(&text).map_err(|e| ConfigError(format!("config {}: {e}", path.display())))
+    toml::from_str(&text).map_err(|e| {
+        let at = toml_position(&text, &e)
+            .map(|(line, column)| format!(" at line {line}, column {column}"))
+            .unwrap_or_default();
+        // toml's own Display spans several lines with a snippet.
+        let message = e.message().trim().replace('\n', " ");
+        ConfigError(format!("config {}: {message}{at}", path.display()))
+    })
+}
+
+/// Line and column (from 1) where a TOML error starts, when it says.
+pub fn toml_position(text: &str, error: &toml::de::Error) -> Option<(usize, usize)> {
+    error
+        .span()
+        .map(|span| crate::core::spec::line_column(text, span.start))
 }
 
 fn read_token(path: &Path) -> Result<Token, ConfigError> {
@@ -373,6 +469,11 @@ mod tests {
             ..RootArgs::default()
         };
         assert!(RootConfig::load(&args).unwrap_err().0.contains("lisen"));
+        // A syntax error: one line, with the position.
+        std::fs::write(&path, "db = \"x\"\nmax_in_flight = = 3\n").unwrap();
+        let error = RootConfig::load(&args).unwrap_err().0;
+        assert!(!error.contains('\n'), "{error}");
+        assert!(error.contains("at line 2, column"), "{error}");
         std::fs::write(&path, "max_in_flight = 0\n").unwrap();
         assert!(RootConfig::load(&args)
             .unwrap_err()

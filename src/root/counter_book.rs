@@ -1,8 +1,10 @@
 //! The cluster counters a root sums, in memory only.
 //!
 //! One counter per quota that received weight since the root started,
-//! stored as a [`Level`] in the root's clock and updated with
-//! `C = max(C, F(now)) + delta` ([`Level::add`]). A restarted root starts
+//! stored as a [`Tally`] in the root's clock and updated by the quota's
+//! [`Counting`]: `C = max(C, F(now)) + delta` for a leaky bucket
+//! ([`crate::core::Level::add`]), the delta added to its own window's count
+//! for a window quota. A restarted root starts
 //! every counter from the floor; limiters' deltas refill it within a sync or
 //! two.
 //!
@@ -14,12 +16,19 @@
 //! end. A sync costs what changed, never the number of counters, even when
 //! a hundred limiters bump the same counters between two syncs of one of
 //! them.
+//!
+//! Keys of per-key templates are counters like any, named by the template's
+//! id and the key's hash ([`CounterKey`]), created on their first delta.
+//! A key's counter that has leaked to nothing equals no counter, so
+//! [`CounterBook::forget_drained`] sweeps them away a slice at a time, and
+//! at most `max_keys` key counters exist at once (more keys' deltas are
+//! ignored and counted): root memory per key is bounded.
 
 use rustc_hash::FxHashMap;
 
 use crate::core::estimate::FILL_RATE_SMOOTHING;
-use crate::core::{Level, Nanos, SECS_PER_NANO};
-use crate::wire::CounterValue;
+use crate::core::{Counting, Nanos, Tally, SECS_PER_NANO};
+use crate::wire::{CounterKey, CounterValue, KeyValue, KeyedValues};
 
 /// End of the version list.
 const NIL: u32 = u32::MAX;
@@ -87,15 +96,28 @@ impl FillMeter {
     }
 }
 
+/// Weight a limiter sent for one counter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Delta {
+    /// The weight.
+    pub weight: f64,
+    /// For a window quota, the window it was admitted in (see
+    /// [`crate::wire::CounterDelta::window`]); `None`: now's.
+    pub window: Option<i64>,
+}
+
 /// One counter and its place in the version list.
 #[derive(Clone, Debug)]
 struct Slot {
-    /// Quota id (meaningless while the slot is free).
-    id: u64,
-    /// The quota's leak rate, copied so an update needs one lookup.
-    limit: f64,
-    /// The cluster level, in root time.
-    level: Level,
+    /// The counter's name (meaningless while the slot is free).
+    counter: CounterKey,
+    /// The slot holds a counter (false while on the free list).
+    live: bool,
+    /// How the quota counts (its leak rate or its window), copied so an
+    /// update needs one lookup.
+    counting: Counting,
+    /// The cluster level (a window quota's counts), in root time.
+    tally: Tally,
     /// Version of the last update.
     version: u64,
     /// Neighbour with the next lower version, or [`NIL`].
@@ -111,7 +133,8 @@ struct Slot {
 /// A counter as the admin API shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CounterView {
-    /// Level leaked to the time of the view.
+    /// Level leaked to the time of the view (a window quota: the current
+    /// window's count, sliding with the previous one's share).
     pub level: f64,
     /// Units per second arriving, smoothed.
     pub fill_rate: f64,
@@ -124,8 +147,10 @@ pub struct CounterView {
 /// Counters changed since some version.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChangedCounters {
-    /// The counters, oldest change first.
+    /// The named counters, oldest change first.
     pub counters: Vec<CounterValue>,
+    /// The keys' counters, by template.
+    pub keyed: Vec<KeyedValues>,
     /// Version to ask from next time: the newest version when everything
     /// fit, else the version of the last counter included.
     pub version: u64,
@@ -138,8 +163,18 @@ pub struct CounterBook {
     slots: Vec<Slot>,
     /// Indices of free slots.
     free: Vec<u32>,
-    /// Quota id to slot index.
-    index: FxHashMap<u64, u32>,
+    /// Counter to slot index.
+    index: FxHashMap<CounterKey, u32>,
+    /// Key counters (`index` entries whose key is not 0).
+    keys: usize,
+    /// Most key counters at once.
+    max_keys: usize,
+    /// Key deltas ignored because `max_keys` were live.
+    keys_refused: u64,
+    /// Key counters forgotten after draining.
+    keys_forgotten: u64,
+    /// Next slot [`CounterBook::forget_drained`] looks at.
+    sweep: usize,
     /// Slot with the lowest version, or [`NIL`].
     oldest: u32,
     /// Slot with the highest version, or [`NIL`].
@@ -154,6 +189,11 @@ impl Default for CounterBook {
             slots: Vec::new(),
             free: Vec::new(),
             index: FxHashMap::default(),
+            keys: 0,
+            max_keys: usize::MAX,
+            keys_refused: 0,
+            keys_forgotten: 0,
+            sweep: 0,
             oldest: NIL,
             newest: NIL,
             version: 0,
@@ -162,36 +202,81 @@ impl Default for CounterBook {
 }
 
 impl CounterBook {
-    /// Adds `weight` to counter `id` at `now`: `C = max(C, F(now)) + weight`.
-    ///
-    /// A counter not seen before is created when `limit_of` knows the quota
-    /// (a live one); otherwise nothing happens and `false` is returned, so
-    /// deltas for unknown or deleted quotas are ignored.
+    /// A book holding at most `max_keys` key counters at once.
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self {
+            max_keys,
+            ..Self::default()
+        }
+    }
+
+    /// Adds `weight` to the named counter `id` at `now` (see
+    /// [`CounterBook::add_counter`]).
     pub fn add<F>(
         &mut self,
         id: u64,
         weight: f64,
         now: Nanos,
         limiter: Option<u32>,
-        limit_of: F,
+        counting_of: F,
     ) -> bool
     where
-        F: FnOnce() -> Option<f64>,
+        F: FnOnce() -> Option<Counting>,
     {
-        let index = match self.index.get(&id) {
+        let delta = Delta {
+            weight,
+            window: None,
+        };
+        self.add_counter(CounterKey::named(id), delta, now, limiter, counting_of)
+    }
+
+    /// Adds a delta to `counter` at `now`: `C = max(C, F(now)) + weight`
+    /// for a leaky quota; for a window quota, to the count of the window
+    /// the delta names.
+    ///
+    /// A counter not seen before is created when `counting_of` knows the
+    /// quota (a live one of the right kind) and, for a key, fewer than
+    /// `max_keys` keys are counted; otherwise nothing happens and `false`
+    /// is returned, so deltas for unknown or deleted quotas are ignored
+    /// (and window weight too old to matter).
+    pub fn add_counter<F>(
+        &mut self,
+        counter: CounterKey,
+        delta: Delta,
+        now: Nanos,
+        limiter: Option<u32>,
+        counting_of: F,
+    ) -> bool
+    where
+        F: FnOnce() -> Option<Counting>,
+    {
+        let index = match self.index.get(&counter) {
             Some(&index) => index,
-            None => match limit_of() {
-                Some(limit) => self.create(id, limit, now),
+            None => match counting_of() {
+                Some(_) if counter.key != 0 && self.keys >= self.max_keys => {
+                    self.keys_refused += 1;
+                    return false;
+                }
+                Some(counting) => self.create(counter, counting, now),
                 None => return false,
             },
         };
+        let slot = &self.slots[index as usize];
+        let Some(tally) = slot
+            .counting
+            .add_in(slot.tally, delta.window, now, delta.weight)
+        else {
+            return false;
+        };
         self.version += 1;
         let version = self.version;
+        let weight = delta.weight;
         let slot = &mut self.slots[index as usize];
-        slot.level = slot.level.add(slot.limit, now, weight);
+        slot.tally = tally;
         slot.version = version;
         slot.fill.record(now, weight);
-        if let Some(limiter) = limiter {
+        // Keys are too many to remember their limiters; quotas are not.
+        if let Some(limiter) = limiter.filter(|_| counter.key == 0) {
             note_seen(&mut slot.seen, limiter, now);
         }
         self.unlink(index);
@@ -199,26 +284,92 @@ impl CounterBook {
         true
     }
 
-    /// Changes a counter's leak rate, leaking it to `now` at the old rate
-    /// first so the change does not act retroactively.
-    pub fn set_limit(&mut self, id: u64, limit: f64, now: Nanos) {
-        if let Some(&index) = self.index.get(&id) {
-            let slot = &mut self.slots[index as usize];
-            if slot.limit != limit {
-                slot.level = slot.level.leaked(slot.limit, now);
-                slot.limit = limit;
+    /// Changes how quota `id`'s counter counts (and, for a per-key
+    /// template, every key's: `keyed`). A new leak rate applies from `now`
+    /// (each counter is leaked to `now` at the old rate first, so the
+    /// change does not act retroactively); a counter that now counts
+    /// another way (leaky to window, another window) starts over.
+    pub fn set_counting(&mut self, id: u64, keyed: bool, counting: Counting, now: Nanos) {
+        let change = |slot: &mut Slot| {
+            if slot.counting == counting {
+                return;
+            }
+            slot.tally = match (slot.counting, counting) {
+                (Counting::Leak(_), Counting::Leak(_)) => slot.counting.aged(slot.tally, now),
+                (Counting::Window(a), Counting::Window(b))
+                    if (a.window, a.sliding) == (b.window, b.sliding) =>
+                {
+                    slot.tally
+                }
+                _ => Tally {
+                    at: now,
+                    ..Tally::default()
+                },
+            };
+            slot.counting = counting;
+        };
+        if keyed {
+            if self.keys > 0 {
+                self.slots
+                    .iter_mut()
+                    .filter(|s| s.live && s.counter.id == id && s.counter.key != 0)
+                    .for_each(change);
+            }
+        } else if let Some(&index) = self.index.get(&CounterKey::named(id)) {
+            change(&mut self.slots[index as usize]);
+        }
+    }
+
+    /// Drops the counters of a deleted quota: its own, and its keys'.
+    pub fn remove(&mut self, id: u64) {
+        self.drop_counter(CounterKey::named(id));
+        if self.keys > 0 {
+            let keys: Vec<CounterKey> = self
+                .slots
+                .iter()
+                .filter(|s| s.live && s.counter.id == id && s.counter.key != 0)
+                .map(|s| s.counter)
+                .collect();
+            for key in keys {
+                self.drop_counter(key);
             }
         }
     }
 
-    /// Drops the counter of a deleted quota.
-    pub fn remove(&mut self, id: u64) {
-        if let Some(index) = self.index.remove(&id) {
+    fn drop_counter(&mut self, counter: CounterKey) {
+        if let Some(index) = self.index.remove(&counter) {
             self.unlink(index);
             let slot = &mut self.slots[index as usize];
             slot.seen = Vec::new();
+            slot.live = false;
+            if counter.key != 0 {
+                self.keys -= 1;
+            }
             self.free.push(index);
         }
+    }
+
+    /// Looks at the next `budget` slots (round robin) and forgets the key
+    /// counters among them that have leaked to nothing at `now`: a drained
+    /// key is equal to no key. Returns how many were forgotten.
+    pub fn forget_drained(&mut self, budget: usize, now: Nanos) -> usize {
+        let n = self.slots.len();
+        if self.keys == 0 || n == 0 {
+            return 0;
+        }
+        let mut drained = Vec::new();
+        for i in 0..budget.min(n) {
+            let slot = &self.slots[(self.sweep + i) % n];
+            if slot.live && slot.counter.key != 0 && slot.counting.is_empty(slot.tally, now) {
+                drained.push(slot.counter);
+            }
+        }
+        self.sweep = (self.sweep + budget) % n;
+        for counter in &drained {
+            self.drop_counter(*counter);
+        }
+        self.keys_forgotten += drained.len() as u64;
+        drained.len()
     }
 
     /// Counters updated after version `since`, oldest first, at most `max`.
@@ -235,12 +386,16 @@ impl CounterBook {
         }
         let mut changed = ChangedCounters {
             counters: Vec::new(),
+            keyed: Vec::new(),
             version: self.version,
         };
+        // Where each template's group is in `changed.keyed`.
+        let mut groups: FxHashMap<u64, usize> = FxHashMap::default();
+        let mut sent = 0;
         let mut cursor = first;
         while cursor != NIL {
             let slot = &self.slots[cursor as usize];
-            if changed.counters.len() >= max {
+            if sent >= max {
                 // Everything before this slot was considered.
                 changed.version = match slot.older {
                     NIL => since,
@@ -248,35 +403,101 @@ impl CounterBook {
                 };
                 break;
             }
-            if since > 0 || slot.level.leaked(slot.limit, now).level > 0.0 {
-                let Level { level, at } = slot.level;
-                changed.counters.push(CounterValue {
-                    id: slot.id,
-                    level,
-                    at,
-                });
+            if since > 0 || !slot.counting.is_empty(slot.tally, now) {
+                let Tally { level, prev, at } = slot.tally;
+                let CounterKey { id, key } = slot.counter;
+                if key == 0 {
+                    changed.counters.push(CounterValue {
+                        id,
+                        level,
+                        at,
+                        prev,
+                    });
+                } else {
+                    let group = *groups.entry(id).or_insert_with(|| {
+                        changed.keyed.push(KeyedValues {
+                            id,
+                            values: Vec::new(),
+                        });
+                        changed.keyed.len() - 1
+                    });
+                    changed.keyed[group].values.push(KeyValue(key, level, at));
+                }
+                sent += 1;
             }
             cursor = slot.newer;
         }
         changed
     }
 
-    /// A counter's live view at `now`.
+    /// A named counter's live view at `now`.
     pub fn view(&self, id: u64, now: Nanos) -> Option<CounterView> {
-        let slot = &self.slots[*self.index.get(&id)? as usize];
+        self.view_counter(CounterKey::named(id), now)
+    }
+
+    /// A counter's live view at `now`.
+    pub fn view_counter(&self, counter: CounterKey, now: Nanos) -> Option<CounterView> {
+        let slot = &self.slots[*self.index.get(&counter)? as usize];
         let mut seen = slot.seen.clone();
         seen.sort_by_key(|s| std::cmp::Reverse(s.at));
         Some(CounterView {
-            level: slot.level.leaked(slot.limit, now).level,
+            level: slot.counting.current(slot.tally, now),
             fill_rate: slot.fill.rate_at(now),
             version: slot.version,
             seen,
         })
     }
 
+    /// Counters from the most recently updated back, each as `(counter,
+    /// level, fill rate)` at `now`: the root's overview ranks as many of
+    /// them as it can afford, the ones that moved last first.
+    pub fn newest_first(&self, now: Nanos) -> impl Iterator<Item = (CounterKey, f64, f64)> + '_ {
+        let mut cursor = self.newest;
+        std::iter::from_fn(move || {
+            let slot = self.slots.get(cursor as usize)?;
+            cursor = slot.older;
+            let level = slot.counting.current(slot.tally, now);
+            Some((slot.counter, level, slot.fill.rate_at(now)))
+        })
+    }
+
     /// Number of counters.
     pub fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// Number of key counters.
+    pub fn keys(&self) -> usize {
+        self.keys
+    }
+
+    /// Key deltas ignored because the book held `max_keys` keys.
+    pub fn keys_refused(&self) -> u64 {
+        self.keys_refused
+    }
+
+    /// Key counters forgotten after draining.
+    pub fn keys_forgotten(&self) -> u64 {
+        self.keys_forgotten
+    }
+
+    /// The keys of template `id` with their views at `now`, busiest (the
+    /// highest fill rate, then level) first, at most `max`. Reads every
+    /// counter: for the admin API, not the sync path.
+    pub fn top_keys(&self, id: u64, max: usize, now: Nanos) -> Vec<(u64, CounterView)> {
+        let mut keys: Vec<(u64, CounterView)> = self
+            .slots
+            .iter()
+            .filter(|s| s.live && s.counter.id == id && s.counter.key != 0)
+            .filter_map(|s| Some((s.counter.key, self.view_counter(s.counter, now)?)))
+            .collect();
+        keys.sort_by(|a, b| {
+            b.1.fill_rate
+                .total_cmp(&a.1.fill_rate)
+                .then(b.1.level.total_cmp(&a.1.level))
+        });
+        keys.truncate(max);
+        keys
     }
 
     /// True when no counter exists.
@@ -289,11 +510,15 @@ impl CounterBook {
         self.version
     }
 
-    fn create(&mut self, id: u64, limit: f64, now: Nanos) -> u32 {
+    fn create(&mut self, counter: CounterKey, counting: Counting, now: Nanos) -> u32 {
         let slot = Slot {
-            id,
-            limit,
-            level: Level::empty(now),
+            counter,
+            live: true,
+            counting,
+            tally: Tally {
+                at: now,
+                ..Tally::default()
+            },
             version: 0,
             older: NIL,
             newer: NIL,
@@ -310,7 +535,10 @@ impl CounterBook {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.index.insert(id, index);
+        self.index.insert(counter, index);
+        if counter.key != 0 {
+            self.keys += 1;
+        }
         // A fresh slot is linked as newest so that `add` can unlink it.
         self.push_newest(index);
         index
@@ -372,7 +600,7 @@ mod tests {
     #[test]
     fn adding_leaks_then_adds_in_root_time() {
         let mut book = CounterBook::default();
-        assert!(book.add(1, 50.0, 0, None, || Some(10.0)));
+        assert!(book.add(1, 50.0, 0, None, || Some(Counting::Leak(10.0))));
         assert!(book.add(1, 5.0, 2 * SEC, None, || unreachable!("known counter")));
         // 50 leaked 20 over two seconds, then +5.
         assert_eq!(book.view(1, 2 * SEC).unwrap().level, 35.0);
@@ -391,7 +619,7 @@ mod tests {
     fn changed_since_returns_each_changed_counter_once_in_version_order() {
         let mut book = CounterBook::default();
         for id in 1..=4 {
-            book.add(id, 1.0, 0, None, || Some(0.0));
+            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0)));
         }
         let v = book.version();
         book.add(2, 1.0, 0, None, || None);
@@ -411,7 +639,7 @@ mod tests {
     fn a_capped_answer_resumes_where_it_stopped() {
         let mut book = CounterBook::default();
         for id in 1..=5 {
-            book.add(id, 1.0, 0, None, || Some(0.0));
+            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0)));
         }
         let first = book.changed_since(0, 2, 0);
         assert_eq!(ids(&first), [1, 2]);
@@ -423,8 +651,8 @@ mod tests {
     #[test]
     fn version_zero_skips_counters_back_at_the_floor() {
         let mut book = CounterBook::default();
-        book.add(1, 5.0, 0, None, || Some(1.0));
-        book.add(2, 500.0, 0, None, || Some(1.0));
+        book.add(1, 5.0, 0, None, || Some(Counting::Leak(1.0)));
+        book.add(2, 500.0, 0, None, || Some(Counting::Leak(1.0)));
         assert_eq!(ids(&book.changed_since(0, 10, 10 * SEC)), [2]);
         // An incremental reader still learns both changed.
         assert_eq!(book.changed_since(0, 10, 0).counters.len(), 2);
@@ -434,12 +662,12 @@ mod tests {
     fn removed_counters_leave_the_list_and_their_slot_is_reused() {
         let mut book = CounterBook::default();
         for id in 1..=3 {
-            book.add(id, 1.0, 0, None, || Some(0.0));
+            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0)));
         }
         book.remove(2);
         book.remove(7);
         assert_eq!(ids(&book.changed_since(0, 10, 0)), [1, 3]);
-        book.add(4, 1.0, 0, None, || Some(0.0));
+        book.add(4, 1.0, 0, None, || Some(Counting::Leak(0.0)));
         assert_eq!(book.slots.len(), 3);
         assert_eq!(ids(&book.changed_since(0, 10, 0)), [1, 3, 4]);
         book.remove(1);
@@ -452,8 +680,8 @@ mod tests {
     #[test]
     fn a_limit_change_leaks_at_the_old_rate_first() {
         let mut book = CounterBook::default();
-        book.add(1, 100.0, 0, None, || Some(10.0));
-        book.set_limit(1, 0.0, 5 * SEC);
+        book.add(1, 100.0, 0, None, || Some(Counting::Leak(10.0)));
+        book.set_counting(1, false, Counting::Leak(0.0), 5 * SEC);
         // 50 leaked at 10/s, then nothing more at 0/s.
         assert_eq!(book.view(1, 100 * SEC).unwrap().level, 50.0);
     }
@@ -462,7 +690,7 @@ mod tests {
     fn fill_rate_follows_the_incoming_weight_and_decays_when_idle() {
         let mut book = CounterBook::default();
         for s in 0..10 {
-            book.add(1, 100.0, s * SEC, None, || Some(0.0));
+            book.add(1, 100.0, s * SEC, None, || Some(Counting::Leak(0.0)));
         }
         let busy = book.view(1, 10 * SEC).unwrap().fill_rate;
         assert!((busy - 100.0).abs() < 1.0, "{busy}");
@@ -471,11 +699,26 @@ mod tests {
     }
 
     #[test]
+    fn newest_first_walks_from_the_last_update_back() {
+        let mut book = CounterBook::default();
+        for id in 1..=3 {
+            book.add(id, 10.0, 0, None, || Some(Counting::Leak(1.0)));
+        }
+        book.add(1, 5.0, SEC, None, || None);
+        let walked: Vec<(u64, f64)> = book
+            .newest_first(2 * SEC)
+            .map(|(counter, level, _)| (counter.id, level))
+            .collect();
+        assert_eq!(walked, [(1, 13.0), (3, 8.0), (2, 8.0)]);
+        assert_eq!(CounterBook::default().newest_first(0).count(), 0);
+    }
+
+    #[test]
     fn recent_limiters_are_remembered_newest_first_and_bounded() {
         let mut book = CounterBook::default();
         for limiter in 0..(MAX_SEEN as u32 + 3) {
             book.add(1, 1.0, u64::from(limiter) * SEC, Some(limiter), || {
-                Some(0.0)
+                Some(Counting::Leak(0.0))
             });
         }
         book.add(1, 1.0, 100 * SEC, Some(5), || None);

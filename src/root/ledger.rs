@@ -5,9 +5,9 @@
 //! and does parsing and serialisation outside the lock.
 
 use crate::core::{Nanos, Quota};
-use crate::wire::SyncRequest;
+use crate::wire::{CounterKey, SyncRequest, SyncResponse};
 
-use super::counter_book::{ChangedCounters, CounterBook};
+use super::counter_book::{ChangedCounters, CounterBook, Delta};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 
@@ -33,6 +33,29 @@ pub struct SyncStep {
     pub ignored: usize,
 }
 
+impl SyncStep {
+    /// The reply to the limiter: what `POST /v1/sync` sends and the
+    /// simulated root answers, from root `instance` at root time `now`.
+    pub fn into_response(self, instance: u64, now: Nanos, utc_offset: i64) -> SyncResponse {
+        SyncResponse {
+            root_instance: instance,
+            root_time: now,
+            root_utc: Some(now as i64 + utc_offset),
+            quotas: self
+                .quotas
+                .quotas
+                .iter()
+                .map(|q| q.as_ref().clone())
+                .collect(),
+            quotas_after: self.quotas.after,
+            more_quotas: self.quotas.more,
+            counters: self.counters.counters,
+            keyed: self.counters.keyed,
+            counter_version: self.counters.version,
+        }
+    }
+}
+
 /// Sizes for metrics and health.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LedgerStats {
@@ -42,6 +65,12 @@ pub struct LedgerStats {
     pub tombstones: usize,
     /// Counters in memory.
     pub counters: usize,
+    /// Of them, keys of per-key templates.
+    pub keys: usize,
+    /// Key deltas ignored because `max_keys` keys were held.
+    pub keys_refused: u64,
+    /// Key counters forgotten after draining.
+    pub keys_forgotten: u64,
     /// Epoch of the last quota loaded.
     pub epoch: u64,
     /// Last counter version handed out.
@@ -59,9 +88,20 @@ pub struct Ledger {
     pub counters: CounterBook,
     /// The limiters that synced.
     pub limiters: Limiters,
+    /// UTC nanoseconds minus the root's clock: where window quotas' windows
+    /// fall (0 in a simulation, whose clock is its own).
+    pub utc_offset: i64,
 }
 
 impl Ledger {
+    /// An empty ledger holding at most `max_keys` key counters.
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self {
+            counters: CounterBook::with_max_keys(max_keys),
+            ..Self::default()
+        }
+    }
+
     /// Stores quotas read from the database, in `(epoch, id)` order, and
     /// adjusts counters: a deleted quota drops its counter, a changed limit
     /// applies from `now`. Returns how many quotas changed.
@@ -69,7 +109,11 @@ impl Ledger {
         let mut changed = 0;
         for quota in quotas {
             match self.quotas.load(quota) {
-                QuotaChange::Live { id, limit } => self.counters.set_limit(id, limit, now),
+                QuotaChange::Live { id, per_key } => {
+                    if let Some(counting) = self.quotas.counting(id, per_key, self.utc_offset) {
+                        self.counters.set_counting(id, per_key, counting, now);
+                    }
+                }
                 QuotaChange::Deleted { id } => self.counters.remove(id),
                 QuotaChange::Stale => continue,
             }
@@ -96,12 +140,32 @@ impl Ledger {
     ) -> SyncStep {
         let limiter = self.limiters.touch(&request.limiter, now);
         let mut step = SyncStep::default();
-        for delta in &request.deltas {
+        let delta = |weight: u64, window| Delta {
+            weight: weight as f64,
+            window,
+        };
+        let named = request
+            .deltas
+            .iter()
+            .map(|d| (CounterKey::named(d.id), delta(d.delta, d.window)));
+        let keyed = request.keyed.iter().flat_map(|group| {
+            group.deltas.iter().map(move |d| {
+                let counter = CounterKey {
+                    id: group.id,
+                    key: d.0,
+                };
+                (counter, delta(d.1, group.window))
+            })
+        });
+        let utc_offset = self.utc_offset;
+        for (counter, delta) in named.chain(keyed) {
             let quotas = &self.quotas;
-            let weight = delta.delta as f64;
-            if self.counters.add(delta.id, weight, now, limiter, || {
-                quotas.live_limit(delta.id)
-            }) {
+            // A named delta counts on a plain quota, a key's on a template.
+            let counting_of = || quotas.counting(counter.id, counter.key != 0, utc_offset);
+            if self
+                .counters
+                .add_counter(counter, delta, now, limiter, counting_of)
+            {
                 step.applied += 1;
             } else {
                 step.ignored += 1;
@@ -112,6 +176,7 @@ impl Ledger {
         step.counters = if step.quotas.more {
             ChangedCounters {
                 counters: Vec::new(),
+                keyed: Vec::new(),
                 version: since,
             }
         } else {
@@ -136,6 +201,9 @@ impl Ledger {
             quotas: self.quotas.live(),
             tombstones: self.quotas.tombstones(),
             counters: self.counters.len(),
+            keys: self.counters.keys(),
+            keys_refused: self.counters.keys_refused(),
+            keys_forgotten: self.counters.keys_forgotten(),
             epoch: self.quotas.cursor().epoch,
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
@@ -156,27 +224,23 @@ mod tests {
     };
 
     fn quota(id: u64, limit: f64, epoch: u64) -> Quota {
-        Quota {
-            id,
-            name: format!("q{id}"),
-            parent: None,
-            limit,
-            low_burst: 100.0,
-            high_burst: 200.0,
-            epoch,
-            deleted: false,
-        }
+        Quota::new(id, format!("q{id}"), limit, 100.0, 200.0).at_epoch(epoch)
     }
 
     fn request(limiter: &str, version: u64, deltas: &[(u64, u64)]) -> SyncRequest {
         SyncRequest {
+            keyed: Vec::new(),
             limiter: limiter.into(),
             quotas_after: QuotaCursor::default(),
             counter_version: version,
             root_instance: if version == 0 { 0 } else { INSTANCE },
             deltas: deltas
                 .iter()
-                .map(|&(id, delta)| CounterDelta { id, delta })
+                .map(|&(id, delta)| CounterDelta {
+                    id,
+                    delta,
+                    window: None,
+                })
                 .collect(),
         }
     }
@@ -187,6 +251,36 @@ mod tests {
             .iter()
             .find(|c| c.id == id)
             .map(|c| c.level)
+    }
+
+    #[test]
+    fn window_deltas_count_in_the_window_they_name() {
+        use crate::core::Window;
+        let mut ledger = Ledger::default();
+        let q = Quota::new(1, "day", 100.0, 100.0, 100.0).windowed(Window::TenSeconds, true);
+        ledger.load(vec![q], 0);
+        let windowed = |limiter: &str, delta, window| {
+            let mut r = request(limiter, 0, &[(1, delta)]);
+            r.deltas[0].window = Some(window);
+            r
+        };
+        ledger.sync(&windowed("a", 30, 0), INSTANCE, 5 * SEC, PAGING);
+        // b's weight of window 0 arrives in window 1: it counts in 0.
+        let step = ledger.sync(&windowed("b", 20, 0), INSTANCE, 10 * SEC + SEC / 2, PAGING);
+        let c = step.counters.counters[0];
+        assert_eq!((c.level, c.prev, c.at), (50.0, 0.0, 5 * SEC));
+        let step = ledger.sync(&windowed("a", 7, 1), INSTANCE, 11 * SEC, PAGING);
+        let c = step.counters.counters[0];
+        assert_eq!((c.level, c.prev), (7.0, 50.0));
+        // Late weight of window 0 goes to the previous count; of window
+        // -1 nowhere (ignored), and it is said.
+        let step = ledger.sync(&windowed("b", 3, 0), INSTANCE, 12 * SEC, PAGING);
+        assert_eq!(step.counters.counters[0].prev, 53.0);
+        let step = ledger.sync(&windowed("b", 3, -1), INSTANCE, 12 * SEC, PAGING);
+        assert_eq!((step.applied, step.ignored), (0, 1));
+        // The admin view: 7 + 53 * (1 - 0.5) at 15 s.
+        let view = ledger.counters.view(1, 15 * SEC).unwrap();
+        assert!((view.level - (7.0 + 26.5)).abs() < 1e-9, "{}", view.level);
     }
 
     #[test]
@@ -228,14 +322,7 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.load(vec![quota(1, 0.0, 1), quota(2, 0.0, 2)], 0);
         ledger.sync(&request("a", 0, &[(2, 4)]), INSTANCE, 0, PAGING);
-        ledger.load(
-            vec![Quota {
-                deleted: true,
-                epoch: 3,
-                ..quota(2, 0.0, 3)
-            }],
-            0,
-        );
+        ledger.load(vec![Quota::tombstone(2, "q2", 3)], 0);
         let step = ledger.sync(
             &request("a", 0, &[(1, 1), (2, 9), (99, 3)]),
             INSTANCE,
@@ -299,6 +386,105 @@ mod tests {
             req.root_instance = INSTANCE;
         }
         assert_eq!(pages, 3);
+    }
+
+    fn keyed_request(limiter: &str, id: u64, keys: &[(u64, u64)]) -> SyncRequest {
+        SyncRequest {
+            keyed: vec![crate::wire::KeyedDeltas {
+                id,
+                deltas: keys
+                    .iter()
+                    .map(|&(k, d)| crate::wire::KeyDelta(k, d))
+                    .collect(),
+                window: None,
+            }],
+            ..request(limiter, 0, &[])
+        }
+    }
+
+    fn key_level(step: &SyncStep, id: u64, key: u64) -> Option<f64> {
+        let group = step.counters.keyed.iter().find(|g| g.id == id)?;
+        group.values.iter().find(|v| v.0 == key).map(|v| v.1)
+    }
+
+    #[test]
+    fn keys_of_a_template_sum_per_key_across_limiters() {
+        let mut ledger = Ledger::default();
+        ledger.load(
+            vec![
+                quota(1, 10.0, 1),
+                quota(2, 10.0, 1).keyed().with_parent(Some(1)),
+            ],
+            0,
+        );
+        ledger.sync(
+            &keyed_request("a", 2, &[(7, 3), (8, 1)]),
+            INSTANCE,
+            0,
+            PAGING,
+        );
+        let b = ledger.sync(&keyed_request("b", 2, &[(7, 2)]), INSTANCE, 0, PAGING);
+        assert_eq!(key_level(&b, 2, 7), Some(5.0));
+        assert_eq!(key_level(&b, 2, 8), Some(1.0));
+        assert_eq!(ledger.counters.keys(), 2);
+        // A key's delta on a plain quota, or a named delta on a template,
+        // counts nowhere.
+        let wrong = SyncRequest {
+            deltas: vec![CounterDelta {
+                id: 2,
+                delta: 4,
+                window: None,
+            }],
+            ..keyed_request("c", 1, &[(9, 1)])
+        };
+        let step = ledger.sync(&wrong, INSTANCE, 0, PAGING);
+        assert_eq!((step.applied, step.ignored), (0, 2));
+        // The reply carries keys grouped by template, named counters apart.
+        let response = b.into_response(INSTANCE, 0, 0);
+        assert_eq!(response.keyed.len(), 1);
+        assert!(response.counters.is_empty());
+    }
+
+    #[test]
+    fn drained_keys_are_forgotten_and_a_template_edit_reaches_every_key() {
+        let mut ledger = Ledger::default();
+        ledger.load(vec![quota(2, 10.0, 1).keyed()], 0);
+        ledger.sync(
+            &keyed_request("a", 2, &[(7, 50), (8, 5)]),
+            INSTANCE,
+            0,
+            PAGING,
+        );
+        // One second at 10/s: key 8 drained, key 7 at 40.
+        assert_eq!(ledger.counters.forget_drained(100, SEC), 1);
+        assert_eq!(ledger.counters.keys(), 1);
+        // The template's new limit applies to its keys from now on.
+        ledger.load(vec![quota(2, 0.0, 2).keyed()], SEC);
+        let key = CounterKey { id: 2, key: 7 };
+        assert_eq!(
+            ledger.counters.view_counter(key, 100 * SEC).unwrap().level,
+            40.0
+        );
+        // Deleting the template drops its keys.
+        ledger.load(vec![Quota::tombstone(2, "q2", 3)], SEC);
+        assert_eq!(ledger.counters.keys(), 0);
+    }
+
+    #[test]
+    fn at_most_max_keys_key_counters_exist() {
+        let mut ledger = Ledger {
+            counters: CounterBook::with_max_keys(2),
+            ..Ledger::default()
+        };
+        ledger.load(vec![quota(2, 10.0, 1).keyed()], 0);
+        let step = ledger.sync(
+            &keyed_request("a", 2, &[(1, 1), (2, 1), (3, 1)]),
+            INSTANCE,
+            0,
+            PAGING,
+        );
+        assert_eq!((step.applied, step.ignored), (2, 1));
+        assert_eq!(ledger.counters.keys_refused(), 1);
     }
 
     #[test]

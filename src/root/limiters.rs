@@ -8,6 +8,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::core::Nanos;
+use crate::wire::ClockReport;
 
 /// Most limiters the registry records.
 pub const MAX_LIMITERS: usize = 100_000;
@@ -21,6 +22,8 @@ pub struct LimiterInfo {
     pub last_sync: Nanos,
     /// Syncs received from it since the root started.
     pub syncs: u64,
+    /// Its latest report of its clock offset to this root.
+    pub clock: Option<ClockReport>,
 }
 
 /// Registry of limiters by id.
@@ -45,6 +48,7 @@ impl Limiters {
                     name: name.into(),
                     last_sync: now,
                     syncs: 0,
+                    clock: None,
                 });
                 self.index.insert(name.into(), index);
                 index
@@ -59,6 +63,18 @@ impl Limiters {
     /// A limiter by index.
     pub fn get(&self, index: u32) -> Option<&LimiterInfo> {
         self.list.get(index as usize)
+    }
+
+    /// Keeps the clock offset `name` reported with its sync.
+    pub fn report_clock(&mut self, name: &str, clock: ClockReport) {
+        if let Some(&index) = self.index.get(name) {
+            self.list[index as usize].clock = Some(clock);
+        }
+    }
+
+    /// Every recorded limiter, in order of first sync.
+    pub fn iter(&self) -> impl Iterator<Item = &LimiterInfo> {
+        self.list.iter()
     }
 
     /// Number of limiters ever recorded.

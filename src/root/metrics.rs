@@ -8,6 +8,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::connections::{CloseReason, ConnectionStats, Refusal};
 use super::health::HealthSnapshot;
 use super::ledger::LedgerStats;
 
@@ -73,14 +74,17 @@ pub enum Rejection {
     Invalid,
     /// Missing or wrong token.
     Unauthorized,
+    /// The body did not arrive within `body_timeout`.
+    BodyTimeout,
 }
 
 impl Rejection {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
         Self::Unauthorized,
+        Self::BodyTimeout,
     ];
 
     fn label(self) -> &'static str {
@@ -89,6 +93,7 @@ impl Rejection {
             Self::TooLarge => "too_large",
             Self::Invalid => "invalid",
             Self::Unauthorized => "unauthorized",
+            Self::BodyTimeout => "body_timeout",
         }
     }
 }
@@ -151,7 +156,7 @@ pub struct Metrics {
     /// Counters sent in sync replies.
     counters_sent: AtomicU64,
     /// Refused requests by [`Api`] and [`Rejection`].
-    rejected: [[AtomicU64; 4]; 2],
+    rejected: [[AtomicU64; 5]; 2],
     /// Admin writes committed.
     admin_writes: AtomicU64,
     /// Quota reloads that succeeded / failed.
@@ -175,6 +180,8 @@ pub struct Scrape {
     pub instance: u64,
     /// `sqlite` or `postgres`.
     pub backend: &'static str,
+    /// Open connections and what admission did.
+    pub connections: ConnectionStats,
 }
 
 impl Metrics {
@@ -315,14 +322,63 @@ impl Metrics {
             get(&self.reloads[1]),
         );
         render_state(scrape, &mut out);
+        render_connections(&scrape.connections, &mut out);
         out
+    }
+}
+
+fn render_connections(c: &ConnectionStats, out: &mut String) {
+    let gauges = [
+        ("connections", "Open connections.", c.open),
+        (
+            "connections_trusted",
+            "Open connections that presented a valid token (never shed).",
+            c.trusted,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        family(out, name, "gauge", help);
+        sample(out, name, "", value as u64);
+    }
+    family(
+        out,
+        "connections_accepted_total",
+        "counter",
+        "Connections admitted.",
+    );
+    sample(out, "connections_accepted_total", "", c.accepted);
+    family(
+        out,
+        "connections_closed_total",
+        "counter",
+        "Connections the root closed: timed out, or shed for newer ones.",
+    );
+    for reason in CloseReason::ALL {
+        let labels = format!("reason=\"{}\"", reason.label());
+        let value = c.closed[reason as usize];
+        sample(out, "connections_closed_total", &labels, value);
+    }
+    family(
+        out,
+        "connections_refused_total",
+        "counter",
+        "New connections closed at once: at a limit with nothing to shed.",
+    );
+    for why in Refusal::ALL {
+        let labels = format!("reason=\"{}\"", why.label());
+        sample(
+            out,
+            "connections_refused_total",
+            &labels,
+            c.refused[why as usize],
+        );
     }
 }
 
 fn render_state(scrape: &Scrape, out: &mut String) {
     let s = &scrape.stats;
     let h = &scrape.health;
-    let gauges: [(&str, &str, f64); 9] = [
+    let gauges: [(&str, &str, f64); 10] = [
         ("quotas", "Live quotas held.", s.quotas as f64),
         (
             "quota_tombstones",
@@ -331,12 +387,18 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         ),
         ("counters", "Counters in memory.", s.counters as f64),
         (
+            "keys",
+            "Counters of keys of per-key quotas in memory (part of counters).",
+            s.keys as f64,
+        ),
+        (
             "quota_epoch",
             "Epoch of the last quota loaded.",
             s.epoch as f64,
         ),
         (
-            "counter_version",
+            // Not `counter_version`: a name must not read as a type.
+            "counters_version",
             "Last counter version handed out.",
             s.counter_version as f64,
         ),
@@ -365,6 +427,21 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         family(out, name, "gauge", help);
         let _ = writeln!(out, "sluice_root_{name} {value}");
     }
+    for (name, help, value) in [
+        (
+            "keys_refused_total",
+            "Key deltas ignored because max_keys keys were held.",
+            s.keys_refused,
+        ),
+        (
+            "keys_forgotten_total",
+            "Key counters forgotten after leaking to nothing.",
+            s.keys_forgotten,
+        ),
+    ] {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "sluice_root_{name} {value}");
+    }
     family(
         out,
         "db_failures_total",
@@ -384,11 +461,11 @@ fn render_state(scrape: &Scrape, out: &mut String) {
     if let Some(age) = h.since_reload {
         family(
             out,
-            "seconds_since_reload",
+            "reload_age_seconds",
             "gauge",
             "Seconds since the last successful reload.",
         );
-        let _ = writeln!(out, "sluice_root_seconds_since_reload {age}");
+        let _ = writeln!(out, "sluice_root_reload_age_seconds {age}");
     }
     family(out, "info", "gauge", "This root process.");
     let _ = writeln!(
@@ -437,6 +514,11 @@ mod tests {
             },
             instance: 0xabc,
             backend: "sqlite",
+            connections: ConnectionStats {
+                open: 7,
+                closed: [0, 0, 0, 3, 0],
+                ..ConnectionStats::default()
+            },
         }
     }
 
@@ -462,6 +544,9 @@ mod tests {
             "sluice_root_db_up 0",
             "sluice_root_db_down_seconds 1",
             "sluice_root_limiters_active 2",
+            "sluice_root_connections 7",
+            "sluice_root_connections_closed_total{reason=\"shed_per_address\"} 3",
+            "sluice_root_rejected_requests_total{api=\"admin\",reason=\"body_timeout\"} 0",
             "sluice_root_info{instance=\"0000000000000abc\",backend=\"sqlite\"",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");

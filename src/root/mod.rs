@@ -4,15 +4,19 @@
 //! A root loads quotas from a database (SQLite or PostgreSQL) and rereads
 //! the changes every interval by epoch; keeps one counter per quota in
 //! memory only, in its own monotonic clock; answers limiters' syncs
-//! (`POST /v1/sync`, [`crate::wire`]); and serves the admin API, `/healthz`
-//! and `/metrics`. Several roots may share one database; they never talk to
+//! (`POST /v1/sync`, [`crate::wire`]); and serves the admin API, a web
+//! console, `/healthz` and `/metrics`. Several roots may share one database; they never talk to
 //! each other. If the database goes away a root keeps serving what it has,
 //! read-only, and recovers by itself.
 //!
 //! # Layout
 //!
 //! - `server.rs` — [`run`]: bind, serve, reload task, graceful shutdown.
-//! - `listener.rs` — the TCP listener bounded in connections.
+//! - `shutdown.rs` — the signal background tasks stop on.
+//! - `listener.rs` — the accept loop and each connection's HTTP/1.1
+//!   server.
+//! - `connections.rs` — which connections are kept: admission, shedding,
+//!   trust, header/idle/send timeouts.
 //! - `config.rs` — [`RootConfig`] from a TOML file and flags.
 //! - `auth.rs` — bearer tokens, compared in constant time.
 //! - `state.rs` — what handlers and tasks share; reload and write rules.
@@ -25,12 +29,14 @@
 //!   - `limiters.rs` — the limiters that synced.
 //! - `store/` — the database: schema migrations (`migrations/`), epochs,
 //!   single writes, bulk apply.
-//! - `api/` — the HTTP handlers and error replies.
+//! - `api/` — the HTTP handlers and error replies, the overview and the
+//!   web console (`/ui`, its files in `ui/`).
 //! - `metrics.rs` — event counts and the Prometheus text.
 
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod connections;
 pub mod counter_book;
 pub mod health;
 pub mod ledger;
@@ -40,6 +46,7 @@ pub mod metrics;
 pub mod quota_book;
 pub mod reload;
 pub mod server;
+pub mod shutdown;
 pub mod state;
 pub mod store;
 

@@ -16,18 +16,18 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::core::Quota;
+use crate::core::{Counting, Quota};
 use crate::wire::QuotaCursor;
 
 /// What loading one quota changed, for the counters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum QuotaChange {
-    /// The quota is live with this leak rate.
+    /// The quota is live, counting like this.
     Live {
         /// Quota id.
         id: u64,
-        /// Its limit (units per second).
-        limit: f64,
+        /// A per-key template (the counting is its keys').
+        per_key: bool,
     },
     /// The quota is a tombstone now.
     Deleted {
@@ -118,7 +118,7 @@ impl QuotaBook {
         } else {
             QuotaChange::Live {
                 id: quota.id,
-                limit: quota.limit,
+                per_key: quota.per_key,
             }
         };
         let quota = Arc::new(quota);
@@ -166,6 +166,16 @@ impl QuotaBook {
         self.by_id.get(&id).filter(|q| !q.deleted).map(|q| q.limit)
     }
 
+    /// How live quota `id` counts, when it counts `keyed` counters: a
+    /// per-key template's keys (`keyed`), or a plain quota itself; window
+    /// rules place windows with `utc_offset`.
+    pub fn counting(&self, id: u64, keyed: bool, utc_offset: i64) -> Option<Counting> {
+        self.by_id
+            .get(&id)
+            .filter(|q| !q.deleted && q.per_key == keyed)
+            .map(|q| Counting::of(q.limit, q.window_rule(utc_offset)))
+    }
+
     /// A live quota by name.
     pub fn by_name(&self, name: &str) -> Option<&Arc<Quota>> {
         self.by_name.get(name).map(|entry| &entry.0)
@@ -209,14 +219,8 @@ mod tests {
 
     fn quota(id: u64, name: &str, epoch: u64, deleted: bool) -> Quota {
         Quota {
-            id,
-            name: name.into(),
-            parent: None,
-            limit: 10.0,
-            low_burst: 10.0,
-            high_burst: 20.0,
-            epoch,
             deleted,
+            ..Quota::new(id, name, 10.0, 10.0, 20.0).at_epoch(epoch)
         }
     }
 
@@ -227,7 +231,10 @@ mod tests {
         book.load(quota(2, "b", 2, false));
         assert_eq!(
             book.load(quota(1, "a", 3, false)),
-            QuotaChange::Live { id: 1, limit: 10.0 }
+            QuotaChange::Live {
+                id: 1,
+                per_key: false
+            }
         );
         let page = book.page_after(QuotaCursor::default(), 10);
         let ids: Vec<u64> = page.quotas.iter().map(|q| q.id).collect();

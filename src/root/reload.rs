@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::server::Shutdown;
+use super::shutdown::Shutdown;
 use super::state::RootState;
 
 /// Reloads every `config.reload_interval` until shutdown.
@@ -18,6 +18,7 @@ pub async fn run(state: Arc<RootState>, mut shutdown: Shutdown) {
             _ = state.reload() => {}
             _ = shutdown.wait() => break,
         }
+        state.forget_drained_keys();
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.wait() => break,

@@ -1,8 +1,9 @@
 //! Running a root: bind, serve, reload, shut down gracefully.
 //!
 //! [`run`] is what the binary calls and what the tests call on
-//! `127.0.0.1:0`: it serves until the `shutdown` future completes, then
-//! stops accepting, lets in-flight requests finish (for at most
+//! `127.0.0.1:0`: it raises the open-file limit (a root holds one file per
+//! connection), serves until the `shutdown` future completes, then stops
+//! accepting, lets in-flight requests finish (for at most
 //! [`SHUTDOWN_GRACE`]), stops the reload task and closes the database.
 
 use std::future::Future;
@@ -10,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use super::config::{ConfigError, RootConfig};
-use super::listener::BoundedListener;
+use super::connections::SHED_SLACK;
+use super::shutdown;
 use super::state::RootState;
 use super::store::{redact_url, StoreError};
-use super::{api, reload};
+use super::{api, listener, reload};
 
 /// Longest wait for open requests after the shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -33,21 +34,6 @@ pub enum RootError {
     /// Binding or serving failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Tells background tasks that the root is shutting down.
-#[derive(Clone, Debug)]
-pub struct Shutdown {
-    /// Becomes `true` once.
-    signal: watch::Receiver<bool>,
-}
-
-impl Shutdown {
-    /// Completes once shutdown has begun.
-    pub async fn wait(&mut self) {
-        // An error means the sender is gone, which also means shutdown.
-        let _ = self.signal.wait_for(|&down| down).await;
-    }
 }
 
 /// Binds `config.listen` and runs until `shutdown` completes.
@@ -67,45 +53,112 @@ pub async fn run(
     config: RootConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RootError> {
+    let open_files = raise_open_file_limit();
+    check_open_file_limit(config.max_connections, open_files)?;
     let state = Arc::new(RootState::new(config)?);
-    let (notify, signal) = watch::channel(false);
+    let (trigger, signal) = shutdown::channel();
     let address = listener.local_addr()?;
+    let c = &state.config;
     tracing::info!(
         %address,
-        db = redact_url(&state.config.db),
+        db = redact_url(&c.db),
         instance = format!("{:016x}", state.instance),
-        reload_interval_ms = state.config.reload_interval.as_millis() as u64,
-        admin_token = state.config.admin_token.is_some(),
-        sync_token = state.config.sync_token.is_some(),
+        reload_interval_ms = c.reload_interval.as_millis() as u64,
+        admin_token = c.admin_token.is_some(),
+        sync_token = c.sync_token.is_some(),
+        max_connections = c.max_connections,
+        max_connections_per_address = c.max_connections_per_address,
+        open_file_limit = open_files,
         "quota root listening"
     );
-    let reloader = tokio::spawn(reload::run(
-        Arc::clone(&state),
-        Shutdown {
-            signal: signal.clone(),
-        },
-    ));
-    let listener = BoundedListener::new(listener, state.config.max_connections);
+    let reloader = tokio::spawn(reload::run(Arc::clone(&state), signal.clone()));
     let app = api::router(Arc::clone(&state));
-    let graceful_notify = notify.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutting down: no new connections, finishing open requests");
-        let _ = graceful_notify.send(true);
-    });
-    let result = {
-        let mut deadline = Shutdown { signal };
-        tokio::select! {
-            result = server => result,
-            _ = async { deadline.wait().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
-                tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "requests still open; closing");
-                Ok(())
-            }
+    let connections = Arc::clone(&state.connections);
+    let server = tokio::spawn(listener::serve(
+        listener,
+        app,
+        Arc::clone(&connections),
+        signal,
+    ));
+    shutdown.await;
+    tracing::info!("shutting down: no new connections, finishing open requests");
+    trigger.fire();
+    let _ = server.await;
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.held() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    };
-    let _ = notify.send(true);
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            grace_secs = SHUTDOWN_GRACE.as_secs(),
+            "requests still open; closing"
+        );
+        connections.close_all();
+    }
     let _ = reloader.await;
     state.store.close().await;
     tracing::info!("quota root stopped");
-    result.map_err(RootError::from)
+    Ok(())
+}
+
+/// Descriptors a root needs besides its client connections: the database
+/// pool, the listener, logs, the runtime.
+const OTHER_FILES: u64 = 64;
+
+/// Raises this process's soft limit on open files to its hard limit (a
+/// root holds one per connection); returns the limit now in force, or
+/// `None` if it cannot be read.
+fn raise_open_file_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write `limit`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    Some(limit.rlim_cur)
+}
+
+/// Refuses a `max_connections` the open-file limit cannot hold: at the
+/// limit `accept` would fail instead of admission shedding connections.
+fn check_open_file_limit(max_connections: usize, limit: Option<u64>) -> Result<(), ConfigError> {
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let needed = (max_connections + SHED_SLACK) as u64 + OTHER_FILES;
+    if needed > limit {
+        return Err(ConfigError(format!(
+            "max_connections {max_connections} needs about {needed} open files but the \
+             limit is {limit}: lower max_connections or raise the limit (ulimit -n, \
+             systemd LimitNOFILE)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_connections_must_fit_the_open_file_limit() {
+        assert!(check_open_file_limit(1024, Some(4096)).is_ok());
+        assert!(check_open_file_limit(1024, None).is_ok());
+        let error = check_open_file_limit(10_000, Some(4096)).unwrap_err();
+        assert!(error.0.contains("max_connections 10000"), "{error}");
+    }
 }

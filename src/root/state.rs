@@ -5,19 +5,20 @@ use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::core::Nanos;
 use crate::wire::QuotaCursor;
 
 use super::config::RootConfig;
+use super::connections::Connections;
 use super::health::Health;
 use super::ledger::Ledger;
 use super::metrics::{Metrics, Scrape};
 use super::store::{Store, StoreError, LOAD_PAGE};
 
-/// Window in which a limiter counts as active for metrics.
-const ACTIVE_WINDOW: Nanos = 300 * 1_000_000_000;
+/// Window in which a limiter counts as active (metrics, overview).
+pub const ACTIVE_WINDOW: Nanos = 300 * 1_000_000_000;
 
 /// Most database connections one root opens.
 const MAX_DB_CONNECTIONS: u32 = 8;
@@ -36,6 +37,8 @@ pub struct RootState {
     pub health: Health,
     /// Event counts for `/metrics`.
     pub metrics: Metrics,
+    /// The open connections: admission, trust, timeouts.
+    pub connections: Arc<Connections>,
     /// Random id of this process, sent in every sync reply so limiters
     /// notice a restart (and the counters that went with it).
     pub instance: u64,
@@ -54,10 +57,18 @@ impl RootState {
     pub fn new(config: RootConfig) -> Result<Self, StoreError> {
         let store = Store::open(&config.db, config.db_timeout, MAX_DB_CONNECTIONS)?
             .with_query_timeout(config.db_query_timeout);
+        let ledger = Ledger {
+            // The root's clock is the fleet's UTC for window quotas (every
+            // limiter places windows by its roots'): read once, so it moves
+            // with the monotonic clock, not with steps of the system clock.
+            utc_offset: crate::clock::utc_offset(),
+            ..Ledger::with_max_keys(config.max_keys)
+        };
         Ok(Self {
+            connections: Connections::new(config.connection_limits()),
             config,
             store,
-            ledger: Mutex::new(Ledger::default()),
+            ledger: Mutex::new(ledger),
             health: Health::default(),
             metrics: Metrics::default(),
             instance: new_instance_id(),
@@ -72,6 +83,15 @@ impl RootState {
     /// limiters estimate their offset to it from round trips.
     pub fn now(&self) -> Nanos {
         crate::clock::now_precise()
+    }
+
+    /// Forgets a slice of the key counters that have drained (the whole
+    /// book about once a minute when called every second).
+    pub fn forget_drained_keys(&self) {
+        let now = self.now();
+        let mut ledger = self.ledger();
+        let budget = (ledger.counters.len() / 60).max(1000);
+        ledger.counters.forget_drained(budget, now);
     }
 
     /// Locks the in-memory state.
@@ -206,6 +226,7 @@ impl RootState {
             health: self.health.snapshot(),
             instance: self.instance,
             backend: self.store.backend().name(),
+            connections: self.connections.stats(),
         }
     }
 }

@@ -22,15 +22,17 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::root::SimRoot;
-use super::scenario::{Action, Arrivals, Checked, LoadSpec, Mode};
-use super::series::{LevelSample, Series};
-use crate::core::decision::{check_chain, ChainVerdict, QuotaView};
+use super::scenario::{Action, Arrivals, Checked, LoadSpec, Mode, MAX_TRACKED_KEYS};
+use super::series::{KeyedSeries, LevelSample, Series};
+use crate::core::decision::{check_chain, ChainVerdict, QuotaSnapshot};
 use crate::core::estimate::{Estimator, Extrapolation};
 use crate::core::rng::Rng;
-use crate::core::{Level, Nanos, Quota};
-use crate::sync::engine::{EarlySync, Page, SyncEngine};
+use crate::core::{Counting, Nanos, Quota, Tally};
+use crate::sync::config::{default_timeout, horizon};
+use crate::sync::engine::{Page, SyncEngine};
 use crate::sync::link::OwedDeltas;
-use crate::table::{Outcome, Table};
+use crate::sync::{window_spread, window_wake, EarlySync};
+use crate::table::{CheckItem, CheckOptions, Outcome, Table};
 use crate::wire::{SyncRequest, SyncResponse};
 
 const SEC: Nanos = 1_000_000_000;
@@ -55,7 +57,42 @@ pub struct RunOptions {
 pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
     let mut sim = Sim::new(checked, options);
     sim.run();
+    for h in &sim.hosts {
+        let stats = h.table.key_stats();
+        sim.series.key_evictions += stats.evictions;
+        sim.series.key_refused += stats.refused;
+        sim.series.key_inserts += stats.inserts;
+    }
     sim.series
+}
+
+/// How a keyed load picks each request's key.
+struct LoadKeys {
+    /// Keys to draw from (0: every request a new key).
+    count: u64,
+    /// Cumulative Zipf weights of keys 1..=count (`None`: uniform).
+    cdf: Option<Vec<f64>>,
+    /// The next one-off key.
+    next_one_off: u64,
+    /// Index of the load's per-key record in the series, if tracked.
+    tracked: Option<usize>,
+}
+
+impl LoadKeys {
+    /// The rank (1..) of the next request's key.
+    fn pick(&mut self, rng: &mut Rng) -> u64 {
+        if self.count == 0 {
+            self.next_one_off += 1;
+            return self.next_one_off;
+        }
+        match &self.cdf {
+            Some(cdf) => {
+                let u = rng.next_unit() * cdf[cdf.len() - 1];
+                cdf.partition_point(|&c| c < u) as u64 + 1
+            }
+            None => 1 + rng.next_u64() % self.count,
+        }
+    }
 }
 
 /// An event in the queue.
@@ -169,8 +206,15 @@ struct Sim<'a> {
     ideal_rng: Rng,
     /// Carry of fractional requests per (load, host), uniform arrivals.
     carry: HashMap<(usize, usize), f64>,
-    truth: Vec<Level>,
-    ideal: Vec<Level>,
+    /// How each quota counts, in simulation time (which is UTC).
+    counting: Vec<Counting>,
+    truth: Vec<Tally>,
+    ideal: Vec<Tally>,
+    /// Per load: how its requests pick keys (keyed loads only).
+    keys: Vec<Option<LoadKeys>>,
+    /// The ideal limiter's buckets of keys, by (load, rank).
+    ideal_keys: HashMap<(usize, u64), Tally>,
+    key_rng: Rng,
     estimator: Estimator,
     end: Nanos,
     series: Series,
@@ -215,7 +259,9 @@ impl<'a> Sim<'a> {
         let roots = (0..if s.local_limits { 0 } else { s.roots })
             .map(|r| {
                 let started = CLOCK_BASE.saturating_add_signed(root_offsets[r]);
-                SimRoot::new(&quotas, net_rng.next_u64() | 1, started)
+                // Root time 0 is the simulation's (UTC) time 0.
+                let utc_offset = -(started as i64);
+                SimRoot::new(&quotas, net_rng.next_u64() | 1, started, utc_offset)
             })
             .collect();
         let interval = millis(s.sync.interval_ms);
@@ -226,11 +272,48 @@ impl<'a> Sim<'a> {
                 (true, _) | (false, Mode::Adaptive) => Extrapolation::Adaptive,
                 (false, Mode::ConstantRatio) => Extrapolation::ConstantRatio { ratio: s.ratio },
             },
-            horizon: 2 * interval,
+            horizon: horizon(std::time::Duration::from_nanos(interval)),
         };
         let seconds = s.duration.ceil() as usize;
-        let series = Series::new(seconds, &quotas);
+        let mut series = Series::new(seconds, &quotas);
+        let keys = s
+            .load
+            .iter()
+            .enumerate()
+            .map(|(li, load)| {
+                let spec = load.keys.as_ref()?;
+                let count = spec.count.unwrap_or(0);
+                let cdf = (count > 0 && spec.zipf > 0.0).then(|| {
+                    let mut sum = 0.0;
+                    (1..=count)
+                        .map(|k| {
+                            sum += (k as f64).powf(-spec.zipf);
+                            sum
+                        })
+                        .collect()
+                });
+                let tracked = (count > 0 && count <= MAX_TRACKED_KEYS).then(|| {
+                    series.keyed.push(KeyedSeries {
+                        load: li,
+                        quota: checked.quota_index(&load.quota).unwrap_or(0),
+                        offered: vec![vec![0; seconds]; count as usize],
+                        admitted: vec![vec![0; seconds]; count as usize],
+                    });
+                    series.keyed.len() - 1
+                });
+                Some(LoadKeys {
+                    count,
+                    cdf,
+                    next_one_off: 0,
+                    tracked,
+                })
+            })
+            .collect();
         let n = quotas.len();
+        let counting = quotas
+            .iter()
+            .map(|q| Counting::of(q.limit, q.window_rule(0)))
+            .collect();
         Sim {
             checked,
             options,
@@ -248,8 +331,12 @@ impl<'a> Sim<'a> {
             net_rng,
             ideal_rng: stream(options.seed, 3),
             carry: HashMap::new(),
-            truth: vec![Level::empty(0); n],
-            ideal: vec![Level::empty(0); n],
+            counting,
+            truth: vec![Tally::default(); n],
+            ideal: vec![Tally::default(); n],
+            keys,
+            ideal_keys: HashMap::new(),
+            key_rng: stream(options.seed, 4),
             estimator,
             end: (s.duration * SEC as f64).round() as Nanos,
             series,
@@ -308,7 +395,8 @@ impl<'a> Sim<'a> {
         let clock_offset = ((self.net_rng.next_unit() * 2.0 - 1.0) * skew) as i64;
         let spread = s.sync.interval_spread * (self.net_rng.next_unit() * 2.0 - 1.0);
         let interval = (millis(s.sync.interval_ms) as f64 * (1.0 + spread)).max(1e6) as Nanos;
-        let table = Table::new_heap((self.quotas.len() as u32 * 2).max(16), 16);
+        let table =
+            Table::new_heap_with_keys((self.quotas.len() as u32 * 2).max(16), 16, s.hosts.keys);
         let quotas: Vec<Quota> = if s.local_limits {
             // Plain per-host limits: the cluster limit split evenly over
             // the fleet as configured.
@@ -327,6 +415,8 @@ impl<'a> Sim<'a> {
         };
         table.apply_quotas(&quotas);
         table.set_estimator(self.estimator);
+        // The host's own idea of UTC until a root tells it (exact here).
+        table.set_utc_offset(-((CLOCK_BASE as i64) + clock_offset));
         let urls: Vec<String> = (0..self.roots.len())
             .map(|r| format!("sim://root{r}"))
             .collect();
@@ -359,11 +449,21 @@ impl<'a> Sim<'a> {
 
     // ---- load -------------------------------------------------------------
 
+    /// Quota `q`'s allowance per second: its limit, or for a window quota
+    /// its limit spread over its window.
+    fn per_second(&self, q: usize) -> f64 {
+        let quota = &self.quotas[q];
+        match quota.window {
+            Some(w) => quota.limit / (w.length(w.index(0)) as f64 * 1e-9),
+            None => quota.limit,
+        }
+    }
+
     fn rate(&self, load: &LoadSpec, quota: usize, sec: usize) -> f64 {
         let phase = load.phases.iter().rev().find(|p| p.at <= sec as f64);
         match phase {
             Some(p) => match (p.x, p.rate) {
-                (Some(x), _) => x * self.quotas[quota].limit / load.weight as f64,
+                (Some(x), _) => x * self.per_second(quota) / load.weight as f64,
                 (None, Some(r)) => r,
                 (None, None) => 0.0,
             },
@@ -458,12 +558,41 @@ impl<'a> Sim<'a> {
         let weight = spec.weight;
         let q = self.load_quota[load];
         let local = h.local(now);
+        let rank = self.keys[load].as_mut().map(|k| k.pick(&mut self.key_rng));
+        let mut key = [0u8; 12];
+        key[..4].copy_from_slice(&(load as u32).to_le_bytes());
+        key[4..].copy_from_slice(&rank.unwrap_or(0).to_le_bytes());
+        let item = CheckItem {
+            name: self.quotas[q].name.as_bytes(),
+            key: rank.map(|_| &key[..]),
+            weight,
+            max_wait: spec.pace.map(|p| millis(p.max_wait_ms)),
+        };
         let Host { table, rng, .. } = h;
-        let outcome = table.check_with(self.quotas[q].name.as_bytes(), weight, local, || {
-            rng.next_unit()
-        });
-        let admitted = !matches!(outcome, Outcome::Reject(_));
-        let ideal = self.ideal_check(q, weight as f64, now);
+        let result = table.check_many(&[item], local, CheckOptions::default(), || rng.next_unit());
+        let admitted = !matches!(result.outcome, Outcome::Reject(_));
+        if admitted && spec.pace.is_some() {
+            // The request acts once its wait is over.
+            if let Some(bin) = self.series.bin_index(now + result.wait) {
+                for &c in &self.chains[q] {
+                    self.series.quotas[c].bins[bin].sent += weight;
+                }
+            }
+        }
+        let ideal = match rank {
+            Some(rank) => self.ideal_check_key(q, (load, rank), weight as f64, now),
+            None => self.ideal_check(q, weight as f64, now),
+        };
+        if let (Some(rank), Some(t)) = (rank, self.keys[load].as_ref().and_then(|k| k.tracked)) {
+            let sec = (now / SEC) as usize;
+            let keyed = &mut self.series.keyed[t];
+            if let Some(cell) = keyed.offered[rank as usize - 1].get_mut(sec) {
+                *cell += weight as u32;
+                if admitted {
+                    keyed.admitted[rank as usize - 1][sec] += weight as u32;
+                }
+            }
+        }
         let Some(bin) = self.series.bin_index(now) else {
             return;
         };
@@ -472,7 +601,7 @@ impl<'a> Sim<'a> {
             b.offered += weight;
             if admitted {
                 b.admitted += weight;
-                self.truth[c] = self.truth[c].add(self.quotas[c].limit, now, weight as f64);
+                self.truth[c] = self.counting[c].add(self.truth[c], now, weight as f64);
             } else {
                 b.rejected += weight;
             }
@@ -482,31 +611,65 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// The ideal limiter: one central bucket per quota, known exactly.
-    fn ideal_check(&mut self, q: usize, weight: f64, now: Nanos) -> bool {
-        let views: Vec<QuotaView> = self.chains[q]
-            .iter()
-            .map(|&c| {
-                let quota = &self.quotas[c];
-                QuotaView {
-                    limit: quota.limit,
-                    low_burst: quota.low_burst,
-                    high_burst: quota.high_burst,
-                    known: self.ideal[c].leaked(quota.limit, now),
-                    fill_rate: 0.0,
-                    own_recent: 0.0,
-                }
-            })
-            .collect();
+    /// The ideal limiter's view of quota `c` (with the counter `tally`)
+    /// at `now`.
+    fn ideal_view(&self, c: usize, tally: Tally, now: Nanos) -> QuotaSnapshot {
+        let quota = &self.quotas[c];
+        let aged = self.counting[c].aged(tally, now);
+        QuotaSnapshot {
+            limit: quota.limit,
+            low_burst: quota.low_burst,
+            high_burst: quota.high_burst,
+            known: aged.level(),
+            window: quota.window_rule(0),
+            prev: aged.prev,
+            ..QuotaSnapshot::default()
+        }
+    }
+
+    /// The ideal limiter's decision on a chain of views (the caller counts
+    /// a pass).
+    fn ideal_decide(&mut self, views: &[QuotaSnapshot], weight: f64, now: Nanos) -> bool {
         let rng = &mut self.ideal_rng;
-        let verdict = check_chain(&views, weight, now, &Estimator::default(), || {
+        check_chain(views, weight, now, &Estimator::default(), || {
             rng.next_unit()
+        }) == ChainVerdict::Pass
+    }
+
+    /// The ideal limiter for a key of the per-key quota `q`: one central
+    /// counter per key with the template's numbers, under the template's
+    /// parents' central counters.
+    fn ideal_check_key(&mut self, q: usize, key: (usize, u64), weight: f64, now: Nanos) -> bool {
+        let tally = self.ideal_keys.get(&key).copied().unwrap_or(Tally {
+            at: now,
+            ..Tally::default()
         });
-        if verdict != ChainVerdict::Pass {
+        let mut views = vec![self.ideal_view(q, tally, now)];
+        for &c in &self.chains[q][1..] {
+            views.push(self.ideal_view(c, self.ideal[c], now));
+        }
+        if !self.ideal_decide(&views, weight, now) {
+            return false;
+        }
+        self.ideal_keys
+            .insert(key, self.counting[q].add(tally, now, weight));
+        for &c in &self.chains[q][1..] {
+            self.ideal[c] = self.counting[c].add(self.ideal[c], now, weight);
+        }
+        true
+    }
+
+    /// The ideal limiter: one central counter per quota, known exactly.
+    fn ideal_check(&mut self, q: usize, weight: f64, now: Nanos) -> bool {
+        let views: Vec<QuotaSnapshot> = self.chains[q]
+            .iter()
+            .map(|&c| self.ideal_view(c, self.ideal[c], now))
+            .collect();
+        if !self.ideal_decide(&views, weight, now) {
             return false;
         }
         for &c in &self.chains[q] {
-            self.ideal[c] = self.ideal[c].add(self.quotas[c].limit, now, weight);
+            self.ideal[c] = self.counting[c].add(self.ideal[c], now, weight);
         }
         true
     }
@@ -550,7 +713,8 @@ impl<'a> Sim<'a> {
         self.schedule_tick(host, now);
         let timeout = match self.checked.scenario.sync.timeout_ms {
             Some(ms) => millis(ms),
-            None => self.hosts[host].interval * 4 / 5,
+            None => default_timeout(std::time::Duration::from_nanos(self.hosts[host].interval))
+                .as_nanos() as Nanos,
         };
         for out in outgoing {
             let id = self.next_exchange;
@@ -643,7 +807,16 @@ impl<'a> Sim<'a> {
     fn schedule_tick(&mut self, host: usize, now: Nanos) {
         let jitter = self.checked.scenario.sync.jitter;
         let interval = self.hosts[host].interval;
-        let wait = interval + (interval as f64 * jitter * self.net_rng.next_unit()) as Nanos;
+        let mut wait = interval + (interval as f64 * jitter * self.net_rng.next_unit()) as Nanos;
+        // As the real loop: a cycle just after each window boundary.
+        let h = &self.hosts[host];
+        if let Some(ns) = window_wake(
+            &h.table,
+            h.local(now),
+            window_spread(&format!("host{host}")),
+        ) {
+            wait = wait.min(ns);
+        }
         let h = &mut self.hosts[host];
         h.tick_seq += 1;
         let seq = h.tick_seq;
@@ -651,11 +824,7 @@ impl<'a> Sim<'a> {
     }
 
     fn early_sync(&self) -> Option<EarlySync> {
-        let sync = &self.checked.scenario.sync;
-        sync.early_fraction.map(|fraction| EarlySync {
-            fraction,
-            max_per_second: sync.early_max_per_sec,
-        })
+        self.checked.scenario.sync.early_sync()
     }
 
     /// Early sync: starts a cycle now if the host's unsent deltas call for
@@ -710,7 +879,7 @@ impl<'a> Sim<'a> {
         self.series.hosts[sec] = live.len();
         self.series.roots_up[sec] = self.roots.iter().filter(|r| r.up).count();
         for (q, quota) in self.quotas.iter().enumerate() {
-            let truth = self.truth[q].leaked(quota.limit, now).level;
+            let truth = self.counting[q].current(self.truth[q], now);
             let mut sample = LevelSample {
                 truth,
                 est_min: f64::INFINITY,

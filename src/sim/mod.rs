@@ -272,9 +272,12 @@ pub fn summary(checked: &Checked, r: &RunResult) -> String {
     }
     for q in &r.series.quotas {
         let t = q.total(0.0, r.series.seconds as f64);
+        let per = q
+            .window
+            .map_or("s".to_string(), |w| format!("{w} s window"));
         let _ = writeln!(
             out,
-            "   {}: offered {}, admitted {}, rejected {} (limit {}/s)",
+            "   {}: offered {}, admitted {}, rejected {} (limit {}/{per})",
             q.name, t.offered, t.admitted, t.rejected, q.limit
         );
     }

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::scenario::{Checked, Metric, ReportSpec};
+use super::scenario::{Aggregate, Checked, Metric, ReportSpec};
 use super::series::{Bin, QuotaSeries, Series, BINS_PER_SEC};
 
 /// One measured number.
@@ -82,7 +82,11 @@ fn opt(metric: Metric, v: Option<f64>) -> String {
 /// A value without its unit (for ranges).
 fn fmt_bare(metric: Metric, v: f64) -> String {
     match metric {
-        Metric::AdmittedRatio | Metric::ServedRatio => format!("{v:.3}"),
+        Metric::AdmittedRatio
+        | Metric::ServedRatio
+        | Metric::KeyAdmittedRatio
+        | Metric::WindowRatio => format!("{v:.3}"),
+        Metric::KeyEvictions => format!("{v:.0}"),
         Metric::Cv | Metric::LevelError => format!("{:.1}", v * 100.0),
         Metric::Settle | Metric::ResidualRejections => format!("{v:.2}"),
     }
@@ -121,7 +125,11 @@ pub fn aggregate(runs: &[Vec<Row>]) -> Vec<Row> {
 /// A value in the metric's unit.
 pub fn fmt(metric: Metric, v: f64) -> String {
     match metric {
-        Metric::AdmittedRatio | Metric::ServedRatio => format!("{v:.3}"),
+        Metric::AdmittedRatio
+        | Metric::ServedRatio
+        | Metric::KeyAdmittedRatio
+        | Metric::WindowRatio => format!("{v:.3}"),
+        Metric::KeyEvictions => format!("{v:.0}"),
         Metric::Cv | Metric::LevelError => format!("{:.1}%", v * 100.0),
         Metric::Settle | Metric::ResidualRejections => format!("{v:.2} s"),
     }
@@ -138,6 +146,22 @@ fn default_label(spec: &ReportSpec, from: f64, to: f64) -> String {
         ),
         Metric::ResidualRejections => "residual rejections".to_string(),
         Metric::LevelError => "level estimate error / high_burst".to_string(),
+        Metric::KeyAdmittedRatio => format!(
+            "admitted/limit of the key furthest from it, keys offered ≥ {}x",
+            spec.over.unwrap_or(1.0)
+        ),
+        Metric::KeyEvictions => "keys evicted holding weight (all hosts)".to_string(),
+        Metric::WindowRatio => format!(
+            "{} {}/allowed per {}",
+            match spec.aggregate {
+                Aggregate::Mean => "mean",
+                Aggregate::Min => "lowest",
+                Aggregate::Max => "highest",
+            },
+            if spec.sent { "sent" } else { "admitted" },
+            spec.window
+                .map_or("window".to_string(), |w| format!("{w} s"))
+        ),
     };
     format!("{what} `{}` {from}–{to} s", spec.quota)
 }
@@ -153,7 +177,12 @@ pub fn measure(checked: &Checked, series: &Series) -> Vec<Row> {
             let q = &series.quotas[checked.quota_index(&spec.quota).unwrap_or(0)];
             let from = spec.from.unwrap_or(0.0).clamp(0.0, end);
             let to = spec.to.unwrap_or(end).clamp(from, end);
-            let (value, ideal) = match measure_one(spec, q, from, to) {
+            let measured = match spec.metric {
+                Metric::KeyAdmittedRatio => (key_admitted(checked, series, spec, from, to), None),
+                Metric::KeyEvictions => (Some(series.key_evictions as f64), None),
+                _ => measure_one(spec, q, from, to),
+            };
+            let (value, ideal) = match measured {
                 (Some(v), Some(i)) if spec.beyond_ideal => (Some(v - i), Some(0.0)),
                 (_, _) if spec.beyond_ideal => (None, None),
                 measured => measured,
@@ -212,6 +241,17 @@ fn measure_one(
                 Some(last_after(q, from, to, ideal_rejected)),
             )
         }
+        Metric::KeyAdmittedRatio | Metric::KeyEvictions => (None, None),
+        Metric::WindowRatio => {
+            let sent = |b: &Bin| b.sent as f64;
+            let measured: &dyn Fn(&Bin) -> f64 = if spec.sent { &sent } else { &admitted };
+            (
+                window_ratio(spec, q, from, to, measured),
+                (!spec.sent)
+                    .then(|| window_ratio(spec, q, from, to, &ideal))
+                    .flatten(),
+            )
+        }
         Metric::LevelError => {
             let (a, b) = (
                 from.floor() as usize,
@@ -224,6 +264,65 @@ fn measure_one(
             (value, None)
         }
     }
+}
+
+/// The admitted ratio of the tracked key of `spec.quota` furthest from 1
+/// among the keys offered at least `over` times their limit in the span.
+fn key_admitted(
+    checked: &Checked,
+    series: &Series,
+    spec: &ReportSpec,
+    from: f64,
+    to: f64,
+) -> Option<f64> {
+    let quota = checked.quota_index(&spec.quota)?;
+    let limit = series.quotas[quota].limit;
+    let (a, b) = (from.floor() as usize, to.ceil() as usize);
+    let span = (b - a) as f64;
+    let over = spec.over.unwrap_or(1.0);
+    series
+        .keyed
+        .iter()
+        .filter(|k| k.quota == quota)
+        .flat_map(|k| (0..k.offered.len()).map(move |i| k.total(i, a, b)))
+        .filter(|&(offered, _)| offered as f64 >= over * limit * span)
+        .map(|(_, admitted)| admitted as f64 / (limit * span))
+        .max_by(|x, y| (x - 1.0).abs().total_cmp(&(y - 1.0).abs()))
+}
+
+/// `value` per window over what the quota allows in a window, for the
+/// whole windows of `[from, to)`, summed up by `spec.aggregate`. Windows
+/// are the quota's own (aligned to 0) for a window quota, else `window`
+/// seconds from `from`.
+fn window_ratio(
+    spec: &ReportSpec,
+    q: &QuotaSeries,
+    from: f64,
+    to: f64,
+    value: &dyn Fn(&Bin) -> f64,
+) -> Option<f64> {
+    let (length, allowed, start) = match q.window {
+        Some(w) => (w, q.limit, (from / w).ceil() * w),
+        None => {
+            let w = spec.window.unwrap_or(1.0);
+            (w, q.limit * w, from)
+        }
+    };
+    let mut ratios = Vec::new();
+    let mut t = start;
+    while t + length <= to + 1e-9 {
+        let (a, b) = q.bin_range(t, t + length);
+        ratios.push(q.bins[a..b].iter().map(value).sum::<f64>() / allowed);
+        t += length;
+    }
+    if ratios.is_empty() || allowed <= 0.0 {
+        return None;
+    }
+    Some(match spec.aggregate {
+        Aggregate::Mean => ratios.iter().sum::<f64>() / ratios.len() as f64,
+        Aggregate::Min => ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        Aggregate::Max => ratios.iter().copied().fold(0.0, f64::max),
+    })
 }
 
 /// Coefficient of variation (population standard deviation over mean) of

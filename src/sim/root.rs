@@ -27,11 +27,14 @@ pub struct SimRoot {
     pub instance: u64,
     /// False while killed.
     pub up: bool,
+    /// UTC minus this root's clock (the simulation's UTC is its own time).
+    pub utc_offset: i64,
 }
 
 impl SimRoot {
-    /// A running root serving `quotas`, started at root time `now`.
-    pub fn new(quotas: &[Quota], instance: u64, now: Nanos) -> Self {
+    /// A running root serving `quotas`, started at root time `now`, whose
+    /// clock is `utc_offset` behind UTC.
+    pub fn new(quotas: &[Quota], instance: u64, now: Nanos, utc_offset: i64) -> Self {
         let defaults = RootConfig::default();
         let mut root = Self {
             ledger: Ledger::default(),
@@ -42,7 +45,9 @@ impl SimRoot {
             },
             instance,
             up: true,
+            utc_offset,
         };
+        root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
         root
     }
@@ -51,7 +56,7 @@ impl SimRoot {
     /// only).
     pub fn kill(&mut self) {
         self.up = false;
-        self.ledger = Ledger::default();
+        self.ledger = self.empty_ledger();
     }
 
     /// Starts again at root time `now` as a new instance, loading the
@@ -59,8 +64,15 @@ impl SimRoot {
     pub fn restart(&mut self, instance: u64, now: Nanos) {
         self.up = true;
         self.instance = instance;
-        self.ledger = Ledger::default();
+        self.ledger = self.empty_ledger();
         self.ledger.load(self.quotas.clone(), now);
+    }
+
+    fn empty_ledger(&self) -> Ledger {
+        Ledger {
+            utc_offset: self.utc_offset,
+            ..Ledger::default()
+        }
     }
 
     /// The level of quota `id` at root time `now`, as this root knows it.
@@ -71,21 +83,14 @@ impl SimRoot {
     /// Applies a sync request at root time `now` and builds the answer, as
     /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
-        let step = self.ledger.sync(request, self.instance, now, self.paging);
-        SyncResponse {
-            root_instance: self.instance,
-            root_time: now,
-            quotas: step
-                .quotas
-                .quotas
-                .iter()
-                .map(|q| q.as_ref().clone())
-                .collect(),
-            quotas_after: step.quotas.after,
-            more_quotas: step.quotas.more,
-            counters: step.counters.counters,
-            counter_version: step.counters.version,
-        }
+        let response = self
+            .ledger
+            .sync(request, self.instance, now, self.paging)
+            .into_response(self.instance, now, self.ledger.utc_offset);
+        // As the real root's reload task does every second, a slice at a
+        // time: drained keys are forgotten.
+        self.ledger.counters.forget_drained(1000, now);
+        response
     }
 }
 
@@ -97,26 +102,22 @@ mod tests {
     const SEC: Nanos = 1_000_000_000;
 
     fn quotas() -> Vec<Quota> {
-        vec![Quota {
-            id: 1,
-            name: "q".into(),
-            parent: None,
-            limit: 10.0,
-            low_burst: 100.0,
-            high_burst: 100.0,
-            epoch: 1,
-            deleted: false,
-        }]
+        vec![Quota::new(1, "q", 10.0, 100.0, 100.0)]
     }
 
     fn request(instance: u64, version: u64, delta: u64) -> SyncRequest {
         SyncRequest {
+            keyed: Vec::new(),
             limiter: "h".into(),
             quotas_after: QuotaCursor::default(),
             counter_version: version,
             root_instance: instance,
             deltas: if delta > 0 {
-                vec![CounterDelta { id: 1, delta }]
+                vec![CounterDelta {
+                    id: 1,
+                    delta,
+                    window: None,
+                }]
             } else {
                 vec![]
             },
@@ -125,7 +126,7 @@ mod tests {
 
     #[test]
     fn deltas_add_with_the_leak_and_come_back_as_changed_counters() {
-        let mut r = SimRoot::new(&quotas(), 7, 0);
+        let mut r = SimRoot::new(&quotas(), 7, 0, 0);
         let a = r.sync(&request(0, 0, 50), SEC);
         assert_eq!(a.quotas.len(), 1);
         assert_eq!(a.counters[0].level, 50.0);
@@ -140,7 +141,7 @@ mod tests {
 
     #[test]
     fn a_restarted_root_is_empty_and_answers_old_versions_in_full() {
-        let mut r = SimRoot::new(&quotas(), 7, 0);
+        let mut r = SimRoot::new(&quotas(), 7, 0, 0);
         let a = r.sync(&request(0, 0, 50), SEC);
         r.kill();
         r.restart(8, SEC);

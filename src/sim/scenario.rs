@@ -34,10 +34,13 @@
 //! max = 1.05
 //! ```
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use crate::core::spec::{QuotaSet, QuotaSpec};
 use crate::core::Quota;
+use crate::sync::{EarlySync, SyncConfig};
 
 /// A whole simulation, as read from a scenario file.
 #[derive(Clone, Debug, Deserialize)]
@@ -133,6 +136,32 @@ pub struct HostsSpec {
     /// Each host's clock is off by a uniform amount in `±clock_skew_ms`.
     #[serde(default)]
     pub clock_skew_ms: f64,
+    /// Keys of per-key quotas each host's table holds.
+    #[serde(default = "default_host_keys")]
+    pub keys: u64,
+}
+
+fn default_host_keys() -> u64 {
+    100_000
+}
+
+/// Most keys a keyed load tracks one by one for its report.
+pub const MAX_TRACKED_KEYS: u64 = 100_000;
+
+/// The keys of a load on a per-key quota.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysSpec {
+    /// Draw each request's key from this many keys (tracked one by one
+    /// for the report when at most [`MAX_TRACKED_KEYS`]).
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// Zipf exponent of the draw (0: uniform); key 1 is the hottest.
+    #[serde(default)]
+    pub zipf: f64,
+    /// Every request a key never seen before (a scan).
+    #[serde(default)]
+    pub one_off: bool,
 }
 
 /// How the hosts sync.
@@ -170,6 +199,36 @@ fn default_interval_ms() -> f64 {
 
 fn default_jitter() -> f64 {
     0.1
+}
+
+impl SyncSpec {
+    /// Early sync as the hosts run it, if on.
+    pub fn early_sync(&self) -> Option<EarlySync> {
+        self.early_fraction.map(|fraction| EarlySync {
+            fraction,
+            max_per_second: self.early_max_per_sec,
+        })
+    }
+
+    /// The nominal sync configuration: what a real limiter would be given
+    /// (each host's own interval spreads around it), checked by the same
+    /// rules as nginx's and the C ABI's.
+    pub fn config(&self) -> Result<SyncConfig, String> {
+        let ms = |v: f64| Duration::try_from_secs_f64(v / 1000.0).map_err(|e| e.to_string());
+        let config = SyncConfig {
+            interval: ms(self.interval_ms).map_err(|e| format!("sync.interval_ms: {e}"))?,
+            timeout: self
+                .timeout_ms
+                .map(ms)
+                .transpose()
+                .map_err(|e| format!("sync.timeout_ms: {e}"))?,
+            early_sync: self.early_sync(),
+            limiter_id: "host0".into(),
+            ..SyncConfig::default()
+        };
+        config.validate().map_err(|e| format!("sync.{e}"))?;
+        Ok(config)
+    }
 }
 
 impl Default for SyncSpec {
@@ -239,6 +298,22 @@ pub struct LoadSpec {
     /// Uneven split across the receiving hosts.
     #[serde(default)]
     pub skew: Option<SkewSpec>,
+    /// For a per-key quota: which keys the requests carry.
+    #[serde(default)]
+    pub keys: Option<KeysSpec>,
+    /// Pace the requests instead of checking them: each is counted when it
+    /// arrives and acts after the wait the limiter says (`Table::reserve`),
+    /// or is rejected when that wait would exceed `max_wait_ms`.
+    #[serde(default)]
+    pub pace: Option<PaceSpec>,
+}
+
+/// How a paced load waits.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaceSpec {
+    /// Longest wait a sender accepts, milliseconds.
+    pub max_wait_ms: f64,
 }
 
 fn default_weight() -> u64 {
@@ -266,7 +341,8 @@ pub enum Arrivals {
 pub struct PhaseSpec {
     /// Start, in whole seconds.
     pub at: f64,
-    /// Offered rate as a multiple of the quota's limit.
+    /// Offered rate as a multiple of the quota's limit (for a window
+    /// quota, of its limit spread over its window).
     #[serde(default)]
     pub x: Option<f64>,
     /// Offered rate in requests per second.
@@ -355,6 +431,31 @@ pub struct ReportSpec {
     /// on the same requests); the ideal column then reads 0.
     #[serde(default)]
     pub beyond_ideal: bool,
+    /// `key_admitted_ratio`: only keys offered at least this multiple of
+    /// their limit (default 1: the keys over their limit).
+    #[serde(default)]
+    pub over: Option<f64>,
+    /// `window_ratio`: how the windows' ratios are summed up (default
+    /// the mean).
+    #[serde(default)]
+    pub aggregate: Aggregate,
+    /// `window_ratio`: of the weight paced requests sent, instead of the
+    /// weight admitted.
+    #[serde(default)]
+    pub sent: bool,
+}
+
+/// How `window_ratio` sums up its windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    /// Their mean.
+    #[default]
+    Mean,
+    /// The lowest.
+    Min,
+    /// The highest.
+    Max,
 }
 
 /// The measurements a report row can ask for.
@@ -375,6 +476,18 @@ pub enum Metric {
     /// Mean absolute error of the hosts' level estimates against the true
     /// cluster level, sampled once a second, over `high_burst`.
     LevelError,
+    /// The tracked keys of a per-key quota offered at least `over` times
+    /// their limit: admitted weight over `limit * span` of the key furthest
+    /// from 1 (the targets then hold for every such key).
+    KeyAdmittedRatio,
+    /// Keys the hosts evicted while their counters held weight, summed over
+    /// the hosts, over the whole run.
+    KeyEvictions,
+    /// Admitted (or, with `sent`, sent) weight per window over what the
+    /// quota allows per window, for each window of `window` seconds (a
+    /// window quota: its own windows, aligned to 0) in the span, summed up
+    /// by `aggregate`.
+    WindowRatio,
 }
 
 /// A scenario that parsed and makes sense.
@@ -431,16 +544,9 @@ fn check(s: Scenario) -> Result<Checked, String> {
     if s.hosts.count == 0 {
         return Err("hosts.count must be at least 1".into());
     }
-    positive("sync.interval_ms", s.sync.interval_ms)?;
+    s.sync.config()?;
     fraction("sync.interval_spread", s.sync.interval_spread)?;
     fraction("sync.jitter", s.sync.jitter)?;
-    if let Some(t) = s.sync.timeout_ms {
-        positive("sync.timeout_ms", t)?;
-    }
-    if let Some(f) = s.sync.early_fraction {
-        fraction("sync.early_fraction", f)?;
-        positive("sync.early_max_per_sec", s.sync.early_max_per_sec)?;
-    }
     if !(s.network.latency_ms >= 0.0 && s.network.jitter_ms >= 0.0) {
         return Err("network: latency_ms and jitter_ms must not be negative".into());
     }
@@ -486,6 +592,24 @@ fn check(s: Scenario) -> Result<Checked, String> {
         if let Some(skew) = &l.skew {
             fraction("skew.hosts", skew.hosts).map_err(at)?;
             fraction("skew.share", skew.share).map_err(at)?;
+        }
+        let per_key = checked
+            .quota_index(&l.quota)
+            .is_some_and(|q| checked.quotas[q].per_key);
+        match &l.keys {
+            Some(k) => {
+                if !per_key {
+                    return Err(at("keys given for a quota that is not per-key".into()));
+                }
+                if k.one_off == k.count.is_some() {
+                    return Err(at("keys: give exactly one of count and one_off".into()));
+                }
+                if k.count == Some(0) || !(k.zipf.is_finite() && k.zipf >= 0.0) {
+                    return Err(at("keys: count at least 1, zipf not negative".into()));
+                }
+            }
+            None if per_key => return Err(at("a per-key quota's load needs keys".into())),
+            None => {}
         }
     }
     for e in &s.events {

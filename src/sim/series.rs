@@ -23,6 +23,9 @@ pub struct Bin {
     pub rejected: u64,
     /// Weight the ideal limiter (one central bucket, no sync) admitted.
     pub ideal: u64,
+    /// Weight of paced requests that acted in this bin (admitted, then
+    /// waited as told).
+    pub sent: u64,
 }
 
 /// Levels of one quota at the end of one second.
@@ -45,8 +48,10 @@ pub struct LevelSample {
 pub struct QuotaSeries {
     /// Quota name.
     pub name: String,
-    /// Its limit, units per second.
+    /// Its limit, units per second (per window for a window quota).
     pub limit: f64,
+    /// A window quota's window length, seconds.
+    pub window: Option<f64>,
     /// Its low burst.
     pub low_burst: f64,
     /// Its high burst (levels are compared with it).
@@ -66,6 +71,7 @@ impl QuotaSeries {
             admitted: acc.admitted + x.admitted,
             rejected: acc.rejected + x.rejected,
             ideal: acc.ideal + x.ideal,
+            sent: acc.sent + x.sent,
         })
     }
 
@@ -94,11 +100,40 @@ pub struct Series {
     pub hosts: Vec<usize>,
     /// Roots up at the end of each second.
     pub roots_up: Vec<usize>,
+    /// Keyed loads tracked key by key.
+    pub keyed: Vec<KeyedSeries>,
+    /// Keys the hosts evicted while holding weight (over the run).
+    pub key_evictions: u64,
+    /// Keys the hosts checked uncounted for lack of room (over the run).
+    pub key_refused: u64,
+    /// Keys the hosts gave an entry (over the run).
+    pub key_inserts: u64,
+}
+
+/// Traffic of each key of one keyed load, per second.
+#[derive(Clone, Debug, Default)]
+pub struct KeyedSeries {
+    /// Index of the load in the scenario.
+    pub load: usize,
+    /// Index of its (per-key) quota.
+    pub quota: usize,
+    /// Offered weight per key (rank - 1) and second.
+    pub offered: Vec<Vec<u32>>,
+    /// Admitted weight per key and second.
+    pub admitted: Vec<Vec<u32>>,
+}
+
+impl KeyedSeries {
+    /// Offered and admitted weight of key `k` over seconds `[from, to)`.
+    pub fn total(&self, k: usize, from: usize, to: usize) -> (u64, u64) {
+        let sum = |v: &Vec<u32>| v[from..to].iter().map(|&x| u64::from(x)).sum::<u64>();
+        (sum(&self.offered[k]), sum(&self.admitted[k]))
+    }
 }
 
 /// Header of the per-second CSV.
 pub const CSV_HEADER: &str = "second,quota,offered,admitted,rejected,ideal_admitted,\
-true_level,est_level_mean,est_level_min,est_level_max,est_abs_error,hosts,roots_up";
+true_level,est_level_mean,est_level_min,est_level_max,est_abs_error,hosts,roots_up,sent";
 
 impl Series {
     /// An empty record of `seconds` for `quotas`.
@@ -108,6 +143,8 @@ impl Series {
             .map(|q| QuotaSeries {
                 name: q.name.clone(),
                 limit: q.limit,
+                // The simulation's time is UTC from the epoch on.
+                window: q.window.map(|w| w.length(w.index(0)) as f64 * 1e-9),
                 low_burst: q.low_burst,
                 high_burst: q.high_burst,
                 bins: vec![Bin::default(); seconds * BINS_PER_SEC],
@@ -119,6 +156,10 @@ impl Series {
             quotas,
             hosts: vec![0; seconds],
             roots_up: vec![0; seconds],
+            keyed: Vec::new(),
+            key_evictions: 0,
+            key_refused: 0,
+            key_inserts: 0,
         }
     }
 
@@ -139,7 +180,7 @@ impl Series {
                 let l = q.levels[s];
                 let _ = writeln!(
                     out,
-                    "{s},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{},{}",
+                    "{s},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{}",
                     q.name,
                     b.offered,
                     b.admitted,
@@ -152,6 +193,7 @@ impl Series {
                     l.est_error,
                     self.hosts[s],
                     self.roots_up[s],
+                    b.sent,
                 );
             }
         }
@@ -168,16 +210,7 @@ pub(crate) mod tests {
         names
             .iter()
             .enumerate()
-            .map(|(i, n)| Quota {
-                id: i as u64 + 1,
-                name: n.to_string(),
-                parent: None,
-                limit: 1.0,
-                low_burst: 1.0,
-                high_burst: 2.0,
-                epoch: 1,
-                deleted: false,
-            })
+            .map(|(i, n)| Quota::new(i as u64 + 1, *n, 1.0, 1.0, 2.0))
             .collect()
     }
 

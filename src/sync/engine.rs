@@ -17,12 +17,17 @@
 //! - when no root answered for two intervals the engine folds local weight
 //!   into the levels (per-host limiting) and says so once a minute.
 
-use super::ids::{IdMap, IdSet};
+use super::ids::{CounterMap, CounterSet, IdMap};
 use super::link::{Owed, OwedDeltas, RootLink};
-use super::{LogLevel, SyncMetrics};
-use crate::core::{Level, Nanos};
+use super::{EarlySync, LogLevel, SyncMetrics};
+use crate::core::{Counting, Level, Nanos, Tally};
+use crate::table::file::purge_seeds;
 use crate::table::{CollectedDelta, SlotId, Table};
-use crate::wire::{CounterDelta, CounterValue, SyncRequest, SyncResponse};
+use crate::wire::{
+    ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, SyncRequest,
+    SyncResponse,
+};
+use std::collections::HashMap;
 
 /// How often "all roots down" is repeated in the log.
 const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
@@ -42,6 +47,8 @@ pub struct Outgoing {
     /// than a unit are here but not in the request); hand them back with
     /// the outcome.
     pub owed: OwedDeltas,
+    /// This limiter's clock offset to the root, reported with the request.
+    pub clock: Option<ClockReport>,
 }
 
 /// One successful page of an exchange with a root.
@@ -55,27 +62,6 @@ pub struct Page {
     pub reply: SyncResponse,
 }
 
-/// Early sync: a cycle before the interval is up when some quota's local
-/// delta since the last send passes `fraction` of its burst band
-/// (`high_burst - low_burst`), at most `max_per_second` extra cycles a
-/// second.
-///
-/// The sync thread looks every twentieth of an interval
-/// ([`EARLY_PROBES_PER_INTERVAL`]), reading every quota's unsent weight
-/// ([`Table::unsent_beyond`]), so the probes cost CPU in proportion to
-/// the table. A host's delta is its share of the load: with `n` hosts
-/// sharing a quota evenly, `fraction` around `1 / n` makes hosts sync
-/// early when the load climbs well above what the band absorbs in an
-/// interval. Measured in the simulator (BENCHMARKS.md, "Sync").
-#[derive(Clone, Copy, Debug, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EarlySync {
-    /// Share of the burst band a quota's unsent local delta must reach.
-    pub fraction: f64,
-    /// Most early cycles per second.
-    pub max_per_second: f64,
-}
-
 /// How often per interval early sync probes the table.
 pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
 
@@ -85,28 +71,36 @@ pub type LogLine = (LogLevel, String);
 /// Deltas collected and sent, not yet included in any root's answer.
 #[derive(Default, Debug)]
 struct Unacked {
-    by_id: IdMap<(SlotId, u64)>,
+    by_counter: CounterMap<(SlotId, u64)>,
 }
 
 impl Unacked {
     fn add(&mut self, collected: &[CollectedDelta]) {
         for d in collected {
-            let e = self.by_id.entry(d.id).or_insert((d.slot, 0));
+            let e = self.by_counter.entry(counter_of(d)).or_insert((d.slot, 0));
             e.0 = d.slot;
             e.1 += d.delta;
         }
     }
 
-    /// Takes up to `sent` of `id`'s unacknowledged weight.
-    fn take(&mut self, id: u64, sent: u64) -> Option<(SlotId, u64)> {
-        let e = self.by_id.get_mut(&id)?;
+    /// Takes up to `sent` of the counter's unacknowledged weight.
+    fn take(&mut self, counter: CounterKey, sent: u64) -> Option<(SlotId, u64)> {
+        let e = self.by_counter.get_mut(&counter)?;
         let acked = e.1.min(sent);
         e.1 -= acked;
         let slot = e.0;
         if e.1 == 0 {
-            self.by_id.remove(&id);
+            self.by_counter.remove(&counter);
         }
         Some((slot, acked))
+    }
+}
+
+/// The counter a collected delta belongs to.
+fn counter_of(d: &CollectedDelta) -> CounterKey {
+    CounterKey {
+        id: d.id,
+        key: d.key,
     }
 }
 
@@ -129,8 +123,8 @@ impl Unacked {
 /// measured as zero for the span.
 #[derive(Default, Debug)]
 struct Recent {
-    /// Quota id to what is tracked of it.
-    by_id: IdMap<Tracked>,
+    /// Counter to what is tracked of it.
+    by_counter: CounterMap<Tracked>,
     /// Number of the current settling round: counters reported since the
     /// last [`Recent::settle`] carry it.
     round: u64,
@@ -152,10 +146,10 @@ struct Tracked {
 }
 
 impl Recent {
-    fn changed(&mut self, id: u64, slot: SlotId) {
+    fn changed(&mut self, counter: CounterKey, slot: SlotId) {
         let reported = self.round;
-        self.by_id.insert(
-            id,
+        self.by_counter.insert(
+            counter,
             Tracked {
                 slot,
                 quiet: 0,
@@ -169,13 +163,13 @@ impl Recent {
     fn settle(&mut self, table: &Table) {
         if let Some(at) = self.quiet_until.take() {
             let round = self.round;
-            self.by_id.retain(|&id, t| {
+            self.by_counter.retain(|c, t| {
                 if t.reported == round {
                     return true;
                 }
                 t.quiet += 1;
-                let nothing = Level::empty(at);
-                table.merge_counter(t.slot, id, nothing, 0) && t.quiet < QUIET_CYCLES
+                let nothing = Tally::leaky(Level::empty(at));
+                table.merge_counter(t.slot, c.id, c.key, nothing, 0) && t.quiet < QUIET_CYCLES
             });
         }
         self.round += 1;
@@ -191,7 +185,41 @@ pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncReq
         counter_version: reply.counter_version,
         root_instance: reply.root_instance,
         deltas: Vec::new(),
+        keyed: Vec::new(),
     })
+}
+
+/// What `owed` comes to at `now`, as a request carries it: named deltas,
+/// and keyed ones grouped by template (entries that leaked to less than a
+/// unit are left out).
+fn due_deltas(owed: &OwedDeltas, now: Nanos) -> (Vec<CounterDelta>, Vec<KeyedDeltas>) {
+    let mut named = Vec::new();
+    // By template and window: a group's deltas share one window.
+    let mut by_template: HashMap<(u64, Option<i64>), Vec<KeyDelta>> = HashMap::new();
+    for (c, o) in owed {
+        let delta = o.due(now);
+        if delta == 0 {
+            continue;
+        }
+        let window = o.window.map(|w| w.index);
+        if c.key == 0 {
+            named.push(CounterDelta {
+                id: c.id,
+                delta,
+                window,
+            });
+        } else {
+            by_template
+                .entry((c.id, window))
+                .or_default()
+                .push(KeyDelta(c.key, delta));
+        }
+    }
+    let keyed = by_template
+        .into_iter()
+        .map(|((id, window), deltas)| KeyedDeltas { id, deltas, window })
+        .collect();
+    (named, keyed)
 }
 
 /// The sync state of one limiter.
@@ -212,6 +240,7 @@ pub struct SyncEngine {
     cycles: u64,
     early: Option<EarlySync>,
     last_early: Option<Nanos>,
+    pressure: super::KeyPressure,
 }
 
 impl SyncEngine {
@@ -242,6 +271,7 @@ impl SyncEngine {
             cycles: 0,
             early: None,
             last_early: None,
+            pressure: super::KeyPressure::default(),
         }
     }
 
@@ -291,13 +321,15 @@ impl SyncEngine {
         let mut collected = Vec::new();
         table.collect_deltas(&mut collected);
         self.unacked.add(&collected);
-        let fresh: Vec<(u64, Owed)> = collected
+        let fresh: Vec<(CounterKey, Owed)> = collected
             .iter()
             .map(|d| {
                 // A slot that no longer holds the quota: the root ignores
-                // the delta anyway.
-                let limit = table.counter_limit(d.slot, d.id).unwrap_or(0.0);
-                (d.id, Owed::new(d.delta, limit, now))
+                // the delta anyway. A key counts as its template does.
+                let counting = table
+                    .counter_counting(d.slot, d.id)
+                    .unwrap_or(Counting::Leak(0.0));
+                (counter_of(d), Owed::collected(d.delta, counting, now))
             })
             .collect();
         // With no root up, backoff only delays finding the first one back.
@@ -314,23 +346,20 @@ impl SyncEngine {
             }
             link.busy = true;
             let owed = std::mem::take(&mut link.owed);
+            let (deltas, keyed) = due_deltas(&owed, now);
             let request = SyncRequest {
                 limiter: self.limiter_id.clone(),
                 quotas_after: link.cursor,
                 counter_version: link.counter_version,
                 root_instance: link.root_instance,
-                deltas: owed
-                    .iter()
-                    .filter_map(|(&id, o)| {
-                        let delta = o.due(now);
-                        (delta > 0).then_some(CounterDelta { id, delta })
-                    })
-                    .collect(),
+                deltas,
+                keyed,
             };
             out.push(Outgoing {
                 root,
                 request,
                 owed,
+                clock: link.clock_report(),
             });
         }
         out
@@ -383,6 +412,7 @@ impl SyncEngine {
         let nothing = OwedDeltas::default();
         for (k, page) in pages.iter().enumerate() {
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
+            self.publish_utc_offset(table);
             // Deltas went out with the first page only.
             let sent = if k == 0 { &owed } else { &nothing };
             self.apply(table, root, &page.reply, sent, &mut log);
@@ -394,11 +424,27 @@ impl SyncEngine {
                 .to_local(&CounterValue {
                     id: 0,
                     level: 0.0,
+                    prev: 0.0,
                     at: last.reply.root_time,
                 })
                 .at;
             let until = &mut self.recent.quiet_until;
             *until = Some(until.map_or(at, |u| u.min(at)));
+        }
+        if pages.last().is_some_and(|p| !p.reply.more_quotas) && table.holds_seeds() {
+            // A root's whole quota set is in: from now on the roots' quotas
+            // are the set, and seeds from a file no root knows go.
+            let report = purge_seeds(table);
+            if report.deleted > 0 {
+                log.push((
+                    LogLevel::Info,
+                    format!(
+                        "a quota root answered; {} seed quota(s) from the quota file no root \
+                         knows were removed",
+                        report.deleted
+                    ),
+                ));
+            }
         }
         if let Some(error) = error {
             // A later page failed; the deltas were delivered with the first.
@@ -416,6 +462,21 @@ impl SyncEngine {
         }
         self.settle_if_all_in(table);
         log
+    }
+
+    /// Gives the table the UTC offset window quotas place their windows
+    /// by: the first root's (in configuration order) that is up and said
+    /// its UTC time, so every host of a fleet follows the same clock;
+    /// the table keeps its last one (at first this machine's) otherwise.
+    fn publish_utc_offset(&self, table: &Table) {
+        let offset = self
+            .links
+            .iter()
+            .filter(|l| l.metrics.up)
+            .find_map(|l| l.utc_offset);
+        if let Some(offset) = offset {
+            table.set_utc_offset(offset);
+        }
     }
 
     /// Settles unchanged counters once every root asked has answered or
@@ -446,26 +507,48 @@ impl SyncEngine {
             self.slots_generation = Some(generation);
         }
         let link = &self.links[root];
-        let mut answered =
-            IdSet::with_capacity_and_hasher(reply.counters.len(), Default::default());
-        for c in &reply.counters {
-            answered.insert(c.id);
-            let Some(&slot) = self.slots.get(&c.id) else {
+        let keyed = reply.keyed.iter().flat_map(|group| {
+            group.values.iter().map(|v| {
+                let counter = CounterKey {
+                    id: group.id,
+                    key: v.0,
+                };
+                (counter, Tally::leaky(link.level_to_local(v.1, v.2)))
+            })
+        });
+        let values = reply
+            .counters
+            .iter()
+            .map(|c| {
+                let local = Tally {
+                    prev: c.prev,
+                    ..Tally::leaky(link.to_local(c))
+                };
+                (CounterKey::named(c.id), local)
+            })
+            .chain(keyed);
+        let mut answered = CounterSet::with_capacity_and_hasher(
+            reply.counters.len() + reply.keyed.len(),
+            Default::default(),
+        );
+        for (counter, value) in values {
+            answered.insert(counter);
+            let Some(&slot) = self.slots.get(&counter.id) else {
                 continue;
             };
-            self.recent.changed(c.id, slot);
+            self.recent.changed(counter, slot);
             // The whole collected weight is acknowledged, leaked or not:
             // what leaked away is no longer part of any level.
             let acked = sent
-                .get(&c.id)
-                .and_then(|s| self.unacked.take(c.id, s.weight))
+                .get(&counter)
+                .and_then(|s| self.unacked.take(counter, s.weight))
                 .map_or(0, |a| a.1);
-            table.merge_counter(slot, c.id, link.to_local(c), acked);
+            table.merge_counter(slot, counter.id, counter.key, value, acked);
         }
-        for (&id, owed) in sent {
-            if !answered.contains(&id) {
-                if let Some((slot, acked)) = self.unacked.take(id, owed.weight) {
-                    table.release_inflight(slot, id, acked);
+        for (counter, owed) in sent {
+            if !answered.contains(counter) {
+                if let Some((slot, acked)) = self.unacked.take(*counter, owed.weight) {
+                    table.release_inflight(slot, counter.id, counter.key, acked);
                 }
             }
         }
@@ -485,9 +568,13 @@ impl SyncEngine {
         let down =
             !self.links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval;
         self.recent.settle(table);
+        table.maintain_keys(super::key_sweep_budget(table, self.interval), now);
+        log.extend(self.pressure.check(table));
         if down {
+            // Weight in flight that no root will acknowledge goes back to
+            // pending, then everything pending is folded in locally.
+            self.abandon(table);
             table.fold_local(now);
-            self.unacked = Unacked::default();
             if self
                 .down_logged_at
                 .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
@@ -510,8 +597,8 @@ impl SyncEngine {
     /// forever. A root that did get it counts it twice, once; that
     /// overcount leaks away like any weight.
     pub fn abandon(&mut self, table: &Table) {
-        for (&id, &(slot, amount)) in &self.unacked.by_id {
-            table.requeue_inflight(slot, id, amount);
+        for (c, &(slot, amount)) in &self.unacked.by_counter {
+            table.requeue_inflight(slot, c.id, c.key, amount);
         }
         self.unacked = Unacked::default();
     }
@@ -554,28 +641,26 @@ mod tests {
     /// A table with quota `q` (id 1) leaking at `limit`.
     fn table_with(limit: f64) -> Table {
         let t = Table::new_heap(8, 16);
-        t.apply_quotas(&[Quota {
-            id: 1,
-            name: "q".into(),
-            parent: None,
-            limit,
-            low_burst: 100.0,
-            high_burst: 100.0,
-            epoch: 1,
-            deleted: false,
-        }]);
+        t.apply_quotas(&[Quota::new(1, "q", limit, 100.0, 100.0)]);
         t
     }
 
     fn reply(level: f64, at: Nanos) -> SyncResponse {
         SyncResponse {
+            keyed: Vec::new(),
             root_instance: 7,
             root_time: at,
             quotas: vec![],
             quotas_after: QuotaCursor { epoch: 1, id: 1 },
             more_quotas: false,
-            counters: vec![CounterValue { id: 1, level, at }],
+            counters: vec![CounterValue {
+                id: 1,
+                level,
+                at,
+                prev: 0.0,
+            }],
             counter_version: 1,
+            root_utc: None,
         }
     }
 
@@ -629,7 +714,11 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(
             out[0].request.deltas,
-            vec![CounterDelta { id: 1, delta: 10 }]
+            vec![CounterDelta {
+                id: 1,
+                delta: 10,
+                window: None
+            }]
         );
         let st = t.quota(b"q", SEC).unwrap();
         assert_eq!((st.pending, st.inflight), (0, 10));
@@ -656,9 +745,23 @@ mod tests {
         // b backs off one interval; at 2 s it is due again with 4 + 3.
         let out = e.begin_cycle(&t, 2 * SEC);
         let to_b = out.iter().find(|o| o.root == 1).unwrap();
-        assert_eq!(to_b.request.deltas, vec![CounterDelta { id: 1, delta: 7 }]);
+        assert_eq!(
+            to_b.request.deltas,
+            vec![CounterDelta {
+                id: 1,
+                delta: 7,
+                window: None
+            }]
+        );
         let to_a = out.iter().find(|o| o.root == 0).unwrap();
-        assert_eq!(to_a.request.deltas, vec![CounterDelta { id: 1, delta: 3 }]);
+        assert_eq!(
+            to_a.request.deltas,
+            vec![CounterDelta {
+                id: 1,
+                delta: 3,
+                window: None
+            }]
+        );
         let m = e.metrics();
         assert!(m.roots[0].up && !m.roots[1].up);
     }
@@ -680,7 +783,11 @@ mod tests {
         let out = next.begin_cycle(&t, 2 * SEC);
         assert_eq!(
             out[0].request.deltas,
-            vec![CounterDelta { id: 1, delta: 4 }]
+            vec![CounterDelta {
+                id: 1,
+                delta: 4,
+                window: None
+            }]
         );
     }
 
@@ -761,27 +868,63 @@ mod tests {
     }
 
     #[test]
+    fn keys_go_out_grouped_by_template_and_come_back_merged() {
+        use crate::table::{CheckItem, CheckOptions};
+        use crate::wire::{KeyValue, KeyedValues};
+        let t = Table::new_heap_with_keys(8, 16, 64);
+        t.apply_quotas(&[Quota::new(3, "per_user", 10.0, 100.0, 100.0).keyed()]);
+        for (key, weight) in [(&b"alice"[..], 4), (b"bob", 1)] {
+            let item = CheckItem {
+                name: b"per_user",
+                key: Some(key),
+                weight,
+                max_wait: None,
+            };
+            t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        }
+        let (alice, bob) = (t.key_secret().hash(b"alice"), t.key_secret().hash(b"bob"));
+        let roots = ["http://a".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        let out = e.begin_cycle(&t, SEC);
+        let request = &out[0].request;
+        assert!(request.deltas.is_empty());
+        assert_eq!(request.keyed.len(), 1);
+        assert_eq!(request.keyed[0].id, 3);
+        let mut sent = request.keyed[0].deltas.clone();
+        sent.sort_by_key(|d| d.1);
+        assert_eq!(sent, vec![KeyDelta(bob, 1), KeyDelta(alice, 4)]);
+        // The root sums alice with another host's 6; bob is not reported.
+        let mut reply = quiet_page(SEC);
+        reply.reply.keyed = vec![KeyedValues {
+            id: 3,
+            values: vec![KeyValue(alice, 10.0, SEC)],
+        }];
+        e.finish(&t, 0, out[0].owed.clone(), &[reply], None, SEC);
+        let keys = t.keys(None, SEC);
+        let state = |h: u64| *keys.iter().find(|k| k.hash == h).unwrap();
+        assert_eq!((state(alice).level, state(alice).inflight), (10.0, 0));
+        // Bob's unit was acknowledged without a value: released.
+        assert_eq!((state(bob).inflight, state(bob).pending), (0, 0));
+    }
+
+    #[test]
     fn later_pages_carry_no_deltas() {
         let first = SyncRequest {
+            keyed: Vec::new(),
             limiter: "h".into(),
             quotas_after: QuotaCursor::default(),
             counter_version: 0,
             root_instance: 0,
-            deltas: vec![CounterDelta { id: 1, delta: 1 }],
+            deltas: vec![CounterDelta {
+                id: 1,
+                delta: 1,
+                window: None,
+            }],
         };
         let mut r = reply(1.0, 0);
         assert!(next_page(&first, &r).is_none());
         r.more_quotas = true;
-        r.quotas = vec![Quota {
-            id: 2,
-            name: "x".into(),
-            parent: None,
-            limit: 1.0,
-            low_burst: 1.0,
-            high_burst: 1.0,
-            epoch: 1,
-            deleted: false,
-        }];
+        r.quotas = vec![Quota::new(2, "x", 1.0, 1.0, 1.0)];
         let next = next_page(&first, &r).unwrap();
         assert!(next.deltas.is_empty());
         assert_eq!(next.quotas_after, r.quotas_after);
@@ -805,8 +948,22 @@ mod tests {
         let out = cycle(&mut e, &t, 3 * SEC, |_| vec![page(45.0, 3 * SEC)]);
         // Two seconds at 10/s took 20 off the 40 owed to b; the fresh 5
         // goes to both in full.
-        assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 25 }]);
-        assert_eq!(deltas_to(&out, 0), vec![CounterDelta { id: 1, delta: 5 }]);
+        assert_eq!(
+            deltas_to(&out, 1),
+            vec![CounterDelta {
+                id: 1,
+                delta: 25,
+                window: None
+            }]
+        );
+        assert_eq!(
+            deltas_to(&out, 0),
+            vec![CounterDelta {
+                id: 1,
+                delta: 5,
+                window: None
+            }]
+        );
     }
 
     #[test]
@@ -824,7 +981,11 @@ mod tests {
         // The 50 collected at 1 s leaked away long ago (10/s).
         assert_eq!(
             out[0].request.deltas,
-            vec![CounterDelta { id: 1, delta: 3 }]
+            vec![CounterDelta {
+                id: 1,
+                delta: 3,
+                window: None
+            }]
         );
         assert!(!e.all_down());
     }
@@ -894,23 +1055,21 @@ mod tests {
             4 * SEC,
         );
         let out = e.begin_cycle(&t, 5 * SEC);
-        assert_eq!(deltas_to(&out, 1), vec![CounterDelta { id: 1, delta: 3 }]);
+        assert_eq!(
+            deltas_to(&out, 1),
+            vec![CounterDelta {
+                id: 1,
+                delta: 3,
+                window: None
+            }]
+        );
     }
 
     #[test]
     fn early_sync_is_due_when_unsent_weight_passes_its_share_of_the_band() {
         // Band 100..300: a tenth of it is 20 units.
         let t = Table::new_heap(8, 16);
-        t.apply_quotas(&[Quota {
-            id: 1,
-            name: "q".into(),
-            parent: None,
-            limit: 10.0,
-            low_burst: 100.0,
-            high_burst: 300.0,
-            epoch: 1,
-            deleted: false,
-        }]);
+        t.apply_quotas(&[Quota::new(1, "q", 10.0, 100.0, 300.0)]);
         let roots = ["http://a".to_string()];
         let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
         t.check(b"q", 25, 0);
@@ -946,7 +1105,7 @@ mod tests {
         // send, but the root's answer covers them.
         let out = cycle(&mut e, &t, 2 * SEC, |_| vec![quiet_page(2 * SEC)]);
         assert!(out[0].request.deltas.is_empty());
-        assert_eq!(out[0].owed[&1].weight, 40);
+        assert_eq!(out[0].owed[&CounterKey::named(1)].weight, 40);
         let st = t.quota(b"q", 2 * SEC).unwrap();
         assert_eq!((st.pending, st.inflight), (0, 0));
     }
@@ -963,7 +1122,11 @@ mod tests {
         let out = cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
         assert_eq!(
             out[0].request.deltas,
-            vec![CounterDelta { id: 1, delta: 40 }]
+            vec![CounterDelta {
+                id: 1,
+                delta: 40,
+                window: None
+            }]
         );
     }
 

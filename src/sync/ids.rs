@@ -9,6 +9,8 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::wire::CounterKey;
+
 /// An odd 64-bit constant (2^64 / golden ratio): multiplying by it mixes
 /// the low bits of an id into the high bits the table looks at.
 const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -38,12 +40,19 @@ impl Hasher for IdHasher {
 /// A map keyed by quota id.
 pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// A set of quota ids.
-pub type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
+/// A map keyed by counter (a quota id, and a key hash for keyed
+/// counters: the hash is already random, the id needs the mixing).
+pub type CounterMap<V> = HashMap<CounterKey, V, BuildHasherDefault<IdHasher>>;
+
+/// A set of counters.
+pub type CounterSet = HashSet<CounterKey, BuildHasherDefault<IdHasher>>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A set of quota ids.
+    type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
 
     #[test]
     fn consecutive_ids_spread_over_the_high_bits() {

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::core::{Level, Nanos};
-use crate::wire::{CounterValue, QuotaCursor, SyncResponse};
+use crate::core::{Counting, Level, Nanos};
+use crate::wire::{ClockReport, CounterKey, CounterValue, QuotaCursor, SyncResponse};
 
 /// Round-trip samples kept for the clock offset.
 const OFFSET_SAMPLES: usize = 8;
@@ -39,6 +39,11 @@ const OFFSET_SAMPLES: usize = 8;
 ///
 /// A repeat after a short loss (one lost reply) costs at most what has
 /// not leaked since, not a full double count.
+///
+/// A window quota's weight does not leak: it is owed whole, tagged with the
+/// window it was admitted in, until the window after that one ends (past
+/// that, no decision can depend on it any more, not even a sliding
+/// window's); a root counts it in its window however late it arrives.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Owed {
     /// What the root should still add, as a bucket leaking at `limit`
@@ -49,6 +54,18 @@ pub struct Owed {
     /// Weight collected from the table that this entry covers, leaked or
     /// not: what a reply from the root acknowledges.
     pub weight: u64,
+    /// For a window quota: the window the weight belongs to.
+    pub window: Option<OwedWindow>,
+}
+
+/// The window owed window-quota weight belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwedWindow {
+    /// The UTC window's index.
+    pub index: i64,
+    /// Local time from which the weight no longer matters: the end of the
+    /// window after it.
+    pub expires: Nanos,
 }
 
 impl Owed {
@@ -61,6 +78,30 @@ impl Owed {
             },
             limit,
             weight: delta,
+            window: None,
+        }
+    }
+
+    /// `delta` of a window quota collected at `now`, admitted in
+    /// `window`.
+    pub fn in_window(delta: u64, window: OwedWindow, now: Nanos) -> Self {
+        Self {
+            window: Some(window),
+            ..Self::new(delta, 0.0, now)
+        }
+    }
+
+    /// What `delta` collected at `now` is owed as, for a counter counting
+    /// by `counting`.
+    pub fn collected(delta: u64, counting: Counting, now: Nanos) -> Self {
+        match counting {
+            Counting::Leak(limit) => Self::new(delta, limit, now),
+            Counting::Window(rule) => {
+                let index = rule.attributed_index(now);
+                let start = |i: i64| (rule.window.start(i) - rule.utc_offset).max(0) as Nanos;
+                let expires = start(index + 2);
+                Self::in_window(delta, OwedWindow { index, expires }, now)
+            }
         }
     }
 
@@ -74,23 +115,35 @@ impl Owed {
             (other, self)
         };
         let at = newer.level.at;
+        let weight = older.weight.saturating_add(newer.weight);
+        if older.window.map(|w| w.index) != newer.window.map(|w| w.index) {
+            // Weight of an earlier window (or of the quota before it
+            // changed how it counts): one entry carries one window, and
+            // the newer one matters more. The older is still acknowledged.
+            return Owed { weight, ..newer };
+        }
         let level = older.level.leaked(older.limit, at).level + newer.level.level;
         Owed {
             level: Level { level, at },
             limit: newer.limit,
-            weight: older.weight.saturating_add(newer.weight),
+            weight,
+            window: newer.window,
         }
     }
 
     /// Whole units to send at `now`: what is left after the leak, rounded
-    /// down (a root never gets more than this host's share).
+    /// down (a root never gets more than this host's share); for window
+    /// weight all of it until it expires.
     pub fn due(&self, now: Nanos) -> u64 {
+        if self.window.is_some_and(|w| now >= w.expires) {
+            return 0;
+        }
         self.level.leaked(self.limit, now).level.floor() as u64
     }
 }
 
-/// What a root is owed, by quota id.
-pub type OwedDeltas = super::ids::IdMap<Owed>;
+/// What a root is owed, by counter.
+pub type OwedDeltas = super::ids::CounterMap<Owed>;
 
 /// Per-root state kept by the sync thread.
 #[derive(Debug)]
@@ -116,6 +169,9 @@ pub struct RootLink {
     /// An exchange with this root is under way; later cycles leave the
     /// root out until it ends, so a slow root delays no one.
     pub busy: bool,
+    /// UTC minus local time by this root's clock (from its last reply
+    /// that said its UTC time).
+    pub utc_offset: Option<i64>,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -166,6 +222,7 @@ impl RootLink {
             failures: 0,
             skip: 0,
             busy: false,
+            utc_offset: None,
             metrics,
         }
     }
@@ -176,7 +233,7 @@ impl RootLink {
     /// dead does not grow memory without bound.
     pub fn owe(
         &mut self,
-        deltas: impl Iterator<Item = (u64, Owed)>,
+        deltas: impl Iterator<Item = (CounterKey, Owed)>,
         max_entries: usize,
         now: Nanos,
     ) {
@@ -224,6 +281,10 @@ impl RootLink {
         self.metrics.syncs += 1;
         self.metrics.round_trip = rtt;
         self.metrics.clock_offset = self.offset();
+        if let Some(utc) = reply.root_utc {
+            // The root's UTC at its `root_time`, moved to local time.
+            self.utc_offset = Some(utc - reply.root_time as i64 + self.offset());
+        }
     }
 
     /// Records a failure. With `back_off` the root is next tried after
@@ -249,11 +310,25 @@ impl RootLink {
             .map_or(0, |&(_, off)| off)
     }
 
+    /// The offset estimate with the round trip it comes from, for the
+    /// root's overview; `None` before the first reply.
+    pub fn clock_report(&self) -> Option<ClockReport> {
+        self.samples
+            .iter()
+            .min_by_key(|(rtt, _)| *rtt)
+            .map(|&(round_trip, offset)| ClockReport { offset, round_trip })
+    }
+
     /// A root counter value in local time.
     pub fn to_local(&self, value: &CounterValue) -> Level {
-        let at = (value.at as i128 - i128::from(self.offset())).clamp(0, i128::from(u64::MAX));
+        self.level_to_local(value.level, value.at)
+    }
+
+    /// A level at root time `at`, in local time.
+    pub fn level_to_local(&self, level: f64, at: u64) -> Level {
+        let at = (at as i128 - i128::from(self.offset())).clamp(0, i128::from(u64::MAX));
         Level {
-            level: value.level,
+            level,
             at: at as u64,
         }
     }
@@ -263,8 +338,13 @@ impl RootLink {
 mod tests {
     use super::*;
 
+    fn k(id: u64) -> CounterKey {
+        CounterKey::named(id)
+    }
+
     fn reply(root_time: u64, instance: u64) -> SyncResponse {
         SyncResponse {
+            keyed: Vec::new(),
             root_instance: instance,
             root_time,
             quotas: vec![],
@@ -272,6 +352,7 @@ mod tests {
             more_quotas: false,
             counters: vec![],
             counter_version: 9,
+            root_utc: None,
         }
     }
 
@@ -289,6 +370,7 @@ mod tests {
             id: 1,
             level: 2.0,
             at: 10_000,
+            prev: 0.0,
         };
         assert_eq!(
             l.to_local(&v),
@@ -330,11 +412,11 @@ mod tests {
     fn owed_deltas_accumulate_and_are_bounded() {
         let mut l = RootLink::new("r".into());
         let owe = |d| Owed::new(d, 0.0, 0);
-        l.owe([(1, owe(5)), (2, owe(1))].into_iter(), 2, 0);
-        l.owe([(1, owe(5)), (3, owe(7))].into_iter(), 2, 0);
-        assert_eq!(l.owed[&1].due(0), 10);
-        assert_eq!(l.owed[&1].weight, 10);
-        assert!(!l.owed.contains_key(&3));
+        l.owe([(k(1), owe(5)), (k(2), owe(1))].into_iter(), 2, 0);
+        l.owe([(k(1), owe(5)), (k(3), owe(7))].into_iter(), 2, 0);
+        assert_eq!(l.owed[&k(1)].due(0), 10);
+        assert_eq!(l.owed[&k(1)].weight, 10);
+        assert!(!l.owed.contains_key(&k(3)));
         assert_eq!(l.metrics.dropped_deltas, 1);
     }
 
@@ -357,10 +439,54 @@ mod tests {
     #[test]
     fn a_full_owed_map_drops_entries_that_leaked_away_before_new_ones() {
         let mut l = RootLink::new("r".into());
-        l.owe([(1, Owed::new(5, 10.0, 0))].into_iter(), 1, 0);
+        l.owe([(k(1), Owed::new(5, 10.0, 0))].into_iter(), 1, 0);
         // At 1 s entry 1 is gone, so entry 2 fits.
-        l.owe([(2, Owed::new(5, 10.0, SEC))].into_iter(), 1, SEC);
-        assert_eq!(l.owed.keys().collect::<Vec<_>>(), vec![&2]);
+        l.owe([(k(2), Owed::new(5, 10.0, SEC))].into_iter(), 1, SEC);
+        assert_eq!(l.owed.keys().collect::<Vec<_>>(), vec![&k(2)]);
         assert_eq!(l.metrics.dropped_deltas, 0);
+    }
+
+    #[test]
+    fn window_weight_is_owed_whole_until_the_window_after_its_own_ends() {
+        use crate::core::{Window, WindowRule};
+        let rule = WindowRule {
+            window: Window::TenSeconds,
+            sliding: false,
+            utc_offset: 0,
+        };
+        let counting = Counting::Window(rule);
+        let owed = Owed::collected(7, counting, 3 * SEC);
+        assert_eq!(
+            owed.window.map(|w| (w.index, w.expires)),
+            Some((0, 20 * SEC))
+        );
+        assert_eq!(owed.due(19 * SEC), 7);
+        assert_eq!(owed.due(20 * SEC), 0);
+        // Found just after a boundary: the window before.
+        assert_eq!(
+            Owed::collected(1, counting, 10 * SEC + 1)
+                .window
+                .unwrap()
+                .index,
+            0
+        );
+        // Same window: added; another window: the newer one, all acknowledged.
+        let more = owed.combine(Owed::collected(2, counting, 5 * SEC));
+        assert_eq!((more.due(6 * SEC), more.weight), (9, 9));
+        let next = owed.combine(Owed::collected(2, counting, 12 * SEC));
+        assert_eq!(
+            (next.due(12 * SEC), next.weight, next.window.unwrap().index),
+            (2, 9, 1)
+        );
+    }
+
+    #[test]
+    fn a_reply_with_the_roots_utc_gives_the_utc_offset() {
+        let mut l = RootLink::new("r".into());
+        let mut r = reply(5050, 1);
+        r.root_utc = Some(1_000_000);
+        l.succeeded(1000, 1100, &r);
+        // Root time 5050 is UTC 1e6 and local 1050: UTC = local + 994_000.
+        assert_eq!(l.utc_offset, Some(1_000_000 - 5050 + 4000));
     }
 }

@@ -23,9 +23,11 @@
 //! limiting goes on with local counts only, per host, and the log says so
 //! once a minute.
 
+pub mod config;
 pub mod engine;
 pub mod ids;
 pub mod link;
+pub mod status;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,7 +38,7 @@ use serde::Serialize;
 
 use crate::core::Nanos;
 use crate::table::Table;
-pub use engine::EarlySync;
+pub use config::{default_limiter_id, EarlySync, LogSink, SyncConfig};
 pub use link::RootMetrics;
 
 /// Severity of a sync log line.
@@ -50,73 +52,32 @@ pub enum LogLevel {
     Error,
 }
 
-/// Where the sync thread's log lines go (stderr, nginx's error log...).
-pub type LogSink = Arc<dyn Fn(LogLevel, &str) + Send + Sync>;
-
-/// How the sync thread runs.
-#[derive(Clone)]
-pub struct SyncConfig {
-    /// Root base URLs (`http://host:port` or `https://...`); empty for
-    /// standalone.
-    pub roots: Vec<String>,
-    /// Time between syncs (jitter adds up to 10%).
-    pub interval: Duration,
-    /// Time one request may take; defaults to 80% of the interval.
-    pub timeout: Option<Duration>,
-    /// Bearer token for `/v1/sync`, if the roots require one.
-    pub token: Option<String>,
-    /// This limiter's id (host name, by default).
-    pub limiter_id: String,
-    /// Most distinct counters owed to one unreachable root before new ones
-    /// are dropped (with a metric).
-    pub max_owed: usize,
-    /// Added to the local clock (tests: a host whose clock is off).
-    pub clock_skew: i64,
-    /// Sync before the interval is up when a quota's unsent local weight
-    /// passes a share of its burst band (off by default: it costs extra
-    /// syncs at the roots and probes of the table; see [`EarlySync`]).
-    pub early_sync: Option<EarlySync>,
-    /// Log destination.
-    pub log: LogSink,
+/// Watches the key section for pressure: keys evicted while they still
+/// held weight, and keys refused an entry. Says so at most once per call
+/// (the callers call once per interval), never per request.
+#[derive(Debug, Default)]
+pub struct KeyPressure {
+    last: crate::table::KeyStats,
 }
 
-impl std::fmt::Debug for SyncConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SyncConfig")
-            .field("roots", &self.roots)
-            .field("interval", &self.interval)
-            .field("timeout", &self.timeout)
-            .field("limiter_id", &self.limiter_id)
-            .field("early_sync", &self.early_sync)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for SyncConfig {
-    fn default() -> Self {
-        Self {
-            roots: Vec::new(),
-            interval: Duration::from_secs(1),
-            timeout: None,
-            token: None,
-            limiter_id: default_limiter_id(),
-            max_owed: 1_000_000,
-            clock_skew: 0,
-            early_sync: None,
-            log: Arc::new(|level, msg| eprintln!("sluice sync [{level:?}]: {msg}")),
-        }
-    }
-}
-
-/// This host's name, or "limiter" if it has none.
-pub fn default_limiter_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if rc == 0 && !name.is_empty() => name.to_string(),
-        _ => "limiter".to_string(),
+impl KeyPressure {
+    /// A warning when keys were evicted or refused since the last call.
+    pub fn check(&mut self, table: &Table) -> Option<(LogLevel, String)> {
+        let now = table.key_stats();
+        let evicted = now.evictions.saturating_sub(self.last.evictions);
+        let refused = now.refused.saturating_sub(self.last.refused);
+        self.last = now;
+        (evicted > 0 || refused > 0).then(|| {
+            (
+                LogLevel::Warn,
+                format!(
+                    "key section under pressure: {evicted} key(s) evicted while holding weight \
+                     and {refused} key(s) checked uncounted for lack of room since the last \
+                     report ({} of {} entries in use); give keys more memory",
+                    now.live, now.capacity
+                ),
+            )
+        })
     }
 }
 
@@ -163,6 +124,10 @@ impl SyncHandle {
                      flight; they are sent again"
                 ),
             );
+        }
+        if table.utc_offset() == 0 {
+            // Until a root says its time (or with none), this machine's.
+            table.set_utc_offset(crate::clock::utc_offset() - config.clock_skew);
         }
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -232,14 +197,72 @@ fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
 /// leak is applied smoothly.
 fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared) {
     let tick = config.interval.min(Duration::from_millis(100));
+    let mut pressure = KeyPressure::default();
+    let mut reported = std::time::Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
-        shared.wake.wait_timeout(tick);
-        table.fold_local(local_now(config.clock_skew));
+        if reported.elapsed() >= config.interval {
+            reported = std::time::Instant::now();
+            if let Some((level, line)) = pressure.check(table) {
+                (config.log)(level, &line);
+            }
+        }
+        let now = local_now(config.clock_skew);
+        // Fold just after each window boundary too, so weight lands in its
+        // window.
+        let wait = window_wake(table, now, 0).map_or(tick, |ns| tick.min(Duration::from_nanos(ns)));
+        shared.wake.wait_timeout(wait);
+        let now = local_now(config.clock_skew);
+        table.fold_local(now);
+        table.maintain_keys(key_sweep_budget(table, tick.as_nanos() as Nanos), now);
         if let Ok(mut m) = shared.metrics.lock() {
             m.cycles += 1;
-            table.publish_sync_status(&m);
+            status::publish(table, &m);
         }
     }
+}
+
+/// Nanoseconds from `now` until the sync thread should wake for the next
+/// boundary of a window some quota counts in: just after it, `spread`
+/// into the window (so that a fleet's hosts do not all sync in the same
+/// millisecond), where the weight collected still counts in the window
+/// that ended ([`crate::core::window::ATTRIBUTION_GRACE`]). `None` when
+/// no quota counts in windows.
+pub fn window_wake(table: &Table, now: Nanos, spread: Nanos) -> Option<Nanos> {
+    let utc_offset = table.utc_offset();
+    let boundary = table
+        .windows_used()
+        .into_iter()
+        .map(|window| {
+            crate::core::WindowRule {
+                window,
+                sliding: false,
+                utc_offset,
+            }
+            .end_of(now)
+        })
+        .min()?;
+    let delay = WINDOW_WAKE_DELAY + spread % (crate::core::window::ATTRIBUTION_GRACE / 2);
+    Some(boundary.saturating_sub(now) + delay)
+}
+
+/// How long after a window boundary the sync thread wakes at least: a
+/// margin for timers that fire a little early.
+const WINDOW_WAKE_DELAY: Nanos = 1_000_000;
+
+/// This limiter's spread for [`window_wake`], from its id.
+pub fn window_spread(limiter_id: &str) -> Nanos {
+    limiter_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Key buckets the upkeep sweep ([`Table::maintain_keys`]) looks at each
+/// time it runs, every `every` nanoseconds: the whole key section about
+/// once an hour.
+pub fn key_sweep_budget(table: &Table, every: Nanos) -> usize {
+    let runs_per_hour = (3_600_000_000_000 / every.max(1)).max(1);
+    let buckets = u64::from(table.geometry().key_buckets);
+    buckets.div_ceil(runs_per_hour) as usize
 }
 
 /// The local clock as the sync thread and the checks see it.
@@ -293,16 +316,7 @@ mod tests {
     #[test]
     fn standalone_sync_leaks_admitted_weight_and_stops_promptly() {
         let table = Arc::new(Table::new_heap(8, 16));
-        table.apply_quotas(&[Quota {
-            id: 1,
-            name: "q".into(),
-            parent: None,
-            limit: 1000.0,
-            low_burst: 10.0,
-            high_burst: 10.0,
-            epoch: 1,
-            deleted: false,
-        }]);
+        table.apply_quotas(&[Quota::new(1, "q", 1000.0, 10.0, 10.0)]);
         let config = SyncConfig {
             interval: Duration::from_millis(20),
             ..SyncConfig::default()

@@ -10,10 +10,10 @@ use tokio::task::JoinSet;
 
 use super::engine::{next_page, Outgoing, Page, SyncEngine};
 use super::link::OwedDeltas;
-use super::{local_now, run_standalone, LogLevel, Shared, SyncConfig};
+use super::{local_now, run_standalone, window_spread, window_wake, LogLevel, Shared, SyncConfig};
 use crate::core::rng::Rng;
 use crate::table::Table;
-use crate::wire::{SyncRequest, SyncResponse, SYNC_PATH};
+use crate::wire::{ClockReport, SyncRequest, SyncResponse, CLOCK_HEADER, SYNC_PATH};
 
 /// Largest sync reply accepted (a page of quotas plus counters).
 const MAX_REPLY_BYTES: usize = 256 << 20;
@@ -25,7 +25,7 @@ pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
         .enable_all()
         .build();
     let client = reqwest::Client::builder()
-        .timeout(config.timeout.unwrap_or(config.interval.mul_f64(0.8)))
+        .timeout(config.request_timeout())
         .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
         .build();
     match (runtime, client) {
@@ -63,6 +63,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     let mut probe = tokio::time::interval(early.unwrap_or(interval));
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(now() ^ u64::from(std::process::id()).rotate_left(32));
+    let spread = window_spread(&config.limiter_id);
     let log = |lines: Vec<(LogLevel, String)>| {
         for (level, line) in lines {
             (config.log)(level, &line);
@@ -110,7 +111,13 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         }
         publish(&engine, table, shared);
         let jitter = interval.mul_f64(0.1 * rng.next_unit());
-        let next_cycle = tokio::time::Instant::now() + interval + jitter;
+        let mut wait = interval + jitter;
+        // A cycle just after each window boundary: the weight collected
+        // then is sent tagged with the window it was admitted in.
+        if let Some(ns) = window_wake(table, now(), spread) {
+            wait = wait.min(Duration::from_nanos(ns));
+        }
+        let next_cycle = tokio::time::Instant::now() + wait;
         // Replies are applied as they arrive.
         loop {
             tokio::select! {
@@ -142,7 +149,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
 /// exchange ends and a cycle ends.
 fn publish(engine: &SyncEngine, table: &Table, shared: &Shared) {
     let metrics = engine.metrics();
-    table.publish_sync_status(&metrics);
+    super::status::publish(table, &metrics);
     if let Ok(mut m) = shared.metrics.lock() {
         *m = metrics;
     }
@@ -171,6 +178,7 @@ async fn exchange(
         root,
         request,
         owed,
+        clock,
     } = out;
     let mut ex = Exchange {
         root,
@@ -184,7 +192,7 @@ async fn exchange(
     let mut pages = 0;
     while let Some(req) = request.take() {
         let sent_at = crate::clock::now_precise().saturating_add_signed(skew);
-        match post(client, &url, token, &req, &mut ex).await {
+        match post(client, &url, token, clock, &req, &mut ex).await {
             Ok(reply) => {
                 let received_at = crate::clock::now_precise().saturating_add_signed(skew);
                 pages += 1;
@@ -207,6 +215,7 @@ async fn post(
     client: &reqwest::Client,
     url: &str,
     token: Option<&str>,
+    clock: Option<ClockReport>,
     request: &SyncRequest,
     ex: &mut Exchange,
 ) -> Result<SyncResponse, String> {
@@ -218,6 +227,9 @@ async fn post(
         .body(body);
     if let Some(token) = token {
         builder = builder.bearer_auth(token);
+    }
+    if let Some(clock) = clock {
+        builder = builder.header(CLOCK_HEADER, clock.header_value());
     }
     let mut response = builder.send().await.map_err(|e| describe(&e))?;
     let status = response.status();
@@ -248,10 +260,11 @@ async fn post(
 /// A reply is applied whole or not at all: every number must be sane and
 /// the quotas in log order.
 fn validate(reply: &SyncResponse) -> Result<(), String> {
+    let sane = |x: f64| x.is_finite() && x >= 0.0;
     if let Some(c) = reply
         .counters
         .iter()
-        .find(|c| !(c.level.is_finite() && c.level >= 0.0))
+        .find(|c| !(sane(c.level) && sane(c.prev)))
     {
         return Err(format!(
             "malformed reply: counter {} has level {}",
@@ -293,6 +306,7 @@ mod tests {
 
     fn reply(quotas: Vec<Quota>, counters: Vec<CounterValue>) -> SyncResponse {
         SyncResponse {
+            keyed: Vec::new(),
             root_instance: 1,
             root_time: 0,
             quotas,
@@ -300,6 +314,7 @@ mod tests {
             more_quotas: false,
             counters,
             counter_version: 1,
+            root_utc: None,
         }
     }
 
@@ -311,19 +326,11 @@ mod tests {
                 id: 1,
                 level: -1.0,
                 at: 0,
+                prev: 0.0,
             }],
         );
         assert!(validate(&bad_level).is_err());
-        let q = Quota {
-            id: 1,
-            name: "bad name".into(),
-            parent: None,
-            limit: 1.0,
-            low_burst: 1.0,
-            high_burst: 1.0,
-            epoch: 1,
-            deleted: false,
-        };
+        let q = Quota::new(1, "bad name", 1.0, 1.0, 1.0);
         assert!(validate(&reply(vec![q.clone()], vec![])).is_err());
         let ok = Quota {
             name: "ok".into(),
@@ -337,6 +344,7 @@ mod tests {
                 id: 1,
                 level: 2.0,
                 at: 5,
+                prev: 0.0,
             }],
         );
         assert!(validate(&good).is_ok());

@@ -78,7 +78,7 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
             changes.extend(
                 held.iter()
                     .filter(|(name, _)| !wanted.contains(name.as_str()))
-                    .map(|(name, old)| tombstone(name, old.id, epoch)),
+                    .map(|(name, old)| Quota::tombstone(old.id, name.as_str(), epoch)),
             );
             changes.extend(quotas);
         }
@@ -95,7 +95,7 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
             };
             for old in held.values().filter(|old| is_ours(old.id)) {
                 if !unchanged(old) {
-                    changes.push(tombstone(&old.name, old.id, 1));
+                    changes.push(Quota::tombstone(old.id, old.name.as_str(), 1));
                 }
             }
             let inserts: Vec<Quota> = quotas
@@ -106,6 +106,9 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
                 })
                 .cloned()
                 .collect();
+            if !inserts.is_empty() {
+                table.set_holds_seeds(true);
+            }
             changes.extend(inserts);
         }
     }
@@ -115,11 +118,13 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
 /// Deletes every seed quota (after a root has answered: from then on the
 /// roots' quotas are the set).
 pub fn purge_seeds(table: &Table) -> ApplyReport {
+    // Cleared first: seeds loaded while this runs set it again.
+    table.set_holds_seeds(false);
     let seeds: Vec<Quota> = table
         .quotas(0)
         .into_iter()
         .filter(|s| s.quota.id >= SEED_ID_BASE)
-        .map(|s| tombstone(&s.quota.name, s.quota.id, 1))
+        .map(|s| Quota::tombstone(s.quota.id, s.quota.name, 1))
         .collect();
     if seeds.is_empty() {
         return ApplyReport::default();
@@ -127,21 +132,9 @@ pub fn purge_seeds(table: &Table) -> ApplyReport {
     table.apply_quotas(&seeds)
 }
 
-fn tombstone(name: &str, id: u64, epoch: u64) -> Quota {
-    Quota {
-        id,
-        name: name.to_string(),
-        parent: None,
-        limit: 0.0,
-        low_burst: 0.0,
-        high_burst: 0.0,
-        epoch,
-        deleted: true,
-    }
-}
-
 fn same_numbers(a: &Quota, b: &Quota) -> bool {
     a.parent == b.parent
+        && a.per_key == b.per_key
         && a.limit == b.limit
         && a.low_burst == b.low_burst
         && a.high_burst == b.high_burst
@@ -192,16 +185,7 @@ mod tests {
             FileRole::Seed,
         );
         assert!(id_of(&t, "a") >= SEED_ID_BASE);
-        t.apply_quotas(&[Quota {
-            id: 7,
-            name: "a".into(),
-            parent: None,
-            limit: 9.0,
-            low_burst: 9.0,
-            high_burst: 9.0,
-            epoch: 1,
-            deleted: false,
-        }]);
+        t.apply_quotas(&[Quota::new(7, "a", 9.0, 9.0, 9.0)]);
         assert_eq!(id_of(&t, "a"), 7);
         // Loading the seeds again (nginx reload) leaves the root's copy.
         load_set(

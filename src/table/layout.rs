@@ -1,9 +1,9 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+------------+-----------------+-------------------------+-------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena |
-//! +--------+------------+-----------------+-------------------------+-------+
+//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena | key ring | key buckets |
+//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -19,13 +19,22 @@
 //! the slot and the name's place in the arena, so a lookup's second round
 //! of cache misses (slot and name) happens in parallel: a cold check costs
 //! about two memory latencies, not three.
+//!
+//! The key section holds the counters of per-key quotas: [`KeyBucket`]s of
+//! [`KEY_WAYS`] 48-byte [`KeyEntry`]s (three cache lines a bucket), a key
+//! living only in the bucket its hash picks (like a CPU cache: no index,
+//! one round of misses, the whole bucket read at once), and the dirty
+//! ring: entry numbers of keys with weight not yet collected, so a sync
+//! costs the keys that changed, not the keys that exist.
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+
+use crate::core::window::{Window, WindowRule};
 
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -66,6 +75,54 @@ pub fn index_home(hash: u64, len: usize) -> usize {
 
 /// Slot flag: the slot holds a live quota.
 pub const FLAG_LIVE: u16 = 1;
+/// Slot flag: the quota is a per-key template (its keys' counters live in
+/// the key section; the slot's own counter stays empty).
+pub const FLAG_PER_KEY: u16 = 2;
+/// Slot flags: a window quota's [`Window::code`] (1..=7) in three bits
+/// from this one; 0 for a leaky bucket. A window quota's `known_level` is
+/// the count of the window holding `known_at`.
+pub const FLAG_WINDOW_SHIFT: u16 = 2;
+/// The bits of [`FLAG_WINDOW_SHIFT`].
+pub const FLAG_WINDOW_MASK: u16 = 0b111 << FLAG_WINDOW_SHIFT;
+/// Slot flag: the window slides; `fill_rate` then packs the others' rate
+/// and the previous window's count as two `f32`s ([`pack_rate_prev`]).
+pub const FLAG_SLIDING: u16 = 1 << 5;
+
+/// The flag bits saying how a quota counts.
+pub fn counting_flags(window: Option<Window>, sliding: bool) -> u16 {
+    let code = window.map_or(0, Window::code) << FLAG_WINDOW_SHIFT;
+    code | if sliding && window.is_some() {
+        FLAG_SLIDING
+    } else {
+        0
+    }
+}
+
+/// How a quota with `flags` counts (its window rule, if any), with
+/// `utc_offset` turning the table's clock into UTC.
+pub fn counting_rule(flags: u16, utc_offset: i64) -> Option<WindowRule> {
+    let window = Window::from_code((flags & FLAG_WINDOW_MASK) >> FLAG_WINDOW_SHIFT)?;
+    Some(WindowRule {
+        window,
+        sliding: flags & FLAG_SLIDING != 0,
+        utc_offset,
+    })
+}
+
+/// A sliding window slot's `fill_rate` word: the others' fill rate and
+/// the previous window's count, each an `f32` (a count is exact below
+/// 2^24 and within 6e-8 of itself above; plenty for an estimate).
+pub fn pack_rate_prev(rate: f64, prev: f64) -> u64 {
+    u64::from((rate as f32).to_bits()) << 32 | u64::from((prev as f32).to_bits())
+}
+
+/// The rate and previous count [`pack_rate_prev`] stored.
+pub fn unpack_rate_prev(word: u64) -> (f64, f64) {
+    (
+        f64::from(f32::from_bits((word >> 32) as u32)),
+        f64::from(f32::from_bits(word as u32)),
+    )
+}
 
 /// Marks a free slot's `id` as a free-list link, so no lookup by id ever
 /// matches a free slot: `Quota::validate` refuses ids above
@@ -125,6 +182,50 @@ pub struct Header {
     /// Process id of the last process that started a sync thread on the
     /// table (0: none yet).
     pub sync_owner: AtomicU32,
+    /// Key buckets in the key section (0: no keyed quotas).
+    pub key_buckets: AtomicU32,
+    /// Entries of the dirty ring (a power of two).
+    pub key_ring_len: AtomicU32,
+    /// Set once the key secret below holds a configured secret.
+    pub key_secret_set: AtomicU32,
+    /// The key secret's two SipHash keys (see [`crate::core::key`]).
+    pub key_secret: [AtomicU64; 2],
+    /// Dirty ring: next position producers (checks) write.
+    pub key_ring_head: AtomicU64,
+    /// Dirty ring: next position the collector reads.
+    pub key_ring_tail: AtomicU64,
+    /// Set when a key could not be queued (ring full): the next
+    /// collection scans every key instead.
+    pub key_ring_overflow: AtomicU32,
+    /// Next bucket the maintenance sweep looks at.
+    pub key_sweep: AtomicU32,
+    /// Collections the ring's next position has stayed reserved but
+    /// unwritten.
+    pub key_ring_stuck: AtomicU32,
+    /// 1 while seed quotas from a file may be in the table (see
+    /// `file.rs`): the sync thread purges them once a root has answered.
+    pub seeds: AtomicU32,
+    /// Key entries in use.
+    pub key_live: AtomicU64,
+    /// Keys that got an entry.
+    pub key_inserts: AtomicU64,
+    /// Keys evicted while their counters still held weight.
+    pub key_evictions: AtomicU64,
+    /// Keys that found no entry (every candidate busy, or no key
+    /// section): checked uncounted.
+    pub key_refused: AtomicU64,
+    /// Checks of a per-key quota without a key (or with an empty one):
+    /// not checked, not counted.
+    pub keyless_checks: AtomicU64,
+    /// UTC nanoseconds minus the table's clock (i64 bits), for window
+    /// quotas: the sync thread sets it from the roots' clocks (so every
+    /// host agrees on window boundaries with the roots), or from this
+    /// machine's clock when no root answers.
+    pub utc_offset: AtomicU64,
+    /// Bit `code - 1` set once some quota has counted in windows of
+    /// [`Window::code`] `code`: the sync thread wakes at those windows'
+    /// boundaries (never cleared: a spare wake-up costs little).
+    pub windows_used: AtomicU32,
 }
 
 /// Roots whose sync state the region can publish.
@@ -178,7 +279,8 @@ pub struct Slot {
     // ---- line A: read by every check, written under `seq` ----
     /// Seqlock: odd while a writer changes line A (or the name).
     pub seq: AtomicU32,
-    /// [`FLAG_LIVE`] or 0.
+    /// [`FLAG_LIVE`], [`FLAG_PER_KEY`], the window code and
+    /// [`FLAG_SLIDING`]; 0 when free.
     pub flags: AtomicU16,
     /// Name length in bytes (at most 255).
     pub name_len: AtomicU16,
@@ -196,7 +298,8 @@ pub struct Slot {
     pub known_level: AtomicU64,
     /// Local time of `known_level`, nanoseconds.
     pub known_at: AtomicU64,
-    /// Other hosts' measured fill rate, units/s (f64 bits).
+    /// Other hosts' measured fill rate, units/s (f64 bits; for a sliding
+    /// window, see [`pack_rate_prev`]).
     pub fill_rate: AtomicU64,
 
     // ---- line B: written by checks and the sync thread ----
@@ -232,6 +335,88 @@ impl Slot {
 }
 const _: () = assert!(std::mem::size_of::<Header>() % 64 == 0);
 
+/// Entries per key bucket.
+pub const KEY_WAYS: usize = 4;
+
+/// [`KeyEntry::hash`] of an entry being (re)initialised: lookups skip it.
+pub const KEY_CLAIMED: u64 = u64::MAX;
+
+/// One key's counter: 48 bytes. A per-key template's numbers stay in its
+/// slot; the entry holds only the key's own state.
+#[repr(C)]
+#[derive(Default)]
+pub struct KeyEntry {
+    /// The key's hash (never 0 or [`KEY_CLAIMED`] for a key); 0: free.
+    pub hash: AtomicU64,
+    /// The template's slot + 1 (0: none).
+    pub template: AtomicU32,
+    /// Last use in [`key_tick`]s, shifted left by 2, plus uses so far
+    /// (0..=3): how recently and how often checks used the key.
+    pub used: AtomicU32,
+    /// Weight admitted here and not yet collected for a sync.
+    pub pending: AtomicU64,
+    /// Weight collected and sent, not yet included in `known`.
+    pub inflight: AtomicU64,
+    /// The cluster level at the last merge: see [`pack_known`].
+    pub known: AtomicU64,
+    /// Other hosts' measured fill rate, units/s (f32 bits).
+    pub fill: AtomicU32,
+    /// 1 while the entry sits in the dirty ring.
+    pub dirty: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<KeyEntry>() == 48);
+
+/// A bucket of key entries: three cache lines.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct KeyBucket {
+    /// The entries; a key lives in the first one holding it.
+    pub ways: [KeyEntry; KEY_WAYS],
+}
+
+const _: () = assert!(std::mem::size_of::<KeyBucket>() == 192);
+
+/// Nanoseconds in one unit of a packed `known` time (about a millisecond).
+const KNOWN_UNIT_SHIFT: u32 = 20;
+
+/// Packs a key's cluster level and its time into one word, so a check
+/// reads both with one load and no seqlock: the level as an `f32` (exact
+/// below 2^24, relative error 6e-8 above), the time as 32 bits of
+/// ~1.05 ms units (rounded up), read back relative to the reader's `now`
+/// ([`unpack_known`]) and valid within 2^31 units (~26 days) of it; the
+/// maintenance sweep restamps older entries.
+pub fn pack_known(level: f64, at: u64) -> u64 {
+    let level = (level as f32).to_bits();
+    // Rounded up: a level read back a little later than it was taken leaks
+    // a little less, never more (an estimate errs high, by at most a
+    // unit's worth of leak).
+    let units = at.div_ceil(1 << KNOWN_UNIT_SHIFT);
+    u64::from(level) << 32 | units & 0xffff_ffff
+}
+
+/// [`pack_known`] with the time rounded down instead of up.
+pub fn pack_known_floor(level: f64, at: u64) -> u64 {
+    let level = (level as f32).to_bits();
+    u64::from(level) << 32 | (at >> KNOWN_UNIT_SHIFT) & 0xffff_ffff
+}
+
+/// The level and time [`pack_known`] stored, the time placed as near
+/// `now` as the 32 bits allow.
+pub fn unpack_known(word: u64, now: u64) -> (f64, u64) {
+    let level = f64::from(f32::from_bits((word >> 32) as u32));
+    let stored = word as u32;
+    let now_units = now >> KNOWN_UNIT_SHIFT;
+    let age = (now_units as u32).wrapping_sub(stored) as i32;
+    let units = (now_units as i64 - i64::from(age)).max(0) as u64;
+    (level, units << KNOWN_UNIT_SHIFT)
+}
+
+/// The coarse clock of [`KeyEntry::used`]: ~67 ms ticks, 30 bits.
+pub fn key_tick(now: u64) -> u32 {
+    ((now >> 26) as u32) & 0x3fff_ffff
+}
+
 /// Rounds `n` up to a multiple of 64.
 pub const fn line_up(n: usize) -> usize {
     (n + 63) & !63
@@ -246,7 +431,17 @@ pub struct Geometry {
     pub index_len: u32,
     /// Number of arena granules.
     pub arena_granules: u32,
+    /// Number of key buckets ([`KEY_WAYS`] keys each; 0: no keys).
+    pub key_buckets: u32,
+    /// Entries of the dirty ring.
+    pub key_ring: u32,
 }
+
+/// Most key buckets a region holds (entry numbers stay below 2^32).
+pub const MAX_KEY_BUCKETS: u32 = 1 << 30;
+
+/// Bytes one key bucket takes with its share of the dirty ring.
+pub const BYTES_PER_KEY_BUCKET: usize = std::mem::size_of::<KeyBucket>() + 2;
 
 impl Geometry {
     /// Geometry for `capacity` quotas with names averaging
@@ -261,7 +456,35 @@ impl Geometry {
             capacity,
             index_len,
             arena_granules,
+            key_buckets: 0,
+            key_ring: 0,
         }
+    }
+
+    /// The same geometry with room for `keys` keys (rounded up to whole
+    /// buckets); a dirty ring of one entry per eight keys, at least 64.
+    pub fn with_keys(self, keys: u64) -> Self {
+        let buckets = keys
+            .div_ceil(KEY_WAYS as u64)
+            .min(u64::from(MAX_KEY_BUCKETS)) as u32;
+        let ring = if buckets == 0 {
+            0
+        } else {
+            (buckets as u64 * KEY_WAYS as u64 / 8)
+                .max(64)
+                .next_power_of_two()
+                .min(1 << 31) as u32
+        };
+        Self {
+            key_buckets: buckets,
+            key_ring: ring,
+            ..self
+        }
+    }
+
+    /// Keys the key section holds.
+    pub fn key_capacity(&self) -> u64 {
+        u64::from(self.key_buckets) * KEY_WAYS as u64
     }
 
     /// The largest geometry that fits `bytes` for the given average name.
@@ -301,9 +524,37 @@ impl Geometry {
         line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
     }
 
+    /// Offset of the dirty ring.
+    pub fn key_ring_offset(&self) -> usize {
+        line_up(self.arena_offset() + self.arena_granules as usize * GRANULE)
+    }
+
+    /// Offset of key bucket 0.
+    pub fn key_buckets_offset(&self) -> usize {
+        line_up(self.key_ring_offset() + self.key_ring as usize * 4)
+    }
+
     /// Total bytes of a region with this geometry.
     pub fn region_len(&self) -> usize {
-        line_up(self.arena_offset() + self.arena_granules as usize * GRANULE)
+        line_up(
+            self.key_buckets_offset()
+                + self.key_buckets as usize * std::mem::size_of::<KeyBucket>(),
+        )
+    }
+
+    /// The largest geometry that fits `bytes` with `key_bytes` of them
+    /// (at most) given to keys.
+    pub fn fitting_with_keys(
+        bytes: usize,
+        avg_name_bytes: usize,
+        key_bytes: usize,
+    ) -> Option<Self> {
+        let buckets = key_bytes / BYTES_PER_KEY_BUCKET;
+        let keys = buckets as u64 * KEY_WAYS as u64;
+        let key_section = Self::new(1, avg_name_bytes).with_keys(keys);
+        let key_len = key_section.region_len() - key_section.key_ring_offset();
+        let g = Self::fitting(bytes.checked_sub(key_len)?, avg_name_bytes)?.with_keys(keys);
+        (g.region_len() <= bytes).then_some(g)
     }
 }
 

@@ -1,24 +1,33 @@
+use super::lock::own_pid;
 use super::*;
+use crate::core::{Counting, Level, Nanos, Quota, Tally, Wait};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 const SEC: Nanos = 1_000_000_000;
 
 fn quota(id: u64, name: &str, parent: Option<u64>, limit: f64, low: f64, high: f64) -> Quota {
-    Quota {
-        id,
-        name: name.into(),
-        parent,
-        limit,
-        low_burst: low,
-        high_burst: high,
-        epoch: id,
-        deleted: false,
-    }
+    Quota::new(id, name, limit, low, high)
+        .with_parent(parent)
+        .at_epoch(id)
 }
 
 fn never() -> f64 {
     0.999_999
+}
+
+/// Check items from `(name, weight)` pairs.
+fn check_items<'a>(pairs: &[(&'a [u8], u64)]) -> Vec<CheckItem<'a>> {
+    pairs
+        .iter()
+        .map(|&(name, weight)| CheckItem {
+            name,
+            key: None,
+            weight,
+            max_wait: None,
+        })
+        .collect()
 }
 
 #[test]
@@ -92,7 +101,10 @@ fn rejection_reports_when_to_retry() {
     match t.check(b"q", 5, 0) {
         Outcome::Reject(r) => {
             assert_eq!(r.limit, 10.0);
-            assert!((r.retry_after - 0.5).abs() < 1e-9, "{r:?}");
+            assert!(
+                matches!(r.wait, Wait::Seconds(s) if (s - 0.5).abs() < 1e-9),
+                "{r:?}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -173,9 +185,9 @@ fn tombstones_delete_and_freed_slots_and_names_are_reused() {
     let ids = t.slot_ids();
     assert_eq!(ids.len(), 3);
     assert!(!ids.values().any(|&s| s == q2));
-    assert!(!t.merge_counter(q2, 2, Level { level: 0.0, at: 0 }, 0));
+    assert!(!t.merge_counter(q2, 2, 0, Tally::leaky(Level { level: 0.0, at: 0 }), 0));
     for id in [0, 1, u64::from(q2) + 1, u64::from(q2) + 2] {
-        assert!(t.counter_limit(q2, id).is_none());
+        assert!(t.counter_counting(q2, id).is_none());
     }
     let mut fifth = quota(5, "q5", None, 1.0, 1.0, 1.0);
     fifth.epoch = 11;
@@ -279,11 +291,7 @@ fn many_deletes_rebuild_the_index_and_lookups_still_work() {
             .iter()
             .map(|q| {
                 epoch += 1;
-                Quota {
-                    deleted: true,
-                    epoch,
-                    ..q.clone()
-                }
+                Quota::tombstone(q.id, q.name.as_str(), epoch)
             })
             .collect();
         assert_eq!(t.apply_quotas(&dead).deleted, 64);
@@ -306,6 +314,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
         vec![CollectedDelta {
             slot: 0,
             id: 7,
+            key: 0,
             delta: 10
         }]
     );
@@ -315,10 +324,11 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
     assert!(t.merge_counter(
         0,
         7,
-        Level {
+        0,
+        Tally::leaky(Level {
             level: 40.0,
             at: SEC
-        },
+        }),
         10
     ));
     let st = t.quota(b"q", SEC).unwrap();
@@ -328,19 +338,21 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
     assert!(!t.merge_counter(
         0,
         8,
-        Level {
+        0,
+        Tally::leaky(Level {
             level: 1.0,
             at: SEC
-        },
+        }),
         0
     ));
     assert!(!t.merge_counter(
         0,
         7,
-        Level {
+        0,
+        Tally::leaky(Level {
             level: f64::NAN,
             at: SEC
-        },
+        }),
         0
     ));
 }
@@ -350,14 +362,10 @@ fn a_counters_limit_is_read_only_while_its_slot_holds_that_quota() {
     let t = Table::new_heap(4, 16);
     t.apply_quotas(&[quota(7, "q", None, 10.0, 100.0, 100.0)]);
     let slot = t.lookup(b"q").unwrap();
-    assert_eq!(t.counter_limit(slot, 7), Some(10.0));
-    assert_eq!(t.counter_limit(slot, 8), None);
-    t.apply_quotas(&[Quota {
-        deleted: true,
-        epoch: 8,
-        ..quota(7, "q", None, 10.0, 100.0, 100.0)
-    }]);
-    assert_eq!(t.counter_limit(slot, 7), None);
+    assert_eq!(t.counter_counting(slot, 7), Some(Counting::Leak(10.0)));
+    assert_eq!(t.counter_counting(slot, 8), None);
+    t.apply_quotas(&[Quota::tombstone(7, "q", 8)]);
+    assert_eq!(t.counter_counting(slot, 7), None);
 }
 
 #[test]
@@ -407,18 +415,18 @@ fn a_region_is_reattached_with_its_quotas_and_counters() {
     let region = HeapRegion::new(len);
     let base = region.base;
     // SAFETY: the region is owned by this test, aligned, and outlives both tables.
-    let first = unsafe { Table::from_raw(base, len, 16, false) }.unwrap();
+    let first = unsafe { Table::from_raw(base, len, 16, 0, false) }.unwrap();
     first.apply_quotas(&[quota(1, "q", None, 1.0, 10.0, 10.0)]);
     first.check(b"q", 3, 0);
     // SAFETY: as above.
-    let second = unsafe { Table::from_raw(base, len, 16, false) }.unwrap();
+    let second = unsafe { Table::from_raw(base, len, 16, 0, false) }.unwrap();
     assert_eq!(second.quota(b"q", 0).unwrap().pending, 3);
     assert_eq!(second.geometry(), first.geometry());
     // SAFETY: as above; a smaller view of the same region is incompatible.
-    let smaller = unsafe { Table::from_raw(base, len / 2, 16, false) };
+    let smaller = unsafe { Table::from_raw(base, len / 2, 16, 0, false) };
     assert!(matches!(smaller, Err(TableError::Incompatible(_))));
     // SAFETY: as above; reformat starts empty.
-    let fresh = unsafe { Table::from_raw(base, len, 16, true) }.unwrap();
+    let fresh = unsafe { Table::from_raw(base, len, 16, 0, true) }.unwrap();
     assert!(fresh.is_empty());
     drop(region);
 }
@@ -522,7 +530,7 @@ fn several_checks_pass_together_or_count_nothing() {
         quota(1, "a", None, 1.0, 10.0, 10.0),
         quota(2, "b", None, 1.0, 3.0, 3.0),
     ]);
-    let items: [(&[u8], u64); 3] = [(b"a", 1), (b"nobody", 1), (b"b", 1)];
+    let items = check_items(&[(b"a", 1), (b"nobody", 1), (b"b", 1)]);
     for _ in 0..3 {
         assert_eq!(t.check_many(&items, 0, PLAIN, never).outcome, Outcome::Pass);
     }
@@ -532,7 +540,7 @@ fn several_checks_pass_together_or_count_nothing() {
     assert_eq!(r.item, Some(2));
     assert_eq!(t.quota(b"a", 0).unwrap().pending, 3);
     assert_eq!(t.quota(b"b", 0).unwrap().rejected, 1);
-    let unknown: [(&[u8], u64); 1] = [(b"nobody", 1)];
+    let unknown = check_items(&[(b"nobody", 1)]);
     assert_eq!(
         t.check_many(&unknown, 0, PLAIN, never).outcome,
         Outcome::Unknown
@@ -548,7 +556,7 @@ const PLAIN: CheckOptions = CheckOptions {
 fn a_dry_run_rejection_counts_apart_and_charges_nothing() {
     let t = Table::new_heap(16, 16);
     t.apply_quotas(&[quota(1, "a", None, 1.0, 2.0, 2.0)]);
-    let items: [(&[u8], u64); 1] = [(b"a", 1)];
+    let items = check_items(&[(b"a", 1)]);
     let dry = CheckOptions {
         dry_run: true,
         ..PLAIN
@@ -578,7 +586,7 @@ fn headroom_names_the_tightest_quota_of_every_chain() {
         quota(2, "child", Some(1), 10.0, 100.0, 100.0),
         quota(3, "other", None, 10.0, 50.0, 50.0),
     ]);
-    let items: [(&[u8], u64); 2] = [(b"other", 1), (b"child", 2)];
+    let items = check_items(&[(b"other", 1), (b"child", 2)]);
     let opts = CheckOptions {
         headroom: true,
         ..PLAIN
@@ -588,9 +596,12 @@ fn headroom_names_the_tightest_quota_of_every_chain() {
     let h = r.headroom.unwrap();
     // The parent (low burst 5, now at level 2) is tighter than the child
     // (100) and than "other" (50, at 1).
-    assert_eq!((h.item, h.depth, h.low_burst, h.level), (1, 1, 5.0, 2.0));
-    assert_eq!(h.remaining(), 3.0);
-    assert!((h.seconds_to_empty() - 0.2).abs() < 1e-9);
+    assert_eq!(
+        (h.item, h.depth, h.room.low_burst, h.room.level),
+        (1, 1, 5.0, 2.0)
+    );
+    assert_eq!(h.room.remaining(), 3.0);
+    assert!((h.room.seconds_to_empty() - 0.2).abs() < 1e-9);
     // Fill the parent: the rejection reports the parent with no room left.
     for _ in 0..3 {
         t.check_many(&items[1..], 0, opts, never);
@@ -598,7 +609,10 @@ fn headroom_names_the_tightest_quota_of_every_chain() {
     let r = t.check_many(&items, 0, opts, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)));
     let h = r.headroom.unwrap();
-    assert_eq!((h.item, h.depth, h.level, h.remaining()), (1, 1, 4.0, 1.0));
+    assert_eq!(
+        (h.item, h.depth, h.room.level, h.room.remaining()),
+        (1, 1, 4.0, 1.0)
+    );
     let mut name = [0u8; 256];
     assert_eq!(t.name_into(h.slot, &mut name), Some(&b"parent"[..]));
     match r.outcome {
@@ -608,26 +622,6 @@ fn headroom_names_the_tightest_quota_of_every_chain() {
     assert_eq!(t.name_into(h.slot, &mut [0u8; 3]), None);
     assert_eq!(PLAIN, CheckOptions::default());
     assert!(t.check_many(&items, 0, PLAIN, never).headroom.is_none());
-}
-
-#[test]
-fn sync_status_is_published_for_other_processes() {
-    let t = Table::new_heap(4, 16);
-    assert_eq!(t.sync_status(), crate::sync::SyncMetrics::default());
-    let m = crate::sync::SyncMetrics {
-        cycles: 5,
-        all_roots_down: true,
-        roots: vec![crate::sync::RootMetrics {
-            url: String::new(),
-            up: true,
-            syncs: 4,
-            errors: 1,
-            clock_offset: -12,
-            ..Default::default()
-        }],
-    };
-    t.publish_sync_status(&m);
-    assert_eq!(t.sync_status(), m);
 }
 
 #[test]
@@ -642,9 +636,9 @@ fn a_table_adopts_another_tables_quotas_and_counters() {
     old.collect_deltas(&mut collected);
     assert_eq!(old.check(b"child", 2, 0), Outcome::Pass);
     let slot = old.lookup(b"child").unwrap();
-    assert!(old.merge_counter(slot, 2, Level { level: 30.0, at: 0 }, 5));
+    assert!(old.merge_counter(slot, 2, 0, Tally::leaky(Level { level: 30.0, at: 0 }), 5));
     let new = Table::new_heap(32, 16);
-    let report = new.adopt(&old);
+    let report = new.adopt(&old, 0);
     assert_eq!((report.inserted, report.refused.len()), (2, 0));
     let child = new.quota(b"child", 0).unwrap();
     assert_eq!(child.quota.parent, Some(1));
@@ -656,7 +650,7 @@ fn a_table_adopts_another_tables_quotas_and_counters() {
     let parent = new.quota(b"parent", 0).unwrap();
     assert_eq!(parent.pending, 7);
     let small = Table::new_heap(1, 16);
-    assert_eq!(small.adopt(&old).refused.len(), 1);
+    assert_eq!(small.adopt(&old, 0).refused.len(), 1);
 }
 
 #[test]
@@ -720,10 +714,10 @@ fn requeued_weight_moves_from_in_flight_to_pending() {
     let mut collected = Vec::new();
     t.collect_deltas(&mut collected);
     let slot = collected[0].slot;
-    t.requeue_inflight(slot, 1, 3);
+    t.requeue_inflight(slot, 1, 0, 3);
     let s = t.quota(b"q", 0).unwrap();
     assert_eq!((s.pending, s.inflight), (3, 2));
     // Another quota's id in that slot: nothing moves.
-    t.requeue_inflight(slot, 99, 2);
+    t.requeue_inflight(slot, 99, 0, 2);
     assert_eq!(t.quota(b"q", 0).unwrap().inflight, 2);
 }

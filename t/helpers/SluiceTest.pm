@@ -17,7 +17,7 @@ use POSIX ':sys_wait_h';
 use Time::HiRes qw(sleep time);
 
 our @EXPORT_OK = qw(free_port start_root stop_root root_call nginx_pid
-    reload_nginx wait_until http_request load_sluice_module);
+    reload_nginx wait_until http_request load_sluice_module start_nginx);
 
 # The module under test: $TEST_NGINX_SLUICE_MODULE (make sets it), else
 # the one `make module` builds.
@@ -102,10 +102,12 @@ sub stop_root {
 }
 
 # Calls the root's admin API: METHOD, path, optional body (a Perl value
-# sent as JSON). Returns (status, decoded JSON body or raw text).
+# sent as JSON), with the root's {admin_token} when it has one. Returns
+# (status, decoded JSON body or raw text).
 sub root_call {
     my ($root, $method, $path, $body) = @_;
     my %args = (headers => { 'Content-Type' => 'application/json' });
+    $args{headers}{Authorization} = "Bearer $root->{admin_token}" if $root->{admin_token};
     $args{content} = JSON::PP::encode_json($body) if defined $body;
     my $res = HTTP::Tiny->new(timeout => 5)->request($method, "$root->{url}$path", \%args);
     my $decoded = eval { JSON::PP::decode_json($res->{content}) } // $res->{content};
@@ -145,6 +147,38 @@ sub http_request {
         $content = $plain;
     }
     return { status => $status, headers => \%headers, content => $content // '' };
+}
+
+# Starts our nginx with the sluice module in a scratch prefix: the
+# `http { }` block is $opt{http}; $opt{files} maps paths under html/ to
+# their content. Returns {prefix, stop}; stop it before the roots it
+# syncs with.
+sub start_nginx {
+    my (%opt) = @_;
+    require FindBin;
+    my $nginx = $ENV{TEST_NGINX_BINARY} || "$FindBin::Bin/../build/nginx/sbin/nginx";
+    my $prefix = File::Temp::tempdir(CLEANUP => 1);
+    # Workers run as an unprivileged user when nginx starts as root.
+    chmod 0755, $prefix;
+    mkdir "$prefix/$_", 0755 for qw(conf logs html);
+    for my $path (sort keys %{ $opt{files} // {} }) {
+        my $file = "$prefix/html/$path";
+        (my $dir = $file) =~ s{/[^/]+$}{};
+        system('mkdir', '-p', $dir) == 0 or die "mkdir $dir";
+        open my $fh, '>', $file or die "$file: $!";
+        print $fh $opt{files}{$path};
+        close $fh;
+    }
+    system('chmod', '-R', 'a+rX', "$prefix/html") == 0 or die 'chmod';
+    open my $fh, '>', "$prefix/conf/nginx.conf" or die $!;
+    print $fh "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n",
+        "worker_processes 1;\nerror_log $prefix/logs/error.log info;\npid $prefix/logs/nginx.pid;\n",
+        "events { worker_connections 256; }\n",
+        "http {\n    access_log off;\n$opt{http}\n}\n";
+    close $fh;
+    my @cmd = ($nginx, '-p', "$prefix/", '-c', "$prefix/conf/nginx.conf");
+    system(@cmd) == 0 or die "nginx did not start; see $prefix/logs/error.log\n";
+    return { prefix => $prefix, stop => sub { system(@cmd, '-s', 'stop'); sleep 0.3 } };
 }
 
 # The pid of the nginx master whose server root is $servroot.

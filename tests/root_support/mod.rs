@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod postgres;
+pub mod raw;
 
 use std::future::Future;
 use std::net::SocketAddr;

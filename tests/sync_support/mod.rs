@@ -140,6 +140,16 @@ impl Root {
         panic!("cannot start a root");
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Its log (stdout and stderr) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// Kills the process (SIGKILL: no goodbye, as a crash).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -19,7 +19,7 @@ use crate::core::spec::{specs_from_json, SpecError};
 use crate::root::state::RootState;
 use crate::root::store::{ApplyDiff, ApplyOptions, QuotaUpdate};
 
-use super::{json_response, read_body, ApiError};
+use super::{json_response, named_field, read_body, ApiError};
 
 /// Most names listed per kind of change in a reply; counts are always
 /// complete.
@@ -98,7 +98,17 @@ pub async fn apply(
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::malformed(None, "the quota set is not UTF-8"))?;
     let specs = specs_from_json(text).map_err(|e| match e {
-        SpecError::Json(message) => ApiError::malformed(Some("quotas".into()), message),
+        SpecError::Parse(e) => {
+            let mut field = e.path().unwrap_or_else(|| "quotas".into());
+            // An unknown field is named only in the message.
+            if let (None, Some(name)) = (e.place.field, named_field(&e.message)) {
+                field = format!("{field}.{name}");
+            }
+            ApiError {
+                quota: e.place.name.clone(),
+                ..ApiError::malformed(Some(field), e.message_at())
+            }
+        }
         SpecError::Invalid { error, .. } => error.into(),
     })?;
     let options = ApplyOptions {

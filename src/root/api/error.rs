@@ -88,6 +88,22 @@ impl ApiError {
         }
     }
 
+    /// 408 for a body that did not arrive within `body_timeout`; the
+    /// connection is closed after the reply (the rest of the body is
+    /// never read).
+    pub fn body_timeout(deadline: std::time::Duration) -> Self {
+        Self {
+            rejection: Some(Rejection::BodyTimeout),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within body_timeout ({} ms)",
+                    deadline.as_millis()
+                ),
+            )
+        }
+    }
+
     /// 503: the root cannot do this now.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
@@ -161,6 +177,12 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = json_response(self.status, &body);
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if let Some(rejection) = self.rejection {
             // Counted by the `observe` middleware, which knows the API.
             response.extensions_mut().insert(rejection);

@@ -5,7 +5,11 @@
 //! | `POST /v1/sync` | sync token | limiter sync ([`crate::wire`]) |
 //! | `GET /v1/quotas?prefix=&after=&limit=` | admin token | list quotas |
 //! | `GET/PUT/DELETE /v1/quotas/{name}` | admin token | one quota |
+//! | `GET /v1/quotas/{name}/keys?top=` | admin token | busiest keys of a per-key quota |
+//! | `GET /v1/quotas/{name}/keys/{hash}` | admin token | one key, by hash |
 //! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
+//! | `GET /v1/overview?top=` | none / admin token | the console's data: public totals, names with the token |
+//! | `GET /ui` | none | the web console (static; its data needs the token) |
 //! | `GET /healthz` | none | readiness and database state |
 //! | `GET /metrics` | none | Prometheus text |
 //!
@@ -13,12 +17,20 @@
 //!
 //! - `error.rs` — the error reply.
 //! - `sync.rs`, `quotas.rs`, `apply.rs`, `ops.rs` — the handlers.
+//! - `view.rs` — a quota as the admin API shows it.
+//! - `keys.rs` — the keys of a per-key quota, by hash.
+//! - `overview.rs` — `GET /v1/overview`, shared by the console and
+//!   `sluice top`; `ui.rs` — the console's static files (`../ui/`).
 
 mod apply;
 mod error;
+mod keys;
 mod ops;
+pub mod overview;
 mod quotas;
 mod sync;
+mod ui;
+mod view;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,6 +49,7 @@ use tokio::sync::Semaphore;
 use crate::wire::SYNC_PATH;
 
 use super::config::BodyLimits;
+use super::connections::Connection;
 use super::metrics::{Api, Rejection};
 use super::state::RootState;
 
@@ -66,6 +79,8 @@ pub fn router(state: Arc<RootState>) -> Router {
                 .delete(quotas::delete)
                 .layer(DefaultBodyLimit::max(limits.admin)),
         )
+        .route("/v1/quotas/{name}/keys", get(keys::top))
+        .route("/v1/quotas/{name}/keys/{hash}", get(keys::get))
         .route(
             APPLY_PATH,
             post(apply::apply).layer(DefaultBodyLimit::max(limits.apply)),
@@ -84,6 +99,8 @@ pub fn router(state: Arc<RootState>) -> Router {
         .merge(admin)
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
+        .merge(overview::routes())
+        .merge(ui::routes())
         // After every route: it is set on the routes registered so far.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
         .fallback(|| async { ApiError::no_route().into_response() })
@@ -123,10 +140,12 @@ impl<T: DeserializeOwned> FromRequest<Arc<RootState>> for JsonBody<T> {
     }
 }
 
-/// Reads a whole body within the route's limit.
+/// Reads a whole body within the route's limit and `body_timeout`.
 async fn read_body(request: Request, state: &Arc<RootState>) -> Result<Bytes, ApiError> {
-    Bytes::from_request(request, state)
+    let deadline = state.config.body_timeout;
+    tokio::time::timeout(deadline, Bytes::from_request(request, state))
         .await
+        .map_err(|_| ApiError::body_timeout(deadline))?
         .map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large("request body is larger than this endpoint accepts")
@@ -159,7 +178,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 
 /// The field serde names in "missing field `x`" (reported at the path of
 /// the enclosing object) and "unknown field `x`".
-fn named_field(message: &str) -> Option<&str> {
+pub(crate) fn named_field(message: &str) -> Option<&str> {
     let rest = message
         .strip_prefix("missing field `")
         .or_else(|| message.strip_prefix("unknown field `"))?;
@@ -193,7 +212,12 @@ async fn check_token(
             .headers()
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes);
-        if !token.admits(presented) {
+        if token.admits(presented) {
+            // Its connection is a known client's: never shed it.
+            if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
+                connection.trust();
+            }
+        } else {
             let mut response = ApiError::unauthorized(which).into_response();
             response
                 .headers_mut()

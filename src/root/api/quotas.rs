@@ -12,73 +12,18 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
-use crate::core::quota::validate_name;
+use crate::core::quota::{validate_name, validate_name_prefix};
 use crate::core::spec::QuotaSpec;
-use crate::core::{Nanos, Quota, SECS_PER_NANO};
-
-use crate::root::ledger::Ledger;
 use crate::root::state::RootState;
 use crate::root::store::PutOutcome;
 
+use super::view::{view, QuotaView};
 use super::{json_response, ApiError, JsonBody};
 
 /// Default page size of a listing.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// Largest page size of a listing.
 pub const MAX_LIST_LIMIT: usize = 10_000;
-
-/// Body of `PUT /v1/quotas/{name}`: the whole quota but its name.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaBody {
-    /// Parent quota's name; absent or null for a top-level quota.
-    #[serde(default)]
-    pub parent: Option<String>,
-    /// Leak rate, units per second.
-    pub limit: f64,
-    /// Level up to which everything passes (default: `limit`).
-    #[serde(default)]
-    pub low_burst: Option<f64>,
-    /// Level from which everything is rejected (default: `low_burst`).
-    #[serde(default)]
-    pub high_burst: Option<f64>,
-}
-
-/// A quota as the admin API shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct QuotaView {
-    /// Quota id (also its counter's).
-    pub id: u64,
-    /// Name.
-    pub name: String,
-    /// Parent's name.
-    pub parent: Option<String>,
-    /// Leak rate, units per second.
-    pub limit: f64,
-    /// Level up to which everything passes.
-    pub low_burst: f64,
-    /// Level from which everything is rejected.
-    pub high_burst: f64,
-    /// Epoch of the last change.
-    pub epoch: u64,
-    /// Cluster level now, as this root sums it.
-    pub level: f64,
-    /// Units per second arriving at this root, smoothed.
-    pub fill_rate: f64,
-    /// Limiters that recently sent weight for this quota (single-quota
-    /// reads only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limiters: Option<Vec<LimiterSeen>>,
-}
-
-/// A limiter that recently sent weight for a quota.
-#[derive(Clone, Debug, Serialize)]
-pub struct LimiterSeen {
-    /// The limiter's id.
-    pub limiter: String,
-    /// Seconds since its last delta for the quota.
-    pub seconds_ago: f64,
-}
 
 /// Reply of a put.
 #[derive(Serialize)]
@@ -118,41 +63,6 @@ struct ListReply {
     quotas: Vec<QuotaView>,
     /// Pass as `after` for the next page; null on the last page.
     next: Option<String>,
-}
-
-fn view(ledger: &Ledger, quota: &Quota, now: Nanos, with_limiters: bool) -> QuotaView {
-    let counter = ledger.counters.view(quota.id, now);
-    let limiters = with_limiters.then(|| {
-        let seen = counter
-            .as_ref()
-            .map(|c| c.seen.as_slice())
-            .unwrap_or_default();
-        seen.iter()
-            .filter_map(|s| {
-                let limiter = ledger.limiters.get(s.limiter)?;
-                let seconds_ago = now.saturating_sub(s.at) as f64 * SECS_PER_NANO;
-                Some(LimiterSeen {
-                    limiter: limiter.name.to_string(),
-                    seconds_ago,
-                })
-            })
-            .collect()
-    });
-    QuotaView {
-        id: quota.id,
-        name: quota.name.clone(),
-        parent: quota
-            .parent
-            .and_then(|p| ledger.quotas.name_of(p))
-            .map(str::to_string),
-        limit: quota.limit,
-        low_burst: quota.low_burst,
-        high_burst: quota.high_burst,
-        epoch: quota.epoch,
-        level: counter.as_ref().map_or(0.0, |c| c.level),
-        fill_rate: counter.as_ref().map_or(0.0, |c| c.fill_rate),
-        limiters,
-    }
 }
 
 /// The quota name in the path, percent-decoded and valid.
@@ -208,9 +118,7 @@ pub async fn list(
             format!("must be 1 to {MAX_LIST_LIMIT}"),
         ));
     }
-    if !query.prefix.is_empty() {
-        validate_name(&query.prefix).map_err(|e| ApiError::invalid("prefix", e.message))?;
-    }
+    validate_name_prefix(&query.prefix).map_err(|e| ApiError::invalid("prefix", e.message))?;
     require_ready(&state)?;
     let now = state.now();
     let ledger = state.ledger();
@@ -236,20 +144,23 @@ pub async fn list(
     ))
 }
 
-/// `PUT /v1/quotas/{name}`: create or replace.
+/// `PUT /v1/quotas/{name}`: create or replace. The body is a quota as a
+/// quota file writes it ([`QuotaSpec`]), its name taken from the path.
 pub async fn put(
     State(state): State<Arc<RootState>>,
     name: Result<Path<String>, PathRejection>,
-    JsonBody(body): JsonBody<QuotaBody>,
+    JsonBody(mut spec): JsonBody<QuotaSpec>,
 ) -> Result<Response, ApiError> {
     let name = quota_name(name)?;
-    let spec = QuotaSpec {
-        name,
-        parent: body.parent,
-        limit: body.limit,
-        low_burst: body.low_burst,
-        high_burst: body.high_burst,
-    };
+    // The path names the quota; a body may repeat the name, not change it.
+    if spec.name.is_empty() {
+        spec.name = name;
+    } else if spec.name != name {
+        return Err(ApiError::invalid(
+            "name",
+            format!("the body names {:?} but the path {name:?}", spec.name),
+        ));
+    }
     spec.validate()?;
     let outcome = state.write(state.store.put(&spec)).await?;
     let (status, changed, epoch) = match outcome {

@@ -12,16 +12,14 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use crate::core::quota::MAX_BURST;
-use crate::wire::{SyncRequest, SyncResponse, MAX_DELTAS_PER_SYNC};
+use crate::sync::config::validate_limiter_id;
+use crate::wire::{ClockReport, SyncRequest, CLOCK_HEADER, MAX_DELTAS_PER_SYNC};
 
 use crate::root::ledger::SyncPaging;
 use crate::root::metrics::SyncResult;
 use crate::root::state::RootState;
 
 use super::{json_bytes, parse_json, read_body, ApiError};
-
-/// Longest limiter id, in bytes.
-pub const MAX_LIMITER_ID_LEN: usize = 255;
 
 /// Largest delta one sync may carry for one counter: 2^53, the largest
 /// integer a level holds exactly (a limiter sends at least every few
@@ -33,6 +31,10 @@ pub async fn sync(
     State(state): State<Arc<RootState>>,
     body: Request,
 ) -> Result<Response, ApiError> {
+    let clock = body
+        .headers()
+        .get(CLOCK_HEADER)
+        .and_then(|v| ClockReport::parse(v.to_str().ok()?));
     let body = read_body(body, &state).await?;
     // Timed from here: parsing is part of the work, the upload is not.
     let started = Instant::now();
@@ -48,33 +50,28 @@ pub async fn sync(
         counters: state.config.sync_page_counters,
     };
     let now = state.now();
-    let step = state.ledger().sync(&request, state.instance, now, paging);
+    let (step, utc_offset) = {
+        let mut ledger = state.ledger();
+        let step = ledger.sync(&request, state.instance, now, paging);
+        if let Some(clock) = clock {
+            ledger.limiters.report_clock(&request.limiter, clock);
+        }
+        (step, ledger.utc_offset)
+    };
     state.metrics.sync_moved(
         step.applied,
         step.ignored,
         step.quotas.quotas.len(),
         step.counters.counters.len(),
     );
-    let response = SyncResponse {
-        root_instance: state.instance,
-        root_time: now,
-        quotas: step
-            .quotas
-            .quotas
-            .iter()
-            .map(|q| q.as_ref().clone())
-            .collect(),
-        quotas_after: step.quotas.after,
-        more_quotas: step.quotas.more,
-        counters: step.counters.counters,
-        counter_version: step.counters.version,
-    };
+    let ignored = step.ignored;
+    let response = step.into_response(state.instance, now, utc_offset);
     let body = serde_json::to_vec(&response).map_err(|e| ApiError::internal(e.to_string()))?;
     state.metrics.sync_seconds.observe(started.elapsed());
     tracing::trace!(
         limiter = %request.limiter,
-        deltas = request.deltas.len(),
-        ignored = step.ignored,
+        deltas = request.delta_count(),
+        ignored,
         quotas = response.quotas.len(),
         counters = response.counters.len(),
         "sync"
@@ -84,14 +81,12 @@ pub async fn sync(
 
 /// Checks a sync request as a whole.
 pub fn check_request(request: &SyncRequest) -> Result<(), ApiError> {
-    check_limiter_id(&request.limiter)?;
-    if request.deltas.len() > MAX_DELTAS_PER_SYNC {
+    validate_limiter_id(&request.limiter)?;
+    let count = request.delta_count();
+    if count > MAX_DELTAS_PER_SYNC {
         return Err(ApiError::invalid(
             "deltas",
-            format!(
-                "{} deltas, at most {MAX_DELTAS_PER_SYNC} per sync",
-                request.deltas.len()
-            ),
+            format!("{count} deltas, at most {MAX_DELTAS_PER_SYNC} per sync"),
         ));
     }
     if let Some(i) = request.deltas.iter().position(|d| d.delta > MAX_DELTA) {
@@ -100,21 +95,21 @@ pub fn check_request(request: &SyncRequest) -> Result<(), ApiError> {
             format!("{} is larger than {MAX_DELTA}", request.deltas[i].delta),
         ));
     }
-    Ok(())
-}
-
-fn check_limiter_id(id: &str) -> Result<(), ApiError> {
-    if id.is_empty() || id.len() > MAX_LIMITER_ID_LEN {
-        return Err(ApiError::invalid(
-            "limiter",
-            format!("must be 1 to {MAX_LIMITER_ID_LEN} bytes long"),
-        ));
-    }
-    if !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ApiError::invalid(
-            "limiter",
-            "must be printable ASCII without spaces",
-        ));
+    for (g, group) in request.keyed.iter().enumerate() {
+        for (i, d) in group.deltas.iter().enumerate() {
+            if d.0 == 0 {
+                return Err(ApiError::invalid(
+                    format!("keyed[{g}].deltas[{i}]"),
+                    "key hash 0 names no key",
+                ));
+            }
+            if d.1 > MAX_DELTA {
+                return Err(ApiError::invalid(
+                    format!("keyed[{g}].deltas[{i}]"),
+                    format!("{} is larger than {MAX_DELTA}", d.1),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -136,6 +131,7 @@ mod tests {
 
     fn request(limiter: &str, deltas: Vec<CounterDelta>) -> SyncRequest {
         SyncRequest {
+            keyed: Vec::new(),
             limiter: limiter.into(),
             quotas_after: Default::default(),
             counter_version: 0,
@@ -149,10 +145,12 @@ mod tests {
         let big = CounterDelta {
             id: 1,
             delta: MAX_DELTA + 1,
+            window: None,
         };
         let ok = CounterDelta {
             id: 1,
             delta: MAX_DELTA,
+            window: None,
         };
         let cases = [
             (request("", vec![]), "limiter"),
@@ -171,7 +169,11 @@ mod tests {
 
     #[test]
     fn more_deltas_than_the_per_sync_cap_are_refused() {
-        let delta = CounterDelta { id: 1, delta: 1 };
+        let delta = CounterDelta {
+            id: 1,
+            delta: 1,
+            window: None,
+        };
         let at_cap = request("h", vec![delta; MAX_DELTAS_PER_SYNC]);
         assert!(check_request(&at_cap).is_ok());
         let over = request("h", vec![delta; MAX_DELTAS_PER_SYNC + 1]);

@@ -16,8 +16,9 @@ use serde::Serialize;
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::spec::{QuotaSet, QuotaSpec, SpecError};
+use crate::core::Window;
 
-use super::{unix_millis, Store, StoreError};
+use super::{rows, unix_millis, Store, StoreError};
 
 /// Options of an apply.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,7 +32,8 @@ pub struct ApplyOptions {
 /// One field an apply changes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FieldChange {
-    /// `parent`, `limit`, `low_burst` or `high_burst`.
+    /// `parent`, `per_key`, `window`, `sliding`, `limit`, `low_burst` or
+    /// `high_burst`.
     pub field: &'static str,
     /// The value before.
     pub from: serde_json::Value,
@@ -84,7 +86,7 @@ struct Existing {
     deleted: bool,
 }
 
-/// Rows per multi-row INSERT (eight parameters each). Binding slows down
+/// Rows per multi-row INSERT (ten parameters each). Binding slows down
 /// more than linearly with the parameter count on SQLite: 100k quotas take
 /// 1.0 s in chunks of 50 rows, 2.2 s in chunks of 200 and 8.8 s in chunks
 /// of 1000.
@@ -153,9 +155,7 @@ fn spec_error(error: SpecError) -> StoreError {
             quota: Some(name),
             error,
         },
-        SpecError::Json(message) => {
-            StoreError::invalid("quotas", format!("invalid quota JSON: {message}"))
-        }
+        SpecError::Parse(e) => StoreError::invalid("quotas", e.to_string()),
     }
 }
 
@@ -163,7 +163,8 @@ async fn load_all(
     tx: &mut Transaction<'static, Any>,
 ) -> Result<HashMap<String, Existing>, StoreError> {
     let rows = sqlx::query(
-        r#"SELECT q.name, p.name, q."limit", q.low_burst, q.high_burst, q.deleted
+        r#"SELECT q.name, p.name, q."limit", q.low_burst, q.high_burst, q.deleted, q.per_key,
+                  q.count_window, q.sliding
            FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#,
     )
     .fetch_all(&mut **tx)
@@ -176,6 +177,13 @@ async fn load_all(
             limit: row.try_get(2)?,
             low_burst: Some(row.try_get(3)?),
             high_burst: Some(row.try_get(4)?),
+            per_key: row.try_get::<i64, _>(6)? != 0,
+            // An unknown window in the database (written by a newer
+            // sluice) reads as none: the apply then rewrites the row.
+            window: row
+                .try_get::<Option<String>, _>(7)?
+                .and_then(|w| Window::parse(&w)),
+            sliding: row.try_get::<i64, _>(8)? != 0,
         };
         let deleted = row.try_get::<i64, _>(5)? != 0;
         existing.insert(spec.name.clone(), Existing { spec, deleted });
@@ -271,6 +279,26 @@ fn field_changes(current: &QuotaSpec, wanted: &QuotaSpec) -> Vec<FieldChange> {
             to: wanted.parent.clone().into(),
         });
     }
+    let flags = [
+        ("per_key", current.per_key, wanted.per_key),
+        ("sliding", current.sliding, wanted.sliding),
+    ];
+    for (field, from, to) in flags {
+        if from != to {
+            changes.push(FieldChange {
+                field,
+                from: from.into(),
+                to: to.into(),
+            });
+        }
+    }
+    if current.window != wanted.window {
+        changes.push(FieldChange {
+            field: "window",
+            from: current.window.map(Window::name).into(),
+            to: wanted.window.map(Window::name).into(),
+        });
+    }
     let numbers = [
         ("limit", current.limit, wanted.limit),
         ("low_burst", current.low(), wanted.low()),
@@ -313,90 +341,15 @@ async fn write_diff(
     }
     for level in new_by_depth.values() {
         for chunk in level.chunks(INSERT_CHUNK) {
-            insert_chunk(tx, chunk, epoch, now).await?;
+            rows::insert(tx, chunk, epoch, now).await?;
         }
     }
     rewrites.extend(diff.updated.iter().map(|u| by_name[u.name.as_str()]));
     for spec in rewrites {
-        rewrite(tx, spec, epoch, now).await?;
+        rows::rewrite(tx, spec, epoch, now).await?;
     }
     for name in &diff.deleted {
-        sqlx::query("UPDATE quotas SET deleted = 1, epoch = $1, updated_at = $2 WHERE name = $3")
-            .bind(epoch as i64)
-            .bind(now)
-            .bind(name)
-            .execute(&mut **tx)
-            .await?;
+        rows::tombstone(tx, name, epoch, now).await?;
     }
-    Ok(())
-}
-
-/// Inserts new quotas whose parents already exist; parents are looked up by
-/// name inside the statement.
-async fn insert_chunk(
-    tx: &mut Transaction<'static, Any>,
-    chunk: &[&QuotaSpec],
-    epoch: u64,
-    now: i64,
-) -> Result<(), StoreError> {
-    let mut sql = String::from(
-        r#"INSERT INTO quotas
-           (name, parent, "limit", low_burst, high_burst, epoch, deleted, created_at, updated_at)
-           VALUES "#,
-    );
-    for i in 0..chunk.len() {
-        let p = i * 8;
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&format!(
-            "(${}, (SELECT id FROM quotas WHERE name = ${}), ${}, ${}, ${}, ${}, 0, ${}, ${})",
-            p + 1,
-            p + 2,
-            p + 3,
-            p + 4,
-            p + 5,
-            p + 6,
-            p + 7,
-            p + 8
-        ));
-    }
-    let mut query = sqlx::query(&sql);
-    for spec in chunk {
-        query = query
-            .bind(spec.name.as_str())
-            .bind(spec.parent.as_deref())
-            .bind(spec.limit)
-            .bind(spec.low())
-            .bind(spec.high())
-            .bind(epoch as i64)
-            .bind(now)
-            .bind(now);
-    }
-    query.execute(&mut **tx).await?;
-    Ok(())
-}
-
-/// Overwrites an existing row (an update, or a revived tombstone).
-async fn rewrite(
-    tx: &mut Transaction<'static, Any>,
-    spec: &QuotaSpec,
-    epoch: u64,
-    now: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        r#"UPDATE quotas SET parent = (SELECT p.id FROM quotas p WHERE p.name = $1),
-           "limit" = $2, low_burst = $3, high_burst = $4, epoch = $5, deleted = 0,
-           updated_at = $6 WHERE name = $7"#,
-    )
-    .bind(spec.parent.as_deref())
-    .bind(spec.limit)
-    .bind(spec.low())
-    .bind(spec.high())
-    .bind(epoch as i64)
-    .bind(now)
-    .bind(spec.name.as_str())
-    .execute(&mut **tx)
-    .await?;
     Ok(())
 }

@@ -22,17 +22,41 @@ type ResolveFuture = Pin<Box<dyn Future<Output = Result<Vec<Migration>, BoxDynEr
 /// One embedded migration: version, description, SQL.
 type Embedded = (i64, &'static str, &'static str);
 
-const SQLITE: &[Embedded] = &[(
-    1,
-    "quotas",
-    include_str!("../migrations/sqlite/0001_quotas.sql"),
-)];
+const SQLITE: &[Embedded] = &[
+    (
+        1,
+        "quotas",
+        include_str!("../migrations/sqlite/0001_quotas.sql"),
+    ),
+    (
+        2,
+        "per key",
+        include_str!("../migrations/sqlite/0002_per_key.sql"),
+    ),
+    (
+        3,
+        "windows",
+        include_str!("../migrations/sqlite/0003_windows.sql"),
+    ),
+];
 
-const POSTGRES: &[Embedded] = &[(
-    1,
-    "quotas",
-    include_str!("../migrations/postgres/0001_quotas.sql"),
-)];
+const POSTGRES: &[Embedded] = &[
+    (
+        1,
+        "quotas",
+        include_str!("../migrations/postgres/0001_quotas.sql"),
+    ),
+    (
+        2,
+        "per key",
+        include_str!("../migrations/postgres/0002_per_key.sql"),
+    ),
+    (
+        3,
+        "windows",
+        include_str!("../migrations/postgres/0003_windows.sql"),
+    ),
+];
 
 /// The migrations of one backend, as a sqlx migration source.
 #[derive(Debug)]

@@ -21,18 +21,21 @@
 //! - `write.rs` — single-quota writes: put (create, update, re-parent) and
 //!   delete.
 //! - `apply.rs` — bulk apply of a whole quota set in one transaction.
+//! - `rows.rs` — the statements that insert, rewrite and tombstone quota
+//!   rows, shared by both.
 
 mod apply;
 mod migrations;
+mod rows;
 mod write;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{Any, AnyPool, Executor, Row, Transaction};
+use sqlx::{Any, AnyPool, Connection, Executor, Row, Transaction};
 
-use crate::core::{Quota, ValidationError};
+use crate::core::{Quota, ValidationError, Window};
 use crate::wire::QuotaCursor;
 
 pub use apply::{ApplyDiff, ApplyOptions, ApplyOutcome, FieldChange, QuotaUpdate};
@@ -112,7 +115,10 @@ impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
         use sqlx::Error as E;
         match &error {
-            E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+            // Diagnosed by `Store::bounded`: the pool retried the real
+            // error until it gave up, and only says it gave up.
+            E::PoolTimedOut => Self::Unavailable(NO_CONNECTION.to_string()),
+            E::Io(_) | E::Tls(_) | E::PoolClosed | E::WorkerCrashed => {
                 Self::Unavailable(error.to_string())
             }
             E::Protocol(_) => Self::Unavailable(error.to_string()),
@@ -168,7 +174,20 @@ pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(120);
 pub const LOAD_PAGE: usize = 10_000;
 
 /// The columns every quota query selects, in [`quota_from_row`]'s order.
-const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted"#;
+const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted, per_key, count_window, sliding"#;
+
+/// What sqlx's "pool timed out" becomes until diagnosed.
+const NO_CONNECTION: &str = "no database connection within db_timeout";
+
+/// A database URL that never shows its password in `Debug`.
+#[derive(Clone)]
+struct Url(String);
+
+impl std::fmt::Debug for Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
 
 /// A pool of connections to the quota database.
 #[derive(Clone, Debug)]
@@ -176,6 +195,11 @@ pub struct Store {
     /// The connections (opened lazily, so a root starts with the database
     /// down and connects when it comes back).
     pool: AnyPool,
+    /// Where they go, for a direct connection that tells why the pool
+    /// cannot connect.
+    url: Url,
+    /// How long a connection may take.
+    connect_timeout: Duration,
     /// Which database this is.
     backend: Backend,
     /// Longest one operation (a read, a write, a bulk apply, the
@@ -210,6 +234,8 @@ impl Store {
             .map_err(|e| StoreError::Config(format!("{}: {e}", redact_url(&url))))?;
         Ok(Self {
             pool,
+            url: Url(url),
+            connect_timeout: timeout,
             backend,
             query_timeout: DEFAULT_QUERY_TIMEOUT,
         })
@@ -229,14 +255,39 @@ impl Store {
         what: &str,
         op: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.query_timeout, op)
+        let result = tokio::time::timeout(self.query_timeout, op)
             .await
             .unwrap_or_else(|_| {
                 Err(StoreError::Unavailable(format!(
                     "{what} took longer than db_query_timeout ({} ms)",
                     self.query_timeout.as_millis()
                 )))
-            })
+            });
+        match result {
+            Err(StoreError::Unavailable(reason)) if reason == NO_CONNECTION => {
+                Err(StoreError::Unavailable(self.why_no_connection().await))
+            }
+            other => other,
+        }
+    }
+
+    /// Why the pool gets no connection: the error of one direct attempt
+    /// (with the same setup as the pool's), such as `file is not a
+    /// database` or `connection refused`; or, if that attempt works, that
+    /// every connection was busy.
+    async fn why_no_connection(&self) -> String {
+        let attempt = async {
+            let mut conn = sqlx::AnyConnection::connect(&self.url.0).await?;
+            if self.backend == Backend::Sqlite {
+                conn.execute("PRAGMA journal_mode = WAL").await?;
+            }
+            conn.close().await
+        };
+        match tokio::time::timeout(self.connect_timeout, attempt).await {
+            Ok(Err(error)) => format!("{error} ({NO_CONNECTION})"),
+            Err(_) => format!("connecting takes longer than db_timeout ({NO_CONNECTION})"),
+            Ok(Ok(())) => format!("{NO_CONNECTION}: every connection busy"),
+        }
     }
 
     /// Which database this is.
@@ -360,6 +411,23 @@ fn quota_from_row(row: &AnyRow) -> Result<StoredQuota, StoreError> {
         high_burst: row.try_get(5)?,
         epoch: position.epoch,
         deleted: row.try_get::<i64, _>(7)? != 0,
+        per_key: row.try_get::<i64, _>(8)? != 0,
+        window: None,
+        sliding: row.try_get::<i64, _>(10)? != 0,
+    };
+    let window: Option<String> = row.try_get(9)?;
+    let quota = match window.as_deref().map(|w| (w, Window::parse(w))) {
+        None => quota,
+        Some((_, Some(window))) => Quota {
+            window: Some(window),
+            ..quota
+        },
+        Some((name, None)) => {
+            return Ok(Err((
+                position,
+                format!("row {id} has an unknown window {name:?}"),
+            )));
+        }
     };
     if id <= 0 || epoch <= 0 {
         return Ok(Err((position, format!("row {id} has id or epoch below 1"))));

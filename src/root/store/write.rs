@@ -8,10 +8,10 @@
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::quota::{validate_chain, MAX_DEPTH};
-use crate::core::spec::QuotaSpec;
-use crate::core::ValidationError;
+use crate::core::spec::{template_as_parent, QuotaSpec};
+use crate::core::{ValidationError, Window};
 
-use super::{unix_millis, Store, StoreError};
+use super::{rows, unix_millis, Store, StoreError};
 
 /// A committed write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +48,9 @@ struct Current {
     high_burst: f64,
     epoch: u64,
     deleted: bool,
+    per_key: bool,
+    window: Option<Window>,
+    sliding: bool,
 }
 
 impl Store {
@@ -65,10 +68,23 @@ impl Store {
         let (mut tx, epoch) = self.begin_write().await?;
         let current = current_by_name(&mut tx, &spec.name).await?;
         let parent = match &spec.parent {
-            Some(name) => Some(live_id(&mut tx, name).await?),
+            Some(name) => Some(live_parent_id(&mut tx, name).await?),
             None => None,
         };
         check_placement(&mut tx, spec, current.as_ref()).await?;
+        if let Some(c) = current.as_ref().filter(|c| spec.per_key && !c.deleted) {
+            let children = live_children(&mut tx, c.id).await?;
+            if !children.is_empty() {
+                let message = format!(
+                    "{:?} is the parent of {}; a per-key template cannot be a parent",
+                    spec.name,
+                    children.join(", ")
+                );
+                return Err(StoreError::Conflict(ValidationError::new(
+                    "per_key", message,
+                )));
+            }
+        }
         let now = unix_millis();
         let outcome = match current {
             Some(c) if !c.deleted && same_values(&c, spec, parent) => {
@@ -79,7 +95,7 @@ impl Store {
                 });
             }
             Some(c) => {
-                update_row(&mut tx, c.id, spec, parent, epoch, now).await?;
+                rows::rewrite(&mut tx, spec, epoch, now).await?;
                 let written = Written { id: c.id, epoch };
                 if c.deleted {
                     PutOutcome::Created(written)
@@ -88,7 +104,11 @@ impl Store {
                 }
             }
             None => {
-                let id = insert_row(&mut tx, spec, parent, epoch, now).await?;
+                let ids = rows::insert(&mut tx, &[spec], epoch, now).await?;
+                let id = ids
+                    .first()
+                    .copied()
+                    .ok_or_else(|| StoreError::Internal("the insert returned no id".into()))?;
                 PutOutcome::Created(Written { id, epoch })
             }
         };
@@ -116,12 +136,7 @@ impl Store {
             );
             return Err(StoreError::Conflict(ValidationError::new("name", message)));
         }
-        sqlx::query("UPDATE quotas SET deleted = 1, epoch = $1, updated_at = $2 WHERE id = $3")
-            .bind(epoch as i64)
-            .bind(unix_millis())
-            .bind(current.id as i64)
-            .execute(&mut *tx)
-            .await?;
+        rows::tombstone(&mut tx, name, epoch, unix_millis()).await?;
         tx.commit().await?;
         Ok(Written {
             id: current.id,
@@ -135,6 +150,9 @@ fn same_values(current: &Current, spec: &QuotaSpec, parent: Option<u64>) -> bool
         && current.limit == spec.limit
         && current.low_burst == spec.low()
         && current.high_burst == spec.high()
+        && current.per_key == spec.per_key
+        && current.window == spec.window
+        && current.sliding == spec.sliding
 }
 
 async fn current_by_name(
@@ -142,7 +160,8 @@ async fn current_by_name(
     name: &str,
 ) -> Result<Option<Current>, StoreError> {
     let row = sqlx::query(
-        r#"SELECT id, parent, "limit", low_burst, high_burst, epoch, deleted
+        r#"SELECT id, parent, "limit", low_burst, high_burst, epoch, deleted, per_key,
+                  count_window, sliding
            FROM quotas WHERE name = $1"#,
     )
     .bind(name)
@@ -157,17 +176,34 @@ async fn current_by_name(
         high_burst: row.try_get(4)?,
         epoch: row.try_get::<i64, _>(5)? as u64,
         deleted: row.try_get::<i64, _>(6)? != 0,
+        per_key: row.try_get::<i64, _>(7)? != 0,
+        window: row
+            .try_get::<Option<String>, _>(8)?
+            .and_then(|w| Window::parse(&w)),
+        sliding: row.try_get::<i64, _>(9)? != 0,
     }))
 }
 
-async fn live_id(tx: &mut Transaction<'static, Any>, name: &str) -> Result<u64, StoreError> {
-    let id: Option<i64> =
-        sqlx::query_scalar("SELECT id FROM quotas WHERE name = $1 AND deleted = 0")
-            .bind(name)
-            .fetch_optional(&mut **tx)
-            .await?;
-    id.map(|id| id as u64)
-        .ok_or_else(|| StoreError::invalid("parent", format!("no quota named {name:?}")))
+/// The id of the live quota `name` as a parent: it must exist and not be
+/// a per-key template.
+async fn live_parent_id(tx: &mut Transaction<'static, Any>, name: &str) -> Result<u64, StoreError> {
+    let row = sqlx::query("SELECT id, per_key FROM quotas WHERE name = $1 AND deleted = 0")
+        .bind(name)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let Some(row) = row else {
+        return Err(StoreError::invalid(
+            "parent",
+            format!("no quota named {name:?}"),
+        ));
+    };
+    if row.try_get::<i64, _>(1)? != 0 {
+        return Err(StoreError::Invalid {
+            quota: None,
+            error: template_as_parent(name),
+        });
+    }
+    Ok(row.try_get::<i64, _>(0)? as u64)
 }
 
 /// Most children a conflict message lists.
@@ -262,52 +298,4 @@ async fn subtree_height(tx: &mut Transaction<'static, Any>, id: u64) -> Result<u
     .fetch_one(&mut **tx)
     .await?;
     Ok(height.unwrap_or(1).max(1) as usize)
-}
-
-async fn update_row(
-    tx: &mut Transaction<'static, Any>,
-    id: u64,
-    spec: &QuotaSpec,
-    parent: Option<u64>,
-    epoch: u64,
-    now: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        r#"UPDATE quotas SET parent = $1, "limit" = $2, low_burst = $3, high_burst = $4,
-           epoch = $5, deleted = 0, updated_at = $6 WHERE id = $7"#,
-    )
-    .bind(parent.map(|p| p as i64))
-    .bind(spec.limit)
-    .bind(spec.low())
-    .bind(spec.high())
-    .bind(epoch as i64)
-    .bind(now)
-    .bind(id as i64)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-async fn insert_row(
-    tx: &mut Transaction<'static, Any>,
-    spec: &QuotaSpec,
-    parent: Option<u64>,
-    epoch: u64,
-    now: i64,
-) -> Result<u64, StoreError> {
-    let id: i64 = sqlx::query_scalar(
-        r#"INSERT INTO quotas
-           (name, parent, "limit", low_burst, high_burst, epoch, deleted, created_at, updated_at)
-           VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $7) RETURNING id"#,
-    )
-    .bind(&spec.name)
-    .bind(parent.map(|p| p as i64))
-    .bind(spec.limit)
-    .bind(spec.low())
-    .bind(spec.high())
-    .bind(epoch as i64)
-    .bind(now)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(id as u64)
 }

@@ -383,7 +383,7 @@ sub expand_env {
     $text =~ s{\$(TEST_NGINX_[_A-Z0-9]+)}{
         my $var = $1;
         if ($var =~ /^TEST_NGINX_RAND_PORT_\d+$/) {
-            $rand_ports->{$var} //= free_port({ $ServerPort => 1, map { $_ => 1 } values %$rand_ports })
+            $rand_ports->{$var} //= free_port({ $ServerPort => 1, map { $_ => 1 } grep { defined } values %$rand_ports })
                 // bail_out("$name - cannot find a free port for $var");
         } else {
             bail_out("$name - No environment $var defined.") unless defined $ENV{$var};

@@ -3,7 +3,9 @@
 //!
 //! Per-quota series are bounded: only the `top` quotas with the most
 //! checks get their own series (a table can hold millions of quotas; a
-//! scrape must not), and the rest are summed into `quota="_other"`.
+//! scrape must not), and the rest are summed into `quota="_other"`. Keys
+//! of per-key quotas appear by hash only, the [`TOP_KEYS`] with the
+//! highest level (at most `top`).
 
 use std::fmt::Write;
 
@@ -47,8 +49,14 @@ pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String
         "Highest quota epoch applied.",
         table.max_epoch() as f64,
     );
+    let names: std::collections::HashMap<u32, String> = quotas
+        .iter()
+        .filter(|q| q.quota.per_key)
+        .map(|q| (q.slot, q.quota.name.clone()))
+        .collect();
     render_quotas(&mut out, quotas, top);
-    render_sync(&mut out, &table.sync_status(), roots, now);
+    render_keys(&mut out, table, &names, top.min(TOP_KEYS), now);
+    render_sync(&mut out, &crate::sync::status::published(table), roots, now);
     out
 }
 
@@ -131,6 +139,79 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
     }
 }
 
+/// Keys of per-key quotas shown by level, at most.
+pub const TOP_KEYS: usize = 10;
+
+/// The key section's counters and the busiest keys (by hash) of the
+/// templates named in `names` (template slot to name).
+fn render_keys(
+    out: &mut String,
+    table: &Table,
+    names: &std::collections::HashMap<u32, String>,
+    top: usize,
+    now: Nanos,
+) {
+    let s = table.key_stats();
+    gauge(
+        out,
+        "sluice_keys",
+        "Keys of per-key quotas with a counter here.",
+        s.live as f64,
+    );
+    gauge(
+        out,
+        "sluice_key_capacity",
+        "Keys the key section can hold.",
+        s.capacity as f64,
+    );
+    for (name, help, value) in [
+        (
+            "sluice_key_inserts_total",
+            "Keys given a counter.",
+            s.inserts,
+        ),
+        (
+            "sluice_key_evictions_total",
+            "Keys evicted while their counters held weight (the key section is too small).",
+            s.evictions,
+        ),
+        (
+            "sluice_key_refused_total",
+            "Keys checked uncounted: every entry of their bucket was busy.",
+            s.refused,
+        ),
+        (
+            "sluice_keyless_checks_total",
+            "Checks of a per-key quota without a key (not checked, not counted).",
+            s.keyless,
+        ),
+    ] {
+        counter(out, name, help, value as f64);
+    }
+    if names.is_empty() || top == 0 {
+        return;
+    }
+    let mut keys = table.keys(None, now);
+    keys.sort_by(|a, b| b.level.total_cmp(&a.level));
+    keys.truncate(top);
+    let _ = writeln!(
+        out,
+        "# HELP sluice_key_level Estimated level of the busiest keys (by hash).\n\
+         # TYPE sluice_key_level gauge"
+    );
+    for k in &keys {
+        if let Some(name) = names.get(&k.template) {
+            let _ = writeln!(
+                out,
+                "sluice_key_level{{quota=\"{}\",key=\"{:016x}\"}} {}",
+                escape(name),
+                k.hash,
+                k.level
+            );
+        }
+    }
+}
+
 /// One per-root series: name, type, help, and how to read it.
 type RootSeries = (
     &'static str,
@@ -154,37 +235,37 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
     );
     let series: [RootSeries; 7] = [
         (
-            "sluice_root_up",
+            "sluice_sync_root_up",
             "gauge",
             "1 when the last sync with the root succeeded.",
             |r, _| u64::from(r.up) as f64,
         ),
         (
-            "sluice_root_syncs_total",
+            "sluice_sync_root_syncs_total",
             "counter",
             "Successful syncs.",
             |r, _| r.syncs as f64,
         ),
         (
-            "sluice_root_errors_total",
+            "sluice_sync_root_errors_total",
             "counter",
             "Failed syncs.",
             |r, _| r.errors as f64,
         ),
         (
-            "sluice_root_round_trip_seconds",
+            "sluice_sync_root_round_trip_seconds",
             "gauge",
             "Last sync round trip.",
             |r, _| r.round_trip as f64 * 1e-9,
         ),
         (
-            "sluice_root_clock_offset_seconds",
+            "sluice_sync_root_clock_offset_seconds",
             "gauge",
             "Root clock minus local clock.",
             |r, _| r.clock_offset as f64 * 1e-9,
         ),
         (
-            "sluice_root_last_success_age_seconds",
+            "sluice_sync_root_last_success_age_seconds",
             "gauge",
             "Seconds since the last success.",
             |r, now| {
@@ -196,7 +277,7 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
             },
         ),
         (
-            "sluice_root_dropped_deltas_total",
+            "sluice_sync_root_dropped_deltas_total",
             "counter",
             "Owed deltas dropped.",
             |r, _| r.dropped_deltas as f64,
@@ -211,12 +292,12 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
     }
     for (name, help, pick) in [
         (
-            "sluice_root_sent_bytes_total",
+            "sluice_sync_root_sent_bytes_total",
             "Sync request bytes sent.",
             0,
         ),
         (
-            "sluice_root_received_bytes_total",
+            "sluice_sync_root_received_bytes_total",
             "Sync reply bytes received.",
             1,
         ),
@@ -232,6 +313,40 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
             let _ = writeln!(out, "{name}{{root=\"{}\"}} {v}", escape(url));
         }
     }
+}
+
+/// What the access handler counted beside the table: requests rejected
+/// for their weight, and rejections waiting cannot help.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Weight variables that were not a number.
+    pub invalid_weight: u64,
+    /// Weight variables that were empty, with `empty=reject`.
+    pub empty_weight: u64,
+    /// Rejections answered without `Retry-After`: the request can never
+    /// pass as the quota stands.
+    pub unpassable: u64,
+}
+
+/// Appends the [`RequestCounts`] series.
+pub fn render_request_counts(out: &mut String, counts: &RequestCounts) {
+    let name = "sluice_weight_errors_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests rejected (or let through by dry run) because their weight \
+         variable was not a number or was empty; never counted in a quota.\n\
+         # TYPE {name} counter\n\
+         {name}{{reason=\"invalid\"}} {}\n\
+         {name}{{reason=\"empty\"}} {}",
+        counts.invalid_weight, counts.empty_weight
+    );
+    counter(
+        out,
+        "sluice_unpassable_rejections_total",
+        "Rejections that waiting cannot help (weight above high_burst, limit 0, or more \
+         than a year to drain): answered without Retry-After.",
+        counts.unpassable as f64,
+    );
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
@@ -261,16 +376,7 @@ mod tests {
     use crate::core::Quota;
 
     fn quota(id: u64, name: &str) -> Quota {
-        Quota {
-            id,
-            name: name.into(),
-            parent: None,
-            limit: 5.0,
-            low_burst: 2.0,
-            high_burst: 2.0,
-            epoch: 1,
-            deleted: false,
-        }
+        Quota::new(id, name, 5.0, 2.0, 2.0)
     }
 
     #[test]
@@ -295,6 +401,50 @@ mod tests {
     }
 
     #[test]
+    fn keys_appear_as_counts_and_by_hash_never_raw() {
+        use crate::table::{CheckItem, CheckOptions};
+        let t = Table::new_heap_with_keys(8, 16, 64);
+        t.apply_quotas(&[Quota::new(1, "per_user", 1.0, 10.0, 10.0).keyed()]);
+        for (key, weight) in [(&b"token-aaa"[..], 5), (b"token-bbb", 1)] {
+            let item = CheckItem {
+                name: b"per_user",
+                key: Some(key),
+                weight,
+                max_wait: None,
+            };
+            t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        }
+        let text = render(&t, &[], 10, 0);
+        assert!(text.contains("sluice_keys 2\n"), "{text}");
+        assert!(text.contains("sluice_key_capacity 64\n"));
+        let hash = t.key_secret().hash(b"token-aaa");
+        assert!(text.contains(&format!(
+            "sluice_key_level{{quota=\"per_user\",key=\"{hash:016x}\"}} 5\n"
+        )));
+        assert!(!text.contains("token-"));
+    }
+
+    #[test]
+    fn weight_errors_and_unpassable_rejections_are_counters() {
+        let mut text = String::new();
+        let counts = RequestCounts {
+            invalid_weight: 3,
+            empty_weight: 1,
+            unpassable: 7,
+        };
+        render_request_counts(&mut text, &counts);
+        for line in [
+            "# TYPE sluice_weight_errors_total counter\n",
+            "sluice_weight_errors_total{reason=\"invalid\"} 3\n",
+            "sluice_weight_errors_total{reason=\"empty\"} 1\n",
+            "# TYPE sluice_unpassable_rejections_total counter\n",
+            "sluice_unpassable_rejections_total 7\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in\n{text}");
+        }
+    }
+
+    #[test]
     fn sync_state_is_labelled_by_root() {
         let t = Table::new_heap(8, 16);
         let m = SyncMetrics {
@@ -306,13 +456,13 @@ mod tests {
                 ..Default::default()
             }],
         };
-        t.publish_sync_status(&m);
+        crate::sync::status::publish(&t, &m);
         let text = render(&t, &["http://r1:7070".to_string()], 10, 0);
         assert!(
-            text.contains("sluice_root_up{root=\"http://r1:7070\"} 1\n"),
+            text.contains("sluice_sync_root_up{root=\"http://r1:7070\"} 1\n"),
             "{text}"
         );
-        assert!(text.contains("sluice_root_syncs_total{root=\"http://r1:7070\"} 3\n"));
+        assert!(text.contains("sluice_sync_root_syncs_total{root=\"http://r1:7070\"} 3\n"));
         assert!(text.contains("sluice_sync_all_roots_down 0\n"));
     }
 }

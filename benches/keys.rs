@@ -1,0 +1,166 @@
+//! Keyed checks (per-key quotas): the request path and the memory of the
+//! key section. Results go to BENCHMARKS.md (`make bench-keys`).
+//!
+//! - `keys/hot_key`: one key, always in cache;
+//! - `keys/first_seen`: a key never seen before, its insert included;
+//! - `keys/random_10m`: a random key among 10,000,000 live keys (cache and
+//!   TLB misses), beside `dram/chase`, one dependent DRAM miss measured in
+//!   the same run, which it is read against;
+//! - printed: bytes of the key section per live key, filled with as many
+//!   distinct keys as it has entries, and with twice that many.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use sluice::core::rng::Rng;
+use sluice::core::Quota;
+use sluice::table::{CheckItem, CheckOptions, Table};
+
+/// A table whose `per_key` template never rejects.
+fn keyed_table(keys: u64) -> Table {
+    let t = Table::new_heap_with_keys(16, 16, keys);
+    t.apply_quotas(&[Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
+    t
+}
+
+fn check(t: &Table, key: &[u8], now: u64) -> bool {
+    let item = CheckItem {
+        name: b"per_key",
+        key: Some(key),
+        weight: 1,
+        max_wait: None,
+    };
+    let r = t.check_many(&[item], now, CheckOptions::default(), || 0.5);
+    r.outcome == sluice::table::Outcome::Pass
+}
+
+/// Inserts `n` distinct 16-byte keys; returns the live keys.
+fn fill(t: &Table, n: u64, now: u64) -> u64 {
+    for i in 0..n {
+        check(t, &key(i), now);
+    }
+    t.key_stats().live
+}
+
+/// The `i`-th key: 16 bytes, like a short token.
+fn key(i: u64) -> [u8; 16] {
+    let mut k = [b'k'; 16];
+    k[8..].copy_from_slice(&i.to_le_bytes());
+    k
+}
+
+fn memory() {
+    for keys in [1u64 << 20, 1 << 22] {
+        let now = sluice::clock::now();
+        let t = keyed_table(keys);
+        let g = t.geometry();
+        let section = g.region_len() - g.key_ring_offset();
+        for (label, n) in [
+            ("as many keys as entries", keys),
+            ("twice as many", 2 * keys),
+        ] {
+            let t = keyed_table(keys);
+            let live = fill(&t, n, now);
+            eprintln!(
+                "keys memory: {keys} entries, {label}: {live} live keys in {} MiB = {:.1} bytes \
+                 per live key ({:.0} keys per MiB)",
+                section >> 20,
+                section as f64 / live as f64,
+                live as f64 / (section as f64 / (1 << 20) as f64),
+            );
+        }
+    }
+}
+
+/// One dependent DRAM miss: a pointer chase through a random cycle over
+/// 256 MiB (huge pages asked for, as the key section's heap table).
+fn dram_chase(c: &mut Criterion) {
+    const WORDS: usize = 64 << 20;
+    // SAFETY: a fresh private anonymous mapping of 256 MiB, used only as
+    // this slice, for the rest of the process.
+    let next: &mut [u32] = unsafe {
+        let len = WORDS * 4;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::madvise(p, len, libc::MADV_HUGEPAGE);
+        std::slice::from_raw_parts_mut(p.cast::<u32>(), WORDS)
+    };
+    for (i, w) in next.iter_mut().enumerate() {
+        *w = i as u32;
+    }
+    let mut rng = Rng::new(11);
+    // Sattolo's shuffle: one cycle through every word.
+    for i in (1..WORDS).rev() {
+        let j = (rng.next_u64() % i as u64) as usize;
+        next.swap(i, j);
+    }
+    let mut at = 0u32;
+    c.bench_function("dram/chase", |b| {
+        b.iter(|| {
+            at = next[at as usize];
+            black_box(at)
+        })
+    });
+}
+
+fn bench_keys(c: &mut Criterion) {
+    memory();
+    let now = sluice::clock::now();
+    let mut g = c.benchmark_group("keys");
+    let hot = keyed_table(1 << 16);
+    g.bench_function("hot_key", |b| {
+        b.iter(|| check(&hot, black_box(b"a-user-token-0001"), now))
+    });
+    // New keys until a section of 4M entries is a quarter full, then a
+    // fresh section (outside the timing).
+    let mut fresh = keyed_table(1 << 22);
+    let mut next = 0u64;
+    g.bench_function("first_seen", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                if next >= 1 << 20 {
+                    fresh = keyed_table(1 << 22);
+                    next = 0;
+                }
+                let k = key(next);
+                next += 1;
+                let start = Instant::now();
+                black_box(check(&fresh, black_box(&k), now));
+                spent += start.elapsed();
+            }
+            spent
+        })
+    });
+    const LIVE: u64 = 10_000_000;
+    let big = keyed_table(4 * LIVE);
+    let live = fill(&big, LIVE, now);
+    eprintln!("random_10m: {live} live keys of {LIVE} inserted");
+    let mut rng = Rng::new(7);
+    let picks: Vec<[u8; 16]> = (0..1 << 16).map(|_| key(rng.next_u64() % LIVE)).collect();
+    let mut i = 0usize;
+    g.bench_function("random_10m", |b| {
+        b.iter(|| {
+            i = (i + 1) & (picks.len() - 1);
+            check(&big, black_box(&picks[i]), now)
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = bench_keys, dram_chase
+}
+criterion_main!(benches);

@@ -1,0 +1,290 @@
+// Package sluice is the limiter of libsluice.so (sluice's C ABI,
+// include/sluice.h) for Go, through cgo. The semantics (quotas, levels,
+// the decision, sync) are the library's; this package converts arguments,
+// results and errors only.
+//
+//	lim, err := sluice.New(sluice.Config{"roots": []string{"http://127.0.0.1:7070"}})
+//	if err != nil { ... }
+//	defer lim.Close()
+//	if res, err := lim.Check("api_acme", 1); err == nil && !res.Allowed() {
+//		// over the quota: answer 429
+//	}
+//
+// Building: the cgo flags below find the header and the library in this
+// repository (`make lib` builds target/release/libsluice.so) and record its
+// directory as the run path. Elsewhere, set CGO_CFLAGS=-I<dir of sluice.h>
+// and CGO_LDFLAGS=-L<dir of libsluice.so> (and LD_LIBRARY_PATH to run).
+//
+// There is one limiter per process (the C ABI's), so one Limiter at a time.
+package sluice
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include
+#cgo LDFLAGS: -L${SRCDIR}/../../target/release -Wl,-rpath,${SRCDIR}/../../target/release -lsluice
+#include <stdlib.h>
+#include <string.h>
+#include "sluice.h"
+
+// The library keeps its last error per thread, and a goroutine may move to
+// another thread between two cgo calls: each wrapper reads the error in the
+// same C call as the failing function, and copies it (Go frees it).
+typedef struct {
+	int code;
+	char *err;
+} go_result;
+
+static go_result go_wrap(int code) {
+	go_result r = {code, NULL};
+	if (code == SLUICE_ERROR) r.err = strdup(sluice_last_error());
+	return r;
+}
+
+// Go strings are passed as they are (pointer and length): no copy per
+// check. A new C function is one wrapper here and one method in Go.
+// Calls fn with s as a C string (the functions taking NUL-terminated text).
+static go_result go_with_cstr(int (*fn)(const char *), _GoString_ s) {
+	char *c = strndup(_GoStringPtr(s), _GoStringLen(s));
+	if (c == NULL) {
+		go_result oom = {SLUICE_ERROR, strdup("out of memory")};
+		return oom;
+	}
+	go_result r = go_wrap(fn(c));
+	free(c);
+	return r;
+}
+static go_result go_init(_GoString_ config) { return go_with_cstr(sluice_init, config); }
+static go_result go_load_quotas_json(_GoString_ json) {
+	return go_with_cstr(sluice_load_quotas_json, json);
+}
+static go_result go_load_quotas_file(_GoString_ path) {
+	return go_with_cstr(sluice_load_quotas_file, path);
+}
+static go_result go_check(_GoString_ name, uint64_t weight) {
+	return go_wrap(sluice_check(_GoStringPtr(name), _GoStringLen(name), weight));
+}
+static go_result go_quota_count(void) { return go_wrap(sluice_quota_count()); }
+static go_result go_shutdown(void) { return go_wrap(sluice_shutdown()); }
+static go_result go_sync_metrics_json(char **out) {
+	*out = sluice_sync_metrics_json();
+	return go_wrap(*out == NULL ? SLUICE_ERROR : SLUICE_PASS);
+}
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Result is the answer to a check: Pass, Reject or Unknown.
+type Result int
+
+const (
+	// Pass: every quota in the chain had room; the weight was counted.
+	Pass Result = C.SLUICE_PASS
+	// Reject: over a quota (the named one or an ancestor); nothing was counted.
+	Reject Result = C.SLUICE_REJECT
+	// Unknown: no quota has this name; the request passes, uncounted.
+	Unknown Result = C.SLUICE_UNKNOWN
+)
+
+// Allowed is true unless the request was rejected (unknown names pass).
+func (r Result) Allowed() bool { return r != Reject }
+
+// String is "PASS", "REJECT" or "UNKNOWN", as nginx's $sluice_status.
+func (r Result) String() string {
+	switch r {
+	case Pass:
+		return "PASS"
+	case Reject:
+		return "REJECT"
+	case Unknown:
+		return "UNKNOWN"
+	}
+	return fmt.Sprintf("Result(%d)", int(r))
+}
+
+// Error is a failed sluice call; Message is the library's sluice_last_error().
+type Error struct {
+	// Call is the C function that failed.
+	Call string
+	// Message is the library's explanation.
+	Message string
+}
+
+func (e *Error) Error() string { return "sluice: " + e.Call + ": " + e.Message }
+
+// ErrClosed is returned by calls on a Limiter after Close.
+var ErrClosed = errors.New("sluice: the limiter is closed")
+
+// Config is the JSON object sluice_init takes: roots, sync_interval_ms,
+// sync_timeout_ms, sync_token, limiter_id, capacity, avg_name_bytes,
+// extrapolation, early_sync (include/sluice.h). The library validates it
+// and names a bad key in the error.
+type Config map[string]any
+
+// Limiter is the process-wide limiter of libsluice.
+type Limiter struct {
+	// closeOnce makes Close idempotent.
+	closeOnce sync.Once
+	// closed is set by Close; calls after it fail with ErrClosed (and do
+	// not reach a limiter started after this one was closed).
+	closed atomic.Bool
+}
+
+func check(call string, r C.go_result) (int, error) {
+	if r.err != nil {
+		defer C.free(unsafe.Pointer(r.err))
+		return int(r.code), &Error{Call: call, Message: C.GoString(r.err)}
+	}
+	return int(r.code), nil
+}
+
+func jsonText(v any) (string, error) {
+	switch t := v.(type) {
+	case string:
+		return t, nil
+	case []byte:
+		return string(t), nil
+	}
+	b, err := json.Marshal(v)
+	return string(b), err
+}
+
+// New starts the limiter with config (a Config, any value encoding to the
+// same JSON object, or JSON text; nil for the defaults). It fails while
+// another Limiter is open.
+func New(config any) (*Limiter, error) {
+	if config == nil {
+		config = Config{}
+	}
+	text, err := jsonText(config)
+	if err != nil {
+		return nil, fmt.Errorf("sluice: config: %w", err)
+	}
+	if strings.IndexByte(text, 0) >= 0 {
+		return nil, errors.New("sluice: config contains a NUL byte")
+	}
+	if _, err := check("sluice_init", C.go_init(text)); err != nil {
+		return nil, err
+	}
+	return &Limiter{}, nil
+}
+
+// LoadQuotas replaces the quota set with quotas: {"quotas": [...]} or a
+// bare array, as a value to encode or as JSON text. Quotas keep their
+// counters across loads; an invalid set changes nothing. With roots the
+// set only seeds the table: quotas the roots do not have stand in until a
+// root's whole quota set has arrived, and the roots' quotas stay.
+func (l *Limiter) LoadQuotas(quotas any) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	text, err := jsonText(quotas)
+	if err != nil {
+		return fmt.Errorf("sluice: quotas: %w", err)
+	}
+	if strings.IndexByte(text, 0) >= 0 {
+		return errors.New("sluice: quotas contain a NUL byte")
+	}
+	_, err = check("sluice_load_quotas_json", C.go_load_quotas_json(text))
+	return err
+}
+
+// LoadQuotasFile is LoadQuotas reading the JSON file at path.
+func (l *Limiter) LoadQuotasFile(path string) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	if strings.IndexByte(path, 0) >= 0 {
+		return errors.New("sluice: path contains a NUL byte")
+	}
+	_, err := check("sluice_load_quotas_file", C.go_load_quotas_file(path))
+	return err
+}
+
+// Check checks quota name (and its ancestors) for weight units, counting
+// them if it passes; weight 0 checks without counting. It never blocks.
+// On an error (closed limiter, internal error) the C ABI's advice is to
+// let the request pass.
+func (l *Limiter) Check(name string, weight uint64) (Result, error) {
+	if l.closed.Load() {
+		return Pass, ErrClosed
+	}
+	code, err := check("sluice_check", C.go_check(name, C.uint64_t(weight)))
+	return Result(code), err
+}
+
+// QuotaCount is the number of quotas in the table.
+func (l *Limiter) QuotaCount() (int, error) {
+	if l.closed.Load() {
+		return 0, ErrClosed
+	}
+	return check("sluice_quota_count", C.go_quota_count())
+}
+
+// SyncMetrics is the sync thread's state (sluice_sync_metrics_json).
+type SyncMetrics struct {
+	// Cycles is the number of completed sync cycles.
+	Cycles uint64 `json:"cycles"`
+	// AllRootsDown is true while no root answers: limits are per host.
+	AllRootsDown bool `json:"all_roots_down"`
+	// Roots has one entry per configured root, in order.
+	Roots []RootMetrics `json:"roots"`
+}
+
+// RootMetrics is one root's sync state.
+type RootMetrics struct {
+	// URL is the root's base URL.
+	URL string `json:"url"`
+	// Up is true when the last sync with this root succeeded.
+	Up bool `json:"up"`
+	// Syncs and Errors count successful and failed syncs.
+	Syncs  uint64 `json:"syncs"`
+	Errors uint64 `json:"errors"`
+	// LastError is the last failure, for humans.
+	LastError string `json:"last_error"`
+	// RoundTrip is the last sync's round trip.
+	RoundTrip time.Duration `json:"round_trip"`
+	// ClockOffset is the root's clock minus this host's.
+	ClockOffset time.Duration `json:"clock_offset"`
+	// BytesSent and BytesReceived count sync request and response bytes.
+	BytesSent     uint64 `json:"bytes_sent"`
+	BytesReceived uint64 `json:"bytes_received"`
+	// DroppedDeltas counts unsent counts dropped while the root was away.
+	DroppedDeltas uint64 `json:"dropped_deltas"`
+}
+
+// SyncMetrics reads the sync thread's state.
+func (l *Limiter) SyncMetrics() (*SyncMetrics, error) {
+	if l.closed.Load() {
+		return nil, ErrClosed
+	}
+	var out *C.char
+	if _, err := check("sluice_sync_metrics_json", C.go_sync_metrics_json(&out)); err != nil {
+		return nil, err
+	}
+	defer C.sluice_free_string(out)
+	var m SyncMetrics
+	if err := json.Unmarshal([]byte(C.GoString(out)), &m); err != nil {
+		return nil, fmt.Errorf("sluice: sync metrics: %w", err)
+	}
+	return &m, nil
+}
+
+// Close stops the limiter (its sync thread). It is idempotent; afterwards
+// a new Limiter may be started.
+func (l *Limiter) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		_, err = check("sluice_shutdown", C.go_shutdown())
+	})
+	return err
+}

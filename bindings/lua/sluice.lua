@@ -1,0 +1,168 @@
+-- sluice for LuaJIT and OpenResty: the limiter of libsluice.so (sluice's
+-- C ABI, include/sluice.h) through the FFI. The semantics are the
+-- library's; this module converts arguments and results only.
+--
+--   local sluice = require "sluice"
+--   assert(sluice.init({ roots = { "http://127.0.0.1:7070" } }))
+--   local res, err = sluice.check("api_acme", 1)  -- "PASS", "REJECT", "UNKNOWN"
+--   if res == "REJECT" then return ngx.exit(429) end
+--
+-- Errors come back the Lua way: nil and the library's message
+-- (sluice_last_error). The library is loaded from $SLUICE_LIBRARY (a full
+-- path; in nginx.conf add `env SLUICE_LIBRARY;`) or as "libsluice.so"
+-- through the dynamic loader. Configuration and quotas are JSON text, or
+-- Lua tables when lua-cjson is there (OpenResty bundles it).
+--
+-- One limiter per process: under OpenResty each worker is a process with
+-- its own limiter, so call init in init_worker_by_lua with a limiter_id per
+-- worker; the nginx module (one table shared by all workers) is the better
+-- fit inside nginx itself, this module for code that must decide in Lua.
+
+local ffi = require "ffi"
+
+-- The C declarations, as in include/sluice.h. A new C function is one line
+-- here and a small wrapper below.
+ffi.cdef [[
+int sluice_init(const char *config_json);
+int sluice_load_quotas_json(const char *json);
+int sluice_load_quotas_file(const char *path);
+int sluice_check(const char *name, size_t len, uint64_t weight);
+int sluice_quota_count(void);
+char *sluice_sync_metrics_json(void);
+void sluice_free_string(char *s);
+int sluice_shutdown(void);
+const char *sluice_last_error(void);
+]]
+
+local SLUICE_ERROR = -1
+-- Larger numbers do not convert to uint64_t exactly (or at all); the
+-- library counts anything above 2^40 as 2^40 anyway.
+local MAX_WEIGHT = 2 ^ 53
+
+local library = os.getenv("SLUICE_LIBRARY") or "sluice"
+local ok, C = pcall(ffi.load, library)
+if not ok then
+    error("sluice: cannot load " .. library .. " (" .. tostring(C)
+        .. "); build it with `make lib` and set SLUICE_LIBRARY to its path", 2)
+end
+
+local has_cjson, cjson = pcall(require, "cjson.safe")
+
+local _M = {
+    _VERSION = "0.1.0",
+    -- The library that was loaded (a path or "sluice").
+    library = library,
+}
+
+-- Result codes to names, so a check returns a string without allocating.
+local RESULTS = { [0] = "PASS", [1] = "REJECT", [2] = "UNKNOWN" }
+
+local function last_error()
+    return ffi.string(C.sluice_last_error())
+end
+
+-- JSON text from a string (taken as it is), a table (lua-cjson) or nil.
+local function json_text(value, what)
+    if value == nil or type(value) == "string" then
+        return value
+    end
+    if type(value) ~= "table" then
+        return nil, what .. " must be JSON text or a table, got " .. type(value)
+    end
+    if not has_cjson then
+        return nil, what .. " as a table needs lua-cjson; pass JSON text instead"
+    end
+    return cjson.encode(value)
+end
+
+-- Turns a status-returning C call into true or nil, err.
+local function status(code)
+    if code == SLUICE_ERROR then
+        return nil, last_error()
+    end
+    return true
+end
+
+-- Starts the process-wide limiter. `config` (JSON text or a table; nil for
+-- defaults) has the keys sluice_init takes: roots, sync_interval_ms,
+-- sync_timeout_ms, sync_token, limiter_id, capacity, ... (include/sluice.h).
+function _M.init(config)
+    local text, err = json_text(config, "config")
+    if err then
+        return nil, err
+    end
+    return status(C.sluice_init(text))
+end
+
+-- Replaces the quota set: {"quotas": [...]} or a bare array, as JSON text
+-- or a table. An invalid set changes nothing. With roots the set only seeds
+-- the table until a root's quotas arrive; the roots' quotas stay.
+function _M.load_quotas(quotas)
+    local text, err = json_text(quotas, "quotas")
+    if err then
+        return nil, err
+    end
+    if text == nil then
+        return nil, "quotas must be given"
+    end
+    return status(C.sluice_load_quotas_json(text))
+end
+
+-- Like load_quotas, from a JSON file.
+function _M.load_quotas_file(path)
+    if type(path) ~= "string" then
+        return nil, "path must be a string"
+    end
+    return status(C.sluice_load_quotas_file(path))
+end
+
+-- Checks quota `name` (and its ancestors) for `weight` units (default 1;
+-- 0 checks without counting). Returns "PASS", "REJECT" or "UNKNOWN" (no
+-- such quota: pass), or nil and the error (not initialised: let the
+-- request pass). Never blocks.
+function _M.check(name, weight)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    weight = weight or 1
+    if type(weight) ~= "number" or weight < 0 or weight ~= weight then
+        return nil, "weight must be a number >= 0"
+    end
+    if weight > MAX_WEIGHT then
+        weight = MAX_WEIGHT
+    end
+    local code = C.sluice_check(name, #name, weight)
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    return result
+end
+
+-- The number of quotas loaded.
+function _M.quota_count()
+    local n = C.sluice_quota_count()
+    if n == SLUICE_ERROR then
+        return nil, last_error()
+    end
+    return n
+end
+
+-- The sync thread's state as JSON text (cycles, all_roots_down, roots:
+-- per root url, up, syncs, errors, last_error, ...).
+function _M.sync_metrics_json()
+    local p = C.sluice_sync_metrics_json()
+    if p == nil then
+        return nil, last_error()
+    end
+    local text = ffi.string(p)
+    C.sluice_free_string(p)
+    return text
+end
+
+-- Stops the limiter; later checks fail until init is called again.
+function _M.shutdown()
+    return status(C.sluice_shutdown())
+end
+
+return _M

@@ -1,0 +1,117 @@
+-- Tests of sluice.lua in plain LuaJIT (no nginx): run by `make
+-- test-bindings` as `luajit bindings/lua/test.lua` with SLUICE_LIBRARY
+-- set. TAP lines, then "N passed, N failed"; exits 1 on any failure.
+--
+-- Limits are 0.001/s, so next to nothing leaks while it runs.
+
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+
+local sluice = require "sluice"
+
+local passed, failed, n = 0, 0, 0
+
+local function ok(cond, what)
+    n = n + 1
+    if cond then
+        passed = passed + 1
+        print("ok " .. n .. " - " .. what)
+    else
+        failed = failed + 1
+        print("not ok " .. n .. " - " .. what)
+    end
+end
+
+local function is(got, want, what)
+    ok(got == want, what .. " (got " .. tostring(got) .. ", want " .. tostring(want) .. ")")
+end
+
+local function checks(name, count, weight)
+    local out = {}
+    for i = 1, count do
+        out[i] = sluice.check(name, weight)
+    end
+    return table.concat(out, " ")
+end
+
+local QUOTAS = [[{"quotas": [
+  {"name": "three", "limit": 0.001, "low_burst": 3, "high_burst": 3},
+  {"name": "frozen_ten", "limit": 0, "low_burst": 10, "high_burst": 10},
+  {"name": "parent2", "limit": 0.001, "low_burst": 2, "high_burst": 2},
+  {"name": "child", "parent": "parent2", "limit": 0.001, "low_burst": 100, "high_burst": 100},
+  {"name": "roomy", "limit": 0.001, "low_burst": 100, "high_burst": 100}
+]}]]
+
+-- Before init
+local res, err = sluice.check("three")
+ok(res == nil and err:find("not initialised", 1, true), "a check before init fails: " .. tostring(err))
+
+-- Bad configuration, named by key, and nothing started
+for _, case in ipairs({
+    { '{"sync_interval_ms": 50}', "sync_interval_ms" },
+    { '{"limiter_id": "web 1"}', "limiter_id" },
+    { '{"rootz": []}', "rootz" },
+    { "not json", "invalid config JSON" },
+}) do
+    local good, why = sluice.init(case[1])
+    ok(good == nil and why:find(case[2], 1, true), "config " .. case[1] .. " is refused: " .. tostring(why))
+end
+res, err = sluice.init(42)
+ok(res == nil and err:find("config must be JSON text or a table", 1, true), "a config of the wrong type is refused")
+
+-- Standalone limiting
+ok(sluice.init('{"capacity": 1000}'), "init with JSON text")
+res, err = sluice.init()
+ok(res == nil and err:find("already initialised", 1, true), "a second init fails: " .. tostring(err))
+ok(sluice.load_quotas(QUOTAS), "load quotas")
+is(sluice.quota_count(), 5, "five quotas")
+is(checks("three", 5), "PASS PASS PASS REJECT REJECT", "a quota passes its burst, then rejects")
+is(checks("frozen_ten", 3, 0), "PASS PASS PASS", "weight 0 checks without counting")
+is(sluice.check("frozen_ten", 7), "PASS", "a weight counts that many units")
+is(sluice.check("frozen_ten", 4), "REJECT", "and the rest of the burst is 3")
+is(sluice.check("frozen_ten", 0), "PASS", "weight 0 sees room left")
+is(sluice.check("frozen_ten", 3), "PASS", "the last 3 units pass")
+is(sluice.check("frozen_ten", 0), "REJECT", "weight 0 sees a full quota")
+is(checks("child", 3), "PASS PASS REJECT", "a child stops at its parent's limit")
+is(sluice.check("no_such_quota", 1e6), "UNKNOWN", "an unknown name passes")
+is(sluice.check("roomy", 1e300), "REJECT", "a huge weight is the most there is, not wrapped around")
+is(sluice.check("roomy", 100), "PASS", "and was not counted")
+
+res, err = sluice.check(nil)
+ok(res == nil and err == "name must be a string", "a nil name is refused")
+res, err = sluice.check("three", -1)
+ok(res == nil and err:find("weight", 1, true), "a negative weight is refused")
+
+res, err = sluice.load_quotas('{"quotas": [{"name": "a b", "limit": 1}]}')
+ok(res == nil and err:find("name", 1, true), "an invalid quota set is refused: " .. tostring(err))
+is(sluice.quota_count(), 5, "and changes nothing")
+res, err = sluice.load_quotas_file("/nonexistent/quotas.json")
+ok(res == nil and err:find("/nonexistent/quotas.json", 1, true), "a missing file is reported: " .. tostring(err))
+
+local path = os.tmpname()
+local f = assert(io.open(path, "w"))
+f:write('[{"name": "from_file", "limit": 0.001, "low_burst": 1}]')
+f:close()
+ok(sluice.load_quotas_file(path), "load quotas from a file")
+os.remove(path)
+is(sluice.quota_count(), 1, "which replaced the set")
+is(checks("from_file", 2), "PASS REJECT", "and limits")
+
+local metrics = sluice.sync_metrics_json()
+ok(metrics and metrics:find('"roots":[]', 1, true), "sync metrics of a standalone limiter: " .. tostring(metrics))
+
+-- Tables, through lua-cjson
+ok(sluice.shutdown(), "shutdown")
+res, err = sluice.check("from_file")
+ok(res == nil and err:find("not initialised", 1, true), "a check after shutdown fails")
+ok(sluice.shutdown(), "a second shutdown is harmless")
+ok(pcall(require, "cjson.safe"), "lua-cjson is installed (make test-bindings installs it)")
+ok(sluice.init({ capacity = 1000, sync_interval_ms = 1000 }), "init with a table")
+ok(sluice.load_quotas({ quotas = { { name = "t", limit = 0.001, low_burst = 1, high_burst = 1 } } }),
+    "load quotas from a table")
+is(checks("t", 2), "PASS REJECT", "which limit")
+res, err = sluice.load_quotas({ quotas = { { name = "t", limit = -1 } } })
+ok(res == nil and err:find("limit", 1, true), "a bad table is refused by the library: " .. tostring(err))
+sluice.shutdown()
+
+print(string.format("lua: %d passed, %d failed", passed, failed))
+os.exit(failed == 0 and 0 or 1)

@@ -1,0 +1,333 @@
+//! `sluice top`: the root's overview (`GET /v1/overview`, the same data as
+//! the web console) in a terminal, refreshing: the busiest quotas with
+//! their levels, fill rates and rejections, fleet rates, the limiters
+//! that synced last with their clock offsets, the database.
+//!
+//! On a terminal each refresh redraws the screen (the alternate screen,
+//! left on Ctrl-C); piped, frames follow each other. `--once` prints one
+//! frame and exits (status 1 with one line if the root cannot be read);
+//! `--json` prints the root's JSON instead, one object per refresh.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::Value;
+use tokio::signal::unix::{signal, SignalKind};
+
+use sluice::root::config::parse_duration;
+
+use super::client::{CliError, Client};
+use super::output::{number, text, Table};
+use super::{fail, runtime, Connection};
+
+/// Shortest refresh interval (the root samples once a second anyway).
+const MIN_INTERVAL: Duration = Duration::from_millis(250);
+/// Longest refresh interval.
+const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Enter the alternate screen and hide the cursor.
+const SCREEN_ENTER: &str = "\x1b[?1049h\x1b[?25l";
+/// Show the cursor and leave the alternate screen.
+const SCREEN_LEAVE: &str = "\x1b[?25h\x1b[?1049l";
+/// Cursor home, clear the screen.
+const SCREEN_CLEAR: &str = "\x1b[H\x1b[2J";
+
+/// `sluice top`.
+#[derive(Debug, clap::Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Time between refreshes (0.25s to 1h).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Busiest quotas shown (1 to 100).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=100))]
+    top: u16,
+    /// Print one frame and exit.
+    #[arg(long)]
+    once: bool,
+    /// Print the root's JSON (one object per line when refreshing).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `sluice top` until Ctrl-C (or once).
+pub fn run(args: TopArgs) -> ExitCode {
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&args.interval) {
+        return fail(&CliError::new("--interval must be between 250ms and 1h"));
+    }
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&e),
+    };
+    let client = match args.connection.client() {
+        Ok(client) => client,
+        Err(e) => return fail(&e),
+    };
+    runtime.block_on(async {
+        if args.once {
+            return match frame(&client, &args).await {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            };
+        }
+        refresh(&client, &args).await
+    })
+}
+
+/// One frame: the overview as text, or as JSON with `--json`.
+async fn frame(client: &Client, args: &TopArgs) -> Result<String, CliError> {
+    let top = args.top.to_string();
+    let url = client.url("v1/overview", &[], &[("top", Some(top.as_str()))]);
+    let reply = client.send(Method::GET, url, None).await?;
+    Ok(if args.json {
+        let mut text = if args.once {
+            serde_json::to_string_pretty(&reply.body)
+        } else {
+            serde_json::to_string(&reply.body)
+        }
+        .map_err(CliError::new)?;
+        text.push('\n');
+        text
+    } else {
+        render(client.base(), &reply.body)
+    })
+}
+
+/// Redraws every interval until Ctrl-C; a root that cannot be read is
+/// shown as such and tried again.
+async fn refresh(client: &Client, args: &TopArgs) -> ExitCode {
+    let screen = !args.json && std::io::stdout().is_terminal();
+    let mut out = std::io::stdout();
+    if screen {
+        let _ = write!(out, "{SCREEN_ENTER}");
+    }
+    // Watched before the first frame, so a Ctrl-C at any moment counts.
+    let mut stop = match signal(SignalKind::interrupt()) {
+        Ok(stream) => Some(stream),
+        Err(e) => {
+            eprintln!("sluice top: cannot watch Ctrl-C ({e}); stop it with SIGTERM");
+            None
+        }
+    };
+    loop {
+        let text = match frame(client, args).await {
+            Ok(text) => text,
+            Err(e) if args.json => {
+                eprintln!("sluice: {e}");
+                String::new()
+            }
+            Err(e) => format!(
+                "sluice top: {}\n\nsluice: {e}\n(trying again every {:?})\n",
+                client.base(),
+                args.interval
+            ),
+        };
+        if screen {
+            let _ = write!(out, "{SCREEN_CLEAR}{text}");
+        } else if args.json {
+            let _ = write!(out, "{text}");
+        } else {
+            // A blank line between frames.
+            let _ = writeln!(out, "{text}");
+        }
+        let _ = out.flush();
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            _ = async {
+                match stop.as_mut() {
+                    Some(stream) => stream.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => break,
+        }
+    }
+    if screen {
+        let _ = write!(out, "{SCREEN_LEAVE}");
+        let _ = out.flush();
+    }
+    ExitCode::SUCCESS
+}
+
+/// The overview as text.
+pub fn render(root: &str, ov: &Value) -> String {
+    let r = &ov["root"];
+    let db = &ov["db"];
+    let t = &ov["totals"];
+    let mut out = format!(
+        "sluice root {root}  {}  v{}  instance {}\n",
+        text(&r["status"]),
+        text(&r["version"]),
+        text(&r["instance"])
+    );
+    let db_state = if db["up"].as_bool() == Some(true) {
+        "up".to_string()
+    } else {
+        format!("DOWN for {} s", number(&db["down_seconds"]))
+    };
+    out.push_str(&format!(
+        "db {} {db_state}, epoch {}, reloaded {} s ago, {} failures{}\n",
+        text(&db["backend"]),
+        number(&db["epoch"]),
+        number(&db["reload_age_seconds"]),
+        number(&db["failures"]),
+        db["error"]
+            .as_str()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    ));
+    out.push_str(&format!(
+        "quotas {} ({} with a counter)  limiters {} active, {} seen  syncs {}/s  admitted {}/s  rejecting {} quotas ({} full)\n",
+        number(&t["quotas"]),
+        number(&t["counters"]),
+        number(&t["limiters_active"]),
+        number(&t["limiters_seen"]),
+        number(&t["syncs_per_second"]),
+        number(&t["admitted_per_second"]),
+        number(&t["quotas_rejecting"]),
+        number(&t["quotas_full"]),
+    ));
+    if ov["access"] != "admin" {
+        out.push_str(
+            "\nquota and limiter names need the admin token (--token, SLUICE_ADMIN_TOKEN or --token-file)\n",
+        );
+        return out;
+    }
+    let quotas = ov["quotas"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    out.push('\n');
+    if quotas.is_empty() {
+        out.push_str("no quota has received weight recently\n");
+    } else {
+        let mut table = Table::new(&[
+            "QUOTA", "PARENT", "LEVEL", "HIGH", "FULL%", "FILL/S", "LIMIT/S", "REJECT%",
+        ]);
+        for q in quotas {
+            table.row(vec![
+                text(&q["name"]),
+                text(&q["parent"]),
+                number(&q["level"]),
+                number(&q["high_burst"]),
+                percent(&q["fullness"]),
+                number(&q["fill_rate"]),
+                number(&q["limit"]),
+                percent(&q["rejecting"]),
+            ]);
+        }
+        out.push_str(&table.render());
+        if ov["sampled"]["counters_complete"] == false {
+            out.push_str(&format!(
+                "(ranked the {} most recently updated counters)\n",
+                number(&ov["sampled"]["counters_scanned"])
+            ));
+        }
+    }
+    let limiters = ov["limiters"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    out.push('\n');
+    if limiters.is_empty() {
+        out.push_str("no limiter synced in the last 5 minutes\n");
+    } else {
+        let mut table = Table::new(&["LIMITER", "LAST SYNC S", "SYNCS", "OFFSET MS", "RTT MS"]);
+        for l in limiters {
+            table.row(vec![
+                text(&l["id"]),
+                number(&l["last_sync_seconds_ago"]),
+                number(&l["syncs"]),
+                millis(&l["clock_offset_seconds"]),
+                millis(&l["round_trip_seconds"]),
+            ]);
+        }
+        out.push_str(&table.render());
+    }
+    out
+}
+
+fn percent(fraction: &Value) -> String {
+    number(
+        &fraction
+            .as_f64()
+            .map_or(Value::Null, |f| (f * 100.0).into()),
+    )
+}
+
+fn millis(seconds: &Value) -> String {
+    number(&seconds.as_f64().map_or(Value::Null, |s| (s * 1e3).into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn overview(access: &str) -> Value {
+        json!({
+            "access": access, "token_required": true,
+            "root": {"version": "0.1.0", "instance": "00000000000000ab", "status": "ok", "ready": true},
+            "db": {"backend": "sqlite", "up": true, "down_seconds": null, "reload_age_seconds": 0.5,
+                   "failures": 0, "epoch": 7},
+            "totals": {"quotas": 6, "counters": 4, "limiters_seen": 2, "limiters_active": 1,
+                       "syncs_per_second": 5.0, "admitted_per_second": 88.126,
+                       "quotas_rejecting": 1, "quotas_full": 0},
+            "sampled": {"age_seconds": 0.1, "rate_window_seconds": 1.0,
+                        "counters_scanned": 4, "counters_complete": true},
+            "quotas": [{"name": "s3_photos_read", "parent": "s3_photos", "limit": 15.0,
+                        "low_burst": 15.0, "high_burst": 30.0, "level": 22.09, "fill_rate": 13.85,
+                        "fullness": 0.7363, "rejecting": 0.5363}],
+            "limiters": [{"id": "edge-1", "last_sync_seconds_ago": 0.06, "syncs": 40,
+                          "clock_offset_seconds": 0.000078, "round_trip_seconds": 0.000406}],
+        })
+    }
+
+    #[test]
+    fn a_frame_shows_totals_the_busiest_quotas_and_the_limiters() {
+        let text = render("http://r:7070/", &overview("admin"));
+        let expected = "\
+sluice root http://r:7070/  ok  v0.1.0  instance 00000000000000ab
+db sqlite up, epoch 7, reloaded 0.5 s ago, 0 failures
+quotas 6 (4 with a counter)  limiters 1 active, 2 seen  syncs 5/s  admitted 88.13/s  rejecting 1 quotas (0 full)
+
+QUOTA           PARENT     LEVEL  HIGH  FULL%  FILL/S  LIMIT/S  REJECT%
+s3_photos_read  s3_photos  22.09    30  73.63   13.85       15    53.63
+
+LIMITER  LAST SYNC S  SYNCS  OFFSET MS  RTT MS
+edge-1          0.06     40       0.08    0.41
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn without_the_token_a_frame_says_what_is_missing() {
+        let mut ov = overview("public");
+        ov.as_object_mut().unwrap().remove("quotas");
+        ov.as_object_mut().unwrap().remove("limiters");
+        let text = render("http://r:7070/", &ov);
+        assert!(text.contains("quotas 6 "), "{text}");
+        assert!(
+            text.ends_with("need the admin token (--token, SLUICE_ADMIN_TOKEN or --token-file)\n")
+        );
+        assert!(!text.contains("QUOTA"));
+    }
+
+    #[test]
+    fn a_database_down_is_shown_with_its_error() {
+        let mut ov = overview("admin");
+        ov["db"] = json!({"backend": "postgres", "up": false, "down_seconds": 12.5,
+                          "reload_age_seconds": 14.0, "failures": 3, "epoch": 7,
+                          "error": "connection refused"});
+        let text = render("http://r:7070/", &ov);
+        assert!(
+            text.contains("db postgres DOWN for 12.5 s, epoch 7, reloaded 14 s ago, 3 failures: connection refused\n"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,327 @@
+//! Directive arguments as nginx users write them (sizes, times, numbers,
+//! flags, weights, early sync), weights read from variables at request
+//! time, and what `$sluice_status` says. Pure: `cargo test` covers it
+//! without nginx.
+
+use crate::core::quota::MAX_WEIGHT;
+use crate::sync::config::{EarlySync, MAX_EARLY_PER_SECOND};
+
+/// Parses an nginx size: `64k`, `32m`, `1g` or bytes.
+pub fn parse_size(arg: &[u8]) -> Option<usize> {
+    let (digits, unit) = match arg.last()? {
+        b'k' | b'K' => (&arg[..arg.len() - 1], 1usize << 10),
+        b'm' | b'M' => (&arg[..arg.len() - 1], 1 << 20),
+        b'g' | b'G' => (&arg[..arg.len() - 1], 1 << 30),
+        _ => (arg, 1),
+    };
+    parse_u64(digits)
+        .and_then(|n| usize::try_from(n).ok())
+        .and_then(|n| n.checked_mul(unit))
+}
+
+/// Checks a `sluice_zone` size, so that `nginx -t` refuses what nginx
+/// would only fail to map later (without a file and line): at least
+/// `min`, at most `largest` (what the largest quota table fills; more is
+/// never used) and at most the machine's `memory`, when known.
+pub fn check_zone_size(
+    size: usize,
+    min: usize,
+    largest: usize,
+    memory: Option<usize>,
+) -> Result<(), String> {
+    let mib = |bytes: usize| bytes.div_ceil(1 << 20);
+    if size < min {
+        return Err(format!(
+            "is too small: sluice needs at least {}k",
+            min >> 10
+        ));
+    }
+    if size > largest {
+        return Err(format!(
+            "is larger than sluice can use: the largest quota table fits in {}m",
+            mib(largest)
+        ));
+    }
+    if let Some(memory) = memory.filter(|&m| size > m) {
+        return Err(format!(
+            "is larger than this machine's memory ({}m)",
+            mib(memory)
+        ));
+    }
+    Ok(())
+}
+
+/// Parses an nginx time into milliseconds: one number and one unit (`ms`,
+/// `s`, `m`, `h`); a bare number is seconds.
+pub fn parse_time_ms(arg: &[u8]) -> Option<u64> {
+    let split = arg
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(arg.len());
+    let (digits, unit) = arg.split_at(split);
+    let per = match unit {
+        b"ms" => 1,
+        b"" | b"s" => 1000,
+        b"m" => 60_000,
+        b"h" => 3_600_000,
+        _ => return None,
+    };
+    parse_u64(digits)?.checked_mul(per)
+}
+
+/// Parses a plain decimal number (no sign, no spaces).
+pub fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+/// Parses `sluice_sync_early <fraction> [rate=<n>]`: the share of a
+/// quota's burst band (0 < f <= 1) whose unsent weight starts a sync
+/// early, and the most early syncs per second (default 4, at most 100).
+pub fn parse_early_sync(args: &[&[u8]]) -> Result<EarlySync, String> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let first = args.first().copied().unwrap_or_default();
+    let mut early = EarlySync {
+        fraction: std::str::from_utf8(first)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(f64::NAN),
+        max_per_second: 4.0,
+    };
+    let mut rate_arg: &[u8] = b"4";
+    for arg in &args[1..] {
+        rate_arg = arg
+            .strip_prefix(b"rate=")
+            .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
+        // Whole numbers only, as nginx users write rates.
+        early.max_per_second = parse_u64(rate_arg).map_or(f64::NAN, |r| r as f64);
+    }
+    early.validate().map_err(|e| match e.field {
+        "early_sync.fraction" => format!(
+            "invalid fraction \"{}\": must be a number above 0 and at most 1",
+            text(first)
+        ),
+        _ => format!(
+            "invalid rate \"{}\": must be 1 to {MAX_EARLY_PER_SECOND} per second",
+            text(rate_arg)
+        ),
+    })?;
+    Ok(early)
+}
+
+/// Parses `on` / `off`.
+pub fn parse_flag(arg: &[u8]) -> Option<bool> {
+    match arg {
+        b"on" => Some(true),
+        b"off" => Some(false),
+        _ => None,
+    }
+}
+
+/// A fixed weight as written in `weight=<n>`: at most 2^40.
+pub fn parse_weight(arg: &[u8]) -> Result<u64, String> {
+    match parse_u64(arg) {
+        Some(w) if w <= MAX_WEIGHT => Ok(w),
+        Some(_) => Err(format!("must be at most {MAX_WEIGHT}")),
+        None => Err("must be a non-negative integer or a variable".into()),
+    }
+}
+
+/// What an empty weight variable means: the `empty=` parameter of
+/// `sluice <name> weight=$var empty=reject|<n>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmptyWeight {
+    /// Reject the request, as for a value that is not a number (the
+    /// default: a client that leaves out its cost header is not let
+    /// through uncounted).
+    Reject,
+    /// Count this many units (`empty=0`: check without counting, for
+    /// example `weight=$content_length` on requests without a body).
+    Units(u64),
+}
+
+/// Parses the value of `empty=`: `reject` or a weight.
+pub fn parse_empty_weight(arg: &[u8]) -> Result<EmptyWeight, String> {
+    if arg == b"reject" {
+        return Ok(EmptyWeight::Reject);
+    }
+    match parse_u64(arg) {
+        Some(w) if w <= MAX_WEIGHT => Ok(EmptyWeight::Units(w)),
+        _ => Err(format!(
+            "must be \"reject\" or a non-negative integer of at most {MAX_WEIGHT}"
+        )),
+    }
+}
+
+/// Why a request has no weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightError {
+    /// The variable is empty and `empty=reject` (the default).
+    Empty,
+    /// The value is not a non-negative integer (`abc`, `-1`, `1e3`,
+    /// `1.5`, ` 5`).
+    Invalid,
+}
+
+/// The weight a request carries from its variable's value: a decimal
+/// integer (capped at 2^40), an empty value as `empty` says, anything
+/// else an error (the caller rejects the request: nothing passes
+/// uncounted because a client sent garbage).
+pub fn runtime_weight(value: &[u8], empty: EmptyWeight) -> Result<u64, WeightError> {
+    if value.is_empty() {
+        return match empty {
+            EmptyWeight::Units(w) => Ok(w),
+            EmptyWeight::Reject => Err(WeightError::Empty),
+        };
+    }
+    if !value.iter().all(u8::is_ascii_digit) {
+        return Err(WeightError::Invalid);
+    }
+    // All digits: only overflow fails, and that is over the cap anyway.
+    Ok(parse_u64(value).unwrap_or(u64::MAX).min(MAX_WEIGHT))
+}
+
+/// What `$sluice_status` says about a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RequestStatus {
+    /// Not checked (no `sluice` directive applied).
+    Unchecked = 0,
+    /// Every quota had room; the weight was counted.
+    Passed = 1,
+    /// Over a quota: answered with `sluice_status`.
+    Rejected = 2,
+    /// Over a quota, let through by `sluice_dry_run on`.
+    RejectedDryRun = 3,
+    /// No quota had any of the names: passed uncounted.
+    Unknown = 4,
+    /// The quotas are per-key and the key was empty: not checked, not
+    /// counted (as `limit_req` does with an empty key).
+    NoKey = 5,
+}
+
+impl RequestStatus {
+    /// The variable's value; empty when unchecked.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestStatus::Unchecked => "",
+            RequestStatus::Passed => "PASSED",
+            RequestStatus::Rejected => "REJECTED",
+            RequestStatus::RejectedDryRun => "REJECTED_DRY_RUN",
+            RequestStatus::Unknown => "UNKNOWN",
+            RequestStatus::NoKey => "NO_KEY",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_times_parse_as_nginx_writes_them() {
+        assert_eq!(parse_size(b"64k"), Some(64 << 10));
+        assert_eq!(parse_size(b"32M"), Some(32 << 20));
+        assert_eq!(parse_size(b"1000"), Some(1000));
+        assert_eq!(parse_size(b"m"), None);
+        assert_eq!(parse_size(b"-1m"), None);
+        assert_eq!(parse_time_ms(b"200ms"), Some(200));
+        assert_eq!(parse_time_ms(b"2s"), Some(2000));
+        assert_eq!(parse_time_ms(b"3"), Some(3000));
+        assert_eq!(parse_time_ms(b"1m"), Some(60_000));
+        assert_eq!(parse_time_ms(b"1x"), None);
+        assert_eq!(parse_time_ms(b"s"), None);
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+    }
+
+    #[test]
+    fn zone_sizes_must_fit_the_table_and_the_machine() {
+        let (min, largest) = (256 << 10, 3 << 30);
+        assert!(check_zone_size(32 << 20, min, largest, Some(8 << 30)).is_ok());
+        assert!(check_zone_size(32 << 20, min, largest, None).is_ok());
+        assert!(check_zone_size(100 << 10, min, largest, None)
+            .unwrap_err()
+            .contains("too small"));
+        let huge = parse_size(b"100g").unwrap();
+        assert!(check_zone_size(huge, min, largest, None)
+            .unwrap_err()
+            .contains("largest quota table fits in 3072m"));
+        assert!(check_zone_size(2 << 30, min, largest, Some(1 << 30))
+            .unwrap_err()
+            .contains("machine's memory (1024m)"));
+    }
+
+    #[test]
+    fn weights_from_variables_cap_and_refuse_garbage() {
+        let reject = EmptyWeight::Reject;
+        assert_eq!(runtime_weight(b"1234", reject), Ok(1234));
+        assert_eq!(runtime_weight(b"0", reject), Ok(0));
+        assert_eq!(runtime_weight(b"007", reject), Ok(7));
+        assert_eq!(
+            runtime_weight(b"99999999999999999999999", reject),
+            Ok(MAX_WEIGHT)
+        );
+        // The escapes, and their cousins: never a free pass.
+        for garbage in [
+            &b"abc"[..],
+            b"-1",
+            b"1e3",
+            b"1.5",
+            b"+5",
+            b" 5",
+            b"5 ",
+            b"0x10",
+            b"\xff",
+        ] {
+            assert_eq!(
+                runtime_weight(garbage, EmptyWeight::Units(0)),
+                Err(WeightError::Invalid),
+                "{garbage:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_weight_is_rejected_unless_configured() {
+        assert_eq!(
+            runtime_weight(b"", EmptyWeight::Reject),
+            Err(WeightError::Empty)
+        );
+        assert_eq!(runtime_weight(b"", EmptyWeight::Units(0)), Ok(0));
+        assert_eq!(runtime_weight(b"", EmptyWeight::Units(3)), Ok(3));
+        assert_eq!(parse_empty_weight(b"reject"), Ok(EmptyWeight::Reject));
+        assert_eq!(parse_empty_weight(b"0"), Ok(EmptyWeight::Units(0)));
+        assert_eq!(parse_empty_weight(b"12"), Ok(EmptyWeight::Units(12)));
+        for bad in [&b"zero"[..], b"-1", b"", b"1099511627777"] {
+            assert!(parse_empty_weight(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fixed_weights_parse_as_written() {
+        assert_eq!(parse_weight(b"10"), Ok(10));
+        assert!(parse_weight(b"$x").is_err());
+        assert!(parse_weight(b"1099511627777").is_err());
+    }
+
+    #[test]
+    fn early_sync_takes_a_fraction_and_a_rate() {
+        let e = parse_early_sync(&[b"0.02"]).unwrap();
+        assert_eq!((e.fraction, e.max_per_second), (0.02, 4.0));
+        let e = parse_early_sync(&[b"0.5", b"rate=10"]).unwrap();
+        assert_eq!((e.fraction, e.max_per_second), (0.5, 10.0));
+        assert!(parse_early_sync(&[b"0"]).is_err());
+        assert!(parse_early_sync(&[b"1.5"]).is_err());
+        assert!(parse_early_sync(&[b"x"]).is_err());
+        assert!(parse_early_sync(&[b"0.1", b"rate=0"]).is_err());
+        assert!(parse_early_sync(&[b"0.1", b"burst=3"]).is_err());
+    }
+}

@@ -1,0 +1,155 @@
+//! The rate-limit response header values (`Retry-After`, the IETF
+//! `RateLimit-Policy` and `RateLimit` fields), written into a stack buffer
+//! so the request path does not allocate. Pure: tested without nginx.
+
+use std::fmt::{self, Write};
+
+use crate::core::{Room, Wait};
+
+/// A small text buffer on the stack for header values (no heap on the
+/// request path).
+pub struct HeaderValue {
+    buf: [u8; 384],
+    len: usize,
+}
+
+impl Default for HeaderValue {
+    fn default() -> Self {
+        Self {
+            buf: [0; 384],
+            len: 0,
+        }
+    }
+}
+
+impl HeaderValue {
+    /// The text written so far.
+    pub fn as_str(&self) -> &str {
+        // Only `write_str` fills the buffer, with whole `&str`s.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl Write for HeaderValue {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        if end > self.buf.len() {
+            return Err(fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1; `None` when
+/// waiting cannot help (the header is left out).
+pub fn retry_after_secs(wait: Wait) -> Option<u64> {
+    match wait {
+        // `Wait` bounds the seconds (a year at most), so the cast is exact.
+        Wait::Seconds(seconds) => Some((seconds.ceil() as u64).max(1)),
+        Wait::Never(_) => None,
+    }
+}
+
+/// The IETF `RateLimit-Policy` and `RateLimit` field values
+/// (draft-ietf-httpapi-ratelimit-headers) for the tightest quota `name`.
+///
+/// A leaky bucket maps onto the draft's quota-per-window as: `q` = the
+/// low burst (what passes with certainty from an empty bucket), `w` = the
+/// seconds an empty bucket takes to refill that much room (`low_burst /
+/// limit`, at least 1); `r` = the room left, `t` = the seconds until the
+/// bucket is empty again, or `retry` (the `Retry-After` of a rejection).
+/// A window quota is the draft's own case: `w` is its window (this
+/// month's length for `month`), `t` the seconds to the window's end.
+pub fn rate_limit_fields(
+    name: &str,
+    h: &Room,
+    retry: Option<u64>,
+) -> Option<(HeaderValue, HeaderValue)> {
+    let mut policy = HeaderValue::default();
+    let mut state = HeaderValue::default();
+    let window = h.period();
+    let reset = match (retry, h.seconds_to_empty()) {
+        (Some(secs), _) => secs as f64,
+        (None, t) if t.is_finite() => t.ceil(),
+        (None, _) => window,
+    };
+    write!(
+        policy,
+        "\"{name}\";q={};w={}",
+        h.low_burst.floor() as u64,
+        window as u64
+    )
+    .ok()?;
+    write!(
+        state,
+        "\"{name}\";r={};t={}",
+        h.remaining().floor() as u64,
+        reset as u64
+    )
+    .ok()?;
+    Some((policy, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_fields_describe_the_bucket() {
+        let h = Room {
+            limit: 10.0,
+            low_burst: 25.0,
+            high_burst: 50.0,
+            level: 7.5,
+            window: None,
+        };
+        let (policy, state) = rate_limit_fields("s3_b_read", &h, None).unwrap();
+        assert_eq!(policy.as_str(), "\"s3_b_read\";q=25;w=3");
+        assert_eq!(state.as_str(), "\"s3_b_read\";r=17;t=1");
+        let frozen = Room {
+            limit: 0.0,
+            level: 5.0,
+            window: None,
+            ..h
+        };
+        let (policy, state) = rate_limit_fields("q", &frozen, None).unwrap();
+        assert_eq!(policy.as_str(), "\"q\";q=25;w=86400");
+        assert_eq!(state.as_str(), "\"q\";r=20;t=86400");
+        let (_, state) = rate_limit_fields("q", &h, Some(4)).unwrap();
+        assert_eq!(state.as_str(), "\"q\";r=17;t=4");
+        assert_eq!(retry_after_secs(Wait::Seconds(0.0)), Some(1));
+        assert_eq!(retry_after_secs(Wait::Seconds(0.2)), Some(1));
+        assert_eq!(retry_after_secs(Wait::Seconds(2.1)), Some(3));
+    }
+
+    #[test]
+    fn no_retry_after_when_waiting_cannot_help() {
+        let never = |w| {
+            retry_after_secs(
+                Room {
+                    limit: 1.0,
+                    low_burst: 10.0,
+                    high_burst: 20.0,
+                    level: 5.0,
+                    window: None,
+                }
+                .wait(w),
+            )
+        };
+        // The cases: Retry-After 1099511627726 for a weight of 2^40
+        // over a burst of 20, and u64::MAX for an inflated level.
+        assert_eq!(never(crate::core::quota::MAX_WEIGHT as f64), None);
+        assert_eq!(never(21.0), None);
+        let inflated = Room {
+            limit: 10.0,
+            low_burst: 10.0,
+            high_burst: 20.0,
+            level: 9e20,
+            window: None,
+        };
+        assert_eq!(retry_after_secs(inflated.wait(1.0)), None);
+        assert_eq!(never(20.0), Some(5));
+    }
+}

@@ -1,0 +1,306 @@
+//! What nginx sees: the module context (configuration structures and
+//! hooks), the directive table, `init_process` / `exit_process`, the
+//! `ngx_module_t` and the `ngx_modules` export.
+
+use core::ffi::{c_char, c_void};
+use core::ptr::{addr_of, addr_of_mut};
+
+use ngx::ffi::{
+    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
+    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t,
+    ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1,
+    NGX_CONF_TAKE12, NGX_CONF_TAKE1234, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+
+use super::conf::{self, LocConf, MainConf};
+use super::util::{conf_boundary, runtime_boundary};
+use super::{handler, util, worker, zone};
+
+/// Type through which the `ngx` crate reaches this module's configuration
+/// and provides the configuration callbacks.
+pub(crate) struct Module;
+
+impl HttpModule for Module {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: nginx writes to the module structure (its `index` and
+        // `ctx_index`) only while loading modules and starting a
+        // configuration, in a single thread and never while a callback of
+        // this module holds the reference returned here.
+        unsafe { &*addr_of!(ngx_http_sluice_module) }
+    }
+
+    unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        let ok = conf_boundary(cf, || add_variables(cf));
+        status_of(ok)
+    }
+
+    unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+        let ok = conf_boundary(cf, || install_access_handler(cf));
+        status_of(ok)
+    }
+
+    unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
+        conf_boundary(cf, || {
+            // SAFETY: nginx passes our MainConf, created by create_main_conf.
+            let mcf = unsafe { &mut *conf.cast::<MainConf>() };
+            finish_main_conf(cf, mcf)
+        })
+    }
+}
+
+// SAFETY: `MainConf` is the type `create_main_conf` (the trait's default,
+// installed in the context below) allocates for this module.
+unsafe impl HttpModuleMainConf for Module {
+    type MainConf = MainConf;
+}
+
+// SAFETY: `LocConf` is the type `create_loc_conf` allocates.
+unsafe impl HttpModuleLocationConf for Module {
+    type LocationConf = LocConf;
+}
+
+/// nginx's status for a configuration step that returned `conf_boundary`'s
+/// verdict.
+fn status_of(verdict: *mut c_char) -> ngx_int_t {
+    if verdict.is_null() {
+        NGX_OK as ngx_int_t
+    } else {
+        NGX_ERROR as ngx_int_t
+    }
+}
+
+fn add_variables(cf: *mut ngx_conf_t) -> Result<(), String> {
+    let mut name = ngx_str_t {
+        len: "sluice_status".len(),
+        data: c"sluice_status".as_ptr().cast_mut().cast(),
+    };
+    // SAFETY: `cf` is the live configuration; nginx copies the name.
+    let var =
+        unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
+    if var.is_null() {
+        return Err("sluice: cannot add the $sluice_status variable".into());
+    }
+    // SAFETY: nginx returned a live variable of this configuration.
+    unsafe { (*var).get_handler = Some(handler::status_variable) };
+    Ok(())
+}
+
+fn install_access_handler(cf: *mut ngx_conf_t) -> Result<(), String> {
+    // SAFETY: `cf` is the live configuration at the end of the http block.
+    let cmcf = NgxHttpCoreModule::main_conf_mut(unsafe { &*cf })
+        .ok_or("sluice: no http core configuration")?;
+    // SAFETY: the phase's handler array holds ngx_http_handler_pt entries.
+    unsafe {
+        let h = ngx_array_push(
+            &mut cmcf.phases[ngx_http_phases_NGX_HTTP_ACCESS_PHASE as usize].handlers,
+        )
+        .cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return Err("sluice: out of memory".into());
+        }
+        *h = Some(handler::access_handler);
+    }
+    Ok(())
+}
+
+/// Checks what only the whole `http` block shows, and asks for the zone
+/// when anything uses sluice.
+fn finish_main_conf(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), String> {
+    if let Some(timeout) = mcf.sync_timeout_ms {
+        let interval = mcf.interval().as_millis() as u64;
+        if timeout >= interval {
+            return Err(format!(
+                "\"sluice_sync_timeout\" ({timeout}ms) must be shorter than \
+                 \"sluice_sync_interval\" ({interval}ms)"
+            ));
+        }
+    }
+    // Each directive was checked on its own line; this is the whole set by
+    // the rules the C ABI and the simulator use (a host name that is not a
+    // valid id is replaced by "limiter" before this).
+    mcf.sync_config()
+        .validate()
+        .map_err(|e| format!("sluice: invalid sync configuration: {e}"))?;
+    if mcf.used {
+        zone::add(cf, mcf)?;
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the worker's cycle.
+    let log_to = unsafe { (*cycle).log };
+    runtime_boundary(log_to, "init_process", NGX_OK as ngx_int_t, || {
+        // SAFETY: as above; used from this thread only.
+        match worker::start(unsafe { &mut *cycle }) {
+            Ok(()) => NGX_OK as ngx_int_t,
+            Err(message) => {
+                // Limiting still works without the thread (with stale
+                // cluster levels); the worker keeps serving.
+                // SAFETY: the cycle's log.
+                unsafe {
+                    util::log(
+                        ngx::ffi::NGX_LOG_ALERT as ngx_uint_t,
+                        log_to,
+                        format_args!("{message}"),
+                    )
+                };
+                NGX_OK as ngx_int_t
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    // SAFETY: nginx passes the worker's cycle.
+    let log_to = unsafe { (*cycle).log };
+    runtime_boundary(log_to, "exit_process", (), worker::stop);
+}
+
+/// Which configuration structures the module has and which configuration
+/// hooks nginx calls.
+static NGX_HTTP_SLUICE_MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: Some(Module::preconfiguration),
+    postconfiguration: Some(Module::postconfiguration),
+    create_main_conf: Some(Module::create_main_conf),
+    init_main_conf: Some(Module::init_main_conf),
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(Module::create_loc_conf),
+    merge_loc_conf: Some(Module::merge_loc_conf),
+};
+
+/// A directive entry.
+const fn directive(
+    name: &'static core::ffi::CStr,
+    type_: u32,
+    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut c_void) -> *mut c_char,
+    conf: usize,
+) -> ngx_command_t {
+    ngx_command_t {
+        // nginx compares names with strcmp: they must end in NUL.
+        name: ngx_str_t {
+            len: name.count_bytes(),
+            data: name.as_ptr().cast_mut().cast(),
+        },
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf,
+        offset: 0,
+        post: core::ptr::null_mut(),
+    }
+}
+
+const HTTP: u32 = NGX_HTTP_MAIN_CONF;
+const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+const MAIN: usize = NGX_HTTP_MAIN_CONF_OFFSET;
+const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
+
+/// The module's directives, terminated by the empty command nginx expects.
+///
+/// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
+/// to it.
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 17] = [
+    directive(c"sluice_zone", HTTP | NGX_CONF_TAKE1, conf::set_zone, MAIN),
+    directive(c"sluice_root", HTTP | NGX_CONF_1MORE, conf::set_root, MAIN),
+    directive(
+        c"sluice_quotas",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_quotas,
+        MAIN,
+    ),
+    directive(
+        c"sluice_sync_interval",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_sync_time,
+        MAIN,
+    ),
+    directive(
+        c"sluice_sync_timeout",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_sync_time,
+        MAIN,
+    ),
+    directive(
+        c"sluice_sync_token_file",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_token_file,
+        MAIN,
+    ),
+    directive(
+        c"sluice_host_id",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_host_id,
+        MAIN,
+    ),
+    directive(
+        c"sluice_sync_early",
+        HTTP | NGX_CONF_TAKE12,
+        conf::set_early_sync,
+        MAIN,
+    ),
+    directive(c"sluice_keys", HTTP | NGX_CONF_TAKE1, conf::set_keys, MAIN),
+    directive(
+        c"sluice_key_secret_file",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_key_secret_file,
+        MAIN,
+    ),
+    directive(
+        c"sluice",
+        ANY_LEVEL | NGX_CONF_TAKE1234,
+        conf::set_check,
+        LOC,
+    ),
+    directive(
+        c"sluice_status",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_status,
+        LOC,
+    ),
+    directive(
+        c"sluice_dry_run",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_flag,
+        LOC,
+    ),
+    directive(
+        c"sluice_log_level",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_log_level,
+        LOC,
+    ),
+    directive(
+        c"sluice_headers",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_flag,
+        LOC,
+    ),
+    directive(
+        c"sluice_metrics",
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS | NGX_CONF_TAKE1,
+        conf::set_metrics,
+        LOC,
+    ),
+    ngx_command_t::empty(),
+];
+
+/// The module nginx loads. nginx finds it through `ngx_modules` below and
+/// owns it from then on (it writes the module's indices while loading).
+#[used]
+#[allow(non_upper_case_globals)]
+pub(crate) static mut ngx_http_sluice_module: ngx_module_t = ngx_module_t {
+    ctx: addr_of!(NGX_HTTP_SLUICE_MODULE_CTX) as *mut c_void,
+    commands: addr_of_mut!(NGX_HTTP_SLUICE_COMMANDS) as *mut ngx_command_t,
+    type_: NGX_HTTP_MODULE as usize,
+    init_process: Some(init_process),
+    exit_process: Some(exit_process),
+    ..ngx_module_t::default()
+};
+
+// Exports `ngx_modules`, `ngx_module_names` and `ngx_module_order`: the
+// symbols `load_module` looks up in a dynamic module.
+ngx::ngx_modules!(ngx_http_sluice_module);

@@ -1,0 +1,721 @@
+//! `GET /v1/overview?top=N`: what the web console (`/ui`) and `sluice top`
+//! show, in one bounded reply.
+//!
+//! Two levels of access, because names are what an attacker wants (a
+//! quota's name and limit say how fast to go, a limiter's id names a host):
+//!
+//! - **public** (no `Authorization` header while the root has an admin
+//!   token): the root's state, the database's state and fleet totals —
+//!   numbers without names, what `/healthz` and `/metrics` already show;
+//! - **admin** (the admin token, or a root without one): also the busiest
+//!   quotas, the limiters that synced recently with their clock offsets,
+//!   and the database's last error.
+//!
+//! A wrong token is a 401, so a client can tell "no token" from "bad
+//! token".
+//!
+//! Cost is bounded whatever the number of clients: the root samples its
+//! ledger at most once per [`SAMPLE_EVERY`] and every request in between
+//! gets that sample; a sample looks at the [`MAX_SCAN`] most recently
+//! updated counters and every recorded limiter (at most
+//! [`crate::root::limiters::MAX_LIMITERS`]) under the ledger lock, and a
+//! reply carries at most [`MAX_TOP`] quotas and [`RECENT_LIMITERS`]
+//! limiters.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::core::key::format_hash;
+use crate::core::{Nanos, SECS_PER_NANO};
+use crate::root::ledger::Ledger;
+use crate::root::state::{RootState, ACTIVE_WINDOW};
+
+use super::view::{view, QuotaView};
+use super::{json_response, ApiError};
+
+/// Where the overview is served.
+pub const OVERVIEW_PATH: &str = "/v1/overview";
+
+/// Shortest time between two samples of the ledger.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Most counters one sample ranks, the most recently updated first.
+pub const MAX_SCAN: usize = 20_000;
+
+/// Quotas in a reply unless `top` says otherwise.
+pub const DEFAULT_TOP: usize = 20;
+
+/// Most quotas a reply carries.
+pub const MAX_TOP: usize = 100;
+
+/// Most limiters a reply carries, the most recent syncs first.
+pub const RECENT_LIMITERS: usize = 50;
+
+/// A counter below both is idle: it is not ranked.
+const IDLE_LEVEL: f64 = 1e-9;
+const IDLE_RATE: f64 = 1e-3;
+
+/// The overview's route, with the sample cache it shares between requests.
+pub fn routes() -> Router<Arc<RootState>> {
+    Router::new()
+        .route(OVERVIEW_PATH, get(overview))
+        .layer(Extension(Arc::new(SampleCache::default())))
+}
+
+/// Query of `GET /v1/overview`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverviewQuery {
+    /// Busiest quotas wanted, 1 to [`MAX_TOP`].
+    pub top: Option<usize>,
+}
+
+/// Who is asking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// No token: numbers without names.
+    Public,
+    /// The admin token (or a root without one): everything.
+    Admin,
+}
+
+/// The reply.
+#[derive(Debug, Serialize)]
+pub struct Overview<'a> {
+    /// What this reply includes.
+    pub access: Access,
+    /// The root has an admin token: without it, quotas, limiters and edits
+    /// are not available.
+    pub token_required: bool,
+    /// This root process.
+    pub root: RootPart,
+    /// Its database.
+    pub db: DbPart,
+    /// Fleet totals as this root sees them.
+    pub totals: Totals,
+    /// How old and how complete the sample is.
+    pub sampled: Sampled,
+    /// The busiest quotas, busiest first (admin only): the ones rejecting
+    /// most, then the fullest, then the fastest filling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<&'a [BusyQuota]>,
+    /// The limiters that synced last, most recent first (admin only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limiters: Option<&'a [RecentLimiter]>,
+    /// The busiest keys of per-key quotas, ranked like `quotas` (admin
+    /// only; absent when no key's counter was ranked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<&'a [BusyKey]>,
+}
+
+/// The root process.
+#[derive(Debug, Serialize)]
+pub struct RootPart {
+    /// `sluice` version.
+    pub version: &'static str,
+    /// Instance id (hex), new at every start.
+    pub instance: String,
+    /// `ok`; `degraded` while the database is down; `starting` until the
+    /// first load (as `/healthz`).
+    pub status: &'static str,
+    /// Quotas have been loaded.
+    pub ready: bool,
+}
+
+/// The database.
+#[derive(Debug, Serialize)]
+pub struct DbPart {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// The last operation succeeded.
+    pub up: bool,
+    /// Seconds it has been down, while it is.
+    pub down_seconds: Option<f64>,
+    /// Seconds since the last successful reload.
+    pub reload_age_seconds: Option<f64>,
+    /// Failed operations since start.
+    pub failures: u64,
+    /// Epoch of the last quota loaded.
+    pub epoch: u64,
+    /// The last error, while down (admin only: it may name hosts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Fleet totals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// Live quotas.
+    pub quotas: usize,
+    /// Counters in memory (quotas that received weight since start).
+    pub counters: usize,
+    /// Limiters that synced since start.
+    pub limiters_seen: usize,
+    /// Limiters that synced in the last five minutes.
+    pub limiters_active: usize,
+    /// Syncs per second between the last two samples (null for the first).
+    pub syncs_per_second: Option<f64>,
+    /// Weight admitted per second, summed over the ranked counters.
+    pub admitted_per_second: f64,
+    /// Ranked quotas whose level rejects some checks.
+    pub quotas_rejecting: usize,
+    /// Ranked quotas whose level rejects every check.
+    pub quotas_full: usize,
+}
+
+/// About the sample a reply comes from.
+#[derive(Debug, Serialize)]
+pub struct Sampled {
+    /// Seconds since the sample was taken.
+    pub age_seconds: f64,
+    /// Seconds between this sample and the one before (what
+    /// `syncs_per_second` is averaged over).
+    pub rate_window_seconds: Option<f64>,
+    /// Counters ranked.
+    pub counters_scanned: usize,
+    /// Every counter was ranked (false past [`MAX_SCAN`]).
+    pub counters_complete: bool,
+}
+
+/// One of the busiest quotas: the quota as the admin API shows it, and
+/// how close it is to rejecting.
+#[derive(Clone, Debug, Serialize)]
+pub struct BusyQuota {
+    /// The quota with its level and fill rate.
+    #[serde(flatten)]
+    pub quota: QuotaView,
+    /// `level / high_burst`: 1 is full.
+    pub fullness: f64,
+    /// Share of checks of weight 1 the decision rejects at this level
+    /// (0 below `low_burst`, rising across the band, 1 from `high_burst`).
+    pub rejecting: f64,
+}
+
+/// One of the busiest keys: a key's counter of a per-key quota, by hash
+/// (the root never sees a key itself).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BusyKey {
+    /// The per-key quota (the template).
+    pub quota: String,
+    /// The key's hash, 16 hex digits.
+    pub key: String,
+    /// The key's level.
+    pub level: f64,
+    /// The key's fill rate, units per second.
+    pub fill_rate: f64,
+    /// The template's limit.
+    pub limit: f64,
+    /// `level / high_burst`: 1 is full.
+    pub fullness: f64,
+    /// Share of checks of weight 1 the decision rejects at this level.
+    pub rejecting: f64,
+}
+
+/// A limiter that synced recently.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RecentLimiter {
+    /// Its id.
+    pub id: String,
+    /// Seconds since its last sync.
+    pub last_sync_seconds_ago: f64,
+    /// Syncs since the root started.
+    pub syncs: u64,
+    /// Root clock minus its clock, as it last reported (null until it
+    /// does; limiters older than this root's console do not).
+    pub clock_offset_seconds: Option<f64>,
+    /// The round trip that offset comes from: its error is at most half.
+    pub round_trip_seconds: Option<f64>,
+}
+
+/// What one look at the ledger found.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// Totals (all but the sync rate).
+    pub totals: Totals,
+    /// Up to [`MAX_TOP`] busiest quotas, busiest first.
+    pub quotas: Vec<BusyQuota>,
+    /// Up to [`MAX_TOP`] busiest keys, busiest first.
+    pub keys: Vec<BusyKey>,
+    /// Up to [`RECENT_LIMITERS`] limiters, most recent first.
+    pub limiters: Vec<RecentLimiter>,
+    /// Syncs of every recorded limiter, for the sync rate.
+    pub syncs: u64,
+    /// Counters ranked.
+    pub scanned: usize,
+    /// Every counter was ranked.
+    pub complete: bool,
+}
+
+/// Share of checks of weight 1 that [`crate::core::decision::decide`]
+/// rejects at `level`.
+pub fn rejecting(level: f64, low_burst: f64, high_burst: f64) -> f64 {
+    let after = level + 1.0;
+    if after > high_burst {
+        1.0
+    } else if after <= low_burst {
+        0.0
+    } else {
+        (after - low_burst) / (high_burst - low_burst)
+    }
+}
+
+/// Looks at `ledger` at `now`.
+pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
+    let mut out = Sample::default();
+    let mut ranked = Vec::new();
+    let mut keys = Vec::new();
+    for (counter, level, fill_rate) in ledger.counters.newest_first(now).take(MAX_SCAN) {
+        out.scanned += 1;
+        if level < IDLE_LEVEL && fill_rate < IDLE_RATE {
+            continue;
+        }
+        let Some(quota) = ledger.quotas.get(counter.id).filter(|q| !q.deleted) else {
+            continue;
+        };
+        let share = rejecting(level, quota.low_burst, quota.high_burst);
+        let fullness = if quota.high_burst > 0.0 {
+            level / quota.high_burst
+        } else {
+            share
+        };
+        if counter.key != 0 {
+            // A key's weight is also its template's parent's: not added
+            // to the totals twice.
+            keys.push(BusyKey {
+                quota: quota.name.to_string(),
+                key: format_hash(counter.key),
+                level,
+                fill_rate,
+                limit: quota.limit,
+                fullness,
+                rejecting: share,
+            });
+            continue;
+        }
+        let id = counter.id;
+        out.totals.admitted_per_second += fill_rate;
+        out.totals.quotas_rejecting += usize::from(share > 0.0);
+        out.totals.quotas_full += usize::from(share >= 1.0);
+        ranked.push((share, fullness, fill_rate, id));
+    }
+    out.complete = out.scanned == ledger.counters.len();
+    keep_first(&mut keys, MAX_TOP, |a, b| {
+        b.rejecting
+            .total_cmp(&a.rejecting)
+            .then(b.fullness.total_cmp(&a.fullness))
+            .then(b.fill_rate.total_cmp(&a.fill_rate))
+            .then_with(|| (&a.quota, &a.key).cmp(&(&b.quota, &b.key)))
+    });
+    out.keys = keys;
+    keep_first(&mut ranked, MAX_TOP, |a, b| {
+        b.0.total_cmp(&a.0)
+            .then(b.1.total_cmp(&a.1))
+            .then(b.2.total_cmp(&a.2))
+            .then(a.3.cmp(&b.3))
+    });
+    out.quotas = ranked
+        .into_iter()
+        .filter_map(|(rejecting, fullness, _, id)| {
+            let quota = ledger.quotas.get(id)?;
+            Some(BusyQuota {
+                quota: view(ledger, quota, now, false),
+                fullness,
+                rejecting,
+            })
+        })
+        .collect();
+    let stats = ledger.stats();
+    out.totals.quotas = stats.quotas;
+    out.totals.counters = stats.counters;
+    out.totals.limiters_seen = stats.limiters;
+    let active_since = now.saturating_sub(ACTIVE_WINDOW);
+    // Ranked as (last sync, index): comparing names would chase a pointer
+    // per comparison through up to 100k scattered allocations.
+    let mut recent = Vec::new();
+    for (index, limiter) in ledger.limiters.iter().enumerate() {
+        out.syncs = out.syncs.saturating_add(limiter.syncs);
+        if limiter.last_sync >= active_since {
+            out.totals.limiters_active += 1;
+            recent.push((limiter.last_sync, index as u32));
+        }
+    }
+    keep_first(&mut recent, RECENT_LIMITERS, |a, b| {
+        b.0.cmp(&a.0).then(a.1.cmp(&b.1))
+    });
+    out.limiters = recent
+        .into_iter()
+        .filter_map(|(_, index)| ledger.limiters.get(index))
+        .map(|l| RecentLimiter {
+            id: l.name.to_string(),
+            last_sync_seconds_ago: now.saturating_sub(l.last_sync) as f64 * SECS_PER_NANO,
+            syncs: l.syncs,
+            clock_offset_seconds: l.clock.map(|c| c.offset as f64 * SECS_PER_NANO),
+            round_trip_seconds: l.clock.map(|c| c.round_trip as f64 * SECS_PER_NANO),
+        })
+        .collect();
+    out
+}
+
+/// Keeps the first `n` of `items` in `order`, sorted; linear in the
+/// number of items, not `n log n` of all of them.
+fn keep_first<T>(items: &mut Vec<T>, n: usize, order: impl Fn(&T, &T) -> Ordering) {
+    if items.len() > n {
+        items.select_nth_unstable_by(n, &order);
+        items.truncate(n);
+    }
+    items.sort_unstable_by(order);
+}
+
+/// The last sample and the sync rate since the one before.
+#[derive(Debug, Default)]
+struct SampleCache {
+    last: tokio::sync::Mutex<Option<Cached>>,
+}
+
+/// A sample with the sync rate since the one before it.
+#[derive(Clone, Debug)]
+struct Cached {
+    /// When the sample was taken.
+    taken: Instant,
+    sample: Arc<Sample>,
+    syncs_per_second: Option<f64>,
+    /// Seconds since the sample before.
+    window: Option<f64>,
+}
+
+impl SampleCache {
+    /// The current sample: the cached one while it is younger than
+    /// [`SAMPLE_EVERY`], else a new one (one request takes it; the others
+    /// wait for it and share it).
+    async fn current(&self, state: &RootState) -> Cached {
+        let mut last = self.last.lock().await;
+        if let Some(c) = last.as_ref().filter(|c| c.taken.elapsed() < SAMPLE_EVERY) {
+            return c.clone();
+        }
+        let now = state.now();
+        let taken = Instant::now();
+        let sample = Arc::new(sample(&state.ledger(), now));
+        let (syncs_per_second, window) = match last.as_ref() {
+            Some(previous) => {
+                let window = taken.duration_since(previous.taken).as_secs_f64();
+                // A sum over limiters shrinks only if the registry was
+                // replaced; there is no rate then.
+                let rate = sample
+                    .syncs
+                    .checked_sub(previous.sample.syncs)
+                    .map(|n| n as f64 / window);
+                (rate, Some(window))
+            }
+            None => (None, None),
+        };
+        let cached = Cached {
+            taken,
+            sample,
+            syncs_per_second,
+            window,
+        };
+        *last = Some(cached.clone());
+        cached
+    }
+}
+
+/// What a request may see; `None` for a wrong token.
+fn access(state: &RootState, headers: &HeaderMap) -> Option<Access> {
+    let Some(token) = &state.config.admin_token else {
+        return Some(Access::Admin);
+    };
+    let Some(presented) = headers.get(header::AUTHORIZATION) else {
+        return Some(Access::Public);
+    };
+    token
+        .admits(Some(presented.as_bytes()))
+        .then_some(Access::Admin)
+}
+
+/// `GET /v1/overview?top=N`.
+async fn overview(
+    State(state): State<Arc<RootState>>,
+    Extension(cache): Extension<Arc<SampleCache>>,
+    headers: HeaderMap,
+    query: Result<Query<OverviewQuery>, QueryRejection>,
+) -> Response {
+    let Some(access) = access(&state, &headers) else {
+        let mut response = ApiError::unauthorized("admin").into_response();
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    };
+    let top = match query {
+        Ok(Query(q)) => q.top.unwrap_or(DEFAULT_TOP),
+        Err(e) => return ApiError::malformed(None, e.body_text()).into_response(),
+    };
+    if !(1..=MAX_TOP).contains(&top) {
+        return ApiError::invalid("top", format!("must be 1 to {MAX_TOP}")).into_response();
+    }
+    let Cached {
+        taken,
+        sample,
+        syncs_per_second,
+        window,
+    } = cache.current(&state).await;
+    let health = state.health.snapshot();
+    let admin = access == Access::Admin;
+    let reply = Overview {
+        access,
+        token_required: state.config.admin_token.is_some(),
+        root: RootPart {
+            version: env!("CARGO_PKG_VERSION"),
+            instance: format!("{:016x}", state.instance),
+            status: match (health.ready, health.db_up) {
+                (false, _) => "starting",
+                (true, false) => "degraded",
+                (true, true) => "ok",
+            },
+            ready: health.ready,
+        },
+        db: DbPart {
+            backend: state.store.backend().name(),
+            up: health.db_up,
+            down_seconds: health.down_for,
+            reload_age_seconds: health.since_reload,
+            failures: health.db_failures,
+            epoch: state.ledger().stats().epoch,
+            error: health.db_error.filter(|_| admin),
+        },
+        totals: Totals {
+            syncs_per_second,
+            ..sample.totals.clone()
+        },
+        sampled: Sampled {
+            age_seconds: taken.elapsed().as_secs_f64(),
+            rate_window_seconds: window,
+            counters_scanned: sample.scanned,
+            counters_complete: sample.complete,
+        },
+        quotas: admin.then(|| &sample.quotas[..top.min(sample.quotas.len())]),
+        limiters: admin.then_some(&sample.limiters[..]),
+        keys: (admin && !sample.keys.is_empty())
+            .then(|| &sample.keys[..top.min(sample.keys.len())]),
+    };
+    let mut response = json_response(StatusCode::OK, &reply);
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::decision::{decide, Verdict};
+    use crate::core::Quota;
+    use crate::wire::{ClockReport, CounterDelta, KeyDelta, KeyedDeltas, QuotaCursor, SyncRequest};
+
+    const SEC: Nanos = 1_000_000_000;
+
+    /// `(id, name, parent id, limit, low burst, high burst)`.
+    type QuotaRow<'a> = (u64, &'a str, Option<u64>, f64, f64, f64);
+
+    fn ledger_with(quotas: &[QuotaRow]) -> Ledger {
+        let mut ledger = Ledger::default();
+        let quotas = quotas
+            .iter()
+            .map(|&(id, name, parent, limit, low, high)| {
+                let mut q = Quota::new(id, name, limit, low, high).at_epoch(id);
+                q.parent = parent;
+                q
+            })
+            .collect();
+        ledger.load(quotas, 0);
+        ledger
+    }
+
+    fn send(ledger: &mut Ledger, limiter: &str, deltas: &[(u64, u64)], now: Nanos) {
+        send_keyed(ledger, limiter, deltas, &[], now);
+    }
+
+    fn send_keyed(
+        ledger: &mut Ledger,
+        limiter: &str,
+        deltas: &[(u64, u64)],
+        keyed: &[(u64, u64, u64)],
+        now: Nanos,
+    ) {
+        let request = SyncRequest {
+            limiter: limiter.into(),
+            quotas_after: QuotaCursor::default(),
+            counter_version: 0,
+            root_instance: 0,
+            deltas: deltas
+                .iter()
+                .map(|&(id, delta)| CounterDelta {
+                    id,
+                    delta,
+                    window: None,
+                })
+                .collect(),
+            keyed: keyed
+                .iter()
+                .map(|&(id, hash, delta)| KeyedDeltas {
+                    id,
+                    deltas: vec![KeyDelta(hash, delta)],
+                    window: None,
+                })
+                .collect(),
+        };
+        let paging = crate::root::ledger::SyncPaging {
+            quotas: 10,
+            counters: 10,
+        };
+        ledger.sync(&request, 1, now, paging);
+    }
+
+    #[test]
+    fn rejecting_is_the_share_of_draws_the_decision_rejects() {
+        for (level, low, high) in [
+            (0.0, 10.0, 20.0),
+            (12.0, 10.0, 20.0),
+            (15.5, 10.0, 20.0),
+            (19.0, 10.0, 20.0),
+            (25.0, 10.0, 20.0),
+            (9.0, 10.0, 10.0),
+            (10.0, 10.0, 10.0),
+        ] {
+            let draws = 10_000;
+            let rejected = (0..draws)
+                .filter(|i| {
+                    let draw = f64::from(*i) / f64::from(draws);
+                    decide(level, 1.0, low, high, draw) == Verdict::Reject
+                })
+                .count();
+            let share = rejected as f64 / f64::from(draws);
+            let expected = rejecting(level, low, high);
+            assert!(
+                (share - expected).abs() <= 1e-3,
+                "level {level} band {low}..{high}: decide rejects {share}, overview says {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_busiest_come_first_rejecting_then_full_then_fast() {
+        let mut ledger = ledger_with(&[
+            (1, "parent", None, 1000.0, 1000.0, 1000.0),
+            (2, "full", Some(1), 1.0, 10.0, 20.0),
+            (3, "half", Some(1), 1.0, 100.0, 200.0),
+            (4, "fast", Some(1), 1000.0, 1000.0, 1000.0),
+            (5, "idle", None, 1.0, 1.0, 1.0),
+        ]);
+        send(&mut ledger, "a", &[(2, 50), (3, 100)], 0);
+        for s in 0..5 {
+            send(&mut ledger, "b", &[(4, 900), (1, 1)], s * SEC);
+        }
+        let sample = sample(&ledger, 5 * SEC);
+        let names: Vec<&str> = sample
+            .quotas
+            .iter()
+            .map(|q| q.quota.name.as_str())
+            .collect();
+        assert_eq!(names, ["full", "half", "fast", "parent"]);
+        let full = &sample.quotas[0];
+        assert_eq!(full.quota.parent.as_deref(), Some("parent"));
+        assert_eq!((full.quota.level, full.rejecting), (45.0, 1.0));
+        assert_eq!(sample.totals.quotas_full, 1);
+        assert_eq!(sample.totals.quotas_rejecting, 1);
+        assert!(
+            sample.quotas[2].quota.fill_rate > 100.0,
+            "{:?}",
+            sample.quotas[2]
+        );
+        assert_eq!((sample.scanned, sample.complete), (4, true));
+        assert_eq!(sample.totals.quotas, 5);
+    }
+
+    #[test]
+    fn recent_limiters_come_with_their_clock_reports_newest_first() {
+        let mut ledger = ledger_with(&[(1, "q", None, 1.0, 1.0, 1.0)]);
+        send(&mut ledger, "old", &[], 0);
+        send(&mut ledger, "new", &[], 400 * SEC);
+        send(&mut ledger, "new", &[], 401 * SEC);
+        ledger.limiters.report_clock(
+            "new",
+            ClockReport {
+                offset: -2 * SEC as i64,
+                round_trip: SEC / 1000,
+            },
+        );
+        let sample = sample(&ledger, 402 * SEC);
+        assert_eq!(sample.syncs, 3);
+        assert_eq!(sample.totals.limiters_seen, 2);
+        assert_eq!(sample.totals.limiters_active, 1, "old synced 402 s ago");
+        assert_eq!(
+            sample.limiters,
+            [RecentLimiter {
+                id: "new".into(),
+                last_sync_seconds_ago: 1.0,
+                syncs: 2,
+                clock_offset_seconds: Some(-2.0),
+                round_trip_seconds: Some(0.001),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_sample_is_bounded() {
+        let quotas: Vec<(u64, String)> = (1..=(MAX_TOP as u64 + 20))
+            .map(|id| (id, format!("q{id}")))
+            .collect();
+        let spec: Vec<QuotaRow> = quotas
+            .iter()
+            .map(|(id, name)| (*id, name.as_str(), None, 1.0, 10.0, 10.0))
+            .collect();
+        let mut ledger = ledger_with(&spec);
+        let deltas: Vec<(u64, u64)> = quotas.iter().map(|(id, _)| (*id, *id)).collect();
+        send(&mut ledger, "a", &deltas, 0);
+        for i in 0..(RECENT_LIMITERS + 5) {
+            send(&mut ledger, &format!("l{i}"), &[], i as Nanos);
+        }
+        let sample = sample(&ledger, SEC);
+        assert_eq!(sample.quotas.len(), MAX_TOP);
+        assert_eq!(sample.limiters.len(), RECENT_LIMITERS);
+        assert_eq!(sample.limiters[0].id, format!("l{}", RECENT_LIMITERS + 4));
+        // The fullest first: q120 has level 120 - 1 against a high of 10.
+        assert_eq!(sample.quotas[0].quota.name, format!("q{}", MAX_TOP + 20));
+    }
+
+    #[test]
+    fn keys_are_ranked_apart_from_quotas_by_hash() {
+        let mut ledger = ledger_with(&[(1, "api", None, 100.0, 100.0, 100.0)]);
+        let mut quotas = vec![Quota::new(1, "api", 100.0, 100.0, 100.0).at_epoch(1)];
+        quotas.push(
+            Quota::new(2, "per_user", 1.0, 10.0, 20.0)
+                .keyed()
+                .at_epoch(2),
+        );
+        quotas[1].parent = Some(1);
+        ledger.load(quotas, 0);
+        // Key 0xab is past its high burst; 0xcd below its low burst; both
+        // also count on the parent.
+        let keyed = [(2, 0xab, 25), (2, 0xcd, 3)];
+        send_keyed(&mut ledger, "a", &[(1, 28)], &keyed, 0);
+        let sample = sample(&ledger, 0);
+        assert_eq!(sample.quotas.len(), 1, "the parent only: keys are apart");
+        assert_eq!(sample.quotas[0].quota.name, "api");
+        let keys: Vec<_> = sample.keys.iter().map(|k| (&*k.key, k.rejecting)).collect();
+        assert_eq!(keys, [("00000000000000ab", 1.0), ("00000000000000cd", 0.0)]);
+        assert_eq!(sample.keys[0].quota, "per_user");
+        assert_eq!(sample.keys[0].limit, 1.0);
+        assert_eq!(sample.keys[0].level, 25.0);
+    }
+}

@@ -1,0 +1,88 @@
+//! The sync thread's metrics as every process sharing a table sees them:
+//! written into the table's status block after each step of a cycle, read
+//! back by any nginx worker serving the metrics.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{RootMetrics, SyncMetrics};
+use crate::table::layout::STATUS_ROOTS;
+use crate::table::Table;
+
+/// Publishes `m` in `table` for every process sharing it (the first
+/// [`STATUS_ROOTS`] roots).
+pub fn publish(table: &Table, m: &SyncMetrics) {
+    table.write_status(|st| {
+        st.cycles.store(m.cycles, Relaxed);
+        st.all_roots_down
+            .store(u64::from(m.all_roots_down), Relaxed);
+        st.roots
+            .store(m.roots.len().min(STATUS_ROOTS) as u32, Relaxed);
+        for (slot, r) in st.root.iter().zip(&m.roots) {
+            slot.up.store(u64::from(r.up), Relaxed);
+            slot.last_success.store(r.last_success, Relaxed);
+            slot.syncs.store(r.syncs, Relaxed);
+            slot.errors.store(r.errors, Relaxed);
+            slot.round_trip.store(r.round_trip, Relaxed);
+            slot.clock_offset.store(r.clock_offset as u64, Relaxed);
+            slot.bytes_sent.store(r.bytes_sent, Relaxed);
+            slot.bytes_received.store(r.bytes_received, Relaxed);
+            slot.dropped_deltas.store(r.dropped_deltas, Relaxed);
+        }
+    });
+}
+
+/// The metrics last published in `table` (root URLs and errors are left
+/// empty: every process knows the URLs from its own configuration).
+pub fn published(table: &Table) -> SyncMetrics {
+    table
+        .read_status(|st| {
+            let n = (st.roots.load(Relaxed) as usize).min(STATUS_ROOTS);
+            let roots = st.root[..n]
+                .iter()
+                .map(|r| RootMetrics {
+                    url: String::new(),
+                    up: r.up.load(Relaxed) != 0,
+                    last_success: r.last_success.load(Relaxed),
+                    syncs: r.syncs.load(Relaxed),
+                    errors: r.errors.load(Relaxed),
+                    last_error: String::new(),
+                    round_trip: r.round_trip.load(Relaxed),
+                    clock_offset: r.clock_offset.load(Relaxed) as i64,
+                    bytes_sent: r.bytes_sent.load(Relaxed),
+                    bytes_received: r.bytes_received.load(Relaxed),
+                    dropped_deltas: r.dropped_deltas.load(Relaxed),
+                })
+                .collect();
+            SyncMetrics {
+                cycles: st.cycles.load(Relaxed),
+                all_roots_down: st.all_roots_down.load(Relaxed) != 0,
+                roots,
+            }
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_status_is_published_for_other_processes() {
+        let t = Table::new_heap(4, 16);
+        assert_eq!(published(&t), SyncMetrics::default());
+        let m = SyncMetrics {
+            cycles: 5,
+            all_roots_down: true,
+            roots: vec![RootMetrics {
+                url: String::new(),
+                up: true,
+                syncs: 4,
+                errors: 1,
+                clock_offset: -12,
+                ..Default::default()
+            }],
+        };
+        publish(&t, &m);
+        assert_eq!(published(&t), m);
+    }
+}

@@ -1,0 +1,309 @@
+//! The counters' life outside the request path: collecting local deltas
+//! for a sync, merging cluster values back, folding weight locally when
+//! no root answers, in-flight weight released or handed back, and taking
+//! over the sync of a table whose previous owner died.
+
+use super::layout::{
+    counting_rule, pack_rate_prev, unpack_rate_prev, Slot, FLAG_LIVE, FLAG_SLIDING,
+};
+use super::lock::{own_pid, process_alive, SeqWrite};
+use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
+use crate::core::estimate::{measure_fill_rate, measure_window_fill_rate};
+use crate::core::key::KeyHash;
+use crate::core::window::WindowLevel;
+use crate::core::{Counting, Nanos, Tally};
+use std::sync::atomic::fence;
+
+/// A collected local delta, ready to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectedDelta {
+    /// Where the counter lives.
+    pub slot: SlotId,
+    /// Its quota id.
+    pub id: u64,
+    /// For a key of a per-key template (`slot` and `id` are the
+    /// template's), the key's hash; 0 for a quota's own counter.
+    pub key: KeyHash,
+    /// Weight moved from `pending` to `inflight`.
+    pub delta: u64,
+}
+
+impl Table {
+    // ---- counters ---------------------------------------------------------
+
+    /// Moves every live slot's pending weight (and every queued key's) to
+    /// in-flight and returns the moved amounts; what a sync sends. A weight
+    /// admitted concurrently is either moved now or stays pending for the
+    /// next collection, never lost or taken twice.
+    pub fn collect_deltas(&self, out: &mut Vec<CollectedDelta>) {
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            let delta = s.pending.load(ACQ);
+            if delta == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            // In-flight first, then out of pending: a check in between sees
+            // the weight twice (conservative), never zero times.
+            s.inflight.fetch_add(delta, RLX);
+            s.pending.fetch_sub(delta, RLX);
+            out.push(CollectedDelta {
+                slot: i as SlotId,
+                id: s.id.load(RLX),
+                key: 0,
+                delta,
+            });
+        }
+        self.collect_keys(out);
+    }
+
+    /// True when some live quota's weight admitted here and not collected
+    /// yet (`pending`) has reached `fraction` of its burst band
+    /// (`high_burst - low_burst`; with no band, any weight): the sync
+    /// thread's early-sync probe. It reads every used slot's counter, so
+    /// its cost grows with the table.
+    pub fn unsent_beyond(&self, fraction: f64) -> bool {
+        let used = self.header().next_unused.load(ACQ) as usize;
+        self.slots()[..used].iter().any(|s| {
+            let pending = s.pending.load(RLX);
+            if pending == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                return false;
+            }
+            let band =
+                f64::from_bits(s.high_burst.load(RLX)) - f64::from_bits(s.low_burst.load(RLX));
+            pending as f64 >= fraction * band
+        })
+    }
+
+    /// Merges a cluster counter value (already in local time) into the
+    /// slot if it still holds quota `id` (or into its key `key`, when not
+    /// 0), takes `acked` weight off in-flight (the value includes it), and
+    /// updates the others' fill rate. Returns false if the slot holds
+    /// another quota now (or this host has no entry for the key).
+    pub fn merge_counter(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        value: Tally,
+        acked: u64,
+    ) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        if !value.is_valid() {
+            return false;
+        }
+        let _guard = self.lock();
+        if key != 0 {
+            return self.merge_key(slot, id, key, value, acked);
+        }
+        if s.quota_id() != Some(id) {
+            return false;
+        }
+        let counting = self.slot_counting(s);
+        let (known, old_rate) = slot_tally(s);
+        let merged = counting.merge(known, value);
+        // Measure over a span of at least half an interval (a quarter of
+        // the horizon): several roots answering one cycle milliseconds
+        // apart must not turn a few units into a huge rate.
+        let span = merged.at.saturating_sub(known.at);
+        let rate = if span >= self.estimator().horizon / 4 {
+            measure_rate(&counting, known, merged, acked as f64, old_rate)
+        } else {
+            old_rate
+        };
+        store_tally(s, merged, rate);
+        // After the new level is visible: a check may count `acked` twice
+        // for an instant, never zero times.
+        let taken = acked.min(s.inflight.load(RLX));
+        s.inflight.fetch_sub(taken, RLX);
+        true
+    }
+
+    /// Standalone mode (no roots): folds every pending and in-flight weight
+    /// into the slot's own level at `now`, acting as this host's root.
+    pub fn fold_local(&self, now: Nanos) {
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        for s in self.slots()[..used].iter() {
+            if s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            let pending = s.pending.load(ACQ);
+            let inflight = s.inflight.load(ACQ);
+            let counting = self.slot_counting(s);
+            let (known, rate) = slot_tally(s);
+            let weight = (pending + inflight) as f64;
+            let folded = counting
+                .add_in(known, attributed(&counting, now), now, weight)
+                .unwrap_or(known);
+            store_tally(s, folded, rate);
+            s.pending.fetch_sub(pending, RLX);
+            s.inflight.fetch_sub(inflight, RLX);
+        }
+        self.fold_keys(now);
+    }
+
+    /// How the quota in slot `s` counts.
+    pub(super) fn slot_counting(&self, s: &Slot) -> Counting {
+        let flags = s.flags.load(RLX);
+        Counting::of(
+            f64::from_bits(s.limit.load(RLX)),
+            counting_rule(flags, self.utc_offset()),
+        )
+    }
+
+    /// One step of the key section's upkeep (the sync thread calls it
+    /// every cycle): looks at `buckets` key buckets, dropping keys of
+    /// deleted templates and restamping old levels (see `keys.rs`).
+    pub fn maintain_keys(&self, buckets: usize, now: Nanos) {
+        let _guard = self.lock();
+        self.sweep_keys(buckets, now);
+    }
+
+    /// How the quota in `slot` counts, if the slot still holds quota `id`.
+    /// The sync thread keeps deltas it still owes a root by it.
+    pub fn counter_counting(&self, slot: SlotId, id: u64) -> Option<Counting> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.quota_id() == Some(id);
+                let counting = self.slot_counting(s);
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return live.then_some(counting);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Takes `amount` off a slot's in-flight weight without a counter value:
+    /// a root acknowledged the delta but sent no value for it (it does not
+    /// know the quota). Ignored if the slot holds another quota now.
+    pub fn release_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if key != 0 {
+            self.settle_key_inflight(slot, id, key, amount, false);
+        } else if s.quota_id() == Some(id) {
+            s.inflight.fetch_sub(amount.min(s.inflight.load(RLX)), RLX);
+        }
+    }
+
+    /// Puts `amount` of a slot's in-flight weight back into pending: a sync
+    /// thread that stops with deltas no root acknowledged hands them to the
+    /// next one. Ignored if the slot holds another quota now.
+    pub fn requeue_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if key != 0 {
+            self.settle_key_inflight(slot, id, key, amount, true);
+        } else if s.quota_id() == Some(id) {
+            let moved = amount.min(s.inflight.load(RLX));
+            // Pending first: a concurrent check may count the weight twice
+            // for an instant, never zero times.
+            s.pending.fetch_add(moved, RLX);
+            s.inflight.fetch_sub(moved, RLX);
+        }
+    }
+
+    /// Makes this process the table's sync owner (a sync thread starts).
+    /// When the previous owner's process is gone, it died mid-sync (a
+    /// crashed nginx worker) and nobody will acknowledge the weight it had
+    /// in flight: all of it goes back to pending, to be sent again.
+    /// Returns the weight requeued.
+    pub fn claim_sync(&self) -> u64 {
+        let me = own_pid();
+        let previous = self.header().sync_owner.swap(me, ACQ);
+        if previous == 0 || previous == me || process_alive(previous) {
+            return 0;
+        }
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut requeued = 0u64;
+        for s in &self.slots()[..used] {
+            let moved = s.inflight.load(RLX);
+            if moved > 0 {
+                s.pending.fetch_add(moved, RLX);
+                s.inflight.fetch_sub(moved, RLX);
+                requeued = requeued.saturating_add(moved);
+            }
+        }
+        requeued.saturating_add(self.requeue_all_keys())
+    }
+}
+
+/// A slot's counter and the others' fill rate (the writer lock held: no
+/// seqlock needed to read).
+fn slot_tally(s: &Slot) -> (Tally, f64) {
+    let fill = s.fill_rate.load(RLX);
+    let (rate, prev) = if s.flags.load(RLX) & FLAG_SLIDING != 0 {
+        unpack_rate_prev(fill)
+    } else {
+        (f64::from_bits(fill), 0.0)
+    };
+    let tally = Tally {
+        level: f64::from_bits(s.known_level.load(RLX)),
+        prev,
+        at: s.known_at.load(RLX),
+    };
+    (tally, rate)
+}
+
+/// Writes a slot's counter and fill rate under its seqlock.
+fn store_tally(s: &Slot, t: Tally, rate: f64) {
+    let fill = if s.flags.load(RLX) & FLAG_SLIDING != 0 {
+        pack_rate_prev(rate, t.prev)
+    } else {
+        rate.to_bits()
+    };
+    let w = SeqWrite::begin(s);
+    s.known_level.store(t.level.to_bits(), RLX);
+    s.known_at.store(t.at, RLX);
+    s.fill_rate.store(fill, RLX);
+    drop(w);
+}
+
+/// The others' fill rate after a merge took the counter from `known` to
+/// `merged`, `own_acked` of it this host's.
+pub(super) fn measure_rate(
+    counting: &Counting,
+    known: Tally,
+    merged: Tally,
+    own_acked: f64,
+    old_rate: f64,
+) -> f64 {
+    match counting {
+        Counting::Leak(limit) => {
+            measure_fill_rate(known.level(), merged.level(), *limit, own_acked, old_rate)
+        }
+        Counting::Window(rule) => {
+            let as_window = |t: Tally| WindowLevel {
+                count: t.level,
+                prev: t.prev,
+                at: t.at,
+            };
+            measure_window_fill_rate(
+                as_window(known),
+                as_window(merged),
+                rule,
+                own_acked,
+                old_rate,
+            )
+        }
+    }
+}
+
+/// The window weight found at `now` is counted in (see
+/// [`crate::core::WindowRule::attributed_index`]); none for a leaky
+/// counter.
+pub(super) fn attributed(counting: &Counting, now: Nanos) -> Option<i64> {
+    match counting {
+        Counting::Window(rule) => Some(rule.attributed_index(now)),
+        Counting::Leak(_) => None,
+    }
+}

@@ -1,0 +1,386 @@
+//! The key section: per-key quotas counted per key, collected, merged,
+//! evicted and dropped.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::*;
+use crate::core::key::KeySecret;
+use crate::core::{Level, Nanos, Quota, Tally};
+
+const SEC: Nanos = 1_000_000_000;
+
+fn never() -> f64 {
+    0.999_999
+}
+
+/// `api` (1000/s, burst 1000) over `api_user`, a per-key template (10/s,
+/// burst 5).
+fn keyed_table(keys: u64) -> Table {
+    let t = Table::new_heap_with_keys(16, 16, keys);
+    t.apply_quotas(&[
+        Quota::new(1, "api", 1000.0, 1000.0, 1000.0),
+        Quota::new(2, "api_user", 10.0, 5.0, 5.0)
+            .with_parent(Some(1))
+            .keyed(),
+    ]);
+    t
+}
+
+fn check_key(t: &Table, key: &[u8], weight: u64, now: Nanos) -> Outcome {
+    let item = CheckItem {
+        name: b"api_user",
+        key: Some(key),
+        weight,
+        max_wait: None,
+    };
+    t.check_many(&[item], now, CheckOptions::default(), never)
+        .outcome
+}
+
+fn hash(t: &Table, key: &[u8]) -> u64 {
+    t.key_secret().hash(key)
+}
+
+#[test]
+fn each_key_has_its_own_counter_and_the_parent_counts_them_all() {
+    let t = keyed_table(64);
+    for _ in 0..5 {
+        assert_eq!(check_key(&t, b"alice", 1, 0), Outcome::Pass);
+    }
+    match check_key(&t, b"alice", 1, 0) {
+        Outcome::Reject(r) => {
+            assert_eq!((r.depth, r.key), (0, hash(&t, b"alice")));
+            assert_eq!(t.name_into(r.slot, &mut [0; 64]), Some(&b"api_user"[..]));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(check_key(&t, b"bob", 1, 0), Outcome::Pass);
+    assert_eq!(t.quota(b"api", 0).unwrap().pending, 6);
+    let template = t.quota(b"api_user", 0).unwrap();
+    assert!(template.quota.per_key);
+    assert_eq!(
+        (template.pending, template.passed, template.rejected),
+        (0, 6, 1)
+    );
+    let mut keys = t.keys(None, 0);
+    keys.sort_by_key(|k| k.pending);
+    assert_eq!(keys.len(), 2);
+    assert_eq!((keys[0].hash, keys[0].pending), (hash(&t, b"bob"), 1));
+    assert_eq!((keys[1].hash, keys[1].level), (hash(&t, b"alice"), 5.0));
+    assert_eq!(t.key_stats().live, 2);
+}
+
+#[test]
+fn a_parent_that_rejects_stops_every_key() {
+    let t = keyed_table(256);
+    t.apply_quotas(&[Quota::new(1, "api", 100.0, 100.0, 100.0).at_epoch(9)]);
+    let mut passed = 0;
+    for i in 0..200u32 {
+        if check_key(&t, &i.to_le_bytes(), 1, 0) == Outcome::Pass {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, 100);
+}
+
+#[test]
+fn no_key_or_an_empty_key_is_not_checked_and_not_counted() {
+    let t = keyed_table(64);
+    assert_eq!(t.check(b"api_user", 1, 0), Outcome::NoKey);
+    assert_eq!(check_key(&t, b"", 1, 0), Outcome::NoKey);
+    assert_eq!(t.key_stats().keyless, 2);
+    assert_eq!(t.quota(b"api", 0).unwrap().pending, 0);
+    assert_eq!(t.key_stats().live, 0);
+    // A key given for a plain quota is ignored: the quota is checked.
+    let item = CheckItem {
+        name: b"api",
+        key: Some(b"alice"),
+        weight: 2,
+        max_wait: None,
+    };
+    let plain = t.check_many(&[item], 0, CheckOptions::default(), never);
+    assert_eq!(plain.outcome, Outcome::Pass);
+    assert_eq!(t.quota(b"api", 0).unwrap().pending, 2);
+}
+
+#[test]
+fn weight_zero_checks_a_key_without_counting_it() {
+    let t = keyed_table(64);
+    for _ in 0..5 {
+        check_key(&t, b"k", 1, 0);
+    }
+    assert!(matches!(check_key(&t, b"k", 0, 0), Outcome::Reject(_)));
+    assert_eq!(t.keys(None, 0)[0].pending, 5);
+}
+
+#[test]
+fn keys_of_any_length_and_bytes_are_counted() {
+    let t = keyed_table(64);
+    let long = vec![0u8; 64 << 10];
+    for key in [&b"\0"[..], b"\xff\xfe", &long] {
+        assert_eq!(check_key(&t, key, 5, 0), Outcome::Pass);
+        assert!(matches!(check_key(&t, key, 1, 0), Outcome::Reject(_)));
+    }
+}
+
+#[test]
+fn the_raw_key_is_never_stored_only_its_hash() {
+    let t = keyed_table(64);
+    t.set_key_secret(Some(
+        KeySecret::from_file_contents(b"a-fleet-wide-secret-of-some-length").unwrap(),
+    ));
+    let token = b"secret-token-3f9a1c77e2b44d0c";
+    check_key(&t, token, 1, 0);
+    // SAFETY: the heap table's region is `region_len` readable bytes.
+    let region = unsafe { std::slice::from_raw_parts(t.base, t.region_len()) };
+    assert!(!region.windows(token.len()).any(|w| w == token));
+    let hash = hash(&t, token).to_le_bytes();
+    assert!(region.windows(8).any(|w| w == hash));
+}
+
+#[test]
+fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
+    let t = keyed_table(64);
+    check_key(&t, b"alice", 3, 0);
+    check_key(&t, b"bob", 1, 0);
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    out.sort_by_key(|d| (d.key != 0, d.delta));
+    let keyed: Vec<(u64, u64, u64)> = out
+        .iter()
+        .filter(|d| d.key != 0)
+        .map(|d| (d.id, d.key, d.delta))
+        .collect();
+    assert_eq!(
+        keyed,
+        vec![(2, hash(&t, b"bob"), 1), (2, hash(&t, b"alice"), 3)]
+    );
+    assert!(out.iter().any(|d| (d.id, d.key, d.delta) == (1, 0, 4)));
+    let slot = out.iter().find(|d| d.key != 0).unwrap().slot;
+    // Nothing new: the next collection has no keys.
+    let mut again = Vec::new();
+    t.collect_deltas(&mut again);
+    assert!(again.is_empty());
+    // The cluster says alice is at 4 (others added 1); her 3 are acked.
+    let alice = hash(&t, b"alice");
+    let value = Tally::leaky(Level {
+        level: 4.0,
+        at: SEC / 10,
+    });
+    assert!(t.merge_counter(slot, 2, alice, value, 3));
+    let state = |k: u64| *t.keys(None, SEC / 10).iter().find(|s| s.hash == k).unwrap();
+    assert_eq!((state(alice).level, state(alice).inflight), (4.0, 0));
+    // A key this host never saw is not tracked here.
+    assert!(!t.merge_counter(slot, 2, 12345, value, 0));
+    // A release and a requeue act on the right key only.
+    let bob = hash(&t, b"bob");
+    t.requeue_inflight(slot, 2, bob, 1);
+    assert_eq!((state(bob).pending, state(bob).inflight), (1, 0));
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    assert_eq!(out.len(), 1);
+    t.release_inflight(slot, 2, bob, 1);
+    assert_eq!(state(bob).inflight, 0);
+}
+
+#[test]
+fn a_full_dirty_ring_falls_back_to_scanning_every_key() {
+    // 4096 keys get a ring of 512 entries: 612 new keys overflow it.
+    let t = keyed_table(4096);
+    let ring = t.geometry().key_ring;
+    assert_eq!(ring, 512);
+    let n = ring + 100;
+    let template = t.lookup(b"api_user").unwrap();
+    for i in 0..n {
+        let item = CheckItem {
+            name: b"api_user",
+            key: Some(&i.to_le_bytes()),
+            weight: 1,
+            max_wait: None,
+        };
+        t.check_many(&[item], 0, CheckOptions::default(), never);
+    }
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    let keyed: u64 = out.iter().filter(|d| d.key != 0).map(|d| d.delta).sum();
+    // Every key counted is collected (a key that lost its entry to a
+    // bucket collision took its unit with it).
+    let stats = t.key_stats();
+    assert_eq!(keyed, u64::from(n) - stats.evictions - stats.refused);
+    assert!(out.iter().all(|d| d.key == 0 || d.slot == template));
+}
+
+#[test]
+fn standalone_folding_leaks_keys_like_quotas() {
+    let t = keyed_table(64);
+    for _ in 0..5 {
+        check_key(&t, b"k", 1, 0);
+    }
+    t.fold_local(0);
+    let k = t.keys(None, 0)[0];
+    assert_eq!((k.level, k.pending), (5.0, 0));
+    // Half a second at 10/s drains the five.
+    assert_eq!(check_key(&t, b"k", 5, SEC / 2), Outcome::Pass);
+}
+
+#[test]
+fn a_flood_of_new_keys_never_evicts_keys_in_use() {
+    // One bucket of four entries: everything competes for it.
+    let t = keyed_table(4);
+    for busy in [b"b1", b"b2"] {
+        check_key(&t, busy, 1, 0);
+        check_key(&t, busy, 1, 0);
+    }
+    for i in 0..1000u32 {
+        let now = u64::from(i) * 1_000_000;
+        check_key(&t, &i.to_le_bytes(), 1, now);
+        // The busy keys keep being used.
+        if i % 50 == 0 {
+            check_key(&t, b"b1", 0, now);
+            check_key(&t, b"b2", 0, now);
+        }
+    }
+    let live: Vec<u64> = t.keys(None, SEC).iter().map(|k| k.hash).collect();
+    assert!(live.contains(&hash(&t, b"b1")) && live.contains(&hash(&t, b"b2")));
+    let b1 = t
+        .keys(None, SEC)
+        .into_iter()
+        .find(|k| k.hash == hash(&t, b"b1"));
+    assert_eq!(b1.unwrap().pending, 2);
+    let stats = t.key_stats();
+    assert!(stats.evictions > 900, "{stats:?}");
+    assert_eq!(stats.live, 4);
+}
+
+#[test]
+fn a_bucket_of_busy_keys_refuses_a_newcomer_and_a_drained_key_goes_first() {
+    let t = keyed_table(4);
+    for i in 0..4u32 {
+        check_key(&t, &i.to_le_bytes(), 1, 0);
+        check_key(&t, &i.to_le_bytes(), 1, 0);
+    }
+    // Four busy keys: a fifth passes uncounted.
+    assert_eq!(check_key(&t, b"new", 1, 0), Outcome::Unknown);
+    assert_eq!(t.key_stats().refused, 1);
+    // Much later every key has drained: the newcomer takes one's place
+    // without an eviction of weight.
+    t.fold_local(0);
+    assert_eq!(check_key(&t, b"new", 1, 100 * SEC), Outcome::Pass);
+    assert_eq!(t.key_stats().evictions, 0);
+}
+
+#[test]
+fn deleting_a_template_drops_its_keys_and_editing_it_changes_every_key() {
+    let t = keyed_table(64);
+    check_key(&t, b"a", 5, 0);
+    t.apply_quotas(&[Quota::new(2, "api_user", 10.0, 50.0, 50.0)
+        .with_parent(Some(1))
+        .keyed()
+        .at_epoch(5)]);
+    // The new burst applies to the existing key at once.
+    assert_eq!(check_key(&t, b"a", 10, 0), Outcome::Pass);
+    t.apply_quotas(&[Quota::tombstone(2, "api_user", 6)]);
+    assert_eq!(t.key_stats().live, 0);
+    assert!(t.keys(None, 0).is_empty());
+}
+
+#[test]
+fn the_upkeep_sweep_drops_orphans_and_restamps_old_levels() {
+    let t = keyed_table(64);
+    check_key(&t, b"a", 5, 0);
+    t.fold_local(0);
+    // Two days later the drained key is dropped by the sweep.
+    let later = 2 * 24 * 3600 * SEC;
+    t.maintain_keys(16, later);
+    assert_eq!(t.key_stats().live, 0);
+    // A key of a template with limit 0 never drains: it is restamped.
+    t.apply_quotas(&[Quota::new(3, "frozen", 0.0, 5.0, 5.0).keyed()]);
+    let item = CheckItem {
+        name: b"frozen",
+        key: Some(b"x"),
+        weight: 3,
+        max_wait: None,
+    };
+    t.check_many(&[item], 0, CheckOptions::default(), never);
+    t.fold_local(0);
+    t.maintain_keys(16, later);
+    let x = t.keys(None, later)[0];
+    assert_eq!(x.level, 3.0);
+    assert_eq!(t.key_stats().live, 1);
+}
+
+#[test]
+fn a_table_adopts_another_tables_keys() {
+    let old = keyed_table(64);
+    check_key(&old, b"a", 2, 0);
+    old.fold_local(0);
+    check_key(&old, b"a", 1, 0);
+    let new = Table::new_heap_with_keys(32, 16, 256);
+    new.adopt(&old, 0);
+    let a = new.keys(None, 0)[0];
+    assert_eq!((a.hash, a.level, a.pending), (hash(&old, b"a"), 3.0, 1));
+}
+
+#[test]
+fn known_levels_pack_into_a_word_near_now() {
+    use super::layout::{pack_known, unpack_known};
+    let at = 1_000 * SEC + 123_456_789;
+    let (level, back) = unpack_known(pack_known(12.5, at), at + 5 * SEC);
+    assert_eq!(level, 12.5);
+    assert!(at.abs_diff(back) < 1 << 20, "{at} {back}");
+    // A time a little in the future of the reader stays in the future.
+    let (_, future) = unpack_known(pack_known(1.0, at + SEC), at);
+    assert!(future > at);
+}
+
+#[test]
+fn concurrent_keyed_checks_and_collection_lose_no_increment() {
+    let t = Arc::new(Table::new_heap_with_keys(16, 16, 1 << 16));
+    t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let checkers: Vec<_> = (0..2)
+        .map(|w| {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                let mut passed = 0u64;
+                for i in 0..50_000u32 {
+                    let key = (i % 500 + w * 1000).to_le_bytes();
+                    let item = CheckItem {
+                        name: b"k",
+                        key: Some(&key),
+                        weight: 1,
+                        max_wait: None,
+                    };
+                    let r = t.check_many(&[item], 0, CheckOptions::default(), never);
+                    if r.outcome == Outcome::Pass {
+                        passed += 1;
+                    }
+                }
+                passed
+            })
+        })
+        .collect();
+    let collector = {
+        let t = Arc::clone(&t);
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut total = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut out = Vec::new();
+                t.collect_deltas(&mut out);
+                total += out.iter().map(|d| d.delta).sum::<u64>();
+            }
+            total
+        })
+    };
+    let passed: u64 = checkers.into_iter().map(|c| c.join().unwrap()).sum();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = collector.join().unwrap();
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    total += out.iter().map(|d| d.delta).sum::<u64>();
+    assert_eq!(t.key_stats().evictions, 0);
+    assert_eq!(passed, 100_000);
+    assert_eq!(total, passed);
+}

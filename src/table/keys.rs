@@ -1,0 +1,721 @@
+//! The counters of per-key quotas: one per (template, key hash), created
+//! by the check that first sees the key, in the key section of the region.
+//!
+//! A key lives only in the bucket its hash picks ([`KEY_WAYS`] entries,
+//! read at once), so a lookup costs one round of cache misses and the
+//! section needs no index. A bucket with no free entry makes room:
+//!
+//! 1. a drained entry (nothing pending, nothing in flight, its level
+//!    leaked to zero) equals no entry and is taken first;
+//! 2. then the least recently used key seen only once (a probationary
+//!    key: what a scan of one-off keys leaves behind);
+//! 3. then the least recently used key that is not busy (used in the last
+//!    [`BUSY_TICKS`] ticks, about a second);
+//! 4. a key whose bucket holds only busy keys gets no entry: it is checked
+//!    uncounted (fail open) and counted in `key_refused`. A flood of new
+//!    keys therefore never evicts a key in use now.
+//!
+//! An eviction of an entry that still held weight is counted in
+//! `key_evictions` (its unsent weight is lost to the fleet, as its level
+//! is to this host).
+//!
+//! Entries are claimed and initialised without a lock (a CAS on the hash
+//! word); the rare races (two workers inserting one new key at once, a
+//! check finishing on an entry evicted under it) cost at most a duplicate
+//! entry whose weight is still collected, or a few units counted on the
+//! wrong key: never a crash, never weight counted twice at the roots.
+//!
+//! The dirty ring lists entries with weight not yet collected: a check
+//! that adds to an entry not in the ring queues it; the sync thread drains
+//! the ring. A full ring sets a flag and the next collection scans every
+//! entry instead, so no weight is ever stranded.
+
+use std::sync::atomic::Ordering::SeqCst;
+
+use super::counters::{attributed, measure_rate, CollectedDelta};
+use super::layout::{
+    key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, FLAG_LIVE, FLAG_PER_KEY,
+    KEY_CLAIMED, KEY_WAYS,
+};
+use super::{SlotId, Table, ACQ, REL, RLX};
+use crate::core::key::{KeyHash, KeySecret};
+use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
+
+/// Ticks (~67 ms each) since its last use within which a key is busy and
+/// never evicted for a newcomer: about a second.
+pub const BUSY_TICKS: u32 = 15;
+
+/// Known levels older than this are restamped (or the entry dropped, if
+/// drained) by the maintenance sweep, well within the ~26 days a packed
+/// time can span.
+const RESTAMP_AFTER: Nanos = 24 * 3600 * 1_000_000_000;
+
+/// Collections a reserved but unwritten ring position may hold up the
+/// collector before it is skipped (its producer died mid-write) and every
+/// entry is scanned instead.
+const RING_STUCK_LIMIT: u32 = 16;
+
+/// What a check needs to count a key: where its entry is.
+pub(super) type KeyAt = u32;
+
+/// Counters of the key section, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyStats {
+    /// Keys the section can hold.
+    pub capacity: u64,
+    /// Entries in use.
+    pub live: u64,
+    /// Keys that got an entry.
+    pub inserts: u64,
+    /// Keys evicted while their counters still held weight.
+    pub evictions: u64,
+    /// Keys checked uncounted: no entry could be had.
+    pub refused: u64,
+    /// Checks of a per-key quota without a key (not checked, not counted).
+    pub keyless: u64,
+}
+
+/// One key's counter as listings and metrics show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeyState {
+    /// The key's hash.
+    pub hash: KeyHash,
+    /// The template's slot.
+    pub template: SlotId,
+    /// Estimated level now (this host's view: cluster level, extrapolated,
+    /// plus its own unsent weight).
+    pub level: f64,
+    /// Other hosts' measured fill rate, units/s.
+    pub fill_rate: f64,
+    /// Weight admitted here and not yet collected.
+    pub pending: u64,
+    /// Weight sent and not yet acknowledged.
+    pub inflight: u64,
+}
+
+/// A candidate for eviction: lower `class` first, then the older.
+#[derive(Clone, Copy)]
+struct Victim {
+    way: usize,
+    hash: u64,
+    class: u8,
+    age: u32,
+    drained: bool,
+}
+
+impl Table {
+    /// Hashes keys with `secret` from now on, or with the built-in one
+    /// (`None`); every process sharing the region sees it. Keys already
+    /// counted under another secret keep their old hashes until they
+    /// drain.
+    pub fn set_key_secret(&self, secret: Option<KeySecret>) {
+        let h = self.header();
+        let (k0, k1) = secret.unwrap_or_else(KeySecret::built_in).to_words();
+        h.key_secret_set.store(0, REL);
+        h.key_secret[0].store(k0, RLX);
+        h.key_secret[1].store(k1, RLX);
+        h.key_secret_set.store(u32::from(secret.is_some()), REL);
+    }
+
+    /// The secret keys are hashed with (the built-in one until
+    /// [`Table::set_key_secret`]).
+    pub fn key_secret(&self) -> KeySecret {
+        let h = self.header();
+        KeySecret::from_words(h.key_secret[0].load(RLX), h.key_secret[1].load(RLX))
+    }
+
+    /// True once a configured secret replaced the built-in one.
+    pub fn has_key_secret(&self) -> bool {
+        self.header().key_secret_set.load(ACQ) != 0
+    }
+
+    /// Keys the key section holds (0: per-key quotas pass uncounted).
+    pub fn key_capacity(&self) -> u64 {
+        self.geometry.key_capacity()
+    }
+
+    /// The key section's counters.
+    pub fn key_stats(&self) -> KeyStats {
+        let h = self.header();
+        KeyStats {
+            capacity: self.key_capacity(),
+            live: h.key_live.load(RLX),
+            inserts: h.key_inserts.load(RLX),
+            evictions: h.key_evictions.load(RLX),
+            refused: h.key_refused.load(RLX),
+            keyless: h.keyless_checks.load(RLX),
+        }
+    }
+
+    fn key_at(&self, at: KeyAt) -> Option<&KeyEntry> {
+        let bucket = self.key_buckets().get(at as usize / KEY_WAYS)?;
+        bucket.ways.get(at as usize % KEY_WAYS)
+    }
+
+    /// The bucket a key of `template` with `hash` lives in.
+    fn bucket_of(&self, template: SlotId, hash: KeyHash) -> usize {
+        let mixed = (hash ^ u64::from(template).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_mul(0xd6e8_feb8_6659_fd93);
+        ((u128::from(mixed) * self.geometry.key_buckets as u128) >> 64) as usize
+    }
+
+    /// The entry of the key `hash` of the template in slot `template`, if
+    /// it has one.
+    pub(super) fn find_key(&self, template: SlotId, hash: KeyHash) -> Option<KeyAt> {
+        if self.geometry.key_buckets == 0 {
+            return None;
+        }
+        let b = self.bucket_of(template, hash);
+        let bucket = &self.key_buckets()[b];
+        bucket
+            .ways
+            .iter()
+            .position(|e| e.hash.load(ACQ) == hash && e.template.load(RLX) == template + 1)
+            .map(|way| (b * KEY_WAYS + way) as KeyAt)
+    }
+
+    /// The entry of a key a check sees at `now`, made if it has none (see
+    /// the module doc for whom it replaces); its use is recorded. `None`
+    /// when no entry could be had (counted in `key_refused`).
+    pub(super) fn use_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Option<KeyAt> {
+        if self.geometry.key_buckets == 0 {
+            self.header().key_refused.fetch_add(1, RLX);
+            return None;
+        }
+        let tick = key_tick(now);
+        let b = self.bucket_of(template, hash);
+        let bucket = &self.key_buckets()[b];
+        for attempt in 0..2 {
+            if let Some(way) = bucket
+                .ways
+                .iter()
+                .position(|e| e.hash.load(ACQ) == hash && e.template.load(RLX) == template + 1)
+            {
+                touch(&bucket.ways[way], tick);
+                return Some((b * KEY_WAYS + way) as KeyAt);
+            }
+            if let Some(way) = self.claim_way(&bucket.ways, tick, now) {
+                init_entry(&bucket.ways[way], template, hash, tick, now);
+                return Some((b * KEY_WAYS + way) as KeyAt);
+            }
+            // Lost a race for the victim: someone may have inserted this
+            // very key meanwhile; look once more.
+            if attempt == 1 {
+                break;
+            }
+        }
+        self.header().key_refused.fetch_add(1, RLX);
+        None
+    }
+
+    /// Claims a free entry of the bucket, or evicts a victim; `None` when
+    /// every entry is busy or a race was lost.
+    fn claim_way(&self, ways: &[KeyEntry; KEY_WAYS], tick: u32, now: Nanos) -> Option<usize> {
+        let h = self.header();
+        for (way, e) in ways.iter().enumerate() {
+            if e.hash.load(RLX) == 0 && e.hash.compare_exchange(0, KEY_CLAIMED, ACQ, RLX).is_ok() {
+                h.key_live.fetch_add(1, RLX);
+                h.key_inserts.fetch_add(1, RLX);
+                return Some(way);
+            }
+        }
+        let mut best: Option<Victim> = None;
+        for (way, e) in ways.iter().enumerate() {
+            let Some(v) = self.victim(way, e, tick, now) else {
+                continue;
+            };
+            let better =
+                best.is_none_or(|b| (v.class, u32::MAX - v.age) < (b.class, u32::MAX - b.age));
+            if better {
+                best = Some(v);
+            }
+        }
+        let v = best?;
+        ways[v.way]
+            .hash
+            .compare_exchange(v.hash, KEY_CLAIMED, ACQ, RLX)
+            .ok()?;
+        h.key_inserts.fetch_add(1, RLX);
+        if !v.drained {
+            h.key_evictions.fetch_add(1, RLX);
+        }
+        Some(v.way)
+    }
+
+    /// How evictable the entry is, or `None` if it must stay (busy, or
+    /// being initialised).
+    fn victim(&self, way: usize, e: &KeyEntry, tick: u32, now: Nanos) -> Option<Victim> {
+        let hash = e.hash.load(ACQ);
+        if hash == KEY_CLAIMED || hash == 0 {
+            return None;
+        }
+        let used = e.used.load(RLX);
+        let age = tick.wrapping_sub(used >> 2) & 0x3fff_ffff;
+        let hits = used & 3;
+        let drained = self.key_drained(e, now);
+        let class = if drained {
+            0
+        } else if hits < 2 {
+            1
+        } else if age >= BUSY_TICKS {
+            2
+        } else {
+            return None;
+        };
+        Some(Victim {
+            way,
+            hash,
+            class,
+            age,
+            drained,
+        })
+    }
+
+    /// True when the entry is equal to no entry: nothing pending or in
+    /// flight, and its level leaked to zero at `now` (or its template is
+    /// gone).
+    fn key_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
+        if e.pending.load(RLX) != 0 || e.inflight.load(RLX) != 0 {
+            return false;
+        }
+        let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+            return true;
+        };
+        counting.is_empty(key_tally(e, now), now)
+    }
+
+    /// How the keys of the live per-key template in `template` (slot + 1)
+    /// count, read without its seqlock (eviction, sweep and writer-side
+    /// decisions only).
+    fn template_counting(&self, template: u32) -> Option<Counting> {
+        let s = self.slot(template.checked_sub(1)?)?;
+        let flags = s.flags.load(RLX);
+        (flags & FLAG_LIVE != 0 && flags & FLAG_PER_KEY != 0).then(|| self.slot_counting(s))
+    }
+
+    /// The key's snapshot for a check: the template's numbers (in
+    /// `template`) with the key's own counter.
+    pub(super) fn key_snapshot(
+        &self,
+        at: KeyAt,
+        template: &QuotaSnapshot,
+        now: Nanos,
+    ) -> Option<QuotaSnapshot> {
+        let e = self.key_at(at)?;
+        let (level, known_at) = unpack_known(e.known.load(RLX), now);
+        Some(QuotaSnapshot {
+            known: Level {
+                level,
+                at: known_at,
+            },
+            fill_rate: f64::from(f32::from_bits(e.fill.load(RLX))),
+            own_recent: (e.pending.load(RLX) + e.inflight.load(RLX)) as f64,
+            ..*template
+        })
+    }
+
+    /// Counts a passed check's weight on a key and queues the key for the
+    /// next collection.
+    pub(super) fn count_key(&self, at: KeyAt, weight: u64) {
+        let Some(e) = self.key_at(at) else { return };
+        if weight == 0 {
+            return;
+        }
+        e.pending.fetch_add(weight, SeqCst);
+        // After the add: a collector that cleared the flag before reading
+        // `pending` either saw this weight or left the flag for us to set.
+        if e.dirty.load(SeqCst) == 0 && e.dirty.swap(1, SeqCst) == 0 {
+            self.queue_key(at);
+        }
+    }
+
+    /// Puts an entry on the dirty ring; a full ring makes the next
+    /// collection scan every entry.
+    fn queue_key(&self, at: KeyAt) {
+        let h = self.header();
+        let ring = self.key_ring();
+        let len = ring.len() as u64;
+        loop {
+            let head = h.key_ring_head.load(ACQ);
+            if head.wrapping_sub(h.key_ring_tail.load(ACQ)) >= len {
+                h.key_ring_overflow.store(1, REL);
+                return;
+            }
+            if h.key_ring_head
+                .compare_exchange_weak(head, head + 1, ACQ, RLX)
+                .is_ok()
+            {
+                ring[(head % len) as usize].store(at + 1, REL);
+                return;
+            }
+        }
+    }
+
+    /// Calls `each` with every entry queued since the last drain (or
+    /// every entry, when the ring overflowed). The writer lock is held.
+    fn drain_dirty(&self, mut each: impl FnMut(KeyAt, &KeyEntry)) {
+        if self.geometry.key_buckets == 0 {
+            return;
+        }
+        let h = self.header();
+        let ring = self.key_ring();
+        let len = ring.len() as u64;
+        let head = h.key_ring_head.load(ACQ);
+        let mut tail = h.key_ring_tail.load(RLX);
+        let mut stuck = false;
+        while tail != head {
+            let at = ring[(tail % len) as usize].swap(0, ACQ);
+            if at == 0 {
+                // Reserved, not written yet: wait for the writer, unless
+                // it has held the ring up for too long (it died).
+                let waited = h.key_ring_stuck.fetch_add(1, RLX) + 1;
+                if waited < RING_STUCK_LIMIT {
+                    break;
+                }
+                stuck = true;
+            } else if let Some(e) = self.key_at(at - 1) {
+                each(at - 1, e);
+            }
+            h.key_ring_stuck.store(0, RLX);
+            tail = tail.wrapping_add(1);
+        }
+        h.key_ring_tail.store(tail, REL);
+        if h.key_ring_overflow.swap(0, ACQ) != 0 || stuck {
+            for (b, bucket) in self.key_buckets().iter().enumerate() {
+                for (way, e) in bucket.ways.iter().enumerate() {
+                    if e.pending.load(RLX) != 0 {
+                        each((b * KEY_WAYS + way) as KeyAt, e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves every queued key's pending weight to in flight and appends
+    /// what moved to `out` (see [`Table::collect_deltas`]).
+    pub(super) fn collect_keys(&self, out: &mut Vec<CollectedDelta>) {
+        let slots = self.slots();
+        self.drain_dirty(|_, e| {
+            e.dirty.store(0, SeqCst);
+            let hash = e.hash.load(ACQ);
+            if hash == 0 || hash == KEY_CLAIMED {
+                return;
+            }
+            let Some(slot) = e.template.load(RLX).checked_sub(1) else {
+                return;
+            };
+            let Some(id) = slots.get(slot as usize).and_then(|s| s.quota_id()) else {
+                return;
+            };
+            let delta = e.pending.load(SeqCst);
+            if delta == 0 {
+                return;
+            }
+            // In-flight first, as for named counters: seen twice for an
+            // instant, never zero times.
+            e.inflight.fetch_add(delta, RLX);
+            e.pending.fetch_sub(delta, RLX);
+            out.push(CollectedDelta {
+                slot,
+                id,
+                key: hash,
+                delta,
+            });
+        });
+    }
+
+    /// Standalone: folds every queued key's pending weight into its level
+    /// at `now` (see [`Table::fold_local`]). The writer lock is held.
+    pub(super) fn fold_keys(&self, now: Nanos) {
+        self.drain_dirty(|_, e| {
+            e.dirty.store(0, SeqCst);
+            let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+                return;
+            };
+            let pending = e.pending.load(SeqCst);
+            let inflight = e.inflight.load(RLX);
+            let known = key_tally(e, now);
+            let weight = (pending + inflight) as f64;
+            let folded = counting
+                .add_in(known, attributed(&counting, now), now, weight)
+                .unwrap_or(known);
+            store_key_tally(e, &counting, folded);
+            e.pending.fetch_sub(pending, RLX);
+            e.inflight.fetch_sub(inflight, RLX);
+        });
+    }
+
+    /// Merges a cluster value (in local time) into the key `hash` of the
+    /// template in `slot` if the slot still holds template `id`, takes
+    /// `acked` off in flight and updates the fill rate. False when this
+    /// host has no entry for the key (it is not tracked here; nothing to
+    /// do).
+    pub(super) fn merge_key(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        value: Tally,
+        acked: u64,
+    ) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        if s.quota_id() != Some(id) {
+            return false;
+        }
+        let Some(e) = self.find_key(slot, hash).and_then(|at| self.key_at(at)) else {
+            return false;
+        };
+        let counting = self.slot_counting(s);
+        let known = key_tally(e, value.at);
+        let merged = counting.merge(known, value);
+        let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
+        let span = merged.at.saturating_sub(known.at);
+        let rate = if span >= self.estimator().horizon / 4 {
+            measure_rate(&counting, known, merged, acked as f64, old_rate)
+        } else {
+            old_rate
+        };
+        store_key_tally(e, &counting, merged);
+        e.fill.store((rate as f32).to_bits(), RLX);
+        let taken = acked.min(e.inflight.load(RLX));
+        e.inflight.fetch_sub(taken, RLX);
+        true
+    }
+
+    /// Takes (`requeue`: false) or hands back to pending (true) `amount`
+    /// of a key's in-flight weight, if its entry still holds it.
+    pub(super) fn settle_key_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        amount: u64,
+        requeue: bool,
+    ) {
+        if self.slot(slot).and_then(|s| s.quota_id()) != Some(id) {
+            return;
+        }
+        let Some(at) = self.find_key(slot, hash) else {
+            return;
+        };
+        let Some(e) = self.key_at(at) else { return };
+        let moved = amount.min(e.inflight.load(RLX));
+        if requeue {
+            e.pending.fetch_add(moved, RLX);
+            e.inflight.fetch_sub(moved, RLX);
+            if e.dirty.swap(1, SeqCst) == 0 {
+                self.queue_key(at);
+            }
+        } else {
+            e.inflight.fetch_sub(moved, RLX);
+        }
+    }
+
+    /// Hands every key's in-flight weight back to pending (a dead sync
+    /// thread's, see [`Table::claim_sync`]); returns the weight moved.
+    pub(super) fn requeue_all_keys(&self) -> u64 {
+        let mut moved = 0u64;
+        for (b, bucket) in self.key_buckets().iter().enumerate() {
+            for (way, e) in bucket.ways.iter().enumerate() {
+                let inflight = e.inflight.load(RLX);
+                if inflight > 0 {
+                    e.pending.fetch_add(inflight, RLX);
+                    e.inflight.fetch_sub(inflight, RLX);
+                    moved = moved.saturating_add(inflight);
+                    if e.dirty.swap(1, SeqCst) == 0 {
+                        self.queue_key((b * KEY_WAYS + way) as KeyAt);
+                    }
+                }
+            }
+        }
+        moved
+    }
+
+    /// Frees every key of the template in `slot` (it was deleted). The
+    /// writer lock is held.
+    pub(super) fn drop_keys_of(&self, slot: SlotId) {
+        let h = self.header();
+        for bucket in self.key_buckets() {
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                if hash != 0 && hash != KEY_CLAIMED && e.template.load(RLX) == slot + 1 {
+                    free_entry(e, hash, h);
+                }
+            }
+        }
+    }
+
+    /// One step of the maintenance sweep (the sync thread calls it every
+    /// cycle): looks at `buckets` buckets, frees entries whose template is
+    /// gone, and restamps (or frees, when drained) entries whose known
+    /// level is older than a day, so packed times never wrap. The writer
+    /// lock is held.
+    pub(super) fn sweep_keys(&self, buckets: usize, now: Nanos) {
+        let n = self.geometry.key_buckets as usize;
+        if n == 0 {
+            return;
+        }
+        let h = self.header();
+        let start = h.key_sweep.load(RLX) as usize % n;
+        for i in 0..buckets.min(n) {
+            let bucket = &self.key_buckets()[(start + i) % n];
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                if hash == 0 || hash == KEY_CLAIMED {
+                    continue;
+                }
+                let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+                    free_entry(e, hash, h);
+                    continue;
+                };
+                let known = key_tally(e, now);
+                if now.saturating_sub(known.at) < RESTAMP_AFTER {
+                    continue;
+                }
+                if self.key_drained(e, now) {
+                    free_entry(e, hash, h);
+                } else {
+                    store_key_tally(e, &counting, counting.aged(known, now));
+                }
+            }
+        }
+        h.key_sweep.store(((start + buckets) % n) as u32, RLX);
+    }
+
+    /// Every key of the template in `template` (all templates: `None`)
+    /// with its state at `now`, as this host sees it. Reads the whole key
+    /// section: for metrics and listings, not the request path.
+    pub fn keys(&self, template: Option<SlotId>, now: Nanos) -> Vec<KeyState> {
+        let estimator = self.estimator();
+        let mut out = Vec::new();
+        for bucket in self.key_buckets() {
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                let t = e.template.load(RLX);
+                if hash == 0 || hash == KEY_CLAIMED || t == 0 {
+                    continue;
+                }
+                if template.is_some_and(|want| want + 1 != t) {
+                    continue;
+                }
+                let Some((view, _)) = self.read_view(t - 1) else {
+                    continue;
+                };
+                let (level, at) = unpack_known(e.known.load(RLX), now);
+                let pending = e.pending.load(RLX);
+                let inflight = e.inflight.load(RLX);
+                let snapshot = QuotaSnapshot {
+                    known: Level { level, at },
+                    fill_rate: f64::from(f32::from_bits(e.fill.load(RLX))),
+                    own_recent: (pending + inflight) as f64,
+                    ..view
+                };
+                out.push(KeyState {
+                    hash,
+                    template: t - 1,
+                    level: crate::core::estimate::estimate_level(&snapshot, now, &estimator),
+                    fill_rate: snapshot.fill_rate,
+                    pending,
+                    inflight,
+                });
+            }
+        }
+        out
+    }
+
+    /// Copies `old`'s keys into this table (an nginx zone that changed
+    /// size): each key of a template this table has (`slot_of` maps the
+    /// old template slot to the new one) keeps its level, fill rate and
+    /// use, and its unacknowledged weight becomes pending here, to be sent
+    /// again. Keys that find no entry are left behind.
+    pub(super) fn adopt_keys(
+        &self,
+        old: &Table,
+        slot_of: impl Fn(SlotId) -> Option<SlotId>,
+        now: Nanos,
+    ) {
+        for bucket in old.key_buckets() {
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                let Some(t) = e.template.load(RLX).checked_sub(1) else {
+                    continue;
+                };
+                if hash == 0 || hash == KEY_CLAIMED {
+                    continue;
+                }
+                let Some(slot) = slot_of(t) else { continue };
+                let Some(at) = self.use_key(slot, hash, now) else {
+                    continue;
+                };
+                let Some(to) = self.key_at(at) else { continue };
+                to.known.store(e.known.load(RLX), RLX);
+                to.fill.store(e.fill.load(RLX), RLX);
+                to.used.store(e.used.load(RLX), RLX);
+                let unsent = e.pending.load(RLX) + e.inflight.load(RLX);
+                self.count_key(at, unsent);
+            }
+        }
+    }
+}
+
+/// Records a use at `tick`: the tick, and one more use up to three.
+/// A key's counter, its packed time placed near `now`.
+fn key_tally(e: &KeyEntry, now: Nanos) -> Tally {
+    let (level, at) = unpack_known(e.known.load(RLX), now);
+    Tally {
+        level,
+        prev: 0.0,
+        at,
+    }
+}
+
+/// Stores a key's counter. A window count keeps its time inside its own
+/// window: packing rounds the time up by up to a millisecond, which just
+/// before a boundary would move the count into the next window.
+fn store_key_tally(e: &KeyEntry, counting: &Counting, t: Tally) {
+    let mut word = pack_known(t.level, t.at);
+    if let Counting::Window(rule) = counting {
+        let (_, stored) = unpack_known(word, t.at);
+        if rule.index_at(stored) != rule.index_at(t.at) {
+            word = pack_known_floor(t.level, t.at);
+        }
+    }
+    e.known.store(word, RLX);
+}
+
+fn touch(e: &KeyEntry, tick: u32) {
+    let used = e.used.load(RLX);
+    let next = tick << 2 | ((used & 3) + 1).min(3);
+    if next != used {
+        e.used.store(next, RLX);
+    }
+}
+
+/// Makes a claimed entry the key `hash` of `template`, seen once now.
+fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u32, now: Nanos) {
+    e.template.store(template + 1, RLX);
+    e.pending.store(0, RLX);
+    e.inflight.store(0, RLX);
+    e.known.store(pack_known(0.0, now), RLX);
+    e.fill.store(0, RLX);
+    e.used.store(tick << 2 | 1, RLX);
+    // `dirty` stays as it is: if the ring still holds this entry, it is
+    // collected from there.
+    e.hash.store(hash, REL);
+}
+
+/// Frees an entry that held `hash` (unless someone claimed it meanwhile).
+fn free_entry(e: &KeyEntry, hash: u64, h: &super::layout::Header) {
+    if e.hash.compare_exchange(hash, KEY_CLAIMED, ACQ, RLX).is_ok() {
+        e.template.store(0, RLX);
+        e.pending.store(0, RLX);
+        e.inflight.store(0, RLX);
+        e.known.store(0, RLX);
+        e.fill.store(0, RLX);
+        e.used.store(0, RLX);
+        e.hash.store(0, REL);
+        h.key_live.fetch_sub(1, RLX);
+    }
+}

@@ -1,0 +1,294 @@
+//! Window quotas in the table (counted per window, started over at each
+//! boundary, merged and folded by window, per key too), partial grants
+//! and reservations.
+
+use super::*;
+use crate::core::{Level, Nanos, Quota, Tally, Window};
+
+const SEC: Nanos = 1_000_000_000;
+
+fn never() -> f64 {
+    0.999_999
+}
+
+/// A table (UTC offset 0: its clock is UTC) with `q`, 5 per 10 s window.
+fn window_table(sliding: bool) -> Table {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).windowed(Window::TenSeconds, sliding)]);
+    t
+}
+
+fn passes(t: &Table, name: &[u8], weight: u64, now: Nanos) -> bool {
+    t.check_with(name, weight, now, never) == Outcome::Pass
+}
+
+#[test]
+fn a_fixed_window_admits_its_limit_and_starts_over_at_the_boundary() {
+    let t = window_table(false);
+    // Standalone: the own weight is folded as the sync thread would.
+    for i in 0..5 {
+        assert!(passes(&t, b"q", 1, SEC + i * SEC / 10), "request {i}");
+    }
+    assert!(!passes(&t, b"q", 1, 2 * SEC));
+    t.fold_local(3 * SEC);
+    assert!(!passes(&t, b"q", 1, 9 * SEC));
+    // Nothing leaked: 8 s later it is still full; the next window is empty.
+    t.fold_local(10 * SEC + SEC / 2);
+    assert!(passes(&t, b"q", 5, 10 * SEC + SEC / 2));
+    assert!(!passes(&t, b"q", 1, 11 * SEC));
+}
+
+#[test]
+fn weight_folded_just_after_a_boundary_counts_in_the_window_before() {
+    let t = window_table(false);
+    assert!(passes(&t, b"q", 5, 9 * SEC));
+    // The sync thread wakes a few ms after the boundary.
+    t.fold_local(10 * SEC + 3_000_000);
+    let state = t.quota(b"q", 10 * SEC + 4_000_000).unwrap();
+    assert_eq!(state.level, 0.0, "the new window starts empty");
+    assert!(passes(&t, b"q", 5, 10 * SEC + 4_000_000));
+}
+
+#[test]
+fn a_sliding_window_weighs_the_previous_window() {
+    let t = window_table(true);
+    assert!(passes(&t, b"q", 4, 5 * SEC));
+    t.fold_local(6 * SEC);
+    // 2.5 s into the next window, 3/4 of the 4 still count: 3 + 2 > 5.
+    assert!(!passes(&t, b"q", 3, 12 * SEC + SEC / 2));
+    assert!(passes(&t, b"q", 2, 12 * SEC + SEC / 2));
+    t.fold_local(13 * SEC);
+    let state = t.quota(b"q", 15 * SEC).unwrap();
+    assert!(
+        (state.level - (2.0 + 4.0 * 0.5)).abs() < 1e-6,
+        "{}",
+        state.level
+    );
+}
+
+#[test]
+fn a_root_value_merges_by_window() {
+    let t = window_table(false);
+    let slot = t.lookup(b"q").unwrap();
+    assert!(passes(&t, b"q", 1, SEC));
+    let mut deltas = Vec::new();
+    t.collect_deltas(&mut deltas);
+    // The fleet counted 3 in this window, our 1 included.
+    let value = Tally {
+        level: 3.0,
+        prev: 0.0,
+        at: 2 * SEC,
+    };
+    assert!(t.merge_counter(slot, 1, 0, value, 1));
+    // The fleet's 3, and the others' weight that had not reached the root
+    // yet (their measured rate over a quarter of the horizon).
+    let level = t.quota(b"q", 2 * SEC).unwrap().level;
+    assert!((3.0..3.5).contains(&level), "{level}");
+    // Later on, the others' measured rate is extrapolated within the window.
+    assert!(t.quota(b"q", 3 * SEC).unwrap().level > level);
+    assert!(passes(&t, b"q", 1, 2 * SEC));
+    assert!(!passes(&t, b"q", 1, 2 * SEC));
+    // In the next window, a late value of the last one changes nothing.
+    t.fold_local(10 * SEC + 2_000_000);
+    assert!(passes(&t, b"q", 2, 12 * SEC));
+    t.fold_local(12 * SEC);
+    let before = t.quota(b"q", 12 * SEC).unwrap().level;
+    assert!(before >= 2.0, "{before}");
+    let old = Tally {
+        level: 50.0,
+        prev: 0.0,
+        at: 5 * SEC,
+    };
+    assert!(t.merge_counter(slot, 1, 0, old, 0));
+    assert_eq!(t.quota(b"q", 12 * SEC).unwrap().level, before);
+}
+
+#[test]
+fn a_quota_that_changes_how_it_counts_starts_over() {
+    let t = window_table(false);
+    assert!(passes(&t, b"q", 5, SEC));
+    t.fold_local(SEC);
+    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0)
+        .windowed(Window::TenSeconds, false)
+        .at_epoch(2)]);
+    assert_eq!(t.quota(b"q", SEC).unwrap().level, 5.0, "same window: kept");
+    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0)
+        .windowed(Window::Minute, false)
+        .at_epoch(3)]);
+    assert_eq!(t.quota(b"q", SEC).unwrap().level, 0.0, "another window");
+    assert!(passes(&t, b"q", 5, SEC));
+    t.fold_local(SEC);
+    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).at_epoch(4)]);
+    assert_eq!(t.quota(b"q", SEC).unwrap().level, 0.0, "leaky now");
+}
+
+#[test]
+fn the_utc_offset_places_the_windows() {
+    let t = window_table(false);
+    // Local 0 is UTC 8 s: the window ends at local 2 s.
+    t.set_utc_offset(8 * SEC as i64);
+    assert!(passes(&t, b"q", 5, SEC));
+    t.fold_local(SEC);
+    assert!(!passes(&t, b"q", 1, SEC + SEC / 2));
+    t.fold_local(2 * SEC + SEC / 10);
+    assert!(passes(&t, b"q", 1, 2 * SEC + SEC / 10));
+    assert_eq!(t.windows_used(), vec![Window::TenSeconds]);
+}
+
+#[test]
+fn keys_of_a_window_template_count_per_window() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.apply_quotas(&[Quota::new(1, "per_user", 3.0, 3.0, 3.0)
+        .keyed()
+        .windowed(Window::Minute, false)]);
+    let check = |key: &[u8], now| {
+        let item = CheckItem {
+            name: b"per_user",
+            key: Some(key),
+            weight: 1,
+            max_wait: None,
+        };
+        t.check_many(&[item], now, CheckOptions::default(), never)
+            .outcome
+    };
+    for i in 0..3 {
+        assert_eq!(check(b"alice", SEC + i), Outcome::Pass);
+    }
+    assert!(matches!(check(b"alice", 2 * SEC), Outcome::Reject(_)));
+    assert_eq!(check(b"bob", 2 * SEC), Outcome::Pass);
+    t.fold_local(30 * SEC);
+    assert!(matches!(check(b"alice", 59 * SEC), Outcome::Reject(_)));
+    t.fold_local(60 * SEC + 2_000_000);
+    assert_eq!(check(b"alice", 61 * SEC), Outcome::Pass);
+    // A root's value for the key, in this window.
+    let slot = t.lookup(b"per_user").unwrap();
+    let alice = t.key_secret().hash(b"alice");
+    let value = Tally::leaky(Level {
+        level: 3.0,
+        at: 61 * SEC,
+    });
+    assert!(t.merge_counter(slot, 1, alice, value, 0));
+    assert!(matches!(check(b"alice", 62 * SEC), Outcome::Reject(_)));
+    // Drained once its window is over: its entry can be reused.
+    assert!(t.keys(Some(slot), 125 * SEC).iter().all(|k| k.level <= 1.0));
+}
+
+#[test]
+fn a_window_rejection_waits_for_the_window_end() {
+    let t = window_table(false);
+    assert!(passes(&t, b"q", 5, SEC));
+    let item = CheckItem {
+        name: b"q",
+        key: None,
+        weight: 1,
+        max_wait: None,
+    };
+    let out = t.check_many(&[item], 4 * SEC, CheckOptions::default(), never);
+    let Outcome::Reject(rejection) = out.outcome else {
+        panic!("{out:?}")
+    };
+    assert_eq!(rejection.wait, crate::core::Wait::Seconds(6.0));
+}
+
+fn item(name: &[u8], weight: u64) -> CheckItem<'_> {
+    CheckItem {
+        name,
+        key: None,
+        weight,
+        max_wait: None,
+    }
+}
+
+#[test]
+fn obtain_grants_what_the_whole_chain_allows_and_counts_it() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[
+        Quota::new(1, "parent", 100.0, 8.0, 8.0),
+        Quota::new(2, "child", 100.0, 20.0, 30.0).with_parent(Some(1)),
+    ]);
+    let grant = t.obtain(&item(b"child", 5), 0);
+    assert_eq!((grant.outcome, grant.granted), (Outcome::Pass, 5));
+    // The parent has 3 left.
+    let grant = t.obtain(&item(b"child", 10), 0);
+    assert_eq!((grant.outcome, grant.granted), (Outcome::Pass, 3));
+    let grant = t.obtain(&item(b"child", 10), 0);
+    let Outcome::Reject(rejection) = grant.outcome else {
+        panic!("{grant:?}")
+    };
+    assert_eq!((grant.granted, rejection.depth), (0, 1));
+    assert_eq!(t.quota(b"child", 0).unwrap().rejected, 1);
+    assert_eq!(t.quota(b"parent", 0).unwrap().pending, 8);
+    assert_eq!(t.obtain(&item(b"nothing", 1), 0).outcome, Outcome::Unknown);
+}
+
+#[test]
+fn obtain_on_a_window_quota_takes_the_rest_of_the_window() {
+    let t = window_table(false);
+    assert_eq!(t.obtain(&item(b"q", 3), SEC).granted, 3);
+    assert_eq!(t.obtain(&item(b"q", 3), SEC).granted, 2);
+    assert_eq!(t.obtain(&item(b"q", 3), SEC).granted, 0);
+    t.fold_local(10 * SEC + 2_000_000);
+    assert_eq!(t.obtain(&item(b"q", 30), 11 * SEC).granted, 5);
+}
+
+#[test]
+fn reserve_counts_now_and_spaces_requests_at_the_limit() {
+    let t = Table::new_heap(8, 16);
+    // 10/s, a burst of 2 passes at once.
+    t.apply_quotas(&[Quota::new(1, "paced", 10.0, 2.0, 2.0)]);
+    let waits: Vec<Nanos> = (0..6)
+        .map(|_| {
+            let r = t.reserve(&item(b"paced", 1), SEC, 0);
+            assert_eq!(r.outcome, Outcome::Pass);
+            r.wait
+        })
+        .collect();
+    // Two at once, then one every 100 ms.
+    let ms: Vec<u64> = waits.iter().map(|w| w / 1_000_000).collect();
+    assert_eq!(ms, [0, 0, 100, 200, 300, 400]);
+    // One that would wait past max_wait is refused, uncounted.
+    let r = t.reserve(&item(b"paced", 1), 400_000_000, 0);
+    let Outcome::Reject(rejection) = r.outcome else {
+        panic!("{r:?}")
+    };
+    assert_eq!(r.wait, 500_000_000);
+    assert_eq!(rejection.wait, crate::core::Wait::Seconds(0.5));
+    assert_eq!(t.quota(b"paced", 0).unwrap().pending, 6);
+    // Above high_burst: never.
+    assert_eq!(t.reserve(&item(b"paced", 3), SEC, 0).wait, Nanos::MAX);
+}
+
+#[test]
+fn reserve_cannot_take_a_full_windows_next_window() {
+    let t = window_table(false);
+    assert_eq!(t.reserve(&item(b"q", 5), SEC, SEC).wait, 0);
+    let r = t.reserve(&item(b"q", 1), 60 * SEC, 2 * SEC);
+    assert!(matches!(r.outcome, Outcome::Reject(_)));
+    assert_eq!(r.wait, 8 * SEC);
+}
+
+#[test]
+fn a_paced_item_and_a_plain_one_pass_together_or_not_at_all() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[
+        Quota::new(1, "plain", 100.0, 1.0, 1.0),
+        Quota::new(2, "paced", 10.0, 1.0, 1.0),
+    ]);
+    let items = |plain_weight| {
+        [
+            item(b"plain", plain_weight),
+            CheckItem {
+                max_wait: Some(SEC),
+                ..item(b"paced", 1)
+            },
+        ]
+    };
+    let out = t.check_many(&items(0), 0, CheckOptions::default(), never);
+    assert_eq!((out.outcome, out.wait), (Outcome::Pass, 0));
+    let out = t.check_many(&items(1), 0, CheckOptions::default(), never);
+    assert_eq!((out.outcome, out.wait), (Outcome::Pass, 100_000_000));
+    // The plain quota is full now: nothing is counted on the paced one.
+    let out = t.check_many(&items(1), 0, CheckOptions::default(), never);
+    assert!(matches!(out.outcome, Outcome::Reject(_)));
+    assert_eq!(t.quota(b"paced", 0).unwrap().pending, 2);
+}

@@ -1,0 +1,340 @@
+//! Quota writes: applying quotas by epoch (insert, update, delete),
+//! re-linking parents, and the slot, name and index allocation they use.
+//! Everything here runs under the writer lock.
+
+use std::sync::atomic::{fence, Ordering};
+
+use super::layout::{
+    counting_flags, index_entry, index_home, FLAG_LIVE, FLAG_PER_KEY, FLAG_SLIDING,
+    FLAG_WINDOW_MASK, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
+};
+use super::lock::SeqWrite;
+use super::names;
+use super::{SlotId, Table, TableError, REL, RLX};
+use crate::core::Quota;
+
+/// What [`Table::apply_quotas`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApplyReport {
+    /// New quotas.
+    pub inserted: usize,
+    /// Existing quotas changed.
+    pub updated: usize,
+    /// Quotas removed by tombstones.
+    pub deleted: usize,
+    /// Changes ignored because the table already had that epoch or newer.
+    pub stale: usize,
+    /// Quotas refused, with why.
+    pub refused: Vec<TableError>,
+}
+
+impl Table {
+    /// Applies quota changes from a root or a file: upserts live quotas
+    /// whose epoch is newer than the table's copy, removes tombstoned ones,
+    /// then re-links parents. Invalid quotas and quotas that do not fit are
+    /// refused (listed in the report) and everything else still applies.
+    pub fn apply_quotas(&self, quotas: &[Quota]) -> ApplyReport {
+        let _guard = self.lock();
+        let mut report = ApplyReport::default();
+        let mut freed = Vec::new();
+        let mut relink = false;
+        for q in quotas {
+            match self.apply_one(q, &mut freed) {
+                Ok(Applied::Inserted) => {
+                    report.inserted += 1;
+                    relink = true;
+                }
+                Ok(Applied::Updated { parent_changed }) => {
+                    report.updated += 1;
+                    relink |= parent_changed;
+                }
+                Ok(Applied::Deleted) => {
+                    report.deleted += 1;
+                    relink = true;
+                }
+                Ok(Applied::Stale) => report.stale += 1,
+                Err(e) => {
+                    if matches!(e, TableError::Full { .. } | TableError::NamesFull { .. }) {
+                        self.header().refused_quotas.fetch_add(1, RLX);
+                    }
+                    report.refused.push(e);
+                }
+            }
+            self.header().max_epoch.fetch_max(q.epoch, REL);
+        }
+        if relink {
+            self.relink();
+        }
+        // Freed slots become reusable only now, after no live slot links to
+        // them any more.
+        for slot in freed {
+            self.free_slot(slot);
+        }
+        if relink || report.deleted > 0 {
+            self.maybe_rebuild_index();
+            self.header().generation.fetch_add(1, REL);
+        }
+        report
+    }
+
+    fn apply_one(&self, q: &Quota, freed: &mut Vec<SlotId>) -> Result<Applied, TableError> {
+        q.validate().map_err(|error| TableError::Invalid {
+            name: q.name.clone(),
+            error,
+        })?;
+        let existing = self.lookup(q.name.as_bytes());
+        if let Some(slot) = existing {
+            let s = &self.slots()[slot as usize];
+            if s.epoch.load(RLX) >= q.epoch {
+                return Ok(Applied::Stale);
+            }
+            let flags = s.flags.load(RLX);
+            let was_template = flags & FLAG_PER_KEY != 0;
+            let recounted =
+                flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != counting_flags(q.window, q.sliding);
+            // A template deleted, or turned into a plain quota (or a new
+            // quota under its name, or one counting another way): its
+            // keys go with it.
+            if was_template && (q.deleted || !q.per_key || recounted || s.quota_id() != Some(q.id))
+            {
+                self.drop_keys_of(slot);
+            }
+            if q.deleted {
+                self.remove(slot);
+                freed.push(slot);
+                return Ok(Applied::Deleted);
+            }
+            let parent_changed = s.parent_id.load(RLX) != q.parent.unwrap_or(0);
+            self.write_quota(slot, q);
+            return Ok(Applied::Updated { parent_changed });
+        }
+        if q.deleted {
+            return Ok(Applied::Stale);
+        }
+        let slot = self.alloc_slot().ok_or_else(|| TableError::Full {
+            capacity: self.capacity(),
+            name: q.name.clone(),
+        })?;
+        let Some(name_at) = self.alloc_name(q.name.len()) else {
+            self.free_slot(slot);
+            return Err(TableError::NamesFull {
+                name: q.name.clone(),
+            });
+        };
+        let s = &self.slots()[slot as usize];
+        s.name_at.store(name_at, RLX);
+        self.write_quota(slot, q);
+        self.index_insert(q.name.as_bytes(), slot, name_at);
+        self.header().live.fetch_add(1, RLX);
+        Ok(Applied::Inserted)
+    }
+
+    /// Writes a quota into a slot under its seqlock. A new id (a new quota,
+    /// or a name deleted and created again) starts a fresh counter.
+    fn write_quota(&self, slot: SlotId, q: &Quota) {
+        let s = &self.slots()[slot as usize];
+        let counting = counting_flags(q.window, q.sliding);
+        let old_flags = s.flags.load(RLX);
+        // A new quota, or one that now counts another way: its counter's
+        // numbers mean something else, so it starts over.
+        let fresh =
+            s.quota_id() != Some(q.id) || old_flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != counting;
+        let w = SeqWrite::begin(s);
+        let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
+        s.flags.store(FLAG_LIVE | per_key | counting, RLX);
+        if let Some(window) = q.window {
+            self.header()
+                .windows_used
+                .fetch_or(1 << (window.code() - 1), RLX);
+        }
+        s.limit.store(q.limit.to_bits(), RLX);
+        s.low_burst.store(q.low_burst.to_bits(), RLX);
+        s.high_burst.store(q.high_burst.to_bits(), RLX);
+        if fresh {
+            s.name_len.store(q.name.len() as u16, RLX);
+            if let Some(words) = names::name_words(self.arena(), s.name_at.load(RLX), q.name.len())
+            {
+                names::store(words, q.name.as_bytes());
+            }
+            s.known_level.store(0f64.to_bits(), RLX);
+            s.known_at.store(0, RLX);
+            s.fill_rate.store(0f64.to_bits(), RLX);
+            s.parent.store(0, RLX);
+            s.pending.store(0, RLX);
+            s.inflight.store(0, RLX);
+            s.passed.store(0, RLX);
+            s.rejected.store(0, RLX);
+            s.dry_run.store(0, RLX);
+        }
+        s.id.store(q.id, RLX);
+        s.epoch.store(q.epoch, RLX);
+        s.parent_id.store(q.parent.unwrap_or(0), RLX);
+        drop(w);
+    }
+
+    fn remove(&self, slot: SlotId) {
+        let s = &self.slots()[slot as usize];
+        let len = s.name_len.load(RLX) as usize;
+        let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
+            .map(|w| names::load(w, len))
+            .unwrap_or_default();
+        self.index_remove(&name, slot, s.name_at.load(RLX));
+        let w = SeqWrite::begin(s);
+        s.flags.store(0, RLX);
+        drop(w);
+        self.free_name(s.name_at.load(RLX), len);
+        self.header().live.fetch_sub(1, RLX);
+    }
+
+    /// Points every live slot's `parent` at its parent id's slot.
+    fn relink(&self) {
+        let slots = self.slots();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let by_id = self.slot_ids();
+        for s in slots[..used]
+            .iter()
+            .filter(|s| s.flags.load(RLX) & FLAG_LIVE != 0)
+        {
+            let pid = s.parent_id.load(RLX);
+            let want = if pid == 0 {
+                0
+            } else {
+                by_id.get(&pid).map_or(0, |&p| p + 1)
+            };
+            if s.parent.load(RLX) != want {
+                let w = SeqWrite::begin(s);
+                s.parent.store(want, RLX);
+                drop(w);
+            }
+        }
+    }
+
+    // ---- slot, name and index allocation (writer lock held) -------------
+
+    fn alloc_slot(&self) -> Option<SlotId> {
+        let h = self.header();
+        let head = h.free_slots.load(RLX);
+        if head != 0 {
+            let slot = head - 1;
+            let link = self.slots()[slot as usize].id.load(RLX);
+            debug_assert_ne!(link & FREE_LINK, 0, "slot {slot} on the free list");
+            h.free_slots.store((link & !FREE_LINK) as u32, RLX);
+            return Some(slot);
+        }
+        let next = h.next_unused.load(RLX);
+        if next < self.capacity() {
+            h.next_unused.store(next + 1, RLX);
+            return Some(next);
+        }
+        None
+    }
+
+    fn free_slot(&self, slot: SlotId) {
+        let h = self.header();
+        self.slots()[slot as usize]
+            .id
+            .store(FREE_LINK | u64::from(h.free_slots.load(RLX)), RLX);
+        h.free_slots.store(slot + 1, RLX);
+    }
+
+    fn alloc_name(&self, len: usize) -> Option<u32> {
+        let h = self.header();
+        let k = names::granules_for(len);
+        let head = &h.arena_free[k - 1];
+        let first = head.load(RLX);
+        if first != 0 {
+            let at = first - 1;
+            // A free chunk's first word links to the next free chunk.
+            let next = self.arena()[at as usize * 2].load(RLX) as u32;
+            head.store(next, RLX);
+            return Some(at);
+        }
+        let next = h.arena_next.load(RLX);
+        if next as usize + k <= self.geometry.arena_granules as usize {
+            h.arena_next.store(next + k as u32, RLX);
+            return Some(next);
+        }
+        None
+    }
+
+    fn free_name(&self, at: u32, len: usize) {
+        let k = names::granules_for(len);
+        let head = &self.header().arena_free[k - 1];
+        self.arena()[at as usize * 2].store(u64::from(head.load(RLX)), RLX);
+        head.store(at + 1, RLX);
+    }
+
+    fn index_insert(&self, name: &[u8], slot: SlotId, name_at: u32) {
+        let h = self.header();
+        let index = self.index();
+        let hash = names::hash(name);
+        let mut pos = index_home(hash, index.len());
+        loop {
+            let e = index[pos].load(RLX);
+            if e == INDEX_EMPTY || e == INDEX_TOMBSTONE {
+                if e == INDEX_TOMBSTONE {
+                    h.index_tombstones.fetch_sub(1, RLX);
+                }
+                index[pos].store(index_entry(hash, slot, name_at), REL);
+                return;
+            }
+            // The index has 1.5 entries per slot, so an empty or deleted
+            // entry is always found.
+            pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
+        }
+    }
+
+    fn index_remove(&self, name: &[u8], slot: SlotId, name_at: u32) {
+        let index = self.index();
+        let hash = names::hash(name);
+        let entry = index_entry(hash, slot, name_at);
+        let mut pos = index_home(hash, index.len());
+        for _ in 0..index.len() {
+            let e = index[pos].load(RLX);
+            if e == INDEX_EMPTY {
+                return;
+            }
+            if e == entry {
+                index[pos].store(INDEX_TOMBSTONE, REL);
+                self.header().index_tombstones.fetch_add(1, RLX);
+                return;
+            }
+            pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
+        }
+    }
+
+    /// Rebuilds the index when tombstones make up a sixth of it, so
+    /// misses keep ending at an empty entry soon. Lookups that miss during
+    /// the rebuild see `index_seq` move and retry.
+    fn maybe_rebuild_index(&self) {
+        let h = self.header();
+        let index = self.index();
+        if (h.index_tombstones.load(RLX) as usize) * 6 < index.len() {
+            return;
+        }
+        h.index_seq.fetch_add(1, REL);
+        fence(Ordering::SeqCst);
+        for e in index {
+            e.store(INDEX_EMPTY, RLX);
+        }
+        h.index_tombstones.store(0, RLX);
+        let used = h.next_unused.load(RLX) as usize;
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            if s.flags.load(RLX) & FLAG_LIVE != 0 {
+                let len = s.name_len.load(RLX) as usize;
+                let at = s.name_at.load(RLX);
+                if let Some(w) = names::name_words(self.arena(), at, len) {
+                    self.index_insert(&names::load(w, len), i as SlotId, at);
+                }
+            }
+        }
+        h.index_seq.fetch_add(1, REL);
+    }
+}
+
+enum Applied {
+    Inserted,
+    Updated { parent_changed: bool },
+    Deleted,
+    Stale,
+}

@@ -1,0 +1,278 @@
+# Per-key quotas (standalone, a local quota file): each key its own
+# counter, keys from headers, arguments and binary variables, empty keys,
+# dry run, the log line (the key's hash, never the key), eviction under a
+# tiny key section sparing a busy key, metrics, a secret file, and bad
+# configuration.
+#
+# `per_user` is a template: every key gets 3 units (limit 0.001/s, so
+# nothing leaks while a block runs), under `all_users` (1000 units).
+
+use Test::Nginx::Socket 'no_plan';
+use FindBin ();
+use lib "$FindBin::Bin/helpers";
+use SluiceTest ();
+
+our $Quotas = <<'JSON';
+{"quotas": [
+  {"name": "all_users", "limit": 0.001, "low_burst": 1000, "high_burst": 1000},
+  {"name": "per_user", "parent": "all_users", "limit": 0.001, "low_burst": 3,
+   "high_burst": 3, "per_key": true},
+  {"name": "per_ip", "limit": 0.001, "low_burst": 2, "high_burst": 2, "per_key": true},
+  {"name": "plain", "limit": 0.001, "low_burst": 2, "high_burst": 2}
+]}
+JSON
+
+add_block_preprocessor(sub {
+    my $block = shift;
+    SluiceTest::load_sluice_module($block);
+    $block->set_value(http_config => "sluice_zone 1m;\nsluice_quotas ../html/quotas.json;\n"
+        . ($block->http_config // ''))
+        unless defined $block->must_die;
+    $block->set_value(user_files => ">>> quotas.json\n$Quotas" . ($block->user_files // ''));
+});
+
+no_root_location();
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: each key has its own counter; another key still passes
+--- config
+location / {
+    root html;
+    sluice per_user key=$http_x_api_token;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html", "GET /index.html", "GET /index.html", "GET /index.html", "GET /index.html"]
+--- more_headers eval
+["X-Api-Token: alice", "X-Api-Token: alice", "X-Api-Token: alice", "X-Api-Token: alice",
+ "X-Api-Token: bob"]
+--- error_code eval
+[200, 200, 200, 429, 200]
+--- response_headers eval
+["X-Sluice: PASSED", "X-Sluice: PASSED", "X-Sluice: PASSED", "X-Sluice: REJECTED",
+ "X-Sluice: PASSED"]
+
+
+
+=== TEST 2: an empty key is not checked and not counted, and says so
+--- config
+location / {
+    root html;
+    sluice per_ip key=$http_x_missing;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html", "GET /index.html", "GET /index.html"]
+--- error_code eval
+[200, 200, 200]
+--- response_headers eval
+["X-Sluice: NO_KEY", "X-Sluice: NO_KEY", "X-Sluice: NO_KEY"]
+
+
+
+=== TEST 3: a key from a query argument
+--- config
+location / { root html; sluice per_ip key=$arg_user; }
+--- request eval
+["GET /index.html?user=a", "GET /index.html?user=a", "GET /index.html?user=a",
+ "GET /index.html?user=b"]
+--- error_code eval
+[200, 200, 429, 200]
+
+
+
+=== TEST 4: a binary key ($binary_remote_addr) with a weight
+--- config
+location / { root html; sluice per_ip key=$binary_remote_addr weight=2; }
+--- request eval
+["GET /index.html", "GET /index.html"]
+--- error_code eval
+[200, 429]
+
+
+
+=== TEST 5: a rejection logs the key's hash, never the key
+--- config
+location / { root html; sluice per_ip key=$http_x_api_token weight=3; }
+--- more_headers
+X-Api-Token: sk-live-4242-very-secret
+--- request
+GET /index.html
+--- error_code: 429
+--- error_log eval
+qr/sluice: limiting requests by quota "per_ip" key [0-9a-f]{16} \(limit 0\.001\/s, weight 3\)/
+--- no_error_log
+sk-live-4242
+
+
+
+=== TEST 6: dry run lets a key over its quota through and marks it
+--- config
+location / {
+    root html;
+    sluice per_ip key=$arg_k;
+    sluice_dry_run on;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html?k=x", "GET /index.html?k=x", "GET /index.html?k=x"]
+--- error_code eval
+[200, 200, 200]
+--- response_headers eval
+["X-Sluice: PASSED", "X-Sluice: PASSED", "X-Sluice: REJECTED_DRY_RUN"]
+
+
+
+=== TEST 7: a key given to a plain quota is ignored: the quota is shared
+--- config
+location / { root html; sluice plain key=$arg_k; }
+--- request eval
+["GET /index.html?k=1", "GET /index.html?k=2", "GET /index.html?k=3"]
+--- error_code eval
+[200, 200, 429]
+
+
+
+=== TEST 8: a keyed check and a named one on one request, all or nothing
+--- config
+location / { root html; sluice per_ip key=$arg_k; sluice plain; }
+--- request eval
+["GET /index.html?k=1", "GET /index.html?k=1", "GET /index.html?k=2"]
+--- error_code eval
+[200, 200, 429]
+
+
+
+=== TEST 9: keys of 1 byte and of 64 KiB are counted like any
+--- config
+large_client_header_buffers 4 128k;
+location / { root html; sluice per_ip key=$http_x_key weight=2; }
+--- request eval
+["GET /index.html", "GET /index.html", "GET /index.html", "GET /index.html"]
+--- more_headers eval
+["X-Key: k", "X-Key: k", "X-Key: " . ("x" x 65536), "X-Key: " . ("x" x 65536)]
+--- error_code eval
+[200, 429, 200, 429]
+
+
+
+=== TEST 10: a scan of new keys in a tiny key section spares a busy key
+--- http_config
+sluice_keys 1k;
+--- config
+location / { root html; sluice per_ip key=$arg_k; }
+--- request eval
+[
+  "GET /index.html?k=busy", "GET /index.html?k=busy",
+  (map { "GET /index.html?k=scan$_" } 1 .. 60),
+  "GET /index.html?k=busy",
+]
+--- error_code eval
+[200, 200, (200) x 60, 429]
+
+
+
+=== TEST 11: the metrics show the key section and keys by hash only
+--- config
+location / { root html; sluice per_ip key=$arg_k; }
+location = /m { sluice_metrics; }
+--- request eval
+["GET /index.html?k=topsecret", "GET /m"]
+--- response_body_like eval
+[qr/./, qr/sluice_keys 1\n(?s:.*)sluice_key_level\{quota="per_ip",key="[0-9a-f]{16}"\} 1\n/]
+--- response_body_unlike eval
+[qr/^$/, qr/topsecret/]
+
+
+
+=== TEST 12: a key secret file is read at startup
+--- http_config
+sluice_key_secret_file ../html/secret;
+--- user_files
+>>> secret
+0123456789abcdef-fleet-secret
+--- config
+location / { root html; sluice per_ip key=$arg_k; }
+--- request eval
+["GET /index.html?k=a", "GET /index.html?k=a", "GET /index.html?k=a"]
+--- error_code eval
+[200, 200, 429]
+
+
+
+=== TEST 13: a missing key secret file fails the configuration with its line
+--- http_config
+sluice_zone 1m;
+sluice_key_secret_file /nonexistent/sluice-secret;
+--- config
+--- must_die
+--- error_log eval
+qr/cannot read key secret file "\/nonexistent\/sluice-secret": .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 14: a secret file with too short a secret fails the configuration
+--- http_config
+sluice_zone 1m;
+sluice_key_secret_file ../html/short;
+--- user_files
+>>> short
+tiny
+--- config
+--- must_die
+--- error_log eval
+qr/key secret file ".*short" holds 4 bytes of secret, at least 16 are needed .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 15: an empty key= and a duplicate key= are refused
+--- http_config
+sluice_zone 1m;
+--- config
+location / { sluice per_ip key=; }
+--- must_die
+--- error_log eval
+qr/"key=" needs a value, e\.g\. key=\$http_x_api_token in .*nginx\.conf:\d+/
+
+
+
+=== TEST 16: a duplicate key= parameter is refused
+--- http_config
+sluice_zone 1m;
+--- config
+location / { sluice per_ip key=$arg_a key=$arg_b; }
+--- must_die
+--- error_log eval
+qr/duplicate parameter "key=[^"]*" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 17: sluice_keys takes a size
+--- http_config
+sluice_zone 1m;
+sluice_keys lots;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid size "lots": must be a size up to 64g \(0 for no keys\) in .*nginx\.conf:\d+/
+
+
+
+=== TEST 18: with no key section, keyed checks pass uncounted
+--- http_config
+sluice_keys 0;
+--- config
+location / {
+    root html;
+    sluice per_ip key=$arg_k;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html?k=a", "GET /index.html?k=a", "GET /index.html?k=a"]
+--- error_code eval
+[200, 200, 200]
+--- response_headers eval
+["X-Sluice: UNKNOWN", "X-Sluice: UNKNOWN", "X-Sluice: UNKNOWN"]

@@ -1,0 +1,160 @@
+//! Two nginx with the module and two roots, on 127.0.0.1: what per-key
+//! quotas do across a fleet, seen from outside.
+//!
+//! Run by `make test-cluster` (the tests are ignored by a plain `cargo
+//! test`, which has no nginx built yet).
+
+mod cluster_support;
+mod sync_support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice::core::key::KeySecret;
+
+use cluster_support::{contains, memory_holds, Client, Nginx, Relay};
+use sync_support::{http, Db, Root};
+
+/// The key under test: what must never leave nginx as itself.
+const KEY: &str = "tok-3c1f9e7a-secret-alpha";
+/// The fleet's key secret.
+const SECRET: &str = "cluster-test-secret-0123456789";
+/// The per-key limit, units per second.
+const LIMIT: f64 = 50.0;
+
+/// Sends `rate` requests a second for `secs` seconds to nginx on `port`
+/// with the key `KEY`; returns, per second, how many passed.
+fn offer(port: u16, rate: f64, secs: u64) -> Vec<u64> {
+    let mut client = Client::new(port);
+    let header = format!("X-Token: {KEY}");
+    let start = Instant::now();
+    let mut passed = vec![0u64; secs as usize];
+    let mut sent = 0u64;
+    while start.elapsed() < Duration::from_secs(secs) {
+        let due = Duration::from_secs_f64(sent as f64 / rate);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let second = start.elapsed().as_secs() as usize;
+        let (status, _) = client.get("/k/index.html", &[&header]);
+        assert!(status == 200 || status == 429, "status {status}");
+        if status == 200 && second < passed.len() {
+            passed[second] += 1;
+        }
+        sent += 1;
+    }
+    passed
+}
+
+#[test]
+#[ignore = "needs nginx and the module: make test-cluster"]
+fn a_key_split_70_30_over_two_nginx_gets_its_limit_and_never_leaves_as_itself() {
+    let db = Db::new();
+    let roots = [Root::start(&db, "root-a"), Root::start(&db, "root-b")];
+    roots[0].put(
+        "per_token",
+        json!({"limit": LIMIT, "low_burst": LIMIT, "high_burst": 2.0 * LIMIT, "per_key": true}),
+    );
+    let relays: Vec<Relay> = roots
+        .iter()
+        .map(|r| Relay::start(r.url.trim_start_matches("http://")))
+        .collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secret_file = dir.path().join("key.secret");
+    std::fs::write(&secret_file, SECRET).expect("secret file");
+    let http_block = format!(
+        "    sluice_zone 1m;\n    sluice_keys 1m;\n    sluice_root {} {};\n    \
+         sluice_sync_interval 200ms;\n    sluice_key_secret_file {};",
+        relays[0].url,
+        relays[1].url,
+        secret_file.display()
+    );
+    let server_block =
+        "        location /k/ { alias html/; sluice per_token key=$http_x_token; }\n        \
+         location = /metrics { sluice_metrics; }";
+    let nginx: Vec<Nginx> = ["nginx-a", "nginx-b"]
+        .iter()
+        .map(|n| Nginx::start(&dir.path().join(n), &http_block, server_block))
+        .collect();
+    // Both have the template before the load starts.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // 2x the limit for one key: 70% through one nginx, 30% the other.
+    let secs = 12;
+    let (a, b) = (nginx[0].port, nginx[1].port);
+    let heavy = std::thread::spawn(move || offer(a, 1.4 * LIMIT, secs));
+    let light = std::thread::spawn(move || offer(b, 0.6 * LIMIT, secs));
+    let (heavy, light) = (heavy.join().unwrap(), light.join().unwrap());
+    // After the first burst, the fleet admits about the limit.
+    let steady = 4..secs as usize;
+    let admitted: u64 = steady.clone().map(|s| heavy[s] + light[s]).sum();
+    let ratio = admitted as f64 / (LIMIT * steady.len() as f64);
+    assert!(
+        (0.85..=1.2).contains(&ratio),
+        "admitted/limit {ratio:.3} (per second: {heavy:?} + {light:?})"
+    );
+    // Each nginx alone would have admitted its whole share under a
+    // per-host limit of LIMIT: the heavy one got less than it offered.
+    let heavy_steady: u64 = steady.map(|s| heavy[s]).sum();
+    assert!((heavy_steady as f64) < 1.4 * LIMIT * 8.0 * 0.9, "{heavy:?}");
+
+    // The key went to the roots only as its hash.
+    let hash = KeySecret::from_file_contents(SECRET.as_bytes())
+        .unwrap()
+        .hash(KEY.as_bytes());
+    for relay in &relays {
+        let sent = relay.sent();
+        assert!(
+            contains(&sent, b"\"keyed\""),
+            "no keyed deltas reached a root"
+        );
+        assert!(
+            contains(&sent, hash.to_string().as_bytes()),
+            "the key's hash was not sent"
+        );
+        assert!(
+            !contains(&sent, KEY.as_bytes()),
+            "the raw key crossed the wire"
+        );
+    }
+    for root in &roots {
+        let pid = root.pid().expect("root runs");
+        assert_eq!(
+            memory_holds(pid, KEY.as_bytes()),
+            Ok(false),
+            "raw key in a root's memory"
+        );
+        // The scan does find what is there: the hash, as the root keeps it.
+        assert_eq!(
+            memory_holds(pid, &hash.to_le_bytes()),
+            Ok(true),
+            "the scan found no hash"
+        );
+        let (status, _) = http(&root.url, "GET", "/healthz", None).expect("healthz");
+        assert_eq!(status, 200);
+        let metrics = raw_get(&root.url, "/metrics");
+        assert!(!metrics.contains(KEY), "raw key in a root's metrics");
+        assert!(!root.log().contains(KEY), "raw key in a root's log");
+    }
+    for n in &nginx {
+        let (_, metrics) = Client::new(n.port).get("/metrics", &[]);
+        assert!(metrics.contains(&format!("{hash:016x}")), "{metrics}");
+        assert!(!metrics.contains(KEY), "raw key in nginx's metrics");
+        assert!(!n.error_log().contains(KEY), "raw key in nginx's error log");
+    }
+}
+
+/// The body of `GET path` from a root (text, not JSON).
+fn raw_get(url: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
+}
