@@ -6,6 +6,10 @@
 //! - `random_1m`: a random name among 1M loaded quotas (cache misses);
 //! - `random_1m_by_slot`: the same quotas checked by slot, no lookup;
 //! - `contended_2threads`: two threads checking one quota at once.
+//! - `kinds/*`: one quota of each kind in the same run (leaky, a fixed
+//!   and a sliding 1 min window) and the leaky one by `obtain` and
+//!   `reserve`, so their ratios to the leaky check are measured together;
+//!   `c_abi/obtain` and `c_abi/reserve` beside `c_abi/hot_single`.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -13,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::core::rng::Rng;
-use sluice::core::Quota;
-use sluice::table::Table;
+use sluice::core::{Quota, Window};
+use sluice::table::{CheckItem, Table};
 
 fn quota(id: u64, name: String, parent: Option<u64>) -> Quota {
     // Huge limits: the benchmarks measure passing checks, as in production.
@@ -39,6 +43,40 @@ fn bench_table(c: &mut Criterion) {
     });
     g.bench_function("unknown_name", |b| {
         b.iter(|| t.check(black_box(b"s3_nobody_read"), 1, now))
+    });
+    g.finish();
+}
+
+fn bench_kinds(c: &mut Criterion) {
+    let t = Table::new_heap(1024, 32);
+    let window = |id, name: &str, sliding| {
+        Quota::new(id, name, 1e15, 1e15, 1e15).windowed(Window::Minute, sliding)
+    };
+    t.apply_quotas(&[
+        quota(1, "leaky".into(), None),
+        window(2, "fixed_1m", false),
+        window(3, "sliding_1m", true),
+    ]);
+    let now = sluice::clock::now();
+    let item = |name: &'static [u8]| CheckItem {
+        name,
+        key: None,
+        weight: 1,
+        max_wait: None,
+    };
+    let mut g = c.benchmark_group("kinds");
+    g.bench_function("leaky", |b| b.iter(|| t.check(black_box(b"leaky"), 1, now)));
+    g.bench_function("window_fixed", |b| {
+        b.iter(|| t.check(black_box(b"fixed_1m"), 1, now))
+    });
+    g.bench_function("window_sliding", |b| {
+        b.iter(|| t.check(black_box(b"sliding_1m"), 1, now))
+    });
+    g.bench_function("obtain", |b| {
+        b.iter(|| t.obtain(black_box(&item(b"leaky")), now))
+    });
+    g.bench_function("reserve", |b| {
+        b.iter(|| t.reserve(black_box(&item(b"leaky")), 1_000_000_000, now))
     });
     g.finish();
 }
@@ -107,7 +145,9 @@ fn bench_contended(c: &mut Criterion) {
 }
 
 fn bench_c_abi(c: &mut Criterion) {
-    use sluice::ffi::{check_by_name, sluice_init, sluice_load_quotas_json};
+    use sluice::ffi::{
+        check_by_name, sluice_init, sluice_load_quotas_json, sluice_obtain, sluice_reserve,
+    };
     let quotas = c"{\"quotas\":[
         {\"name\":\"s3_photos\",\"limit\":1e12,\"low_burst\":1e15,\"high_burst\":1e15},
         {\"name\":\"s3_photos_rw\",\"parent\":\"s3_photos\",\"limit\":1e12,\"low_burst\":1e15,\"high_burst\":1e15},
@@ -127,6 +167,26 @@ fn bench_c_abi(c: &mut Criterion) {
     g.bench_function("hot_depth3", |b| {
         b.iter(|| unsafe { check_by_name(black_box(c"s3_photos_read".as_ptr()), 1) })
     });
+    let name = b"s3_single_read";
+    let mut out = 0u64;
+    // SAFETY: `name` is readable for its length; `out` is a valid u64.
+    g.bench_function("obtain", |b| {
+        b.iter(|| unsafe {
+            sluice_obtain(black_box(name.as_ptr().cast()), name.len(), 4, &mut out)
+        })
+    });
+    // SAFETY: as above.
+    g.bench_function("reserve", |b| {
+        b.iter(|| unsafe {
+            sluice_reserve(
+                black_box(name.as_ptr().cast()),
+                name.len(),
+                1,
+                1000,
+                &mut out,
+            )
+        })
+    });
     g.finish();
 }
 
@@ -135,6 +195,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = bench_table, bench_c_abi, bench_contended, bench_random_1m
+    targets = bench_table, bench_kinds, bench_c_abi, bench_contended, bench_random_1m
 }
 criterion_main!(benches);

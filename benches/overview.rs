@@ -64,6 +64,7 @@ fn main() {
                 })
                 .collect(),
             keyed: Vec::new(),
+            rejected: Vec::new(),
         };
         ledger.sync(&request, 1, SEC, paging);
     }

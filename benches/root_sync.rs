@@ -269,6 +269,7 @@ async fn initial_sync(http: &reqwest::Client, url: &str) -> (Duration, usize, us
     loop {
         let request = sluice::wire::SyncRequest {
             keyed: Vec::new(),
+            rejected: Vec::new(),
             limiter: "fresh".into(),
             quotas_after: after,
             counter_version: 0,

@@ -18,13 +18,21 @@
 //!   unsafe (`#![forbid(unsafe_code)]`). Time is always a parameter.
 //!   - `core/quota.rs` — the quota model, its constructors and validation
 //!     (names, numbers, parent chains).
-//!   - `core/counter.rs` — a counter as `(level, at)`: leak, add, max-merge.
+//!   - `core/counter.rs` — a counter as `(level, at)`: leak, add, max-merge;
+//!     `Tally` (level, previous window's count, time) and `Counting` (leak
+//!     at a limit, or count in windows), the one counter type of the
+//!     table, the roots and the simulator.
+//!   - `core/window.rs` — window quotas: UTC-aligned windows (`1s` to
+//!     `month`), locating a time in its window, window counts that merge
+//!     by window, the sliding weight.
 //!   - `core/decision.rs` — the pass/reject rule with its probabilistic band,
-//!     the check of a quota chain (all pass, then commit), and the room a
+//!     the check of a quota chain (all pass, then commit), the room a
 //!     quota has left (`Retry-After` when waiting can help, rate-limit
-//!     headers).
+//!     headers), partial grants (`grantable`) and pacing waits
+//!     (`reserve_wait`).
 //!   - `core/estimate.rs` — the level estimate between syncs and the two
-//!     extrapolation modes (constant ratio, adaptive fill rate).
+//!     extrapolation modes (constant ratio, adaptive fill rate), and its
+//!     window counterpart.
 //!   - `core/key.rs` — keys of per-key quotas as keyed hashes under the
 //!     fleet's secret (a key is never kept).
 //!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws from.
@@ -41,7 +49,8 @@
 //!   `heap.rs`), the check path (`check.rs`), writes (`write.rs`), counters
 //!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), whole-table
 //!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
-//!   locks (`lock.rs`), quota files (`file.rs`).
+//!   locks (`lock.rs`), quota files (`file.rs`); its tests by subject
+//!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`).
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
@@ -58,7 +67,8 @@
 //!   - `sync/ids.rs` — hash maps keyed by quota id (a multiply, not SipHash).
 //!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
-//!   `check_by_name(name, weight)`.
+//!   `check_by_name(name, weight)`, keyed checks, partial grants
+//!   (`sluice_obtain`) and pacing (`sluice_reserve`).
 //! - [`nginx`] — the nginx module: pure argument parsing, header values and
 //!   Prometheus text (always compiled and tested), and the `ngx` glue
 //!   (feature `nginx`); its files are listed in its module doc.

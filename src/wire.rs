@@ -155,12 +155,21 @@ pub struct SyncRequest {
     /// Changed deltas of keys of per-key templates, by template.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keyed: Vec<KeyedDeltas>,
+    /// Checks this limiter rejected since its last cycle, as `[quota id,
+    /// count]` (a per-key quota's under its template). Statistics for the
+    /// roots' overview and console only: no decision reads them, so a
+    /// root that misses a cycle (down, backing off) only misses its share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<(u64, u64)>,
 }
 
 impl SyncRequest {
-    /// Deltas the request carries, named and keyed.
+    /// Entries the request carries: deltas, named and keyed, and rejection
+    /// counts (what [`MAX_DELTAS_PER_SYNC`] bounds).
     pub fn delta_count(&self) -> usize {
-        self.deltas.len() + self.keyed.iter().map(|k| k.deltas.len()).sum::<usize>()
+        self.deltas.len()
+            + self.keyed.iter().map(|k| k.deltas.len()).sum::<usize>()
+            + self.rejected.len()
     }
 }
 

@@ -179,6 +179,12 @@ for (1 .. 10 * ($ENV{SLUICE_CONSOLE_SECONDS} || 5)) {
     traffic(3);
     sleep 0.1;
 }
+ok($browser->wait_for(q{(() => {
+        const cell = document.querySelector('#busiest tr[data-quota="s3_photos_read"] [data-field="rejected_rate"]');
+        return cell && Number(cell.getAttribute('data-value')) > 0
+            && Number(document.getElementById('total-rejected').getAttribute('data-value')) > 0;
+    })()}),
+    'the checks nginx rejected show as a rate, per quota and in total');
 $browser->wait_for(q{document.querySelector('#chart-level polyline')}, 10);
 make_path("$Repo/build/console");
 ok($browser->screenshot("$Repo/build/console/console.png") > 10_000,

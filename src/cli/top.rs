@@ -182,13 +182,14 @@ pub fn render(root: &str, ov: &Value) -> String {
             .unwrap_or_default()
     ));
     out.push_str(&format!(
-        "quotas {} ({} with a counter)  limiters {} active, {} seen  syncs {}/s  admitted {}/s  rejecting {} quotas ({} full)\n",
+        "quotas {} ({} with a counter)  limiters {} active, {} seen  syncs {}/s  admitted {}/s  rejected {}/s  rejecting {} quotas ({} full)\n",
         number(&t["quotas"]),
         number(&t["counters"]),
         number(&t["limiters_active"]),
         number(&t["limiters_seen"]),
         number(&t["syncs_per_second"]),
         number(&t["admitted_per_second"]),
+        number(&t["rejected_per_second"]),
         number(&t["quotas_rejecting"]),
         number(&t["quotas_full"]),
     ));
@@ -207,7 +208,7 @@ pub fn render(root: &str, ov: &Value) -> String {
         out.push_str("no quota has received weight recently\n");
     } else {
         let mut table = Table::new(&[
-            "QUOTA", "PARENT", "LEVEL", "HIGH", "FULL%", "FILL/S", "LIMIT/S", "REJECT%",
+            "QUOTA", "PARENT", "LEVEL", "HIGH", "FULL%", "FILL/S", "LIMIT/S", "REJECT%", "REJ/S",
         ]);
         for q in quotas {
             table.row(vec![
@@ -219,6 +220,7 @@ pub fn render(root: &str, ov: &Value) -> String {
                 number(&q["fill_rate"]),
                 number(&q["limit"]),
                 percent(&q["rejecting"]),
+                number(&q["rejected_rate"]),
             ]);
         }
         out.push_str(&table.render());
@@ -277,12 +279,13 @@ mod tests {
                    "failures": 0, "epoch": 7},
             "totals": {"quotas": 6, "counters": 4, "limiters_seen": 2, "limiters_active": 1,
                        "syncs_per_second": 5.0, "admitted_per_second": 88.126,
+                       "rejected_per_second": 3.25,
                        "quotas_rejecting": 1, "quotas_full": 0},
             "sampled": {"age_seconds": 0.1, "rate_window_seconds": 1.0,
                         "counters_scanned": 4, "counters_complete": true},
             "quotas": [{"name": "s3_photos_read", "parent": "s3_photos", "limit": 15.0,
                         "low_burst": 15.0, "high_burst": 30.0, "level": 22.09, "fill_rate": 13.85,
-                        "fullness": 0.7363, "rejecting": 0.5363}],
+                        "rejected_rate": 3.25, "fullness": 0.7363, "rejecting": 0.5363}],
             "limiters": [{"id": "edge-1", "last_sync_seconds_ago": 0.06, "syncs": 40,
                           "clock_offset_seconds": 0.000078, "round_trip_seconds": 0.000406}],
         })
@@ -294,10 +297,10 @@ mod tests {
         let expected = "\
 sluice root http://r:7070/  ok  v0.1.0  instance 00000000000000ab
 db sqlite up, epoch 7, reloaded 0.5 s ago, 0 failures
-quotas 6 (4 with a counter)  limiters 1 active, 2 seen  syncs 5/s  admitted 88.13/s  rejecting 1 quotas (0 full)
+quotas 6 (4 with a counter)  limiters 1 active, 2 seen  syncs 5/s  admitted 88.13/s  rejected 3.25/s  rejecting 1 quotas (0 full)
 
-QUOTA           PARENT     LEVEL  HIGH  FULL%  FILL/S  LIMIT/S  REJECT%
-s3_photos_read  s3_photos  22.09    30  73.63   13.85       15    53.63
+QUOTA           PARENT     LEVEL  HIGH  FULL%  FILL/S  LIMIT/S  REJECT%  REJ/S
+s3_photos_read  s3_photos  22.09    30  73.63   13.85       15    53.63   3.25
 
 LIMITER  LAST SYNC S  SYNCS  OFFSET MS  RTT MS
 edge-1          0.06     40       0.08    0.41

@@ -126,6 +126,8 @@ struct Slot {
     newer: u32,
     /// Rate of incoming weight.
     fill: FillMeter,
+    /// Rate of checks the limiters rejected (named counters only).
+    rejected: FillMeter,
     /// The most recent limiters that sent weight.
     seen: Vec<Seen>,
 }
@@ -138,6 +140,8 @@ pub struct CounterView {
     pub level: f64,
     /// Units per second arriving, smoothed.
     pub fill_rate: f64,
+    /// Checks per second the limiters reject, smoothed.
+    pub rejected_rate: f64,
     /// Version of the last update.
     pub version: u64,
     /// Recent limiters, newest first.
@@ -430,6 +434,21 @@ impl CounterBook {
         changed
     }
 
+    /// Records `count` checks of quota `id` rejected by a limiter, for the
+    /// counter's rejection rate. Only a counter that exists is noted (a
+    /// quota rejecting has received weight); returns whether it was.
+    pub fn note_rejected(&mut self, id: u64, count: u64, now: Nanos) -> bool {
+        let Some(&index) = self.index.get(&CounterKey::named(id)) else {
+            return false;
+        };
+        let slot = &mut self.slots[index as usize];
+        if !slot.live {
+            return false;
+        }
+        slot.rejected.record(now, count as f64);
+        true
+    }
+
     /// A named counter's live view at `now`.
     pub fn view(&self, id: u64, now: Nanos) -> Option<CounterView> {
         self.view_counter(CounterKey::named(id), now)
@@ -443,21 +462,31 @@ impl CounterBook {
         Some(CounterView {
             level: slot.counting.current(slot.tally, now),
             fill_rate: slot.fill.rate_at(now),
+            rejected_rate: slot.rejected.rate_at(now),
             version: slot.version,
             seen,
         })
     }
 
     /// Counters from the most recently updated back, each as `(counter,
-    /// level, fill rate)` at `now`: the root's overview ranks as many of
-    /// them as it can afford, the ones that moved last first.
-    pub fn newest_first(&self, now: Nanos) -> impl Iterator<Item = (CounterKey, f64, f64)> + '_ {
+    /// level, fill rate, rejection rate)` at `now`: the root's overview
+    /// ranks as many of them as it can afford, the ones that moved last
+    /// first.
+    pub fn newest_first(
+        &self,
+        now: Nanos,
+    ) -> impl Iterator<Item = (CounterKey, f64, f64, f64)> + '_ {
         let mut cursor = self.newest;
         std::iter::from_fn(move || {
             let slot = self.slots.get(cursor as usize)?;
             cursor = slot.older;
             let level = slot.counting.current(slot.tally, now);
-            Some((slot.counter, level, slot.fill.rate_at(now)))
+            Some((
+                slot.counter,
+                level,
+                slot.fill.rate_at(now),
+                slot.rejected.rate_at(now),
+            ))
         })
     }
 
@@ -523,6 +552,7 @@ impl CounterBook {
             older: NIL,
             newer: NIL,
             fill: FillMeter::new(now),
+            rejected: FillMeter::new(now),
             seen: Vec::new(),
         };
         let index = match self.free.pop() {
@@ -707,7 +737,7 @@ mod tests {
         book.add(1, 5.0, SEC, None, || None);
         let walked: Vec<(u64, f64)> = book
             .newest_first(2 * SEC)
-            .map(|(counter, level, _)| (counter.id, level))
+            .map(|(counter, level, _, _)| (counter.id, level))
             .collect();
         assert_eq!(walked, [(1, 13.0), (3, 8.0), (2, 8.0)]);
         assert_eq!(CounterBook::default().newest_first(0).count(), 0);

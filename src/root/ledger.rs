@@ -171,6 +171,9 @@ impl Ledger {
                 step.ignored += 1;
             }
         }
+        for &(id, count) in &request.rejected {
+            self.counters.note_rejected(id, count, now);
+        }
         let since = self.counters_since(request, instance);
         step.quotas = self.quotas.page_after(request.quotas_after, paging.quotas);
         step.counters = if step.quotas.more {
@@ -230,6 +233,7 @@ mod tests {
     fn request(limiter: &str, version: u64, deltas: &[(u64, u64)]) -> SyncRequest {
         SyncRequest {
             keyed: Vec::new(),
+            rejected: Vec::new(),
             limiter: limiter.into(),
             quotas_after: QuotaCursor::default(),
             counter_version: version,
@@ -281,6 +285,25 @@ mod tests {
         // The admin view: 7 + 53 * (1 - 0.5) at 15 s.
         let view = ledger.counters.view(1, 15 * SEC).unwrap();
         assert!((view.level - (7.0 + 26.5)).abs() < 1e-9, "{}", view.level);
+    }
+
+    #[test]
+    fn rejections_become_a_rate_on_counters_that_exist() {
+        let mut ledger = Ledger::default();
+        ledger.load(vec![quota(1, 10.0, 1), quota(2, 10.0, 1)], 0);
+        let request = SyncRequest {
+            rejected: vec![(1, 10), (2, 4), (99, 7)],
+            ..request("a", 0, &[(1, 1)])
+        };
+        ledger.sync(&request, 1, 0, PAGING);
+        // Over the one-second window: 10/s measured, smoothed by half.
+        let view = ledger.counters.view(1, SEC).unwrap();
+        assert_eq!(view.rejected_rate, 5.0);
+        assert_eq!(view.fill_rate, 0.5);
+        // Quota 2 has no counter (nothing admitted yet) and 99 no quota:
+        // neither gets one from rejections alone.
+        assert!(ledger.counters.view(2, SEC).is_none());
+        assert!(ledger.counters.view(99, SEC).is_none());
     }
 
     #[test]

@@ -108,6 +108,7 @@ mod tests {
     fn request(instance: u64, version: u64, delta: u64) -> SyncRequest {
         SyncRequest {
             keyed: Vec::new(),
+            rejected: Vec::new(),
             limiter: "h".into(),
             quotas_after: QuotaCursor::default(),
             counter_version: version,

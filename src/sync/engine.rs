@@ -186,6 +186,7 @@ pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncReq
         root_instance: reply.root_instance,
         deltas: Vec::new(),
         keyed: Vec::new(),
+        rejected: Vec::new(),
     })
 }
 
@@ -241,6 +242,10 @@ pub struct SyncEngine {
     early: Option<EarlySync>,
     last_early: Option<Nanos>,
     pressure: super::KeyPressure,
+    /// Each quota's rejection count as of the last cycle (`None` before
+    /// the first, which only takes the baseline: a new sync thread does
+    /// not report what an earlier one already did).
+    rejected_seen: Option<IdMap<u64>>,
 }
 
 impl SyncEngine {
@@ -272,6 +277,7 @@ impl SyncEngine {
             early: None,
             last_early: None,
             pressure: super::KeyPressure::default(),
+            rejected_seen: None,
         }
     }
 
@@ -307,6 +313,34 @@ impl SyncEngine {
         due
     }
 
+    /// The checks each quota rejected since the last cycle, as
+    /// `[id, count]` for the requests of this one (statistics: a root
+    /// not sent to this cycle misses them).
+    fn rejected_since_last_cycle(&mut self, table: &Table) -> Vec<(u64, u64)> {
+        let mut totals = Vec::new();
+        table.rejected_totals(&mut totals);
+        let first = self.rejected_seen.is_none();
+        let seen = self.rejected_seen.get_or_insert_with(IdMap::default);
+        let mut grown = Vec::new();
+        let mut next = IdMap::default();
+        next.reserve(totals.len());
+        for (id, total) in totals {
+            let before = seen.get(&id).copied().unwrap_or(0);
+            // Smaller than before: the quota's slot was made anew.
+            let new = if total < before {
+                total
+            } else {
+                total - before
+            };
+            if !first && new > 0 {
+                grown.push((id, new));
+            }
+            next.insert(id, total);
+        }
+        *seen = next;
+        grown
+    }
+
     /// The base URL of root `i`.
     pub fn root_url(&self, i: usize) -> &str {
         &self.links[i].url
@@ -321,6 +355,7 @@ impl SyncEngine {
         let mut collected = Vec::new();
         table.collect_deltas(&mut collected);
         self.unacked.add(&collected);
+        let rejected = self.rejected_since_last_cycle(table);
         let fresh: Vec<(CounterKey, Owed)> = collected
             .iter()
             .map(|d| {
@@ -354,6 +389,7 @@ impl SyncEngine {
                 root_instance: link.root_instance,
                 deltas,
                 keyed,
+                rejected: rejected.clone(),
             };
             out.push(Outgoing {
                 root,
@@ -731,6 +767,35 @@ mod tests {
     }
 
     #[test]
+    fn rejections_since_the_last_cycle_go_to_every_root() {
+        // Limit 0, burst 100: the table rejects everything above 100.
+        let t = table_with(0.0);
+        let roots = ["http://a".to_string(), "http://b".to_string()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        assert_eq!(t.check(b"q", 100, 0), Outcome::Pass);
+        assert_ne!(t.check(b"q", 1, 0), Outcome::Pass);
+        // The first cycle takes the baseline: an earlier sync thread (of a
+        // worker that died) already reported what the zone holds.
+        let out = e.begin_cycle(&t, SEC);
+        assert!(out.iter().all(|o| o.request.rejected.is_empty()));
+        for o in out {
+            e.finish(&t, o.root, o.owed, &[page(100.0, SEC)], None, SEC);
+        }
+        for _ in 0..3 {
+            assert_ne!(t.check(b"q", 1, SEC), Outcome::Pass);
+        }
+        let out = e.begin_cycle(&t, 2 * SEC);
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|o| o.request.rejected == [(1, 3)]));
+        for o in out {
+            e.finish(&t, o.root, o.owed, &[page(100.0, 2 * SEC)], None, 2 * SEC);
+        }
+        // Nothing new: nothing sent.
+        let out = e.begin_cycle(&t, 3 * SEC);
+        assert!(out.iter().all(|o| o.request.rejected.is_empty()));
+    }
+
+    #[test]
     fn a_failed_root_is_owed_its_deltas_and_gets_them_next_time() {
         // Nothing leaks at a limit of 0: the whole delta is still owed.
         let t = table_with(0.0);
@@ -911,6 +976,7 @@ mod tests {
     fn later_pages_carry_no_deltas() {
         let first = SyncRequest {
             keyed: Vec::new(),
+            rejected: Vec::new(),
             limiter: "h".into(),
             quotas_after: QuotaCursor::default(),
             counter_version: 0,

@@ -57,6 +57,20 @@ impl Table {
         self.collect_keys(out);
     }
 
+    /// Appends `(quota id, checks rejected)` for every live quota that has
+    /// rejected a check since the region was made (the counts the metrics
+    /// show, never reset): the sync thread sends the roots what grew. It
+    /// reads every used slot, off the request path.
+    pub fn rejected_totals(&self, out: &mut Vec<(u64, u64)>) {
+        let used = self.header().next_unused.load(ACQ) as usize;
+        for s in &self.slots()[..used] {
+            let rejected = s.rejected.load(RLX);
+            if rejected != 0 && s.flags.load(RLX) & FLAG_LIVE != 0 {
+                out.push((s.id.load(RLX), rejected));
+            }
+        }
+    }
+
     /// True when some live quota's weight admitted here and not collected
     /// yet (`pending`) has reached `fraction` of its burst band
     /// (`high_burst - low_burst`; with no band, any weight): the sync

@@ -30,7 +30,8 @@
 //!   index entry layouts, geometry.
 //! - `names.rs` — the name hash and the name arena's words.
 //! - `check.rs` — the request path: lookup, reading chains under the
-//!   seqlocks, the one decide-and-count path every check goes through.
+//!   seqlocks, the one decide-and-count path every check goes through
+//!   (plain, paced, partial grants).
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding
@@ -45,6 +46,9 @@
 //! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
 //! - `heap.rs` — the anonymous mapping behind a heap table.
 //! - `file.rs` — quota files applied to a table (authoritative or seeds).
+//! - `tests.rs`, `key_tests.rs`, `window_tests.rs` — unit tests by
+//!   subject: named quotas, per-key quotas, window quotas with partial
+//!   grants and reservations.
 
 mod check;
 mod counters;

@@ -167,6 +167,10 @@ pub struct Totals {
     pub syncs_per_second: Option<f64>,
     /// Weight admitted per second, summed over the ranked counters.
     pub admitted_per_second: f64,
+    /// Checks rejected per second, as the limiters report them (a
+    /// rejection counts on the quota the request named, so this sum counts
+    /// each once).
+    pub rejected_per_second: f64,
     /// Ranked quotas whose level rejects some checks.
     pub quotas_rejecting: usize,
     /// Ranked quotas whose level rejects every check.
@@ -274,9 +278,11 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
     let mut out = Sample::default();
     let mut ranked = Vec::new();
     let mut keys = Vec::new();
-    for (counter, level, fill_rate) in ledger.counters.newest_first(now).take(MAX_SCAN) {
+    for (counter, level, fill_rate, rejected_rate) in
+        ledger.counters.newest_first(now).take(MAX_SCAN)
+    {
         out.scanned += 1;
-        if level < IDLE_LEVEL && fill_rate < IDLE_RATE {
+        if level < IDLE_LEVEL && fill_rate < IDLE_RATE && rejected_rate < IDLE_RATE {
             continue;
         }
         let Some(quota) = ledger.quotas.get(counter.id).filter(|q| !q.deleted) else {
@@ -304,6 +310,7 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
         }
         let id = counter.id;
         out.totals.admitted_per_second += fill_rate;
+        out.totals.rejected_per_second += rejected_rate;
         out.totals.quotas_rejecting += usize::from(share > 0.0);
         out.totals.quotas_full += usize::from(share >= 1.0);
         ranked.push((share, fullness, fill_rate, id));
@@ -573,6 +580,7 @@ mod tests {
                     window: None,
                 })
                 .collect(),
+            rejected: Vec::new(),
         };
         let paging = crate::root::ledger::SyncPaging {
             quotas: 10,

@@ -132,6 +132,7 @@ mod tests {
     fn request(limiter: &str, deltas: Vec<CounterDelta>) -> SyncRequest {
         SyncRequest {
             keyed: Vec::new(),
+            rejected: Vec::new(),
             limiter: limiter.into(),
             quotas_after: Default::default(),
             counter_version: 0,

@@ -39,6 +39,9 @@ pub struct QuotaView {
     pub level: f64,
     /// Units per second arriving at this root, smoothed.
     pub fill_rate: f64,
+    /// Checks per second the limiters syncing with this root reject,
+    /// smoothed (limiters older than this field report none).
+    pub rejected_rate: f64,
     /// Limiters that recently sent weight for this quota (single-quota
     /// reads only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,6 +93,7 @@ pub fn view(ledger: &Ledger, quota: &Quota, now: Nanos, with_limiters: bool) -> 
         epoch: quota.epoch,
         level: counter.as_ref().map_or(0.0, |c| c.level),
         fill_rate: counter.as_ref().map_or(0.0, |c| c.fill_rate),
+        rejected_rate: counter.as_ref().map_or(0.0, |c| c.rejected_rate),
         limiters,
     }
 }

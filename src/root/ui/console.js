@@ -197,12 +197,15 @@
     $('total-limiters-seen').textContent = `${fmt(t.limiters_seen)} since start`;
     setNumber('total-syncs', t.syncs_per_second);
     setNumber('total-admitted', t.admitted_per_second);
+    setNumber('total-rejected', t.rejected_per_second);
     setNumber('total-rejecting', t.quotas_rejecting);
     $('total-full').textContent = `${fmt(t.quotas_full)} full`;
     record('syncs', t.syncs_per_second);
     record('admitted', t.admitted_per_second);
+    record('rejected', t.rejected_per_second);
     $('chart-syncs').replaceChildren(chart(values('syncs'), [], 300, 40));
     $('chart-admitted').replaceChildren(chart(values('admitted'), [], 300, 40));
+    $('chart-rejected').replaceChildren(chart(values('rejected'), [], 300, 40));
   }
 
   function quotaButton(name) {
@@ -215,6 +218,7 @@
     for (const q of ov.quotas || []) {
       record('level:' + q.name, q.level);
       record('fill:' + q.name, q.fill_rate);
+      record('rej:' + q.name, q.rejected_rate);
       rows.push(el('tr', { 'data-quota': q.name },
         el('td', {}, quotaButton(q.name)),
         el('td', { text: q.parent || '-' }),
@@ -223,12 +227,14 @@
         el('td', { class: 'num', 'data-field': 'fill_rate', 'data-value': q.fill_rate, text: fmt(q.fill_rate) }),
         el('td', {}, chart(values('fill:' + q.name), [{ value: q.limit }], 140, 24)),
         el('td', { class: 'num', text: fmt(q.limit) }),
-        el('td', { class: 'num', 'data-field': 'rejecting', text: pct(q.rejecting) })));
+        el('td', { class: 'num', 'data-field': 'rejecting', text: pct(q.rejecting) }),
+        el('td', { class: 'num', 'data-field': 'rejected_rate', 'data-value': q.rejected_rate, text: fmt(q.rejected_rate) }),
+        el('td', { class: 'rejected' }, chart(values('rej:' + q.name), [], 140, 24))));
     }
     body.replaceChildren(...rows);
     const s = ov.sampled;
     $('busiest-note').textContent = rows.length === 0 ? 'No quota has received weight recently.'
-      : `Ranked ${fmt(s.counters_scanned)} counters${s.counters_complete ? '' : ' (the most recently updated)'}; rejecting is the share of checks of weight 1 the current level rejects.`;
+      : `Ranked ${fmt(s.counters_scanned)} counters${s.counters_complete ? '' : ' (the most recently updated)'}; rejecting is the share of checks of weight 1 the current level rejects; rejected /s is what the limiters report rejecting.`;
   }
 
   function renderKeys(ov) {
@@ -324,6 +330,7 @@
     for (const q of list.quotas) {
       record('level:' + q.name, q.level);
       record('fill:' + q.name, q.fill_rate);
+      record('rej:' + q.name, q.rejected_rate);
       if (q.parent && state.quotas.has(q.parent)) {
         if (!children.has(q.parent)) children.set(q.parent, []);
         children.get(q.parent).push(q);
@@ -389,6 +396,7 @@
     $('chart-level').replaceChildren(chart(values('level:' + q.name),
       [{ value: q.low_burst, cls: 'low' }, { value: q.high_burst }], 520, 80));
     $('chart-fill').replaceChildren(chart(values('fill:' + q.name), [{ value: q.limit }], 520, 80));
+    $('chart-rejected-quota').replaceChildren(chart(values('rej:' + q.name), [], 520, 80));
   }
 
   function showEditResult(ok, text) {
