@@ -1,0 +1,161 @@
+//! Reference models of the leaky bucket family, in exact integer
+//! arithmetic (times in nanoseconds, amounts in units × 10^9), written
+//! from the seed articles: GCRA's theoretical arrival time
+//! (gcra-python-redis.txt), the leaky bucket and its mirror, the token
+//! bucket (pushwoosh-algorithms.txt).
+//!
+//! All three take `rate` units a second and a burst of `burst` units, and
+//! answer the same questions: does a request of `weight` units at time
+//! `t` fit (a weight of 0 asks whether the bucket is full), and for
+//! pacing, how long must a request counted now wait.
+
+/// Nanoseconds per second, and the scale of amounts.
+pub const SEC: i128 = 1_000_000_000;
+
+/// GCRA: one number, the theoretical arrival time `tat` of the next
+/// request. Each unit moves it `T = 1 s / rate` further; a request is
+/// late enough when, after moving `tat`, it is at most `tau = burst * T`
+/// ahead of now.
+#[derive(Clone, Debug)]
+pub struct Gcra {
+    /// Emission interval: nanoseconds one unit occupies.
+    pub t: i128,
+    /// Tolerance: how far `tat` may run ahead of now.
+    pub tau: i128,
+    /// Theoretical arrival time, nanoseconds.
+    pub tat: i128,
+}
+
+impl Gcra {
+    /// `rate` must divide 10^9, so `T` is a whole number of nanoseconds.
+    pub fn new(rate: i128, burst: i128) -> Gcra {
+        assert_eq!(SEC % rate, 0, "GCRA model rates divide 10^9");
+        let t = SEC / rate;
+        Gcra {
+            t,
+            tau: burst * t,
+            tat: 0,
+        }
+    }
+
+    /// Admits `weight` at `now` if it fits, moving `tat`.
+    pub fn check(&mut self, now: i128, weight: i128) -> bool {
+        let tat = self.tat.max(now);
+        let fits = if weight == 0 {
+            tat - now < self.tau
+        } else {
+            tat + weight * self.t - now <= self.tau
+        };
+        if fits {
+            self.tat = tat + weight * self.t;
+        }
+        fits
+    }
+
+    /// Pacing: counts `weight` now and returns how long to wait before
+    /// acting (`Ok`), or refuses when that is longer than `max_wait`
+    /// (`Err(wait)`, nothing counted; `None` when waiting cannot help: a
+    /// weight above the burst).
+    pub fn reserve(
+        &mut self,
+        now: i128,
+        weight: i128,
+        max_wait: i128,
+    ) -> Result<i128, Option<i128>> {
+        if weight * self.t > self.tau {
+            return Err(None);
+        }
+        let tat = self.tat.max(now);
+        let wait = (tat + weight * self.t - self.tau - now).max(0);
+        if wait > max_wait {
+            return Err(Some(wait));
+        }
+        self.tat = tat + weight * self.t;
+        Ok(wait)
+    }
+
+    /// The bucket level the theoretical arrival time stands for, in
+    /// units × 10^9.
+    pub fn level(&self, now: i128) -> i128 {
+        (self.tat - now).max(0) * SEC / self.t
+    }
+}
+
+/// The leaky bucket as a level that drains at `rate` and may hold
+/// `burst`.
+#[derive(Clone, Debug)]
+pub struct Leaky {
+    pub rate: i128,
+    pub burst: i128,
+    /// Units × 10^9 at time `at`.
+    pub level: i128,
+    pub at: i128,
+}
+
+impl Leaky {
+    pub fn new(rate: i128, burst: i128) -> Leaky {
+        Leaky {
+            rate,
+            burst: burst * SEC,
+            level: 0,
+            at: 0,
+        }
+    }
+
+    fn drain(&mut self, now: i128) {
+        let dt = (now - self.at).max(0);
+        self.level = (self.level - self.rate * dt).max(0);
+        self.at = self.at.max(now);
+    }
+
+    pub fn check(&mut self, now: i128, weight: i128) -> bool {
+        self.drain(now);
+        let fits = if weight == 0 {
+            self.level < self.burst
+        } else {
+            self.level + weight * SEC <= self.burst
+        };
+        if fits {
+            self.level += weight * SEC;
+        }
+        fits
+    }
+}
+
+/// The token bucket: tokens flow in at `rate` up to `burst`; a request
+/// takes its weight in tokens. Its tokens are always `burst` minus the
+/// leaky bucket's level: the same decisions, seen from the other side.
+#[derive(Clone, Debug)]
+pub struct TokenBucket {
+    pub rate: i128,
+    pub burst: i128,
+    /// Tokens × 10^9 at time `at`; a new bucket is full.
+    pub tokens: i128,
+    pub at: i128,
+}
+
+impl TokenBucket {
+    pub fn new(rate: i128, burst: i128) -> TokenBucket {
+        TokenBucket {
+            rate,
+            burst: burst * SEC,
+            tokens: burst * SEC,
+            at: 0,
+        }
+    }
+
+    pub fn check(&mut self, now: i128, weight: i128) -> bool {
+        let dt = (now - self.at).max(0);
+        self.tokens = (self.tokens + self.rate * dt).min(self.burst);
+        self.at = self.at.max(now);
+        let fits = if weight == 0 {
+            self.tokens > 0
+        } else {
+            self.tokens >= weight * SEC
+        };
+        if fits {
+            self.tokens -= weight * SEC;
+        }
+        fits
+    }
+}
