@@ -12,7 +12,9 @@
 
 static const char *QUOTAS =
     "{\"quotas\": [{\"name\": \"bench_hot\", \"limit\": 1e12,"
-    " \"low_burst\": 1e15, \"high_burst\": 1e15}]}";
+    " \"low_burst\": 1e15, \"high_burst\": 1e15},"
+    " {\"name\": \"bench_key\", \"limit\": 1e12, \"low_burst\": 1e15,"
+    " \"high_burst\": 1e15, \"per_key\": true}]}";
 
 static double now_ns(void) {
     struct timespec ts;
@@ -40,6 +42,26 @@ static double round_with_len(long n) {
     return (now_ns() - t0) / (double)n;
 }
 
+static double round_key(long n) {
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) sink = sluice_check_key("bench_key", 9, "user-1", 6, 1);
+    return (now_ns() - t0) / (double)n;
+}
+
+static uint64_t out;
+
+static double round_obtain(long n) {
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) sink = sluice_obtain("bench_hot", 9, 1, &out);
+    return (now_ns() - t0) / (double)n;
+}
+
+static double round_reserve(long n) {
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++) sink = sluice_reserve("bench_hot", 9, 1, 1000, &out);
+    return (now_ns() - t0) / (double)n;
+}
+
 static double median(double (*round)(long), long n) {
     double r[ROUNDS];
     round(n / 10); /* warm up */
@@ -58,6 +80,9 @@ int main(int argc, char **argv) {
     }
     printf("check_by_name(name, 1)\t%.1f\n", median(round_by_name, n));
     printf("sluice_check(name, len, 1)\t%.1f\n", median(round_with_len, n));
+    printf("sluice_check_key(name, len, key, len, 1)\t%.1f\n", median(round_key, n));
+    printf("sluice_obtain(name, len, 1, &granted)\t%.1f\n", median(round_obtain, n));
+    printf("sluice_reserve(name, len, 1, 1000, &wait_ns)\t%.1f\n", median(round_reserve, n));
     sluice_shutdown();
     return 0;
 }
