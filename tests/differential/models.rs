@@ -38,40 +38,40 @@ impl Gcra {
         }
     }
 
+    /// How far a request of `weight` at `now` is from the boundary, in
+    /// nanoseconds of `tat`: how much further `tat` could be and the
+    /// request still fit (negative: it does not fit, by that much). At 0,
+    /// the boundary itself, a weight fits exactly; a weight of 0 (is the
+    /// bucket full?) finds it full.
+    pub fn margin(&self, now: i128, weight: i128) -> i128 {
+        self.tau - (self.tat.max(now) + weight * self.t - now)
+    }
+
+    /// Counts `weight` at `now`: `tat` moves `weight * T` on from now or
+    /// from where it was, whichever is later.
+    pub fn admit(&mut self, now: i128, weight: i128) {
+        self.tat = self.tat.max(now) + weight * self.t;
+    }
+
     /// Admits `weight` at `now` if it fits, moving `tat`.
     pub fn check(&mut self, now: i128, weight: i128) -> bool {
-        let tat = self.tat.max(now);
-        let fits = if weight == 0 {
-            tat - now < self.tau
-        } else {
-            tat + weight * self.t - now <= self.tau
-        };
+        let margin = self.margin(now, weight);
+        let fits = if weight == 0 { margin > 0 } else { margin >= 0 };
         if fits {
-            self.tat = tat + weight * self.t;
+            self.admit(now, weight);
         }
         fits
     }
 
-    /// Pacing: counts `weight` now and returns how long to wait before
-    /// acting (`Ok`), or refuses when that is longer than `max_wait`
-    /// (`Err(wait)`, nothing counted; `None` when waiting cannot help: a
-    /// weight above the burst).
-    pub fn reserve(
-        &mut self,
-        now: i128,
-        weight: i128,
-        max_wait: i128,
-    ) -> Result<i128, Option<i128>> {
-        if weight * self.t > self.tau {
-            return Err(None);
-        }
-        let tat = self.tat.max(now);
-        let wait = (tat + weight * self.t - self.tau - now).max(0);
-        if wait > max_wait {
-            return Err(Some(wait));
-        }
-        self.tat = tat + weight * self.t;
-        Ok(wait)
+    /// The room left at `now`, in nanoseconds of `tat` (a unit is `T`).
+    pub fn room(&self, now: i128) -> i128 {
+        self.margin(now, 0).max(0)
+    }
+
+    /// Pacing: how long a request of `weight` counted at `now` must wait
+    /// until it fits, or `None` when it never fits (above the burst).
+    pub fn wait(&self, now: i128, weight: i128) -> Option<i128> {
+        (weight * self.t <= self.tau).then(|| (-self.margin(now, weight)).max(0))
     }
 
     /// The bucket level the theoretical arrival time stands for, in
