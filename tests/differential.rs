@@ -8,20 +8,26 @@
 //!   limiter (a table folded as the standalone sync thread folds it) with
 //!   window quotas in a ladder (1s under 1m under ... under month). Every
 //!   check's decision and every partial grant must be the same.
+//! - **Sliding window counter** (Pushwoosh's survey): a sliding window
+//!   quota against an exact model, checks and partial grants.
 //! - **GCRA** (a theoretical arrival time): `differential/models.rs` in
 //!   exact integer arithmetic; a band-free leaky quota (`low_burst ==
-//!   high_burst`) must decide the same, and a reservation must wait the
-//!   same. The token bucket is the leaky bucket's mirror: same decisions.
+//!   high_burst`) must decide and grant the same, and a reservation must
+//!   wait the same (rounded up to a whole nanosecond). The token bucket
+//!   is the leaky bucket's mirror: same decisions.
 //!
-//! Where sluice differs from a model by design, a test below states the
-//! difference exactly (`*_differs_*`).
+//! The models are exact and sluice counts in `f64`: on a model's boundary
+//! itself (a request that fits with exactly 0 to spare) sluice may answer
+//! the other way, and the tests allow that there and nowhere else,
+//! counting how often it happens. Where sluice differs from a model by
+//! design, a test below states the difference exactly (`*_differs_*`).
 
 #[path = "differential/models.rs"]
 mod models;
 #[path = "differential/redis.rs"]
 mod redis;
 
-use models::{Gcra, Leaky, TokenBucket, SEC};
+use models::{Gcra, Leaky, SlidingWindow, TokenBucket, SEC};
 use sluice::core::window::{days_from_civil, ATTRIBUTION_GRACE};
 use sluice::core::{Nanos, Quota, Wait, Window, WindowRule};
 use sluice::table::{CheckItem, CheckOptions, Outcome, Table};
@@ -445,6 +451,87 @@ fn a_request_before_the_wake_after_a_boundary_differs_by_seeing_the_last_window(
     // From the wake on, the same again.
     host.table.fold_local(start + wake);
     assert_eq!(host.run(Op::Obtain(5), None, start + wake), Some(5));
+}
+
+#[test]
+fn a_sliding_window_quota_decides_and_grants_as_the_sliding_window_counter() {
+    // Pushwoosh's sliding window counter against `"sliding": true`, off
+    // the boundary exactly; on it (the exact weighted count right at the
+    // limit, with a previous window to weigh) sluice's f64 share of the
+    // previous window may fall an ulp to either side, as for GCRA.
+    let windows = [
+        (Window::Second, 1),
+        (Window::TenSeconds, 10),
+        (Window::Minute, 60),
+        (Window::Hour, 3600),
+    ];
+    let mut boundary = Boundary::default();
+    let (mut granted, mut refused) = (0, 0);
+    for seed in 401..=560 {
+        let mut rng = Rng(seed);
+        let (window, secs) = windows[rng.below(4) as usize];
+        let len = secs * SEC;
+        let limit = 3 + rng.below(30);
+        let quota =
+            Quota::new(1, "l0", limit as f64, limit as f64, limit as f64).windowed(window, true);
+        let mut now = starts()[rng.below(5) as usize];
+        let mut host = Host::new(&[quota], now);
+        let mut model = SlidingWindow::new(len, limit as i128);
+        for i in 0..400 {
+            now += if rng.chance(85) {
+                rng.below(len as u64 / 3)
+            } else {
+                rng.below(3 * len as u64)
+            };
+            host.advance(now, rng.chance(20));
+            let at = now as i128;
+            let what = format!("seed {seed} ({limit} per {secs} s sliding), request {i} at {now}");
+            let (got, on_boundary, differs) = if rng.chance(40) {
+                let want = 1 + rng.below(8);
+                let room = model.margin(at, 0).max(0);
+                let exact = (room / len).min(want as i128) as u64;
+                let got = host.run(Op::Obtain(want), None, now).unwrap();
+                let on_boundary =
+                    model.prev > 0 && room > 0 && room % len == 0 && room / len <= want as i128;
+                assert!(
+                    got == exact || on_boundary && got + 1 == exact,
+                    "{what}: obtain({want}): sluice {got}, the model {exact}"
+                );
+                (got, on_boundary, got != exact)
+            } else {
+                let weight = rng.below(5);
+                let margin = model.margin(at, weight as i128);
+                let exact = if weight == 0 { margin > 0 } else { margin >= 0 };
+                let passed = host.run(Op::Check(weight), None, now).is_some();
+                let on_boundary = model.prev > 0 && margin == 0;
+                assert!(
+                    passed == exact || on_boundary,
+                    "{what}: check({weight}): sluice {passed}, the model {exact} (margin {margin})"
+                );
+                (
+                    if passed { weight } else { 0 },
+                    on_boundary,
+                    passed != exact,
+                )
+            };
+            model.admit(at, got as i128);
+            boundary.met += usize::from(on_boundary);
+            boundary.differed += usize::from(differs);
+            if got > 0 {
+                granted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        granted > 10_000 && refused > 10_000,
+        "{granted} granted, {refused} refused"
+    );
+    eprintln!(
+        "sliding, on the boundary: {} requests, {} decided the other way",
+        boundary.met, boundary.differed
+    );
 }
 
 // ---------------------------------------------------------------------------

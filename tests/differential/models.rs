@@ -159,3 +159,59 @@ impl TokenBucket {
         fits
     }
 }
+
+/// The sliding window counter (pushwoosh-algorithms.txt): a count per
+/// fixed window, and a request is weighed against this window's count
+/// plus the previous window's, scaled by how much of the previous window
+/// a window-long span ending now still covers ("25% into the window, 75%
+/// of the previous one counts"). Windows of `len` nanoseconds from 0.
+#[derive(Clone, Debug)]
+pub struct SlidingWindow {
+    pub len: i128,
+    pub limit: i128,
+    /// The window `count` belongs to.
+    pub index: i128,
+    pub count: i128,
+    /// The count of window `index - 1`.
+    pub prev: i128,
+}
+
+impl SlidingWindow {
+    pub fn new(len: i128, limit: i128) -> SlidingWindow {
+        SlidingWindow {
+            len,
+            limit,
+            index: i128::MIN / 2,
+            count: 0,
+            prev: 0,
+        }
+    }
+
+    /// Moves to the window holding `now`.
+    fn roll(&mut self, now: i128) {
+        let index = now.div_euclid(self.len);
+        if index == self.index + 1 {
+            self.prev = self.count;
+        } else if index != self.index {
+            self.prev = 0;
+        }
+        if index != self.index {
+            self.count = 0;
+            self.index = index;
+        }
+    }
+
+    /// How many units × `len` a request of `weight` at `now` is below
+    /// the limit (negative: above it): `limit - (prev * covered + count +
+    /// weight)`, all scaled by the window's length so it stays exact.
+    pub fn margin(&mut self, now: i128, weight: i128) -> i128 {
+        self.roll(now);
+        let covered = self.len - now.rem_euclid(self.len);
+        self.limit * self.len - self.prev * covered - (self.count + weight) * self.len
+    }
+
+    pub fn admit(&mut self, now: i128, weight: i128) {
+        self.roll(now);
+        self.count += weight;
+    }
+}
