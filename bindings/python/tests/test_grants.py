@@ -6,6 +6,7 @@ barely move while a test runs.
 """
 
 import math
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ QUOTAS = {"quotas": [
     {"name": "per_user", "limit": 0.001, "low_burst": 2, "high_burst": 2, "per_key": True},
     {"name": "batch", "limit": 0, "low_burst": 10, "high_burst": 10},
     {"name": "slow", "limit": 0.01, "low_burst": 1, "high_burst": 1},
+    {"name": "hourly", "limit": 3, "window": "1h"},
 ]}
 
 
@@ -113,3 +115,27 @@ def test_the_new_calls_fail_on_a_closed_limiter():
                  lambda: lim.reserve("x", 1)):
         with pytest.raises(SluiceError, match="closed"):
             call()
+
+
+def away_from_the_hours_end():
+    """Waits out the last seconds of a UTC hour, so one window holds a test."""
+    left = 3600 - time.time() % 3600
+    if left < 5:
+        time.sleep(left + 0.1)
+
+
+def test_obtain_on_a_window_quota_takes_the_rest_of_the_window(limiter):
+    away_from_the_hours_end()
+    assert limiter.obtain("hourly", 2) == Grant(Decision.PASS, 2)
+    assert limiter.obtain("hourly", 5) == Grant(Decision.PASS, 1)
+    assert limiter.obtain("hourly", 5) == Grant(Decision.REJECT, 0)
+
+
+def test_a_full_window_is_not_reserved_into_the_next_one(limiter):
+    # Its next window cannot be taken in advance: refused, uncounted, and
+    # the wait is the time to the window's end (at most an hour).
+    away_from_the_hours_end()
+    assert limiter.reserve("hourly", 3) == Reservation(Decision.PASS, 0)
+    refused = limiter.reserve("hourly", 1, max_wait=7200)
+    assert refused.decision is Decision.REJECT
+    assert 0 < refused.wait <= 3600
