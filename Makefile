@@ -86,10 +86,12 @@ export TEST_NGINX_RANDOMIZE
 # and the C ABI test.
 BUILD_PKGS := build-essential libpcre2-dev zlib1g-dev libssl-dev \
 	libclang-dev libclang-common-14-dev
-# Needed by the Test::Nginx runner in t/ (ours and upstream's).
+# Needed by the Test::Nginx runner in t/ (ours and upstream's), and
+# redis-server for tests/differential.rs (it starts a private instance on
+# a free loopback port; no system service is used).
 TEST_PKGS := libtest-base-perl libipc-run-perl liblist-moreutils-perl \
 	libtext-diff-perl libtest-longstring-perl libwww-perl liburi-perl \
-	libhttp-message-perl openssl
+	libhttp-message-perl openssl redis-server
 # Benchmarks (wrk) and the quota root's PostgreSQL tests.
 EXTRA_PKGS := wrk postgresql
 

@@ -178,4 +178,56 @@ sub count { my ($want, @got) = @_; scalar grep { $_ == $want } @got }
     $ex->{stop}->();
 }
 
+# --- api-product.conf: per-token plans as a ladder of windows -----------
+{
+    my $ex = run_example('api-product.conf', 'api-product-quotas.json');
+    my $api = "$ex->{url}/v1/things";
+    is(get($api)->{status}, 401, 'api: a call without a token is refused');
+    # The day must not end while this runs (a trial token gets 25 a day).
+    my $to_midnight = 86400 - time() % 86400;
+    sleep $to_midnight + 0.5 if $to_midnight < 10;
+    # Start just after a second begins: the per-second rung counts in
+    # UTC seconds.
+    my $in_second = sub { my $t = Time::HiRes::time(); $t - int $t };
+    sleep 1.02 - $in_second->();
+    my $second = int Time::HiRes::time();
+    my @burst = map { get($api, 'X-Api-Token' => 'tk_trial_a') } 1 .. 15;
+    my $same_second = int(Time::HiRes::time()) == $second;
+    my $passed = count(200, map { $_->{status} } @burst);
+    if ($same_second) {
+        is($passed, 10, 'api: a trial token passes 10 in a second');
+    } else {
+        cmp_ok($passed, '>=', 10, 'api: a trial token passes 10 in a second (the burst spanned two)');
+    }
+    my ($refused) = grep { $_->{status} == 429 } @burst;
+    ok($refused, 'api: beyond them, 429');
+    like($refused->{headers}{'retry-after'} // '', qr/^1$/, 'api: come back next second')
+        if $refused;
+    is(get($api, 'X-Api-Token' => 'tk_trial_b')->{status}, 200,
+        'api: another token has its own counters');
+    # 25 a day: spend the rest of the day's allowance, a second at a time.
+    my $total = $passed;
+    for (1 .. 4) {
+        last if $total >= 25;
+        sleep 1.02 - $in_second->();
+        $total += count(200, map { get($api, 'X-Api-Token' => 'tk_trial_a')->{status} } 1 .. 10);
+    }
+    is($total, 25, 'api: the day rung stops the token at 25 calls');
+    sleep 1.02 - $in_second->();
+    my $day = get($api, 'X-Api-Token' => 'tk_trial_a');
+    is($day->{status}, 429, 'api: and keeps it stopped in the next second');
+    like($day->{headers}{'ratelimit-policy'} // '', qr/^"trial_day";q=25;w=86400$/,
+        'api: the day rung is the one that refused');
+    my $midnight = 86400 - time() % 86400;
+    cmp_ok(abs(($day->{headers}{'retry-after'} // 0) - $midnight), '<=', 2,
+        'api: Retry-After points at UTC midnight');
+    my @pro = map { get($api, 'X-Api-Token' => 'tk_pro_a')->{status} } 1 .. 30;
+    is(count(200, @pro), 30, 'api: a pro token has room for 30 at once');
+    sleep 0.3;
+    open my $log, '<', "$ex->{prefix}/logs/api-product-access.log" or die $!;
+    my @lines = <$log>;
+    ok((grep { / 429 plan=trial sluice=REJECTED/ } @lines), 'api: the log shows the plan and the refusal');
+    $ex->{stop}->();
+}
+
 done_testing();

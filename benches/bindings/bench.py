@@ -9,7 +9,10 @@ import time
 import sluice
 
 ROUNDS = 7
-QUOTAS = {"quotas": [{"name": "bench_hot", "limit": 1e12, "low_burst": 1e15, "high_burst": 1e15}]}
+QUOTAS = {"quotas": [
+    {"name": "bench_hot", "limit": 1e12, "low_burst": 1e15, "high_burst": 1e15},
+    {"name": "bench_key", "limit": 1e12, "low_burst": 1e15, "high_burst": 1e15, "per_key": True},
+]}
 
 
 def median_ns(loop, n):
@@ -38,12 +41,27 @@ def main():
             for _ in range(n):
                 raw(b"bench_hot", 9, 1)
 
+        def with_key(n, check=lim.check):
+            for _ in range(n):
+                check("bench_key", key="user-1")
+
+        def obtain(n, obtain=lim.obtain):
+            for _ in range(n):
+                obtain("bench_hot", 1)
+
+        def reserve(n, reserve=lim.reserve):
+            for _ in range(n):
+                reserve("bench_hot", 1)
+
         def empty_loop(n):
             for _ in range(n):
                 pass
 
         print(f"Limiter.check(name)\t{median_ns(with_limiter, n):.1f}")
         print(f"ctypes sluice_check(bytes, len, 1)\t{median_ns(bare_ctypes, n):.1f}")
+        print(f"Limiter.check(name, key=key)\t{median_ns(with_key, n):.1f}")
+        print(f"Limiter.obtain(name, 1)\t{median_ns(obtain, n):.1f}")
+        print(f"Limiter.reserve(name, 1)\t{median_ns(reserve, n):.1f}")
         print(f"(the empty Python loop)\t{median_ns(empty_loop, n):.1f}")
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The per-call cost of a check from C, Python, LuaJIT and Go, measured one
+# The per-call cost of a check (and of a keyed check, a grant and a
+# reservation) from C, Python, LuaJIT and Go, measured one
 # after the other in one run (`make bench-bindings`): the same hot quota,
 # standalone, never full, in each language's own bench program. Each
 # prints the median of 7 rounds; this script prints a Markdown table for
@@ -29,8 +30,9 @@ rows() {
 }
 # go test -bench prints one line per count: name, iterations, ns/op.
 go_median() {
-    (cd bindings/go && "$GO" test -run '^$' -bench '^BenchmarkCheck$' -count 7 .) |
-        awk '/^BenchmarkCheck/ { print $3 }' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+    (cd bindings/go && "$GO" test -run '^$' -bench "^Benchmark$1\$" -count 7 .) |
+        awk -v name="Benchmark$1" '$1 ~ "^" name "(-[0-9]+)?$" { print $3 }' |
+        sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'),"\
@@ -38,9 +40,12 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "versions: $(cc --version | head -1); $("$PYTHON" --version); $(luajit -v | cut -d' ' -f1-2);"\
     "$("$GO" version | cut -d' ' -f3)"
 echo
-echo "| language | call | ns per check (median of 7) |"
+echo "| language | call | ns per call (median of 7) |"
 echo "|---|---|---|"
 rows C build/bench_bindings_c "$N"
 rows Python "$PYTHON" benches/bindings/bench.py "$((N / 2))"
 rows LuaJIT luajit benches/bindings/bench.lua bindings/lua "$N"
-row Go 'lim.Check(name, 1)' "$(go_median)"
+row Go 'lim.Check(name, 1)' "$(go_median Check)"
+row Go 'lim.CheckKey(name, key, 1)' "$(go_median CheckKey)"
+row Go 'lim.Obtain(name, 1)' "$(go_median Obtain)"
+row Go 'lim.Reserve(name, 1, time.Second)' "$(go_median Reserve)"

@@ -62,6 +62,27 @@ static go_result go_load_quotas_file(_GoString_ path) {
 static go_result go_check(_GoString_ name, uint64_t weight) {
 	return go_wrap(sluice_check(_GoStringPtr(name), _GoStringLen(name), weight));
 }
+static go_result go_check_key(_GoString_ name, _GoString_ key, uint64_t weight) {
+	return go_wrap(sluice_check_key(_GoStringPtr(name), _GoStringLen(name),
+		_GoStringPtr(key), _GoStringLen(key), weight));
+}
+// obtain and reserve write their second result through `out`; a key of
+// NULL means the quota itself (not a per-key quota's key).
+static go_result go_obtain(_GoString_ name, _GoString_ key, int keyed, uint64_t want,
+		uint64_t *out) {
+	if (!keyed) return go_wrap(sluice_obtain(_GoStringPtr(name), _GoStringLen(name), want, out));
+	return go_wrap(sluice_obtain_key(_GoStringPtr(name), _GoStringLen(name),
+		_GoStringPtr(key), _GoStringLen(key), want, out));
+}
+static go_result go_reserve(_GoString_ name, _GoString_ key, int keyed, uint64_t weight,
+		uint64_t max_wait_ms, uint64_t *out) {
+	if (!keyed) {
+		return go_wrap(sluice_reserve(_GoStringPtr(name), _GoStringLen(name), weight,
+			max_wait_ms, out));
+	}
+	return go_wrap(sluice_reserve_key(_GoStringPtr(name), _GoStringLen(name),
+		_GoStringPtr(key), _GoStringLen(key), weight, max_wait_ms, out));
+}
 static go_result go_quota_count(void) { return go_wrap(sluice_quota_count()); }
 static go_result go_shutdown(void) { return go_wrap(sluice_shutdown()); }
 static go_result go_sync_metrics_json(char **out) {
@@ -92,6 +113,9 @@ const (
 	Reject Result = C.SLUICE_REJECT
 	// Unknown: no quota has this name; the request passes, uncounted.
 	Unknown Result = C.SLUICE_UNKNOWN
+	// NoKey: the quota is per-key and the call gave no key (or an empty
+	// one); the request passes, uncounted.
+	NoKey Result = C.SLUICE_NO_KEY
 )
 
 // Allowed is true unless the request was rejected (unknown names pass).
@@ -106,6 +130,8 @@ func (r Result) String() string {
 		return "REJECT"
 	case Unknown:
 		return "UNKNOWN"
+	case NoKey:
+		return "NO_KEY"
 	}
 	return fmt.Sprintf("Result(%d)", int(r))
 }
@@ -219,6 +245,85 @@ func (l *Limiter) Check(name string, weight uint64) (Result, error) {
 	}
 	code, err := check("sluice_check", C.go_check(name, C.uint64_t(weight)))
 	return Result(code), err
+}
+
+// CheckKey checks the key key (any bytes) of the per-key quota name: the
+// key's own counter, with the quota's ancestors, counted if it passes.
+// An empty key is NoKey (passes, uncounted); a key given for a plain
+// quota is ignored. The key is hashed at once and never kept.
+func (l *Limiter) CheckKey(name, key string, weight uint64) (Result, error) {
+	if l.closed.Load() {
+		return Pass, ErrClosed
+	}
+	code, err := check("sluice_check_key", C.go_check_key(name, key, C.uint64_t(weight)))
+	return Result(code), err
+}
+
+// Obtain is a partial grant: it counts and returns the most units, up to
+// want (at least 1), that quota name and all its ancestors allow with
+// certainty now; a sender takes "as many as allowed" for a batch. The
+// Result is Pass when something was granted, Reject when nothing can be
+// now, Unknown (no such quota: nothing granted; the caller decides).
+func (l *Limiter) Obtain(name string, want uint64) (uint64, Result, error) {
+	return l.obtain("sluice_obtain", name, "", false, want)
+}
+
+// ObtainKey is Obtain on the key key of a per-key quota (NoKey for an
+// empty key).
+func (l *Limiter) ObtainKey(name, key string, want uint64) (uint64, Result, error) {
+	return l.obtain("sluice_obtain_key", name, key, true, want)
+}
+
+func (l *Limiter) obtain(call, name, key string, keyed bool, want uint64) (uint64, Result, error) {
+	if l.closed.Load() {
+		return 0, Pass, ErrClosed
+	}
+	var granted C.uint64_t
+	code, err := check(call, C.go_obtain(name, key, cBool(keyed), C.uint64_t(want), &granted))
+	return uint64(granted), Result(code), err
+}
+
+// Never is the wait Reserve reports when waiting cannot help (a weight
+// above the quota's high_burst).
+const Never = time.Duration(1<<63 - 1)
+
+// Reserve paces: it counts weight on quota name now and returns how long
+// to wait before acting so that the whole fleet stays at the quota's rate
+// (GCRA's theoretical arrival time on the fleet-wide level). When the
+// wait would exceed maxWait (whole milliseconds), nothing is counted: the
+// Result is Reject and the wait is what it would have been (Never when
+// waiting cannot help). It never sleeps itself: time.Sleep(wait), then act.
+func (l *Limiter) Reserve(name string, weight uint64, maxWait time.Duration) (time.Duration, Result, error) {
+	return l.reserve("sluice_reserve", name, "", false, weight, maxWait)
+}
+
+// ReserveKey is Reserve on the key key of a per-key quota (NoKey for an
+// empty key).
+func (l *Limiter) ReserveKey(name, key string, weight uint64, maxWait time.Duration) (time.Duration, Result, error) {
+	return l.reserve("sluice_reserve_key", name, key, true, weight, maxWait)
+}
+
+func (l *Limiter) reserve(call, name, key string, keyed bool, weight uint64, maxWait time.Duration) (time.Duration, Result, error) {
+	if l.closed.Load() {
+		return 0, Pass, ErrClosed
+	}
+	if maxWait < 0 {
+		maxWait = 0
+	}
+	var wait C.uint64_t
+	code, err := check(call, C.go_reserve(name, key, cBool(keyed), C.uint64_t(weight),
+		C.uint64_t(maxWait/time.Millisecond), &wait))
+	if uint64(wait) > uint64(Never) {
+		return Never, Result(code), err
+	}
+	return time.Duration(wait), Result(code), err
+}
+
+func cBool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // QuotaCount is the number of quotas in the table.

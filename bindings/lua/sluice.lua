@@ -6,6 +6,9 @@
 --   assert(sluice.init({ roots = { "http://127.0.0.1:7070" } }))
 --   local res, err = sluice.check("api_acme", 1)  -- "PASS", "REJECT", "UNKNOWN"
 --   if res == "REJECT" then return ngx.exit(429) end
+--   sluice.check_key("per_token", token, 1)       -- a per-key quota's key
+--   local n = sluice.obtain("sms", 100)           -- as many as allowed, up to 100
+--   local res, wait = sluice.reserve("sends", 1, 2) -- pace: sleep `wait` s, then act
 --
 -- Errors come back the Lua way: nil and the library's message
 -- (sluice_last_error). The library is loaded from $SLUICE_LIBRARY (a full
@@ -27,6 +30,15 @@ int sluice_init(const char *config_json);
 int sluice_load_quotas_json(const char *json);
 int sluice_load_quotas_file(const char *path);
 int sluice_check(const char *name, size_t len, uint64_t weight);
+int sluice_check_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                     uint64_t weight);
+int sluice_obtain(const char *name, size_t name_len, uint64_t want, uint64_t *granted);
+int sluice_obtain_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                      uint64_t want, uint64_t *granted);
+int sluice_reserve(const char *name, size_t name_len, uint64_t weight, uint64_t max_wait_ms,
+                   uint64_t *wait_ns);
+int sluice_reserve_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                       uint64_t weight, uint64_t max_wait_ms, uint64_t *wait_ns);
 int sluice_quota_count(void);
 char *sluice_sync_metrics_json(void);
 void sluice_free_string(char *s);
@@ -55,7 +67,14 @@ local _M = {
 }
 
 -- Result codes to names, so a check returns a string without allocating.
-local RESULTS = { [0] = "PASS", [1] = "REJECT", [2] = "UNKNOWN" }
+local RESULTS = { [0] = "PASS", [1] = "REJECT", [2] = "UNKNOWN", [3] = "NO_KEY" }
+
+-- One out-parameter for obtain and reserve, allocated once: a call fills
+-- it and it is read before anything else can run (LuaJIT code on one
+-- state is not preempted between the two).
+local out = ffi.new("uint64_t[1]")
+-- The C ABI's UINT64_MAX wait: waiting cannot help.
+local NEVER = 0xffffffffffffffffULL
 
 local function last_error()
     return ffi.string(C.sluice_last_error())
@@ -137,6 +156,112 @@ function _M.check(name, weight)
         return nil, last_error()
     end
     return result
+end
+
+-- A count for a uint64_t argument: nil and an error for anything but a
+-- number >= 0; above 2^53 the most there is.
+local function count(value, what)
+    if type(value) ~= "number" or value < 0 or value ~= value then
+        return nil, what .. " must be a number >= 0"
+    end
+    if value > MAX_WEIGHT then
+        return MAX_WEIGHT
+    end
+    return value
+end
+
+-- Checks the key `key` (a string of any bytes) of the per-key quota
+-- `name`: the key's own counter, with the quota's ancestors. Returns
+-- "PASS", "REJECT", "UNKNOWN" or "NO_KEY" (an empty key: pass, uncounted),
+-- or nil and the error. The key is hashed at once and never kept.
+function _M.check_key(name, key, weight)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    local w, err = count(weight or 1, "weight")
+    if not w then
+        return nil, err
+    end
+    local result = RESULTS[C.sluice_check_key(name, #name, key, #key, w)]
+    if result == nil then
+        return nil, last_error()
+    end
+    return result
+end
+
+-- A partial grant: counts and returns the most units, up to `want` (at
+-- least 1), that quota `name` and all its ancestors allow with certainty
+-- now, and the result ("PASS" when something was granted, "REJECT" when
+-- nothing can be now, "UNKNOWN", "NO_KEY"): `local n = sluice.obtain("sms",
+-- #batch)`, then send n. With `key`, the key's own counter of a per-key
+-- quota. nil and the error on failure (want 0, not initialised).
+function _M.obtain(name, want, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    local n, err = count(want, "want")
+    if not n then
+        return nil, err
+    end
+    out[0] = 0
+    local code
+    if key == nil then
+        code = C.sluice_obtain(name, #name, n, out)
+    else
+        code = C.sluice_obtain_key(name, #name, key, #key, n, out)
+    end
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    return tonumber(out[0]), result
+end
+
+-- Pacing: counts `weight` on quota `name` now and returns the result and
+-- how many seconds to wait before acting so the fleet stays at the
+-- quota's rate ("PASS", wait: sleep, then act, e.g. `ngx.sleep(wait)`).
+-- When the wait would exceed `max_wait` seconds (whole milliseconds;
+-- default 1) nothing is counted: "REJECT" and the wait it would have
+-- needed (math.huge when waiting cannot help). With `key`, the key's own
+-- counter of a per-key quota. nil and the error on failure.
+function _M.reserve(name, weight, max_wait, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    local w, err = count(weight or 1, "weight")
+    if not w then
+        return nil, err
+    end
+    local max_s
+    max_s, err = count(max_wait or 1, "max_wait")
+    if not max_s then
+        return nil, err
+    end
+    local max_ms = math.floor(max_s * 1000)
+    out[0] = 0
+    local code
+    if key == nil then
+        code = C.sluice_reserve(name, #name, w, max_ms, out)
+    else
+        code = C.sluice_reserve_key(name, #name, key, #key, w, max_ms, out)
+    end
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    if out[0] == NEVER then
+        return result, math.huge
+    end
+    return result, tonumber(out[0]) / 1e9
 end
 
 -- The number of quotas loaded.

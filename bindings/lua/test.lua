@@ -96,6 +96,56 @@ os.remove(path)
 is(sluice.quota_count(), 1, "which replaced the set")
 is(checks("from_file", 2), "PASS REJECT", "and limits")
 
+-- Keys, partial grants and pacing
+ok(sluice.load_quotas([[{"quotas": [
+  {"name": "per_user", "limit": 0.001, "low_burst": 2, "high_burst": 2, "per_key": true},
+  {"name": "batch", "limit": 0, "low_burst": 10, "high_burst": 10},
+  {"name": "slow", "limit": 0.01, "low_burst": 1, "high_burst": 1}
+]}]]), "load per-key, batch and paced quotas")
+local function key_checks(key, count)
+    local out = {}
+    for i = 1, count do
+        out[i] = sluice.check_key("per_user", key, 1)
+    end
+    return table.concat(out, " ")
+end
+is(key_checks("alice", 3), "PASS PASS REJECT", "a key has its own counter")
+is(key_checks("bob", 1), "PASS", "another key is not limited by the first")
+is(key_checks("", 1), "NO_KEY", "an empty key is not checked")
+is(sluice.check("per_user", 1), "NO_KEY", "nor is a per-key quota without a key")
+is(sluice.check_key("batch", "ignored", 1), "PASS", "a key given for a plain quota is ignored")
+res, err = sluice.check_key("per_user", nil)
+ok(res == nil and err == "key must be a string", "a nil key is refused")
+
+local granted, result = sluice.obtain("batch", 5)
+is(granted, 5, "obtain grants what it asks when there is room")
+granted, result = sluice.obtain("batch", 100)
+ok(granted == 4 and result == "PASS", "then what is left (" .. tostring(granted) .. " " .. tostring(result) .. ")")
+granted, result = sluice.obtain("batch", 1)
+ok(granted == 0 and result == "REJECT", "then nothing")
+granted, result = sluice.obtain("nothing_here", 3)
+ok(granted == 0 and result == "UNKNOWN", "an unknown quota grants nothing and says so")
+granted, result = sluice.obtain("per_user", 5, "carol")
+ok(granted == 2 and result == "PASS", "a key's grant is out of the key's counter")
+granted, err = sluice.obtain("batch", 0)
+ok(granted == nil and err:find("want", 1, true), "asking for nothing is an error: " .. tostring(err))
+
+-- 0.01/s: a unit takes 100 s to leak, so the waits barely move while
+-- this runs.
+local wait
+result, wait = sluice.reserve("slow", 1, 1)
+ok(result == "PASS" and wait == 0, "the first reservation waits for nothing")
+result, wait = sluice.reserve("slow", 1, 1000)
+ok(result == "PASS" and wait > 99 and wait <= 100, "the next waits a unit's worth, 100 s (" .. tostring(wait) .. ")")
+result, wait = sluice.reserve("slow", 1, 10)
+ok(result == "REJECT" and wait > 199 and wait <= 200, "one that would wait past max_wait is refused (" .. tostring(wait) .. ")")
+result, wait = sluice.reserve("slow", 2, 1000)
+ok(result == "REJECT" and wait == math.huge, "a weight above high_burst can never be reserved")
+result, wait = sluice.reserve("per_user", 1, 1, "dave")
+ok(result == "PASS" and wait == 0, "a key reserves on its own counter")
+result, wait = sluice.reserve("nothing_here", 1, 1)
+ok(result == "UNKNOWN" and wait == 0, "an unknown quota is not paced")
+
 local metrics = sluice.sync_metrics_json()
 ok(metrics and metrics:find('"roots":[]', 1, true), "sync metrics of a standalone limiter: " .. tostring(metrics))
 

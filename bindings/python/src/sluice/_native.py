@@ -14,6 +14,7 @@ from pathlib import Path
 SLUICE_PASS = 0
 SLUICE_REJECT = 1
 SLUICE_UNKNOWN = 2
+SLUICE_NO_KEY = 3
 SLUICE_ERROR = -1
 
 _c_str = ctypes.c_char_p
@@ -38,8 +39,19 @@ _SIGNATURES = {
 # The same, called with the GIL held. Only for calls the header promises
 # never block or do IO (a check): releasing and retaking the GIL would
 # cost more than the check itself.
+_size = ctypes.c_size_t
+_u64 = ctypes.c_uint64
+_u64_out = ctypes.POINTER(ctypes.c_uint64)
 _HOT_SIGNATURES = {
-    "sluice_check": (_c_int, [_c_str, ctypes.c_size_t, ctypes.c_uint64]),
+    "sluice_check": (_c_int, [_c_str, _size, _u64]),
+    "sluice_check_key": (_c_int, [_c_str, _size, _c_str, _size, _u64]),
+    # want, *granted
+    "sluice_obtain": (_c_int, [_c_str, _size, _u64, _u64_out]),
+    "sluice_obtain_key": (_c_int, [_c_str, _size, _c_str, _size, _u64, _u64_out]),
+    # weight, max_wait_ms, *wait_ns: the call only computes the wait; the
+    # caller sleeps.
+    "sluice_reserve": (_c_int, [_c_str, _size, _u64, _u64, _u64_out]),
+    "sluice_reserve_key": (_c_int, [_c_str, _size, _c_str, _size, _u64, _u64, _u64_out]),
 }
 
 LIBRARY_ENV = "SLUICE_LIBRARY"

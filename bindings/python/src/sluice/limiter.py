@@ -1,8 +1,13 @@
 """The process-wide limiter of libsluice, as a Python object."""
 
+import ctypes
 import enum
 import json
+import math
 import os
+import threading
+from time import sleep as _sleep
+from typing import NamedTuple
 
 from . import _native
 
@@ -20,6 +25,9 @@ class Decision(enum.IntEnum):
     REJECT = _native.SLUICE_REJECT
     #: No quota has this name: the request passes, uncounted.
     UNKNOWN = _native.SLUICE_UNKNOWN
+    #: The quota is per-key and the call gave no key (or an empty one):
+    #: the request passes, uncounted.
+    NO_KEY = _native.SLUICE_NO_KEY
 
     @property
     def allowed(self):
@@ -32,7 +40,65 @@ class Decision(enum.IntEnum):
         return self.allowed
 
 
+class Grant(NamedTuple):
+    """What ``Limiter.obtain`` granted: truthy when ``granted`` > 0."""
+
+    #: ``PASS`` (something granted), ``REJECT`` (nothing can be granted
+    #: now), ``UNKNOWN`` or ``NO_KEY`` (nothing checked, nothing granted:
+    #: the caller decides).
+    decision: "Decision"
+    #: Units granted and counted, at most what was wanted.
+    granted: int
+
+    def __bool__(self):
+        return self.granted > 0
+
+
+#: ``Reservation.wait_ns`` when waiting cannot help (a weight above the
+#: quota's high_burst): the C ABI's ``UINT64_MAX``.
+NEVER = 2**64 - 1
+
+
+class Reservation(NamedTuple):
+    """What ``Limiter.reserve`` decided: truthy unless it was refused."""
+
+    #: ``PASS`` (counted: wait, then act), ``REJECT`` (not counted: the
+    #: wait would exceed ``max_wait``, or cannot end), ``UNKNOWN`` or
+    #: ``NO_KEY`` (not counted; no wait).
+    decision: "Decision"
+    #: Nanoseconds to wait before acting; on a refusal the wait it would
+    #: have needed, ``NEVER`` when waiting cannot help.
+    wait_ns: int
+
+    @property
+    def wait(self):
+        """``wait_ns`` in seconds (``math.inf`` for ``NEVER``)."""
+        return math.inf if self.wait_ns == NEVER else self.wait_ns / 1e9
+
+    def __bool__(self):
+        return self.decision is not Decision.REJECT
+
+
 _CLOSED = "the limiter is closed"
+_MAX_U64 = 2**64 - 1
+# Builds a Grant or Reservation without NamedTuple's keyword-handling
+# constructor (a third of a grant's cost in Python).
+_new_tuple = tuple.__new__
+
+
+def _name_bytes(value, what):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"{what} must be str or bytes, got {type(value).__name__}")
+
+
+def _count(value, what):
+    """A non-negative count for a uint64_t argument (larger ones count as the most there is)."""
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return min(int(value), _MAX_U64)
 
 # Indexed by the C result code, so a check maps its code without a call.
 _DECISIONS = {d.value: d for d in Decision}
@@ -71,7 +137,16 @@ class Limiter:
         self._closed = False
         self._call(self._native.lib.sluice_init, _json_text(merged, "config"))
         # Bound once: the check path then touches no module globals.
-        self._check = self._native.hot.sluice_check
+        hot = self._native.hot
+        self._check = hot.sluice_check
+        self._check_key = hot.sluice_check_key
+        self._obtain = hot.sluice_obtain
+        self._obtain_key = hot.sluice_obtain_key
+        self._reserve = hot.sluice_reserve
+        self._reserve_key = hot.sluice_reserve_key
+        # The out-parameter of obtain and reserve: one per thread, made
+        # once (a new c_uint64 and byref per call cost more than the call).
+        self._cells = threading.local()
 
     def _call(self, fn, *args):
         if self._closed:
@@ -97,11 +172,15 @@ class Limiter:
         """Like ``load_quotas``, from a JSON file."""
         self._call(self._native.lib.sluice_load_quotas_file, os.fsencode(path))
 
-    def check(self, name, weight=1):
+    def check(self, name, weight=1, key=None):
         """Checks quota ``name`` (and its ancestors) for ``weight`` units.
 
         Returns a ``Decision`` (truthy when the request may pass) and counts
         the weight when it passes; ``weight=0`` checks without counting.
+        ``key`` (str or bytes) checks that key's own counter of a per-key
+        quota (``sluice_check_key``; hashed at once, never kept); a
+        per-key quota checked without a key, or with an empty one, is
+        ``Decision.NO_KEY`` (passes, uncounted).
         Never blocks. Raises ``SluiceError`` when the library cannot
         decide (the limiter is closed, an internal error); the C ABI's
         advice for that case is to let the request pass.
@@ -114,11 +193,102 @@ class Limiter:
             # Not left to the library: it would answer for whichever
             # limiter was started after this one closed.
             raise SluiceError(_CLOSED)
-        code = self._check(name, len(name), weight)
+        if key is None:
+            code = self._check(name, len(name), weight)
+        else:
+            key = _name_bytes(key, "key")
+            code = self._check_key(name, len(name), key, len(key), weight)
+        return self._decision(code)
+
+    def _decision(self, code):
         decision = _DECISIONS.get(code)
         if decision is None:
             raise SluiceError(self._native.last_error())
         return decision
+
+    def obtain(self, name, want, key=None):
+        """A partial grant: counts and returns the most units, up to ``want``
+        (at least 1), that quota ``name`` and all its ancestors allow with
+        certainty now (``sluice_obtain``): a sender takes "as many as
+        allowed" for a batch and sends that many. With ``key``, the key's
+        own counter of a per-key quota (``sluice_obtain_key``).
+
+        Returns a ``Grant(decision, granted)``, truthy when something was
+        granted. Never blocks.
+        """
+        # The common case (bytes or str, a plain int) is tested inline: a
+        # call per argument would cost as much as the C call.
+        if type(name) is not bytes:
+            name = _name_bytes(name, "name")
+        if type(want) is not int or not 0 <= want <= _MAX_U64:
+            want = _count(want, "want")
+        if self._closed:
+            raise SluiceError(_CLOSED)
+        granted = self._cell()
+        # ctypes passes a c_uint64 by reference where the argument type is
+        # a pointer to one.
+        if key is None:
+            code = self._obtain(name, len(name), want, granted)
+        else:
+            key = _name_bytes(key, "key")
+            code = self._obtain_key(name, len(name), key, len(key), want, granted)
+        decision = _DECISIONS.get(code)
+        if decision is None:
+            raise SluiceError(self._native.last_error())
+        return _new_tuple(Grant, (decision, granted.value))
+
+    def _cell(self):
+        """This thread's out-parameter (the library writes it on every
+        answer but an error)."""
+        try:
+            return self._cells.cell
+        except AttributeError:
+            cell = self._cells.cell = ctypes.c_uint64()
+            return cell
+
+    def reserve(self, name, weight=1, max_wait=1.0, key=None):
+        """Pacing: counts ``weight`` on quota ``name`` now and returns how long
+        to wait before acting so that the whole fleet stays at the quota's
+        rate (``sluice_reserve``: GCRA's theoretical arrival time on the
+        fleet-wide level). If the wait would exceed ``max_wait`` seconds
+        (whole milliseconds), nothing is counted and the reservation is
+        refused. With ``key``, the key's own counter of a per-key quota.
+
+        Returns a ``Reservation(decision, wait_ns)`` (``.wait`` in
+        seconds), truthy unless refused. Never blocks: the caller sleeps
+        (``time.sleep(r.wait)``), or see ``pace``.
+        """
+        if type(name) is not bytes:
+            name = _name_bytes(name, "name")
+        if type(weight) is not int or not 0 <= weight <= _MAX_U64:
+            weight = _count(weight, "weight")
+        if not max_wait >= 0:
+            raise ValueError(f"max_wait must be >= 0, got {max_wait}")
+        max_wait_ms = min(int(max_wait * 1000), _MAX_U64)
+        if self._closed:
+            raise SluiceError(_CLOSED)
+        wait = self._cell()
+        if key is None:
+            code = self._reserve(name, len(name), weight, max_wait_ms, wait)
+        else:
+            key = _name_bytes(key, "key")
+            code = self._reserve_key(name, len(name), key, len(key), weight, max_wait_ms, wait)
+        decision = _DECISIONS.get(code)
+        if decision is None:
+            raise SluiceError(self._native.last_error())
+        return _new_tuple(Reservation, (decision, wait.value))
+
+    def pace(self, name, weight=1, max_wait=1.0, key=None, sleep=None):
+        """``reserve``, then sleep the wait when the reservation was counted.
+
+        Returns the ``Reservation``; when it is refused nothing was counted
+        and nothing slept, and the caller decides (retry later, drop, queue).
+        ``sleep`` defaults to ``time.sleep``.
+        """
+        reservation = self.reserve(name, weight, max_wait, key)
+        if reservation.decision is Decision.PASS and reservation.wait_ns:
+            (sleep or _sleep)(reservation.wait_ns / 1e9)
+        return reservation
 
     def quota_count(self):
         """The number of quotas in the table."""
