@@ -46,6 +46,8 @@ port=$(free_port)
 cleanup() {
     "$nginx" -p "$dir/" -c "$dir/conf/nginx.conf" -s stop 2>/dev/null || true
     sleep 0.5
+    # nginx's error log outlives the run, for a look at anything odd.
+    cp "$dir/logs/error.log" "${TMPDIR:-/tmp}/nginx-wait-bench-error.log" 2>/dev/null || true
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -101,7 +103,7 @@ worker_cpu_ns() {
     local pid
     for pid in $(pgrep -P "$(cat "$dir/logs/nginx.pid")"); do
         cat /proc/"$pid"/task/*/schedstat
-    done | awk '{ t += $1 } END { printf "%d\n", t }'
+    done | awk '{ t += $1 } END { printf "%.0f\n", t }'
 }
 
 # One run: case ($1 = wait|plain); prints a Markdown row.
@@ -112,9 +114,10 @@ run() {
     json=$(python3 "$repo/benches/wait_load.py" --port "$port" --path "/$1" \
         --rate "$rate" --seconds "$duration")
     after=$(worker_cpu_ns)
-    python3 - "$1" "$json" $((after - before)) "$limit" "$dir/logs/access.log" "$dir/cost" <<'PY'
+    python3 - "$1" "$json" $((after - before)) "$limit" "$dir/logs/access.log" "$dir/cost" \
+        "$dir/rows" <<'PY'
 import json, sys
-case, out, cpu_ns, limit, log, cost_file = sys.argv[1:]
+case, out, cpu_ns, limit, log, cost_file, rows = sys.argv[1:]
 out = json.loads(out)
 cpu_ns, limit = int(cpu_ns), float(limit)
 o = out["outcomes"]
@@ -136,6 +139,8 @@ mix = "-"
 if "pass" in cost and "reject" in cost and admitted + rejected > 0:
     expected = (admitted * float(cost["pass"]) + rejected * float(cost["reject"])) / max(1, admitted + rejected)
     mix = f"{cpu_us / expected:.2f}x"
+with open(rows, "a") as f:
+    f.write(f"{case} {cpu_us} {mix.rstrip('x') if mix != '-' else 'nan'}\n")
 print(f"| {case} | {out['sent']} in {out['send_seconds']} s | {admitted} | "
       f"{steady}/s ({steady / limit * 100 - 100:+.1f}%) | "
       f"{get('200 DELAYED', 'count')} | {rejected} | {errors + out['skipped']} | "
@@ -159,3 +164,24 @@ for ((r = 1; r <= rounds; r++)); do
         run reject; run pass; run limit_req; run plain; run wait
     fi
 done
+echo
+echo "Medians over the $rounds rounds:"
+echo
+python3 - "$dir/rows" <<'PY'
+import math, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    case, cpu, mix = line.split()
+    rows.setdefault(case, []).append((float(cpu), float(mix)))
+med = {c: statistics.median(v[0] for v in r) for c, r in rows.items()}
+print("| case | worker CPU us/request | CPU vs its mix of 200s and 429s without holds |")
+print("|---|---|---|")
+for c in ("pass", "reject", "plain", "wait", "limit_req"):
+    if c in rows:
+        mixes = [m for _, m in rows[c] if not math.isnan(m)]
+        mix = f"{statistics.median(mixes):.2f}x" if mixes else "-"
+        print(f"| {c} | {med[c]:.1f} | {mix} |")
+print()
+print(f"wait / plain: {med['wait'] / med['plain']:.2f}x; wait / limit_req: "
+      f"{med['wait'] / med['limit_req']:.2f}x")
+PY

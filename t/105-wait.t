@@ -26,7 +26,8 @@ our $Quotas = <<'JSON';
   {"name": "many", "limit": 10, "low_burst": 1, "high_burst": 1},
   {"name": "hourly", "limit": 0.01, "low_burst": 1, "high_burst": 1},
   {"name": "banded", "limit": 4, "low_burst": 1, "high_burst": 3},
-  {"name": "win", "limit": 2, "low_burst": 2, "high_burst": 2, "window": "10s"}
+  {"name": "win", "limit": 2, "low_burst": 2, "high_burst": 2, "window": "10s"},
+  {"name": "per_key", "limit": 2, "low_burst": 1, "high_burst": 1, "per_key": true}
 ]}
 JSON
 
@@ -314,6 +315,18 @@ location / { root html; sluice banded weight=2 wait=2s; add_header X-Sluice $slu
 [200, 200, 200]
 --- response_headers eval
 ["X-Sluice: PASSED", "X-Sluice: DELAYED", "X-Sluice: DELAYED"]
+
+
+
+=== TEST 9b: a per-key quota paces each key on its own counter
+--- config
+location / { root html; sluice per_key key=$arg_k wait=2s; add_header X-Sluice $sluice_status always; }
+--- request eval
+["GET /index.html?k=a", "GET /index.html?k=a", "GET /index.html?k=b", "GET /index.html"]
+--- error_code eval
+[200, 200, 200, 200]
+--- response_headers eval
+["X-Sluice: PASSED", "X-Sluice: DELAYED", "X-Sluice: PASSED", "X-Sluice: NO_KEY"]
 
 
 
