@@ -12,7 +12,8 @@
 # 200s completed after the first 2 s (what a backend behind nginx sees)
 # against the limit, the rejections, the latency of each outcome, the
 # longest hold nginx logged ($request_time of DELAYED requests), and the
-# CPU time the workers spent per request (/proc/<pid>/task/*/schedstat).
+# CPU time the workers spent per request (/proc/<pid>/task/*/schedstat)
+# and how often they slept and woke (voluntary context switches).
 # Two more cases under the same load measure what a 200 alone costs
 # (/pass: a quota that never rejects) and a 429 alone (/reject: limit 0),
 # so that each wait/plain run's CPU is also shown against what its own mix
@@ -106,18 +107,28 @@ worker_cpu_ns() {
     done | awk '{ t += $1 } END { printf "%.0f\n", t }'
 }
 
+# Times the workers went to sleep and were woken (every thread), so far.
+worker_wakeups() {
+    local pid
+    for pid in $(pgrep -P "$(cat "$dir/logs/nginx.pid")"); do
+        cat /proc/"$pid"/task/*/status
+    done | awk '/^voluntary_ctxt_switches/ { t += $2 } END { printf "%.0f\n", t }'
+}
+
 # One run: case ($1 = wait|plain); prints a Markdown row.
 run() {
     local before after json
     : >"$dir/logs/access.log"
     before=$(worker_cpu_ns)
+    wakes_before=$(worker_wakeups)
     json=$(python3 "$repo/benches/wait_load.py" --port "$port" --path "/$1" \
         --rate "$rate" --seconds "$duration")
     after=$(worker_cpu_ns)
+    wakes_after=$(worker_wakeups)
     python3 - "$1" "$json" $((after - before)) "$limit" "$dir/logs/access.log" "$dir/cost" \
-        "$dir/rows" <<'PY'
+        "$dir/rows" $((wakes_after - wakes_before)) <<'PY'
 import json, sys
-case, out, cpu_ns, limit, log, cost_file, rows = sys.argv[1:]
+case, out, cpu_ns, limit, log, cost_file, rows, wakes = sys.argv[1:]
 out = json.loads(out)
 cpu_ns, limit = int(cpu_ns), float(limit)
 o = out["outcomes"]
@@ -145,15 +156,16 @@ print(f"| {case} | {out['sent']} in {out['send_seconds']} s | {admitted} | "
       f"{steady}/s ({steady / limit * 100 - 100:+.1f}%) | "
       f"{get('200 DELAYED', 'count')} | {rejected} | {errors + out['skipped']} | "
       f"{get('200 DELAYED', 'p99_ms')} / {get('200 DELAYED', 'max_ms')} | "
-      f"{max(held) if held else '-'} | {get('429 REJECTED', 'p99_ms')} | {cpu_us:.1f} | {mix} |")
+      f"{max(held) if held else '-'} | {get('429 REJECTED', 'p99_ms')} | {cpu_us:.1f} | {mix} | "
+      f"{int(wakes) / max(1, out['sent']):.2f} |")
 PY
     sleep 3    # the quota drains (a full bucket plus a second scheduled ahead)
 }
 
 echo "limit $limit/s, burst $burst, offered $rate/s for $duration s, $workers workers, $(nproc) CPUs"
 echo
-echo "| case | sent | admitted (200) | 200s/s reaching the backend after 2 s, vs limit | held | rejected (429) | errors | held latency p99 / max, ms | longest \$request_time held, s | 429 latency p99, ms | worker CPU us/request | CPU vs its mix of 200s and 429s without holds |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| case | sent | admitted (200) | 200s/s reaching the backend after 2 s, vs limit | held | rejected (429) | errors | held latency p99 / max, ms | longest \$request_time held, s | 429 latency p99, ms | worker CPU us/request | CPU vs its mix of 200s and 429s without holds | worker wakeups/request |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 : >"$dir/cost"
 for ((r = 1; r <= rounds; r++)); do
     # Each round measures what a bare 200 and a bare 429 cost first.
