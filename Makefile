@@ -110,7 +110,7 @@ APT_GET ?= apt-get
 # Top-level targets
 
 .PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo test-cluster \
-	test-capi test-nginx bench bench-keys bench-nginx bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
+	test-capi test-nginx bench bench-keys bench-nginx bench-nginx-wait bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
 	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
@@ -221,6 +221,9 @@ bench-layouts: ## one DRAM miss, then a lookup among 1M quotas under other table
 
 bench-nginx: nginx module bin ## wrk on 127.0.0.1: no limit, limit_req, sluice (table on stdout)
 	benches/nginx.sh
+
+bench-nginx-wait: nginx module ## wait= under a steady load of twice the limit, beside the plain check (table on stdout)
+	benches/nginx-wait.sh
 
 bench-nginx-keys: nginx module ## per-key limits: keys per MiB and wrk with 1M keys, sluice vs limit_req_zone
 	benches/nginx-keys.sh

@@ -352,7 +352,7 @@ qr/invalid value "top=many": top must be 0 to 100000 in .*nginx\.conf:\d+/
 
 === TEST 32: too many arguments is nginx's own error
 --- config
-location /t { sluice a key=$arg_k weight=$arg_w empty=0 extra; }
+location /t { sluice a key=$arg_k weight=$arg_w empty=0 wait=1s extra; }
 --- must_die
 --- error_log eval
 qr/invalid number of arguments in "sluice" directive in .*nginx\.conf:\d+/

@@ -69,6 +69,30 @@ pub fn parse_time_ms(arg: &[u8]) -> Option<u64> {
     parse_u64(digits)?.checked_mul(per)
 }
 
+/// Longest `wait=` a `sluice` directive accepts: a request held longer
+/// than this is better told to come back (`Retry-After`).
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// Parses the value of `wait=` (nginx time syntax: `500ms`, `1s`, `2m`)
+/// into nanoseconds; 0 is no waiting (`None`: a plain check).
+pub fn parse_wait(arg: &[u8]) -> Result<Option<u64>, String> {
+    if arg.first() == Some(&b'-') {
+        return Err("must not be negative".into());
+    }
+    match parse_time_ms(arg) {
+        Some(0) => Ok(None),
+        Some(ms) if ms <= MAX_WAIT_MS => Ok(Some(ms * 1_000_000)),
+        Some(_) => Err("must be at most 1h".into()),
+        None => Err("must be a time such as 500ms, 1s or 2m".into()),
+    }
+}
+
+/// Milliseconds an nginx timer waits for a wait of `ns` nanoseconds:
+/// rounded up, so a request never acts before its turn.
+pub fn wait_timer_ms(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000)
+}
+
 /// Parses a plain decimal number (no sign, no spaces).
 pub fn parse_u64(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
@@ -206,6 +230,12 @@ pub enum RequestStatus {
     /// The quotas are per-key and the key was empty: not checked, not
     /// counted (as `limit_req` does with an empty key).
     NoKey = 5,
+    /// Over a quota but within `wait=`: counted, held until its turn
+    /// (an nginx timer), then passed.
+    Delayed = 6,
+    /// As [`RequestStatus::Delayed`], but `sluice_dry_run on` let it
+    /// through without holding it (the weight was counted).
+    DelayedDryRun = 7,
 }
 
 impl RequestStatus {
@@ -218,6 +248,8 @@ impl RequestStatus {
             RequestStatus::RejectedDryRun => "REJECTED_DRY_RUN",
             RequestStatus::Unknown => "UNKNOWN",
             RequestStatus::NoKey => "NO_KEY",
+            RequestStatus::Delayed => "DELAYED",
+            RequestStatus::DelayedDryRun => "DELAYED_DRY_RUN",
         }
     }
 }
@@ -240,6 +272,40 @@ mod tests {
         assert_eq!(parse_time_ms(b"1x"), None);
         assert_eq!(parse_time_ms(b"s"), None);
         assert_eq!(parse_u64(b"18446744073709551616"), None);
+    }
+
+    #[test]
+    fn waits_parse_as_nginx_times_up_to_an_hour() {
+        assert_eq!(parse_wait(b"500ms"), Ok(Some(500_000_000)));
+        assert_eq!(parse_wait(b"1s"), Ok(Some(1_000_000_000)));
+        assert_eq!(parse_wait(b"2m"), Ok(Some(120_000_000_000)));
+        assert_eq!(parse_wait(b"1h"), Ok(Some(3_600_000_000_000)));
+        assert_eq!(parse_wait(b"3"), Ok(Some(3_000_000_000)));
+        assert_eq!(parse_wait(b"0"), Ok(None));
+        assert_eq!(parse_wait(b"0ms"), Ok(None));
+        assert!(parse_wait(b"-1s").unwrap_err().contains("negative"));
+        assert!(parse_wait(b"61m").unwrap_err().contains("at most 1h"));
+        assert!(parse_wait(b"99999999999999999999")
+            .unwrap_err()
+            .contains("time"));
+        for bad in [&b""[..], b"1x", b"s", b"1.5s", b"1s2", b" 1s", b"$w"] {
+            assert!(parse_wait(bad).unwrap_err().contains("time"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wait_timers_round_up_to_the_millisecond() {
+        assert_eq!(wait_timer_ms(1), 1);
+        assert_eq!(wait_timer_ms(1_000_000), 1);
+        assert_eq!(wait_timer_ms(1_000_001), 2);
+        assert_eq!(wait_timer_ms(0), 0);
+    }
+
+    #[test]
+    fn statuses_name_themselves() {
+        assert_eq!(RequestStatus::Delayed.as_str(), "DELAYED");
+        assert_eq!(RequestStatus::DelayedDryRun.as_str(), "DELAYED_DRY_RUN");
+        assert_eq!(RequestStatus::Unchecked.as_str(), "");
     }
 
     #[test]

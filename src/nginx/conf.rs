@@ -19,8 +19,8 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
 
 use super::args::{
-    check_zone_size, parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_weight,
-    EmptyWeight,
+    check_zone_size, parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_wait,
+    parse_weight, EmptyWeight,
 };
 use super::util::{bytes, conf_boundary, directive_args, text};
 use super::zone::RequestCounters;
@@ -145,7 +145,7 @@ pub(crate) enum Weight {
     },
 }
 
-/// One `sluice <name> [key=...] [weight=...]` directive.
+/// One `sluice <name> [key=...] [weight=...] [wait=...]` directive.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Check {
     /// The quota name, a complex value (variables allowed).
@@ -154,6 +154,9 @@ pub(crate) struct Check {
     pub key: Option<*const ngx_http_complex_value_t>,
     /// The weight.
     pub weight: Weight,
+    /// `wait=`: pace instead of rejecting a request whose turn comes
+    /// within this many nanoseconds (`None`: a plain check).
+    pub max_wait: Option<u64>,
 }
 
 /// `sluice_metrics` in a location.
@@ -457,8 +460,8 @@ directive_handler!(
 // ---- location-level directives ------------------------------------------
 
 directive_handler!(
-    /// `sluice <name> [weight=<number|$variable> [empty=reject|<n>]];` or
-    /// `sluice off;`
+    /// `sluice <name> [key=<value>] [weight=<number|$variable>
+    /// [empty=reject|<n>]] [wait=<time>];` or `sluice off;`
     set_check,
     |cf, lcf: &mut LocConf, args| {
         // SAFETY: `cf` is the live configuration.
@@ -476,6 +479,11 @@ directive_handler!(
         if lcf.off {
             return Err(combined.into());
         }
+        // nginx has no TAKE1..5: the name and up to four parameters,
+        // refused in nginx's own words beyond that.
+        if args.len() > 6 {
+            return Err("invalid number of arguments in \"sluice\" directive".into());
+        }
         let checks = lcf.checks.get_or_insert_with(Vec::new);
         if checks.len() == MAX_CHECKS {
             return Err(format!(
@@ -492,6 +500,7 @@ directive_handler!(
         let mut weight = None;
         let mut key = None;
         let mut empty = None;
+        let mut wait = None;
         for arg in &args[2..] {
             if let Some(value) = arg.strip_prefix(b"weight=") {
                 let w = if value.contains(&b'$') {
@@ -515,6 +524,10 @@ directive_handler!(
                     return Err("\"key=\" needs a value, e.g. key=$http_x_api_token".into());
                 }
                 param_once(&mut key, compile(cf, value, "key")?, arg)?;
+            } else if let Some(value) = arg.strip_prefix(b"wait=") {
+                let w = parse_wait(value)
+                    .map_err(|why| format!("invalid value \"{}\": wait= {why}", text(arg)))?;
+                param_once(&mut wait, w, arg)?;
             } else {
                 return Err(format!("invalid parameter \"{}\"", text(arg)));
             }
@@ -535,7 +548,12 @@ directive_handler!(
         {
             return Err(format!("quota \"{}\" is duplicate", text(args[1])));
         }
-        checks.push(Check { name, key, weight });
+        checks.push(Check {
+            name,
+            key,
+            weight,
+            max_wait: wait.flatten(),
+        });
         Ok(())
     }
 );

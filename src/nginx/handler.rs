@@ -1,10 +1,22 @@
-//! The access-phase check and the `$sluice_status` variable.
+//! The access-phase check, `wait=` holds, and the `$sluice_status`
+//! variable.
 //!
 //! A request is charged once: its outcome is stored on the main request
 //! in a pool cleanup entry (the module context would be wiped by an
 //! internal redirect, which runs the access phase again), and a request
 //! that already has an outcome is not checked again. nginx skips the
 //! access phase for subrequests.
+//!
+//! A request over a quota checked with `wait=` whose turn comes within
+//! that time is counted at once and held, as `limit_req` holds one
+//! without `nodelay`: the handler arms an nginx timer on the connection's
+//! write event and returns `NGX_AGAIN`; when the timer fires, the phases
+//! resume at this handler, which finds the outcome (`DELAYED`) and lets
+//! the request go on. A client that closes meanwhile ends the request
+//! (nginx watches the read side with `ngx_http_test_reading`); the state's
+//! pool cleanup then removes the timer if it is still armed and counts
+//! the hold as abandoned. Its weight stays counted: it was counted once,
+//! when the request was admitted.
 //!
 //! The request path allocates nothing beyond what nginx takes from the
 //! request pool (evaluated names, response headers): items and header
@@ -14,12 +26,15 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use ngx::ffi::{
-    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_request_t,
-    ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add, ngx_str_t, NGX_DECLINED, NGX_OK,
+    ngx_add_timer, ngx_connection_t, ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event,
+    ngx_http_block_reading, ngx_http_complex_value, ngx_http_complex_value_t,
+    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
+    ngx_http_variable_value_t, ngx_int_t, ngx_msec_t, ngx_pool_cleanup_add, ngx_str_t, NGX_AGAIN,
+    NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
-use super::args::{runtime_weight, RequestStatus, WeightError};
+use super::args::{runtime_weight, wait_timer_ms, RequestStatus, WeightError};
 use super::conf::{Check, LocConf, Weight};
 use super::headers::{rate_limit_fields, retry_after_secs, HeaderValue};
 use super::util::{bytes, log, runtime_boundary, text};
@@ -37,11 +52,61 @@ const MAX_LOGGED_WEIGHT: usize = 64;
 #[repr(C)]
 struct RequestState {
     status: RequestStatus,
+    /// While the request is held by `wait=`: its connection, whose write
+    /// event carries the timer. Null otherwise.
+    held: *mut ngx_connection_t,
+    /// The zone's counters, to count the end of a hold (null without).
+    counters: *const RequestCounters,
 }
 
-/// Marks the pool cleanup entry that holds a [`RequestState`]; it has
-/// nothing to free.
-unsafe extern "C" fn state_marker(_data: *mut c_void) {}
+impl RequestState {
+    /// Ends a hold (the timer fired, or the request is freed first):
+    /// forgets the connection and takes the request off the `waiting`
+    /// gauge. Returns the connection that was held, if any.
+    fn release(&mut self) -> Option<*mut ngx_connection_t> {
+        let held = std::mem::replace(&mut self.held, std::ptr::null_mut());
+        if held.is_null() {
+            return None;
+        }
+        // SAFETY: set with the counters of the zone, which outlives every
+        // request of the cycle that points at it.
+        if let Some(c) = unsafe { self.counters.as_ref() } {
+            c.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        Some(held)
+    }
+}
+
+/// The pool cleanup of a [`RequestState`] (it also marks the entry): a
+/// request freed while it is still held, because its client closed or
+/// nginx ended it, has its timer removed and its hold counted as
+/// abandoned. nginx runs pool cleanups before it frees the pool's memory
+/// and before it closes the connection.
+unsafe extern "C" fn state_cleanup(data: *mut c_void) {
+    // SAFETY: nginx passes the entry's data, a RequestState written by
+    // `state` and alive until the pool's memory is freed after this.
+    let Some(state) = (unsafe { data.cast::<RequestState>().as_mut() }) else {
+        return;
+    };
+    let Some(c) = state.release() else {
+        return;
+    };
+    // SAFETY: the held connection outlives its requests (nginx closes it
+    // after freeing them); its write event is live with it. The timer on
+    // it is this hold's: nothing else arms it while the request waits.
+    unsafe {
+        let wev = (*c).write;
+        if !wev.is_null() {
+            if (*wev).timer_set() != 0 {
+                ngx_del_timer(wev);
+            }
+            (*wev).set_delayed(0);
+        }
+        if let Some(counters) = state.counters.as_ref() {
+            counters.abandoned.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// The main request's state, if it has one.
 ///
@@ -55,7 +120,7 @@ unsafe fn find_state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut Request
         while !c.is_null() {
             if (*c)
                 .handler
-                .is_some_and(|h| std::ptr::fn_addr_eq(h, state_marker as unsafe extern "C" fn(_)))
+                .is_some_and(|h| std::ptr::fn_addr_eq(h, state_cleanup as unsafe extern "C" fn(_)))
             {
                 return (*c).data.cast::<RequestState>().as_mut();
             }
@@ -84,8 +149,10 @@ unsafe fn state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState
         let data = (*c).data.cast::<RequestState>();
         data.write(RequestState {
             status: RequestStatus::Unchecked,
+            held: std::ptr::null_mut(),
+            counters: std::ptr::null(),
         });
-        (*c).handler = Some(state_marker);
+        (*c).handler = Some(state_cleanup);
         data.as_mut()
     }
 }
@@ -166,7 +233,7 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
             name,
             key,
             weight,
-            max_wait: None,
+            max_wait: c.max_wait,
         };
     }
     let items = &items[..checks.len().min(MAX_CHECKS)];
@@ -185,11 +252,29 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     let mut name_buf = [0u8; 256];
     match result.outcome {
         Outcome::Pass => {
-            state.status = RequestStatus::Passed;
             if headers {
                 add_rate_limit_headers(r, table, items, &result, &mut name_buf, None);
             }
-            declined
+            if result.wait == 0 {
+                state.status = RequestStatus::Passed;
+                return declined;
+            }
+            let item = result
+                .item
+                .and_then(|i| items.get(i).map(|it| (it, checks.get(i))));
+            if let Some((item, check)) = item {
+                let allowed = check.and_then(|c| c.max_wait).unwrap_or(0);
+                log_delay(r, lcf, dry_run, item, result.wait, allowed);
+            }
+            if dry_run {
+                state.status = RequestStatus::DelayedDryRun;
+                if let Some(c) = counters {
+                    c.delayed_dry_run.fetch_add(1, Ordering::Relaxed);
+                }
+                return declined;
+            }
+            state.status = RequestStatus::Delayed;
+            hold(r, state, counters, result.wait)
         }
         Outcome::Unknown => {
             state.status = RequestStatus::Unknown;
@@ -233,6 +318,94 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
                 lcf.status() as ngx_int_t
             }
         }
+    }
+}
+
+/// Holds a request `wait_ns` nanoseconds with an nginx timer on its
+/// connection's write event, as `limit_req` delays one: the phases stop
+/// here (`NGX_AGAIN`) and [`delay_handler`] resumes them.
+fn hold(
+    r: &mut ngx_http_request_t,
+    state: &mut RequestState,
+    counters: Option<&RequestCounters>,
+    wait_ns: u64,
+) -> ngx_int_t {
+    let ms = wait_timer_ms(wait_ns);
+    if let Some(c) = counters {
+        c.delayed.fetch_add(1, Ordering::Relaxed);
+        c.delay_ns.fetch_add(wait_ns, Ordering::Relaxed);
+        c.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+    state.counters = counters.map_or(std::ptr::null(), std::ptr::from_ref);
+    state.held = r.connection;
+    r.read_event_handler = Some(ngx_http_test_reading);
+    r.write_event_handler = Some(delay_handler);
+    // SAFETY: the request's live connection and its write event; the
+    // timer is removed by nginx when it fires, or by `state_cleanup` when
+    // the request ends first.
+    unsafe {
+        let wev = (*r.connection).write;
+        (*wev).set_delayed(1);
+        ngx_add_timer(wev, ms as ngx_msec_t);
+    }
+    NGX_AGAIN as ngx_int_t
+}
+
+/// The write event handler of a held request: nginx calls it when the
+/// timer fires (the event is no longer `delayed`), or when the socket
+/// became writable before (it keeps waiting).
+unsafe extern "C" fn delay_handler(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx passes the live request; its connection and events
+    // are live with it.
+    unsafe {
+        let c = (*r).connection;
+        let wev = (*c).write;
+        if (*wev).delayed() != 0 {
+            if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            }
+            return;
+        }
+        if let Some(state) = find_state(r) {
+            state.release();
+        }
+        if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            return;
+        }
+        (*r).read_event_handler = Some(ngx_http_block_reading);
+        (*r).write_event_handler = Some(ngx_http_core_run_phases);
+        // Back to the access phase at this module's handler, which finds
+        // the request DELAYED and lets it go on.
+        ngx_http_core_run_phases(r);
+    }
+}
+
+/// Logs a request held (or, in dry run, one that would have been held)
+/// by `wait=`.
+fn log_delay(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    dry_run: bool,
+    item: &CheckItem,
+    wait_ns: u64,
+    allowed_ns: u64,
+) {
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(item.name);
+    let weight = item.weight;
+    let ms = wait_timer_ms(wait_ns);
+    let allowed = allowed_ns / 1_000_000;
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        log(
+            lcf.log_level(),
+            (*r.connection).log,
+            format_args!(
+                "sluice: delaying request{how} by {ms}ms for quota \"{quota}\" \
+                 (weight {weight}, wait={allowed}ms)"
+            ),
+        )
     }
 }
 

@@ -50,6 +50,11 @@ fn render(mcf: &MainConf, top: usize) -> Option<String> {
             invalid_weight: get(&c.invalid_weight),
             empty_weight: get(&c.empty_weight),
             unpassable: get(&c.unpassable),
+            delayed: get(&c.delayed),
+            delayed_dry_run: get(&c.delayed_dry_run),
+            delay_ns: get(&c.delay_ns),
+            abandoned: get(&c.abandoned),
+            waiting: get(&c.waiting),
         };
         super::prometheus::render_request_counts(&mut text, &counts);
     }

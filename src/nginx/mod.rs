@@ -14,7 +14,7 @@
 //! Pure:
 //!
 //! - `args.rs` — directive arguments (sizes and the zone size check,
-//!   times, flags, weights and `empty=`, early sync), weights from
+//!   times and `wait=`, flags, weights and `empty=`, early sync), weights from
 //!   variables (a value that is no number is an error, never a free pass),
 //!   `$sluice_status` values.
 //! - `headers.rs` — `Retry-After` (only when waiting can help) and the
@@ -33,7 +33,8 @@
 //! - `zone.rs` — the shared memory zone holding the table and the request
 //!   counters only nginx keeps: creation, reuse across reloads, adoption
 //!   on a size change, quota files.
-//! - `handler.rs` — the access-phase check and `$sluice_status`.
+//! - `handler.rs` — the access-phase check, `wait=` holds (an nginx
+//!   timer per held request) and `$sluice_status`.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
 //! - `worker.rs` — the one sync thread per nginx (worker 0) and its log.
 //! - `util.rs` — strings, directive arguments, panic boundaries, logging.

@@ -9,9 +9,9 @@ use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
     ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t,
     ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1,
-    NGX_CONF_TAKE12, NGX_CONF_TAKE1234, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
-    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+    NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
+    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_HTTP_VAR_NOCACHEABLE,
+    NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
@@ -249,12 +249,7 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 17] = [
         conf::set_key_secret_file,
         MAIN,
     ),
-    directive(
-        c"sluice",
-        ANY_LEVEL | NGX_CONF_TAKE1234,
-        conf::set_check,
-        LOC,
-    ),
+    directive(c"sluice", ANY_LEVEL | NGX_CONF_1MORE, conf::set_check, LOC),
     directive(
         c"sluice_status",
         ANY_LEVEL | NGX_CONF_TAKE1,

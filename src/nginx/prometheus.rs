@@ -316,7 +316,8 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
 }
 
 /// What the access handler counted beside the table: requests rejected
-/// for their weight, and rejections waiting cannot help.
+/// for their weight, rejections waiting cannot help, and requests held
+/// by `wait=`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestCounts {
     /// Weight variables that were not a number.
@@ -326,6 +327,16 @@ pub struct RequestCounts {
     /// Rejections answered without `Retry-After`: the request can never
     /// pass as the quota stands.
     pub unpassable: u64,
+    /// Requests held by `wait=` until their turn.
+    pub delayed: u64,
+    /// Requests `wait=` would have held, let through by dry run.
+    pub delayed_dry_run: u64,
+    /// Nanoseconds held requests were given to wait, summed.
+    pub delay_ns: u64,
+    /// Held requests that ended before their turn (the client closed).
+    pub abandoned: u64,
+    /// Requests held right now.
+    pub waiting: u64,
 }
 
 /// Appends the [`RequestCounts`] series.
@@ -346,6 +357,35 @@ pub fn render_request_counts(out: &mut String, counts: &RequestCounts) {
         "Rejections that waiting cannot help (weight above high_burst, limit 0, or more \
          than a year to drain): answered without Retry-After.",
         counts.unpassable as f64,
+    );
+    let name = "sluice_delayed_requests_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests over a quota whose turn came within wait=: counted at once, \
+         then held until it (dry_run: let through at once by sluice_dry_run).\n\
+         # TYPE {name} counter\n\
+         {name}{{mode=\"held\"}} {}\n\
+         {name}{{mode=\"dry_run\"}} {}",
+        counts.delayed, counts.delayed_dry_run
+    );
+    counter(
+        out,
+        "sluice_delay_seconds_total",
+        "Seconds held requests were given to wait, summed.",
+        counts.delay_ns as f64 / 1e9,
+    );
+    counter(
+        out,
+        "sluice_delay_abandoned_total",
+        "Held requests that ended before their turn (the client closed); their weight stays \
+         counted.",
+        counts.abandoned as f64,
+    );
+    gauge(
+        out,
+        "sluice_delay_waiting",
+        "Requests held right now (nginx timers pending).",
+        counts.waiting as f64,
     );
 }
 
@@ -431,6 +471,11 @@ mod tests {
             invalid_weight: 3,
             empty_weight: 1,
             unpassable: 7,
+            delayed: 5,
+            delayed_dry_run: 2,
+            delay_ns: 1_500_000_000,
+            abandoned: 1,
+            waiting: 4,
         };
         render_request_counts(&mut text, &counts);
         for line in [
@@ -439,6 +484,13 @@ mod tests {
             "sluice_weight_errors_total{reason=\"empty\"} 1\n",
             "# TYPE sluice_unpassable_rejections_total counter\n",
             "sluice_unpassable_rejections_total 7\n",
+            "sluice_delayed_requests_total{mode=\"held\"} 5\n",
+            "sluice_delayed_requests_total{mode=\"dry_run\"} 2\n",
+            "# TYPE sluice_delay_seconds_total counter\n",
+            "sluice_delay_seconds_total 1.5\n",
+            "sluice_delay_abandoned_total 1\n",
+            "# TYPE sluice_delay_waiting gauge\n",
+            "sluice_delay_waiting 4\n",
         ] {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }

@@ -60,6 +60,16 @@ pub(crate) struct RequestCounters {
     pub empty_weight: AtomicU64,
     /// Rejections that waiting cannot help (no `Retry-After`).
     pub unpassable: AtomicU64,
+    /// Requests held by `wait=` until their turn.
+    pub delayed: AtomicU64,
+    /// Requests `wait=` would have held, let through at once by dry run.
+    pub delayed_dry_run: AtomicU64,
+    /// Nanoseconds held requests were given to wait, summed.
+    pub delay_ns: AtomicU64,
+    /// Held requests that ended before their turn (the client closed).
+    pub abandoned: AtomicU64,
+    /// Requests held right now: their timers are pending.
+    pub waiting: AtomicU64,
 }
 
 /// The largest zone size that is of any use: the largest table with the

@@ -134,7 +134,8 @@ pub struct ManyOutcome {
     /// `Pass` if every known quota passed (and was counted), `Reject` with
     /// the first rejection, `Unknown` if no name had a quota.
     pub outcome: Outcome,
-    /// Index of the item that rejected.
+    /// Index of the item that rejected; on a pass that must wait, the
+    /// item whose wait is the longest (the first of equals).
     pub item: Option<usize>,
     /// With [`CheckOptions::headroom`]: on a pass the quota with the least
     /// room left, on a rejection the quota that rejected.
@@ -552,6 +553,7 @@ impl Table {
         let mut keyless = false;
         let mut headroom: Option<Headroom> = None;
         let mut wait: Nanos = 0;
+        let mut wait_item: Option<usize> = None;
         let mut chain = Chain::new();
         for i in 0..items.min(MAX_CHECKS) {
             if let Some(weight) = last.take() {
@@ -575,7 +577,10 @@ impl Table {
             let decided = match max_wait {
                 None => chain.check(weight, now, &estimator, &mut draw),
                 Some(max_wait) => chain.pace(weight, max_wait, now, &estimator).map(|ns| {
-                    wait = wait.max(ns);
+                    if ns > wait {
+                        wait = ns;
+                        wait_item = Some(i);
+                    }
                 }),
             };
             if let Err(rejection) = decided {
@@ -612,11 +617,12 @@ impl Table {
             None if keyless => Outcome::NoKey,
             None => Outcome::Unknown,
         };
+        let passed = outcome == Outcome::Pass;
         ManyOutcome {
             outcome,
-            item: None,
+            item: if passed { wait_item } else { None },
             headroom,
-            wait: if outcome == Outcome::Pass { wait } else { 0 },
+            wait: if passed { wait } else { 0 },
         }
     }
 

@@ -292,3 +292,36 @@ fn a_paced_item_and_a_plain_one_pass_together_or_not_at_all() {
     assert!(matches!(out.outcome, Outcome::Reject(_)));
     assert_eq!(t.quota(b"paced", 0).unwrap().pending, 2);
 }
+
+#[test]
+fn a_delayed_pass_names_the_item_with_the_longest_wait() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[
+        Quota::new(1, "fast", 10.0, 1.0, 1.0),
+        Quota::new(2, "slow", 2.0, 1.0, 1.0),
+    ]);
+    let paced = |name| CheckItem {
+        max_wait: Some(10 * SEC),
+        ..item(name, 1)
+    };
+    let items = [paced(b"fast".as_slice()), paced(b"slow".as_slice())];
+    let out = t.check_many(&items, 0, CheckOptions::default(), never);
+    assert_eq!((out.outcome, out.wait, out.item), (Outcome::Pass, 0, None));
+    // Both full now: "fast" drains in 0.1 s, "slow" in 0.5 s.
+    let out = t.check_many(&items, 0, CheckOptions::default(), never);
+    assert_eq!(
+        (out.outcome, out.wait, out.item),
+        (Outcome::Pass, SEC / 2, Some(1))
+    );
+    // A rejection still names the item that rejected.
+    let tight = [
+        paced(b"fast".as_slice()),
+        CheckItem {
+            max_wait: Some(SEC / 10),
+            ..item(b"slow", 1)
+        },
+    ];
+    let out = t.check_many(&tight, 0, CheckOptions::default(), never);
+    assert!(matches!(out.outcome, Outcome::Reject(_)));
+    assert_eq!((out.item, out.wait), (Some(1), 0));
+}
