@@ -129,6 +129,30 @@ pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
     })
 }
 
+/// Parses a TOML quota file (`[[quotas]]` tables, the same fields), with
+/// errors as [`specs_from_json`] gives them: quota, field, line and
+/// column. Like it, checks the shape only.
+#[cfg(feature = "toml")]
+pub fn specs_from_toml(text: &str) -> Result<Vec<QuotaSpec>, ParseError> {
+    let place = RefCell::new(FilePlace::default());
+    read_specs(toml::Deserializer::new(text), &place).map_err(|e| {
+        let mut place = place.into_inner();
+        if let Some((line, column)) = toml_position(text, &e) {
+            (place.line, place.column) = (Some(line), Some(column));
+        }
+        ParseError {
+            place,
+            message: e.message().trim().to_string(),
+        }
+    })
+}
+
+/// Line and column (from 1) where a TOML error starts, when it says.
+#[cfg(feature = "toml")]
+pub fn toml_position(text: &str, error: &toml::de::Error) -> Option<(usize, usize)> {
+    error.span().map(|span| line_column(text, span.start))
+}
+
 /// Reads a quota list (`{"quotas": [...]}` or a bare list) from any serde
 /// format, keeping `place` up to date: when an error comes back, `place`
 /// says which quota (index, and name if it was read) and which field it
@@ -662,6 +686,30 @@ mod tests {
         assert_eq!(line_column(text, 3), (2, 1));
         assert_eq!(line_column(text, 7), (2, 4));
         assert_eq!(line_column(text, 100), (3, 2));
+    }
+
+    #[test]
+    #[cfg(feature = "toml")]
+    fn toml_quota_files_report_quota_field_and_line() {
+        let text =
+            "[[quotas]]\nname = \"a\"\nlimit = 1\n\n[[quotas]]\nname = \"b\"\nlimit = \"ten\"\n";
+        let error = specs_from_toml(text).unwrap_err();
+        assert_eq!(error.path().as_deref(), Some("quotas[1].limit"));
+        let line = error.to_string();
+        assert!(
+            line.starts_with("quotas[1].limit (quota \"b\"): "),
+            "{line}"
+        );
+        assert!(line.contains("at line 7, column 9"), "{line}");
+        let syntax = specs_from_toml("[[quotas]\nname = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !syntax.contains('\n') && syntax.contains("at line 1"),
+            "{syntax}"
+        );
+        let ok = specs_from_toml("[[quotas]]\nname = \"a\"\nlimit = 2\n").unwrap();
+        assert_eq!((ok[0].name.as_str(), ok[0].limit), ("a", 2.0));
     }
 
     #[test]
