@@ -118,7 +118,9 @@ pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
         let mut place = place.into_inner();
         if e.line() > 0 {
             place.line = Some(e.line());
-            place.column = Some(e.column());
+            // serde_json counts an error before a line's first byte (an
+            // empty file) as column 0; columns here start at 1.
+            place.column = Some(e.column().max(1));
         }
         // serde_json puts the position at the end of its message; the
         // place carries it instead.
@@ -670,6 +672,18 @@ mod tests {
         assert!(e.message.contains("duplicate field `limit`"), "{e}");
         let e = parse_error(r#"[{"name": "e", "limit": 1}, 7]"#);
         assert_eq!(e.path().as_deref(), Some("quotas[1]"));
+    }
+
+    #[test]
+    fn an_empty_file_is_an_error_at_line_1_column_1() {
+        // Found by the `spec_json` fuzz target (tests/fuzz): serde_json
+        // said column 0.
+        for text in ["", "\n", "[\n"] {
+            let e = parse_error(text);
+            assert!(e.place.line.is_some_and(|l| l >= 1), "{text:?}: {e:?}");
+            assert!(e.place.column.is_some_and(|c| c >= 1), "{text:?}: {e:?}");
+        }
+        assert!(parse_error("").to_string().ends_with("at line 1, column 1"));
     }
 
     #[test]
