@@ -8,8 +8,8 @@
 use libfuzzer_sys::fuzz_target;
 use sluice::core::quota::MAX_WEIGHT;
 use sluice::nginx::args::{
-    check_zone_size, parse_early_sync, parse_empty_weight, parse_flag, parse_size,
-    parse_time_ms, parse_u64, parse_weight, runtime_weight, EmptyWeight, WeightError,
+    check_zone_size, parse_early_sync, parse_empty_weight, parse_flag, parse_size, parse_time_ms,
+    parse_u64, parse_weight, runtime_weight, EmptyWeight, WeightError,
 };
 use sluice::sync::config::{parse_root_url, MAX_EARLY_PER_SECOND};
 
@@ -75,7 +75,10 @@ fuzz_target!(|data: &[u8]| {
             let got = runtime_weight(arg, empty);
             if arg.is_empty() {
                 assert_eq!(got, Ok(7));
-                assert_eq!(runtime_weight(arg, EmptyWeight::Reject), Err(WeightError::Empty));
+                assert_eq!(
+                    runtime_weight(arg, EmptyWeight::Reject),
+                    Err(WeightError::Empty)
+                );
             } else if arg.iter().all(u8::is_ascii_digit) {
                 let capped = reference_u64(arg).map_or(MAX_WEIGHT, |w| w.min(MAX_WEIGHT));
                 assert_eq!(got, Ok(capped), "{arg:?}");
@@ -84,7 +87,10 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         5 => {
-            let args: Vec<&[u8]> = arg.split(|&b| b == b' ').filter(|a| !a.is_empty()).collect();
+            let args: Vec<&[u8]> = arg
+                .split(|&b| b == b' ')
+                .filter(|a| !a.is_empty())
+                .collect();
             if let Ok(early) = parse_early_sync(&args) {
                 assert!(early.fraction > 0.0 && early.fraction <= 1.0, "{early:?}");
                 assert!(
@@ -99,7 +105,10 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => {
             if let Ok(url) = parse_root_url(arg) {
-                assert!(url.starts_with("http://") || url.starts_with("https://"), "{url}");
+                assert!(
+                    url.starts_with("http://") || url.starts_with("https://"),
+                    "{url}"
+                );
                 assert!(!url.ends_with('/'), "{url}");
                 // What it returns is itself a valid root URL, unchanged.
                 assert_eq!(parse_root_url(url.as_bytes()).as_deref(), Ok(url.as_str()));

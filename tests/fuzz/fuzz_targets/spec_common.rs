@@ -60,8 +60,8 @@ pub fn check_specs(text: &str, parsed: Result<Vec<QuotaSpec>, ParseError>) {
         .filter(|s| s.validate().is_ok())
         .cloned()
         .collect();
-    let json = serde_json::to_string(&serde_json::json!({ "quotas": valid }))
-        .expect("valid specs encode");
+    let json =
+        serde_json::to_string(&serde_json::json!({ "quotas": valid })).expect("valid specs encode");
     let back = match specs_from_json(&json) {
         Ok(back) => back,
         Err(e) => panic!("{json} does not parse back: {e}"),
@@ -107,7 +107,9 @@ pub fn check_specs(text: &str, parsed: Result<Vec<QuotaSpec>, ParseError>) {
     assert!(first.refused.is_empty(), "{:?}", first.refused);
     assert_eq!(first.inserted, quotas.len());
     for q in &quotas {
-        let state = table.quota(q.name.as_bytes(), 0).expect("loaded quota found");
+        let state = table
+            .quota(q.name.as_bytes(), 0)
+            .expect("loaded quota found");
         assert_eq!(state.quota.parent.is_some(), q.parent.is_some());
         assert!(close(state.quota.limit, q.limit) && state.quota.limit == q.limit);
         assert_eq!(

@@ -20,8 +20,18 @@ use sluice::table::{CheckItem, CheckOptions, CollectedDelta, Outcome, Table, Tab
 /// Names of 1 to 16 bytes: one arena granule each, so the name space
 /// never runs out before the slots do.
 const NAMES: [&str; 12] = [
-    "a", "b2", "c_3", "d:44", "e.555", "f-6666", "g777777", "h8888888", "i99999999",
-    "j.........", "k:k:k:k:k:k:k", "l_______________",
+    "a",
+    "b2",
+    "c_3",
+    "d:44",
+    "e.555",
+    "f-6666",
+    "g777777",
+    "h8888888",
+    "i99999999",
+    "j.........",
+    "k:k:k:k:k:k:k",
+    "l_______________",
 ];
 const MS: Nanos = 1_000_000;
 
@@ -30,13 +40,22 @@ enum Op {
     /// Quota writes applied as one batch.
     Apply(Vec<Change>),
     /// One request checking up to three quotas; draws for the band.
-    Check { items: Vec<(u8, Weight)>, draws: Vec<u8> },
+    Check {
+        items: Vec<(u8, Weight)>,
+        draws: Vec<u8>,
+    },
     /// Time passes.
     Advance(u16),
     /// The sync thread takes pending weight to send.
     Collect,
     /// A root's value for a quota's counter, `at` around now.
-    Merge { name: u8, level: u16, at_ms: i16, acked: u16, stale_id: bool },
+    Merge {
+        name: u8,
+        level: u16,
+        at_ms: i16,
+        acked: u16,
+        stale_id: bool,
+    },
     /// Standalone: every pending and in-flight weight folded in.
     Fold,
 }
@@ -60,7 +79,10 @@ enum Change {
         /// Re-created under a new id (the same name).
         new_id: bool,
     },
-    Delete { name: u8, epoch_step: u8 },
+    Delete {
+        name: u8,
+        epoch_step: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -113,7 +135,10 @@ struct Model {
 
 impl Model {
     fn by_id(&self, id: u64) -> Option<(&'static str, &MQuota)> {
-        self.quotas.iter().find(|(_, q)| q.id == id).map(|(n, q)| (*n, q))
+        self.quotas
+            .iter()
+            .find(|(_, q)| q.id == id)
+            .map(|(n, q)| (*n, q))
     }
 
     /// The quota and its ancestors by parent id, at most MAX_DEPTH.
@@ -148,7 +173,15 @@ impl Model {
         let mut freed = 0;
         for change in changes.iter().take(8) {
             match *change {
-                Change::Put { name, parent, limit, low, band, epoch_step, new_id } => {
+                Change::Put {
+                    name,
+                    parent,
+                    limit,
+                    low,
+                    band,
+                    epoch_step,
+                    new_id,
+                } => {
                     let name = NAMES[name as usize % NAMES.len()];
                     let old = self.quotas.get(name).cloned();
                     let id = match &old {
@@ -160,7 +193,12 @@ impl Model {
                     };
                     let parent = parent
                         .map(|p| NAMES[p as usize % NAMES.len()])
-                        .and_then(|p| self.quotas.get(p).map(|q| q.id).or(self.last_id.get(p).copied()))
+                        .and_then(|p| {
+                            self.quotas
+                                .get(p)
+                                .map(|q| q.id)
+                                .or(self.last_id.get(p).copied())
+                        })
                         .filter(|&p| p != id);
                     let epoch = old.as_ref().map_or(1, |q| q.epoch) + u64::from(epoch_step % 3);
                     let q = Quota {
@@ -216,7 +254,9 @@ impl Model {
                 }
                 Change::Delete { name, epoch_step } => {
                     let name = NAMES[name as usize % NAMES.len()];
-                    let Some(old) = self.quotas.get(name) else { continue };
+                    let Some(old) = self.quotas.get(name) else {
+                        continue;
+                    };
                     let epoch = old.epoch + u64::from(epoch_step % 3);
                     batch.push(Quota::tombstone(old.id, name, epoch));
                     if epoch > old.epoch {
@@ -243,8 +283,16 @@ fn compare(table: &Table, model: &Model) {
             .quota(name.as_bytes(), model.now)
             .unwrap_or_else(|| panic!("{name} missing from the table"));
         let q = &s.quota;
-        assert_eq!((q.id, q.parent, q.epoch), (m.id, m.parent, m.epoch), "{name}");
-        assert_eq!((q.limit, q.low_burst, q.high_burst), (m.limit, m.low, m.high), "{name}");
+        assert_eq!(
+            (q.id, q.parent, q.epoch),
+            (m.id, m.parent, m.epoch),
+            "{name}"
+        );
+        assert_eq!(
+            (q.limit, q.low_burst, q.high_burst),
+            (m.limit, m.low, m.high),
+            "{name}"
+        );
         assert_eq!((s.pending, s.inflight), (m.pending, m.inflight), "{name}");
         assert_eq!((s.passed, s.rejected), (m.passed, m.rejected), "{name}");
         assert_eq!(s.level, model.estimate(m), "{name}: level");
@@ -309,9 +357,17 @@ fuzz_target!(|input: Input| {
                     for (depth, n) in chain.iter().enumerate() {
                         let q = &model.quotas[n];
                         let after = model.estimate(q) + w;
-                        let full = if w > 0.0 { after > q.high } else { after >= q.high };
+                        let full = if w > 0.0 {
+                            after > q.high
+                        } else {
+                            after >= q.high
+                        };
                         let in_band = after > q.low && after <= q.high;
-                        let x = if in_band { draw_from(draws, &mut used) } else { 0.0 };
+                        let x = if in_band {
+                            draw_from(draws, &mut used)
+                        } else {
+                            0.0
+                        };
                         let reject =
                             full || (after > q.low && x < (after - q.low) / (q.high - q.low));
                         if reject {
@@ -376,7 +432,13 @@ fuzz_target!(|input: Input| {
                 want.sort_unstable();
                 assert_eq!(got, want);
             }
-            Op::Merge { name, level, at_ms, acked, stale_id } => {
+            Op::Merge {
+                name,
+                level,
+                at_ms,
+                acked,
+                stale_id,
+            } => {
                 let name = NAMES[*name as usize % NAMES.len()];
                 let Some(slot) = table.lookup(name.as_bytes()) else {
                     assert!(!model.quotas.contains_key(name));
@@ -384,7 +446,9 @@ fuzz_target!(|input: Input| {
                 };
                 let m = model.quotas.get_mut(name).expect("in the model");
                 let id = if *stale_id { m.id + 1000 } else { m.id };
-                let at = model.now.saturating_add_signed(i64::from(*at_ms) * MS as i64);
+                let at = model
+                    .now
+                    .saturating_add_signed(i64::from(*at_ms) * MS as i64);
                 let value = Tally {
                     level: f64::from(*level),
                     prev: 0.0,
