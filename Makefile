@@ -178,7 +178,7 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: deps test-cargo test-capi test-nginx test-cluster test-bindings test-packaging ## deps, then all tests: cargo, C ABI, t/ suite, bindings, packaging
+test: deps test-cargo test-capi test-nginx test-cluster test-bindings test-packaging test-fuzz ## deps, then all tests: cargo, C ABI, t/ suite, bindings, packaging, fuzz targets
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
@@ -360,3 +360,40 @@ bench-bindings: lib $(PY_VENV_STAMP) ## a check's cost from C, Python, LuaJIT an
 
 test-packaging: nginx module $(PY_VENV_STAMP) ## the Dockerfile and deploy/docker-compose.yml agree with the Makefile
 	$(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/packaging.py
+
+# ---------------------------------------------------------------------------
+# Fuzzing (tests/fuzz): libFuzzer through cargo-fuzz, on the stable
+# toolchain. tests/fuzz/README.md says why this tool and these flags.
+
+CARGO_FUZZ_VERSION := 0.13.2
+# cargo-fuzz installed here, from crates.io, at the pinned version.
+FUZZ_TOOLS := $(BUILD)/cargo-fuzz-$(CARGO_FUZZ_VERSION)
+CARGO_FUZZ := $(FUZZ_TOOLS)/bin/cargo-fuzz
+FUZZ_DIR := tests/fuzz
+FUZZ_TARGETS ?= spec_json spec_toml wire args names table
+# Seconds each target runs: `make fuzz` / `make test-fuzz`.
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 10
+# none: coverage instrumentation only (stable rustc as it is). address:
+# AddressSanitizer too, which needs rustc's -Zsanitizer: RUSTC_BOOTSTRAP=1.
+FUZZ_SANITIZER ?= none
+FUZZ_ENV := $(if $(filter none,$(FUZZ_SANITIZER)),,RUSTC_BOOTSTRAP=1)
+FUZZ_TARGET_DIR := $(ROOT)/target/fuzz$(if $(filter none,$(FUZZ_SANITIZER)),,-$(FUZZ_SANITIZER))
+FUZZ_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+FUZZ_BIN_DIR := $(FUZZ_TARGET_DIR)/$(FUZZ_TRIPLE)/release
+FUZZ_WORK := $(BUILD)/fuzz
+
+.PHONY: fuzz fuzz-build test-fuzz
+
+$(CARGO_FUZZ):
+	$(CARGO) install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked --root $(FUZZ_TOOLS)
+
+fuzz-build: $(CARGO_FUZZ) ## build the fuzz targets in tests/fuzz (cargo-fuzz, installed under build/)
+	$(FUZZ_ENV) $(CARGO_FUZZ) fuzz build --fuzz-dir $(FUZZ_DIR) --target-dir $(FUZZ_TARGET_DIR) \
+		--sanitizer $(FUZZ_SANITIZER)
+
+fuzz: fuzz-build ## run each fuzz target FUZZ_SECONDS (default 60); finds stay in build/fuzz
+	$(FUZZ_DIR)/run.sh $(FUZZ_BIN_DIR) $(FUZZ_WORK) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+test-fuzz: fuzz-build ## each fuzz target for FUZZ_TEST_SECONDS (10) from the committed corpus
+	$(FUZZ_DIR)/run.sh $(FUZZ_BIN_DIR) $(FUZZ_WORK)/test $(FUZZ_TEST_SECONDS) $(FUZZ_TARGETS)

@@ -13,7 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Quota;
+use crate::core::quota::MAX_BURST;
+use crate::core::{Quota, ValidationError};
 
 /// Path of the sync endpoint.
 pub const SYNC_PATH: &str = "/v1/sync";
@@ -21,6 +22,52 @@ pub const SYNC_PATH: &str = "/v1/sync";
 /// Most deltas (named and keyed) one sync request may carry; a root
 /// answers 400 above it.
 pub const MAX_DELTAS_PER_SYNC: usize = 1_000_000;
+
+/// Largest delta one sync may carry for one counter: 2^53, the largest
+/// integer a level holds exactly (a limiter sends at least every few
+/// seconds, so anything near it is a bug, not traffic).
+pub const MAX_DELTA: u64 = MAX_BURST as u64;
+
+/// Longest limiter id, in bytes.
+pub const MAX_LIMITER_ID_LEN: usize = 255;
+
+/// Checks a limiter id: 1 to [`MAX_LIMITER_ID_LEN`] printable ASCII bytes
+/// (no spaces). The root's sync endpoint refuses anything else.
+pub fn validate_limiter_id(id: &str) -> Result<(), ValidationError> {
+    if id.is_empty() || id.len() > MAX_LIMITER_ID_LEN {
+        return Err(ValidationError::new(
+            "limiter",
+            format!("must be 1 to {MAX_LIMITER_ID_LEN} bytes long"),
+        ));
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ValidationError::new(
+            "limiter",
+            "must be printable ASCII without spaces",
+        ));
+    }
+    Ok(())
+}
+
+/// Why a sync request or reply is refused: the offending field as a path
+/// (`deltas[3].delta`) and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct WireError {
+    /// Path of the offending value.
+    pub field: String,
+    /// What is wrong, for a human.
+    pub message: String,
+}
+
+impl WireError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
 
 /// Position in the root's quota change log: quotas are ordered by
 /// `(epoch, id)`, and a limiter asks for everything after its cursor. The id
@@ -171,6 +218,43 @@ impl SyncRequest {
             + self.keyed.iter().map(|k| k.deltas.len()).sum::<usize>()
             + self.rejected.len()
     }
+
+    /// Checks a decoded request as a whole, as a root does before applying
+    /// any of it: the limiter id, at most [`MAX_DELTAS_PER_SYNC`] deltas,
+    /// none above [`MAX_DELTA`], no key hash 0.
+    pub fn check(&self) -> Result<(), WireError> {
+        validate_limiter_id(&self.limiter).map_err(|e| WireError::new(e.field, e.message))?;
+        let count = self.delta_count();
+        if count > MAX_DELTAS_PER_SYNC {
+            return Err(WireError::new(
+                "deltas",
+                format!("{count} deltas, at most {MAX_DELTAS_PER_SYNC} per sync"),
+            ));
+        }
+        if let Some(i) = self.deltas.iter().position(|d| d.delta > MAX_DELTA) {
+            return Err(WireError::new(
+                format!("deltas[{i}].delta"),
+                format!("{} is larger than {MAX_DELTA}", self.deltas[i].delta),
+            ));
+        }
+        for (g, group) in self.keyed.iter().enumerate() {
+            for (i, d) in group.deltas.iter().enumerate() {
+                if d.0 == 0 {
+                    return Err(WireError::new(
+                        format!("keyed[{g}].deltas[{i}]"),
+                        "key hash 0 names no key",
+                    ));
+                }
+                if d.1 > MAX_DELTA {
+                    return Err(WireError::new(
+                        format!("keyed[{g}].deltas[{i}]"),
+                        format!("{} is larger than {MAX_DELTA}", d.1),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A root's answer to a [`SyncRequest`].
@@ -208,6 +292,50 @@ pub struct SyncResponse {
     /// Version to send next time: the newest one, or, when counters were
     /// held back or cut at a page, the version up to which they were sent.
     pub counter_version: u64,
+}
+
+impl SyncResponse {
+    /// Checks a decoded reply, as a limiter does before applying any of
+    /// it (a reply is applied whole or not at all): every counter's
+    /// numbers finite and non-negative, every quota valid, the quotas in
+    /// `(epoch, id)` order.
+    pub fn validate(&self) -> Result<(), WireError> {
+        let sane = |x: f64| x.is_finite() && x >= 0.0;
+        if let Some(i) = self
+            .counters
+            .iter()
+            .position(|c| !(sane(c.level) && sane(c.prev)))
+        {
+            let c = &self.counters[i];
+            return Err(WireError::new(
+                format!("counters[{i}]"),
+                format!("counter {} has level {} (prev {})", c.id, c.level, c.prev),
+            ));
+        }
+        if let Some((i, e)) = self
+            .quotas
+            .iter()
+            .enumerate()
+            .find_map(|(i, q)| q.validate().err().map(|e| (i, e)))
+        {
+            let q = &self.quotas[i];
+            return Err(WireError::new(
+                format!("quotas[{i}].{}", e.field),
+                format!("quota {:?}: {}", q.name, e.message),
+            ));
+        }
+        if let Some(i) = self
+            .quotas
+            .windows(2)
+            .position(|w| (w[0].epoch, w[0].id) >= (w[1].epoch, w[1].id))
+        {
+            return Err(WireError::new(
+                format!("quotas[{}]", i + 1),
+                "quotas out of (epoch, id) order",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Header a limiter adds to its sync requests once it has an estimate of

@@ -21,13 +21,11 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
-use std::cell::RefCell;
-
 use sluice::core::key::{format_hash, KeySecret};
 use sluice::core::quota::validate_name;
-use sluice::core::spec::{read_specs, specs_from_json, FilePlace, ParseError, QuotaSpec};
+use sluice::core::spec::{specs_from_json, specs_from_toml};
 use sluice::core::Window;
-use sluice::root::config::{parse_duration, toml_position};
+use sluice::root::config::parse_duration;
 
 use client::{CliError, Client, Reply};
 use output::{number, text, Table};
@@ -615,22 +613,6 @@ fn read_quota_file(file: &Path) -> Result<Vec<u8>, CliError> {
     Ok(text.into_bytes())
 }
 
-/// Parses a TOML quota file (`[[quotas]]` tables), with errors as
-/// [`specs_from_json`] gives them: quota, field, line and column.
-fn specs_from_toml(text: &str) -> Result<Vec<QuotaSpec>, ParseError> {
-    let place = RefCell::new(FilePlace::default());
-    read_specs(toml::Deserializer::new(text), &place).map_err(|e| {
-        let mut place = place.into_inner();
-        if let Some((line, column)) = toml_position(text, &e) {
-            (place.line, place.column) = (Some(line), Some(column));
-        }
-        ParseError {
-            place,
-            message: e.message().trim().to_string(),
-        }
-    })
-}
-
 /// Refuses what the root could only misread: a non-finite number (JSON
 /// has none; `inf` would become `null`, "use the default") or a negative
 /// one, as the flag that carried it.
@@ -855,29 +837,6 @@ mod tests {
                 error.message
             );
         }
-    }
-
-    #[test]
-    fn toml_quota_files_report_quota_field_and_line() {
-        let text =
-            "[[quotas]]\nname = \"a\"\nlimit = 1\n\n[[quotas]]\nname = \"b\"\nlimit = \"ten\"\n";
-        let error = specs_from_toml(text).unwrap_err();
-        assert_eq!(error.path().as_deref(), Some("quotas[1].limit"));
-        let line = error.to_string();
-        assert!(
-            line.starts_with("quotas[1].limit (quota \"b\"): "),
-            "{line}"
-        );
-        assert!(line.contains("at line 7, column 9"), "{line}");
-        let syntax = specs_from_toml("[[quotas]\nname = 1")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            !syntax.contains('\n') && syntax.contains("at line 1"),
-            "{syntax}"
-        );
-        let ok = specs_from_toml("[[quotas]]\nname = \"a\"\nlimit = 2\n").unwrap();
-        assert_eq!((ok[0].name.as_str(), ok[0].limit), ("a", 2.0));
     }
 
     #[test]

@@ -118,7 +118,9 @@ pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
         let mut place = place.into_inner();
         if e.line() > 0 {
             place.line = Some(e.line());
-            place.column = Some(e.column());
+            // serde_json counts an error before a line's first byte (an
+            // empty file) as column 0; columns here start at 1.
+            place.column = Some(e.column().max(1));
         }
         // serde_json puts the position at the end of its message; the
         // place carries it instead.
@@ -127,6 +129,30 @@ pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
         let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
         SpecError::Parse(ParseError { place, message })
     })
+}
+
+/// Parses a TOML quota file (`[[quotas]]` tables, the same fields), with
+/// errors as [`specs_from_json`] gives them: quota, field, line and
+/// column. Like it, checks the shape only.
+#[cfg(feature = "toml")]
+pub fn specs_from_toml(text: &str) -> Result<Vec<QuotaSpec>, ParseError> {
+    let place = RefCell::new(FilePlace::default());
+    read_specs(toml::Deserializer::new(text), &place).map_err(|e| {
+        let mut place = place.into_inner();
+        if let Some((line, column)) = toml_position(text, &e) {
+            (place.line, place.column) = (Some(line), Some(column));
+        }
+        ParseError {
+            place,
+            message: e.message().trim().to_string(),
+        }
+    })
+}
+
+/// Line and column (from 1) where a TOML error starts, when it says.
+#[cfg(feature = "toml")]
+pub fn toml_position(text: &str, error: &toml::de::Error) -> Option<(usize, usize)> {
+    error.span().map(|span| line_column(text, span.start))
 }
 
 /// Reads a quota list (`{"quotas": [...]}` or a bare list) from any serde
@@ -649,6 +675,18 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_file_is_an_error_at_line_1_column_1() {
+        // Found by the `spec_json` fuzz target (tests/fuzz): serde_json
+        // said column 0.
+        for text in ["", "\n", "[\n"] {
+            let e = parse_error(text);
+            assert!(e.place.line.is_some_and(|l| l >= 1), "{text:?}: {e:?}");
+            assert!(e.place.column.is_some_and(|c| c >= 1), "{text:?}: {e:?}");
+        }
+        assert!(parse_error("").to_string().ends_with("at line 1, column 1"));
+    }
+
+    #[test]
     fn nulls_stand_for_defaults_as_before() {
         let specs =
             specs_from_json(r#"[{"name":"a","limit":2,"low_burst":null,"parent":null}]"#).unwrap();
@@ -662,6 +700,30 @@ mod tests {
         assert_eq!(line_column(text, 3), (2, 1));
         assert_eq!(line_column(text, 7), (2, 4));
         assert_eq!(line_column(text, 100), (3, 2));
+    }
+
+    #[test]
+    #[cfg(feature = "toml")]
+    fn toml_quota_files_report_quota_field_and_line() {
+        let text =
+            "[[quotas]]\nname = \"a\"\nlimit = 1\n\n[[quotas]]\nname = \"b\"\nlimit = \"ten\"\n";
+        let error = specs_from_toml(text).unwrap_err();
+        assert_eq!(error.path().as_deref(), Some("quotas[1].limit"));
+        let line = error.to_string();
+        assert!(
+            line.starts_with("quotas[1].limit (quota \"b\"): "),
+            "{line}"
+        );
+        assert!(line.contains("at line 7, column 9"), "{line}");
+        let syntax = specs_from_toml("[[quotas]\nname = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !syntax.contains('\n') && syntax.contains("at line 1"),
+            "{syntax}"
+        );
+        let ok = specs_from_toml("[[quotas]]\nname = \"a\"\nlimit = 2\n").unwrap();
+        assert_eq!((ok[0].name.as_str(), ok[0].limit), ("a", 2.0));
     }
 
     #[test]

@@ -121,7 +121,8 @@ pub fn parse_early_sync(args: &[&[u8]]) -> Result<EarlySync, String> {
         max_per_second: 4.0,
     };
     let mut rate_arg: &[u8] = b"4";
-    for arg in &args[1..] {
+    // No argument at all (nginx never calls it so) is no fraction.
+    for arg in args.get(1..).unwrap_or_default() {
         rate_arg = arg
             .strip_prefix(b"rate=")
             .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
@@ -389,5 +390,13 @@ mod tests {
         assert!(parse_early_sync(&[b"x"]).is_err());
         assert!(parse_early_sync(&[b"0.1", b"rate=0"]).is_err());
         assert!(parse_early_sync(&[b"0.1", b"burst=3"]).is_err());
+    }
+
+    #[test]
+    fn early_sync_without_arguments_is_an_error_not_a_panic() {
+        // Found by the `args` fuzz target (tests/fuzz): `&args[1..]` on
+        // an empty list panicked.
+        let error = parse_early_sync(&[]).unwrap_err();
+        assert!(error.starts_with("invalid fraction \"\""), "{error}");
     }
 }

@@ -376,12 +376,7 @@ fn read_file(path: &Path) -> Result<RootFile, ConfigError> {
     })
 }
 
-/// Line and column (from 1) where a TOML error starts, when it says.
-pub fn toml_position(text: &str, error: &toml::de::Error) -> Option<(usize, usize)> {
-    error
-        .span()
-        .map(|span| crate::core::spec::line_column(text, span.start))
-}
+pub use crate::core::spec::toml_position;
 
 fn read_token(path: &Path) -> Result<Token, ConfigError> {
     Token::from_file(path).map_err(|e| ConfigError(format!("token file {}: {e}", path.display())))

@@ -25,8 +25,7 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 /// Most quota roots one limiter syncs with (the table publishes the state
 /// of this many).
 pub const MAX_ROOTS: usize = STATUS_ROOTS;
-/// Longest limiter id, in bytes.
-pub const MAX_LIMITER_ID_LEN: usize = 255;
+pub use crate::wire::{validate_limiter_id, MAX_LIMITER_ID_LEN};
 /// Most early syncs a second.
 pub const MAX_EARLY_PER_SECOND: f64 = 100.0;
 /// How many sync intervals past the last known level the estimate keeps
@@ -218,24 +217,6 @@ pub fn validate_interval(interval: Duration) -> Result<(), ValidationError> {
         "interval",
         format!("{} ms is out of range (100ms to 1h)", interval.as_millis()),
     ))
-}
-
-/// Checks a limiter id: 1 to [`MAX_LIMITER_ID_LEN`] printable ASCII bytes
-/// (no spaces). The root's sync endpoint refuses anything else.
-pub fn validate_limiter_id(id: &str) -> Result<(), ValidationError> {
-    if id.is_empty() || id.len() > MAX_LIMITER_ID_LEN {
-        return Err(ValidationError::new(
-            "limiter",
-            format!("must be 1 to {MAX_LIMITER_ID_LEN} bytes long"),
-        ));
-    }
-    if !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ValidationError::new(
-            "limiter",
-            "must be printable ASCII without spaces",
-        ));
-    }
-    Ok(())
 }
 
 /// Checks a quota root URL: `http://` or `https://`, a host, and nothing

@@ -258,34 +258,11 @@ async fn post(
 }
 
 /// A reply is applied whole or not at all: every number must be sane and
-/// the quotas in log order.
+/// the quotas in log order ([`SyncResponse::validate`]).
 fn validate(reply: &SyncResponse) -> Result<(), String> {
-    let sane = |x: f64| x.is_finite() && x >= 0.0;
-    if let Some(c) = reply
-        .counters
-        .iter()
-        .find(|c| !(sane(c.level) && sane(c.prev)))
-    {
-        return Err(format!(
-            "malformed reply: counter {} has level {}",
-            c.id, c.level
-        ));
-    }
-    if let Some((q, e)) = reply
-        .quotas
-        .iter()
-        .find_map(|q| q.validate().err().map(|e| (q, e)))
-    {
-        return Err(format!("malformed reply: quota {:?}: {e}", q.name));
-    }
-    let in_order = reply
-        .quotas
-        .windows(2)
-        .all(|w| (w[0].epoch, w[0].id) < (w[1].epoch, w[1].id));
-    if !in_order {
-        return Err("malformed reply: quotas out of (epoch, id) order".into());
-    }
-    Ok(())
+    reply
+        .validate()
+        .map_err(|e| format!("malformed reply: {e}"))
 }
 
 fn describe(e: &reqwest::Error) -> String {

@@ -167,6 +167,35 @@ fn an_update_keeps_the_counter_and_a_recreated_name_starts_fresh() {
 }
 
 #[test]
+fn a_quota_recreated_under_a_new_id_keeps_its_parent_and_its_children() {
+    // Found by the `table` fuzz target (tests/fuzz): the new id cleared
+    // the slot's parent link and, the parent id being the same, nothing
+    // linked it again; the child was checked without its parent.
+    let t = Table::new_heap(16, 16);
+    t.apply_quotas(&[
+        quota(1, "parent", None, 1.0, 10.0, 10.0),
+        quota(2, "child", Some(1), 1.0, 100.0, 100.0),
+    ]);
+    let mut recreated = quota(3, "child", Some(1), 1.0, 100.0, 100.0);
+    recreated.epoch = 5;
+    t.apply_quotas(&[recreated]);
+    assert_eq!(t.check_with(b"child", 8, 0, never), Outcome::Pass);
+    assert_eq!(t.quota(b"parent", 0).unwrap().pending, 8);
+    match t.check_with(b"child", 8, 0, never) {
+        Outcome::Reject(r) => assert_eq!(r.depth, 1),
+        other => panic!("{other:?}"),
+    }
+    // And a quota naming the new id as its parent, sent before it, links
+    // to it once it arrives under that id.
+    t.apply_quotas(&[quota(7, "grandchild", Some(9), 1.0, 100.0, 100.0)]);
+    let mut renumbered = quota(9, "parent", None, 1.0, 10.0, 10.0);
+    renumbered.epoch = 6;
+    t.apply_quotas(&[renumbered]);
+    assert_eq!(t.check_with(b"grandchild", 4, 0, never), Outcome::Pass);
+    assert_eq!(t.quota(b"parent", 0).unwrap().pending, 4);
+}
+
+#[test]
 fn tombstones_delete_and_freed_slots_and_names_are_reused() {
     let t = Table::new_heap(4, 16);
     let qs: Vec<Quota> = (1..=4)

@@ -104,7 +104,11 @@ impl Table {
                 freed.push(slot);
                 return Ok(Applied::Deleted);
             }
-            let parent_changed = s.parent_id.load(RLX) != q.parent.unwrap_or(0);
+            // A new id starts over (`write_quota` clears the parent link
+            // with the counter) and may be the parent other quotas name:
+            // the links are made again, as for a new parent.
+            let parent_changed =
+                s.parent_id.load(RLX) != q.parent.unwrap_or(0) || s.quota_id() != Some(q.id);
             self.write_quota(slot, q);
             return Ok(Applied::Updated { parent_changed });
         }

@@ -11,20 +11,13 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use crate::core::quota::MAX_BURST;
-use crate::sync::config::validate_limiter_id;
-use crate::wire::{ClockReport, SyncRequest, CLOCK_HEADER, MAX_DELTAS_PER_SYNC};
+use crate::wire::{ClockReport, SyncRequest, CLOCK_HEADER};
 
 use crate::root::ledger::SyncPaging;
 use crate::root::metrics::SyncResult;
 use crate::root::state::RootState;
 
 use super::{json_bytes, parse_json, read_body, ApiError};
-
-/// Largest delta one sync may carry for one counter: 2^53, the largest
-/// integer a level holds exactly (a limiter sends at least every few
-/// seconds, so anything near it is a bug, not traffic).
-pub const MAX_DELTA: u64 = MAX_BURST as u64;
 
 /// Handles one sync.
 pub async fn sync(
@@ -79,39 +72,11 @@ pub async fn sync(
     Ok(json_bytes(StatusCode::OK, body))
 }
 
-/// Checks a sync request as a whole.
+/// Checks a sync request as a whole ([`SyncRequest::check`]).
 pub fn check_request(request: &SyncRequest) -> Result<(), ApiError> {
-    validate_limiter_id(&request.limiter)?;
-    let count = request.delta_count();
-    if count > MAX_DELTAS_PER_SYNC {
-        return Err(ApiError::invalid(
-            "deltas",
-            format!("{count} deltas, at most {MAX_DELTAS_PER_SYNC} per sync"),
-        ));
-    }
-    if let Some(i) = request.deltas.iter().position(|d| d.delta > MAX_DELTA) {
-        return Err(ApiError::invalid(
-            format!("deltas[{i}].delta"),
-            format!("{} is larger than {MAX_DELTA}", request.deltas[i].delta),
-        ));
-    }
-    for (g, group) in request.keyed.iter().enumerate() {
-        for (i, d) in group.deltas.iter().enumerate() {
-            if d.0 == 0 {
-                return Err(ApiError::invalid(
-                    format!("keyed[{g}].deltas[{i}]"),
-                    "key hash 0 names no key",
-                ));
-            }
-            if d.1 > MAX_DELTA {
-                return Err(ApiError::invalid(
-                    format!("keyed[{g}].deltas[{i}]"),
-                    format!("{} is larger than {MAX_DELTA}", d.1),
-                ));
-            }
-        }
-    }
-    Ok(())
+    request
+        .check()
+        .map_err(|e| ApiError::invalid(e.field, e.message))
 }
 
 /// How a sync reply's status is counted.
@@ -127,7 +92,7 @@ pub fn result_of(status: StatusCode) -> SyncResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::CounterDelta;
+    use crate::wire::{CounterDelta, MAX_DELTA, MAX_DELTAS_PER_SYNC};
 
     fn request(limiter: &str, deltas: Vec<CounterDelta>) -> SyncRequest {
         SyncRequest {
