@@ -330,6 +330,18 @@ location / { root html; sluice per_key key=$arg_k wait=2s; add_header X-Sluice $
 
 
 
+=== TEST 9c: holds on one keep-alive connection, one after the other
+--- config
+location / { root html; sluice half wait=2s; add_header X-Sluice $sluice_status always; }
+--- pipelined_requests eval
+["GET /index.html", "GET /index.html", "GET /index.html"]
+--- error_code eval
+[200, 200, 200]
+--- response_headers eval
+["X-Sluice: PASSED", "X-Sluice: DELAYED", "X-Sluice: DELAYED"]
+
+
+
 === TEST 10: a full window quota is not taken in advance: rejected with its Retry-After
 --- config
 location / { root html; sluice win wait=1h; sluice_headers on; }

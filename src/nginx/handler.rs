@@ -346,6 +346,12 @@ fn hold(
     unsafe {
         let wev = (*r.connection).write;
         (*wev).set_delayed(1);
+        // ngx_add_timer keeps an armed timer due within 300 ms of the new
+        // one (NGX_TIMER_LAZY_DELAY): start from none, so the hold ends
+        // when it should, never earlier.
+        if (*wev).timer_set() != 0 {
+            ngx_del_timer(wev);
+        }
         ngx_add_timer(wev, ms as ngx_msec_t);
     }
     NGX_AGAIN as ngx_int_t
