@@ -405,7 +405,7 @@ qr/\[error\] .*sluice: limiting requests for quota "three": the weight is empty/
 
 === TEST 30: empty=0 checks requests without a weight, without counting them
 --- config
-location / { root html; sluice one weight=$arg_w empty=0; }
+location / { root html; sluice frozen_one weight=$arg_w empty=0; }
 --- request eval
 ["GET /index.html", "GET /index.html", "GET /index.html?w=1", "GET /index.html", "GET /index.html?w=1"]
 --- error_code eval
