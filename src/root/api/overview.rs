@@ -235,6 +235,9 @@ pub struct RecentLimiter {
     pub clock_offset_seconds: Option<f64>,
     /// The round trip that offset comes from: its error is at most half.
     pub round_trip_seconds: Option<f64>,
+    /// Its deltas the root clipped as more than it could have admitted
+    /// (see [`crate::root::trust`]); 0 for an honest limiter.
+    pub clipped_deltas: u64,
 }
 
 /// What one look at the ledger found.
@@ -361,6 +364,7 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
             syncs: l.syncs,
             clock_offset_seconds: l.clock.map(|c| c.offset as f64 * SECS_PER_NANO),
             round_trip_seconds: l.clock.map(|c| c.round_trip as f64 * SECS_PER_NANO),
+            clipped_deltas: l.clipped,
         })
         .collect();
     out
@@ -667,6 +671,7 @@ mod tests {
                 syncs: 2,
                 clock_offset_seconds: Some(-2.0),
                 round_trip_seconds: Some(0.001),
+                clipped_deltas: 0,
             }]
         );
     }
