@@ -63,6 +63,7 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
         sim.series.key_refused += stats.refused;
         sim.series.key_inserts += stats.inserts;
     }
+    sim.series.deltas_clipped = sim.roots.iter().map(|r| r.clipped).sum();
     sim.series
 }
 

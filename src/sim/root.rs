@@ -29,6 +29,11 @@ pub struct SimRoot {
     pub up: bool,
     /// UTC minus this root's clock (the simulation's UTC is its own time).
     pub utc_offset: i64,
+    /// Deltas this root cut to their limiter's allowance, over every
+    /// start: an honest fleet never has any.
+    pub clipped: u64,
+    /// Root time of the last sweep of full allowances.
+    swept_at: Nanos,
 }
 
 impl SimRoot {
@@ -46,6 +51,8 @@ impl SimRoot {
             instance,
             up: true,
             utc_offset,
+            clipped: 0,
+            swept_at: now,
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
@@ -83,13 +90,16 @@ impl SimRoot {
     /// Applies a sync request at root time `now` and builds the answer, as
     /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
-        let response = self
-            .ledger
-            .sync(request, self.instance, now, self.paging)
-            .into_response(self.instance, now, self.ledger.utc_offset);
+        let step = self.ledger.sync(request, self.instance, now, self.paging);
+        self.clipped += step.clipped as u64;
+        let response = step.into_response(self.instance, now, self.ledger.utc_offset);
         // As the real root's reload task does every second, a slice at a
-        // time: drained keys are forgotten.
+        // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);
+        if now.saturating_sub(self.swept_at) >= 1_000_000_000 {
+            self.ledger.allowances.forget_refilled(now);
+            self.swept_at = now;
+        }
         response
     }
 }

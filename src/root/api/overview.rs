@@ -634,7 +634,9 @@ mod tests {
         assert_eq!(names, ["full", "half", "fast", "parent"]);
         let full = &sample.quotas[0];
         assert_eq!(full.quota.parent.as_deref(), Some("parent"));
-        assert_eq!((full.quota.level, full.rejecting), (45.0, 1.0));
+        // 50 sent, 42 believed (a limiter's allowance on it: 2 x (20 +
+        // 1 x 1 s)), 5 leaked.
+        assert_eq!((full.quota.level, full.rejecting), (37.0, 1.0));
         assert_eq!(sample.totals.quotas_full, 1);
         assert_eq!(sample.totals.quotas_rejecting, 1);
         assert!(
@@ -683,7 +685,7 @@ mod tests {
             .collect();
         let spec: Vec<QuotaRow> = quotas
             .iter()
-            .map(|(id, name)| (*id, name.as_str(), None, 1.0, 10.0, 10.0))
+            .map(|(id, name)| (*id, name.as_str(), None, 1.0, 10.0, 200.0))
             .collect();
         let mut ledger = ledger_with(&spec);
         let deltas: Vec<(u64, u64)> = quotas.iter().map(|(id, _)| (*id, *id)).collect();
@@ -695,7 +697,7 @@ mod tests {
         assert_eq!(sample.quotas.len(), MAX_TOP);
         assert_eq!(sample.limiters.len(), RECENT_LIMITERS);
         assert_eq!(sample.limiters[0].id, format!("l{}", RECENT_LIMITERS + 4));
-        // The fullest first: q120 has level 120 - 1 against a high of 10.
+        // The fullest first: q120 has level 120 - 1 in a band of 10..200.
         assert_eq!(sample.quotas[0].quota.name, format!("q{}", MAX_TOP + 20));
     }
 
