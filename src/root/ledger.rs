@@ -193,9 +193,14 @@ impl Ledger {
                 step.ignored += 1;
                 continue;
             };
-            let granted =
-                self.allowances
-                    .admit(limiter, counter, quota, delta.weight, now, utc_offset);
+            let granted = self.allowances.admit(
+                limiter,
+                counter,
+                (quota, cap_seconds),
+                delta.weight,
+                now,
+                utc_offset,
+            );
             if granted < delta.weight {
                 step.clipped += 1;
                 step.clipped_weight += delta.weight - granted;
@@ -541,22 +546,23 @@ mod tests {
     #[test]
     fn deltas_are_cut_to_the_limiters_allowance_and_levels_to_the_cap() {
         let mut ledger = Ledger::default();
-        // limit 10, high_burst 200: allowance 2 * (200 + 10) = 420 per
-        // limiter; cap 2 * 200 + 10 * 5 s = 450.
+        // limit 10, high_burst 200, level_cap_seconds 5: allowance
+        // 2 * (200 + 10 * 5) = 500 per limiter; cap 2 * 200 + 10 * 5 = 450.
         ledger.load(vec![quota(1, 10.0, 1)], 0);
         let a = ledger.sync(&request("a", 0, &[(1, 1 << 50)]), INSTANCE, 0, PAGING);
         assert_eq!((a.applied, a.clipped), (1, 1));
-        assert_eq!(a.clipped_weight, (1u64 << 50) as f64 - 420.0);
-        assert_eq!(level_of(&a, 1), Some(420.0));
+        assert_eq!(a.clipped_weight, (1u64 << 50) as f64 - 500.0);
+        assert_eq!(level_of(&a, 1), Some(450.0));
         let b = ledger.sync(&request("b", 0, &[(1, 100)]), INSTANCE, 0, PAGING);
         assert_eq!((b.clipped, level_of(&b, 1)), (0, Some(450.0)));
-        assert_eq!(ledger.stats().levels_capped, 1);
+        assert_eq!(ledger.stats().levels_capped, 2);
         let info = ledger.limiters.get(0).unwrap();
         assert_eq!((info.name.as_ref(), info.clipped), ("a", 1));
         // Drained at 10/s from the cap: under high_burst after 25 s.
         let view = ledger.counters.view(1, 26 * SEC).unwrap();
         assert!(view.level < 200.0, "{}", view.level);
-        // a's allowance refilled 20/s meanwhile: 40 in 2 s, the rest cut.
+        // a's allowance refilled at 20/s meanwhile: 40 in 2 s, the rest
+        // cut.
         let a = ledger.sync(&request("a", 0, &[(1, 1000)]), INSTANCE, 2 * SEC, PAGING);
         assert_eq!(a.clipped_weight, 960.0);
     }

@@ -6,11 +6,16 @@
 //!
 //! - **The level cap** ([`level_cap`]). Once a leaky quota's level is at
 //!   `high_burst` every request is refused; more only makes the refusal
-//!   last longer. A root keeps a counter at most at
+//!   last longer, and makes reservations (`sluice_reserve`) wait longer.
+//!   A root keeps a counter at most at
 //!   `2 * high_burst + limit * cap_seconds` (`level_cap_seconds` in the
 //!   root's config, default 5 s): room for a fleet's honest overshoot (the
 //!   weight admitted before the limiters heard the level, about one sync
-//!   interval's worth), and no more. So after the last forged delta the
+//!   interval's worth) and for reservations up to `cap_seconds` ahead
+//!   (set it at least to the longest `max_wait` the fleet reserves with:
+//!   a reservation counts its weight when it is made, so the level of a
+//!   paced quota is `limit` times the wait), and no more. So after the
+//!   last forged delta the
 //!   level is back under `high_burst` within
 //!   `high_burst / limit + cap_seconds` seconds. A window quota's counts
 //!   (this window's and, sliding, the previous one's) are kept at most at
@@ -25,13 +30,15 @@
 //!   only while its estimate, which counts everything it admitted since it
 //!   last heard the cluster level, stays under `high_burst`; what it
 //!   admitted before leaks at `limit`. So over any span `t` one limiter
-//!   admits at most about `high_burst + limit * t` on one counter, and on
-//!   a window quota about `high_burst` per window. A root keeps, per
-//!   limiter and counter, an allowance bucket of that shape with a slack of
-//!   [`SLACK`] (2x) for estimates, clocks and delays: capacity
-//!   `2 * (high_burst + limit * 1 s)`, refilling at `2 * limit` per second
-//!   (a window quota: capacity `2 * high_burst + rate * 1 s`, refilling at
-//!   `2 * limit` per window). What a delta asks beyond the allowance is
+//!   admits at most about `high_burst + limit * t` on one counter (plus
+//!   `limit` times the longest reservation wait), and on a window quota
+//!   about `high_burst` per window. A root keeps, per limiter and counter,
+//!   an allowance bucket of that shape with a slack of [`SLACK`] (2x) for
+//!   estimates, clocks and delays: capacity
+//!   `2 * (high_burst + limit * cap_seconds)`, refilling at `2 * limit`
+//!   per second (a window quota: capacity `2 * high_burst + rate * 1 s`,
+//!   refilling at `2 * limit` per window: reservations never reach into
+//!   a later window). What a delta asks beyond the allowance is
 //!   clipped (not added) and counted for that limiter. An edit of the
 //!   quota gives every limiter a full allowance again. An allowance back
 //!   at full is the same as none, so the root forgets those every reload
@@ -58,7 +65,8 @@ pub const CAP_WINDOWS: f64 = 2.0;
 /// How much more than one limiter's admissions could be its deltas may
 /// carry before they are clipped.
 pub const SLACK: f64 = 2.0;
-/// Delay and clock jitter an allowance absorbs, seconds of `limit`.
+/// Delay and clock jitter a window quota's allowance absorbs, seconds of
+/// its rate.
 pub const JITTER_SECONDS: f64 = 1.0;
 /// Most allowances (limiter and counter pairs not back at full) held.
 pub const MAX_ALLOWANCES: usize = 2_000_000;
@@ -105,7 +113,7 @@ impl Allowance {
 
 /// The shape of the allowance for a counter of `quota` at `now`:
 /// `(capacity, refill rate per second)`.
-fn shape(quota: &Quota, utc_offset: i64, now: Nanos) -> (f64, f64) {
+fn shape(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> (f64, f64) {
     match quota.window_rule(utc_offset) {
         Some(rule) => {
             let length = rule.locate(now).length as f64 * SECS_PER_NANO;
@@ -113,7 +121,7 @@ fn shape(quota: &Quota, utc_offset: i64, now: Nanos) -> (f64, f64) {
             (SLACK * quota.high_burst + rate * JITTER_SECONDS, rate)
         }
         None => (
-            SLACK * (quota.high_burst + quota.limit * JITTER_SECONDS),
+            SLACK * (quota.high_burst + quota.limit * cap_seconds),
             SLACK * quota.limit,
         ),
     }
@@ -149,17 +157,18 @@ impl Allowances {
 
     /// How much of `delta` limiter `limiter` (its registry index; `None`
     /// when the registry is full) may add to `counter` of `quota` at
-    /// `now`; takes that much from its allowance.
+    /// `now`; takes that much from its allowance. `cap_seconds` is the
+    /// root's `level_cap_seconds`.
     pub fn admit(
         &mut self,
         limiter: Option<u32>,
         counter: CounterKey,
-        quota: &Quota,
+        (quota, cap_seconds): (&Quota, f64),
         delta: f64,
         now: Nanos,
         utc_offset: i64,
     ) -> f64 {
-        let (capacity, rate) = shape(quota, utc_offset, now);
+        let (capacity, rate) = shape(quota, utc_offset, cap_seconds, now);
         let fresh = Allowance {
             used: 0.0,
             at: now,
@@ -237,24 +246,32 @@ mod tests {
         let mut a = Allowances::default();
         let q = leaky(10.0, 20.0);
         let c = CounterKey::named(1);
-        // Capacity 2 * (20 + 10 * 1 s) = 60, refilling at 20/s.
-        assert_eq!(a.admit(Some(0), c, &q, 1e9, 0, 0), 60.0);
-        assert_eq!(a.admit(Some(0), c, &q, 1e9, 0, 0), 0.0);
-        assert_eq!(a.admit(Some(0), c, &q, 1e9, SEC, 0), 20.0);
+        // Capacity 2 * (20 + 10 * 1 s) = 60 (with a 1 s cap), refilling
+        // at 20/s.
+        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 0, 0), 0.0);
+        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, SEC, 0), 20.0);
         // Another limiter, or another counter, has its own.
-        assert_eq!(a.admit(Some(1), c, &q, 5.0, SEC, 0), 5.0);
+        assert_eq!(a.admit(Some(1), c, (&q, 1.0), 5.0, SEC, 0), 5.0);
         assert_eq!(
-            a.admit(Some(0), CounterKey { id: 1, key: 9 }, &q, 7.0, SEC, 0),
+            a.admit(
+                Some(0),
+                CounterKey { id: 1, key: 9 },
+                (&q, 1.0),
+                7.0,
+                SEC,
+                0
+            ),
             7.0
         );
         // Honest traffic at the limit is never clipped.
         let mut honest = Allowances::default();
         for s in 0..100 {
-            assert_eq!(honest.admit(Some(0), c, &q, 10.0, s * SEC, 0), 10.0);
+            assert_eq!(honest.admit(Some(0), c, (&q, 1.0), 10.0, s * SEC, 0), 10.0);
         }
         // An edit starts over.
         let edited = q.clone().at_epoch(2);
-        assert_eq!(a.admit(Some(0), c, &edited, 1e9, SEC, 0), 60.0);
+        assert_eq!(a.admit(Some(0), c, (&edited, 1.0), 1e9, SEC, 0), 60.0);
     }
 
     #[test]
@@ -263,8 +280,8 @@ mod tests {
         let q = leaky(100.0, 80.0).windowed(Window::TenSeconds, false);
         let c = CounterKey::named(1);
         // 2 * 80 + (2 * 100 / 10 s) * 1 s = 180, refilling at 20/s.
-        assert_eq!(a.admit(Some(0), c, &q, 1e9, 0, 0), 180.0);
-        assert_eq!(a.admit(Some(0), c, &q, 1e9, 10 * SEC, 0), 180.0);
+        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 0, 0), 180.0);
+        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 10 * SEC, 0), 180.0);
     }
 
     #[test]
@@ -272,12 +289,12 @@ mod tests {
         let mut a = Allowances::with_max(2);
         let q = leaky(10.0, 20.0);
         for key in 1..=2 {
-            a.admit(Some(0), CounterKey { id: 1, key }, &q, 30.0, 0, 0);
+            a.admit(Some(0), CounterKey { id: 1, key }, (&q, 1.0), 30.0, 0, 0);
         }
         // Past the bound: checked against a fresh allowance, not held.
         let third = CounterKey { id: 1, key: 3 };
-        assert_eq!(a.admit(Some(0), third, &q, 1e9, 0, 0), 60.0);
-        assert_eq!(a.admit(Some(0), third, &q, 1e9, 0, 0), 60.0);
+        assert_eq!(a.admit(Some(0), third, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(a.admit(Some(0), third, (&q, 1.0), 1e9, 0, 0), 60.0);
         assert_eq!((a.len(), a.untracked()), (2, 2));
         assert_eq!(a.forget_refilled(SEC), 0);
         assert_eq!(a.forget_refilled(2 * SEC), 2);

@@ -34,6 +34,8 @@ pub struct SimRoot {
     pub clipped: u64,
     /// Root time of the last sweep of full allowances.
     swept_at: Nanos,
+    /// The root's `level_cap_seconds`.
+    level_cap_seconds: f64,
 }
 
 impl SimRoot {
@@ -53,10 +55,20 @@ impl SimRoot {
             utc_offset,
             clipped: 0,
             swept_at: now,
+            level_cap_seconds: crate::root::trust::DEFAULT_CAP_SECONDS,
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
         root
+    }
+
+    /// Sets the root's `level_cap_seconds` (as its operator would, to the
+    /// fleet's longest reservation wait).
+    pub fn with_level_cap_seconds(mut self, seconds: f64) -> Self {
+        // Before any counter exists: each gets its cap when created.
+        self.level_cap_seconds = seconds;
+        self.ledger.level_cap_seconds = seconds;
+        self
     }
 
     /// Stops answering; the counters are gone (roots keep them in memory
@@ -78,6 +90,7 @@ impl SimRoot {
     fn empty_ledger(&self) -> Ledger {
         Ledger {
             utc_offset: self.utc_offset,
+            level_cap_seconds: self.level_cap_seconds,
             ..Ledger::default()
         }
     }

@@ -634,9 +634,8 @@ mod tests {
         assert_eq!(names, ["full", "half", "fast", "parent"]);
         let full = &sample.quotas[0];
         assert_eq!(full.quota.parent.as_deref(), Some("parent"));
-        // 50 sent, 42 believed (a limiter's allowance on it: 2 x (20 +
-        // 1 x 1 s)), 5 leaked.
-        assert_eq!((full.quota.level, full.rejecting), (37.0, 1.0));
+        // 50 sent, kept at its cap 45 (2 x 20 + 1/s x 5 s), 5 leaked.
+        assert_eq!((full.quota.level, full.rejecting), (40.0, 1.0));
         assert_eq!(sample.totals.quotas_full, 1);
         assert_eq!(sample.totals.quotas_rejecting, 1);
         assert!(

@@ -83,7 +83,7 @@ pub async fn sync(
                 weight = step.clipped_weight,
                 syncs_not_logged = held_back,
                 "clipped deltas larger than the limiter could have admitted \
-                 (its allowance: 2 x (high_burst + limit x 1 s), refilling at 2 x limit)"
+                 (its allowance: 2 x (high_burst + limit x level_cap_seconds), refilling at 2 x limit)"
             );
         }
     }
