@@ -167,7 +167,8 @@ impl Ledger {
         now: Nanos,
         paging: SyncPaging,
     ) -> SyncStep {
-        let limiter = self.limiters.touch(&request.limiter, now);
+        let caller = self.limiters.touch_since(&request.limiter, now);
+        let limiter = caller.map(|(index, _)| index);
         let mut step = SyncStep::default();
         let delta = |weight: u64, window| Delta {
             weight: weight as f64,
@@ -194,7 +195,7 @@ impl Ledger {
                 continue;
             };
             let granted = self.allowances.admit(
-                limiter,
+                caller,
                 counter,
                 (quota, cap_seconds),
                 delta.weight,

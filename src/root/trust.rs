@@ -42,8 +42,12 @@
 //!   clipped (not added) and counted for that limiter. An edit of the
 //!   quota gives every limiter a full allowance again. An allowance back
 //!   at full is the same as none, so the root forgets those every reload
-//!   tick; at most [`MAX_ALLOWANCES`] are held, and a delta past that is
-//!   checked against a full allowance (one sync's worth) without memory.
+//!   tick; and a delta no larger than what refilled since the limiter's
+//!   last sync (at most [`FREE_SECONDS`] of it) creates none, so steady
+//!   traffic costs no state and only bursts are held until they refill
+//!   (the bound loosens by at most one second of refill per burst). At
+//!   most [`MAX_ALLOWANCES`] are held, and a delta past that is checked
+//!   against a full allowance (one sync's worth) without memory.
 //!
 //! Neither rule can tell a limiter that lies within its allowance from an
 //! honest one: credentials ([`super::credentials`]) decide who may speak
@@ -68,6 +72,9 @@ pub const SLACK: f64 = 2.0;
 /// Delay and clock jitter a window quota's allowance absorbs, seconds of
 /// its rate.
 pub const JITTER_SECONDS: f64 = 1.0;
+/// A delta up to this many seconds of refill since its limiter's last
+/// sync is granted without keeping an allowance, when none is held.
+pub const FREE_SECONDS: f64 = 1.0;
 /// Most allowances (limiter and counter pairs not back at full) held.
 pub const MAX_ALLOWANCES: usize = 2_000_000;
 
@@ -161,7 +168,7 @@ impl Allowances {
     /// root's `level_cap_seconds`.
     pub fn admit(
         &mut self,
-        limiter: Option<u32>,
+        limiter: Option<(u32, f64)>,
         counter: CounterKey,
         (quota, cap_seconds): (&Quota, f64),
         delta: f64,
@@ -169,6 +176,21 @@ impl Allowances {
         utc_offset: i64,
     ) -> f64 {
         let (capacity, rate) = shape(quota, utc_offset, cap_seconds, now);
+        // What refilled since the limiter's last sync (up to a second of
+        // it) is granted without an allowance when none is held: a full
+        // allowance would grant it too, and within a second's refill of
+        // the same. So steady traffic keeps no state, and only bursts (and
+        // abuse) are held until they refill.
+        let limiter = match limiter {
+            Some((index, since)) => {
+                let free = rate * since.clamp(0.0, FREE_SECONDS);
+                if delta <= free && !self.held.contains_key(&(index, counter)) {
+                    return delta;
+                }
+                Some(index)
+            }
+            None => None,
+        };
         let fresh = Allowance {
             used: 0.0,
             at: now,
@@ -248,14 +270,14 @@ mod tests {
         let c = CounterKey::named(1);
         // Capacity 2 * (20 + 10 * 1 s) = 60 (with a 1 s cap), refilling
         // at 20/s.
-        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 0, 0), 60.0);
-        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 0, 0), 0.0);
-        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, SEC, 0), 20.0);
+        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 0, 0), 0.0);
+        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, SEC, 0), 20.0);
         // Another limiter, or another counter, has its own.
-        assert_eq!(a.admit(Some(1), c, (&q, 1.0), 5.0, SEC, 0), 5.0);
+        assert_eq!(a.admit(Some((1, 0.0)), c, (&q, 1.0), 5.0, SEC, 0), 5.0);
         assert_eq!(
             a.admit(
-                Some(0),
+                Some((0, 0.0)),
                 CounterKey { id: 1, key: 9 },
                 (&q, 1.0),
                 7.0,
@@ -267,11 +289,17 @@ mod tests {
         // Honest traffic at the limit is never clipped.
         let mut honest = Allowances::default();
         for s in 0..100 {
-            assert_eq!(honest.admit(Some(0), c, (&q, 1.0), 10.0, s * SEC, 0), 10.0);
+            assert_eq!(
+                honest.admit(Some((0, 0.0)), c, (&q, 1.0), 10.0, s * SEC, 0),
+                10.0
+            );
         }
         // An edit starts over.
         let edited = q.clone().at_epoch(2);
-        assert_eq!(a.admit(Some(0), c, (&edited, 1.0), 1e9, SEC, 0), 60.0);
+        assert_eq!(
+            a.admit(Some((0, 0.0)), c, (&edited, 1.0), 1e9, SEC, 0),
+            60.0
+        );
     }
 
     #[test]
@@ -280,8 +308,29 @@ mod tests {
         let q = leaky(100.0, 80.0).windowed(Window::TenSeconds, false);
         let c = CounterKey::named(1);
         // 2 * 80 + (2 * 100 / 10 s) * 1 s = 180, refilling at 20/s.
-        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 0, 0), 180.0);
-        assert_eq!(a.admit(Some(0), c, (&q, 1.0), 1e9, 10 * SEC, 0), 180.0);
+        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 0, 0), 180.0);
+        assert_eq!(
+            a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 10 * SEC, 0),
+            180.0
+        );
+    }
+
+    #[test]
+    fn steady_deltas_keep_no_allowance_and_bursts_do() {
+        let mut a = Allowances::default();
+        let q = leaky(10.0, 20.0);
+        let c = CounterKey::named(1);
+        // 20/s refill: 10 after half a second is free, and held nowhere.
+        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 10.0, 0, 0), 10.0);
+        assert!(a.is_empty());
+        // More is a burst: held, and from then on every delta counts
+        // against it until it refilled.
+        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 50.0, 0, 0), 50.0);
+        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 10.0, 0, 0), 10.0);
+        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 10.0, 0, 0), 0.0);
+        // Free refill is at most a second's, however long the gap.
+        let d = CounterKey::named(2);
+        assert_eq!(a.admit(Some((0, 3600.0)), d, (&q, 1.0), 1e9, 0, 0), 60.0);
     }
 
     #[test]
@@ -289,12 +338,19 @@ mod tests {
         let mut a = Allowances::with_max(2);
         let q = leaky(10.0, 20.0);
         for key in 1..=2 {
-            a.admit(Some(0), CounterKey { id: 1, key }, (&q, 1.0), 30.0, 0, 0);
+            a.admit(
+                Some((0, 0.0)),
+                CounterKey { id: 1, key },
+                (&q, 1.0),
+                30.0,
+                0,
+                0,
+            );
         }
         // Past the bound: checked against a fresh allowance, not held.
         let third = CounterKey { id: 1, key: 3 };
-        assert_eq!(a.admit(Some(0), third, (&q, 1.0), 1e9, 0, 0), 60.0);
-        assert_eq!(a.admit(Some(0), third, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(a.admit(Some((0, 0.0)), third, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(a.admit(Some((0, 0.0)), third, (&q, 1.0), 1e9, 0, 0), 60.0);
         assert_eq!((a.len(), a.untracked()), (2, 2));
         assert_eq!(a.forget_refilled(SEC), 0);
         assert_eq!(a.forget_refilled(2 * SEC), 2);
