@@ -10,7 +10,7 @@ use crate::wire::{CounterKey, SyncRequest, SyncResponse};
 use super::counter_book::{ChangedCounters, CounterBook, Delta};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
-use super::trust::{counter_rule, Allowances, DEFAULT_CAP_SECONDS};
+use super::trust::{counter_rule, Allowances, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,7 +167,11 @@ impl Ledger {
         now: Nanos,
         paging: SyncPaging,
     ) -> SyncStep {
-        let caller = self.limiters.touch_since(&request.limiter, now);
+        // A limiter's first sync carries what it admitted before: as much
+        // refill as any sync may claim without state.
+        let caller = self
+            .limiters
+            .touch_since(&request.limiter, now, FREE_SECONDS);
         let limiter = caller.map(|(index, _)| index);
         let mut step = SyncStep::default();
         let delta = |weight: u64, window| Delta {

@@ -45,12 +45,12 @@ impl Limiters {
     /// Records a sync from `name` at `now`; returns the limiter's index, or
     /// `None` when the registry is full and `name` is new.
     pub fn touch(&mut self, name: &str, now: Nanos) -> Option<u32> {
-        self.touch_since(name, now).map(|(index, _)| index)
+        self.touch_since(name, now, 0.0).map(|(index, _)| index)
     }
 
     /// As [`Self::touch`], with the seconds since the limiter's previous
-    /// sync (0 for its first).
-    pub fn touch_since(&mut self, name: &str, now: Nanos) -> Option<(u32, f64)> {
+    /// sync (`first` for its first).
+    pub fn touch_since(&mut self, name: &str, now: Nanos, first: f64) -> Option<(u32, f64)> {
         let index = match self.index.get(name) {
             Some(&index) => index,
             None if self.list.len() >= MAX_LIMITERS => return None,
@@ -71,7 +71,7 @@ impl Limiters {
         };
         let info = &mut self.list[index as usize];
         let since = if info.syncs == 0 {
-            0.0
+            first
         } else {
             crate::core::counter::seconds_between(info.last_sync, now)
         };

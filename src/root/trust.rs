@@ -225,6 +225,10 @@ impl Allowances {
     pub fn forget_refilled(&mut self, now: Nanos) -> usize {
         let before = self.held.len();
         self.held.retain(|_, a| a.used_at(now) > 0.0);
+        // A burst of new limiters leaves a large, mostly empty table.
+        if self.held.capacity() > 4 * self.held.len() + 4096 {
+            self.held.shrink_to_fit();
+        }
         before - self.held.len()
     }
 
