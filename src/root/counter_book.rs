@@ -101,7 +101,8 @@ impl FillMeter {
     }
 }
 
-/// How a counter counts and the most it may hold.
+/// How a counter counts, the most it may hold and what one limiter may
+/// add to it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CounterRule {
     /// Its leak rate or its window.
@@ -109,14 +110,34 @@ pub struct CounterRule {
     /// The highest level (a window quota: the highest count of one window)
     /// the counter keeps; more is cut off. `f64::INFINITY`: no cap.
     pub cap: f64,
+    /// The allowance each limiter has on it (see [`super::trust`]).
+    pub allowance: AllowanceShape,
+}
+
+/// What one limiter may add to a counter: an allowance of `capacity`
+/// units refilling at `refill` per second, measured for the quota as of
+/// `epoch` (an edit starts every allowance over).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllowanceShape {
+    /// Units a limiter may add at once.
+    pub capacity: f64,
+    /// Units per second the allowance refills at.
+    pub refill: f64,
+    /// Epoch of the quota it was measured for.
+    pub epoch: u64,
 }
 
 impl From<Counting> for CounterRule {
-    /// A rule without a cap.
+    /// A rule without a cap or a bound on what a limiter adds.
     fn from(counting: Counting) -> Self {
         Self {
             counting,
             cap: f64::INFINITY,
+            allowance: AllowanceShape {
+                capacity: f64::INFINITY,
+                refill: 0.0,
+                epoch: 0,
+            },
         }
     }
 }
@@ -143,6 +164,8 @@ struct Slot {
     counting: Counting,
     /// The counter's [`CounterRule::cap`].
     cap: f64,
+    /// The counter's [`CounterRule::allowance`].
+    allowance: AllowanceShape,
     /// The cluster level (a window quota's counts), in root time.
     tally: Tally,
     /// Version of the last update.
@@ -281,23 +304,50 @@ impl CounterBook {
     where
         F: FnOnce() -> Option<CounterRule>,
     {
+        let weight = delta.weight;
+        self.add_allowed(counter, delta, now, limiter, counting_of, |_| weight)
+            .is_some()
+    }
+
+    /// [`Self::add_counter`], with the weight cut to what `allow` grants
+    /// of it given the counter's allowance shape (looked up with the
+    /// counter, so a sync costs one lookup a delta). Returns the weight
+    /// added (0 when `allow` granted none: nothing changes), or `None`
+    /// when the delta counts nowhere (an unknown quota, a window too old).
+    pub fn add_allowed<F, G>(
+        &mut self,
+        counter: CounterKey,
+        mut delta: Delta,
+        now: Nanos,
+        limiter: Option<u32>,
+        counting_of: F,
+        allow: G,
+    ) -> Option<f64>
+    where
+        F: FnOnce() -> Option<CounterRule>,
+        G: FnOnce(&AllowanceShape) -> f64,
+    {
         let index = match self.index.get(&counter) {
             Some(&index) => index,
             None => match counting_of() {
                 Some(_) if counter.key != 0 && self.keys >= self.max_keys => {
                     self.keys_refused += 1;
-                    return false;
+                    return None;
                 }
                 Some(rule) => self.create(counter, rule, now),
-                None => return false,
+                None => return None,
             },
         };
+        delta.weight = allow(&self.slots[index as usize].allowance).min(delta.weight);
+        if delta.weight <= 0.0 {
+            return Some(0.0);
+        }
         let slot = &self.slots[index as usize];
         let Some(mut tally) = slot
             .counting
             .add_in(slot.tally, delta.window, now, delta.weight)
         else {
-            return false;
+            return None;
         };
         if tally.level > slot.cap || tally.prev > slot.cap {
             tally.level = tally.level.min(slot.cap);
@@ -317,7 +367,7 @@ impl CounterBook {
         }
         self.unlink(index);
         self.push_newest(index);
-        true
+        Some(weight)
     }
 
     /// Changes how quota `id`'s counter counts (and, for a per-key
@@ -327,9 +377,14 @@ impl CounterBook {
     /// another way (leaky to window, another window) starts over. A new
     /// cap applies from the next update.
     pub fn set_counting(&mut self, id: u64, keyed: bool, rule: CounterRule, now: Nanos) {
-        let CounterRule { counting, cap } = rule;
+        let CounterRule {
+            counting,
+            cap,
+            allowance,
+        } = rule;
         let change = |slot: &mut Slot| {
             slot.cap = cap;
+            slot.allowance = allowance;
             if slot.counting == counting {
                 return;
             }
@@ -560,6 +615,7 @@ impl CounterBook {
             live: true,
             counting: rule.counting,
             cap: rule.cap,
+            allowance: rule.allowance,
             tally: Tally {
                 at: now,
                 ..Tally::default()
@@ -726,8 +782,8 @@ mod tests {
     fn levels_are_cut_to_the_cap_and_a_new_cap_applies_from_the_next_update() {
         let mut book = CounterBook::default();
         let rule = CounterRule {
-            counting: Counting::Leak(10.0),
             cap: 100.0,
+            ..Counting::Leak(10.0).into()
         };
         assert!(book.add(1, 1e15, 0, None, || Some(rule)));
         assert_eq!(book.view(1, 0).unwrap().level, 100.0);

@@ -7,7 +7,7 @@
 use crate::core::{Nanos, Quota};
 use crate::wire::{CounterKey, SyncRequest, SyncResponse};
 
-use super::counter_book::{ChangedCounters, CounterBook, Delta};
+use super::counter_book::{AllowanceShape, ChangedCounters, CounterBook, Delta};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 use super::trust::{counter_rule, Allowances, DEFAULT_CAP_SECONDS, FREE_SECONDS};
@@ -138,7 +138,8 @@ impl Ledger {
             match self.quotas.load(quota) {
                 QuotaChange::Live { id, per_key } => {
                     if let Some(quota) = self.quotas.counting_quota(id, per_key) {
-                        let rule = counter_rule(quota, self.utc_offset, self.level_cap_seconds);
+                        let rule =
+                            counter_rule(quota, self.utc_offset, self.level_cap_seconds, now);
                         self.counters.set_counting(id, per_key, rule, now);
                     }
                 }
@@ -192,36 +193,32 @@ impl Ledger {
             })
         });
         let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
-        for (counter, mut delta) in named.chain(keyed) {
+        for (counter, delta) in named.chain(keyed) {
+            let quotas = &self.quotas;
             // A named delta counts on a plain quota, a key's on a template.
-            let Some(quota) = self.quotas.counting_quota(counter.id, counter.key != 0) else {
-                step.ignored += 1;
-                continue;
+            // Looked up only for a counter the root does not hold yet.
+            let rule_of = || {
+                let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
+                Some(counter_rule(quota, utc_offset, cap_seconds, now))
             };
-            let granted = self.allowances.admit(
-                caller,
-                counter,
-                (quota, cap_seconds),
-                delta.weight,
-                now,
-                utc_offset,
-            );
-            if granted < delta.weight {
-                step.clipped += 1;
-                step.clipped_weight += delta.weight - granted;
-                if granted <= 0.0 {
-                    continue;
-                }
-                delta.weight = granted;
-            }
-            let rule = || Some(counter_rule(quota, utc_offset, cap_seconds));
-            if self
+            let allowances = &mut self.allowances;
+            let allow = |shape: &AllowanceShape| {
+                allowances.admit(caller, counter, shape, delta.weight, now)
+            };
+            match self
                 .counters
-                .add_counter(counter, delta, now, limiter, rule)
+                .add_allowed(counter, delta, now, limiter, rule_of, allow)
             {
-                step.applied += 1;
-            } else {
-                step.ignored += 1;
+                None => step.ignored += 1,
+                Some(added) => {
+                    if added < delta.weight {
+                        step.clipped += 1;
+                        step.clipped_weight += delta.weight - added;
+                    }
+                    if added > 0.0 {
+                        step.applied += 1;
+                    }
+                }
             }
         }
         if step.clipped > 0 {

@@ -58,7 +58,7 @@ use rustc_hash::FxHashMap;
 use crate::core::{Nanos, Quota, SECS_PER_NANO};
 use crate::wire::CounterKey;
 
-use super::counter_book::CounterRule;
+use super::counter_book::{AllowanceShape, CounterRule};
 
 /// A leaky quota's cap: this many `high_burst`s ...
 pub const CAP_BURSTS: f64 = 2.0;
@@ -88,11 +88,14 @@ pub fn level_cap(quota: &Quota, cap_seconds: f64) -> f64 {
     }
 }
 
-/// How a counter of `quota` counts at a root, with its cap.
-pub fn counter_rule(quota: &Quota, utc_offset: i64, cap_seconds: f64) -> CounterRule {
+/// How a counter of `quota` counts at a root, with its cap and the
+/// allowance each limiter has on it (a window quota's measured with the
+/// window holding `now`).
+pub fn counter_rule(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> CounterRule {
     CounterRule {
         counting: crate::core::Counting::of(quota.limit, quota.window_rule(utc_offset)),
         cap: level_cap(quota, cap_seconds),
+        allowance: shape(quota, utc_offset, cap_seconds, now),
     }
 }
 
@@ -118,10 +121,9 @@ impl Allowance {
     }
 }
 
-/// The shape of the allowance for a counter of `quota` at `now`:
-/// `(capacity, refill rate per second)`.
-fn shape(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> (f64, f64) {
-    match quota.window_rule(utc_offset) {
+/// The shape of the allowance for a counter of `quota` at `now`.
+pub fn shape(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> AllowanceShape {
+    let (capacity, refill) = match quota.window_rule(utc_offset) {
         Some(rule) => {
             let length = rule.locate(now).length as f64 * SECS_PER_NANO;
             let rate = SLACK * quota.limit / length.max(1e-9);
@@ -131,6 +133,11 @@ fn shape(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> (f64, 
             SLACK * (quota.high_burst + quota.limit * cap_seconds),
             SLACK * quota.limit,
         ),
+    };
+    AllowanceShape {
+        capacity,
+        refill,
+        epoch: quota.epoch,
     }
 }
 
@@ -162,20 +169,23 @@ impl Allowances {
         }
     }
 
-    /// How much of `delta` limiter `limiter` (its registry index; `None`
-    /// when the registry is full) may add to `counter` of `quota` at
-    /// `now`; takes that much from its allowance. `cap_seconds` is the
-    /// root's `level_cap_seconds`.
+    /// How much of `delta` limiter `limiter` (its registry index and the
+    /// seconds since its previous sync; `None` when the registry is full)
+    /// may add to `counter`, whose allowances are shaped `shape`, at
+    /// `now`; takes that much from its allowance.
     pub fn admit(
         &mut self,
         limiter: Option<(u32, f64)>,
         counter: CounterKey,
-        (quota, cap_seconds): (&Quota, f64),
+        shape: &AllowanceShape,
         delta: f64,
         now: Nanos,
-        utc_offset: i64,
     ) -> f64 {
-        let (capacity, rate) = shape(quota, utc_offset, cap_seconds, now);
+        let AllowanceShape {
+            capacity,
+            refill: rate,
+            epoch,
+        } = *shape;
         // What refilled since the limiter's last sync (up to a second of
         // it) is granted without an allowance when none is held: a full
         // allowance would grant it too, and within a second's refill of
@@ -195,7 +205,7 @@ impl Allowances {
             used: 0.0,
             at: now,
             rate,
-            epoch: quota.epoch,
+            epoch,
         };
         let full = self.held.len() >= self.max;
         let entry = match limiter {
@@ -207,7 +217,7 @@ impl Allowances {
                 return delta.min(capacity);
             }
         };
-        let used = if entry.epoch == quota.epoch {
+        let used = if entry.epoch == epoch {
             entry.used_at(now)
         } else {
             0.0
@@ -274,19 +284,30 @@ mod tests {
         let c = CounterKey::named(1);
         // Capacity 2 * (20 + 10 * 1 s) = 60 (with a 1 s cap), refilling
         // at 20/s.
-        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 0, 0), 60.0);
-        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 0, 0), 0.0);
-        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, SEC, 0), 20.0);
+        assert_eq!(
+            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            60.0
+        );
+        assert_eq!(
+            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            0.0
+        );
+        assert_eq!(
+            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, SEC), 1e9, SEC),
+            20.0
+        );
         // Another limiter, or another counter, has its own.
-        assert_eq!(a.admit(Some((1, 0.0)), c, (&q, 1.0), 5.0, SEC, 0), 5.0);
+        assert_eq!(
+            a.admit(Some((1, 0.0)), c, &shape(&q, 0, 1.0, SEC), 5.0, SEC),
+            5.0
+        );
         assert_eq!(
             a.admit(
                 Some((0, 0.0)),
                 CounterKey { id: 1, key: 9 },
-                (&q, 1.0),
+                &shape(&q, 0, 1.0, SEC),
                 7.0,
                 SEC,
-                0
             ),
             7.0
         );
@@ -294,14 +315,20 @@ mod tests {
         let mut honest = Allowances::default();
         for s in 0..100 {
             assert_eq!(
-                honest.admit(Some((0, 0.0)), c, (&q, 1.0), 10.0, s * SEC, 0),
+                honest.admit(
+                    Some((0, 0.0)),
+                    c,
+                    &shape(&q, 0, 1.0, s * SEC),
+                    10.0,
+                    s * SEC
+                ),
                 10.0
             );
         }
         // An edit starts over.
         let edited = q.clone().at_epoch(2);
         assert_eq!(
-            a.admit(Some((0, 0.0)), c, (&edited, 1.0), 1e9, SEC, 0),
+            a.admit(Some((0, 0.0)), c, &shape(&edited, 0, 1.0, SEC), 1e9, SEC),
             60.0
         );
     }
@@ -312,9 +339,18 @@ mod tests {
         let q = leaky(100.0, 80.0).windowed(Window::TenSeconds, false);
         let c = CounterKey::named(1);
         // 2 * 80 + (2 * 100 / 10 s) * 1 s = 180, refilling at 20/s.
-        assert_eq!(a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 0, 0), 180.0);
         assert_eq!(
-            a.admit(Some((0, 0.0)), c, (&q, 1.0), 1e9, 10 * SEC, 0),
+            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            180.0
+        );
+        assert_eq!(
+            a.admit(
+                Some((0, 0.0)),
+                c,
+                &shape(&q, 0, 1.0, 10 * SEC),
+                1e9,
+                10 * SEC
+            ),
             180.0
         );
     }
@@ -325,16 +361,31 @@ mod tests {
         let q = leaky(10.0, 20.0);
         let c = CounterKey::named(1);
         // 20/s refill: 10 after half a second is free, and held nowhere.
-        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 10.0, 0, 0), 10.0);
+        assert_eq!(
+            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 10.0, 0),
+            10.0
+        );
         assert!(a.is_empty());
         // More is a burst: held, and from then on every delta counts
         // against it until it refilled.
-        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 50.0, 0, 0), 50.0);
-        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 10.0, 0, 0), 10.0);
-        assert_eq!(a.admit(Some((0, 0.5)), c, (&q, 1.0), 10.0, 0, 0), 0.0);
+        assert_eq!(
+            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 50.0, 0),
+            50.0
+        );
+        assert_eq!(
+            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 10.0, 0),
+            10.0
+        );
+        assert_eq!(
+            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 10.0, 0),
+            0.0
+        );
         // Free refill is at most a second's, however long the gap.
         let d = CounterKey::named(2);
-        assert_eq!(a.admit(Some((0, 3600.0)), d, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(
+            a.admit(Some((0, 3600.0)), d, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            60.0
+        );
     }
 
     #[test]
@@ -345,16 +396,21 @@ mod tests {
             a.admit(
                 Some((0, 0.0)),
                 CounterKey { id: 1, key },
-                (&q, 1.0),
+                &shape(&q, 0, 1.0, 0),
                 30.0,
-                0,
                 0,
             );
         }
         // Past the bound: checked against a fresh allowance, not held.
         let third = CounterKey { id: 1, key: 3 };
-        assert_eq!(a.admit(Some((0, 0.0)), third, (&q, 1.0), 1e9, 0, 0), 60.0);
-        assert_eq!(a.admit(Some((0, 0.0)), third, (&q, 1.0), 1e9, 0, 0), 60.0);
+        assert_eq!(
+            a.admit(Some((0, 0.0)), third, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            60.0
+        );
+        assert_eq!(
+            a.admit(Some((0, 0.0)), third, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            60.0
+        );
         assert_eq!((a.len(), a.untracked()), (2, 2));
         assert_eq!(a.forget_refilled(SEC), 0);
         assert_eq!(a.forget_refilled(2 * SEC), 2);
