@@ -416,3 +416,28 @@ async fn sluice_root_refuses_an_open_admin_api_on_a_public_address() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin token"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_root_refuses_a_malformed_limiter_tokens_file_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("limiters.tokens");
+    std::fs::write(&tokens, "# fleet\nweb-1 tok-1\nweb-2 tok-1\n").unwrap();
+    let mut command = Command::new(SLUICE);
+    command.args([
+        "root",
+        "--db",
+        "sqlite:///nonexistent/x.db",
+        "--limiter-tokens-file",
+    ]);
+    command.arg(&tokens);
+    let out = output(command).await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:3: limiter \"web-2\" has the same token as \"web-1\" (line 2)",
+            tokens.display()
+        )),
+        "{stderr}"
+    );
+}

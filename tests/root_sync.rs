@@ -220,8 +220,9 @@ async fn a_fresh_limiter_pages_through_every_quota(db: Db) {
     let mut config = config(&db);
     config.sync_page_quotas = 3;
     let root = TestRoot::start(config).await;
+    // A burst, so that a limiter may have admitted the 4 it sends.
     let set: Vec<Value> = (0..10)
-        .map(|i| json!({"name": format!("q{i}"), "limit": 0}))
+        .map(|i| json!({"name": format!("q{i}"), "limit": 0, "low_burst": 10, "high_burst": 10}))
         .collect();
     let (status, _) = root
         .admin(Method::POST, "/v1/apply", Some(json!(set)))

@@ -1,4 +1,5 @@
-//! Bearer tokens: the admin token and the sync token.
+//! Bearer tokens: the admin token and the sync tokens (see
+//! [`super::credentials`] for who may sync as whom).
 
 use std::fmt;
 use std::path::Path;
@@ -52,9 +53,14 @@ impl Token {
         let Some(value) = authorization else {
             return false;
         };
-        let Some(presented) = strip_bearer(value) else {
+        let Some(presented) = bearer(value) else {
             return false;
         };
+        self.matches(presented)
+    }
+
+    /// True when `presented` (a bearer token's bytes) is this token.
+    pub fn matches(&self, presented: &[u8]) -> bool {
         constant_time_eq(presented, &self.0)
     }
 }
@@ -65,7 +71,8 @@ impl fmt::Debug for Token {
     }
 }
 
-fn strip_bearer(value: &[u8]) -> Option<&[u8]> {
+/// The token of an `Authorization: Bearer <token>` header value.
+pub fn bearer(value: &[u8]) -> Option<&[u8]> {
     let (scheme, rest) = value.split_at_checked(7)?;
     if !scheme.eq_ignore_ascii_case(b"bearer ") {
         return None;

@@ -25,6 +25,8 @@
 //! sync_page_quotas = 20000
 //! sync_page_counters = 100000
 //! max_keys = 2000000                 # key counters of per-key quotas held at once
+//! level_cap_seconds = 5.0            # a leaky counter's cap: 2 high_bursts + limit * this
+//! limiter_tokens_file = "/etc/sluice/limiters.tokens"  # per-limiter sync tokens
 //! ```
 
 use std::net::SocketAddr;
@@ -62,6 +64,10 @@ pub struct RootArgs {
     /// File holding the bearer token limiters must send to `/v1/sync`.
     #[arg(long, value_name = "FILE")]
     pub sync_token_file: Option<PathBuf>,
+    /// File of per-limiter sync tokens, one `limiter_id token` a line: a
+    /// limiter listed there may sync only with its own token.
+    #[arg(long, value_name = "FILE")]
+    pub limiter_tokens_file: Option<PathBuf>,
     /// How often to reread changed quotas from the database [default: 1s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub reload_interval: Option<Duration>,
@@ -91,6 +97,8 @@ struct RootFile {
     sync_page_quotas: Option<usize>,
     sync_page_counters: Option<usize>,
     max_keys: Option<usize>,
+    level_cap_seconds: Option<f64>,
+    limiter_tokens_file: Option<PathBuf>,
 }
 
 /// A configuration that cannot be used, with the reason.
@@ -135,6 +143,9 @@ pub struct RootConfig {
     pub admin_token: Option<Token>,
     /// Token `/v1/sync` requires; `None` leaves it open.
     pub sync_token: Option<Token>,
+    /// File of per-limiter sync tokens ([`super::credentials`]); read at
+    /// start (an error fails the start) and reread when it changes.
+    pub limiter_tokens_file: Option<PathBuf>,
     /// Period of the quota reload from the database.
     pub reload_interval: Duration,
     /// How long a database operation may wait for a connection before the
@@ -171,6 +182,9 @@ pub struct RootConfig {
     /// further keys are ignored and counted until drained keys are
     /// forgotten.
     pub max_keys: usize,
+    /// A leaky counter is kept at most at `2 * high_burst + limit *` this
+    /// many seconds (see [`super::trust`]).
+    pub level_cap_seconds: f64,
 }
 
 impl Default for RootConfig {
@@ -182,6 +196,7 @@ impl Default for RootConfig {
             db: DEFAULT_DB.to_string(),
             admin_token: None,
             sync_token: None,
+            limiter_tokens_file: None,
             reload_interval: Duration::from_secs(1),
             db_timeout: Duration::from_secs(3),
             db_query_timeout: crate::root::store::DEFAULT_QUERY_TIMEOUT,
@@ -195,6 +210,7 @@ impl Default for RootConfig {
             sync_page_quotas: 20_000,
             sync_page_counters: 100_000,
             max_keys: 2_000_000,
+            level_cap_seconds: super::trust::DEFAULT_CAP_SECONDS,
         }
     }
 }
@@ -211,6 +227,11 @@ impl RootConfig {
         config.apply_file(file)?;
         config.apply_args(args)?;
         config.check()?;
+        // Read again when the root starts; here it fails before binding.
+        if let Some(path) = &config.limiter_tokens_file {
+            super::credentials::LimiterTokens::read(path)
+                .map_err(|e| ConfigError(e.to_string()))?;
+        }
         Ok(config)
     }
 
@@ -236,6 +257,8 @@ impl RootConfig {
             sync_page_quotas,
             sync_page_counters,
             max_keys,
+            level_cap_seconds,
+            limiter_tokens_file,
         } = file;
         set(&mut self.listen, listen);
         set(&mut self.db, db);
@@ -276,6 +299,10 @@ impl RootConfig {
         set(&mut self.sync_page_quotas, sync_page_quotas);
         set(&mut self.sync_page_counters, sync_page_counters);
         set(&mut self.max_keys, max_keys);
+        set(&mut self.level_cap_seconds, level_cap_seconds);
+        if limiter_tokens_file.is_some() {
+            self.limiter_tokens_file = limiter_tokens_file;
+        }
         Ok(())
     }
 
@@ -287,6 +314,9 @@ impl RootConfig {
         }
         if let Some(path) = &args.sync_token_file {
             self.sync_token = Some(read_token(path)?);
+        }
+        if args.limiter_tokens_file.is_some() {
+            self.limiter_tokens_file = args.limiter_tokens_file.clone();
         }
         set(&mut self.reload_interval, args.reload_interval);
         Ok(())
@@ -333,6 +363,12 @@ impl RootConfig {
         positive("sync_page_quotas", self.sync_page_quotas)?;
         positive("sync_page_counters", self.sync_page_counters)?;
         positive("max_keys", self.max_keys)?;
+        if !(self.level_cap_seconds.is_finite() && (0.0..=1e6).contains(&self.level_cap_seconds)) {
+            return Err(ConfigError(format!(
+                "level_cap_seconds must be between 0 and 1000000, not {}",
+                self.level_cap_seconds
+            )));
+        }
         Ok(())
     }
 }

@@ -17,6 +17,11 @@
 //! a hundred limiters bump the same counters between two syncs of one of
 //! them.
 //!
+//! Every counter has a **cap**, a level above which nothing it holds
+//! changes a decision ([`CounterRule`]): whatever a sync adds, the level
+//! is cut to it, so a forged or runaway delta (`2^53` on a `10/s` quota)
+//! cannot hold a quota shut for longer than the cap takes to drain.
+//!
 //! Keys of per-key templates are counters like any, named by the template's
 //! id and the key's hash ([`CounterKey`]), created on their first delta.
 //! A key's counter that has leaked to nothing equals no counter, so
@@ -96,6 +101,47 @@ impl FillMeter {
     }
 }
 
+/// How a counter counts, the most it may hold and what one limiter may
+/// add to it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CounterRule {
+    /// Its leak rate or its window.
+    pub counting: Counting,
+    /// The highest level (a window quota: the highest count of one window)
+    /// the counter keeps; more is cut off. `f64::INFINITY`: no cap.
+    pub cap: f64,
+    /// The allowance each limiter has on it (see [`super::trust`]).
+    pub allowance: AllowanceShape,
+}
+
+/// What one limiter may add to a counter: an allowance of `capacity`
+/// units refilling at `refill` per second, measured for the quota as of
+/// `epoch` (an edit starts every allowance over).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllowanceShape {
+    /// Units a limiter may add at once.
+    pub capacity: f64,
+    /// Units per second the allowance refills at.
+    pub refill: f64,
+    /// Epoch of the quota it was measured for.
+    pub epoch: u64,
+}
+
+impl From<Counting> for CounterRule {
+    /// A rule without a cap or a bound on what a limiter adds.
+    fn from(counting: Counting) -> Self {
+        Self {
+            counting,
+            cap: f64::INFINITY,
+            allowance: AllowanceShape {
+                capacity: f64::INFINITY,
+                refill: 0.0,
+                epoch: 0,
+            },
+        }
+    }
+}
+
 /// Weight a limiter sent for one counter.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Delta {
@@ -116,6 +162,10 @@ struct Slot {
     /// How the quota counts (its leak rate or its window), copied so an
     /// update needs one lookup.
     counting: Counting,
+    /// The counter's [`CounterRule::cap`].
+    cap: f64,
+    /// The counter's [`CounterRule::allowance`].
+    allowance: AllowanceShape,
     /// The cluster level (a window quota's counts), in root time.
     tally: Tally,
     /// Version of the last update.
@@ -177,6 +227,8 @@ pub struct CounterBook {
     keys_refused: u64,
     /// Key counters forgotten after draining.
     keys_forgotten: u64,
+    /// Updates whose level was cut to the counter's cap.
+    capped: u64,
     /// Next slot [`CounterBook::forget_drained`] looks at.
     sweep: usize,
     /// Slot with the lowest version, or [`NIL`].
@@ -197,6 +249,7 @@ impl Default for CounterBook {
             max_keys: usize::MAX,
             keys_refused: 0,
             keys_forgotten: 0,
+            capped: 0,
             sweep: 0,
             oldest: NIL,
             newest: NIL,
@@ -225,7 +278,7 @@ impl CounterBook {
         counting_of: F,
     ) -> bool
     where
-        F: FnOnce() -> Option<Counting>,
+        F: FnOnce() -> Option<CounterRule>,
     {
         let delta = Delta {
             weight,
@@ -242,7 +295,8 @@ impl CounterBook {
     /// quota (a live one of the right kind) and, for a key, fewer than
     /// `max_keys` keys are counted; otherwise nothing happens and `false`
     /// is returned, so deltas for unknown or deleted quotas are ignored
-    /// (and window weight too old to matter).
+    /// (and window weight too old to matter). The result is cut to the
+    /// counter's cap.
     pub fn add_counter<F>(
         &mut self,
         counter: CounterKey,
@@ -252,26 +306,58 @@ impl CounterBook {
         counting_of: F,
     ) -> bool
     where
-        F: FnOnce() -> Option<Counting>,
+        F: FnOnce() -> Option<CounterRule>,
+    {
+        let weight = delta.weight;
+        self.add_allowed(counter, delta, now, limiter, counting_of, |_| weight)
+            .is_some()
+    }
+
+    /// [`Self::add_counter`], with the weight cut to what `allow` grants
+    /// of it given the counter's allowance shape (looked up with the
+    /// counter, so a sync costs one lookup a delta). Returns the weight
+    /// added (0 when `allow` granted none: nothing changes), or `None`
+    /// when the delta counts nowhere (an unknown quota, a window too old).
+    pub fn add_allowed<F, G>(
+        &mut self,
+        counter: CounterKey,
+        mut delta: Delta,
+        now: Nanos,
+        limiter: Option<u32>,
+        counting_of: F,
+        allow: G,
+    ) -> Option<f64>
+    where
+        F: FnOnce() -> Option<CounterRule>,
+        G: FnOnce(&AllowanceShape) -> f64,
     {
         let index = match self.index.get(&counter) {
             Some(&index) => index,
             None => match counting_of() {
                 Some(_) if counter.key != 0 && self.keys >= self.max_keys => {
                     self.keys_refused += 1;
-                    return false;
+                    return None;
                 }
-                Some(counting) => self.create(counter, counting, now),
-                None => return false,
+                Some(rule) => self.create(counter, rule, now),
+                None => return None,
             },
         };
+        delta.weight = allow(&self.slots[index as usize].allowance).min(delta.weight);
+        if delta.weight <= 0.0 {
+            return Some(0.0);
+        }
         let slot = &self.slots[index as usize];
-        let Some(tally) = slot
+        let Some(mut tally) = slot
             .counting
             .add_in(slot.tally, delta.window, now, delta.weight)
         else {
-            return false;
+            return None;
         };
+        if tally.level > slot.cap || tally.prev > slot.cap {
+            tally.level = tally.level.min(slot.cap);
+            tally.prev = tally.prev.min(slot.cap);
+            self.capped += 1;
+        }
         self.version += 1;
         let version = self.version;
         let weight = delta.weight;
@@ -285,16 +371,24 @@ impl CounterBook {
         }
         self.unlink(index);
         self.push_newest(index);
-        true
+        Some(weight)
     }
 
     /// Changes how quota `id`'s counter counts (and, for a per-key
     /// template, every key's: `keyed`). A new leak rate applies from `now`
     /// (each counter is leaked to `now` at the old rate first, so the
     /// change does not act retroactively); a counter that now counts
-    /// another way (leaky to window, another window) starts over.
-    pub fn set_counting(&mut self, id: u64, keyed: bool, counting: Counting, now: Nanos) {
+    /// another way (leaky to window, another window) starts over. A new
+    /// cap applies from the next update.
+    pub fn set_counting(&mut self, id: u64, keyed: bool, rule: CounterRule, now: Nanos) {
+        let CounterRule {
+            counting,
+            cap,
+            allowance,
+        } = rule;
         let change = |slot: &mut Slot| {
+            slot.cap = cap;
+            slot.allowance = allowance;
             if slot.counting == counting {
                 return;
             }
@@ -510,6 +604,11 @@ impl CounterBook {
         self.keys_forgotten
     }
 
+    /// Updates whose level was cut to the counter's cap.
+    pub fn capped(&self) -> u64 {
+        self.capped
+    }
+
     /// The keys of template `id` with their views at `now`, busiest (the
     /// highest fill rate, then level) first, at most `max`. Reads every
     /// counter: for the admin API, not the sync path.
@@ -539,11 +638,13 @@ impl CounterBook {
         self.version
     }
 
-    fn create(&mut self, counter: CounterKey, counting: Counting, now: Nanos) -> u32 {
+    fn create(&mut self, counter: CounterKey, rule: CounterRule, now: Nanos) -> u32 {
         let slot = Slot {
             counter,
             live: true,
-            counting,
+            counting: rule.counting,
+            cap: rule.cap,
+            allowance: rule.allowance,
             tally: Tally {
                 at: now,
                 ..Tally::default()
@@ -630,7 +731,7 @@ mod tests {
     #[test]
     fn adding_leaks_then_adds_in_root_time() {
         let mut book = CounterBook::default();
-        assert!(book.add(1, 50.0, 0, None, || Some(Counting::Leak(10.0))));
+        assert!(book.add(1, 50.0, 0, None, || Some(Counting::Leak(10.0).into())));
         assert!(book.add(1, 5.0, 2 * SEC, None, || unreachable!("known counter")));
         // 50 leaked 20 over two seconds, then +5.
         assert_eq!(book.view(1, 2 * SEC).unwrap().level, 35.0);
@@ -649,7 +750,7 @@ mod tests {
     fn changed_since_returns_each_changed_counter_once_in_version_order() {
         let mut book = CounterBook::default();
         for id in 1..=4 {
-            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0)));
+            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0).into()));
         }
         let v = book.version();
         book.add(2, 1.0, 0, None, || None);
@@ -669,7 +770,7 @@ mod tests {
     fn a_capped_answer_resumes_where_it_stopped() {
         let mut book = CounterBook::default();
         for id in 1..=5 {
-            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0)));
+            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0).into()));
         }
         let first = book.changed_since(0, 2, 0);
         assert_eq!(ids(&first), [1, 2]);
@@ -681,8 +782,8 @@ mod tests {
     #[test]
     fn version_zero_skips_counters_back_at_the_floor() {
         let mut book = CounterBook::default();
-        book.add(1, 5.0, 0, None, || Some(Counting::Leak(1.0)));
-        book.add(2, 500.0, 0, None, || Some(Counting::Leak(1.0)));
+        book.add(1, 5.0, 0, None, || Some(Counting::Leak(1.0).into()));
+        book.add(2, 500.0, 0, None, || Some(Counting::Leak(1.0).into()));
         assert_eq!(ids(&book.changed_since(0, 10, 10 * SEC)), [2]);
         // An incremental reader still learns both changed.
         assert_eq!(book.changed_since(0, 10, 0).counters.len(), 2);
@@ -692,12 +793,12 @@ mod tests {
     fn removed_counters_leave_the_list_and_their_slot_is_reused() {
         let mut book = CounterBook::default();
         for id in 1..=3 {
-            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0)));
+            book.add(id, 1.0, 0, None, || Some(Counting::Leak(0.0).into()));
         }
         book.remove(2);
         book.remove(7);
         assert_eq!(ids(&book.changed_since(0, 10, 0)), [1, 3]);
-        book.add(4, 1.0, 0, None, || Some(Counting::Leak(0.0)));
+        book.add(4, 1.0, 0, None, || Some(Counting::Leak(0.0).into()));
         assert_eq!(book.slots.len(), 3);
         assert_eq!(ids(&book.changed_since(0, 10, 0)), [1, 3, 4]);
         book.remove(1);
@@ -708,10 +809,32 @@ mod tests {
     }
 
     #[test]
+    fn levels_are_cut_to_the_cap_and_a_new_cap_applies_from_the_next_update() {
+        let mut book = CounterBook::default();
+        let rule = CounterRule {
+            cap: 100.0,
+            ..Counting::Leak(10.0).into()
+        };
+        assert!(book.add(1, 1e15, 0, None, || Some(rule)));
+        assert_eq!(book.view(1, 0).unwrap().level, 100.0);
+        assert_eq!(book.capped(), 1);
+        // It drains from the cap: 9 s at 10/s.
+        assert_eq!(book.view(1, 9 * SEC).unwrap().level, 10.0);
+        book.add(1, 5.0, 9 * SEC, None, || None);
+        assert_eq!(
+            (book.view(1, 9 * SEC).unwrap().level, book.capped()),
+            (15.0, 1)
+        );
+        book.set_counting(1, false, CounterRule { cap: 12.0, ..rule }, 9 * SEC);
+        book.add(1, 1.0, 9 * SEC, None, || None);
+        assert_eq!(book.view(1, 9 * SEC).unwrap().level, 12.0);
+    }
+
+    #[test]
     fn a_limit_change_leaks_at_the_old_rate_first() {
         let mut book = CounterBook::default();
-        book.add(1, 100.0, 0, None, || Some(Counting::Leak(10.0)));
-        book.set_counting(1, false, Counting::Leak(0.0), 5 * SEC);
+        book.add(1, 100.0, 0, None, || Some(Counting::Leak(10.0).into()));
+        book.set_counting(1, false, Counting::Leak(0.0).into(), 5 * SEC);
         // 50 leaked at 10/s, then nothing more at 0/s.
         assert_eq!(book.view(1, 100 * SEC).unwrap().level, 50.0);
     }
@@ -720,7 +843,7 @@ mod tests {
     fn fill_rate_follows_the_incoming_weight_and_decays_when_idle() {
         let mut book = CounterBook::default();
         for s in 0..10 {
-            book.add(1, 100.0, s * SEC, None, || Some(Counting::Leak(0.0)));
+            book.add(1, 100.0, s * SEC, None, || Some(Counting::Leak(0.0).into()));
         }
         let busy = book.view(1, 10 * SEC).unwrap().fill_rate;
         assert!((busy - 100.0).abs() < 1.0, "{busy}");
@@ -732,7 +855,7 @@ mod tests {
     fn newest_first_walks_from_the_last_update_back() {
         let mut book = CounterBook::default();
         for id in 1..=3 {
-            book.add(id, 10.0, 0, None, || Some(Counting::Leak(1.0)));
+            book.add(id, 10.0, 0, None, || Some(Counting::Leak(1.0).into()));
         }
         book.add(1, 5.0, SEC, None, || None);
         let walked: Vec<(u64, f64)> = book
@@ -748,7 +871,7 @@ mod tests {
         let mut book = CounterBook::default();
         for limiter in 0..(MAX_SEEN as u32 + 3) {
             book.add(1, 1.0, u64::from(limiter) * SEC, Some(limiter), || {
-                Some(Counting::Leak(0.0))
+                Some(Counting::Leak(0.0).into())
             });
         }
         book.add(1, 1.0, 100 * SEC, Some(5), || None);

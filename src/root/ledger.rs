@@ -7,9 +7,10 @@
 use crate::core::{Nanos, Quota};
 use crate::wire::{CounterKey, SyncRequest, SyncResponse};
 
-use super::counter_book::{ChangedCounters, CounterBook, Delta};
+use super::counter_book::{AllowanceShape, ChangedCounters, CounterBook, Delta};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
+use super::trust::{counter_rule, Allowances, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +32,10 @@ pub struct SyncStep {
     pub applied: usize,
     /// Deltas for unknown or deleted quotas, dropped.
     pub ignored: usize,
+    /// Deltas cut to the limiter's allowance (in part or whole).
+    pub clipped: usize,
+    /// Weight cut from them.
+    pub clipped_weight: f64,
 }
 
 impl SyncStep {
@@ -71,6 +76,10 @@ pub struct LedgerStats {
     pub keys_refused: u64,
     /// Key counters forgotten after draining.
     pub keys_forgotten: u64,
+    /// Counter updates cut to the level cap.
+    pub levels_capped: u64,
+    /// Limiter allowances held (limiter and counter pairs not at full).
+    pub allowances: usize,
     /// Epoch of the last quota loaded.
     pub epoch: u64,
     /// Last counter version handed out.
@@ -80,7 +89,7 @@ pub struct LedgerStats {
 }
 
 /// Quotas, counters and limiters of one root.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Ledger {
     /// The quota set loaded from the database.
     pub quotas: QuotaBook,
@@ -91,6 +100,24 @@ pub struct Ledger {
     /// UTC nanoseconds minus the root's clock: where window quotas' windows
     /// fall (0 in a simulation, whose clock is its own).
     pub utc_offset: i64,
+    /// What each limiter may still add to each counter.
+    pub allowances: Allowances,
+    /// Seconds of `limit` above two `high_burst`s at which a leaky
+    /// counter is capped (see [`super::trust`]).
+    pub level_cap_seconds: f64,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            quotas: QuotaBook::default(),
+            counters: CounterBook::default(),
+            limiters: Limiters::default(),
+            utc_offset: 0,
+            allowances: Allowances::default(),
+            level_cap_seconds: DEFAULT_CAP_SECONDS,
+        }
+    }
 }
 
 impl Ledger {
@@ -110,8 +137,10 @@ impl Ledger {
         for quota in quotas {
             match self.quotas.load(quota) {
                 QuotaChange::Live { id, per_key } => {
-                    if let Some(counting) = self.quotas.counting(id, per_key, self.utc_offset) {
-                        self.counters.set_counting(id, per_key, counting, now);
+                    if let Some(quota) = self.quotas.counting_quota(id, per_key) {
+                        let rule =
+                            counter_rule(quota, self.utc_offset, self.level_cap_seconds, now);
+                        self.counters.set_counting(id, per_key, rule, now);
                     }
                 }
                 QuotaChange::Deleted { id } => self.counters.remove(id),
@@ -122,8 +151,9 @@ impl Ledger {
         changed
     }
 
-    /// One sync: applies the request's deltas at `now`, then collects the
-    /// quotas and counters the limiter has not seen.
+    /// One sync: applies the request's deltas at `now`, each cut to what
+    /// the limiter may still add ([`Allowances`]) and the counter to its
+    /// cap, then collects the quotas and counters the limiter has not seen.
     ///
     /// The request must have been checked (see `api::sync`); nothing here
     /// fails. The counter version the limiter sent counts only when it
@@ -138,7 +168,12 @@ impl Ledger {
         now: Nanos,
         paging: SyncPaging,
     ) -> SyncStep {
-        let limiter = self.limiters.touch(&request.limiter, now);
+        // A limiter's first sync carries what it admitted before: as much
+        // refill as any sync may claim without state.
+        let caller = self
+            .limiters
+            .touch_since(&request.limiter, now, FREE_SECONDS);
+        let limiter = caller.map(|(index, _)| index);
         let mut step = SyncStep::default();
         let delta = |weight: u64, window| Delta {
             weight: weight as f64,
@@ -157,18 +192,39 @@ impl Ledger {
                 (counter, delta(d.1, group.window))
             })
         });
-        let utc_offset = self.utc_offset;
+        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         for (counter, delta) in named.chain(keyed) {
             let quotas = &self.quotas;
             // A named delta counts on a plain quota, a key's on a template.
-            let counting_of = || quotas.counting(counter.id, counter.key != 0, utc_offset);
-            if self
+            // Looked up only for a counter the root does not hold yet.
+            let rule_of = || {
+                let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
+                Some(counter_rule(quota, utc_offset, cap_seconds, now))
+            };
+            let allowances = &mut self.allowances;
+            let allow = |shape: &AllowanceShape| {
+                allowances.admit(caller, counter, shape, delta.weight, now)
+            };
+            match self
                 .counters
-                .add_counter(counter, delta, now, limiter, counting_of)
+                .add_allowed(counter, delta, now, limiter, rule_of, allow)
             {
-                step.applied += 1;
-            } else {
-                step.ignored += 1;
+                None => step.ignored += 1,
+                Some(added) => {
+                    if added < delta.weight {
+                        step.clipped += 1;
+                        step.clipped_weight += delta.weight - added;
+                    }
+                    if added > 0.0 {
+                        step.applied += 1;
+                    }
+                }
+            }
+        }
+        if step.clipped > 0 {
+            if let Some(index) = limiter {
+                self.limiters
+                    .clipped(index, step.clipped as u64, step.clipped_weight, now);
             }
         }
         for &(id, count) in &request.rejected {
@@ -207,6 +263,8 @@ impl Ledger {
             keys: self.counters.keys(),
             keys_refused: self.counters.keys_refused(),
             keys_forgotten: self.counters.keys_forgotten(),
+            levels_capped: self.counters.capped(),
+            allowances: self.allowances.len(),
             epoch: self.quotas.cursor().epoch,
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
@@ -508,6 +566,30 @@ mod tests {
         );
         assert_eq!((step.applied, step.ignored), (2, 1));
         assert_eq!(ledger.counters.keys_refused(), 1);
+    }
+
+    #[test]
+    fn deltas_are_cut_to_the_limiters_allowance_and_levels_to_the_cap() {
+        let mut ledger = Ledger::default();
+        // limit 10, high_burst 200, level_cap_seconds 5: allowance
+        // 2 * (200 + 10 * 5) = 500 per limiter; cap 2 * 200 + 10 * 5 = 450.
+        ledger.load(vec![quota(1, 10.0, 1)], 0);
+        let a = ledger.sync(&request("a", 0, &[(1, 1 << 50)]), INSTANCE, 0, PAGING);
+        assert_eq!((a.applied, a.clipped), (1, 1));
+        assert_eq!(a.clipped_weight, (1u64 << 50) as f64 - 500.0);
+        assert_eq!(level_of(&a, 1), Some(450.0));
+        let b = ledger.sync(&request("b", 0, &[(1, 100)]), INSTANCE, 0, PAGING);
+        assert_eq!((b.clipped, level_of(&b, 1)), (0, Some(450.0)));
+        assert_eq!(ledger.stats().levels_capped, 2);
+        let info = ledger.limiters.get(0).unwrap();
+        assert_eq!((info.name.as_ref(), info.clipped), ("a", 1));
+        // Drained at 10/s from the cap: under high_burst after 25 s.
+        let view = ledger.counters.view(1, 26 * SEC).unwrap();
+        assert!(view.level < 200.0, "{}", view.level);
+        // a's allowance refilled at 20/s meanwhile: 40 in 2 s, the rest
+        // cut.
+        let a = ledger.sync(&request("a", 0, &[(1, 1000)]), INSTANCE, 2 * SEC, PAGING);
+        assert_eq!(a.clipped_weight, 960.0);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::wire::ClockReport;
 pub const MAX_LIMITERS: usize = 100_000;
 
 /// What the root knows about one limiter.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LimiterInfo {
     /// The limiter's id as it sends it.
     pub name: Box<str>,
@@ -24,6 +24,12 @@ pub struct LimiterInfo {
     pub syncs: u64,
     /// Its latest report of its clock offset to this root.
     pub clock: Option<ClockReport>,
+    /// Its deltas cut to its allowance (more than it could have admitted).
+    pub clipped: u64,
+    /// The weight cut from them.
+    pub clipped_weight: f64,
+    /// Root time of its last clipped delta.
+    pub last_clipped: Option<Nanos>,
 }
 
 /// Registry of limiters by id.
@@ -39,6 +45,12 @@ impl Limiters {
     /// Records a sync from `name` at `now`; returns the limiter's index, or
     /// `None` when the registry is full and `name` is new.
     pub fn touch(&mut self, name: &str, now: Nanos) -> Option<u32> {
+        self.touch_since(name, now, 0.0).map(|(index, _)| index)
+    }
+
+    /// As [`Self::touch`], with the seconds since the limiter's previous
+    /// sync (`first` for its first).
+    pub fn touch_since(&mut self, name: &str, now: Nanos, first: f64) -> Option<(u32, f64)> {
         let index = match self.index.get(name) {
             Some(&index) => index,
             None if self.list.len() >= MAX_LIMITERS => return None,
@@ -49,20 +61,37 @@ impl Limiters {
                     last_sync: now,
                     syncs: 0,
                     clock: None,
+                    clipped: 0,
+                    clipped_weight: 0.0,
+                    last_clipped: None,
                 });
                 self.index.insert(name.into(), index);
                 index
             }
         };
         let info = &mut self.list[index as usize];
+        let since = if info.syncs == 0 {
+            first
+        } else {
+            crate::core::counter::seconds_between(info.last_sync, now)
+        };
         info.last_sync = now;
         info.syncs += 1;
-        Some(index)
+        Some((index, since))
     }
 
     /// A limiter by index.
     pub fn get(&self, index: u32) -> Option<&LimiterInfo> {
         self.list.get(index as usize)
+    }
+
+    /// Counts `deltas` of limiter `index` clipped at `now`, `weight` cut.
+    pub fn clipped(&mut self, index: u32, deltas: u64, weight: f64, now: Nanos) {
+        if let Some(info) = self.list.get_mut(index as usize) {
+            info.clipped += deltas;
+            info.clipped_weight += weight;
+            info.last_clipped = Some(now);
+        }
     }
 
     /// Keeps the clock offset `name` reported with its sync.

@@ -23,14 +23,17 @@ pub enum SyncResult {
     Unauthorized,
     /// Not ready yet (503).
     Unavailable,
+    /// A token that may not write as the limiter named (403).
+    Forbidden,
 }
 
 impl SyncResult {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::Ok,
         Self::Rejected,
         Self::Unauthorized,
         Self::Unavailable,
+        Self::Forbidden,
     ];
 
     fn label(self) -> &'static str {
@@ -39,6 +42,7 @@ impl SyncResult {
             Self::Rejected => "rejected",
             Self::Unauthorized => "unauthorized",
             Self::Unavailable => "unavailable",
+            Self::Forbidden => "forbidden",
         }
     }
 }
@@ -76,15 +80,18 @@ pub enum Rejection {
     Unauthorized,
     /// The body did not arrive within `body_timeout`.
     BodyTimeout,
+    /// A valid token that may not do this (a sync as another limiter).
+    Forbidden,
 }
 
 impl Rejection {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
         Self::Unauthorized,
         Self::BodyTimeout,
+        Self::Forbidden,
     ];
 
     fn label(self) -> &'static str {
@@ -94,6 +101,7 @@ impl Rejection {
             Self::Invalid => "invalid",
             Self::Unauthorized => "unauthorized",
             Self::BodyTimeout => "body_timeout",
+            Self::Forbidden => "forbidden",
         }
     }
 }
@@ -144,19 +152,23 @@ impl Histogram {
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// Sync requests by [`SyncResult`].
-    syncs: [AtomicU64; 4],
+    syncs: [AtomicU64; 5],
     /// Time to handle a sync (parse to serialised reply).
     pub sync_seconds: Histogram,
     /// Deltas added to counters.
     deltas_applied: AtomicU64,
     /// Deltas dropped: unknown or deleted quota.
     deltas_ignored: AtomicU64,
+    /// Deltas cut to the limiter's allowance.
+    deltas_clipped: AtomicU64,
+    /// Weight cut from them (whole units, rounded down per sync).
+    weight_clipped: AtomicU64,
     /// Quotas sent in sync replies.
     quotas_sent: AtomicU64,
     /// Counters sent in sync replies.
     counters_sent: AtomicU64,
     /// Refused requests by [`Api`] and [`Rejection`].
-    rejected: [[AtomicU64; 5]; 2],
+    rejected: [[AtomicU64; 6]; 2],
     /// Admin writes committed.
     admin_writes: AtomicU64,
     /// Quota reloads that succeeded / failed.
@@ -182,6 +194,22 @@ pub struct Scrape {
     pub backend: &'static str,
     /// Open connections and what admission did.
     pub connections: ConnectionStats,
+    /// Limiters whose deltas were clipped, most clipped first (at most
+    /// [`CLIPPED_SERIES`]): id, deltas clipped, weight clipped.
+    pub clipped: Vec<(Box<str>, u64, f64)>,
+    /// Limiters with a token of their own (`None`: no tokens file).
+    pub limiter_tokens: Option<usize>,
+    /// Rereads of the tokens file that took and that failed.
+    pub token_reloads: (u64, u64),
+}
+
+/// Most per-limiter series of clipped deltas on `/metrics`.
+pub const CLIPPED_SERIES: usize = 100;
+
+/// A Prometheus label value: `\` and `"` escaped (limiter ids may hold
+/// any printable ASCII).
+fn label_value(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
 impl Metrics {
@@ -199,6 +227,14 @@ impl Metrics {
         self.quotas_sent.fetch_add(quotas as u64, Ordering::Relaxed);
         self.counters_sent
             .fetch_add(counters as u64, Ordering::Relaxed);
+    }
+
+    /// Counts deltas clipped to their limiter's allowance.
+    pub fn clipped(&self, deltas: usize, weight: f64) {
+        self.deltas_clipped
+            .fetch_add(deltas as u64, Ordering::Relaxed);
+        self.weight_clipped
+            .fetch_add(weight.min(u64::MAX as f64) as u64, Ordering::Relaxed);
     }
 
     /// Counts a refused request.
@@ -259,6 +295,16 @@ impl Metrics {
                 "sync_deltas_ignored_total",
                 "Deltas for unknown or deleted quotas.",
                 &self.deltas_ignored,
+            ),
+            (
+                "sync_deltas_clipped_total",
+                "Deltas cut to what their limiter could have admitted.",
+                &self.deltas_clipped,
+            ),
+            (
+                "sync_weight_clipped_total",
+                "Weight cut from deltas larger than their limiter could have admitted.",
+                &self.weight_clipped,
             ),
             (
                 "sync_quotas_sent_total",
@@ -322,8 +368,73 @@ impl Metrics {
             get(&self.reloads[1]),
         );
         render_state(scrape, &mut out);
+        render_trust(scrape, &mut out);
         render_connections(&scrape.connections, &mut out);
         out
+    }
+}
+
+fn render_trust(scrape: &Scrape, out: &mut String) {
+    let s = &scrape.stats;
+    family(
+        out,
+        "levels_capped_total",
+        "counter",
+        "Counter updates cut to the quota's level cap.",
+    );
+    sample(out, "levels_capped_total", "", s.levels_capped);
+    family(
+        out,
+        "allowances",
+        "gauge",
+        "Limiter allowances held (limiter and counter pairs not back at full).",
+    );
+    sample(out, "allowances", "", s.allowances as u64);
+    family(
+        out,
+        "limiter_deltas_clipped_total",
+        "counter",
+        "Deltas cut to their limiter's allowance, by limiter (the most clipped 100).",
+    );
+    for (limiter, deltas, _) in &scrape.clipped {
+        let labels = format!("limiter=\"{}\"", label_value(limiter));
+        sample(out, "limiter_deltas_clipped_total", &labels, *deltas);
+    }
+    family(
+        out,
+        "limiter_weight_clipped_total",
+        "counter",
+        "Weight cut from deltas, by limiter (the most clipped 100).",
+    );
+    for (limiter, _, weight) in &scrape.clipped {
+        let labels = format!("limiter=\"{}\"", label_value(limiter));
+        let _ = writeln!(
+            out,
+            "sluice_root_limiter_weight_clipped_total{{{labels}}} {weight}"
+        );
+    }
+    if let Some(n) = scrape.limiter_tokens {
+        family(
+            out,
+            "limiter_tokens",
+            "gauge",
+            "Limiters with a sync token of their own (limiter_tokens_file).",
+        );
+        sample(out, "limiter_tokens", "", n as u64);
+        family(
+            out,
+            "limiter_tokens_reloads_total",
+            "counter",
+            "Rereads of the limiter tokens file after it changed, by result.",
+        );
+        let (ok, failed) = scrape.token_reloads;
+        sample(out, "limiter_tokens_reloads_total", "result=\"ok\"", ok);
+        sample(
+            out,
+            "limiter_tokens_reloads_total",
+            "result=\"failed\"",
+            failed,
+        );
     }
 }
 
@@ -519,6 +630,9 @@ mod tests {
                 closed: [0, 0, 0, 3, 0],
                 ..ConnectionStats::default()
             },
+            clipped: vec![("web\"1".into(), 4, 1e6)],
+            limiter_tokens: Some(2),
+            token_reloads: (1, 0),
         }
     }
 
@@ -548,6 +662,11 @@ mod tests {
             "sluice_root_connections_closed_total{reason=\"shed_per_address\"} 3",
             "sluice_root_rejected_requests_total{api=\"admin\",reason=\"body_timeout\"} 0",
             "sluice_root_info{instance=\"0000000000000abc\",backend=\"sqlite\"",
+            "sluice_root_limiter_deltas_clipped_total{limiter=\"web\\\"1\"} 4",
+            "sluice_root_limiter_weight_clipped_total{limiter=\"web\\\"1\"} 1000000",
+            "sluice_root_limiter_tokens 2",
+            "sluice_root_limiter_tokens_reloads_total{result=\"ok\"} 1",
+            "sluice_root_syncs_total{result=\"forbidden\"} 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -19,6 +19,9 @@
 //!   trust, header/idle/send timeouts.
 //! - `config.rs` — [`RootConfig`] from a TOML file and flags.
 //! - `auth.rs` — bearer tokens, compared in constant time.
+//! - `credentials.rs` — who may sync as which limiter: the shared sync
+//!   token and per-limiter tokens (`limiter_tokens_file`), reloaded when
+//!   the file changes.
 //! - `state.rs` — what handlers and tasks share; reload and write rules.
 //! - `reload.rs` — the periodic reload from the database.
 //! - `health.rs` — readiness, database state, rate-limited outage logs.
@@ -26,7 +29,9 @@
 //!   in:
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
 //!   - `counter_book.rs` — counters with their version-ordered list;
-//!   - `limiters.rs` — the limiters that synced.
+//!   - `limiters.rs` — the limiters that synced;
+//!   - `trust.rs` — the level cap and per-limiter allowances: how much of
+//!     a limiter's deltas a root believes.
 //! - `store/` — the database: schema migrations (`migrations/`), epochs,
 //!   single writes, bulk apply.
 //! - `api/` — the HTTP handlers and error replies, the overview and the
@@ -38,6 +43,7 @@ pub mod auth;
 pub mod config;
 pub mod connections;
 pub mod counter_book;
+pub mod credentials;
 pub mod health;
 pub mod ledger;
 pub mod limiters;
@@ -49,6 +55,7 @@ pub mod server;
 pub mod shutdown;
 pub mod state;
 pub mod store;
+pub mod trust;
 
 pub use config::{RootArgs, RootConfig};
 pub use server::{bind_and_run, run, RootError};

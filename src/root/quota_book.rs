@@ -166,13 +166,20 @@ impl QuotaBook {
         self.by_id.get(&id).filter(|q| !q.deleted).map(|q| q.limit)
     }
 
-    /// How live quota `id` counts, when it counts `keyed` counters: a
-    /// per-key template's keys (`keyed`), or a plain quota itself; window
-    /// rules place windows with `utc_offset`.
-    pub fn counting(&self, id: u64, keyed: bool, utc_offset: i64) -> Option<Counting> {
+    /// Live quota `id`, when it counts `keyed` counters: a per-key
+    /// template's keys (`keyed`), or a plain quota itself.
+    pub fn counting_quota(&self, id: u64, keyed: bool) -> Option<&Quota> {
         self.by_id
             .get(&id)
             .filter(|q| !q.deleted && q.per_key == keyed)
+            .map(|q| q.as_ref())
+    }
+
+    /// How live quota `id` counts, when it counts `keyed` counters (see
+    /// [`Self::counting_quota`]); window rules place windows with
+    /// `utc_offset`.
+    pub fn counting(&self, id: u64, keyed: bool, utc_offset: i64) -> Option<Counting> {
+        self.counting_quota(id, keyed)
             .map(|q| Counting::of(q.limit, q.window_rule(utc_offset)))
     }
 

@@ -1,4 +1,5 @@
-//! The reload task: rereads changed quotas every interval.
+//! The reload task: rereads changed quotas every interval (and the
+//! limiter tokens file when it changed).
 //!
 //! The same loop is the root's connection to the database: on start it
 //! keeps trying (migrating the schema on first contact) until the quotas are
@@ -19,6 +20,7 @@ pub async fn run(state: Arc<RootState>, mut shutdown: Shutdown) {
             _ = shutdown.wait() => break,
         }
         state.forget_drained_keys();
+        state.credentials.reload_if_changed();
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.wait() => break,

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 
 use super::config::{ConfigError, RootConfig};
 use super::connections::SHED_SLACK;
+use super::credentials::Credentials;
 use super::shutdown;
 use super::state::RootState;
 use super::store::{redact_url, StoreError};
@@ -55,7 +56,12 @@ pub async fn run(
 ) -> Result<(), RootError> {
     let open_files = raise_open_file_limit();
     check_open_file_limit(config.max_connections, open_files)?;
-    let state = Arc::new(RootState::new(config)?);
+    let credentials = Credentials::load(
+        config.sync_token.clone(),
+        config.limiter_tokens_file.clone(),
+    )
+    .map_err(|e| ConfigError(e.to_string()))?;
+    let state = Arc::new(RootState::new(config, credentials)?);
     let (trigger, signal) = shutdown::channel();
     let address = listener.local_addr()?;
     let c = &state.config;
@@ -66,6 +72,7 @@ pub async fn run(
         reload_interval_ms = c.reload_interval.as_millis() as u64,
         admin_token = c.admin_token.is_some(),
         sync_token = c.sync_token.is_some(),
+        limiter_tokens = c.limiter_tokens_file.as_ref().map(|_| state.credentials.limiters()),
         max_connections = c.max_connections,
         max_connections_per_address = c.max_connections_per_address,
         open_file_limit = open_files,

@@ -12,6 +12,7 @@ use crate::wire::QuotaCursor;
 
 use super::config::RootConfig;
 use super::connections::Connections;
+use super::credentials::{Credentials, LogGate};
 use super::health::Health;
 use super::ledger::Ledger;
 use super::metrics::{Metrics, Scrape};
@@ -39,6 +40,12 @@ pub struct RootState {
     pub metrics: Metrics,
     /// The open connections: admission, trust, timeouts.
     pub connections: Arc<Connections>,
+    /// Who may sync as which limiter.
+    pub credentials: Credentials,
+    /// Refused syncs are logged once a minute per limiter id.
+    pub forbidden_log: LogGate,
+    /// Clipped deltas are logged once a minute per limiter.
+    pub clipped_log: LogGate,
     /// Random id of this process, sent in every sync reply so limiters
     /// notice a restart (and the counters that went with it).
     pub instance: u64,
@@ -53,8 +60,9 @@ pub struct RootState {
 }
 
 impl RootState {
-    /// State for `config`; the database is connected lazily.
-    pub fn new(config: RootConfig) -> Result<Self, StoreError> {
+    /// State for `config` with its sync `credentials`; the database is
+    /// connected lazily.
+    pub fn new(config: RootConfig, credentials: Credentials) -> Result<Self, StoreError> {
         let store = Store::open(&config.db, config.db_timeout, MAX_DB_CONNECTIONS)?
             .with_query_timeout(config.db_query_timeout);
         let ledger = Ledger {
@@ -62,10 +70,14 @@ impl RootState {
             // limiter places windows by its roots'): read once, so it moves
             // with the monotonic clock, not with steps of the system clock.
             utc_offset: crate::clock::utc_offset(),
+            level_cap_seconds: config.level_cap_seconds,
             ..Ledger::with_max_keys(config.max_keys)
         };
         Ok(Self {
             connections: Connections::new(config.connection_limits()),
+            credentials,
+            forbidden_log: LogGate::default(),
+            clipped_log: LogGate::default(),
             config,
             store,
             ledger: Mutex::new(ledger),
@@ -86,12 +98,14 @@ impl RootState {
     }
 
     /// Forgets a slice of the key counters that have drained (the whole
-    /// book about once a minute when called every second).
+    /// book about once a minute when called every second), and every
+    /// limiter allowance back at full.
     pub fn forget_drained_keys(&self) {
         let now = self.now();
         let mut ledger = self.ledger();
         let budget = (ledger.counters.len() / 60).max(1000);
         ledger.counters.forget_drained(budget, now);
+        ledger.allowances.forget_refilled(now);
     }
 
     /// Locks the in-memory state.
@@ -211,15 +225,24 @@ impl RootState {
     /// What `/metrics` reads besides event counts.
     pub fn scrape(&self) -> Scrape {
         let now = self.now();
-        let (stats, active_limiters) = {
+        let (stats, active_limiters, mut clipped) = {
             let ledger = self.ledger();
+            let clipped: Vec<(Box<str>, u64, f64)> = ledger
+                .limiters
+                .iter()
+                .filter(|l| l.clipped > 0)
+                .map(|l| (l.name.clone(), l.clipped, l.clipped_weight))
+                .collect();
             (
                 ledger.stats(),
                 ledger
                     .limiters
                     .active_since(now.saturating_sub(ACTIVE_WINDOW)),
+                clipped,
             )
         };
+        clipped.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        clipped.truncate(super::metrics::CLIPPED_SERIES);
         Scrape {
             stats,
             active_limiters,
@@ -227,6 +250,13 @@ impl RootState {
             instance: self.instance,
             backend: self.store.backend().name(),
             connections: self.connections.stats(),
+            clipped,
+            limiter_tokens: self
+                .config
+                .limiter_tokens_file
+                .as_ref()
+                .map(|_| self.credentials.limiters()),
+            token_reloads: self.credentials.reloads(),
         }
     }
 }

@@ -63,6 +63,7 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
         sim.series.key_refused += stats.refused;
         sim.series.key_inserts += stats.inserts;
     }
+    sim.series.deltas_clipped = sim.roots.iter().map(|r| r.clipped).sum();
     sim.series
 }
 
@@ -256,12 +257,20 @@ impl<'a> Sim<'a> {
             .map(|_| (net_rng.next_unit() * 2.0 - 1.0) * ROOT_CLOCK_SPREAD as f64)
             .map(|o| o as i64)
             .collect();
+        // The roots' level cap covers the longest reservation wait, as an
+        // operator sets `level_cap_seconds` for a fleet that paces.
+        let longest_wait = s
+            .load
+            .iter()
+            .filter_map(|l| l.pace.map(|p| p.max_wait_ms / 1e3))
+            .fold(crate::root::trust::DEFAULT_CAP_SECONDS, f64::max);
         let roots = (0..if s.local_limits { 0 } else { s.roots })
             .map(|r| {
                 let started = CLOCK_BASE.saturating_add_signed(root_offsets[r]);
                 // Root time 0 is the simulation's (UTC) time 0.
                 let utc_offset = -(started as i64);
                 SimRoot::new(&quotas, net_rng.next_u64() | 1, started, utc_offset)
+                    .with_level_cap_seconds(longest_wait)
             })
             .collect();
         let interval = millis(s.sync.interval_ms);

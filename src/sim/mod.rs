@@ -281,6 +281,15 @@ pub fn summary(checked: &Checked, r: &RunResult) -> String {
             q.name, t.offered, t.admitted, t.rejected, q.limit
         );
     }
+    if !s.local_limits {
+        // Roots clip what a host could not have admitted: an honest fleet
+        // never sees it.
+        let _ = writeln!(
+            out,
+            "   deltas the roots clipped as implausible: {}",
+            r.series.deltas_clipped
+        );
+    }
     out.push_str(&report::text_table(&r.rows));
     out
 }

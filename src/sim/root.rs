@@ -29,6 +29,13 @@ pub struct SimRoot {
     pub up: bool,
     /// UTC minus this root's clock (the simulation's UTC is its own time).
     pub utc_offset: i64,
+    /// Deltas this root cut to their limiter's allowance, over every
+    /// start: an honest fleet never has any.
+    pub clipped: u64,
+    /// Root time of the last sweep of full allowances.
+    swept_at: Nanos,
+    /// The root's `level_cap_seconds`.
+    level_cap_seconds: f64,
 }
 
 impl SimRoot {
@@ -46,10 +53,22 @@ impl SimRoot {
             instance,
             up: true,
             utc_offset,
+            clipped: 0,
+            swept_at: now,
+            level_cap_seconds: crate::root::trust::DEFAULT_CAP_SECONDS,
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
         root
+    }
+
+    /// Sets the root's `level_cap_seconds` (as its operator would, to the
+    /// fleet's longest reservation wait).
+    pub fn with_level_cap_seconds(mut self, seconds: f64) -> Self {
+        // Before any counter exists: each gets its cap when created.
+        self.level_cap_seconds = seconds;
+        self.ledger.level_cap_seconds = seconds;
+        self
     }
 
     /// Stops answering; the counters are gone (roots keep them in memory
@@ -71,6 +90,7 @@ impl SimRoot {
     fn empty_ledger(&self) -> Ledger {
         Ledger {
             utc_offset: self.utc_offset,
+            level_cap_seconds: self.level_cap_seconds,
             ..Ledger::default()
         }
     }
@@ -83,13 +103,16 @@ impl SimRoot {
     /// Applies a sync request at root time `now` and builds the answer, as
     /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
-        let response = self
-            .ledger
-            .sync(request, self.instance, now, self.paging)
-            .into_response(self.instance, now, self.ledger.utc_offset);
+        let step = self.ledger.sync(request, self.instance, now, self.paging);
+        self.clipped += step.clipped as u64;
+        let response = step.into_response(self.instance, now, self.ledger.utc_offset);
         // As the real root's reload task does every second, a slice at a
-        // time: drained keys are forgotten.
+        // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);
+        if now.saturating_sub(self.swept_at) >= 1_000_000_000 {
+            self.ledger.allowances.forget_refilled(now);
+            self.swept_at = now;
+        }
         response
     }
 }

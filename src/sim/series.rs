@@ -108,6 +108,9 @@ pub struct Series {
     pub key_refused: u64,
     /// Keys the hosts gave an entry (over the run).
     pub key_inserts: u64,
+    /// Deltas the roots cut to their limiter's allowance (over the run):
+    /// zero unless a host sent more than it could have admitted.
+    pub deltas_clipped: u64,
 }
 
 /// Traffic of each key of one keyed load, per second.
@@ -160,6 +163,7 @@ impl Series {
             key_evictions: 0,
             key_refused: 0,
             key_inserts: 0,
+            deltas_clipped: 0,
         }
     }
 

@@ -345,3 +345,35 @@ fn paced_senders_send_at_the_limit_and_none_is_refused() {
     let t = r.series.quotas[0].total(0.0, 30.0);
     assert_eq!(t.sent, t.admitted);
 }
+
+#[test]
+fn an_honest_fleet_is_never_clipped() {
+    for text in [STEADY, STEP, KEYS] {
+        for mode in Mode::ALL {
+            let r = run(text, 2, mode);
+            assert_eq!(r.series.deltas_clipped, 0, "{mode:?}:\n{text}");
+        }
+    }
+}
+
+/// Every standard scenario, whole (slow: `cargo test --release --lib
+/// sim::tests::standard_scenarios -- --ignored --nocapture`): no root
+/// ever clips an honest host's deltas, with every extrapolation mode,
+/// hosts failing, roots failing, early syncs, keys, windows and pacing.
+#[test]
+#[ignore]
+fn standard_scenarios_never_clip_an_honest_fleet() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/scenarios");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let checked = load(&path).unwrap();
+        let r = run_scenario(&checked, None, None);
+        println!("{}: {} deltas clipped", r.name, r.series.deltas_clipped);
+        assert_eq!(r.series.deltas_clipped, 0, "{}", path.display());
+    }
+}

@@ -88,6 +88,15 @@ impl ApiError {
         }
     }
 
+    /// 403 for a sync whose token may not write as the limiter it names.
+    pub fn forbidden(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field.into()),
+            rejection: Some(Rejection::Forbidden),
+            ..Self::new(StatusCode::FORBIDDEN, message)
+        }
+    }
+
     /// 408 for a body that did not arrive within `body_timeout`; the
     /// connection is closed after the reply (the rest of the body is
     /// never read).

@@ -2,7 +2,7 @@
 //!
 //! | route | auth | |
 //! |---|---|---|
-//! | `POST /v1/sync` | sync token | limiter sync ([`crate::wire`]) |
+//! | `POST /v1/sync` | sync token or the limiter's own | limiter sync ([`crate::wire`]) |
 //! | `GET /v1/quotas?prefix=&after=&limit=` | admin token | list quotas |
 //! | `GET/PUT/DELETE /v1/quotas/{name}` | admin token | one quota |
 //! | `GET /v1/quotas/{name}/keys?top=` | admin token | busiest keys of a per-key quota |
@@ -185,12 +185,37 @@ pub(crate) fn named_field(message: &str) -> Option<&str> {
     rest.split('`').next()
 }
 
+/// Admits a sync with the shared token or a limiter's own; the handler
+/// learns which ([`super::credentials::Caller`]) and checks the limiter id
+/// the body names against it.
 async fn require_sync_token(
     State(state): State<Arc<RootState>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    check_token(state.config.sync_token.as_ref(), "sync", request, next).await
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let Some(caller) = state.credentials.identify(presented) else {
+        return unauthorized("sync");
+    };
+    if state.credentials.required() {
+        // Its connection is a known client's: never shed it.
+        if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
+            connection.trust();
+        }
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+fn unauthorized(which: &str) -> Response {
+    let mut response = ApiError::unauthorized(which).into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 async fn require_admin_token(
@@ -218,11 +243,7 @@ async fn check_token(
                 connection.trust();
             }
         } else {
-            let mut response = ApiError::unauthorized(which).into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
+            return unauthorized(which);
         }
     }
     next.run(request).await

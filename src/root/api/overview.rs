@@ -239,6 +239,9 @@ pub struct RecentLimiter {
     pub clock_offset_seconds: Option<f64>,
     /// The round trip that offset comes from: its error is at most half.
     pub round_trip_seconds: Option<f64>,
+    /// Its deltas the root clipped as more than it could have admitted
+    /// (see [`crate::root::trust`]); 0 for an honest limiter.
+    pub clipped_deltas: u64,
 }
 
 /// What one look at the ledger found.
@@ -368,6 +371,7 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
             syncs: l.syncs,
             clock_offset_seconds: l.clock.map(|c| c.offset as f64 * SECS_PER_NANO),
             round_trip_seconds: l.clock.map(|c| c.round_trip as f64 * SECS_PER_NANO),
+            clipped_deltas: l.clipped,
         })
         .collect();
     out
@@ -638,7 +642,8 @@ mod tests {
         assert_eq!(names, ["full", "half", "fast", "parent"]);
         let full = &sample.quotas[0];
         assert_eq!(full.quota.parent.as_deref(), Some("parent"));
-        assert_eq!((full.quota.level, full.rejecting), (45.0, 1.0));
+        // 50 sent, kept at its cap 45 (2 x 20 + 1/s x 5 s), 5 leaked.
+        assert_eq!((full.quota.level, full.rejecting), (40.0, 1.0));
         assert_eq!(sample.totals.quotas_full, 1);
         assert_eq!(sample.totals.quotas_rejecting, 1);
         assert!(
@@ -675,6 +680,7 @@ mod tests {
                 syncs: 2,
                 clock_offset_seconds: Some(-2.0),
                 round_trip_seconds: Some(0.001),
+                clipped_deltas: 0,
             }]
         );
     }
@@ -686,7 +692,7 @@ mod tests {
             .collect();
         let spec: Vec<QuotaRow> = quotas
             .iter()
-            .map(|(id, name)| (*id, name.as_str(), None, 1.0, 10.0, 10.0))
+            .map(|(id, name)| (*id, name.as_str(), None, 1.0, 10.0, 200.0))
             .collect();
         let mut ledger = ledger_with(&spec);
         let deltas: Vec<(u64, u64)> = quotas.iter().map(|(id, _)| (*id, *id)).collect();
@@ -698,7 +704,7 @@ mod tests {
         assert_eq!(sample.quotas.len(), MAX_TOP);
         assert_eq!(sample.limiters.len(), RECENT_LIMITERS);
         assert_eq!(sample.limiters[0].id, format!("l{}", RECENT_LIMITERS + 4));
-        // The fullest first: q120 has level 120 - 1 against a high of 10.
+        // The fullest first: q120 has level 120 - 1 in a band of 10..200.
         assert_eq!(sample.quotas[0].quota.name, format!("q{}", MAX_TOP + 20));
     }
 

@@ -1,8 +1,11 @@
 //! `POST /v1/sync`: a limiter's deltas in, quota and counter changes out.
 //!
 //! The whole request is checked before anything is applied, so an absurd
-//! request (a malformed body, too many deltas, an impossible delta, a bad
-//! limiter id) changes nothing and gets a 400.
+//! request (a malformed body, too many deltas, an impossible delta, a
+//! counter named twice, a bad limiter id) changes nothing and gets a 400;
+//! a token that may not write as the limiter the body names gets a 403
+//! ([`crate::root::credentials`]). What is applied is cut to the
+//! limiter's allowances and the counters' caps ([`crate::root::trust`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,8 +14,11 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use crate::wire::{ClockReport, SyncRequest, CLOCK_HEADER};
+use rustc_hash::FxHashMap;
 
+use crate::wire::{ClockReport, CounterKey, SyncRequest, CLOCK_HEADER};
+
+use crate::root::credentials::{Caller, Forbidden};
 use crate::root::ledger::SyncPaging;
 use crate::root::metrics::SyncResult;
 use crate::root::state::RootState;
@@ -28,10 +34,14 @@ pub async fn sync(
         .headers()
         .get(CLOCK_HEADER)
         .and_then(|v| ClockReport::parse(v.to_str().ok()?));
+    let caller = body.extensions().get::<Caller>().cloned();
     let body = read_body(body, &state).await?;
     // Timed from here: parsing is part of the work, the upload is not.
     let started = Instant::now();
     let request: SyncRequest = parse_json(&body)?;
+    // The middleware always sets it; a route without it admits nobody.
+    let caller = caller.ok_or_else(|| ApiError::internal("sync without credentials"))?;
+    check_caller(&state, &caller, &request.limiter)?;
     if !state.health.is_ready() {
         return Err(ApiError::unavailable(
             "quotas not loaded yet: the root has not reached its database since it started",
@@ -57,6 +67,19 @@ pub async fn sync(
         step.quotas.quotas.len(),
         step.counters.counters.len(),
     );
+    if step.clipped > 0 {
+        state.metrics.clipped(step.clipped, step.clipped_weight);
+        if let Some(held_back) = state.clipped_log.pass(&request.limiter) {
+            tracing::warn!(
+                limiter = %request.limiter,
+                deltas = step.clipped,
+                weight = step.clipped_weight,
+                syncs_not_logged = held_back,
+                "clipped deltas larger than the limiter could have admitted \
+                 (its allowance: 2 x (high_burst + limit x level_cap_seconds), refilling at 2 x limit)"
+            );
+        }
+    }
     let ignored = step.ignored;
     let response = step.into_response(state.instance, now, utc_offset);
     let body = serde_json::to_vec(&response).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -72,11 +95,89 @@ pub async fn sync(
     Ok(json_bytes(StatusCode::OK, body))
 }
 
-/// Checks a sync request as a whole ([`SyncRequest::check`]).
+/// Refuses (403) a sync whose token may not write as `limiter`, and logs
+/// it at most once a minute per limiter id.
+fn check_caller(state: &RootState, caller: &Caller, limiter: &str) -> Result<(), ApiError> {
+    let Err(why) = state.credentials.permits(caller, limiter) else {
+        return Ok(());
+    };
+    let message = match &why {
+        Forbidden::OtherLimiter { token_of } => {
+            format!("this token is limiter {token_of:?}'s: it cannot sync as {limiter:?}")
+        }
+        Forbidden::SharedForListed => format!(
+            "limiter {limiter:?} has its own token in the root's limiter_tokens_file: \
+             the shared sync token cannot sync as it"
+        ),
+    };
+    if let Some(held_back) = state.forbidden_log.pass(limiter) {
+        tracing::warn!(
+            limiter,
+            refused_not_logged = held_back,
+            "sync refused: {message}"
+        );
+    }
+    Err(ApiError::forbidden("limiter", message))
+}
+
+/// Checks a sync request as a whole ([`SyncRequest::check`]), and that
+/// it names each counter once.
 pub fn check_request(request: &SyncRequest) -> Result<(), ApiError> {
     request
         .check()
-        .map_err(|e| ApiError::invalid(e.field, e.message))
+        .map_err(|e| ApiError::invalid(e.field, e.message))?;
+    check_unique(request)
+}
+
+/// Refuses a request that names one counter twice: a limiter owes each
+/// counter one delta per sync, so a repeat is a bug or a forgery, and
+/// summing repeats would let one sync add without bound. Named counters by
+/// quota id; keys by template and hash, across groups (a template may
+/// have one group per window, but a key is in one of them).
+fn check_unique(request: &SyncRequest) -> Result<(), ApiError> {
+    // Where each counter was first seen: (group, index), group `None` for
+    // a named delta.
+    let mut seen: FxHashMap<CounterKey, (Option<usize>, usize)> = FxHashMap::default();
+    seen.reserve(request.delta_count());
+    let named = request
+        .deltas
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (CounterKey::named(d.id), (None, i)));
+    let keyed = request.keyed.iter().enumerate().flat_map(|(g, group)| {
+        group.deltas.iter().enumerate().map(move |(i, d)| {
+            let counter = CounterKey {
+                id: group.id,
+                key: d.0,
+            };
+            (counter, (Some(g), i))
+        })
+    });
+    let field = |(group, i): (Option<usize>, usize)| match group {
+        None => format!("deltas[{i}].id"),
+        Some(g) => format!("keyed[{g}].deltas[{i}]"),
+    };
+    for (counter, at) in named.chain(keyed) {
+        // A key hash of 0 is refused on its own, with its reason.
+        if at.0.is_some() && counter.key == 0 {
+            continue;
+        }
+        if let Some(&first) = seen.get(&counter) {
+            let what = match at.0 {
+                None => format!("quota {}", counter.id),
+                Some(_) => format!("key {:016x} of template {}", counter.key, counter.id),
+            };
+            return Err(ApiError::invalid(
+                field(at),
+                format!(
+                    "{what} appears twice in one sync (also at {}): send one delta per counter",
+                    field(first)
+                ),
+            ));
+        }
+        seen.insert(counter, at);
+    }
+    Ok(())
 }
 
 /// How a sync reply's status is counted.
@@ -85,6 +186,7 @@ pub fn result_of(status: StatusCode) -> SyncResult {
         StatusCode::OK => SyncResult::Ok,
         StatusCode::UNAUTHORIZED => SyncResult::Unauthorized,
         StatusCode::SERVICE_UNAVAILABLE => SyncResult::Unavailable,
+        StatusCode::FORBIDDEN => SyncResult::Forbidden,
         _ => SyncResult::Rejected,
     }
 }
@@ -92,7 +194,7 @@ pub fn result_of(status: StatusCode) -> SyncResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{CounterDelta, MAX_DELTA, MAX_DELTAS_PER_SYNC};
+    use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, MAX_DELTA, MAX_DELTAS_PER_SYNC};
 
     fn request(limiter: &str, deltas: Vec<CounterDelta>) -> SyncRequest {
         SyncRequest {
@@ -134,15 +236,55 @@ mod tests {
     }
 
     #[test]
-    fn more_deltas_than_the_per_sync_cap_are_refused() {
-        let delta = CounterDelta {
-            id: 1,
+    fn a_counter_named_twice_is_refused_with_both_places() {
+        let d = |id| CounterDelta {
+            id,
             delta: 1,
             window: None,
         };
-        let at_cap = request("h", vec![delta; MAX_DELTAS_PER_SYNC]);
+        let error = check_request(&request("h", vec![d(1), d(2), d(1)])).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("deltas[2].id"));
+        assert!(
+            error.message.contains("quota 1 appears twice"),
+            "{}",
+            error.message
+        );
+        assert!(error.message.contains("deltas[0].id"), "{}", error.message);
+        // Keys: the same hash under one template twice, even in two
+        // groups (windows), is refused; under two templates it is fine.
+        let group = |id, keys: &[u64], window| KeyedDeltas {
+            id,
+            deltas: keys.iter().map(|&k| KeyDelta(k, 1)).collect(),
+            window,
+        };
+        let mut keyed = request("h", vec![d(7)]);
+        keyed.keyed = vec![group(7, &[5, 6], Some(1)), group(8, &[5], None)];
+        assert!(check_request(&keyed).is_ok());
+        keyed.keyed.push(group(7, &[9, 6], Some(2)));
+        let error = check_request(&keyed).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("keyed[2].deltas[1]"));
+        assert!(
+            error.message.contains("key 0000000000000006 of template 7")
+                && error.message.contains("keyed[0].deltas[1]"),
+            "{}",
+            error.message
+        );
+    }
+
+    #[test]
+    fn more_deltas_than_the_per_sync_cap_are_refused() {
+        let deltas = |n: usize| {
+            (1..=n as u64)
+                .map(|id| CounterDelta {
+                    id,
+                    delta: 1,
+                    window: None,
+                })
+                .collect()
+        };
+        let at_cap = request("h", deltas(MAX_DELTAS_PER_SYNC));
         assert!(check_request(&at_cap).is_ok());
-        let over = request("h", vec![delta; MAX_DELTAS_PER_SYNC + 1]);
+        let over = request("h", deltas(MAX_DELTAS_PER_SYNC + 1));
         let error = check_request(&over).unwrap_err();
         assert_eq!(
             (error.status, error.field.as_deref()),
