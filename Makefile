@@ -340,7 +340,7 @@ endef
 test-faults-short: nginx module bin ## the short fault cases (partition, asymmetric partition, SIGSTOP; ~2 min, root)
 	$(call faults_run,cases --short,300)
 
-test-faults: nginx module bin ## every fault case across network namespaces; table on stdout and in build/faults/ (~6 min, root)
+test-faults: nginx module bin ## every fault case across network namespaces; table on stdout and in build/faults/ (~8 min, root)
 	$(call faults_run,cases,1200)
 
 soak: nginx module bin ## two nginx at 2x the limit with root restarts and reloads for SOAK_MINUTES (30); report in build/faults/

@@ -127,12 +127,14 @@ def wait_for(what, done, timeout=30.0, every=0.05):
         time.sleep(every)
 
 
-def rss_kib(pid):
-    """Resident memory of `pid` in KiB, or None when it is gone."""
+def rss_kib(pid, kind="VmRSS"):
+    """Resident memory of `pid` in KiB, or None when it is gone. `kind`:
+    VmRSS (all), RssAnon (private: the heap, where a leak shows), RssShmem
+    (shared: an nginx zone's pages, counted as they are first touched)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(kind + ":"):
                     return int(line.split()[1])
     except OSError:
         return None
@@ -917,6 +919,7 @@ def run_case(cluster, name, fault, seconds, options):
     gaps = [api[0] - api[1] for _, _, _, api, _ in samples if None not in api]
     row = {
         "api_gap": round(max(gaps, key=abs), 1) if gaps else None,
+        "api_gap_end": round(gaps[-1], 1) if gaps else None,
         "case": name,
         "fault": fault.__doc__.strip().splitlines()[0],
         "fault_s": round(fault_end - fault_start, 1),
@@ -973,7 +976,8 @@ def summary(row):
 def table(rows):
     lines = [
         "| case | fault | admitted/limit during | after | client errors (retried) "
-        "| lost / double counted at the roots | `api` level r1 - r2 after | converged after |",
+        "| lost / double counted at the roots | `api` level r1 - r2 after: widest, at the end "
+        "| converged after |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -985,9 +989,26 @@ def table(rows):
         converge = "never" if r["converge_s"] is None else f"{r['converge_s']} s"
         lines.append(
             f"| {r['case']} | {r['fault']} ({r['fault_s']} s) | {r['during']:.2f} | "
-            f"{r['after']:.2f} | {r['errors']} ({r['retried']}) | {roots} | {r['api_gap']} | "
+            f"{r['after']:.2f} | {r['errors']} ({r['retried']}) | {roots} | "
+            f"{r['api_gap']}, {r.get('api_gap_end')} | "
             f"{converge} |"
         )
+    for r in rows:
+        if "writes" in r:
+            w = r["writes"]
+            lines.append(
+                f"\n{r['case']}: {w['total']} admin writes, {w['failed']} refused while the "
+                f"database was down (status {', '.join(w['failed_statuses']) or '-'}), the first "
+                f"accepted {w['ok_after_restart_s']} s after PostgreSQL was back; both roots "
+                f"serve the last write: {'yes' if w.get('last_write_served') else 'NO'}."
+            )
+        if "clock_offsets" in r:
+            before, after = r["clock_offsets"]["before"], r["clock_offsets"]["after"]
+            moved = ", ".join(f"{a - b:+.1f} s" for a, b in zip(after, before))
+            lines.append(
+                f"\n{r['case']}: h1's clock offset to each root moved by {moved} "
+                "over the fault (0 while its sync thread waits)."
+            )
     return "\n".join(lines)
 
 
@@ -1040,11 +1061,12 @@ def soak(cluster, minutes):
     samples = []
     events = []
     minute = 0
-    next_restart, next_reload = 180.0, 120.0
+    # Off the minute marks, so a sample never lands on a reload or a restart.
+    next_restart, next_reload = 150.0, 90.0
     prev_admitted = {h.node: 0.0 for h in hosts}
     while True:
         now = time.monotonic() - start
-        if now >= total:
+        if now >= total and minute >= int(total // 60):
             break
         if now >= next_restart:
             roots[1].restart()
@@ -1060,8 +1082,14 @@ def soak(cluster, minutes):
             for r in roots:
                 row[f"{r.node}_rss_mib"] = (rss_kib(r.pid()) or 0) / 1024
             for h in hosts:
-                workers = h.workers()
-                row[f"{h.node}_workers_rss_mib"] = sum(rss_kib(w) or 0 for w in workers) / 1024
+                workers = sorted(h.workers())
+                anon = [(rss_kib(w, "RssAnon") or 0) / 1024 for w in workers]
+                shared = [(rss_kib(w, "RssShmem") or 0) / 1024 for w in workers]
+                # Private memory per worker (the one with the sync thread
+                # is the larger) and the zone pages touched.
+                row[f"{h.node}_worker_anon_mib"] = max(anon, default=0.0)
+                row[f"{h.node}_workers_anon_mib"] = sum(anon)
+                row[f"{h.node}_zone_rss_mib"] = max(shared, default=0.0)
                 text = h.metrics() or ""
                 passed = re.search(r'^sluice_checks_total\{quota="api",result="passed"\} (\S+)',
                                    text, re.M)
@@ -1096,15 +1124,19 @@ def soak_report(samples, events, loads, minutes):
         lines.append(f"| {s['minute']} | " + " | ".join(cells) + " |")
     verdicts = []
     # r1 and h2's workers run throughout: their memory after the first two
-    # minutes (warm-up, allocator pools) against the end.
-    for key in ("r1_rss_mib", "h2_workers_rss_mib"):
+    # minutes (warm-up, allocator pools) against the end. More than 1 MiB
+    # and 5% is growth; the slope says how fast.
+    for key in ("r1_rss_mib", "h2_workers_anon_mib", "h2_zone_rss_mib"):
         series = [s[key] for s in samples[2:]]
         if len(series) < 2:
             verdicts.append(f"{key}: too short to tell")
             continue
         grew = series[-1] - series[0]
-        verdict = "grew" if grew > max(2.0, 0.1 * series[0]) else "did not grow"
-        verdicts.append(f"{key}: {series[0]:.1f} -> {series[-1]:.1f} MiB ({verdict})")
+        verdict = "grew" if grew > max(1.0, 0.05 * series[0]) else "did not grow"
+        slope = grew / (len(series) - 1) * 1024
+        verdicts.append(
+            f"{key}: {series[0]:.1f} -> {series[-1]:.1f} MiB, {slope:+.0f} KiB/min ({verdict})"
+        )
     lines += ["", "Memory: " + "; ".join(verdicts)]
     lines.append(f"Client errors: {loads.errors()} (retried on closed keep-alive: {loads.retried()})")
     lines.append("Events: " + ", ".join(f"{t}s {e}" for t, e in events))
@@ -1120,10 +1152,16 @@ def main():
     cases = sub.add_parser("cases")
     cases.add_argument("--short", action="store_true", help="only the short cases")
     cases.add_argument("names", nargs="*")
+    table_p = sub.add_parser("table", help="print the table of a cases JSON file")
+    table_p.add_argument("json")
     soak_p = sub.add_parser("soak")
     soak_p.add_argument("--minutes", type=float,
                         default=float(os.environ.get("SOAK_MINUTES", "30")))
     args = parser.parse_args()
+    if args.what == "table":
+        with open(args.json) as f:
+            print(table(json.load(f)))
+        return 0
     if os.geteuid() != 0:
         sys.exit("faults.py: must run as root (network namespaces)")
     for path in (NGINX, MODULE, SLUICE):
