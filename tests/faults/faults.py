@@ -1130,8 +1130,8 @@ def soak_report(samples, events, errors, retried, minutes):
     keys = [k for k in samples[0]
             if k != "minute" and not k.endswith("_admitted") and "_worker_" not in k
             ] if samples else []
-    lines = [f"Soak: {minutes} min, two nginx at 2x the limit, r2 restarted every 3 min, "
-             "h1 reloaded every 2 min; sampled each minute.", ""]
+    lines = [f"Soak: {minutes} min, two nginx at 2x the limit, r2 restarted every 3 min "
+             "(from 2.5), h1 reloaded every 2 (from 1.5); sampled each minute.", ""]
     lines.append("| minute | " + " | ".join(keys) + " |")
     lines.append("|---" * (len(keys) + 1) + "|")
     for s in samples:
