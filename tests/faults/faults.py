@@ -3,12 +3,15 @@
 
 Every process runs in a network namespace of its own with one veth pair to
 the default namespace: three nginx hosts (the project's nginx and module,
-each with its own zone) and two roots (`sluice root` over SQLite, or over
-PostgreSQL for the PostgreSQL case). Hosts have no route to the roots:
-their `sluice_root` URLs point at `relay.py`, a TCP relay in the default
-namespace with one link per host and root that can delay, blackhole, hold
-or cut either direction (the kernel has no netem). Load comes from
+each with its own zone), two roots (`sluice root` over SQLite, or over
+PostgreSQL for the PostgreSQL case) and PostgreSQL when a case uses it.
+Namespaces have no route to each other: the hosts' `sluice_root` URLs
+and the roots' database URL point at links of `relay.py`, a TCP relay in
+the default namespace with one link per host and root (and per root and
+the database) that can delay, blackhole, hold or cut either direction
+(the kernel has no netem). Load comes from
 `load.py` inside each host's namespace, to the nginx on the veth address.
+The case list, with what each does, is `CASES` below.
 
 Every host checks two quotas on each request: `api` (the fleet's limit:
 LIMIT units/s, offered twice over, split 50/30/20 across the hosts) and
@@ -29,6 +32,8 @@ ended.
 
     faults.py cases [--short] [NAME ...]   the fault cases; table on stdout
     faults.py soak [--minutes N]           the soak (SOAK_MINUTES)
+    faults.py table FILE.json              a cases run's table again
+    faults.py soak-report FILE.json        a soak's report again
 
 Tables (and JSON) are also written under build/faults/. Must run as root
 (namespaces). Everything it starts is stopped, and its namespaces
@@ -886,7 +891,6 @@ def run_case(cluster, name, fault, seconds, options):
         samples.append((t, up, audit, api, syncs))
         time.sleep(0.5)
     loads = Loads(cluster.wait_load(outs, 30))
-    # The last deltas reach the roots within a few intervals.
     admitted = [loads.admitted(h, 0, 1e9) for h in range(len(cluster.hosts))]
 
     def audit_levels():
@@ -895,15 +899,17 @@ def run_case(cluster, name, fault, seconds, options):
 
     def settled():
         levels = audit_levels()
-        return levels if all(
+        return all(
             all(v is not None and v >= a for v, a in zip(levels[r.node], admitted))
             for r in cluster.roots if r.node not in restarted
-        ) else None
+        )
 
+    # The last deltas reach the roots within a few intervals; what never
+    # does is reported as lost below.
     try:
-        final = wait_for("the roots hold every admitted unit", settled, timeout=10, every=0.25)
+        wait_for("the roots hold every admitted unit", settled, timeout=10, every=0.25)
     except RuntimeError:
-        final = audit_levels()
+        pass
     time.sleep(1.0)  # anything still in flight would show as a double count
     final = audit_levels()
 
