@@ -732,6 +732,24 @@ def asymmetric(cluster, ctx):
     return []
 
 
+def lossy_link(cluster, ctx):
+    """Every link to r1 slow (50 ms each way) and lossy (5% of chunks reset the connection)."""
+    links = [f"{h}-r1" for h in cluster.hosts_names]
+    cluster.relay.set(links, delay_ms=50, drop=0.05)
+    time.sleep(ctx["fault"])
+    cluster.relay.heal()
+    return []
+
+
+def stall(cluster, ctx):
+    """r1's links held both ways, then everything delivered late."""
+    links = [f"{h}-r1" for h in cluster.hosts_names]
+    cluster.relay.set(links, up="hold", down="hold")
+    time.sleep(ctx["fault"])
+    cluster.relay.heal()
+    return []
+
+
 def sigstop(cluster, ctx):
     """r1 stopped (SIGSTOP) for the fault, then continued."""
     root = cluster.roots[0]
@@ -834,6 +852,8 @@ CASES = [
     ("partition-half", partition_half, 10, {}),
     ("asymmetric", asymmetric, 10, {}),
     ("sigstop-10s", sigstop, 10, {}),
+    ("lossy-link", lossy_link, 10, {}),
+    ("stall-10s", stall, 10, {}),
     # The real-world form of a forward clock step (below): when h1 wakes
     # up, 10 s passed since its last sync.
     ("host-paused-10s", host_paused, 10, {"lost_bound": LIMIT}),
