@@ -102,6 +102,12 @@ EXTRA_PKGS := wrk postgresql
 OPS_PKGS := chromium chromium-driver tmux prometheus
 EXTRA_PKGS += $(OPS_PKGS)
 
+# The fault suite and the soak (tests/faults/): network namespaces
+# (iproute2), libfaketime for the clock steps, Python 3 for the driver,
+# relay and load (standard library only).
+FAULT_PKGS := iproute2 faketime python3
+EXTRA_PKGS += $(FAULT_PKGS)
+
 # Root runs apt-get directly; anyone else through sudo, when there is one.
 SUDO := $(if $(filter 0,$(shell id -u)),,$(shell command -v sudo 2>/dev/null))
 APT_GET ?= apt-get
@@ -178,7 +184,7 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: deps test-cargo test-capi test-nginx test-cluster test-bindings test-packaging test-fuzz ## deps, then all tests: cargo, C ABI, t/ suite, bindings, packaging, fuzz targets
+test: deps test-cargo test-capi test-nginx test-cluster test-bindings test-packaging test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, bindings, packaging, fuzz targets, short fault cases
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
@@ -301,6 +307,44 @@ $(NGINX_BIN): $(STAMPS)/nginx-configured
 	@touch $@
 
 FORCE:
+
+# ---------------------------------------------------------------------------
+# Faults and soak: three nginx and two roots in network namespaces, a relay
+# of our own between them (tests/faults/faults.py says how). Root only; a
+# run's namespaces are named $(FAULTS_RUN)-<node> and the trap below kills
+# whatever is left in them and deletes them, however the driver ends.
+
+FAULTS := tests/faults/faults.py
+SOAK_MINUTES ?= 30
+
+.PHONY: test-faults test-faults-short soak
+
+# $(call faults_run,<driver arguments>,<hard time limit in seconds>)
+define faults_run
+	@if [ "$$(id -u)" != 0 ]; then \
+		case "$${CI:-}" in ""|0|false) \
+			echo "faults: skipped: network namespaces need root"; exit 0;; \
+		*) echo "faults: must run as root in CI" >&2; exit 1;; esac; \
+	fi; \
+	run=sf$$(od -An -N2 -tx2 /dev/urandom | tr -d ' '); \
+	cleanup() { \
+		for ns in $$(ip netns list | awk '{print $$1}' | grep "^$$run-" || true); do \
+			for pid in $$(ip netns pids "$$ns"); do kill -9 "$$pid" 2>/dev/null || true; done; \
+			ip netns del "$$ns" 2>/dev/null || true; \
+		done; rm -rf /tmp/"$$run"-*; }; \
+	trap cleanup EXIT; \
+	echo "FAULTS_RUN=$$run $(PYTHON) $(FAULTS) $(1)"; \
+	FAULTS_RUN=$$run timeout --kill-after=20 $(2) $(PYTHON) $(FAULTS) $(1)
+endef
+
+test-faults-short: nginx module bin ## the short fault cases (partition, asymmetric partition, SIGSTOP; ~2 min, root)
+	$(call faults_run,cases --short,300)
+
+test-faults: nginx module bin ## every fault case across network namespaces; table on stdout and in build/faults/ (~8 min, root)
+	$(call faults_run,cases,1200)
+
+soak: nginx module bin ## two nginx at 2x the limit with root restarts and reloads for SOAK_MINUTES (30); report in build/faults/
+	$(call faults_run,soak --minutes $(SOAK_MINUTES),$$(( $(SOAK_MINUTES) * 60 + 300 )))
 
 # ---------------------------------------------------------------------------
 # Bindings over the C ABI (bindings/): Python (ctypes), LuaJIT (FFI), Go (cgo)
