@@ -37,11 +37,12 @@
 //!     fleet's secret (a key is never kept).
 //!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws from.
 //!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
-//!     visitor) parsed with errors that name the quota, field and line, and
-//!     checked as a whole set.
+//!     visitor, feature `toml`) parsed with errors that name the quota,
+//!     field and line, and checked as a whole set.
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx, sync) read.
-//! - [`wire`] — the sync protocol's request and response types, used by both
-//!   the root and the limiter's sync thread.
+//! - [`wire`] — the sync protocol's request and response types and their
+//!   checks (a request as a root accepts it, a reply as a limiter does),
+//!   used by both the root and the limiter's sync thread.
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers). Its files, one concern each, are listed
@@ -82,6 +83,10 @@
 //! - `main.rs` and `cli/` — the `sluice` binary: `sluice root`, the admin
 //!   CLI `sluice quota ...`, `sluice top` and `sluice sim` (feature
 //!   `root`).
+//!
+//! Outside `src/`, `tests/fuzz/` holds the coverage-guided fuzz targets
+//! (cargo-fuzz, its own crate): quota files, the sync wire, nginx
+//! arguments, names and weights, and the table against a model.
 
 #![warn(missing_docs)]
 

@@ -99,7 +99,8 @@ pub fn format_hash(hash: KeyHash) -> String {
 
 /// Parses [`format_hash`]'s form (exactly 16 hex digits, not all zero).
 pub fn parse_hash(text: &str) -> Option<KeyHash> {
-    if text.len() != 16 {
+    // `from_str_radix` alone would also take a sign (`+00000000000000a`).
+    if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     u64::from_str_radix(text, 16).ok().filter(|&h| h != 0)
@@ -126,6 +127,23 @@ mod tests {
     fn short_secrets_are_refused_and_the_secret_never_prints() {
         assert!(KeySecret::from_file_contents(b"  short \n").is_err());
         assert_eq!(format!("{:?}", KeySecret::built_in()), "KeySecret(..)");
+    }
+
+    #[test]
+    fn a_hash_is_16_hex_digits_and_nothing_else() {
+        // Seen while writing the `names` fuzz target, whose round trip
+        // (parse, then format) states the rule.
+        assert_eq!(parse_hash("00000000deadbeef"), Some(0xdead_beef));
+        assert_eq!(parse_hash("00000000DEADBEEF"), Some(0xdead_beef));
+        for bad in [
+            "+0000000deadbeef",
+            "-0000000deadbeef",
+            "0000000000000000",
+            "deadbeef",
+            " 0000000deadbeef",
+        ] {
+            assert_eq!(parse_hash(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -44,6 +44,9 @@ enum Op {
         items: Vec<(u8, Weight)>,
         draws: Vec<u8>,
     },
+    /// A partial grant: as many units as every quota of the chain allows
+    /// for sure.
+    Obtain { name: u8, want: u16 },
     /// Time passes.
     Advance(u16),
     /// The sync thread takes pending weight to send.
@@ -413,6 +416,45 @@ fuzz_target!(|input: Input| {
                             }
                         }
                     }
+                }
+            }
+            Op::Obtain { name, want } => {
+                let name = NAMES[*name as usize % NAMES.len()];
+                let item = CheckItem {
+                    name: name.as_bytes(),
+                    key: None,
+                    weight: u64::from(*want),
+                    max_wait: None,
+                };
+                let got = table.obtain(&item, model.now);
+                if !model.quotas.contains_key(name) {
+                    assert_eq!((got.outcome, got.granted), (Outcome::Unknown, 0));
+                    continue;
+                }
+                // The room below low_burst of the tightest quota (the first
+                // on a tie), whole units, at most what was asked.
+                let chain = model.chain(name);
+                let mut tightest = (0, f64::INFINITY);
+                for (depth, n) in chain.iter().enumerate() {
+                    let q = &model.quotas[n];
+                    let slack = q.low - model.estimate(q);
+                    if slack < tightest.1 {
+                        tightest = (depth, slack);
+                    }
+                }
+                let granted = tightest.1.clamp(0.0, f64::from(*want)).floor();
+                if granted >= 1.0 {
+                    assert_eq!((got.outcome, got.granted), (Outcome::Pass, granted as u64));
+                    model.quotas.get_mut(name).unwrap().passed += 1;
+                    for n in chain {
+                        model.quotas.get_mut(n).unwrap().pending += granted as u64;
+                    }
+                } else {
+                    let Outcome::Reject(r) = got.outcome else {
+                        panic!("model grants nothing; table: {got:?}")
+                    };
+                    assert_eq!((r.depth, got.granted), (tightest.0, 0));
+                    model.quotas.get_mut(name).unwrap().rejected += 1;
                 }
             }
             Op::Advance(ms) => model.now += u64::from(*ms) * MS,
