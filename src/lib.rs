@@ -74,8 +74,10 @@
 //!   Prometheus text (always compiled and tested), and the `ngx` glue
 //!   (feature `nginx`); its files are listed in its module doc.
 //! - [`root`] — the quota root server: database, sync endpoint, admin API,
-//!   overview and web console, metrics, connection admission and timeouts
-//!   (feature `root`).
+//!   overview and web console, metrics, connection admission and timeouts,
+//!   who may sync as which limiter (`root/credentials.rs`) and how much of
+//!   a sync it believes (`root/trust.rs`: level cap, per-limiter
+//!   allowances) (feature `root`).
 //! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
 //!   each running a real table and sync engine, simulated roots (the root's
 //!   own ledger) and network, per-second CSV, SVG plots and accuracy

@@ -347,12 +347,9 @@ impl CounterBook {
             return Some(0.0);
         }
         let slot = &self.slots[index as usize];
-        let Some(mut tally) = slot
+        let mut tally = slot
             .counting
-            .add_in(slot.tally, delta.window, now, delta.weight)
-        else {
-            return None;
-        };
+            .add_in(slot.tally, delta.window, now, delta.weight)?;
         if tally.level > slot.cap || tally.prev > slot.cap {
             tally.level = tally.level.min(slot.cap);
             tally.prev = tally.prev.min(slot.cap);
