@@ -203,7 +203,8 @@ pub struct SyncRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keyed: Vec<KeyedDeltas>,
     /// Checks this limiter rejected since its last cycle, as `[quota id,
-    /// count]` (a per-key quota's under its template). Statistics for the
+    /// count]` (a per-key quota's under its template, which a root has no
+    /// named counter for and so does not show yet). Statistics for the
     /// roots' overview and console only: no decision reads them, so a
     /// root that misses a cycle (down, backing off) only misses its share.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

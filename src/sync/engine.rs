@@ -314,11 +314,10 @@ impl SyncEngine {
     }
 
     /// The checks each quota rejected since the last cycle, as
-    /// `[id, count]` for the requests of this one (statistics: a root
-    /// not sent to this cycle misses them).
-    fn rejected_since_last_cycle(&mut self, table: &Table) -> Vec<(u64, u64)> {
-        let mut totals = Vec::new();
-        table.rejected_totals(&mut totals);
+    /// `[id, count]` for the requests of this one, from the table's
+    /// running `totals` (statistics: a root not sent to this cycle misses
+    /// them).
+    fn rejected_since_last_cycle(&mut self, totals: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         let first = self.rejected_seen.is_none();
         let seen = self.rejected_seen.get_or_insert_with(IdMap::default);
         let mut grown = Vec::new();
@@ -353,9 +352,10 @@ impl SyncEngine {
     pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
         self.cycles += 1;
         let mut collected = Vec::new();
-        table.collect_deltas(&mut collected);
+        let mut rejected = Vec::new();
+        table.collect_deltas_and_rejections(&mut collected, &mut rejected);
         self.unacked.add(&collected);
-        let rejected = self.rejected_since_last_cycle(table);
+        let rejected = self.rejected_since_last_cycle(rejected);
         let fresh: Vec<(CounterKey, Owed)> = collected
             .iter()
             .map(|d| {

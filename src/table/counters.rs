@@ -36,11 +36,37 @@ impl Table {
     /// admitted concurrently is either moved now or stays pending for the
     /// next collection, never lost or taken twice.
     pub fn collect_deltas(&self, out: &mut Vec<CollectedDelta>) {
+        self.collect(out, None);
+    }
+
+    /// [`Table::collect_deltas`], and in the same pass over the slots
+    /// `(quota id, checks rejected)` for every live quota that has rejected
+    /// a check since the region was made (the counts the metrics show,
+    /// never reset): the sync thread sends the roots what grew.
+    pub fn collect_deltas_and_rejections(
+        &self,
+        out: &mut Vec<CollectedDelta>,
+        rejected: &mut Vec<(u64, u64)>,
+    ) {
+        self.collect(out, Some(rejected));
+    }
+
+    fn collect(&self, out: &mut Vec<CollectedDelta>, mut rejected: Option<&mut Vec<(u64, u64)>>) {
         let _guard = self.lock();
         let used = self.header().next_unused.load(RLX) as usize;
         for (i, s) in self.slots()[..used].iter().enumerate() {
             let delta = s.pending.load(ACQ);
-            if delta == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+            let rejections = rejected.as_ref().map_or(0, |_| s.rejected.load(RLX));
+            if (delta == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            let id = s.id.load(RLX);
+            if rejections != 0 {
+                if let Some(rejected) = rejected.as_mut() {
+                    rejected.push((id, rejections));
+                }
+            }
+            if delta == 0 {
                 continue;
             }
             // In-flight first, then out of pending: a check in between sees
@@ -49,26 +75,12 @@ impl Table {
             s.pending.fetch_sub(delta, RLX);
             out.push(CollectedDelta {
                 slot: i as SlotId,
-                id: s.id.load(RLX),
+                id,
                 key: 0,
                 delta,
             });
         }
         self.collect_keys(out);
-    }
-
-    /// Appends `(quota id, checks rejected)` for every live quota that has
-    /// rejected a check since the region was made (the counts the metrics
-    /// show, never reset): the sync thread sends the roots what grew. It
-    /// reads every used slot, off the request path.
-    pub fn rejected_totals(&self, out: &mut Vec<(u64, u64)>) {
-        let used = self.header().next_unused.load(ACQ) as usize;
-        for s in &self.slots()[..used] {
-            let rejected = s.rejected.load(RLX);
-            if rejected != 0 && s.flags.load(RLX) & FLAG_LIVE != 0 {
-                out.push((s.id.load(RLX), rejected));
-            }
-        }
     }
 
     /// True when some live quota's weight admitted here and not collected
