@@ -381,6 +381,6 @@ fn concurrent_keyed_checks_and_collection_lose_no_increment() {
     t.collect_deltas(&mut out);
     total += out.iter().map(|d| d.delta).sum::<u64>();
     assert_eq!(t.key_stats().evictions, 0);
-    assert_eq!(passed, 100_000);
-    assert_eq!(total, passed);
+    assert_eq!(passed, 100_000, "{:?}", t.key_stats());
+    assert_eq!(total, passed, "{:?}", t.key_stats());
 }

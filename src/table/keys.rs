@@ -30,7 +30,7 @@
 //! the ring. A full ring sets a flag and the next collection scans every
 //! entry instead, so no weight is ever stranded.
 
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{AcqRel, SeqCst};
 
 use super::counters::{attributed, measure_rate, CollectedDelta};
 use super::layout::{
@@ -54,6 +54,21 @@ const RESTAMP_AFTER: Nanos = 24 * 3600 * 1_000_000_000;
 /// collector before it is skipped (its producer died mid-write) and every
 /// entry is scanned instead.
 const RING_STUCK_LIMIT: u32 = 16;
+
+/// A dirty-ring cell: the entry (plus one) with the low 32 bits of the
+/// ring position it was written for, so that a write arriving after the
+/// collector gave up on its position can never pass for the entry of a
+/// later lap (whose producer's own write would then land behind the
+/// tail and be lost).
+fn ring_cell(position: u64, at: KeyAt) -> u64 {
+    (position << 32) | (u64::from(at) + 1)
+}
+
+/// The entry a ring cell holds for `position`, if it was written for it.
+fn ring_entry(cell: u64, position: u64) -> Option<KeyAt> {
+    let at = (cell & 0xffff_ffff) as u32;
+    (at != 0 && cell >> 32 == position & 0xffff_ffff).then(|| at - 1)
+}
 
 /// What a check needs to count a key: where its entry is.
 pub(super) type KeyAt = u32;
@@ -342,10 +357,10 @@ impl Table {
                 return;
             }
             if h.key_ring_head
-                .compare_exchange_weak(head, head + 1, ACQ, RLX)
+                .compare_exchange_weak(head, head + 1, AcqRel, RLX)
                 .is_ok()
             {
-                ring[(head % len) as usize].store(at + 1, REL);
+                ring[(head % len) as usize].store(ring_cell(head, at), REL);
                 return;
             }
         }
@@ -364,17 +379,25 @@ impl Table {
         let mut tail = h.key_ring_tail.load(RLX);
         let mut stuck = false;
         while tail != head {
-            let at = ring[(tail % len) as usize].swap(0, ACQ);
-            if at == 0 {
-                // Reserved, not written yet: wait for the writer, unless
-                // it has held the ring up for too long (it died).
+            let cell = &ring[(tail % len) as usize];
+            let value = cell.load(ACQ);
+            if let Some(at) = ring_entry(value, tail) {
+                cell.store(0, RLX);
+                if let Some(e) = self.key_at(at) {
+                    each(at, e);
+                }
+            } else {
+                // Reserved, not written yet (or holding a late write for
+                // an earlier lap): wait for the writer, unless it has held
+                // the ring up for too long (it died, or was descheduled
+                // that long). Its key is then found by the full scan
+                // below; its late write carries its own position, so it
+                // is never taken for a later lap's entry.
                 let waited = h.key_ring_stuck.fetch_add(1, RLX) + 1;
                 if waited < RING_STUCK_LIMIT {
                     break;
                 }
                 stuck = true;
-            } else if let Some(e) = self.key_at(at - 1) {
-                each(at - 1, e);
             }
             h.key_ring_stuck.store(0, RLX);
             tail = tail.wrapping_add(1);
@@ -717,5 +740,100 @@ fn free_entry(e: &KeyEntry, hash: u64, h: &super::layout::Header) {
         e.used.store(0, RLX);
         e.hash.store(0, REL);
         h.key_live.fetch_sub(1, RLX);
+    }
+}
+
+#[cfg(test)]
+mod ring_tests {
+    use super::*;
+    use crate::core::Quota;
+    use crate::table::{CheckItem, CheckOptions, Outcome};
+
+    fn count(t: &Table, key: &[u8]) {
+        let item = CheckItem {
+            name: b"k",
+            key: Some(key),
+            weight: 1,
+            max_wait: None,
+        };
+        let r = t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        assert_eq!(r.outcome, Outcome::Pass);
+    }
+
+    fn collected(t: &Table) -> u64 {
+        let mut out = Vec::new();
+        t.collect_deltas(&mut out);
+        out.iter().map(|d| d.delta).sum()
+    }
+
+    /// What `count_key` does up to the ring write, for a producer that is
+    /// then descheduled: returns the position it reserved.
+    fn stall_before_ring_write(t: &Table, at: KeyAt) -> u64 {
+        let e = t.key_at(at).unwrap();
+        e.pending.fetch_add(1, SeqCst);
+        assert_eq!(e.dirty.swap(1, SeqCst), 0);
+        t.header().key_ring_head.fetch_add(1, AcqRel)
+    }
+
+    /// The race CI caught (`concurrent_keyed_checks_and_collection_lose_no_increment`):
+    /// a producer descheduled between reserving a ring position and
+    /// writing it, skipped by the collector, writes late; a lap later the
+    /// collector must not take that write for the entry of the producer
+    /// now holding the same cell, or that producer's write lands behind
+    /// the tail and its weight is never collected.
+    #[test]
+    fn a_late_ring_write_is_never_taken_for_a_later_lap() {
+        let t = Table::new_heap_with_keys(16, 16, 256);
+        t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+        let len = t.key_ring().len() as u64;
+        assert_eq!(len, 64);
+        let slot = t.lookup(b"k").unwrap();
+        count(&t, b"late");
+        count(&t, b"next");
+        assert_eq!(collected(&t), 2);
+        let late = t.find_key(slot, t.key_secret().hash(b"late")).unwrap();
+        let next = t.find_key(slot, t.key_secret().hash(b"next")).unwrap();
+
+        // The late producer reserves a position and stalls; the collector
+        // waits RING_STUCK_LIMIT collections, then skips it and scans.
+        let p = stall_before_ring_write(&t, late);
+        let mut total = 0;
+        for _ in 0..RING_STUCK_LIMIT {
+            total += collected(&t);
+        }
+        assert_eq!(total, 1, "the full scan collects the stalled weight");
+        assert_eq!(t.header().key_ring_tail.load(ACQ), p + 1);
+
+        // A lap of other entries through the ring.
+        while t.header().key_ring_head.load(ACQ) < p + len {
+            count(&t, b"busy");
+            assert_eq!(collected(&t), 1);
+        }
+        // The late write lands; another producer reserves the same cell
+        // and stalls before writing; a collection runs in between.
+        t.key_ring()[(p % len) as usize].store(ring_cell(p, late), REL);
+        let q = stall_before_ring_write(&t, next);
+        assert_eq!(q, p + len);
+        assert_eq!(collected(&t), 0);
+        t.key_ring()[(q % len) as usize].store(ring_cell(q, next), REL);
+        assert_eq!(
+            collected(&t),
+            1,
+            "the second producer's weight is collected"
+        );
+        assert_eq!(t.key_at(next).unwrap().pending.load(SeqCst), 0);
+    }
+
+    #[test]
+    fn ring_cells_carry_their_position() {
+        let cell = ring_cell(5, 7);
+        assert_eq!(ring_entry(cell, 5), Some(7));
+        assert_eq!(ring_entry(cell, 5 + (1 << 32)), Some(7));
+        assert_eq!(ring_entry(cell, 69), None);
+        assert_eq!(ring_entry(0, 0), None);
+        assert_eq!(
+            ring_entry(ring_cell(u64::MAX, u32::MAX - 1), u64::MAX),
+            Some(u32::MAX - 1)
+        );
     }
 }

@@ -34,7 +34,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -437,11 +437,12 @@ pub struct Geometry {
     pub key_ring: u32,
 }
 
-/// Most key buckets a region holds (entry numbers stay below 2^32).
-pub const MAX_KEY_BUCKETS: u32 = 1 << 30;
+/// Most key buckets a region holds (entry numbers plus one stay below
+/// 2^32: they share a dirty-ring cell with a position tag).
+pub const MAX_KEY_BUCKETS: u32 = 1 << 29;
 
 /// Bytes one key bucket takes with its share of the dirty ring.
-pub const BYTES_PER_KEY_BUCKET: usize = std::mem::size_of::<KeyBucket>() + 2;
+pub const BYTES_PER_KEY_BUCKET: usize = std::mem::size_of::<KeyBucket>() + 4;
 
 impl Geometry {
     /// Geometry for `capacity` quotas with names averaging
@@ -531,7 +532,7 @@ impl Geometry {
 
     /// Offset of key bucket 0.
     pub fn key_buckets_offset(&self) -> usize {
-        line_up(self.key_ring_offset() + self.key_ring as usize * 4)
+        line_up(self.key_ring_offset() + self.key_ring as usize * 8)
     }
 
     /// Total bytes of a region with this geometry.

@@ -62,7 +62,7 @@ mod snapshot;
 mod status;
 mod write;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::core::estimate::Estimator;
 use crate::core::Extrapolation;
@@ -311,14 +311,14 @@ impl Table {
         }
     }
 
-    fn key_ring(&self) -> &[AtomicU32] {
-        // SAFETY: `key_ring` u32 atomics start at the ring offset, inside
-        // the region (Geometry::region_len covers them).
+    fn key_ring(&self) -> &[AtomicU64] {
+        // SAFETY: `key_ring` u64 atomics start at the ring offset (64-byte
+        // aligned), inside the region (Geometry::region_len covers them).
         unsafe {
             std::slice::from_raw_parts(
                 self.base
                     .add(self.geometry.key_ring_offset())
-                    .cast::<AtomicU32>(),
+                    .cast::<AtomicU64>(),
                 self.geometry.key_ring as usize,
             )
         }
