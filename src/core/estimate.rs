@@ -119,6 +119,7 @@ impl WindowEstimate {
 ///
 /// This host's own unsent weight all counts in the current window, even
 /// the part admitted just before a boundary: an estimate errs high.
+#[inline]
 pub fn estimate_window(
     view: &QuotaSnapshot,
     rule: &WindowRule,
