@@ -209,8 +209,9 @@ test-nginx: nginx module bin ## the Test::Nginx suite in t/ only
 		echo "$(PROVE) -I t/lib -r t/"; $(PROVE) -I t/lib -r t/; \
 	fi
 
-bench: ## run the criterion benchmarks of the check path (named and keyed)
+bench: ## run the criterion benchmarks of the check path (named and keyed) and the kinds' ratios
 	$(CARGO) bench --bench check
+	$(CARGO) bench --bench kinds_ratio
 	$(CARGO) bench --bench keys
 
 bench-keys: ## keyed checks and key memory (criterion; ~2 min, 2 GiB)
