@@ -45,7 +45,9 @@ extern "C" {
 // `extrapolation` (`{"mode": "adaptive"}`, the default, or
 // `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
 // root base URLs, e.g. `["http://10.0.0.1:7070"]`; none: standalone,
-// counting locally), `sync_timeout_ms` (below the interval; default 80%
+// counting locally; with root groups, an entry is
+// `{"url": "http://10.0.0.2:7070", "group": 1}`, groups numbered from 0
+// with no gap, a bare URL being in group 0), `sync_timeout_ms` (below the interval; default 80%
 // of it), `sync_token` (bearer token for the roots), `limiter_id` (1 to
 // 255 printable ASCII bytes, no spaces; default: the host name),
 // `early_sync` (`{"fraction": 0.02, "max_per_second": 4}`: sync at once

@@ -507,6 +507,7 @@ mod tests {
                 syncs: 3,
                 ..Default::default()
             }],
+            groups_down: Vec::new(),
         };
         crate::sync::status::publish(&t, &m);
         let text = render(&t, &["http://r1:7070".to_string()], 10, 0);
