@@ -45,7 +45,10 @@ pub const SLUICE_ERROR: c_int = -1;
 /// One entry of `roots`: a base URL (in group 0), or a URL with its root
 /// group.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a root URL or {\"url\": \"http://...\", \"group\": n}"
+)]
 enum RootEntry {
     /// `"http://10.0.0.1:7070"`.
     Url(String),
@@ -754,4 +757,37 @@ pub extern "C" fn sluice_shutdown() -> c_int {
 #[no_mangle]
 pub extern "C" fn sluice_last_error() -> *const c_char {
     catch_unwind(|| LAST_ERROR.with(|e| e.borrow().as_ptr())).unwrap_or(c"internal error".as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots_of(json: &str) -> Result<(Vec<String>, Vec<u32>), String> {
+        let config: Config = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        Ok(config.roots.into_iter().map(RootEntry::split).unzip())
+    }
+
+    #[test]
+    fn roots_are_urls_or_urls_with_their_group() {
+        let (urls, groups) = roots_of(r#"{"roots": ["http://a:1", "http://b:1"]}"#).unwrap();
+        assert_eq!((urls.len(), groups), (2, vec![0, 0]));
+        let (urls, groups) =
+            roots_of(r#"{"roots": ["http://a:1", {"url": "http://b:1", "group": 1}]}"#).unwrap();
+        assert_eq!(urls, vec!["http://a:1", "http://b:1"]);
+        assert_eq!(groups, vec![0, 1]);
+        let err = roots_of(r#"{"roots": [{"url": "http://b:1", "grup": 1}]}"#).unwrap_err();
+        assert!(err.contains("a root URL or"), "{err}");
+        // A gap is refused by the shared check, naming `roots`.
+        let (roots, root_groups) =
+            roots_of(r#"{"roots": [{"url": "http://b:1", "group": 1}]}"#).unwrap();
+        let e = SyncConfig {
+            roots,
+            root_groups,
+            ..SyncConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(config_field(e).split(':').next(), Some("roots"));
+    }
 }

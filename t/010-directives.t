@@ -430,7 +430,7 @@ sluice_root http://127.0.0.1:3 group=1;
 location = /t { sluice_metrics; }
 --- request
 GET /t
---- response_body_like: sluice_sync_cycles_total
+--- response_body_like: sluice_sync_root_group\{root="http://127\.0\.0\.1:3"\} 1
 --- no_error_log
 [emerg]
 
