@@ -72,6 +72,7 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
             received: r.received,
             foreign: r.foreign,
             requests: r.requests,
+            replied: r.replied,
         })
         .collect();
     sim.series

@@ -322,9 +322,14 @@ pub fn groups_summary(r: &RunResult) -> String {
         let per_request = w.received as f64 / w.requests.max(1) as f64;
         let _ = writeln!(
             out,
-            "   root {i} (group {}): {} sync requests, {} counter deltas ({per_request:.0} \
-             per request), {} of another group's shard",
-            w.group, w.requests, w.received, w.foreign
+            "   root {i} (group {}): {} sync requests, {} counter deltas in ({per_request:.0} \
+             per request), {} of another group's shard; {} counter values out ({:.0} per reply)",
+            w.group,
+            w.requests,
+            w.received,
+            w.foreign,
+            w.replied,
+            w.replied as f64 / w.requests.max(1) as f64
         );
     }
     out

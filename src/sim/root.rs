@@ -46,6 +46,8 @@ pub struct SimRoot {
     pub foreign: u64,
     /// Sync requests answered.
     pub requests: u64,
+    /// Counter values sent back in replies (named and keyed).
+    pub replied: u64,
 }
 
 impl SimRoot {
@@ -70,6 +72,7 @@ impl SimRoot {
             received: 0,
             foreign: 0,
             requests: 0,
+            replied: 0,
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
@@ -142,6 +145,8 @@ impl SimRoot {
         let step = self.ledger.sync(request, self.instance, now, self.paging);
         self.clipped += step.clipped as u64;
         let response = step.into_response(self.instance, now, self.ledger.utc_offset);
+        let keyed: usize = response.keyed.iter().map(|k| k.values.len()).sum();
+        self.replied += (response.counters.len() + keyed) as u64;
         // As the real root's reload task does every second, a slice at a
         // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);

@@ -128,6 +128,8 @@ pub struct RootWork {
     pub foreign: u64,
     /// Sync requests answered.
     pub requests: u64,
+    /// Counter values sent back in replies.
+    pub replied: u64,
 }
 
 /// Traffic of each key of one keyed load, per second.
