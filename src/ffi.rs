@@ -688,9 +688,10 @@ pub extern "C" fn sluice_quota_count() -> c_int {
 }
 
 /// The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
-/// and per root: `url`, `up`, `last_success`, `syncs`, `errors`,
-/// `last_error`, `round_trip`, `clock_offset`, `bytes_sent`,
-/// `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
+/// `groups_down` with root groups: the groups whose shards are limited
+/// per host, and per root: `url`, `group`, `up`, `last_success`,
+/// `syncs`, `errors`, `last_error`, `round_trip`, `clock_offset`,
+/// `bytes_sent`, `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
 /// the string and frees it with `sluice_free_string`.
 #[no_mangle]
 pub extern "C" fn sluice_sync_metrics_json() -> *mut c_char {
