@@ -45,7 +45,9 @@ extern "C" {
 // `extrapolation` (`{"mode": "adaptive"}`, the default, or
 // `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
 // root base URLs, e.g. `["http://10.0.0.1:7070"]`; none: standalone,
-// counting locally), `sync_timeout_ms` (below the interval; default 80%
+// counting locally; with root groups, an entry is
+// `{"url": "http://10.0.0.2:7070", "group": 1}`, groups numbered from 0
+// with no gap, a bare URL being in group 0), `sync_timeout_ms` (below the interval; default 80%
 // of it), `sync_token` (bearer token for the roots), `limiter_id` (1 to
 // 255 printable ASCII bytes, no spaces; default: the host name),
 // `early_sync` (`{"fraction": 0.02, "max_per_second": 4}`: sync at once
@@ -193,9 +195,10 @@ int sluice_reserve_key(const char *name,
 int sluice_quota_count(void);
 
 // The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
-// and per root: `url`, `up`, `last_success`, `syncs`, `errors`,
-// `last_error`, `round_trip`, `clock_offset`, `bytes_sent`,
-// `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
+// `groups_down` with root groups: the groups whose shards are limited
+// per host, and per root: `url`, `group`, `up`, `last_success`,
+// `syncs`, `errors`, `last_error`, `round_trip`, `clock_offset`,
+// `bytes_sent`, `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
 // the string and frees it with `sluice_free_string`.
 char *sluice_sync_metrics_json(void);
 

@@ -42,6 +42,38 @@ pub const SLUICE_NO_KEY: c_int = 3;
 /// treated as a pass (fail open).
 pub const SLUICE_ERROR: c_int = -1;
 
+/// One entry of `roots`: a base URL (in group 0), or a URL with its root
+/// group.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a root URL or {\"url\": \"http://...\", \"group\": n}"
+)]
+enum RootEntry {
+    /// `"http://10.0.0.1:7070"`.
+    Url(String),
+    /// `{"url": "http://10.0.0.1:7070", "group": 1}`.
+    Grouped(GroupedRoot),
+}
+
+/// A root URL with its group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupedRoot {
+    url: String,
+    #[serde(default)]
+    group: u32,
+}
+
+impl RootEntry {
+    fn split(self) -> (String, u32) {
+        match self {
+            RootEntry::Url(url) => (url, 0),
+            RootEntry::Grouped(g) => (g.url, g.group),
+        }
+    }
+}
+
 /// Limiter configuration, from the JSON given to `sluice_init`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -54,8 +86,9 @@ struct Config {
     key_capacity: u64,
     /// File holding the fleet's key secret (keys are hashed with it).
     key_secret_file: Option<String>,
-    /// Quota root URLs; none for standalone.
-    roots: Vec<String>,
+    /// Quota roots: URLs (group 0), or `{"url": ..., "group": n}`; none
+    /// for standalone.
+    roots: Vec<RootEntry>,
     /// Sync interval in milliseconds.
     sync_interval_ms: u64,
     /// Timeout of one sync request (default: 80% of the interval).
@@ -160,8 +193,10 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
             return Err("extrapolation ratio must be a finite, non-negative number".into());
         }
     }
+    let (roots, root_groups) = config.roots.into_iter().map(RootEntry::split).unzip();
     let sync_config = SyncConfig {
-        roots: config.roots,
+        roots,
+        root_groups,
         interval: Duration::from_millis(config.sync_interval_ms),
         timeout: config.sync_timeout_ms.map(Duration::from_millis),
         token: config.sync_token,
@@ -226,6 +261,7 @@ fn config_field(e: crate::core::ValidationError) -> String {
         "interval" => "sync_interval_ms",
         "timeout" => "sync_timeout_ms",
         "limiter" => "limiter_id",
+        "root_groups" => "roots",
         other => other,
     };
     format!("{key}: {}", e.message)
@@ -399,7 +435,9 @@ unsafe fn c_bytes<'a>(p: *const c_char, len: usize, what: &str) -> Result<&'a [u
 /// `extrapolation` (`{"mode": "adaptive"}`, the default, or
 /// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
 /// root base URLs, e.g. `["http://10.0.0.1:7070"]`; none: standalone,
-/// counting locally), `sync_timeout_ms` (below the interval; default 80%
+/// counting locally; with root groups, an entry is
+/// `{"url": "http://10.0.0.2:7070", "group": 1}`, groups numbered from 0
+/// with no gap, a bare URL being in group 0), `sync_timeout_ms` (below the interval; default 80%
 /// of it), `sync_token` (bearer token for the roots), `limiter_id` (1 to
 /// 255 printable ASCII bytes, no spaces; default: the host name),
 /// `early_sync` (`{"fraction": 0.02, "max_per_second": 4}`: sync at once
@@ -650,9 +688,10 @@ pub extern "C" fn sluice_quota_count() -> c_int {
 }
 
 /// The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
-/// and per root: `url`, `up`, `last_success`, `syncs`, `errors`,
-/// `last_error`, `round_trip`, `clock_offset`, `bytes_sent`,
-/// `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
+/// `groups_down` with root groups: the groups whose shards are limited
+/// per host, and per root: `url`, `group`, `up`, `last_success`,
+/// `syncs`, `errors`, `last_error`, `round_trip`, `clock_offset`,
+/// `bytes_sent`, `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
 /// the string and frees it with `sluice_free_string`.
 #[no_mangle]
 pub extern "C" fn sluice_sync_metrics_json() -> *mut c_char {
@@ -719,4 +758,37 @@ pub extern "C" fn sluice_shutdown() -> c_int {
 #[no_mangle]
 pub extern "C" fn sluice_last_error() -> *const c_char {
     catch_unwind(|| LAST_ERROR.with(|e| e.borrow().as_ptr())).unwrap_or(c"internal error".as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots_of(json: &str) -> Result<(Vec<String>, Vec<u32>), String> {
+        let config: Config = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        Ok(config.roots.into_iter().map(RootEntry::split).unzip())
+    }
+
+    #[test]
+    fn roots_are_urls_or_urls_with_their_group() {
+        let (urls, groups) = roots_of(r#"{"roots": ["http://a:1", "http://b:1"]}"#).unwrap();
+        assert_eq!((urls.len(), groups), (2, vec![0, 0]));
+        let (urls, groups) =
+            roots_of(r#"{"roots": ["http://a:1", {"url": "http://b:1", "group": 1}]}"#).unwrap();
+        assert_eq!(urls, vec!["http://a:1", "http://b:1"]);
+        assert_eq!(groups, vec![0, 1]);
+        let err = roots_of(r#"{"roots": [{"url": "http://b:1", "grup": 1}]}"#).unwrap_err();
+        assert!(err.contains("a root URL or"), "{err}");
+        // A gap is refused by the shared check, naming `roots`.
+        let (roots, root_groups) =
+            roots_of(r#"{"roots": [{"url": "http://b:1", "group": 1}]}"#).unwrap();
+        let e = SyncConfig {
+            roots,
+            root_groups,
+            ..SyncConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(config_field(e).split(':').next(), Some("roots"));
+    }
 }

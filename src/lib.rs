@@ -55,9 +55,11 @@
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
+//!   - `sync/mod.rs` — the thread, and the design of root groups (shards):
+//!     [`sync::shard`] routes each counter to one group of roots.
 //!   - `sync/config.rs` — [`sync::SyncConfig`] and the rules every front end
-//!     checks it by (roots, interval, timeout, limiter id, early sync,
-//!     extrapolation horizon).
+//!     checks it by (roots and their groups, interval, timeout, limiter id,
+//!     early sync, extrapolation horizon).
 //!   - `sync/engine.rs` — the sync logic without the network, shared with
 //!     the simulator: what each root is owed, acknowledgements, merging
 //!     replies, unchanged counters, all-roots-down folding, early sync.
@@ -80,8 +82,9 @@
 //!   allowances) (feature `root`).
 //! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
 //!   each running a real table and sync engine, simulated roots (the root's
-//!   own ledger) and network, per-second CSV, SVG plots and accuracy
-//!   numbers (feature `sim`).
+//!   own ledger) and network, root groups, per-second CSV, SVG plots and
+//!   accuracy numbers (feature `sim`); `benches/capacity/` holds the root
+//!   groups capacity scenario.
 //! - `main.rs` and `cli/` — the `sluice` binary: `sluice root`, the admin
 //!   CLI `sluice quota ...`, `sluice top` and `sluice sim` (feature
 //!   `root`).

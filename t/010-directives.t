@@ -418,3 +418,49 @@ location /t { sluice ..; }
 --- must_die
 --- error_log eval
 qr/invalid quota name "\.\.": "\.\." is not a quota name: .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 39: roots in two groups start and serve
+--- http_config
+sluice_zone 512k;
+sluice_root http://127.0.0.1:1 http://127.0.0.1:2;
+sluice_root http://127.0.0.1:3 group=1;
+--- config
+location = /t { sluice_metrics; }
+--- request
+GET /t
+--- response_body_like: sluice_sync_root_group\{root="http://127\.0\.0\.1:3"\} 1
+--- no_error_log
+[emerg]
+
+
+
+=== TEST 40: a group that is not a number
+--- http_config
+sluice_root http://127.0.0.1:7070 group=one;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid group "one" \(0 to 15\) in .*nginx\.conf:\d+/
+
+
+
+=== TEST 41: groups must be numbered from 0 with no gap
+--- http_config
+sluice_root http://127.0.0.1:7070;
+sluice_root http://127.0.0.1:7071 group=2;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid sync configuration: root_groups: group 1 has no quota root \(groups are numbered 0 to 2 with no gap\) in .*nginx\.conf:\d+/
+
+
+
+=== TEST 42: a group without a root
+--- http_config
+sluice_root group=1;
+--- config
+--- must_die
+--- error_log eval
+qr/"sluice_root" needs at least one quota root URL in .*nginx\.conf:\d+/

@@ -65,6 +65,8 @@ pub(crate) struct MainConf {
     pub zone_size: Option<usize>,
     /// `sluice_root` URLs, in order.
     pub roots: Vec<String>,
+    /// The group (`group=<n>`, default 0) of each of `roots`.
+    pub root_groups: Vec<u32>,
     /// `sluice_quotas`.
     pub quotas: Option<QuotaFile>,
     /// `sluice_sync_interval`, milliseconds.
@@ -118,6 +120,7 @@ impl MainConf {
     pub fn sync_config(&self) -> SyncConfig {
         SyncConfig {
             roots: self.roots.clone(),
+            root_groups: self.root_groups.clone(),
             interval: self.interval(),
             timeout: self.sync_timeout_ms.map(Duration::from_millis),
             token: self.sync_token.clone(),
@@ -367,10 +370,22 @@ directive_handler!(
 );
 
 directive_handler!(
-    /// `sluice_root <url> [<url> ...];` (may be repeated).
+    /// `sluice_root <url> [<url> ...] [group=<n>];` (may be repeated; the
+    /// roots of a directive are in group `n`, 0 by default).
     set_root,
     |cf, mcf: &mut MainConf, args| {
-        for arg in &args[1..] {
+        let mut urls = &args[1..];
+        let mut group = 0;
+        if let Some((last, rest)) = urls.split_last() {
+            if let Some(parsed) = crate::sync::config::parse_group_arg(last) {
+                group = parsed?;
+                urls = rest;
+            }
+        }
+        if urls.is_empty() {
+            return Err("\"sluice_root\" needs at least one quota root URL".into());
+        }
+        for arg in urls {
             let url = parse_root_url(arg)
                 .map_err(|why| format!("invalid quota root \"{}\": {why}", text(arg)))?;
             if mcf.roots.contains(&url) {
@@ -380,6 +395,7 @@ directive_handler!(
                 return Err(format!("too many quota roots (at most {MAX_ROOTS})"));
             }
             mcf.roots.push(url);
+            mcf.root_groups.push(group);
         }
         mcf.used = true;
         Ok(())

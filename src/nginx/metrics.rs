@@ -44,6 +44,7 @@ fn render(mcf: &MainConf, top: usize) -> Option<String> {
     let table = mcf.table.as_deref()?;
     let now = crate::clock::now();
     let mut text = super::prometheus::render(table, &mcf.roots, top, now);
+    super::prometheus::render_root_groups(&mut text, &mcf.roots, &mcf.root_groups);
     if let Some(c) = mcf.counters() {
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let counts = super::prometheus::RequestCounts {

@@ -315,6 +315,25 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
     }
 }
 
+/// The root group of each root (`sluice_root ... group=<n>`), when there
+/// is more than one group: `sluice_sync_root_group{root="..."} n`.
+pub fn render_root_groups(out: &mut String, roots: &[String], groups: &[u32]) {
+    if groups.iter().all(|&g| g == 0) {
+        return;
+    }
+    out.push_str(
+        "# HELP sluice_sync_root_group The root group (shard) each quota root serves.\n\
+         # TYPE sluice_sync_root_group gauge\n",
+    );
+    for (url, g) in roots.iter().zip(groups) {
+        let _ = writeln!(
+            out,
+            "sluice_sync_root_group{{root=\"{}\"}} {g}",
+            escape(url)
+        );
+    }
+}
+
 /// What the access handler counted beside the table: requests rejected
 /// for their weight, rejections waiting cannot help, and requests held
 /// by `wait=`.
@@ -507,6 +526,7 @@ mod tests {
                 syncs: 3,
                 ..Default::default()
             }],
+            groups_down: Vec::new(),
         };
         crate::sync::status::publish(&t, &m);
         let text = render(&t, &["http://r1:7070".to_string()], 10, 0);
@@ -516,5 +536,17 @@ mod tests {
         );
         assert!(text.contains("sluice_sync_root_syncs_total{root=\"http://r1:7070\"} 3\n"));
         assert!(text.contains("sluice_sync_all_roots_down 0\n"));
+    }
+
+    #[test]
+    fn root_groups_are_shown_only_when_there_are_several() {
+        let roots = ["http://a:1".to_string(), "http://b:1".to_string()];
+        let mut one = String::new();
+        render_root_groups(&mut one, &roots, &[0, 0]);
+        assert!(one.is_empty());
+        let mut two = String::new();
+        render_root_groups(&mut two, &roots, &[0, 1]);
+        assert!(two.contains("sluice_sync_root_group{root=\"http://a:1\"} 0\n"));
+        assert!(two.contains("sluice_sync_root_group{root=\"http://b:1\"} 1\n"));
     }
 }

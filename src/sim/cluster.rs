@@ -64,6 +64,17 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
         sim.series.key_inserts += stats.inserts;
     }
     sim.series.deltas_clipped = sim.roots.iter().map(|r| r.clipped).sum();
+    sim.series.root_work = sim
+        .roots
+        .iter()
+        .map(|r| super::series::RootWork {
+            group: r.group.0,
+            received: r.received,
+            foreign: r.foreign,
+            requests: r.requests,
+            replied: r.replied,
+        })
+        .collect();
     sim.series
 }
 
@@ -264,13 +275,21 @@ impl<'a> Sim<'a> {
             .iter()
             .filter_map(|l| l.pace.map(|p| p.max_wait_ms / 1e3))
             .fold(crate::root::trust::DEFAULT_CAP_SECONDS, f64::max);
+        let groups = s
+            .root_groups
+            .iter()
+            .map(|&g| g as usize + 1)
+            .max()
+            .unwrap_or(1);
         let roots = (0..if s.local_limits { 0 } else { s.roots })
             .map(|r| {
                 let started = CLOCK_BASE.saturating_add_signed(root_offsets[r]);
                 // Root time 0 is the simulation's (UTC) time 0.
                 let utc_offset = -(started as i64);
-                SimRoot::new(&quotas, net_rng.next_u64() | 1, started, utc_offset)
-                    .with_level_cap_seconds(longest_wait)
+                let mut root = SimRoot::new(&quotas, net_rng.next_u64() | 1, started, utc_offset)
+                    .with_level_cap_seconds(longest_wait);
+                root.group = (s.root_groups.get(r).map_or(0, |&g| g as usize), groups);
+                root
             })
             .collect();
         let interval = millis(s.sync.interval_ms);
@@ -441,6 +460,10 @@ impl<'a> Sim<'a> {
             tick_seq: 0,
         };
         self.hosts.push(host);
+        if !self.checked.scenario.root_groups.is_empty() {
+            let groups = self.checked.scenario.root_groups.clone();
+            self.hosts[i].engine.set_groups(&groups);
+        }
         // Hosts start at random points of their cycle, as a real fleet.
         let first = now + (self.net_rng.next_unit() * interval as f64) as Nanos;
         self.push(first, Event::Tick { host: i, seq: 0 });

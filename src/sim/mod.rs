@@ -270,7 +270,9 @@ pub fn summary(checked: &Checked, r: &RunResult) -> String {
     if !s.description.is_empty() {
         let _ = writeln!(out, "   {}", s.description);
     }
-    for q in &r.series.quotas {
+    // Of many copies, the first copy's quotas stand for the rest.
+    let shown = r.series.quotas.len() / s.copies.max(1);
+    for q in &r.series.quotas[..shown] {
         let t = q.total(0.0, r.series.seconds as f64);
         let per = q
             .window
@@ -290,7 +292,46 @@ pub fn summary(checked: &Checked, r: &RunResult) -> String {
             r.series.deltas_clipped
         );
     }
+    if s.copies > 1 || !s.root_groups.is_empty() {
+        out.push_str(&groups_summary(r));
+    }
     out.push_str(&report::text_table(&r.rows));
+    out
+}
+
+/// What a run with many quotas or root groups adds to the summary:
+/// admitted over the limit per quota (from second 10, min/mean/max over
+/// quotas), and each root's work per sync interval.
+pub fn groups_summary(r: &RunResult) -> String {
+    let mut out = String::new();
+    let ratios = r
+        .series
+        .admitted_ratios(10.0_f64.min(r.series.seconds as f64 / 2.0));
+    if !ratios.is_empty() {
+        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        let _ = writeln!(
+            out,
+            "   admitted/limit per quota from 10 s, over {} quotas: min {min:.3}, mean \
+             {mean:.3}, max {max:.3}",
+            ratios.len()
+        );
+    }
+    for (i, w) in r.series.root_work.iter().enumerate() {
+        let per_request = w.received as f64 / w.requests.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "   root {i} (group {}): {} sync requests, {} counter deltas in ({per_request:.0} \
+             per request), {} of another group's shard; {} counter values out ({:.0} per reply)",
+            w.group,
+            w.requests,
+            w.received,
+            w.foreign,
+            w.replied,
+            w.replied as f64 / w.requests.max(1) as f64
+        );
+    }
     out
 }
 

@@ -36,6 +36,18 @@ pub struct SimRoot {
     swept_at: Nanos,
     /// The root's `level_cap_seconds`.
     level_cap_seconds: f64,
+    /// Its root group, and the number of groups.
+    pub group: (usize, usize),
+    /// Counter deltas received (named and keyed), over every start: its
+    /// work.
+    pub received: u64,
+    /// Of those, deltas of counters of another group's shard: a limiter
+    /// routed them wrong (zero when sharding works).
+    pub foreign: u64,
+    /// Sync requests answered.
+    pub requests: u64,
+    /// Counter values sent back in replies (named and keyed).
+    pub replied: u64,
 }
 
 impl SimRoot {
@@ -56,6 +68,11 @@ impl SimRoot {
             clipped: 0,
             swept_at: now,
             level_cap_seconds: crate::root::trust::DEFAULT_CAP_SECONDS,
+            group: (0, 1),
+            received: 0,
+            foreign: 0,
+            requests: 0,
+            replied: 0,
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
@@ -87,6 +104,27 @@ impl SimRoot {
         self.ledger.load(self.quotas.clone(), now);
     }
 
+    /// Counts what `request` gives this root to add, and what of it is
+    /// not of its shard.
+    fn count_work(&mut self, request: &SyncRequest) {
+        use crate::sync::shard;
+        use crate::wire::CounterKey;
+        let (group, groups) = self.group;
+        self.requests += 1;
+        let named = request.deltas.iter().map(|d| CounterKey::named(d.id));
+        let keyed = request.keyed.iter().flat_map(|k| {
+            k.deltas
+                .iter()
+                .map(move |d| CounterKey { id: k.id, key: d.0 })
+        });
+        for counter in named.chain(keyed) {
+            self.received += 1;
+            if shard(counter, groups) != group {
+                self.foreign += 1;
+            }
+        }
+    }
+
     fn empty_ledger(&self) -> Ledger {
         Ledger {
             utc_offset: self.utc_offset,
@@ -103,9 +141,12 @@ impl SimRoot {
     /// Applies a sync request at root time `now` and builds the answer, as
     /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
+        self.count_work(request);
         let step = self.ledger.sync(request, self.instance, now, self.paging);
         self.clipped += step.clipped as u64;
         let response = step.into_response(self.instance, now, self.ledger.utc_offset);
+        let keyed: usize = response.keyed.iter().map(|k| k.values.len()).sum();
+        self.replied += (response.counters.len() + keyed) as u64;
         // As the real root's reload task does every second, a slice at a
         // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);

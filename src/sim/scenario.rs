@@ -73,6 +73,16 @@ pub struct Scenario {
     /// Number of quota roots.
     #[serde(default = "default_roots")]
     pub roots: usize,
+    /// The root group (shard) of each root, as `SyncConfig::root_groups`
+    /// (empty: one group).
+    #[serde(default)]
+    pub root_groups: Vec<u32>,
+    /// Every quota and load is repeated this many times (default 1): copy
+    /// `i` of quota `name` is `name-i` (copy 0 keeps the name, so reports
+    /// measure it), its load and its parent renamed alike. Many quotas
+    /// under one load shape without a file of thousands of entries.
+    #[serde(default = "default_copies")]
+    pub copies: usize,
     /// No roots: every host limits alone with `limit / hosts.count` (and
     /// bursts scaled the same way), as plain nginx `limit_req` does.
     #[serde(default)]
@@ -99,6 +109,45 @@ fn default_ratio() -> f64 {
 
 fn default_roots() -> usize {
     1
+}
+
+fn default_copies() -> usize {
+    1
+}
+
+/// The name of copy `i` of `name` (see [`Scenario::copies`]).
+pub fn copy_name(name: &str, i: usize) -> String {
+    if i == 0 {
+        name.to_string()
+    } else {
+        format!("{name}-{i}")
+    }
+}
+
+/// Repeats the quotas and loads `copies` times.
+fn expand_copies(mut s: Scenario) -> Scenario {
+    if s.copies <= 1 {
+        return s;
+    }
+    let copies = s.copies;
+    s.quotas = (0..copies)
+        .flat_map(|i| {
+            s.quotas.iter().map(move |q| QuotaSpec {
+                name: copy_name(&q.name, i),
+                parent: q.parent.as_ref().map(|p| copy_name(p, i)),
+                ..q.clone()
+            })
+        })
+        .collect();
+    s.load = (0..copies)
+        .flat_map(|i| {
+            s.load.iter().map(move |l| LoadSpec {
+                quota: copy_name(&l.quota, i),
+                ..l.clone()
+            })
+        })
+        .collect();
+    s
 }
 
 /// How the hosts extrapolate the others' fill between syncs.
@@ -513,6 +562,20 @@ pub fn parse(text: &str) -> Result<Checked, String> {
 }
 
 fn check(s: Scenario) -> Result<Checked, String> {
+    if !(1..=100_000).contains(&s.copies) {
+        return Err(format!("copies must be 1 to 100000, not {}", s.copies));
+    }
+    if !s.root_groups.is_empty() {
+        if s.root_groups.len() != s.roots {
+            return Err(format!(
+                "root_groups: {} groups for {} roots",
+                s.root_groups.len(),
+                s.roots
+            ));
+        }
+        crate::sync::config::validate_groups(&s.root_groups).map_err(|e| e.to_string())?;
+    }
+    let s = expand_copies(s);
     let set = QuotaSet::new(s.quotas.clone()).map_err(|e| e.to_string())?;
     let quotas = set.to_quotas(1);
     let checked = Checked {

@@ -111,6 +111,25 @@ pub struct Series {
     /// Deltas the roots cut to their limiter's allowance (over the run):
     /// zero unless a host sent more than it could have admitted.
     pub deltas_clipped: u64,
+    /// Per root: its group, counter deltas received, deltas of another
+    /// group's shard among them, and sync requests answered (over the
+    /// run).
+    pub root_work: Vec<RootWork>,
+}
+
+/// What one simulated root did over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RootWork {
+    /// Its root group.
+    pub group: usize,
+    /// Counter deltas received.
+    pub received: u64,
+    /// Deltas of counters of another group's shard.
+    pub foreign: u64,
+    /// Sync requests answered.
+    pub requests: u64,
+    /// Counter values sent back in replies.
+    pub replied: u64,
 }
 
 /// Traffic of each key of one keyed load, per second.
@@ -164,7 +183,19 @@ impl Series {
             key_refused: 0,
             key_inserts: 0,
             deltas_clipped: 0,
+            root_work: Vec::new(),
         }
+    }
+
+    /// Each leaky quota's admitted weight from second `from` to the end,
+    /// over what its limit allows in that span (window quotas left out).
+    pub fn admitted_ratios(&self, from: f64) -> Vec<f64> {
+        let to = self.seconds as f64;
+        self.quotas
+            .iter()
+            .filter(|q| q.window.is_none() && q.limit > 0.0 && to > from)
+            .map(|q| q.total(from, to).admitted as f64 / (q.limit * (to - from)))
+            .collect()
     }
 
     /// The bin for simulated time `now`, if inside the record.

@@ -377,3 +377,60 @@ fn standard_scenarios_never_clip_an_honest_fleet() {
         assert_eq!(r.series.deltas_clipped, 0, "{}", path.display());
     }
 }
+
+/// Root groups in the simulator: 100 hosts, 2 groups of 2 roots, 100
+/// quotas at 2x.
+const GROUPS: &str = r#"
+    name = "groups"
+    duration = 20
+    hosts = { count = 100, clock_skew_ms = 50 }
+    network = { latency_ms = 1.0, jitter_ms = 1.0 }
+    roots = 4
+    root_groups = [0, 1, 0, 1]
+    copies = 100
+    [[quotas]]
+    name = "q"
+    limit = 200
+    low_burst = 200
+    high_burst = 600
+    [[load]]
+    quota = "q"
+    phases = [{ at = 0, x = 2.0 }]
+"#;
+
+#[test]
+fn each_root_of_a_group_receives_only_its_shards_counters_and_accuracy_holds() {
+    let checked = parse(GROUPS).unwrap();
+    assert_eq!(checked.quotas.len(), 100);
+    let r = run_scenario(&checked, None, None);
+    let work = &r.series.root_work;
+    assert_eq!(work.len(), 4);
+    for (i, w) in work.iter().enumerate() {
+        assert_eq!(w.group, i % 2);
+        assert!(w.received > 0, "root {i} got nothing: {w:?}");
+        assert_eq!(w.foreign, 0, "root {i} got another shard's counters");
+    }
+    // The two groups split the counters: each gets about half.
+    let (g0, g1) = (work[0].received, work[1].received);
+    assert!(g0.min(g1) as f64 > 0.25 * (g0 + g1) as f64, "{g0} / {g1}");
+    let ratios = r.series.admitted_ratios(5.0);
+    assert_eq!(ratios.len(), 100);
+    for ratio in ratios {
+        assert!((0.9..=1.1).contains(&ratio), "admitted/limit {ratio}");
+    }
+    assert!(groups_summary(&r).contains("of another group's shard"));
+}
+
+#[test]
+fn root_groups_are_checked_and_copies_rename_quotas_and_loads() {
+    let bad = GROUPS.replace("[0, 1, 0, 1]", "[0, 2, 0, 2]");
+    assert!(parse(&bad)
+        .unwrap_err()
+        .contains("group 1 has no quota root"));
+    let short = GROUPS.replace("[0, 1, 0, 1]", "[0, 1]");
+    assert!(parse(&short).unwrap_err().contains("root_groups"));
+    let checked = parse(GROUPS).unwrap();
+    assert_eq!(checked.quotas[0].name, "q");
+    assert_eq!(checked.quotas[99].name, "q-99");
+    assert_eq!(checked.scenario.load[99].quota, "q-99");
+}

@@ -86,6 +86,10 @@ pub struct SyncConfig {
     /// Root base URLs (`http://host:port` or `https://...`, as
     /// [`parse_root_url`] returns them); empty for standalone.
     pub roots: Vec<String>,
+    /// The root group (shard) of each root, in the order of `roots`; empty
+    /// when every root is in group 0 (one group, the default). Groups are
+    /// numbered `0..n` with no gap (see [`super::shard`]).
+    pub root_groups: Vec<u32>,
     /// Time between syncs (jitter adds up to 10%).
     pub interval: Duration,
     /// Time one request may take; defaults to 80% of the interval.
@@ -111,6 +115,7 @@ impl std::fmt::Debug for SyncConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyncConfig")
             .field("roots", &self.roots)
+            .field("root_groups", &self.root_groups)
             .field("interval", &self.interval)
             .field("timeout", &self.timeout)
             .field("limiter_id", &self.limiter_id)
@@ -123,6 +128,7 @@ impl Default for SyncConfig {
     fn default() -> Self {
         Self {
             roots: Vec::new(),
+            root_groups: Vec::new(),
             interval: Duration::from_secs(1),
             timeout: None,
             token: None,
@@ -158,6 +164,19 @@ impl SyncConfig {
                 ));
             }
         }
+        if !self.root_groups.is_empty() {
+            if self.root_groups.len() != self.roots.len() {
+                return Err(ValidationError::new(
+                    "root_groups",
+                    format!(
+                        "{} groups for {} quota roots: give every root its group",
+                        self.root_groups.len(),
+                        self.roots.len()
+                    ),
+                ));
+            }
+            validate_groups(&self.root_groups)?;
+        }
         validate_interval(self.interval)?;
         if let Some(timeout) = self.timeout {
             if timeout.is_zero() || timeout >= self.interval {
@@ -176,6 +195,16 @@ impl SyncConfig {
             early.validate()?;
         }
         Ok(())
+    }
+
+    /// The group of each root, in the order of `roots` (all 0 when
+    /// `root_groups` is empty).
+    pub fn groups(&self) -> Vec<u32> {
+        if self.root_groups.is_empty() {
+            vec![0; self.roots.len()]
+        } else {
+            self.root_groups.clone()
+        }
     }
 
     /// One request's timeout: the configured one, or
@@ -206,6 +235,48 @@ pub fn horizon(interval: Duration) -> Nanos {
     (interval * HORIZON_INTERVALS)
         .as_nanos()
         .min(u128::from(u64::MAX)) as Nanos
+}
+
+/// Checks root groups as given to roots in order: every group from 0 to
+/// the highest has at least one root (no gap), so that every shard is
+/// served. The error names `root_groups` and the missing group.
+pub fn validate_groups(groups: &[u32]) -> Result<(), ValidationError> {
+    let Some(&highest) = groups.iter().max() else {
+        return Ok(());
+    };
+    if highest as usize >= MAX_ROOTS {
+        return Err(ValidationError::new(
+            "root_groups",
+            format!("group {highest} is out of range (0 to {})", MAX_ROOTS - 1),
+        ));
+    }
+    if let Some(missing) = (0..highest).find(|g| !groups.contains(g)) {
+        return Err(ValidationError::new(
+            "root_groups",
+            format!(
+                "group {missing} has no quota root (groups are numbered 0 to {highest} \
+                 with no gap)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a `group=<n>` argument of `sluice_root` (`n` from 0 to
+/// [`MAX_ROOTS`] - 1); `None` when `arg` is not a group argument.
+pub fn parse_group_arg(arg: &[u8]) -> Option<Result<u32, String>> {
+    let value = arg.strip_prefix(b"group=")?;
+    let parsed = std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&g| (g as usize) < MAX_ROOTS);
+    Some(parsed.ok_or_else(|| {
+        format!(
+            "invalid group \"{}\" (0 to {})",
+            String::from_utf8_lossy(value),
+            MAX_ROOTS - 1
+        )
+    }))
 }
 
 /// Checks a sync interval against [`MIN_INTERVAL`] and [`MAX_INTERVAL`].
@@ -329,6 +400,22 @@ mod tests {
             ),
             (
                 SyncConfig {
+                    roots: vec!["http://a".into(), "http://b".into()],
+                    root_groups: vec![0, 2],
+                    ..config()
+                },
+                "root_groups",
+            ),
+            (
+                SyncConfig {
+                    roots: vec!["http://a".into(), "http://b".into()],
+                    root_groups: vec![0],
+                    ..config()
+                },
+                "root_groups",
+            ),
+            (
+                SyncConfig {
                     interval: Duration::from_millis(10),
                     ..config()
                 },
@@ -386,6 +473,30 @@ mod tests {
         for (c, field) in cases {
             assert_eq!(c.validate().unwrap_err().field, field, "{c:?}");
         }
+    }
+
+    #[test]
+    fn groups_are_numbered_from_zero_with_no_gap() {
+        assert!(validate_groups(&[0, 1, 1, 0, 2]).is_ok());
+        assert!(validate_groups(&[]).is_ok());
+        let err = validate_groups(&[1, 1]).unwrap_err();
+        assert!(
+            err.to_string().contains("group 0 has no quota root"),
+            "{err}"
+        );
+        assert!(validate_groups(&[0, 16]).is_err());
+        let c = SyncConfig {
+            roots: vec!["http://a".into(), "http://b".into()],
+            root_groups: vec![1, 0],
+            ..config()
+        };
+        assert!(c.validate().is_ok());
+        assert_eq!(c.groups(), vec![1, 0]);
+        assert_eq!(config().groups(), vec![0]);
+        assert_eq!(parse_group_arg(b"group=3"), Some(Ok(3)));
+        assert!(parse_group_arg(b"group=x").unwrap().is_err());
+        assert!(parse_group_arg(b"group=16").unwrap().is_err());
+        assert_eq!(parse_group_arg(b"http://a"), None);
     }
 
     #[test]

@@ -15,17 +15,21 @@
 //!   the engine tells the table so at the end of the cycle, which resets the
 //!   counter's extrapolation and decays its fill rate (see `Recent`);
 //! - when no root answered for two intervals the engine folds local weight
-//!   into the levels (per-host limiting) and says so once a minute.
+//!   into the levels (per-host limiting) and says so once a minute;
+//! - with root groups (see the `sync` module doc), each counter is owed
+//!   only to the roots of its shard ([`super::shard`]), "unchanged" is
+//!   vouched per group, quota changes come from one group, and a group
+//!   down folds only its shard's weight locally.
 
 use super::ids::{CounterMap, CounterSet, IdMap};
-use super::link::{Owed, OwedDeltas, RootLink};
+use super::link::{Owed, OwedDeltas, RootLink, NO_QUOTAS};
 use super::{EarlySync, LogLevel, SyncMetrics};
 use crate::core::{Counting, Level, Nanos, Tally};
 use crate::table::file::purge_seeds;
 use crate::table::{CollectedDelta, SlotId, Table};
 use crate::wire::{
-    ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, SyncRequest,
-    SyncResponse,
+    ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, QuotaCursor,
+    SyncRequest, SyncResponse,
 };
 use std::collections::HashMap;
 
@@ -128,10 +132,10 @@ struct Recent {
     /// Number of the current settling round: counters reported since the
     /// last [`Recent::settle`] carry it.
     round: u64,
-    /// Local time up to which this cycle's complete replies vouch that
-    /// unreported counters did not change (the earliest of them: the
-    /// roots answer at different times).
-    quiet_until: Option<Nanos>,
+    /// Per root group, the local time up to which this cycle's complete
+    /// replies vouch that unreported counters of its shard did not change
+    /// (the earliest of them: the roots answer at different times).
+    quiet_until: Vec<Option<Nanos>>,
 }
 
 /// A recently changed counter.
@@ -158,15 +162,31 @@ impl Recent {
         );
     }
 
-    /// Tells the table that every recent counter no root reported did not
-    /// change up to `quiet_until`, and forgets counters quiet for long.
-    fn settle(&mut self, table: &Table) {
-        if let Some(at) = self.quiet_until.take() {
+    /// Notes that a complete reply of `group` vouches for its shard up to
+    /// `at`.
+    fn vouch(&mut self, group: usize, at: Nanos) {
+        if self.quiet_until.len() <= group {
+            self.quiet_until.resize(group + 1, None);
+        }
+        let until = &mut self.quiet_until[group];
+        *until = Some(until.map_or(at, |u| u.min(at)));
+    }
+
+    /// Tells the table that every recent counter no root of its group
+    /// reported did not change up to that group's `quiet_until`, and
+    /// forgets counters quiet for long.
+    fn settle(&mut self, table: &Table, groups: usize) {
+        let until = std::mem::take(&mut self.quiet_until);
+        if until.iter().any(Option::is_some) {
             let round = self.round;
             self.by_counter.retain(|c, t| {
                 if t.reported == round {
                     return true;
                 }
+                let Some(at) = until.get(super::shard(*c, groups)).copied().flatten() else {
+                    // Nobody vouched for its shard: kept as it is.
+                    return true;
+                };
                 t.quiet += 1;
                 let nothing = Tally::leaky(Level::empty(at));
                 table.merge_counter(t.slot, c.id, c.key, nothing, 0) && t.quiet < QUIET_CYCLES
@@ -227,6 +247,15 @@ fn due_deltas(owed: &OwedDeltas, now: Nanos) -> (Vec<CounterDelta>, Vec<KeyedDel
 #[derive(Debug)]
 pub struct SyncEngine {
     links: Vec<RootLink>,
+    /// Number of root groups (shards), at least 1.
+    groups: usize,
+    /// Per group: local time of the last answer from any of its roots.
+    group_success: Vec<Option<Nanos>>,
+    /// Per group: no root of it answered for two intervals (its shard is
+    /// limited per host).
+    group_down: Vec<bool>,
+    /// Per group: when its being down was last logged.
+    group_down_logged: Vec<Option<Nanos>>,
     unacked: Unacked,
     recent: Recent,
     slots: IdMap<SlotId>,
@@ -262,6 +291,10 @@ impl SyncEngine {
                 .iter()
                 .map(|u| RootLink::new(u.trim_end_matches('/').into()))
                 .collect(),
+            groups: 1,
+            group_success: vec![None],
+            group_down: vec![false],
+            group_down_logged: vec![None],
             unacked: Unacked::default(),
             recent: Recent::default(),
             slots: IdMap::default(),
@@ -279,6 +312,31 @@ impl SyncEngine {
             pressure: super::KeyPressure::default(),
             rejected_seen: None,
         }
+    }
+
+    /// Puts root `i` in group `groups[i]` (see the `sync` module doc on
+    /// root groups); without a call every root is in group 0. `groups` has
+    /// one entry per root and numbers groups from 0 with no gap (as
+    /// [`super::config::validate_groups`] checks).
+    pub fn set_groups(&mut self, groups: &[u32]) {
+        for (link, &g) in self.links.iter_mut().zip(groups) {
+            link.group = g as usize;
+            link.metrics.group = g;
+        }
+        self.groups = self.links.iter().map(|l| l.group + 1).max().unwrap_or(1);
+        self.group_success = vec![None; self.groups];
+        self.group_down = vec![false; self.groups];
+        self.group_down_logged = vec![None; self.groups];
+    }
+
+    /// Number of root groups (shards).
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+
+    /// The group root `i` is in.
+    pub fn root_group(&self, i: usize) -> usize {
+        self.links[i].group
     }
 
     /// Turns early sync on (or off with `None`).
@@ -367,29 +425,73 @@ impl SyncEngine {
                 (counter_of(d), Owed::collected(d.delta, counting, now))
             })
             .collect();
-        // With no root up, backoff only delays finding the first one back.
-        let any_up = self.links.iter().any(|l| l.metrics.up);
+        // With no root of a group up, backoff only delays finding the
+        // first one back.
+        let groups = self.groups;
+        let mut group_up = vec![false; groups];
+        for l in self.links.iter().filter(|l| l.metrics.up) {
+            group_up[l.group] = true;
+        }
+        // Quota changes come from the lowest group with a root up; the
+        // others' links take the furthest cursor of any other group.
+        let quota_group = (groups > 1)
+            .then(|| group_up.iter().position(|&up| up))
+            .flatten();
+        let mut furthest = vec![QuotaCursor::default(); groups];
+        for l in &self.links {
+            furthest[l.group] = furthest[l.group].max(l.cursor);
+        }
+        let fresh_of = |g: usize| {
+            fresh
+                .iter()
+                .filter(move |(c, _)| super::shard(*c, groups) == g)
+                .copied()
+        };
+        let rejected_of = |g: usize| -> Vec<(u64, u64)> {
+            rejected
+                .iter()
+                .filter(|(id, _)| super::shard(CounterKey::named(*id), groups) == g)
+                .copied()
+                .collect()
+        };
         let mut out = Vec::new();
         for (root, link) in self.links.iter_mut().enumerate() {
-            link.owe(fresh.iter().copied(), self.max_owed, now);
+            let g = link.group;
+            link.owe(fresh_of(g), self.max_owed, now);
             if link.busy {
                 continue;
             }
-            if link.skip > 0 && any_up {
+            if link.skip > 0 && group_up[g] {
                 link.skip -= 1;
                 continue;
             }
             link.busy = true;
             let owed = std::mem::take(&mut link.owed);
             let (deltas, keyed) = due_deltas(&owed, now);
+            let others = furthest
+                .iter()
+                .enumerate()
+                .filter(|&(other, _)| other != g)
+                .map(|(_, &c)| c)
+                .max()
+                .unwrap_or_default();
+            link.cursor = link.cursor.max(others);
+            let quotas_after = match quota_group {
+                Some(q) if q != g => NO_QUOTAS,
+                _ => link.cursor,
+            };
             let request = SyncRequest {
                 limiter: self.limiter_id.clone(),
-                quotas_after: link.cursor,
+                quotas_after,
                 counter_version: link.counter_version,
                 root_instance: link.root_instance,
                 deltas,
                 keyed,
-                rejected: rejected.clone(),
+                rejected: if groups > 1 {
+                    rejected_of(g)
+                } else {
+                    rejected.clone()
+                },
             };
             out.push(Outgoing {
                 root,
@@ -416,11 +518,13 @@ impl SyncEngine {
         now: Nanos,
     ) -> Vec<LogLine> {
         let mut log = Vec::new();
+        let group = self.links[root].group;
+        // Another root of the same group serves the shard meanwhile.
         let others_up = self
             .links
             .iter()
             .enumerate()
-            .any(|(i, l)| i != root && l.metrics.up);
+            .any(|(i, l)| i != root && l.group == group && l.metrics.up);
         let link = &mut self.links[root];
         link.busy = false;
         if pages.is_empty() {
@@ -464,10 +568,15 @@ impl SyncEngine {
                     at: last.reply.root_time,
                 })
                 .at;
-            let until = &mut self.recent.quiet_until;
-            *until = Some(until.map_or(at, |u| u.min(at)));
+            self.recent.vouch(group, at);
         }
-        if pages.last().is_some_and(|p| !p.reply.more_quotas) && table.holds_seeds() {
+        // A reply to a request for no quotas (another group gives them)
+        // says nothing about the quota set.
+        if pages
+            .last()
+            .is_some_and(|p| !p.reply.more_quotas && p.reply.quotas_after != NO_QUOTAS)
+            && table.holds_seeds()
+        {
             // A root's whole quota set is in: from now on the roots' quotas
             // are the set, and seeds from a file no root knows go.
             let report = purge_seeds(table);
@@ -487,6 +596,16 @@ impl SyncEngine {
             self.links[root].failed(others_up, error);
         }
         self.last_any_success = Some(now);
+        self.group_success[group] = Some(now);
+        if self.group_down[group] && !self.all_down {
+            self.group_down[group] = false;
+            self.group_down_logged[group] = None;
+            log.push((
+                LogLevel::Info,
+                format!("a quota root of group {group} answers again; its shard is limited fleet-wide again"),
+            ));
+        }
+        self.group_down[group] = false;
         if self.all_down {
             // Limiting is cluster-wide again from this reply on.
             self.all_down = false;
@@ -519,7 +638,7 @@ impl SyncEngine {
     /// failed, so the table learns of them right away.
     fn settle_if_all_in(&mut self, table: &Table) {
         if !self.links.iter().any(|l| l.busy) {
-            self.recent.settle(table);
+            self.recent.settle(table, self.groups);
         }
     }
 
@@ -603,7 +722,10 @@ impl SyncEngine {
         let waiting = self.links.iter().any(|l| l.busy);
         let down =
             !self.links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval;
-        self.recent.settle(table);
+        self.recent.settle(table, self.groups);
+        if !down && self.groups > 1 {
+            self.groups_down(table, now, &mut log);
+        }
         table.maintain_keys(super::key_sweep_budget(table, self.interval), now);
         log.extend(self.pressure.check(table));
         if down {
@@ -625,6 +747,46 @@ impl SyncEngine {
         }
         self.all_down = down;
         log
+    }
+
+    /// With several groups and not all of them down: folds the in-flight
+    /// weight of every shard whose group has not answered for two
+    /// intervals into the local levels (per host), and says so once a
+    /// minute per group.
+    fn groups_down(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
+        let groups = self.groups;
+        let mut down = vec![false; groups];
+        for (g, is_down) in down.iter_mut().enumerate() {
+            let mut roots = self.links.iter().filter(|l| l.group == g);
+            let waiting = roots.clone().any(|l| l.busy);
+            let since = self.group_success[g].unwrap_or(self.started);
+            *is_down =
+                roots.next().is_some() && !waiting && now.saturating_sub(since) > 2 * self.interval;
+        }
+        if down.iter().any(|&d| d) {
+            self.unacked.by_counter.retain(|c, &mut (slot, amount)| {
+                if !down[super::shard(*c, groups)] {
+                    return true;
+                }
+                table.fold_inflight(slot, c.id, c.key, amount, now);
+                false
+            });
+        }
+        for (g, &is_down) in down.iter().enumerate() {
+            if is_down
+                && self.group_down_logged[g].is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
+            {
+                self.group_down_logged[g] = Some(now);
+                log.push((
+                    LogLevel::Warn,
+                    format!(
+                        "every quota root of group {g} unreachable; its shard of the counters \
+                         is limited with local counts only (per host), the others fleet-wide"
+                    ),
+                ));
+            }
+            self.group_down[g] = is_down;
+        }
     }
 
     /// The sync thread stops: weight sent but acknowledged by no root goes
@@ -657,6 +819,10 @@ impl SyncEngine {
             cycles: self.cycles,
             all_roots_down: self.all_down,
             roots: self.links.iter().map(|l| l.metrics.clone()).collect(),
+            groups_down: (0..self.groups)
+                .filter(|&g| self.group_down[g])
+                .map(|g| g as u32)
+                .collect(),
         }
     }
 }
@@ -970,6 +1136,147 @@ mod tests {
         assert_eq!((state(alice).level, state(alice).inflight), (10.0, 0));
         // Bob's unit was acknowledged without a value: released.
         assert_eq!((state(bob).inflight, state(bob).pending), (0, 0));
+    }
+
+    /// A table with quotas `a` (id 1..) and `b` whose counters are in
+    /// different shards of two, leaking at 10/s; their ids.
+    fn two_shard_table() -> (Table, u64, u64) {
+        let ids: Vec<u64> = (1..100).collect();
+        let a = *ids
+            .iter()
+            .find(|&&i| crate::sync::shard(CounterKey::named(i), 2) == 0)
+            .unwrap();
+        let b = *ids
+            .iter()
+            .find(|&&i| crate::sync::shard(CounterKey::named(i), 2) == 1)
+            .unwrap();
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&[
+            Quota::new(a, "a", 10.0, 100.0, 100.0),
+            Quota::new(b, "b", 10.0, 100.0, 100.0),
+        ]);
+        (t, a, b)
+    }
+
+    fn page_of(counters: &[(u64, f64)], at: Nanos) -> Page {
+        let mut page = quiet_page(at);
+        page.reply.counters = counters
+            .iter()
+            .map(|&(id, level)| CounterValue {
+                id,
+                level,
+                at,
+                prev: 0.0,
+            })
+            .collect();
+        page
+    }
+
+    #[test]
+    fn shards_spread_counters_and_one_group_is_shard_zero() {
+        let mut per = [0usize; 4];
+        for id in 1..=4000u64 {
+            assert_eq!(crate::sync::shard(CounterKey::named(id), 1), 0);
+            per[crate::sync::shard(CounterKey::named(id), 4)] += 1;
+            // Keys of one template spread too.
+            let key = CounterKey {
+                id: 7,
+                key: id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            };
+            assert!(crate::sync::shard(key, 4) < 4);
+        }
+        assert!(per.iter().all(|&n| (900..1100).contains(&n)), "{per:?}");
+    }
+
+    #[test]
+    fn each_counter_goes_only_to_the_roots_of_its_shard() {
+        let (t, a, b) = two_shard_table();
+        let roots = ["http://g0a".into(), "http://g0b".into(), "http://g1".into()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        e.set_groups(&[0, 0, 1]);
+        assert_eq!(e.groups(), 2);
+        t.check(b"a", 3, 0);
+        t.check(b"b", 5, 0);
+        let out = cycle(&mut e, &t, SEC, |r| {
+            vec![if r == 2 {
+                page_of(&[(b, 5.0)], SEC)
+            } else {
+                page_of(&[(a, 3.0)], SEC)
+            }]
+        });
+        let only = |id, delta| {
+            vec![CounterDelta {
+                id,
+                delta,
+                window: None,
+            }]
+        };
+        assert_eq!(deltas_to(&out, 0), only(a, 3));
+        assert_eq!(deltas_to(&out, 1), only(a, 3));
+        assert_eq!(deltas_to(&out, 2), only(b, 5));
+        // Every root was asked for quotas while none was known up; now
+        // only group 0 is, and group 1 is asked for none.
+        assert!(out.iter().all(|o| o.request.quotas_after != NO_QUOTAS));
+        let out = cycle(&mut e, &t, 2 * SEC, |_| vec![quiet_page(2 * SEC)]);
+        let cursor = |r: usize| {
+            out.iter()
+                .find(|o| o.root == r)
+                .unwrap()
+                .request
+                .quotas_after
+        };
+        assert_ne!(cursor(0), NO_QUOTAS);
+        assert_eq!(cursor(2), NO_QUOTAS);
+        let st = |name: &[u8]| t.quota(name, 2 * SEC).unwrap();
+        assert_eq!((st(b"a").inflight, st(b"b").inflight), (0, 0));
+        assert_eq!(e.metrics().roots[2].group, 1);
+    }
+
+    #[test]
+    fn a_group_down_leaves_its_shard_per_host_and_the_other_fleet_wide() {
+        let (t, a, b) = two_shard_table();
+        let roots = ["http://g0".into(), "http://g1".into()];
+        let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+        e.set_groups(&[0, 1]);
+        let mut warned = 0;
+        for s in 1..=4 {
+            let now = s * SEC;
+            t.check(b"a", 2, now);
+            t.check(b"b", 2, now);
+            let out = e.begin_cycle(&t, now);
+            for o in out {
+                if o.root == 0 {
+                    // Group 0 holds the others' 50 on top of this host's.
+                    let page = page_of(&[(a, 50.0 + 2.0 * s as f64)], now);
+                    e.finish(&t, 0, o.owed, &[page], None, now);
+                } else {
+                    e.finish(&t, 1, o.owed, &[], Some("down".into()), now);
+                }
+            }
+            let logs = e.end_cycle(&t, now);
+            warned += logs.iter().filter(|l| l.1.contains("group 1")).count();
+        }
+        assert_eq!(warned, 1);
+        assert!(!e.all_down());
+        assert_eq!(e.metrics().groups_down, vec![1]);
+        let st = |name: &[u8]| t.quota(name, 4 * SEC).unwrap();
+        // Shard 0: the fleet's level. Shard 1: this host's weight folded
+        // locally, nothing left in flight.
+        assert_eq!(st(b"a").level, 58.0);
+        assert_eq!(st(b"b").inflight, 0);
+        assert!(st(b"b").level > 0.0 && st(b"b").level <= 8.0);
+        // Group 1 comes back: its shard is fleet-wide again.
+        let now = 5 * SEC;
+        let out = e.begin_cycle(&t, now);
+        let mut logs = Vec::new();
+        for o in out {
+            let page = page_of(&[if o.root == 0 { (a, 60.0) } else { (b, 70.0) }], now);
+            logs.extend(e.finish(&t, o.root, o.owed, &[page], None, now));
+        }
+        e.end_cycle(&t, now);
+        assert!(logs.iter().any(|l| l.1.contains("group 1 answers again")));
+        assert!(e.metrics().groups_down.is_empty());
+        assert_eq!(t.quota(b"b", now).unwrap().level, 70.0);
     }
 
     #[test]

@@ -142,6 +142,14 @@ impl Owed {
     }
 }
 
+/// The quota cursor a limiter sends a root it does not take quota changes
+/// from (a root of another group than the one it follows): past every
+/// epoch, so the root sends no quotas. Never kept as a link's cursor.
+pub const NO_QUOTAS: QuotaCursor = QuotaCursor {
+    epoch: u64::MAX,
+    id: u64::MAX,
+};
+
 /// What a root is owed, by counter.
 pub type OwedDeltas = super::ids::CounterMap<Owed>;
 
@@ -150,6 +158,8 @@ pub type OwedDeltas = super::ids::CounterMap<Owed>;
 pub struct RootLink {
     /// The root's base URL, e.g. `http://10.0.0.1:7070`.
     pub url: String,
+    /// The root's group (shard), 0 with one group.
+    pub group: usize,
     /// Last quota position received from this root.
     pub cursor: QuotaCursor,
     /// Last counter version received from this root.
@@ -181,6 +191,8 @@ pub struct RootLink {
 pub struct RootMetrics {
     /// The root's URL.
     pub url: String,
+    /// The root's group (shard).
+    pub group: u32,
     /// True when the last attempt succeeded.
     pub up: bool,
     /// Local monotonic time of the last success (ns; 0: never).
@@ -214,6 +226,7 @@ impl RootLink {
         };
         Self {
             url,
+            group: 0,
             cursor: QuotaCursor::default(),
             counter_version: 0,
             root_instance: 0,
@@ -271,7 +284,9 @@ impl RootLink {
             self.samples.pop_front();
         }
         self.samples.push_back((rtt, offset));
-        self.cursor = reply.quotas_after;
+        if reply.quotas_after != NO_QUOTAS {
+            self.cursor = reply.quotas_after;
+        }
         self.counter_version = reply.counter_version;
         self.root_instance = reply.root_instance;
         self.failures = 0;

@@ -22,6 +22,55 @@
 //! two intervals, the thread folds local weight into the levels itself:
 //! limiting goes on with local counts only, per host, and the log says so
 //! once a minute.
+//!
+//! # Root groups (shards)
+//!
+//! One group of masterless roots adds every host's deltas for every
+//! counter; past what one group can add, the counter space is split into
+//! shards, each served by its own group (`sluice_root <url> group=<n>`,
+//! [`SyncConfig::root_groups`]). The design:
+//!
+//! - **Shard of a counter**: [`shard`], a stable hash of the quota id
+//!   (named counters) or of the quota id and key hash (keys of per-key
+//!   quotas, so one template's keys spread over every group), modulo the
+//!   number of groups. Every host of a fleet configured with the same
+//!   number of groups routes a counter to the same group; the key hash is
+//!   the fleet's keyed hash, the same on every host.
+//! - **Quotas**: every root reads every quota from the same database, so
+//!   every group knows every quota and its epochs are the database's. A
+//!   limiter takes quota changes from one group only: the lowest group with
+//!   a root up (group 0 while it answers). Roots of the other groups are
+//!   asked with a cursor past every epoch ([`link::NO_QUOTAS`]) and send
+//!   none; their links keep the furthest cursor any group gave, so the
+//!   next group in line takes over from there if the first goes down.
+//! - **Deltas and counters**: each cycle's deltas are owed only to the
+//!   roots of their shard, and the first of those roots to answer
+//!   acknowledges them; replies are merged as before (a root only ever
+//!   reports counters of its shard). "Unchanged" (a counter a complete
+//!   reply leaves out) is vouched per group: only a reply of the counter's
+//!   own group says so.
+//! - **A group down**: when no root of a group answered for two
+//!   intervals, the in-flight weight of that group's shard is folded into
+//!   the local levels each cycle (per host, fail-open, as with every root
+//!   down) while the other shards stay fleet-wide; what the group is owed
+//!   still leaks and is resent when it is back. Every group down is the
+//!   old all-roots-down case.
+//! - **One group** (no `group=`, or all 0): every counter's shard is 0,
+//!   and nothing differs from a limiter without groups.
+//! - **Reshaping** (a group added: config change, then reload or restart):
+//!   the new sync thread starts with the new number of groups, so most
+//!   counters move to another shard. The old thread's unacknowledged
+//!   weight is handed back to pending when it stops
+//!   ([`engine::SyncEngine::abandon`]) and goes out with the first cycle of
+//!   the new one, to the counter's new group; what the old thread still
+//!   owed the old group is dropped with it (that group already has the
+//!   weight from its first answer, or will get it from the others: it
+//!   leaks away there). The new group knows nothing of a moved counter at
+//!   first: each host's first cycle gives it that host's delta only, and
+//!   the fleet-wide level builds up as every host sends its deltas (within
+//!   an interval); meanwhile hosts keep the level they had (max-merge
+//!   never lowers it) and it leaks at the limit. So counters converge
+//!   within two intervals of the last host's reload.
 
 pub mod config;
 pub mod engine;
@@ -40,6 +89,21 @@ use crate::core::Nanos;
 use crate::table::Table;
 pub use config::{default_limiter_id, EarlySync, LogSink, SyncConfig};
 pub use link::RootMetrics;
+
+/// The shard (root group) of `counter` when there are `groups` groups:
+/// a stable hash of the quota id and key hash, modulo `groups` (always 0
+/// for one group). Every host and the simulator route by it.
+pub fn shard(counter: crate::wire::CounterKey, groups: usize) -> usize {
+    if groups <= 1 {
+        return 0;
+    }
+    // splitmix64's finalizer: consecutive ids spread evenly.
+    let mut x = counter.id ^ counter.key.rotate_left(32);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x % groups as u64) as usize
+}
 
 /// Severity of a sync log line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -91,6 +155,11 @@ pub struct SyncMetrics {
     pub all_roots_down: bool,
     /// Per-root metrics, in configuration order.
     pub roots: Vec<RootMetrics>,
+    /// Root groups none of whose roots answered for two intervals: their
+    /// shards are limited per host (empty with one group, where
+    /// `all_roots_down` says it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups_down: Vec<u32>,
 }
 
 /// State shared between the sync thread and its owner.

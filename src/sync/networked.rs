@@ -57,6 +57,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         config.max_owed,
         now(),
     );
+    engine.set_groups(&config.groups());
     engine.set_early_sync(config.early_sync);
     // How often early sync looks at the table (never, when it is off).
     let early = engine.early_probe_every().map(Duration::from_nanos);

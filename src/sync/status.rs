@@ -41,6 +41,8 @@ pub fn published(table: &Table) -> SyncMetrics {
                 .iter()
                 .map(|r| RootMetrics {
                     url: String::new(),
+                    // Every process knows the groups from its configuration.
+                    group: 0,
                     up: r.up.load(Relaxed) != 0,
                     last_success: r.last_success.load(Relaxed),
                     syncs: r.syncs.load(Relaxed),
@@ -57,6 +59,7 @@ pub fn published(table: &Table) -> SyncMetrics {
                 cycles: st.cycles.load(Relaxed),
                 all_roots_down: st.all_roots_down.load(Relaxed) != 0,
                 roots,
+                groups_down: Vec::new(),
             }
         })
         .unwrap_or_default()
@@ -81,6 +84,7 @@ mod tests {
                 clock_offset: -12,
                 ..Default::default()
             }],
+            groups_down: Vec::new(),
         };
         publish(&t, &m);
         assert_eq!(published(&t), m);

@@ -171,6 +171,32 @@ impl Table {
         self.fold_keys(now);
     }
 
+    /// Folds `amount` of one counter's in-flight weight into its own level
+    /// at `now`, as [`Table::fold_local`] does for every counter: the
+    /// roots of this counter's group (shard) are all unreachable, so this
+    /// host counts it alone while the other shards stay fleet-wide.
+    /// Ignored if the slot holds another quota now (or the key has no
+    /// entry here).
+    pub fn fold_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64, now: Nanos) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if key != 0 {
+            self.fold_key_inflight(slot, id, key, amount, now);
+            return;
+        }
+        if s.quota_id() != Some(id) {
+            return;
+        }
+        let moved = amount.min(s.inflight.load(ACQ));
+        let counting = self.slot_counting(s);
+        let (known, rate) = slot_tally(s);
+        let folded = counting
+            .add_in(known, attributed(&counting, now), now, moved as f64)
+            .unwrap_or(known);
+        store_tally(s, folded, rate);
+        s.inflight.fetch_sub(moved, RLX);
+    }
+
     /// How the quota in slot `s` counts.
     pub(super) fn slot_counting(&self, s: &Slot) -> Counting {
         let flags = s.flags.load(RLX);

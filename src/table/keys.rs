@@ -507,6 +507,33 @@ impl Table {
         true
     }
 
+    /// Folds `amount` of a key's in-flight weight into its level at `now`
+    /// (see [`Table::fold_inflight`]), if its entry still holds it.
+    pub(super) fn fold_key_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        amount: u64,
+        now: Nanos,
+    ) {
+        let Some(s) = self.slot(slot) else { return };
+        if s.quota_id() != Some(id) {
+            return;
+        }
+        let Some(e) = self.find_key(slot, hash).and_then(|at| self.key_at(at)) else {
+            return;
+        };
+        let counting = self.slot_counting(s);
+        let moved = amount.min(e.inflight.load(RLX));
+        let known = key_tally(e, now);
+        let folded = counting
+            .add_in(known, attributed(&counting, now), now, moved as f64)
+            .unwrap_or(known);
+        store_key_tally(e, &counting, folded);
+        e.inflight.fetch_sub(moved, RLX);
+    }
+
     /// Takes (`requeue`: false) or hands back to pending (true) `amount`
     /// of a key's in-flight weight, if its entry still holds it.
     pub(super) fn settle_key_inflight(
