@@ -37,7 +37,7 @@ fn main() {
     } else {
         (2_000, 100, 3)
     };
-    let mut ledger = Ledger::default();
+    let ledger = Ledger::default();
     let set = (1..=quotas as u64)
         .map(|id| Quota::new(id, format!("quota_{id:08}"), 10.0, 100.0, 200.0).at_epoch(id))
         .collect();

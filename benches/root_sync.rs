@@ -18,6 +18,16 @@
 //!    DELTAS`), back to back for `SECONDS`; then `KEYS` (1000000) distinct
 //!    keys sent once, and the root's RSS growth per key.
 //!
+//! 6. **Cores**: the saturated run again with the root pinned to 1 CPU and
+//!    then to 2 CPUs (`taskset -a -p` on the running root, every thread),
+//!    reporting updates per wall second for both and their ratio. The
+//!    load generator shares the machine, so here it is light: the request
+//!    bodies are encoded once per limiter (only the version numbers are
+//!    spliced in), connections are reused, and the reply is not parsed
+//!    (its `counter_version`, the last field, is read from the end of the
+//!    bytes). The client's own CPU seconds are reported beside the root's.
+//!    Skipped when `taskset` is missing or fewer than 2 CPUs are online.
+//!
 //! Throughput per core is counter updates divided by the root process's CPU
 //! seconds (user + system, from `/proc`), so the client's own JSON work on
 //! the same machine does not count against it. Latency is measured at the
@@ -153,6 +163,47 @@ impl BenchLimiter {
             version: 0,
             instance: 0,
         }
+    }
+
+    /// The reply's `counter_version` and `root_instance` without parsing
+    /// the rest: the version is the reply's last field and the instance
+    /// its first (the order of [`SyncResponse`]'s fields).
+    fn skim(&mut self, bytes: &[u8]) {
+        let number_after = |key: &[u8], from_end: bool| -> u64 {
+            let at = if from_end {
+                bytes.windows(key.len()).rposition(|w| w == key)
+            } else {
+                bytes.windows(key.len()).position(|w| w == key)
+            }
+            .expect("field in the reply");
+            bytes[at + key.len()..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .fold(0, |n, &b| n * 10 + u64::from(b - b'0'))
+        };
+        self.instance = number_after(b"\"root_instance\":", false);
+        self.version = number_after(b"\"counter_version\":", true);
+    }
+
+    /// One sync with a light client: the body built by copying, the reply
+    /// skimmed (see [`Self::skim`]); returns the round trip.
+    async fn sync_light(&mut self, http: &reqwest::Client, url: &str) -> (Duration, usize) {
+        let started = Instant::now();
+        let response = http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(self.body())
+            .send()
+            .await
+            .expect("sync sent");
+        assert!(
+            response.status().is_success(),
+            "sync: {}",
+            response.status()
+        );
+        let bytes = response.bytes().await.expect("sync reply");
+        self.skim(&bytes);
+        (started.elapsed(), 0)
     }
 
     fn body(&self) -> String {
@@ -327,6 +378,20 @@ async fn drive(
     seconds: u64,
     deltas: usize,
 ) -> (PhaseResult, Vec<BenchLimiter>) {
+    drive_with(root, http, limiters, paced_rounds, seconds, deltas, false).await
+}
+
+/// [`drive`], with the light client ([`BenchLimiter::sync_light`]) when
+/// `light`.
+async fn drive_with(
+    root: &RootProcess,
+    http: &reqwest::Client,
+    limiters: Vec<BenchLimiter>,
+    paced_rounds: Option<usize>,
+    seconds: u64,
+    deltas: usize,
+    light: bool,
+) -> (PhaseResult, Vec<BenchLimiter>) {
     let before = server_histogram(http, &root.url).await;
     let cpu_before = root.cpu_seconds();
     let started = Instant::now();
@@ -349,6 +414,14 @@ async fn drive(
                             let (rtt, got) = limiter.sync(&http, &url).await;
                             latencies.push(rtt);
                             counters += got;
+                        }
+                    }
+                    None if light => {
+                        let end = Instant::now() + Duration::from_secs(seconds);
+                        let sync_url = format!("{url}/v1/sync");
+                        while Instant::now() < end {
+                            let (rtt, _) = limiter.sync_light(&http, &sync_url).await;
+                            latencies.push(rtt);
                         }
                     }
                     None => {
@@ -482,7 +555,7 @@ async fn bench(sizes: Sizes) {
         ),
         &paced,
     );
-    let (saturated, _) = drive(
+    let (saturated, bench_limiters) = drive(
         &root,
         &http,
         bench_limiters,
@@ -498,6 +571,8 @@ async fn bench(sizes: Sizes) {
         ),
         &saturated,
     );
+    let bench_limiters = scaling(&root, &http, &sizes, bench_limiters).await;
+    drop(bench_limiters);
     let template = template_id(&http, &root.url).await;
     let hot = 2 * sizes.deltas as u64;
     let keyed: Vec<BenchLimiter> = (0..sizes.limiters)
@@ -541,6 +616,70 @@ async fn bench(sizes: Sizes) {
     let (rss, peak) = root.memory_mib();
     println!("root memory at the end: RSS {rss:.0} MiB, peak {peak:.0} MiB");
     root.stop();
+}
+
+/// Pins every thread of `pid` to CPUs `0..cpus`; false when `taskset`
+/// failed (missing, or CPUs not allowed).
+fn pin(pid: u32, cpus: usize) -> bool {
+    let list = (0..cpus)
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    std::process::Command::new("taskset")
+        .args(["-a", "-c", "-p", &list, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The saturated run with the root pinned to 1 CPU, then to 2 CPUs, with
+/// the light client (phase 6 above).
+async fn scaling(
+    root: &RootProcess,
+    http: &reqwest::Client,
+    sizes: &Sizes,
+    mut limiters: Vec<BenchLimiter>,
+) -> Vec<BenchLimiter> {
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pid = root.child.id();
+    if online < 2 || !pin(pid, 1) {
+        println!("cores: skipped (needs taskset and 2 CPUs)");
+        return limiters;
+    }
+    let mut rates = Vec::new();
+    for cpus in [1, 2] {
+        assert!(pin(pid, cpus), "taskset to {cpus} CPUs");
+        // One warm-up second on the new CPU set.
+        let (_, back) = drive_with(root, http, limiters, None, 1, sizes.deltas, true).await;
+        let client_before = harness::measure::cpu_seconds(std::process::id());
+        let (run, back) =
+            drive_with(root, http, back, None, sizes.seconds, sizes.deltas, true).await;
+        let client = harness::measure::cpu_seconds(std::process::id()) - client_before;
+        limiters = back;
+        let wall = run.wall.as_secs_f64();
+        let rate = run.updates as f64 / wall;
+        println!(
+            "cores: root pinned to {cpus} CPU(s), {} limiters back to back, light client:",
+            sizes.limiters
+        );
+        println!(
+            "  {} syncs, {} updates in {wall:.2} s wall: {rate:.0} updates/s; root CPU {:.2} s ({:.2} cores): {:.0} updates per root CPU-second; client CPU {:.2} s ({:.2} cores)",
+            run.latencies.len(),
+            run.updates,
+            run.cpu,
+            run.cpu / wall,
+            run.updates as f64 / run.cpu,
+            client,
+            client / wall,
+        );
+        rates.push(rate);
+    }
+    println!(
+        "cores: 2 CPUs / 1 CPU = {:.2}x updates per wall second",
+        rates[1] / rates[0]
+    );
+    pin(pid, online);
+    limiters
 }
 
 /// The id of the per-key template `bench_keyed`.

@@ -29,6 +29,9 @@
 //! at most `max_keys` key counters exist at once (more keys' deltas are
 //! ignored and counted): root memory per key is bounded.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 
 use crate::core::estimate::FILL_RATE_SMOOTHING;
@@ -210,7 +213,40 @@ pub struct ChangedCounters {
     pub version: u64,
 }
 
-/// All counters of one root.
+/// What the books of one root's shards share: the version clock and the
+/// count of key counters (`max_keys` holds across every shard).
+#[derive(Debug, Default)]
+pub struct BookClock {
+    /// Last version handed out, by any shard.
+    version: AtomicU64,
+    /// Key counters held, in every shard.
+    keys: AtomicUsize,
+}
+
+impl BookClock {
+    /// The last version handed out.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+}
+
+/// A counter changed after some version, as [`CounterBook::changed_between`]
+/// collects it for a merge across shards.
+#[derive(Clone, Copy, Debug)]
+pub struct ChangedEntry {
+    /// Its version.
+    pub version: u64,
+    /// Its name.
+    pub counter: CounterKey,
+    /// Its tally.
+    pub tally: Tally,
+    /// At the floor and asked for by a limiter that knows nothing: not
+    /// sent, but considered (a page ends after it).
+    pub skipped: bool,
+}
+
+/// The counters of one root, or of one shard of a root (see
+/// [`super::ledger`]); the shards of a root share one [`BookClock`].
 #[derive(Debug)]
 pub struct CounterBook {
     /// Counter storage; free slots are listed in `free`.
@@ -235,8 +271,13 @@ pub struct CounterBook {
     oldest: u32,
     /// Slot with the highest version, or [`NIL`].
     newest: u32,
-    /// Last version handed out.
-    version: u64,
+    /// The version clock and key count shared with the other shards.
+    clock: Arc<BookClock>,
+    /// Last version used of the block reserved while the shard is held
+    /// (see [`CounterBook::reserve`]).
+    reserved: u64,
+    /// Last version of that block.
+    reserved_end: u64,
 }
 
 impl Default for CounterBook {
@@ -253,7 +294,9 @@ impl Default for CounterBook {
             sweep: 0,
             oldest: NIL,
             newest: NIL,
-            version: 0,
+            clock: Arc::default(),
+            reserved: 0,
+            reserved_end: 0,
         }
     }
 }
@@ -265,6 +308,53 @@ impl CounterBook {
             max_keys,
             ..Self::default()
         }
+    }
+
+    /// One shard of a book whose shards share `clock` and hold at most
+    /// `max_keys` key counters between them.
+    pub fn shard(clock: Arc<BookClock>, max_keys: usize) -> Self {
+        Self {
+            max_keys,
+            clock,
+            ..Self::default()
+        }
+    }
+
+    /// Takes `n` versions from the shared clock at once, for the updates
+    /// made before [`Self::release`]: one atomic operation per shard and
+    /// sync instead of one per update. Call it only while the shard is
+    /// held by its lock, and release before letting go of it: a reader
+    /// that sees the clock at `v` must find every version up to `v` in
+    /// place when it takes the shard (versions left unused are gaps).
+    pub fn reserve(&mut self, n: u64) {
+        let start = self.clock.version.fetch_add(n, Ordering::SeqCst);
+        self.reserved = start;
+        self.reserved_end = start + n;
+    }
+
+    /// Gives up what is left of the reserved versions (see
+    /// [`Self::reserve`]).
+    pub fn release(&mut self) {
+        self.reserved = 0;
+        self.reserved_end = 0;
+    }
+
+    fn next_version(&mut self) -> u64 {
+        if self.reserved < self.reserved_end {
+            self.reserved += 1;
+            return self.reserved;
+        }
+        self.clock.version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Takes a place for a new key counter, if fewer than `max_keys` are
+    /// held in every shard together.
+    fn claim_key(&self) -> bool {
+        if self.clock.keys.fetch_add(1, Ordering::Relaxed) >= self.max_keys {
+            self.clock.keys.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Adds `weight` to the named counter `id` at `now` (see
@@ -334,7 +424,7 @@ impl CounterBook {
         let index = match self.index.get(&counter) {
             Some(&index) => index,
             None => match counting_of() {
-                Some(_) if counter.key != 0 && self.keys >= self.max_keys => {
+                Some(_) if counter.key != 0 && !self.claim_key() => {
                     self.keys_refused += 1;
                     return None;
                 }
@@ -355,8 +445,7 @@ impl CounterBook {
             tally.prev = tally.prev.min(slot.cap);
             self.capped += 1;
         }
-        self.version += 1;
-        let version = self.version;
+        let version = self.next_version();
         let weight = delta.weight;
         let slot = &mut self.slots[index as usize];
         slot.tally = tally;
@@ -439,6 +528,7 @@ impl CounterBook {
             slot.live = false;
             if counter.key != 0 {
                 self.keys -= 1;
+                self.clock.keys.fetch_sub(1, Ordering::Relaxed);
             }
             self.free.push(index);
         }
@@ -482,7 +572,7 @@ impl CounterBook {
         let mut changed = ChangedCounters {
             counters: Vec::new(),
             keyed: Vec::new(),
-            version: self.version,
+            version: self.version(),
         };
         // Where each template's group is in `changed.keyed`.
         let mut groups: FxHashMap<u64, usize> = FxHashMap::default();
@@ -567,16 +657,28 @@ impl CounterBook {
         &self,
         now: Nanos,
     ) -> impl Iterator<Item = (CounterKey, f64, f64, f64)> + '_ {
+        self.newest_first_versioned(now).map(|(_, counter)| counter)
+    }
+
+    /// [`Self::newest_first`] with each counter's version, to merge the
+    /// shards' lists.
+    pub fn newest_first_versioned(
+        &self,
+        now: Nanos,
+    ) -> impl Iterator<Item = (u64, (CounterKey, f64, f64, f64))> + '_ {
         let mut cursor = self.newest;
         std::iter::from_fn(move || {
             let slot = self.slots.get(cursor as usize)?;
             cursor = slot.older;
             let level = slot.counting.current(slot.tally, now);
             Some((
-                slot.counter,
-                level,
-                slot.fill.rate_at(now),
-                slot.rejected.rate_at(now),
+                slot.version,
+                (
+                    slot.counter,
+                    level,
+                    slot.fill.rate_at(now),
+                    slot.rejected.rate_at(now),
+                ),
             ))
         })
     }
@@ -630,9 +732,54 @@ impl CounterBook {
         self.index.is_empty()
     }
 
-    /// The last version handed out.
+    /// The last version handed out (by any shard sharing the clock).
     pub fn version(&self) -> u64 {
-        self.version
+        self.clock.version()
+    }
+
+    /// Appends to `out` the counters with a version in `(since, upto]`,
+    /// oldest first, stopping after `max` that are sent (with `since ==
+    /// 0`, counters at the floor at `now` are listed as skipped): the
+    /// part of one shard in a reply, merged by version with the others'.
+    pub fn changed_between(
+        &self,
+        since: u64,
+        upto: u64,
+        max: usize,
+        now: Nanos,
+        out: &mut Vec<ChangedEntry>,
+    ) {
+        let mut first = NIL;
+        let mut cursor = self.newest;
+        while cursor != NIL && self.slots[cursor as usize].version > since {
+            first = cursor;
+            cursor = self.slots[cursor as usize].older;
+        }
+        let mut sent = 0;
+        let mut cursor = first;
+        while cursor != NIL && sent < max {
+            let slot = &self.slots[cursor as usize];
+            if slot.version > upto {
+                break;
+            }
+            let skipped = since == 0 && slot.counting.is_empty(slot.tally, now);
+            out.push(ChangedEntry {
+                version: slot.version,
+                counter: slot.counter,
+                tally: slot.tally,
+                skipped,
+            });
+            sent += usize::from(!skipped);
+            cursor = slot.newer;
+        }
+    }
+
+    /// The version of the most recently updated counter, 0 when none.
+    pub fn newest_version(&self) -> u64 {
+        match self.newest {
+            NIL => 0,
+            n => self.slots[n as usize].version,
+        }
     }
 
     fn create(&mut self, counter: CounterKey, rule: CounterRule, now: Nanos) -> u32 {
@@ -665,6 +812,7 @@ impl CounterBook {
         };
         self.index.insert(counter, index);
         if counter.key != 0 {
+            // Its place in the shared count was claimed by the caller.
             self.keys += 1;
         }
         // A fresh slot is linked as newest so that `add` can unlink it.

@@ -1,16 +1,22 @@
 //! A root's in-memory state: quotas, counters and limiters, and the sync
 //! step that ties them together.
 //!
-//! Pure state with time passed in; the HTTP layer holds it behind one mutex
-//! and does parsing and serialisation outside the lock.
+//! Pure state with time passed in, shared by the HTTP handlers without an
+//! outer lock: quotas behind a read-write lock, limiters behind a mutex
+//! held briefly, counters in shards each under its own lock (see
+//! [`super::counter_shards`]). Parsing and serialisation happen outside
+//! every lock.
 
 use crate::core::{Nanos, Quota};
 use crate::wire::{CounterKey, SyncRequest, SyncResponse};
 
-use super::counter_book::{AllowanceShape, ChangedCounters, CounterBook, Delta};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use super::counter_book::{AllowanceShape, ChangedCounters, Delta};
+use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
-use super::trust::{counter_rule, Allowances, DEFAULT_CAP_SECONDS, FREE_SECONDS};
+use super::trust::{counter_rule, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,20 +94,25 @@ pub struct LedgerStats {
     pub limiters: usize,
 }
 
-/// Quotas, counters and limiters of one root.
+/// Quotas, counters and limiters of one root, shared by every sync.
+///
+/// Locks, always taken in this order and never the other way round:
+/// `quotas` (read by syncs, written by a reload), `limiters` (briefly, at a
+/// sync's start and end), the counter shards one at a time in ascending
+/// order (see [`super::counter_shards`]). Only [`Ledger::read`] holds them
+/// all at once, for the admin API.
 #[derive(Debug)]
 pub struct Ledger {
     /// The quota set loaded from the database.
-    pub quotas: QuotaBook,
-    /// The cluster counters.
-    pub counters: CounterBook,
+    pub quotas: RwLock<QuotaBook>,
+    /// The cluster counters and the limiters' allowances on them, in
+    /// shards.
+    pub counters: Counters,
     /// The limiters that synced.
-    pub limiters: Limiters,
+    pub limiters: Mutex<Limiters>,
     /// UTC nanoseconds minus the root's clock: where window quotas' windows
     /// fall (0 in a simulation, whose clock is its own).
     pub utc_offset: i64,
-    /// What each limiter may still add to each counter.
-    pub allowances: Allowances,
     /// Seconds of `limit` above two `high_burst`s at which a leaky
     /// counter is capped (see [`super::trust`]).
     pub level_cap_seconds: f64,
@@ -110,12 +121,45 @@ pub struct Ledger {
 impl Default for Ledger {
     fn default() -> Self {
         Self {
-            quotas: QuotaBook::default(),
-            counters: CounterBook::default(),
-            limiters: Limiters::default(),
+            quotas: RwLock::default(),
+            counters: Counters::default(),
+            limiters: Mutex::default(),
             utc_offset: 0,
-            allowances: Allowances::default(),
             level_cap_seconds: DEFAULT_CAP_SECONDS,
+        }
+    }
+}
+
+/// Everything of a [`Ledger`] held at once, for reads that must see one
+/// state (the admin API): syncs wait while it is held.
+pub struct LedgerView<'a> {
+    /// The quota set.
+    pub quotas: RwLockReadGuard<'a, QuotaBook>,
+    /// The limiters.
+    pub limiters: MutexGuard<'a, Limiters>,
+    /// Every counter shard.
+    pub counters: CountersView<'a>,
+    /// As [`Ledger::utc_offset`].
+    pub utc_offset: i64,
+}
+
+impl LedgerView<'_> {
+    /// Sizes for metrics and health.
+    pub fn stats(&self) -> LedgerStats {
+        let (counters, keys, keys_refused, keys_forgotten, levels_capped, allowances) =
+            self.counters.sizes();
+        LedgerStats {
+            quotas: self.quotas.live(),
+            tombstones: self.quotas.tombstones(),
+            counters,
+            keys,
+            keys_refused,
+            keys_forgotten,
+            levels_capped,
+            allowances,
+            epoch: self.quotas.cursor().epoch,
+            counter_version: self.counters.version(),
+            limiters: self.limiters.len(),
         }
     }
 }
@@ -124,20 +168,50 @@ impl Ledger {
     /// An empty ledger holding at most `max_keys` key counters.
     pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
-            counters: CounterBook::with_max_keys(max_keys),
+            counters: Counters::with_max_keys(max_keys),
             ..Self::default()
+        }
+    }
+
+    /// Locks the limiters.
+    pub fn limiters(&self) -> MutexGuard<'_, Limiters> {
+        self.limiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn quotas_read(&self) -> RwLockReadGuard<'_, QuotaBook> {
+        self.quotas
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Holds everything at once (see [`LedgerView`]).
+    pub fn read(&self) -> LedgerView<'_> {
+        let quotas = self.quotas_read();
+        let limiters = self.limiters();
+        LedgerView {
+            quotas,
+            limiters,
+            counters: self.counters.read(),
+            utc_offset: self.utc_offset,
         }
     }
 
     /// Stores quotas read from the database, in `(epoch, id)` order, and
     /// adjusts counters: a deleted quota drops its counter, a changed limit
-    /// applies from `now`. Returns how many quotas changed.
-    pub fn load(&mut self, quotas: Vec<Quota>, now: Nanos) -> usize {
+    /// applies from `now`. Returns how many quotas changed. Syncs wait
+    /// until all are applied, so none sees half of a bulk change.
+    pub fn load(&self, quotas: Vec<Quota>, now: Nanos) -> usize {
+        let mut book = self
+            .quotas
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut changed = 0;
         for quota in quotas {
-            match self.quotas.load(quota) {
+            match book.load(quota) {
                 QuotaChange::Live { id, per_key } => {
-                    if let Some(quota) = self.quotas.counting_quota(id, per_key) {
+                    if let Some(quota) = book.counting_quota(id, per_key) {
                         let rule =
                             counter_rule(quota, self.utc_offset, self.level_cap_seconds, now);
                         self.counters.set_counting(id, per_key, rule, now);
@@ -152,8 +226,13 @@ impl Ledger {
     }
 
     /// One sync: applies the request's deltas at `now`, each cut to what
-    /// the limiter may still add ([`Allowances`]) and the counter to its
-    /// cap, then collects the quotas and counters the limiter has not seen.
+    /// the limiter may still add ([`super::trust::Allowances`]) and the
+    /// counter to its cap, then collects the quotas and counters the
+    /// limiter has not seen.
+    ///
+    /// Deltas are grouped by counter shard and each shard is taken once,
+    /// in ascending order, so syncs of different limiters run in parallel
+    /// and only meet on a shard they both touch.
     ///
     /// The request must have been checked (see `api::sync`); nothing here
     /// fails. The counter version the limiter sent counts only when it
@@ -162,7 +241,7 @@ impl Ledger {
     /// sent and the limiter keeps its version: it could not place counters
     /// of quotas it has not received yet.
     pub fn sync(
-        &mut self,
+        &self,
         request: &SyncRequest,
         instance: u64,
         now: Nanos,
@@ -171,7 +250,7 @@ impl Ledger {
         // A limiter's first sync carries what it admitted before: as much
         // refill as any sync may claim without state.
         let caller = self
-            .limiters
+            .limiters()
             .touch_since(&request.limiter, now, FREE_SECONDS);
         let limiter = caller.map(|(index, _)| index);
         let mut step = SyncStep::default();
@@ -179,6 +258,8 @@ impl Ledger {
             weight: weight as f64,
             window,
         };
+        let shards = self.counters.shard_count();
+        let mut parts: Vec<Vec<(CounterKey, Delta)>> = vec![Vec::new(); shards];
         let named = request
             .deltas
             .iter()
@@ -192,46 +273,64 @@ impl Ledger {
                 (counter, delta(d.1, group.window))
             })
         });
-        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         for (counter, delta) in named.chain(keyed) {
-            let quotas = &self.quotas;
-            // A named delta counts on a plain quota, a key's on a template.
-            // Looked up only for a counter the root does not hold yet.
-            let rule_of = || {
-                let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
-                Some(counter_rule(quota, utc_offset, cap_seconds, now))
-            };
-            let allowances = &mut self.allowances;
-            let allow = |shape: &AllowanceShape| {
-                allowances.admit(caller, counter, shape, delta.weight, now)
-            };
-            match self
-                .counters
-                .add_allowed(counter, delta, now, limiter, rule_of, allow)
-            {
-                None => step.ignored += 1,
-                Some(added) => {
-                    if added < delta.weight {
-                        step.clipped += 1;
-                        step.clipped_weight += delta.weight - added;
-                    }
-                    if added > 0.0 {
-                        step.applied += 1;
+            parts[self.counters.shard_of(counter)].push((counter, delta));
+        }
+        let mut rejected: Vec<Vec<(u64, u64)>> = vec![Vec::new(); shards];
+        for &(id, count) in &request.rejected {
+            rejected[self.counters.shard_of(CounterKey::named(id))].push((id, count));
+        }
+        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
+        let quotas = self.quotas_read();
+        for (index, (part, rejected)) in parts.iter().zip(&rejected).enumerate() {
+            if part.is_empty() && rejected.is_empty() {
+                continue;
+            }
+            let mut guard = self.counters.lock(index);
+            let shard = &mut *guard;
+            shard.book.reserve(part.len() as u64);
+            for &(counter, delta) in part {
+                // A named delta counts on a plain quota, a key's on a
+                // template. Looked up only for a counter the root does not
+                // hold yet.
+                let rule_of = || {
+                    let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
+                    Some(counter_rule(quota, utc_offset, cap_seconds, now))
+                };
+                let allowances = &mut shard.allowances;
+                let allow = |shape: &AllowanceShape| {
+                    allowances.admit(caller, counter, shape, delta.weight, now)
+                };
+                match shard
+                    .book
+                    .add_allowed(counter, delta, now, limiter, rule_of, allow)
+                {
+                    None => step.ignored += 1,
+                    Some(added) => {
+                        if added < delta.weight {
+                            step.clipped += 1;
+                            step.clipped_weight += delta.weight - added;
+                        }
+                        if added > 0.0 {
+                            step.applied += 1;
+                        }
                     }
                 }
+            }
+            shard.book.release();
+            for &(id, count) in rejected {
+                shard.book.note_rejected(id, count, now);
             }
         }
         if step.clipped > 0 {
             if let Some(index) = limiter {
-                self.limiters
+                self.limiters()
                     .clipped(index, step.clipped as u64, step.clipped_weight, now);
             }
         }
-        for &(id, count) in &request.rejected {
-            self.counters.note_rejected(id, count, now);
-        }
+        step.quotas = quotas.page_after(request.quotas_after, paging.quotas);
+        drop(quotas);
         let since = self.counters_since(request, instance);
-        step.quotas = self.quotas.page_after(request.quotas_after, paging.quotas);
         step.counters = if step.quotas.more {
             ChangedCounters {
                 counters: Vec::new(),
@@ -256,19 +355,7 @@ impl Ledger {
 
     /// Sizes for metrics and health.
     pub fn stats(&self) -> LedgerStats {
-        LedgerStats {
-            quotas: self.quotas.live(),
-            tombstones: self.quotas.tombstones(),
-            counters: self.counters.len(),
-            keys: self.counters.keys(),
-            keys_refused: self.counters.keys_refused(),
-            keys_forgotten: self.counters.keys_forgotten(),
-            levels_capped: self.counters.capped(),
-            allowances: self.allowances.len(),
-            epoch: self.quotas.cursor().epoch,
-            counter_version: self.counters.version(),
-            limiters: self.limiters.len(),
-        }
+        self.read().stats()
     }
 }
 
@@ -318,7 +405,7 @@ mod tests {
     #[test]
     fn window_deltas_count_in_the_window_they_name() {
         use crate::core::Window;
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         let q = Quota::new(1, "day", 100.0, 100.0, 100.0).windowed(Window::TenSeconds, true);
         ledger.load(vec![q], 0);
         let windowed = |limiter: &str, delta, window| {
@@ -347,7 +434,7 @@ mod tests {
 
     #[test]
     fn rejections_become_a_rate_on_counters_that_exist() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(vec![quota(1, 10.0, 1), quota(2, 10.0, 1)], 0);
         let request = SyncRequest {
             rejected: vec![(1, 10), (2, 4), (99, 7)],
@@ -366,7 +453,7 @@ mod tests {
 
     #[test]
     fn two_limiters_sum_into_one_counter() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(vec![quota(1, 0.0, 1)], 0);
         let a = ledger.sync(&request("a", 0, &[(1, 50)]), INSTANCE, SEC, PAGING);
         assert_eq!(level_of(&a, 1), Some(50.0));
@@ -390,7 +477,7 @@ mod tests {
 
     #[test]
     fn the_floor_rises_between_syncs() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(vec![quota(1, 10.0, 1)], 0);
         ledger.sync(&request("a", 0, &[(1, 100)]), INSTANCE, 0, PAGING);
         // Three seconds at 10/s leak 30; then +5.
@@ -400,7 +487,7 @@ mod tests {
 
     #[test]
     fn deltas_for_unknown_and_deleted_quotas_are_ignored() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(vec![quota(1, 0.0, 1), quota(2, 0.0, 2)], 0);
         ledger.sync(&request("a", 0, &[(2, 4)]), INSTANCE, 0, PAGING);
         ledger.load(vec![Quota::tombstone(2, "q2", 3)], 0);
@@ -417,7 +504,7 @@ mod tests {
 
     #[test]
     fn another_instance_or_version_zero_gets_all_counters() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(vec![quota(1, 0.0, 1), quota(2, 0.0, 1)], 0);
         let first = ledger.sync(&request("a", 0, &[(1, 1), (2, 1)]), INSTANCE, 0, PAGING);
         let mut stale = request("a", first.counters.version, &[]);
@@ -444,7 +531,7 @@ mod tests {
 
     #[test]
     fn counters_wait_until_the_quota_pages_are_through() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load((1..=5).map(|id| quota(id, 0.0, 1)).collect(), 0);
         ledger.sync(&request("a", 0, &[(5, 1)]), INSTANCE, 0, PAGING);
         let paging = SyncPaging {
@@ -490,7 +577,7 @@ mod tests {
 
     #[test]
     fn keys_of_a_template_sum_per_key_across_limiters() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(
             vec![
                 quota(1, 10.0, 1),
@@ -528,7 +615,7 @@ mod tests {
 
     #[test]
     fn drained_keys_are_forgotten_and_a_template_edit_reaches_every_key() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         ledger.load(vec![quota(2, 10.0, 1).keyed()], 0);
         ledger.sync(
             &keyed_request("a", 2, &[(7, 50), (8, 5)]),
@@ -553,10 +640,7 @@ mod tests {
 
     #[test]
     fn at_most_max_keys_key_counters_exist() {
-        let mut ledger = Ledger {
-            counters: CounterBook::with_max_keys(2),
-            ..Ledger::default()
-        };
+        let ledger = Ledger::with_max_keys(2);
         ledger.load(vec![quota(2, 10.0, 1).keyed()], 0);
         let step = ledger.sync(
             &keyed_request("a", 2, &[(1, 1), (2, 1), (3, 1)]),
@@ -570,7 +654,7 @@ mod tests {
 
     #[test]
     fn deltas_are_cut_to_the_limiters_allowance_and_levels_to_the_cap() {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         // limit 10, high_burst 200, level_cap_seconds 5: allowance
         // 2 * (200 + 10 * 5) = 500 per limiter; cap 2 * 200 + 10 * 5 = 450.
         ledger.load(vec![quota(1, 10.0, 1)], 0);
@@ -581,8 +665,11 @@ mod tests {
         let b = ledger.sync(&request("b", 0, &[(1, 100)]), INSTANCE, 0, PAGING);
         assert_eq!((b.clipped, level_of(&b, 1)), (0, Some(450.0)));
         assert_eq!(ledger.stats().levels_capped, 2);
-        let info = ledger.limiters.get(0).unwrap();
-        assert_eq!((info.name.as_ref(), info.clipped), ("a", 1));
+        {
+            let limiters = ledger.limiters();
+            let info = limiters.get(0).unwrap();
+            assert_eq!((info.name.as_ref(), info.clipped), ("a", 1));
+        }
         // Drained at 10/s from the cap: under high_burst after 25 s.
         let view = ledger.counters.view(1, 26 * SEC).unwrap();
         assert!(view.level < 200.0, "{}", view.level);
@@ -594,10 +681,10 @@ mod tests {
 
     #[test]
     fn a_restarted_root_starts_from_the_floor() {
-        let mut before = Ledger::default();
+        let before = Ledger::default();
         before.load(vec![quota(1, 0.0, 1)], 0);
         before.sync(&request("a", 0, &[(1, 40)]), INSTANCE, 0, PAGING);
-        let mut after = Ledger::default();
+        let after = Ledger::default();
         after.load(vec![quota(1, 0.0, 1)], 0);
         let step = after.sync(&request("a", 5, &[(1, 2)]), INSTANCE + 1, 0, PAGING);
         assert_eq!(level_of(&step, 1), Some(2.0));

@@ -29,6 +29,9 @@
 //!   in:
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
 //!   - `counter_book.rs` — counters with their version-ordered list;
+//!   - `counter_shards.rs` — the counter books in shards, each under its
+//!     own lock, sharing one version clock: syncs from different limiters
+//!     add in parallel, "changed since" stays exact;
 //!   - `limiters.rs` — the limiters that synced;
 //!   - `trust.rs` — the level cap and per-limiter allowances: how much of
 //!     a limiter's deltas a root believes.
@@ -43,6 +46,7 @@ pub mod auth;
 pub mod config;
 pub mod connections;
 pub mod counter_book;
+pub mod counter_shards;
 pub mod credentials;
 pub mod health;
 pub mod ledger;

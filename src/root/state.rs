@@ -5,7 +5,7 @@ use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use crate::core::Nanos;
 use crate::wire::QuotaCursor;
@@ -31,9 +31,10 @@ pub struct RootState {
     pub config: RootConfig,
     /// The quota database.
     pub store: Store,
-    /// Quotas, counters and limiters. Held only for in-memory work, never
-    /// across IO or an `.await`.
-    ledger: Mutex<Ledger>,
+    /// Quotas, counters and limiters, each part under its own locks (see
+    /// [`Ledger`]). Held only for in-memory work, never across IO or an
+    /// `.await`.
+    ledger: Ledger,
     /// Readiness and database state.
     pub health: Health,
     /// Event counts for `/metrics`.
@@ -80,7 +81,7 @@ impl RootState {
             clipped_log: LogGate::default(),
             config,
             store,
-            ledger: Mutex::new(ledger),
+            ledger,
             health: Health::default(),
             metrics: Metrics::default(),
             instance: new_instance_id(),
@@ -102,19 +103,16 @@ impl RootState {
     /// limiter allowance back at full.
     pub fn forget_drained_keys(&self) {
         let now = self.now();
-        let mut ledger = self.ledger();
+        let ledger = self.ledger();
         let budget = (ledger.counters.len() / 60).max(1000);
         ledger.counters.forget_drained(budget, now);
-        ledger.allowances.forget_refilled(now);
+        ledger.counters.forget_refilled(now);
     }
 
-    /// Locks the in-memory state.
-    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        // A panic while holding the lock cannot leave the ledger half
-        // updated in a way later syncs cannot live with; keep serving.
-        self.ledger
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The in-memory state (it takes its own locks; [`Ledger::read`]
+    /// holds all of them for a consistent look).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 
     /// Reads every quota change after the last one seen and applies them
@@ -226,7 +224,7 @@ impl RootState {
     pub fn scrape(&self) -> Scrape {
         let now = self.now();
         let (stats, active_limiters, mut clipped) = {
-            let ledger = self.ledger();
+            let ledger = self.ledger().read();
             let clipped: Vec<(Box<str>, u64, f64)> = ledger
                 .limiters
                 .iter()

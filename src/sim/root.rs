@@ -151,7 +151,7 @@ impl SimRoot {
         // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);
         if now.saturating_sub(self.swept_at) >= 1_000_000_000 {
-            self.ledger.allowances.forget_refilled(now);
+            self.ledger.counters.forget_refilled(now);
             self.swept_at = now;
         }
         response

@@ -68,7 +68,7 @@ struct TopReply {
 
 /// The id of the per-key template `name`, or a 404/400 naming why not.
 fn template_id(state: &RootState, name: &str) -> Result<u64, ApiError> {
-    let ledger = state.ledger();
+    let ledger = state.ledger().read();
     let quota = ledger
         .quotas
         .by_name(name)
@@ -100,7 +100,7 @@ pub async fn top(
     }
     let id = template_id(&state, &name)?;
     let now = state.now();
-    let ledger = state.ledger();
+    let ledger = state.ledger().read();
     let keys = ledger.counters.top_keys(id, usize::MAX, now);
     let keys_held = keys.len();
     let keys = keys

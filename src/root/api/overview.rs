@@ -278,6 +278,7 @@ pub fn rejecting(level: f64, low_burst: f64, high_burst: f64) -> f64 {
 
 /// Looks at `ledger` at `now`.
 pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
+    let ledger = &ledger.read();
     let mut out = Sample::default();
     let mut ranked = Vec::new();
     let mut keys = Vec::new();
@@ -415,7 +416,7 @@ impl SampleCache {
         }
         let now = state.now();
         let taken = Instant::now();
-        let sample = Arc::new(sample(&state.ledger(), now));
+        let sample = Arc::new(sample(state.ledger(), now));
         let (syncs_per_second, window) = match last.as_ref() {
             Some(previous) => {
                 let window = taken.duration_since(previous.taken).as_secs_f64();
@@ -539,7 +540,7 @@ mod tests {
     type QuotaRow<'a> = (u64, &'a str, Option<u64>, f64, f64, f64);
 
     fn ledger_with(quotas: &[QuotaRow]) -> Ledger {
-        let mut ledger = Ledger::default();
+        let ledger = Ledger::default();
         let quotas = quotas
             .iter()
             .map(|&(id, name, parent, limit, low, high)| {
@@ -661,7 +662,7 @@ mod tests {
         send(&mut ledger, "old", &[], 0);
         send(&mut ledger, "new", &[], 400 * SEC);
         send(&mut ledger, "new", &[], 401 * SEC);
-        ledger.limiters.report_clock(
+        ledger.limiters().report_clock(
             "new",
             ClockReport {
                 offset: -2 * SEC as i64,

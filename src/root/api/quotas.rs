@@ -88,7 +88,7 @@ fn require_ready(state: &RootState) -> Result<(), ApiError> {
 /// The live view of one quota by name.
 fn lookup(state: &RootState, name: &str) -> Option<QuotaView> {
     let now = state.now();
-    let ledger = state.ledger();
+    let ledger = state.ledger().read();
     let quota = ledger.quotas.by_name(name)?;
     Some(view(&ledger, quota, now, true))
 }
@@ -121,7 +121,7 @@ pub async fn list(
     validate_name_prefix(&query.prefix).map_err(|e| ApiError::invalid("prefix", e.message))?;
     require_ready(&state)?;
     let now = state.now();
-    let ledger = state.ledger();
+    let ledger = state.ledger().read();
     let (quotas, more) = ledger
         .quotas
         .list(&query.prefix, query.after.as_deref(), limit);

@@ -54,10 +54,10 @@ pub async fn sync(
     };
     let now = state.now();
     let (step, utc_offset) = {
-        let mut ledger = state.ledger();
+        let ledger = state.ledger();
         let step = ledger.sync(&request, state.instance, now, paging);
         if let Some(clock) = clock {
-            ledger.limiters.report_clock(&request.limiter, clock);
+            ledger.limiters().report_clock(&request.limiter, clock);
         }
         (step, ledger.utc_offset)
     };

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::core::{Nanos, Quota, Window, SECS_PER_NANO};
-use crate::root::ledger::Ledger;
+use crate::root::ledger::LedgerView;
 
 /// A quota as the admin API shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -59,7 +59,7 @@ pub struct LimiterSeen {
 
 /// The view of `quota` at `now`; with `with_limiters`, the recent
 /// limiters too.
-pub fn view(ledger: &Ledger, quota: &Quota, now: Nanos, with_limiters: bool) -> QuotaView {
+pub fn view(ledger: &LedgerView, quota: &Quota, now: Nanos, with_limiters: bool) -> QuotaView {
     let counter = ledger.counters.view(quota.id, now);
     let limiters = with_limiters.then(|| {
         let seen = counter

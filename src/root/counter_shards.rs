@@ -1,0 +1,480 @@
+//! A root's counters split into shards, each under its own lock, so syncs
+//! from different limiters add their deltas in parallel.
+//!
+//! A counter lives in the shard its [`CounterKey`] hashes to (a quota's
+//! named counter by its id, a key's by id and key hash), next to the
+//! limiters' allowances on it. A sync groups its deltas by shard and takes
+//! each shard once, in ascending order, so two syncs never wait on each
+//! other in a cycle.
+//!
+//! **Versions stay one sequence.** Every shard takes versions from one
+//! shared atomic clock ([`BookClock`]), while it holds its lock (a block
+//! per shard and sync, see [`CounterBook::reserve`]). A reader first reads
+//! the clock (`upto`), then takes the shards one at a time: any version up
+//! to `upto` was taken by a writer that held its shard at that moment, so
+//! the reader, taking the shard after, finds it in place. "Changed since
+//! `v`" is the shards' lists in `(v, upto]` merged by version, and the
+//! reply's version is `upto` (or, when the page is full, the last version
+//! it considered): exact, as with one book, and still one `u64` on the
+//! wire.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rustc_hash::FxHashMap;
+
+use crate::core::{Nanos, Tally};
+use crate::wire::{CounterKey, CounterValue, KeyValue, KeyedValues};
+
+use super::counter_book::{
+    BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
+};
+use super::trust::{Allowances, MAX_ALLOWANCES};
+
+/// One shard: its counters and the allowances limiters hold on them.
+#[derive(Debug)]
+pub struct Shard {
+    /// The counters.
+    pub book: CounterBook,
+    /// What each limiter may still add to them.
+    pub allowances: Allowances,
+}
+
+/// Shards for this machine: four per core the process may run on (so two
+/// syncs rarely meet on one), a power of two between 4 and 256.
+pub fn default_shards() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores * 4).next_power_of_two().clamp(4, 256)
+}
+
+/// Every counter of one root, in shards.
+#[derive(Debug)]
+pub struct Counters {
+    shards: Box<[Mutex<Shard>]>,
+    clock: Arc<BookClock>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self::new(default_shards(), usize::MAX)
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard cannot leave it half updated in a way
+    // later syncs cannot live with; keep serving.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Counters {
+    /// `shards` shards (at least one) holding at most `max_keys` key
+    /// counters together.
+    pub fn new(shards: usize, max_keys: usize) -> Self {
+        let shards = shards.max(1);
+        let clock = Arc::new(BookClock::default());
+        let per_shard_allowances = (MAX_ALLOWANCES / shards).max(1024);
+        Self {
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        book: CounterBook::shard(clock.clone(), max_keys),
+                        allowances: Allowances::with_max(per_shard_allowances),
+                    })
+                })
+                .collect(),
+            clock,
+        }
+    }
+
+    /// [`default_shards`] shards holding at most `max_keys` key counters.
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        Self::new(default_shards(), max_keys)
+    }
+
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard `counter` lives in.
+    pub fn shard_of(&self, counter: CounterKey) -> usize {
+        let mixed = (counter.id ^ counter.key.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((mixed >> 32) as usize) % self.shards.len()
+    }
+
+    /// Locks shard `index`.
+    pub fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
+        locked(&self.shards[index])
+    }
+
+    fn lock_of(&self, counter: CounterKey) -> MutexGuard<'_, Shard> {
+        self.lock(self.shard_of(counter))
+    }
+
+    fn each<T>(&self, mut f: impl FnMut(&mut Shard) -> T) -> impl Iterator<Item = T> {
+        let mut out = Vec::with_capacity(self.shards.len());
+        for shard in self.shards.iter() {
+            out.push(f(&mut locked(shard)));
+        }
+        out.into_iter()
+    }
+
+    /// The last version handed out.
+    pub fn version(&self) -> u64 {
+        self.clock.version()
+    }
+
+    /// [`CounterBook::set_counting`] in the shards holding the counters.
+    pub fn set_counting(&self, id: u64, keyed: bool, rule: CounterRule, now: Nanos) {
+        if keyed {
+            self.each(|s| s.book.set_counting(id, true, rule, now))
+                .for_each(drop);
+        } else {
+            self.lock_of(CounterKey::named(id))
+                .book
+                .set_counting(id, false, rule, now);
+        }
+    }
+
+    /// [`CounterBook::remove`] in every shard.
+    pub fn remove(&self, id: u64) {
+        self.lock_of(CounterKey::named(id)).book.remove(id);
+        self.each(|s| {
+            if s.book.keys() > 0 {
+                s.book.remove(id)
+            }
+        })
+        .for_each(drop);
+    }
+
+    /// A named counter's live view at `now`.
+    pub fn view(&self, id: u64, now: Nanos) -> Option<CounterView> {
+        self.view_counter(CounterKey::named(id), now)
+    }
+
+    /// A counter's live view at `now`.
+    pub fn view_counter(&self, counter: CounterKey, now: Nanos) -> Option<CounterView> {
+        self.lock_of(counter).book.view_counter(counter, now)
+    }
+
+    /// Number of counters.
+    pub fn len(&self) -> usize {
+        self.each(|s| s.book.len()).sum()
+    }
+
+    /// True when no counter exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of key counters.
+    pub fn keys(&self) -> usize {
+        self.each(|s| s.book.keys()).sum()
+    }
+
+    /// Key deltas ignored because `max_keys` keys were held.
+    pub fn keys_refused(&self) -> u64 {
+        self.each(|s| s.book.keys_refused()).sum()
+    }
+
+    /// Forgets drained key counters, looking at about `budget` slots in
+    /// all (see [`CounterBook::forget_drained`]); returns how many.
+    pub fn forget_drained(&self, budget: usize, now: Nanos) -> usize {
+        let per_shard = budget.div_ceil(self.shards.len()).max(1);
+        self.each(|s| s.book.forget_drained(per_shard, now)).sum()
+    }
+
+    /// Forgets the limiter allowances back at full at `now`; returns how
+    /// many.
+    pub fn forget_refilled(&self, now: Nanos) -> usize {
+        self.each(|s| s.allowances.forget_refilled(now)).sum()
+    }
+
+    /// Counters updated after version `since`, oldest first, at most `max`
+    /// (see [`CounterBook::changed_since`]): the same answer one book
+    /// gives, taking one shard at a time.
+    pub fn changed_since(&self, since: u64, max: usize, now: Nanos) -> ChangedCounters {
+        let upto = self.clock.version();
+        let mut entries = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = locked(shard);
+            if shard.book.newest_version() > since {
+                shard
+                    .book
+                    .changed_between(since, upto, max, now, &mut entries);
+            }
+        }
+        merge_changed(entries, since, upto, max)
+    }
+
+    /// Every shard held at once, for the admin API's reads: syncs wait
+    /// while it is held.
+    pub fn read(&self) -> CountersView<'_> {
+        CountersView {
+            shards: self.shards.iter().map(|s| locked(s)).collect(),
+            clock: &self.clock,
+        }
+    }
+}
+
+/// Builds a reply's counters from the shards' entries in `(since, upto]`:
+/// oldest first, at most `max` sent. When the page is full, its version is
+/// the last one considered (each shard listed up to `max` sent counters,
+/// so every version up to that one is among the entries).
+fn merge_changed(
+    mut entries: Vec<ChangedEntry>,
+    since: u64,
+    upto: u64,
+    max: usize,
+) -> ChangedCounters {
+    entries.sort_unstable_by_key(|e| e.version);
+    let mut changed = ChangedCounters {
+        counters: Vec::new(),
+        keyed: Vec::new(),
+        version: upto,
+    };
+    let mut groups: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut sent = 0;
+    let mut considered = since;
+    for entry in entries {
+        if sent >= max {
+            changed.version = considered;
+            break;
+        }
+        considered = entry.version;
+        if entry.skipped {
+            continue;
+        }
+        let Tally { level, prev, at } = entry.tally;
+        let CounterKey { id, key } = entry.counter;
+        if key == 0 {
+            changed.counters.push(CounterValue {
+                id,
+                level,
+                at,
+                prev,
+            });
+        } else {
+            let group = *groups.entry(id).or_insert_with(|| {
+                changed.keyed.push(KeyedValues {
+                    id,
+                    values: Vec::new(),
+                });
+                changed.keyed.len() - 1
+            });
+            changed.keyed[group].values.push(KeyValue(key, level, at));
+        }
+        sent += 1;
+    }
+    changed
+}
+
+/// Every shard of a [`Counters`], held.
+pub struct CountersView<'a> {
+    shards: Vec<MutexGuard<'a, Shard>>,
+    clock: &'a BookClock,
+}
+
+impl CountersView<'_> {
+    /// The last version handed out.
+    pub fn version(&self) -> u64 {
+        self.clock.version()
+    }
+
+    fn of(&self, counter: CounterKey) -> &CounterBook {
+        let n = self.shards.len();
+        let mixed = (counter.id ^ counter.key.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.shards[((mixed >> 32) as usize) % n].book
+    }
+
+    /// A named counter's live view at `now`.
+    pub fn view(&self, id: u64, now: Nanos) -> Option<CounterView> {
+        self.view_counter(CounterKey::named(id), now)
+    }
+
+    /// A counter's live view at `now`.
+    pub fn view_counter(&self, counter: CounterKey, now: Nanos) -> Option<CounterView> {
+        self.of(counter).view_counter(counter, now)
+    }
+
+    /// The keys of template `id`, busiest first, at most `max` (see
+    /// [`CounterBook::top_keys`]).
+    pub fn top_keys(&self, id: u64, max: usize, now: Nanos) -> Vec<(u64, CounterView)> {
+        let mut keys: Vec<(u64, CounterView)> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.book.top_keys(id, max, now))
+            .collect();
+        keys.sort_by(|a, b| {
+            b.1.fill_rate
+                .total_cmp(&a.1.fill_rate)
+                .then(b.1.level.total_cmp(&a.1.level))
+        });
+        keys.truncate(max);
+        keys
+    }
+
+    /// Counters from the most recently updated back, across shards (see
+    /// [`CounterBook::newest_first`]).
+    pub fn newest_first(
+        &self,
+        now: Nanos,
+    ) -> impl Iterator<Item = (CounterKey, f64, f64, f64)> + '_ {
+        let mut lists: Vec<_> = self
+            .shards
+            .iter()
+            .map(|s| s.book.newest_first_versioned(now).peekable())
+            .collect();
+        std::iter::from_fn(move || {
+            let newest = lists
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, l)| Some((l.peek()?.0, i)))
+                .max()?
+                .1;
+            lists[newest].next().map(|(_, counter)| counter)
+        })
+    }
+
+    /// Number of counters.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.book.len()).sum()
+    }
+
+    /// True when no counter exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sums over the shards: `(counters, keys, keys refused, keys
+    /// forgotten, levels capped, allowances)`.
+    pub fn sizes(&self) -> (usize, usize, u64, u64, u64, usize) {
+        let mut sizes = (0, 0, 0, 0, 0, 0);
+        for s in &self.shards {
+            sizes.0 += s.book.len();
+            sizes.1 += s.book.keys();
+            sizes.2 += s.book.keys_refused();
+            sizes.3 += s.book.keys_forgotten();
+            sizes.4 += s.book.capped();
+            sizes.5 += s.allowances.len();
+        }
+        sizes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Counting;
+    use std::sync::Barrier;
+
+    fn add(counters: &Counters, id: u64, weight: f64) {
+        let counter = CounterKey::named(id);
+        let mut shard = counters.lock(counters.shard_of(counter));
+        shard
+            .book
+            .add(id, weight, 0, None, || Some(Counting::Leak(0.0).into()));
+    }
+
+    fn ids(changed: &ChangedCounters) -> Vec<u64> {
+        changed.counters.iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn changes_come_back_in_one_version_order_across_shards_and_page() {
+        let counters = Counters::new(8, usize::MAX);
+        for id in 1..=20 {
+            add(&counters, id, 1.0);
+        }
+        let all = counters.changed_since(0, 100, 0);
+        assert_eq!(ids(&all), (1..=20).collect::<Vec<_>>());
+        assert_eq!(all.version, 20);
+        add(&counters, 7, 1.0);
+        add(&counters, 3, 1.0);
+        let since = counters.changed_since(all.version, 100, 0);
+        assert_eq!(ids(&since), [7, 3]);
+        // Pages of 6 resume where they stopped, whatever shard.
+        let mut version = 0;
+        let mut seen = Vec::new();
+        loop {
+            let page = counters.changed_since(version, 6, 0);
+            if page.counters.is_empty() {
+                break;
+            }
+            seen.extend(ids(&page));
+            version = page.version;
+        }
+        let mut expected: Vec<u64> = (1..=20).filter(|&id| id != 3 && id != 7).collect();
+        expected.extend([7, 3]);
+        assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn concurrent_writers_lose_no_change_to_a_concurrent_reader() {
+        // Writers on every shard and a reader paging "changed since" at the
+        // same time: every counter's last update reaches the reader.
+        let counters = Arc::new(Counters::new(4, usize::MAX));
+        let writers = 4;
+        let per_writer = 2_000u64;
+        let barrier = Arc::new(Barrier::new(writers + 1));
+        let handles: Vec<_> = (0..writers as u64)
+            .map(|w| {
+                let (counters, barrier) = (counters.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    for i in 0..per_writer {
+                        add(&counters, w * per_writer + i % 500, 1.0);
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let mut version = 0;
+        let mut levels: FxHashMap<u64, f64> = FxHashMap::default();
+        let mut read = |version: &mut u64| {
+            let page = counters.changed_since(*version, 97, 0);
+            for c in &page.counters {
+                levels.insert(c.id, c.level);
+            }
+            *version = page.version;
+        };
+        for _ in 0..200 {
+            read(&mut version);
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        while counters.changed_since(version, 97, 0).version != version
+            || !counters.changed_since(version, 97, 0).counters.is_empty()
+        {
+            read(&mut version);
+        }
+        for (&id, &level) in &levels {
+            assert_eq!(Some(level), counters.view(id, 0).map(|v| v.level), "{id}");
+        }
+        assert_eq!(levels.len(), writers * 500);
+    }
+
+    #[test]
+    fn max_keys_holds_across_shards() {
+        let counters = Counters::new(8, 3);
+        let mut added = 0;
+        for key in 1..=10u64 {
+            let counter = CounterKey { id: 1, key };
+            let mut shard = counters.lock(counters.shard_of(counter));
+            let delta = super::super::counter_book::Delta {
+                weight: 1.0,
+                window: None,
+            };
+            added += usize::from(
+                shard
+                    .book
+                    .add_counter(counter, delta, 0, None, || Some(Counting::Leak(0.0).into())),
+            );
+        }
+        assert_eq!((added, counters.keys(), counters.keys_refused()), (3, 3, 7));
+        counters.remove(1);
+        assert_eq!(counters.keys(), 0);
+    }
+}
