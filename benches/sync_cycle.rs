@@ -11,8 +11,9 @@
 //!    step of a cycle: collect the deltas and build the request, encode it,
 //!    decode the root's reply, apply it (max-merge every counter) and end
 //!    the cycle. The reply is built as a root would answer: every changed
-//!    counter. Body bytes per changed counter, both ways. Then the same
-//!    with the changed counters keys of one per-key quota.
+//!    counter. Body bytes per changed counter, both ways, and the root's
+//!    codec work apart (decode the request, encode the reply). Then the
+//!    same with the changed counters keys of one per-key quota.
 //! 2. **The real sync thread** against a `sluice root` child process on
 //!    127.0.0.1 (SQLite, `sync_page_counters` raised to 1M so that every
 //!    reply carries every changed counter): `CHANGED` counters changed
@@ -30,7 +31,8 @@
 //!
 //! Sizes come from the environment: `CHANGED` (a comma-separated list,
 //! `10000,100000,1000000`), `QUOTAS` (100000, or `CHANGED` if more), `CYCLES`
-//! (20), `LATENCY_SECS` (5); `ONLY_BREAKDOWN=1` runs part 1 only. Under
+//! (20), `LATENCY_SECS` (5); `ONLY_BREAKDOWN=1` runs part 1 only,
+//! `SKIP_BREAKDOWN=1` parts 2 and 3 only. Under
 //! `cargo test` (no `--bench` argument) it makes a small smoke run
 //! instead.
 
@@ -46,7 +48,7 @@ use serde_json::{json, Value};
 use sluice::core::{Nanos, Quota};
 use sluice::sync::engine::{Page, SyncEngine};
 use sluice::table::{CheckItem, CheckOptions, Table};
-use sluice::wire::binary::{decode_response, encode_request, encode_response};
+use sluice::wire::binary::{decode_request, decode_response, encode_request, encode_response};
 use sluice::wire::{CounterValue, KeyValue, KeyedValues, SyncRequest, SyncResponse};
 use sync_support::{wait_until, Db, Limiter, Root};
 
@@ -125,6 +127,13 @@ impl Encoding {
         }
     }
 
+    fn read_request(self, body: &[u8]) -> SyncRequest {
+        match self {
+            Self::Json => serde_json::from_slice(body).unwrap(),
+            Self::Binary => decode_request(body).unwrap(),
+        }
+    }
+
     fn read_reply(self, body: &[u8]) -> SyncResponse {
         match self {
             Self::Json => serde_json::from_slice(body).unwrap(),
@@ -185,12 +194,13 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
         0,
     );
     let (mut collect, mut encode, mut decode, mut apply) = (0u64, 0u64, 0u64, 0u64);
+    let mut root_codec = 0u64;
     let (mut request_bytes, mut reply_bytes) = (0usize, 0usize);
     // Cycle 0 is not counted: its reply is the first, which makes the
     // engine map every quota id to its slot (once per quota change).
     for cycle in 0..=sizes.cycles as u64 {
         if cycle == 1 {
-            (collect, encode, decode, apply) = (0, 0, 0, 0);
+            (collect, encode, decode, apply, root_codec) = (0, 0, 0, 0, 0);
             (request_bytes, reply_bytes) = (0, 0);
         }
         let now: Nanos = (cycle + 1) * 1_000_000_000;
@@ -207,6 +217,9 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
         let out = timed(&mut collect, || engine.begin_cycle(&table, now));
         let out = out.into_iter().next().expect("one root");
         let body = timed(&mut encode, || encoding.request(&out.request));
+        // What the root's codec does with it: decode the request.
+        let back = timed(&mut root_codec, || encoding.read_request(&body));
+        assert_eq!(back.delta_count(), out.request.delta_count());
         request_bytes += body.len();
         // The root's answer: every counter this limiter changed.
         let reply = SyncResponse {
@@ -242,7 +255,8 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
             counter_version: cycle,
             root_utc: None,
         };
-        let reply = encoding.reply(&reply);
+        // ... and encode the reply.
+        let reply = timed(&mut root_codec, || encoding.reply(&reply));
         reply_bytes += reply.len();
         let reply: SyncResponse = timed(&mut decode, || encoding.read_reply(&reply));
         let page = Page {
@@ -281,6 +295,12 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
         "  total                     {:8.2} ms = {:.0} ns per changed counter",
         ms(total),
         total as f64 / per_counter
+    );
+    println!(
+        "  root side, codec only: decode request + encode reply {:8.2} ms = {:.0} ns per \
+         changed counter",
+        ms(root_codec),
+        root_codec as f64 / per_counter
     );
     println!(
         "  body bytes per changed counter: request {:.1}, reply {:.1}",
@@ -397,12 +417,17 @@ fn bench_root(db: &Db) -> Root {
     Root::start_with(db, "bench-root", &["--config", config.to_str().unwrap()])
 }
 
-/// Makes `root` hold the bench quotas 0 to `quotas` (it only gains).
-fn hold_quotas(root: &Root, quotas: usize) {
-    let file: Vec<Value> = (0..quotas)
-        .map(|i| json!({"name": name(i), "limit": 1e9, "low_burst": 1e9, "high_burst": 2e9}))
-        .collect();
-    root.apply(&json!({ "quotas": file }));
+/// Makes `root`, which holds the bench quotas below `held`, hold those
+/// below `quotas` too: applied 100k at a time (an apply without `prune`
+/// keeps the quotas it does not name), each well within the client's
+/// patience.
+fn hold_quotas(root: &Root, held: usize, quotas: usize) {
+    for start in (held..quotas).step_by(100_000) {
+        let file: Vec<Value> = (start..quotas.min(start + 100_000))
+            .map(|i| json!({"name": name(i), "limit": 1e9, "low_burst": 1e9, "high_burst": 2e9}))
+            .collect();
+        root.apply(&json!({ "quotas": file }));
+    }
 }
 
 /// Parts 2 and 3: the real sync thread against a root process, in
@@ -507,7 +532,8 @@ fn main() {
         changed,
         cycles: sizes.cycles,
     };
-    for &changed in &sizes.changed {
+    let breakdown = std::env::var("SKIP_BREAKDOWN").is_err();
+    for &changed in sizes.changed.iter().filter(|_| breakdown) {
         for keyed in [false, true] {
             for encoding in Encoding::BOTH {
                 cycle_breakdown(size(changed), keyed, encoding);
@@ -523,7 +549,7 @@ fn main() {
     for (i, &changed) in sizes.changed.iter().enumerate() {
         let quotas = size(changed).quotas;
         if quotas > held {
-            hold_quotas(&root, quotas);
+            hold_quotas(&root, held, quotas);
             held = quotas;
         }
         for encoding in Encoding::BOTH {
