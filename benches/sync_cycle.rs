@@ -1,27 +1,40 @@
 //! Benchmark of the limiter's sync thread (`cargo bench --bench
 //! sync_cycle`).
 //!
+//! Each part runs at every size of `CHANGED` (changed counters per cycle)
+//! and in both encodings of the sync protocol, JSON and binary
+//! (`sluice::wire::binary`).
+//!
 //! 1. **Cycle breakdown** (no network): a table of `QUOTAS` quotas, of
 //!    which `CHANGED` got a request since the last cycle, and the real
 //!    [`SyncEngine`]. Thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) of each
-//!    step of a cycle: collect the deltas and build the request, encode it
-//!    (JSON), decode the root's reply, apply it (max-merge every counter)
-//!    and end the cycle. The reply is built as a root would answer: every
-//!    changed counter. Body bytes per changed counter, both ways.
+//!    step of a cycle: collect the deltas and build the request, encode it,
+//!    decode the root's reply, apply it (max-merge every counter) and end
+//!    the cycle. The reply is built as a root would answer: every changed
+//!    counter. Body bytes per changed counter, both ways, and the root's
+//!    codec work apart (decode the request, encode the reply). Then the
+//!    same with the changed counters keys of one per-key quota.
 //! 2. **The real sync thread** against a `sluice root` child process on
-//!    127.0.0.1 (SQLite): `CHANGED` counters changed every cycle, cycles
-//!    every 200 ms; CPU time of the sync thread (and of its runtime's
-//!    helper threads, if any) from `/proc/self/task/*/schedstat`, per
-//!    cycle; body bytes on the wire per changed counter from the sync
-//!    metrics.
-//! 3. **Check latency** with and without syncs: one thread checks the
-//!    `CHANGED` names round robin for `LATENCY_SECS`, timing every check,
-//!    first with no sync thread, then while the sync thread of part 2
-//!    syncs what those checks changed.
+//!    127.0.0.1 (SQLite, `sync_page_counters` raised to 1M so that every
+//!    reply carries every changed counter): `CHANGED` counters changed
+//!    every cycle, cycles every 200 ms; CPU time of the sync thread (and of
+//!    its runtime's helper threads, if any) from
+//!    `/proc/self/task/*/schedstat`, and of the whole root process from
+//!    `/proc/PID/stat`, per changed counter; body bytes on the wire per
+//!    changed counter from the sync metrics. The encoding is chosen with
+//!    `SLUICE_SYNC_ENCODING` (`json`; binary otherwise).
+//! 3. **Check latency** with and without syncs (at the first size, binary;
+//!    skipped with `LATENCY_SECS=0`): one thread checks the `CHANGED`
+//!    names round robin for `LATENCY_SECS`, timing every check, first with
+//!    no sync thread, then while the sync thread of part 2 syncs what
+//!    those checks changed.
 //!
-//! Sizes come from the environment: `QUOTAS` (100000), `CHANGED` (10000),
-//! `CYCLES` (50), `LATENCY_SECS` (5). Under `cargo test` (no `--bench`
-//! argument) it makes a small smoke run instead.
+//! Sizes come from the environment: `CHANGED` (a comma-separated list,
+//! `10000,100000,1000000`), `QUOTAS` (100000, or `CHANGED` if more), `CYCLES`
+//! (20), `LATENCY_SECS` (5); `ONLY_BREAKDOWN=1` runs part 1 only,
+//! `SKIP_BREAKDOWN=1` parts 2 and 3 only. Under
+//! `cargo test` (no `--bench` argument) it makes a small smoke run
+//! instead.
 
 // The integration tests' harness: root processes and limiters.
 #[path = "../tests/sync_support/mod.rs"]
@@ -35,14 +48,15 @@ use serde_json::{json, Value};
 use sluice::core::{Nanos, Quota};
 use sluice::sync::engine::{Page, SyncEngine};
 use sluice::table::{CheckItem, CheckOptions, Table};
-use sluice::wire::{CounterValue, KeyValue, KeyedValues, SyncResponse};
+use sluice::wire::binary::{decode_request, decode_response, encode_request, encode_response};
+use sluice::wire::{CounterValue, KeyValue, KeyedValues, SyncRequest, SyncResponse};
 use sync_support::{wait_until, Db, Limiter, Root};
 
 /// Bench sizes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Sizes {
     quotas: usize,
-    changed: usize,
+    changed: Vec<usize>,
     cycles: usize,
     latency_secs: u64,
 }
@@ -52,18 +66,78 @@ impl Sizes {
     fn smoke() -> Self {
         Self {
             quotas: 2_000,
-            changed: 500,
+            changed: vec![500],
             cycles: 3,
             latency_secs: 1,
         }
     }
 
     fn from_env() -> Self {
+        let changed: Vec<usize> = std::env::var("CHANGED")
+            .unwrap_or_else(|_| "10000,100000,1000000".into())
+            .split(',')
+            .map(|n| n.trim().parse().expect("CHANGED: numbers, comma-separated"))
+            .collect();
+        assert!(!changed.is_empty(), "CHANGED: at least one size");
         Self {
             quotas: harness::env_or("QUOTAS", 100_000) as usize,
-            changed: harness::env_or("CHANGED", 10_000) as usize,
-            cycles: harness::env_or("CYCLES", 50) as usize,
+            changed,
+            cycles: harness::env_or("CYCLES", 20) as usize,
             latency_secs: harness::env_or("LATENCY_SECS", 5),
+        }
+    }
+}
+
+/// One size of one run.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    quotas: usize,
+    changed: usize,
+    cycles: usize,
+}
+
+/// The sync protocol's two encodings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoding {
+    Json,
+    Binary,
+}
+
+impl Encoding {
+    const BOTH: [Self; 2] = [Self::Json, Self::Binary];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Json => "JSON",
+            Self::Binary => "binary",
+        }
+    }
+
+    fn request(self, request: &SyncRequest) -> Vec<u8> {
+        match self {
+            Self::Json => serde_json::to_vec(request).unwrap(),
+            Self::Binary => encode_request(request),
+        }
+    }
+
+    fn reply(self, reply: &SyncResponse) -> Vec<u8> {
+        match self {
+            Self::Json => serde_json::to_vec(reply).unwrap(),
+            Self::Binary => encode_response(reply).unwrap(),
+        }
+    }
+
+    fn read_request(self, body: &[u8]) -> SyncRequest {
+        match self {
+            Self::Json => serde_json::from_slice(body).unwrap(),
+            Self::Binary => decode_request(body).unwrap(),
+        }
+    }
+
+    fn read_reply(self, body: &[u8]) -> SyncResponse {
+        match self {
+            Self::Json => serde_json::from_slice(body).unwrap(),
+            Self::Binary => decode_response(body).unwrap(),
         }
     }
 }
@@ -100,7 +174,7 @@ fn timed<T>(total: &mut u64, f: impl FnOnce() -> T) -> T {
 
 /// Part 1: one cycle's steps in this thread, no network; `keyed`: the
 /// changed counters are keys of one per-key template instead of quotas.
-fn cycle_breakdown(sizes: Sizes, keyed: bool) {
+fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
     let table = if keyed {
         let t = Table::new_heap_with_keys(16, 16, 4 * sizes.changed as u64);
         t.apply_quotas(&[quota(0).keyed()]);
@@ -120,9 +194,16 @@ fn cycle_breakdown(sizes: Sizes, keyed: bool) {
         0,
     );
     let (mut collect, mut encode, mut decode, mut apply) = (0u64, 0u64, 0u64, 0u64);
+    let mut root_codec = 0u64;
     let (mut request_bytes, mut reply_bytes) = (0usize, 0usize);
-    for cycle in 1..=sizes.cycles as u64 {
-        let now: Nanos = cycle * 1_000_000_000;
+    // Cycle 0 is not counted: its reply is the first, which makes the
+    // engine map every quota id to its slot (once per quota change).
+    for cycle in 0..=sizes.cycles as u64 {
+        if cycle == 1 {
+            (collect, encode, decode, apply, root_codec) = (0, 0, 0, 0, 0);
+            (request_bytes, reply_bytes) = (0, 0);
+        }
+        let now: Nanos = (cycle + 1) * 1_000_000_000;
         let template = name(0);
         for n in &names {
             let item = CheckItem {
@@ -135,7 +216,10 @@ fn cycle_breakdown(sizes: Sizes, keyed: bool) {
         }
         let out = timed(&mut collect, || engine.begin_cycle(&table, now));
         let out = out.into_iter().next().expect("one root");
-        let body = timed(&mut encode, || serde_json::to_vec(&out.request).unwrap());
+        let body = timed(&mut encode, || encoding.request(&out.request));
+        // What the root's codec does with it: decode the request.
+        let back = timed(&mut root_codec, || encoding.read_request(&body));
+        assert_eq!(back.delta_count(), out.request.delta_count());
         request_bytes += body.len();
         // The root's answer: every counter this limiter changed.
         let reply = SyncResponse {
@@ -171,9 +255,10 @@ fn cycle_breakdown(sizes: Sizes, keyed: bool) {
             counter_version: cycle,
             root_utc: None,
         };
-        let reply = serde_json::to_vec(&reply).unwrap();
+        // ... and encode the reply.
+        let reply = timed(&mut root_codec, || encoding.reply(&reply));
         reply_bytes += reply.len();
-        let reply: SyncResponse = timed(&mut decode, || serde_json::from_slice(&reply).unwrap());
+        let reply: SyncResponse = timed(&mut decode, || encoding.read_reply(&reply));
         let page = Page {
             sent_at: now,
             received_at: now,
@@ -187,28 +272,35 @@ fn cycle_breakdown(sizes: Sizes, keyed: bool) {
     let n = sizes.cycles as f64;
     let per_counter = (sizes.cycles * sizes.changed) as f64;
     let ms = |ns: u64| ns as f64 / n / 1e6;
+    let e = encoding.name();
     if keyed {
         println!(
-            "cycle breakdown, keyed: {} keys of one per-key quota changed per cycle, {} cycles \
-             (thread CPU, mean per cycle)",
+            "cycle breakdown, {e}, keyed: {} keys of one per-key quota changed per cycle, {} \
+             cycles (thread CPU, mean per cycle)",
             sizes.changed, sizes.cycles
         );
     } else {
         println!(
-            "cycle breakdown: {} quotas, {} changed per cycle, {} cycles (thread CPU, mean per \
-             cycle)",
+            "cycle breakdown, {e}: {} quotas, {} changed per cycle, {} cycles (thread CPU, mean \
+             per cycle)",
             sizes.quotas, sizes.changed, sizes.cycles
         );
     }
     println!("  collect + build request   {:8.2} ms", ms(collect));
-    println!("  encode request (JSON)     {:8.2} ms", ms(encode));
-    println!("  decode reply (JSON)       {:8.2} ms", ms(decode));
+    println!("  encode request            {:8.2} ms", ms(encode));
+    println!("  decode reply              {:8.2} ms", ms(decode));
     println!("  apply reply + end cycle   {:8.2} ms", ms(apply));
     let total = collect + encode + decode + apply;
     println!(
         "  total                     {:8.2} ms = {:.0} ns per changed counter",
         ms(total),
         total as f64 / per_counter
+    );
+    println!(
+        "  root side, codec only: decode request + encode reply {:8.2} ms = {:.0} ns per \
+         changed counter",
+        ms(root_codec),
+        root_codec as f64 / per_counter
     );
     println!(
         "  body bytes per changed counter: request {:.1}, reply {:.1}",
@@ -304,22 +396,57 @@ fn check_latencies(table: &Table, names: &[String], seconds: u64) -> Latencies {
     lat
 }
 
-/// Parts 2 and 3: the real sync thread against a root process.
-fn real_thread(sizes: Sizes) {
-    let db = Db::new();
-    let root = Root::start(&db, "bench-root");
-    let file: Vec<Value> = (0..sizes.quotas)
-        .map(|i| json!({"name": name(i), "limit": 1e9, "low_burst": 1e9, "high_burst": 2e9}))
-        .collect();
-    root.apply(&json!({ "quotas": file }));
+/// CPU nanoseconds so far of process `pid` (user and system, from
+/// `/proc/PID/stat`, in clock ticks).
+fn process_cpu(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 here.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+/// A root process that answers every changed counter in one reply.
+fn bench_root(db: &Db) -> Root {
+    let config = db.dir().join("bench-root.toml");
+    std::fs::write(&config, "sync_page_counters = 1000000\n").unwrap();
+    Root::start_with(db, "bench-root", &["--config", config.to_str().unwrap()])
+}
+
+/// Makes `root`, which holds the bench quotas below `held`, hold those
+/// below `quotas` too: applied 100k at a time (an apply without `prune`
+/// keeps the quotas it does not name), each well within the client's
+/// patience.
+fn hold_quotas(root: &Root, held: usize, quotas: usize) {
+    for start in (held..quotas).step_by(100_000) {
+        let file: Vec<Value> = (start..quotas.min(start + 100_000))
+            .map(|i| json!({"name": name(i), "limit": 1e9, "low_burst": 1e9, "high_burst": 2e9}))
+            .collect();
+        root.apply(&json!({ "quotas": file }));
+    }
+}
+
+/// Parts 2 and 3: the real sync thread against a root process, in
+/// `encoding`; check latencies too if `latency_secs` is not 0.
+fn real_thread(root: &Root, sizes: Size, encoding: Encoding, latency_secs: u64) {
     let names: Vec<String> = (0..sizes.changed).map(name).collect();
 
     // Without syncs: a table that holds the quotas and has no sync thread.
-    let quiet = Table::new_heap(sizes.quotas as u32 + 16, 16);
-    quiet.apply_quotas(&(0..sizes.quotas).map(quota).collect::<Vec<_>>());
-    let without = check_latencies(&quiet, &names, sizes.latency_secs);
-    drop(quiet);
+    let without = (latency_secs > 0).then(|| {
+        let quiet = Table::new_heap(sizes.quotas as u32 + 16, 16);
+        quiet.apply_quotas(&(0..sizes.quotas).map(quota).collect::<Vec<_>>());
+        check_latencies(&quiet, &names, latency_secs)
+    });
 
+    // Read when the sync thread starts.
+    match encoding {
+        Encoding::Json => std::env::set_var(sluice::sync::ENCODING_ENV, "json"),
+        Encoding::Binary => std::env::remove_var(sluice::sync::ENCODING_ENV),
+    }
     let capacity = sizes.quotas as u32 + 16;
     let limiter = Limiter::start_sized("bench", &[root.url.as_str()], capacity, |_| {});
     wait_until("every quota arrives", || {
@@ -335,6 +462,8 @@ fn real_thread(sizes: Sizes) {
     // carries them, CYCLES times.
     let threads = ["sluice-sync", "tokio-runtime-w"];
     let start = limiter.metrics();
+    let pid = root.pid().expect("the root runs");
+    let root_cpu = process_cpu(pid);
     let cpu = threads_cpu(&threads);
     for _ in 0..sizes.cycles {
         for n in &names {
@@ -348,13 +477,16 @@ fn real_thread(sizes: Sizes) {
     }
     let end = limiter.metrics();
     let cpu = threads_cpu(&threads) - cpu;
+    let root_cpu = process_cpu(pid) - root_cpu;
     let cycles = (end.cycles - start.cycles) as f64;
     let syncs = (end.roots[0].syncs - start.roots[0].syncs) as f64;
     // Every round's deltas went out once, in one sync or split over two.
     let counters = (sizes.cycles * sizes.changed) as f64;
     println!(
-        "sync thread against a root process: {} quotas, {} changed per cycle, 200 ms interval",
-        sizes.quotas, sizes.changed
+        "sync thread against a root process, {}: {} quotas, {} changed per cycle, 200 ms interval",
+        encoding.name(),
+        sizes.quotas,
+        sizes.changed
     );
     println!(
         "  {cycles:.0} cycles, {syncs:.0} syncs: {:.2} ms sync-thread CPU per cycle, {:.0} ns per changed counter",
@@ -362,14 +494,21 @@ fn real_thread(sizes: Sizes) {
         cpu as f64 / counters
     );
     println!(
+        "  root process CPU (all threads, 10 ms ticks): {:.0} ns per changed counter",
+        root_cpu as f64 / counters
+    );
+    println!(
         "  body bytes per changed counter: sent {:.1}, received {:.1}",
         (end.roots[0].bytes_sent - start.roots[0].bytes_sent) as f64 / counters,
         (end.roots[0].bytes_received - start.roots[0].bytes_received) as f64 / counters
     );
 
+    let Some(without) = without else {
+        return;
+    };
     // With syncs: the same checks while the sync thread syncs what they
     // change.
-    let with = check_latencies(&limiter.table, &names, sizes.latency_secs);
+    let with = check_latencies(&limiter.table, &names, latency_secs);
     let m = limiter.metrics();
     println!(
         "check latency, {} names round robin, one thread (Instant around each check):",
@@ -388,9 +527,42 @@ fn main() {
     let Some(sizes) = harness::sizes("sync_cycle", Sizes::smoke, Sizes::from_env) else {
         return;
     };
-    cycle_breakdown(sizes, false);
-    cycle_breakdown(sizes, true);
-    if std::env::var("ONLY_BREAKDOWN").is_err() {
-        real_thread(sizes);
+    let size = |changed| Size {
+        quotas: sizes.quotas.max(changed),
+        changed,
+        cycles: sizes.cycles,
+    };
+    let breakdown = std::env::var("SKIP_BREAKDOWN").is_err();
+    for &changed in sizes.changed.iter().filter(|_| breakdown) {
+        for keyed in [false, true] {
+            for encoding in Encoding::BOTH {
+                cycle_breakdown(size(changed), keyed, encoding);
+            }
+        }
+    }
+    if std::env::var("ONLY_BREAKDOWN").is_ok() {
+        return;
+    }
+    let db = Db::new();
+    let root = bench_root(&db);
+    let mut held = 0;
+    for (i, &changed) in sizes.changed.iter().enumerate() {
+        let quotas = size(changed).quotas;
+        if quotas > held {
+            hold_quotas(&root, held, quotas);
+            held = quotas;
+        }
+        for encoding in Encoding::BOTH {
+            let latency = if i == 0 && encoding == Encoding::Binary {
+                sizes.latency_secs
+            } else {
+                0
+            };
+            let sizes = Size {
+                quotas: held,
+                ..size(changed)
+            };
+            real_thread(&root, sizes, encoding, latency);
+        }
     }
 }

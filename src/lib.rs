@@ -42,7 +42,9 @@
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx, sync) read.
 //! - [`wire`] — the sync protocol's request and response types and their
 //!   checks (a request as a root accepts it, a reply as a limiter does),
-//!   used by both the root and the limiter's sync thread.
+//!   used by both the root and the limiter's sync thread; `wire/binary.rs`
+//!   — their compact binary encoding (content type
+//!   `application/x-sluice-sync`, next to JSON).
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers). Its files, one concern each, are listed

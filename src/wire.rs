@@ -1,7 +1,12 @@
 //! The sync protocol's wire types, shared by the root and the limiter.
 //!
-//! `POST /v1/sync` with a JSON [`SyncRequest`]; the root answers a JSON
-//! [`SyncResponse`]. A limiter talks to every root independently and keeps,
+//! `POST /v1/sync` with a [`SyncRequest`]; the root answers a
+//! [`SyncResponse`]. Both travel as JSON (`application/json`) or in a
+//! compact binary encoding ([`binary`], `application/x-sluice-sync`),
+//! chosen by `Content-Type` (the request's) and `Accept` (the reply's): a
+//! root reads and writes both, a limiter sends binary and falls back to
+//! JSON for a root that refuses it (415, or 400 from a root that predates
+//! it). A limiter talks to every root independently and keeps,
 //! per root, the quota cursor and counter version that root gave it.
 //!
 //! Counters travel as `(level, at)` pairs in the root's clock
@@ -13,11 +18,18 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod binary;
+
+pub use binary::{BinaryError, BINARY_CONTENT_TYPE, BINARY_VERSION};
+
 use crate::core::quota::MAX_BURST;
 use crate::core::{Quota, ValidationError};
 
 /// Path of the sync endpoint.
 pub const SYNC_PATH: &str = "/v1/sync";
+
+/// Content type of a JSON sync body.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// Most deltas (named and keyed) one sync request may carry; a root
 /// answers 400 above it.

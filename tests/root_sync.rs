@@ -332,3 +332,138 @@ async fn a_quota_read_shows_the_fill_rate_of_incoming_weight() {
     assert!(rate > 0.0 && rate <= 500.0, "{view}");
     root.stop().await;
 }
+
+/// Posts `body` to the sync endpoint with these `content-type` and
+/// `accept` headers; returns the status, the reply's content type and
+/// its bytes.
+async fn post_sync(
+    root: &TestRoot,
+    content_type: &str,
+    accept: &str,
+    body: Vec<u8>,
+) -> (StatusCode, String, Vec<u8>) {
+    let response = root
+        .http
+        .post(format!("{}/v1/sync", root.url))
+        .header("content-type", content_type)
+        .header("accept", accept)
+        .body(body)
+        .send()
+        .await
+        .expect("request reaches the root");
+    let status = response.status();
+    let kind = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, kind, response.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_and_json_syncs_agree_and_a_bad_binary_body_is_refused_by_name() {
+    use sluice::wire::binary::{decode_response, encode_request};
+    use sluice::wire::{CounterDelta, SyncRequest, BINARY_CONTENT_TYPE};
+
+    let db = Db::sqlite();
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(0.0, 100.0, 100.0, None)).await;
+    let mut json_client = Limiter::new("json-host");
+    json_client.catch_up(&root).await;
+    let id = json_client.id_of("q").unwrap();
+    let binary_request = |delta: u64| SyncRequest {
+        limiter: "binary-host".into(),
+        quotas_after: Default::default(),
+        counter_version: 0,
+        root_instance: 0,
+        deltas: vec![CounterDelta {
+            id,
+            delta,
+            window: None,
+        }],
+        keyed: Vec::new(),
+        rejected: Vec::new(),
+    };
+
+    // Binary in, binary out: the whole quota set and the counter.
+    let (status, kind, body) = post_sync(
+        &root,
+        BINARY_CONTENT_TYPE,
+        BINARY_CONTENT_TYPE,
+        encode_request(&binary_request(3)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(kind, BINARY_CONTENT_TYPE);
+    let reply = decode_response(&body).expect("a binary reply");
+    assert_eq!(reply.quotas.len(), 1);
+    assert_eq!(reply.quotas[0].name, "q");
+    assert_eq!(
+        reply
+            .counters
+            .iter()
+            .map(|c| (c.id, c.level))
+            .collect::<Vec<_>>(),
+        vec![(id, 3.0)]
+    );
+
+    // A JSON-only client (no accept header for binary) sees the same
+    // counter, in JSON.
+    let reply = json_client.sync(&root, &[(id, 2)]).await;
+    assert_eq!(reply["counters"][0]["level"], 5.0, "{reply}");
+    // Binary in, JSON out when JSON is what the client accepts.
+    let (status, kind, body) = post_sync(
+        &root,
+        BINARY_CONTENT_TYPE,
+        "application/json",
+        encode_request(&binary_request(1)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(kind, "application/json");
+    let reply: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(reply["counters"][0]["level"], 6.0, "{reply}");
+
+    // Refused whole, in JSON, naming where the body broke.
+    let good = encode_request(&binary_request(300));
+    let mut version_9 = good.clone();
+    version_9[3] = 9;
+    let mut trailing = good.clone();
+    trailing.push(7);
+    let refused: Vec<(Vec<u8>, StatusCode, &str, &str)> = vec![
+        // Without its last 3 bytes: the rejections' and keys' counts
+        // (0 each) and the delta's second byte (300 takes two).
+        (
+            good[..good.len() - 3].to_vec(),
+            StatusCode::BAD_REQUEST,
+            "deltas[0].delta",
+            "truncated",
+        ),
+        (
+            b"{\"limiter\": \"x\"}".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "header",
+            "magic",
+        ),
+        (trailing, StatusCode::BAD_REQUEST, "body", "after the end"),
+        (
+            version_9,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "body",
+            "version 9",
+        ),
+    ];
+    for (body, status, field, words) in refused {
+        let (got, kind, reply) = post_sync(&root, BINARY_CONTENT_TYPE, "*/*", body).await;
+        let reply: Value = serde_json::from_slice(&reply).expect("a JSON error");
+        assert_eq!(got, status, "{reply}");
+        assert_eq!(kind, "application/json");
+        assert_eq!(reply["error"]["field"], field, "{reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(words), "{message}");
+    }
+    // Nothing of them was applied.
+    let reply = json_client.sync(&root, &[]).await;
+    assert_eq!(reply["counters"][0]["level"], 6.0, "{reply}");
+    root.stop().await;
+}

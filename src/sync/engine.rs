@@ -22,7 +22,7 @@
 //!   down folds only its shard's weight locally.
 
 use super::ids::{CounterMap, CounterSet, IdMap};
-use super::link::{Owed, OwedDeltas, RootLink, NO_QUOTAS};
+use super::link::{level_at_offset, Owed, OwedDeltas, RootLink, NO_QUOTAS};
 use super::{EarlySync, LogLevel, SyncMetrics};
 use crate::core::{Counting, Level, Nanos, Tally};
 use crate::table::file::purge_seeds;
@@ -661,14 +661,15 @@ impl SyncEngine {
             self.slots = table.slot_ids().into_iter().collect();
             self.slots_generation = Some(generation);
         }
-        let link = &self.links[root];
+        // Looked up once: every value of the reply is moved by it.
+        let offset = self.links[root].offset();
         let keyed = reply.keyed.iter().flat_map(|group| {
-            group.values.iter().map(|v| {
+            group.values.iter().map(move |v| {
                 let counter = CounterKey {
                     id: group.id,
                     key: v.0,
                 };
-                (counter, Tally::leaky(link.level_to_local(v.1, v.2)))
+                (counter, Tally::leaky(level_at_offset(offset, v.1, v.2)))
             })
         });
         let values = reply
@@ -677,15 +678,14 @@ impl SyncEngine {
             .map(|c| {
                 let local = Tally {
                     prev: c.prev,
-                    ..Tally::leaky(link.to_local(c))
+                    ..Tally::leaky(level_at_offset(offset, c.level, c.at))
                 };
                 (CounterKey::named(c.id), local)
             })
             .chain(keyed);
-        let mut answered = CounterSet::with_capacity_and_hasher(
-            reply.counters.len() + reply.keyed.len(),
-            Default::default(),
-        );
+        let keys: usize = reply.keyed.iter().map(|g| g.values.len()).sum();
+        let mut answered =
+            CounterSet::with_capacity_and_hasher(reply.counters.len() + keys, Default::default());
         for (counter, value) in values {
             answered.insert(counter);
             let Some(&slot) = self.slots.get(&counter.id) else {

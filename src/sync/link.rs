@@ -341,11 +341,18 @@ impl RootLink {
 
     /// A level at root time `at`, in local time.
     pub fn level_to_local(&self, level: f64, at: u64) -> Level {
-        let at = (at as i128 - i128::from(self.offset())).clamp(0, i128::from(u64::MAX));
-        Level {
-            level,
-            at: at as u64,
-        }
+        level_at_offset(self.offset(), level, at)
+    }
+}
+
+/// A level at root time `at`, in local time, for the clock offset
+/// `offset` ([`RootLink::offset`], which a reply's many counters look up
+/// once).
+pub fn level_at_offset(offset: i64, level: f64, at: u64) -> Level {
+    let at = (at as i128 - i128::from(offset)).clamp(0, i128::from(u64::MAX));
+    Level {
+        level,
+        at: at as u64,
     }
 }
 

@@ -376,6 +376,8 @@ mod wake {
 
 #[cfg(feature = "sync")]
 mod networked;
+#[cfg(feature = "sync")]
+pub use networked::ENCODING_ENV;
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,12 @@
 //! The sync loop with roots: a tokio current-thread runtime and a reqwest
 //! (rustls) client inside the sync thread, driving a [`SyncEngine`].
+//!
+//! Syncs go in the binary encoding ([`crate::wire::binary`]) to every root
+//! that takes it. A root that answers a binary request 415 or 400 (one
+//! that predates it refuses the body as malformed JSON: nothing was
+//! applied either way) is asked again in JSON at once, and in JSON from
+//! then on, until it restarts (a new instance may have been upgraded).
+//! `SLUICE_SYNC_ENCODING=json` in the environment makes every sync JSON.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -13,12 +20,57 @@ use super::link::OwedDeltas;
 use super::{local_now, run_standalone, window_spread, window_wake, LogLevel, Shared, SyncConfig};
 use crate::core::rng::Rng;
 use crate::table::Table;
-use crate::wire::{ClockReport, SyncRequest, SyncResponse, CLOCK_HEADER, SYNC_PATH};
+use crate::wire::binary;
+use crate::wire::{
+    ClockReport, SyncRequest, SyncResponse, BINARY_CONTENT_TYPE, CLOCK_HEADER, JSON_CONTENT_TYPE,
+    SYNC_PATH,
+};
 
 /// Largest sync reply accepted (a page of quotas plus counters).
 const MAX_REPLY_BYTES: usize = 256 << 20;
 /// Quota pages fetched from one root in one cycle at most.
 const MAX_PAGES_PER_CYCLE: usize = 1000;
+
+/// Environment variable that, set to `json`, makes the sync thread send
+/// and ask for JSON only.
+pub const ENCODING_ENV: &str = "SLUICE_SYNC_ENCODING";
+
+/// How the sync thread talks to one root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    /// Binary requests and replies.
+    Binary,
+    /// JSON, because the root refused binary; `instance` is the root
+    /// instance that answered JSON (0: not known yet). Another instance
+    /// is tried in binary again.
+    Json { instance: u64 },
+    /// JSON always ([`ENCODING_ENV`]).
+    JsonOnly,
+}
+
+impl Encoding {
+    /// The encoding to start with, from the environment.
+    fn initial() -> Self {
+        match std::env::var(ENCODING_ENV) {
+            Ok(v) if v.eq_ignore_ascii_case("json") => Encoding::JsonOnly,
+            _ => Encoding::Binary,
+        }
+    }
+
+    fn binary(self) -> bool {
+        self == Encoding::Binary
+    }
+
+    /// What to use after a successful reply from root instance `instance`.
+    fn after_reply(self, instance: u64) -> Self {
+        match self {
+            Encoding::Json { instance: 0 } => Encoding::Json { instance },
+            // Restarted, perhaps upgraded: binary again.
+            Encoding::Json { instance: old } if old != instance => Encoding::Binary,
+            other => other,
+        }
+    }
+}
 
 pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -77,28 +129,36 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     // Which root each task talks to, so that even a task that panicked
     // ends its root's exchange.
     let mut task_roots = HashMap::new();
+    // How each root is talked to (absent: the initial encoding).
+    let initial = Encoding::initial();
+    let mut encodings: HashMap<usize, Encoding> = HashMap::new();
     // Applies the outcome of one finished exchange task.
-    let finish_exchange =
-        |joined: Result<(tokio::task::Id, Exchange), tokio::task::JoinError>,
-         engine: &mut SyncEngine,
-         task_roots: &mut HashMap<tokio::task::Id, usize>| {
-            match joined {
-                Ok((task, ex)) => {
-                    task_roots.remove(&task);
-                    engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
-                    log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+    let finish_exchange = |joined: Result<(tokio::task::Id, Exchange), tokio::task::JoinError>,
+                           engine: &mut SyncEngine,
+                           task_roots: &mut HashMap<tokio::task::Id, usize>,
+                           encodings: &mut HashMap<usize, Encoding>| {
+        match joined {
+            Ok((task, ex)) => {
+                task_roots.remove(&task);
+                if ex.encoding == Encoding::Binary {
+                    encodings.remove(&ex.root);
+                } else {
+                    encodings.insert(ex.root, ex.encoding);
                 }
-                Err(e) => {
-                    (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
-                    if let Some(root) = task_roots.remove(&e.id()) {
-                        let error = Some(format!("sync task failed: {e}"));
-                        let owed = OwedDeltas::default();
-                        log(engine.finish(table, root, owed, &[], error, now()));
-                    }
+                engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
+                log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+            }
+            Err(e) => {
+                (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
+                if let Some(root) = task_roots.remove(&e.id()) {
+                    let error = Some(format!("sync task failed: {e}"));
+                    let owed = OwedDeltas::default();
+                    log(engine.finish(table, root, owed, &[], error, now()));
                 }
             }
-            publish(engine, table, shared);
-        };
+        }
+        publish(engine, table, shared);
+    };
     while !shared.stop.load(Ordering::Acquire) {
         for out in engine.begin_cycle(table, now()) {
             let root = out.root;
@@ -106,8 +166,10 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
             let client = client.clone();
             let token = config.token.clone();
             let skew = config.clock_skew;
-            let task = exchanges
-                .spawn(async move { exchange(&client, url, token.as_deref(), out, skew).await });
+            let encoding = encodings.get(&root).copied().unwrap_or(initial);
+            let task = exchanges.spawn(async move {
+                exchange(&client, url, token.as_deref(), out, skew, encoding).await
+            });
             task_roots.insert(task.id(), root);
         }
         publish(&engine, table, shared);
@@ -123,7 +185,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         loop {
             tokio::select! {
                 Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
-                    finish_exchange(joined, &mut engine, &mut task_roots);
+                    finish_exchange(joined, &mut engine, &mut task_roots, &mut encodings);
                 }
                 _ = tokio::time::sleep_until(next_cycle) => break,
                 _ = probe.tick(), if early.is_some() => {
@@ -140,7 +202,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     // Exchanges under way finish first (each within the request timeout),
     // so what they carried is acknowledged, not handed on and sent twice.
     while let Some(joined) = exchanges.join_next_with_id().await {
-        finish_exchange(joined, &mut engine, &mut task_roots);
+        finish_exchange(joined, &mut engine, &mut task_roots, &mut encodings);
     }
     engine.abandon(table);
 }
@@ -164,6 +226,18 @@ struct Exchange {
     error: Option<String>,
     bytes_sent: u64,
     bytes_received: u64,
+    /// How to talk to the root next time.
+    encoding: Encoding,
+}
+
+/// Why a post failed.
+enum PostError {
+    /// The root refused a binary body (415, or 400 from a root that
+    /// predates the binary encoding): nothing was applied, ask again in
+    /// JSON.
+    Binary(String),
+    /// Anything else.
+    Other(String),
 }
 
 /// One exchange with a root: the request with the owed deltas, then more
@@ -174,6 +248,7 @@ async fn exchange(
     token: Option<&str>,
     out: Outgoing,
     skew: i64,
+    encoding: Encoding,
 ) -> Exchange {
     let Outgoing {
         root,
@@ -188,13 +263,27 @@ async fn exchange(
         error: None,
         bytes_sent: 0,
         bytes_received: 0,
+        encoding,
     };
     let mut request = Some(request);
     let mut pages = 0;
     while let Some(req) = request.take() {
-        let sent_at = crate::clock::now_precise().saturating_add_signed(skew);
-        match post(client, &url, token, clock, &req, &mut ex).await {
+        let mut sent_at = crate::clock::now_precise().saturating_add_signed(skew);
+        let mut result = post(client, &url, token, clock, &req, &mut ex).await;
+        if let Err(PostError::Binary(_)) = result {
+            // Asked again at once, in JSON; kept in JSON if that works (a
+            // request the root refuses in both is just refused).
+            let before = ex.encoding;
+            ex.encoding = Encoding::Json { instance: 0 };
+            sent_at = crate::clock::now_precise().saturating_add_signed(skew);
+            result = post(client, &url, token, clock, &req, &mut ex).await;
+            if result.is_err() {
+                ex.encoding = before;
+            }
+        }
+        match result {
             Ok(reply) => {
+                ex.encoding = ex.encoding.after_reply(reply.root_instance);
                 let received_at = crate::clock::now_precise().saturating_add_signed(skew);
                 pages += 1;
                 if pages < MAX_PAGES_PER_CYCLE {
@@ -206,7 +295,7 @@ async fn exchange(
                     reply,
                 });
             }
-            Err(e) => ex.error = Some(e),
+            Err(PostError::Binary(e) | PostError::Other(e)) => ex.error = Some(e),
         }
     }
     ex
@@ -219,12 +308,21 @@ async fn post(
     clock: Option<ClockReport>,
     request: &SyncRequest,
     ex: &mut Exchange,
-) -> Result<SyncResponse, String> {
-    let body = serde_json::to_vec(request).map_err(|e| format!("cannot encode request: {e}"))?;
+) -> Result<SyncResponse, PostError> {
+    let binary = ex.encoding.binary();
+    let (body, content_type, accept) = if binary {
+        let body = binary::encode_request(request);
+        (body, BINARY_CONTENT_TYPE, BINARY_ACCEPT)
+    } else {
+        let body = serde_json::to_vec(request)
+            .map_err(|e| PostError::Other(format!("cannot encode request: {e}")))?;
+        (body, JSON_CONTENT_TYPE, JSON_CONTENT_TYPE)
+    };
     ex.bytes_sent += body.len() as u64;
     let mut builder = client
         .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(reqwest::header::CONTENT_TYPE, content_type)
+        .header(reqwest::header::ACCEPT, accept)
         .body(body);
     if let Some(token) = token {
         builder = builder.bearer_auth(token);
@@ -232,28 +330,56 @@ async fn post(
     if let Some(clock) = clock {
         builder = builder.header(CLOCK_HEADER, clock.header_value());
     }
-    let mut response = builder.send().await.map_err(|e| describe(&e))?;
+    let other = |e: String| PostError::Other(e);
+    let mut response = builder.send().await.map_err(|e| other(describe(&e)))?;
     let status = response.status();
     if response
         .content_length()
         .is_some_and(|n| n > MAX_REPLY_BYTES as u64)
     {
-        return Err(format!("reply larger than {MAX_REPLY_BYTES} bytes"));
+        return Err(other(format!("reply larger than {MAX_REPLY_BYTES} bytes")));
     }
+    let binary_reply = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(BINARY_CONTENT_TYPE));
     let mut bytes = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| describe(&e))? {
+    while let Some(chunk) = response.chunk().await.map_err(|e| other(describe(&e)))? {
         if bytes.len() + chunk.len() > MAX_REPLY_BYTES {
-            return Err(format!("reply larger than {MAX_REPLY_BYTES} bytes"));
+            return Err(other(format!("reply larger than {MAX_REPLY_BYTES} bytes")));
         }
         bytes.extend_from_slice(&chunk);
     }
     ex.bytes_received += bytes.len() as u64;
     if !status.is_success() {
         let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
-        return Err(format!("HTTP {status}: {text}"));
+        let error = format!("HTTP {status}: {text}");
+        let refused = status == reqwest::StatusCode::UNSUPPORTED_MEDIA_TYPE
+            || status == reqwest::StatusCode::BAD_REQUEST;
+        return Err(if binary && refused {
+            PostError::Binary(error)
+        } else {
+            other(error)
+        });
     }
-    let reply: SyncResponse =
-        serde_json::from_slice(&bytes).map_err(|e| format!("malformed reply: {e}"))?;
+    decode_reply(&bytes, binary_reply).map_err(other)
+}
+
+/// What a binary request accepts: binary, or JSON from a root that
+/// cannot write binary.
+const BINARY_ACCEPT: &str = "application/x-sluice-sync, application/json;q=0.5";
+
+/// Decodes and validates a reply body, binary or JSON by its content
+/// type: a reply that fails either is dropped whole (the limiter keeps
+/// its last good state).
+fn decode_reply(bytes: &[u8], binary_reply: bool) -> Result<SyncResponse, String> {
+    let reply = if binary_reply {
+        binary::decode_response(bytes).map_err(|e| format!("malformed binary reply: {e}"))?
+    } else {
+        serde_json::from_slice(bytes).map_err(|e| format!("malformed reply: {e}"))?
+    };
     validate(&reply)?;
     Ok(reply)
 }
@@ -294,6 +420,48 @@ mod tests {
             counter_version: 1,
             root_utc: None,
         }
+    }
+
+    #[test]
+    fn a_binary_request_accepts_binary_first() {
+        assert!(BINARY_ACCEPT.starts_with(BINARY_CONTENT_TYPE));
+    }
+
+    #[test]
+    fn a_json_fallback_lasts_as_long_as_the_root_instance() {
+        let json = Encoding::Json { instance: 0 };
+        let pinned = json.after_reply(7);
+        assert_eq!(pinned, Encoding::Json { instance: 7 });
+        assert_eq!(pinned.after_reply(7), pinned);
+        assert_eq!(pinned.after_reply(8), Encoding::Binary);
+        assert_eq!(Encoding::JsonOnly.after_reply(8), Encoding::JsonOnly);
+        assert!(!pinned.binary() && Encoding::Binary.binary());
+    }
+
+    #[test]
+    fn a_garbled_binary_reply_is_dropped_with_the_reason() {
+        let good = binary::encode_response(&reply(vec![], vec![])).unwrap();
+        assert!(decode_reply(&good, true).is_ok());
+        let e = decode_reply(&good[..good.len() - 1], true).unwrap_err();
+        assert!(e.starts_with("malformed binary reply: "), "{e}");
+        // A JSON body labelled binary, and the other way round.
+        let json = serde_json::to_vec(&reply(vec![], vec![])).unwrap();
+        assert!(decode_reply(&json, true).unwrap_err().contains("magic"));
+        assert!(decode_reply(&good, false).is_err());
+        // Well formed but invalid: refused like JSON.
+        let bad = reply(
+            vec![],
+            vec![CounterValue {
+                id: 1,
+                level: f64::NAN,
+                at: 0,
+                prev: 0.0,
+            }],
+        );
+        let bad = binary::encode_response(&bad).unwrap();
+        assert!(decode_reply(&bad, true)
+            .unwrap_err()
+            .contains("counters[0]"));
     }
 
     #[test]

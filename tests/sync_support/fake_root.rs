@@ -1,12 +1,14 @@
 //! A root that misbehaves on purpose: it answers `POST /v1/sync` with
-//! garbage, with HTTP 500, or not at all.
+//! garbage, with HTTP 500, or not at all; or a proxy in front of a real
+//! root that refuses binary sync bodies, as a root older than the binary
+//! encoding does.
 //!
 //! Plain threads and blocking sockets: one thread accepts, one thread per
 //! connection reads a request and answers it (then closes, so the client
 //! opens a new connection for the next one).
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,6 +24,14 @@ pub enum Misbehaviour {
     ServerError,
     /// Reads the request and never answers.
     Hang,
+    /// Forwards every request to the real root at `root`, except binary
+    /// sync bodies (`application/x-sluice-sync`) when `refuse` is set:
+    /// those get that HTTP status (415, or 400 as a root that predates
+    /// the binary encoding answers) and a JSON error.
+    Proxy {
+        root: SocketAddr,
+        refuse: Option<u16>,
+    },
 }
 
 /// Quota names the garbage replies carry; a limiter must never hold one.
@@ -33,6 +43,8 @@ pub struct FakeRoot {
     pub url: String,
     /// Sync requests received.
     pub requests: Arc<AtomicUsize>,
+    /// Of those, requests with a binary body.
+    pub binary: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
 }
@@ -44,21 +56,26 @@ impl FakeRoot {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (s, r) = (Arc::clone(&stop), Arc::clone(&requests));
+        let binary = Arc::new(AtomicUsize::new(0));
+        let (s, r, b) = (
+            Arc::clone(&stop),
+            Arc::clone(&requests),
+            Arc::clone(&binary),
+        );
         let accept = std::thread::spawn(move || {
             for stream in listener.incoming() {
                 if s.load(Ordering::Acquire) {
                     return;
                 }
                 let Ok(stream) = stream else { continue };
-                let n = r.fetch_add(1, Ordering::AcqRel);
-                let s = Arc::clone(&s);
-                std::thread::spawn(move || serve(stream, how, n, &s));
+                let (s, r, b) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&b));
+                std::thread::spawn(move || serve(stream, how, &r, &b, &s));
             }
         });
         Self {
             url,
             requests,
+            binary,
             stop,
             accept: Some(accept),
         }
@@ -78,12 +95,36 @@ impl Drop for FakeRoot {
 
 /// Reads one request (headers and a `content-length` body) and answers
 /// it. The `n`th request of a garbage root gets the `n`th kind of garbage.
-fn serve(mut stream: TcpStream, how: Misbehaviour, n: usize, stop: &AtomicBool) {
+fn serve(
+    mut stream: TcpStream,
+    how: Misbehaviour,
+    requests: &AtomicUsize,
+    binary: &AtomicUsize,
+    stop: &AtomicBool,
+) {
     let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
-    if read_request(&mut stream, stop).is_none() {
+    let Some(request) = read_request(&mut stream, stop) else {
         return;
+    };
+    let n = requests.fetch_add(1, Ordering::AcqRel);
+    let end = find(&request, b"\r\n\r\n").unwrap_or(0);
+    let is_binary = String::from_utf8_lossy(&request[..end])
+        .to_ascii_lowercase()
+        .contains("content-type: application/x-sluice-sync");
+    if is_binary {
+        binary.fetch_add(1, Ordering::AcqRel);
     }
     let reply = match how {
+        Misbehaviour::Proxy { refuse, .. } if is_binary && refuse.is_some() => response(
+            &format!("{} Refused", refuse.unwrap()),
+            r#"{"error": {"field": null, "message": "expected value at line 1 column 1"}}"#,
+        ),
+        Misbehaviour::Proxy { root, .. } => {
+            if let Some(reply) = forward(root, &request) {
+                let _ = stream.write_all(&reply);
+            }
+            return;
+        }
         Misbehaviour::Garbage => {
             let bodies = garbage();
             let body = &bodies[n % bodies.len()];
@@ -112,6 +153,23 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, n: usize, stop: &AtomicBool) 
         }
     };
     let _ = stream.write_all(reply.as_bytes());
+}
+
+/// Sends `request` to `root` and returns its reply, marked
+/// `connection: close` (this server answers one request a connection).
+fn forward(root: SocketAddr, request: &[u8]) -> Option<Vec<u8>> {
+    let mut upstream = TcpStream::connect(root).ok()?;
+    upstream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    upstream.write_all(request).ok()?;
+    let never = AtomicBool::new(false);
+    let reply = read_request(&mut upstream, &never)?;
+    let line = find(&reply, b"\r\n")?;
+    let mut out = reply[..line + 2].to_vec();
+    out.extend_from_slice(b"connection: close\r\n");
+    out.extend_from_slice(&reply[line + 2..]);
+    Some(out)
 }
 
 fn response(status: &str, body: &str) -> String {
@@ -156,8 +214,9 @@ fn garbage() -> Vec<String> {
     ]
 }
 
-/// Reads up to the end of the body; `None` if the client went away or
-/// the test is ending.
+/// Reads up to the end of the body (of a request, or of a reply with a
+/// `content-length`); `None` if the client went away or the test is
+/// ending.
 fn read_request(stream: &mut TcpStream, stop: &AtomicBool) -> Option<Vec<u8>> {
     let mut data = Vec::new();
     let mut chunk = [0u8; 4096];

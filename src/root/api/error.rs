@@ -139,6 +139,17 @@ impl ApiError {
         )
     }
 
+    /// 415 for a sync body in an encoding this root does not read (a
+    /// binary format version newer than this build): the limiter falls
+    /// back to JSON.
+    pub fn unsupported_media_type(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field.into()),
+            rejection: Some(Rejection::Malformed),
+            ..Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, message)
+        }
+    }
+
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)

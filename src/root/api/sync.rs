@@ -6,17 +6,27 @@
 //! a token that may not write as the limiter the body names gets a 403
 //! ([`crate::root::credentials`]). What is applied is cut to the
 //! limiter's allowances and the counters' caps ([`crate::root::trust`]).
+//!
+//! The body is JSON, or binary ([`crate::wire::binary`]) when its
+//! `Content-Type` is [`BINARY_CONTENT_TYPE`]; the reply is binary when the
+//! request's `Accept` names that type, JSON otherwise. Errors are always
+//! JSON. A binary body of a format version this root does not read is a
+//! 415, so that a newer limiter falls back to JSON; a malformed one is a
+//! 400 naming the field where it broke.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 
 use rustc_hash::FxHashMap;
 
-use crate::wire::{ClockReport, CounterKey, SyncRequest, CLOCK_HEADER};
+use crate::wire::binary::{self, BinaryError};
+use crate::wire::{
+    ClockReport, CounterKey, SyncRequest, SyncResponse, BINARY_CONTENT_TYPE, CLOCK_HEADER,
+};
 
 use crate::root::credentials::{Caller, Forbidden};
 use crate::root::ledger::SyncPaging;
@@ -35,10 +45,11 @@ pub async fn sync(
         .get(CLOCK_HEADER)
         .and_then(|v| ClockReport::parse(v.to_str().ok()?));
     let caller = body.extensions().get::<Caller>().cloned();
+    let format = Formats::of(body.headers());
     let body = read_body(body, &state).await?;
     // Timed from here: parsing is part of the work, the upload is not.
     let started = Instant::now();
-    let request: SyncRequest = parse_json(&body)?;
+    let request = format.decode(&body)?;
     // The middleware always sets it; a route without it admits nobody.
     let caller = caller.ok_or_else(|| ApiError::internal("sync without credentials"))?;
     check_caller(&state, &caller, &request.limiter)?;
@@ -82,7 +93,7 @@ pub async fn sync(
     }
     let ignored = step.ignored;
     let response = step.into_response(state.instance, now, utc_offset);
-    let body = serde_json::to_vec(&response).map_err(|e| ApiError::internal(e.to_string()))?;
+    let reply = format.encode(&response)?;
     state.metrics.sync_seconds.observe(started.elapsed());
     tracing::trace!(
         limiter = %request.limiter,
@@ -92,7 +103,60 @@ pub async fn sync(
         counters = response.counters.len(),
         "sync"
     );
-    Ok(json_bytes(StatusCode::OK, body))
+    Ok(reply)
+}
+
+/// The encodings of one sync: the request's (`Content-Type`) and the
+/// reply's (`Accept`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Formats {
+    binary_request: bool,
+    binary_reply: bool,
+}
+
+impl Formats {
+    fn of(headers: &HeaderMap) -> Self {
+        // Parameters (`; charset=...`) and case do not matter.
+        let names_binary = |value: &HeaderValue| {
+            value.to_str().is_ok_and(|v| {
+                v.split(',').any(|t| {
+                    t.split(';')
+                        .next()
+                        .is_some_and(|t| t.trim().eq_ignore_ascii_case(BINARY_CONTENT_TYPE))
+                })
+            })
+        };
+        Self {
+            binary_request: headers.get(header::CONTENT_TYPE).is_some_and(names_binary),
+            binary_reply: headers.get_all(header::ACCEPT).iter().any(names_binary),
+        }
+    }
+
+    fn decode(self, body: &[u8]) -> Result<SyncRequest, ApiError> {
+        if !self.binary_request {
+            return parse_json(body);
+        }
+        binary::decode_request(body).map_err(|e| match e {
+            BinaryError::Version(_) => ApiError::unsupported_media_type("body", e.to_string()),
+            BinaryError::Malformed(e) => ApiError::malformed(Some(e.field), e.message),
+        })
+    }
+
+    fn encode(self, response: &SyncResponse) -> Result<Response, ApiError> {
+        if !self.binary_reply {
+            let body =
+                serde_json::to_vec(response).map_err(|e| ApiError::internal(e.to_string()))?;
+            return Ok(json_bytes(StatusCode::OK, body));
+        }
+        let body =
+            binary::encode_response(response).map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut reply = (StatusCode::OK, body).into_response();
+        reply.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(BINARY_CONTENT_TYPE),
+        );
+        Ok(reply)
+    }
 }
 
 /// Refuses (403) a sync whose token may not write as `limiter`, and logs

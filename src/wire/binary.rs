@@ -1,0 +1,791 @@
+//! The compact binary encoding of [`SyncRequest`] and [`SyncResponse`]
+//! (content type [`BINARY_CONTENT_TYPE`]), next to JSON.
+//!
+//! A limiter with 100k changed counters spends most of a sync encoding and
+//! decoding JSON: about 25 bytes a named delta and 55 a counter value, each
+//! number printed in decimal and parsed back, each field name written out.
+//! This format carries the same values in a fixed order:
+//!
+//! - a 4-byte header: `S`, `L`, the kind (`q` request, `r` reply) and the
+//!   format version ([`BINARY_VERSION`]);
+//! - unsigned integers as LEB128 varints (7 bits a byte, least
+//!   significant group first), signed ones zigzagged first;
+//! - key hashes as 8 bytes little-endian (they are random: a varint would
+//!   take 9 or 10), levels as IEEE 754 doubles, 8 bytes little-endian;
+//! - a counter value's `at` as the zigzagged difference from the reply's
+//!   `root_time` (wrapping), a few bytes instead of 8;
+//! - a list as its length, then its entries; every length is checked
+//!   against the bytes left before anything is allocated;
+//! - quotas (a reply's page of quota changes: rare, small, and with many
+//!   optional fields) as a length-prefixed JSON array of [`Quota`]s, so a
+//!   quota is encoded once, by serde, whichever format the sync uses.
+//!
+//! A request's named deltas go as runs of deltas sharing one `window`
+//! (in their order), so the common case (all leaky, or all of one window)
+//! costs no byte per delta for it.
+//!
+//! Decoding checks the shape (truncation, varint overflow, bad UTF-8,
+//! trailing bytes, counts larger than the body could hold) and names the
+//! field where it broke; it does not check values (that is
+//! [`SyncRequest::check`] and [`SyncResponse::validate`], as for JSON).
+//! A body of another version is [`BinaryError::Version`]: a root answers
+//! it 415, so that a limiter newer than its root falls back to JSON.
+
+use crate::core::Quota;
+
+use super::{
+    CounterDelta, CounterValue, KeyDelta, KeyValue, KeyedDeltas, KeyedValues, QuotaCursor,
+    SyncRequest, SyncResponse, WireError,
+};
+
+/// Content type of a binary sync body (request or reply).
+pub const BINARY_CONTENT_TYPE: &str = "application/x-sluice-sync";
+
+/// Version of the binary format this build writes and reads.
+pub const BINARY_VERSION: u8 = 1;
+
+/// The header's first two bytes.
+const MAGIC: [u8; 2] = *b"SL";
+/// The header's kind byte of a request.
+const KIND_REQUEST: u8 = b'q';
+/// The header's kind byte of a reply.
+const KIND_REPLY: u8 = b'r';
+
+/// Why a binary body cannot be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BinaryError {
+    /// A format version this build does not read.
+    #[error("binary sync format version {0}: this build reads version {BINARY_VERSION}")]
+    Version(u8),
+    /// Not a well-formed body: the field where it broke and why.
+    #[error(transparent)]
+    Malformed(#[from] WireError),
+}
+
+/// Encodes a request.
+pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
+    let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
+    let mut w = Writer::with_capacity(
+        64 + request.limiter.len()
+            + 8 * request.deltas.len()
+            + 13 * keys
+            + 16 * request.keyed.len()
+            + 8 * request.rejected.len(),
+    );
+    w.header(KIND_REQUEST);
+    w.bytes(request.limiter.as_bytes());
+    w.varint(request.quotas_after.epoch);
+    w.varint(request.quotas_after.id);
+    w.varint(request.counter_version);
+    w.varint(request.root_instance);
+    // Named deltas, as runs of one window.
+    let runs = request
+        .deltas
+        .chunk_by(|a, b| a.window == b.window)
+        .collect::<Vec<_>>();
+    w.varint(runs.len() as u64);
+    for run in runs {
+        w.window(run[0].window);
+        w.varint(run.len() as u64);
+        for d in run {
+            w.varint(d.id);
+            w.varint(d.delta);
+        }
+    }
+    w.varint(request.keyed.len() as u64);
+    for group in &request.keyed {
+        w.varint(group.id);
+        w.window(group.window);
+        w.varint(group.deltas.len() as u64);
+        for d in &group.deltas {
+            w.fixed(d.0);
+            w.varint(d.1);
+        }
+    }
+    w.varint(request.rejected.len() as u64);
+    for &(id, count) in &request.rejected {
+        w.varint(id);
+        w.varint(count);
+    }
+    w.0
+}
+
+/// Decodes a request (its shape only: see [`SyncRequest::check`]).
+pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
+    let mut r = Reader::new(body);
+    r.header(KIND_REQUEST)?;
+    let limiter = r.string("limiter")?;
+    let quotas_after = QuotaCursor {
+        epoch: r.varint("quotas_after.epoch")?,
+        id: r.varint("quotas_after.id")?,
+    };
+    let counter_version = r.varint("counter_version")?;
+    let root_instance = r.varint("root_instance")?;
+    // A run is at least 2 bytes (window tag, count), a delta 2 (id, delta).
+    let runs = r.count(2, || "deltas".into())?;
+    let mut deltas = Vec::new();
+    for run in 0..runs {
+        let window = r.window(|| format!("deltas (run {run}).window"))?;
+        let at = deltas.len();
+        let n = r.count(2, || format!("deltas[{at}..] (run {run})"))?;
+        deltas.reserve(n);
+        for _ in 0..n {
+            let i = deltas.len();
+            let id = r.varint_or(|| format!("deltas[{i}].id"))?;
+            let delta = r.varint_or(|| format!("deltas[{i}].delta"))?;
+            deltas.push(CounterDelta { id, delta, window });
+        }
+    }
+    // A group is at least 3 bytes (id, window tag, count), a key 9.
+    let groups = r.count(3, || "keyed".into())?;
+    let mut keyed = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let id = r.varint_or(|| format!("keyed[{g}].id"))?;
+        let window = r.window(|| format!("keyed[{g}].window"))?;
+        let n = r.count(9, || format!("keyed[{g}].deltas"))?;
+        let mut keys = Vec::with_capacity(n);
+        for i in 0..n {
+            let hash = r.fixed(|| format!("keyed[{g}].deltas[{i}]"))?;
+            let delta = r.varint_or(|| format!("keyed[{g}].deltas[{i}]"))?;
+            keys.push(KeyDelta(hash, delta));
+        }
+        keyed.push(KeyedDeltas {
+            id,
+            deltas: keys,
+            window,
+        });
+    }
+    let n = r.count(2, || "rejected".into())?;
+    let mut rejected = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = r.varint_or(|| format!("rejected[{i}]"))?;
+        let count = r.varint_or(|| format!("rejected[{i}]"))?;
+        rejected.push((id, count));
+    }
+    r.end()?;
+    Ok(SyncRequest {
+        limiter,
+        quotas_after,
+        counter_version,
+        root_instance,
+        deltas,
+        keyed,
+        rejected,
+    })
+}
+
+/// Flag of a counter value that carries `prev`.
+const HAS_PREV: u8 = 1;
+
+/// Encodes a reply. Fails only if its quotas cannot be written as JSON
+/// (they always can: a quota is plain data).
+pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
+    let quotas = if reply.quotas.is_empty() {
+        Vec::new()
+    } else {
+        serde_json::to_vec(&reply.quotas)
+            .map_err(|e| WireError::new("quotas", format!("cannot encode: {e}")))?
+    };
+    let keys: usize = reply.keyed.iter().map(|k| k.values.len()).sum();
+    let mut w = Writer::with_capacity(
+        64 + quotas.len() + 16 * reply.counters.len() + 20 * keys + 8 * reply.keyed.len(),
+    );
+    w.header(KIND_REPLY);
+    w.varint(reply.root_instance);
+    w.varint(reply.root_time);
+    w.window(reply.root_utc);
+    w.bytes(&quotas);
+    w.varint(reply.quotas_after.epoch);
+    w.varint(reply.quotas_after.id);
+    w.0.push(u8::from(reply.more_quotas));
+    w.varint(reply.counter_version);
+    let since = |at: u64| zigzag(at.wrapping_sub(reply.root_time) as i64);
+    w.varint(reply.counters.len() as u64);
+    for c in &reply.counters {
+        let has_prev = c.prev.to_bits() != 0;
+        w.varint(c.id);
+        w.0.push(if has_prev { HAS_PREV } else { 0 });
+        w.float(c.level);
+        w.varint(since(c.at));
+        if has_prev {
+            w.float(c.prev);
+        }
+    }
+    w.varint(reply.keyed.len() as u64);
+    for group in &reply.keyed {
+        w.varint(group.id);
+        w.varint(group.values.len() as u64);
+        for v in &group.values {
+            w.fixed(v.0);
+            w.float(v.1);
+            w.varint(since(v.2));
+        }
+    }
+    Ok(w.0)
+}
+
+/// Decodes a reply (its shape only: see [`SyncResponse::validate`]).
+pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
+    let mut r = Reader::new(body);
+    r.header(KIND_REPLY)?;
+    let root_instance = r.varint("root_instance")?;
+    let root_time = r.varint("root_time")?;
+    let root_utc = r.window(|| "root_utc".into())?;
+    let quotas = r.slice(|| "quotas".into())?;
+    let quotas: Vec<Quota> = if quotas.is_empty() {
+        Vec::new()
+    } else {
+        serde_json::from_slice(quotas).map_err(|e| WireError::new("quotas", e.to_string()))?
+    };
+    let quotas_after = QuotaCursor {
+        epoch: r.varint("quotas_after.epoch")?,
+        id: r.varint("quotas_after.id")?,
+    };
+    let more_quotas = match r.byte(|| "more_quotas".into())? {
+        0 => false,
+        1 => true,
+        b => return Err(WireError::new("more_quotas", format!("{b} is not 0 or 1")).into()),
+    };
+    let counter_version = r.varint("counter_version")?;
+    let at = |since: u64| root_time.wrapping_add(unzigzag(since) as u64);
+    // A counter is at least 11 bytes (id, flags, level, at).
+    let n = r.count(11, || "counters".into())?;
+    let mut counters = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = r.varint_or(|| format!("counters[{i}].id"))?;
+        let flags = r.byte(|| format!("counters[{i}].flags"))?;
+        if flags & !HAS_PREV != 0 {
+            return Err(WireError::new(
+                format!("counters[{i}].flags"),
+                format!("unknown flags {flags:#x}"),
+            )
+            .into());
+        }
+        let level = r.float(|| format!("counters[{i}].level"))?;
+        let since = r.varint_or(|| format!("counters[{i}].at"))?;
+        let prev = if flags & HAS_PREV != 0 {
+            r.float(|| format!("counters[{i}].prev"))?
+        } else {
+            0.0
+        };
+        counters.push(CounterValue {
+            id,
+            level,
+            at: at(since),
+            prev,
+        });
+    }
+    // A group is at least 2 bytes (id, count), a key 17.
+    let groups = r.count(2, || "keyed".into())?;
+    let mut keyed = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let id = r.varint_or(|| format!("keyed[{g}].id"))?;
+        let n = r.count(17, || format!("keyed[{g}].values"))?;
+        let mut values = Vec::with_capacity(n);
+        for i in 0..n {
+            let field = || format!("keyed[{g}].values[{i}]");
+            let hash = r.fixed(field)?;
+            let level = r.float(field)?;
+            let since = r.varint_or(field)?;
+            values.push(KeyValue(hash, level, at(since)));
+        }
+        keyed.push(KeyedValues { id, values });
+    }
+    r.end()?;
+    Ok(SyncResponse {
+        root_instance,
+        root_time,
+        root_utc,
+        quotas,
+        quotas_after,
+        more_quotas,
+        counters,
+        keyed,
+        counter_version,
+    })
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Appends the encoding to a buffer.
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn with_capacity(n: usize) -> Self {
+        Self(Vec::with_capacity(n))
+    }
+
+    fn header(&mut self, kind: u8) {
+        self.0.extend_from_slice(&MAGIC);
+        self.0.push(kind);
+        self.0.push(BINARY_VERSION);
+    }
+
+    #[inline]
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+
+    #[inline]
+    fn fixed(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    #[inline]
+    fn float(&mut self, v: f64) {
+        self.fixed(v.to_bits());
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+
+    /// An optional signed number: a tag byte (0: none, 1: some), then the
+    /// number zigzagged.
+    fn window(&mut self, w: Option<i64>) {
+        match w {
+            None => self.0.push(0),
+            Some(v) => {
+                self.0.push(1);
+                self.varint(zigzag(v));
+            }
+        }
+    }
+}
+
+/// Reads an encoding, naming the field where it breaks.
+struct Reader<'a> {
+    body: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(body: &'a [u8]) -> Self {
+        Self { body, at: 0 }
+    }
+
+    fn left(&self) -> usize {
+        self.body.len() - self.at
+    }
+
+    fn truncated(&self, field: String) -> WireError {
+        WireError::new(
+            field,
+            format!("body truncated: it ends at byte {}", self.body.len()),
+        )
+    }
+
+    fn header(&mut self, kind: u8) -> Result<(), BinaryError> {
+        let Some(head) = self.body.get(..4) else {
+            return Err(WireError::new(
+                "header",
+                format!(
+                    "{} bytes: a binary sync body starts with 4",
+                    self.body.len()
+                ),
+            )
+            .into());
+        };
+        if head[..2] != MAGIC {
+            return Err(WireError::new("header", "not a binary sync body (no SL magic)").into());
+        }
+        if head[3] != BINARY_VERSION {
+            return Err(BinaryError::Version(head[3]));
+        }
+        if head[2] != kind {
+            let what = |k| match k {
+                KIND_REQUEST => "a request".to_string(),
+                KIND_REPLY => "a reply".to_string(),
+                other => format!("kind {other:#x}"),
+            };
+            return Err(WireError::new(
+                "header",
+                format!("{} where {} was expected", what(head[2]), what(kind)),
+            )
+            .into());
+        }
+        self.at = 4;
+        Ok(())
+    }
+
+    #[inline]
+    fn byte(&mut self, field: impl Fn() -> String) -> Result<u8, WireError> {
+        let b = *self
+            .body
+            .get(self.at)
+            .ok_or_else(|| self.truncated(field()))?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self, field: &str) -> Result<u64, WireError> {
+        self.varint_or(|| field.to_string())
+    }
+
+    #[inline]
+    fn varint_or(&mut self, field: impl Fn() -> String) -> Result<u64, WireError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte(&field)?;
+            // The tenth byte holds the 64th bit only.
+            if shift == 63 && b > 1 {
+                return Err(WireError::new(field(), "varint larger than 64 bits"));
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(WireError::new(field(), "varint larger than 64 bits"))
+    }
+
+    #[inline]
+    fn fixed(&mut self, field: impl Fn() -> String) -> Result<u64, WireError> {
+        let bytes = self
+            .body
+            .get(self.at..self.at + 8)
+            .ok_or_else(|| self.truncated(field()))?;
+        self.at += 8;
+        Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+    }
+
+    #[inline]
+    fn float(&mut self, field: impl Fn() -> String) -> Result<f64, WireError> {
+        self.fixed(field).map(f64::from_bits)
+    }
+
+    fn window(&mut self, field: impl Fn() -> String) -> Result<Option<i64>, WireError> {
+        match self.byte(&field)? {
+            0 => Ok(None),
+            1 => Ok(Some(unzigzag(self.varint_or(&field)?))),
+            tag => Err(WireError::new(
+                field(),
+                format!("option tag {tag}: 0 (none) or 1 (some)"),
+            )),
+        }
+    }
+
+    /// A list's length, when the bytes left could hold that many entries
+    /// of at least `min_size` bytes each.
+    fn count(&mut self, min_size: usize, field: impl Fn() -> String) -> Result<usize, WireError> {
+        let n = self.varint_or(&field)?;
+        let most = self.left() / min_size;
+        if n > most as u64 {
+            return Err(WireError::new(
+                field(),
+                format!(
+                    "{n} entries announced, but the {} bytes left hold at most {most}",
+                    self.left()
+                ),
+            ));
+        }
+        Ok(n as usize)
+    }
+
+    fn slice(&mut self, field: impl Fn() -> String) -> Result<&'a [u8], WireError> {
+        let n = self.count(1, &field)?;
+        let s = &self.body[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+
+    fn string(&mut self, field: &str) -> Result<String, WireError> {
+        let bytes = self.slice(|| field.to_string())?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| WireError::new(field, "not valid UTF-8"))
+    }
+
+    fn end(&self) -> Result<(), WireError> {
+        if self.left() > 0 {
+            return Err(WireError::new(
+                "body",
+                format!(
+                    "{} bytes after the end of the body (at byte {})",
+                    self.left(),
+                    self.at
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn request() -> SyncRequest {
+        SyncRequest {
+            limiter: "host-1:4242".into(),
+            quotas_after: QuotaCursor { epoch: 7, id: 3 },
+            counter_version: 99,
+            root_instance: u64::MAX,
+            deltas: vec![
+                CounterDelta {
+                    id: 1,
+                    delta: 5,
+                    window: None,
+                },
+                CounterDelta {
+                    id: 300,
+                    delta: 1 << 40,
+                    window: Some(-3),
+                },
+                CounterDelta {
+                    id: 2,
+                    delta: 0,
+                    window: Some(-3),
+                },
+            ],
+            keyed: vec![KeyedDeltas {
+                id: 9,
+                deltas: vec![KeyDelta(u64::MAX, 1), KeyDelta(0x1234, 2)],
+                window: Some(i64::MIN),
+            }],
+            rejected: vec![(1, 2)],
+        }
+    }
+
+    fn reply() -> SyncResponse {
+        SyncResponse {
+            root_instance: 42,
+            root_time: 1_000_000_000,
+            root_utc: Some(1_700_000_000_000_000_000),
+            quotas: vec![Quota::new(5, "five", 10.0, 20.0, 40.0)],
+            quotas_after: QuotaCursor { epoch: 3, id: 5 },
+            more_quotas: true,
+            counters: vec![
+                CounterValue {
+                    id: 5,
+                    level: 3.5,
+                    at: 999_000_000,
+                    prev: 0.0,
+                },
+                CounterValue {
+                    id: 6,
+                    level: 0.0,
+                    at: u64::MAX,
+                    prev: 2.25,
+                },
+            ],
+            keyed: vec![KeyedValues {
+                id: 5,
+                values: vec![KeyValue(77, 1.5, 0)],
+            }],
+            counter_version: 12,
+        }
+    }
+
+    #[test]
+    fn a_request_and_a_reply_read_back_as_written() {
+        let r = request();
+        assert_eq!(decode_request(&encode_request(&r)).unwrap(), r);
+        let r = reply();
+        assert_eq!(decode_response(&encode_response(&r).unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn every_truncation_is_refused_with_the_field() {
+        let body = encode_request(&request());
+        for n in 0..body.len() {
+            let e = decode_request(&body[..n]).unwrap_err();
+            let BinaryError::Malformed(e) = e else {
+                panic!("{n}: {e:?}")
+            };
+            assert!(!e.field.is_empty() && !e.message.is_empty(), "{e:?}");
+        }
+        let body = encode_response(&reply()).unwrap();
+        for n in 0..body.len() {
+            assert!(
+                matches!(decode_response(&body[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_headers_counts_and_trailing_bytes_are_named() {
+        let mut body = encode_request(&request());
+        body.push(0);
+        let e = decode_request(&body).unwrap_err().to_string();
+        assert!(e.starts_with("body: 1 bytes after the end"), "{e}");
+        let mut v2 = encode_request(&request());
+        v2[3] = 2;
+        assert_eq!(decode_request(&v2), Err(BinaryError::Version(2)));
+        let e = decode_response(&encode_request(&request())).unwrap_err();
+        assert!(e.to_string().contains("a request where a reply"), "{e}");
+        assert!(decode_request(b"{\"limiter\":\"x\"}")
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
+        // A count far beyond the body is refused before any allocation.
+        let mut huge = b"SLq\x01\x01h\0\0\0\0".to_vec();
+        huge.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        let e = decode_request(&huge).unwrap_err().to_string();
+        assert!(e.starts_with("deltas: 4294967295 entries announced"), "{e}");
+        // An overlong varint.
+        let mut long = b"SLq\x01\x01h".to_vec();
+        long.extend_from_slice(&[0xff; 10]);
+        let e = decode_request(&long).unwrap_err().to_string();
+        assert_eq!(e, "quotas_after.epoch: varint larger than 64 bits");
+    }
+
+    #[test]
+    fn binary_is_less_than_half_of_json() {
+        let mut r = reply();
+        r.quotas.clear();
+        r.counters = (1..=1000)
+            .map(|id| CounterValue {
+                id,
+                level: id as f64 * 1.5,
+                at: r.root_time - id * 1000,
+                prev: 0.0,
+            })
+            .collect();
+        let json = serde_json::to_vec(&r).unwrap().len();
+        let binary = encode_response(&r).unwrap().len();
+        assert!(binary * 2 < json, "binary {binary}, JSON {json}");
+    }
+
+    fn window() -> impl Strategy<Value = Option<i64>> {
+        prop_oneof![
+            Just(None),
+            any::<i64>().prop_map(Some),
+            (0i64..4).prop_map(Some)
+        ]
+    }
+
+    fn arb_request() -> impl Strategy<Value = SyncRequest> {
+        let delta = (any::<u64>(), any::<u64>(), window())
+            .prop_map(|(id, delta, window)| CounterDelta { id, delta, window });
+        let group = (
+            any::<u64>(),
+            prop::collection::vec(
+                (any::<u64>(), any::<u64>()).prop_map(|(h, d)| KeyDelta(h, d)),
+                0..8,
+            ),
+            window(),
+        )
+            .prop_map(|(id, deltas, window)| KeyedDeltas { id, deltas, window });
+        (
+            "\\PC{0,20}",
+            any::<(u64, u64, u64, u64)>(),
+            prop::collection::vec(delta, 0..20),
+            prop::collection::vec(group, 0..4),
+            prop::collection::vec(any::<(u64, u64)>(), 0..4),
+        )
+            .prop_map(
+                |(
+                    limiter,
+                    (epoch, id, counter_version, root_instance),
+                    deltas,
+                    keyed,
+                    rejected,
+                )| {
+                    SyncRequest {
+                        limiter,
+                        quotas_after: QuotaCursor { epoch, id },
+                        counter_version,
+                        root_instance,
+                        deltas,
+                        keyed,
+                        rejected,
+                    }
+                },
+            )
+    }
+
+    /// Any double but NaN (a NaN is never equal to itself; its bits do
+    /// come back, see `nan_bits_come_back`).
+    fn float() -> impl Strategy<Value = f64> {
+        any::<f64>().prop_filter("not NaN", |x| !x.is_nan())
+    }
+
+    fn arb_reply() -> impl Strategy<Value = SyncResponse> {
+        let counter = (
+            any::<u64>(),
+            float(),
+            any::<u64>(),
+            prop_oneof![Just(0.0), float()],
+        )
+            .prop_map(|(id, level, at, prev)| CounterValue {
+                id,
+                level,
+                at,
+                prev,
+            });
+        let group = (
+            any::<u64>(),
+            prop::collection::vec(
+                (any::<u64>(), float(), any::<u64>()).prop_map(|(h, l, a)| KeyValue(h, l, a)),
+                0..8,
+            ),
+        )
+            .prop_map(|(id, values)| KeyedValues { id, values });
+        (
+            any::<(u64, u64, u64, u64, u64, bool)>(),
+            window(),
+            prop::collection::vec(counter, 0..20),
+            prop::collection::vec(group, 0..4),
+            0usize..3,
+        )
+            .prop_map(
+                |((instance, time, epoch, id, version, more), utc, counters, keyed, quotas)| {
+                    SyncResponse {
+                        root_instance: instance,
+                        root_time: time,
+                        root_utc: utc,
+                        quotas: (0..quotas as u64)
+                            .map(|i| Quota::new(i + 1, format!("q{i}"), 1.0, 2.0, 3.0))
+                            .collect(),
+                        quotas_after: QuotaCursor { epoch, id },
+                        more_quotas: more,
+                        counters,
+                        keyed,
+                        counter_version: version,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_then_decoding_a_request_is_the_identity(r in arb_request()) {
+            prop_assert_eq!(decode_request(&encode_request(&r)).unwrap(), r);
+        }
+
+        #[test]
+        fn encoding_then_decoding_a_reply_is_the_identity(r in arb_reply()) {
+            prop_assert_eq!(decode_response(&encode_response(&r).unwrap()).unwrap(), r);
+        }
+
+        #[test]
+        fn garbage_never_panics(body in prop::collection::vec(any::<u8>(), 0..64)) {
+            let mut request = b"SLq\x01".to_vec();
+            request.extend_from_slice(&body);
+            let _ = decode_request(&request);
+            let mut reply = b"SLr\x01".to_vec();
+            reply.extend_from_slice(&body);
+            let _ = decode_response(&reply);
+        }
+    }
+
+    #[test]
+    fn nan_bits_come_back() {
+        let mut r = reply();
+        r.counters[0].level = f64::from_bits(0x7ff8_0000_dead_beef);
+        let back = decode_response(&encode_response(&r).unwrap()).unwrap();
+        assert_eq!(back.counters[0].level.to_bits(), 0x7ff8_0000_dead_beef);
+    }
+}
