@@ -213,6 +213,39 @@ pub struct ChangedCounters {
     pub version: u64,
 }
 
+impl ChangedCounters {
+    /// Appends one counter's value: a named one to `counters`, a key's to
+    /// its template's entry of `keyed` (found through `templates`, the
+    /// index in `keyed` of each template seen so far).
+    pub fn push(
+        &mut self,
+        counter: CounterKey,
+        tally: Tally,
+        templates: &mut FxHashMap<u64, usize>,
+    ) {
+        let Tally { level, prev, at } = tally;
+        let CounterKey { id, key } = counter;
+        if key == 0 {
+            self.counters.push(CounterValue {
+                id,
+                level,
+                at,
+                prev,
+            });
+            return;
+        }
+        let keyed = &mut self.keyed;
+        let at_template = *templates.entry(id).or_insert_with(|| {
+            keyed.push(KeyedValues {
+                id,
+                values: Vec::new(),
+            });
+            keyed.len() - 1
+        });
+        keyed[at_template].values.push(KeyValue(key, level, at));
+    }
+}
+
 /// What the books of one root's shards share: the version clock and the
 /// count of key counters (`max_keys` holds across every shard).
 #[derive(Debug, Default)]
@@ -589,25 +622,7 @@ impl CounterBook {
                 break;
             }
             if since > 0 || !slot.counting.is_empty(slot.tally, now) {
-                let Tally { level, prev, at } = slot.tally;
-                let CounterKey { id, key } = slot.counter;
-                if key == 0 {
-                    changed.counters.push(CounterValue {
-                        id,
-                        level,
-                        at,
-                        prev,
-                    });
-                } else {
-                    let group = *groups.entry(id).or_insert_with(|| {
-                        changed.keyed.push(KeyedValues {
-                            id,
-                            values: Vec::new(),
-                        });
-                        changed.keyed.len() - 1
-                    });
-                    changed.keyed[group].values.push(KeyValue(key, level, at));
-                }
+                changed.push(slot.counter, slot.tally, &mut groups);
                 sent += 1;
             }
             cursor = slot.newer;

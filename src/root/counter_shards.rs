@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 
-use crate::core::{Nanos, Tally};
-use crate::wire::{CounterKey, CounterValue, KeyValue, KeyedValues};
+use crate::core::Nanos;
+use crate::wire::CounterKey;
 
 use super::counter_book::{
     BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
@@ -246,25 +246,7 @@ fn merge_changed(
         if entry.skipped {
             continue;
         }
-        let Tally { level, prev, at } = entry.tally;
-        let CounterKey { id, key } = entry.counter;
-        if key == 0 {
-            changed.counters.push(CounterValue {
-                id,
-                level,
-                at,
-                prev,
-            });
-        } else {
-            let group = *groups.entry(id).or_insert_with(|| {
-                changed.keyed.push(KeyedValues {
-                    id,
-                    values: Vec::new(),
-                });
-                changed.keyed.len() - 1
-            });
-            changed.keyed[group].values.push(KeyValue(key, level, at));
-        }
+        changed.push(entry.counter, entry.tally, &mut groups);
         sent += 1;
     }
     changed
