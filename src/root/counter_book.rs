@@ -733,12 +733,7 @@ impl CounterBook {
             .filter(|s| s.live && s.counter.id == id && s.counter.key != 0)
             .filter_map(|s| Some((s.counter.key, self.view_counter(s.counter, now)?)))
             .collect();
-        keys.sort_by(|a, b| {
-            b.1.fill_rate
-                .total_cmp(&a.1.fill_rate)
-                .then(b.1.level.total_cmp(&a.1.level))
-        });
-        keys.truncate(max);
+        busiest_first(&mut keys, max);
         keys
     }
 
@@ -876,6 +871,17 @@ fn note_seen(seen: &mut Vec<Seen>, limiter: u32, now: Nanos) {
     } else if let Some(oldest) = seen.iter_mut().min_by_key(|s| s.at) {
         *oldest = Seen { limiter, at: now };
     }
+}
+
+/// Orders keys' views busiest first (the highest fill rate, then level)
+/// and keeps the first `max`.
+pub fn busiest_first(keys: &mut Vec<(u64, CounterView)>, max: usize) {
+    keys.sort_by(|a, b| {
+        b.1.fill_rate
+            .total_cmp(&a.1.fill_rate)
+            .then(b.1.level.total_cmp(&a.1.level))
+    });
+    keys.truncate(max);
 }
 
 #[cfg(test)]

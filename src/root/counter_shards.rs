@@ -26,7 +26,7 @@ use crate::core::Nanos;
 use crate::wire::CounterKey;
 
 use super::counter_book::{
-    BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
+    busiest_first, BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
 };
 use super::trust::{Allowances, MAX_ALLOWANCES};
 
@@ -288,12 +288,7 @@ impl CountersView<'_> {
             .iter()
             .flat_map(|s| s.book.top_keys(id, max, now))
             .collect();
-        keys.sort_by(|a, b| {
-            b.1.fill_rate
-                .total_cmp(&a.1.fill_rate)
-                .then(b.1.level.total_cmp(&a.1.level))
-        });
-        keys.truncate(max);
+        busiest_first(&mut keys, max);
         keys
     }
 
