@@ -189,6 +189,14 @@ impl BenchLimiter {
     /// skimmed (see [`Self::skim`]); returns the round trip.
     async fn sync_light(&mut self, http: &reqwest::Client, url: &str) -> (Duration, usize) {
         let started = Instant::now();
+        let bytes = self.post(http, url).await;
+        self.skim(bytes.as_ref());
+        (started.elapsed(), 0)
+    }
+
+    /// Posts this limiter's sync body to `url` (the sync endpoint) and
+    /// returns the reply's bytes; a failed sync ends the bench.
+    async fn post(&self, http: &reqwest::Client, url: &str) -> impl AsRef<[u8]> {
         let response = http
             .post(url)
             .header("content-type", "application/json")
@@ -201,9 +209,7 @@ impl BenchLimiter {
             "sync: {}",
             response.status()
         );
-        let bytes = response.bytes().await.expect("sync reply");
-        self.skim(&bytes);
-        (started.elapsed(), 0)
+        response.bytes().await.expect("sync reply")
     }
 
     fn body(&self) -> String {
@@ -216,20 +222,8 @@ impl BenchLimiter {
     /// One sync; returns the round trip and the number of counters received.
     async fn sync(&mut self, http: &reqwest::Client, url: &str) -> (Duration, usize) {
         let started = Instant::now();
-        let response = http
-            .post(format!("{url}/v1/sync"))
-            .header("content-type", "application/json")
-            .body(self.body())
-            .send()
-            .await
-            .expect("sync sent");
-        assert!(
-            response.status().is_success(),
-            "sync: {}",
-            response.status()
-        );
-        let bytes = response.bytes().await.expect("sync reply");
-        let reply: Reply = serde_json::from_slice(&bytes).expect("sync reply parses");
+        let bytes = self.post(http, &format!("{url}/v1/sync")).await;
+        let reply: Reply = serde_json::from_slice(bytes.as_ref()).expect("sync reply parses");
         let elapsed = started.elapsed();
         self.after = reply.quotas_after;
         self.version = reply.counter_version;
