@@ -714,40 +714,33 @@ class Loads:
 # for as long as the fault lasts) and returns the roots restarted by it.
 
 
-def partition_half(cluster, ctx):
-    """r1 unreachable from h1 and h2 (both directions, packets lost)."""
-    links = [f"{h}-r1" for h in cluster.hosts_names[:2]]
-    cluster.relay.set(links, up="blackhole", down="blackhole")
+def relay_fault(cluster, ctx, hosts, **link):
+    """Sets the links from `hosts` to r1 as `link` says (see Relay.set)
+    for the fault, then heals them; no root is restarted."""
+    cluster.relay.set([f"{h}-r1" for h in hosts], **link)
     time.sleep(ctx["fault"])
     cluster.relay.heal()
     return []
+
+
+def partition_half(cluster, ctx):
+    """r1 unreachable from h1 and h2 (both directions, packets lost)."""
+    return relay_fault(cluster, ctx, cluster.hosts_names[:2], up="blackhole", down="blackhole")
 
 
 def asymmetric(cluster, ctx):
     """Every host's syncs reach r1, r1's replies never come back."""
-    links = [f"{h}-r1" for h in cluster.hosts_names]
-    cluster.relay.set(links, up="pass", down="blackhole")
-    time.sleep(ctx["fault"])
-    cluster.relay.heal()
-    return []
+    return relay_fault(cluster, ctx, cluster.hosts_names, up="pass", down="blackhole")
 
 
 def lossy_link(cluster, ctx):
     """Every link to r1 slow (50 ms each way) and lossy (5% of chunks reset the connection)."""
-    links = [f"{h}-r1" for h in cluster.hosts_names]
-    cluster.relay.set(links, delay_ms=50, drop=0.05)
-    time.sleep(ctx["fault"])
-    cluster.relay.heal()
-    return []
+    return relay_fault(cluster, ctx, cluster.hosts_names, delay_ms=50, drop=0.05)
 
 
 def stall(cluster, ctx):
     """r1's links held both ways, then everything delivered late."""
-    links = [f"{h}-r1" for h in cluster.hosts_names]
-    cluster.relay.set(links, up="hold", down="hold")
-    time.sleep(ctx["fault"])
-    cluster.relay.heal()
-    return []
+    return relay_fault(cluster, ctx, cluster.hosts_names, up="hold", down="hold")
 
 
 def sigstop(cluster, ctx):
