@@ -19,7 +19,9 @@
 # so that each wait/plain run's CPU is also shown against what its own mix
 # of 200s and 429s costs without any hold. nginx's own `limit_req` with
 # `burst=LIMIT delay=LIMIT/10` (delaying up to a second, like wait=1s) is
-# measured alike as a yardstick. Prints Markdown.
+# measured alike as a yardstick. A last case, /coalesce, is /wait with
+# `sluice_wait_coalesce COALESCE` (default 10ms): holds may end that much
+# early on a wakeup the worker has anyway. Prints Markdown.
 
 set -euo pipefail
 
@@ -30,6 +32,7 @@ limit=${LIMIT:-100}
 duration=${DURATION:-30}
 rounds=${ROUNDS:-3}
 workers=${WORKERS:-2}
+coalesce=${COALESCE:-10ms}
 burst=$((limit / 10))
 rate=$((limit * 2))
 
@@ -57,6 +60,7 @@ cat >"$dir/conf/quotas.json" <<EOF
 {"quotas": [
   {"name": "paced", "limit": $limit, "low_burst": $burst, "high_burst": $burst},
   {"name": "plain", "limit": $limit, "low_burst": $burst, "high_burst": $burst},
+  {"name": "coalesced", "limit": $limit, "low_burst": $burst, "high_burst": $burst},
   {"name": "open", "limit": 1e9, "low_burst": 1e9, "high_burst": 1e9},
   {"name": "shut", "limit": 0, "low_burst": 0, "high_burst": 0}
 ]}
@@ -82,6 +86,11 @@ http {
         add_header X-Sluice \$sluice_status\$limit_req_status always;
         location = /wait { sluice paced wait=1s; try_files /file.txt =404; }
         location = /plain { sluice plain; try_files /file.txt =404; }
+        location = /coalesce {
+            sluice coalesced wait=1s;
+            sluice_wait_coalesce $coalesce;
+            try_files /file.txt =404;
+        }
         location = /pass { sluice open; try_files /file.txt =404; }
         location = /reject { sluice shut; try_files /file.txt =404; }
         # nginx's own pacing, as a yardstick: a burst of one second at the
@@ -162,7 +171,7 @@ PY
     sleep 3    # the quota drains (a full bucket plus a second scheduled ahead)
 }
 
-echo "limit $limit/s, burst $burst, offered $rate/s for $duration s, $workers workers, $(nproc) CPUs"
+echo "limit $limit/s, burst $burst, offered $rate/s for $duration s, $workers workers, $(nproc) CPUs, sluice_wait_coalesce $coalesce on /coalesce"
 echo
 echo "| case | sent | admitted (200) | 200s/s reaching the backend after 2 s, vs limit | held | rejected (429) | errors | held latency p99 / max, ms | longest \$request_time held, s | 429 latency p99, ms | worker CPU us/request | CPU vs its mix of 200s and 429s without holds | worker wakeups/request |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -171,9 +180,9 @@ for ((r = 1; r <= rounds; r++)); do
     # Each round measures what a bare 200 and a bare 429 cost first.
     : >"$dir/cost"
     if ((r % 2)); then
-        run pass; run reject; run wait; run plain; run limit_req
+        run pass; run reject; run wait; run plain; run coalesce; run limit_req
     else
-        run reject; run pass; run limit_req; run plain; run wait
+        run reject; run pass; run limit_req; run coalesce; run plain; run wait
     fi
 done
 echo
@@ -188,12 +197,13 @@ for line in open(sys.argv[1]):
 med = {c: statistics.median(v[0] for v in r) for c, r in rows.items()}
 print("| case | worker CPU us/request | CPU vs its mix of 200s and 429s without holds |")
 print("|---|---|---|")
-for c in ("pass", "reject", "plain", "wait", "limit_req"):
+for c in ("pass", "reject", "plain", "wait", "coalesce", "limit_req"):
     if c in rows:
         mixes = [m for _, m in rows[c] if not math.isnan(m)]
         mix = f"{statistics.median(mixes):.2f}x" if mixes else "-"
         print(f"| {c} | {med[c]:.1f} | {mix} |")
 print()
 print(f"wait / plain: {med['wait'] / med['plain']:.2f}x; wait / limit_req: "
-      f"{med['wait'] / med['limit_req']:.2f}x")
+      f"{med['wait'] / med['limit_req']:.2f}x; coalesce / plain: "
+      f"{med['coalesce'] / med['plain']:.2f}x")
 PY

@@ -157,6 +157,8 @@ my $secs = main::metric('sluice_delay_seconds_total');
 Test::More::cmp_ok($secs, '>', 0.2 * $held, "wait seconds summed ($secs)");
 Test::More::cmp_ok($secs, '<=', 0.25 * 10, 'no wait above the pace');
 Test::More::is(main::metric('sluice_delay_abandoned_total'), 0, 'none abandoned');
+Test::More::is(main::metric('sluice_delay_coalesced_total'), 0,
+    'none let go early without sluice_wait_coalesce');
 --- request
 GET /metrics
 --- response_body_like eval
@@ -490,3 +492,146 @@ location / { sluice a key=$arg_k weight=$arg_w empty=0 wait=1s wait=1s; }
 --- must_die
 --- error_log eval
 qr/\[emerg\] .*invalid number of arguments in "sluice" directive in .*nginx\.conf:\d+/
+
+
+
+=== TEST 20: sluice_wait_coalesce lets a hold end early on a wakeup the worker has anyway
+--- config
+access_log logs/access.log sluice;
+location / { root html; sluice half wait=3s; sluice_wait_coalesce 600ms; }
+location = /poke { root html; try_files /index.html =404; }
+location = /metrics { sluice_metrics; }
+--- init
+# "half": 2/s from a burst of 1. Three at once: the first passes, the
+# second's turn is 0.5 s away (within the 600 ms window: not held at
+# all), the third's 1 s away (it may go from 0.4 s on). A request to
+# another location at about 0.45 s wakes the worker: the third goes then.
+my @socks = main::send_and_keep('/index.html', 3);
+sleep 0.45;
+Test::More::is(main::get('/poke')->{status}, 200, 'the poke was served');
+my @status;
+for my $s (@socks) {
+    my $select = IO::Select->new($s);
+    my $raw = '';
+    while ($select->can_read(5)) {
+        my $got = sysread($s, my $buf, 65536);
+        last unless $got;
+        $raw .= $buf;
+    }
+    close $s;
+    push @status, $raw =~ m{^HTTP/1\.\d (\d{3})} ? $1 : 0;
+}
+Test::More::is_deeply(\@status, [200, 200, 200], 'all three passed');
+Test::More::is(main::metric('sluice_delayed_requests_total{mode="held"}'), 2,
+    'two were over the quota and paced');
+Test::More::is(main::metric('sluice_delay_coalesced_total'), 2,
+    'both went before their turn: one at once, one on the poke');
+Test::More::is(main::metric('sluice_checks_total{quota="half",result="passed"}'), 3,
+    'each counted once');
+--- request
+GET /metrics
+--- response_body_like eval
+qr/\nsluice_delay_waiting 0\n/
+--- access_log eval
+qr/\/index\.html 200 DELAYED/
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 20b: a hold's own timer lets go the holds due within the window
+--- config
+location / { root html; sluice four wait=3s; sluice_wait_coalesce 300ms; }
+location = /metrics { sluice_metrics; }
+--- init
+# "four": 4/s from a burst of 4. Of 8 at once, 4 pass and 4 are paced
+# 0.25 s apart: the first of them (0.25 s) is within the window and goes
+# at once; the timer of the 0.5 s one lets the 0.75 s one go with it.
+my @r = main::burst('/index.html', 8);
+Test::More::is_deeply([map { $_->{status} } @r], [(200) x 8], 'all 8 passed');
+my ($last) = sort { $b <=> $a } map { $_->{secs} } @r;
+Test::More::cmp_ok($last, '>=', 0.6, "the last still waited for about its turn ($last s)");
+my $coalesced = main::metric('sluice_delay_coalesced_total');
+Test::More::cmp_ok($coalesced, '>=', 2, "holds let go early ($coalesced)");
+Test::More::cmp_ok($coalesced, '<=', main::metric('sluice_delayed_requests_total{mode="held"}'),
+    'never more than were paced');
+--- request
+GET /metrics
+--- response_body_like eval
+qr/\nsluice_delay_waiting 0\n/
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 20c: clients that close while held in the coalescing list leave nothing behind
+--- config
+location / { root html; sluice many wait=1h; sluice_wait_coalesce 50ms; }
+location = /poke { root html; try_files /index.html =404; }
+location = /metrics { sluice_metrics; }
+--- init
+main::get('/index.html');
+# 30 paced 0.1 s apart (the last 3 s away), closed once all are held.
+my @socks = main::send_and_keep('/index.html', 30);
+SluiceTest::wait_until(sub {
+    (main::metric('sluice_delayed_requests_total{mode="held"}') // 0) >= 30
+}, 10) or die "not all held";
+close $_ for @socks;
+Test::More::ok(SluiceTest::wait_until(sub { main::metric('sluice_delay_waiting') == 0 }, 5),
+    'nothing is waiting once the clients left');
+# Past every turn they had: requests keep waking the worker, and nothing
+# it lets go belongs to a freed request.
+for (1 .. 16) {
+    main::get('/poke');
+    sleep 0.2;
+}
+Test::More::is(main::get('/poke')->{status}, 200, 'nginx still serves');
+my $abandoned = main::metric('sluice_delay_abandoned_total');
+my $coalesced = main::metric('sluice_delay_coalesced_total');
+Test::More::cmp_ok($abandoned + $coalesced, '>=', 20, "most left before their turn ($abandoned)");
+--- request
+GET /metrics
+--- response_body_like eval
+qr/\nsluice_delay_waiting 0\n/
+--- no_error_log
+[alert]
+[crit]
+[emerg]
+
+
+
+=== TEST 21: a negative sluice_wait_coalesce is refused with file:line
+--- config
+sluice_wait_coalesce -5ms;
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*invalid value "-5ms": must not be negative in .*nginx\.conf:\d+/
+
+
+
+=== TEST 22: a sluice_wait_coalesce over a second is refused with file:line
+--- config
+location / { sluice_wait_coalesce 2s; }
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*invalid value "2s": must be at most 1s in .*nginx\.conf:\d+/
+
+
+
+=== TEST 23: an unparsable sluice_wait_coalesce is refused with file:line
+--- config
+location / { sluice_wait_coalesce soon; }
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*invalid value "soon": must be a time such as 5ms or 20ms in .*nginx\.conf:\d+/
+
+
+
+=== TEST 24: sluice_wait_coalesce twice at one level is refused
+--- config
+location / { sluice_wait_coalesce 5ms; sluice_wait_coalesce 10ms; }
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*"sluice_wait_coalesce" directive is duplicate in .*nginx\.conf:\d+/

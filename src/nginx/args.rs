@@ -87,6 +87,22 @@ pub fn parse_wait(arg: &[u8]) -> Result<Option<u64>, String> {
     }
 }
 
+/// Longest `sluice_wait_coalesce`: a held request is let go at most this
+/// much before its turn.
+pub const MAX_WAIT_COALESCE_MS: u64 = 1000;
+
+/// Parses `sluice_wait_coalesce <time>` into milliseconds (0 is off).
+pub fn parse_wait_coalesce(arg: &[u8]) -> Result<u64, String> {
+    if arg.first() == Some(&b'-') {
+        return Err("must not be negative".into());
+    }
+    match parse_time_ms(arg) {
+        Some(ms) if ms <= MAX_WAIT_COALESCE_MS => Ok(ms),
+        Some(_) => Err("must be at most 1s".into()),
+        None => Err("must be a time such as 5ms or 20ms".into()),
+    }
+}
+
 /// Milliseconds an nginx timer waits for a wait of `ns` nanoseconds:
 /// rounded up, so a request never acts before its turn.
 pub fn wait_timer_ms(ns: u64) -> u64 {
@@ -291,6 +307,25 @@ mod tests {
             .contains("time"));
         for bad in [&b""[..], b"1x", b"s", b"1.5s", b"1s2", b" 1s", b"$w"] {
             assert!(parse_wait(bad).unwrap_err().contains("time"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wait_coalesce_parses_as_an_nginx_time_up_to_a_second() {
+        assert_eq!(parse_wait_coalesce(b"10ms"), Ok(10));
+        assert_eq!(parse_wait_coalesce(b"0"), Ok(0));
+        assert_eq!(parse_wait_coalesce(b"1s"), Ok(1000));
+        assert!(parse_wait_coalesce(b"-5ms")
+            .unwrap_err()
+            .contains("negative"));
+        assert!(parse_wait_coalesce(b"1001ms")
+            .unwrap_err()
+            .contains("at most 1s"));
+        for bad in [&b""[..], b"5x", b"ms", b"1.5ms", b"$t"] {
+            assert!(
+                parse_wait_coalesce(bad).unwrap_err().contains("time"),
+                "{bad:?}"
+            );
         }
     }
 

@@ -20,7 +20,7 @@ use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
 
 use super::args::{
     check_zone_size, parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_wait,
-    parse_weight, EmptyWeight,
+    parse_wait_coalesce, parse_weight, EmptyWeight,
 };
 use super::util::{bytes, conf_boundary, directive_args, text};
 use super::zone::RequestCounters;
@@ -184,6 +184,8 @@ pub(crate) struct LocConf {
     pub log_level: Option<ngx_uint_t>,
     /// `sluice_headers`.
     pub headers: Option<bool>,
+    /// `sluice_wait_coalesce`, in milliseconds (0: off).
+    pub wait_coalesce: Option<u64>,
     /// `sluice_metrics` (this location only, not inherited).
     pub metrics: Option<MetricsConf>,
     /// `sluice off` was given at this level.
@@ -200,6 +202,12 @@ impl LocConf {
     pub fn log_level(&self) -> ngx_uint_t {
         self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
     }
+
+    /// How much earlier than its turn a held request may be let go, in
+    /// milliseconds, to share a wakeup the worker has anyway (0: never).
+    pub fn wait_coalesce_ms(&self) -> u64 {
+        self.wait_coalesce.unwrap_or(0)
+    }
 }
 
 impl Merge for LocConf {
@@ -211,6 +219,7 @@ impl Merge for LocConf {
         self.dry_run = self.dry_run.or(prev.dry_run);
         self.log_level = self.log_level.or(prev.log_level);
         self.headers = self.headers.or(prev.headers);
+        self.wait_coalesce = self.wait_coalesce.or(prev.wait_coalesce);
         Ok(())
     }
 }
@@ -655,6 +664,16 @@ directive_handler!(
             }
         };
         once(&mut lcf.log_level, level as ngx_uint_t, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_wait_coalesce <time>;` (0 is off)
+    set_wait_coalesce,
+    |cf, lcf: &mut LocConf, args| {
+        let ms = parse_wait_coalesce(args[1])
+            .map_err(|why| format!("invalid value \"{}\": {why}", text(args[1])))?;
+        once(&mut lcf.wait_coalesce, ms, &args)
     }
 );
 

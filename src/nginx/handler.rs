@@ -18,19 +18,32 @@
 //! the hold as abandoned. Its weight stays counted: it was counted once,
 //! when the request was admitted.
 //!
+//! Each hold's timer wakes the worker once more. With
+//! `sluice_wait_coalesce <time>` a hold may end up to that time before
+//! its turn when the worker is awake anyway: the holds that allow it are
+//! also kept in a per-worker list ordered by the time they may end, and
+//! every request through the access phase, and every hold's timer, lets
+//! go those whose time has come (their timers removed, their write events
+//! posted, so nginx resumes them later in the same turn of its event
+//! loop). The list is the worker's own: nginx runs a worker's requests on
+//! one thread. An entry leaves it when its hold ends, whichever way.
+//!
 //! The request path allocates nothing beyond what nginx takes from the
 //! request pool (evaluated names, response headers): items and header
 //! values live on the stack.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use ngx::ffi::{
-    ngx_add_timer, ngx_connection_t, ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event,
-    ngx_http_block_reading, ngx_http_complex_value, ngx_http_complex_value_t,
-    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
-    ngx_http_variable_value_t, ngx_int_t, ngx_msec_t, ngx_pool_cleanup_add, ngx_str_t, NGX_AGAIN,
-    NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_add_timer, ngx_connection_t, ngx_current_msec, ngx_del_timer, ngx_delete_posted_event,
+    ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading, ngx_http_complex_value,
+    ngx_http_complex_value_t, ngx_http_core_run_phases, ngx_http_finalize_request,
+    ngx_http_request_t, ngx_http_test_reading, ngx_http_variable_value_t, ngx_int_t, ngx_msec_t,
+    ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_str_t, NGX_AGAIN, NGX_DECLINED,
+    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
@@ -57,6 +70,101 @@ struct RequestState {
     held: *mut ngx_connection_t,
     /// The zone's counters, to count the end of a hold (null without).
     counters: *const RequestCounters,
+    /// While the hold is in the worker's coalescing list: its key there.
+    coalescing: Option<CoalesceKey>,
+    /// When the hold's turn comes (`ngx_current_msec`).
+    due_msec: u64,
+    /// The hold was let go early: its write event was posted by
+    /// [`let_go_coalesced`], not by its timer.
+    posted_early: bool,
+}
+
+/// A hold's place in the coalescing list: the earliest time it may end
+/// (`ngx_current_msec`), and a number that makes the key unique.
+type CoalesceKey = (u64, u64);
+
+/// The holds of this worker that may end early
+/// (`sluice_wait_coalesce`), by the time they may end.
+struct Coalescing {
+    next: u64,
+    holds: BTreeMap<CoalesceKey, *mut RequestState>,
+}
+
+thread_local! {
+    static COALESCING: RefCell<Coalescing> = const {
+        RefCell::new(Coalescing {
+            next: 0,
+            holds: BTreeMap::new(),
+        })
+    };
+}
+
+/// Adds a hold to the worker's coalescing list.
+fn coalesce(state: &mut RequestState, earliest_msec: u64) {
+    let key = COALESCING.with_borrow_mut(|c| {
+        c.next += 1;
+        let key = (earliest_msec, c.next);
+        c.holds.insert(key, std::ptr::from_mut(state));
+        key
+    });
+    state.coalescing = Some(key);
+}
+
+/// Takes a hold off the worker's coalescing list, if it is there.
+fn uncoalesce(state: &mut RequestState) {
+    if let Some(key) = state.coalescing.take() {
+        COALESCING.with_borrow_mut(|c| c.holds.remove(&key));
+    }
+}
+
+/// Lets go every hold in the coalescing list whose earliest end has come:
+/// its timer is removed and its write event posted, so nginx resumes it
+/// after the handlers of this turn of its event loop, on this wakeup.
+fn let_go_coalesced() {
+    // SAFETY: nginx's cached clock, read on the worker's own thread.
+    let now = unsafe { ngx_current_msec } as u64;
+    loop {
+        let next = COALESCING.with_borrow_mut(|c| {
+            let (&(earliest, _), _) = c.holds.first_key_value()?;
+            if earliest > now {
+                return None;
+            }
+            c.holds.pop_first().map(|(_, state)| state)
+        });
+        let Some(state) = next else {
+            return;
+        };
+        // SAFETY: an entry stays in the list only while its request is
+        // held: `state_cleanup` and `delay_handler` take it off before the
+        // request's pool (which holds the state) can be freed.
+        let Some(state) = (unsafe { state.as_mut() }) else {
+            continue;
+        };
+        state.coalescing = None;
+        let c = state.held;
+        if c.is_null() {
+            continue;
+        }
+        // SAFETY: a held request's connection and its write event are
+        // live while it is held; the timer on the event is this hold's.
+        unsafe {
+            let wev = (*c).write;
+            if wev.is_null() {
+                continue;
+            }
+            if (*wev).timer_set() != 0 {
+                ngx_del_timer(wev);
+            }
+            (*wev).set_delayed(0);
+            ngx_post_event(wev, std::ptr::addr_of_mut!(ngx_posted_events));
+            state.posted_early = true;
+            if now < state.due_msec {
+                if let Some(counters) = state.counters.as_ref() {
+                    counters.coalesced.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
 }
 
 impl RequestState {
@@ -88,17 +196,23 @@ unsafe extern "C" fn state_cleanup(data: *mut c_void) {
     let Some(state) = (unsafe { data.cast::<RequestState>().as_mut() }) else {
         return;
     };
+    uncoalesce(state);
+    let posted_early = std::mem::take(&mut state.posted_early);
     let Some(c) = state.release() else {
         return;
     };
     // SAFETY: the held connection outlives its requests (nginx closes it
     // after freeing them); its write event is live with it. The timer on
-    // it is this hold's: nothing else arms it while the request waits.
+    // it is this hold's: nothing else arms it while the request waits,
+    // and a post of it is this hold's when `let_go_coalesced` made it.
     unsafe {
         let wev = (*c).write;
         if !wev.is_null() {
             if (*wev).timer_set() != 0 {
                 ngx_del_timer(wev);
+            }
+            if posted_early && (*wev).posted() != 0 {
+                ngx_delete_posted_event(wev);
             }
             (*wev).set_delayed(0);
         }
@@ -151,6 +265,9 @@ unsafe fn state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState
             status: RequestStatus::Unchecked,
             held: std::ptr::null_mut(),
             counters: std::ptr::null(),
+            coalescing: None,
+            due_msec: 0,
+            posted_early: false,
         });
         (*c).handler = Some(state_cleanup);
         data.as_mut()
@@ -191,6 +308,8 @@ fn evaluate<'a>(
 
 fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     let declined = NGX_DECLINED as ngx_int_t;
+    // The worker is awake for this request: holds that may end now go too.
+    let_go_coalesced();
     let Some(lcf) = Module::location_conf(r) else {
         return declined;
     };
@@ -274,7 +393,7 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
                 return declined;
             }
             state.status = RequestStatus::Delayed;
-            hold(r, state, counters, result.wait)
+            hold(r, state, counters, result.wait, lcf.wait_coalesce_ms())
         }
         Outcome::Unknown => {
             state.status = RequestStatus::Unknown;
@@ -323,17 +442,30 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
 
 /// Holds a request `wait_ns` nanoseconds with an nginx timer on its
 /// connection's write event, as `limit_req` delays one: the phases stop
-/// here (`NGX_AGAIN`) and [`delay_handler`] resumes them.
+/// here (`NGX_AGAIN`) and [`delay_handler`] resumes them. With a
+/// coalescing window (`coalesce_ms`, 0 for none) the hold joins the
+/// worker's coalescing list, and a wait no longer than the window is not
+/// held at all.
 fn hold(
     r: &mut ngx_http_request_t,
     state: &mut RequestState,
     counters: Option<&RequestCounters>,
     wait_ns: u64,
+    coalesce_ms: u64,
 ) -> ngx_int_t {
     let ms = wait_timer_ms(wait_ns);
     if let Some(c) = counters {
         c.delayed.fetch_add(1, Ordering::Relaxed);
         c.delay_ns.fetch_add(wait_ns, Ordering::Relaxed);
+    }
+    if ms <= coalesce_ms {
+        // Its turn is within the window: let it go on this wakeup.
+        if let Some(c) = counters {
+            c.coalesced.fetch_add(1, Ordering::Relaxed);
+        }
+        return NGX_DECLINED as ngx_int_t;
+    }
+    if let Some(c) = counters {
         c.waiting.fetch_add(1, Ordering::Relaxed);
     }
     state.counters = counters.map_or(std::ptr::null(), std::ptr::from_ref);
@@ -353,6 +485,10 @@ fn hold(
             ngx_del_timer(wev);
         }
         ngx_add_timer(wev, ms as ngx_msec_t);
+        state.due_msec = ngx_current_msec as u64 + ms;
+    }
+    if coalesce_ms > 0 {
+        coalesce(state, state.due_msec - coalesce_ms);
     }
     NGX_AGAIN as ngx_int_t
 }
@@ -373,8 +509,12 @@ unsafe extern "C" fn delay_handler(r: *mut ngx_http_request_t) {
             return;
         }
         if let Some(state) = find_state(r) {
+            uncoalesce(state);
+            state.posted_early = false;
             state.release();
         }
+        // A hold's timer woke the worker: holds that may end now go too.
+        let_go_coalesced();
         if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
             ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
             return;

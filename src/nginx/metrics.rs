@@ -56,6 +56,7 @@ fn render(mcf: &MainConf, top: usize) -> Option<String> {
             delay_ns: get(&c.delay_ns),
             abandoned: get(&c.abandoned),
             waiting: get(&c.waiting),
+            coalesced: get(&c.coalesced),
         };
         super::prometheus::render_request_counts(&mut text, &counts);
     }

@@ -203,7 +203,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 17] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 18] = [
     directive(c"sluice_zone", HTTP | NGX_CONF_TAKE1, conf::set_zone, MAIN),
     directive(c"sluice_root", HTTP | NGX_CONF_1MORE, conf::set_root, MAIN),
     directive(
@@ -272,6 +272,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 17] = [
         c"sluice_headers",
         ANY_LEVEL | NGX_CONF_TAKE1,
         conf::set_flag,
+        LOC,
+    ),
+    directive(
+        c"sluice_wait_coalesce",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        conf::set_wait_coalesce,
         LOC,
     ),
     directive(

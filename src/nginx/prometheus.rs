@@ -356,6 +356,8 @@ pub struct RequestCounts {
     pub abandoned: u64,
     /// Requests held right now.
     pub waiting: u64,
+    /// Held requests let go before their turn (`sluice_wait_coalesce`).
+    pub coalesced: u64,
 }
 
 /// Appends the [`RequestCounts`] series.
@@ -405,6 +407,13 @@ pub fn render_request_counts(out: &mut String, counts: &RequestCounts) {
         "sluice_delay_waiting",
         "Requests held right now (nginx timers pending).",
         counts.waiting as f64,
+    );
+    counter(
+        out,
+        "sluice_delay_coalesced_total",
+        "Held requests let go before their turn, at most sluice_wait_coalesce early, on a \
+         wakeup the worker had anyway.",
+        counts.coalesced as f64,
     );
 }
 
@@ -495,6 +504,7 @@ mod tests {
             delay_ns: 1_500_000_000,
             abandoned: 1,
             waiting: 4,
+            coalesced: 6,
         };
         render_request_counts(&mut text, &counts);
         for line in [
@@ -510,6 +520,8 @@ mod tests {
             "sluice_delay_abandoned_total 1\n",
             "# TYPE sluice_delay_waiting gauge\n",
             "sluice_delay_waiting 4\n",
+            "# TYPE sluice_delay_coalesced_total counter\n",
+            "sluice_delay_coalesced_total 6\n",
         ] {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }

@@ -70,6 +70,8 @@ pub(crate) struct RequestCounters {
     pub abandoned: AtomicU64,
     /// Requests held right now: their timers are pending.
     pub waiting: AtomicU64,
+    /// Held requests let go before their turn (`sluice_wait_coalesce`).
+    pub coalesced: AtomicU64,
 }
 
 /// The largest zone size that is of any use: the largest table with the
