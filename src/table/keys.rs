@@ -252,6 +252,8 @@ impl Table {
             .ok()?;
         h.key_inserts.fetch_add(1, RLX);
         if !v.drained {
+            // The evicted key's unsent weight is dropped (and counted).
+            ways[v.way].pending.store(0, RLX);
             h.key_evictions.fetch_add(1, RLX);
         }
         Some(v.way)
@@ -418,9 +420,16 @@ impl Table {
     /// what moved to `out` (see [`Table::collect_deltas`]).
     pub(super) fn collect_keys(&self, out: &mut Vec<CollectedDelta>) {
         let slots = self.slots();
+        let h = self.header();
         self.drain_dirty(|_, e| {
             e.dirty.store(0, SeqCst);
             let hash = e.hash.load(ACQ);
+            if hash == KEY_CLAIMED && e.pending.load(SeqCst) != 0 {
+                // A count raced the entry's claim: it belongs to the key
+                // being made there. Scan every entry next time.
+                h.key_ring_overflow.store(1, REL);
+                return;
+            }
             if hash == 0 || hash == KEY_CLAIMED {
                 return;
             }
@@ -744,9 +753,13 @@ fn touch(e: &KeyEntry, tick: u32) {
 }
 
 /// Makes a claimed entry the key `hash` of `template`, seen once now.
+///
+/// `pending` is left as it is: a claimed entry was free or drained (or
+/// its evicted weight was dropped by `claim_way`), so anything there is a
+/// count that raced the claim (a check that made or found the entry just
+/// before it was taken). It is collected under the new key, not lost.
 fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u32, now: Nanos) {
     e.template.store(template + 1, RLX);
-    e.pending.store(0, RLX);
     e.inflight.store(0, RLX);
     e.known.store(pack_known(0.0, now), RLX);
     e.fill.store(0, RLX);
@@ -849,6 +862,58 @@ mod ring_tests {
             "the second producer's weight is collected"
         );
         assert_eq!(t.key_at(next).unwrap().pending.load(SeqCst), 0);
+    }
+
+    /// A fresh entry is drained (equal to no entry) until its first count,
+    /// so a newcomer to a full bucket may take it between the check that
+    /// made it and that check's count. The count must not be lost: it
+    /// lands on the key that now holds the entry, and is collected, even
+    /// when a collection runs while the entry is being made.
+    #[test]
+    fn a_count_racing_the_claim_of_its_fresh_entry_is_collected() {
+        let t = Table::new_heap_with_keys(16, 16, 1024);
+        t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+        let slot = t.lookup(b"k").unwrap();
+        let secret = t.key_secret();
+        // KEY_WAYS + 1 keys of one bucket.
+        let target = t.bucket_of(slot, secret.hash(b"key-0"));
+        let keys: Vec<Vec<u8>> = (0..)
+            .map(|i| format!("key-{i}").into_bytes())
+            .filter(|k| t.bucket_of(slot, secret.hash(k)) == target)
+            .take(KEY_WAYS + 1)
+            .collect();
+        // All but one way busy with weight pending: not evictable.
+        for k in &keys[..KEY_WAYS - 1] {
+            count(&t, k);
+            count(&t, k);
+        }
+        let fresh = t
+            .use_key(slot, secret.hash(&keys[KEY_WAYS - 1]), 0)
+            .unwrap();
+        // A newcomer claims the fresh entry (the only victim) ...
+        let ways = &t.key_buckets()[target].ways;
+        let way = t
+            .claim_way(ways, key_tick(0), 0)
+            .expect("the fresh entry is a victim");
+        assert_eq!((target * KEY_WAYS + way) as KeyAt, fresh);
+        // ... the check that made it counts now ...
+        t.count_key(fresh, 5);
+        // ... a collection runs before the newcomer's entry is made ...
+        assert_eq!(collected(&t), 2 * (KEY_WAYS as u64 - 1));
+        init_entry(
+            &ways[way],
+            slot,
+            secret.hash(&keys[KEY_WAYS]),
+            key_tick(0),
+            0,
+        );
+        // ... and the raced count is collected, under the newcomer.
+        let mut out = Vec::new();
+        t.collect_deltas(&mut out);
+        let newcomer = secret.hash(&keys[KEY_WAYS]);
+        assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 5, "{out:?}");
+        assert!(out.iter().all(|d| d.key == newcomer));
+        assert_eq!(t.key_stats().evictions, 0);
     }
 
     #[test]
