@@ -33,6 +33,10 @@ duration=${DURATION:-30}
 rounds=${ROUNDS:-3}
 workers=${WORKERS:-2}
 coalesce=${COALESCE:-10ms}
+# The cases each round runs, in this order in odd rounds and reversed in
+# even ones (pass and reject first when present: the mix column needs
+# them).
+read -r -a cases <<<"${CASES:-pass reject wait plain coalesce limit_req}"
 burst=$((limit / 10))
 rate=$((limit * 2))
 
@@ -135,9 +139,9 @@ run() {
     after=$(worker_cpu_ns)
     wakes_after=$(worker_wakeups)
     python3 - "$1" "$json" $((after - before)) "$limit" "$dir/logs/access.log" "$dir/cost" \
-        "$dir/rows" $((wakes_after - wakes_before)) <<'PY'
+        "$dir/rows" $((wakes_after - wakes_before)) "$round" <<'PY'
 import json, sys
-case, out, cpu_ns, limit, log, cost_file, rows, wakes = sys.argv[1:]
+case, out, cpu_ns, limit, log, cost_file, rows, wakes, round_no = sys.argv[1:]
 out = json.loads(out)
 cpu_ns, limit = int(cpu_ns), float(limit)
 o = out["outcomes"]
@@ -160,7 +164,8 @@ if "pass" in cost and "reject" in cost and admitted + rejected > 0:
     expected = (admitted * float(cost["pass"]) + rejected * float(cost["reject"])) / max(1, admitted + rejected)
     mix = f"{cpu_us / expected:.2f}x"
 with open(rows, "a") as f:
-    f.write(f"{case} {cpu_us} {mix.rstrip('x') if mix != '-' else 'nan'}\n")
+    f.write(f"{round_no} {case} {cpu_us} {mix.rstrip('x') if mix != '-' else 'nan'} "
+            f"{int(wakes) / max(1, out['sent'])}\n")
 print(f"| {case} | {out['sent']} in {out['send_seconds']} s | {admitted} | "
       f"{steady}/s ({steady / limit * 100 - 100:+.1f}%) | "
       f"{get('200 DELAYED', 'count')} | {rejected} | {errors + out['skipped']} | "
@@ -176,34 +181,50 @@ echo
 echo "| case | sent | admitted (200) | 200s/s reaching the backend after 2 s, vs limit | held | rejected (429) | errors | held latency p99 / max, ms | longest \$request_time held, s | 429 latency p99, ms | worker CPU us/request | CPU vs its mix of 200s and 429s without holds | worker wakeups/request |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 : >"$dir/cost"
-for ((r = 1; r <= rounds; r++)); do
+for ((round = 1; round <= rounds; round++)); do
     # Each round measures what a bare 200 and a bare 429 cost first.
     : >"$dir/cost"
-    if ((r % 2)); then
-        run pass; run reject; run wait; run plain; run coalesce; run limit_req
-    else
-        run reject; run pass; run limit_req; run coalesce; run plain; run wait
+    order=("${cases[@]}")
+    if ((round % 2 == 0)); then
+        order=()
+        for c in "${cases[@]}"; do
+            case $c in pass | reject) order=("${order[@]}" "$c") ;; esac
+        done
+        for ((i = ${#cases[@]} - 1; i >= 0; i--)); do
+            case ${cases[i]} in pass | reject) ;; *) order=("${order[@]}" "${cases[i]}") ;; esac
+        done
     fi
+    for c in "${order[@]}"; do run "$c"; done
 done
 echo
 echo "Medians over the $rounds rounds:"
 echo
 python3 - "$dir/rows" <<'PY'
 import math, statistics, sys
-rows = {}
+rows, by_round = {}, {}
 for line in open(sys.argv[1]):
-    case, cpu, mix = line.split()
-    rows.setdefault(case, []).append((float(cpu), float(mix)))
+    round_no, case, cpu, mix, wakes = line.split()
+    rows.setdefault(case, []).append((float(cpu), float(mix), float(wakes)))
+    by_round.setdefault(round_no, {})[case] = float(cpu)
 med = {c: statistics.median(v[0] for v in r) for c, r in rows.items()}
-print("| case | worker CPU us/request | CPU vs its mix of 200s and 429s without holds |")
-print("|---|---|---|")
+print("| case | worker CPU us/request | CPU vs its mix of 200s and 429s without holds | "
+      "worker wakeups/request | CPU vs plain's in the same round: median (min-max) |")
+print("|---|---|---|---|---|")
+ratios = {}
 for c in ("pass", "reject", "plain", "wait", "coalesce", "limit_req"):
-    if c in rows:
-        mixes = [m for _, m in rows[c] if not math.isnan(m)]
-        mix = f"{statistics.median(mixes):.2f}x" if mixes else "-"
-        print(f"| {c} | {med[c]:.1f} | {mix} |")
+    if c not in rows:
+        continue
+    mixes = [m for _, m, _ in rows[c] if not math.isnan(m)]
+    mix = f"{statistics.median(mixes):.2f}x" if mixes else "-"
+    wakes = statistics.median(w for _, _, w in rows[c])
+    paired = [r[c] / r["plain"] for r in by_round.values() if c in r and "plain" in r]
+    ratios[c] = paired
+    vs = (f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})"
+          if paired and c != "plain" else "-")
+    print(f"| {c} | {med[c]:.1f} | {mix} | {wakes:.2f} | {vs} |")
 print()
-print(f"wait / plain: {med['wait'] / med['plain']:.2f}x; wait / limit_req: "
-      f"{med['wait'] / med['limit_req']:.2f}x; coalesce / plain: "
-      f"{med['coalesce'] / med['plain']:.2f}x")
+for c in ("wait", "coalesce", "limit_req"):
+    if ratios.get(c):
+        print(f"{c} / plain: {med[c] / med['plain']:.2f}x of the medians, "
+              f"{statistics.median(ratios[c]):.2f}x the median of the rounds' ratios")
 PY
