@@ -32,7 +32,8 @@
 //! Sizes come from the environment: `CHANGED` (a comma-separated list,
 //! `10000,100000,1000000`), `QUOTAS` (100000, or `CHANGED` if more), `CYCLES`
 //! (20), `LATENCY_SECS` (5); `ONLY_BREAKDOWN=1` runs part 1 only,
-//! `SKIP_BREAKDOWN=1` parts 2 and 3 only. Under
+//! `SKIP_BREAKDOWN=1` parts 2 and 3 only; `ENCODINGS` (`json,binary`)
+//! and, for the breakdown, `KINDS` (`named,keyed`) narrow a run. Under
 //! `cargo test` (no `--bench` argument) it makes a small smoke run
 //! instead.
 
@@ -105,6 +106,20 @@ enum Encoding {
 
 impl Encoding {
     const BOTH: [Self; 2] = [Self::Json, Self::Binary];
+
+    /// The encodings `ENCODINGS` names (`json,binary` by default).
+    fn chosen() -> Vec<Self> {
+        let Ok(list) = std::env::var("ENCODINGS") else {
+            return Self::BOTH.to_vec();
+        };
+        list.split(',')
+            .map(|e| match e.trim() {
+                "json" => Self::Json,
+                "binary" => Self::Binary,
+                other => panic!("ENCODINGS: json or binary, not {other:?}"),
+            })
+            .collect()
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -523,6 +538,19 @@ fn real_thread(root: &Root, sizes: Size, encoding: Encoding, latency_secs: u64) 
     );
 }
 
+/// Whether the breakdown runs named counters, keys or both (`KINDS`:
+/// `named,keyed` by default), as the `keyed` flags to run.
+fn kinds() -> Vec<bool> {
+    let list = std::env::var("KINDS").unwrap_or_else(|_| "named,keyed".into());
+    list.split(',')
+        .map(|k| match k.trim() {
+            "named" => false,
+            "keyed" => true,
+            other => panic!("KINDS: named or keyed, not {other:?}"),
+        })
+        .collect()
+}
+
 fn main() {
     let Some(sizes) = harness::sizes("sync_cycle", Sizes::smoke, Sizes::from_env) else {
         return;
@@ -534,8 +562,8 @@ fn main() {
     };
     let breakdown = std::env::var("SKIP_BREAKDOWN").is_err();
     for &changed in sizes.changed.iter().filter(|_| breakdown) {
-        for keyed in [false, true] {
-            for encoding in Encoding::BOTH {
+        for keyed in kinds() {
+            for encoding in Encoding::chosen() {
                 cycle_breakdown(size(changed), keyed, encoding);
             }
         }
@@ -552,7 +580,7 @@ fn main() {
             hold_quotas(&root, held, quotas);
             held = quotas;
         }
-        for encoding in Encoding::BOTH {
+        for encoding in Encoding::chosen() {
             let latency = if i == 0 && encoding == Encoding::Binary {
                 sizes.latency_secs
             } else {
