@@ -204,7 +204,8 @@ pub struct CounterView {
 /// Counters changed since some version.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChangedCounters {
-    /// The named counters, oldest change first.
+    /// The named counters: oldest change first from one book, in counter
+    /// order from a root's shards (what a reply carries).
     pub counters: Vec<CounterValue>,
     /// The keys' counters, by template.
     pub keyed: Vec<KeyedValues>,
