@@ -21,7 +21,7 @@
 //!   vouched per group, quota changes come from one group, and a group
 //!   down folds only its shard's weight locally.
 
-use super::ids::{CounterMap, CounterSet, IdMap};
+use super::ids::{CounterMap, IdMap};
 use super::link::{level_at_offset, Owed, OwedDeltas, RootLink, NO_QUOTAS};
 use super::{EarlySync, LogLevel, SyncMetrics};
 use crate::core::{Counting, Level, Nanos, Tally};
@@ -31,6 +31,7 @@ use crate::wire::{
     ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, QuotaCursor,
     SyncRequest, SyncResponse,
 };
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 /// How often "all roots down" is repeated in the log.
@@ -87,14 +88,18 @@ impl Unacked {
         }
     }
 
-    /// Takes up to `sent` of the counter's unacknowledged weight.
+    /// Takes up to `sent` of the counter's unacknowledged weight (one
+    /// lookup: this runs for every counter of every reply).
     fn take(&mut self, counter: CounterKey, sent: u64) -> Option<(SlotId, u64)> {
-        let e = self.by_counter.get_mut(&counter)?;
-        let acked = e.1.min(sent);
-        e.1 -= acked;
-        let slot = e.0;
-        if e.1 == 0 {
-            self.by_counter.remove(&counter);
+        let Entry::Occupied(mut e) = self.by_counter.entry(counter) else {
+            return None;
+        };
+        let (slot, weight) = e.get_mut();
+        let acked = (*weight).min(sent);
+        *weight -= acked;
+        let slot = *slot;
+        if *weight == 0 {
+            e.remove();
         }
         Some((slot, acked))
     }
@@ -271,6 +276,10 @@ pub struct SyncEngine {
     early: Option<EarlySync>,
     last_early: Option<Nanos>,
     pressure: super::KeyPressure,
+    /// The last cycle's collected deltas, kept for their memory.
+    collected: Vec<CollectedDelta>,
+    /// The last cycle's new owed entries, kept for their memory.
+    fresh: Vec<(CounterKey, Owed)>,
     /// Each quota's rejection count as of the last cycle (`None` before
     /// the first, which only takes the baseline: a new sync thread does
     /// not report what an earlier one already did).
@@ -310,6 +319,8 @@ impl SyncEngine {
             early: None,
             last_early: None,
             pressure: super::KeyPressure::default(),
+            collected: Vec::new(),
+            fresh: Vec::new(),
             rejected_seen: None,
         }
     }
@@ -409,22 +420,23 @@ impl SyncEngine {
     /// back to [`SyncEngine::finish`], whenever it ends.
     pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
         self.cycles += 1;
-        let mut collected = Vec::new();
+        // The cycle's buffers keep their memory from cycle to cycle.
+        let mut collected = std::mem::take(&mut self.collected);
+        let mut fresh = std::mem::take(&mut self.fresh);
+        collected.clear();
+        fresh.clear();
         let mut rejected = Vec::new();
         table.collect_deltas_and_rejections(&mut collected, &mut rejected);
         self.unacked.add(&collected);
         let rejected = self.rejected_since_last_cycle(rejected);
-        let fresh: Vec<(CounterKey, Owed)> = collected
-            .iter()
-            .map(|d| {
-                // A slot that no longer holds the quota: the root ignores
-                // the delta anyway. A key counts as its template does.
-                let counting = table
-                    .counter_counting(d.slot, d.id)
-                    .unwrap_or(Counting::Leak(0.0));
-                (counter_of(d), Owed::collected(d.delta, counting, now))
-            })
-            .collect();
+        fresh.extend(collected.iter().map(|d| {
+            // A slot that no longer holds the quota: the root ignores the
+            // delta anyway. A key counts as its template does.
+            let counting = table
+                .counter_counting(d.slot, d.id)
+                .unwrap_or(Counting::Leak(0.0));
+            (counter_of(d), Owed::collected(d.delta, counting, now))
+        }));
         // With no root of a group up, backoff only delays finding the
         // first one back.
         let groups = self.groups;
@@ -500,6 +512,8 @@ impl SyncEngine {
                 clock: link.clock_report(),
             });
         }
+        self.collected = collected;
+        self.fresh = fresh;
         out
     }
 
@@ -549,14 +563,17 @@ impl SyncEngine {
                 format!("quota root {} reachable again", link.url),
             ));
         }
-        let nothing = OwedDeltas::default();
+        let mut owed = owed;
+        let used = owed.len();
+        let mut nothing = OwedDeltas::default();
         for (k, page) in pages.iter().enumerate() {
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
             self.publish_utc_offset(table);
             // Deltas went out with the first page only.
-            let sent = if k == 0 { &owed } else { &nothing };
+            let sent = if k == 0 { &mut owed } else { &mut nothing };
             self.apply(table, root, &page.reply, sent, &mut log);
         }
+        self.links[root].reuse_owed(owed, used);
         if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
             // Counters come only once the quota pages are through; then
             // whatever this root left out did not change there.
@@ -647,7 +664,7 @@ impl SyncEngine {
         table: &Table,
         root: usize,
         reply: &SyncResponse,
-        sent: &OwedDeltas,
+        sent: &mut OwedDeltas,
         log: &mut Vec<LogLine>,
     ) {
         if !reply.quotas.is_empty() {
@@ -683,28 +700,38 @@ impl SyncEngine {
                 (CounterKey::named(c.id), local)
             })
             .chain(keyed);
-        let keys: usize = reply.keyed.iter().map(|g| g.values.len()).sum();
-        let mut answered =
-            CounterSet::with_capacity_and_hasher(reply.counters.len() + keys, Default::default());
         for (counter, value) in values {
-            answered.insert(counter);
-            let Some(&slot) = self.slots.get(&counter.id) else {
-                continue;
-            };
-            self.recent.changed(counter, slot);
+            // What this reply covers of the weight sent leaves `sent`;
+            // what is left there afterwards the root did not answer for.
             // The whole collected weight is acknowledged, leaked or not:
             // what leaked away is no longer part of any level.
             let acked = sent
-                .get(&counter)
-                .and_then(|s| self.unacked.take(counter, s.weight))
-                .map_or(0, |a| a.1);
-            table.merge_counter(slot, counter.id, counter.key, value, acked);
-        }
-        for (counter, owed) in sent {
-            if !answered.contains(counter) {
-                if let Some((slot, acked)) = self.unacked.take(*counter, owed.weight) {
-                    table.release_inflight(slot, counter.id, counter.key, acked);
+                .remove(&counter)
+                .and_then(|s| self.unacked.take(counter, s.weight));
+            // A counter this host sent says where it lives (one lookup
+            // less per counter).
+            let slot = match acked {
+                Some((slot, _)) => slot,
+                None => match self.slots.get(&counter.id) {
+                    Some(&slot) => slot,
+                    None => continue,
+                },
+            };
+            self.recent.changed(counter, slot);
+            let amount = acked.map_or(0, |a| a.1);
+            if !table.merge_counter(slot, counter.id, counter.key, value, amount) && acked.is_some()
+            {
+                // Its quota moved to another slot since the delta was
+                // collected: merge it where it is now.
+                if let Some(&moved) = self.slots.get(&counter.id).filter(|&&s| s != slot) {
+                    self.recent.changed(counter, moved);
+                    table.merge_counter(moved, counter.id, counter.key, value, amount);
                 }
+            }
+        }
+        for (counter, owed) in sent.drain() {
+            if let Some((slot, acked)) = self.unacked.take(counter, owed.weight) {
+                table.release_inflight(slot, counter.id, counter.key, acked);
             }
         }
     }
@@ -930,6 +957,22 @@ mod tests {
         e.finish(&t, 1, out[1].owed.clone(), &[page(25.0, SEC)], None, SEC);
         let st = t.quota(b"q", SEC).unwrap();
         assert_eq!((st.inflight, st.level), (0, 30.0));
+    }
+
+    #[test]
+    fn a_counter_whose_quota_moved_slots_since_collection_is_merged_where_it_is_now() {
+        let t = table();
+        let mut e = SyncEngine::new(&["http://a".to_string()], "h".into(), SEC, 100, 0);
+        assert_eq!(t.check(b"q", 4, 0), Outcome::Pass);
+        let out = e.begin_cycle(&t, SEC);
+        // The reply renames quota 1: its old slot goes, a new one holds it.
+        let mut page = page(30.0, SEC);
+        let mut renamed = Quota::new(1, "q2", 10.0, 100.0, 100.0);
+        renamed.epoch = 3;
+        page.reply.quotas = vec![Quota::tombstone(1, "q", 2), renamed];
+        e.finish(&t, 0, out[0].owed.clone(), &[page], None, SEC);
+        assert!(t.quota(b"q", SEC).is_none());
+        assert_eq!(t.quota(b"q2", SEC).unwrap().level, 30.0);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! log and counter versions, its clock offset, the deltas it still owes the
 //! root, its health and its metrics.
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use serde::Serialize;
@@ -252,11 +253,21 @@ impl RootLink {
     ) {
         let mut pruned = false;
         for (id, owed) in deltas {
-            if let Some(e) = self.owed.get_mut(&id) {
-                *e = e.combine(owed);
-                continue;
+            // One lookup for the usual case: a map with room.
+            let full = self.owed.len() >= max_entries;
+            match self.owed.entry(id) {
+                Entry::Occupied(mut e) => {
+                    let combined = e.get().combine(owed);
+                    e.insert(combined);
+                    continue;
+                }
+                Entry::Vacant(e) if !full => {
+                    e.insert(owed);
+                    continue;
+                }
+                Entry::Vacant(_) => {}
             }
-            if self.owed.len() >= max_entries && !pruned {
+            if !pruned {
                 // Once per call: a full map of live entries is not rescanned
                 // for every new counter.
                 self.owed.retain(|_, o| o.due(now) > 0);
@@ -268,6 +279,22 @@ impl RootLink {
             }
             self.owed.insert(id, owed);
         }
+    }
+
+    /// Takes back `spent`, the map of what a request carried (`used`
+    /// entries), emptied by the reply, as the map the next cycle's deltas
+    /// are owed in, when nothing was owed meanwhile: a cycle of 100k
+    /// counters then fills a map of the right size instead of growing one
+    /// from nothing. A map far larger than its last use is shrunk, so that
+    /// one burst does not hold its memory forever.
+    pub fn reuse_owed(&mut self, mut spent: OwedDeltas, used: usize) {
+        if !self.owed.is_empty() || !spent.is_empty() || spent.capacity() <= self.owed.capacity() {
+            return;
+        }
+        if spent.capacity() > 4 * used.max(1024) {
+            spent.shrink_to(used);
+        }
+        self.owed = spent;
     }
 
     /// Records a successful exchange sent at `sent` and answered at
