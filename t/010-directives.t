@@ -446,14 +446,18 @@ qr/invalid group "one" \(0 to 15\) in .*nginx\.conf:\d+/
 
 
 
-=== TEST 41: groups must be numbered from 0 with no gap
+=== TEST 41: groups must be numbered from 0 with no gap; the error names the line of the highest group
 --- http_config
+include ../html/roots.conf;
+--- user_files
+>>> roots.conf
 sluice_root http://127.0.0.1:7070;
 sluice_root http://127.0.0.1:7071 group=2;
+sluice_root http://127.0.0.1:7072;
 --- config
 --- must_die
 --- error_log eval
-qr/invalid sync configuration: root_groups: group 1 has no quota root \(groups are numbered 0 to 2 with no gap\) in .*nginx\.conf:\d+/
+qr/invalid sync configuration: root_groups: group 1 has no quota root \(groups are numbered 0 to 2 with no gap\) in .*roots\.conf:2$/m
 
 
 

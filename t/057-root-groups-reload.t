@@ -70,3 +70,23 @@ Test::More::is($level->($main::A), 20, 'the old group got nothing more');
 --- request
 GET /c/index.html
 --- error_code: 200
+
+
+
+=== TEST 2: a group whose every root is down is counted in sluice_sync_groups_down, the rest synced fleet-wide
+--- main_config
+load_module $TEST_NGINX_SLUICE_MODULE;
+--- http_config
+sluice_root $TEST_NGINX_ROOT_A;
+sluice_root http://127.0.0.1:1 group=1;
+sluice_sync_interval 200ms;
+--- config
+location = /m { sluice_metrics; }
+--- init
+sleep 1.5;    # several cycles: group 1 down for two intervals
+--- request
+GET /m
+--- response_body_like eval
+qr/^sluice_sync_all_roots_down 0\n.*^sluice_sync_groups_down 1$/ms
+--- error_log
+every quota root of group 1 unreachable

@@ -22,7 +22,7 @@ use super::args::{
     check_zone_size, parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_wait,
     parse_wait_coalesce, parse_weight, EmptyWeight,
 };
-use super::util::{bytes, conf_boundary, directive_args, text};
+use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
 use super::zone::RequestCounters;
 use super::Module;
 use crate::core::key::KeySecret;
@@ -67,6 +67,10 @@ pub(crate) struct MainConf {
     pub roots: Vec<String>,
     /// The group (`group=<n>`, default 0) of each of `roots`.
     pub root_groups: Vec<u32>,
+    /// Where each group was named last, by group: a gap in the numbers
+    /// shows only once the `http` block is read, and is reported at the
+    /// line that names the highest group.
+    pub group_lines: Vec<(u32, ConfPosition)>,
     /// `sluice_quotas`.
     pub quotas: Option<QuotaFile>,
     /// `sluice_sync_interval`, milliseconds.
@@ -406,6 +410,10 @@ directive_handler!(
             mcf.roots.push(url);
             mcf.root_groups.push(group);
         }
+        // SAFETY: nginx passes the live configuration to the directive.
+        let here = unsafe { ConfPosition::of(&*cf) };
+        mcf.group_lines.retain(|(g, _)| *g != group);
+        mcf.group_lines.push((group, here));
         mcf.used = true;
         Ok(())
     }

@@ -16,7 +16,7 @@ use ngx::ffi::{
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use super::conf::{self, LocConf, MainConf};
-use super::util::{conf_boundary, runtime_boundary};
+use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
 use super::{handler, util, worker, zone};
 
 /// Type through which the `ngx` crate reaches this module's configuration
@@ -43,7 +43,7 @@ impl HttpModule for Module {
     }
 
     unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
-        conf_boundary(cf, || {
+        conf_boundary_at(cf, || {
             // SAFETY: nginx passes our MainConf, created by create_main_conf.
             let mcf = unsafe { &mut *conf.cast::<MainConf>() };
             finish_main_conf(cf, mcf)
@@ -107,25 +107,37 @@ fn install_access_handler(cf: *mut ngx_conf_t) -> Result<(), String> {
 }
 
 /// Checks what only the whole `http` block shows, and asks for the zone
-/// when anything uses sluice.
-fn finish_main_conf(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), String> {
+/// when anything uses sluice. An error about root groups names the
+/// `sluice_root` line of the highest group; the others the end of the
+/// block.
+fn finish_main_conf(
+    cf: *mut ngx_conf_t,
+    mcf: &mut MainConf,
+) -> Result<(), (String, Option<ConfPosition>)> {
     if let Some(timeout) = mcf.sync_timeout_ms {
         let interval = mcf.interval().as_millis() as u64;
         if timeout >= interval {
-            return Err(format!(
-                "\"sluice_sync_timeout\" ({timeout}ms) must be shorter than \
-                 \"sluice_sync_interval\" ({interval}ms)"
+            return Err((
+                format!(
+                    "\"sluice_sync_timeout\" ({timeout}ms) must be shorter than \
+                     \"sluice_sync_interval\" ({interval}ms)"
+                ),
+                None,
             ));
         }
     }
     // Each directive was checked on its own line; this is the whole set by
     // the rules the C ABI and the simulator use (a host name that is not a
     // valid id is replaced by "limiter" before this).
-    mcf.sync_config()
-        .validate()
-        .map_err(|e| format!("sluice: invalid sync configuration: {e}"))?;
+    mcf.sync_config().validate().map_err(|e| {
+        let at = (e.field == "root_groups")
+            .then(|| mcf.group_lines.iter().max_by_key(|(g, _)| *g))
+            .flatten()
+            .map(|(_, at)| at.clone());
+        (format!("sluice: invalid sync configuration: {e}"), at)
+    })?;
     if mcf.used {
-        zone::add(cf, mcf)?;
+        zone::add(cf, mcf).map_err(|message| (message, None))?;
     }
     Ok(())
 }

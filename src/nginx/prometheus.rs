@@ -233,6 +233,12 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
         "1 while no root answered for two intervals (limiting is per host).",
         u64::from(m.all_roots_down) as f64,
     );
+    gauge(
+        out,
+        "sluice_sync_groups_down",
+        "Root groups none of whose roots answered for two intervals (their shards are limited per host).",
+        m.groups_down.len() as f64,
+    );
     let series: [RootSeries; 7] = [
         (
             "sluice_sync_root_up",
@@ -548,6 +554,7 @@ mod tests {
         );
         assert!(text.contains("sluice_sync_root_syncs_total{root=\"http://r1:7070\"} 3\n"));
         assert!(text.contains("sluice_sync_all_roots_down 0\n"));
+        assert!(text.contains("sluice_sync_groups_down 0\n"));
     }
 
     #[test]

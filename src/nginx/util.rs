@@ -53,6 +53,63 @@ pub(crate) unsafe fn log(level: ngx_uint_t, log: *mut ngx_log_t, message: std::f
     ngx::ngx_log_error!(level, log, "{}", message);
 }
 
+/// Where a directive was read: its file and line, kept for an error that
+/// only shows once the whole `http` block is read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ConfPosition {
+    /// The configuration file's name, NUL-terminated (nginx prints it
+    /// with `%s`).
+    file: Vec<u8>,
+    /// The line.
+    line: ngx_uint_t,
+}
+
+impl ConfPosition {
+    /// Where the parser is now: the directive being read.
+    ///
+    /// # Safety
+    /// `cf` must be the configuration nginx passed to a directive handler.
+    pub(crate) unsafe fn of(cf: &ngx_conf_t) -> Self {
+        if cf.conf_file.is_null() {
+            return Self::default();
+        }
+        // SAFETY: while a directive is read, `conf_file` is the file being
+        // parsed, its name a live nginx string.
+        let (name, line) = unsafe { (bytes(&(*cf.conf_file).file.name), (*cf.conf_file).line) };
+        let mut file = name.to_vec();
+        file.push(0);
+        Self { file, line }
+    }
+}
+
+/// Logs a configuration error at `emerg` as [`conf_error`] does, but with
+/// the file and line `at` instead of where the parser is now.
+pub(crate) fn conf_error_at(cf: *mut ngx_conf_t, at: &ConfPosition, message: &str) {
+    // SAFETY: nginx passes a live configuration; its current file's name
+    // and line are swapped for `at`'s (which outlives the call) while the
+    // message is logged, then put back.
+    unsafe {
+        let file = if cf.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*cf).conf_file
+        };
+        if file.is_null() || at.file.is_empty() {
+            conf_error(cf, message);
+            return;
+        }
+        let (name, line) = ((*file).file.name, (*file).line);
+        (*file).file.name = ngx_str_t {
+            len: at.file.len() - 1,
+            data: at.file.as_ptr().cast_mut(),
+        };
+        (*file).line = at.line;
+        conf_error(cf, message);
+        (*file).file.name = name;
+        (*file).line = line;
+    }
+}
+
 /// Runs a configuration callback body: `Err` is logged as a configuration
 /// error, a panic as an internal error; either makes the directive (and
 /// `nginx -t`) fail.
@@ -60,10 +117,22 @@ pub(crate) fn conf_boundary(
     cf: *mut ngx_conf_t,
     f: impl FnOnce() -> Result<(), String>,
 ) -> *mut std::ffi::c_char {
+    conf_boundary_at(cf, || f().map_err(|message| (message, None)))
+}
+
+/// As [`conf_boundary`], for a body whose error may name the directive
+/// it is about ([`conf_error_at`]) rather than where the parser is.
+pub(crate) fn conf_boundary_at(
+    cf: *mut ngx_conf_t,
+    f: impl FnOnce() -> Result<(), (String, Option<ConfPosition>)>,
+) -> *mut std::ffi::c_char {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => ngx::core::NGX_CONF_OK,
-        Ok(Err(message)) => {
-            conf_error(cf, &message);
+        Ok(Err((message, at))) => {
+            match at {
+                Some(at) => conf_error_at(cf, &at, &message),
+                None => conf_error(cf, &message),
+            }
             ngx::core::NGX_CONF_ERROR
         }
         Err(_) => {

@@ -13,8 +13,12 @@ use crate::table::Table;
 pub fn publish(table: &Table, m: &SyncMetrics) {
     table.write_status(|st| {
         st.cycles.store(m.cycles, Relaxed);
-        st.all_roots_down
-            .store(u64::from(m.all_roots_down), Relaxed);
+        let groups = m
+            .groups_down
+            .iter()
+            .filter(|&&g| g < 63)
+            .fold(0u64, |bits, &g| bits | 1 << (1 + g));
+        st.down.store(u64::from(m.all_roots_down) | groups, Relaxed);
         st.roots
             .store(m.roots.len().min(STATUS_ROOTS) as u32, Relaxed);
         for (slot, r) in st.root.iter().zip(&m.roots) {
@@ -55,11 +59,12 @@ pub fn published(table: &Table) -> SyncMetrics {
                     dropped_deltas: r.dropped_deltas.load(Relaxed),
                 })
                 .collect();
+            let down = st.down.load(Relaxed);
             SyncMetrics {
                 cycles: st.cycles.load(Relaxed),
-                all_roots_down: st.all_roots_down.load(Relaxed) != 0,
+                all_roots_down: down & 1 != 0,
                 roots,
-                groups_down: Vec::new(),
+                groups_down: (0..63).filter(|g| down & 1 << (1 + g) != 0).collect(),
             }
         })
         .unwrap_or_default()
@@ -88,5 +93,23 @@ mod tests {
         };
         publish(&t, &m);
         assert_eq!(published(&t), m);
+    }
+
+    #[test]
+    fn groups_down_are_published_for_other_processes() {
+        let t = Table::new_heap(4, 16);
+        let m = SyncMetrics {
+            cycles: 9,
+            groups_down: vec![0, 2],
+            ..Default::default()
+        };
+        publish(&t, &m);
+        assert_eq!(published(&t), m);
+        let up = SyncMetrics {
+            cycles: 10,
+            ..Default::default()
+        };
+        publish(&t, &up);
+        assert_eq!(published(&t), up);
     }
 }

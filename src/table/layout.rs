@@ -266,8 +266,10 @@ pub struct SyncStatus {
     pub roots: AtomicU32,
     /// Completed sync cycles.
     pub cycles: AtomicU64,
-    /// 1 while every root has been unreachable for two intervals.
-    pub all_roots_down: AtomicU64,
+    /// What is down: bit 0 while every root has been unreachable for
+    /// two intervals; bit `1 + g` while every root of root group `g` has
+    /// (its shard limited per host).
+    pub down: AtomicU64,
     /// Per-root state, in configuration order.
     pub root: [RootStatus; STATUS_ROOTS],
 }
