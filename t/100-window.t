@@ -1,7 +1,8 @@
 # Window quotas through nginx (standalone, a local quota file): a fixed 1 s
 # window starts over at the UTC second; a sliding one carries the previous
-# window's weighted share; a ladder (1 s under 10 s) is checked all, then
-# committed; bad window settings fail `nginx -t` with file:line.
+# window's weighted share, per key too; a ladder (1 s under 10 s) is
+# checked all, then committed; bad window settings fail `nginx -t` with
+# file:line.
 #
 # Windows are UTC-aligned, so the blocks that count across windows wait
 # for a boundary (`at_fraction`) and check, from the client's clock, that
@@ -24,7 +25,9 @@ our $Quotas = <<'JSON';
    "sliding": true},
   {"name": "ten_s", "limit": 5, "low_burst": 5, "high_burst": 5, "window": "10s"},
   {"name": "one_s", "parent": "ten_s", "limit": 2, "low_burst": 2, "high_burst": 2,
-   "window": "1s"}
+   "window": "1s"},
+  {"name": "sliding_key", "limit": 4, "low_burst": 4, "high_burst": 4, "window": "1s",
+   "sliding": true, "per_key": true}
 ]}
 JSON
 
@@ -223,17 +226,40 @@ qr/\[emerg\] .*invalid quota file ".*quotas\.json": .*sliding.*needs a window.* 
 
 
 
-=== TEST 7: sliding on a per-key quota fails nginx -t with file:line
---- http_config
-sluice_quotas ../html/quotas.json;
+=== TEST 7: a sliding per-key quota weighs each key's own previous window
 --- config
---- user_files
->>> quotas.json
-{"quotas": [{"name": "q", "limit": 5, "low_burst": 5, "high_burst": 5, "window": "1h",
-  "sliding": true, "per_key": true}]}
---- must_die
---- error_log eval
-qr/\[emerg\] .*invalid quota file ".*quotas\.json": .*sliding.*not offered for per-key quotas.* in .*nginx\.conf:\d+/
+location /key/ { alias html/; sluice sliding_key key=$arg_t; }
+--- init
+my $key = sub { main::status("/key/index.html?t=$_[0]") };
+my ($landed, $fill, $early, $later) = main::retried(sub {
+    my $w = main::at_fraction(1, 0.05);
+    my @fill = ((map { $key->('alice') } 1 .. 5), (map { $key->('bob') } 1 .. 4));
+    my ($i0) = main::where(1);
+    # 0.1 into the next window 0.9 of alice's 4 and of bob's still count:
+    # 3.6 + 1 > 4; carol has no previous window.
+    main::at_fraction(1, 0.1);
+    my @early = ($key->('alice'), $key->('bob'), $key->('carol'));
+    my ($i1, $f1) = main::where(1);
+    # 0.6 in, 0.4 of alice's count (1.6): two more fit, not three.
+    sleep(0.6 - $f1) if $f1 < 0.6;
+    my ($i2a, $f2a) = main::where(1);
+    my @later = map { $key->('alice') } 1 .. 3;
+    my ($i2, $f2) = main::where(1);
+    my $ok = $i0 == $w && $i1 == $w + 1 && $f1 < 0.2
+        && $i2a == $w + 1 && $i2 == $w + 1 && $f2a >= 0.52 && $f2 < 0.73;
+    return ($ok, \@fill, \@early, \@later);
+});
+Test::More::ok($landed, 'the requests landed where they were meant to');
+Test::More::is_deeply($fill, [(200) x 4, 429, (200) x 4],
+    'each key admits 4 in the first second, on its own counter');
+Test::More::is_deeply($early, [429, 429, 200],
+    "early in the next second each key's previous 4 still fill it; a new key is empty");
+Test::More::is_deeply($later, [200, 200, 429],
+    "later alice's previous share has shrunk: two more fit");
+--- request
+GET /key/index.html?t=dave
+--- no_error_log
+[alert]
 
 
 

@@ -455,28 +455,46 @@ fn a_request_before_the_wake_after_a_boundary_differs_by_seeing_the_last_window(
 
 #[test]
 fn a_sliding_window_quota_decides_and_grants_as_the_sliding_window_counter() {
-    // Pushwoosh's sliding window counter against `"sliding": true`, off
-    // the boundary exactly; on it (the exact weighted count right at the
-    // limit, with a previous window to weigh) sluice's f64 share of the
-    // previous window may fall an ulp to either side, as for GCRA.
+    compare_sliding(false, 401..=560);
+}
+
+#[test]
+fn a_sliding_window_per_key_quota_decides_and_grants_per_key_as_the_sliding_window_counter() {
+    // Each key's counter against a sliding window counter of its own; a
+    // key's previous count lives in its entry as an `f32`, exact for
+    // these counts.
+    compare_sliding(true, 601..=700);
+}
+
+/// Random requests at random times on one sliding window quota (per-key:
+/// on three keys of one), each decided by sluice and by an exact sliding
+/// window counter (per key), off the boundary exactly; on it (the exact
+/// weighted count right at the limit, with a previous window to weigh)
+/// sluice's f64 share of the previous window may fall an ulp to either
+/// side, as for GCRA.
+fn compare_sliding(keyed: bool, seeds: std::ops::RangeInclusive<u64>) {
     let windows = [
         (Window::Second, 1),
         (Window::TenSeconds, 10),
         (Window::Minute, 60),
         (Window::Hour, 3600),
     ];
+    let tokens: [&[u8]; 3] = [b"alice", b"bob", b"carol"];
     let mut boundary = Boundary::default();
     let (mut granted, mut refused) = (0, 0);
-    for seed in 401..=560 {
+    for seed in seeds {
         let mut rng = Rng(seed);
         let (window, secs) = windows[rng.below(4) as usize];
         let len = secs * SEC;
         let limit = 3 + rng.below(30);
-        let quota =
-            Quota::new(1, "l0", limit as f64, limit as f64, limit as f64).windowed(window, true);
+        let quota = Quota::new(1, "l0", limit as f64, limit as f64, limit as f64)
+            .windowed(window, true)
+            .keyed_if(keyed);
         let mut now = starts()[rng.below(5) as usize];
         let mut host = Host::new(&[quota], now);
-        let mut model = SlidingWindow::new(len, limit as i128);
+        let mut models: Vec<SlidingWindow> = (0..tokens.len())
+            .map(|_| SlidingWindow::new(len, limit as i128))
+            .collect();
         for i in 0..400 {
             now += if rng.chance(85) {
                 rng.below(len as u64 / 3)
@@ -484,13 +502,18 @@ fn a_sliding_window_quota_decides_and_grants_as_the_sliding_window_counter() {
                 rng.below(3 * len as u64)
             };
             host.advance(now, rng.chance(20));
+            let k = if keyed { rng.below(3) as usize } else { 0 };
+            let key = keyed.then_some(tokens[k]);
+            let model = &mut models[k];
             let at = now as i128;
-            let what = format!("seed {seed} ({limit} per {secs} s sliding), request {i} at {now}");
+            let what = format!(
+                "seed {seed} ({limit} per {secs} s sliding, key {key:?}), request {i} at {now}"
+            );
             let (got, on_boundary, differs) = if rng.chance(40) {
                 let want = 1 + rng.below(8);
                 let room = model.margin(at, 0).max(0);
                 let exact = (room / len).min(want as i128) as u64;
-                let got = host.run(Op::Obtain(want), None, now).unwrap();
+                let got = host.run(Op::Obtain(want), key, now).unwrap();
                 let on_boundary =
                     model.prev > 0 && room > 0 && room % len == 0 && room / len <= want as i128;
                 assert!(
@@ -502,7 +525,7 @@ fn a_sliding_window_quota_decides_and_grants_as_the_sliding_window_counter() {
                 let weight = rng.below(5);
                 let margin = model.margin(at, weight as i128);
                 let exact = if weight == 0 { margin > 0 } else { margin >= 0 };
-                let passed = host.run(Op::Check(weight), None, now).is_some();
+                let passed = host.run(Op::Check(weight), key, now).is_some();
                 let on_boundary = model.prev > 0 && margin == 0;
                 assert!(
                     passed == exact || on_boundary,
@@ -524,13 +547,16 @@ fn a_sliding_window_quota_decides_and_grants_as_the_sliding_window_counter() {
             }
         }
     }
+    let least = if keyed { 5_000 } else { 10_000 };
     assert!(
-        granted > 10_000 && refused > 10_000,
+        granted > least && refused > least,
         "{granted} granted, {refused} refused"
     );
     eprintln!(
-        "sliding, on the boundary: {} requests, {} decided the other way",
-        boundary.met, boundary.differed
+        "sliding{}, on the boundary: {} requests, {} decided the other way",
+        if keyed { " per key" } else { "" },
+        boundary.met,
+        boundary.differed
     );
 }
 

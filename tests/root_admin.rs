@@ -178,7 +178,7 @@ async fn window_quotas_are_stored_changed_and_checked(db: Db) {
     assert_eq!(status, StatusCode::CREATED, "{created}");
     assert_eq!(created["quota"]["window"], "1d");
     assert!(created["quota"].get("sliding").is_none(), "{created}");
-    // Sliding, on a monthly template: refused per key; fine without.
+    // Sliding, on a monthly template: each key slides.
     let (status, reply) = root
         .admin(
             Method::PUT,
@@ -186,8 +186,11 @@ async fn window_quotas_are_stored_changed_and_checked(db: Db) {
             Some(json!({"limit": 10, "window": "month", "sliding": true, "per_key": true})),
         )
         .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
-    assert_eq!(error_field(&reply), Some("sliding"));
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert_eq!(
+        (&reply["quota"]["sliding"], &reply["quota"]["per_key"]),
+        (&json!(true), &json!(true))
+    );
     let (status, _) = root
         .admin(
             Method::PUT,

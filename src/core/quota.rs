@@ -260,24 +260,16 @@ impl Quota {
             ));
         }
         validate_params(self.limit, self.low_burst, self.high_burst)?;
-        validate_window(
-            self.window,
-            self.sliding,
-            self.per_key,
-            self.limit,
-            self.high_burst,
-        )
+        validate_window(self.window, self.sliding, self.limit, self.high_burst)
     }
 }
 
-/// Checks a quota's window settings: `sliding` needs a window and is not
-/// offered for per-key quotas (a key's entry has no room for the previous
-/// window's count); a window quota's burst band lies within its limit
-/// (units per window: a level above it could never be reached).
+/// Checks a quota's window settings: `sliding` needs a window; a window
+/// quota's burst band lies within its limit (units per window: a level
+/// above it could never be reached).
 pub fn validate_window(
     window: Option<Window>,
     sliding: bool,
-    per_key: bool,
     limit: f64,
     high_burst: f64,
 ) -> Result<(), ValidationError> {
@@ -290,12 +282,6 @@ pub fn validate_window(
         }
         return Ok(());
     };
-    if sliding && per_key {
-        return Err(ValidationError::new(
-            "sliding",
-            "is not offered for per-key quotas: use a fixed window",
-        ));
-    }
     if high_burst > limit {
         return Err(ValidationError::new(
             "high_burst",
@@ -438,7 +424,7 @@ mod tests {
         };
         assert_eq!(lone.validate().unwrap_err().field, "sliding");
         let keyed = q.keyed().windowed(Window::Hour, true);
-        assert_eq!(keyed.validate().unwrap_err().field, "sliding");
+        assert!(keyed.validate().is_ok());
         assert!(keyed.windowed(Window::Hour, false).validate().is_ok());
         // A leaky quota's band may exceed its limit (a burst of seconds).
         assert!(Quota::new(1, "q", 1.0, 5.0, 10.0).validate().is_ok());

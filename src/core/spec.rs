@@ -97,13 +97,7 @@ impl QuotaSpec {
             }
         }
         validate_params(self.limit, self.low(), self.high())?;
-        validate_window(
-            self.window,
-            self.sliding,
-            self.per_key,
-            self.limit,
-            self.high(),
-        )
+        validate_window(self.window, self.sliding, self.limit, self.high())
     }
 }
 

@@ -298,7 +298,7 @@ impl Table {
         let Some(counting) = self.template_counting(e.template.load(RLX)) else {
             return true;
         };
-        counting.is_empty(key_tally(e, now), now)
+        counting.is_empty(key_tally(e, &counting, now), now)
     }
 
     /// How the keys of the live per-key template in `template` (slot + 1)
@@ -318,17 +318,7 @@ impl Table {
         template: &QuotaSnapshot,
         now: Nanos,
     ) -> Option<QuotaSnapshot> {
-        let e = self.key_at(at)?;
-        let (level, known_at) = unpack_known(e.known.load(RLX), now);
-        Some(QuotaSnapshot {
-            known: Level {
-                level,
-                at: known_at,
-            },
-            fill_rate: f64::from(f32::from_bits(e.fill.load(RLX))),
-            own_recent: (e.pending.load(RLX) + e.inflight.load(RLX)) as f64,
-            ..*template
-        })
+        Some(key_view(self.key_at(at)?, template, now))
     }
 
     /// Counts a passed check's weight on a key and queues the key for the
@@ -466,7 +456,7 @@ impl Table {
             };
             let pending = e.pending.load(SeqCst);
             let inflight = e.inflight.load(RLX);
-            let known = key_tally(e, now);
+            let known = key_tally(e, &counting, now);
             let weight = (pending + inflight) as f64;
             let folded = counting
                 .add_in(known, attributed(&counting, now), now, weight)
@@ -500,17 +490,19 @@ impl Table {
             return false;
         };
         let counting = self.slot_counting(s);
-        let known = key_tally(e, value.at);
+        let known = key_tally(e, &counting, value.at);
         let merged = counting.merge(known, value);
-        let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
-        let span = merged.at.saturating_sub(known.at);
-        let rate = if span >= self.estimator().horizon / 4 {
-            measure_rate(&counting, known, merged, acked as f64, old_rate)
-        } else {
-            old_rate
-        };
+        if !keeps_prev(&counting) {
+            let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
+            let span = merged.at.saturating_sub(known.at);
+            let rate = if span >= self.estimator().horizon / 4 {
+                measure_rate(&counting, known, merged, acked as f64, old_rate)
+            } else {
+                old_rate
+            };
+            e.fill.store((rate as f32).to_bits(), RLX);
+        }
         store_key_tally(e, &counting, merged);
-        e.fill.store((rate as f32).to_bits(), RLX);
         let taken = acked.min(e.inflight.load(RLX));
         e.inflight.fetch_sub(taken, RLX);
         true
@@ -535,7 +527,7 @@ impl Table {
         };
         let counting = self.slot_counting(s);
         let moved = amount.min(e.inflight.load(RLX));
-        let known = key_tally(e, now);
+        let known = key_tally(e, &counting, now);
         let folded = counting
             .add_in(known, attributed(&counting, now), now, moved as f64)
             .unwrap_or(known);
@@ -629,7 +621,7 @@ impl Table {
                     free_entry(e, hash, h);
                     continue;
                 };
-                let known = key_tally(e, now);
+                let known = key_tally(e, &counting, now);
                 if now.saturating_sub(known.at) < RESTAMP_AFTER {
                     continue;
                 }
@@ -662,22 +654,14 @@ impl Table {
                 let Some((view, _)) = self.read_view(t - 1) else {
                     continue;
                 };
-                let (level, at) = unpack_known(e.known.load(RLX), now);
-                let pending = e.pending.load(RLX);
-                let inflight = e.inflight.load(RLX);
-                let snapshot = QuotaSnapshot {
-                    known: Level { level, at },
-                    fill_rate: f64::from(f32::from_bits(e.fill.load(RLX))),
-                    own_recent: (pending + inflight) as f64,
-                    ..view
-                };
+                let snapshot = key_view(e, &view, now);
                 out.push(KeyState {
                     hash,
                     template: t - 1,
                     level: crate::core::estimate::estimate_level(&snapshot, now, &estimator),
                     fill_rate: snapshot.fill_rate,
-                    pending,
-                    inflight,
+                    pending: e.pending.load(RLX),
+                    inflight: e.inflight.load(RLX),
                 });
             }
         }
@@ -720,19 +704,56 @@ impl Table {
 }
 
 /// Records a use at `tick`: the tick, and one more use up to three.
-/// A key's counter, its packed time placed near `now`.
-fn key_tally(e: &KeyEntry, now: Nanos) -> Tally {
-    let (level, at) = unpack_known(e.known.load(RLX), now);
-    Tally {
-        level,
-        prev: 0.0,
-        at,
+/// True when the keys of a template counting so keep their previous
+/// window's count (a sliding window): an entry's `fill` word holds it, as
+/// an `f32`, instead of the other hosts' fill rate. A sliding key's
+/// estimate between syncs is then not extrapolated (48 bytes an entry
+/// have room for one of the two, and the previous count is what a sliding
+/// decision cannot do without).
+fn keeps_prev(counting: &Counting) -> bool {
+    matches!(counting, Counting::Window(rule) if rule.sliding)
+}
+
+/// The check-time view of the key in entry `e` of a per-key template
+/// whose own view is `template`: the template's numbers with the key's
+/// counter, its fill rate or (sliding) its previous window's count, and
+/// its weight not yet in a cluster value.
+fn key_view(e: &KeyEntry, template: &QuotaSnapshot, now: Nanos) -> QuotaSnapshot {
+    // `known` first, acquiring: a merge writes `fill` before it.
+    let (level, known_at) = unpack_known(e.known.load(ACQ), now);
+    let fill = f64::from(f32::from_bits(e.fill.load(RLX)));
+    let sliding = template.window.is_some_and(|rule| rule.sliding);
+    QuotaSnapshot {
+        known: Level {
+            level,
+            at: known_at,
+        },
+        fill_rate: if sliding { 0.0 } else { fill },
+        prev: if sliding { fill } else { 0.0 },
+        own_recent: (e.pending.load(RLX) + e.inflight.load(RLX)) as f64,
+        ..*template
     }
+}
+
+/// A key's counter, its packed time placed near `now` (with the previous
+/// window's count when the template slides).
+fn key_tally(e: &KeyEntry, counting: &Counting, now: Nanos) -> Tally {
+    let (level, at) = unpack_known(e.known.load(ACQ), now);
+    let prev = if keeps_prev(counting) {
+        f64::from(f32::from_bits(e.fill.load(RLX)))
+    } else {
+        0.0
+    };
+    Tally { level, prev, at }
 }
 
 /// Stores a key's counter. A window count keeps its time inside its own
 /// window: packing rounds the time up by up to a millisecond, which just
-/// before a boundary would move the count into the next window.
+/// before a boundary would move the count into the next window. A sliding
+/// window's previous count goes first, and the count after it with
+/// release: a check that sees the new count sees the previous one that
+/// goes with it (one that sees the old count in an earlier window takes
+/// that count as the previous one, whatever `fill` says).
 fn store_key_tally(e: &KeyEntry, counting: &Counting, t: Tally) {
     let mut word = pack_known(t.level, t.at);
     if let Counting::Window(rule) = counting {
@@ -741,7 +762,10 @@ fn store_key_tally(e: &KeyEntry, counting: &Counting, t: Tally) {
             word = pack_known_floor(t.level, t.at);
         }
     }
-    e.known.store(word, RLX);
+    if keeps_prev(counting) {
+        e.fill.store((t.prev as f32).to_bits(), RLX);
+    }
+    e.known.store(word, REL);
 }
 
 fn touch(e: &KeyEntry, tick: u32) {

@@ -173,6 +173,94 @@ fn keys_of_a_window_template_count_per_window() {
     assert!(t.keys(Some(slot), 125 * SEC).iter().all(|k| k.level <= 1.0));
 }
 
+/// A table with `per_token`, a per-key quota of 4 per sliding 10 s
+/// window, and a check of one of its keys.
+fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.apply_quotas(&[Quota::new(1, "per_token", 4.0, 4.0, 4.0)
+        .keyed()
+        .windowed(Window::TenSeconds, true)]);
+    let check = |t: &Table, key: &[u8], weight, now| {
+        let item = CheckItem {
+            name: b"per_token",
+            key: Some(key),
+            weight,
+            max_wait: None,
+        };
+        t.check_many(&[item], now, CheckOptions::default(), never)
+            .outcome
+    };
+    (t, check)
+}
+
+#[test]
+fn keys_of_a_sliding_template_weigh_their_previous_window() {
+    let (t, check) = sliding_keys();
+    assert_eq!(check(&t, b"alice", 4, 5 * SEC), Outcome::Pass);
+    t.fold_local(6 * SEC);
+    // 2.5 s into the next window, 3/4 of alice's 4 still count: 3 + 2 > 4.
+    let later = 12 * SEC + SEC / 2;
+    assert!(matches!(check(&t, b"alice", 2, later), Outcome::Reject(_)));
+    assert_eq!(check(&t, b"alice", 1, later), Outcome::Pass);
+    // Each key on its own counter.
+    assert_eq!(check(&t, b"bob", 4, later), Outcome::Pass);
+    // Folded into the new window, alice's 4 stay her previous count.
+    t.fold_local(13 * SEC);
+    let slot = t.lookup(b"per_token").unwrap();
+    let alice = t.key_secret().hash(b"alice");
+    let level = |now| {
+        t.keys(Some(slot), now)
+            .into_iter()
+            .find(|k| k.hash == alice)
+            .map(|k| k.level)
+            .unwrap()
+    };
+    // 1 this window, 4 x 1/2 of the last at 15 s.
+    assert!((level(15 * SEC) - 3.0).abs() < 1e-6, "{}", level(15 * SEC));
+    // Two windows on, nothing of either counts, and the key is drained.
+    assert_eq!(level(30 * SEC), 0.0);
+}
+
+#[test]
+fn a_sliding_keys_root_value_brings_its_previous_count() {
+    let (t, check) = sliding_keys();
+    let slot = t.lookup(b"per_token").unwrap();
+    let alice = t.key_secret().hash(b"alice");
+    assert_eq!(check(&t, b"alice", 1, 11 * SEC), Outcome::Pass);
+    // The fleet: 1 in this window (ours), 4 in the last one.
+    let value = Tally {
+        level: 1.0,
+        prev: 4.0,
+        at: 11 * SEC,
+    };
+    let mut deltas = Vec::new();
+    t.collect_deltas(&mut deltas);
+    assert!(t.merge_counter(slot, 1, alice, value, 1));
+    // At 12 s, 4 x 0.8 + 1 = 4.2 > 4: full; at 18 s, 4 x 0.2 + 1 = 1.8.
+    assert!(matches!(
+        check(&t, b"alice", 1, 12 * SEC),
+        Outcome::Reject(_)
+    ));
+    assert_eq!(check(&t, b"alice", 2, 18 * SEC), Outcome::Pass);
+    // Two values of one window merge to the larger previous count.
+    let carol = t.key_secret().hash(b"carol");
+    assert_eq!(check(&t, b"carol", 0, 11 * SEC), Outcome::Pass);
+    for (prev, at) in [(4.0, 11 * SEC), (1.0, 13 * SEC)] {
+        let value = Tally {
+            level: 1.0,
+            prev,
+            at,
+        };
+        assert!(t.merge_counter(slot, 1, carol, value, 0));
+    }
+    // At 15 s: 1 + 4 x 1/2 + 2 > 4 (with the smaller one, 3.5 would pass).
+    assert!(matches!(
+        check(&t, b"carol", 2, 15 * SEC),
+        Outcome::Reject(_)
+    ));
+    assert_eq!(check(&t, b"carol", 1, 15 * SEC), Outcome::Pass);
+}
+
 #[test]
 fn a_window_rejection_waits_for_the_window_end() {
     let t = window_table(false);
