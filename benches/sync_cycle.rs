@@ -249,6 +249,7 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
                         .iter()
                         .map(|d| KeyValue(d.0, cycle as f64 * 3.0, now))
                         .collect(),
+                    prev: Vec::new(),
                 })
                 .collect(),
             root_instance: 1,

@@ -158,6 +158,21 @@ pub struct KeyedValues {
     pub id: u64,
     /// The keys' values.
     pub values: Vec<KeyValue>,
+    /// A sliding window template's keys: the previous window's count of
+    /// `values[i]`, for the first `prev.len()` values (the rest 0).
+    /// Beside `values` rather than in them: a limiter that predates it
+    /// reads a reply with it (JSON ignores an unknown field; the binary
+    /// encoding carries it only to a limiter that asks for format 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prev: Vec<f64>,
+}
+
+impl KeyedValues {
+    /// The previous window's count of the `i`-th value (0 when none was
+    /// sent).
+    pub fn prev_of(&self, i: usize) -> f64 {
+        self.prev.get(i).copied().unwrap_or(0.0)
+    }
 }
 
 /// One key's cluster value, sent as `[hash, level, at]` (`at` in the
@@ -325,6 +340,36 @@ impl SyncResponse {
                 format!("counter {} has level {} (prev {})", c.id, c.level, c.prev),
             ));
         }
+        for (g, group) in self.keyed.iter().enumerate() {
+            if group.prev.len() > group.values.len() {
+                return Err(WireError::new(
+                    format!("keyed[{g}].prev"),
+                    format!(
+                        "{} previous counts for {} keys",
+                        group.prev.len(),
+                        group.values.len()
+                    ),
+                ));
+            }
+            if let Some(i) = group.values.iter().position(|v| !sane(v.1)) {
+                return Err(WireError::new(
+                    format!("keyed[{g}].values[{i}]"),
+                    format!(
+                        "a key of quota {} has level {}",
+                        group.id, group.values[i].1
+                    ),
+                ));
+            }
+            if let Some(i) = group.prev.iter().position(|&p| !sane(p)) {
+                return Err(WireError::new(
+                    format!("keyed[{g}].prev[{i}]"),
+                    format!(
+                        "a key of quota {} has previous count {}",
+                        group.id, group.prev[i]
+                    ),
+                ));
+            }
+        }
         if let Some((i, e)) = self
             .quotas
             .iter()
@@ -419,6 +464,63 @@ mod tests {
                 round_trip: 7
             })
         );
+    }
+
+    fn keyed_reply(values: Vec<KeyValue>, prev: Vec<f64>) -> SyncResponse {
+        SyncResponse {
+            root_instance: 1,
+            root_time: 10,
+            root_utc: None,
+            quotas: Vec::new(),
+            quotas_after: QuotaCursor::default(),
+            more_quotas: false,
+            counters: Vec::new(),
+            keyed: vec![KeyedValues {
+                id: 4,
+                values,
+                prev,
+            }],
+            counter_version: 3,
+        }
+    }
+
+    #[test]
+    fn keys_previous_counts_go_beside_their_values_in_json() {
+        let reply = keyed_reply(vec![KeyValue(9, 2.0, 5), KeyValue(8, 1.0, 6)], vec![4.5]);
+        let json = serde_json::to_value(&reply).unwrap();
+        // The values keep their three-element shape a limiter that
+        // predates `prev` reads; `prev` is a field it ignores.
+        assert_eq!(
+            json["keyed"][0]["values"][0],
+            serde_json::json!([9, 2.0, 5])
+        );
+        assert_eq!(json["keyed"][0]["prev"], serde_json::json!([4.5]));
+        let back: SyncResponse = serde_json::from_value(json).unwrap();
+        assert_eq!(
+            (back.keyed[0].prev_of(0), back.keyed[0].prev_of(1)),
+            (4.5, 0.0)
+        );
+        // Without previous counts the field is left out.
+        let plain = serde_json::to_value(keyed_reply(vec![KeyValue(9, 2.0, 5)], vec![])).unwrap();
+        assert!(plain["keyed"][0].get("prev").is_none());
+    }
+
+    #[test]
+    fn a_reply_with_a_bad_key_value_or_previous_count_is_refused_whole() {
+        let ok = keyed_reply(vec![KeyValue(9, 2.0, 5)], vec![1.0]);
+        assert!(ok.validate().is_ok());
+        let e = keyed_reply(vec![KeyValue(9, f64::NAN, 5)], vec![])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field, "keyed[0].values[0]");
+        let e = keyed_reply(vec![KeyValue(9, 2.0, 5)], vec![-1.0])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field, "keyed[0].prev[0]");
+        let e = keyed_reply(vec![KeyValue(9, 2.0, 5)], vec![1.0, 2.0])
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field, "keyed[0].prev");
     }
 
     #[test]

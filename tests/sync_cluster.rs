@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sluice::sync::EarlySync;
+use sluice::table::{CheckItem, CheckOptions, Outcome};
 use sync_support::fake_root::{FakeRoot, Misbehaviour, EVIL_QUOTAS};
 use sync_support::{admitted, offer, quota, wait_until, Db, Limiter, Root};
 
@@ -484,6 +485,70 @@ fn window_counts_are_fleet_wide_across_two_roots_and_a_boundary_during_an_outage
 }
 
 /// A window quota's body.
+#[test]
+fn a_sliding_keys_previous_count_reaches_a_limiter_that_never_saw_that_window() {
+    // 40 per sliding 10 s window, per key. Host 0 spends 30 of key k in
+    // one window. Host 1 first uses k in the next window: its entry is
+    // new, so what it knows of k's previous window comes only from the
+    // roots' replies, as the previous count beside k's new count.
+    let db = Db::new();
+    let (a, b) = (Root::start(&db, "root0"), Root::start(&db, "root1"));
+    a.put(
+        "per_token",
+        serde_json::json!({"limit": 40, "window": "10s", "sliding": true, "per_key": true}),
+    );
+    let roots = [a.url.as_str(), b.url.as_str()];
+    let hosts: Vec<Limiter> = (0..2)
+        .map(|i| Limiter::start(&format!("host{i}"), &roots, 0))
+        .collect();
+    for l in &hosts {
+        wait_until("every limiter holds the quota", || {
+            l.quota("per_token").is_some()
+        });
+    }
+    let check = |l: &Limiter, weight| {
+        let item = CheckItem {
+            name: b"per_token",
+            key: Some(b"k"),
+            weight,
+            max_wait: None,
+        };
+        let out = l
+            .table
+            .check_many(&[item], l.now(), CheckOptions::default(), || 0.5);
+        out.outcome == Outcome::Pass
+    };
+    await_window(10, 0.5);
+    assert!(
+        (0..30).all(|_| check(&hosts[0], 1)),
+        "30 fit an empty window"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    // The next window: host 1 makes k's entry; host 0 adds 1, which the
+    // roots send with k's previous 30.
+    await_window(10, 0.2);
+    assert!(check(&hosts[1], 0));
+    assert!(check(&hosts[0], 1));
+    std::thread::sleep(Duration::from_millis(1300));
+    let seconds_in = utc_now() % 10.0;
+    let admitted = (0..40).filter(|_| check(&hosts[1], 1)).count();
+    // About 40 - 1 - 30 x (1 - s / 10) at s seconds in (13 at 1.5 s);
+    // knowing nothing of the previous window, it would take 39.
+    let expected = 40.0 - 1.0 - 30.0 * (1.0 - seconds_in / 10.0);
+    assert!(
+        (admitted as f64 - expected).abs() <= 3.0,
+        "host 1 admitted {admitted} of k at {seconds_in:.2} s, expected about {expected:.1}"
+    );
+}
+
+/// UTC now, seconds.
+fn utc_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 fn json_window(limit: f64, window: &str) -> serde_json::Value {
     serde_json::json!({"limit": limit, "window": window})
 }

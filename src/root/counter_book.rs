@@ -240,10 +240,18 @@ impl ChangedCounters {
             keyed.push(KeyedValues {
                 id,
                 values: Vec::new(),
+                prev: Vec::new(),
             });
             keyed.len() - 1
         });
-        keyed[at_template].values.push(KeyValue(key, level, at));
+        let group = &mut keyed[at_template];
+        // Previous counts only from the first key that has one (a sliding
+        // template's), the keys before it 0.
+        if prev != 0.0 || !group.prev.is_empty() {
+            group.prev.resize(group.values.len(), 0.0);
+            group.prev.push(prev);
+        }
+        group.values.push(KeyValue(key, level, at));
     }
 }
 

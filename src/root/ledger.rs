@@ -403,6 +403,47 @@ mod tests {
     }
 
     #[test]
+    fn keys_of_a_sliding_template_come_back_with_their_previous_counts() {
+        use crate::core::Window;
+        use crate::wire::{KeyDelta, KeyedDeltas};
+        let ledger = Ledger::default();
+        let q = Quota::new(1, "per_token", 100.0, 100.0, 100.0)
+            .keyed()
+            .windowed(Window::TenSeconds, true);
+        ledger.load(vec![q], 0);
+        let keyed = |limiter: &str, deltas: Vec<KeyDelta>, window| {
+            let mut r = request(limiter, 0, &[]);
+            r.keyed = vec![KeyedDeltas {
+                id: 1,
+                deltas,
+                window: Some(window),
+            }];
+            r
+        };
+        ledger.sync(
+            &keyed("a", vec![KeyDelta(7, 30), KeyDelta(8, 2)], 0),
+            INSTANCE,
+            5 * SEC,
+            PAGING,
+        );
+        let step = ledger.sync(
+            &keyed("b", vec![KeyDelta(7, 4)], 1),
+            INSTANCE,
+            11 * SEC,
+            PAGING,
+        );
+        let group = &step.counters.keyed[0];
+        let of = |hash: u64| {
+            let i = group.values.iter().position(|v| v.0 == hash).unwrap();
+            (group.values[i].1, group.prev_of(i))
+        };
+        // Key 7: 4 in window 1, its 30 of window 0 as the previous count;
+        // key 8 is reported as it was (2 in window 0, nothing before).
+        assert_eq!(of(7), (4.0, 30.0));
+        assert_eq!(of(8), (2.0, 0.0));
+    }
+
+    #[test]
     fn window_deltas_count_in_the_window_they_name() {
         use crate::core::Window;
         let ledger = Ledger::default();

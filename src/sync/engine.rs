@@ -681,12 +681,16 @@ impl SyncEngine {
         // Looked up once: every value of the reply is moved by it.
         let offset = self.links[root].offset();
         let keyed = reply.keyed.iter().flat_map(|group| {
-            group.values.iter().map(move |v| {
+            group.values.iter().enumerate().map(move |(i, v)| {
                 let counter = CounterKey {
                     id: group.id,
                     key: v.0,
                 };
-                (counter, Tally::leaky(level_at_offset(offset, v.1, v.2)))
+                let local = Tally {
+                    prev: group.prev_of(i),
+                    ..Tally::leaky(level_at_offset(offset, v.1, v.2))
+                };
+                (counter, local)
             })
         });
         let values = reply
@@ -1172,6 +1176,7 @@ mod tests {
         reply.reply.keyed = vec![KeyedValues {
             id: 3,
             values: vec![KeyValue(alice, 10.0, SEC)],
+            prev: Vec::new(),
         }];
         e.finish(&t, 0, out[0].owed.clone(), &[reply], None, SEC);
         let keys = t.keys(None, SEC);

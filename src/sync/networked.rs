@@ -367,9 +367,10 @@ async fn post(
     decode_reply(&bytes, binary_reply).map_err(other)
 }
 
-/// What a binary request accepts: binary, or JSON from a root that
-/// cannot write binary.
-const BINARY_ACCEPT: &str = "application/x-sluice-sync, application/json;q=0.5";
+/// What a binary request accepts: binary in reply format 2 (keys'
+/// previous-window counts; a root that predates it answers format 1), or
+/// JSON from a root that cannot write binary.
+const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=2, application/json;q=0.5";
 
 /// Decodes and validates a reply body, binary or JSON by its content
 /// type: a reply that fails either is dropped whole (the limiter keeps
@@ -423,8 +424,12 @@ mod tests {
     }
 
     #[test]
-    fn a_binary_request_accepts_binary_first() {
-        assert!(BINARY_ACCEPT.starts_with(BINARY_CONTENT_TYPE));
+    fn a_binary_request_accepts_the_newest_binary_reply_first() {
+        let newest = format!(
+            "{BINARY_CONTENT_TYPE};version={}",
+            binary::BINARY_REPLY_VERSION
+        );
+        assert!(BINARY_ACCEPT.starts_with(&newest), "{BINARY_ACCEPT}");
     }
 
     #[test]

@@ -30,6 +30,15 @@
 //! [`SyncRequest::check`] and [`SyncResponse::validate`], as for JSON).
 //! A body of another version is [`BinaryError::Version`]: a root answers
 //! it 415, so that a limiter newer than its root falls back to JSON.
+//!
+//! Requests are format 1. Replies are format 1, or format 2
+//! ([`BINARY_REPLY_VERSION`]) for a limiter that asks for it in its
+//! `Accept` (`application/x-sluice-sync;version=2`): format 1 plus, after
+//! each keyed group's values, the count and values of its previous-window
+//! counts ([`KeyedValues::prev`], a sliding window template's). A root
+//! that predates format 2 ignores the parameter and answers format 1,
+//! which a newer limiter still reads; a limiter that predates it never
+//! asks, and gets format 1 (it cannot hold a sliding per-key template).
 
 use crate::core::Quota;
 
@@ -41,8 +50,13 @@ use super::{
 /// Content type of a binary sync body (request or reply).
 pub const BINARY_CONTENT_TYPE: &str = "application/x-sluice-sync";
 
-/// Version of the binary format this build writes and reads.
+/// Version of the binary format of requests, and of replies to a limiter
+/// that does not ask for [`BINARY_REPLY_VERSION`].
 pub const BINARY_VERSION: u8 = 1;
+
+/// The newest reply format: [`BINARY_VERSION`]'s with keyed groups'
+/// previous-window counts.
+pub const BINARY_REPLY_VERSION: u8 = 2;
 
 /// The header's first two bytes.
 const MAGIC: [u8; 2] = *b"SL";
@@ -55,7 +69,10 @@ const KIND_REPLY: u8 = b'r';
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BinaryError {
     /// A format version this build does not read.
-    #[error("binary sync format version {0}: this build reads version {BINARY_VERSION}")]
+    #[error(
+        "binary sync format version {0}: this build reads version {BINARY_VERSION} requests and \
+         versions {BINARY_VERSION} to {BINARY_REPLY_VERSION} replies"
+    )]
     Version(u8),
     /// Not a well-formed body: the field where it broke and why.
     #[error(transparent)]
@@ -72,7 +89,7 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    w.header(KIND_REQUEST);
+    w.header(KIND_REQUEST, BINARY_VERSION);
     w.bytes(request.limiter.as_bytes());
     w.varint(request.quotas_after.epoch);
     w.varint(request.quotas_after.id);
@@ -180,6 +197,18 @@ const HAS_PREV: u8 = 1;
 /// Encodes a reply. Fails only if its quotas cannot be written as JSON
 /// (they always can: a quota is plain data).
 pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
+    encode_response_as(reply, BINARY_REPLY_VERSION)
+}
+
+/// Encodes a reply in format `version`: [`BINARY_VERSION`] leaves the
+/// keyed groups' previous-window counts out (for a limiter that did not
+/// ask for more); any other, [`BINARY_REPLY_VERSION`].
+pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, WireError> {
+    let version = if version == BINARY_VERSION {
+        BINARY_VERSION
+    } else {
+        BINARY_REPLY_VERSION
+    };
     let quotas = if reply.quotas.is_empty() {
         Vec::new()
     } else {
@@ -190,7 +219,7 @@ pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
     let mut w = Writer::with_capacity(
         64 + quotas.len() + 16 * reply.counters.len() + 20 * keys + 8 * reply.keyed.len(),
     );
-    w.header(KIND_REPLY);
+    w.header(KIND_REPLY, version);
     w.varint(reply.root_instance);
     w.varint(reply.root_time);
     w.window(reply.root_utc);
@@ -220,6 +249,12 @@ pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
             w.float(v.1);
             w.varint(since(v.2));
         }
+        if version >= BINARY_REPLY_VERSION {
+            w.varint(group.prev.len() as u64);
+            for &p in &group.prev {
+                w.float(p);
+            }
+        }
     }
     Ok(w.0)
 }
@@ -227,7 +262,7 @@ pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
 /// Decodes a reply (its shape only: see [`SyncResponse::validate`]).
 pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     let mut r = Reader::new(body);
-    r.header(KIND_REPLY)?;
+    let version = r.header(KIND_REPLY)?;
     let root_instance = r.varint("root_instance")?;
     let root_time = r.varint("root_time")?;
     let root_utc = r.window(|| "root_utc".into())?;
@@ -289,7 +324,15 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
             let since = r.varint_or(field)?;
             values.push(KeyValue(hash, level, at(since)));
         }
-        keyed.push(KeyedValues { id, values });
+        let mut prev = Vec::new();
+        if version >= BINARY_REPLY_VERSION {
+            let n = r.count(8, || format!("keyed[{g}].prev"))?;
+            prev.reserve(n);
+            for i in 0..n {
+                prev.push(r.float(|| format!("keyed[{g}].prev[{i}]"))?);
+            }
+        }
+        keyed.push(KeyedValues { id, values, prev });
     }
     r.end()?;
     Ok(SyncResponse {
@@ -321,10 +364,10 @@ impl Writer {
         Self(Vec::with_capacity(n))
     }
 
-    fn header(&mut self, kind: u8) {
+    fn header(&mut self, kind: u8, version: u8) {
         self.0.extend_from_slice(&MAGIC);
         self.0.push(kind);
-        self.0.push(BINARY_VERSION);
+        self.0.push(version);
     }
 
     #[inline]
@@ -386,7 +429,10 @@ impl<'a> Reader<'a> {
         )
     }
 
-    fn header(&mut self, kind: u8) -> Result<(), BinaryError> {
+    /// Reads the header of a body of `kind`; returns its format version
+    /// (requests: [`BINARY_VERSION`]; replies: up to
+    /// [`BINARY_REPLY_VERSION`]).
+    fn header(&mut self, kind: u8) -> Result<u8, BinaryError> {
         let Some(head) = self.body.get(..4) else {
             return Err(WireError::new(
                 "header",
@@ -400,7 +446,12 @@ impl<'a> Reader<'a> {
         if head[..2] != MAGIC {
             return Err(WireError::new("header", "not a binary sync body (no SL magic)").into());
         }
-        if head[3] != BINARY_VERSION {
+        let newest = if kind == KIND_REPLY {
+            BINARY_REPLY_VERSION
+        } else {
+            BINARY_VERSION
+        };
+        if !(BINARY_VERSION..=newest).contains(&head[3]) {
             return Err(BinaryError::Version(head[3]));
         }
         if head[2] != kind {
@@ -416,7 +467,7 @@ impl<'a> Reader<'a> {
             .into());
         }
         self.at = 4;
-        Ok(())
+        Ok(head[3])
     }
 
     #[inline]
@@ -579,10 +630,18 @@ mod tests {
                     prev: 2.25,
                 },
             ],
-            keyed: vec![KeyedValues {
-                id: 5,
-                values: vec![KeyValue(77, 1.5, 0)],
-            }],
+            keyed: vec![
+                KeyedValues {
+                    id: 5,
+                    values: vec![KeyValue(77, 1.5, 0)],
+                    prev: Vec::new(),
+                },
+                KeyedValues {
+                    id: 8,
+                    values: vec![KeyValue(78, 2.0, 5), KeyValue(79, 0.5, 6)],
+                    prev: vec![3.25],
+                },
+            ],
             counter_version: 12,
         }
     }
@@ -593,6 +652,37 @@ mod tests {
         assert_eq!(decode_request(&encode_request(&r)).unwrap(), r);
         let r = reply();
         assert_eq!(decode_response(&encode_response(&r).unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn reply_format_1_leaves_the_keys_previous_counts_out() {
+        let r = reply();
+        let v1 = encode_response_as(&r, BINARY_VERSION).unwrap();
+        assert_eq!(v1[3], BINARY_VERSION);
+        let back = decode_response(&v1).unwrap();
+        assert!(back.keyed.iter().all(|g| g.prev.is_empty()));
+        assert_eq!(back.keyed[1].values, r.keyed[1].values);
+        let v2 = encode_response_as(&r, BINARY_REPLY_VERSION).unwrap();
+        assert_eq!(v2[3], BINARY_REPLY_VERSION);
+        assert_eq!(decode_response(&v2).unwrap().keyed[1].prev, vec![3.25]);
+        // Format 2 costs a byte a group, and 8 a previous count.
+        assert_eq!(v2.len(), v1.len() + 2 + 8);
+    }
+
+    #[test]
+    fn replies_of_an_unknown_format_and_requests_of_format_2_are_refused() {
+        let mut v3 = encode_response(&reply()).unwrap();
+        v3[3] = BINARY_REPLY_VERSION + 1;
+        assert_eq!(
+            decode_response(&v3),
+            Err(BinaryError::Version(BINARY_REPLY_VERSION + 1))
+        );
+        let mut request_v2 = encode_request(&request());
+        request_v2[3] = BINARY_REPLY_VERSION;
+        assert_eq!(
+            decode_request(&request_v2),
+            Err(BinaryError::Version(BINARY_REPLY_VERSION))
+        );
     }
 
     #[test]
@@ -620,9 +710,9 @@ mod tests {
         body.push(0);
         let e = decode_request(&body).unwrap_err().to_string();
         assert!(e.starts_with("body: 1 bytes after the end"), "{e}");
-        let mut v2 = encode_request(&request());
-        v2[3] = 2;
-        assert_eq!(decode_request(&v2), Err(BinaryError::Version(2)));
+        let mut v9 = encode_request(&request());
+        v9[3] = 9;
+        assert_eq!(decode_request(&v9), Err(BinaryError::Version(9)));
         let e = decode_response(&encode_request(&request())).unwrap_err();
         assert!(e.to_string().contains("a request where a reply"), "{e}");
         assert!(decode_request(b"{\"limiter\":\"x\"}")
@@ -731,8 +821,12 @@ mod tests {
                 (any::<u64>(), float(), any::<u64>()).prop_map(|(h, l, a)| KeyValue(h, l, a)),
                 0..8,
             ),
+            prop::collection::vec(float(), 0..8),
         )
-            .prop_map(|(id, values)| KeyedValues { id, values });
+            .prop_map(|(id, values, mut prev)| {
+                prev.truncate(values.len());
+                KeyedValues { id, values, prev }
+            });
         (
             any::<(u64, u64, u64, u64, u64, bool)>(),
             window(),

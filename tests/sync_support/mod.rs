@@ -274,14 +274,16 @@ impl Limiter {
         Self::start_sized(id, roots, 64, adjust)
     }
 
-    /// [`Limiter::start_with`] with room for `capacity` quotas.
+    /// [`Limiter::start_with`] with room for `capacity` quotas (and 1024
+    /// keys).
     pub fn start_sized(
         id: &str,
         roots: &[&str],
         capacity: u32,
         adjust: impl FnOnce(&mut SyncConfig),
     ) -> Self {
-        let table = Arc::new(Table::new_heap(capacity, 16));
+        // Room for a few keys, for the tests of per-key quotas.
+        let table = Arc::new(Table::new_heap_with_keys(capacity, 16, 1024));
         table.set_estimator(Estimator {
             mode: Extrapolation::Adaptive,
             horizon: 2 * INTERVAL.as_nanos() as u64,

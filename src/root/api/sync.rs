@@ -111,24 +111,39 @@ pub async fn sync(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Formats {
     binary_request: bool,
-    binary_reply: bool,
+    /// The binary reply format the limiter reads (`None`: JSON): 1, or
+    /// the `version=` its `Accept` names for the binary type.
+    binary_reply: Option<u8>,
 }
 
 impl Formats {
     fn of(headers: &HeaderMap) -> Self {
-        // Parameters (`; charset=...`) and case do not matter.
-        let names_binary = |value: &HeaderValue| {
-            value.to_str().is_ok_and(|v| {
-                v.split(',').any(|t| {
-                    t.split(';')
-                        .next()
-                        .is_some_and(|t| t.trim().eq_ignore_ascii_case(BINARY_CONTENT_TYPE))
-                })
+        // Case does not matter; parameters other than `version` are ignored.
+        let binary_version = |value: &HeaderValue| -> Option<u8> {
+            let value = value.to_str().ok()?;
+            value.split(',').find_map(|range| {
+                let mut parts = range.split(';');
+                let kind = parts.next()?.trim();
+                if !kind.eq_ignore_ascii_case(BINARY_CONTENT_TYPE) {
+                    return None;
+                }
+                let version = parts
+                    .filter_map(|p| p.split_once('='))
+                    .find(|(k, _)| k.trim().eq_ignore_ascii_case("version"))
+                    .and_then(|(_, v)| v.trim().parse::<u8>().ok())
+                    .unwrap_or(binary::BINARY_VERSION);
+                Some(version.clamp(binary::BINARY_VERSION, binary::BINARY_REPLY_VERSION))
             })
         };
         Self {
-            binary_request: headers.get(header::CONTENT_TYPE).is_some_and(names_binary),
-            binary_reply: headers.get_all(header::ACCEPT).iter().any(names_binary),
+            binary_request: headers
+                .get(header::CONTENT_TYPE)
+                .and_then(binary_version)
+                .is_some(),
+            binary_reply: headers
+                .get_all(header::ACCEPT)
+                .iter()
+                .find_map(binary_version),
         }
     }
 
@@ -143,13 +158,13 @@ impl Formats {
     }
 
     fn encode(self, response: &SyncResponse) -> Result<Response, ApiError> {
-        if !self.binary_reply {
+        let Some(version) = self.binary_reply else {
             let body =
                 serde_json::to_vec(response).map_err(|e| ApiError::internal(e.to_string()))?;
             return Ok(json_bytes(StatusCode::OK, body));
-        }
-        let body =
-            binary::encode_response(response).map_err(|e| ApiError::internal(e.to_string()))?;
+        };
+        let body = binary::encode_response_as(response, version)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         let mut reply = (StatusCode::OK, body).into_response();
         reply.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -258,6 +273,43 @@ pub fn result_of(status: StatusCode) -> SyncResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn formats(content_type: Option<&str>, accept: &[&str]) -> Formats {
+        let mut headers = HeaderMap::new();
+        if let Some(t) = content_type {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(t).unwrap());
+        }
+        for a in accept {
+            headers.append(header::ACCEPT, HeaderValue::from_str(a).unwrap());
+        }
+        Formats::of(&headers)
+    }
+
+    #[test]
+    fn the_reply_format_is_the_one_accept_names() {
+        let limiter = "application/x-sluice-sync;version=2, application/json;q=0.5";
+        let f = formats(Some("application/x-sluice-sync"), &[limiter]);
+        assert!(f.binary_request);
+        assert_eq!(f.binary_reply, Some(2));
+        // A limiter that predates format 2: format 1.
+        let old = "application/x-sluice-sync, application/json;q=0.5";
+        assert_eq!(formats(None, &[old]).binary_reply, Some(1));
+        // A newer format than this root writes: its newest; case and
+        // spaces do not matter; JSON when binary is not named.
+        let f = formats(None, &["Application/X-Sluice-Sync ; Version = 7"]);
+        assert_eq!(f.binary_reply, Some(binary::BINARY_REPLY_VERSION));
+        assert_eq!(
+            formats(None, &["application/x-sluice-sync;version=x"]).binary_reply,
+            Some(1)
+        );
+        assert_eq!(
+            formats(Some("application/json"), &["application/json"]),
+            Formats {
+                binary_request: false,
+                binary_reply: None,
+            }
+        );
+    }
     use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, MAX_DELTA, MAX_DELTAS_PER_SYNC};
 
     fn request(limiter: &str, deltas: Vec<CounterDelta>) -> SyncRequest {
