@@ -141,16 +141,7 @@ fn keys_of_a_window_template_count_per_window() {
     t.apply_quotas(&[Quota::new(1, "per_user", 3.0, 3.0, 3.0)
         .keyed()
         .windowed(Window::Minute, false)]);
-    let check = |key: &[u8], now| {
-        let item = CheckItem {
-            name: b"per_user",
-            key: Some(key),
-            weight: 1,
-            max_wait: None,
-        };
-        t.check_many(&[item], now, CheckOptions::default(), never)
-            .outcome
-    };
+    let check = |key: &[u8], now| check_key(&t, b"per_user", key, 1, now);
     for i in 0..3 {
         assert_eq!(check(b"alice", SEC + i), Outcome::Pass);
     }
@@ -173,6 +164,18 @@ fn keys_of_a_window_template_count_per_window() {
     assert!(t.keys(Some(slot), 125 * SEC).iter().all(|k| k.level <= 1.0));
 }
 
+/// The outcome of a check of `key` of the per-key quota `name`.
+fn check_key(t: &Table, name: &[u8], key: &[u8], weight: u64, now: Nanos) -> Outcome {
+    let item = CheckItem {
+        name,
+        key: Some(key),
+        weight,
+        max_wait: None,
+    };
+    t.check_many(&[item], now, CheckOptions::default(), never)
+        .outcome
+}
+
 /// A table with `per_token`, a per-key quota of 4 per sliding 10 s
 /// window, and a check of one of its keys.
 fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
@@ -180,17 +183,9 @@ fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
     t.apply_quotas(&[Quota::new(1, "per_token", 4.0, 4.0, 4.0)
         .keyed()
         .windowed(Window::TenSeconds, true)]);
-    let check = |t: &Table, key: &[u8], weight, now| {
-        let item = CheckItem {
-            name: b"per_token",
-            key: Some(key),
-            weight,
-            max_wait: None,
-        };
-        t.check_many(&[item], now, CheckOptions::default(), never)
-            .outcome
-    };
-    (t, check)
+    (t, |t: &Table, key: &[u8], weight, now| {
+        check_key(t, b"per_token", key, weight, now)
+    })
 }
 
 #[test]
