@@ -50,24 +50,57 @@ fn key(i: u64) -> [u8; 16] {
     k
 }
 
-fn memory() {
-    for keys in [1u64 << 20, 1 << 22] {
-        let now = sluice::clock::now();
-        let t = keyed_table(keys);
-        let g = t.geometry();
-        let section = g.region_len() - g.key_ring_offset();
-        for (label, n) in [
-            ("as many keys as entries", keys),
-            ("twice as many", 2 * keys),
-        ] {
-            let t = keyed_table(keys);
-            let live = fill(&t, n, now);
+/// A table whose `per_key_day` template allows each key one unit a day
+/// (keys stay live all run), with room for `entries` keys.
+fn daily_table(entries: u64) -> Table {
+    let t = Table::new_heap_with_keys(16, 16, entries);
+    let day = Quota::new(1, "per_key_day", 1.0, 1.0, 1.0)
+        .keyed()
+        .windowed(sluice::core::Window::Day, false);
+    t.apply_quotas(&[day]);
+    t
+}
+
+/// Keys lost as the section fills: `offered` distinct keys (a share of
+/// the section's entries), each checked twice against a one-a-day
+/// per-key quota. A stored key's second check is rejected; a key that
+/// found no entry is an overflow (decided on the template's shared
+/// counter, the default), and a second check that passes is a key whose
+/// limit did not hold. Also the bytes of the key section per live key.
+fn fill_report() {
+    let now = sluice::clock::now();
+    for entries in [4_096u64, 65_536, 1 << 20] {
+        for share in [0.5, 0.9, 0.95, 1.0] {
+            let t = daily_table(entries);
+            let capacity = t.key_capacity();
+            let offered = (capacity as f64 * share) as u64;
+            let second = |i: u64| {
+                let item = CheckItem {
+                    name: b"per_key_day",
+                    key: Some(&key(i)),
+                    weight: 1,
+                    max_wait: None,
+                };
+                t.check_many(&[item], now, CheckOptions::default(), || 0.5)
+            };
+            for i in 0..offered {
+                second(i);
+            }
+            let overflowed = t.key_stats().overflows;
+            let passed_twice = (0..offered)
+                .filter(|&i| second(i).outcome == sluice::table::Outcome::Pass)
+                .count();
+            let stats = t.key_stats();
+            let g = t.geometry();
+            let section = (g.region_len() - g.key_ring_offset()) as f64;
             eprintln!(
-                "keys memory: {keys} entries, {label}: {live} live keys in {} MiB = {:.1} bytes \
-                 per live key ({:.0} keys per MiB)",
-                section >> 20,
-                section as f64 / live as f64,
-                live as f64 / (section as f64 / (1 << 20) as f64),
+                "key fill: {capacity} entries, {:>4.0}% offered ({offered} keys): \
+                 {overflowed} without an entry, {passed_twice} passed twice; \
+                 {} live, {} moved; {:.1} bytes per live key",
+                share * 100.0,
+                stats.live,
+                stats.relocations,
+                section / stats.live.max(1) as f64,
             );
         }
     }
@@ -112,7 +145,7 @@ fn dram_chase(c: &mut Criterion) {
 }
 
 fn bench_keys(c: &mut Criterion) {
-    memory();
+    fill_report();
     let now = sluice::clock::now();
     let mut g = c.benchmark_group("keys");
     let hot = keyed_table(1 << 16);

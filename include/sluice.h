@@ -24,6 +24,14 @@
 // request passes and is not counted.
 #define SLUICE_NO_KEY 3
 
+// The quota is per-key and its key found no entry: every entry of the
+// key section it could have had holds a key whose count still matters
+// (give keys more memory). The request passes: with `key_overflow`
+// `shared` (the default) it was checked against and counted on the
+// quota's own counter, which all such keys share; with `pass` it is not
+// counted. A rejection is `SLUICE_REJECT`, whatever the mode.
+#define SLUICE_KEY_OVERFLOW 4
+
 // The call failed (not initialised, NULL or invalid argument, internal
 // error); `sluice_last_error()` says why. A check that fails should be
 // treated as a pass (fail open).
@@ -38,9 +46,14 @@ extern "C" {
 // `config_json` may be NULL for defaults, or a JSON object with any of:
 // `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
 // (default 32), `key_capacity` (keys of per-key quotas held at once,
-// default 100000, 48 bytes each), `key_secret_file` (a file holding the
-// fleet's secret, at least 16 bytes, that keys are hashed with: every
-// host of a fleet must use the same one; default: a built-in secret),
+// default 100000, at most 2^30; 49 bytes each), `key_secret_file` (a
+// file holding the fleet's secret, at least 16 bytes, that keys are
+// hashed with: every host of a fleet must use the same one; default: a
+// built-in secret),
+// `key_overflow` (what a check does with a key that finds no entry, the
+// key section being full of live keys: `"shared"`, the default, checks
+// and counts it on the quota's own counter, shared by all such keys;
+// `"reject"` rejects it; `"pass"` lets it through uncounted),
 // `sync_interval_ms` (100 to 3600000, default 1000),
 // `extrapolation` (`{"mode": "adaptive"}`, the default, or
 // `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
@@ -109,10 +122,12 @@ int sluice_check(const char *name, size_t len, uint64_t weight);
 // the quota's ancestors like any quota, counted if the request passes.
 // The key is hashed with the fleet's secret at once and never kept.
 //
-// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota,
-// or no room for the key: pass), `SLUICE_NO_KEY` (an empty key: pass,
-// uncounted) or `SLUICE_ERROR`. A key given for a quota that is not
-// per-key is ignored: the quota itself is checked.
+// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
+// pass), `SLUICE_NO_KEY` (an empty key: pass, uncounted),
+// `SLUICE_KEY_OVERFLOW` (no room for the key: passed on the quota's shared
+// overflow counter, or uncounted; see `key_overflow`) or `SLUICE_ERROR`.
+// A key given for a quota that is not per-key is ignored: the quota
+// itself is checked.
 //
 // # Safety
 // `name` must be NULL or point to at least `name_len` readable bytes;

@@ -24,7 +24,7 @@ use crate::core::spec::QuotaSet;
 use crate::core::Extrapolation;
 use crate::sync::{SyncConfig, SyncHandle};
 use crate::table::file::{load_set, FileRole};
-use crate::table::{CheckItem, CheckOptions, Outcome, Table};
+use crate::table::{CheckItem, CheckOptions, KeyOverflow, Outcome, Table};
 
 /// The request may pass: every quota in its chain had room; the weight was
 /// counted.
@@ -37,6 +37,13 @@ pub const SLUICE_UNKNOWN: c_int = 2;
 /// The quota is per-key and the check gave no key (or an empty one): the
 /// request passes and is not counted.
 pub const SLUICE_NO_KEY: c_int = 3;
+/// The quota is per-key and its key found no entry: every entry of the
+/// key section it could have had holds a key whose count still matters
+/// (give keys more memory). The request passes: with `key_overflow`
+/// `shared` (the default) it was checked against and counted on the
+/// quota's own counter, which all such keys share; with `pass` it is not
+/// counted. A rejection is `SLUICE_REJECT`, whatever the mode.
+pub const SLUICE_KEY_OVERFLOW: c_int = 4;
 /// The call failed (not initialised, NULL or invalid argument, internal
 /// error); `sluice_last_error()` says why. A check that fails should be
 /// treated as a pass (fail open).
@@ -86,6 +93,9 @@ struct Config {
     key_capacity: u64,
     /// File holding the fleet's key secret (keys are hashed with it).
     key_secret_file: Option<String>,
+    /// What a check does with a key that finds no entry: `shared`,
+    /// `reject` or `pass`.
+    key_overflow: Option<String>,
     /// Quota roots: URLs (group 0), or `{"url": ..., "group": n}`; none
     /// for standalone.
     roots: Vec<RootEntry>,
@@ -110,6 +120,7 @@ impl Default for Config {
             avg_name_bytes: 32,
             key_capacity: 100_000,
             key_secret_file: None,
+            key_overflow: None,
             roots: Vec::new(),
             sync_interval_ms: 1000,
             sync_timeout_ms: None,
@@ -226,18 +237,21 @@ fn init(config_json: Option<&str>) -> Result<c_int, String> {
         }
         None => None,
     };
-    if config.key_capacity > MAX_KEY_CAPACITY {
-        return Err(format!(
-            "key_capacity: {} is more than {MAX_KEY_CAPACITY}",
-            config.key_capacity
-        ));
-    }
+    crate::table::layout::check_key_capacity(config.key_capacity)
+        .map_err(|why| format!("key_capacity: {why}"))?;
+    let overflow = match config.key_overflow.as_deref() {
+        None => KeyOverflow::default(),
+        Some(word) => KeyOverflow::parse(word).ok_or_else(|| {
+            format!("key_overflow: {word:?} is not one of \"shared\", \"reject\", \"pass\"")
+        })?,
+    };
     let table = Arc::new(Table::new_heap_with_keys(
         config.capacity,
         config.avg_name_bytes,
         config.key_capacity,
     ));
     table.set_key_secret(secret);
+    table.set_key_overflow(overflow);
     table.set_estimator(
         sync_config.estimator(config.extrapolation.unwrap_or(Extrapolation::Adaptive)),
     );
@@ -289,9 +303,6 @@ fn load_quotas(text: &str) -> Result<c_int, String> {
     Ok(SLUICE_PASS)
 }
 
-/// Most keys `key_capacity` may ask for (about 48 GiB).
-const MAX_KEY_CAPACITY: u64 = 1 << 30;
-
 fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
     let limiter = limiter()?;
     let item = CheckItem {
@@ -300,16 +311,13 @@ fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> 
         weight,
         max_wait: None,
     };
-    let outcome = limiter
-        .table
-        .check_many(
-            &[item],
-            crate::clock::now(),
-            CheckOptions::default(),
-            crate::core::rng::thread_unit,
-        )
-        .outcome;
-    Ok(outcome_code(outcome))
+    let outcome = limiter.table.check_many(
+        &[item],
+        crate::clock::now(),
+        CheckOptions::default(),
+        crate::core::rng::thread_unit,
+    );
+    Ok(outcome_code(outcome.outcome, outcome.overflow))
 }
 
 /// The name and key arguments of a keyed call (a NULL key with length 0
@@ -335,13 +343,15 @@ unsafe fn name_and_key<'a>(
     Ok((name, key))
 }
 
-/// The C code of an outcome.
-fn outcome_code(outcome: Outcome) -> c_int {
+/// The C code of an outcome (`overflow`: a key found no entry).
+fn outcome_code(outcome: Outcome, overflow: bool) -> c_int {
     match outcome {
+        Outcome::Pass if overflow => SLUICE_KEY_OVERFLOW,
         Outcome::Pass => SLUICE_PASS,
         Outcome::Reject(_) => SLUICE_REJECT,
         Outcome::Unknown => SLUICE_UNKNOWN,
         Outcome::NoKey => SLUICE_NO_KEY,
+        Outcome::KeyOverflow => SLUICE_KEY_OVERFLOW,
     }
 }
 
@@ -382,7 +392,7 @@ unsafe fn obtain(
     let grant = limiter.table.obtain(&item, crate::clock::now());
     // SAFETY: checked above; writable per the contract.
     unsafe { write_out(granted, grant.granted, "granted") }?;
-    Ok(outcome_code(grant.outcome))
+    Ok(outcome_code(grant.outcome, grant.overflow))
 }
 
 /// # Safety
@@ -408,7 +418,7 @@ unsafe fn reserve(
     let reservation = limiter.table.reserve(&item, max_wait, crate::clock::now());
     // SAFETY: checked above; writable per the contract.
     unsafe { write_out(wait_ns, reservation.wait, "wait_ns") }?;
-    Ok(outcome_code(reservation.outcome))
+    Ok(outcome_code(reservation.outcome, reservation.overflow))
 }
 
 /// `len` bytes at `p` (NULL is an error naming the argument).
@@ -428,9 +438,14 @@ unsafe fn c_bytes<'a>(p: *const c_char, len: usize, what: &str) -> Result<&'a [u
 /// `config_json` may be NULL for defaults, or a JSON object with any of:
 /// `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
 /// (default 32), `key_capacity` (keys of per-key quotas held at once,
-/// default 100000, 48 bytes each), `key_secret_file` (a file holding the
-/// fleet's secret, at least 16 bytes, that keys are hashed with: every
-/// host of a fleet must use the same one; default: a built-in secret),
+/// default 100000, at most 2^30; 49 bytes each), `key_secret_file` (a
+/// file holding the fleet's secret, at least 16 bytes, that keys are
+/// hashed with: every host of a fleet must use the same one; default: a
+/// built-in secret),
+/// `key_overflow` (what a check does with a key that finds no entry, the
+/// key section being full of live keys: `"shared"`, the default, checks
+/// and counts it on the quota's own counter, shared by all such keys;
+/// `"reject"` rejects it; `"pass"` lets it through uncounted),
 /// `sync_interval_ms` (100 to 3600000, default 1000),
 /// `extrapolation` (`{"mode": "adaptive"}`, the default, or
 /// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
@@ -547,10 +562,12 @@ pub unsafe extern "C" fn sluice_check(name: *const c_char, len: usize, weight: u
 /// the quota's ancestors like any quota, counted if the request passes.
 /// The key is hashed with the fleet's secret at once and never kept.
 ///
-/// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota,
-/// or no room for the key: pass), `SLUICE_NO_KEY` (an empty key: pass,
-/// uncounted) or `SLUICE_ERROR`. A key given for a quota that is not
-/// per-key is ignored: the quota itself is checked.
+/// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
+/// pass), `SLUICE_NO_KEY` (an empty key: pass, uncounted),
+/// `SLUICE_KEY_OVERFLOW` (no room for the key: passed on the quota's shared
+/// overflow counter, or uncounted; see `key_overflow`) or `SLUICE_ERROR`.
+/// A key given for a quota that is not per-key is ignored: the quota
+/// itself is checked.
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `name_len` readable bytes;

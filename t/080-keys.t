@@ -1,8 +1,9 @@
 # Per-key quotas (standalone, a local quota file): each key its own
 # counter, keys from headers, arguments and binary variables, empty keys,
-# dry run, the log line (the key's hash, never the key), eviction under a
-# tiny key section sparing a busy key, metrics, a secret file, and bad
-# configuration.
+# dry run, the log line (the key's hash, never the key), a tiny key
+# section that never gives a live key's place away (a spray of other keys
+# cannot reset a key's count), the overflow modes of a full section,
+# metrics, a secret file, and bad configuration.
 #
 # `per_user` is a template: every key gets 3 units (limit 0.001/s, so
 # nothing leaks while a block runs), under `all_users` (1000 units).
@@ -12,13 +13,28 @@ use FindBin ();
 use lib "$FindBin::Bin/helpers";
 use SluiceTest ();
 
+sub port { Test::Nginx::Socket::server_port() }
+
+sub status {
+    my ($path, $headers) = @_;
+    SluiceTest::http_request('GET', 'http://127.0.0.1:' . port() . $path, $headers)->{status};
+}
+
+sub metric {
+    my ($name) = @_;
+    my $text = SluiceTest::http_request('GET', 'http://127.0.0.1:' . port() . '/m')->{content};
+    return $text =~ /^\Q$name\E (\d+)$/m ? $1 : undef;
+}
+
 our $Quotas = <<'JSON';
 {"quotas": [
   {"name": "all_users", "limit": 0.001, "low_burst": 1000, "high_burst": 1000},
   {"name": "per_user", "parent": "all_users", "limit": 0.001, "low_burst": 3,
    "high_burst": 3, "per_key": true},
   {"name": "per_ip", "limit": 0.001, "low_burst": 2, "high_burst": 2, "per_key": true},
-  {"name": "plain", "limit": 0.001, "low_burst": 2, "high_burst": 2}
+  {"name": "plain", "limit": 0.001, "low_burst": 2, "high_burst": 2},
+  {"name": "pkw", "limit": 10, "low_burst": 10, "high_burst": 10, "window": "1d",
+   "per_key": true}
 ]}
 JSON
 
@@ -159,7 +175,10 @@ location / { root html; sluice per_ip key=$http_x_key weight=2; }
 
 
 
-=== TEST 10: a scan of new keys in a tiny key section spares a busy key
+=== TEST 10: a scan of new keys in a tiny key section never takes a live key's place
+A section of 20 entries: the scan's keys fill it (their counts never
+drain), and the rest share per_ip's own counter (2 units), so they are
+rejected once it is full. The busy key keeps its count throughout.
 --- http_config
 sluice_keys 1k;
 --- config
@@ -170,8 +189,106 @@ location / { root html; sluice per_ip key=$arg_k; }
   (map { "GET /index.html?k=scan$_" } 1 .. 60),
   "GET /index.html?k=busy",
 ]
+--- error_code_like eval
+[qr/^200$/, qr/^200$/, (qr/^(200|429)$/) x 60, qr/^429$/]
+
+
+
+=== TEST 10a: a spray of other keys cannot reset a key's count: it stays rejected for its window
+The attack of issue 21: the victim spends its 10 a day, idles, a spray of
+other keys (each used twice, so each looks busy) fills the key section
+past full, and the victim comes back. Its count of 10 still matters all
+day, so its entry is never given away: it stays rejected.
+--- http_config
+sluice_keys 16k;
+--- config
+location / { root html; sluice pkw key=$http_x_token; }
+location = /m { sluice_metrics; }
+--- init
+my $as = sub { main::status('/index.html', { 'X-Token' => $_[0] }) };
+my @before = map { $as->('victim') } 1 .. 15;
+Test::More::is_deeply(\@before, [(200) x 10, (429) x 5], 'the victim spends its 10');
+Time::HiRes::sleep(1.5);
+for my $i (1 .. 600) {
+    $as->("spray-$i-" . int(rand(1e9))) for 1 .. 2;
+}
+my $capacity = main::metric('sluice_key_capacity');
+Test::More::cmp_ok(main::metric('sluice_key_overflow_total'), '>', 0,
+    "the spray overfilled the section ($capacity entries)");
+my @after = map { $as->('victim') } 1 .. 15;
+Test::More::is_deeply(\@after, [(429) x 15], 'the victim stays rejected');
+--- request
+GET /index.html
+--- more_headers
+X-Token: victim
+--- error_code: 429
+
+
+
+=== TEST 10b: a full section's newcomers share the template's counter, and say so
+--- http_config
+sluice_keys 0;
+--- config
+location / {
+    root html;
+    sluice per_ip key=$arg_k;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html?k=a", "GET /index.html?k=b", "GET /index.html?k=c"]
 --- error_code eval
-[200, 200, (200) x 60, 429]
+[200, 200, 429]
+--- response_headers eval
+["X-Sluice: KEY_OVERFLOW", "X-Sluice: KEY_OVERFLOW", "X-Sluice: REJECTED"]
+
+
+
+=== TEST 10c: sluice_key_overflow reject rejects a key without an entry
+--- http_config
+sluice_keys 0;
+sluice_key_overflow reject;
+--- config
+location / {
+    root html;
+    sluice per_ip key=$arg_k;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html?k=a", "GET /index.html?k=b"]
+--- error_code eval
+[429, 429]
+--- response_headers eval
+["X-Sluice: REJECTED", "X-Sluice: REJECTED"]
+
+
+
+=== TEST 10d: sluice_key_overflow pass lets a key without an entry through uncounted
+--- http_config
+sluice_keys 0;
+sluice_key_overflow pass;
+--- config
+location / {
+    root html;
+    sluice per_ip key=$arg_k;
+    add_header X-Sluice $sluice_status always;
+}
+--- request eval
+["GET /index.html?k=a", "GET /index.html?k=a", "GET /index.html?k=a"]
+--- error_code eval
+[200, 200, 200]
+--- response_headers eval
+["X-Sluice: KEY_OVERFLOW", "X-Sluice: KEY_OVERFLOW", "X-Sluice: KEY_OVERFLOW"]
+
+
+
+=== TEST 10e: a bad sluice_key_overflow fails the configuration with its line
+--- http_config
+sluice_zone 1m;
+sluice_key_overflow sometimes;
+--- config
+--- must_die
+--- error_log eval
+qr/invalid value "sometimes": must be "shared", "reject" or "pass" in .*nginx\.conf:\d+/
 
 
 
@@ -257,11 +374,11 @@ sluice_keys lots;
 --- config
 --- must_die
 --- error_log eval
-qr/invalid size "lots": must be a size up to 64g \(0 for no keys\) in .*nginx\.conf:\d+/
+qr/invalid size "lots": must be a size up to 49g \(0 for no keys\) in .*nginx\.conf:\d+/
 
 
 
-=== TEST 18: with no key section, keyed checks pass uncounted
+=== TEST 18: with no key section, every key shares the template's own counter
 --- http_config
 sluice_keys 0;
 --- config
@@ -273,6 +390,6 @@ location / {
 --- request eval
 ["GET /index.html?k=a", "GET /index.html?k=a", "GET /index.html?k=a"]
 --- error_code eval
-[200, 200, 200]
+[200, 200, 429]
 --- response_headers eval
-["X-Sluice: UNKNOWN", "X-Sluice: UNKNOWN", "X-Sluice: UNKNOWN"]
+["X-Sluice: KEY_OVERFLOW", "X-Sluice: KEY_OVERFLOW", "X-Sluice: REJECTED"]

@@ -109,3 +109,26 @@ func TestTheNewCallsFailOnAClosedLimiter(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestKeysWithoutRoomShareTheQuotasCounter(t *testing.T) {
+	lim, err := New(Config{"capacity": 1000, "key_capacity": 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	if err := lim.LoadQuotas(grantQuotas); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, key := range []string{"a", "b", "c"} {
+		r, err := lim.CheckKey("per_user", key, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.String())
+	}
+	expect(t, strings.Join(got, " "), "KEY_OVERFLOW KEY_OVERFLOW REJECT")
+	if !KeyOverflow.Allowed() {
+		t.Fatal("an overflow passes")
+	}
+}

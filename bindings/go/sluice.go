@@ -116,6 +116,10 @@ const (
 	// NoKey: the quota is per-key and the call gave no key (or an empty
 	// one); the request passes, uncounted.
 	NoKey Result = C.SLUICE_NO_KEY
+	// KeyOverflow: the quota is per-key and its key found no room in a key
+	// section full of live keys; the request passes as key_overflow says
+	// (counted on the quota's shared counter by default).
+	KeyOverflow Result = C.SLUICE_KEY_OVERFLOW
 )
 
 // Allowed is true unless the request was rejected (unknown names pass).
@@ -132,6 +136,8 @@ func (r Result) String() string {
 		return "UNKNOWN"
 	case NoKey:
 		return "NO_KEY"
+	case KeyOverflow:
+		return "KEY_OVERFLOW"
 	}
 	return fmt.Sprintf("Result(%d)", int(r))
 }

@@ -67,7 +67,9 @@ local _M = {
 }
 
 -- Result codes to names, so a check returns a string without allocating.
-local RESULTS = { [0] = "PASS", [1] = "REJECT", [2] = "UNKNOWN", [3] = "NO_KEY" }
+local RESULTS = {
+    [0] = "PASS", [1] = "REJECT", [2] = "UNKNOWN", [3] = "NO_KEY", [4] = "KEY_OVERFLOW",
+}
 
 -- One out-parameter for obtain and reserve, allocated once: a call fills
 -- it and it is read before anything else can run (LuaJIT code on one

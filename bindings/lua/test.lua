@@ -163,5 +163,17 @@ res, err = sluice.load_quotas({ quotas = { { name = "t", limit = -1 } } })
 ok(res == nil and err:find("limit", 1, true), "a bad table is refused by the library: " .. tostring(err))
 sluice.shutdown()
 
+-- No key section: every key shares the per-key quota's own counter.
+ok(sluice.init({ capacity = 1000, key_capacity = 0 }), "init without a key section")
+ok(sluice.load_quotas({ quotas = { { name = "pk", limit = 0.001, low_burst = 2, high_burst = 2,
+    per_key = true } } }), "load a per-key quota")
+local overflows = {}
+for i, key in ipairs({ "a", "b", "c" }) do
+    overflows[i] = sluice.check_key("pk", key, 1)
+end
+is(table.concat(overflows, " "), "KEY_OVERFLOW KEY_OVERFLOW REJECT",
+    "keys without room share the quota's counter, and say so")
+sluice.shutdown()
+
 print(string.format("lua: %d passed, %d failed", passed, failed))
 os.exit(failed == 0 and 0 or 1)

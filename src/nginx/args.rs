@@ -253,6 +253,10 @@ pub enum RequestStatus {
     /// As [`RequestStatus::Delayed`], but `sluice_dry_run on` let it
     /// through without holding it (the weight was counted).
     DelayedDryRun = 7,
+    /// A per-key quota's key found no entry (the key section is full of
+    /// live keys) and the request passed as `sluice_key_overflow` says:
+    /// counted on the template's shared counter, or not at all.
+    KeyOverflow = 8,
 }
 
 impl RequestStatus {
@@ -267,6 +271,7 @@ impl RequestStatus {
             RequestStatus::NoKey => "NO_KEY",
             RequestStatus::Delayed => "DELAYED",
             RequestStatus::DelayedDryRun => "DELAYED_DRY_RUN",
+            RequestStatus::KeyOverflow => "KEY_OVERFLOW",
         }
     }
 }

@@ -43,8 +43,10 @@ const DEFAULT_INTERVAL_MS: u64 = 1000;
 /// Bytes of the zone given to keys when `sluice_keys` is not set (about
 /// 340,000 keys).
 pub(crate) const DEFAULT_KEYS_SIZE: usize = 16 << 20;
-/// Largest `sluice_keys`.
-const MAX_KEYS_SIZE: usize = 64 << 30;
+/// Largest `sluice_keys`: the key section of the most keys a region holds
+/// ([`crate::table::layout::MAX_KEYS`]).
+const MAX_KEYS_SIZE: usize =
+    crate::table::layout::MAX_KEY_BUCKETS as usize * crate::table::layout::BYTES_PER_KEY_BUCKET;
 /// Per-quota series in `sluice_metrics` output unless `top=` says otherwise.
 const DEFAULT_METRICS_TOP: usize = 100;
 
@@ -87,6 +89,8 @@ pub(crate) struct MainConf {
     pub keys_size: Option<usize>,
     /// The secret read from `sluice_key_secret_file`.
     pub key_secret: Option<KeySecret>,
+    /// `sluice_key_overflow`.
+    pub key_overflow: Option<crate::table::KeyOverflow>,
     /// Some directive needs the zone (a check, the metrics, a root or a
     /// quota file).
     pub used: bool,
@@ -605,6 +609,21 @@ directive_handler!(
                 )
             })?;
         once(&mut mcf.keys_size, size, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_key_overflow shared|reject|pass;` — what a check does with a
+    /// key that finds no entry in a key section full of live keys.
+    set_key_overflow,
+    |cf, mcf: &mut MainConf, args| {
+        let mode = crate::table::KeyOverflow::parse(&text(args[1])).ok_or_else(|| {
+            format!(
+                "invalid value \"{}\": must be \"shared\", \"reject\" or \"pass\"",
+                text(args[1])
+            )
+        })?;
+        once(&mut mcf.key_overflow, mode, &args)
     }
 );
 

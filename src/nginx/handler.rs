@@ -375,7 +375,11 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
                 add_rate_limit_headers(r, table, items, &result, &mut name_buf, None);
             }
             if result.wait == 0 {
-                state.status = RequestStatus::Passed;
+                state.status = if result.overflow {
+                    RequestStatus::KeyOverflow
+                } else {
+                    RequestStatus::Passed
+                };
                 return declined;
             }
             let item = result
@@ -401,6 +405,10 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         }
         Outcome::NoKey => {
             state.status = RequestStatus::NoKey;
+            declined
+        }
+        Outcome::KeyOverflow => {
+            state.status = RequestStatus::KeyOverflow;
             declined
         }
         Outcome::Reject(rejection) => {

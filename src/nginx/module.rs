@@ -215,7 +215,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 18] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 19] = [
     directive(c"sluice_zone", HTTP | NGX_CONF_TAKE1, conf::set_zone, MAIN),
     directive(c"sluice_root", HTTP | NGX_CONF_1MORE, conf::set_root, MAIN),
     directive(
@@ -255,6 +255,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 18] = [
         MAIN,
     ),
     directive(c"sluice_keys", HTTP | NGX_CONF_TAKE1, conf::set_keys, MAIN),
+    directive(
+        c"sluice_key_overflow",
+        HTTP | NGX_CONF_TAKE1,
+        conf::set_key_overflow,
+        MAIN,
+    ),
     directive(
         c"sluice_key_secret_file",
         HTTP | NGX_CONF_TAKE1,

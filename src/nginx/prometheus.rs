@@ -171,14 +171,20 @@ fn render_keys(
             s.inserts,
         ),
         (
-            "sluice_key_evictions_total",
-            "Keys evicted while their counters held weight (the key section is too small).",
-            s.evictions,
+            "sluice_key_relocations_total",
+            "Key entries moved to their other bucket to make room for a new key.",
+            s.relocations,
         ),
         (
-            "sluice_key_refused_total",
-            "Keys checked uncounted: every entry of their bucket was busy.",
-            s.refused,
+            "sluice_key_reclaimed_total",
+            "Drained key entries (equal to no entry) reused for another key.",
+            s.reclaimed,
+        ),
+        (
+            "sluice_key_overflow_total",
+            "Checks of a key that found no entry (the key section is full of live keys): \
+             decided by sluice_key_overflow.",
+            s.overflows,
         ),
         (
             "sluice_keyless_checks_total",

@@ -198,6 +198,7 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
     };
     table.set_estimator(mcf.sync_config().estimator(Extrapolation::Adaptive));
     table.set_key_secret(mcf.key_secret);
+    table.set_key_overflow(mcf.key_overflow.unwrap_or_default());
     if let Some(file) = &mcf.quotas {
         let role = if mcf.roots.is_empty() {
             FileRole::Authoritative

@@ -534,14 +534,15 @@ impl CounterBook {
             };
             slot.counting = counting;
         };
-        if keyed {
-            if self.keys > 0 {
-                self.slots
-                    .iter_mut()
-                    .filter(|s| s.live && s.counter.id == id && s.counter.key != 0)
-                    .for_each(change);
-            }
-        } else if let Some(&index) = self.index.get(&CounterKey::named(id)) {
+        if keyed && self.keys > 0 {
+            self.slots
+                .iter_mut()
+                .filter(|s| s.live && s.counter.id == id && s.counter.key != 0)
+                .for_each(change);
+        }
+        // A per-key template's own counter is its keys' overflow counter:
+        // it counts as they do.
+        if let Some(&index) = self.index.get(&CounterKey::named(id)) {
             change(&mut self.slots[index as usize]);
         }
     }

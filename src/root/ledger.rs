@@ -636,22 +636,37 @@ mod tests {
         assert_eq!(key_level(&b, 2, 7), Some(5.0));
         assert_eq!(key_level(&b, 2, 8), Some(1.0));
         assert_eq!(ledger.counters.keys(), 2);
-        // A key's delta on a plain quota, or a named delta on a template,
-        // counts nowhere.
-        let wrong = SyncRequest {
-            deltas: vec![CounterDelta {
-                id: 2,
-                delta: 4,
-                window: None,
-            }],
-            ..keyed_request("c", 1, &[(9, 1)])
-        };
-        let step = ledger.sync(&wrong, INSTANCE, 0, PAGING);
-        assert_eq!((step.applied, step.ignored), (0, 2));
+        // A key's delta on a plain quota counts nowhere.
+        let step = ledger.sync(&keyed_request("c", 1, &[(9, 1)]), INSTANCE, 0, PAGING);
+        assert_eq!((step.applied, step.ignored), (0, 1));
         // The reply carries keys grouped by template, named counters apart.
         let response = b.into_response(INSTANCE, 0, 0);
         assert_eq!(response.keyed.len(), 1);
         assert!(response.counters.is_empty());
+    }
+
+    #[test]
+    fn a_templates_own_counter_sums_the_keys_limiters_had_no_room_for() {
+        let ledger = Ledger::default();
+        ledger.load(vec![quota(2, 10.0, 1).keyed()], 0);
+        let overflow = |limiter: &str, delta: u64| SyncRequest {
+            deltas: vec![CounterDelta {
+                id: 2,
+                delta,
+                window: None,
+            }],
+            ..request(limiter, 0, &[])
+        };
+        ledger.sync(&overflow("a", 3), INSTANCE, 0, PAGING);
+        let step = ledger.sync(&overflow("b", 4), INSTANCE, 0, PAGING);
+        assert_eq!(step.applied, 1);
+        assert_eq!(level_of(&step, 2), Some(7.0));
+        // An edit of the template reaches its own counter too: leaked at
+        // 10/s for half a second, then not at all.
+        ledger.load(vec![quota(2, 0.0, 2).keyed()], SEC / 2);
+        let own = CounterKey::named(2);
+        let level = ledger.counters.view_counter(own, 100 * SEC).unwrap().level;
+        assert_eq!(level, 2.0);
     }
 
     #[test]

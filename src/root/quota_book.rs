@@ -167,11 +167,13 @@ impl QuotaBook {
     }
 
     /// Live quota `id`, when it counts `keyed` counters: a per-key
-    /// template's keys (`keyed`), or a plain quota itself.
+    /// template's keys (`keyed`), or any quota's own counter (a per-key
+    /// template's own counter is the one its keys share when a limiter's
+    /// key section has no room for them).
     pub fn counting_quota(&self, id: u64, keyed: bool) -> Option<&Quota> {
         self.by_id
             .get(&id)
-            .filter(|q| !q.deleted && q.per_key == keyed)
+            .filter(|q| !q.deleted && (q.per_key || !keyed))
             .map(|q| q.as_ref())
     }
 

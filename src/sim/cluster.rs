@@ -59,8 +59,7 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
     sim.run();
     for h in &sim.hosts {
         let stats = h.table.key_stats();
-        sim.series.key_evictions += stats.evictions;
-        sim.series.key_refused += stats.refused;
+        sim.series.key_overflows += stats.overflows;
         sim.series.key_inserts += stats.inserts;
     }
     sim.series.deltas_clipped = sim.roots.iter().map(|r| r.clipped).sum();

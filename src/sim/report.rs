@@ -86,7 +86,7 @@ fn fmt_bare(metric: Metric, v: f64) -> String {
         | Metric::ServedRatio
         | Metric::KeyAdmittedRatio
         | Metric::WindowRatio => format!("{v:.3}"),
-        Metric::KeyEvictions => format!("{v:.0}"),
+        Metric::KeyOverflows => format!("{v:.0}"),
         Metric::Cv | Metric::LevelError => format!("{:.1}", v * 100.0),
         Metric::Settle | Metric::ResidualRejections => format!("{v:.2}"),
     }
@@ -129,7 +129,7 @@ pub fn fmt(metric: Metric, v: f64) -> String {
         | Metric::ServedRatio
         | Metric::KeyAdmittedRatio
         | Metric::WindowRatio => format!("{v:.3}"),
-        Metric::KeyEvictions => format!("{v:.0}"),
+        Metric::KeyOverflows => format!("{v:.0}"),
         Metric::Cv | Metric::LevelError => format!("{:.1}%", v * 100.0),
         Metric::Settle | Metric::ResidualRejections => format!("{v:.2} s"),
     }
@@ -150,7 +150,7 @@ fn default_label(spec: &ReportSpec, from: f64, to: f64) -> String {
             "admitted/limit of the key furthest from it, keys offered ≥ {}x",
             spec.over.unwrap_or(1.0)
         ),
-        Metric::KeyEvictions => "keys evicted holding weight (all hosts)".to_string(),
+        Metric::KeyOverflows => "checks of keys without an entry (all hosts)".to_string(),
         Metric::WindowRatio => format!(
             "{} {}/allowed per {}",
             match spec.aggregate {
@@ -179,7 +179,7 @@ pub fn measure(checked: &Checked, series: &Series) -> Vec<Row> {
             let to = spec.to.unwrap_or(end).clamp(from, end);
             let measured = match spec.metric {
                 Metric::KeyAdmittedRatio => (key_admitted(checked, series, spec, from, to), None),
-                Metric::KeyEvictions => (Some(series.key_evictions as f64), None),
+                Metric::KeyOverflows => (Some(series.key_overflows as f64), None),
                 _ => measure_one(spec, q, from, to),
             };
             let (value, ideal) = match measured {
@@ -241,7 +241,7 @@ fn measure_one(
                 Some(last_after(q, from, to, ideal_rejected)),
             )
         }
-        Metric::KeyAdmittedRatio | Metric::KeyEvictions => (None, None),
+        Metric::KeyAdmittedRatio | Metric::KeyOverflows => (None, None),
         Metric::WindowRatio => {
             let sent = |b: &Bin| b.sent as f64;
             let measured: &dyn Fn(&Bin) -> f64 = if spec.sent { &sent } else { &admitted };

@@ -529,9 +529,10 @@ pub enum Metric {
     /// their limit: admitted weight over `limit * span` of the key furthest
     /// from 1 (the targets then hold for every such key).
     KeyAdmittedRatio,
-    /// Keys the hosts evicted while their counters held weight, summed over
-    /// the hosts, over the whole run.
-    KeyEvictions,
+    /// Checks of keys that found no entry in their host's key section
+    /// (the section full of live keys), summed over the hosts, over the
+    /// whole run.
+    KeyOverflows,
     /// Admitted (or, with `sent`, sent) weight per window over what the
     /// quota allows per window, for each window of `window` seconds (a
     /// window quota: its own windows, aligned to 0) in the span, summed up

@@ -102,10 +102,8 @@ pub struct Series {
     pub roots_up: Vec<usize>,
     /// Keyed loads tracked key by key.
     pub keyed: Vec<KeyedSeries>,
-    /// Keys the hosts evicted while holding weight (over the run).
-    pub key_evictions: u64,
-    /// Keys the hosts checked uncounted for lack of room (over the run).
-    pub key_refused: u64,
+    /// Checks of keys that found no entry (over the run, all hosts).
+    pub key_overflows: u64,
     /// Keys the hosts gave an entry (over the run).
     pub key_inserts: u64,
     /// Deltas the roots cut to their limiter's allowance (over the run):
@@ -179,8 +177,7 @@ impl Series {
             hosts: vec![0; seconds],
             roots_up: vec![0; seconds],
             keyed: Vec::new(),
-            key_evictions: 0,
-            key_refused: 0,
+            key_overflows: 0,
             key_inserts: 0,
             deltas_clipped: 0,
             root_work: Vec::new(),

@@ -242,7 +242,7 @@ const KEYS: &str = r#"
     quota = "per_key"
     from = 5
     [[report]]
-    metric = "key_evictions"
+    metric = "key_overflows"
     quota = "per_key"
 "#;
 

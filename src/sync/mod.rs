@@ -116,28 +116,34 @@ pub enum LogLevel {
     Error,
 }
 
-/// Watches the key section for pressure: keys evicted while they still
-/// held weight, and keys refused an entry. Says so at most once per call
-/// (the callers call once per interval), never per request.
+/// Watches the key section for pressure: keys that found no entry because
+/// every entry they could have had holds a live count. Says so at most
+/// once per call (the callers call once per interval), never per request.
 #[derive(Debug, Default)]
 pub struct KeyPressure {
     last: crate::table::KeyStats,
 }
 
 impl KeyPressure {
-    /// A warning when keys were evicted or refused since the last call.
+    /// A warning when keys found no entry since the last call.
     pub fn check(&mut self, table: &Table) -> Option<(LogLevel, String)> {
         let now = table.key_stats();
-        let evicted = now.evictions.saturating_sub(self.last.evictions);
-        let refused = now.refused.saturating_sub(self.last.refused);
+        let overflows = now.overflows.saturating_sub(self.last.overflows);
         self.last = now;
-        (evicted > 0 || refused > 0).then(|| {
+        (overflows > 0).then(|| {
+            let decided = match table.key_overflow() {
+                crate::table::KeyOverflow::Shared => {
+                    "checked on their template's shared overflow counter"
+                }
+                crate::table::KeyOverflow::Reject => "rejected",
+                crate::table::KeyOverflow::Pass => "passed uncounted",
+            };
             (
                 LogLevel::Warn,
                 format!(
-                    "key section under pressure: {evicted} key(s) evicted while holding weight \
-                     and {refused} key(s) checked uncounted for lack of room since the last \
-                     report ({} of {} entries in use); give keys more memory",
+                    "key section full: {overflows} check(s) of keys that found no entry \
+                     since the last report were {decided} ({} of {} entries hold keys); \
+                     give keys more memory",
                     now.live, now.capacity
                 ),
             )

@@ -2,16 +2,21 @@
 //! ancestors under their seqlocks, deciding, and counting a pass. Nothing
 //! here takes the writer lock.
 //!
-//! Every check, whatever its entry point (nginx's several checks per
-//! request, the C ABI's one, the simulator's, a benchmark's by slot), goes
-//! through one path, [`Table::decide_and_count`]: read each item's chain,
-//! decide it with [`crate::core::check_chain`], and only when every item
-//! passed count each one (check all, then commit). The entry points differ
-//! only in how they find a chain.
+//! Every plain or paced check, whatever its entry point (nginx's several
+//! checks per request, the C ABI's one, the simulator's, a benchmark's by
+//! slot), goes through one path, [`Table::decide_and_count`]: read each
+//! item's chain, decide it with [`crate::core::check_chain`] (or pace it
+//! with [`crate::core::reserve_wait`]), and only when every item passed
+//! count each one (check all, then commit). The entry points differ only
+//! in how they find a chain. A partial grant ([`Table::obtain`]) and a
+//! one-item reservation ([`Table::reserve`]) have their own short paths
+//! over the same chain reading ([`Table::resolve`]) and counting
+//! ([`Table::commit`]).
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::fence;
 
+use super::keys::KeyOverflow;
 use super::layout::{
     counting_rule, entry_matches, entry_parts, index_home, unpack_rate_prev, Slot, FLAG_LIVE,
     FLAG_PER_KEY, FLAG_SLIDING, FLAG_WINDOW_MASK, INDEX_EMPTY,
@@ -39,6 +44,12 @@ pub enum Outcome {
     /// The quota is per-key and the check had no key (or an empty one):
     /// not checked, not counted.
     NoKey,
+    /// The quota is per-key, its key found no entry in a full key section
+    /// and the overflow mode is `pass`: not checked, not counted (see
+    /// [`crate::table::KeyOverflow`]). Under the other modes an overflow
+    /// passes or rejects like any check, with [`ManyOutcome::overflow`]
+    /// set.
+    KeyOverflow,
 }
 
 /// Details of a rejection, for status headers.
@@ -65,6 +76,8 @@ pub struct Grant {
     pub outcome: Outcome,
     /// Units granted and counted.
     pub granted: u64,
+    /// The key found no entry: decided by the overflow mode.
+    pub overflow: bool,
 }
 
 /// What [`Table::reserve`] decided.
@@ -77,6 +90,8 @@ pub struct Reservation {
     /// Nanoseconds to wait: on a pass before acting; on a rejection what
     /// the wait would have been ([`Nanos::MAX`]: waiting cannot help).
     pub wait: Nanos,
+    /// The key found no entry: decided by the overflow mode.
+    pub overflow: bool,
 }
 
 /// Most quotas one [`Table::check_many`] call checks.
@@ -144,6 +159,9 @@ pub struct ManyOutcome {
     /// On a pass, nanoseconds the request must wait before it acts: the
     /// longest wait of its paced items (0 without any).
     pub wait: Nanos,
+    /// Some item's key found no entry in a full key section: it was
+    /// decided by the overflow mode (see [`crate::table::KeyOverflow`]).
+    pub overflow: bool,
 }
 
 /// A quota and its ancestors as read for one check.
@@ -160,6 +178,10 @@ struct Chain {
     key: u32,
     /// That key's hash.
     key_hash: KeyHash,
+    /// The chain's first quota is a per-key template read for a key that
+    /// found no entry: its own counter stands for the key (overflow
+    /// mode `shared`).
+    overflow: bool,
 }
 
 /// What a passed check of [`Table::check_many`] will count: a chain's
@@ -169,6 +191,7 @@ struct Charge {
     slots: [SlotId; MAX_DEPTH],
     len: usize,
     key: u32,
+    key_hash: KeyHash,
     weight: u64,
 }
 
@@ -181,8 +204,11 @@ enum Resolved {
     Unknown,
     /// A per-key quota checked without a key.
     NoKey,
-    /// A key that found no entry (counted in `key_refused`): uncounted.
-    Refused,
+    /// A key that found no entry, let through uncounted (overflow mode
+    /// `pass`).
+    OverflowPass,
+    /// A key that found no entry, rejected (overflow mode `reject`).
+    OverflowReject(Rejection),
 }
 
 /// A slot as a check read it.
@@ -203,6 +229,7 @@ impl Chain {
             len: 0,
             key: 0,
             key_hash: 0,
+            overflow: false,
         }
     }
 
@@ -223,6 +250,7 @@ impl Chain {
             slots: self.slots,
             len: self.len,
             key: self.key,
+            key_hash: self.key_hash,
             weight,
         }
     }
@@ -552,6 +580,7 @@ impl Table {
         let mut known = 0;
         let mut last: Option<u64> = None;
         let mut keyless = false;
+        let mut overflow = false;
         let mut headroom: Option<Headroom> = None;
         let mut wait: Nanos = 0;
         let mut wait_item: Option<usize> = None;
@@ -568,12 +597,29 @@ impl Table {
                     continue;
                 }
                 Resolved::NoKey => {
-                    self.header().keyless_checks.fetch_add(1, RLX);
+                    self.header().keys.place.keyless.fetch_add(1, RLX);
                     keyless = true;
                     continue;
                 }
-                Resolved::Refused => continue,
+                Resolved::OverflowPass => {
+                    overflow = true;
+                    continue;
+                }
+                Resolved::OverflowReject(rejection) => {
+                    self.count_rejected(&chain, options.dry_run);
+                    let headroom = options
+                        .headroom
+                        .then(|| chain.headroom(i, 0, 0.0, now, &estimator));
+                    return ManyOutcome {
+                        outcome: Outcome::Reject(rejection),
+                        item: Some(i),
+                        headroom,
+                        wait: 0,
+                        overflow: true,
+                    };
+                }
             };
+            overflow |= chain.overflow;
             let weight = weight.min(MAX_WEIGHT);
             let decided = match max_wait {
                 None => chain.check(weight, now, &estimator, &mut draw),
@@ -594,6 +640,7 @@ impl Table {
                     item: Some(i),
                     headroom,
                     wait: 0,
+                    overflow,
                 };
             }
             if options.headroom {
@@ -607,14 +654,16 @@ impl Table {
         for charge in &charges[..known] {
             // SAFETY: the loop above wrote the first `known` charges.
             let charge = unsafe { charge.assume_init_ref() };
-            self.commit(&charge.slots[..charge.len], charge.key, charge.weight);
+            let counted = &charge.slots[..charge.len];
+            self.commit(counted, charge.key, charge.key_hash, charge.weight);
         }
         let outcome = match last {
             Some(weight) => {
-                self.commit(&chain.slots[..chain.len], chain.key, weight);
+                self.commit(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
                 Outcome::Pass
             }
             None if known > 0 => Outcome::Pass,
+            None if overflow => Outcome::KeyOverflow,
             None if keyless => Outcome::NoKey,
             None => Outcome::Unknown,
         };
@@ -624,6 +673,7 @@ impl Table {
             item: if passed { wait_item } else { None },
             headroom,
             wait: if passed { wait } else { 0 },
+            overflow,
         }
     }
 
@@ -643,16 +693,23 @@ impl Table {
                 return Grant {
                     outcome,
                     granted: 0,
+                    overflow: chain.overflow,
                 }
             }
         };
         let (granted, depth) = grantable(chain.views(), want as f64, now, &estimator);
         if granted >= 1.0 {
             let granted = granted as u64;
-            self.commit(&chain.slots[..chain.len], chain.key, granted);
+            self.commit(
+                &chain.slots[..chain.len],
+                chain.key,
+                chain.key_hash,
+                granted,
+            );
             return Grant {
                 outcome: Outcome::Pass,
                 granted,
+                overflow: chain.overflow,
             };
         }
         let rejection = chain.rejection(depth, 1, now, &estimator);
@@ -660,6 +717,7 @@ impl Table {
         Grant {
             outcome: Outcome::Reject(rejection),
             granted: 0,
+            overflow: chain.overflow,
         }
     }
 
@@ -679,33 +737,40 @@ impl Table {
         let mut chain = Chain::new();
         let weight = match self.resolve_counted(item, &mut chain, now) {
             Ok(weight) => weight,
-            Err(outcome) => return Reservation { outcome, wait: 0 },
+            Err(outcome) => {
+                return Reservation {
+                    outcome,
+                    wait: rejection_wait(outcome),
+                    overflow: chain.overflow,
+                }
+            }
         };
         match chain.pace(weight, max_wait, now, &estimator) {
             Ok(wait) => {
-                self.commit(&chain.slots[..chain.len], chain.key, weight);
+                self.commit(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
                 Reservation {
                     outcome: Outcome::Pass,
                     wait,
+                    overflow: chain.overflow,
                 }
             }
             Err(rejection) => {
                 self.count_rejected(&chain, false);
+                let outcome = Outcome::Reject(rejection);
                 Reservation {
-                    outcome: Outcome::Reject(rejection),
-                    wait: match rejection.wait {
-                        Wait::Seconds(seconds) => ceil_nanos(seconds),
-                        _ => Nanos::MAX,
-                    },
+                    outcome,
+                    wait: rejection_wait(outcome),
+                    overflow: chain.overflow,
                 }
             }
         }
     }
 
-    /// Resolves a single item for [`Table::obtain`]:
-    /// its weight (capped at [`MAX_WEIGHT`]) with its chain read, or the
-    /// outcome of an item that is not checked (counted as
-    /// [`Table::check_many`] counts it).
+    /// Resolves a single item for [`Table::obtain`] and
+    /// [`Table::reserve`]: its weight (capped at [`MAX_WEIGHT`]) with its
+    /// chain read, or the outcome of an item that is not checked or is
+    /// rejected before any decision (counted as [`Table::check_many`]
+    /// counts it; `chain.overflow` set for a key that found no entry).
     fn resolve_counted(
         &self,
         item: &CheckItem,
@@ -719,10 +784,14 @@ impl Table {
                 Err(Outcome::Unknown)
             }
             Resolved::NoKey => {
-                self.header().keyless_checks.fetch_add(1, RLX);
+                self.header().keys.place.keyless.fetch_add(1, RLX);
                 Err(Outcome::NoKey)
             }
-            Resolved::Refused => Err(Outcome::Unknown),
+            Resolved::OverflowPass => Err(Outcome::KeyOverflow),
+            Resolved::OverflowReject(rejection) => {
+                self.count_rejected(chain, false);
+                Err(Outcome::Reject(rejection))
+            }
         }
     }
 
@@ -749,20 +818,42 @@ impl Table {
         };
         chain.len = 0;
         chain.key = 0;
+        chain.key_hash = 0;
+        chain.overflow = false;
         if read.per_key {
             let Some(key) = item.key.filter(|k| !k.is_empty()) else {
                 return Resolved::NoKey;
             };
             let hash = self.key_secret().hash(key);
-            let Some(at) = self.use_key(slot, hash, now) else {
-                return Resolved::Refused;
-            };
-            let Some(view) = self.key_snapshot(at, &read.view, now) else {
-                return Resolved::Refused;
-            };
-            chain.push(view, slot);
-            chain.key = at + 1;
-            chain.key_hash = hash;
+            let view = self
+                .use_key(slot, hash, now)
+                .ok()
+                .and_then(|at| Some((at, self.key_snapshot(at, &read.view, now)?)));
+            match view {
+                Some((at, view)) => {
+                    chain.push(view, slot);
+                    chain.key = at + 1;
+                    chain.key_hash = hash;
+                }
+                None => {
+                    chain.overflow = true;
+                    match self.key_overflow() {
+                        KeyOverflow::Shared => chain.push(read.view, slot),
+                        KeyOverflow::Pass => return Resolved::OverflowPass,
+                        KeyOverflow::Reject => {
+                            chain.push(read.view, slot);
+                            chain.key_hash = hash;
+                            return Resolved::OverflowReject(Rejection {
+                                depth: 0,
+                                slot,
+                                limit: read.view.limit,
+                                wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
+                                key: hash,
+                            });
+                        }
+                    }
+                }
+            }
         } else {
             chain.push(read.view, slot);
         }
@@ -780,8 +871,8 @@ impl Table {
 
     /// Appends `next` and its ancestors to `chain`, up to [`MAX_DEPTH`]
     /// quotas; an ancestor that vanished ends it.
-    // Inlined into read_named_chain, as before the table was split:
-    // a call here cost a hot check ~1 ns (criterion A/B).
+    // Inlined into `resolve`, as before the table was split: a call here
+    // cost a hot check ~1 ns (criterion A/B).
     #[inline(always)]
     fn read_ancestors(&self, next: Option<SlotId>, chain: &mut Chain) {
         let mut cur = next;
@@ -800,10 +891,10 @@ impl Table {
     /// Counts a passed check: the weight into every counter of the chain
     /// (the key's instead of its template's, for a keyed check), the pass
     /// on the first quota.
-    fn commit(&self, chain: &[SlotId], key: u32, weight: u64) {
+    fn commit(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
         let slots = self.slots();
         let counters = if key != 0 {
-            self.count_key(key - 1, weight);
+            self.count_key(key - 1, chain[0], key_hash, weight);
             &chain[1..]
         } else {
             chain
@@ -814,6 +905,24 @@ impl Table {
             }
         }
         slots[chain[0] as usize].passed.fetch_add(1, RLX);
+    }
+}
+
+/// Seconds a check rejected for lack of room in the key section (overflow
+/// mode `reject`) is told to wait: entries free as keys drain, and a
+/// sync cycle is about this long.
+const KEY_OVERFLOW_RETRY_SECS: f64 = 1.0;
+
+/// The wait [`Reservation::wait`] reports for an outcome that is not a
+/// pass: the rejection's, or none.
+fn rejection_wait(outcome: Outcome) -> Nanos {
+    match outcome {
+        Outcome::Reject(Rejection {
+            wait: Wait::Seconds(seconds),
+            ..
+        }) => ceil_nanos(seconds),
+        Outcome::Reject(_) => Nanos::MAX,
+        _ => 0,
     }
 }
 

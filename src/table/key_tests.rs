@@ -204,10 +204,9 @@ fn a_full_dirty_ring_falls_back_to_scanning_every_key() {
     let mut out = Vec::new();
     t.collect_deltas(&mut out);
     let keyed: u64 = out.iter().filter(|d| d.key != 0).map(|d| d.delta).sum();
-    // Every key counted is collected (a key that lost its entry to a
-    // bucket collision took its unit with it).
-    let stats = t.key_stats();
-    assert_eq!(keyed, u64::from(n) - stats.evictions - stats.refused);
+    // Every key counted is collected.
+    assert_eq!(t.key_stats().overflows, 0);
+    assert_eq!(keyed, u64::from(n));
     assert!(out.iter().all(|d| d.key == 0 || d.slot == template));
 }
 
@@ -224,50 +223,100 @@ fn standalone_folding_leaks_keys_like_quotas() {
     assert_eq!(check_key(&t, b"k", 5, SEC / 2), Outcome::Pass);
 }
 
+/// The whole outcome of one keyed check of `api_user`.
+fn check_key_fully(t: &Table, key: &[u8], weight: u64, now: Nanos) -> ManyOutcome {
+    let item = CheckItem {
+        name: b"api_user",
+        key: Some(key),
+        weight,
+        max_wait: None,
+    };
+    t.check_many(&[item], now, CheckOptions::default(), never)
+}
+
 #[test]
-fn a_flood_of_new_keys_never_evicts_keys_in_use() {
+fn a_flood_of_new_keys_never_takes_the_place_of_a_key_whose_count_matters() {
     // One bucket of four entries: everything competes for it.
     let t = keyed_table(4);
     for busy in [b"b1", b"b2"] {
         check_key(&t, busy, 1, 0);
         check_key(&t, busy, 1, 0);
     }
-    for i in 0..1000u32 {
+    t.fold_local(0);
+    // 150 ms of a new key every millisecond, each drained after 100 ms.
+    let end = 150 * 1_000_000;
+    for i in 0..150u32 {
         let now = u64::from(i) * 1_000_000;
         check_key(&t, &i.to_le_bytes(), 1, now);
-        // The busy keys keep being used.
-        if i % 50 == 0 {
-            check_key(&t, b"b1", 0, now);
-            check_key(&t, b"b2", 0, now);
-        }
+        t.fold_local(now);
     }
-    let live: Vec<u64> = t.keys(None, SEC).iter().map(|k| k.hash).collect();
-    assert!(live.contains(&hash(&t, b"b1")) && live.contains(&hash(&t, b"b2")));
-    let b1 = t
-        .keys(None, SEC)
-        .into_iter()
-        .find(|k| k.hash == hash(&t, b"b1"));
-    assert_eq!(b1.unwrap().pending, 2);
+    // The busy keys' levels still count (2 each, leaking at 10/s): they
+    // kept their entries.
+    for k in [b"b1", b"b2"] {
+        let state = t
+            .keys(None, end)
+            .into_iter()
+            .find(|s| s.hash == hash(&t, k));
+        let level = state.expect("the busy key kept its entry").level;
+        assert!((level - 0.5).abs() < 0.01, "{level}");
+    }
     let stats = t.key_stats();
-    assert!(stats.evictions > 900, "{stats:?}");
+    assert!(stats.overflows > 0, "{stats:?}");
     assert_eq!(stats.live, 4);
 }
 
 #[test]
-fn a_bucket_of_busy_keys_refuses_a_newcomer_and_a_drained_key_goes_first() {
+fn a_newcomer_to_a_full_section_shares_the_templates_counter_until_an_entry_drains() {
+    let t = keyed_table(4);
+    for i in 0..4u32 {
+        check_key(&t, &i.to_le_bytes(), 2, 0);
+    }
+    // Four live keys: the fifth is checked on the template's own counter
+    // (burst 5), which every key without an entry shares.
+    for _ in 0..5 {
+        let r = check_key_fully(&t, b"new", 1, 0);
+        assert_eq!((r.outcome, r.overflow), (Outcome::Pass, true));
+    }
+    let r = check_key_fully(&t, b"other", 1, 0);
+    assert!(
+        matches!(r.outcome, Outcome::Reject(_)) && r.overflow,
+        "{r:?}"
+    );
+    let template = t.quota(b"api_user", 0).unwrap();
+    assert_eq!(template.pending, 5);
+    assert_eq!(t.key_stats().overflows, 6);
+    // Much later every key has drained: the newcomer takes one's place.
+    t.fold_local(0);
+    let r = check_key_fully(&t, b"new", 1, 100 * SEC);
+    assert_eq!((r.outcome, r.overflow), (Outcome::Pass, false));
+    assert_eq!(t.key_stats().reclaimed, 1);
+    assert_eq!(t.key_stats().live, 4);
+}
+
+#[test]
+fn the_overflow_modes_reject_or_pass_a_key_without_an_entry() {
     let t = keyed_table(4);
     for i in 0..4u32 {
         check_key(&t, &i.to_le_bytes(), 1, 0);
-        check_key(&t, &i.to_le_bytes(), 1, 0);
     }
-    // Four busy keys: a fifth passes uncounted.
-    assert_eq!(check_key(&t, b"new", 1, 0), Outcome::Unknown);
-    assert_eq!(t.key_stats().refused, 1);
-    // Much later every key has drained: the newcomer takes one's place
-    // without an eviction of weight.
-    t.fold_local(0);
-    assert_eq!(check_key(&t, b"new", 1, 100 * SEC), Outcome::Pass);
-    assert_eq!(t.key_stats().evictions, 0);
+    t.set_key_overflow(KeyOverflow::Reject);
+    let r = check_key_fully(&t, b"new", 1, 0);
+    match r.outcome {
+        Outcome::Reject(rejection) => {
+            assert_eq!(rejection.key, hash(&t, b"new"));
+            assert_eq!(rejection.wait, crate::core::Wait::Seconds(1.0));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(r.overflow);
+    assert_eq!(t.quota(b"api_user", 0).unwrap().rejected, 1);
+    t.set_key_overflow(KeyOverflow::Pass);
+    let r = check_key_fully(&t, b"new", 1, 0);
+    assert_eq!((r.outcome, r.overflow), (Outcome::KeyOverflow, true));
+    // Nothing counted anywhere: not the template, not the parent.
+    assert_eq!(t.quota(b"api_user", 0).unwrap().pending, 0);
+    assert_eq!(t.quota(b"api", 0).unwrap().pending, 4);
+    assert_eq!(t.key_overflow(), KeyOverflow::Pass);
 }
 
 #[test]
@@ -380,7 +429,7 @@ fn concurrent_keyed_checks_and_collection_lose_no_increment() {
     let mut out = Vec::new();
     t.collect_deltas(&mut out);
     total += out.iter().map(|d| d.delta).sum::<u64>();
-    assert_eq!(t.key_stats().evictions, 0);
+    assert_eq!(t.key_stats().overflows, 0);
     assert_eq!(passed, 100_000, "{:?}", t.key_stats());
     assert_eq!(total, passed, "{:?}", t.key_stats());
 }

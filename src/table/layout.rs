@@ -22,10 +22,12 @@
 //!
 //! The key section holds the counters of per-key quotas: [`KeyBucket`]s of
 //! [`KEY_WAYS`] 48-byte [`KeyEntry`]s (three cache lines a bucket), a key
-//! living only in the bucket its hash picks (like a CPU cache: no index,
-//! one round of misses, the whole bucket read at once), and the dirty
-//! ring: entry numbers of keys with weight not yet collected, so a sync
-//! costs the keys that changed, not the keys that exist.
+//! living in one of two buckets its hash picks (no index: a lookup reads
+//! both buckets, their misses issued together; see `keys.rs`), and the
+//! dirty ring: entry numbers of keys with weight not yet collected, so a
+//! sync costs the keys that changed, not the keys that exist. A key costs
+//! 48 bytes of entry and one of ring, divided by the share of entries in
+//! use (the section fills past 90%).
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
@@ -34,7 +36,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -182,41 +184,11 @@ pub struct Header {
     /// Process id of the last process that started a sync thread on the
     /// table (0: none yet).
     pub sync_owner: AtomicU32,
-    /// Key buckets in the key section (0: no keyed quotas).
-    pub key_buckets: AtomicU32,
-    /// Entries of the dirty ring (a power of two).
-    pub key_ring_len: AtomicU32,
-    /// Set once the key secret below holds a configured secret.
-    pub key_secret_set: AtomicU32,
-    /// The key secret's two SipHash keys (see [`crate::core::key`]).
-    pub key_secret: [AtomicU64; 2],
-    /// Dirty ring: next position producers (checks) write.
-    pub key_ring_head: AtomicU64,
-    /// Dirty ring: next position the collector reads.
-    pub key_ring_tail: AtomicU64,
-    /// Set when a key could not be queued (ring full): the next
-    /// collection scans every key instead.
-    pub key_ring_overflow: AtomicU32,
-    /// Next bucket the maintenance sweep looks at.
-    pub key_sweep: AtomicU32,
-    /// Collections the ring's next position has stayed reserved but
-    /// unwritten.
-    pub key_ring_stuck: AtomicU32,
     /// 1 while seed quotas from a file may be in the table (see
     /// `file.rs`): the sync thread purges them once a root has answered.
     pub seeds: AtomicU32,
-    /// Key entries in use.
-    pub key_live: AtomicU64,
-    /// Keys that got an entry.
-    pub key_inserts: AtomicU64,
-    /// Keys evicted while their counters still held weight.
-    pub key_evictions: AtomicU64,
-    /// Keys that found no entry (every candidate busy, or no key
-    /// section): checked uncounted.
-    pub key_refused: AtomicU64,
-    /// Checks of a per-key quota without a key (or with an empty one):
-    /// not checked, not counted.
-    pub keyless_checks: AtomicU64,
+    /// The key section's shared words (see [`KeyHeader`]).
+    pub keys: KeyHeader,
     /// UTC nanoseconds minus the table's clock (i64 bits), for window
     /// quotas: the sync thread sets it from the roots' clocks (so every
     /// host agrees on window boundaries with the roots), or from this
@@ -226,6 +198,85 @@ pub struct Header {
     /// [`Window::code`] `code`: the sync thread wakes at those windows'
     /// boundaries (never cleared: a spare wake-up costs little).
     pub windows_used: AtomicU32,
+}
+
+/// The key section's shared words, grouped by who writes them so that a
+/// keyed check's reads never share a line with other checks' writes: the
+/// first line is written only when the table is formatted or the secret
+/// or a setting changes; the second by checks queueing a key for the next
+/// collection; the third by inserts, moves and the sync thread.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct KeyHeader {
+    /// Read by every keyed check.
+    pub config: KeyConfig,
+    /// The dirty ring's positions.
+    pub ring: KeyRingHead,
+    /// Placement: the mover lock, the move sequence, counters.
+    pub place: KeyPlacement,
+}
+
+/// The key section's settings (line 1 of [`KeyHeader`]).
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct KeyConfig {
+    /// Key buckets in the key section (0: no keyed quotas).
+    pub buckets: AtomicU32,
+    /// Entries of the dirty ring (a power of two).
+    pub ring_len: AtomicU32,
+    /// Set once the key secret below holds a configured secret.
+    pub secret_set: AtomicU32,
+    /// What a check does with a key that finds no entry (a
+    /// `KeyOverflow` code: 0 shared, 1 reject, 2 pass).
+    pub overflow_mode: AtomicU32,
+    /// The key secret's two hash keys (see [`crate::core::key`]).
+    pub secret: [AtomicU64; 2],
+}
+
+/// The dirty ring's positions (line 2 of [`KeyHeader`]).
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct KeyRingHead {
+    /// Next position producers (checks) write.
+    pub head: AtomicU64,
+    /// Next position the collector reads.
+    pub tail: AtomicU64,
+    /// Set when a key could not be queued (ring full): the next
+    /// collection scans every key instead.
+    pub overflow: AtomicU32,
+    /// Collections the ring's next position has stayed reserved but
+    /// unwritten.
+    pub stuck: AtomicU32,
+}
+
+/// Placement state and counters (line 3 of [`KeyHeader`]).
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct KeyPlacement {
+    /// The key lock: 0 when free, else the holder's process id. Held by
+    /// whoever moves an entry to its other bucket, and by the sync thread
+    /// while it reads or writes entries' counters (see `table/keys.rs`).
+    pub lock: AtomicU32,
+    /// Next bucket the maintenance sweep looks at.
+    pub sweep: AtomicU32,
+    /// Odd while an entry is being moved between its two buckets: a
+    /// lookup that missed while it changed looks again.
+    pub moves: AtomicU64,
+    /// Key entries in use.
+    pub live: AtomicU64,
+    /// Keys that got an entry.
+    pub inserts: AtomicU64,
+    /// Entries moved to their other bucket to make room for a key.
+    pub relocations: AtomicU64,
+    /// Drained entries (equal to no entry) reused for another key.
+    pub reclaimed: AtomicU64,
+    /// Checks of a key that found no entry (every entry of the section
+    /// that it could have had holds a live count, or no key section):
+    /// decided as the overflow mode says.
+    pub overflows: AtomicU64,
+    /// Checks of a per-key quota without a key (or with an empty one):
+    /// not checked, not counted.
+    pub keyless: AtomicU64,
 }
 
 /// Roots whose sync state the region can publish.
@@ -439,9 +490,30 @@ pub struct Geometry {
     pub key_ring: u32,
 }
 
-/// Most key buckets a region holds (entry numbers plus one stay below
-/// 2^32: they share a dirty-ring cell with a position tag).
-pub const MAX_KEY_BUCKETS: u32 = 1 << 29;
+/// Most keys a region holds: 2^30 (48 GiB of entries), the one ceiling
+/// nginx's `sluice_keys` and the C ABI's `key_capacity` are checked
+/// against ([`check_key_capacity`]). Entry numbers plus one then stay well
+/// below 2^32, as a dirty-ring cell (shared with a position tag) needs.
+pub const MAX_KEYS: u64 = 1 << 30;
+
+/// Most key buckets a region holds.
+pub const MAX_KEY_BUCKETS: u32 = (MAX_KEYS / KEY_WAYS as u64) as u32;
+
+/// Bytes a key costs in the key section when full: its entry and its
+/// share of the dirty ring.
+pub const KEY_BYTES: u64 = std::mem::size_of::<KeyEntry>() as u64 + 1;
+
+/// `Err` with the reason when a key section for `keys` keys is more than
+/// a region can hold ([`MAX_KEYS`]).
+pub fn check_key_capacity(keys: u64) -> Result<(), String> {
+    if keys > MAX_KEYS {
+        return Err(format!(
+            "{keys} keys is more than the {MAX_KEYS} a key section holds ({} GiB)",
+            (MAX_KEYS * KEY_BYTES) >> 30
+        ));
+    }
+    Ok(())
+}
 
 /// Bytes one key bucket takes with its share of the dirty ring.
 pub const BYTES_PER_KEY_BUCKET: usize = std::mem::size_of::<KeyBucket>() + 4;
@@ -465,7 +537,9 @@ impl Geometry {
     }
 
     /// The same geometry with room for `keys` keys (rounded up to whole
-    /// buckets); a dirty ring of one entry per eight keys, at least 64.
+    /// buckets, at most [`MAX_KEYS`]: callers check
+    /// [`check_key_capacity`] first); a dirty ring of one entry per eight
+    /// keys, at least 64.
     pub fn with_keys(self, keys: u64) -> Self {
         let buckets = keys
             .div_ceil(KEY_WAYS as u64)

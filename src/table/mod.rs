@@ -6,9 +6,14 @@
 //!
 //! - **Checks** ([`Table::check`]) take no lock. They find the slot through
 //!   the index, read each quota of the chain under its seqlock (retrying a
-//!   bounded number of times, then failing open), decide with
-//!   [`crate::core::check_chain`], and on pass add the weight to each
-//!   slot's `pending` with one atomic add.
+//!   bounded number of times, then failing open), decide (a plain check
+//!   with [`crate::core::check_chain`], a partial grant with
+//!   [`crate::core::grantable`], a paced one with
+//!   [`crate::core::reserve_wait`]), and on pass add the weight to each
+//!   slot's `pending` with one atomic add. A key of a per-key quota is
+//!   found (or placed) in the key section the same way, without a lock;
+//!   only a new key whose two buckets are full takes the key lock, for
+//!   the moves that make room (see `keys.rs`).
 //! - **Writers** (applying quotas, merging counters, collecting deltas)
 //!   hold the region's writer lock, a spin lock naming its holder's process
 //!   id so a lock left by a crashed process is taken over. Writers never do
@@ -30,15 +35,22 @@
 //!   index entry layouts, geometry.
 //! - `names.rs` — the name hash and the name arena's words.
 //! - `check.rs` — the request path: lookup, reading chains under the
-//!   seqlocks, the one decide-and-count path every check goes through
-//!   (plain, paced, partial grants).
+//!   seqlocks, the decide-and-count path of plain and paced checks (one or
+//!   several items), and the one-item paths of partial grants and
+//!   reservations.
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding
 //!   locally, in-flight weight, claiming the sync of a dead owner.
-//! - `keys.rs` — the counters of per-key quotas: buckets of keys made on
-//!   first use, eviction that spares busy keys, the dirty ring a sync
-//!   drains, the upkeep sweep.
+//! - `keys.rs` — the counters of per-key quotas and their guarantees:
+//!   two candidate buckets a key (cuckoo placement), entries made on first
+//!   use and reused only once equal to no entry, the overflow modes of a
+//!   full section, counting on a key.
+//! - `key_moves.rs` — the key lock, and making room for a new key by
+//!   moving entries to their other bucket.
+//! - `key_sync.rs` — keys outside the request path: the dirty ring a sync
+//!   drains, collecting, merging, folding, in-flight weight, the upkeep
+//!   sweep, deleted templates, adopting another table's keys.
 //! - `snapshot.rs` — reading the table whole (listings, metrics, the id
 //!   map) and adopting another table's contents.
 //! - `status.rs` — the sync status block every process sharing the region
@@ -54,6 +66,8 @@ mod check;
 mod counters;
 pub mod file;
 mod heap;
+mod key_moves;
+mod key_sync;
 mod keys;
 pub mod layout;
 mod lock;
@@ -72,7 +86,7 @@ pub use check::{
     MAX_CHECKS,
 };
 pub use counters::CollectedDelta;
-pub use keys::{KeyState, KeyStats, BUSY_TICKS};
+pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use snapshot::QuotaState;
 pub use write::ApplyReport;
 
@@ -225,8 +239,8 @@ impl Table {
             capacity: header.capacity.load(RLX),
             index_len: header.index_len.load(RLX),
             arena_granules: header.arena_granules.load(RLX),
-            key_buckets: header.key_buckets.load(RLX),
-            key_ring: header.key_ring_len.load(RLX),
+            key_buckets: header.keys.config.buckets.load(RLX),
+            key_ring: header.keys.config.ring_len.load(RLX),
         };
         if found.region_len() > len {
             return Err(TableError::Incompatible(
@@ -247,11 +261,11 @@ impl Table {
         h.capacity.store(g.capacity, RLX);
         h.index_len.store(g.index_len, RLX);
         h.arena_granules.store(g.arena_granules, RLX);
-        h.key_buckets.store(g.key_buckets, RLX);
-        h.key_ring_len.store(g.key_ring, RLX);
+        h.keys.config.buckets.store(g.key_buckets, RLX);
+        h.keys.config.ring_len.store(g.key_ring, RLX);
         let (k0, k1) = crate::core::key::KeySecret::built_in().to_words();
-        h.key_secret[0].store(k0, RLX);
-        h.key_secret[1].store(k1, RLX);
+        h.keys.config.secret[0].store(k0, RLX);
+        h.keys.config.secret[1].store(k1, RLX);
         h.region_len.store(region_len as u64, RLX);
         self.set_estimator(Estimator::default());
         h.magic.store(MAGIC, REL);

@@ -139,3 +139,22 @@ def test_a_full_window_is_not_reserved_into_the_next_one(limiter):
     refused = limiter.reserve("hourly", 1, max_wait=7200)
     assert refused.decision is Decision.REJECT
     assert 0 < refused.wait <= 3600
+
+
+def test_a_key_without_room_passes_on_the_quotas_shared_counter_and_says_so():
+    # No key section at all: every key is an overflow, and all of them
+    # share per_user's own counter (2 units).
+    with sluice.Limiter(capacity=1000, key_capacity=0) as lim:
+        lim.load_quotas(QUOTAS)
+        got = [lim.check("per_user", key=k) for k in ("a", "b", "c")]
+        assert got == [Decision.KEY_OVERFLOW, Decision.KEY_OVERFLOW, Decision.REJECT]
+        assert Decision.KEY_OVERFLOW.allowed
+
+
+def test_key_overflow_pass_lets_a_key_without_room_through_uncounted():
+    with sluice.Limiter(capacity=1000, key_capacity=0, key_overflow="pass") as lim:
+        lim.load_quotas(QUOTAS)
+        got = {lim.check("per_user", key="a") for _ in range(5)}
+        assert got == {Decision.KEY_OVERFLOW}
+    with pytest.raises(SluiceError, match="key_overflow"):
+        sluice.Limiter(capacity=1000, key_overflow="sometimes")

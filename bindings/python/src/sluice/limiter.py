@@ -28,6 +28,10 @@ class Decision(enum.IntEnum):
     #: The quota is per-key and the call gave no key (or an empty one):
     #: the request passes, uncounted.
     NO_KEY = _native.SLUICE_NO_KEY
+    #: The quota is per-key and its key found no room in a key section
+    #: full of live keys: the request passes as ``key_overflow`` says
+    #: (checked and counted on the quota's shared counter by default).
+    KEY_OVERFLOW = _native.SLUICE_KEY_OVERFLOW
 
     @property
     def allowed(self):

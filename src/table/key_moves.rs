@@ -1,0 +1,278 @@
+//! Making room for a key whose two buckets are full: moving entries to
+//! their other bucket (cuckoo moves), under the key lock.
+//!
+//! The search is breadth first from the key's two buckets: each entry of
+//! a bucket could move to its own other bucket, which becomes a node one
+//! step further. The first bucket found with a free or drained entry ends
+//! the search; the chain of moves back to the key's bucket is then made
+//! from its far end, each move freeing the entry the next one fills, and
+//! the key takes the entry the last move freed. The shortest chain moves
+//! the fewest entries, and each move is short: copy, publish, retire.
+//!
+//! Who holds the key lock: a check making room (with a bounded spin: a
+//! check never waits long; one that cannot have the lock in time is an
+//! overflow for this once), and the sync thread around the work it does on
+//! entries (see `key_sync.rs`). A lock left by a dead process is taken
+//! over, as the writer lock's is.
+
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+use super::keys::{clear_entry, KeyAt};
+use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
+use super::lock::{own_pid, process_alive};
+use super::{Table, ACQ, REL, RLX};
+use crate::core::Nanos;
+
+/// Longest chain of moves a new key may cause.
+pub const MAX_MOVE_DEPTH: usize = 5;
+
+/// Buckets one search may look at (the two roots, then four children a
+/// bucket): a search costs at most this many bucket reads.
+const MAX_NODES: usize = 512;
+
+/// Spins a check waits for the key lock before it gives up (about a
+/// microsecond or two: the sync thread holds it for short batches).
+const CHECK_SPINS: u32 = 2_000;
+
+/// Entries the sync thread handles under one hold of the key lock before
+/// it lets a waiting check in.
+pub(super) const SYNC_BATCH: usize = 64;
+
+/// The key lock, held for the guard's life.
+pub(super) struct KeyLock<'a> {
+    lock: &'a AtomicU32,
+}
+
+impl<'a> KeyLock<'a> {
+    /// Takes the lock, however long it takes (the sync thread); a lock
+    /// whose holder died is taken over.
+    pub(super) fn acquire(lock: &'a AtomicU32) -> Self {
+        let me = own_pid();
+        let mut spins = 0u32;
+        loop {
+            if let Some(guard) = Self::attempt(lock, me, spins) {
+                return guard;
+            }
+            spins = spins.saturating_add(1);
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Takes the lock within `spins` tries, or not at all.
+    pub(super) fn try_acquire(lock: &'a AtomicU32, spins: u32) -> Option<Self> {
+        let me = own_pid();
+        for n in 0..spins {
+            if let Some(guard) = Self::attempt(lock, me, n) {
+                return Some(guard);
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    fn attempt(lock: &'a AtomicU32, me: u32, spins: u32) -> Option<Self> {
+        let holder = lock.load(RLX);
+        if holder == 0 {
+            return lock
+                .compare_exchange_weak(0, me, ACQ, RLX)
+                .ok()
+                .map(|_| KeyLock { lock });
+        }
+        // Asking the kernel costs a system call: only after a while.
+        if spins > 1_000 && spins % 1_000 == 1 && holder != me && !process_alive(holder) {
+            return lock
+                .compare_exchange(holder, me, ACQ, RLX)
+                .ok()
+                .map(|_| KeyLock { lock });
+        }
+        None
+    }
+
+    /// Lets anyone waiting have the lock for a moment, then takes it back.
+    pub(super) fn relax(&mut self) {
+        self.lock.store(0, REL);
+        std::hint::spin_loop();
+        *self = Self::acquire(self.lock);
+    }
+}
+
+impl Drop for KeyLock<'_> {
+    fn drop(&mut self) {
+        self.lock.store(0, REL);
+    }
+}
+
+/// One bucket reached by the search.
+#[derive(Clone, Copy)]
+struct Node {
+    bucket: u32,
+    /// The node whose entry moves here (`u16::MAX` for the key's own two
+    /// buckets).
+    parent: u16,
+    /// That entry's way in the parent's bucket.
+    way: u8,
+    /// Moves from the key's bucket to here.
+    depth: u8,
+    /// That entry's hash when the search saw it.
+    hash: u64,
+}
+
+impl Table {
+    /// The key lock of this region.
+    pub(super) fn key_lock(&self) -> KeyLock<'_> {
+        KeyLock::acquire(&self.header().keys.place.lock)
+    }
+
+    /// Frees an entry of bucket `b1` or `b2` by moving entries to their
+    /// other buckets, and claims it. `None` when no chain of at most
+    /// [`MAX_MOVE_DEPTH`] moves reaches a free entry, or the key lock was
+    /// busy for too long, or a race broke the chain.
+    pub(super) fn make_room(&self, b1: usize, b2: usize, now: Nanos) -> Option<KeyAt> {
+        let place = &self.header().keys.place;
+        let _lock = KeyLock::try_acquire(&place.lock, CHECK_SPINS)?;
+        if place.moves.load(SeqCst) & 1 == 1 {
+            // Odd with the lock free: a mover died mid-move. Even again.
+            place.moves.fetch_add(1, SeqCst);
+        }
+        let mut nodes = [Node {
+            bucket: 0,
+            parent: u16::MAX,
+            way: 0,
+            depth: 0,
+            hash: 0,
+        }; MAX_NODES];
+        nodes[0].bucket = b1 as u32;
+        nodes[1].bucket = b2 as u32;
+        let mut len = if b1 == b2 { 1 } else { 2 };
+        let mut next = 0;
+        while next < len {
+            let node = nodes[next];
+            let bucket = &self.key_buckets()[node.bucket as usize];
+            for (way, e) in bucket.ways.iter().enumerate() {
+                let hash = e.hash.load(ACQ);
+                if hash == KEY_CLAIMED {
+                    continue;
+                }
+                let at = node.bucket as usize * KEY_WAYS + way;
+                if hash == 0 || self.key_drained(e, now) {
+                    return self.move_along(&nodes, next, at as KeyAt, now);
+                }
+                if node.depth as usize >= MAX_MOVE_DEPTH || len == MAX_NODES {
+                    continue;
+                }
+                let Some(template) = e.template.load(RLX).checked_sub(1) else {
+                    continue;
+                };
+                let (c1, c2) = self.buckets_of(template, hash);
+                let other = if c1 == node.bucket as usize { c2 } else { c1 };
+                if other == node.bucket as usize {
+                    continue;
+                }
+                nodes[len] = Node {
+                    bucket: other as u32,
+                    parent: next as u16,
+                    way: way as u8,
+                    depth: node.depth + 1,
+                    hash,
+                };
+                len += 1;
+            }
+            next += 1;
+        }
+        None
+    }
+
+    /// Claims the free (or drained) entry `free`, in the bucket of node
+    /// `end`, then moves into it the entry that leads there from the
+    /// node's parent, and so on back to one of the key's own buckets,
+    /// whose freed entry is returned, claimed.
+    fn move_along(&self, nodes: &[Node], end: usize, free: KeyAt, now: Nanos) -> Option<KeyAt> {
+        let e = self.key_at(free)?;
+        let claimed = match e.hash.load(ACQ) {
+            0 => {
+                let ok = e.hash.compare_exchange(0, KEY_CLAIMED, ACQ, RLX).is_ok();
+                if ok {
+                    self.header().keys.place.live.fetch_add(1, RLX);
+                }
+                ok
+            }
+            _ => self.claim_drained(e, now),
+        };
+        if !claimed {
+            return None;
+        }
+        let mut dest = free;
+        let mut at = end;
+        while nodes[at].parent != u16::MAX {
+            let node = nodes[at];
+            let parent = nodes[node.parent as usize];
+            let src = (parent.bucket as usize * KEY_WAYS + node.way as usize) as KeyAt;
+            if !self.move_entry(src, dest, node.hash) {
+                return None;
+            }
+            dest = src;
+            at = node.parent as usize;
+        }
+        Some(dest)
+    }
+
+    /// Moves the key `hash` from entry `src` to the claimed entry `dest`;
+    /// `src` is left claimed (empty, for the next move or the new key).
+    /// False when `src` no longer holds the key (it drained and a new key
+    /// took it): the chain is broken, and `dest` keeps a copy of a drained
+    /// key, which equals no entry.
+    fn move_entry(&self, src: KeyAt, dest: KeyAt, hash: u64) -> bool {
+        let (Some(s), Some(d)) = (self.key_at(src), self.key_at(dest)) else {
+            return false;
+        };
+        if s.hash.load(ACQ) != hash {
+            self.release_claim(d);
+            return false;
+        }
+        copy_state(s, d);
+        let p = &self.header().keys.place;
+        // Odd while both entries hold the key, or neither is certain to:
+        // a lookup that missed in this time looks again.
+        p.moves.fetch_add(1, SeqCst);
+        d.hash.store(hash, REL);
+        let retired = s
+            .hash
+            .compare_exchange(hash, KEY_CLAIMED, SeqCst, RLX)
+            .is_ok();
+        p.moves.fetch_add(1, SeqCst);
+        if !retired {
+            return false;
+        }
+        // Whatever checks added to the old entry up to now follows the
+        // key; a check adding later takes its own weight back (count_key).
+        let moved = s.pending.swap(0, SeqCst);
+        if moved > 0 {
+            d.pending.fetch_add(moved, SeqCst);
+            self.mark_dirty(dest, d);
+        }
+        clear_entry(s);
+        p.relocations.fetch_add(1, RLX);
+        true
+    }
+
+    /// Gives back a claimed entry nobody will fill.
+    fn release_claim(&self, e: &KeyEntry) {
+        clear_entry(e);
+        e.hash.store(0, REL);
+        self.header().keys.place.live.fetch_sub(1, RLX);
+    }
+}
+
+/// Copies everything of an entry but its hash, `pending` (handed on after
+/// the move) and `dirty`.
+fn copy_state(s: &KeyEntry, d: &KeyEntry) {
+    d.template.store(s.template.load(RLX), RLX);
+    d.used.store(s.used.load(RLX), RLX);
+    d.known.store(s.known.load(ACQ), RLX);
+    d.fill.store(s.fill.load(RLX), RLX);
+    d.inflight.store(s.inflight.load(RLX), RLX);
+}

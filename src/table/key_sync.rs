@@ -1,0 +1,542 @@
+//! The key section's life outside the request path: the dirty ring a
+//! sync drains, collecting keys' deltas, merging cluster values back,
+//! folding locally, in-flight weight released or handed back, the upkeep
+//! sweep, dropping a deleted template's keys and adopting another table's.
+//!
+//! Everything here holds the key lock (see `keys.rs`) besides the writer
+//! lock its callers hold, so that no entry moves under it; long passes let
+//! go of the key lock every [`SYNC_BATCH`] entries, so that a check making
+//! room for a new key never waits long.
+
+use std::sync::atomic::Ordering::{AcqRel, SeqCst};
+
+use super::counters::{attributed, measure_rate, CollectedDelta};
+use super::key_moves::{KeyLock, SYNC_BATCH};
+use super::keys::{clear_entry, keeps_prev, key_tally, store_key_tally, KeyAt};
+use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
+use super::{SlotId, Table, ACQ, REL, RLX};
+use crate::core::key::KeyHash;
+use crate::core::{Nanos, Tally};
+
+/// Known levels older than this are restamped (or the entry freed, if
+/// drained) by the maintenance sweep, well within the ~26 days a packed
+/// time can span.
+const RESTAMP_AFTER: Nanos = 24 * 3600 * 1_000_000_000;
+
+/// Collections a reserved but unwritten ring position may hold up the
+/// collector before it is skipped (its producer died mid-write) and every
+/// entry is scanned instead.
+const RING_STUCK_LIMIT: u32 = 16;
+
+/// A dirty-ring cell: the entry (plus one) with the low 32 bits of the
+/// ring position it was written for, so that a write arriving after the
+/// collector gave up on its position can never pass for the entry of a
+/// later lap (whose producer's own write would then land behind the
+/// tail and be lost).
+fn ring_cell(position: u64, at: KeyAt) -> u64 {
+    (position << 32) | (u64::from(at) + 1)
+}
+
+/// The entry a ring cell holds for `position`, if it was written for it.
+fn ring_entry(cell: u64, position: u64) -> Option<KeyAt> {
+    let at = (cell & 0xffff_ffff) as u32;
+    (at != 0 && cell >> 32 == position & 0xffff_ffff).then(|| at - 1)
+}
+
+impl Table {
+    /// Puts an entry on the dirty ring; a full ring makes the next
+    /// collection scan every entry.
+    pub(super) fn queue_key(&self, at: KeyAt) {
+        let h = self.header();
+        let ring = self.key_ring();
+        let len = ring.len() as u64;
+        loop {
+            let head = h.keys.ring.head.load(ACQ);
+            if head.wrapping_sub(h.keys.ring.tail.load(ACQ)) >= len {
+                h.keys.ring.overflow.store(1, REL);
+                return;
+            }
+            if h.keys
+                .ring
+                .head
+                .compare_exchange_weak(head, head + 1, AcqRel, RLX)
+                .is_ok()
+            {
+                ring[(head % len) as usize].store(ring_cell(head, at), REL);
+                return;
+            }
+        }
+    }
+
+    /// Calls `each` with every entry queued since the last drain (or
+    /// every entry, when the ring overflowed), under the key lock (let go
+    /// every [`SYNC_BATCH`] entries). The writer lock is held.
+    fn drain_dirty(&self, mut each: impl FnMut(KeyAt, &KeyEntry)) {
+        if self.geometry.key_buckets == 0 {
+            return;
+        }
+        let mut lock = self.key_lock();
+        let mut batch = 0;
+        let mut each = |at: KeyAt, e: &KeyEntry, lock: &mut KeyLock| {
+            batch += 1;
+            if batch % SYNC_BATCH == 0 {
+                lock.relax();
+            }
+            each(at, e);
+        };
+        let h = self.header();
+        let ring = self.key_ring();
+        let len = ring.len() as u64;
+        let head = h.keys.ring.head.load(ACQ);
+        let mut tail = h.keys.ring.tail.load(RLX);
+        let mut stuck = false;
+        while tail != head {
+            let cell = &ring[(tail % len) as usize];
+            let value = cell.load(ACQ);
+            if let Some(at) = ring_entry(value, tail) {
+                cell.store(0, RLX);
+                if let Some(e) = self.key_at(at) {
+                    each(at, e, &mut lock);
+                }
+            } else {
+                // Reserved, not written yet (or holding a late write for
+                // an earlier lap): wait for the writer, unless it has held
+                // the ring up for too long (it died, or was descheduled
+                // that long). Its key is then found by the full scan
+                // below; its late write carries its own position, so it
+                // is never taken for a later lap's entry.
+                let waited = h.keys.ring.stuck.fetch_add(1, RLX) + 1;
+                if waited < RING_STUCK_LIMIT {
+                    break;
+                }
+                stuck = true;
+            }
+            h.keys.ring.stuck.store(0, RLX);
+            tail = tail.wrapping_add(1);
+        }
+        h.keys.ring.tail.store(tail, REL);
+        if h.keys.ring.overflow.swap(0, ACQ) != 0 || stuck {
+            for (b, bucket) in self.key_buckets().iter().enumerate() {
+                for (way, e) in bucket.ways.iter().enumerate() {
+                    if e.pending.load(RLX) != 0 {
+                        each((b * KEY_WAYS + way) as KeyAt, e, &mut lock);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves every queued key's pending weight to in flight and appends
+    /// what moved to `out` (see [`Table::collect_deltas`]).
+    pub(super) fn collect_keys(&self, out: &mut Vec<CollectedDelta>) {
+        let slots = self.slots();
+        let h = self.header();
+        self.drain_dirty(|_, e| {
+            e.dirty.store(0, SeqCst);
+            let hash = e.hash.load(ACQ);
+            if hash == KEY_CLAIMED && e.pending.load(SeqCst) != 0 {
+                // A count raced the entry's claim: it belongs to the key
+                // being made there. Scan every entry next time.
+                h.keys.ring.overflow.store(1, REL);
+                return;
+            }
+            if hash == 0 || hash == KEY_CLAIMED {
+                return;
+            }
+            let Some(slot) = e.template.load(RLX).checked_sub(1) else {
+                return;
+            };
+            let Some(id) = slots.get(slot as usize).and_then(|s| s.quota_id()) else {
+                return;
+            };
+            let delta = e.pending.load(SeqCst);
+            if delta == 0 {
+                return;
+            }
+            // In-flight first, as for named counters: seen twice for an
+            // instant, never zero times.
+            e.inflight.fetch_add(delta, RLX);
+            e.pending.fetch_sub(delta, RLX);
+            out.push(CollectedDelta {
+                slot,
+                id,
+                key: hash,
+                delta,
+            });
+        });
+    }
+
+    /// Standalone: folds every queued key's pending weight into its level
+    /// at `now` (see [`Table::fold_local`]). The writer lock is held.
+    pub(super) fn fold_keys(&self, now: Nanos) {
+        self.drain_dirty(|_, e| {
+            e.dirty.store(0, SeqCst);
+            let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+                return;
+            };
+            let pending = e.pending.load(SeqCst);
+            let inflight = e.inflight.load(RLX);
+            let known = key_tally(e, &counting, now);
+            let weight = (pending + inflight) as f64;
+            let folded = counting
+                .add_in(known, attributed(&counting, now), now, weight)
+                .unwrap_or(known);
+            store_key_tally(e, &counting, folded);
+            e.pending.fetch_sub(pending, RLX);
+            e.inflight.fetch_sub(inflight, RLX);
+        });
+    }
+
+    /// Merges a cluster value (in local time) into the key `hash` of the
+    /// template in `slot` if the slot still holds template `id`, takes
+    /// `acked` off in flight and updates the fill rate. False when this
+    /// host has no entry for the key (it is not tracked here; nothing to
+    /// do).
+    pub(super) fn merge_key(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        value: Tally,
+        acked: u64,
+    ) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        if s.quota_id() != Some(id) {
+            return false;
+        }
+        let _keys = self.key_lock();
+        let Some(e) = self.find_key(slot, hash).and_then(|at| self.key_at(at)) else {
+            return false;
+        };
+        let counting = self.slot_counting(s);
+        let known = key_tally(e, &counting, value.at);
+        let merged = counting.merge(known, value);
+        if !keeps_prev(&counting) {
+            let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
+            let span = merged.at.saturating_sub(known.at);
+            let rate = if span >= self.estimator().horizon / 4 {
+                measure_rate(&counting, known, merged, acked as f64, old_rate)
+            } else {
+                old_rate
+            };
+            e.fill.store((rate as f32).to_bits(), RLX);
+        }
+        store_key_tally(e, &counting, merged);
+        let taken = acked.min(e.inflight.load(RLX));
+        e.inflight.fetch_sub(taken, RLX);
+        true
+    }
+
+    /// Folds `amount` of a key's in-flight weight into its level at `now`
+    /// (see [`Table::fold_inflight`]), if its entry still holds it.
+    pub(super) fn fold_key_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        amount: u64,
+        now: Nanos,
+    ) {
+        let Some(s) = self.slot(slot) else { return };
+        if s.quota_id() != Some(id) {
+            return;
+        }
+        let _keys = self.key_lock();
+        let Some(e) = self.find_key(slot, hash).and_then(|at| self.key_at(at)) else {
+            return;
+        };
+        let counting = self.slot_counting(s);
+        let moved = amount.min(e.inflight.load(RLX));
+        let known = key_tally(e, &counting, now);
+        let folded = counting
+            .add_in(known, attributed(&counting, now), now, moved as f64)
+            .unwrap_or(known);
+        store_key_tally(e, &counting, folded);
+        e.inflight.fetch_sub(moved, RLX);
+    }
+
+    /// Takes (`requeue`: false) or hands back to pending (true) `amount`
+    /// of a key's in-flight weight, if its entry still holds it.
+    pub(super) fn settle_key_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        amount: u64,
+        requeue: bool,
+    ) {
+        if self.slot(slot).and_then(|s| s.quota_id()) != Some(id) {
+            return;
+        }
+        let _keys = self.key_lock();
+        let Some(at) = self.find_key(slot, hash) else {
+            return;
+        };
+        let Some(e) = self.key_at(at) else { return };
+        let moved = amount.min(e.inflight.load(RLX));
+        if requeue {
+            e.pending.fetch_add(moved, SeqCst);
+            e.inflight.fetch_sub(moved, RLX);
+            self.mark_dirty(at, e);
+        } else {
+            e.inflight.fetch_sub(moved, RLX);
+        }
+    }
+
+    /// Hands every key's in-flight weight back to pending (a dead sync
+    /// thread's, see [`Table::claim_sync`]); returns the weight moved.
+    pub(super) fn requeue_all_keys(&self) -> u64 {
+        let _keys = self.key_lock();
+        let mut moved = 0u64;
+        for (b, bucket) in self.key_buckets().iter().enumerate() {
+            for (way, e) in bucket.ways.iter().enumerate() {
+                let inflight = e.inflight.load(RLX);
+                if inflight > 0 {
+                    e.pending.fetch_add(inflight, SeqCst);
+                    e.inflight.fetch_sub(inflight, RLX);
+                    moved = moved.saturating_add(inflight);
+                    self.mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
+                }
+            }
+        }
+        moved
+    }
+
+    /// Frees every key of the template in `slot` (it was deleted). The
+    /// writer lock is held.
+    pub(super) fn drop_keys_of(&self, slot: SlotId) {
+        let h = self.header();
+        let mut lock = self.key_lock();
+        for (b, bucket) in self.key_buckets().iter().enumerate() {
+            if b % SYNC_BATCH == SYNC_BATCH - 1 {
+                lock.relax();
+            }
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                if hash != 0 && hash != KEY_CLAIMED && e.template.load(RLX) == slot + 1 {
+                    free_entry(e, hash, h);
+                }
+            }
+        }
+    }
+
+    /// One step of the maintenance sweep (the sync thread calls it every
+    /// cycle): looks at `buckets` buckets, frees entries equal to no entry
+    /// (drained, or their template gone), and restamps entries whose known
+    /// level is older than a day, so packed times never wrap. The writer
+    /// lock is held.
+    pub(super) fn sweep_keys(&self, buckets: usize, now: Nanos) {
+        let n = self.geometry.key_buckets as usize;
+        if n == 0 {
+            return;
+        }
+        let h = self.header();
+        let mut lock = self.key_lock();
+        let start = h.keys.place.sweep.load(RLX) as usize % n;
+        for i in 0..buckets.min(n) {
+            if i % SYNC_BATCH == SYNC_BATCH - 1 {
+                lock.relax();
+            }
+            let bucket = &self.key_buckets()[(start + i) % n];
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                if hash == 0 || hash == KEY_CLAIMED {
+                    continue;
+                }
+                if self.key_drained(e, now) {
+                    free_entry(e, hash, h);
+                    continue;
+                }
+                let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+                    continue;
+                };
+                let known = key_tally(e, &counting, now);
+                if now.saturating_sub(known.at) >= RESTAMP_AFTER {
+                    store_key_tally(e, &counting, counting.aged(known, now));
+                }
+            }
+        }
+        h.keys
+            .place
+            .sweep
+            .store(((start + buckets) % n) as u32, RLX);
+    }
+
+    /// Copies `old`'s keys into this table (an nginx zone that changed
+    /// size): each key of a template this table has (`slot_of` maps the
+    /// old template slot to the new one) keeps its level, fill rate and
+    /// use, and its unacknowledged weight becomes pending here, to be sent
+    /// again. Keys that find no entry are left behind.
+    pub(super) fn adopt_keys(
+        &self,
+        old: &Table,
+        slot_of: impl Fn(SlotId) -> Option<SlotId>,
+        now: Nanos,
+    ) {
+        for bucket in old.key_buckets() {
+            for e in &bucket.ways {
+                let hash = e.hash.load(ACQ);
+                let Some(t) = e.template.load(RLX).checked_sub(1) else {
+                    continue;
+                };
+                if hash == 0 || hash == KEY_CLAIMED {
+                    continue;
+                }
+                let Some(slot) = slot_of(t) else { continue };
+                let Ok(at) = self.use_key(slot, hash, now) else {
+                    continue;
+                };
+                let Some(to) = self.key_at(at) else { continue };
+                to.known.store(e.known.load(RLX), RLX);
+                to.fill.store(e.fill.load(RLX), RLX);
+                to.used.store(e.used.load(RLX), RLX);
+                let unsent = e.pending.load(RLX) + e.inflight.load(RLX);
+                self.count_key(at, slot, hash, unsent);
+            }
+        }
+    }
+}
+
+/// Frees an entry that held `hash` (unless someone claimed it meanwhile).
+fn free_entry(e: &KeyEntry, hash: u64, h: &super::layout::Header) {
+    if e.hash.compare_exchange(hash, KEY_CLAIMED, ACQ, RLX).is_ok() {
+        clear_entry(e);
+        e.pending.store(0, RLX);
+        e.hash.store(0, REL);
+        h.keys.place.live.fetch_sub(1, RLX);
+    }
+}
+
+#[cfg(test)]
+mod ring_tests {
+    use super::*;
+    use crate::core::Quota;
+    use crate::table::keys::init_entry;
+    use crate::table::{CheckItem, CheckOptions, Outcome};
+
+    fn count(t: &Table, key: &[u8]) {
+        let item = CheckItem {
+            name: b"k",
+            key: Some(key),
+            weight: 1,
+            max_wait: None,
+        };
+        let r = t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        assert_eq!(r.outcome, Outcome::Pass);
+    }
+
+    fn collected(t: &Table) -> u64 {
+        let mut out = Vec::new();
+        t.collect_deltas(&mut out);
+        out.iter().map(|d| d.delta).sum()
+    }
+
+    /// What `count_key` does up to the ring write, for a producer that is
+    /// then descheduled: returns the position it reserved.
+    fn stall_before_ring_write(t: &Table, at: KeyAt) -> u64 {
+        let e = t.key_at(at).unwrap();
+        e.pending.fetch_add(1, SeqCst);
+        assert_eq!(e.dirty.swap(1, SeqCst), 0);
+        t.header().keys.ring.head.fetch_add(1, AcqRel)
+    }
+
+    /// The race CI caught (`concurrent_keyed_checks_and_collection_lose_no_increment`):
+    /// a producer descheduled between reserving a ring position and
+    /// writing it, skipped by the collector, writes late; a lap later the
+    /// collector must not take that write for the entry of the producer
+    /// now holding the same cell, or that producer's write lands behind
+    /// the tail and its weight is never collected.
+    #[test]
+    fn a_late_ring_write_is_never_taken_for_a_later_lap() {
+        let t = Table::new_heap_with_keys(16, 16, 256);
+        t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+        let len = t.key_ring().len() as u64;
+        assert_eq!(len, 64);
+        let slot = t.lookup(b"k").unwrap();
+        count(&t, b"late");
+        count(&t, b"next");
+        assert_eq!(collected(&t), 2);
+        let late = t.find_key(slot, t.key_secret().hash(b"late")).unwrap();
+        let next = t.find_key(slot, t.key_secret().hash(b"next")).unwrap();
+
+        // The late producer reserves a position and stalls; the collector
+        // waits RING_STUCK_LIMIT collections, then skips it and scans.
+        let p = stall_before_ring_write(&t, late);
+        let mut total = 0;
+        for _ in 0..RING_STUCK_LIMIT {
+            total += collected(&t);
+        }
+        assert_eq!(total, 1, "the full scan collects the stalled weight");
+        assert_eq!(t.header().keys.ring.tail.load(ACQ), p + 1);
+
+        // A lap of other entries through the ring.
+        while t.header().keys.ring.head.load(ACQ) < p + len {
+            count(&t, b"busy");
+            assert_eq!(collected(&t), 1);
+        }
+        // The late write lands; another producer reserves the same cell
+        // and stalls before writing; a collection runs in between.
+        t.key_ring()[(p % len) as usize].store(ring_cell(p, late), REL);
+        let q = stall_before_ring_write(&t, next);
+        assert_eq!(q, p + len);
+        assert_eq!(collected(&t), 0);
+        t.key_ring()[(q % len) as usize].store(ring_cell(q, next), REL);
+        assert_eq!(
+            collected(&t),
+            1,
+            "the second producer's weight is collected"
+        );
+        assert_eq!(t.key_at(next).unwrap().pending.load(SeqCst), 0);
+    }
+
+    /// A fresh entry is drained (equal to no entry) until its first count,
+    /// so a newcomer may take it between the check that made it and that
+    /// check's count. The count must not be lost: the check sees that its
+    /// entry holds another key now and takes its weight to where its key
+    /// lives, here nowhere: the template's own counter, as an overflow's.
+    #[test]
+    fn a_count_racing_the_claim_of_its_fresh_entry_is_not_lost() {
+        // One bucket: every key competes for it.
+        let t = Table::new_heap_with_keys(16, 16, KEY_WAYS as u64);
+        t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+        let slot = t.lookup(b"k").unwrap();
+        let secret = t.key_secret();
+        // All but one way busy with weight pending: not reusable.
+        for k in [b"b0", b"b1", b"b2"] {
+            count(&t, k);
+            count(&t, k);
+        }
+        let fresh_hash = secret.hash(b"fresh");
+        let fresh = t.use_key(slot, fresh_hash, 0).unwrap();
+        // A newcomer claims the fresh entry (drained: the only one) ...
+        assert_eq!(t.claim_in(0, 0), Some(fresh));
+        // ... the check that made it counts now ...
+        t.count_key(fresh, slot, fresh_hash, 5);
+        // ... a collection runs before the newcomer's entry is made ...
+        let mut out = Vec::new();
+        t.collect_deltas(&mut out);
+        assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 6 + 5, "{out:?}");
+        assert!(out.iter().any(|d| (d.key, d.delta) == (0, 5)), "{out:?}");
+        let newcomer = secret.hash(b"newcomer");
+        init_entry(t.key_at(fresh).unwrap(), slot, newcomer, 0, 0);
+        // ... and nothing is left behind or collected twice.
+        assert_eq!(collected(&t), 0);
+        assert_eq!(t.find_key(slot, newcomer), Some(fresh));
+        assert_eq!(t.key_stats().reclaimed, 1);
+    }
+
+    #[test]
+    fn ring_cells_carry_their_position() {
+        let cell = ring_cell(5, 7);
+        assert_eq!(ring_entry(cell, 5), Some(7));
+        assert_eq!(ring_entry(cell, 5 + (1 << 32)), Some(7));
+        assert_eq!(ring_entry(cell, 69), None);
+        assert_eq!(ring_entry(0, 0), None);
+        assert_eq!(
+            ring_entry(ring_cell(u64::MAX, u32::MAX - 1), u64::MAX),
+            Some(u32::MAX - 1)
+        );
+    }
+}
