@@ -425,6 +425,27 @@ pub enum ChainVerdict {
     },
 }
 
+/// True when a leaky quota passes `weight` whatever the time: its level
+/// can be no higher than the known level plus all the others can add in a
+/// horizon plus this host's own weight (the leak only lowers it), and that
+/// much plus `weight` is still below `low_burst`. A check of a quota far
+/// from its limit (most checks) so skips the clock arithmetic and the
+/// draw; the verdict is the one [`decide`] would give.
+#[inline(always)]
+fn passes_for_sure(view: &QuotaSnapshot, weight: f64, estimator: &Estimator) -> bool {
+    if view.window.is_some() {
+        return false;
+    }
+    let others = match estimator.mode {
+        crate::core::Extrapolation::ConstantRatio { ratio } => ratio * view.limit,
+        crate::core::Extrapolation::Adaptive => view.fill_rate,
+    };
+    let horizon = estimator.horizon as f64 * super::SECS_PER_NANO;
+    // Strictly below: a check of weight 0 is rejected at a full bucket
+    // (`low_burst == high_burst`).
+    view.known.level + others.max(0.0) * horizon + view.own_recent + weight < view.low_burst
+}
+
 /// Checks a chain (the named quota first, then its ancestors): the request
 /// passes only if every quota passes. Nothing is committed here; on
 /// [`ChainVerdict::Pass`] the caller adds the weight to every counter in the
@@ -440,6 +461,9 @@ pub fn check_chain(
     mut draw: impl FnMut() -> f64,
 ) -> ChainVerdict {
     for (at, view) in chain.iter().enumerate() {
+        if passes_for_sure(view, weight, estimator) {
+            continue;
+        }
         let level = estimate_level(view, now, estimator);
         let after = level + weight;
         // Draw only inside the band: outside it the draw cannot matter.
@@ -688,5 +712,49 @@ mod tests {
             reserve_wait(&[window], 1.0, 2_000_000_000, &est),
             Err((0, Wait::Seconds(8.0)))
         );
+    }
+
+    proptest::proptest! {
+        /// The shortcut never passes what the full rule would reject,
+        /// whatever the draw, the time since the known level, or the mode.
+        #[test]
+        fn a_sure_pass_is_a_pass_of_the_full_rule(
+            level in 0.0..1e6f64,
+            own in 0.0..1e6f64,
+            fill in -1e3..1e6f64,
+            limit in 0.0..1e6f64,
+            low in 0.0..2e6f64,
+            band in 0.0..1e6f64,
+            weight in 0.0..1e5f64,
+            ratio in proptest::option::of(0.0..4.0f64),
+            horizon in 0u64..5_000_000_000,
+            elapsed in 0u64..10_000_000_000,
+        ) {
+            let view = QuotaSnapshot {
+                limit,
+                low_burst: low,
+                high_burst: low + band,
+                known: Level { level, at: 1_000 },
+                fill_rate: fill,
+                own_recent: own,
+                window: None,
+                prev: 0.0,
+            };
+            let mode = match ratio {
+                Some(ratio) => crate::core::Extrapolation::ConstantRatio { ratio },
+                None => crate::core::Extrapolation::Adaptive,
+            };
+            let estimator = Estimator { mode, horizon };
+            if passes_for_sure(&view, weight, &estimator) {
+                let now = 1_000 + elapsed;
+                let estimate = estimate_level(&view, now, &estimator);
+                for draw in [0.0, 0.5, 0.999_999] {
+                    proptest::prop_assert_eq!(
+                        decide(estimate, weight, view.low_burst, view.high_burst, draw),
+                        Verdict::Pass
+                    );
+                }
+            }
+        }
     }
 }

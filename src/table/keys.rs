@@ -294,12 +294,32 @@ impl Table {
     /// free or drained entry of one of its buckets, else one freed by
     /// moving others); its use is recorded. [`NoRoom`] when the section
     /// has no room for it (counted in `overflows`).
+    #[inline]
     pub(super) fn use_key(
         &self,
         template: SlotId,
         hash: KeyHash,
         now: Nanos,
     ) -> Result<KeyAt, NoRoom> {
+        // The common case first: a known key in its first bucket, with the
+        // second bucket's lines already on their way in case it is there.
+        let buckets = self.key_buckets();
+        if !buckets.is_empty() {
+            let (b1, b2) = self.buckets_of(template, hash);
+            prefetch(&buckets[b2]);
+            if let Some(at) = self.scan_bucket(b1, template, hash) {
+                touch(&buckets[b1].ways[at as usize % KEY_WAYS], key_tick(now));
+                return Ok(at);
+            }
+        }
+        self.use_key_slow(template, hash, now)
+    }
+
+    /// [`Table::use_key`] past its first bucket: the second, a look again
+    /// if entries were moving, or a new entry.
+    #[cold]
+    #[inline(never)]
+    fn use_key_slow(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoRoom> {
         if let Some(at) = self.find_key(template, hash) {
             if let Some(e) = self.key_at(at) {
                 touch(e, key_tick(now));
@@ -435,15 +455,18 @@ impl Table {
         (flags & FLAG_LIVE != 0 && flags & FLAG_PER_KEY != 0).then(|| self.slot_counting(s))
     }
 
-    /// The key's snapshot for a check: the template's numbers (in
-    /// `template`) with the key's own counter.
-    pub(super) fn key_snapshot(
-        &self,
-        at: KeyAt,
-        template: &QuotaSnapshot,
-        now: Nanos,
-    ) -> Option<QuotaSnapshot> {
-        Some(key_view(self.key_at(at)?, template, now))
+    /// Turns a per-key template's view (`view`, as a check read it) into
+    /// the view of its key at `at`: the template's numbers with the key's
+    /// own counter. False when `at` is no entry.
+    #[inline]
+    pub(super) fn key_into(&self, at: KeyAt, view: &mut QuotaSnapshot, now: Nanos) -> bool {
+        match self.key_at(at) {
+            Some(e) => {
+                apply_key(e, view, now);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Counts a passed check's weight on the key `hash` of the template in
@@ -461,13 +484,18 @@ impl Table {
             self.rehome(e, template, hash, weight);
             return;
         }
-        self.mark_dirty(at, e);
+        // After the add: a collector that cleared the flag before reading
+        // `pending` either saw the weight or left the flag for us to set.
+        if e.dirty.load(SeqCst) == 0 {
+            self.mark_dirty(at, e);
+        }
     }
 
     /// Takes back what is left of `weight` just added to `e`, which no
     /// longer holds the key (a move forwarded what it found; whatever came
     /// after is still there), and counts it where the key lives now.
     #[cold]
+    #[inline(never)]
     fn rehome(&self, e: &KeyEntry, template: SlotId, hash: KeyHash, weight: u64) {
         let mut now_there = e.pending.load(SeqCst);
         let taken = loop {
@@ -581,20 +609,26 @@ pub(super) fn keeps_prev(counting: &Counting) -> bool {
 /// counter, its fill rate or (sliding) its previous window's count, and
 /// its weight not yet in a cluster value.
 fn key_view(e: &KeyEntry, template: &QuotaSnapshot, now: Nanos) -> QuotaSnapshot {
+    let mut view = *template;
+    apply_key(e, &mut view, now);
+    view
+}
+
+/// Makes a per-key template's view the view of its key in entry `e` (see
+/// [`key_view`]), in place.
+#[inline(always)]
+fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
     // `known` first, acquiring: a merge writes `fill` before it.
     let (level, known_at) = unpack_known(e.known.load(ACQ), now);
     let fill = f64::from(f32::from_bits(e.fill.load(RLX)));
-    let sliding = template.window.is_some_and(|rule| rule.sliding);
-    QuotaSnapshot {
-        known: Level {
-            level,
-            at: known_at,
-        },
-        fill_rate: if sliding { 0.0 } else { fill },
-        prev: if sliding { fill } else { 0.0 },
-        own_recent: (e.pending.load(RLX) + e.inflight.load(RLX)) as f64,
-        ..*template
-    }
+    let sliding = view.window.is_some_and(|rule| rule.sliding);
+    view.known = Level {
+        level,
+        at: known_at,
+    };
+    view.fill_rate = if sliding { 0.0 } else { fill };
+    view.prev = if sliding { fill } else { 0.0 };
+    view.own_recent = (e.pending.load(RLX) + e.inflight.load(RLX)) as f64;
 }
 
 /// A key's counter, its packed time placed near `now` (with the previous

@@ -147,8 +147,31 @@ pub enum TableError {
 pub struct Table {
     base: *mut u8,
     geometry: Geometry,
+    /// Where the sections start, worked out once: the request path reads
+    /// them on every check.
+    offsets: Offsets,
     /// Keeps a heap region alive; `None` for borrowed (shared) memory.
     _owned: Option<HeapRegion>,
+}
+
+/// Byte offsets of a region's sections (see [`Geometry`]).
+#[derive(Clone, Copy, Debug)]
+struct Offsets {
+    slots: usize,
+    arena: usize,
+    key_ring: usize,
+    key_buckets: usize,
+}
+
+impl Offsets {
+    fn of(g: &Geometry) -> Self {
+        Self {
+            slots: g.slots_offset(),
+            arena: g.arena_offset(),
+            key_ring: g.key_ring_offset(),
+            key_buckets: g.key_buckets_offset(),
+        }
+    }
 }
 
 // SAFETY: every byte of the region is accessed through atomics, and the
@@ -181,6 +204,7 @@ impl Table {
         let table = Table {
             base: owned.base,
             geometry,
+            offsets: Offsets::of(&geometry),
             _owned: Some(owned),
         };
         table.format(geometry.region_len());
@@ -221,6 +245,7 @@ impl Table {
         let table = Table {
             base,
             geometry,
+            offsets: Offsets::of(&geometry),
             _owned: None,
         };
         let header = table.header();
@@ -250,6 +275,7 @@ impl Table {
         Ok(Table {
             base,
             geometry: found,
+            offsets: Offsets::of(&found),
             _owned: None,
         })
     }
@@ -306,7 +332,7 @@ impl Table {
         // inside the region; Slot is all atomics.
         unsafe {
             std::slice::from_raw_parts(
-                self.base.add(self.geometry.slots_offset()).cast::<Slot>(),
+                self.base.add(self.offsets.slots).cast::<Slot>(),
                 self.geometry.capacity as usize,
             )
         }
@@ -317,9 +343,7 @@ impl Table {
         // start at the arena offset, inside the region.
         unsafe {
             std::slice::from_raw_parts(
-                self.base
-                    .add(self.geometry.arena_offset())
-                    .cast::<AtomicU64>(),
+                self.base.add(self.offsets.arena).cast::<AtomicU64>(),
                 self.geometry.arena_granules as usize * 2,
             )
         }
@@ -330,9 +354,7 @@ impl Table {
         // aligned), inside the region (Geometry::region_len covers them).
         unsafe {
             std::slice::from_raw_parts(
-                self.base
-                    .add(self.geometry.key_ring_offset())
-                    .cast::<AtomicU64>(),
+                self.base.add(self.offsets.key_ring).cast::<AtomicU64>(),
                 self.geometry.key_ring as usize,
             )
         }
@@ -343,9 +365,7 @@ impl Table {
         // aligned, inside the region; KeyBucket is all atomics.
         unsafe {
             std::slice::from_raw_parts(
-                self.base
-                    .add(self.geometry.key_buckets_offset())
-                    .cast::<KeyBucket>(),
+                self.base.add(self.offsets.key_buckets).cast::<KeyBucket>(),
                 self.geometry.key_buckets as usize,
             )
         }
