@@ -127,11 +127,7 @@ impl RootState {
         let mut cursor = self.reload_cursor.lock().await;
         let looked = self.look_at_db().await;
         let db = match looked {
-            Ok(DbState::Lost(reason)) => {
-                self.health.db_read_only(&reason);
-                self.metrics.reload(false, 0, 0);
-                return Err(StoreError::ReadOnly(reason));
-            }
+            Ok(DbState::Lost(reason)) => return Err(self.lost(reason)),
             Ok(db) => Ok(db),
             Err(error) => Err(error),
         };
@@ -139,6 +135,11 @@ impl RootState {
             Ok(db) => self.read_changes(*cursor).await.map(|read| (db, read)),
             Err(error) => Err(error),
         };
+        if let (Ok(_), DbState::Lost(reason)) = (&result, self.store.file_state()) {
+            // The file changed while it was read: what was read may be
+            // another database's.
+            return Err(self.lost(reason));
+        }
         let (db, (quotas, after, invalid)) = match result {
             Ok(read) => read,
             Err(error) => {
@@ -160,6 +161,13 @@ impl RootState {
             tracing::debug!(changed, epoch = after.epoch, "quotas reloaded");
         }
         Ok(changed)
+    }
+
+    /// Records a reload that did not read a lost database.
+    fn lost(&self, reason: String) -> StoreError {
+        self.health.db_read_only(&reason);
+        self.metrics.reload(false, 0, 0);
+        StoreError::ReadOnly(reason)
     }
 
     /// Before the first load, prepares the database (creating a missing

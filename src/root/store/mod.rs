@@ -467,13 +467,20 @@ impl Store {
         Ok(())
     }
 
+    /// The SQLite file against the one adopted (writable for a database
+    /// that is not a file): a reload that read while it changed drops
+    /// what it read.
+    pub fn file_state(&self) -> DbState {
+        match &self.file {
+            Some(file) => file.look(),
+            None => DbState::Writable,
+        }
+    }
+
     /// The SQLite file, as a write sees it: an error unless it is the one
     /// loaded and writable.
     fn check_file(&self) -> Result<(), StoreError> {
-        match &self.file {
-            Some(file) => file.look().into_error(),
-            None => Ok(()),
-        }
+        self.file_state().into_error()
     }
 
     /// Commits a write transaction, then makes sure it went where the
