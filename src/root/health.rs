@@ -232,7 +232,7 @@ impl Health {
 
 /// Locks a mutex, ignoring poisoning: the data is plain bookkeeping that
 /// stays consistent even if a holder panicked.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::StoreError;
+use crate::root::health::lock;
 
 /// What a look at the database found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,13 +240,6 @@ fn deleted_but_open(database: &Path) -> Option<String> {
         }
     }
     None
-}
-
-/// Locks a mutex, ignoring poisoning (the data is a plain value).
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
