@@ -672,6 +672,12 @@ async fn a_postgres_that_turns_read_only_refuses_writes_until_it_takes_them() {
     assert_eq!(state["db"], "read_only", "{state}");
     writes_are_refused(&root, "read-only transaction").await;
     syncs_are_served_from_memory(&root, &["q"]).await;
+    // A root started now cannot migrate, but reads the schema there and
+    // serves it, read-only.
+    root.stop().await;
+    let root = TestRoot::start_unready(config(&db)).await;
+    refusing_writes(&root, "read-only transaction").await;
+    syncs_are_served_from_memory(&root, &["q"]).await;
     admin
         .execute("ALTER SYSTEM RESET default_transaction_read_only")
         .await

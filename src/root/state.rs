@@ -173,10 +173,19 @@ impl RootState {
     /// Before the first load, prepares the database (creating a missing
     /// SQLite file, adopting the file there) and migrates the schema; then
     /// looks whether it is still the one loaded and takes writes.
+    ///
+    /// A database that refuses writes cannot be migrated, but may hold a
+    /// current schema (a root restarted on a read-only server or a
+    /// standby): it is read, and the migration tried again next time.
     async fn look_at_db(&self) -> Result<DbState, StoreError> {
         if !self.migrated.load(Ordering::Acquire) {
-            self.store.migrate().await?;
-            self.migrated.store(true, Ordering::Release);
+            match self.store.migrate().await {
+                Ok(()) => self.migrated.store(true, Ordering::Release),
+                Err(StoreError::ReadOnly(reason)) => {
+                    tracing::warn!(reason, "cannot migrate a database that takes no writes");
+                }
+                Err(error) => return Err(error),
+            }
         } else if !self.health.is_ready() {
             self.store.prepare()?;
         }

@@ -319,18 +319,21 @@ impl Store {
     /// database` or `connection refused`; or, if that attempt works, that
     /// every connection was busy.
     async fn why_no_connection(&self) -> String {
-        let attempt = async {
-            let mut conn = sqlx::AnyConnection::connect(&self.url.0).await?;
-            if self.backend == Backend::Sqlite {
-                conn.execute("PRAGMA journal_mode = WAL").await?;
-            }
-            conn.close().await
-        };
+        let attempt = async { self.connect_direct().await?.close().await };
         match tokio::time::timeout(self.connect_timeout, attempt).await {
             Ok(Err(error)) => format!("{error} ({NO_CONNECTION})"),
             Err(_) => format!("connecting takes longer than db_timeout ({NO_CONNECTION})"),
             Ok(Ok(())) => format!("{NO_CONNECTION}: every connection busy"),
         }
+    }
+
+    /// A connection outside the pool, set up as the pool's are.
+    async fn connect_direct(&self) -> Result<sqlx::AnyConnection, sqlx::Error> {
+        let mut conn = sqlx::AnyConnection::connect(&self.url.0).await?;
+        if self.backend == Backend::Sqlite {
+            conn.execute("PRAGMA journal_mode = WAL").await?;
+        }
+        Ok(conn)
     }
 
     /// Which database this is.
@@ -340,10 +343,29 @@ impl Store {
 
     /// Brings the schema up to date (idempotent; safe with several roots),
     /// after [`Self::prepare`].
+    ///
+    /// On a connection of its own, closed whatever happens: sqlx's
+    /// migrator leaves its lock (a PostgreSQL advisory lock) held by the
+    /// session when a migration fails (on a read-only database, say), and
+    /// that session must not go back to the pool, where the next attempt
+    /// would wait for it for ever.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.prepare()?;
-        self.bounded("the migrations", migrations::run(&self.pool, self.backend))
-            .await
+        let connect = async {
+            tokio::time::timeout(self.connect_timeout, self.connect_direct())
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable("connecting takes longer than db_timeout".to_string())
+                })?
+                .map_err(StoreError::from)
+        };
+        self.bounded("the migrations", async {
+            let mut conn = connect.await?;
+            let result = migrations::run(&mut conn, self.backend).await;
+            let _ = conn.close().await;
+            result
+        })
+        .await
     }
 
     /// Up to `limit` quotas after `after` in `(epoch, id)` order, tombstones
