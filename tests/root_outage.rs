@@ -688,6 +688,45 @@ async fn a_postgres_that_turns_read_only_refuses_writes_until_it_takes_them() {
     root.stop().await;
 }
 
+/// A root pointed at a hot standby (a replica the database failed over
+/// from, or to before its promotion): it reads and serves the quotas
+/// replicated there, refuses writes, and takes them once the standby is
+/// promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_on_a_standby_serves_read_only_until_it_is_promoted() {
+    let Some(primary) = PgCluster::private() else {
+        return;
+    };
+    let db = Db::on(&primary).await;
+    let writer = TestRoot::start(config(&db)).await;
+    writer.put("q", json!({"limit": 5})).await;
+    let Some(standby) = primary.standby() else {
+        return;
+    };
+    let replica = Db::at(db.url.replacen(
+        &format!(":{}/", primary.port),
+        &format!(":{}/", standby.port),
+        1,
+    ));
+    let root = TestRoot::start_unready(config(&replica)).await;
+    let state = refusing_writes(&root, "read-only transaction").await;
+    assert_eq!(state["db"], "read_only", "{state}");
+    writes_are_refused(&root, "read-only transaction").await;
+    syncs_are_served_from_memory(&root, &["q"]).await;
+    // Writes on the primary reach the standby, and the root reading it.
+    writer.put("later", json!({"limit": 1})).await;
+    eventually(
+        "the standby's root loads what the primary wrote",
+        || async { root.get("later").await.0 == StatusCode::OK },
+    )
+    .await;
+    writer.stop().await;
+    standby.promote().await;
+    taking_writes(&root).await;
+    root.put("after", json!({"limit": 1})).await;
+    root.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_privilege_is_noticed_and_a_grant_restores_writes() {
     let Some(cluster) = PgCluster::shared() else {
