@@ -455,6 +455,22 @@ async fn a_deleted_sqlite_file_is_noticed_and_no_write_is_acknowledged_into_it()
     root.stop().await;
 }
 
+/// Only the write-ahead log deleted: the root's connections write on into
+/// a file no restart would read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_write_ahead_log_is_noticed() {
+    let (_dir, path, db) = sqlite_db();
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", json!({"limit": 5})).await;
+    let wal = with_suffix(&path, "-wal");
+    assert!(wal.exists(), "the database is in WAL mode");
+    std::fs::remove_file(&wal).unwrap();
+    refusing_writes(&root, "-wal was deleted").await;
+    writes_are_refused(&root, "-wal was deleted").await;
+    syncs_are_served_from_memory(&root, &["q"]).await;
+    root.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_moved_away_and_back_is_noticed_both_ways() {
     let (dir, path, db) = sqlite_db();

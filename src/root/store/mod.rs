@@ -258,14 +258,20 @@ impl Store {
             .acquire_timeout(timeout);
         let (url, file) = match backend {
             Backend::Sqlite => {
-                options = options.after_connect(|conn, _meta| {
+                let own_mode = url.contains("mode=");
+                let file = SqliteFile::of_url(url, !own_mode).map(Arc::new);
+                let watch = file.clone();
+                options = options.after_connect(move |conn, _meta| {
+                    let watch = watch.clone();
                     Box::pin(async move {
+                        // Opens the log too: the watch finds both.
                         conn.execute("PRAGMA journal_mode = WAL").await?;
+                        if let Some(file) = watch {
+                            file.connected();
+                        }
                         Ok(())
                     })
                 });
-                let own_mode = url.contains("mode=");
-                let file = SqliteFile::of_url(url, !own_mode).map(Arc::new);
                 (sqlite_url_opening(url), file)
             }
             Backend::Postgres => (url.to_string(), None),
@@ -443,7 +449,7 @@ impl Store {
     /// epoch not behind, writable. An error when it cannot be reached.
     pub async fn inspect(&self) -> Result<DbState, StoreError> {
         if let Some(file) = &self.file {
-            let state = file.look();
+            let state = file.glance();
             if matches!(state, DbState::Lost(_)) {
                 // Not touched: a new connection would open another file.
                 return Ok(state);
@@ -489,20 +495,24 @@ impl Store {
         Ok(())
     }
 
-    /// The SQLite file against the one adopted (writable for a database
-    /// that is not a file): a reload that read while it changed drops
-    /// what it read.
+    /// The file at the SQLite path against the one adopted, and whether
+    /// it may be written (writable for a database that is not a file): a
+    /// reload that read while it changed drops what it read.
     pub fn file_state(&self) -> DbState {
         match &self.file {
-            Some(file) => file.look(),
+            Some(file) => file.glance(),
             None => DbState::Writable,
         }
     }
 
     /// The SQLite file, as a write sees it: an error unless it is the one
-    /// loaded and writable.
-    fn check_file(&self) -> Result<(), StoreError> {
-        self.file_state().into_error()
+    /// loaded and writable. `thorough` also looks at this process's
+    /// descriptors (after a commit, before the write is acknowledged).
+    fn check_file(&self, thorough: bool) -> Result<(), StoreError> {
+        match &self.file {
+            Some(file) if thorough => file.look().into_error(),
+            _ => self.file_state().into_error(),
+        }
     }
 
     /// Commits a write transaction, then makes sure it went where the
@@ -516,7 +526,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         tx.commit().await?;
         self.saw_epoch(epoch);
-        self.check_file().map_err(|error| match error {
+        self.check_file(true).map_err(|error| match error {
             StoreError::ReadOnly(reason) => StoreError::ReadOnly(format!(
                 "{reason} (this write was committed to the file the root had open, which \
                  is not at its path any more: it is lost; repeat it once the database is back)"
@@ -528,7 +538,7 @@ impl Store {
     /// Opens a write transaction and takes the next epoch in it; refused
     /// when the database is not the one loaded, or its epoch went back.
     async fn begin_write(&self) -> Result<(Transaction<'static, Any>, u64), StoreError> {
-        self.check_file()?;
+        self.check_file(false)?;
         let mut tx = match self.backend {
             // IMMEDIATE takes the write lock now, so two writers never both
             // read and then fail to upgrade.

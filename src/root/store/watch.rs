@@ -36,6 +36,7 @@
 //! any write). Writes are refused until it takes them again.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::StoreError;
@@ -92,6 +93,11 @@ pub(super) struct SqliteFile {
     create: bool,
     /// The adopted file; `None` until the first load.
     adopted: Mutex<Option<Adopted>>,
+    /// This process's descriptors on the database or its log (as
+    /// `/proc/self/fd/N`), as the last scan of them all found them.
+    descriptors: Mutex<Vec<PathBuf>>,
+    /// A connection opened since that scan: scan them all again.
+    rescan: AtomicBool,
 }
 
 impl SqliteFile {
@@ -116,6 +122,8 @@ impl SqliteFile {
             path,
             create: creates,
             adopted: Mutex::new(None),
+            descriptors: Mutex::new(Vec::new()),
+            rescan: AtomicBool::new(true),
         })
     }
 
@@ -151,8 +159,44 @@ impl SqliteFile {
         Ok(())
     }
 
-    /// The file at the path against the adopted one.
+    /// Called for every new connection: its descriptors are found by the
+    /// next look.
+    pub(super) fn connected(&self) {
+        self.rescan.store(true, Ordering::Release);
+    }
+
+    /// [`Self::glance`], then this process's descriptors: none may be on
+    /// a deleted copy of the database or its log. Done once a reload and
+    /// after each commit, where a write is acknowledged. Only the
+    /// descriptors found before are read again, unless a connection was
+    /// opened since: reading every link in `/proc/self/fd` costs about 3
+    /// µs each, which a root with thousands of connections would pay on
+    /// every write (`BENCHMARKS.md`, "Admin writes and the database
+    /// watch").
     pub(super) fn look(&self) -> DbState {
+        let state = self.glance();
+        if state != DbState::Writable {
+            return state;
+        }
+        let Some(adopted) = lock(&self.adopted).clone() else {
+            return state;
+        };
+        let mut known = lock(&self.descriptors);
+        if self.rescan.swap(false, Ordering::AcqRel) {
+            *known = descriptors_of(&adopted.canonical);
+        }
+        if let Some(open) = deleted_among(&known, &adopted.canonical) {
+            return DbState::Lost(format!(
+                "{open} was deleted while the root had it open: what was written to it since \
+                 the last checkpoint is not in the database any more; restart the root"
+            ));
+        }
+        state
+    }
+
+    /// The file at the path against the adopted one, and whether it may
+    /// be written: two system calls a file.
+    pub(super) fn glance(&self) -> DbState {
         let Some(adopted) = lock(&self.adopted).clone() else {
             return DbState::Writable;
         };
@@ -174,12 +218,6 @@ impl SqliteFile {
                 ));
             }
             Ok(_) => {}
-        }
-        if let Some(open) = deleted_but_open(&adopted.canonical) {
-            return DbState::Lost(format!(
-                "{open} was deleted while the root had it open: what was written to it since \
-                 the last checkpoint is not in the database any more; restart the root"
-            ));
         }
         for suffix in ["", "-wal", "-shm"] {
             let mut name = self.path.clone().into_os_string();
@@ -223,23 +261,50 @@ fn writable(path: &Path) -> Result<(), std::io::Error> {
     Err(error)
 }
 
-/// A descriptor of this process on a deleted copy of `database` or of its
-/// write-ahead log (Linux names such a link "PATH (deleted)"), by the
-/// name it had.
-fn deleted_but_open(database: &Path) -> Option<String> {
-    let entries = std::fs::read_dir("/proc/self/fd").ok()?;
+/// This process's descriptors (`/proc/self/fd/N`) on `database` or its
+/// write-ahead log, deleted or not.
+fn descriptors_of(database: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let names = link_names(database);
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|fd| {
+            std::fs::read_link(fd)
+                .is_ok_and(|target| names.iter().any(|n| target.as_os_str() == n.as_str()))
+        })
+        .collect()
+}
+
+/// The database or its log by the name it had, if one of `descriptors`
+/// is on a deleted copy of it. A descriptor closed since, or reused for
+/// another file, names something else and passes.
+fn deleted_among(descriptors: &[PathBuf], database: &Path) -> Option<String> {
+    let names = link_names(database);
+    descriptors.iter().find_map(|fd| {
+        let target = std::fs::read_link(fd).ok()?;
+        let target = target.to_str()?;
+        names
+            .iter()
+            .find(|n| n.as_str() == target && target.ends_with(DELETED))
+            .map(|n| n.trim_end_matches(DELETED).to_string())
+    })
+}
+
+/// What Linux appends to the link of a descriptor whose file was deleted.
+const DELETED: &str = " (deleted)";
+
+/// The links of descriptors on `database` or its log, live or deleted.
+fn link_names(database: &Path) -> [String; 4] {
     let base = database.as_os_str().to_string_lossy();
-    let names = [format!("{base} (deleted)"), format!("{base}-wal (deleted)")];
-    for entry in entries.flatten() {
-        let Ok(target) = std::fs::read_link(entry.path()) else {
-            continue;
-        };
-        let target = target.to_string_lossy();
-        if let Some(name) = names.iter().find(|n| target == n.as_str()) {
-            return Some(name.trim_end_matches(" (deleted)").to_string());
-        }
-    }
-    None
+    [
+        base.to_string(),
+        format!("{base}{DELETED}"),
+        format!("{base}-wal"),
+        format!("{base}-wal{DELETED}"),
+    ]
 }
 
 #[cfg(test)]
@@ -290,15 +355,31 @@ mod tests {
 
     #[test]
     fn an_open_descriptor_on_a_deleted_log_is_seen() {
+        if !Path::new("/proc/self/fd").exists() {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = std::fs::canonicalize(dir.path()).unwrap().join("q.db");
+        let url = format!("sqlite://{}", path.display());
+        let file = SqliteFile::of_url(&url, true).unwrap();
+        file.prepare().unwrap();
+        let _db = std::fs::File::open(&path).unwrap();
         let wal = dir.path().join("q.db-wal");
-        let _open = std::fs::File::create(&wal).unwrap();
-        assert_eq!(deleted_but_open(&path), None);
+        let _log = std::fs::File::create(&wal).unwrap();
+        assert_eq!(file.look(), DbState::Writable);
+        assert_eq!(lock(&file.descriptors).len(), 2, "both found");
         std::fs::remove_file(&wal).unwrap();
-        let found = deleted_but_open(&path);
-        if std::path::Path::new("/proc/self/fd").exists() {
-            assert_eq!(found, Some(format!("{}-wal", path.display())));
-        }
+        let expected = format!("{}-wal was deleted", path.display());
+        assert!(matches!(file.look(), DbState::Lost(r) if r.starts_with(&expected)));
+        // Found again without a new scan, and by one after a connection.
+        assert!(matches!(file.look(), DbState::Lost(_)));
+        file.connected();
+        assert!(matches!(file.look(), DbState::Lost(_)));
+        drop(_log);
+        assert_eq!(
+            file.look(),
+            DbState::Writable,
+            "closed: nothing lost any more"
+        );
     }
 }
