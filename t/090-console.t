@@ -6,8 +6,11 @@
 # Checks the public view (no names anywhere in the page), the 401 path
 # (a wrong token is refused and said so), the tree with the token, the
 # limiter with its clock offset, a live value changing as traffic flows,
-# and an edit made on the page read back through the admin API. Saves a
-# screenshot to build/console/console.png.
+# an edit made on the page read back through the admin API, an edit of one
+# field of a sliding per-key window quota that changes nothing else (the
+# page sends a PATCH of the changed fields only), and an edit over a
+# change made elsewhere refused with 412. Saves a screenshot to
+# build/console/console.png.
 #
 # A plain Test::More file (a root, an nginx and a browser), so it runs the
 # same under upstream Test::Nginx and under the runner in t/lib.
@@ -212,6 +215,68 @@ ok($browser->wait_for(q{document.getElementById('edit-result').textContent.inclu
     'an invalid edit shows the root\'s 400 naming the field')
     and like($browser->js(q{return document.getElementById('edit-result').textContent}),
         qr/low_burst/, '... low_burst');
+
+# --- Every field of a quota; an edit changes only what was touched ---------
+# A sliding 1m window per client under s3_photos: editing its limit on the
+# page used to send only limit, bursts and parent, and turned it into a
+# plain leaky quota.
+($code) = root_call($root, 'PUT', '/v1/quotas/s3_photos_per_client', {
+    limit => 5, low_burst => 4, high_burst => 5, window => '1m',
+    sliding => JSON::PP::true, per_key => JSON::PP::true, parent => 's3_photos',
+});
+is($code, 201, 'a sliding per-key window quota is created under s3_photos');
+my (undef, $original) = root_call($root, 'GET', '/v1/quotas/s3_photos_per_client');
+ok($browser->wait_for(q{document.querySelector('#tree li[data-quota="s3_photos_per_client"] button')}),
+    '... and appears in the tree');
+$browser->click('#tree li[data-quota="s3_photos_per_client"] button');
+my $editor = q{['edit-limit', 'edit-low', 'edit-high', 'edit-window', 'edit-parent']
+    .map((id) => document.getElementById(id).value)
+    .concat(['edit-sliding', 'edit-per-key'].map((id) => String(document.getElementById(id).checked)))
+    .join(' ')};
+ok($browser->wait_for(qq{document.getElementById('editor-name').textContent === 's3_photos_per_client'
+        && $editor === '5 4 5 1m s3_photos true true'}),
+    'its editor shows every field: limit, bursts, window, parent, sliding, per key')
+    or diag $browser->js("return $editor");
+$browser->type('#edit-limit', '6');
+$browser->click('#edit-save');
+ok($browser->wait_for(q{document.getElementById('edit-result').textContent.includes('saved')}),
+    'a new limit is saved')
+    or diag $browser->js(q{return document.getElementById('edit-result').textContent});
+my (undef, $after) = root_call($root, 'GET', '/v1/quotas/s3_photos_per_client');
+is($after->{limit}, 6, '... the limit changed');
+for my $field (qw(window sliding per_key parent low_burst high_burst)) {
+    is(JSON::PP->new->canonical->allow_nonref->encode($after->{$field}),
+        JSON::PP->new->canonical->allow_nonref->encode($original->{$field}),
+        "... and $field did not");
+}
+ok($after->{epoch} > $original->{epoch}, '... at a new epoch');
+
+# The window back to none: sliding goes with it, the rest stays.
+$browser->click('#edit-window option[value=""]');
+ok($browser->wait_for(q{document.getElementById('edit-sliding').disabled
+        && !document.getElementById('edit-sliding').checked}),
+    'choosing no window unticks and disables sliding');
+$browser->click('#edit-save');
+ok($browser->wait_for(q{document.getElementById('edit-result').textContent.includes('saved')
+        && document.getElementById('editor-kind').textContent.startsWith('per key')}),
+    'the quota is saved as a leaky bucket');
+(undef, $after) = root_call($root, 'GET', '/v1/quotas/s3_photos_per_client');
+ok(!exists $after->{window} && !exists $after->{sliding}, '... with no window, not sliding');
+is_deeply([@$after{qw(limit low_burst high_burst parent)}, $after->{per_key} ? 'per key' : 'shared'],
+    [6, 4, 5, 's3_photos', 'per key'], '... and its other fields as they were');
+
+# Changed elsewhere after the editor was filled: the page does not
+# overwrite it unseen.
+($code) = root_call($root, 'PATCH', '/v1/quotas/s3_photos_per_client', { limit => 7 });
+is($code, 200, 'another client changes the limit through the API');
+$browser->type('#edit-high', '6');
+$browser->click('#edit-save');
+ok($browser->wait_for(q{document.getElementById('edit-result').textContent.includes('412')
+        && document.getElementById('edit-limit').value === '7'}),
+    'a save over it is refused with 412, and the editor shows the quota as it is now')
+    or diag $browser->js(q{return document.getElementById('edit-result').textContent});
+(undef, $after) = root_call($root, 'GET', '/v1/quotas/s3_photos_per_client');
+is_deeply([@$after{qw(limit high_burst)}], [7, 5], '... the other change stands, nothing overwritten');
 
 # --- Busiest keys, by hash only -------------------------------------------------
 ($code) = root_call($root, 'PUT', '/v1/quotas/per_client',

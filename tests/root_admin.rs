@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use root_support::{
-    config, config_with_tokens, quota, Db, Limiter, TestRoot, ADMIN_TOKEN, SYNC_TOKEN,
+    config, config_with_tokens, eventually, quota, Db, Limiter, TestRoot, ADMIN_TOKEN, SYNC_TOKEN,
 };
 
 on_both_backends!(
@@ -27,6 +27,11 @@ on_both_backends!(
     oversized_and_malformed_bodies_get_json_errors,
     per_key_templates_are_stored_and_cannot_be_parents,
     window_quotas_are_stored_changed_and_checked,
+    a_patch_changes_only_the_fields_it_names,
+    a_put_replaces_the_whole_quota,
+    patch_errors_name_the_field_and_change_nothing,
+    if_match_refuses_a_write_over_a_change_not_seen,
+    concurrent_patches_of_different_fields_through_two_roots_both_stay,
 );
 
 fn names(list: &Value) -> Vec<&str> {
@@ -952,7 +957,7 @@ async fn wrong_methods_and_undecodable_names_get_json_errors() {
     let root = TestRoot::start(config(&db)).await;
     for (method, path) in [
         (Method::DELETE, "/v1/apply"),
-        (Method::PATCH, "/v1/quotas/q"),
+        (Method::PATCH, "/v1/quotas"),
         (Method::GET, "/v1/sync"),
         (Method::POST, "/healthz"),
     ] {
@@ -961,10 +966,335 @@ async fn wrong_methods_and_undecodable_names_get_json_errors() {
         assert!(reply["error"]["message"].is_string(), "{method} {path}");
     }
     // %FF decodes to a byte that is not UTF-8.
-    for method in [Method::GET, Method::DELETE] {
-        let (status, reply) = root.request(method, "/v1/quotas/%FF", None, None).await;
+    for method in [Method::GET, Method::DELETE, Method::PATCH] {
+        let body = (method == Method::PATCH).then(|| b"{}".to_vec());
+        let (status, reply) = root.request(method, "/v1/quotas/%FF", None, body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
         assert_eq!(error_field(&reply), Some("name"), "{reply}");
     }
     root.stop().await;
+}
+
+/// `PATCH /v1/quotas/{name}` with `headers`; the status, the JSON reply
+/// and the reply's `ETag`.
+async fn patch_with(
+    root: &TestRoot,
+    name: &str,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    send_with(root, Method::PATCH, name, Some(body), headers).await
+}
+
+async fn send_with(
+    root: &TestRoot,
+    method: Method,
+    name: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut request = root
+        .http
+        .request(method, format!("{}/v1/quotas/{name}", root.url));
+    if let Some(token) = &root.admin_token {
+        request = request.bearer_auth(token);
+    }
+    for (header, value) in headers {
+        request = request.header(*header, *value);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let bytes = response.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// A quota's definition as the API shows it, without what changes by
+/// itself (level, rates, limiters) or with every write (epoch).
+fn definition(quota: &Value) -> Value {
+    let mut quota = quota.clone();
+    for live in ["level", "fill_rate", "rejected_rate", "limiters", "epoch"] {
+        quota.as_object_mut().unwrap().remove(live);
+    }
+    quota
+}
+
+async fn a_patch_changes_only_the_fields_it_names(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("s3_photos", quota(100.0, 100.0, 200.0, None))
+        .await;
+    let body = json!({"limit": 5, "low_burst": 4, "high_burst": 5, "window": "1m",
+                      "sliding": true, "per_key": true, "parent": "s3_photos"});
+    root.put("per_client", body).await;
+    let before = definition(&root.get("per_client").await.1);
+
+    let (status, reply) = patch_with(&root, "per_client", json!({"limit": 6}), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["changed"], true);
+    let after = root.get("per_client").await.1;
+    let mut expected = before.clone();
+    expected["limit"] = json!(6.0);
+    assert_eq!(definition(&after), expected, "only the limit changed");
+    assert_eq!(after["epoch"], reply["epoch"]);
+
+    // The same patch again changes nothing and takes no epoch.
+    let (status, again) = patch_with(&root, "per_client", json!({"limit": 6}), &[]).await;
+    assert_eq!((status, &again["changed"]), (StatusCode::OK, &json!(false)));
+    assert_eq!(again["epoch"], reply["epoch"]);
+    let (status, empty) = patch_with(&root, "per_client", json!({}), &[]).await;
+    assert_eq!((status, &empty["changed"]), (StatusCode::OK, &json!(false)));
+
+    // null clears: the window (with sliding, which needs one), the parent,
+    // the bursts (back to their defaults, one second of the limit).
+    let (status, reply) = patch_with(
+        &root,
+        "per_client",
+        json!({"window": null, "sliding": false, "parent": null,
+               "low_burst": null, "high_burst": null}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let q = &reply["quota"];
+    assert!(
+        q.get("window").is_none() && q.get("sliding").is_none(),
+        "{q}"
+    );
+    assert_eq!(q["parent"], Value::Null);
+    assert_eq!(
+        (&q["low_burst"], &q["high_burst"]),
+        (&json!(6.0), &json!(6.0))
+    );
+    assert_eq!(q["per_key"], true, "per_key kept");
+    // And back under its parent.
+    let (status, reply) =
+        patch_with(&root, "per_client", json!({"parent": "s3_photos"}), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["quota"]["parent"], "s3_photos");
+    // A limiter sees the patched quota.
+    let mut limiter = Limiter::new("h");
+    limiter.catch_up(&root).await;
+    let id = limiter.id_of("per_client").unwrap();
+    assert_eq!(limiter.quotas[&id]["limit"], 6.0);
+    root.stop().await;
+}
+
+async fn a_put_replaces_the_whole_quota(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("s3_photos", quota(100.0, 100.0, 200.0, None))
+        .await;
+    root.put(
+        "s3_photos_read",
+        json!({"limit": 10, "low_burst": 20, "high_burst": 30, "parent": "s3_photos"}),
+    )
+    .await;
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/s3_photos_read",
+            Some(json!({"limit": 15})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let q = root.get("s3_photos_read").await.1;
+    // Every field not given takes its default: no parent, bursts of one
+    // second of the limit.
+    assert_eq!(q["parent"], Value::Null);
+    assert_eq!(
+        (&q["limit"], &q["low_burst"], &q["high_burst"]),
+        (&json!(15.0), &json!(15.0), &json!(15.0))
+    );
+    root.stop().await;
+}
+
+async fn patch_errors_name_the_field_and_change_nothing(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("top", quota(10.0, 10.0, 20.0, None)).await;
+    root.put("template", json!({"limit": 5, "per_key": true}))
+        .await;
+    root.put(
+        "leaky",
+        json!({"limit": 10, "high_burst": 20, "parent": "top"}),
+    )
+    .await;
+    let before = root.get("leaky").await.1;
+    let cases: Vec<(Value, StatusCode, &str)> = vec![
+        (json!({"limit": -1}), StatusCode::BAD_REQUEST, "limit"),
+        (json!({"limit": null}), StatusCode::BAD_REQUEST, "limit"),
+        (json!({"limit": "ten"}), StatusCode::BAD_REQUEST, "limit"),
+        (json!({"per_key": null}), StatusCode::BAD_REQUEST, "per_key"),
+        (json!({"limits": 5}), StatusCode::BAD_REQUEST, "limits"),
+        (json!({"sliding": true}), StatusCode::BAD_REQUEST, "sliding"),
+        (json!({"window": "2m"}), StatusCode::BAD_REQUEST, "window"),
+        // A window quota's band lies within its limit: high_burst 20 > 10.
+        (
+            json!({"window": "1m"}),
+            StatusCode::BAD_REQUEST,
+            "high_burst",
+        ),
+        (
+            json!({"low_burst": 30}),
+            StatusCode::BAD_REQUEST,
+            "low_burst",
+        ),
+        (
+            json!({"parent": "missing"}),
+            StatusCode::BAD_REQUEST,
+            "parent",
+        ),
+        (
+            json!({"parent": "leaky"}),
+            StatusCode::BAD_REQUEST,
+            "parent",
+        ),
+        (
+            json!({"parent": "template"}),
+            StatusCode::BAD_REQUEST,
+            "parent",
+        ),
+        (json!({"name": "other"}), StatusCode::BAD_REQUEST, "name"),
+    ];
+    for (body, code, field) in cases {
+        let (status, reply) = patch_with(&root, "leaky", body.clone(), &[]).await;
+        assert_eq!(status, code, "{body}: {reply}");
+        assert_eq!(error_field(&reply), Some(field), "{body}: {reply}");
+    }
+    // The parent cannot become a template while it has children.
+    let (status, reply) = patch_with(&root, "top", json!({"per_key": true}), &[]).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reply}");
+    assert_eq!(error_field(&reply), Some("per_key"));
+    let (status, reply) = patch_with(&root, "missing", json!({"limit": 1}), &[]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{reply}");
+    assert_eq!(error_field(&reply), Some("name"));
+    let (status, reply) = patch_with(&root, "leaky", json!([1]), &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(root.get("leaky").await.1, before, "nothing changed");
+    assert_eq!(root.get("missing").await.0, StatusCode::NOT_FOUND);
+    root.stop().await;
+}
+
+async fn if_match_refuses_a_write_over_a_change_not_seen(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put("q", quota(10.0, 10.0, 20.0, None)).await;
+    let response = root
+        .http
+        .get(format!("{}/v1/quotas/q", root.url))
+        .send()
+        .await
+        .unwrap();
+    let etag = response.headers()["etag"].to_str().unwrap().to_string();
+    let read: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(etag, format!("\"{}\"", read["epoch"]));
+
+    // A write at the epoch read goes through; one still holding it is
+    // refused, and says what the quota is at now.
+    let (status, first) =
+        patch_with(&root, "q", json!({"limit": 11}), &[("If-Match", &etag)]).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, second) = patch_with(
+        &root,
+        "q",
+        json!({"high_burst": 30}),
+        &[("If-Match", &etag)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{second}");
+    assert_eq!(error_field(&second), Some("If-Match"));
+    let message = second["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("epoch {}", first["epoch"])),
+        "{message}"
+    );
+    assert_eq!(root.get("q").await.1["high_burst"], 20.0, "not written");
+    let now = format!("\"{}\"", first["epoch"]);
+    let (status, _) = send_with(
+        &root,
+        Method::PUT,
+        "q",
+        Some(json!({"limit": 12})),
+        &[("If-Match", &etag)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED);
+    let (status, _) = send_with(&root, Method::DELETE, "q", None, &[("If-Match", &etag)]).await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(root.get("q").await.0, StatusCode::OK);
+    // Either of two tags, or any existing quota.
+    let (status, _) = patch_with(
+        &root,
+        "q",
+        json!({"limit": 13}),
+        &[("If-Match", &format!("{etag}, {now}"))],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = patch_with(&root, "q", json!({"limit": 14}), &[("If-Match", "*")]).await;
+    assert_eq!(status, StatusCode::OK);
+    // If-None-Match: * creates only.
+    let create_only = [("If-None-Match", "*")];
+    let (status, reply) = send_with(
+        &root,
+        Method::PUT,
+        "q",
+        Some(json!({"limit": 1})),
+        &create_only,
+    )
+    .await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{reply}");
+    assert_eq!(error_field(&reply), Some("If-None-Match"));
+    let (status, _) = send_with(
+        &root,
+        Method::PUT,
+        "fresh",
+        Some(json!({"limit": 1})),
+        &create_only,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    for bad in ["12", "W/\"12\"", "\"twelve\""] {
+        let (status, reply) =
+            patch_with(&root, "q", json!({"limit": 1}), &[("If-Match", bad)]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {reply}");
+        assert_eq!(error_field(&reply), Some("If-Match"), "{bad}");
+    }
+    assert_eq!(root.get("q").await.1["limit"], 14.0);
+    root.stop().await;
+}
+
+async fn concurrent_patches_of_different_fields_through_two_roots_both_stay(db: Db) {
+    let one = TestRoot::start(config(&db)).await;
+    let two = TestRoot::start(config(&db)).await;
+    one.put("q", quota(1000.0, 500.0, 500.0, None)).await;
+    two.wait_ready().await;
+    for i in 0..20 {
+        let low = json!({"low_burst": f64::from(i)});
+        let high = json!({"high_burst": f64::from(600 + i)});
+        let (a, b) = tokio::join!(
+            patch_with(&one, "q", low, &[]),
+            patch_with(&two, "q", high, &[]),
+        );
+        assert_eq!(
+            (a.0, b.0),
+            (StatusCode::OK, StatusCode::OK),
+            "{} {}",
+            a.1,
+            b.1
+        );
+        // Each merged into the row as the other left it: both stay.
+        let expected = (json!(f64::from(i)), json!(f64::from(600 + i)));
+        eventually("both patches visible", || async {
+            let q = one.get("q").await.1;
+            (q["low_burst"].clone(), q["high_burst"].clone()) == expected
+        })
+        .await;
+    }
+    one.stop().await;
+    two.stop().await;
 }

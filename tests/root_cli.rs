@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use root_support::{config_with_tokens, Db, Limiter, TestRoot, ADMIN_TOKEN, PATIENCE, SYNC_TOKEN};
 
@@ -197,6 +197,83 @@ async fn failures_exit_non_zero_with_one_line() {
     root.stop().await;
 }
 
+/// `quota set` patches: the flags given change, nothing else, on a
+/// sliding per-key window quota under a parent; and it creates a quota of
+/// every kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_changes_only_the_flags_given() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    stdout(&quota(&root, &["set", "s3_photos", "--limit", "100"]).await);
+    let create = [
+        "set",
+        "per_client",
+        "--limit",
+        "5",
+        "--low-burst",
+        "4",
+        "--high-burst",
+        "5",
+        "--window",
+        "1m",
+        "--sliding",
+        "--per-key",
+        "--parent",
+        "s3_photos",
+    ];
+    assert!(stdout(&quota(&root, &create).await).starts_with("created per_client"));
+    let definition = |q: &Value| {
+        let fields = [
+            "parent",
+            "limit",
+            "low_burst",
+            "high_burst",
+            "per_key",
+            "window",
+            "sliding",
+        ];
+        fields.map(|f| q[f].clone())
+    };
+    let before = definition(&root.get("per_client").await.1);
+    assert_eq!(
+        before,
+        [
+            json!("s3_photos"),
+            json!(5.0),
+            json!(4.0),
+            json!(5.0),
+            json!(true),
+            json!("1m"),
+            json!(true)
+        ]
+    );
+    assert!(
+        stdout(&quota(&root, &["set", "per_client", "--limit", "6"]).await)
+            .starts_with("updated per_client")
+    );
+    let mut expected = before.clone();
+    expected[1] = json!(6.0);
+    assert_eq!(definition(&root.get("per_client").await.1), expected);
+    // --window none makes it a leaky bucket, fixed (nothing slides).
+    stdout(&quota(&root, &["set", "per_client", "--window", "none"]).await);
+    let q = root.get("per_client").await.1;
+    assert!(
+        q.get("window").is_none() && q.get("sliding").is_none(),
+        "{q}"
+    );
+    assert_eq!(
+        (&q["per_key"], &q["parent"]),
+        (&true.into(), &"s3_photos".into())
+    );
+    // The root checks the merged quota: --sliding on a leaky one.
+    let error = failure(&quota(&root, &["set", "per_client", "--sliding"]).await);
+    assert!(
+        error.contains("400") && error.contains("sliding"),
+        "{error}"
+    );
+    root.stop().await;
+}
+
 /// What the CLI used to misread or pass on: non-finite numbers (which
 /// became "use the default"), dot-segment names (which went into the URL
 /// path), quota files with a wrong type (which said only "did not match
@@ -225,9 +302,24 @@ async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
     let shown: Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(shown["high_burst"], 10.0);
 
-    for args in [["get", ".."], ["delete", "."], ["set", ".."]] {
-        let error = failure(&quota(&root, &args).await);
+    // Every command that puts a name in a path checks it first: `..`
+    // would otherwise resolve to another API path (`keys ..` listed the
+    // quotas).
+    let named: [&[&str]; 6] = [
+        &["get", ".."],
+        &["delete", "."],
+        &["set", "..", "--limit", "1"],
+        &["keys", ".."],
+        &["keys", "."],
+        &["key", "..", "--hash", "00000000000000a1"],
+    ];
+    for args in named {
+        let error = failure(&quota(&root, args).await);
         assert!(error.contains("invalid quota name"), "{args:?}: {error}");
+    }
+    for hash in ["..", ".", "zz", "00000000000000a1/x"] {
+        let error = failure(&quota(&root, &["key", "q", "--hash", hash]).await);
+        assert!(error.contains("invalid --hash"), "{hash}: {error}");
     }
 
     let dir = tempfile::tempdir().unwrap();

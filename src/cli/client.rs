@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use reqwest::header::HeaderName;
 use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
@@ -72,8 +73,20 @@ impl Client {
     }
 
     /// `path` (relative, e.g. `v1/quotas`) with each of `segments` appended
-    /// as an encoded path segment and `query` pairs with a value.
-    pub fn url(&self, path: &str, segments: &[&str], query: &[(&str, Option<&str>)]) -> Url {
+    /// as an encoded path segment and `query` pairs with a value. A
+    /// segment `.` or `..` is refused: it would be resolved away, and the
+    /// request would go to another path.
+    pub fn url(
+        &self,
+        path: &str,
+        segments: &[&str],
+        query: &[(&str, Option<&str>)],
+    ) -> Result<Url, CliError> {
+        if let Some(dots) = segments.iter().find(|s| matches!(**s, "." | "..")) {
+            return Err(CliError::new(format!(
+                "{dots:?} cannot be sent as a name: it would name another path"
+            )));
+        }
         let mut url = self.base.join(path).unwrap_or_else(|_| self.base.clone());
         if !segments.is_empty() {
             if let Ok(mut parts) = url.path_segments_mut() {
@@ -87,7 +100,7 @@ impl Client {
         if !pairs.is_empty() {
             url.query_pairs_mut().extend_pairs(pairs);
         }
-        url
+        Ok(url)
     }
 
     /// Sends a request with an optional JSON body; a non-2xx reply becomes
@@ -98,7 +111,21 @@ impl Client {
         url: Url,
         body: Option<Vec<u8>>,
     ) -> Result<Reply, CliError> {
+        self.send_with(method, url, body, &[]).await
+    }
+
+    /// [`Self::send`] with extra request headers (`If-None-Match`).
+    pub async fn send_with(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        headers: &[(HeaderName, &str)],
+    ) -> Result<Reply, CliError> {
         let mut request = self.http.request(method.clone(), url.clone());
+        for (name, value) in headers {
+            request = request.header(name, *value);
+        }
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -173,19 +200,30 @@ mod tests {
     #[test]
     fn urls_encode_names_and_skip_absent_query_values() {
         let client = Client::new("http://127.0.0.1:7070", None, Duration::from_secs(1)).unwrap();
-        let url = client.url("v1/quotas", &["a:b.c"], &[]);
+        let url = client.url("v1/quotas", &["a:b.c"], &[]).unwrap();
         assert_eq!(url.as_str(), "http://127.0.0.1:7070/v1/quotas/a:b.c");
-        let url = client.url(
-            "v1/quotas",
-            &[],
-            &[("prefix", Some("s3_")), ("after", None)],
-        );
+        let url = client
+            .url(
+                "v1/quotas",
+                &[],
+                &[("prefix", Some("s3_")), ("after", None)],
+            )
+            .unwrap();
         assert_eq!(url.as_str(), "http://127.0.0.1:7070/v1/quotas?prefix=s3_");
         let nested = Client::new("http://h/root/", None, Duration::from_secs(1)).unwrap();
         assert_eq!(
-            nested.url("v1/apply", &[], &[]).as_str(),
+            nested.url("v1/apply", &[], &[]).unwrap().as_str(),
             "http://h/root/v1/apply"
         );
+    }
+
+    #[test]
+    fn dot_segments_are_refused_before_they_resolve_to_another_path() {
+        let client = Client::new("http://h/", None, Duration::from_secs(1)).unwrap();
+        for segments in [&[".."][..], &["."], &["q", "keys", ".."]] {
+            let error = client.url("v1/quotas", segments, &[]).unwrap_err();
+            assert!(error.message.contains("another path"), "{error}");
+        }
     }
 
     #[test]

@@ -18,12 +18,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use reqwest::header::IF_NONE_MATCH;
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use sluice::core::key::{format_hash, KeySecret};
+use sluice::core::key::{format_hash, parse_hash, KeySecret};
 use sluice::core::quota::validate_name;
-use sluice::core::spec::{specs_from_json, specs_from_toml};
+use sluice::core::spec::{specs_from_json, specs_from_toml, QuotaPatch};
 use sluice::core::Window;
 use sluice::root::config::parse_duration;
 
@@ -115,8 +116,9 @@ enum QuotaCommand {
         /// Quota name.
         name: String,
     },
-    /// Create a quota or change one; options not given keep their current
-    /// values (a new quota needs --limit).
+    /// Create a quota or change one: only the options given change (the
+    /// root merges them into the quota as it is); a new quota needs
+    /// --limit.
     Set {
         /// Quota name.
         name: String,
@@ -240,7 +242,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
         QuotaCommand::Get { name } => {
             check_name(&name)?;
             let reply = client
-                .send(Method::GET, client.url("v1/quotas", &[&name], &[]), None)
+                .send(Method::GET, client.url("v1/quotas", &[&name], &[])?, None)
                 .await?;
             Ok(if json {
                 to_json(&reply.body)
@@ -277,11 +279,11 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             };
             check_name(&name)?;
             check_numbers(&change)?;
-            set(&client, &name, change, json).await
+            set(&client, &name, &change.into_patch(), json).await
         }
         QuotaCommand::Delete { name } => {
             check_name(&name)?;
-            let url = client.url("v1/quotas", &[&name], &[]);
+            let url = client.url("v1/quotas", &[&name], &[])?;
             let reply = client.send(Method::DELETE, url, None).await?;
             Ok(if json {
                 to_json(&reply.body)
@@ -295,8 +297,9 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             prune,
         } => apply(&client, &file, dry_run, prune, json).await,
         QuotaCommand::Keys { name, top } => {
+            check_name(&name)?;
             let top = top.to_string();
-            let url = client.url("v1/quotas", &[&name, "keys"], &[("top", Some(&top))]);
+            let url = client.url("v1/quotas", &[&name, "keys"], &[("top", Some(&top))])?;
             let reply = client.send(Method::GET, url, None).await?;
             Ok(if json {
                 to_json(&reply.body)
@@ -310,14 +313,23 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             secret_file,
             hash,
         } => {
+            check_name(&name)?;
             let hash = match (key, hash) {
                 (Some(key), _) => {
                     format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()))
                 }
-                (None, Some(hash)) => hash,
+                (None, Some(hash)) => {
+                    parse_hash(&hash).ok_or_else(|| {
+                        CliError::new(format!(
+                            "invalid --hash {hash:?}: a key's hash is 16 hex digits, as \
+                             listings show it"
+                        ))
+                    })?;
+                    hash
+                }
                 (None, None) => return Err(CliError::new("give --key or --hash")),
             };
-            let url = client.url("v1/quotas", &[&name, "keys", &hash], &[]);
+            let url = client.url("v1/quotas", &[&name, "keys", &hash], &[])?;
             let reply = client.send(Method::GET, url, None).await?;
             Ok(if json {
                 to_json(&reply.body)
@@ -390,7 +402,7 @@ async fn list(
             ("limit", Some(limit.as_str())),
         ];
         let reply = client
-            .send(Method::GET, client.url("v1/quotas", &[], &query), None)
+            .send(Method::GET, client.url("v1/quotas", &[], &query)?, None)
             .await?;
         if let Some(page) = reply.body["quotas"].as_array() {
             quotas.extend(page.iter().cloned());
@@ -467,7 +479,7 @@ fn show_quota(q: &Value) -> String {
     out
 }
 
-/// What `set` changes; `None` keeps the current value.
+/// What `set` changes, from its flags; `None` keeps the current value.
 #[derive(Debug)]
 struct Change {
     limit: Option<f64>,
@@ -500,16 +512,63 @@ fn parse_window_flag(text: &str) -> Result<WindowFlag, String> {
         })
 }
 
-async fn set(client: &Client, name: &str, change: Change, json: bool) -> Result<String, CliError> {
-    let url = client.url("v1/quotas", &[name], &[]);
-    let current = match client.send(Method::GET, url.clone(), None).await {
-        Ok(reply) => Some(reply.body),
-        Err(e) if e.status == Some(StatusCode::NOT_FOUND) => None,
-        Err(e) => return Err(e),
-    };
-    let body = merge_change(name, current.as_ref(), &change)?;
-    let payload = serde_json::to_vec(&body).map_err(CliError::new)?;
-    let Reply { status, body } = client.send(Method::PUT, url, Some(payload)).await?;
+impl Change {
+    /// The patch the root merges. `--window none` alone also makes the
+    /// window fixed: a leaky bucket has nothing to slide.
+    fn into_patch(self) -> QuotaPatch {
+        let sliding = match (self.window, self.sliding) {
+            (Some(None), None) => Some(false),
+            (_, sliding) => sliding,
+        };
+        QuotaPatch {
+            name: None,
+            parent: self.parent,
+            limit: self.limit,
+            low_burst: self.low_burst.map(Some),
+            high_burst: self.high_burst.map(Some),
+            per_key: self.per_key,
+            window: self.window,
+            sliding,
+        }
+    }
+}
+
+/// Changes the quota `name` with a PATCH (the root keeps what `patch`
+/// leaves out, as the quota is when it writes); creates it with a PUT
+/// when it does not exist, refused if it appeared meanwhile (then
+/// patched).
+async fn set(
+    client: &Client,
+    name: &str,
+    patch: &QuotaPatch,
+    json: bool,
+) -> Result<String, CliError> {
+    let url = client.url("v1/quotas", &[name], &[])?;
+    let body = serde_json::to_vec(patch).map_err(CliError::new)?;
+    let mut reply = client
+        .send(Method::PATCH, url.clone(), Some(body.clone()))
+        .await;
+    if reply
+        .as_ref()
+        .is_err_and(|e| e.status == Some(StatusCode::NOT_FOUND))
+    {
+        if patch.limit.is_none() {
+            return Err(CliError::new(format!(
+                "quota {name:?} does not exist yet: --limit is required to create it"
+            )));
+        }
+        let create_only = [(IF_NONE_MATCH, "*")];
+        reply = client
+            .send_with(Method::PUT, url.clone(), Some(body.clone()), &create_only)
+            .await;
+        if reply
+            .as_ref()
+            .is_err_and(|e| e.status == Some(StatusCode::PRECONDITION_FAILED))
+        {
+            reply = client.send(Method::PATCH, url, Some(body)).await;
+        }
+    }
+    let Reply { status, body } = reply?;
     if json {
         return Ok(to_json(&body));
     }
@@ -522,58 +581,6 @@ async fn set(client: &Client, name: &str, change: Change, json: bool) -> Result<
         "{verb} {name} (epoch {})\n",
         number(&body["epoch"])
     ))
-}
-
-/// The PUT body: the current quota (if any) with `change` applied.
-fn merge_change(name: &str, current: Option<&Value>, change: &Change) -> Result<Value, CliError> {
-    let mut body = Map::new();
-    let limit = change
-        .limit
-        .or_else(|| current.and_then(|c| c["limit"].as_f64()))
-        .ok_or_else(|| {
-            CliError::new(format!(
-                "quota {name:?} does not exist yet: --limit is required to create it"
-            ))
-        })?;
-    body.insert("limit".into(), json!(limit));
-    let keep = |field: &str| current.and_then(|c| c[field].as_f64());
-    if let Some(low) = change.low_burst.or_else(|| keep("low_burst")) {
-        body.insert("low_burst".into(), json!(low));
-    }
-    if let Some(high) = change.high_burst.or_else(|| keep("high_burst")) {
-        body.insert("high_burst".into(), json!(high));
-    }
-    let parent = match &change.parent {
-        Some(parent) => parent.clone(),
-        None => current.and_then(|c| c["parent"].as_str().map(str::to_string)),
-    };
-    body.insert("parent".into(), json!(parent));
-    let per_key = change
-        .per_key
-        .or_else(|| current.and_then(|c| c["per_key"].as_bool()))
-        .unwrap_or(false);
-    if per_key {
-        body.insert("per_key".into(), json!(true));
-    }
-    let window = match change.window {
-        Some(window) => window,
-        None => current.and_then(|c| c["window"].as_str().and_then(Window::parse)),
-    };
-    if let Some(window) = window {
-        body.insert("window".into(), json!(window.name()));
-        let sliding = change
-            .sliding
-            .or_else(|| current.and_then(|c| c["sliding"].as_bool()))
-            .unwrap_or(false);
-        if sliding {
-            body.insert("sliding".into(), json!(true));
-        }
-    } else if change.sliding == Some(true) {
-        return Err(CliError::new(format!(
-            "--sliding needs a window quota: add --window (quota {name:?} has none)"
-        )));
-    }
-    Ok(Value::Object(body))
 }
 
 async fn apply(
@@ -589,7 +596,7 @@ async fn apply(
         "v1/apply",
         &[],
         &[("dry_run", flag(dry_run)), ("prune", flag(prune))],
-    );
+    )?;
     let reply = client.send(Method::POST, url, Some(payload)).await?;
     Ok(if json {
         to_json(&reply.body)
@@ -711,109 +718,65 @@ fn shown(value: &Value) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn set_makes_keeps_and_removes_windows() {
-        let change = |window, sliding| Change {
+    fn change() -> Change {
+        Change {
             limit: None,
-            low_burst: None,
-            high_burst: None,
-            parent: None,
-            per_key: None,
-            window,
-            sliding,
-        };
-        let leaky = json!({"limit": 10.0});
-        let made = merge_change(
-            "q",
-            Some(&leaky),
-            &change(Some(Some(Window::Day)), Some(true)),
-        );
-        assert_eq!(
-            made.unwrap(),
-            json!({"limit": 10.0, "parent": null, "window": "1d", "sliding": true})
-        );
-        let daily = json!({"limit": 10.0, "window": "1d", "sliding": true});
-        let kept = merge_change("q", Some(&daily), &change(None, None)).unwrap();
-        assert_eq!(
-            (&kept["window"], &kept["sliding"]),
-            (&json!("1d"), &json!(true))
-        );
-        let fixed = merge_change("q", Some(&daily), &change(None, Some(false))).unwrap();
-        assert!(fixed["sliding"].is_null());
-        let gone = merge_change("q", Some(&daily), &change(Some(None), None)).unwrap();
-        assert!(gone["window"].is_null() && gone["sliding"].is_null());
-        let error = merge_change("q", Some(&leaky), &change(None, Some(true))).unwrap_err();
-        assert!(error.to_string().contains("--window"), "{error}");
-        assert!(parse_window_flag("month").is_ok() && parse_window_flag("none").is_ok());
-        assert!(parse_window_flag("2m").unwrap_err().contains("1s, 10s, 1m"));
-    }
-
-    #[test]
-    fn set_keeps_what_is_not_given_and_can_detach() {
-        let current = json!({"limit": 10.0, "low_burst": 20.0, "high_burst": 30.0, "parent": "p"});
-        let change = Change {
-            limit: Some(5.0),
             low_burst: None,
             high_burst: None,
             parent: None,
             per_key: None,
             window: None,
             sliding: None,
-        };
-        let body = merge_change("q", Some(&current), &change).unwrap();
+        }
+    }
+
+    #[test]
+    fn set_sends_only_the_flags_given() {
+        let body = serde_json::to_value(
+            Change {
+                limit: Some(5.0),
+                ..change()
+            }
+            .into_patch(),
+        )
+        .unwrap();
+        assert_eq!(body, json!({"limit": 5.0}));
+        let body = serde_json::to_value(
+            Change {
+                parent: Some(None),
+                per_key: Some(false),
+                window: Some(Some(Window::Day)),
+                sliding: Some(true),
+                high_burst: Some(2.0),
+                ..change()
+            }
+            .into_patch(),
+        )
+        .unwrap();
         assert_eq!(
             body,
-            json!({"limit": 5.0, "low_burst": 20.0, "high_burst": 30.0, "parent": "p"})
+            json!({"parent": null, "per_key": false, "window": "1d", "sliding": true,
+                   "high_burst": 2.0})
         );
-        let detach = Change {
-            limit: None,
-            low_burst: None,
-            high_burst: None,
-            parent: Some(None),
-            per_key: None,
-            window: None,
-            sliding: None,
-        };
-        assert_eq!(
-            merge_change("q", Some(&current), &detach).unwrap()["parent"],
-            Value::Null
-        );
-        // A per-key template stays one unless --shared says otherwise.
-        let template = json!({"limit": 10.0, "per_key": true});
-        assert_eq!(
-            merge_change("q", Some(&template), &detach).unwrap()["per_key"],
-            json!(true)
-        );
-        let shared = Change {
-            per_key: Some(false),
-            ..detach
-        };
-        assert!(merge_change("q", Some(&template), &shared).unwrap()["per_key"].is_null());
     }
 
     #[test]
-    fn set_needs_a_limit_for_a_new_quota() {
-        let change = Change {
-            limit: None,
-            low_burst: Some(1.0),
-            high_burst: None,
-            parent: None,
-            per_key: None,
-            window: None,
-            sliding: None,
-        };
-        assert!(merge_change("q", None, &change)
-            .unwrap_err()
-            .message
-            .contains("--limit"));
-        let change = Change {
-            limit: Some(3.0),
-            ..change
-        };
-        assert_eq!(
-            merge_change("q", None, &change).unwrap(),
-            json!({"limit": 3.0, "low_burst": 1.0, "parent": null})
-        );
+    fn a_window_set_to_none_is_fixed_too() {
+        let patch = Change {
+            window: Some(None),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!((patch.window, patch.sliding), (Some(None), Some(false)));
+        let patch = Change {
+            window: Some(None),
+            sliding: Some(true),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!(patch.sliding, Some(true), "the root says why not");
+        assert!(parse_window_flag("month").is_ok() && parse_window_flag("none").is_ok());
+        assert!(parse_window_flag("2m").unwrap_err().contains("1s, 10s, 1m"));
     }
 
     #[test]

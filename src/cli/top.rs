@@ -83,7 +83,7 @@ pub fn run(args: TopArgs) -> ExitCode {
 /// One frame: the overview as text, or as JSON with `--json`.
 async fn frame(client: &Client, args: &TopArgs) -> Result<String, CliError> {
     let top = args.top.to_string();
-    let url = client.url("v1/overview", &[], &[("top", Some(top.as_str()))]);
+    let url = client.url("v1/overview", &[], &[("top", Some(top.as_str()))])?;
     let reply = client.send(Method::GET, url, None).await?;
     Ok(if args.json {
         let mut text = if args.once {

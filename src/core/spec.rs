@@ -101,6 +101,133 @@ impl QuotaSpec {
     }
 }
 
+/// A change to some fields of one quota (`PATCH /v1/quotas/{name}`,
+/// `sluice quota set`): a field left out keeps its value, so an edit
+/// changes only what its author touched.
+///
+/// `null` clears a field that may be absent: `parent` (top-level),
+/// `window` (a leaky bucket), `low_burst` and `high_burst` (their
+/// defaults, from the merged limit). `limit`, `per_key` and `sliding`
+/// have no `null`. The merged quota is checked as a whole, as a
+/// [`QuotaSpec`] is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaPatch {
+    /// The quota's name; the admin API takes it from the path, and a body
+    /// may repeat it but not change it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `Some(None)` makes the quota top-level.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub parent: Option<Option<String>>,
+    /// Leak rate (or units per window).
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub limit: Option<f64>,
+    /// `Some(None)`: back to its default, the limit.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub low_burst: Option<Option<f64>>,
+    /// `Some(None)`: back to its default, the low burst.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub high_burst: Option<Option<f64>>,
+    /// A per-key template, or a plain quota again.
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub per_key: Option<bool>,
+    /// `Some(None)` makes the quota a leaky bucket again.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub window: Option<Option<Window>>,
+    /// A sliding window, or a fixed one.
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sliding: Option<bool>,
+}
+
+impl QuotaPatch {
+    /// True when the patch names no field to change.
+    pub fn is_empty(&self) -> bool {
+        let Self {
+            name: _,
+            parent,
+            limit,
+            low_burst,
+            high_burst,
+            per_key,
+            window,
+            sliding,
+        } = self;
+        parent.is_none()
+            && limit.is_none()
+            && low_burst.is_none()
+            && high_burst.is_none()
+            && per_key.is_none()
+            && window.is_none()
+            && sliding.is_none()
+    }
+
+    /// `current` with this patch's fields put in (unchecked: validate the
+    /// result).
+    pub fn applied_to(&self, current: &QuotaSpec) -> QuotaSpec {
+        fn pick<T: Clone>(given: &Option<T>, current: &T) -> T {
+            given.clone().unwrap_or_else(|| current.clone())
+        }
+        QuotaSpec {
+            name: current.name.clone(),
+            parent: pick(&self.parent, &current.parent),
+            limit: pick(&self.limit, &current.limit),
+            low_burst: pick(&self.low_burst, &current.low_burst),
+            high_burst: pick(&self.high_burst, &current.high_burst),
+            per_key: pick(&self.per_key, &current.per_key),
+            window: pick(&self.window, &current.window),
+            sliding: pick(&self.sliding, &current.sliding),
+        }
+    }
+}
+
+/// A field that is present, `null` included (`Some(None)`); serde leaves
+/// an absent one at its default (`None`).
+fn given<'de, D, T>(de: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(de).map(Some)
+}
+
+/// A field that may be absent but not `null`.
+fn not_null<'de, D, T>(de: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(de).map(Some)
+}
+
 /// Parses a JSON quota file (wrapped or bare) without checking the quotas,
 /// for callers that check them against more than the file (the root merges
 /// a file with the quotas it already has).
@@ -732,5 +859,68 @@ mod tests {
         }
         assert!(QuotaSet::new(qs[..8].to_vec()).is_ok());
         assert!(QuotaSet::new(qs).is_err());
+    }
+
+    fn sliding_per_key() -> QuotaSpec {
+        QuotaSpec {
+            parent: Some("s3_photos".into()),
+            low_burst: Some(4.0),
+            high_burst: Some(5.0),
+            per_key: true,
+            window: Some(Window::Minute),
+            sliding: true,
+            ..QuotaSpec::new("per_client", 5.0)
+        }
+    }
+
+    #[test]
+    fn a_patch_changes_only_the_fields_it_names() {
+        let current = sliding_per_key();
+        let patch: QuotaPatch = serde_json::from_str(r#"{"limit": 6}"#).unwrap();
+        assert_eq!(
+            patch.applied_to(&current),
+            QuotaSpec {
+                limit: 6.0,
+                ..current.clone()
+            }
+        );
+        let empty: QuotaPatch = serde_json::from_str("{}").unwrap();
+        assert!(empty.is_empty());
+        assert_eq!(empty.applied_to(&current), current);
+    }
+
+    #[test]
+    fn null_clears_the_nullable_fields_of_a_patch() {
+        let current = sliding_per_key();
+        let patch: QuotaPatch = serde_json::from_str(
+            r#"{"parent": null, "window": null, "sliding": false, "low_burst": null, "high_burst": null}"#,
+        )
+        .unwrap();
+        let merged = patch.applied_to(&current);
+        assert_eq!(merged.parent, None);
+        assert_eq!((merged.window, merged.sliding), (None, false));
+        assert_eq!((merged.low(), merged.high()), (5.0, 5.0));
+        assert!(merged.per_key);
+        // Serialised back, a cleared field stays an explicit null.
+        let text = serde_json::to_value(&patch).unwrap();
+        assert_eq!(text["parent"], serde_json::Value::Null);
+        assert!(text.as_object().unwrap().contains_key("window"));
+        assert!(!text.as_object().unwrap().contains_key("limit"));
+    }
+
+    #[test]
+    fn a_patch_refuses_unknown_fields_and_nulls_without_a_meaning() {
+        for body in [
+            r#"{"limit": null}"#,
+            r#"{"per_key": null}"#,
+            r#"{"sliding": null}"#,
+            r#"{"limits": 5}"#,
+            r#"{"window": "2m"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<QuotaPatch>(body).is_err(),
+                "{body} was accepted"
+            );
+        }
     }
 }

@@ -5,6 +5,12 @@
 //! that it answers syncs and admin reads with 503 rather than serve a state
 //! it does not have. Afterwards a database outage only makes it read-only:
 //! syncs go on with the quotas it holds.
+//!
+//! Two things make a ready root read-only: the database cannot be reached
+//! (**down**), or it can but takes no writes from this root (**read-only**:
+//! a read-only file or server, or a database that is not the one loaded;
+//! see `store/watch.rs`). Either is **degraded**: `/healthz` answers 503
+//! with the reason while syncs are still served.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -20,7 +26,9 @@ pub struct HealthSnapshot {
     pub ready: bool,
     /// The last database operation succeeded.
     pub db_up: bool,
-    /// The last database error, while down.
+    /// The database takes this root's writes.
+    pub db_writable: bool,
+    /// The last database error while down, or why it takes no writes.
     pub db_error: Option<String>,
     /// Seconds since the database went down, while down.
     pub down_for: Option<f64>,
@@ -43,6 +51,28 @@ struct Outage {
     unlogged: u64,
 }
 
+impl HealthSnapshot {
+    /// `starting` until the first load, `degraded` while writes are
+    /// refused (database down or read-only), `ok` otherwise.
+    pub fn status(&self) -> &'static str {
+        match (self.ready, self.db_up && self.db_writable) {
+            (false, _) => "starting",
+            (true, false) => "degraded",
+            (true, true) => "ok",
+        }
+    }
+
+    /// The database as `/healthz` names its state: `up`, `down` or
+    /// `read_only`.
+    pub fn db_state(&self) -> &'static str {
+        match (self.db_up, self.db_writable) {
+            (false, _) => "down",
+            (true, false) => "read_only",
+            (true, true) => "up",
+        }
+    }
+}
+
 /// Readiness and database state of one root.
 #[derive(Debug)]
 pub struct Health {
@@ -50,6 +80,8 @@ pub struct Health {
     ready: AtomicBool,
     /// The last database operation succeeded.
     db_up: AtomicBool,
+    /// Why the database takes no writes, while it does not.
+    read_only: Mutex<Option<String>>,
     /// Database failures since start.
     failures: AtomicU64,
     /// The current outage, for messages and log rate limiting.
@@ -65,6 +97,7 @@ impl Default for Health {
             // Unknown until the first attempt; starting "up" avoids a
             // spurious recovery line.
             db_up: AtomicBool::new(true),
+            read_only: Mutex::new(None),
             failures: AtomicU64::new(0),
             outage: Mutex::new(Outage::default()),
             reloaded: Mutex::new(None),
@@ -142,22 +175,50 @@ impl Health {
         }
     }
 
-    /// The last database error, while the database is down.
-    pub fn db_error(&self) -> Option<String> {
-        if self.db_up() {
-            return None;
+    /// Records that the database takes no writes, and why; logged when
+    /// the reason changes.
+    pub fn db_read_only(&self, reason: &str) {
+        let mut read_only = lock(&self.read_only);
+        if read_only.as_deref() != Some(reason) {
+            tracing::error!(
+                reason,
+                "the database takes no writes; serving the quotas already loaded, read-only, \
+                 admin writes refused"
+            );
+            *read_only = Some(reason.to_string());
         }
-        lock(&self.outage).error.clone()
+    }
+
+    /// Records that the database takes writes; logs the recovery once.
+    pub fn db_writable(&self) {
+        if lock(&self.read_only).take().is_some() {
+            tracing::info!("the database takes writes again");
+        }
+    }
+
+    /// Why writes are refused: the database's error while it is down, or
+    /// why it takes no writes.
+    pub fn db_error(&self) -> Option<String> {
+        if !self.db_up() {
+            return lock(&self.outage).error.clone();
+        }
+        lock(&self.read_only).clone()
     }
 
     /// Everything at once, for `/healthz` and `/metrics`.
     pub fn snapshot(&self) -> HealthSnapshot {
         let db_up = self.db_up();
+        let read_only = lock(&self.read_only).clone();
         let outage = lock(&self.outage);
         HealthSnapshot {
             ready: self.is_ready(),
             db_up,
-            db_error: if db_up { None } else { outage.error.clone() },
+            db_writable: read_only.is_none(),
+            db_error: if db_up {
+                read_only
+            } else {
+                outage.error.clone()
+            },
             down_for: if db_up {
                 None
             } else {
@@ -171,7 +232,7 @@ impl Health {
 
 /// Locks a mutex, ignoring poisoning: the data is plain bookkeeping that
 /// stays consistent even if a holder panicked.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -195,5 +256,29 @@ mod tests {
         let snap = health.snapshot();
         assert!(snap.db_up && snap.ready && snap.db_error.is_none());
         assert!(snap.since_reload.is_some());
+        assert_eq!(snap.status(), "ok");
+    }
+
+    #[test]
+    fn a_database_that_takes_no_writes_degrades_until_it_does() {
+        let health = Health::default();
+        health.reloaded();
+        health.db_read_only("the database file q.db was deleted");
+        let snap = health.snapshot();
+        assert!(snap.db_up && !snap.db_writable);
+        assert_eq!((snap.status(), snap.db_state()), ("degraded", "read_only"));
+        assert_eq!(
+            health.db_error().as_deref(),
+            Some("the database file q.db was deleted")
+        );
+        // Down wins: its error is what a write would meet first.
+        health.db_failed("connection refused");
+        assert_eq!(health.snapshot().db_state(), "down");
+        assert_eq!(health.db_error().as_deref(), Some("connection refused"));
+        health.reloaded();
+        health.db_writable();
+        let snap = health.snapshot();
+        assert_eq!((snap.status(), snap.db_state()), ("ok", "up"));
+        assert!(snap.db_error.is_none() && health.db_error().is_none());
     }
 }

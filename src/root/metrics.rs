@@ -489,7 +489,7 @@ fn render_connections(c: &ConnectionStats, out: &mut String) {
 fn render_state(scrape: &Scrape, out: &mut String) {
     let s = &scrape.stats;
     let h = &scrape.health;
-    let gauges: [(&str, &str, f64); 10] = [
+    let gauges: [(&str, &str, f64); 11] = [
         ("quotas", "Live quotas held.", s.quotas as f64),
         (
             "quota_tombstones",
@@ -532,6 +532,11 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "db_up",
             "1 when the last database operation succeeded.",
             f64::from(u8::from(h.db_up)),
+        ),
+        (
+            "db_writable",
+            "1 when the database takes writes: 0 while it is read-only, or not the database loaded (deleted, replaced, its epoch gone back).",
+            f64::from(u8::from(h.db_writable)),
         ),
     ];
     for (name, help, value) in gauges {
@@ -618,6 +623,7 @@ mod tests {
             health: HealthSnapshot {
                 ready: true,
                 db_up: false,
+                db_writable: true,
                 db_error: Some("refused".into()),
                 down_for: Some(1.0),
                 since_reload: Some(2.0),
@@ -656,6 +662,7 @@ mod tests {
             "sluice_root_quotas 3",
             "sluice_root_quota_epoch 9",
             "sluice_root_db_up 0",
+            "sluice_root_db_writable 1",
             "sluice_root_db_down_seconds 1",
             "sluice_root_limiters_active 2",
             "sluice_root_connections 7",

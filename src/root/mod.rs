@@ -6,8 +6,9 @@
 //! memory only, in its own monotonic clock; answers limiters' syncs
 //! (`POST /v1/sync`, [`crate::wire`]); and serves the admin API, a web
 //! console, `/healthz` and `/metrics`. Several roots may share one database; they never talk to
-//! each other. If the database goes away a root keeps serving what it has,
-//! read-only, and recovers by itself.
+//! each other. If the database goes away, or stops being the one it loaded,
+//! a root keeps serving what it has, read-only, and recovers by itself
+//! when it is back.
 //!
 //! # Layout
 //!
@@ -36,7 +37,8 @@
 //!   - `trust.rs` — the level cap and per-limiter allowances: how much of
 //!     a limiter's deltas a root believes.
 //! - `store/` — the database: schema migrations (`migrations/`), epochs,
-//!   single writes, bulk apply.
+//!   single writes (put, patch, delete), bulk apply, and the watch on the
+//!   database (`watch.rs`: deleted, replaced, behind, read-only).
 //! - `api/` — the HTTP handlers and error replies, the overview and the
 //!   web console (`/ui`, its files in `ui/`).
 //! - `metrics.rs` — event counts and the Prometheus text.

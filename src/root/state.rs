@@ -16,7 +16,7 @@ use super::credentials::{Credentials, LogGate};
 use super::health::Health;
 use super::ledger::Ledger;
 use super::metrics::{Metrics, Scrape};
-use super::store::{Store, StoreError, LOAD_PAGE};
+use super::store::{DbState, Store, StoreError, LOAD_PAGE};
 
 /// Window in which a limiter counts as active (metrics, overview).
 pub const ACTIVE_WINDOW: Nanos = 300 * 1_000_000_000;
@@ -115,13 +115,32 @@ impl RootState {
         &self.ledger
     }
 
-    /// Reads every quota change after the last one seen and applies them
-    /// at once (so a bulk apply never shows half), migrating the schema
-    /// first if this process has not yet. Returns how many quotas changed.
+    /// Looks at the database, then reads every quota change after the
+    /// last one seen and applies them at once (so a bulk apply never shows
+    /// half), migrating the schema first if this process has not yet.
+    /// Returns how many quotas changed.
+    ///
+    /// A database that is not the one loaded (`store/watch.rs`) is not
+    /// read: the root keeps what it holds and refuses writes until it is
+    /// back. A read-only one is read, and writes refused.
     pub async fn reload(&self) -> Result<usize, StoreError> {
         let mut cursor = self.reload_cursor.lock().await;
-        let result = self.read_changes(*cursor).await;
-        let (quotas, after, invalid) = match result {
+        let looked = self.look_at_db().await;
+        let db = match looked {
+            Ok(DbState::Lost(reason)) => return Err(self.lost(reason)),
+            Ok(db) => Ok(db),
+            Err(error) => Err(error),
+        };
+        let result = match db {
+            Ok(db) => self.read_changes(*cursor).await.map(|read| (db, read)),
+            Err(error) => Err(error),
+        };
+        if let (Ok(_), DbState::Lost(reason)) = (&result, self.store.file_state()) {
+            // The file changed while it was read: what was read may be
+            // another database's.
+            return Err(self.lost(reason));
+        }
+        let (db, (quotas, after, invalid)) = match result {
             Ok(read) => read,
             Err(error) => {
                 self.health.db_failed(&error.to_string());
@@ -133,6 +152,10 @@ impl RootState {
         let changed = self.ledger().load(quotas, self.now());
         *cursor = after;
         self.health.reloaded();
+        match db.refusal() {
+            Some(reason) => self.health.db_read_only(reason),
+            None => self.health.db_writable(),
+        }
         self.metrics.reload(true, loaded, invalid);
         if changed > 0 {
             tracing::debug!(changed, epoch = after.epoch, "quotas reloaded");
@@ -140,14 +163,39 @@ impl RootState {
         Ok(changed)
     }
 
+    /// Records a reload that did not read a lost database.
+    fn lost(&self, reason: String) -> StoreError {
+        self.health.db_read_only(&reason);
+        self.metrics.reload(false, 0, 0);
+        StoreError::ReadOnly(reason)
+    }
+
+    /// Before the first load, prepares the database (creating a missing
+    /// SQLite file, adopting the file there) and migrates the schema; then
+    /// looks whether it is still the one loaded and takes writes.
+    ///
+    /// A database that refuses writes cannot be migrated, but may hold a
+    /// current schema (a root restarted on a read-only server or a
+    /// standby): it is read, and the migration tried again next time.
+    async fn look_at_db(&self) -> Result<DbState, StoreError> {
+        if !self.migrated.load(Ordering::Acquire) {
+            match self.store.migrate().await {
+                Ok(()) => self.migrated.store(true, Ordering::Release),
+                Err(StoreError::ReadOnly(reason)) => {
+                    tracing::warn!(reason, "cannot migrate a database that takes no writes");
+                }
+                Err(error) => return Err(error),
+            }
+        } else if !self.health.is_ready() {
+            self.store.prepare()?;
+        }
+        self.store.inspect().await
+    }
+
     async fn read_changes(
         &self,
         mut after: QuotaCursor,
     ) -> Result<(Vec<crate::core::Quota>, QuotaCursor, usize), StoreError> {
-        if !self.migrated.load(Ordering::Acquire) {
-            self.store.migrate().await?;
-            self.migrated.store(true, Ordering::Release);
-        }
         let mut quotas = Vec::new();
         let mut invalid = 0;
         loop {
@@ -176,8 +224,9 @@ impl RootState {
     }
 
     /// Runs a database write: refused with 503 while the database is known
-    /// to be down or the root not ready, queued behind this root's other
-    /// writes, and followed by a reload so the reply reflects it.
+    /// to be down or to take no writes, or the root is not ready; queued
+    /// behind this root's other writes, and followed by a reload so the
+    /// reply reflects it.
     pub async fn write<T>(
         &self,
         operation: impl Future<Output = Result<T, StoreError>>,
@@ -202,6 +251,7 @@ impl RootState {
         let result = operation.await;
         match &result {
             Err(StoreError::Unavailable(reason)) => self.health.db_failed(reason),
+            Err(StoreError::ReadOnly(reason)) => self.health.db_read_only(reason),
             Err(StoreError::Internal(_)) => {}
             _ => self.health.db_ok(),
         }
@@ -215,7 +265,11 @@ impl RootState {
             ));
         }
         if let Some(reason) = self.health.db_error() {
-            return Err(StoreError::Unavailable(reason));
+            return Err(if self.health.db_up() {
+                StoreError::ReadOnly(reason)
+            } else {
+                StoreError::Unavailable(reason)
+            });
         }
         Ok(())
     }

@@ -76,7 +76,9 @@ impl PgCluster {
         Self::start_new().map_or_else(unavailable, Some)
     }
 
-    fn start_new() -> Result<Self, String> {
+    /// A stopped cluster's directory, port and watchdog, nothing in its
+    /// data directory yet.
+    fn empty() -> Result<Self, String> {
         let bin = find_bin()?;
         let as_postgres = is_root();
         let dir = tempfile::Builder::new()
@@ -89,15 +91,47 @@ impl PgCluster {
                 .args(["-R", "postgres:postgres"])
                 .arg(&dir))?;
         }
-        let port = free_port()?;
         let cluster = Self {
             bin,
             dir,
-            port,
+            port: free_port()?,
             as_postgres,
             databases: AtomicU32::new(0),
         };
         cluster.spawn_watchdog()?;
+        Ok(cluster)
+    }
+
+    /// A hot standby of this cluster (streaming from it, read-only until
+    /// [`Self::promote`]), or `None` (after saying why) when one cannot
+    /// be made here.
+    pub fn standby(&self) -> Option<Self> {
+        let make = || -> Result<Self, String> {
+            let standby = Self::empty()?;
+            run(standby
+                .tool("pg_basebackup")
+                .arg("-D")
+                .arg(standby.data())
+                .args(["-R", "--checkpoint=fast", "-h", "127.0.0.1"])
+                .args(["-U", "postgres", "-p", &self.port.to_string()]))?;
+            standby.start_blocking()?;
+            Ok(standby)
+        };
+        make().map_or_else(unavailable, Some)
+    }
+
+    /// Promotes a standby: it takes writes from now on.
+    pub async fn promote(&self) {
+        let mut command = self.tool("pg_ctl");
+        command
+            .arg("-D")
+            .arg(self.data())
+            .args(["-w", "-t", "60", "promote"]);
+        blocking(command).await.expect("pg_ctl promote");
+    }
+
+    fn start_new() -> Result<Self, String> {
+        let cluster = Self::empty()?;
         let data = cluster.data();
         run(cluster.tool("initdb").arg("-D").arg(&data).args([
             "-A",

@@ -118,6 +118,15 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }
 
+    /// 412 for a write whose `If-Match` or `If-None-Match` does not hold.
+    pub fn precondition_failed(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field.into()),
+            rejection: Some(Rejection::Invalid),
+            ..Self::new(StatusCode::PRECONDITION_FAILED, message)
+        }
+    }
+
     /// 404.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self {
@@ -178,9 +187,15 @@ impl From<StoreError> for ApiError {
                 Self::validation(StatusCode::BAD_REQUEST, quota, error)
             }
             StoreError::Conflict(error) => Self::validation(StatusCode::CONFLICT, None, error),
+            StoreError::Precondition(error) => {
+                Self::precondition_failed(error.field.to_string(), error.message)
+            }
             StoreError::NotFound(name) => Self::not_found(format!("no quota named {name:?}")),
             StoreError::Unavailable(_) => Self::unavailable(format!(
                 "{error}; the root is read-only until the database is back"
+            )),
+            StoreError::ReadOnly(_) => Self::unavailable(format!(
+                "{error}; the root serves the quotas it has loaded, read-only"
             )),
             StoreError::Config(_) | StoreError::Internal(_) => Self::internal(error.to_string()),
         }

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `POST /v1/sync` | sync token or the limiter's own | limiter sync ([`crate::wire`]) |
 //! | `GET /v1/quotas?prefix=&after=&limit=` | admin token | list quotas |
-//! | `GET/PUT/DELETE /v1/quotas/{name}` | admin token | one quota |
+//! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}` | admin token | one quota: read, replace, change some fields, delete |
 //! | `GET /v1/quotas/{name}/keys?top=` | admin token | busiest keys of a per-key quota |
 //! | `GET /v1/quotas/{name}/keys/{hash}` | admin token | one key, by hash |
 //! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
@@ -76,6 +76,7 @@ pub fn router(state: Arc<RootState>) -> Router {
             "/v1/quotas/{name}",
             get(quotas::get)
                 .put(quotas::put)
+                .patch(quotas::patch)
                 .delete(quotas::delete)
                 .layer(DefaultBodyLimit::max(limits.admin)),
         )

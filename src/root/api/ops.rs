@@ -13,11 +13,18 @@ use super::json_response;
 
 #[derive(Serialize)]
 struct HealthReply {
-    /// `ok`; `degraded` while the database is down (serving what is
-    /// loaded); `starting` until the first load.
+    /// `ok`; `degraded` while the database is down or takes no writes
+    /// (serving what is loaded, read-only); `starting` until the first
+    /// load.
     status: &'static str,
+    /// Quotas loaded: syncs are served (also while degraded).
     ready: bool,
+    /// `up`, `down` (unreachable) or `read_only` (reachable, but takes no
+    /// writes: read-only, or not the database loaded).
     db: &'static str,
+    /// Admin writes are accepted.
+    writable: bool,
+    /// Why the database is down or takes no writes.
     #[serde(skip_serializing_if = "Option::is_none")]
     db_error: Option<String>,
     /// Seconds since the database went down, while it is.
@@ -30,20 +37,18 @@ struct HealthReply {
     counters: usize,
 }
 
-/// `GET /healthz`: 200 once quotas are loaded (even while the database is
-/// down: syncs are still served), 503 before.
+/// `GET /healthz`: 200 when everything works; 503 before quotas are
+/// loaded, and while the database is down or takes no writes (syncs are
+/// still served then: `ready` says so).
 pub async fn healthz(State(state): State<Arc<RootState>>) -> Response {
     let health = state.health.snapshot();
     let stats = state.ledger().stats();
-    let status = match (health.ready, health.db_up) {
-        (false, _) => "starting",
-        (true, false) => "degraded",
-        (true, true) => "ok",
-    };
+    let status = health.status();
     let reply = HealthReply {
         status,
         ready: health.ready,
-        db: if health.db_up { "up" } else { "down" },
+        db: health.db_state(),
+        writable: status == "ok",
         db_error: health.db_error,
         db_down_secs: health.down_for,
         backend: state.store.backend().name(),
@@ -52,7 +57,7 @@ pub async fn healthz(State(state): State<Arc<RootState>>) -> Response {
         quotas: stats.quotas,
         counters: stats.counters,
     };
-    let code = if health.ready {
+    let code = if status == "ok" {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

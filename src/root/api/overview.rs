@@ -125,8 +125,8 @@ pub struct RootPart {
     pub version: &'static str,
     /// Instance id (hex), new at every start.
     pub instance: String,
-    /// `ok`; `degraded` while the database is down; `starting` until the
-    /// first load (as `/healthz`).
+    /// `ok`; `degraded` while the database is down or takes no writes;
+    /// `starting` until the first load (as `/healthz`).
     pub status: &'static str,
     /// Quotas have been loaded.
     pub ready: bool,
@@ -139,6 +139,9 @@ pub struct DbPart {
     pub backend: &'static str,
     /// The last operation succeeded.
     pub up: bool,
+    /// It takes this root's writes (false: read-only, or not the database
+    /// the root loaded; `error` says why).
+    pub writable: bool,
     /// Seconds it has been down, while it is.
     pub down_seconds: Option<f64>,
     /// Seconds since the last successful reload.
@@ -489,16 +492,13 @@ async fn overview(
         root: RootPart {
             version: env!("CARGO_PKG_VERSION"),
             instance: format!("{:016x}", state.instance),
-            status: match (health.ready, health.db_up) {
-                (false, _) => "starting",
-                (true, false) => "degraded",
-                (true, true) => "ok",
-            },
+            status: health.status(),
             ready: health.ready,
         },
         db: DbPart {
             backend: state.store.backend().name(),
             up: health.db_up,
+            writable: health.db_writable,
             down_seconds: health.down_for,
             reload_age_seconds: health.since_reload,
             failures: health.db_failures,

@@ -1,21 +1,28 @@
-//! `/v1/quotas`: list, get, put and delete single quotas.
+//! `/v1/quotas`: list, get, put, patch and delete single quotas.
 //!
 //! Reads come from the root's memory (so they work while the database is
 //! down and show live counter levels); writes go to the database and are
 //! reloaded before the reply, so a client reads its own writes.
+//!
+//! `PUT` replaces a quota whole (a field left out takes its default);
+//! `PATCH` changes the fields it names and keeps the others. A quota's
+//! epoch is its version: `GET` sends it as the `ETag`, and a write with
+//! `If-Match: "<epoch>"` is refused with 412 when the quota changed since
+//! (`If-None-Match: *` puts only a new quota), so two editors never
+//! overwrite each other unseen.
 
 use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
 use crate::core::quota::{validate_name, validate_name_prefix};
-use crate::core::spec::QuotaSpec;
+use crate::core::spec::{QuotaPatch, QuotaSpec};
 use crate::root::state::RootState;
-use crate::root::store::PutOutcome;
+use crate::root::store::{Expect, PutOutcome};
 
 use super::view::{view, QuotaView};
 use super::{json_response, ApiError, JsonBody};
@@ -25,7 +32,7 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// Largest page size of a listing.
 pub const MAX_LIST_LIMIT: usize = 10_000;
 
-/// Reply of a put.
+/// Reply of a put or a patch.
 #[derive(Serialize)]
 struct PutReply {
     /// False when the quota already had these values.
@@ -102,7 +109,89 @@ pub async fn get(
     require_ready(&state)?;
     let view = lookup(&state, &name)
         .ok_or_else(|| ApiError::not_found(format!("no quota named {name:?}")))?;
-    Ok(json_response(StatusCode::OK, &view))
+    let mut response = json_response(StatusCode::OK, &view);
+    if let Ok(tag) = HeaderValue::from_str(&format!("\"{}\"", view.epoch)) {
+        response.headers_mut().insert(header::ETAG, tag);
+    }
+    Ok(response)
+}
+
+/// What a write expects of the quota, from `If-Match` (`*` or the
+/// quota's epochs as entity tags, `"12"`) and `If-None-Match: *`.
+fn expectation(headers: &HeaderMap) -> Result<Expect, ApiError> {
+    let text = |name: &header::HeaderName| -> Result<Option<&str>, ApiError> {
+        headers
+            .get(name)
+            .map(|v| v.to_str().map(str::trim))
+            .transpose()
+            .map_err(|_| ApiError::invalid(name.as_str(), "not text"))
+    };
+    match (text(&header::IF_MATCH)?, text(&header::IF_NONE_MATCH)?) {
+        (None, None) => Ok(Expect::Anything),
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "If-None-Match",
+            "give If-Match or If-None-Match, not both",
+        )),
+        (None, Some("*")) => Ok(Expect::Absent),
+        (None, Some(_)) => Err(ApiError::invalid(
+            "If-None-Match",
+            "only * is understood: write only if the quota does not exist",
+        )),
+        (Some("*"), None) => Ok(Expect::Exists),
+        (Some(tags), None) => {
+            let epochs: Option<Vec<u64>> = tags
+                .split(',')
+                .map(|tag| {
+                    let tag = tag.trim();
+                    tag.strip_prefix('"')?.strip_suffix('"')?.parse().ok()
+                })
+                .collect();
+            epochs.map(Expect::Epoch).ok_or_else(|| {
+                ApiError::invalid(
+                    "If-Match",
+                    format!(
+                        "{tags:?} is not a quota's ETag: give its epoch in quotes, \"12\" (from \
+                         the ETag of a GET or the epoch of a reply), or *"
+                    ),
+                )
+            })
+        }
+    }
+}
+
+/// The reply of a put or patch that did `outcome` to `name`.
+fn written(state: &RootState, name: &str, outcome: PutOutcome) -> Response {
+    let (status, changed, epoch) = match outcome {
+        PutOutcome::Created(w) => (StatusCode::CREATED, true, w.epoch),
+        PutOutcome::Updated(w) => (StatusCode::OK, true, w.epoch),
+        PutOutcome::Unchanged { epoch, .. } => (StatusCode::OK, false, epoch),
+    };
+    if changed {
+        tracing::info!(
+            quota = name,
+            epoch,
+            created = status == StatusCode::CREATED,
+            "quota written"
+        );
+    }
+    let reply = PutReply {
+        changed,
+        epoch,
+        quota: lookup(state, name),
+    };
+    json_response(status, &reply)
+}
+
+/// Refuses a body naming another quota than the path: a body may repeat
+/// the name, not change it.
+fn same_name(body: &str, path: &str) -> Result<(), ApiError> {
+    if body.is_empty() || body == path {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        "name",
+        format!("the body names {body:?} but the path {path:?}"),
+    ))
 }
 
 /// `GET /v1/quotas?prefix=&after=&limit=`.
@@ -144,44 +233,38 @@ pub async fn list(
     ))
 }
 
-/// `PUT /v1/quotas/{name}`: create or replace. The body is a quota as a
-/// quota file writes it ([`QuotaSpec`]), its name taken from the path.
+/// `PUT /v1/quotas/{name}`: create or replace whole. The body is a quota
+/// as a quota file writes it ([`QuotaSpec`]), its name taken from the
+/// path; a field left out takes its default.
 pub async fn put(
     State(state): State<Arc<RootState>>,
     name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     JsonBody(mut spec): JsonBody<QuotaSpec>,
 ) -> Result<Response, ApiError> {
     let name = quota_name(name)?;
-    // The path names the quota; a body may repeat the name, not change it.
-    if spec.name.is_empty() {
-        spec.name = name;
-    } else if spec.name != name {
-        return Err(ApiError::invalid(
-            "name",
-            format!("the body names {:?} but the path {name:?}", spec.name),
-        ));
-    }
-    spec.validate()?;
-    let outcome = state.write(state.store.put(&spec)).await?;
-    let (status, changed, epoch) = match outcome {
-        PutOutcome::Created(w) => (StatusCode::CREATED, true, w.epoch),
-        PutOutcome::Updated(w) => (StatusCode::OK, true, w.epoch),
-        PutOutcome::Unchanged { epoch, .. } => (StatusCode::OK, false, epoch),
-    };
-    if changed {
-        tracing::info!(
-            quota = spec.name,
-            epoch,
-            created = status == StatusCode::CREATED,
-            "quota written"
-        );
-    }
-    let reply = PutReply {
-        changed,
-        epoch,
-        quota: lookup(&state, &spec.name),
-    };
-    Ok(json_response(status, &reply))
+    same_name(&spec.name, &name)?;
+    spec.name = name;
+    let expect = expectation(&headers)?;
+    let outcome = state.write(state.store.put_if(&spec, &expect)).await?;
+    Ok(written(&state, &spec.name, outcome))
+}
+
+/// `PATCH /v1/quotas/{name}`: change the fields the body names
+/// ([`QuotaPatch`]) of an existing quota, keep the others.
+pub async fn patch(
+    State(state): State<Arc<RootState>>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    JsonBody(patch): JsonBody<QuotaPatch>,
+) -> Result<Response, ApiError> {
+    let name = quota_name(name)?;
+    same_name(patch.name.as_deref().unwrap_or_default(), &name)?;
+    let expect = expectation(&headers)?;
+    let outcome = state
+        .write(state.store.patch(&name, &patch, &expect))
+        .await?;
+    Ok(written(&state, &name, outcome))
 }
 
 /// `DELETE /v1/quotas/{name}`: leaves a tombstone; refuses a quota with
@@ -189,9 +272,11 @@ pub async fn put(
 pub async fn delete(
     State(state): State<Arc<RootState>>,
     name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let name = quota_name(name)?;
-    let written = state.write(state.store.delete(&name)).await?;
+    let expect = expectation(&headers)?;
+    let written = state.write(state.store.delete(&name, &expect)).await?;
     tracing::info!(quota = name, epoch = written.epoch, "quota deleted");
     let reply = DeleteReply {
         deleted: name,

@@ -13,12 +13,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, Transaction};
 
 use crate::core::spec::{QuotaSet, QuotaSpec, SpecError};
 use crate::core::Window;
 
-use super::{rows, unix_millis, Store, StoreError};
+use super::rows::{self, StoredRow};
+use super::{unix_millis, Store, StoreError};
 
 /// Options of an apply.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,13 +80,6 @@ pub struct ApplyOutcome {
     pub epoch: Option<u64>,
 }
 
-/// A quota row as the apply needs it: by name, parent by name.
-#[derive(Clone, Debug)]
-struct Existing {
-    spec: QuotaSpec,
-    deleted: bool,
-}
-
 /// Rows per multi-row INSERT (ten parameters each). Binding slows down
 /// more than linearly with the parameter count on SQLite: 100k quotas take
 /// 1.0 s in chunks of 50 rows, 2.2 s in chunks of 200 and 8.8 s in chunks
@@ -119,7 +113,7 @@ impl Store {
             return Ok(ApplyOutcome { diff, epoch: None });
         }
         write_diff(&mut tx, &set, &existing, &diff, &depths, epoch).await?;
-        tx.commit().await?;
+        self.commit_write(tx, epoch).await?;
         Ok(ApplyOutcome {
             diff,
             epoch: Some(epoch),
@@ -159,40 +153,19 @@ fn spec_error(error: SpecError) -> StoreError {
     }
 }
 
+/// Every row by name, tombstones included.
 async fn load_all(
     tx: &mut Transaction<'static, Any>,
-) -> Result<HashMap<String, Existing>, StoreError> {
-    let rows = sqlx::query(
-        r#"SELECT q.name, p.name, q."limit", q.low_burst, q.high_burst, q.deleted, q.per_key,
-                  q.count_window, q.sliding
-           FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#,
-    )
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut existing = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let spec = QuotaSpec {
-            name: row.try_get(0)?,
-            parent: row.try_get(1)?,
-            limit: row.try_get(2)?,
-            low_burst: Some(row.try_get(3)?),
-            high_burst: Some(row.try_get(4)?),
-            per_key: row.try_get::<i64, _>(6)? != 0,
-            // An unknown window in the database (written by a newer
-            // sluice) reads as none: the apply then rewrites the row.
-            window: row
-                .try_get::<Option<String>, _>(7)?
-                .and_then(|w| Window::parse(&w)),
-            sliding: row.try_get::<i64, _>(8)? != 0,
-        };
-        let deleted = row.try_get::<i64, _>(5)? != 0;
-        existing.insert(spec.name.clone(), Existing { spec, deleted });
-    }
-    Ok(existing)
+) -> Result<HashMap<String, StoredRow>, StoreError> {
+    let rows = rows::all(tx).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.spec.name.clone(), row))
+        .collect())
 }
 
 /// The live quotas as they will be after the apply.
-fn merge(set: &[QuotaSpec], existing: &HashMap<String, Existing>, prune: bool) -> Vec<QuotaSpec> {
+fn merge(set: &[QuotaSpec], existing: &HashMap<String, StoredRow>, prune: bool) -> Vec<QuotaSpec> {
     let mut merged = set.to_vec();
     if !prune {
         let in_set: HashMap<&str, ()> = set.iter().map(|q| (q.name.as_str(), ())).collect();
@@ -230,7 +203,7 @@ fn validate_merged(merged: Vec<QuotaSpec>) -> Result<HashMap<String, usize>, Sto
 
 fn diff(
     set: &[QuotaSpec],
-    existing: &HashMap<String, Existing>,
+    existing: &HashMap<String, StoredRow>,
     prune: bool,
     depths: &HashMap<String, usize>,
 ) -> ApplyDiff {
@@ -319,7 +292,7 @@ fn field_changes(current: &QuotaSpec, wanted: &QuotaSpec) -> Vec<FieldChange> {
 async fn write_diff(
     tx: &mut Transaction<'static, Any>,
     set: &[QuotaSpec],
-    existing: &HashMap<String, Existing>,
+    existing: &HashMap<String, StoredRow>,
     diff: &ApplyDiff,
     depths: &HashMap<String, usize>,
     epoch: u64,

@@ -12,7 +12,7 @@ use std::pin::Pin;
 
 use sqlx::error::BoxDynError;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
-use sqlx::AnyPool;
+use sqlx::AnyConnection;
 
 use super::{Backend, StoreError};
 
@@ -81,14 +81,14 @@ impl MigrationSource<'static> for EmbeddedMigrations {
     }
 }
 
-/// Applies every migration of `backend` not applied yet.
-pub(super) async fn run(pool: &AnyPool, backend: Backend) -> Result<(), StoreError> {
+/// Applies every migration of `backend` not applied yet, on `conn`.
+pub(super) async fn run(conn: &mut AnyConnection, backend: Backend) -> Result<(), StoreError> {
     let source = match backend {
         Backend::Sqlite => EmbeddedMigrations(SQLITE),
         Backend::Postgres => EmbeddedMigrations(POSTGRES),
     };
     let migrator = Migrator::new(source).await.map_err(migrate_error)?;
-    migrator.run(pool).await.map_err(migrate_error)
+    migrator.run_direct(conn).await.map_err(migrate_error)
 }
 
 fn migrate_error(error: sqlx::migrate::MigrateError) -> StoreError {

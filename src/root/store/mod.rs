@@ -17,19 +17,27 @@
 //! new epoch, so the deletion reaches limiters through the same incremental
 //! reads. Setting a deleted name again revives the row with its old id.
 //!
+//! **Watch.** Every write commits only into the database the root loaded
+//! and will read again, or is answered 503: see `watch.rs`.
+//!
 //! - `migrations.rs` — the schema, embedded per backend.
-//! - `write.rs` — single-quota writes: put (create, update, re-parent) and
-//!   delete.
+//! - `write.rs` — single-quota writes: put (create or replace), patch
+//!   (merge some fields) and delete, with `If-Match`-style expectations.
 //! - `apply.rs` — bulk apply of a whole quota set in one transaction.
-//! - `rows.rs` — the statements that insert, rewrite and tombstone quota
-//!   rows, shared by both.
+//! - `rows.rs` — the statements that read, insert, rewrite and tombstone
+//!   quota rows, shared by both.
+//! - `watch.rs` — whether the database is still the one loaded (an SQLite
+//!   file deleted or replaced, an epoch gone back) and takes writes.
 
 mod apply;
 mod migrations;
 mod rows;
+mod watch;
 mod write;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -39,7 +47,10 @@ use crate::core::{Quota, ValidationError, Window};
 use crate::wire::QuotaCursor;
 
 pub use apply::{ApplyDiff, ApplyOptions, ApplyOutcome, FieldChange, QuotaUpdate};
-pub use write::{PutOutcome, Written};
+pub use watch::DbState;
+pub use write::{Expect, PutOutcome, Written};
+
+use watch::SqliteFile;
 
 /// Which database a URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +108,14 @@ pub enum StoreError {
     /// The write conflicts with other quotas (deleting a parent).
     #[error("{0}")]
     Conflict(ValidationError),
+    /// The quota is not as the writer expected ([`Expect`]): someone
+    /// changed it since the writer read it.
+    #[error("{0}")]
+    Precondition(ValidationError),
+    /// The database takes no writes now (read-only, or not the database
+    /// the root loaded: see [`DbState`]); the reason.
+    #[error("the database takes no writes: {0}")]
+    ReadOnly(String),
     /// Anything else: a bug or a schema the root does not understand.
     #[error("database error: {0}")]
     Internal(String),
@@ -122,6 +141,9 @@ impl From<sqlx::Error> for StoreError {
                 Self::Unavailable(error.to_string())
             }
             E::Protocol(_) => Self::Unavailable(error.to_string()),
+            E::Database(db) if is_read_only_code(db.code().as_deref()) => {
+                Self::ReadOnly(error.to_string())
+            }
             E::Database(db) if is_unavailable_code(db.code().as_deref()) => {
                 Self::Unavailable(error.to_string())
             }
@@ -130,9 +152,20 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// Database error codes that mean "no writes here": SQLite's read-only
+/// family, PostgreSQL's read-only transaction (a standby,
+/// `default_transaction_read_only`) and insufficient privilege.
+fn is_read_only_code(code: Option<&str>) -> bool {
+    match code {
+        Some("25006" | "42501") => true,
+        Some(code) if code.len() != 5 => code.parse::<i32>().is_ok_and(|c| c & 0xff == 8),
+        _ => false,
+    }
+}
+
 /// Database error codes that mean "not now" rather than "never": SQLite
-/// busy/locked/read-only/I-O/full/cannot-open, PostgreSQL connection
-/// exceptions (08), insufficient resources (53) and shutdown (57P).
+/// busy/locked/I-O/full/cannot-open, PostgreSQL connection exceptions
+/// (08), insufficient resources (53) and shutdown (57P).
 fn is_unavailable_code(code: Option<&str>) -> bool {
     let Some(code) = code else { return false };
     // SQLSTATEs are always five characters; SQLite's extended result codes
@@ -141,7 +174,7 @@ fn is_unavailable_code(code: Option<&str>) -> bool {
         return code.starts_with("08") || code.starts_with("53") || code.starts_with("57P");
     }
     code.parse::<i32>()
-        .is_ok_and(|sqlite| matches!(sqlite & 0xff, 5 | 6 | 8 | 10 | 13 | 14))
+        .is_ok_and(|sqlite| matches!(sqlite & 0xff, 5 | 6 | 10 | 13 | 14))
 }
 
 /// The URL with any password replaced, for messages.
@@ -206,28 +239,42 @@ pub struct Store {
     /// migrations) may take before it is abandoned: a database that stops
     /// answering mid-query must not stall reloads and writes for ever.
     query_timeout: Duration,
+    /// The SQLite file under watch (none for PostgreSQL or in memory).
+    file: Option<Arc<SqliteFile>>,
+    /// Highest epoch seen in the database (read or written): one below it
+    /// means the database went back.
+    highest_epoch: Arc<AtomicU64>,
 }
 
 impl Store {
-    /// A store for `url`; connects on first use. SQLite files are created
-    /// if missing and use write-ahead logging.
+    /// A store for `url`; connects on first use. SQLite files use
+    /// write-ahead logging; one missing at the first load is created
+    /// (unless the URL sets a `mode`), never one missing later.
     pub fn open(url: &str, timeout: Duration, max_connections: u32) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = Backend::of_url(url)?;
         let mut options = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(timeout);
-        let url = match backend {
+        let (url, file) = match backend {
             Backend::Sqlite => {
-                options = options.after_connect(|conn, _meta| {
+                let own_mode = url.contains("mode=");
+                let file = SqliteFile::of_url(url, !own_mode).map(Arc::new);
+                let watch = file.clone();
+                options = options.after_connect(move |conn, _meta| {
+                    let watch = watch.clone();
                     Box::pin(async move {
+                        // Opens the log too: the watch finds both.
                         conn.execute("PRAGMA journal_mode = WAL").await?;
+                        if let Some(file) = watch {
+                            file.connected();
+                        }
                         Ok(())
                     })
                 });
-                sqlite_url_creating(url)
+                (sqlite_url_opening(url), file)
             }
-            Backend::Postgres => url.to_string(),
+            Backend::Postgres => (url.to_string(), None),
         };
         let pool = options
             .connect_lazy(&url)
@@ -238,6 +285,8 @@ impl Store {
             connect_timeout: timeout,
             backend,
             query_timeout: DEFAULT_QUERY_TIMEOUT,
+            file,
+            highest_epoch: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -276,13 +325,7 @@ impl Store {
     /// database` or `connection refused`; or, if that attempt works, that
     /// every connection was busy.
     async fn why_no_connection(&self) -> String {
-        let attempt = async {
-            let mut conn = sqlx::AnyConnection::connect(&self.url.0).await?;
-            if self.backend == Backend::Sqlite {
-                conn.execute("PRAGMA journal_mode = WAL").await?;
-            }
-            conn.close().await
-        };
+        let attempt = async { self.connect_direct().await?.close().await };
         match tokio::time::timeout(self.connect_timeout, attempt).await {
             Ok(Err(error)) => format!("{error} ({NO_CONNECTION})"),
             Err(_) => format!("connecting takes longer than db_timeout ({NO_CONNECTION})"),
@@ -290,15 +333,45 @@ impl Store {
         }
     }
 
+    /// A connection outside the pool, set up as the pool's are.
+    async fn connect_direct(&self) -> Result<sqlx::AnyConnection, sqlx::Error> {
+        let mut conn = sqlx::AnyConnection::connect(&self.url.0).await?;
+        if self.backend == Backend::Sqlite {
+            conn.execute("PRAGMA journal_mode = WAL").await?;
+        }
+        Ok(conn)
+    }
+
     /// Which database this is.
     pub fn backend(&self) -> Backend {
         self.backend
     }
 
-    /// Brings the schema up to date (idempotent; safe with several roots).
+    /// Brings the schema up to date (idempotent; safe with several roots),
+    /// after [`Self::prepare`].
+    ///
+    /// On a connection of its own, closed whatever happens: sqlx's
+    /// migrator leaves its lock (a PostgreSQL advisory lock) held by the
+    /// session when a migration fails (on a read-only database, say), and
+    /// that session must not go back to the pool, where the next attempt
+    /// would wait for it for ever.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.bounded("the migrations", migrations::run(&self.pool, self.backend))
-            .await
+        self.prepare()?;
+        let connect = async {
+            tokio::time::timeout(self.connect_timeout, self.connect_direct())
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable("connecting takes longer than db_timeout".to_string())
+                })?
+                .map_err(StoreError::from)
+        };
+        self.bounded("the migrations", async {
+            let mut conn = connect.await?;
+            let result = migrations::run(&mut conn, self.backend).await;
+            let _ = conn.close().await;
+            result
+        })
+        .await
     }
 
     /// Up to `limit` quotas after `after` in `(epoch, id)` order, tombstones
@@ -361,8 +434,111 @@ impl Store {
         self.pool.close().await;
     }
 
-    /// Opens a write transaction and takes the next epoch in it.
+    /// Before the root's first load (and by [`Self::migrate`]): creates a
+    /// missing SQLite file (when the store may) and adopts the file at its
+    /// path as the database to watch. Later calls re-adopt, so call it
+    /// only until a load works.
+    pub fn prepare(&self) -> Result<(), StoreError> {
+        match &self.file {
+            Some(file) => file.prepare(),
+            None => Ok(()),
+        }
+    }
+
+    /// Looks at the database (see `watch.rs`): still the one loaded, its
+    /// epoch not behind, writable. An error when it cannot be reached.
+    pub async fn inspect(&self) -> Result<DbState, StoreError> {
+        if let Some(file) = &self.file {
+            let state = file.glance();
+            if matches!(state, DbState::Lost(_)) {
+                // Not touched: a new connection would open another file.
+                return Ok(state);
+            }
+        }
+        let epoch = self.epoch().await?;
+        let highest = self.highest_epoch.load(Ordering::Acquire);
+        if epoch < highest {
+            return Ok(DbState::Lost(went_back(epoch, highest)));
+        }
+        self.saw_epoch(epoch);
+        if let Some(file) = &self.file {
+            return Ok(file.look());
+        }
+        match self.bounded("the write check", self.probe_writes()).await {
+            Ok(()) => Ok(DbState::Writable),
+            Err(StoreError::ReadOnly(reason)) => Ok(DbState::ReadOnly(reason)),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Records that the database holds `epoch`.
+    pub fn saw_epoch(&self, epoch: u64) {
+        self.highest_epoch.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// A statement that writes nothing but is checked as every write is
+    /// (read-only transaction, standby, privileges) on each table a write
+    /// touches. It takes no row lock, so a long bulk apply does not hold
+    /// it up.
+    async fn probe_writes(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH m AS (UPDATE meta SET epoch = epoch WHERE false RETURNING 1), \
+                  u AS (UPDATE quotas SET epoch = epoch WHERE false RETURNING 1), \
+                  i AS (INSERT INTO quotas (name, \"limit\", low_burst, high_burst, epoch, \
+                            deleted, created_at, updated_at) \
+                        SELECT name, \"limit\", low_burst, high_burst, epoch, deleted, \
+                            created_at, updated_at FROM quotas WHERE false RETURNING 1) \
+             SELECT 1",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The file at the SQLite path against the one adopted, and whether
+    /// it may be written (writable for a database that is not a file): a
+    /// reload that read while it changed drops what it read.
+    pub fn file_state(&self) -> DbState {
+        match &self.file {
+            Some(file) => file.glance(),
+            None => DbState::Writable,
+        }
+    }
+
+    /// The SQLite file, as a write sees it: an error unless it is the one
+    /// loaded and writable. `thorough` also looks at this process's
+    /// descriptors (after a commit, before the write is acknowledged).
+    fn check_file(&self, thorough: bool) -> Result<(), StoreError> {
+        match &self.file {
+            Some(file) if thorough => file.look().into_error(),
+            _ => self.file_state().into_error(),
+        }
+    }
+
+    /// Commits a write transaction, then makes sure it went where the
+    /// root will read it again: a database file deleted or replaced
+    /// meanwhile makes the write unacknowledged (an error), though its
+    /// transaction committed into the file the root had open.
+    async fn commit_write(
+        &self,
+        tx: Transaction<'static, Any>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        tx.commit().await?;
+        self.saw_epoch(epoch);
+        self.check_file(true).map_err(|error| match error {
+            StoreError::ReadOnly(reason) => StoreError::ReadOnly(format!(
+                "{reason} (this write was committed to the file the root had open, which \
+                 is not at its path any more: it is lost; repeat it once the database is back)"
+            )),
+            other => other,
+        })
+    }
+
+    /// Opens a write transaction and takes the next epoch in it; refused
+    /// when the database is not the one loaded, or its epoch went back.
     async fn begin_write(&self) -> Result<(Transaction<'static, Any>, u64), StoreError> {
+        self.check_file(false)?;
         let mut tx = match self.backend {
             // IMMEDIATE takes the write lock now, so two writers never both
             // read and then fail to upgrade.
@@ -373,21 +549,42 @@ impl Store {
             sqlx::query_scalar("UPDATE meta SET epoch = epoch + 1 WHERE id = 1 RETURNING epoch")
                 .fetch_one(&mut *tx)
                 .await?;
-        Ok((tx, epoch as u64))
+        let epoch = epoch.max(0) as u64;
+        let highest = self.highest_epoch.load(Ordering::Acquire);
+        if epoch <= highest {
+            tx.rollback().await?;
+            return Err(StoreError::ReadOnly(went_back(
+                epoch.saturating_sub(1),
+                highest,
+            )));
+        }
+        Ok((tx, epoch))
     }
+}
+
+/// Why a database whose epoch is `epoch` when the root has seen `highest`
+/// is refused.
+fn went_back(epoch: u64, highest: u64) -> String {
+    format!(
+        "the database is at epoch {epoch}, behind the {highest} this root has seen: it was \
+         replaced or restored from an older copy, and writes would take epochs the limiters \
+         have passed; restore the newer database, or restart the root to serve this one"
+    )
 }
 
 /// A quota row as read from the database: valid, or the reason it is not
 /// (a hand-edited row); a reload skips the latter and says so.
 pub type StoredQuota = Result<Quota, (QuotaCursor, String)>;
 
-/// Appends `mode=rwc` (create if missing) unless the URL picks a mode.
-fn sqlite_url_creating(url: &str) -> String {
+/// Appends `mode=rw` (never create: [`Store::prepare`] creates a missing
+/// file before the first load, and a file deleted later must not come
+/// back empty) unless the URL picks a mode.
+fn sqlite_url_opening(url: &str) -> String {
     if url.contains("mode=") {
         return url.to_string();
     }
     let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}mode=rwc")
+    format!("{url}{separator}mode=rw")
 }
 
 fn to_i64(value: u64) -> i64 {
@@ -467,17 +664,14 @@ mod tests {
     }
 
     #[test]
-    fn sqlite_urls_create_the_file_unless_a_mode_is_given() {
+    fn sqlite_urls_never_create_the_file_unless_a_mode_is_given() {
+        assert_eq!(sqlite_url_opening("sqlite://x.db"), "sqlite://x.db?mode=rw");
         assert_eq!(
-            sqlite_url_creating("sqlite://x.db"),
-            "sqlite://x.db?mode=rwc"
+            sqlite_url_opening("sqlite://x.db?cache=shared"),
+            "sqlite://x.db?cache=shared&mode=rw"
         );
         assert_eq!(
-            sqlite_url_creating("sqlite://x.db?cache=shared"),
-            "sqlite://x.db?cache=shared&mode=rwc"
-        );
-        assert_eq!(
-            sqlite_url_creating("sqlite://x.db?mode=ro"),
+            sqlite_url_opening("sqlite://x.db?mode=ro"),
             "sqlite://x.db?mode=ro"
         );
     }
@@ -485,6 +679,13 @@ mod tests {
     #[test]
     fn transient_database_codes_mean_unavailable() {
         assert!(is_unavailable_code(Some("5")));
+        assert!(!is_unavailable_code(Some("8")));
+        assert!(is_read_only_code(Some("8")));
+        assert!(is_read_only_code(Some("1032")));
+        assert!(is_read_only_code(Some("25006")));
+        assert!(is_read_only_code(Some("42501")));
+        assert!(!is_read_only_code(Some("5")));
+        assert!(!is_read_only_code(Some("08006")));
         assert!(is_unavailable_code(Some("517")));
         assert!(is_unavailable_code(Some("57P01")));
         assert!(is_unavailable_code(Some("08006")));

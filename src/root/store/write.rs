@@ -1,17 +1,20 @@
-//! Single-quota writes: put (create, update, re-parent) and delete.
+//! Single-quota writes: put (create or replace), patch (change some
+//! fields) and delete.
 //!
 //! Each runs in one write transaction that first takes the next epoch (see
 //! the module doc of `store`), then checks the change against the quotas
 //! as they are inside that transaction, so concurrent writers through
-//! other roots cannot slip a cycle or a too-deep chain past the check.
+//! other roots cannot slip a cycle or a too-deep chain past the check, and
+//! a patch merges into the row as it is, not as some reader saw it.
 
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::quota::{validate_chain, MAX_DEPTH};
-use crate::core::spec::{template_as_parent, QuotaSpec};
-use crate::core::{ValidationError, Window};
+use crate::core::spec::{template_as_parent, QuotaPatch, QuotaSpec};
+use crate::core::ValidationError;
 
-use super::{rows, unix_millis, Store, StoreError};
+use super::rows::{self, StoredRow};
+use super::{unix_millis, Store, StoreError};
 
 /// A committed write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,39 +41,127 @@ pub enum PutOutcome {
     },
 }
 
-/// A quota row as the write checks need it.
-#[derive(Clone, Debug, PartialEq)]
-struct Current {
-    id: u64,
-    parent: Option<u64>,
-    limit: f64,
-    low_burst: f64,
-    high_burst: f64,
-    epoch: u64,
-    deleted: bool,
-    per_key: bool,
-    window: Option<Window>,
-    sliding: bool,
+/// What a write expects to find, so that two editors do not overwrite
+/// each other unseen: HTTP's `If-Match` (the quota's epoch is its
+/// version) and `If-None-Match: *`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Expect {
+    /// Write whatever is there.
+    #[default]
+    Anything,
+    /// A live quota of that name (`If-Match: *`).
+    Exists,
+    /// No live quota of that name (`If-None-Match: *`).
+    Absent,
+    /// A live quota last changed at one of these epochs
+    /// (`If-Match: "12"`).
+    Epoch(Vec<u64>),
+}
+
+impl Expect {
+    /// Checks the quota's current state: `Some(epoch)` for a live quota.
+    fn check(&self, name: &str, live: Option<u64>) -> Result<(), StoreError> {
+        let met = match (self, live) {
+            (Self::Anything, _) | (Self::Exists, Some(_)) | (Self::Absent, None) => true,
+            (Self::Epoch(epochs), Some(epoch)) => epochs.contains(&epoch),
+            _ => false,
+        };
+        if met {
+            return Ok(());
+        }
+        let now = match live {
+            Some(epoch) => format!("it is at epoch {epoch}"),
+            None => "it does not exist".to_string(),
+        };
+        let (field, wanted) = match self {
+            Self::Absent => ("If-None-Match", "no quota".to_string()),
+            Self::Epoch(epochs) => {
+                let epochs: Vec<String> = epochs.iter().map(u64::to_string).collect();
+                ("If-Match", format!("epoch {}", epochs.join(" or ")))
+            }
+            _ => ("If-Match", "an existing quota".to_string()),
+        };
+        Err(StoreError::Precondition(ValidationError::new(
+            field,
+            format!(
+                "expected {wanted} named {name:?}, but {now}: it changed since it was read; \
+                 read it again"
+            ),
+        )))
+    }
 }
 
 impl Store {
     /// Creates or replaces the quota `spec.name` (a deleted one is revived
-    /// with its old id). The parent must be a live quota, the chain acyclic
-    /// and, counting the quota's own subtree, at most
-    /// [`MAX_DEPTH`] deep.
+    /// with its old id): every field takes the value in `spec`, defaults
+    /// included. The parent must be a live quota, the chain acyclic and,
+    /// counting the quota's own subtree, at most [`MAX_DEPTH`] deep.
     pub async fn put(&self, spec: &QuotaSpec) -> Result<PutOutcome, StoreError> {
-        self.bounded("the write", self.put_now(spec)).await
+        self.put_if(spec, &Expect::Anything).await
     }
 
-    async fn put_now(&self, spec: &QuotaSpec) -> Result<PutOutcome, StoreError> {
+    /// [`Self::put`] if the quota is as `expect` says.
+    pub async fn put_if(
+        &self,
+        spec: &QuotaSpec,
+        expect: &Expect,
+    ) -> Result<PutOutcome, StoreError> {
+        self.bounded("the write", self.put_now(spec, expect)).await
+    }
+
+    async fn put_now(&self, spec: &QuotaSpec, expect: &Expect) -> Result<PutOutcome, StoreError> {
         spec.validate()
             .map_err(|error| StoreError::Invalid { quota: None, error })?;
         let (mut tx, epoch) = self.begin_write().await?;
-        let current = current_by_name(&mut tx, &spec.name).await?;
-        let parent = match &spec.parent {
-            Some(name) => Some(live_parent_id(&mut tx, name).await?),
-            None => None,
-        };
+        let current = rows::by_name(&mut tx, &spec.name).await?;
+        let live = current.as_ref().filter(|c| !c.deleted).map(|c| c.epoch);
+        expect.check(&spec.name, live)?;
+        self.write_spec(tx, epoch, spec, current).await
+    }
+
+    /// Changes the fields `patch` names of the live quota `name` and keeps
+    /// the others; the merged quota is checked as a put checks one.
+    pub async fn patch(
+        &self,
+        name: &str,
+        patch: &QuotaPatch,
+        expect: &Expect,
+    ) -> Result<PutOutcome, StoreError> {
+        self.bounded("the write", self.patch_now(name, patch, expect))
+            .await
+    }
+
+    async fn patch_now(
+        &self,
+        name: &str,
+        patch: &QuotaPatch,
+        expect: &Expect,
+    ) -> Result<PutOutcome, StoreError> {
+        let (mut tx, epoch) = self.begin_write().await?;
+        let current = rows::by_name(&mut tx, name)
+            .await?
+            .filter(|c| !c.deleted)
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+        expect.check(name, Some(current.epoch))?;
+        let spec = patch.applied_to(&current.spec);
+        spec.validate()
+            .map_err(|error| StoreError::Invalid { quota: None, error })?;
+        self.write_spec(tx, epoch, &spec, Some(current)).await
+    }
+
+    /// Writes a valid `spec` over `current` (its row, if any) at `epoch`
+    /// after the checks that need the other quotas; commits unless nothing
+    /// changes.
+    async fn write_spec(
+        &self,
+        mut tx: Transaction<'static, Any>,
+        epoch: u64,
+        spec: &QuotaSpec,
+        current: Option<StoredRow>,
+    ) -> Result<PutOutcome, StoreError> {
+        if let Some(parent) = &spec.parent {
+            check_parent(&mut tx, parent).await?;
+        }
         check_placement(&mut tx, spec, current.as_ref()).await?;
         if let Some(c) = current.as_ref().filter(|c| spec.per_key && !c.deleted) {
             let children = live_children(&mut tx, c.id).await?;
@@ -87,7 +178,7 @@ impl Store {
         }
         let now = unix_millis();
         let outcome = match current {
-            Some(c) if !c.deleted && same_values(&c, spec, parent) => {
+            Some(c) if !c.deleted && same_values(&c.spec, spec) => {
                 tx.rollback().await?;
                 return Ok(PutOutcome::Unchanged {
                     id: c.id,
@@ -112,22 +203,24 @@ impl Store {
                 PutOutcome::Created(Written { id, epoch })
             }
         };
-        tx.commit().await?;
+        self.commit_write(tx, epoch).await?;
         Ok(outcome)
     }
 
     /// Deletes a live quota, leaving a tombstone. A quota with live
     /// children is not deleted: [`StoreError::Conflict`] names them.
-    pub async fn delete(&self, name: &str) -> Result<Written, StoreError> {
-        self.bounded("the delete", self.delete_now(name)).await
+    pub async fn delete(&self, name: &str, expect: &Expect) -> Result<Written, StoreError> {
+        self.bounded("the delete", self.delete_now(name, expect))
+            .await
     }
 
-    async fn delete_now(&self, name: &str) -> Result<Written, StoreError> {
+    async fn delete_now(&self, name: &str, expect: &Expect) -> Result<Written, StoreError> {
         let (mut tx, epoch) = self.begin_write().await?;
-        let current = current_by_name(&mut tx, name).await?;
+        let current = rows::by_name(&mut tx, name).await?;
         let Some(current) = current.filter(|c| !c.deleted) else {
             return Err(StoreError::NotFound(name.to_string()));
         };
+        expect.check(name, Some(current.epoch))?;
         let children = live_children(&mut tx, current.id).await?;
         if !children.is_empty() {
             let message = format!(
@@ -137,7 +230,7 @@ impl Store {
             return Err(StoreError::Conflict(ValidationError::new("name", message)));
         }
         rows::tombstone(&mut tx, name, epoch, unix_millis()).await?;
-        tx.commit().await?;
+        self.commit_write(tx, epoch).await?;
         Ok(Written {
             id: current.id,
             epoch,
@@ -145,49 +238,22 @@ impl Store {
     }
 }
 
-fn same_values(current: &Current, spec: &QuotaSpec, parent: Option<u64>) -> bool {
-    current.parent == parent
+/// The stored quota has `spec`'s values (bursts compared with their
+/// defaults applied, as they are stored).
+fn same_values(current: &QuotaSpec, spec: &QuotaSpec) -> bool {
+    current.parent == spec.parent
         && current.limit == spec.limit
-        && current.low_burst == spec.low()
-        && current.high_burst == spec.high()
+        && current.low() == spec.low()
+        && current.high() == spec.high()
         && current.per_key == spec.per_key
         && current.window == spec.window
         && current.sliding == spec.sliding
 }
 
-async fn current_by_name(
-    tx: &mut Transaction<'static, Any>,
-    name: &str,
-) -> Result<Option<Current>, StoreError> {
-    let row = sqlx::query(
-        r#"SELECT id, parent, "limit", low_burst, high_burst, epoch, deleted, per_key,
-                  count_window, sliding
-           FROM quotas WHERE name = $1"#,
-    )
-    .bind(name)
-    .fetch_optional(&mut **tx)
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    Ok(Some(Current {
-        id: row.try_get::<i64, _>(0)? as u64,
-        parent: row.try_get::<Option<i64>, _>(1)?.map(|p| p as u64),
-        limit: row.try_get(2)?,
-        low_burst: row.try_get(3)?,
-        high_burst: row.try_get(4)?,
-        epoch: row.try_get::<i64, _>(5)? as u64,
-        deleted: row.try_get::<i64, _>(6)? != 0,
-        per_key: row.try_get::<i64, _>(7)? != 0,
-        window: row
-            .try_get::<Option<String>, _>(8)?
-            .and_then(|w| Window::parse(&w)),
-        sliding: row.try_get::<i64, _>(9)? != 0,
-    }))
-}
-
-/// The id of the live quota `name` as a parent: it must exist and not be
-/// a per-key template.
-async fn live_parent_id(tx: &mut Transaction<'static, Any>, name: &str) -> Result<u64, StoreError> {
-    let row = sqlx::query("SELECT id, per_key FROM quotas WHERE name = $1 AND deleted = 0")
+/// Checks that the quota `name` may be a parent: it exists, live, and is
+/// not a per-key template.
+async fn check_parent(tx: &mut Transaction<'static, Any>, name: &str) -> Result<(), StoreError> {
+    let row = sqlx::query("SELECT per_key FROM quotas WHERE name = $1 AND deleted = 0")
         .bind(name)
         .fetch_optional(&mut **tx)
         .await?;
@@ -197,13 +263,13 @@ async fn live_parent_id(tx: &mut Transaction<'static, Any>, name: &str) -> Resul
             format!("no quota named {name:?}"),
         ));
     };
-    if row.try_get::<i64, _>(1)? != 0 {
+    if row.try_get::<i64, _>(0)? != 0 {
         return Err(StoreError::Invalid {
             quota: None,
             error: template_as_parent(name),
         });
     }
-    Ok(row.try_get::<i64, _>(0)? as u64)
+    Ok(())
 }
 
 /// Most children a conflict message lists.
@@ -229,7 +295,7 @@ async fn live_children(
 async fn check_placement(
     tx: &mut Transaction<'static, Any>,
     spec: &QuotaSpec,
-    current: Option<&Current>,
+    current: Option<&StoredRow>,
 ) -> Result<(), StoreError> {
     let Some(parent) = spec.parent.as_deref() else {
         return Ok(());

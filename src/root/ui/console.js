@@ -1,7 +1,9 @@
 // The sluice root console: polls GET v1/overview (and, with the admin
 // token, the admin API for the quota tree), keeps a short history of each
-// number in memory for the charts, and edits a quota with PUT
-// v1/quotas/{name}.
+// number in memory for the charts, and edits a quota with PATCH
+// v1/quotas/{name}: only the fields changed on the page are sent, with
+// If-Match on the epoch the editor was filled from, so an edit made
+// elsewhere meanwhile is not overwritten unseen.
 //
 // Names and ids come from the network, so the page is built with DOM
 // nodes and text only. The token lives in this tab's session storage and
@@ -28,6 +30,8 @@
     /** name -> quota, from the last tree fetch */
     quotas: new Map(),
     selected: null,
+    /** The selected quota as the editor was filled from it. */
+    loaded: null,
     running: false,
   };
 
@@ -84,8 +88,8 @@
 
   // ---------------------------------------------------------------- data
 
-  async function api(method, path, body) {
-    const headers = { Accept: 'application/json' };
+  async function api(method, path, body, extra) {
+    const headers = Object.assign({ Accept: 'application/json' }, extra || {});
     if (state.token) headers.Authorization = 'Bearer ' + state.token;
     const init = { method, headers, cache: 'no-store', credentials: 'omit' };
     if (body !== undefined) {
@@ -263,7 +267,8 @@
     const db = ov.db;
     const items = [
       ['backend', db.backend],
-      ['state', db.up ? 'up' : `down for ${secs(db.down_seconds)}`],
+      ['state', !db.up ? `down for ${secs(db.down_seconds)}`
+        : db.writable === false ? 'read-only: edits refused, syncs served' : 'up'],
       ['last reload', db.reload_age_seconds === null ? 'never' : secs(db.reload_age_seconds) + ' ago'],
       ['quota epoch', fmt(db.epoch)],
       ['failed operations', fmt(db.failures)],
@@ -287,6 +292,7 @@
       $('tree-count').textContent = '';
       $('editor-section').hidden = true;
       state.selected = null;
+      state.loaded = null;
     }
     const notice = $('auth-status');
     if (refused) {
@@ -350,8 +356,9 @@
       const item = el('li', { 'data-quota': q.name, class: q.name === state.selected ? 'selected' : '' },
         el('div', { class: 'node' },
           indent(el('span', { class: 'name' }, quotaButton(q.name),
-            q.parent && !state.quotas.has(q.parent) ? el('span', { class: 'muted', text: ` (under ${q.parent})` }) : null), depth),
-          el('span', { class: 'figure', 'data-field': 'limit', 'data-value': q.limit, text: fmt(q.limit) + '/s' }),
+            q.parent && !state.quotas.has(q.parent) ? el('span', { class: 'muted', text: ` (under ${q.parent})` }) : null,
+            q.per_key || q.window ? el('span', { class: 'muted', text: ' ' + kind(q) }) : null), depth),
+          el('span', { class: 'figure', 'data-field': 'limit', 'data-value': q.limit, text: fmt(q.limit) + '/' + (q.window || 's') }),
           bar(fullness, band),
           el('span', { class: 'figure', 'data-field': 'level', 'data-value': q.level, text: 'level ' + fmt(q.level) }),
           el('span', { class: 'figure', 'data-field': 'fill_rate', 'data-value': q.fill_rate, text: fmt(q.fill_rate) + '/s in' })));
@@ -366,12 +373,36 @@
 
   // -------------------------------------------------------------- editor
 
-  async function select(name) {
+  /** What kind of quota: "sliding 1m window, per key". */
+  function kind(q) {
+    const parts = [];
+    if (q.window) parts.push((q.sliding ? 'sliding ' : '') + q.window + ' window');
+    if (q.per_key) parts.push('per key');
+    return parts.join(', ');
+  }
+
+  /** Fills the editor from `q` (a quota as the admin API shows it). */
+  function fillEditor(q) {
+    state.loaded = q;
+    $('edit-limit').value = q.limit;
+    $('edit-low').value = q.low_burst;
+    $('edit-high').value = q.high_burst;
+    $('edit-window').value = q.window || '';
+    $('edit-sliding').checked = !!q.sliding;
+    $('edit-sliding').disabled = !q.window;
+    $('edit-per-key').checked = !!q.per_key;
+    $('edit-parent').value = q.parent || '';
+    $('editor-kind').textContent = (kind(q) || 'leaky bucket') + ` · epoch ${q.epoch}`;
+  }
+
+  async function select(name, keepResult) {
     state.selected = name;
     $('editor-section').hidden = false;
     $('editor-name').textContent = name;
-    $('edit-result').textContent = '';
-    $('edit-result').className = 'muted';
+    if (!keepResult) {
+      $('edit-result').textContent = '';
+      $('edit-result').className = 'muted';
+    }
     for (const li of document.querySelectorAll('#tree li')) {
       li.classList.toggle('selected', li.getAttribute('data-quota') === name);
     }
@@ -381,10 +412,7 @@
       return;
     }
     const q = reply.data;
-    $('edit-limit').value = q.limit;
-    $('edit-low').value = q.low_burst;
-    $('edit-high').value = q.high_burst;
-    $('edit-parent').value = q.parent || '';
+    fillEditor(q);
     const limiters = (q.limiters || []).map((l) => `${l.limiter} (${secs(l.seconds_ago)} ago)`);
     $('editor-limiters').textContent = limiters.length ? 'Recent limiters: ' + limiters.join(', ') : 'No limiter sent weight recently.';
     renderEditorCharts();
@@ -405,30 +433,60 @@
     node.className = ok ? 'ok' : 'bad';
   }
 
+  /**
+   * The fields the form changed from the quota it was filled from, as a
+   * PATCH body: an emptied burst or parent is null (its default, or
+   * top-level), a window of "none" is null.
+   */
+  function changes(q) {
+    const body = {};
+    const number = (id) => {
+      const text = $(id).value.trim();
+      return text === '' ? null : Number(text);
+    };
+    const limit = number('edit-limit');
+    if (limit !== q.limit) body.limit = limit;
+    const low = number('edit-low');
+    if (low !== q.low_burst) body.low_burst = low;
+    const high = number('edit-high');
+    if (high !== q.high_burst) body.high_burst = high;
+    const windowed = $('edit-window').value || null;
+    if (windowed !== (q.window || null)) body.window = windowed;
+    const sliding = windowed !== null && $('edit-sliding').checked;
+    if (sliding !== !!q.sliding) body.sliding = sliding;
+    const perKey = $('edit-per-key').checked;
+    if (perKey !== !!q.per_key) body.per_key = perKey;
+    const parent = $('edit-parent').value.trim() || null;
+    if (parent !== (q.parent || null)) body.parent = parent;
+    return body;
+  }
+
   async function save(event) {
     event.preventDefault();
     const name = state.selected;
-    if (!name) return;
-    const number = (id) => {
-      const text = $(id).value.trim();
-      return text === '' ? undefined : Number(text);
-    };
-    const body = { limit: number('edit-limit') };
-    const low = number('edit-low');
-    const high = number('edit-high');
-    if (low !== undefined) body.low_burst = low;
-    if (high !== undefined) body.high_burst = high;
-    const parent = $('edit-parent').value.trim();
-    body.parent = parent === '' ? null : parent;
+    const q = state.loaded;
+    if (!name || !q || q.name !== name) return;
+    const body = changes(q);
+    if (Object.keys(body).length === 0) {
+      showEditResult(true, 'unchanged (nothing was edited)');
+      return;
+    }
     $('edit-save').disabled = true;
     try {
-      const reply = await api('PUT', 'v1/quotas/' + encodeURIComponent(name), body);
+      const path = 'v1/quotas/' + encodeURIComponent(name);
+      const reply = await api('PATCH', path, body, { 'If-Match': `"${q.epoch}"` });
       if (reply.ok) {
-        const verb = reply.status === 201 ? 'created' : reply.data.changed ? 'saved' : 'unchanged';
-        showEditResult(true, `${verb} (epoch ${reply.data.epoch})`);
+        showEditResult(true, `${reply.data.changed ? 'saved' : 'unchanged'} (epoch ${reply.data.epoch})`);
+        if (reply.data.quota) fillEditor(reply.data.quota);
         await refresh();
       } else if (reply.status === 401) {
         showEditResult(false, '401: edits need the admin token; the root refused this one.');
+      } else if (reply.status === 412) {
+        // Changed elsewhere since the editor was filled: show it as it is
+        // now rather than overwrite what someone else saved.
+        await select(name, true);
+        showEditResult(false, '412: this quota was changed elsewhere since it was opened; ' +
+          'the editor now shows its current values: edit again');
       } else {
         showEditResult(false, errorText(reply));
       }
@@ -514,8 +572,15 @@
     });
     $('tree-prefix').addEventListener('change', refresh);
     $('editor-form').addEventListener('submit', save);
+    $('edit-window').addEventListener('change', () => {
+      // A leaky bucket has nothing to slide.
+      const windowed = $('edit-window').value !== '';
+      $('edit-sliding').disabled = !windowed;
+      if (!windowed) $('edit-sliding').checked = false;
+    });
     $('edit-close').addEventListener('click', () => {
       state.selected = null;
+      state.loaded = null;
       $('editor-section').hidden = true;
       for (const li of document.querySelectorAll('#tree li.selected')) li.classList.remove('selected');
     });
