@@ -590,6 +590,25 @@ mod tests {
     }
 
     #[test]
+    fn a_json_body_is_bounded_by_its_objects_and_arrays_outside_strings() {
+        let body = br#"{"limiter":"a[{\"[","deltas":[{"id":1,"delta":2}],"rejected":[[1,2]]}"#;
+        // The request, the deltas list and its entry, the rejected list
+        // and its entry: not the brackets in the limiter's id.
+        assert_eq!(json_entries_at_most(body), 5);
+        let request: SyncRequest = serde_json::from_slice(body).unwrap();
+        assert!(request.entry_count() <= json_entries_at_most(body));
+        assert_eq!(check_json_size(body), Ok(5));
+        // Two million and seven objects and arrays cannot be a request of a
+        // million entries.
+        let mut many = b"{\"rejected\":[".to_vec();
+        many.extend(b"[],".repeat(2 * MAX_DELTAS_PER_SYNC + 4));
+        many.extend(b"[]]}");
+        let e = check_json_size(&many).unwrap_err();
+        assert_eq!(e.field, "deltas");
+        assert!(e.message.contains("2000007 JSON objects and arrays"), "{e}");
+    }
+
+    #[test]
     fn a_partial_or_bad_clock_report_is_ignored() {
         for value in ["", "offset=3", "rtt=1", "offset=x;rtt=1", "offset=1;rtt=-1"] {
             assert_eq!(ClockReport::parse(value), None, "{value:?}");

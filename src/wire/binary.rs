@@ -622,6 +622,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::MAX_DELTAS_PER_SYNC;
     use proptest::prelude::*;
 
     fn request() -> SyncRequest {
@@ -777,6 +778,85 @@ mod tests {
         long.extend_from_slice(&[0xff; 10]);
         let e = decode_request(&long).unwrap_err().to_string();
         assert_eq!(e, "quotas_after.epoch: varint larger than 64 bits");
+    }
+
+    /// A request body's start: header, limiter `h`, cursor and versions
+    /// all 0.
+    fn request_head() -> Vec<u8> {
+        b"SLq\x01\x01h\0\0\0\0".to_vec()
+    }
+
+    fn varint(v: u64) -> Vec<u8> {
+        let mut w = Writer::with_capacity(10);
+        w.varint(v);
+        w.0
+    }
+
+    fn malformed(body: &[u8]) -> WireError {
+        match decode_request(body) {
+            Err(BinaryError::Malformed(e)) => e,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_run_of_more_deltas_than_the_cap_is_refused_before_it_is_read() {
+        // A million and one 2-byte deltas, every byte there: the body
+        // holds them, the cap does not.
+        let n = MAX_DELTAS_PER_SYNC as u64 + 1;
+        let mut body = request_head();
+        body.extend([1, 0]); // one run, leaky
+        body.extend(varint(n));
+        body.resize(body.len() + 2 * n as usize, 1);
+        body.extend([0, 0]); // no groups, no rejections
+        let e = malformed(&body);
+        assert_eq!(e.field, "deltas[0..] (run 0)");
+        assert!(e.message.starts_with("1000001 entries"), "{}", e.message);
+    }
+
+    #[test]
+    fn deltas_groups_and_rejection_counts_share_one_cap() {
+        let half = MAX_DELTAS_PER_SYNC as u64 / 2;
+        let mut body = request_head();
+        body.extend([1, 0]);
+        body.extend(varint(half));
+        body.resize(body.len() + 2 * half as usize, 1);
+        // Half a million empty keyed groups: each is an entry.
+        body.extend(varint(half));
+        for _ in 0..half {
+            body.extend([7, 0, 0]);
+        }
+        body.extend([1, 1, 1]); // one rejection count: one too many
+        let e = malformed(&body);
+        assert_eq!(e.field, "rejected");
+        assert!(e.message.starts_with("1000001 entries"), "{}", e.message);
+        // One entry fewer decodes, to exactly the cap.
+        let at_cap = body.len() - 3;
+        body.truncate(at_cap);
+        body.push(0);
+        let request = decode_request(&body).unwrap();
+        assert_eq!(request.entry_count(), MAX_DELTAS_PER_SYNC);
+        assert!(request.check().is_ok());
+    }
+
+    #[test]
+    fn a_limiter_id_longer_than_allowed_is_refused_before_it_is_copied() {
+        let mut body = b"SLq\x01".to_vec();
+        body.extend(varint(256));
+        body.extend([b'x'; 256]);
+        body.extend([0; 7]);
+        let e = malformed(&body);
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("limiter", "256 bytes, at most 255")
+        );
+    }
+
+    #[test]
+    fn a_run_of_no_deltas_is_refused() {
+        let mut body = request_head();
+        body.extend([1, 0, 0, 0, 0]);
+        assert_eq!(malformed(&body).message, "a run of no deltas");
     }
 
     #[test]

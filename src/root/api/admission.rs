@@ -478,3 +478,135 @@ fn closing(error: ApiError) -> Response {
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pace(min_rate: u64) -> BodyPace {
+        BodyPace {
+            min_rate,
+            grace: Duration::from_secs(2),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn a_body_buys_time_by_the_byte_but_never_more_than_the_grace() {
+        let p = pace(1000);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(p.first(t0), t0 + s(2));
+        // 500 bytes a second in buy half a second.
+        let d = p.extend(p.first(t0), 500, t0 + s(1), t0);
+        assert_eq!(d, t0 + Duration::from_millis(2500));
+        // A megabyte buys no more than the grace from now: a fast start
+        // cannot bank time for a stall.
+        let d = p.extend(d, 1 << 20, t0 + s(1), t0);
+        assert_eq!(d, t0 + s(3));
+        // Nothing lasts past the timeout.
+        let late = t0 + s(59);
+        assert_eq!(p.extend(late, 1 << 20, late, t0), t0 + s(60));
+        // Without a rate, the timeout alone.
+        assert_eq!(pace(0).first(t0), t0 + s(60));
+        assert_eq!(pace(0).extend(t0, 1, t0, t0), t0 + s(60));
+    }
+
+    #[test]
+    fn a_cut_body_is_told_which_rule_cut_it() {
+        let p = pace(1000);
+        let t0 = Instant::now();
+        let slow = p.cut(t0 + Duration::from_secs(2), t0);
+        assert!(slow.message.contains("min_body_rate"), "{}", slow.message);
+        let late = p.cut(t0 + Duration::from_secs(60), t0);
+        assert!(late.message.contains("body_timeout"), "{}", late.message);
+        assert_eq!(slow.status, axum::http::StatusCode::REQUEST_TIMEOUT);
+    }
+
+    #[test]
+    fn a_limiter_has_at_most_its_syncs_in_flight() {
+        let syncs = Arc::new(SyncsInFlight {
+            max: 2,
+            held: Mutex::default(),
+        });
+        let ticket = || SyncTicket {
+            syncs: Arc::clone(&syncs),
+            limiter: Mutex::new(None),
+        };
+        let (a, b, c) = (ticket(), ticket(), ticket());
+        a.claim("web-1").unwrap();
+        b.claim("web-1").unwrap();
+        let busy = c.claim("web-1").unwrap_err();
+        assert_eq!(busy.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.field.as_deref(), Some("limiter"));
+        // Another limiter is not held up; a claimed ticket checks its id.
+        c.claim("web-2").unwrap();
+        assert!(c.claim("web-2").is_ok());
+        assert_eq!(
+            c.claim("web-3").unwrap_err().field.as_deref(),
+            Some("limiter")
+        );
+        assert_eq!(syncs.of("web-1"), 2);
+        drop(a);
+        assert_eq!(syncs.of("web-1"), 1);
+        drop((b, c));
+        assert!(syncs.lock().is_empty(), "nothing left behind");
+    }
+
+    #[test]
+    fn a_header_names_the_limiter_and_a_limiters_token_its_own() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(limiter_of(Some(&Caller::Shared), &headers).unwrap(), None);
+        let own = Caller::Limiter("web-1".into());
+        assert_eq!(
+            limiter_of(Some(&own), &headers).unwrap().as_deref(),
+            Some("web-1")
+        );
+        headers.insert(LIMITER_HEADER, HeaderValue::from_static("web-2"));
+        assert_eq!(
+            limiter_of(Some(&Caller::Shared), &headers)
+                .unwrap()
+                .as_deref(),
+            Some("web-2")
+        );
+        let other = limiter_of(Some(&own), &headers).unwrap_err();
+        assert_eq!(other.status, axum::http::StatusCode::FORBIDDEN);
+        headers.insert(LIMITER_HEADER, HeaderValue::from_static("a b"));
+        let bad = limiter_of(None, &headers).unwrap_err();
+        assert_eq!(bad.field.as_deref(), Some(LIMITER_HEADER));
+    }
+
+    #[tokio::test]
+    async fn a_charge_waits_for_memory_then_gives_up_and_gives_back_on_drop() {
+        let config = RootConfig {
+            body_limits: BodyLimits {
+                total: 8 << 10,
+                ..BodyLimits::default()
+            },
+            ..RootConfig::default()
+        };
+        let admission = Admission::new(&config);
+        let first = admission.charge();
+        first.grow(6 << 10).await.unwrap();
+        assert_eq!((first.bytes(), admission.memory_held()), (6 << 10, 6 << 10));
+        let second = admission.charge();
+        second.grow(2 << 10).await.unwrap();
+        // Full: a third waits MEMORY_WAIT, then 503.
+        let third = admission.charge();
+        let refused = third.grow(1).await.unwrap_err();
+        assert_eq!(refused.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        // Memory given back while it waits is taken.
+        let waiting = tokio::spawn(async move { third.grow(4 << 10).await.map(|_| third) });
+        tokio::task::yield_now().await;
+        drop(first);
+        let third = waiting.await.unwrap().unwrap();
+        assert_eq!(admission.memory_held(), 6 << 10);
+        // No charge grows past the whole budget, so one alone always can.
+        drop((second, third));
+        let alone = admission.charge();
+        alone.grow(1 << 30).await.unwrap();
+        assert_eq!(alone.bytes(), 8 << 10);
+        drop(alone);
+        assert_eq!(admission.memory_held(), 0);
+    }
+}
