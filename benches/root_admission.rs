@@ -53,6 +53,8 @@
 //! `cargo test` it makes a small smoke run.
 
 mod harness;
+#[path = "../tests/wire_support/mod.rs"]
+mod wire_support;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -66,6 +68,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
+use wire_support::tiny_deltas;
 
 const ADMIN_TOKEN: &str = "bench-admin";
 const SYNC_TOKEN: &str = "bench-sync";
@@ -704,18 +707,11 @@ impl MemoryBody {
     fn build(self, size: usize) -> (Vec<u8>, &'static str) {
         match self {
             Self::TinyDeltas => {
-                // Header, limiter "h", cursor and versions 0, one leaky run
-                // of n deltas (a 4-byte count), no groups, no rejections.
-                let n = (size - 18) / 2;
-                let mut body = b"SLq\x01\x01h\0\0\0\0\x01\0".to_vec();
-                let mut v = n as u64;
-                while v >= 0x80 {
-                    body.push(v as u8 | 0x80);
-                    v >>= 7;
-                }
-                body.push(v as u8);
-                body.resize(body.len() + 2 * n, 1);
-                body.extend([0, 0]);
+                // 16 bytes around the deltas, with a count of 4 bytes or
+                // fewer: padded to the size with spaces the root never
+                // reads (it stops at the count).
+                let mut body = tiny_deltas(((size - 18) / 2) as u64);
+                body.resize(size, b' ');
                 (body, "application/x-sluice-sync")
             }
             Self::JsonObjects => {

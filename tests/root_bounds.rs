@@ -11,6 +11,7 @@
 //! and only tell "cut" from "never cut".
 
 mod root_support;
+mod wire_support;
 
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use root_support::raw::{connect_from, exchange};
 use root_support::{
     config_with_tokens, eventually, Db, Limiter, TestRoot, ADMIN_TOKEN, PATIENCE, SYNC_TOKEN,
 };
+use wire_support::tiny_deltas;
 
 /// A sync request's head with the sync token (or `token`), declaring a
 /// body of `length` bytes, and with `limiter` in the `sluice-limiter`
@@ -283,21 +285,6 @@ async fn a_limiter_has_at_most_max_syncs_per_limiter_in_flight() {
     root.stop().await;
 }
 
-/// A binary run announcing `n` deltas of the limiter `h`, the body
-/// filled with `n` 2-byte deltas.
-fn binary_run(n: u64) -> Vec<u8> {
-    let mut body = b"SLq\x01\x01h\0\0\0\0\x01\0".to_vec();
-    let mut v = n;
-    while v >= 0x80 {
-        body.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    body.push(v as u8);
-    body.resize(body.len() + 2 * n as usize, 1);
-    body.extend([0, 0]);
-    body
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_bodies_past_the_entry_cap_are_refused_before_decoding_and_free_their_memory() {
     let db = Db::sqlite();
@@ -308,7 +295,7 @@ async fn binary_bodies_past_the_entry_cap_are_refused_before_decoding_and_free_t
             .post(format!("{}/v1/sync", root.url))
             .bearer_auth(SYNC_TOKEN)
             .header("content-type", "application/x-sluice-sync")
-            .body(binary_run(n))
+            .body(tiny_deltas(n))
             .send()
             .await
             .unwrap();
@@ -331,7 +318,22 @@ async fn binary_bodies_past_the_entry_cap_are_refused_before_decoding_and_free_t
     root.stop().await;
 }
 
-/// Syncs once as `id` with `deltas`, with the shared token.
+/// A root with one quota `q` of `quota`, and a limiter `limiter` that
+/// knows it; returns them and `q`'s id.
+async fn root_with_quota(
+    config: RootConfig,
+    quota: Value,
+    limiter: &str,
+) -> (TestRoot, Limiter, u64) {
+    let root = TestRoot::start(config).await;
+    root.put("q", quota).await;
+    let mut limiter = Limiter::new(limiter);
+    limiter.catch_up(&root).await;
+    let q = limiter.id_of("q").unwrap();
+    (root, limiter, q)
+}
+
+/// Syncs once as `id` with `body`, with the shared token.
 async fn sync_as(root: &TestRoot, id: &str, body: Value) -> (StatusCode, Value) {
     let mut body = body;
     body["limiter"] = json!(id);
@@ -341,16 +343,12 @@ async fn sync_as(root: &TestRoot, id: &str, body: Value) -> (StatusCode, Value) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invented_limiter_ids_do_not_hide_a_new_limiter() {
     let db = Db::sqlite();
-    let root = TestRoot::start(RootConfig {
+    let config = RootConfig {
         max_limiters: 20,
         ..config_with_tokens(&db)
-    })
-    .await;
-    root.put("q", json!({"limit": 1e6, "high_burst": 1e9}))
-        .await;
-    let mut probe = Limiter::new("probe");
-    probe.catch_up(&root).await;
-    let q = probe.id_of("q").unwrap();
+    };
+    let quota = json!({"limit": 1e6, "high_burst": 1e9});
+    let (root, probe, q) = root_with_quota(config, quota, "probe").await;
     for i in 0..100 {
         let (status, _) = sync_as(&root, &format!("junk-{i}"), probe.request(&[(q, 1)])).await;
         assert_eq!(status, StatusCode::OK);
@@ -406,11 +404,8 @@ async fn a_limiter_not_heard_from_within_the_expiry_is_forgotten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejection_counts_are_refused_twice_and_cut_to_a_plausible_rate() {
     let db = Db::sqlite();
-    let root = TestRoot::start(config_with_tokens(&db)).await;
-    root.put("q", json!({"limit": 10, "high_burst": 20})).await;
-    let mut limiter = Limiter::new("web-1");
-    limiter.catch_up(&root).await;
-    let q = limiter.id_of("q").unwrap();
+    let quota = json!({"limit": 10, "high_burst": 20});
+    let (root, mut limiter, q) = root_with_quota(config_with_tokens(&db), quota, "web-1").await;
     limiter.sync(&root, &[(q, 1)]).await;
     let mut twice = limiter.request(&[]);
     twice["rejected"] = json!([[q, 1], [q, 2]]);
@@ -436,11 +431,9 @@ async fn rejection_counts_are_refused_twice_and_cut_to_a_plausible_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiter_ids_are_on_metrics_only_with_the_admin_token() {
     let db = Db::sqlite();
-    let root = TestRoot::start(config_with_tokens(&db)).await;
-    root.put("q", json!({"limit": 1, "high_burst": 2})).await;
-    let mut limiter = Limiter::new("secret-host");
-    limiter.catch_up(&root).await;
-    let q = limiter.id_of("q").unwrap();
+    let quota = json!({"limit": 1, "high_burst": 2});
+    let (root, mut limiter, q) =
+        root_with_quota(config_with_tokens(&db), quota, "secret-host").await;
     // A delta far beyond the allowance is clipped, and counted by limiter.
     limiter.sync(&root, &[(q, 1 << 40)]).await;
     let scrape = |token: Option<&'static str>| {

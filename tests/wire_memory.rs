@@ -6,6 +6,8 @@
 //! freed, and their peak; each test reads the peak of its own thread
 //! around one decode (the body is built before).
 
+mod wire_support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -13,6 +15,7 @@ use sluice::wire::binary::{decode_request, encode_request};
 use sluice::wire::{
     json_entries_at_most, CounterDelta, SyncRequest, MAX_DELTAS_PER_SYNC, MAX_LIMITER_ID_LEN,
 };
+use wire_support::tiny_deltas;
 
 struct Counting;
 
@@ -73,27 +76,11 @@ fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
 
 const MIB: usize = 1 << 20;
 
-/// A binary request header, limiter `h`, cursor and versions 0, then one
-/// leaky run announcing `n` deltas.
-fn run_of(n: u64) -> Vec<u8> {
-    let mut body = b"SLq\x01\x01h\0\0\0\0\x01\0".to_vec();
-    let mut v = n;
-    while v >= 0x80 {
-        body.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    body.push(v as u8);
-    body
-}
-
 #[test]
 fn sixty_four_mib_of_two_byte_deltas_are_refused_without_reserving_for_them() {
     // 33 million deltas of 2 bytes: 32 bytes each once decoded, a
     // gigabyte reserved before this bound.
-    let n = (64 * MIB / 2) as u64;
-    let mut body = run_of(n);
-    body.resize(body.len() + 2 * n as usize, 1);
-    body.extend([0, 0]);
+    let body = tiny_deltas((64 * MIB / 2) as u64);
     let (decoded, peak) = peak_of(|| decode_request(&body));
     assert!(decoded.is_err());
     assert!(peak < MIB, "{peak} bytes allocated");

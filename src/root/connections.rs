@@ -14,8 +14,9 @@
 //!      `header_timeout` (a slowloris request is cut there);
 //!    - *idle*: between requests, no byte of the next one yet:
 //!      `idle_timeout`;
-//!    - *handling*: a request is being handled; its body must arrive
-//!      within `body_timeout` (enforced where it is read, in `api/`);
+//!    - *handling*: a request is being handled; its body must keep up
+//!      `min_body_rate` and arrive within `body_timeout` (enforced where
+//!      it is read, `api/admission.rs`);
 //!    - *sending*: the response body is being written: `body_timeout`,
 //!      so a client that never reads cannot pin a connection.
 //! 2. **Trust.** A connection becomes *trusted* once one of its requests

@@ -488,32 +488,18 @@ fn render_connections(c: &ConnectionStats, out: &mut String) {
         "Connections admitted.",
     );
     sample(out, "connections_accepted_total", "", c.accepted);
-    family(
+    by_reason(
         out,
         "connections_closed_total",
-        "counter",
         "Connections the root closed: timed out, or shed for newer ones.",
+        CloseReason::ALL.map(|r| (r.label(), c.closed[r as usize])),
     );
-    for reason in CloseReason::ALL {
-        let labels = format!("reason=\"{}\"", reason.label());
-        let value = c.closed[reason as usize];
-        sample(out, "connections_closed_total", &labels, value);
-    }
-    family(
+    by_reason(
         out,
         "connections_refused_total",
-        "counter",
         "New connections closed at once: at a limit with nothing to shed.",
+        Refusal::ALL.map(|r| (r.label(), c.refused[r as usize])),
     );
-    for why in Refusal::ALL {
-        let labels = format!("reason=\"{}\"", why.label());
-        sample(
-            out,
-            "connections_refused_total",
-            &labels,
-            c.refused[why as usize],
-        );
-    }
 }
 
 fn render_state(scrape: &Scrape, out: &mut String) {
@@ -594,21 +580,12 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         family(out, name, "counter", help);
         let _ = writeln!(out, "sluice_root_{name} {value}");
     }
-    family(
+    by_reason(
         out,
         "limiters_dropped_total",
-        "counter",
         "Limiters forgotten: not heard from within limiter_expiry, or pushed out at max_limiters.",
+        Dropped::ALL.map(|r| (r.label(), s.limiters_dropped[r as usize])),
     );
-    for why in Dropped::ALL {
-        let labels = format!("reason=\"{}\"", why.label());
-        sample(
-            out,
-            "limiters_dropped_total",
-            &labels,
-            s.limiters_dropped[why as usize],
-        );
-    }
     family(
         out,
         "db_failures_total",
@@ -649,6 +626,19 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
         out,
         "# HELP sluice_root_{name} {help}\n# TYPE sluice_root_{name} {kind}"
     );
+}
+
+/// A counter family with one sample per reason: `(label, value)`.
+fn by_reason<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (&'a str, u64)>,
+) {
+    family(out, name, "counter", help);
+    for (reason, value) in samples {
+        sample(out, name, &format!("reason=\"{reason}\""), value);
+    }
 }
 
 fn sample(out: &mut String, name: &str, labels: &str, value: u64) {

@@ -451,10 +451,7 @@ pub async fn admit(
         Err(e) => return closing(e),
     };
     request.extensions_mut().insert(Arc::clone(&charge));
-    let Ok(_slot) = admission.slots.acquire().await else {
-        return ApiError::unavailable("shutting down").into_response();
-    };
-    next.run(request).await
+    in_slot(&admission.slots, request, next).await
 }
 
 /// Runs `/healthz` and `/metrics` in their own slots.
@@ -463,7 +460,12 @@ pub async fn admit_ops(
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(_slot) = admission.ops_slots.acquire().await else {
+    in_slot(&admission.ops_slots, request, next).await
+}
+
+/// Runs the handler once one of `slots` is free, holding it meanwhile.
+async fn in_slot(slots: &Semaphore, request: Request, next: Next) -> Response {
+    let Ok(_slot) = slots.acquire().await else {
         return ApiError::unavailable("shutting down").into_response();
     };
     next.run(request).await

@@ -162,7 +162,8 @@ pub struct Totals {
     pub quotas: usize,
     /// Counters in memory (quotas that received weight since start).
     pub counters: usize,
-    /// Limiters that synced since start.
+    /// Limiters the root holds: heard from within `limiter_expiry`, at
+    /// most `max_limiters` ([`crate::root::limiters`]).
     pub limiters_seen: usize,
     /// Limiters that synced in the last five minutes.
     pub limiters_active: usize,
