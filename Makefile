@@ -218,7 +218,7 @@ bench-keys: ## keyed checks and key memory (criterion; ~2 min, 2 GiB)
 	$(CARGO) bench --bench keys
 
 .PHONY: bench-root-admission
-bench-root-admission: ## a sluice root under 10,000 idle or trickling connections from one address (~2 min)
+bench-root-admission: ## a sluice root under 10,000 idle or trickling connections, slow sync bodies of a token holder, and 8 maximal sync bodies (~4 min)
 	$(CARGO) bench --bench root_admission
 
 bench-layouts: ## one DRAM miss, then a lookup among 1M quotas under other table layouts (C, ~2 min)

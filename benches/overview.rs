@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use sluice::core::{Nanos, Quota};
 use sluice::root::api::overview::{sample, MAX_SCAN};
 use sluice::root::ledger::{Ledger, SyncPaging};
-use sluice::root::limiters::MAX_LIMITERS;
+use sluice::root::limiters::DEFAULT_MAX_LIMITERS;
 use sluice::wire::{CounterDelta, QuotaCursor, SyncRequest};
 
 const SEC: Nanos = 1_000_000_000;
@@ -31,7 +31,7 @@ fn main() {
     let (quotas, limiters, runs) = if bench {
         (
             size("QUOTAS", 2 * MAX_SCAN),
-            size("LIMITERS", MAX_LIMITERS),
+            size("LIMITERS", DEFAULT_MAX_LIMITERS),
             size("RUNS", 21),
         )
     } else {

@@ -234,7 +234,7 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
         let body = timed(&mut encode, || encoding.request(&out.request));
         // What the root's codec does with it: decode the request.
         let back = timed(&mut root_codec, || encoding.read_request(&body));
-        assert_eq!(back.delta_count(), out.request.delta_count());
+        assert_eq!(back.entry_count(), out.request.entry_count());
         request_bytes += body.len();
         // The root's answer: every counter this limiter changed.
         let reply = SyncResponse {

@@ -78,10 +78,13 @@
 //!   Prometheus text (always compiled and tested), and the `ngx` glue
 //!   (feature `nginx`); its files are listed in its module doc.
 //! - [`root`] — the quota root server: database, sync endpoint, admin API,
-//!   overview and web console, metrics, connection admission and timeouts,
-//!   who may sync as which limiter (`root/credentials.rs`) and how much of
-//!   a sync it believes (`root/trust.rs`: level cap, per-limiter
-//!   allowances) (feature `root`).
+//!   overview and web console, metrics, connection admission and timeouts
+//!   (`root/connections.rs`), what a request may hold once its token is
+//!   checked (`root/api/admission.rs`: body memory, upload pace, slots,
+//!   syncs in flight per limiter), who may sync as which limiter
+//!   (`root/credentials.rs`) and how much of a sync it believes
+//!   (`root/trust.rs`: level cap, per-limiter allowances, rejection
+//!   counts) (feature `root`).
 //! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
 //!   each running a real table and sync engine, simulated roots (the root's
 //!   own ledger) and network, root groups, per-second CSV, SVG plots and

@@ -31,9 +31,16 @@ pub const SYNC_PATH: &str = "/v1/sync";
 /// Content type of a JSON sync body.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
-/// Most deltas (named and keyed) one sync request may carry; a root
-/// answers 400 above it.
+/// Most entries one sync request may carry: deltas (named and keyed),
+/// keyed groups and rejection counts ([`SyncRequest::entry_count`]); a
+/// root answers 400 above it, and the binary decoder stops at it before
+/// allocating more.
 pub const MAX_DELTAS_PER_SYNC: usize = 1_000_000;
+
+/// Header in which a limiter names itself on its sync requests (the same
+/// id as the body's `limiter`), so that a root can count its syncs in
+/// flight before reading the body. A root that predates it ignores it.
+pub const LIMITER_HEADER: &str = "sluice-limiter";
 
 /// Largest delta one sync may carry for one counter: 2^53, the largest
 /// integer a level holds exactly (a limiter sends at least every few
@@ -239,25 +246,24 @@ pub struct SyncRequest {
 }
 
 impl SyncRequest {
-    /// Entries the request carries: deltas, named and keyed, and rejection
-    /// counts (what [`MAX_DELTAS_PER_SYNC`] bounds).
-    pub fn delta_count(&self) -> usize {
+    /// Entries the request carries: deltas, named and keyed, keyed groups
+    /// and rejection counts (what [`MAX_DELTAS_PER_SYNC`] bounds). Each
+    /// costs a root memory when decoded, so each is counted.
+    pub fn entry_count(&self) -> usize {
         self.deltas.len()
+            + self.keyed.len()
             + self.keyed.iter().map(|k| k.deltas.len()).sum::<usize>()
             + self.rejected.len()
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
-    /// any of it: the limiter id, at most [`MAX_DELTAS_PER_SYNC`] deltas,
-    /// none above [`MAX_DELTA`], no key hash 0.
+    /// any of it: the limiter id, at most [`MAX_DELTAS_PER_SYNC`] entries,
+    /// no delta above [`MAX_DELTA`], no key hash 0.
     pub fn check(&self) -> Result<(), WireError> {
         validate_limiter_id(&self.limiter).map_err(|e| WireError::new(e.field, e.message))?;
-        let count = self.delta_count();
+        let count = self.entry_count();
         if count > MAX_DELTAS_PER_SYNC {
-            return Err(WireError::new(
-                "deltas",
-                format!("{count} deltas, at most {MAX_DELTAS_PER_SYNC} per sync"),
-            ));
+            return Err(too_many_entries(count));
         }
         if let Some(i) = self.deltas.iter().position(|d| d.delta > MAX_DELTA) {
             return Err(WireError::new(
@@ -283,6 +289,66 @@ impl SyncRequest {
         }
         Ok(())
     }
+}
+
+/// The error of a request over [`MAX_DELTAS_PER_SYNC`] entries (`count`
+/// of them, or at least that many when decoding stopped there).
+pub(crate) fn too_many_entries(count: usize) -> WireError {
+    WireError::new(
+        "deltas",
+        format!(
+            "{count} entries (deltas, keyed groups and rejection counts), at most \
+             {MAX_DELTAS_PER_SYNC} per sync"
+        ),
+    )
+}
+
+/// An upper bound on the entries ([`SyncRequest::entry_count`]) a JSON
+/// request body can decode to, found without decoding it: every entry
+/// is a JSON object or array of its own, so this counts the `{` and `[`
+/// outside strings. A root refuses a body whose bound is beyond any
+/// request it accepts (see [`check_json_size`]) and reserves memory for
+/// the rest by it before decoding.
+pub fn json_entries_at_most(body: &[u8]) -> usize {
+    let mut open = 0;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => open += 1,
+                _ => {}
+            }
+        }
+    }
+    open
+}
+
+/// Refuses a JSON request body that cannot hold at most
+/// [`MAX_DELTAS_PER_SYNC`] entries: more objects and arrays than such a
+/// request has (its entries, a second one per keyed group, and five of
+/// its own). Returns the body's [`json_entries_at_most`].
+pub fn check_json_size(body: &[u8]) -> Result<usize, WireError> {
+    let open = json_entries_at_most(body);
+    if open > 2 * MAX_DELTAS_PER_SYNC + 5 {
+        return Err(WireError::new(
+            "deltas",
+            format!(
+                "the body holds {open} JSON objects and arrays, more than a request of at \
+                 most {MAX_DELTAS_PER_SYNC} entries (deltas, keyed groups and rejection \
+                 counts) can"
+            ),
+        ));
+    }
+    Ok(open)
 }
 
 /// A root's answer to a [`SyncRequest`].
@@ -521,6 +587,25 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(e.field, "keyed[0].prev");
+    }
+
+    #[test]
+    fn a_json_body_is_bounded_by_its_objects_and_arrays_outside_strings() {
+        let body = br#"{"limiter":"a[{\"[","deltas":[{"id":1,"delta":2}],"rejected":[[1,2]]}"#;
+        // The request, the deltas list and its entry, the rejected list
+        // and its entry: not the brackets in the limiter's id.
+        assert_eq!(json_entries_at_most(body), 5);
+        let request: SyncRequest = serde_json::from_slice(body).unwrap();
+        assert!(request.entry_count() <= json_entries_at_most(body));
+        assert_eq!(check_json_size(body), Ok(5));
+        // Two million and seven objects and arrays cannot be a request of a
+        // million entries.
+        let mut many = b"{\"rejected\":[".to_vec();
+        many.extend(b"[],".repeat(2 * MAX_DELTAS_PER_SYNC + 4));
+        many.extend(b"[]]}");
+        let e = check_json_size(&many).unwrap_err();
+        assert_eq!(e.field, "deltas");
+        assert!(e.message.contains("2000007 JSON objects and arrays"), "{e}");
     }
 
     #[test]

@@ -818,13 +818,14 @@ async fn at_the_connection_limit_idle_connections_give_way_and_busy_ones_do_not(
     root.stop().await;
 }
 
-/// With `max_body_memory` = 4 KiB, a request whose 4000-byte body is
-/// still arriving holds the whole budget: another request with a body
-/// waits until the first one is done, then both succeed. A request with
-/// no body does not wait, even with `max_in_flight` = 2: the waiting one
-/// holds no slot.
+/// With `max_body_memory` = 4 KiB, a request whose 4000-byte body has
+/// 3000 bytes in holds 3 KiB, not the 4000 its `Content-Length`
+/// announced: a small body is read and served meanwhile; one that needs
+/// more than what is left waits a moment and gets 503 with
+/// `Retry-After`; a request with no body is not held up. Once the first
+/// body is in and answered, the big one goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_bodies_share_one_memory_budget() {
+async fn request_bodies_hold_what_arrived_of_one_memory_budget() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let db = Db::sqlite();
@@ -833,8 +834,8 @@ async fn request_bodies_share_one_memory_budget() {
     config.max_in_flight = 2;
     let root = TestRoot::start(config).await;
 
-    // An apply of 4000 bytes (JSON padded with spaces), headers and half
-    // the body sent.
+    // An apply of 4000 bytes (JSON padded with spaces): headers and 3000
+    // bytes sent.
     let mut body =
         br#"{"quotas": [{"name": "slow", "limit": 1, "low_burst": 1, "high_burst": 2}]}"#.to_vec();
     body.resize(4000, b' ');
@@ -846,44 +847,52 @@ async fn request_bodies_share_one_memory_budget() {
         )
         .await
         .unwrap();
-    first.write_all(&body[..2000]).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    first.write_all(&body[..3000]).await.unwrap();
+    eventually("the first body's 3000 bytes are held", || async {
+        root.metric("sluice_root_body_memory_bytes").await == Some(3072.0)
+    })
+    .await;
 
-    let second = tokio::spawn({
-        let root_http = root.http.clone();
-        let url = root.url.clone();
-        async move {
-            root_http
-                .put(format!("{url}/v1/quotas/fast"))
-                .header("content-type", "application/json")
-                .body(r#"{"limit": 1, "low_burst": 1, "high_burst": 2}"#)
-                .send()
-                .await
-        }
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !second.is_finished(),
-        "a body was read beyond the memory budget"
-    );
-    // Without a body a request needs no share, and the second slot is
-    // free: health answers meanwhile.
+    // 1 KiB is left: a small body fits.
+    let small = json!({"limit": 1, "low_burst": 1, "high_burst": 2});
+    let (status, reply) = root
+        .admin(Method::PUT, "/v1/quotas/fast", Some(small))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    // A 1500-byte body does not, and is refused after a moment.
+    let mut padded = serde_json::to_vec(&json!({"limit": 1, "high_burst": 2})).unwrap();
+    padded.resize(1500, b' ');
+    let put_big = || {
+        root.http
+            .put(format!("{}/v1/quotas/big", root.url))
+            .header("content-type", "application/json")
+            .body(padded.clone())
+            .send()
+    };
+    let refused = put_big().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let reply: Value = serde_json::from_slice(&refused.bytes().await.unwrap()).unwrap();
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(message.contains("max_body_memory"), "{reply}");
+    // Without a body a request needs no memory.
     let (status, _) = root.request(Method::GET, "/healthz", None, None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(!second.is_finished());
 
-    first.write_all(&body[2000..]).await.unwrap();
+    first.write_all(&body[3000..]).await.unwrap();
     let mut reply = Vec::new();
     first.read_to_end(&mut reply).await.unwrap();
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    let second = second
-        .await
-        .unwrap()
-        .expect("served once the budget is free");
-    assert!(second.status().is_success(), "{}", second.status());
-    assert_eq!(root.get("slow").await.0, StatusCode::OK);
-    assert_eq!(root.get("fast").await.0, StatusCode::OK);
+    assert_eq!(put_big().await.unwrap().status(), StatusCode::CREATED);
+    for name in ["slow", "fast", "big"] {
+        assert_eq!(root.get(name).await.0, StatusCode::OK, "{name}");
+    }
+    assert_eq!(
+        root.metric("sluice_root_rejected_requests_total{api=\"admin\",reason=\"body_memory\"}")
+            .await,
+        Some(1.0)
+    );
     root.stop().await;
 }
 

@@ -17,7 +17,10 @@
 //! header_timeout = "10s"             # accept (or a request's first byte) to its last header
 //! idle_timeout = "60s"               # between requests on a kept-alive connection
 //! body_timeout = "60s"               # a request body's upload, a response body's download
+//! min_body_rate = 65536              # bytes/s a request body must keep up (0: off)
+//! body_grace = "5s"                  # how long a body may stall or lag behind min_body_rate
 //! max_in_flight = 256
+//! max_syncs_per_limiter = 2          # syncs of one limiter id in flight at once
 //! max_sync_body = 67108864
 //! max_admin_body = 1048576
 //! max_apply_body = 268435456
@@ -26,6 +29,8 @@
 //! sync_page_counters = 100000
 //! max_keys = 2000000                 # key counters of per-key quotas held at once
 //! level_cap_seconds = 5.0            # a leaky counter's cap: 2 high_bursts + limit * this
+//! max_limiters = 100000              # limiter ids the registry holds (console, quota views)
+//! limiter_expiry = "1h"              # a limiter id not heard from this long is forgotten
 //! limiter_tokens_file = "/etc/sluice/limiters.tokens"  # per-limiter sync tokens
 //! ```
 
@@ -89,7 +94,10 @@ struct RootFile {
     header_timeout: Option<String>,
     idle_timeout: Option<String>,
     body_timeout: Option<String>,
+    min_body_rate: Option<u64>,
+    body_grace: Option<String>,
     max_in_flight: Option<usize>,
+    max_syncs_per_limiter: Option<usize>,
     max_sync_body: Option<usize>,
     max_admin_body: Option<usize>,
     max_apply_body: Option<usize>,
@@ -98,6 +106,8 @@ struct RootFile {
     sync_page_counters: Option<usize>,
     max_keys: Option<usize>,
     level_cap_seconds: Option<f64>,
+    max_limiters: Option<usize>,
+    limiter_expiry: Option<String>,
     limiter_tokens_file: Option<PathBuf>,
 }
 
@@ -115,9 +125,9 @@ pub struct BodyLimits {
     pub admin: usize,
     /// `POST /v1/apply` (a whole quota set).
     pub apply: usize,
-    /// Request body bytes held at once by all requests together: a request
-    /// waits for its share before its body is read, so a flood of large
-    /// syncs cannot hold `max_in_flight` × `sync` bytes.
+    /// Request body bytes held at once by all requests together, and
+    /// what syncs decode them to: a body is charged as it arrives, a sync
+    /// before it is decoded (see [`super::api::admission`]).
     pub total: usize,
 }
 
@@ -170,8 +180,18 @@ pub struct RootConfig {
     /// Longest a request body may take to arrive, and a response body to
     /// be taken.
     pub body_timeout: Duration,
-    /// Most requests handled at once; the rest wait for a slot.
+    /// Bytes a second a request body must keep arriving at (0: no rate,
+    /// only `body_timeout`).
+    pub min_body_rate: u64,
+    /// How long a request body may stall, or lag behind `min_body_rate`,
+    /// before it is cut.
+    pub body_grace: Duration,
+    /// Most requests handled at once (their bodies in); the rest wait for
+    /// a slot. `/healthz` and `/metrics` have slots of their own.
     pub max_in_flight: usize,
+    /// Most syncs of one limiter id in flight at once; one more is
+    /// refused with 429.
+    pub max_syncs_per_limiter: usize,
     /// Request body limits.
     pub body_limits: BodyLimits,
     /// Most quotas in one sync reply; a fresh limiter pages through the rest.
@@ -185,6 +205,11 @@ pub struct RootConfig {
     /// A leaky counter is kept at most at `2 * high_burst + limit *` this
     /// many seconds (see [`super::trust`]).
     pub level_cap_seconds: f64,
+    /// Most limiter ids the registry holds; past it the one heard from
+    /// least recently is forgotten (see [`super::limiters`]).
+    pub max_limiters: usize,
+    /// A limiter id not heard from for this long is forgotten.
+    pub limiter_expiry: Duration,
 }
 
 impl Default for RootConfig {
@@ -205,12 +230,17 @@ impl Default for RootConfig {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
+            min_body_rate: 64 << 10,
+            body_grace: Duration::from_secs(5),
             max_in_flight: 256,
+            max_syncs_per_limiter: 2,
             body_limits: BodyLimits::default(),
             sync_page_quotas: 20_000,
             sync_page_counters: 100_000,
             max_keys: 2_000_000,
             level_cap_seconds: super::trust::DEFAULT_CAP_SECONDS,
+            max_limiters: super::limiters::DEFAULT_MAX_LIMITERS,
+            limiter_expiry: super::limiters::DEFAULT_EXPIRY,
         }
     }
 }
@@ -249,7 +279,10 @@ impl RootConfig {
             header_timeout,
             idle_timeout,
             body_timeout,
+            min_body_rate,
+            body_grace,
             max_in_flight,
+            max_syncs_per_limiter,
             max_sync_body,
             max_admin_body,
             max_apply_body,
@@ -258,6 +291,8 @@ impl RootConfig {
             sync_page_counters,
             max_keys,
             level_cap_seconds,
+            max_limiters,
+            limiter_expiry,
             limiter_tokens_file,
         } = file;
         set(&mut self.listen, listen);
@@ -286,12 +321,16 @@ impl RootConfig {
             ("header_timeout", header_timeout, &mut self.header_timeout),
             ("idle_timeout", idle_timeout, &mut self.idle_timeout),
             ("body_timeout", body_timeout, &mut self.body_timeout),
+            ("body_grace", body_grace, &mut self.body_grace),
+            ("limiter_expiry", limiter_expiry, &mut self.limiter_expiry),
         ] {
             if let Some(text) = text {
                 *slot = duration_key(key, &text)?;
             }
         }
+        set(&mut self.min_body_rate, min_body_rate);
         set(&mut self.max_in_flight, max_in_flight);
+        set(&mut self.max_syncs_per_limiter, max_syncs_per_limiter);
         set(&mut self.body_limits.sync, max_sync_body);
         set(&mut self.body_limits.admin, max_admin_body);
         set(&mut self.body_limits.apply, max_apply_body);
@@ -300,6 +339,7 @@ impl RootConfig {
         set(&mut self.sync_page_counters, sync_page_counters);
         set(&mut self.max_keys, max_keys);
         set(&mut self.level_cap_seconds, level_cap_seconds);
+        set(&mut self.max_limiters, max_limiters);
         if limiter_tokens_file.is_some() {
             self.limiter_tokens_file = limiter_tokens_file;
         }
@@ -352,10 +392,21 @@ impl RootConfig {
             ("header_timeout", self.header_timeout),
             ("idle_timeout", self.idle_timeout),
             ("body_timeout", self.body_timeout),
+            ("body_grace", self.body_grace),
+            ("limiter_expiry", self.limiter_expiry),
         ] {
             positive(key, value.as_nanos() as usize)?;
         }
         positive("max_in_flight", self.max_in_flight)?;
+        positive("max_syncs_per_limiter", self.max_syncs_per_limiter)?;
+        positive("max_limiters", self.max_limiters)?;
+        if self.max_limiters > super::limiters::MOST_LIMITERS {
+            return Err(ConfigError(format!(
+                "max_limiters must be at most {}, not {}",
+                super::limiters::MOST_LIMITERS,
+                self.max_limiters
+            )));
+        }
         positive("max_sync_body", self.body_limits.sync)?;
         positive("max_admin_body", self.body_limits.admin)?;
         positive("max_apply_body", self.body_limits.apply)?;

@@ -14,23 +14,29 @@
 //!      `header_timeout` (a slowloris request is cut there);
 //!    - *idle*: between requests, no byte of the next one yet:
 //!      `idle_timeout`;
-//!    - *handling*: a request is being handled; its body must arrive
-//!      within `body_timeout` (enforced where it is read, in `api/`);
+//!    - *handling*: a request is being handled; its body must keep up
+//!      `min_body_rate` and arrive within `body_timeout` (enforced where
+//!      it is read, `api/admission.rs`);
 //!    - *sending*: the response body is being written: `body_timeout`,
 //!      so a client that never reads cannot pin a connection.
 //! 2. **Trust.** A connection becomes *trusted* once one of its requests
-//!    presented a valid admin or sync token. Trusted connections are never
-//!    shed and do not count against their address.
+//!    presented a valid admin or sync token. Trusted connections do not
+//!    count against their address, and are shed only idle and only after
+//!    every untrusted one (below).
 //! 3. **Shedding instead of refusing.** An untrusted connection in the
 //!    head or idle phase is *sheddable*: nothing it asked for is under
 //!    way. A new connection is admitted even at a limit, by closing the
 //!    least recently active sheddable connection:
 //!    - of its own address, when that address already holds
 //!      `max_connections_per_address` untrusted connections;
-//!    - of anyone, when `max_connections` are open.
+//!    - of anyone, when `max_connections` are open; when no untrusted
+//!      connection can be shed, the least recently active idle trusted
+//!      one is (a token holder parking thousands of idle connections
+//!      must not lock everyone else out; a limiter syncing every second
+//!      is among the most recently active, and reconnects if shed).
 //!
-//!    Only when nothing can be shed (every connection trusted or busy) is
-//!    the new connection closed at once.
+//!    Only when nothing can be shed (every connection busy, or trusted
+//!    and not idle) is the new connection closed at once.
 //!
 //! So a flood of idle or trickling connections from one address keeps at
 //! most `max_connections_per_address` of them, each for at most
@@ -185,8 +191,14 @@ struct Entry {
 }
 
 impl Entry {
+    /// Untrusted with nothing under way.
     fn sheddable(&self) -> bool {
         !self.trusted && !self.closing && matches!(self.phase, Phase::Head | Phase::Idle)
+    }
+
+    /// Trusted and idle: shed only when nothing untrusted can be.
+    fn sheddable_last(&self) -> bool {
+        self.trusted && !self.closing && self.phase == Phase::Idle
     }
 }
 
@@ -207,6 +219,8 @@ struct Registry {
     entries: HashMap<u64, Entry>,
     /// Sheddable connections by stamp: the least recently active first.
     sheddable: BTreeMap<u64, u64>,
+    /// Idle trusted connections by stamp, shed after every sheddable one.
+    sheddable_last: BTreeMap<u64, u64>,
     addresses: HashMap<IpAddr, Address>,
     deadlines: BTreeSet<(Instant, u64)>,
     /// Entries not closing.
@@ -244,6 +258,7 @@ impl Registry {
                 address.sheddable.remove(&entry.stamp);
             }
         }
+        self.sheddable_last.remove(&entry.stamp);
     }
 
     /// Puts `id` in the shedding order if it is sheddable.
@@ -258,7 +273,20 @@ impl Registry {
                 .or_default()
                 .sheddable
                 .insert(entry.stamp, id);
+        } else if entry.sheddable_last() {
+            self.sheddable_last.insert(entry.stamp, id);
         }
+    }
+
+    /// The connection to shed at `max_connections`: the least recently
+    /// active sheddable one, else the least recently active idle trusted
+    /// one.
+    fn victim(&self) -> Option<u64> {
+        let (_, &id) = self
+            .sheddable
+            .first_key_value()
+            .or_else(|| self.sheddable_last.first_key_value())?;
+        Some(id)
     }
 
     /// Moves `id` to `phase` with `deadline`; idle connections get a new
@@ -392,7 +420,7 @@ impl Connections {
             shed = Some(CloseReason::ShedPerAddress);
         }
         if r.open >= self.limits.max_connections {
-            let Some((_, &victim)) = r.sheddable.first_key_value() else {
+            let Some(victim) = r.victim() else {
                 drop(r);
                 return Err(self.refuse(Refusal::Full));
             };
@@ -605,6 +633,7 @@ impl Connection {
                 r.addresses.remove(&address);
             }
         }
+        r.list(self.id);
     }
 }
 
@@ -691,7 +720,7 @@ mod tests {
     }
 
     #[test]
-    fn busy_and_trusted_connections_are_never_shed() {
+    fn busy_connections_and_trusted_ones_not_idle_are_never_shed() {
         let cs = Connections::new(limits(2, 2));
         let now = Instant::now();
         let busy = cs.admit(ip(1), now).unwrap();
@@ -717,6 +746,33 @@ mod tests {
         let fourth = cs.admit(ip(4), now).unwrap();
         assert!(told_to_close(&second));
         assert!(!told_to_close(&first) && !told_to_close(&third) && !told_to_close(&fourth));
+    }
+
+    #[test]
+    fn idle_trusted_connections_are_shed_only_when_nothing_untrusted_can_be() {
+        let cs = Connections::new(limits(3, 3));
+        let now = Instant::now();
+        let limiter = cs.admit(ip(1), now).unwrap();
+        limiter.trust();
+        drop(limiter.request_started()); // answered: idle
+        let parked = cs.admit(ip(2), now).unwrap();
+        parked.trust();
+        drop(parked.request_started());
+        let stranger = cs.admit(ip(3), now).unwrap();
+        // Full: the untrusted one goes first, though it is the newest.
+        let first = cs.admit(ip(4), now).unwrap();
+        assert!(told_to_close(&stranger));
+        assert!(!told_to_close(&limiter) && !told_to_close(&parked));
+        // `first` is busy now; the limiter syncs again (most recent).
+        let _busy = first.request_started();
+        drop(limiter.request_started());
+        let _second = cs.admit(ip(5), now).unwrap();
+        assert!(
+            told_to_close(&parked),
+            "the least recently active trusted one"
+        );
+        assert!(!told_to_close(&limiter));
+        assert_eq!(cs.stats().closed[CloseReason::ShedFull as usize], 2);
     }
 
     #[test]
@@ -776,6 +832,7 @@ mod tests {
         drop(c);
         let r = cs.lock();
         assert!(r.entries.is_empty() && r.sheddable.is_empty() && r.deadlines.is_empty());
+        assert!(r.sheddable_last.is_empty());
         assert!(r.addresses.is_empty());
         assert_eq!((r.open, r.trusted), (0, 0));
     }

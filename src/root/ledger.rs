@@ -16,7 +16,7 @@ use super::counter_book::{AllowanceShape, ChangedCounters, Delta};
 use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
-use super::trust::{counter_rule, DEFAULT_CAP_SECONDS, FREE_SECONDS};
+use super::trust::{counter_rule, plausible_rejections, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +42,9 @@ pub struct SyncStep {
     pub clipped: usize,
     /// Weight cut from them.
     pub clipped_weight: f64,
+    /// Rejections cut from the request's counts, more than its limiter
+    /// could have made ([`super::trust::plausible_rejections`]).
+    pub rejections_clipped: u64,
 }
 
 impl SyncStep {
@@ -90,8 +93,10 @@ pub struct LedgerStats {
     pub epoch: u64,
     /// Last counter version handed out.
     pub counter_version: u64,
-    /// Limiters ever seen.
+    /// Limiters held in the registry.
     pub limiters: usize,
+    /// Limiters forgotten, by [`super::limiters::Dropped`].
+    pub limiters_dropped: [u64; 2],
 }
 
 /// Quotas, counters and limiters of one root, shared by every sync.
@@ -160,6 +165,7 @@ impl LedgerView<'_> {
             epoch: self.quotas.cursor().epoch,
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
+            limiters_dropped: self.limiters.dropped(),
         }
     }
 }
@@ -249,17 +255,17 @@ impl Ledger {
     ) -> SyncStep {
         // A limiter's first sync carries what it admitted before: as much
         // refill as any sync may claim without state.
-        let caller = self
+        let (number, since) = self
             .limiters()
             .touch_since(&request.limiter, now, FREE_SECONDS);
-        let limiter = caller.map(|(index, _)| index);
+        let caller = (number, since);
+        let limiter = Some(number);
         let mut step = SyncStep::default();
         let delta = |weight: u64, window| Delta {
             weight: weight as f64,
             window,
         };
         let shards = self.counters.shard_count();
-        let mut parts: Vec<Vec<(CounterKey, Delta)>> = vec![Vec::new(); shards];
         let named = request
             .deltas
             .iter()
@@ -273,11 +279,21 @@ impl Ledger {
                 (counter, delta(d.1, group.window))
             })
         });
+        // Sized first: a million deltas would otherwise take up to twice
+        // their room while the lists grow.
+        let mut sizes = vec![0; shards];
+        for (counter, _) in named.clone().chain(keyed.clone()) {
+            sizes[self.counters.shard_of(counter)] += 1;
+        }
+        let mut parts: Vec<Vec<(CounterKey, Delta)>> =
+            sizes.into_iter().map(Vec::with_capacity).collect();
         for (counter, delta) in named.chain(keyed) {
             parts[self.counters.shard_of(counter)].push((counter, delta));
         }
+        let (rejections, cut) = plausible_rejections(&request.rejected, since);
+        step.rejections_clipped = cut;
         let mut rejected: Vec<Vec<(u64, u64)>> = vec![Vec::new(); shards];
-        for &(id, count) in &request.rejected {
+        for &(id, count) in &rejections {
             rejected[self.counters.shard_of(CounterKey::named(id))].push((id, count));
         }
         let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
@@ -323,10 +339,8 @@ impl Ledger {
             }
         }
         if step.clipped > 0 {
-            if let Some(index) = limiter {
-                self.limiters()
-                    .clipped(index, step.clipped as u64, step.clipped_weight, now);
-            }
+            self.limiters()
+                .clipped(number, step.clipped as u64, step.clipped_weight, now);
         }
         step.quotas = quotas.page_after(request.quotas_after, paging.quotas);
         drop(quotas);

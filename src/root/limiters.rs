@@ -1,26 +1,76 @@
 //! The limiters that have synced with this root.
 //!
-//! Each limiter id is interned to a small index, so counters can remember
-//! which limiters fed them without storing names. The registry is bounded:
-//! past [`MAX_LIMITERS`] distinct ids, new ones are still served but not
-//! recorded.
+//! Each limiter id is interned to a number, so counters can remember
+//! which limiters fed them without storing names. The registry is bounded,
+//! and so that ids invented by a holder of the shared sync token cannot
+//! hide real limiters (from the console, the overview and a quota's
+//! `limiters`), it keeps the ones heard from last:
+//!
+//! - an id not heard from for `limiter_expiry` is forgotten;
+//! - at `max_limiters` ids, a new one takes the place of the one heard
+//!   from least recently.
+//!
+//! A limiter that syncs every second is forgotten only if more than
+//! `max_limiters` other ids synced since its last sync; a newcomer is
+//! always recorded. Both ways of forgetting are counted
+//! ([`Limiters::dropped`]). A forgotten limiter that syncs again is
+//! recorded anew (its sync count starts over).
+//!
+//! Numbers are handed out in increasing order (wrapping after 2^32, and
+//! skipping numbers held), so a number is not reused while a counter's
+//! record of the limiter it named is recent; [`Limiters::seen`] also
+//! refuses a record older than the limiter now holding the number.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
 use crate::core::Nanos;
 use crate::wire::ClockReport;
 
-/// Most limiters the registry records.
-pub const MAX_LIMITERS: usize = 100_000;
+/// Default of `max_limiters`.
+pub const DEFAULT_MAX_LIMITERS: usize = 100_000;
+
+/// Largest `max_limiters` a root accepts (a registered limiter takes a
+/// few hundred bytes).
+pub const MOST_LIMITERS: usize = 10_000_000;
+
+/// Default of `limiter_expiry`.
+pub const DEFAULT_EXPIRY: Duration = Duration::from_secs(3600);
+
+/// Why a limiter was forgotten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dropped {
+    /// Not heard from for `limiter_expiry`.
+    Expired,
+    /// The registry was full and it was heard from least recently.
+    Full,
+}
+
+impl Dropped {
+    /// Every reason, in metric order.
+    pub const ALL: [Self; 2] = [Self::Expired, Self::Full];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Full => "full",
+        }
+    }
+}
 
 /// What the root knows about one limiter.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LimiterInfo {
     /// The limiter's id as it sends it.
     pub name: Box<str>,
+    /// Root time of its first sync since it was recorded.
+    pub first_sync: Nanos,
     /// Root time of its last sync.
     pub last_sync: Nanos,
-    /// Syncs received from it since the root started.
+    /// Syncs received from it since it was recorded.
     pub syncs: u64,
     /// Its latest report of its clock offset to this root.
     pub clock: Option<ClockReport>,
@@ -33,61 +83,150 @@ pub struct LimiterInfo {
 }
 
 /// Registry of limiters by id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Limiters {
-    /// Limiter id to index in `list`.
-    index: FxHashMap<Box<str>, u32>,
-    /// Limiters in order of first sync.
-    list: Vec<LimiterInfo>,
+    /// Limiter id to number.
+    numbers: FxHashMap<Box<str>, u32>,
+    /// Limiters by number.
+    list: BTreeMap<u32, LimiterInfo>,
+    /// `(last sync, number)`: the least recently heard from first.
+    by_last_sync: BTreeSet<(Nanos, u32)>,
+    /// The next number to try.
+    next: u32,
+    /// Most limiters held.
+    max: usize,
+    /// Nanoseconds after its last sync a limiter is forgotten.
+    expiry: Nanos,
+    /// Limiters forgotten, by [`Dropped`].
+    dropped: [u64; 2],
+}
+
+impl Default for Limiters {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_LIMITERS, DEFAULT_EXPIRY)
+    }
 }
 
 impl Limiters {
-    /// Records a sync from `name` at `now`; returns the limiter's index, or
-    /// `None` when the registry is full and `name` is new.
-    pub fn touch(&mut self, name: &str, now: Nanos) -> Option<u32> {
-        self.touch_since(name, now, 0.0).map(|(index, _)| index)
+    /// A registry of at most `max` limiters (at least one), each
+    /// forgotten `expiry` after its last sync.
+    pub fn new(max: usize, expiry: Duration) -> Self {
+        Self {
+            numbers: FxHashMap::default(),
+            list: BTreeMap::new(),
+            by_last_sync: BTreeSet::new(),
+            next: 0,
+            max: max.max(1),
+            expiry: expiry.as_nanos().min(u128::from(Nanos::MAX)) as Nanos,
+            dropped: [0; 2],
+        }
+    }
+
+    /// Records a sync from `name` at `now`; returns the limiter's number.
+    pub fn touch(&mut self, name: &str, now: Nanos) -> u32 {
+        self.touch_since(name, now, 0.0).0
     }
 
     /// As [`Self::touch`], with the seconds since the limiter's previous
     /// sync (`first` for its first).
-    pub fn touch_since(&mut self, name: &str, now: Nanos, first: f64) -> Option<(u32, f64)> {
-        let index = match self.index.get(name) {
-            Some(&index) => index,
-            None if self.list.len() >= MAX_LIMITERS => return None,
+    pub fn touch_since(&mut self, name: &str, now: Nanos, first: f64) -> (u32, f64) {
+        self.expire(now);
+        let number = match self.numbers.get(name) {
+            Some(&number) => number,
             None => {
-                let index = self.list.len() as u32;
-                self.list.push(LimiterInfo {
-                    name: name.into(),
-                    last_sync: now,
-                    syncs: 0,
-                    clock: None,
-                    clipped: 0,
-                    clipped_weight: 0.0,
-                    last_clipped: None,
-                });
-                self.index.insert(name.into(), index);
-                index
+                if self.list.len() >= self.max {
+                    if let Some(&(_, oldest)) = self.by_last_sync.first() {
+                        self.forget(oldest, Dropped::Full);
+                    }
+                }
+                let number = self.free_number();
+                self.numbers.insert(name.into(), number);
+                self.list.insert(
+                    number,
+                    LimiterInfo {
+                        name: name.into(),
+                        first_sync: now,
+                        last_sync: now,
+                        syncs: 0,
+                        clock: None,
+                        clipped: 0,
+                        clipped_weight: 0.0,
+                        last_clipped: None,
+                    },
+                );
+                self.by_last_sync.insert((now, number));
+                number
             }
         };
-        let info = &mut self.list[index as usize];
+        let info = self
+            .list
+            .get_mut(&number)
+            .expect("a numbered limiter is listed");
         let since = if info.syncs == 0 {
             first
         } else {
             crate::core::counter::seconds_between(info.last_sync, now)
         };
-        info.last_sync = now;
+        // A clock step back is not a reason to reorder.
+        let last = info.last_sync.max(now);
+        self.by_last_sync.remove(&(info.last_sync, number));
+        self.by_last_sync.insert((last, number));
+        info.last_sync = last;
         info.syncs += 1;
-        Some((index, since))
+        (number, since)
     }
 
-    /// A limiter by index.
-    pub fn get(&self, index: u32) -> Option<&LimiterInfo> {
-        self.list.get(index as usize)
+    /// The lowest number from `next` on that no limiter holds.
+    fn free_number(&mut self) -> u32 {
+        // Fewer limiters are held than numbers exist: this ends.
+        while self.list.contains_key(&self.next) {
+            self.next = self.next.wrapping_add(1);
+        }
+        let number = self.next;
+        self.next = self.next.wrapping_add(1);
+        number
     }
 
-    /// Counts `deltas` of limiter `index` clipped at `now`, `weight` cut.
-    pub fn clipped(&mut self, index: u32, deltas: u64, weight: f64, now: Nanos) {
-        if let Some(info) = self.list.get_mut(index as usize) {
+    fn forget(&mut self, number: u32, why: Dropped) {
+        if let Some(info) = self.list.remove(&number) {
+            self.by_last_sync.remove(&(info.last_sync, number));
+            self.numbers.remove(&info.name);
+            self.dropped[why as usize] += 1;
+        }
+    }
+
+    /// Forgets every limiter not heard from within the expiry before
+    /// `now`; returns how many.
+    pub fn expire(&mut self, now: Nanos) -> usize {
+        let Some(cutoff) = now.checked_sub(self.expiry) else {
+            return 0;
+        };
+        let mut forgotten = 0;
+        while let Some(&(last, number)) = self.by_last_sync.first() {
+            if last >= cutoff {
+                break;
+            }
+            self.forget(number, Dropped::Expired);
+            forgotten += 1;
+        }
+        forgotten
+    }
+
+    /// A limiter by number.
+    pub fn get(&self, number: u32) -> Option<&LimiterInfo> {
+        self.list.get(&number)
+    }
+
+    /// The limiter a counter's record names: number `number`, which sent
+    /// weight at `at`; `None` when the limiter holding that number now
+    /// was recorded after it (the one that sent it was forgotten).
+    pub fn seen(&self, number: u32, at: Nanos) -> Option<&LimiterInfo> {
+        self.get(number).filter(|info| info.first_sync <= at)
+    }
+
+    /// Counts `deltas` of limiter `number` clipped at `now`, `weight` cut.
+    pub fn clipped(&mut self, number: u32, deltas: u64, weight: f64, now: Nanos) {
+        if let Some(info) = self.list.get_mut(&number) {
             info.clipped += deltas;
             info.clipped_weight += weight;
             info.last_clipped = Some(now);
@@ -96,29 +235,36 @@ impl Limiters {
 
     /// Keeps the clock offset `name` reported with its sync.
     pub fn report_clock(&mut self, name: &str, clock: ClockReport) {
-        if let Some(&index) = self.index.get(name) {
-            self.list[index as usize].clock = Some(clock);
+        if let Some(number) = self.numbers.get(name) {
+            if let Some(info) = self.list.get_mut(number) {
+                info.clock = Some(clock);
+            }
         }
     }
 
-    /// Every recorded limiter, in order of first sync.
-    pub fn iter(&self) -> impl Iterator<Item = &LimiterInfo> {
-        self.list.iter()
+    /// Every recorded limiter with its number, by number.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &LimiterInfo)> {
+        self.list.iter().map(|(&number, info)| (number, info))
     }
 
-    /// Number of limiters ever recorded.
+    /// Number of limiters recorded.
     pub fn len(&self) -> usize {
         self.list.len()
     }
 
-    /// True when no limiter has synced.
+    /// True when no limiter is recorded.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
 
     /// Number of limiters whose last sync was at or after `since`.
     pub fn active_since(&self, since: Nanos) -> usize {
-        self.list.iter().filter(|l| l.last_sync >= since).count()
+        self.by_last_sync.range((since, 0)..).count()
+    }
+
+    /// Limiters forgotten so far, by [`Dropped`].
+    pub fn dropped(&self) -> [u64; 2] {
+        self.dropped
     }
 }
 
@@ -126,15 +272,98 @@ impl Limiters {
 mod tests {
     use super::*;
 
+    const SEC: Nanos = 1_000_000_000;
+
     #[test]
     fn limiters_are_interned_and_counted() {
         let mut limiters = Limiters::default();
-        assert_eq!(limiters.touch("a", 1), Some(0));
-        assert_eq!(limiters.touch("b", 2), Some(1));
-        assert_eq!(limiters.touch("a", 3), Some(0));
+        assert_eq!(limiters.touch("a", 1), 0);
+        assert_eq!(limiters.touch("b", 2), 1);
+        assert_eq!(limiters.touch("a", 3), 0);
         let a = limiters.get(0).unwrap();
-        assert_eq!((a.last_sync, a.syncs), (3, 2));
+        assert_eq!((a.first_sync, a.last_sync, a.syncs), (1, 3, 2));
         assert_eq!(limiters.active_since(3), 1);
         assert_eq!(limiters.len(), 2);
+    }
+
+    #[test]
+    fn at_the_cap_a_newcomer_replaces_the_one_heard_from_least_recently() {
+        let mut limiters = Limiters::new(3, DEFAULT_EXPIRY);
+        limiters.touch("honest", 0);
+        for (i, junk) in ["j1", "j2"].iter().enumerate() {
+            limiters.touch(junk, (i as Nanos + 1) * SEC);
+        }
+        // The honest limiter syncs again: it is no longer the oldest.
+        limiters.touch("honest", 3 * SEC);
+        for i in 0..100 {
+            limiters.touch(&format!("junk-{i}"), 4 * SEC);
+            // The newcomer is always recorded.
+            assert!(limiters
+                .iter()
+                .any(|(_, l)| *l.name == *format!("junk-{i}")));
+        }
+        // Junk ids flooding within one second push out older junk only
+        // until they are the oldest; the newest are held.
+        assert_eq!(limiters.len(), 3);
+        assert_eq!(limiters.dropped(), [0, 100]);
+        let names: Vec<_> = limiters.iter().map(|(_, l)| l.name.to_string()).collect();
+        assert!(names.contains(&"junk-99".to_string()), "{names:?}");
+    }
+
+    #[test]
+    fn a_limiter_that_keeps_syncing_outlives_a_flood_smaller_than_the_cap() {
+        let mut limiters = Limiters::new(1000, DEFAULT_EXPIRY);
+        let mut now = 0;
+        for round in 0..5 {
+            limiters.touch("web-1", now);
+            for i in 0..900 {
+                limiters.touch(&format!("junk-{round}-{i}"), now + 1);
+            }
+            now += SEC;
+        }
+        let (_, web) = limiters
+            .iter()
+            .find(|(_, l)| &*l.name == "web-1")
+            .expect("web-1 held");
+        assert_eq!(web.syncs, 5);
+        assert_eq!(limiters.len(), 1000);
+    }
+
+    #[test]
+    fn idle_limiters_expire_and_are_counted() {
+        let mut limiters = Limiters::new(100, Duration::from_secs(60));
+        limiters.touch("old", 0);
+        limiters.touch("recent", 50 * SEC);
+        assert_eq!(limiters.expire(59 * SEC), 0);
+        assert_eq!(limiters.expire(61 * SEC), 1);
+        assert_eq!(limiters.len(), 1);
+        assert_eq!(limiters.dropped(), [1, 0]);
+        // Expired on the next sync of anyone too.
+        limiters.touch("new", 200 * SEC);
+        assert_eq!(limiters.len(), 1);
+        assert_eq!(limiters.dropped(), [2, 0]);
+        // A forgotten limiter comes back as new.
+        let number = limiters.touch("old", 201 * SEC);
+        assert_eq!(limiters.get(number).unwrap().syncs, 1);
+    }
+
+    #[test]
+    fn a_number_is_not_handed_out_twice_and_old_records_are_not_shown_as_its_new_holder() {
+        let mut limiters = Limiters::new(2, DEFAULT_EXPIRY);
+        let a = limiters.touch("a", SEC);
+        limiters.touch("b", 2 * SEC);
+        limiters.touch("c", 3 * SEC); // "a" is forgotten
+        let d = limiters.touch("d", 4 * SEC);
+        assert!(a < d && limiters.get(a).is_none());
+        // Numbers wrap after the last, skipping the ones held.
+        limiters.next = u32::MAX;
+        let e = limiters.touch("e", 5 * SEC);
+        assert_eq!(e, u32::MAX);
+        limiters.next = e;
+        let f = limiters.touch("f", 6 * SEC);
+        assert_eq!(f, a, "wrapped past the held {e} to the free {a}");
+        // A counter's record of weight `a` sent is not shown as `f`'s.
+        assert!(limiters.seen(f, SEC).is_none());
+        assert_eq!(&*limiters.seen(f, 6 * SEC).unwrap().name, "f");
     }
 }

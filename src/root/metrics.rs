@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::connections::{CloseReason, ConnectionStats, Refusal};
 use super::health::HealthSnapshot;
 use super::ledger::LedgerStats;
+use super::limiters::Dropped;
 
 /// Outcome of a sync request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,15 +26,18 @@ pub enum SyncResult {
     Unavailable,
     /// A token that may not write as the limiter named (403).
     Forbidden,
+    /// Its limiter had its most syncs in flight (429).
+    Busy,
 }
 
 impl SyncResult {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
         Self::Ok,
         Self::Rejected,
         Self::Unauthorized,
         Self::Unavailable,
         Self::Forbidden,
+        Self::Busy,
     ];
 
     fn label(self) -> &'static str {
@@ -43,6 +47,7 @@ impl SyncResult {
             Self::Unauthorized => "unauthorized",
             Self::Unavailable => "unavailable",
             Self::Forbidden => "forbidden",
+            Self::Busy => "busy",
         }
     }
 }
@@ -78,20 +83,27 @@ pub enum Rejection {
     Invalid,
     /// Missing or wrong token.
     Unauthorized,
-    /// The body did not arrive within `body_timeout`.
+    /// The body did not arrive within `body_timeout`, or fell behind
+    /// `min_body_rate`.
     BodyTimeout,
     /// A valid token that may not do this (a sync as another limiter).
     Forbidden,
+    /// A sync of a limiter with its most syncs in flight.
+    Busy,
+    /// The body memory budget was in use.
+    NoMemory,
 }
 
 impl Rejection {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 8] = [
         Self::Malformed,
         Self::TooLarge,
         Self::Invalid,
         Self::Unauthorized,
         Self::BodyTimeout,
         Self::Forbidden,
+        Self::Busy,
+        Self::NoMemory,
     ];
 
     fn label(self) -> &'static str {
@@ -102,6 +114,8 @@ impl Rejection {
             Self::Unauthorized => "unauthorized",
             Self::BodyTimeout => "body_timeout",
             Self::Forbidden => "forbidden",
+            Self::Busy => "syncs_in_flight",
+            Self::NoMemory => "body_memory",
         }
     }
 }
@@ -152,7 +166,7 @@ impl Histogram {
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// Sync requests by [`SyncResult`].
-    syncs: [AtomicU64; 5],
+    syncs: [AtomicU64; SyncResult::ALL.len()],
     /// Time to handle a sync (parse to serialised reply).
     pub sync_seconds: Histogram,
     /// Deltas added to counters.
@@ -163,12 +177,14 @@ pub struct Metrics {
     deltas_clipped: AtomicU64,
     /// Weight cut from them (whole units, rounded down per sync).
     weight_clipped: AtomicU64,
+    /// Rejections cut from syncs' counts.
+    rejections_clipped: AtomicU64,
     /// Quotas sent in sync replies.
     quotas_sent: AtomicU64,
     /// Counters sent in sync replies.
     counters_sent: AtomicU64,
     /// Refused requests by [`Api`] and [`Rejection`].
-    rejected: [[AtomicU64; 6]; 2],
+    rejected: [[AtomicU64; Rejection::ALL.len()]; 2],
     /// Admin writes committed.
     admin_writes: AtomicU64,
     /// Quota reloads that succeeded / failed.
@@ -194,6 +210,8 @@ pub struct Scrape {
     pub backend: &'static str,
     /// Open connections and what admission did.
     pub connections: ConnectionStats,
+    /// Bytes of the body memory budget held by requests.
+    pub body_memory: usize,
     /// Limiters whose deltas were clipped, most clipped first (at most
     /// [`CLIPPED_SERIES`]): id, deltas clipped, weight clipped.
     pub clipped: Vec<(Box<str>, u64, f64)>,
@@ -235,6 +253,12 @@ impl Metrics {
             .fetch_add(deltas as u64, Ordering::Relaxed);
         self.weight_clipped
             .fetch_add(weight.min(u64::MAX as f64) as u64, Ordering::Relaxed);
+    }
+
+    /// Counts rejections cut from a sync's counts.
+    pub fn rejections_clipped(&self, rejections: u64) {
+        self.rejections_clipped
+            .fetch_add(rejections, Ordering::Relaxed);
     }
 
     /// Counts a refused request.
@@ -305,6 +329,11 @@ impl Metrics {
                 "sync_weight_clipped_total",
                 "Weight cut from deltas larger than their limiter could have admitted.",
                 &self.weight_clipped,
+            ),
+            (
+                "sync_rejections_clipped_total",
+                "Rejection counts cut to what their limiter could have rejected.",
+                &self.rejections_clipped,
             ),
             (
                 "sync_quotas_sent_total",
@@ -394,7 +423,8 @@ fn render_trust(scrape: &Scrape, out: &mut String) {
         out,
         "limiter_deltas_clipped_total",
         "counter",
-        "Deltas cut to their limiter's allowance, by limiter (the most clipped 100).",
+        "Deltas cut to their limiter's allowance, by limiter (the most clipped 100; \
+         with the admin token only).",
     );
     for (limiter, deltas, _) in &scrape.clipped {
         let labels = format!("limiter=\"{}\"", label_value(limiter));
@@ -404,7 +434,7 @@ fn render_trust(scrape: &Scrape, out: &mut String) {
         out,
         "limiter_weight_clipped_total",
         "counter",
-        "Weight cut from deltas, by limiter (the most clipped 100).",
+        "Weight cut from deltas, by limiter (the most clipped 100; with the admin token only).",
     );
     for (limiter, _, weight) in &scrape.clipped {
         let labels = format!("limiter=\"{}\"", label_value(limiter));
@@ -458,38 +488,24 @@ fn render_connections(c: &ConnectionStats, out: &mut String) {
         "Connections admitted.",
     );
     sample(out, "connections_accepted_total", "", c.accepted);
-    family(
+    by_reason(
         out,
         "connections_closed_total",
-        "counter",
         "Connections the root closed: timed out, or shed for newer ones.",
+        CloseReason::ALL.map(|r| (r.label(), c.closed[r as usize])),
     );
-    for reason in CloseReason::ALL {
-        let labels = format!("reason=\"{}\"", reason.label());
-        let value = c.closed[reason as usize];
-        sample(out, "connections_closed_total", &labels, value);
-    }
-    family(
+    by_reason(
         out,
         "connections_refused_total",
-        "counter",
         "New connections closed at once: at a limit with nothing to shed.",
+        Refusal::ALL.map(|r| (r.label(), c.refused[r as usize])),
     );
-    for why in Refusal::ALL {
-        let labels = format!("reason=\"{}\"", why.label());
-        sample(
-            out,
-            "connections_refused_total",
-            &labels,
-            c.refused[why as usize],
-        );
-    }
 }
 
 fn render_state(scrape: &Scrape, out: &mut String) {
     let s = &scrape.stats;
     let h = &scrape.health;
-    let gauges: [(&str, &str, f64); 11] = [
+    let gauges: [(&str, &str, f64); 12] = [
         ("quotas", "Live quotas held.", s.quotas as f64),
         (
             "quota_tombstones",
@@ -515,13 +531,19 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         ),
         (
             "limiters_seen",
-            "Limiters that synced since start.",
+            "Limiters held in the registry (heard from within limiter_expiry).",
             s.limiters as f64,
         ),
         (
             "limiters_active",
             "Limiters that synced in the last 5 minutes.",
             scrape.active_limiters as f64,
+        ),
+        (
+            "body_memory_bytes",
+            "Request memory held: bodies as they arrive, and what syncs decode to \
+             (max_body_memory bounds it).",
+            scrape.body_memory as f64,
         ),
         (
             "ready",
@@ -558,6 +580,12 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         family(out, name, "counter", help);
         let _ = writeln!(out, "sluice_root_{name} {value}");
     }
+    by_reason(
+        out,
+        "limiters_dropped_total",
+        "Limiters forgotten: not heard from within limiter_expiry, or pushed out at max_limiters.",
+        Dropped::ALL.map(|r| (r.label(), s.limiters_dropped[r as usize])),
+    );
     family(
         out,
         "db_failures_total",
@@ -600,6 +628,19 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     );
 }
 
+/// A counter family with one sample per reason: `(label, value)`.
+fn by_reason<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (&'a str, u64)>,
+) {
+    family(out, name, "counter", help);
+    for (reason, value) in samples {
+        sample(out, name, &format!("reason=\"{reason}\""), value);
+    }
+}
+
 fn sample(out: &mut String, name: &str, labels: &str, value: u64) {
     if labels.is_empty() {
         let _ = writeln!(out, "sluice_root_{name} {value}");
@@ -636,6 +677,7 @@ mod tests {
                 closed: [0, 0, 0, 3, 0],
                 ..ConnectionStats::default()
             },
+            body_memory: 3072,
             clipped: vec![("web\"1".into(), 4, 1e6)],
             limiter_tokens: Some(2),
             token_reloads: (1, 0),
@@ -672,6 +714,8 @@ mod tests {
             "sluice_root_limiter_deltas_clipped_total{limiter=\"web\\\"1\"} 4",
             "sluice_root_limiter_weight_clipped_total{limiter=\"web\\\"1\"} 1000000",
             "sluice_root_limiter_tokens 2",
+            "sluice_root_body_memory_bytes 3072",
+            "sluice_root_limiters_dropped_total{reason=\"full\"} 0",
             "sluice_root_limiter_tokens_reloads_total{result=\"ok\"} 1",
             "sluice_root_syncs_total{result=\"forbidden\"} 0",
         ] {

@@ -33,14 +33,17 @@
 //!   - `counter_shards.rs` — the counter books in shards, each under its
 //!     own lock, sharing one version clock: syncs from different limiters
 //!     add in parallel, "changed since" stays exact;
-//!   - `limiters.rs` — the limiters that synced;
-//!   - `trust.rs` — the level cap and per-limiter allowances: how much of
-//!     a limiter's deltas a root believes.
+//!   - `limiters.rs` — the limiters that synced, the ones heard from
+//!     last (bounded, idle ones forgotten);
+//!   - `trust.rs` — the level cap, per-limiter allowances and plausible
+//!     rejection counts: how much of a limiter's sync a root believes.
 //! - `store/` — the database: schema migrations (`migrations/`), epochs,
 //!   single writes (put, patch, delete), bulk apply, and the watch on the
 //!   database (`watch.rs`: deleted, replaced, behind, read-only).
-//! - `api/` — the HTTP handlers and error replies, the overview and the
-//!   web console (`/ui`, its files in `ui/`).
+//! - `api/` — the HTTP handlers and error replies, what a request may
+//!   hold once its token is checked (`api/admission.rs`: body memory,
+//!   upload pace, slots, syncs per limiter), the overview and the web
+//!   console (`/ui`, its files in `ui/`).
 //! - `metrics.rs` — event counts and the Prometheus text.
 
 pub mod api;

@@ -5,16 +5,18 @@ use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::core::Nanos;
 use crate::wire::QuotaCursor;
 
+use super::api::admission::Admission;
 use super::config::RootConfig;
 use super::connections::Connections;
 use super::credentials::{Credentials, LogGate};
 use super::health::Health;
 use super::ledger::Ledger;
+use super::limiters::Limiters;
 use super::metrics::{Metrics, Scrape};
 use super::store::{DbState, Store, StoreError, LOAD_PAGE};
 
@@ -41,6 +43,8 @@ pub struct RootState {
     pub metrics: Metrics,
     /// The open connections: admission, trust, timeouts.
     pub connections: Arc<Connections>,
+    /// What requests hold: body memory, slots, syncs per limiter.
+    pub admission: Arc<Admission>,
     /// Who may sync as which limiter.
     pub credentials: Credentials,
     /// Refused syncs are logged once a minute per limiter id.
@@ -72,10 +76,12 @@ impl RootState {
             // with the monotonic clock, not with steps of the system clock.
             utc_offset: crate::clock::utc_offset(),
             level_cap_seconds: config.level_cap_seconds,
+            limiters: Mutex::new(Limiters::new(config.max_limiters, config.limiter_expiry)),
             ..Ledger::with_max_keys(config.max_keys)
         };
         Ok(Self {
             connections: Connections::new(config.connection_limits()),
+            admission: Arc::new(Admission::new(&config)),
             credentials,
             forbidden_log: LogGate::default(),
             clipped_log: LogGate::default(),
@@ -99,14 +105,16 @@ impl RootState {
     }
 
     /// Forgets a slice of the key counters that have drained (the whole
-    /// book about once a minute when called every second), and every
-    /// limiter allowance back at full.
+    /// book about once a minute when called every second), every
+    /// limiter allowance back at full, and the limiters not heard from
+    /// within `limiter_expiry`.
     pub fn forget_drained_keys(&self) {
         let now = self.now();
         let ledger = self.ledger();
         let budget = (ledger.counters.len() / 60).max(1000);
         ledger.counters.forget_drained(budget, now);
         ledger.counters.forget_refilled(now);
+        ledger.limiters().expire(now);
     }
 
     /// The in-memory state (it takes its own locks; [`Ledger::read`]
@@ -282,6 +290,7 @@ impl RootState {
             let clipped: Vec<(Box<str>, u64, f64)> = ledger
                 .limiters
                 .iter()
+                .map(|(_, l)| l)
                 .filter(|l| l.clipped > 0)
                 .map(|l| (l.name.clone(), l.clipped, l.clipped_weight))
                 .collect();
@@ -302,6 +311,7 @@ impl RootState {
             instance: self.instance,
             backend: self.store.backend().name(),
             connections: self.connections.stats(),
+            body_memory: self.admission.memory_held(),
             clipped,
             limiter_tokens: self
                 .config

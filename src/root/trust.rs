@@ -49,6 +49,12 @@
 //!   most [`MAX_ALLOWANCES`] are held, and a delta past that is checked
 //!   against a full allowance (one sync's worth) without memory.
 //!
+//! A sync's rejection counts (statistics for the overview, which no
+//! decision reads) are bounded the same way: all of one sync's together
+//! at most what its limiter could have rejected since its previous sync
+//! at [`MAX_REJECTIONS_PER_SECOND`] ([`plausible_rejections`]); beyond
+//! that they are scaled down together, and the cut counted.
+//!
 //! Neither rule can tell a limiter that lies within its allowance from an
 //! honest one: credentials ([`super::credentials`]) decide who may speak
 //! for a limiter id, these rules bound what any one id can do.
@@ -77,6 +83,34 @@ pub const JITTER_SECONDS: f64 = 1.0;
 pub const FREE_SECONDS: f64 = 1.0;
 /// Most allowances (limiter and counter pairs not back at full) held.
 pub const MAX_ALLOWANCES: usize = 2_000_000;
+
+/// Most checks one limiter is believed to reject a second: ten times
+/// what one busy nginx host serves (each rejection is a request it
+/// answered).
+pub const MAX_REJECTIONS_PER_SECOND: f64 = 1e7;
+/// A sync's rejection `counts` (`[quota id, count]`), cut to what their
+/// limiter could have rejected in the `since` seconds since its previous
+/// sync (at least one second's worth, at most the longest interval's) at
+/// [`MAX_REJECTIONS_PER_SECOND`]: over that, every count is scaled down
+/// by the same factor. Returns the counts and how many rejections were
+/// cut.
+pub fn plausible_rejections(counts: &[(u64, u64)], since: f64) -> (Vec<(u64, u64)>, u64) {
+    let total: u128 = counts.iter().map(|&(_, n)| u128::from(n)).sum();
+    let seconds = if since.is_nan() { 1.0 } else { since };
+    // A sync's counts cover one cycle, at most the longest interval.
+    let longest = crate::sync::config::MAX_INTERVAL.as_secs_f64();
+    let most = MAX_REJECTIONS_PER_SECOND * seconds.clamp(1.0, longest);
+    if total as f64 <= most {
+        return (counts.to_vec(), 0);
+    }
+    let scale = most / total as f64;
+    let cut: Vec<(u64, u64)> = counts
+        .iter()
+        .map(|&(id, n)| (id, (n as f64 * scale) as u64))
+        .collect();
+    let kept: u128 = cut.iter().map(|&(_, n)| u128::from(n)).sum();
+    (cut, u64::try_from(total - kept).unwrap_or(u64::MAX))
+}
 
 /// The highest level a root keeps for a counter of `quota` (see the
 /// module doc).
@@ -169,13 +203,13 @@ impl Allowances {
         }
     }
 
-    /// How much of `delta` limiter `limiter` (its registry index and the
-    /// seconds since its previous sync; `None` when the registry is full)
-    /// may add to `counter`, whose allowances are shaped `shape`, at
-    /// `now`; takes that much from its allowance.
+    /// How much of `delta` limiter `limiter` (its registry number and the
+    /// seconds since its previous sync) may add to `counter`, whose
+    /// allowances are shaped `shape`, at `now`; takes that much from its
+    /// allowance.
     pub fn admit(
         &mut self,
-        limiter: Option<(u32, f64)>,
+        limiter: (u32, f64),
         counter: CounterKey,
         shape: &AllowanceShape,
         delta: f64,
@@ -191,32 +225,22 @@ impl Allowances {
         // allowance would grant it too, and within a second's refill of
         // the same. So steady traffic keeps no state, and only bursts (and
         // abuse) are held until they refill.
-        let limiter = match limiter {
-            Some((index, since)) => {
-                let free = rate * since.clamp(0.0, FREE_SECONDS);
-                if delta <= free && !self.held.contains_key(&(index, counter)) {
-                    return delta;
-                }
-                Some(index)
-            }
-            None => None,
-        };
+        let (limiter, since) = limiter;
+        let free = rate * since.clamp(0.0, FREE_SECONDS);
+        if delta <= free && !self.held.contains_key(&(limiter, counter)) {
+            return delta;
+        }
         let fresh = Allowance {
             used: 0.0,
             at: now,
             rate,
             epoch,
         };
-        let full = self.held.len() >= self.max;
-        let entry = match limiter {
-            Some(limiter) if !full || self.held.contains_key(&(limiter, counter)) => {
-                self.held.entry((limiter, counter)).or_insert(fresh)
-            }
-            _ => {
-                self.untracked += 1;
-                return delta.min(capacity);
-            }
-        };
+        if self.held.len() >= self.max && !self.held.contains_key(&(limiter, counter)) {
+            self.untracked += 1;
+            return delta.min(capacity);
+        }
+        let entry = self.held.entry((limiter, counter)).or_insert(fresh);
         let used = if entry.epoch == epoch {
             entry.used_at(now)
         } else {
@@ -284,26 +308,17 @@ mod tests {
         let c = CounterKey::named(1);
         // Capacity 2 * (20 + 10 * 1 s) = 60 (with a 1 s cap), refilling
         // at 20/s.
+        assert_eq!(a.admit((0, 0.0), c, &shape(&q, 0, 1.0, 0), 1e9, 0), 60.0);
+        assert_eq!(a.admit((0, 0.0), c, &shape(&q, 0, 1.0, 0), 1e9, 0), 0.0);
         assert_eq!(
-            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, 0), 1e9, 0),
-            60.0
-        );
-        assert_eq!(
-            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, 0), 1e9, 0),
-            0.0
-        );
-        assert_eq!(
-            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, SEC), 1e9, SEC),
+            a.admit((0, 0.0), c, &shape(&q, 0, 1.0, SEC), 1e9, SEC),
             20.0
         );
         // Another limiter, or another counter, has its own.
-        assert_eq!(
-            a.admit(Some((1, 0.0)), c, &shape(&q, 0, 1.0, SEC), 5.0, SEC),
-            5.0
-        );
+        assert_eq!(a.admit((1, 0.0), c, &shape(&q, 0, 1.0, SEC), 5.0, SEC), 5.0);
         assert_eq!(
             a.admit(
-                Some((0, 0.0)),
+                (0, 0.0),
                 CounterKey { id: 1, key: 9 },
                 &shape(&q, 0, 1.0, SEC),
                 7.0,
@@ -315,20 +330,14 @@ mod tests {
         let mut honest = Allowances::default();
         for s in 0..100 {
             assert_eq!(
-                honest.admit(
-                    Some((0, 0.0)),
-                    c,
-                    &shape(&q, 0, 1.0, s * SEC),
-                    10.0,
-                    s * SEC
-                ),
+                honest.admit((0, 0.0), c, &shape(&q, 0, 1.0, s * SEC), 10.0, s * SEC),
                 10.0
             );
         }
         // An edit starts over.
         let edited = q.clone().at_epoch(2);
         assert_eq!(
-            a.admit(Some((0, 0.0)), c, &shape(&edited, 0, 1.0, SEC), 1e9, SEC),
+            a.admit((0, 0.0), c, &shape(&edited, 0, 1.0, SEC), 1e9, SEC),
             60.0
         );
     }
@@ -339,18 +348,9 @@ mod tests {
         let q = leaky(100.0, 80.0).windowed(Window::TenSeconds, false);
         let c = CounterKey::named(1);
         // 2 * 80 + (2 * 100 / 10 s) * 1 s = 180, refilling at 20/s.
+        assert_eq!(a.admit((0, 0.0), c, &shape(&q, 0, 1.0, 0), 1e9, 0), 180.0);
         assert_eq!(
-            a.admit(Some((0, 0.0)), c, &shape(&q, 0, 1.0, 0), 1e9, 0),
-            180.0
-        );
-        assert_eq!(
-            a.admit(
-                Some((0, 0.0)),
-                c,
-                &shape(&q, 0, 1.0, 10 * SEC),
-                1e9,
-                10 * SEC
-            ),
+            a.admit((0, 0.0), c, &shape(&q, 0, 1.0, 10 * SEC), 1e9, 10 * SEC),
             180.0
         );
     }
@@ -361,31 +361,16 @@ mod tests {
         let q = leaky(10.0, 20.0);
         let c = CounterKey::named(1);
         // 20/s refill: 10 after half a second is free, and held nowhere.
-        assert_eq!(
-            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 10.0, 0),
-            10.0
-        );
+        assert_eq!(a.admit((0, 0.5), c, &shape(&q, 0, 1.0, 0), 10.0, 0), 10.0);
         assert!(a.is_empty());
         // More is a burst: held, and from then on every delta counts
         // against it until it refilled.
-        assert_eq!(
-            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 50.0, 0),
-            50.0
-        );
-        assert_eq!(
-            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 10.0, 0),
-            10.0
-        );
-        assert_eq!(
-            a.admit(Some((0, 0.5)), c, &shape(&q, 0, 1.0, 0), 10.0, 0),
-            0.0
-        );
+        assert_eq!(a.admit((0, 0.5), c, &shape(&q, 0, 1.0, 0), 50.0, 0), 50.0);
+        assert_eq!(a.admit((0, 0.5), c, &shape(&q, 0, 1.0, 0), 10.0, 0), 10.0);
+        assert_eq!(a.admit((0, 0.5), c, &shape(&q, 0, 1.0, 0), 10.0, 0), 0.0);
         // Free refill is at most a second's, however long the gap.
         let d = CounterKey::named(2);
-        assert_eq!(
-            a.admit(Some((0, 3600.0)), d, &shape(&q, 0, 1.0, 0), 1e9, 0),
-            60.0
-        );
+        assert_eq!(a.admit((0, 3600.0), d, &shape(&q, 0, 1.0, 0), 1e9, 0), 60.0);
     }
 
     #[test]
@@ -394,7 +379,7 @@ mod tests {
         let q = leaky(10.0, 20.0);
         for key in 1..=2 {
             a.admit(
-                Some((0, 0.0)),
+                (0, 0.0),
                 CounterKey { id: 1, key },
                 &shape(&q, 0, 1.0, 0),
                 30.0,
@@ -404,16 +389,32 @@ mod tests {
         // Past the bound: checked against a fresh allowance, not held.
         let third = CounterKey { id: 1, key: 3 };
         assert_eq!(
-            a.admit(Some((0, 0.0)), third, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            a.admit((0, 0.0), third, &shape(&q, 0, 1.0, 0), 1e9, 0),
             60.0
         );
         assert_eq!(
-            a.admit(Some((0, 0.0)), third, &shape(&q, 0, 1.0, 0), 1e9, 0),
+            a.admit((0, 0.0), third, &shape(&q, 0, 1.0, 0), 1e9, 0),
             60.0
         );
         assert_eq!((a.len(), a.untracked()), (2, 2));
         assert_eq!(a.forget_refilled(SEC), 0);
         assert_eq!(a.forget_refilled(2 * SEC), 2);
         assert!(a.is_empty());
+    }
+
+    #[test]
+    fn rejection_counts_are_cut_to_what_the_limiter_could_have_rejected() {
+        // Within a second's worth: kept as sent.
+        let honest = [(1, 5_000), (2, 3)];
+        assert_eq!(plausible_rejections(&honest, 0.2), (honest.to_vec(), 0));
+        // The forged counts of the issue: scaled down together to ten
+        // million for the one second since the previous sync.
+        let forged = [(1, u64::MAX), (2, u64::MAX)];
+        let (cut, dropped) = plausible_rejections(&forged, 1.0);
+        assert_eq!(cut, vec![(1, 5_000_000), (2, 5_000_000)]);
+        assert_eq!(dropped, u64::MAX);
+        // A longer gap believes more, up to an hour's worth.
+        let (cut, _) = plausible_rejections(&[(1, u64::MAX)], 1e9);
+        assert_eq!(cut, vec![(1, 36_000_000_000)]);
     }
 }

@@ -23,7 +23,7 @@ use crate::table::Table;
 use crate::wire::binary;
 use crate::wire::{
     ClockReport, SyncRequest, SyncResponse, BINARY_CONTENT_TYPE, CLOCK_HEADER, JSON_CONTENT_TYPE,
-    SYNC_PATH,
+    LIMITER_HEADER, SYNC_PATH,
 };
 
 /// Largest sync reply accepted (a page of quotas plus counters).
@@ -330,6 +330,9 @@ async fn post(
     if let Some(clock) = clock {
         builder = builder.header(CLOCK_HEADER, clock.header_value());
     }
+    // Lets the root count this limiter's syncs before reading the body
+    // (the id is printable ASCII: a valid header value).
+    builder = builder.header(LIMITER_HEADER, &request.limiter);
     let other = |e: String| PostError::Other(e);
     let mut response = builder.send().await.map_err(|e| other(describe(&e)))?;
     let status = response.status();

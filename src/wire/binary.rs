@@ -28,6 +28,16 @@
 //! trailing bytes, counts larger than the body could hold) and names the
 //! field where it broke; it does not check values (that is
 //! [`SyncRequest::check`] and [`SyncResponse::validate`], as for JSON).
+//!
+//! What a request decodes to is bounded before it is allocated, since a
+//! root decodes bodies from anyone holding a sync token: a delta of 2
+//! bytes becomes 32 in memory, so a 64 MiB body of them would take a
+//! gigabyte. Every list's length is checked against the bytes left, then
+//! against the entries left of [`MAX_DELTAS_PER_SYNC`] (deltas, keyed
+//! groups and rejection counts together, as [`SyncRequest::entry_count`]
+//! counts them) before anything is reserved; a limiter id longer than
+//! [`MAX_LIMITER_ID_LEN`] is refused before it is copied. A request
+//! therefore decodes to at most a million entries of at most 48 bytes.
 //! A body of another version is [`BinaryError::Version`]: a root answers
 //! it 415, so that a limiter newer than its root falls back to JSON.
 //!
@@ -43,8 +53,8 @@
 use crate::core::Quota;
 
 use super::{
-    CounterDelta, CounterValue, KeyDelta, KeyValue, KeyedDeltas, KeyedValues, QuotaCursor,
-    SyncRequest, SyncResponse, WireError,
+    too_many_entries, CounterDelta, CounterValue, KeyDelta, KeyValue, KeyedDeltas, KeyedValues,
+    QuotaCursor, SyncRequest, SyncResponse, WireError, MAX_DELTAS_PER_SYNC, MAX_LIMITER_ID_LEN,
 };
 
 /// Content type of a binary sync body (request or reply).
@@ -130,8 +140,9 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
 /// Decodes a request (its shape only: see [`SyncRequest::check`]).
 pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     let mut r = Reader::new(body);
+    r.entries_left = MAX_DELTAS_PER_SYNC;
     r.header(KIND_REQUEST)?;
-    let limiter = r.string("limiter")?;
+    let limiter = r.string("limiter", MAX_LIMITER_ID_LEN)?;
     let quotas_after = QuotaCursor {
         epoch: r.varint("quotas_after.epoch")?,
         id: r.varint("quotas_after.id")?,
@@ -144,7 +155,16 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     for run in 0..runs {
         let window = r.window(|| format!("deltas (run {run}).window"))?;
         let at = deltas.len();
-        let n = r.count(2, || format!("deltas[{at}..] (run {run})"))?;
+        let n = r.entries(2, || format!("deltas[{at}..] (run {run})"))?;
+        if n == 0 {
+            // An encoder never writes one; millions would cost time for
+            // nothing.
+            return Err(WireError::new(
+                format!("deltas[{at}..] (run {run})"),
+                "a run of no deltas",
+            )
+            .into());
+        }
         deltas.reserve(n);
         for _ in 0..n {
             let i = deltas.len();
@@ -154,12 +174,12 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         }
     }
     // A group is at least 3 bytes (id, window tag, count), a key 9.
-    let groups = r.count(3, || "keyed".into())?;
+    let groups = r.entries(3, || "keyed".into())?;
     let mut keyed = Vec::with_capacity(groups);
     for g in 0..groups {
         let id = r.varint_or(|| format!("keyed[{g}].id"))?;
         let window = r.window(|| format!("keyed[{g}].window"))?;
-        let n = r.count(9, || format!("keyed[{g}].deltas"))?;
+        let n = r.entries(9, || format!("keyed[{g}].deltas"))?;
         let mut keys = Vec::with_capacity(n);
         for i in 0..n {
             let hash = r.fixed(|| format!("keyed[{g}].deltas[{i}]"))?;
@@ -172,7 +192,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
             window,
         });
     }
-    let n = r.count(2, || "rejected".into())?;
+    let n = r.entries(2, || "rejected".into())?;
     let mut rejected = Vec::with_capacity(n);
     for i in 0..n {
         let id = r.varint_or(|| format!("rejected[{i}]"))?;
@@ -266,7 +286,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     let root_instance = r.varint("root_instance")?;
     let root_time = r.varint("root_time")?;
     let root_utc = r.window(|| "root_utc".into())?;
-    let quotas = r.slice(|| "quotas".into())?;
+    let quotas = r.slice(|| "quotas".into(), usize::MAX)?;
     let quotas: Vec<Quota> = if quotas.is_empty() {
         Vec::new()
     } else {
@@ -411,11 +431,17 @@ impl Writer {
 struct Reader<'a> {
     body: &'a [u8],
     at: usize,
+    /// Entries a request may still announce (see [`Reader::entries`]).
+    entries_left: usize,
 }
 
 impl<'a> Reader<'a> {
     fn new(body: &'a [u8]) -> Self {
-        Self { body, at: 0 }
+        Self {
+            body,
+            at: 0,
+            entries_left: usize::MAX,
+        }
     }
 
     fn left(&self) -> usize {
@@ -544,15 +570,37 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    fn slice(&mut self, field: impl Fn() -> String) -> Result<&'a [u8], WireError> {
+    /// As [`Self::count`], for a list of a request's entries: also at
+    /// most the entries left of [`MAX_DELTAS_PER_SYNC`], which it takes.
+    fn entries(&mut self, min_size: usize, field: impl Fn() -> String) -> Result<usize, WireError> {
+        let n = self.count(min_size, &field)?;
+        if n > self.entries_left {
+            let announced = MAX_DELTAS_PER_SYNC - self.entries_left + n;
+            return Err(WireError {
+                field: field(),
+                ..too_many_entries(announced)
+            });
+        }
+        self.entries_left -= n;
+        Ok(n)
+    }
+
+    /// Bytes with a length prefix, at most `most` of them.
+    fn slice(&mut self, field: impl Fn() -> String, most: usize) -> Result<&'a [u8], WireError> {
         let n = self.count(1, &field)?;
+        if n > most {
+            return Err(WireError::new(
+                field(),
+                format!("{n} bytes, at most {most}"),
+            ));
+        }
         let s = &self.body[self.at..self.at + n];
         self.at += n;
         Ok(s)
     }
 
-    fn string(&mut self, field: &str) -> Result<String, WireError> {
-        let bytes = self.slice(|| field.to_string())?;
+    fn string(&mut self, field: &str, most: usize) -> Result<String, WireError> {
+        let bytes = self.slice(|| field.to_string(), most)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| WireError::new(field, "not valid UTF-8"))
     }
 
@@ -574,6 +622,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::MAX_DELTAS_PER_SYNC;
     use proptest::prelude::*;
 
     fn request() -> SyncRequest {
@@ -729,6 +778,85 @@ mod tests {
         long.extend_from_slice(&[0xff; 10]);
         let e = decode_request(&long).unwrap_err().to_string();
         assert_eq!(e, "quotas_after.epoch: varint larger than 64 bits");
+    }
+
+    /// A request body's start: header, limiter `h`, cursor and versions
+    /// all 0.
+    fn request_head() -> Vec<u8> {
+        b"SLq\x01\x01h\0\0\0\0".to_vec()
+    }
+
+    fn varint(v: u64) -> Vec<u8> {
+        let mut w = Writer::with_capacity(10);
+        w.varint(v);
+        w.0
+    }
+
+    fn malformed(body: &[u8]) -> WireError {
+        match decode_request(body) {
+            Err(BinaryError::Malformed(e)) => e,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_run_of_more_deltas_than_the_cap_is_refused_before_it_is_read() {
+        // A million and one 2-byte deltas, every byte there: the body
+        // holds them, the cap does not.
+        let n = MAX_DELTAS_PER_SYNC as u64 + 1;
+        let mut body = request_head();
+        body.extend([1, 0]); // one run, leaky
+        body.extend(varint(n));
+        body.resize(body.len() + 2 * n as usize, 1);
+        body.extend([0, 0]); // no groups, no rejections
+        let e = malformed(&body);
+        assert_eq!(e.field, "deltas[0..] (run 0)");
+        assert!(e.message.starts_with("1000001 entries"), "{}", e.message);
+    }
+
+    #[test]
+    fn deltas_groups_and_rejection_counts_share_one_cap() {
+        let half = MAX_DELTAS_PER_SYNC as u64 / 2;
+        let mut body = request_head();
+        body.extend([1, 0]);
+        body.extend(varint(half));
+        body.resize(body.len() + 2 * half as usize, 1);
+        // Half a million empty keyed groups: each is an entry.
+        body.extend(varint(half));
+        for _ in 0..half {
+            body.extend([7, 0, 0]);
+        }
+        body.extend([1, 1, 1]); // one rejection count: one too many
+        let e = malformed(&body);
+        assert_eq!(e.field, "rejected");
+        assert!(e.message.starts_with("1000001 entries"), "{}", e.message);
+        // One entry fewer decodes, to exactly the cap.
+        let at_cap = body.len() - 3;
+        body.truncate(at_cap);
+        body.push(0);
+        let request = decode_request(&body).unwrap();
+        assert_eq!(request.entry_count(), MAX_DELTAS_PER_SYNC);
+        assert!(request.check().is_ok());
+    }
+
+    #[test]
+    fn a_limiter_id_longer_than_allowed_is_refused_before_it_is_copied() {
+        let mut body = b"SLq\x01".to_vec();
+        body.extend(varint(256));
+        body.extend([b'x'; 256]);
+        body.extend([0; 7]);
+        let e = malformed(&body);
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("limiter", "256 bytes, at most 255")
+        );
+    }
+
+    #[test]
+    fn a_run_of_no_deltas_is_refused() {
+        let mut body = request_head();
+        body.extend([1, 0, 0, 0, 0]);
+        assert_eq!(malformed(&body).message, "a run of no deltas");
     }
 
     #[test]

@@ -113,6 +113,44 @@ impl ApiError {
         }
     }
 
+    /// 408 for a body that fell behind `min_body_rate` for longer than
+    /// `body_grace`; the connection is closed after the reply.
+    pub fn body_too_slow(min_rate: u64, grace: std::time::Duration) -> Self {
+        Self {
+            rejection: Some(Rejection::BodyTimeout),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body arrived slower than min_body_rate ({min_rate} bytes/s) \
+                     for longer than body_grace ({} ms)",
+                    grace.as_millis()
+                ),
+            )
+        }
+    }
+
+    /// 429 for a sync of a limiter that has its most syncs in flight.
+    pub fn busy(message: impl Into<String>) -> Self {
+        Self {
+            field: Some("limiter".into()),
+            rejection: Some(Rejection::Busy),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, message)
+        }
+    }
+
+    /// 503 for a request whose body (or what it decodes to) does not fit
+    /// in the body memory budget now.
+    pub fn no_memory() -> Self {
+        Self {
+            rejection: Some(Rejection::NoMemory),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the root's request memory (max_body_memory) is in use by other requests: \
+                 retry shortly",
+            )
+        }
+    }
+
     /// 503: the root cannot do this now.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
@@ -216,6 +254,13 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(
                 axum::http::header::CONNECTION,
                 axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        if matches!(self.rejection, Some(Rejection::Busy | Rejection::NoMemory)) {
+            // Both pass within a sync interval.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
             );
         }
         if let Some(rejection) = self.rejection {

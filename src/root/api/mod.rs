@@ -15,6 +15,11 @@
 //!
 //! Every error is `{"error": {"field": ..., "message": ...}}`.
 //!
+//! A request's token is checked from its headers first; only then does
+//! it read its body and take a slot (`admission.rs`).
+//!
+//! - `admission.rs` — what a request may hold: body memory, upload
+//!   pace, slots, syncs in flight per limiter.
 //! - `error.rs` — the error reply.
 //! - `sync.rs`, `quotas.rs`, `apply.rs`, `ops.rs` — the handlers.
 //! - `view.rs` — a quota as the admin API shows it.
@@ -22,6 +27,7 @@
 //! - `overview.rs` — `GET /v1/overview`, shared by the console and
 //!   `sluice top`; `ui.rs` — the console's static files (`../ui/`).
 
+pub mod admission;
 mod apply;
 mod error;
 mod keys;
@@ -44,11 +50,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::Semaphore;
 
 use crate::wire::SYNC_PATH;
 
-use super::config::BodyLimits;
 use super::connections::Connection;
 use super::metrics::{Api, Rejection};
 use super::state::RootState;
@@ -61,11 +65,19 @@ const APPLY_PATH: &str = "/v1/apply";
 /// The root's routes over `state`.
 pub fn router(state: Arc<RootState>) -> Router {
     let limits = state.config.body_limits;
+    let admission = Arc::clone(&state.admission);
+    let admit = || middleware::from_fn_with_state(Arc::clone(&admission), admission::admit);
+    // Route layers run last-added first: the token, then the rest.
     let sync = Router::new()
         .route(
             SYNC_PATH,
             post(sync::sync).layer(DefaultBodyLimit::max(limits.sync)),
         )
+        .route_layer(admit())
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&admission),
+            admission::count_sync,
+        ))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_sync_token,
@@ -86,26 +98,30 @@ pub fn router(state: Arc<RootState>) -> Router {
             APPLY_PATH,
             post(apply::apply).layer(DefaultBodyLimit::max(limits.apply)),
         )
+        .route_layer(admit())
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_admin_token,
         ));
-    let in_flight = Arc::new(Admission {
-        slots: Semaphore::new(state.config.max_in_flight),
-        body_kib: Semaphore::new(kib(limits.total) as usize),
-        limits,
-    });
+    let ops = Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/metrics", get(ops::metrics))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&admission),
+            admission::admit_ops,
+        ));
+    let public = Router::new()
+        .merge(overview::routes())
+        .merge(ui::routes())
+        .route_layer(admit());
     Router::new()
         .merge(sync)
         .merge(admin)
-        .route("/healthz", get(ops::healthz))
-        .route("/metrics", get(ops::metrics))
-        .merge(overview::routes())
-        .merge(ui::routes())
+        .merge(ops)
+        .merge(public)
         // After every route: it is set on the routes registered so far.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
         .fallback(|| async { ApiError::no_route().into_response() })
-        .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), observe))
         .with_state(state)
 }
@@ -141,12 +157,11 @@ impl<T: DeserializeOwned> FromRequest<Arc<RootState>> for JsonBody<T> {
     }
 }
 
-/// Reads a whole body within the route's limit and `body_timeout`.
+/// The whole body, which [`admission::admit`] has read (within the
+/// route's limit, the memory budget and the upload pace).
 async fn read_body(request: Request, state: &Arc<RootState>) -> Result<Bytes, ApiError> {
-    let deadline = state.config.body_timeout;
-    tokio::time::timeout(deadline, Bytes::from_request(request, state))
+    Bytes::from_request(request, state)
         .await
-        .map_err(|_| ApiError::body_timeout(deadline))?
         .map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large("request body is larger than this endpoint accepts")
@@ -247,71 +262,6 @@ async fn check_token(
             return unauthorized(which);
         }
     }
-    next.run(request).await
-}
-
-/// What a request needs before it is handled: one of `max_in_flight`
-/// slots, and its body's share of the body memory budget (KiB permits).
-struct Admission {
-    slots: Semaphore,
-    body_kib: Semaphore,
-    limits: BodyLimits,
-}
-
-/// `bytes` in KiB, rounded up, saturating at what a semaphore can count.
-fn kib(bytes: usize) -> u32 {
-    bytes
-        .div_ceil(1024)
-        .min(Semaphore::MAX_PERMITS)
-        .min(u32::MAX as usize) as u32
-}
-
-impl Admission {
-    /// The body memory `request` may hold: its declared length, or the
-    /// route's limit for a body of unknown length (chunked), capped by
-    /// the route's limit (a longer body is refused with 413 anyway) and
-    /// by the whole budget (so one request never waits forever).
-    fn body_kib(&self, request: &Request) -> u32 {
-        let route_limit = match request.uri().path() {
-            SYNC_PATH => self.limits.sync,
-            APPLY_PATH => self.limits.apply,
-            _ => self.limits.admin,
-        };
-        let headers = request.headers();
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-        let bytes = match declared {
-            Some(n) => n.min(route_limit),
-            None if headers.contains_key(header::TRANSFER_ENCODING) => route_limit,
-            None => 0,
-        };
-        kib(bytes).min(kib(self.limits.total))
-    }
-}
-
-/// Bounds the requests handled at once, and the request body bytes they
-/// hold together; the rest wait (their number is bounded by the
-/// listener's connection limit).
-async fn limit_in_flight(
-    State(admission): State<Arc<Admission>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    // The body's share first: a request waiting for memory holds no slot,
-    // so requests without a body (health, metrics, reads) still get one.
-    let share = admission.body_kib(&request);
-    let _body = if share > 0 {
-        let Ok(permits) = admission.body_kib.acquire_many(share).await else {
-            return ApiError::unavailable("shutting down").into_response();
-        };
-        Some(permits)
-    } else {
-        None
-    };
-    let Ok(_slot) = admission.slots.acquire().await else {
-        return ApiError::unavailable("shutting down").into_response();
-    };
     next.run(request).await
 }
 

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::root::state::RootState;
 
 use super::json_response;
+use super::overview::{self, Access};
 
 #[derive(Serialize)]
 struct HealthReply {
@@ -65,9 +66,18 @@ pub async fn healthz(State(state): State<Arc<RootState>>) -> Response {
     json_response(code, &reply)
 }
 
-/// `GET /metrics`: Prometheus text format 0.0.4.
-pub async fn metrics(State(state): State<Arc<RootState>>) -> Response {
-    let text = state.metrics.render(&state.scrape());
+/// `GET /metrics`: Prometheus text format 0.0.4. Series that name
+/// limiters are there only with the admin token (or on a root without
+/// one), as in the overview; a wrong token is a 401.
+pub async fn metrics(State(state): State<Arc<RootState>>, headers: HeaderMap) -> Response {
+    let Some(access) = overview::access(&state, &headers) else {
+        return super::unauthorized("admin");
+    };
+    let mut scrape = state.scrape();
+    if access == Access::Public {
+        scrape.clipped.clear();
+    }
+    let text = state.metrics.render(&scrape);
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -17,8 +17,8 @@
 //! Cost is bounded whatever the number of clients: the root samples its
 //! ledger at most once per [`SAMPLE_EVERY`] and every request in between
 //! gets that sample; a sample looks at the [`MAX_SCAN`] most recently
-//! updated counters and every recorded limiter (at most
-//! [`crate::root::limiters::MAX_LIMITERS`]) under the ledger lock, and a
+//! updated counters and every recorded limiter (at most `max_limiters`,
+//! [`crate::root::limiters`]) under the ledger lock, and a
 //! reply carries at most [`MAX_TOP`] quotas and [`RECENT_LIMITERS`]
 //! limiters.
 
@@ -162,7 +162,8 @@ pub struct Totals {
     pub quotas: usize,
     /// Counters in memory (quotas that received weight since start).
     pub counters: usize,
-    /// Limiters that synced since start.
+    /// Limiters the root holds: heard from within `limiter_expiry`, at
+    /// most `max_limiters` ([`crate::root::limiters`]).
     pub limiters_seen: usize,
     /// Limiters that synced in the last five minutes.
     pub limiters_active: usize,
@@ -356,11 +357,11 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
     // Ranked as (last sync, index): comparing names would chase a pointer
     // per comparison through up to 100k scattered allocations.
     let mut recent = Vec::new();
-    for (index, limiter) in ledger.limiters.iter().enumerate() {
+    for (number, limiter) in ledger.limiters.iter() {
         out.syncs = out.syncs.saturating_add(limiter.syncs);
         if limiter.last_sync >= active_since {
             out.totals.limiters_active += 1;
-            recent.push((limiter.last_sync, index as u32));
+            recent.push((limiter.last_sync, number));
         }
     }
     keep_first(&mut recent, RECENT_LIMITERS, |a, b| {
@@ -368,7 +369,7 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
     });
     out.limiters = recent
         .into_iter()
-        .filter_map(|(_, index)| ledger.limiters.get(index))
+        .filter_map(|(_, number)| ledger.limiters.get(number))
         .map(|l| RecentLimiter {
             id: l.name.to_string(),
             last_sync_seconds_ago: now.saturating_sub(l.last_sync) as f64 * SECS_PER_NANO,
@@ -444,8 +445,9 @@ impl SampleCache {
     }
 }
 
-/// What a request may see; `None` for a wrong token.
-fn access(state: &RootState, headers: &HeaderMap) -> Option<Access> {
+/// What a request may see; `None` for a wrong token. `/metrics` goes by
+/// the same rule.
+pub(crate) fn access(state: &RootState, headers: &HeaderMap) -> Option<Access> {
     let Some(token) = &state.config.admin_token else {
         return Some(Access::Admin);
     };

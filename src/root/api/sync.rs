@@ -7,6 +7,11 @@
 //! ([`crate::root::credentials`]). What is applied is cut to the
 //! limiter's allowances and the counters' caps ([`crate::root::trust`]).
 //!
+//! Before a body is decoded, the root reserves the memory its entries
+//! can take (see [`super::admission`]); a limiter that did not name
+//! itself in its headers is counted among its syncs in flight once its
+//! body is decoded and checked.
+//!
 //! The body is JSON, or binary ([`crate::wire::binary`]) when its
 //! `Content-Type` is [`BINARY_CONTENT_TYPE`]; the reply is binary when the
 //! request's `Accept` names that type, JSON otherwise. Errors are always
@@ -21,11 +26,10 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use rustc_hash::FxHashMap;
-
 use crate::wire::binary::{self, BinaryError};
 use crate::wire::{
-    ClockReport, CounterKey, SyncRequest, SyncResponse, BINARY_CONTENT_TYPE, CLOCK_HEADER,
+    check_json_size, ClockReport, CounterKey, SyncRequest, SyncResponse, BINARY_CONTENT_TYPE,
+    CLOCK_HEADER, MAX_DELTAS_PER_SYNC,
 };
 
 use crate::root::credentials::{Caller, Forbidden};
@@ -33,6 +37,7 @@ use crate::root::ledger::SyncPaging;
 use crate::root::metrics::SyncResult;
 use crate::root::state::RootState;
 
+use super::admission::{Charge, SyncTicket, DECODED_BYTES_PER_ENTRY};
 use super::{json_bytes, parse_json, read_body, ApiError};
 
 /// Handles one sync.
@@ -45,13 +50,21 @@ pub async fn sync(
         .get(CLOCK_HEADER)
         .and_then(|v| ClockReport::parse(v.to_str().ok()?));
     let caller = body.extensions().get::<Caller>().cloned();
+    let ticket = body.extensions().get::<Arc<SyncTicket>>().cloned();
+    let charge = body.extensions().get::<Arc<Charge>>().cloned();
     let format = Formats::of(body.headers());
     let body = read_body(body, &state).await?;
+    // The middleware always sets them; a route without them admits nobody.
+    let (Some(caller), Some(ticket), Some(charge)) = (caller, ticket, charge) else {
+        return Err(ApiError::internal("sync without credentials or admission"));
+    };
+    charge
+        .grow(format.entries_at_most(&body)? * DECODED_BYTES_PER_ENTRY)
+        .await?;
     // Timed from here: parsing is part of the work, the upload is not.
     let started = Instant::now();
     let request = format.decode(&body)?;
-    // The middleware always sets it; a route without it admits nobody.
-    let caller = caller.ok_or_else(|| ApiError::internal("sync without credentials"))?;
+    drop(body);
     check_caller(&state, &caller, &request.limiter)?;
     if !state.health.is_ready() {
         return Err(ApiError::unavailable(
@@ -59,6 +72,7 @@ pub async fn sync(
         ));
     }
     check_request(&request)?;
+    ticket.claim(&request.limiter)?;
     let paging = SyncPaging {
         quotas: state.config.sync_page_quotas,
         counters: state.config.sync_page_counters,
@@ -91,13 +105,16 @@ pub async fn sync(
             );
         }
     }
+    if step.rejections_clipped > 0 {
+        state.metrics.rejections_clipped(step.rejections_clipped);
+    }
     let ignored = step.ignored;
     let response = step.into_response(state.instance, now, utc_offset);
     let reply = format.encode(&response)?;
     state.metrics.sync_seconds.observe(started.elapsed());
     tracing::trace!(
         limiter = %request.limiter,
-        deltas = request.delta_count(),
+        entries = request.entry_count(),
         ignored,
         quotas = response.quotas.len(),
         counters = response.counters.len(),
@@ -145,6 +162,19 @@ impl Formats {
                 .iter()
                 .find_map(binary_version),
         }
+    }
+
+    /// The most entries ([`SyncRequest::entry_count`]) `body` can
+    /// decode to, found without decoding it: a binary entry takes at
+    /// least 2 bytes and the decoder stops at [`MAX_DELTAS_PER_SYNC`]; a
+    /// JSON one is an object or array of its own
+    /// ([`crate::wire::json_entries_at_most`]). 400 for a JSON body that
+    /// holds more than any acceptable request.
+    fn entries_at_most(self, body: &[u8]) -> Result<usize, ApiError> {
+        if self.binary_request {
+            return Ok((body.len() / 2).min(MAX_DELTAS_PER_SYNC));
+        }
+        check_json_size(body).map_err(|e| ApiError::invalid(e.field, e.message))
     }
 
     fn decode(self, body: &[u8]) -> Result<SyncRequest, ApiError> {
@@ -212,51 +242,85 @@ pub fn check_request(request: &SyncRequest) -> Result<(), ApiError> {
 /// counter one delta per sync, so a repeat is a bug or a forgery, and
 /// summing repeats would let one sync add without bound. Named counters by
 /// quota id; keys by template and hash, across groups (a template may
-/// have one group per window, but a key is in one of them).
+/// have one group per window, but a key is in one of them). Rejection
+/// counts likewise name each quota once.
+///
+/// Sorted, not hashed: each entry with its place takes 24 bytes, where a
+/// hash map of a million took about 80 an entry.
 fn check_unique(request: &SyncRequest) -> Result<(), ApiError> {
-    // Where each counter was first seen: (group, index), group `None` for
-    // a named delta.
-    let mut seen: FxHashMap<CounterKey, (Option<usize>, usize)> = FxHashMap::default();
-    seen.reserve(request.delta_count());
-    let named = request
-        .deltas
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (CounterKey::named(d.id), (None, i)));
-    let keyed = request.keyed.iter().enumerate().flat_map(|(g, group)| {
-        group.deltas.iter().enumerate().map(move |(i, d)| {
-            let counter = CounterKey {
-                id: group.id,
-                key: d.0,
-            };
-            (counter, (Some(g), i))
+    let named = request.deltas.iter().map(|d| CounterKey::named(d.id));
+    let keyed = request.keyed.iter().flat_map(|group| {
+        group.deltas.iter().map(move |d| CounterKey {
+            id: group.id,
+            key: d.0,
         })
     });
-    let field = |(group, i): (Option<usize>, usize)| match group {
-        None => format!("deltas[{i}].id"),
-        Some(g) => format!("keyed[{g}].deltas[{i}]"),
-    };
-    for (counter, at) in named.chain(keyed) {
-        // A key hash of 0 is refused on its own, with its reason.
-        if at.0.is_some() && counter.key == 0 {
-            continue;
-        }
-        if let Some(&first) = seen.get(&counter) {
-            let what = match at.0 {
-                None => format!("quota {}", counter.id),
-                Some(_) => format!("key {:016x} of template {}", counter.key, counter.id),
-            };
-            return Err(ApiError::invalid(
-                field(at),
-                format!(
-                    "{what} appears twice in one sync (also at {}): send one delta per counter",
-                    field(first)
-                ),
-            ));
-        }
-        seen.insert(counter, at);
+    if let Some((at, first)) = first_repeat(named.chain(keyed)) {
+        let key = |place: usize| -> (CounterKey, String) {
+            if let Some(d) = request.deltas.get(place) {
+                return (CounterKey::named(d.id), format!("deltas[{place}].id"));
+            }
+            let mut left = place - request.deltas.len();
+            for (g, group) in request.keyed.iter().enumerate() {
+                if let Some(d) = group.deltas.get(left) {
+                    let counter = CounterKey {
+                        id: group.id,
+                        key: d.0,
+                    };
+                    return (counter, format!("keyed[{g}].deltas[{left}]"));
+                }
+                left -= group.deltas.len();
+            }
+            unreachable!("a place inside the request")
+        };
+        let (counter, field) = key(at);
+        let what = if at < request.deltas.len() {
+            format!("quota {}", counter.id)
+        } else {
+            format!("key {:016x} of template {}", counter.key, counter.id)
+        };
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "{what} appears twice in one sync (also at {}): send one delta per counter",
+                key(first).1
+            ),
+        ));
+    }
+    let rejected = request
+        .rejected
+        .iter()
+        .map(|&(id, _)| CounterKey::named(id));
+    if let Some((at, first)) = first_repeat(rejected) {
+        return Err(ApiError::invalid(
+            format!("rejected[{at}]"),
+            format!(
+                "quota {} appears twice in one sync's rejection counts (also at \
+                 rejected[{first}]): send one count per quota",
+                request.rejected[at].0
+            ),
+        ));
     }
     Ok(())
+}
+
+/// The earliest place in `counters` that repeats an earlier one, with
+/// the place of that earlier one. (A key of hash 0 would repeat its
+/// template's own counter: [`SyncRequest::check`] refuses it first, with
+/// its reason.)
+fn first_repeat(counters: impl Iterator<Item = CounterKey>) -> Option<(usize, usize)> {
+    let mut places: Vec<(CounterKey, u32)> = counters
+        .enumerate()
+        .map(|(place, counter)| (counter, place as u32))
+        .collect();
+    places.sort_unstable();
+    // Sorted by counter, then place: a counter's first place comes first
+    // and its second next to it.
+    places
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| (w[1].1 as usize, w[0].1 as usize))
+        .min()
 }
 
 /// How a sync reply's status is counted.
@@ -266,6 +330,7 @@ pub fn result_of(status: StatusCode) -> SyncResult {
         StatusCode::UNAUTHORIZED => SyncResult::Unauthorized,
         StatusCode::SERVICE_UNAVAILABLE => SyncResult::Unavailable,
         StatusCode::FORBIDDEN => SyncResult::Forbidden,
+        StatusCode::TOO_MANY_REQUESTS => SyncResult::Busy,
         _ => SyncResult::Rejected,
     }
 }

@@ -68,7 +68,7 @@ pub fn view(ledger: &LedgerView, quota: &Quota, now: Nanos, with_limiters: bool)
             .unwrap_or_default();
         seen.iter()
             .filter_map(|s| {
-                let limiter = ledger.limiters.get(s.limiter)?;
+                let limiter = ledger.limiters.seen(s.limiter, s.at)?;
                 let seconds_ago = now.saturating_sub(s.at) as f64 * SECS_PER_NANO;
                 Some(LimiterSeen {
                     limiter: limiter.name.to_string(),

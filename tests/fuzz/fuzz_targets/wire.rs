@@ -10,7 +10,9 @@ use libfuzzer_sys::fuzz_target;
 use sluice::core::Tally;
 use sluice::table::{Outcome, Table};
 use sluice::wire::binary::{decode_request, decode_response, encode_request, encode_response};
-use sluice::wire::{ClockReport, SyncRequest, SyncResponse};
+use sluice::wire::{
+    json_entries_at_most, ClockReport, SyncRequest, SyncResponse, MAX_DELTAS_PER_SYNC,
+};
 
 fn close(a: f64, b: f64) -> bool {
     a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
@@ -20,6 +22,8 @@ fn request(body: &[u8]) {
     let Ok(request) = serde_json::from_slice::<SyncRequest>(body) else {
         return;
     };
+    // The bound a root reserves memory by before it parses a body.
+    assert!(request.entry_count() <= json_entries_at_most(body));
     let verdict = request.check();
     if let Err(e) = &verdict {
         assert!(!e.field.is_empty() && !e.message.is_empty(), "{e:?}");
@@ -64,6 +68,8 @@ fn binary_request(body: &[u8]) {
             return;
         }
     };
+    // Decoding stops at the cap before it allocates past it.
+    assert!(request.entry_count() <= MAX_DELTAS_PER_SYNC);
     let verdict = request.check();
     let again = decode_request(&encode_request(&request)).expect("a request re-encodes");
     assert_eq!(again, request);
