@@ -3,8 +3,8 @@
 //! Every host keeps all quotas and counters in one memory region (an nginx
 //! shared zone, or a heap region behind the C ABI) and answers "may this
 //! request pass?" from it with no network call. A background thread syncs
-//! counters with the quota roots; `../shared/DESIGN.md` in the project states
-//! the semantics this crate implements.
+//! counters with the quota roots; `docs/DESIGN.md` states the semantics
+//! this crate implements.
 //!
 //! # Layout
 //!
