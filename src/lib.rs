@@ -30,6 +30,8 @@
 //!     quota has left (`Retry-After` when waiting can help, rate-limit
 //!     headers), partial grants (`grantable`) and pacing waits
 //!     (`reserve_wait`).
+//!   - `core/snapshot.rs` — a quota as a check reads it
+//!     ([`core::QuotaSnapshot`]), what the decision and the estimate take.
 //!   - `core/estimate.rs` — the level estimate between syncs and the two
 //!     extrapolation modes (constant ratio, adaptive fill rate), and its
 //!     window counterpart.

@@ -24,7 +24,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::counter::{seconds_between, Level};
-use super::decision::QuotaSnapshot;
+use super::snapshot::QuotaSnapshot;
 use super::window::{Located, WindowLevel, WindowRule};
 use super::Nanos;
 
