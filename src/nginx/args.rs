@@ -19,38 +19,6 @@ pub fn parse_size(arg: &[u8]) -> Option<usize> {
         .and_then(|n| n.checked_mul(unit))
 }
 
-/// Checks a `sluice_zone` size, so that `nginx -t` refuses what nginx
-/// would only fail to map later (without a file and line): at least
-/// `min`, at most `largest` (what the largest quota table fills; more is
-/// never used) and at most the machine's `memory`, when known.
-pub fn check_zone_size(
-    size: usize,
-    min: usize,
-    largest: usize,
-    memory: Option<usize>,
-) -> Result<(), String> {
-    let mib = |bytes: usize| bytes.div_ceil(1 << 20);
-    if size < min {
-        return Err(format!(
-            "is too small: sluice needs at least {}k",
-            min >> 10
-        ));
-    }
-    if size > largest {
-        return Err(format!(
-            "is larger than sluice can use: the largest quota table fits in {}m",
-            mib(largest)
-        ));
-    }
-    if let Some(memory) = memory.filter(|&m| size > m) {
-        return Err(format!(
-            "is larger than this machine's memory ({}m)",
-            mib(memory)
-        ));
-    }
-    Ok(())
-}
-
 /// Parses an nginx time into milliseconds: one number and one unit (`ms`,
 /// `s`, `m`, `h`); a bare number is seconds.
 pub fn parse_time_ms(arg: &[u8]) -> Option<u64> {
@@ -347,23 +315,6 @@ mod tests {
         assert_eq!(RequestStatus::Delayed.as_str(), "DELAYED");
         assert_eq!(RequestStatus::DelayedDryRun.as_str(), "DELAYED_DRY_RUN");
         assert_eq!(RequestStatus::Unchecked.as_str(), "");
-    }
-
-    #[test]
-    fn zone_sizes_must_fit_the_table_and_the_machine() {
-        let (min, largest) = (256 << 10, 3 << 30);
-        assert!(check_zone_size(32 << 20, min, largest, Some(8 << 30)).is_ok());
-        assert!(check_zone_size(32 << 20, min, largest, None).is_ok());
-        assert!(check_zone_size(100 << 10, min, largest, None)
-            .unwrap_err()
-            .contains("too small"));
-        let huge = parse_size(b"100g").unwrap();
-        assert!(check_zone_size(huge, min, largest, None)
-            .unwrap_err()
-            .contains("largest quota table fits in 3072m"));
-        assert!(check_zone_size(2 << 30, min, largest, Some(1 << 30))
-            .unwrap_err()
-            .contains("machine's memory (1024m)"));
     }
 
     #[test]
