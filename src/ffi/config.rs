@@ -1,0 +1,231 @@
+//! The JSON given to `sluice_init`, parsed and checked whole before
+//! anything starts: the sync settings follow the rules nginx's `sluice_*`
+//! directives follow ([`SyncConfig::validate`]), and an error names the
+//! JSON key.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::core::key::KeySecret;
+use crate::core::{Extrapolation, ValidationError};
+use crate::sync::SyncConfig;
+use crate::table::KeyOverflow;
+
+/// One entry of `roots`: a base URL (in group 0), or a URL with its root
+/// group.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a root URL or {\"url\": \"http://...\", \"group\": n}"
+)]
+enum RootEntry {
+    /// `"http://10.0.0.1:7070"`.
+    Url(String),
+    /// `{"url": "http://10.0.0.1:7070", "group": 1}`.
+    Grouped(GroupedRoot),
+}
+
+/// A root URL with its group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupedRoot {
+    url: String,
+    #[serde(default)]
+    group: u32,
+}
+
+impl RootEntry {
+    fn split(self) -> (String, u32) {
+        match self {
+            RootEntry::Url(url) => (url, 0),
+            RootEntry::Grouped(g) => (g.url, g.group),
+        }
+    }
+}
+
+/// Limiter configuration, from the JSON given to `sluice_init`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Config {
+    /// Quotas the table can hold.
+    capacity: u32,
+    /// Average quota name length the name space is sized for.
+    avg_name_bytes: usize,
+    /// Keys of per-key quotas the table holds at once.
+    key_capacity: u64,
+    /// File holding the fleet's key secret (keys are hashed with it).
+    key_secret_file: Option<String>,
+    /// What a check does with a key that finds no entry: `shared`,
+    /// `reject` or `pass`.
+    key_overflow: Option<String>,
+    /// Quota roots: URLs (group 0), or `{"url": ..., "group": n}`; none
+    /// for standalone.
+    roots: Vec<RootEntry>,
+    /// Sync interval in milliseconds.
+    sync_interval_ms: u64,
+    /// Timeout of one sync request (default: 80% of the interval).
+    sync_timeout_ms: Option<u64>,
+    /// Bearer token the roots require for `/v1/sync`.
+    sync_token: Option<String>,
+    /// This limiter's id at the roots (default: the host name).
+    limiter_id: Option<String>,
+    /// How levels are extrapolated between syncs.
+    extrapolation: Option<Extrapolation>,
+    /// Sync early when a quota's unsent weight passes a share of its band.
+    early_sync: Option<crate::sync::EarlySync>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            capacity: 100_000,
+            avg_name_bytes: 32,
+            key_capacity: 100_000,
+            key_secret_file: None,
+            key_overflow: None,
+            roots: Vec::new(),
+            sync_interval_ms: 1000,
+            sync_timeout_ms: None,
+            sync_token: None,
+            limiter_id: None,
+            extrapolation: None,
+            early_sync: None,
+        }
+    }
+}
+
+/// A checked configuration: what the limiter is built from.
+#[derive(Debug)]
+pub(super) struct Settings {
+    /// Quotas the table holds.
+    pub capacity: u32,
+    /// Average quota name length.
+    pub avg_name_bytes: usize,
+    /// Keys of per-key quotas held at once.
+    pub key_capacity: u64,
+    /// The fleet's key secret, when a file gave one.
+    pub key_secret: Option<KeySecret>,
+    /// What a check does with a key that finds no entry.
+    pub key_overflow: KeyOverflow,
+    /// How levels are extrapolated between syncs.
+    pub extrapolation: Extrapolation,
+    /// The sync thread's configuration, validated.
+    pub sync: SyncConfig,
+}
+
+impl Settings {
+    /// Parses and checks `sluice_init`'s JSON (`None`: the defaults),
+    /// reading the key secret file it names.
+    pub fn from_json(json: Option<&str>) -> Result<Self, String> {
+        let config: Config = match json {
+            Some(text) => {
+                serde_json::from_str(text).map_err(|e| format!("invalid config JSON: {e}"))?
+            }
+            None => Config::default(),
+        };
+        let invalid = |e: ValidationError| format!("invalid config: {}", config_field(e));
+        let extrapolation = config.extrapolation.unwrap_or(Extrapolation::Adaptive);
+        if let Extrapolation::ConstantRatio { ratio } = extrapolation {
+            if !(ratio.is_finite() && ratio >= 0.0) {
+                return Err("extrapolation ratio must be a finite, non-negative number".into());
+            }
+        }
+        let (roots, root_groups) = config.roots.into_iter().map(RootEntry::split).unzip();
+        let sync = SyncConfig {
+            roots,
+            root_groups,
+            interval: Duration::from_millis(config.sync_interval_ms),
+            timeout: config.sync_timeout_ms.map(Duration::from_millis),
+            token: config.sync_token,
+            limiter_id: config
+                .limiter_id
+                .unwrap_or_else(crate::sync::default_limiter_id),
+            early_sync: config.early_sync,
+            ..SyncConfig::default()
+        };
+        sync.validate().map_err(invalid)?;
+        crate::table::layout::check_key_capacity(config.key_capacity)
+            .map_err(|why| format!("key_capacity: {why}"))?;
+        let key_overflow = match config.key_overflow.as_deref() {
+            None => KeyOverflow::default(),
+            Some(word) => KeyOverflow::parse(word).ok_or_else(|| {
+                format!("key_overflow: {word:?} is not one of \"shared\", \"reject\", \"pass\"")
+            })?,
+        };
+        let key_secret = match &config.key_secret_file {
+            Some(path) => {
+                let contents =
+                    std::fs::read(path).map_err(|e| format!("key_secret_file {path:?}: {e}"))?;
+                Some(
+                    KeySecret::from_file_contents(&contents)
+                        .map_err(|why| format!("key_secret_file {path:?} {why}"))?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            capacity: config.capacity,
+            avg_name_bytes: config.avg_name_bytes,
+            key_capacity: config.key_capacity,
+            key_secret,
+            key_overflow,
+            extrapolation,
+            sync,
+        })
+    }
+}
+
+/// A configuration error in the C ABI's words: the JSON key names the
+/// field (`interval` is `sync_interval_ms`, and so on).
+fn config_field(e: ValidationError) -> String {
+    let key = match e.field {
+        "interval" => "sync_interval_ms",
+        "timeout" => "sync_timeout_ms",
+        "limiter" => "limiter_id",
+        "root_groups" => "roots",
+        other => other,
+    };
+    format!("{key}: {}", e.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots_of(json: &str) -> Result<(Vec<String>, Vec<u32>), String> {
+        let config: Config = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        Ok(config.roots.into_iter().map(RootEntry::split).unzip())
+    }
+
+    #[test]
+    fn roots_are_urls_or_urls_with_their_group() {
+        let (urls, groups) = roots_of(r#"{"roots": ["http://a:1", "http://b:1"]}"#).unwrap();
+        assert_eq!((urls.len(), groups), (2, vec![0, 0]));
+        let (urls, groups) =
+            roots_of(r#"{"roots": ["http://a:1", {"url": "http://b:1", "group": 1}]}"#).unwrap();
+        assert_eq!(urls, vec!["http://a:1", "http://b:1"]);
+        assert_eq!(groups, vec![0, 1]);
+        let err = roots_of(r#"{"roots": [{"url": "http://b:1", "grup": 1}]}"#).unwrap_err();
+        assert!(err.contains("a root URL or"), "{err}");
+        // A gap is refused by the shared check, naming `roots`.
+        let (roots, root_groups) =
+            roots_of(r#"{"roots": [{"url": "http://b:1", "group": 1}]}"#).unwrap();
+        let e = SyncConfig {
+            roots,
+            root_groups,
+            ..SyncConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(config_field(e).split(':').next(), Some("roots"));
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        let settings = Settings::from_json(None).unwrap();
+        assert_eq!(settings.capacity, 100_000);
+        assert_eq!(settings.extrapolation, Extrapolation::Adaptive);
+        assert!(Settings::from_json(Some("{}")).is_ok());
+    }
+}
