@@ -1,7 +1,8 @@
 //! The JSON given to `sluice_init`, parsed and checked whole before
 //! anything starts: the sync settings follow the rules nginx's `sluice_*`
-//! directives follow ([`SyncConfig::validate`]), and an error names the
-//! JSON key.
+//! directives follow ([`SyncConfig::validate`]), the extrapolation the
+//! one rule of [`Extrapolation::validate`], and an error names the JSON
+//! key.
 
 use std::time::Duration;
 
@@ -126,11 +127,7 @@ impl Settings {
         };
         let invalid = |e: ValidationError| format!("invalid config: {}", config_field(e));
         let extrapolation = config.extrapolation.unwrap_or(Extrapolation::Adaptive);
-        if let Extrapolation::ConstantRatio { ratio } = extrapolation {
-            if !(ratio.is_finite() && ratio >= 0.0) {
-                return Err("extrapolation ratio must be a finite, non-negative number".into());
-            }
-        }
+        extrapolation.validate().map_err(invalid)?;
         let (roots, root_groups) = config.roots.into_iter().map(RootEntry::split).unzip();
         let sync = SyncConfig {
             roots,
@@ -184,6 +181,7 @@ fn config_field(e: ValidationError) -> String {
         "timeout" => "sync_timeout_ms",
         "limiter" => "limiter_id",
         "root_groups" => "roots",
+        "ratio" => "extrapolation.ratio",
         other => other,
     };
     format!("{key}: {}", e.message)
@@ -196,6 +194,11 @@ mod tests {
     fn roots_of(json: &str) -> Result<(Vec<String>, Vec<u32>), String> {
         let config: Config = serde_json::from_str(json).map_err(|e| e.to_string())?;
         Ok(config.roots.into_iter().map(RootEntry::split).unzip())
+    }
+
+    /// The error `sluice_init` gives for `json`.
+    fn refused(json: &str) -> String {
+        Settings::from_json(Some(json)).unwrap_err()
     }
 
     #[test]
@@ -227,5 +230,28 @@ mod tests {
         assert_eq!(settings.capacity, 100_000);
         assert_eq!(settings.extrapolation, Extrapolation::Adaptive);
         assert!(Settings::from_json(Some("{}")).is_ok());
+    }
+
+    #[test]
+    fn a_negative_or_infinite_ratio_is_refused_naming_the_key() {
+        let e = refused(r#"{"extrapolation": {"mode": "constant_ratio", "ratio": -1}}"#);
+        assert!(
+            e.starts_with("invalid config: extrapolation.ratio: -1 is not"),
+            "{e}"
+        );
+        assert!(Settings::from_json(Some(
+            r#"{"extrapolation": {"mode": "constant_ratio", "ratio": 0.5}}"#
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn sync_settings_follow_the_shared_rules() {
+        assert!(refused(r#"{"sync_interval_ms": 5}"#).contains("sync_interval_ms: "));
+        assert!(
+            refused(r#"{"sync_interval_ms": 1000, "sync_timeout_ms": 1000}"#)
+                .contains("sync_timeout_ms: ")
+        );
+        assert!(refused(r#"{"limiter_id": "a b"}"#).contains("limiter_id: "));
     }
 }

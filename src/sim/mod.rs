@@ -34,6 +34,8 @@ pub mod series;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::core::Extrapolation;
+
 pub use cluster::{simulate, RunOptions};
 pub use report::Row;
 pub use scenario::{Checked, Mode};
@@ -163,9 +165,9 @@ pub fn run(args: &SimArgs) -> Result<(), String> {
     for path in &args.scenarios {
         let mut checked = load(path)?;
         if let Some(ratio) = args.ratio {
-            if !(ratio.is_finite() && ratio >= 0.0) {
-                return Err(format!("--ratio must not be negative, not {ratio}"));
-            }
+            Extrapolation::ConstantRatio { ratio }
+                .validate()
+                .map_err(|e| format!("--ratio: {}", e.message))?;
             checked.scenario.ratio = ratio;
         }
         descriptions.push((
