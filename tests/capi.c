@@ -54,6 +54,12 @@ int main(void) {
         {"{\"limiter_id\": \"web 1\"}", "limiter_id"},
         {"{\"roots\": [\"http://root:7070/v1/sync\"]}", "roots"},
         {"{\"early_sync\": {\"fraction\": 0, \"max_per_second\": 4}}", "early_sync"},
+        {"{\"capacity\": 0}", "capacity"},
+        {"{\"capacity\": 16777215}", "capacity"},
+        {"{\"avg_name_bytes\": 0}", "avg_name_bytes"},
+        {"{\"sync_token\": \"two words\"}", "sync_token"},
+        {"{\"extrapolation\": {\"mode\": \"constant_ratio\", \"ratio\": -1}}",
+         "extrapolation.ratio"},
     };
     for (size_t i = 0; i < sizeof BAD_CONFIGS / sizeof BAD_CONFIGS[0]; i++) {
         EXPECT(sluice_init(BAD_CONFIGS[i][0]) == SLUICE_ERROR &&

@@ -1,16 +1,18 @@
 //! The JSON given to `sluice_init`, parsed and checked whole before
-//! anything starts: the sync settings follow the rules nginx's `sluice_*`
-//! directives follow ([`SyncConfig::validate`]), the extrapolation the
-//! one rule of [`Extrapolation::validate`], and an error names the JSON
-//! key.
+//! anything starts: every field follows the rule nginx's `sluice_*`
+//! directive for it follows (the sync settings through
+//! [`SyncConfig::validate`], the extrapolation through
+//! [`Extrapolation::validate`]), and an error names the JSON key.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::core::key::KeySecret;
+use crate::core::quota::MAX_NAME_LEN;
 use crate::core::{Extrapolation, ValidationError};
 use crate::sync::SyncConfig;
+use crate::table::layout::MAX_CAPACITY;
 use crate::table::KeyOverflow;
 
 /// One entry of `roots`: a base URL (in group 0), or a URL with its root
@@ -99,9 +101,9 @@ impl Default for Config {
 /// A checked configuration: what the limiter is built from.
 #[derive(Debug)]
 pub(super) struct Settings {
-    /// Quotas the table holds.
+    /// Quotas the table holds (1 to [`MAX_CAPACITY`]).
     pub capacity: u32,
-    /// Average quota name length.
+    /// Average quota name length (1 to [`MAX_NAME_LEN`]).
     pub avg_name_bytes: usize,
     /// Keys of per-key quotas held at once.
     pub key_capacity: u64,
@@ -128,6 +130,7 @@ impl Settings {
         let invalid = |e: ValidationError| format!("invalid config: {}", config_field(e));
         let extrapolation = config.extrapolation.unwrap_or(Extrapolation::Adaptive);
         extrapolation.validate().map_err(invalid)?;
+        validate_table(config.capacity, config.avg_name_bytes).map_err(invalid)?;
         let (roots, root_groups) = config.roots.into_iter().map(RootEntry::split).unzip();
         let sync = SyncConfig {
             roots,
@@ -173,12 +176,32 @@ impl Settings {
     }
 }
 
+/// Checks the table's size: 1 to [`MAX_CAPACITY`] quotas, names of 1 to
+/// [`MAX_NAME_LEN`] bytes on average (the table would otherwise clamp
+/// them silently, and a table of no quota is no limiter).
+fn validate_table(capacity: u32, avg_name_bytes: usize) -> Result<(), ValidationError> {
+    if !(1..=MAX_CAPACITY).contains(&capacity) {
+        return Err(ValidationError::new(
+            "capacity",
+            format!("{capacity} is not 1 to {MAX_CAPACITY} quotas"),
+        ));
+    }
+    if !(1..=MAX_NAME_LEN).contains(&avg_name_bytes) {
+        return Err(ValidationError::new(
+            "avg_name_bytes",
+            format!("{avg_name_bytes} is not 1 to {MAX_NAME_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// A configuration error in the C ABI's words: the JSON key names the
 /// field (`interval` is `sync_interval_ms`, and so on).
 fn config_field(e: ValidationError) -> String {
     let key = match e.field {
         "interval" => "sync_interval_ms",
         "timeout" => "sync_timeout_ms",
+        "token" => "sync_token",
         "limiter" => "limiter_id",
         "root_groups" => "roots",
         "ratio" => "extrapolation.ratio",
@@ -233,6 +256,25 @@ mod tests {
     }
 
     #[test]
+    fn a_table_of_no_quota_or_beyond_the_largest_is_refused() {
+        assert!(refused(r#"{"capacity": 0}"#).starts_with("invalid config: capacity: 0 is not"));
+        let over = format!(r#"{{"capacity": {}}}"#, MAX_CAPACITY + 1);
+        assert!(refused(&over).contains("capacity:"));
+        let most = format!(r#"{{"capacity": {MAX_CAPACITY}}}"#);
+        assert_eq!(
+            Settings::from_json(Some(&most)).unwrap().capacity,
+            MAX_CAPACITY
+        );
+    }
+
+    #[test]
+    fn average_names_must_be_lengths_a_name_can_have() {
+        assert!(refused(r#"{"avg_name_bytes": 0}"#).contains("avg_name_bytes: 0 is not"));
+        assert!(refused(r#"{"avg_name_bytes": 256}"#).contains("avg_name_bytes: 256 is not"));
+        assert!(Settings::from_json(Some(r#"{"avg_name_bytes": 255}"#)).is_ok());
+    }
+
+    #[test]
     fn a_negative_or_infinite_ratio_is_refused_naming_the_key() {
         let e = refused(r#"{"extrapolation": {"mode": "constant_ratio", "ratio": -1}}"#);
         assert!(
@@ -243,6 +285,15 @@ mod tests {
             r#"{"extrapolation": {"mode": "constant_ratio", "ratio": 0.5}}"#
         ))
         .is_ok());
+    }
+
+    #[test]
+    fn a_sync_token_must_be_one_printable_token() {
+        for bad in [r#""""#, r#""a b""#, r#""a\nb""#, r#""tok\u00e9n""#] {
+            let e = refused(&format!(r#"{{"sync_token": {bad}}}"#));
+            assert!(e.starts_with("invalid config: sync_token: "), "{bad}: {e}");
+        }
+        assert!(Settings::from_json(Some(r#"{"sync_token": "s3cr3t-T0ken"}"#)).is_ok());
     }
 
     #[test]

@@ -37,30 +37,31 @@ pub const SLUICE_ERROR: c_int = -1;
 /// Starts the process-wide limiter.
 ///
 /// `config_json` may be NULL for defaults, or a JSON object with any of:
-/// `capacity` (quotas the table holds, default 100000), `avg_name_bytes`
-/// (default 32), `key_capacity` (keys of per-key quotas held at once,
-/// default 100000, at most 2^30; 49 bytes each), `key_secret_file` (a
-/// file holding the fleet's secret, at least 16 bytes, that keys are
-/// hashed with: every host of a fleet must use the same one; default: a
-/// built-in secret),
-/// `key_overflow` (what a check does with a key that finds no entry, the
-/// key section being full of live keys: `"shared"`, the default, checks
-/// and counts it on the quota's own counter, shared by all such keys;
-/// `"reject"` rejects it; `"pass"` lets it through uncounted),
-/// `sync_interval_ms` (100 to 3600000, default 1000),
-/// `extrapolation` (`{"mode": "adaptive"}`, the default, or
-/// `{"mode": "constant_ratio", "ratio": 1.0}`), `roots` (at most 16 quota
-/// root base URLs, e.g. `["http://10.0.0.1:7070"]`; none: standalone,
-/// counting locally; with root groups, an entry is
-/// `{"url": "http://10.0.0.2:7070", "group": 1}`, groups numbered from 0
-/// with no gap, a bare URL being in group 0), `sync_timeout_ms` (below the interval; default 80%
-/// of it), `sync_token` (bearer token for the roots), `limiter_id` (1 to
-/// 255 printable ASCII bytes, no spaces; default: the host name),
-/// `early_sync` (`{"fraction": 0.02, "max_per_second": 4}`: sync at once
-/// when a quota's unsent weight reaches that share, in (0, 1], of its
-/// burst band, at most 1 to 100 times a second; off by default). These
-/// are the rules nginx's `sluice_*` directives follow. The string is only
-/// read during the call.
+/// `capacity` (quotas the table holds, 1 to 16777214, default 100000),
+/// `avg_name_bytes` (1 to 255, default 32), `key_capacity` (keys of
+/// per-key quotas held at once, default 100000, at most 2^30; 49 bytes
+/// each), `key_secret_file` (a file holding the fleet's secret, at least
+/// 16 bytes, that keys are hashed with: every host of a fleet must use
+/// the same one; default: a built-in secret), `key_overflow` (what a
+/// check does with a key that finds no entry, the key section being full
+/// of live keys: `"shared"`, the default, checks and counts it on the
+/// quota's own counter, shared by all such keys; `"reject"` rejects it;
+/// `"pass"` lets it through uncounted), `sync_interval_ms` (100 to
+/// 3600000, default 1000), `extrapolation` (`{"mode": "adaptive"}`, the
+/// default, or `{"mode": "constant_ratio", "ratio": 1.0}`, a ratio of 0
+/// or more), `roots` (at most 16 quota root base URLs, e.g.
+/// `["http://10.0.0.1:7070"]`; none: standalone, counting locally; with
+/// root groups, an entry is `{"url": "http://10.0.0.2:7070", "group": 1}`,
+/// groups numbered from 0 with no gap, a bare URL being in group 0),
+/// `sync_timeout_ms` (below the interval; default 80% of it),
+/// `sync_token` (bearer token for the roots: printable ASCII, no
+/// spaces), `limiter_id` (1 to 255 printable ASCII bytes, no spaces;
+/// default: the host name), `early_sync` (`{"fraction": 0.02,
+/// "max_per_second": 4}`: sync at once when a quota's unsent weight
+/// reaches that share, in (0, 1], of its burst band, at most 1 to 100
+/// times a second; off by default). These are the rules nginx's
+/// `sluice_*` directives follow; an error names the key. The string is
+/// only read during the call.
 ///
 /// Returns `SLUICE_PASS` (0) on success, `SLUICE_ERROR` if the config is
 /// invalid or the limiter is already running.

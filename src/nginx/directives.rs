@@ -25,7 +25,9 @@ use super::Module;
 use crate::core::key::KeySecret;
 use crate::core::quota::validate_name;
 use crate::core::spec::QuotaSet;
-use crate::sync::config::{parse_root_url, validate_interval, validate_limiter_id, MAX_ROOTS};
+use crate::sync::config::{
+    parse_root_url, validate_interval, validate_limiter_id, validate_token, MAX_ROOTS,
+};
 use crate::table::MAX_CHECKS;
 
 /// Defines a directive handler: the `set` callback nginx calls, running
@@ -261,11 +263,9 @@ directive_handler!(
     |cf, mcf: &mut MainConf, args| {
         let (path, token) = read_conf_file(cf, args[1], "sync token file")?;
         let token = token.trim();
-        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
-                "sync token file \"{path}\" must hold one token of printable characters"
-            ));
-        }
+        validate_token(token).map_err(|_| {
+            format!("sync token file \"{path}\" must hold one token of printable characters")
+        })?;
         once(&mut mcf.sync_token, token.to_string(), &args)
     }
 );
