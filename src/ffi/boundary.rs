@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use super::exports::SLUICE_ERROR;
+use super::codes::SLUICE_ERROR;
 
 thread_local! {
     /// The message of this thread's last failed call.

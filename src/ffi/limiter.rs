@@ -10,10 +10,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::config::Settings;
-use super::exports::{
+use super::codes::{
     SLUICE_KEY_OVERFLOW, SLUICE_NO_KEY, SLUICE_PASS, SLUICE_REJECT, SLUICE_UNKNOWN,
 };
+use super::config::Settings;
 use crate::core::spec::QuotaSet;
 use crate::sync::SyncHandle;
 use crate::table::file::{load_set, FileRole};

@@ -6,7 +6,8 @@
 //! `SLUICE_ERROR` with a message, it never unwinds into C. Every pointer
 //! argument may be NULL.
 //!
-//! - `exports.rs` — the exported functions and result codes;
+//! - `exports.rs` — the exported functions;
+//! - `codes.rs` — their result codes;
 //! - `boundary.rs` — the panic boundary, the last error, and reading
 //!   pointer arguments;
 //! - `config.rs` — `sluice_init`'s JSON, checked by the rules nginx's
@@ -15,8 +16,10 @@
 //!   each export does.
 
 mod boundary;
+mod codes;
 mod config;
 mod exports;
 mod limiter;
 
+pub use codes::*;
 pub use exports::*;

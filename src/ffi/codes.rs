@@ -1,0 +1,27 @@
+//! The result codes every export returns (`SLUICE_PASS`...), in the
+//! header beside the functions.
+
+use std::ffi::c_int;
+
+/// The request may pass: every quota in its chain had room; the weight was
+/// counted.
+pub const SLUICE_PASS: c_int = 0;
+/// The request is over a quota (its own or an ancestor's); nothing was
+/// counted.
+pub const SLUICE_REJECT: c_int = 1;
+/// No quota has this name: the request passes and is not counted.
+pub const SLUICE_UNKNOWN: c_int = 2;
+/// The quota is per-key and the check gave no key (or an empty one): the
+/// request passes and is not counted.
+pub const SLUICE_NO_KEY: c_int = 3;
+/// The quota is per-key and its key found no entry: every entry of the
+/// key section it could have had holds a key whose count still matters
+/// (give keys more memory). The request passes: with `key_overflow`
+/// `shared` (the default) it was checked against and counted on the
+/// quota's own counter, which all such keys share; with `pass` it is not
+/// counted. A rejection is `SLUICE_REJECT`, whatever the mode.
+pub const SLUICE_KEY_OVERFLOW: c_int = 4;
+/// The call failed (not initialised, NULL or invalid argument, internal
+/// error); `sluice_last_error()` says why. A check that fails should be
+/// treated as a pass (fail open).
+pub const SLUICE_ERROR: c_int = -1;
