@@ -66,7 +66,10 @@
 //!     early sync, extrapolation horizon).
 //!   - `sync/engine.rs` — the sync logic without the network, shared with
 //!     the simulator: what each root is owed, acknowledgements, merging
-//!     replies, unchanged counters, all-roots-down folding, early sync.
+//!     replies, all-roots-down folding, early sync; its tests beside it
+//!     (`sync/engine_tests.rs`).
+//!   - `sync/vouch.rs` — what a complete reply vouches for: the recently
+//!     changed counters a root left out did not change there.
 //!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
 //!     deltas (leaking while owed), backoff, metrics.
 //!   - `sync/status.rs` — the sync metrics published in the table's status

@@ -77,6 +77,7 @@ pub mod engine;
 pub mod ids;
 pub mod link;
 pub mod status;
+mod vouch;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
