@@ -12,8 +12,9 @@
 //! writes a per-second CSV, an SVG plot and a summary table.
 //!
 //! - `scenario.rs` — scenario files: parsing and checks.
-//! - `cluster.rs` — the event loop: hosts, roots, network, load, the true
-//!   level and the ideal limiter.
+//! - `cluster/` — the event loop (`mod.rs`: a run, the true level and the
+//!   samples) and its concerns, a file each: the event queue, the hosts,
+//!   the network, the ideal limiter and the load.
 //! - `root.rs` — the simulated root: the real root's ledger, without the
 //!   network and the database.
 //! - `series.rs` — what a run records, and its CSV.
