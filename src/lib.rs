@@ -9,10 +9,10 @@
 //! # Layout
 //!
 //! Dependencies run one way, from the bottom of this list up: a module
-//! uses only modules listed before it (`clock` and `wire` are leaves
-//! beside `core`). Nothing below `root` knows a root exists except through
-//! `wire`, and nothing below the shells (`ffi`, `nginx`, `root`, `sim`)
-//! reads a clock or does IO on the request path.
+//! uses only modules listed before it (`clock`, `host` and `wire` are
+//! leaves beside `core`). Nothing below `root` knows a root exists except
+//! through `wire`, and nothing below the shells (`ffi`, `nginx`, `root`,
+//! `sim`) reads a clock or does IO on the request path.
 //!
 //! - [`core`] — pure, deterministic limiter logic: no IO, no clock reads, no
 //!   unsafe (`#![forbid(unsafe_code)]`). Time is always a parameter.
@@ -37,11 +37,15 @@
 //!     window counterpart.
 //!   - `core/key.rs` — keys of per-key quotas as keyed hashes under the
 //!     fleet's secret (a key is never kept).
-//!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws from.
+//!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws
+//!     from, seeded by its caller.
 //!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
 //!     visitor, feature `toml`) parsed with errors that name the quota,
 //!     field and line, and checked as a whole set.
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx, sync) read.
+//! - [`host`] — what the shells ask the OS about this host: its name (the
+//!   default limiter id), random seeds (the decision's per-thread
+//!   generator, a root's instance id) and room for a root's open files.
 //! - [`wire`] — the sync protocol's request and response types and their
 //!   checks (a request as a root accepts it, a reply as a limiter does),
 //!   used by both the root and the limiter's sync thread; `wire/binary.rs`
@@ -108,6 +112,7 @@
 pub mod clock;
 pub mod core;
 pub mod ffi;
+pub mod host;
 pub mod nginx;
 pub mod sync;
 pub mod table;

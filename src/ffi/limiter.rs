@@ -124,7 +124,7 @@ pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_in
         &[item],
         crate::clock::now(),
         CheckOptions::default(),
-        crate::core::rng::thread_unit,
+        crate::host::thread_unit,
     );
     Ok(outcome_code(outcome.outcome, outcome.overflow))
 }

@@ -366,7 +366,7 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         items,
         crate::clock::now(),
         options,
-        crate::core::rng::thread_unit,
+        crate::host::thread_unit,
     );
     let mut name_buf = [0u8; 256];
     match result.outcome {

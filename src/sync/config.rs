@@ -334,14 +334,9 @@ pub fn parse_root_url(arg: &[u8]) -> Result<String, String> {
 /// This host's name, or "limiter" if it has none (or one that is not a
 /// valid limiter id).
 pub fn default_limiter_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if rc == 0 && validate_limiter_id(name).is_ok() => name.to_string(),
-        _ => "limiter".to_string(),
-    }
+    crate::host::name()
+        .filter(|name| validate_limiter_id(name).is_ok())
+        .unwrap_or_else(|| "limiter".to_string())
 }
 
 #[cfg(test)]
