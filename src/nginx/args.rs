@@ -1,10 +1,14 @@
 //! Directive arguments as nginx users write them (sizes, times, numbers,
 //! flags, weights, early sync), weights read from variables at request
-//! time, and what `$sluice_status` says. Pure: `cargo test` covers it
-//! without nginx.
+//! time, what `$sluice_status` says, and how the access handler answers a
+//! check's outcome ([`Answer`]). Pure: `cargo test` covers it without
+//! nginx.
 
+use super::headers::retry_after_secs;
 use crate::core::quota::MAX_WEIGHT;
+use crate::core::Wait;
 use crate::sync::config::{EarlySync, MAX_EARLY_PER_SECOND};
+use crate::table::{ManyOutcome, Outcome};
 
 /// Parses an nginx size: `64k`, `32m`, `1g` or bytes.
 pub fn parse_size(arg: &[u8]) -> Option<usize> {
@@ -244,6 +248,88 @@ impl RequestStatus {
     }
 }
 
+/// What becomes of a request once it is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// It goes on to the next phase (`NGX_DECLINED`).
+    Continue,
+    /// It is held this many nanoseconds (`wait=`), then goes on.
+    Hold(u64),
+    /// It is answered with the location's `sluice_status`.
+    Reject,
+}
+
+/// How the access handler answers a check: the decision part of its
+/// work, which `handler.rs` only applies (and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// What `$sluice_status` says.
+    pub status: RequestStatus,
+    /// What becomes of the request.
+    pub then: Then,
+    /// The rate-limit headers go out (`sluice_headers on` and a quota was
+    /// checked).
+    pub headers: bool,
+    /// `Retry-After` seconds, sent with the headers: only for a rejection
+    /// that waiting helps.
+    pub retry_after: Option<u64>,
+    /// A rejection that waiting cannot help (counted as unpassable, with
+    /// or without dry run).
+    pub unpassable: bool,
+}
+
+impl Answer {
+    /// The answer to a check's `result` (its outcome, pacing wait and key
+    /// overflow) under `sluice_dry_run` (`dry_run`) and `sluice_headers`
+    /// (`headers`). Dry run lets through what would be held or rejected;
+    /// only a real rejection carries `Retry-After`.
+    pub fn of(result: &ManyOutcome, dry_run: bool, headers: bool) -> Self {
+        let wait = result.wait;
+        let answer = |status, then| Answer {
+            status,
+            then,
+            headers,
+            retry_after: None,
+            unpassable: false,
+        };
+        match &result.outcome {
+            Outcome::Pass if wait == 0 && result.overflow => {
+                answer(RequestStatus::KeyOverflow, Then::Continue)
+            }
+            Outcome::Pass if wait == 0 => answer(RequestStatus::Passed, Then::Continue),
+            Outcome::Pass if dry_run => answer(RequestStatus::DelayedDryRun, Then::Continue),
+            Outcome::Pass => answer(RequestStatus::Delayed, Then::Hold(wait)),
+            Outcome::Unknown => Answer {
+                headers: false,
+                ..answer(RequestStatus::Unknown, Then::Continue)
+            },
+            Outcome::NoKey => Answer {
+                headers: false,
+                ..answer(RequestStatus::NoKey, Then::Continue)
+            },
+            Outcome::KeyOverflow => Answer {
+                headers: false,
+                ..answer(RequestStatus::KeyOverflow, Then::Continue)
+            },
+            Outcome::Reject(rejection) => {
+                let unpassable = matches!(rejection.wait, Wait::Never(_));
+                if dry_run {
+                    Answer {
+                        unpassable,
+                        ..answer(RequestStatus::RejectedDryRun, Then::Continue)
+                    }
+                } else {
+                    Answer {
+                        unpassable,
+                        retry_after: retry_after_secs(rejection.wait),
+                        ..answer(RequestStatus::Rejected, Then::Reject)
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,5 +475,103 @@ mod tests {
         // an empty list panicked.
         let error = parse_early_sync(&[]).unwrap_err();
         assert!(error.starts_with("invalid fraction \"\""), "{error}");
+    }
+
+    /// A check's result: `outcome`, held `wait` ns, a key overflow or not.
+    fn result(outcome: Outcome, wait: u64, overflow: bool) -> ManyOutcome {
+        ManyOutcome {
+            outcome,
+            item: Some(0),
+            headroom: None,
+            wait,
+            overflow,
+        }
+    }
+
+    /// A rejection of the given `wait`.
+    fn rejected(wait: Wait) -> ManyOutcome {
+        let rejection = crate::table::Rejection {
+            depth: 0,
+            slot: 0,
+            limit: 10.0,
+            wait,
+            key: 0,
+        };
+        result(Outcome::Reject(rejection), 0, false)
+    }
+
+    #[test]
+    fn a_pass_goes_on_and_a_paced_pass_is_held_unless_dry_run() {
+        let pass = Answer::of(&result(Outcome::Pass, 0, false), false, true);
+        assert_eq!(
+            (pass.status, pass.then, pass.headers),
+            (RequestStatus::Passed, Then::Continue, true)
+        );
+        let paced = Answer::of(&result(Outcome::Pass, 5_000_000, false), false, false);
+        assert_eq!(
+            (paced.status, paced.then, paced.headers),
+            (RequestStatus::Delayed, Then::Hold(5_000_000), false)
+        );
+        let dry = Answer::of(&result(Outcome::Pass, 5_000_000, false), true, false);
+        assert_eq!(
+            (dry.status, dry.then),
+            (RequestStatus::DelayedDryRun, Then::Continue)
+        );
+        assert_eq!(pass.retry_after.or(paced.retry_after), None);
+    }
+
+    #[test]
+    fn a_key_that_found_no_entry_passes_as_an_overflow_with_headers() {
+        let a = Answer::of(&result(Outcome::Pass, 0, true), false, true);
+        assert_eq!(
+            (a.status, a.then, a.headers),
+            (RequestStatus::KeyOverflow, Then::Continue, true)
+        );
+    }
+
+    #[test]
+    fn unknown_quotas_and_missing_keys_go_on_without_headers() {
+        for (outcome, status) in [
+            (Outcome::Unknown, RequestStatus::Unknown),
+            (Outcome::NoKey, RequestStatus::NoKey),
+            (Outcome::KeyOverflow, RequestStatus::KeyOverflow),
+        ] {
+            let a = Answer::of(&result(outcome, 0, false), false, true);
+            assert_eq!(
+                (a.status, a.then, a.headers),
+                (status, Then::Continue, false)
+            );
+        }
+    }
+
+    #[test]
+    fn a_rejection_answers_with_the_status_and_retry_after_unless_dry_run() {
+        let wait = Wait::Seconds(2.5);
+        let real = Answer::of(&rejected(wait), false, true);
+        assert_eq!(
+            real,
+            Answer {
+                status: RequestStatus::Rejected,
+                then: Then::Reject,
+                headers: true,
+                retry_after: Some(3),
+                unpassable: false,
+            }
+        );
+        let dry = Answer::of(&rejected(wait), true, true);
+        assert_eq!(
+            (dry.status, dry.then, dry.retry_after),
+            (RequestStatus::RejectedDryRun, Then::Continue, None)
+        );
+    }
+
+    #[test]
+    fn an_unpassable_rejection_is_counted_and_gets_no_retry_after() {
+        let never = Wait::Never(crate::core::Never::NoLeak);
+        for dry_run in [false, true] {
+            let a = Answer::of(&rejected(never), dry_run, true);
+            assert!(a.unpassable);
+            assert_eq!(a.retry_after, None);
+        }
     }
 }

@@ -16,7 +16,7 @@
 //! - `args.rs` — directive arguments (sizes, times and `wait=`, flags,
 //!   weights and `empty=`, early sync), weights from variables (a value
 //!   that is no number is an error, never a free pass), `$sluice_status`
-//!   values.
+//!   values, and the access handler's answer to a check's outcome.
 //! - `zone_size.rs` — the zone's default and largest sizes, and the check
 //!   of `sluice_zone`.
 //! - `request_counters.rs` — what the access handler counts in the zone
