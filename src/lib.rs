@@ -12,7 +12,10 @@
 //! uses only modules listed before it (`clock`, `host` and `wire` are
 //! leaves beside `core`). Nothing below `root` knows a root exists except
 //! through `wire`, and nothing below the shells (`ffi`, `nginx`, `root`,
-//! `sim`) reads a clock or does IO on the request path.
+//! `sim`) reads a clock or does IO on the request path. Unsafe code lives
+//! at the borders (`table`, `clock`, `host`, `ffi`, `nginx`, and one
+//! system call in `root`); `core`, `wire`, `sync`, `sim` and `cli` forbid
+//! it.
 //!
 //! - [`core`] — pure, deterministic limiter logic: no IO, no clock reads, no
 //!   unsafe (`#![forbid(unsafe_code)]`). Time is always a parameter.

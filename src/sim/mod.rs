@@ -25,6 +25,8 @@
 //! bench-accuracy` runs them in both extrapolation modes and writes the
 //! table into `BENCHMARKS.md` and the plots into `benches/accuracy/`.
 
+#![forbid(unsafe_code)]
+
 pub mod cluster;
 pub mod plot;
 pub mod report;

@@ -72,6 +72,8 @@
 //!   never lowers it) and it leaks at the limit. So counters converge
 //!   within two intervals of the last host's reload.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod engine;
 pub mod ids;
