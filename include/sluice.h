@@ -37,6 +37,17 @@
 // treated as a pass (fail open).
 #define SLUICE_ERROR -1
 
+// Longest quota name, in bytes. A longer name (a `name_len` above this,
+// or no NUL within this many bytes) is an error, refused before the name
+// is read.
+#define SLUICE_MAX_NAME_LEN 255
+
+// Longest key of a keyed call, in bytes. A key is hashed whole on every
+// check; a `key_len` above this is taken for a caller's bug (a negative
+// length cast to `size_t`, a length that is not the buffer's) and is an
+// error, refused before the key is read.
+#define SLUICE_MAX_KEY_LEN 65536
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -104,14 +115,16 @@ int sluice_load_quotas_file(const char *path);
 // 2^40. Never blocks and never does IO.
 //
 // Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
-// pass) or `SLUICE_ERROR` (not initialised or NULL name: pass, fail open).
+// pass) or `SLUICE_ERROR` (not initialised, a NULL name, or no NUL within
+// `SLUICE_MAX_NAME_LEN` bytes: pass, fail open).
 //
 // # Safety
 // `name` must be NULL or point to a NUL-terminated string.
 int check_by_name(const char *name, uint64_t weight);
 
 // `check_by_name` for a name given as `len` bytes (no NUL needed), for
-// callers holding Go or Lua strings.
+// callers holding Go or Lua strings. A `len` above `SLUICE_MAX_NAME_LEN`
+// is `SLUICE_ERROR`, refused before the name is read.
 //
 // # Safety
 // `name` must be NULL or point to at least `len` readable bytes.
@@ -126,9 +139,10 @@ int sluice_check(const char *name, size_t len, uint64_t weight);
 // Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
 // pass), `SLUICE_NO_KEY` (an empty key: pass, uncounted),
 // `SLUICE_KEY_OVERFLOW` (no room for the key: passed on the quota's shared
-// overflow counter, or uncounted; see `key_overflow`) or `SLUICE_ERROR`.
-// A key given for a quota that is not per-key is ignored: the quota
-// itself is checked.
+// overflow counter, or uncounted; see `key_overflow`) or `SLUICE_ERROR`
+// (also for a `name_len` above `SLUICE_MAX_NAME_LEN` or a `key_len` above
+// `SLUICE_MAX_KEY_LEN`, refused before anything is read). A key given for
+// a quota that is not per-key is ignored: the quota itself is checked.
 //
 // # Safety
 // `name` must be NULL or point to at least `name_len` readable bytes;
@@ -149,7 +163,8 @@ int sluice_check_key(const char *name,
 // Returns `SLUICE_PASS` (`*granted` ≥ 1), `SLUICE_REJECT` (nothing can be
 // granted now: `*granted` is 0), `SLUICE_UNKNOWN` (no such quota: nothing
 // counted, `*granted` 0; the caller decides) or `SLUICE_ERROR` (`want`
-// 0, a NULL pointer, not initialised).
+// 0, a NULL pointer, a `name_len` above `SLUICE_MAX_NAME_LEN`, not
+// initialised).
 //
 // # Safety
 // `name` must be NULL or point to at least `name_len` readable bytes;
@@ -179,7 +194,8 @@ int sluice_obtain_key(const char *name,
 // Returns `SLUICE_PASS` (wait `*wait_ns`, then act), `SLUICE_REJECT`
 // (uncounted; `*wait_ns` is the wait it would have needed, or
 // `UINT64_MAX` when waiting cannot help: a weight above `high_burst`),
-// `SLUICE_UNKNOWN` or `SLUICE_ERROR`. A window quota in the chain is not
+// `SLUICE_UNKNOWN` or `SLUICE_ERROR` (as for `sluice_obtain`). A window
+// quota in the chain is not
 // paced: its next window cannot be reserved in advance, so with no room
 // left in the current one the reservation is refused and `*wait_ns` is
 // the time to the window's end.

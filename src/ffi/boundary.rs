@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use super::codes::SLUICE_ERROR;
+use super::codes::{SLUICE_ERROR, SLUICE_MAX_KEY_LEN, SLUICE_MAX_NAME_LEN};
 
 thread_local! {
     /// The message of this thread's last failed call.
@@ -73,24 +73,65 @@ pub(super) unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a CStr,
     Ok(unsafe { CStr::from_ptr(p) })
 }
 
-/// `len` bytes at `p` (NULL is an error naming the argument).
+/// `len` bytes at `p`: NULL, or a length over `max`, is an error naming
+/// the argument, given before anything at `p` is read.
 ///
 /// # Safety
-/// `p` must be NULL or point to at least `len` readable bytes.
-pub(super) unsafe fn c_bytes<'a>(
+/// `p` must be NULL or point to at least `len` readable bytes when `len`
+/// is at most `max`.
+unsafe fn c_bytes<'a>(
     p: *const c_char,
     len: usize,
+    max: usize,
     what: &str,
 ) -> Result<&'a [u8], String> {
     if p.is_null() {
         return Err(format!("{what} is NULL"));
     }
+    if len > max {
+        return Err(format!("{what} is {len} bytes long, at most {max} allowed"));
+    }
     // SAFETY: non-null, and the caller guarantees `len` readable bytes.
     Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
 }
 
+/// A quota name given as `len` bytes at `p` (no NUL): at most
+/// [`SLUICE_MAX_NAME_LEN`] bytes, the longest name a quota can have; a longer
+/// length is refused before the name is read.
+///
+/// # Safety
+/// `p` must be NULL or point to at least `len` readable bytes when `len`
+/// is at most [`SLUICE_MAX_NAME_LEN`].
+pub(super) unsafe fn c_name<'a>(p: *const c_char, len: usize) -> Result<&'a [u8], String> {
+    // SAFETY: per the contract.
+    unsafe { c_bytes(p, len, SLUICE_MAX_NAME_LEN, "name") }
+}
+
+/// A quota name given NUL-terminated: at most [`SLUICE_MAX_NAME_LEN`] bytes are
+/// read looking for the NUL, and a name without one by then is refused
+/// (no quota has a longer name).
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string.
+pub(super) unsafe fn c_name_nul<'a>(p: *const c_char) -> Result<&'a [u8], String> {
+    if p.is_null() {
+        return Err("name is NULL".into());
+    }
+    // SAFETY: a NUL-terminated string is readable up to its NUL, and
+    // strnlen reads no further than the NUL or the bound.
+    let len = unsafe { libc::strnlen(p, SLUICE_MAX_NAME_LEN + 1) };
+    if len > SLUICE_MAX_NAME_LEN {
+        return Err(format!(
+            "name is longer than {SLUICE_MAX_NAME_LEN} bytes (no NUL within them)"
+        ));
+    }
+    // SAFETY: the `len` bytes before the NUL were just read.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+}
+
 /// The name and key arguments of a keyed call (a NULL key with length 0
-/// is the empty key).
+/// is the empty key); lengths over [`SLUICE_MAX_NAME_LEN`] and [`SLUICE_MAX_KEY_LEN`]
+/// are refused before anything is read.
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `name_len` readable bytes;
@@ -102,12 +143,12 @@ pub(super) unsafe fn name_and_key<'a>(
     key_len: usize,
 ) -> Result<(&'a [u8], &'a [u8]), String> {
     // SAFETY: per the contract.
-    let name = unsafe { c_bytes(name, name_len, "name") }?;
+    let name = unsafe { c_name(name, name_len) }?;
     let key = if key.is_null() && key_len == 0 {
         &[][..]
     } else {
         // SAFETY: per the contract.
-        unsafe { c_bytes(key, key_len, "key") }?
+        unsafe { c_bytes(key, key_len, SLUICE_MAX_KEY_LEN, "key") }?
     };
     Ok((name, key))
 }

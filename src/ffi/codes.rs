@@ -1,5 +1,5 @@
-//! The result codes every export returns (`SLUICE_PASS`...), in the
-//! header beside the functions.
+//! The result codes every export returns (`SLUICE_PASS`...) and the
+//! longest arguments they take, in the header beside the functions.
 
 use std::ffi::c_int;
 
@@ -25,3 +25,17 @@ pub const SLUICE_KEY_OVERFLOW: c_int = 4;
 /// error); `sluice_last_error()` says why. A check that fails should be
 /// treated as a pass (fail open).
 pub const SLUICE_ERROR: c_int = -1;
+
+/// Longest quota name, in bytes. A longer name (a `name_len` above this,
+/// or no NUL within this many bytes) is an error, refused before the name
+/// is read.
+pub const SLUICE_MAX_NAME_LEN: usize = 255;
+
+/// Longest key of a keyed call, in bytes. A key is hashed whole on every
+/// check; a `key_len` above this is taken for a caller's bug (a negative
+/// length cast to `size_t`, a length that is not the buffer's) and is an
+/// error, refused before the key is read.
+pub const SLUICE_MAX_KEY_LEN: usize = 65536;
+
+// The C ABI's name limit is the quota model's.
+const _: () = assert!(SLUICE_MAX_NAME_LEN == crate::core::quota::MAX_NAME_LEN);

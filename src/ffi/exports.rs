@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::boundary::{
-    boundary, boundary_string, c_bytes, c_str, last_error, name_and_key, with_out,
+    boundary, boundary_string, c_name, c_name_nul, c_str, last_error, name_and_key, with_out,
 };
 use super::limiter;
 
@@ -108,30 +108,32 @@ pub unsafe extern "C" fn sluice_load_quotas_file(path: *const c_char) -> c_int {
 /// 2^40. Never blocks and never does IO.
 ///
 /// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
-/// pass) or `SLUICE_ERROR` (not initialised or NULL name: pass, fail open).
+/// pass) or `SLUICE_ERROR` (not initialised, a NULL name, or no NUL within
+/// `SLUICE_MAX_NAME_LEN` bytes: pass, fail open).
 ///
 /// # Safety
 /// `name` must be NULL or point to a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn check_by_name(name: *const c_char, weight: u64) -> c_int {
     boundary(|| {
-        // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
-        let name = unsafe { c_str(name, "name") }?;
-        limiter::check(name.to_bytes(), None, weight)
+        // SAFETY: NULL or NUL-terminated per the contract.
+        let name = unsafe { c_name_nul(name) }?;
+        limiter::check(name, None, weight)
     })
 }
 
 /// `check_by_name` for a name given as `len` bytes (no NUL needed), for
-/// callers holding Go or Lua strings.
+/// callers holding Go or Lua strings. A `len` above `SLUICE_MAX_NAME_LEN`
+/// is `SLUICE_ERROR`, refused before the name is read.
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `len` readable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn sluice_check(name: *const c_char, len: usize, weight: u64) -> c_int {
     boundary(|| {
-        // SAFETY: NULL-checked; `len` readable bytes per the contract.
-        let bytes = unsafe { c_bytes(name, len, "name") }?;
-        limiter::check(bytes, None, weight)
+        // SAFETY: NULL, or `len` readable bytes, per the contract.
+        let name = unsafe { c_name(name, len) }?;
+        limiter::check(name, None, weight)
     })
 }
 
@@ -144,9 +146,10 @@ pub unsafe extern "C" fn sluice_check(name: *const c_char, len: usize, weight: u
 /// Returns `SLUICE_PASS`, `SLUICE_REJECT`, `SLUICE_UNKNOWN` (no such quota:
 /// pass), `SLUICE_NO_KEY` (an empty key: pass, uncounted),
 /// `SLUICE_KEY_OVERFLOW` (no room for the key: passed on the quota's shared
-/// overflow counter, or uncounted; see `key_overflow`) or `SLUICE_ERROR`.
-/// A key given for a quota that is not per-key is ignored: the quota
-/// itself is checked.
+/// overflow counter, or uncounted; see `key_overflow`) or `SLUICE_ERROR`
+/// (also for a `name_len` above `SLUICE_MAX_NAME_LEN` or a `key_len` above
+/// `SLUICE_MAX_KEY_LEN`, refused before anything is read). A key given for
+/// a quota that is not per-key is ignored: the quota itself is checked.
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `name_len` readable bytes;
@@ -176,7 +179,8 @@ pub unsafe extern "C" fn sluice_check_key(
 /// Returns `SLUICE_PASS` (`*granted` ≥ 1), `SLUICE_REJECT` (nothing can be
 /// granted now: `*granted` is 0), `SLUICE_UNKNOWN` (no such quota: nothing
 /// counted, `*granted` 0; the caller decides) or `SLUICE_ERROR` (`want`
-/// 0, a NULL pointer, not initialised).
+/// 0, a NULL pointer, a `name_len` above `SLUICE_MAX_NAME_LEN`, not
+/// initialised).
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `name_len` readable bytes;
@@ -189,8 +193,8 @@ pub unsafe extern "C" fn sluice_obtain(
     granted: *mut u64,
 ) -> c_int {
     boundary(|| {
-        // SAFETY: NULL-checked; `name_len` readable bytes per the contract.
-        let name = unsafe { c_bytes(name, name_len, "name") }?;
+        // SAFETY: NULL, or `name_len` readable bytes, per the contract.
+        let name = unsafe { c_name(name, name_len) }?;
         // SAFETY: `granted` is NULL or writable per the contract.
         unsafe { with_out(granted, "granted", || limiter::obtain(name, None, want)) }
     })
@@ -233,7 +237,8 @@ pub unsafe extern "C" fn sluice_obtain_key(
 /// Returns `SLUICE_PASS` (wait `*wait_ns`, then act), `SLUICE_REJECT`
 /// (uncounted; `*wait_ns` is the wait it would have needed, or
 /// `UINT64_MAX` when waiting cannot help: a weight above `high_burst`),
-/// `SLUICE_UNKNOWN` or `SLUICE_ERROR`. A window quota in the chain is not
+/// `SLUICE_UNKNOWN` or `SLUICE_ERROR` (as for `sluice_obtain`). A window
+/// quota in the chain is not
 /// paced: its next window cannot be reserved in advance, so with no room
 /// left in the current one the reservation is refused and `*wait_ns` is
 /// the time to the window's end.
@@ -250,8 +255,8 @@ pub unsafe extern "C" fn sluice_reserve(
     wait_ns: *mut u64,
 ) -> c_int {
     boundary(|| {
-        // SAFETY: NULL-checked; `name_len` readable bytes per the contract.
-        let name = unsafe { c_bytes(name, name_len, "name") }?;
+        // SAFETY: NULL, or `name_len` readable bytes, per the contract.
+        let name = unsafe { c_name(name, name_len) }?;
         // SAFETY: `wait_ns` is NULL or writable per the contract.
         unsafe {
             with_out(wait_ns, "wait_ns", || {
@@ -331,4 +336,64 @@ pub extern "C" fn sluice_shutdown() -> c_int {
 #[no_mangle]
 pub extern "C" fn sluice_last_error() -> *const c_char {
     last_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::{SLUICE_ERROR, SLUICE_MAX_KEY_LEN, SLUICE_MAX_NAME_LEN};
+
+    /// This thread's last error.
+    fn last() -> String {
+        // SAFETY: sluice_last_error returns a live NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(sluice_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Every export taking a name or a key with a length refuses a length
+    /// beyond its limit before reading a byte: each buffer here is 3
+    /// bytes long, so reading it for the length given would crash.
+    #[test]
+    fn lengths_beyond_the_limits_are_refused_before_reading() {
+        let name = c"api".as_ptr();
+        let key = c"key".as_ptr();
+        let huge = 1usize << 40;
+        let mut out = 0u64;
+        let out: *mut u64 = &mut out;
+        let refused = |what: &str, code: c_int| {
+            assert_eq!(code, SLUICE_ERROR, "{what}");
+            let error = last();
+            assert!(
+                error.starts_with(&format!("{what} is ")) && error.contains("at most"),
+                "{error}"
+            );
+        };
+        // SAFETY: the lengths are refused before the buffers are read;
+        // `out` is writable.
+        unsafe {
+            refused("name", sluice_check(name, huge, 1));
+            refused("name", sluice_check(name, SLUICE_MAX_NAME_LEN + 1, 1));
+            refused("name", sluice_check_key(name, huge, key, 3, 1));
+            refused("key", sluice_check_key(name, 3, key, usize::MAX, 1));
+            refused(
+                "key",
+                sluice_check_key(name, 3, key, SLUICE_MAX_KEY_LEN + 1, 1),
+            );
+            refused("name", sluice_obtain(name, huge, 1, out));
+            refused("key", sluice_obtain_key(name, 3, key, huge, 1, out));
+            refused("name", sluice_reserve(name, huge, 1, 0, out));
+            refused("key", sluice_reserve_key(name, 3, key, huge, 1, 0, out));
+        }
+    }
+
+    #[test]
+    fn a_name_without_a_nul_within_the_longest_name_is_refused() {
+        let mut long = vec![b'a'; SLUICE_MAX_NAME_LEN + 1];
+        long.push(0);
+        // SAFETY: NUL-terminated.
+        let code = unsafe { check_by_name(long.as_ptr().cast(), 1) };
+        assert_eq!(code, SLUICE_ERROR);
+        assert!(last().contains("longer than 255 bytes"), "{}", last());
+    }
 }
