@@ -31,6 +31,8 @@ pub(crate) struct QuotaFile {
     pub path: String,
     /// Its quotas.
     pub set: QuotaSet,
+    /// Where `sluice_quotas` named it (for an error only the zone shows).
+    pub at: ConfPosition,
 }
 
 /// The `http`-level configuration.
@@ -38,6 +40,8 @@ pub(crate) struct QuotaFile {
 pub(crate) struct MainConf {
     /// `sluice_zone` size in bytes.
     pub zone_size: Option<usize>,
+    /// Where `sluice_zone` was given (for an error only the zone shows).
+    pub zone_at: Option<ConfPosition>,
     /// `sluice_root` URLs, in order.
     pub roots: Vec<String>,
     /// The group (`group=<n>`, default 0) of each of `roots`.

@@ -179,6 +179,8 @@ directive_handler!(
         )
         .map_err(|why| format!("zone size \"{}\" {why}", text(args[1])))?;
         once(&mut mcf.zone_size, size, &args)?;
+        // SAFETY: nginx passes the live configuration to the directive.
+        mcf.zone_at = Some(unsafe { ConfPosition::of(&*cf) });
         mcf.used = true;
         Ok(())
     }
@@ -228,7 +230,9 @@ directive_handler!(
         let (path, json) = read_conf_file(cf, args[1], "quota file")?;
         let set = QuotaSet::from_json(&json)
             .map_err(|e| format!("invalid quota file \"{path}\": {e}"))?;
-        once(&mut mcf.quotas, QuotaFile { path, set }, &args)?;
+        // SAFETY: nginx passes the live configuration to the directive.
+        let at = unsafe { ConfPosition::of(&*cf) };
+        once(&mut mcf.quotas, QuotaFile { path, set, at }, &args)?;
         mcf.used = true;
         Ok(())
     }

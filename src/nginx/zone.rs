@@ -174,9 +174,19 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
         };
         let report = load_set(&table, &file.set, role);
         if let Some(first) = report.refused.first() {
+            // Past configuration time: the message names the directive
+            // to change, as nginx names a line ("in file:line").
+            let fix = match &mcf.zone_at {
+                Some(at) => format!("make \"sluice_zone\" larger in {at}"),
+                None => format!(
+                    "set \"sluice_zone\" above the default {}m for \"sluice_quotas\" in {}",
+                    DEFAULT_ZONE_SIZE >> 20,
+                    file.at
+                ),
+            };
             return Err(format!(
-                "sluice: {} quota(s) of \"{}\" do not fit in zone \"{ZONE_NAME}\" (first: {first}); \
-                 make \"sluice_zone\" larger",
+                "sluice: {} quota(s) of \"{}\" do not fit in zone \"{ZONE_NAME}\" \
+                 (first: {first}); {fix}",
                 report.refused.len(),
                 file.path
             ));

@@ -33,30 +33,32 @@ pub fn largest_useful_size() -> usize {
 /// Checks a `sluice_zone` size, so that `nginx -t` refuses what nginx
 /// would only fail to map later (without a file and line): at least
 /// `min`, at most `largest` (what the largest quota table fills; more is
-/// never used) and at most the machine's `memory`, when known.
+/// never used) rounded up to a whole megabyte, and at most the machine's
+/// `memory`, when known. The megabytes a message names are the bound
+/// itself: the size it names passes, one more megabyte does not.
 pub fn check_zone_size(
     size: usize,
     min: usize,
     largest: usize,
     memory: Option<usize>,
 ) -> Result<(), String> {
-    let mib = |bytes: usize| bytes.div_ceil(1 << 20);
+    const MIB: usize = 1 << 20;
     if size < min {
         return Err(format!(
             "is too small: sluice needs at least {}k",
             min >> 10
         ));
     }
-    if size > largest {
+    let largest_mib = largest.div_ceil(MIB);
+    if size > largest_mib.saturating_mul(MIB) {
         return Err(format!(
-            "is larger than sluice can use: the largest quota table fits in {}m",
-            mib(largest)
+            "is larger than sluice can use: the largest quota table fits in {largest_mib}m"
         ));
     }
     if let Some(memory) = memory.filter(|&m| size > m) {
         return Err(format!(
             "is larger than this machine's memory ({}m)",
-            mib(memory)
+            memory / MIB
         ));
     }
     Ok(())
@@ -82,5 +84,20 @@ mod tests {
         assert!(check_zone_size(2 << 30, min, largest, Some(1 << 30))
             .unwrap_err()
             .contains("machine's memory (1024m)"));
+    }
+
+    /// The case: the largest table needs 2796.3m; 2797m was
+    /// refused with "fits in 2797m". The size a message names passes.
+    #[test]
+    fn the_megabytes_a_message_names_are_accepted() {
+        let min = 256 << 10;
+        let largest = (2796 << 20) + (300 << 10);
+        assert_eq!(check_zone_size(2797 << 20, min, largest, None), Ok(()));
+        let e = check_zone_size(2798 << 20, min, largest, None).unwrap_err();
+        assert!(e.ends_with("fits in 2797m"), "{e}");
+        let memory = Some((1000 << 20) + (512 << 10));
+        assert_eq!(check_zone_size(1000 << 20, min, largest, memory), Ok(()));
+        let e = check_zone_size(1001 << 20, min, largest, memory).unwrap_err();
+        assert!(e.ends_with("memory (1000m)"), "{e}");
     }
 }
