@@ -4,7 +4,7 @@
 //! check's outcome ([`Answer`]). Pure: `cargo test` covers it without
 //! nginx.
 
-use super::headers::retry_after_secs;
+use super::headers::{retry_after_secs, Reset};
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::Wait;
 use crate::sync::config::{EarlySync, MAX_EARLY_PER_SECOND};
@@ -270,9 +270,10 @@ pub struct Answer {
     /// The rate-limit headers go out (`sluice_headers on` and a quota was
     /// checked).
     pub headers: bool,
-    /// `Retry-After` seconds, sent with the headers: only for a rejection
-    /// that waiting helps.
-    pub retry_after: Option<u64>,
+    /// The `RateLimit` reset: estimated, a rejection's `Retry-After`
+    /// (sent with the headers, only when waiting helps), or none for a
+    /// rejection waiting cannot help.
+    pub reset: Reset,
     /// A rejection that waiting cannot help (counted as unpassable, with
     /// or without dry run).
     pub unpassable: bool,
@@ -289,7 +290,7 @@ impl Answer {
             status,
             then,
             headers,
-            retry_after: None,
+            reset: Reset::Estimated,
             unpassable: false,
         };
         match &result.outcome {
@@ -319,9 +320,13 @@ impl Answer {
                         ..answer(RequestStatus::RejectedDryRun, Then::Continue)
                     }
                 } else {
+                    let reset = match retry_after_secs(rejection.wait) {
+                        Some(secs) => Reset::RetryAfter(secs),
+                        None => Reset::Never,
+                    };
                     Answer {
                         unpassable,
-                        retry_after: retry_after_secs(rejection.wait),
+                        reset,
                         ..answer(RequestStatus::Rejected, Then::Reject)
                     }
                 }
@@ -517,7 +522,10 @@ mod tests {
             (dry.status, dry.then),
             (RequestStatus::DelayedDryRun, Then::Continue)
         );
-        assert_eq!(pass.retry_after.or(paced.retry_after), None);
+        assert_eq!(
+            (pass.reset, paced.reset),
+            (Reset::Estimated, Reset::Estimated)
+        );
     }
 
     #[test]
@@ -554,24 +562,30 @@ mod tests {
                 status: RequestStatus::Rejected,
                 then: Then::Reject,
                 headers: true,
-                retry_after: Some(3),
+                reset: Reset::RetryAfter(3),
                 unpassable: false,
             }
         );
         let dry = Answer::of(&rejected(wait), true, true);
         assert_eq!(
-            (dry.status, dry.then, dry.retry_after),
-            (RequestStatus::RejectedDryRun, Then::Continue, None)
+            (dry.status, dry.then, dry.reset),
+            (
+                RequestStatus::RejectedDryRun,
+                Then::Continue,
+                Reset::Estimated
+            )
         );
     }
 
     #[test]
-    fn an_unpassable_rejection_is_counted_and_gets_no_retry_after() {
+    fn an_unpassable_rejection_is_counted_and_gets_no_retry_after_nor_reset() {
         let never = Wait::Never(crate::core::Never::NoLeak);
-        for dry_run in [false, true] {
-            let a = Answer::of(&rejected(never), dry_run, true);
-            assert!(a.unpassable);
-            assert_eq!(a.retry_after, None);
-        }
+        let real = Answer::of(&rejected(never), false, true);
+        assert!(real.unpassable);
+        assert_eq!(real.reset, Reset::Never);
+        // Dry run lets it through: the headers describe the quota.
+        let dry = Answer::of(&rejected(never), true, true);
+        assert!(dry.unpassable);
+        assert_eq!(dry.reset, Reset::Estimated);
     }
 }

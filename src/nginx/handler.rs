@@ -49,7 +49,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
 use super::args::{runtime_weight, wait_timer_ms, Answer, RequestStatus, Then, WeightError};
 use super::conf::{Check, LocConf, Weight};
-use super::headers::{rate_limit_fields, HeaderValue};
+use super::headers::{rate_limit_fields, HeaderValue, Reset};
 use super::request_counters::RequestCounters;
 use super::util::{bytes, log, runtime_boundary, text};
 use super::Module;
@@ -393,7 +393,7 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         }
     }
     if answer.headers {
-        add_rate_limit_headers(r, table, items, &result, answer.retry_after);
+        add_rate_limit_headers(r, table, items, &result, answer.reset);
     }
     match answer.then {
         Then::Continue => declined,
@@ -693,12 +693,12 @@ fn add_rate_limit_headers(
     table: &Table,
     items: &[CheckItem],
     result: &ManyOutcome,
-    retry: Option<u64>,
+    reset: Reset,
 ) {
     let mut name_buf = [0u8; 256];
     // SAFETY: `r` is the live request; Request is a transparent wrapper.
     let request = unsafe { Request::from_ngx_http_request(r) };
-    if let Some(secs) = retry {
+    if let Reset::RetryAfter(secs) = reset {
         let mut value = HeaderValue::default();
         if std::fmt::Write::write_fmt(&mut value, format_args!("{secs}")).is_ok() {
             request.add_header_out("Retry-After", value.as_str());
@@ -714,7 +714,7 @@ fn add_rate_limit_headers(
     let Ok(name) = std::str::from_utf8(name) else {
         return;
     };
-    if let Some((policy, state)) = rate_limit_fields(name, &h.room, retry) {
+    if let Some((policy, state)) = rate_limit_fields(name, &h.room, reset) {
         request.add_header_out("RateLimit-Policy", policy.as_str());
         request.add_header_out("RateLimit", state.as_str());
     }
