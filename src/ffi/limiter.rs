@@ -114,12 +114,7 @@ pub(super) fn load_quotas(text: &str) -> Result<c_int, String> {
 /// Checks `weight` on quota `name` (and a key of it).
 pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
     let limiter = limiter()?;
-    let item = CheckItem {
-        name,
-        key,
-        weight,
-        max_wait: None,
-    };
+    let item = check_item(name, key, weight);
     let outcome = limiter.table.check_many(
         &[item],
         crate::clock::now(),
@@ -136,12 +131,7 @@ pub(super) fn obtain(name: &[u8], key: Option<&[u8]>, want: u64) -> Result<(c_in
         return Err("want must be at least 1".into());
     }
     let limiter = limiter()?;
-    let item = CheckItem {
-        name,
-        key,
-        weight: want,
-        max_wait: None,
-    };
+    let item = check_item(name, key, want);
     let grant = limiter.table.obtain(&item, crate::clock::now());
     Ok((outcome_code(grant.outcome, grant.overflow), grant.granted))
 }
@@ -155,12 +145,7 @@ pub(super) fn reserve(
     max_wait_ms: u64,
 ) -> Result<(c_int, u64), String> {
     let limiter = limiter()?;
-    let item = CheckItem {
-        name,
-        key,
-        weight,
-        max_wait: None,
-    };
+    let item = check_item(name, key, weight);
     let max_wait = max_wait_ms.saturating_mul(1_000_000);
     let reservation = limiter.table.reserve(&item, max_wait, crate::clock::now());
     Ok((
@@ -186,6 +171,17 @@ pub(super) fn sync_metrics_json() -> Result<CString, String> {
         .unwrap_or_default();
     let text = serde_json::to_string(&metrics).map_err(|e| e.to_string())?;
     CString::new(text).map_err(|e| e.to_string())
+}
+
+/// A check of `weight` on quota `name` (and a key of it); the C ABI never
+/// waits inside a call.
+fn check_item<'a>(name: &'a [u8], key: Option<&'a [u8]>, weight: u64) -> CheckItem<'a> {
+    CheckItem {
+        name,
+        key,
+        weight,
+        max_wait: None,
+    }
 }
 
 /// The C code of an outcome (`overflow`: a key found no entry).
