@@ -116,7 +116,7 @@ APT_GET ?= apt-get
 # Top-level targets
 
 .PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo test-cluster \
-	test-capi test-nginx bench bench-keys bench-nginx bench-nginx-wait bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
+	test-capi test-demo test-nginx bench bench-keys bench-nginx bench-nginx-wait bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
 	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
@@ -184,13 +184,16 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: deps test-cargo test-capi test-nginx test-cluster test-bindings test-packaging test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, bindings, packaging, fuzz targets, short fault cases
+test: deps test-cargo test-capi test-nginx test-cluster test-demo test-bindings test-packaging test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, make run's stop, bindings, packaging, fuzz targets, short fault cases
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
 
 test-cluster: nginx module bin ## two nginx and two roots (the ignored nginx_cluster tests)
 	$(CARGO) test --test nginx_cluster -- --ignored --test-threads 1
+
+test-demo: nginx module bin ## make run stops what it started on Ctrl-C (its output pipe dead), a hang-up, and names a leftover (~20 s; needs ports 7070, 8080, 8081)
+	$(PYTHON) tests/demo_stop.py
 
 test-capi: capi-test ## run the C ABI test program
 	@if [ -f $(CAPI_SRC) ]; then \

@@ -7,7 +7,8 @@
 //! - `random_1m_by_slot`: the same quotas checked by slot, no lookup;
 //! - `contended_2threads`: two threads checking one quota at once.
 //! - `kinds/*`: one quota of each kind in the same run (leaky, a fixed
-//!   and a sliding 1 min window) and the leaky one by `obtain` and
+//!   and a sliding 1 min window, a sliding calendar month window) and
+//!   the leaky one by `obtain` and
 //!   `reserve`, so their ratios to the leaky check are measured together;
 //!   `c_abi/obtain` and `c_abi/reserve` beside `c_abi/hot_single`.
 
@@ -56,6 +57,7 @@ fn bench_kinds(c: &mut Criterion) {
         quota(1, "leaky".into(), None),
         window(2, "fixed_1m", false),
         window(3, "sliding_1m", true),
+        Quota::new(4, "month", 1e15, 1e15, 1e15).windowed(Window::Month, true),
     ]);
     let now = sluice::clock::now();
     let item = |name: &'static [u8]| CheckItem {
@@ -71,6 +73,9 @@ fn bench_kinds(c: &mut Criterion) {
     });
     g.bench_function("window_sliding", |b| {
         b.iter(|| t.check(black_box(b"sliding_1m"), 1, now))
+    });
+    g.bench_function("window_month", |b| {
+        b.iter(|| t.check(black_box(b"month"), 1, now))
     });
     g.bench_function("obtain", |b| {
         b.iter(|| t.obtain(black_box(&item(b"leaky")), now))

@@ -9,10 +9,13 @@
 //! # Layout
 //!
 //! Dependencies run one way, from the bottom of this list up: a module
-//! uses only modules listed before it (`clock` and `wire` are leaves
-//! beside `core`). Nothing below `root` knows a root exists except through
-//! `wire`, and nothing below the shells (`ffi`, `nginx`, `root`, `sim`)
-//! reads a clock or does IO on the request path.
+//! uses only modules listed before it (`clock`, `host` and `wire` are
+//! leaves beside `core`). Nothing below `root` knows a root exists except
+//! through `wire`, and nothing below the shells (`ffi`, `nginx`, `root`,
+//! `sim`) reads a clock or does IO on the request path. Unsafe code lives
+//! at the borders (`table`, `clock`, `host`, `ffi`, `nginx`, and one
+//! system call in `root`); `core`, `wire`, `sync`, `sim` and `cli` forbid
+//! it.
 //!
 //! - [`core`] — pure, deterministic limiter logic: no IO, no clock reads, no
 //!   unsafe (`#![forbid(unsafe_code)]`). Time is always a parameter.
@@ -30,16 +33,22 @@
 //!     quota has left (`Retry-After` when waiting can help, rate-limit
 //!     headers), partial grants (`grantable`) and pacing waits
 //!     (`reserve_wait`).
+//!   - `core/snapshot.rs` — a quota as a check reads it
+//!     ([`core::QuotaSnapshot`]), what the decision and the estimate take.
 //!   - `core/estimate.rs` — the level estimate between syncs and the two
 //!     extrapolation modes (constant ratio, adaptive fill rate), and its
 //!     window counterpart.
 //!   - `core/key.rs` — keys of per-key quotas as keyed hashes under the
 //!     fleet's secret (a key is never kept).
-//!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws from.
+//!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws
+//!     from, seeded by its caller.
 //!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
 //!     visitor, feature `toml`) parsed with errors that name the quota,
 //!     field and line, and checked as a whole set.
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx, sync) read.
+//! - [`host`] — what the shells ask the OS about this host: its name (the
+//!   default limiter id), random seeds (the decision's per-thread
+//!   generator, a root's instance id) and room for a root's open files.
 //! - [`wire`] — the sync protocol's request and response types and their
 //!   checks (a request as a root accepts it, a reply as a limiter does),
 //!   used by both the root and the limiter's sync thread; `wire/binary.rs`
@@ -64,7 +73,10 @@
 //!     early sync, extrapolation horizon).
 //!   - `sync/engine.rs` — the sync logic without the network, shared with
 //!     the simulator: what each root is owed, acknowledgements, merging
-//!     replies, unchanged counters, all-roots-down folding, early sync.
+//!     replies, all-roots-down folding, early sync; its tests beside it
+//!     (`sync/engine_tests.rs`).
+//!   - `sync/vouch.rs` — what a complete reply vouches for: the recently
+//!     changed counters a root left out did not change there.
 //!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
 //!     deltas (leaking while owed), backoff, metrics.
 //!   - `sync/status.rs` — the sync metrics published in the table's status
@@ -103,6 +115,7 @@
 pub mod clock;
 pub mod core;
 pub mod ffi;
+pub mod host;
 pub mod nginx;
 pub mod sync;
 pub mod table;

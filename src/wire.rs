@@ -16,6 +16,8 @@
 //! `at` (and, sliding, the previous window's in `prev`); its deltas name the
 //! UTC window they were admitted in.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 
 pub mod binary;

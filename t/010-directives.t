@@ -468,3 +468,55 @@ sluice_root group=1;
 --- must_die
 --- error_log eval
 qr/"sluice_root" needs at least one quota root URL in .*nginx\.conf:\d+/
+
+
+
+=== TEST 43: the largest zone a refusal names is accepted (it was refused with its own size)
+--- http_config eval
+"sluice_zone " . SluiceTest::largest_zone_mib() . "m;"
+--- config
+location = /t { return 204; }
+--- request
+GET /t
+--- error_code: 204
+--- no_error_log
+[emerg]
+
+
+
+=== TEST 44: one megabyte more is refused, naming the size that is accepted
+--- http_config eval
+"sluice_zone " . (SluiceTest::largest_zone_mib() + 1) . "m;"
+--- config
+--- must_die
+--- error_log eval
+my $n = SluiceTest::largest_zone_mib();
+my $over = $n + 1;
+qr/\[emerg\] .*zone size "${over}m" is larger than sluice can use: the largest quota table fits in ${n}m in .*nginx\.conf:\d+/
+
+
+
+=== TEST 45: quotas that do not fit in the zone name the sluice_zone line
+--- http_config
+sluice_zone 256k;
+sluice_quotas ../html/q.json;
+--- config
+--- user_files eval
+">>> q.json\n" . '{"quotas": [' . join(',', map { qq({"name": "q$_", "limit": 1}) } 1 .. 5000) . ']}'
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*sluice: \d+ quota\(s\) of ".*q\.json" do not fit in zone "sluice" \(first: .*\); make "sluice_zone" larger in .*nginx\.conf:\d+/
+
+
+
+=== TEST 46: without sluice_zone, quotas that do not fit name the sluice_quotas line
+--- http_config
+sluice_keys 0;
+sluice_quotas ../html/q.json;
+--- config
+--- user_files eval
+">>> q.json\n" . '{"quotas": [' . join(',', map { qq({"name": "q$_", "limit": 1}) } 1 .. 250000) . ']}'
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*do not fit in zone "sluice" \(first: .*\); set "sluice_zone" above the default 32m for "sluice_quotas" in .*nginx\.conf:\d+/
+

@@ -437,7 +437,7 @@ qr/sluice: limiting requests, dry run, for quota "one": weight "x"/
 
 
 
-=== TEST 33: a weight above high_burst can never pass: no Retry-After, and the log says why
+=== TEST 33: a weight above high_burst can never pass: no Retry-After, no reset in RateLimit (it said t=0), and the log says why
 --- config
 location / { root html; sluice ten weight=11; sluice_headers on; }
 --- request
@@ -446,6 +446,7 @@ GET /index.html
 --- response_headers
 !Retry-After
 RateLimit-Policy: "ten";q=10;w=10000
+RateLimit: "ten";r=10
 --- error_log eval
 qr/sluice: limiting requests by quota "ten" \(limit 0\.001\/s, weight 11\): it can never pass, the weight is above the quota's high_burst 10, client:/
 
@@ -460,12 +461,13 @@ GET /index.html
 
 
 
-=== TEST 34b: ...so its rejection has no Retry-After
+=== TEST 34b: ...so its rejection has no Retry-After, and its RateLimit no reset
 --- request
 GET /index.html
 --- error_code: 429
 --- response_headers
 !Retry-After
+RateLimit: "frozen_one";r=0
 --- error_log eval
 qr/sluice: limiting requests by quota "frozen_one" \(limit 0\/s, weight 1\): it can never pass, the quota's limit is 0: its level never drains/
 

@@ -54,6 +54,12 @@ int main(void) {
         {"{\"limiter_id\": \"web 1\"}", "limiter_id"},
         {"{\"roots\": [\"http://root:7070/v1/sync\"]}", "roots"},
         {"{\"early_sync\": {\"fraction\": 0, \"max_per_second\": 4}}", "early_sync"},
+        {"{\"capacity\": 0}", "capacity"},
+        {"{\"capacity\": 16777215}", "capacity"},
+        {"{\"avg_name_bytes\": 0}", "avg_name_bytes"},
+        {"{\"sync_token\": \"two words\"}", "sync_token"},
+        {"{\"extrapolation\": {\"mode\": \"constant_ratio\", \"ratio\": -1}}",
+         "extrapolation.ratio"},
     };
     for (size_t i = 0; i < sizeof BAD_CONFIGS / sizeof BAD_CONFIGS[0]; i++) {
         EXPECT(sluice_init(BAD_CONFIGS[i][0]) == SLUICE_ERROR &&
@@ -177,6 +183,36 @@ int main(void) {
            "a NULL wait pointer is an error");
 
     EXPECT(check_by_name(NULL, 1) == SLUICE_ERROR, "a NULL name is an error, not a crash");
+
+    /* Lengths beyond the limits are refused before anything is read: each
+     * buffer is 3 bytes long, so reading it for these lengths would crash. */
+    size_t huge = (size_t)1 << 40;
+    EXPECT(sluice_check("api", huge, 1) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "name is 1099511627776 bytes long") != NULL,
+           "a name length of 2^40 is refused, not read: %s", sluice_last_error());
+    EXPECT(sluice_check("api", SLUICE_MAX_NAME_LEN + 1, 1) == SLUICE_ERROR,
+           "and so is one byte past SLUICE_MAX_NAME_LEN");
+    EXPECT(sluice_check_key("per_user", 8, "key", (size_t)-1, 1) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "key is") != NULL,
+           "a key length of (size_t)-1 is refused: %s", sluice_last_error());
+    EXPECT(sluice_check_key("api", huge, "key", 3, 1) == SLUICE_ERROR,
+           "a keyed check's name length too");
+    EXPECT(sluice_obtain("api", huge, 1, &granted) == SLUICE_ERROR &&
+               sluice_obtain_key("per_user", 8, "key", huge, 1, &granted) == SLUICE_ERROR,
+           "obtain refuses them: %s", sluice_last_error());
+    EXPECT(sluice_reserve("api", huge, 1, 0, &wait_ns) == SLUICE_ERROR &&
+               sluice_reserve_key("per_user", 8, "key", huge, 1, 0, &wait_ns) == SLUICE_ERROR,
+           "reserve refuses them: %s", sluice_last_error());
+    char longest[SLUICE_MAX_NAME_LEN + 2];
+    memset(longest, 'a', sizeof longest);
+    longest[SLUICE_MAX_NAME_LEN] = 0;
+    EXPECT(check_by_name(longest, 1) == SLUICE_UNKNOWN,
+           "a name of SLUICE_MAX_NAME_LEN bytes is checked (no such quota)");
+    longest[SLUICE_MAX_NAME_LEN] = 'a';
+    longest[SLUICE_MAX_NAME_LEN + 1] = 0;
+    EXPECT(check_by_name(longest, 1) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "longer than 255") != NULL,
+           "one byte longer is refused: %s", sluice_last_error());
     EXPECT(sluice_load_quotas_file("/nonexistent/quotas.json") == SLUICE_ERROR,
            "a missing file is an error: %s", sluice_last_error());
 

@@ -8,6 +8,8 @@
 //! - `output.rs` — tables and number formatting.
 //! - `top.rs` — `sluice top`: the root's overview in a terminal.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod output;
 pub mod top;

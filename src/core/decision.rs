@@ -2,8 +2,8 @@
 //! the burst band; and the check of a quota with all its ancestors.
 
 use super::estimate::{estimate_level, estimate_window, Estimator};
-use super::window::WindowRule;
-use super::{Level, Nanos, SECS_PER_NANO};
+use super::snapshot::QuotaSnapshot;
+use super::{Nanos, SECS_PER_NANO};
 
 /// Outcome of checking one quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,32 +43,6 @@ pub fn decide(level: f64, weight: f64, low_burst: f64, high_burst: f64, draw: f6
     } else {
         Verdict::Pass
     }
-}
-
-/// One quota as a check read it: everything the decision needs to know
-/// about it at check time (its numbers and its counter's state).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct QuotaSnapshot {
-    /// Leak rate, units per second.
-    pub limit: f64,
-    /// Level up to which everything passes.
-    pub low_burst: f64,
-    /// Level from which everything is rejected.
-    pub high_burst: f64,
-    /// The cluster level at the last merge, in local time.
-    pub known: Level,
-    /// Measured fill rate of the other hosts, units per second (used by the
-    /// adaptive extrapolation).
-    pub fill_rate: f64,
-    /// Weight this host admitted that `known` does not include yet (pending
-    /// plus sent-but-unacknowledged).
-    pub own_recent: f64,
-    /// For a window quota, how it counts: `known.level` is then the count
-    /// of the window holding `known.at`, and `prev` the count of the window
-    /// before it (see [`super::window`]). `None`: a leaky bucket.
-    pub window: Option<WindowRule>,
-    /// A window quota's previous window's count as of `known.at`.
-    pub prev: f64,
 }
 
 /// How much room a quota has as a check estimated it: what the rate-limit
@@ -483,6 +457,7 @@ pub fn check_chain(
 mod tests {
     use super::*;
     use crate::core::rng::Rng;
+    use crate::core::Level;
 
     #[test]
     fn below_the_band_passes_above_it_rejects() {

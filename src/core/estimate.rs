@@ -24,7 +24,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::counter::{seconds_between, Level};
-use super::decision::QuotaSnapshot;
+use super::quota::ValidationError;
+use super::snapshot::QuotaSnapshot;
 use super::window::{Located, WindowLevel, WindowRule};
 use super::Nanos;
 
@@ -39,6 +40,24 @@ pub enum Extrapolation {
     },
     /// Others fill at their measured rate (EWMA over the last syncs).
     Adaptive,
+}
+
+impl Extrapolation {
+    /// Checks the mode's numbers: a constant ratio is a finite number, 0
+    /// or more. The C ABI's `extrapolation`, the simulator's scenario
+    /// `ratio` and its `--ratio` are refused by this one rule (the error
+    /// names the field `ratio`).
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        match *self {
+            Extrapolation::ConstantRatio { ratio } if !(ratio.is_finite() && ratio >= 0.0) => {
+                Err(ValidationError::new(
+                    "ratio",
+                    format!("{ratio} is not a finite number of at least 0"),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Extrapolation mode plus how long after a sync to keep extrapolating.
@@ -222,6 +241,23 @@ mod tests {
             own_recent,
             ..QuotaSnapshot::default()
         }
+    }
+
+    #[test]
+    fn a_constant_ratio_must_be_finite_and_not_negative() {
+        for ok in [0.0, 0.5, 1.0, 3.0] {
+            assert_eq!(
+                Extrapolation::ConstantRatio { ratio: ok }.validate(),
+                Ok(())
+            );
+        }
+        for bad in [-0.1, f64::NAN, f64::INFINITY] {
+            let e = Extrapolation::ConstantRatio { ratio: bad }
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.field, "ratio");
+        }
+        assert_eq!(Extrapolation::Adaptive.validate(), Ok(()));
     }
 
     #[test]

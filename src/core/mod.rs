@@ -13,16 +13,18 @@ pub mod estimate;
 pub mod key;
 pub mod quota;
 pub mod rng;
+pub mod snapshot;
 pub mod spec;
 pub mod window;
 
 pub use counter::{Counting, Level, Tally};
 pub use decision::{
-    check_chain, decide, grantable, reserve_wait, tightest, ChainVerdict, Never, QuotaSnapshot,
-    Room, Verdict, Wait,
+    check_chain, decide, grantable, reserve_wait, tightest, ChainVerdict, Never, Room, Verdict,
+    Wait,
 };
 pub use estimate::{Estimator, Extrapolation};
 pub use quota::{Quota, ValidationError};
+pub use snapshot::QuotaSnapshot;
 pub use window::{Window, WindowLevel, WindowRule};
 
 /// Nanoseconds on a monotonic clock; the unit of every time in the core.

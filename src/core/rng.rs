@@ -1,13 +1,18 @@
 //! The PRNG the decision draws from: wyrand, one `u64` of state.
 //!
 //! A draw is an add, a 128-bit multiply and an xor: a few nanoseconds, no
-//! syscall. Each thread has its own generator, seeded once from std's
-//! per-thread random hash keys mixed with the process id (nginx workers fork
-//! from one master, so the process id keeps their sequences apart). Tests
-//! seed a [`Rng`] of their own, or the thread's with [`seed_thread_rng`].
+//! syscall. Each thread has its own generator, seeded on its first draw
+//! with a seed its caller gives ([`thread_unit_seeded`]): the shells pass
+//! one from the OS (`crate::host::thread_unit`), so nginx workers and
+//! threads draw apart, while the core itself reads nothing from outside
+//! and is deterministic given its seeds. [`thread_unit`] seeds with a
+//! fixed number (tests, the table's convenience check); tests seed a
+//! [`Rng`] of their own, or the thread's with [`seed_thread_rng`].
 
 use std::cell::Cell;
-use std::hash::{BuildHasher, Hasher};
+
+/// The seed [`thread_unit`] gives a thread's generator.
+const FIXED_SEED: u64 = 0x5eed_5eed_5eed_5eed;
 
 /// A small, fast, seedable generator (wyrand).
 #[derive(Clone, Debug)]
@@ -34,22 +39,19 @@ impl Rng {
     }
 }
 
-fn fresh_seed() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish() | 1
-}
-
 thread_local! {
     static THREAD_RNG: Cell<u64> = const { Cell::new(0) };
 }
 
-/// A uniform draw in `[0, 1)` from this thread's generator.
-pub fn thread_unit() -> f64 {
+/// A uniform draw in `[0, 1)` from this thread's generator. The thread's
+/// first draw seeds it with `seed()` (a shell passes randomness from the
+/// OS, see `crate::host`); later draws never call `seed`.
+#[inline]
+pub fn thread_unit_seeded(seed: impl FnOnce() -> u64) -> f64 {
     THREAD_RNG.with(|cell| {
         let mut state = cell.get();
         if state == 0 {
-            state = fresh_seed();
+            state = seed() | 1;
         }
         let mut rng = Rng::new(state);
         let x = rng.next_unit();
@@ -58,6 +60,12 @@ pub fn thread_unit() -> f64 {
         cell.set(if rng.state == 0 { 1 } else { rng.state });
         x
     })
+}
+
+/// [`thread_unit_seeded`] with a fixed seed: a thread's draws are the
+/// same in every run (tests, the table's convenience check).
+pub fn thread_unit() -> f64 {
+    thread_unit_seeded(|| FIXED_SEED)
 }
 
 /// Seeds this thread's generator, for reproducible tests.
@@ -91,6 +99,34 @@ mod tests {
         for b in buckets {
             assert!((9_000..11_000).contains(&b), "bucket count {b}");
         }
+    }
+
+    #[test]
+    fn a_thread_is_seeded_once_by_its_first_draw() {
+        std::thread::spawn(|| {
+            let mut seeds = 0;
+            let first = thread_unit_seeded(|| {
+                seeds += 1;
+                42
+            });
+            let second = thread_unit_seeded(|| unreachable!("seeded already"));
+            let mut expected = Rng::new(42 | 1);
+            assert_eq!(
+                (first, second),
+                (expected.next_unit(), expected.next_unit())
+            );
+            assert_eq!(seeds, 1);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn the_fixed_seed_gives_every_thread_the_same_draws() {
+        let draws = || (0..5).map(|_| thread_unit()).collect::<Vec<f64>>();
+        let a = std::thread::spawn(draws).join().unwrap();
+        let b = std::thread::spawn(draws).join().unwrap();
+        assert_eq!(a, b);
     }
 
     #[test]

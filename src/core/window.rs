@@ -20,8 +20,6 @@
 //! counter Cloudflare measured at 0.003% wrong decisions. Sliding logs are
 //! not offered: they keep one entry per request.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde::{Deserialize, Serialize};
 
 use super::Nanos;
@@ -160,59 +158,53 @@ impl Window {
     }
 }
 
-/// The month of [`Window::Month`] index `month` that was found last (by
-/// any thread): `month` in the high 32 bits, its first day (days since
-/// 1970-01-01) in the next 24, its length in days in the low 8 (0: none
-/// yet).
-/// Calendar arithmetic takes a dozen divisions; a month changes once in
-/// a month, so every check but the first of each month reads this word.
-static LAST_MONTH: AtomicU64 = AtomicU64::new(0);
+/// Months in [`MONTH_FIRST_DAYS`]: January 1970 to December 2262, every
+/// month after the epoch that UTC nanoseconds in an `i64` reach (they end
+/// in April 2262); earlier or later months are computed.
+const TABLED_MONTHS: usize = (2263 - 1970) * 12;
 
-/// `(month, first day, length in days)` of the cached month.
-fn last_month() -> (i64, i64, i64) {
-    let word = LAST_MONTH.load(Ordering::Relaxed);
-    (
-        i64::from((word >> 32) as i32),
-        i64::from(((word >> 8) & 0xff_ffff) as u32),
-        (word & 0xff) as i64,
-    )
-}
-
-/// Caches a month whose first day fits the word (1970 to 47,000 AD).
-fn remember_month(month: i64, first: i64, length: i64) {
-    if let (Ok(m), true) = (i32::try_from(month), (0..1 << 24).contains(&first)) {
-        let word = (u64::from(m as u32) << 32) | ((first as u64) << 8) | length as u64;
-        LAST_MONTH.store(word, Ordering::Relaxed);
+/// The first day (days since 1970-01-01) of each tabled month, and of the
+/// month after the last. Calendar arithmetic takes a dozen divisions;
+/// with this table, computed at compile time, a month window costs a
+/// multiply and a lookup, and the core keeps no state.
+static MONTH_FIRST_DAYS: [i32; TABLED_MONTHS + 1] = {
+    let mut firsts = [0; TABLED_MONTHS + 1];
+    let mut month = 0;
+    while month <= TABLED_MONTHS {
+        firsts[month] = month_first_day(month as i64) as i32;
+        month += 1;
     }
-}
+    firsts
+};
 
 /// The month index (months since January 1970) of day `day`.
 fn month_of_day(day: i64) -> i64 {
-    let (month, first, length) = last_month();
-    if length > 0 && (first..first + length).contains(&day) {
-        return month;
+    let last = MONTH_FIRST_DAYS[TABLED_MONTHS] as i64;
+    if !(0..last).contains(&day) {
+        let (year, m, _) = civil_from_days(day);
+        return (year - 1970) * 12 + m as i64 - 1;
     }
-    let (year, m, _) = civil_from_days(day);
-    let month = (year - 1970) * 12 + i64::from(m) - 1;
-    let first = month_first_day(month);
-    remember_month(month, first, month_first_day(month + 1) - first);
-    month
+    // A month averages 146097 / 4800 days (400 Gregorian years): the
+    // guess is the month or one of its neighbours.
+    let mut month = (day * 4800 / 146_097) as usize;
+    if MONTH_FIRST_DAYS[month] as i64 > day {
+        month -= 1;
+    } else if MONTH_FIRST_DAYS[month + 1] as i64 <= day {
+        month += 1;
+    }
+    month as i64
 }
 
 /// The first day (days since 1970-01-01) of month index `month`.
 fn first_day_of_month(month: i64) -> i64 {
-    let (cached, first, length) = last_month();
-    if length > 0 && month == cached {
-        first
-    } else if length > 0 && month == cached + 1 {
-        first + length
-    } else {
-        month_first_day(month)
+    match usize::try_from(month) {
+        Ok(m) if m <= TABLED_MONTHS => MONTH_FIRST_DAYS[m] as i64,
+        _ => month_first_day(month),
     }
 }
 
 /// [`first_day_of_month`] by the calendar.
-fn month_first_day(month: i64) -> i64 {
+const fn month_first_day(month: i64) -> i64 {
     days_from_civil(
         1970 + month.div_euclid(12),
         month.rem_euclid(12) as u32 + 1,
@@ -221,13 +213,13 @@ fn month_first_day(month: i64) -> i64 {
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date.
-pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+pub const fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     // Years start in March, so the leap day ends a year.
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let year_of_era = y - era * 400;
-    let m = i64::from(month);
-    let day_of_year = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + i64::from(day) - 1;
+    let m = month as i64;
+    let day_of_year = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day as i64 - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
 }
@@ -481,10 +473,10 @@ impl WindowLevel {
 mod tests {
     use super::*;
 
-    /// The cached month agrees with the calendar, whatever order days
-    /// come in (hits, the next month, misses far away, before 1970).
+    /// The tabled months agree with the calendar, whatever order days
+    /// come in (neighbours, far apart, before 1970).
     #[test]
-    fn month_windows_through_the_cache_match_the_calendar() {
+    fn month_windows_through_the_table_match_the_calendar() {
         let mut x = 12_345u64;
         let mut days: Vec<i64> = (-800..30_000).collect();
         for i in (1..days.len()).rev() {
@@ -510,6 +502,20 @@ mod tests {
                 days_from_civil(ny, nm, 1) * DAY
             );
         }
+    }
+
+    /// Every day of the table, its last month and the days after it are
+    /// in the month the calendar says.
+    #[test]
+    fn every_tabled_day_and_the_days_past_the_table_find_their_month() {
+        let last = MONTH_FIRST_DAYS[TABLED_MONTHS] as i64;
+        for day in 0..last + 400 {
+            let (year, month, _) = civil_from_days(day);
+            let index = (year - 1970) * 12 + i64::from(month) - 1;
+            assert_eq!(month_of_day(day), index, "day {day}");
+            assert_eq!(first_day_of_month(index), days_from_civil(year, month, 1));
+        }
+        assert_eq!(civil_from_days(last), (2263, 1, 1));
     }
 
     /// UTC nanoseconds of a date and time.

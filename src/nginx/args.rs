@@ -1,10 +1,14 @@
 //! Directive arguments as nginx users write them (sizes, times, numbers,
 //! flags, weights, early sync), weights read from variables at request
-//! time, and what `$sluice_status` says. Pure: `cargo test` covers it
-//! without nginx.
+//! time, what `$sluice_status` says, and how the access handler answers a
+//! check's outcome ([`Answer`]). Pure: `cargo test` covers it without
+//! nginx.
 
+use super::headers::{retry_after_secs, Reset};
 use crate::core::quota::MAX_WEIGHT;
+use crate::core::Wait;
 use crate::sync::config::{EarlySync, MAX_EARLY_PER_SECOND};
+use crate::table::{ManyOutcome, Outcome};
 
 /// Parses an nginx size: `64k`, `32m`, `1g` or bytes.
 pub fn parse_size(arg: &[u8]) -> Option<usize> {
@@ -17,38 +21,6 @@ pub fn parse_size(arg: &[u8]) -> Option<usize> {
     parse_u64(digits)
         .and_then(|n| usize::try_from(n).ok())
         .and_then(|n| n.checked_mul(unit))
-}
-
-/// Checks a `sluice_zone` size, so that `nginx -t` refuses what nginx
-/// would only fail to map later (without a file and line): at least
-/// `min`, at most `largest` (what the largest quota table fills; more is
-/// never used) and at most the machine's `memory`, when known.
-pub fn check_zone_size(
-    size: usize,
-    min: usize,
-    largest: usize,
-    memory: Option<usize>,
-) -> Result<(), String> {
-    let mib = |bytes: usize| bytes.div_ceil(1 << 20);
-    if size < min {
-        return Err(format!(
-            "is too small: sluice needs at least {}k",
-            min >> 10
-        ));
-    }
-    if size > largest {
-        return Err(format!(
-            "is larger than sluice can use: the largest quota table fits in {}m",
-            mib(largest)
-        ));
-    }
-    if let Some(memory) = memory.filter(|&m| size > m) {
-        return Err(format!(
-            "is larger than this machine's memory ({}m)",
-            mib(memory)
-        ));
-    }
-    Ok(())
 }
 
 /// Parses an nginx time into milliseconds: one number and one unit (`ms`,
@@ -276,6 +248,93 @@ impl RequestStatus {
     }
 }
 
+/// What becomes of a request once it is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// It goes on to the next phase (`NGX_DECLINED`).
+    Continue,
+    /// It is held this many nanoseconds (`wait=`), then goes on.
+    Hold(u64),
+    /// It is answered with the location's `sluice_status`.
+    Reject,
+}
+
+/// How the access handler answers a check: the decision part of its
+/// work, which `handler.rs` only applies (and logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// What `$sluice_status` says.
+    pub status: RequestStatus,
+    /// What becomes of the request.
+    pub then: Then,
+    /// The rate-limit headers go out (`sluice_headers on` and a quota was
+    /// checked).
+    pub headers: bool,
+    /// The `RateLimit` reset: estimated, a rejection's `Retry-After`
+    /// (sent with the headers, only when waiting helps), or none for a
+    /// rejection waiting cannot help.
+    pub reset: Reset,
+    /// A rejection that waiting cannot help (counted as unpassable, with
+    /// or without dry run).
+    pub unpassable: bool,
+}
+
+impl Answer {
+    /// The answer to a check's `result` (its outcome, pacing wait and key
+    /// overflow) under `sluice_dry_run` (`dry_run`) and `sluice_headers`
+    /// (`headers`). Dry run lets through what would be held or rejected;
+    /// only a real rejection carries `Retry-After`.
+    pub fn of(result: &ManyOutcome, dry_run: bool, headers: bool) -> Self {
+        let wait = result.wait;
+        let answer = |status, then| Answer {
+            status,
+            then,
+            headers,
+            reset: Reset::Estimated,
+            unpassable: false,
+        };
+        match &result.outcome {
+            Outcome::Pass if wait == 0 && result.overflow => {
+                answer(RequestStatus::KeyOverflow, Then::Continue)
+            }
+            Outcome::Pass if wait == 0 => answer(RequestStatus::Passed, Then::Continue),
+            Outcome::Pass if dry_run => answer(RequestStatus::DelayedDryRun, Then::Continue),
+            Outcome::Pass => answer(RequestStatus::Delayed, Then::Hold(wait)),
+            Outcome::Unknown => Answer {
+                headers: false,
+                ..answer(RequestStatus::Unknown, Then::Continue)
+            },
+            Outcome::NoKey => Answer {
+                headers: false,
+                ..answer(RequestStatus::NoKey, Then::Continue)
+            },
+            Outcome::KeyOverflow => Answer {
+                headers: false,
+                ..answer(RequestStatus::KeyOverflow, Then::Continue)
+            },
+            Outcome::Reject(rejection) => {
+                let unpassable = matches!(rejection.wait, Wait::Never(_));
+                if dry_run {
+                    Answer {
+                        unpassable,
+                        ..answer(RequestStatus::RejectedDryRun, Then::Continue)
+                    }
+                } else {
+                    let reset = match retry_after_secs(rejection.wait) {
+                        Some(secs) => Reset::RetryAfter(secs),
+                        None => Reset::Never,
+                    };
+                    Answer {
+                        unpassable,
+                        reset,
+                        ..answer(RequestStatus::Rejected, Then::Reject)
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,23 +409,6 @@ mod tests {
     }
 
     #[test]
-    fn zone_sizes_must_fit_the_table_and_the_machine() {
-        let (min, largest) = (256 << 10, 3 << 30);
-        assert!(check_zone_size(32 << 20, min, largest, Some(8 << 30)).is_ok());
-        assert!(check_zone_size(32 << 20, min, largest, None).is_ok());
-        assert!(check_zone_size(100 << 10, min, largest, None)
-            .unwrap_err()
-            .contains("too small"));
-        let huge = parse_size(b"100g").unwrap();
-        assert!(check_zone_size(huge, min, largest, None)
-            .unwrap_err()
-            .contains("largest quota table fits in 3072m"));
-        assert!(check_zone_size(2 << 30, min, largest, Some(1 << 30))
-            .unwrap_err()
-            .contains("machine's memory (1024m)"));
-    }
-
-    #[test]
     fn weights_from_variables_cap_and_refuse_garbage() {
         let reject = EmptyWeight::Reject;
         assert_eq!(runtime_weight(b"1234", reject), Ok(1234));
@@ -438,5 +480,112 @@ mod tests {
         // an empty list panicked.
         let error = parse_early_sync(&[]).unwrap_err();
         assert!(error.starts_with("invalid fraction \"\""), "{error}");
+    }
+
+    /// A check's result: `outcome`, held `wait` ns, a key overflow or not.
+    fn result(outcome: Outcome, wait: u64, overflow: bool) -> ManyOutcome {
+        ManyOutcome {
+            outcome,
+            item: Some(0),
+            headroom: None,
+            wait,
+            overflow,
+        }
+    }
+
+    /// A rejection of the given `wait`.
+    fn rejected(wait: Wait) -> ManyOutcome {
+        let rejection = crate::table::Rejection {
+            depth: 0,
+            slot: 0,
+            limit: 10.0,
+            wait,
+            key: 0,
+        };
+        result(Outcome::Reject(rejection), 0, false)
+    }
+
+    #[test]
+    fn a_pass_goes_on_and_a_paced_pass_is_held_unless_dry_run() {
+        let pass = Answer::of(&result(Outcome::Pass, 0, false), false, true);
+        assert_eq!(
+            (pass.status, pass.then, pass.headers),
+            (RequestStatus::Passed, Then::Continue, true)
+        );
+        let paced = Answer::of(&result(Outcome::Pass, 5_000_000, false), false, false);
+        assert_eq!(
+            (paced.status, paced.then, paced.headers),
+            (RequestStatus::Delayed, Then::Hold(5_000_000), false)
+        );
+        let dry = Answer::of(&result(Outcome::Pass, 5_000_000, false), true, false);
+        assert_eq!(
+            (dry.status, dry.then),
+            (RequestStatus::DelayedDryRun, Then::Continue)
+        );
+        assert_eq!(
+            (pass.reset, paced.reset),
+            (Reset::Estimated, Reset::Estimated)
+        );
+    }
+
+    #[test]
+    fn a_key_that_found_no_entry_passes_as_an_overflow_with_headers() {
+        let a = Answer::of(&result(Outcome::Pass, 0, true), false, true);
+        assert_eq!(
+            (a.status, a.then, a.headers),
+            (RequestStatus::KeyOverflow, Then::Continue, true)
+        );
+    }
+
+    #[test]
+    fn unknown_quotas_and_missing_keys_go_on_without_headers() {
+        for (outcome, status) in [
+            (Outcome::Unknown, RequestStatus::Unknown),
+            (Outcome::NoKey, RequestStatus::NoKey),
+            (Outcome::KeyOverflow, RequestStatus::KeyOverflow),
+        ] {
+            let a = Answer::of(&result(outcome, 0, false), false, true);
+            assert_eq!(
+                (a.status, a.then, a.headers),
+                (status, Then::Continue, false)
+            );
+        }
+    }
+
+    #[test]
+    fn a_rejection_answers_with_the_status_and_retry_after_unless_dry_run() {
+        let wait = Wait::Seconds(2.5);
+        let real = Answer::of(&rejected(wait), false, true);
+        assert_eq!(
+            real,
+            Answer {
+                status: RequestStatus::Rejected,
+                then: Then::Reject,
+                headers: true,
+                reset: Reset::RetryAfter(3),
+                unpassable: false,
+            }
+        );
+        let dry = Answer::of(&rejected(wait), true, true);
+        assert_eq!(
+            (dry.status, dry.then, dry.reset),
+            (
+                RequestStatus::RejectedDryRun,
+                Then::Continue,
+                Reset::Estimated
+            )
+        );
+    }
+
+    #[test]
+    fn an_unpassable_rejection_is_counted_and_gets_no_retry_after_nor_reset() {
+        let never = Wait::Never(crate::core::Never::NoLeak);
+        let real = Answer::of(&rejected(never), false, true);
+        assert!(real.unpassable);
+        assert_eq!(real.reset, Reset::Never);
+        // Dry run lets it through: the headers describe the quota.
+        let dry = Answer::of(&rejected(never), true, true);
+        assert!(dry.unpassable);
+        assert_eq!(dry.reset, Reset::Estimated);
     }
 }

@@ -47,15 +47,17 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
-use super::args::{runtime_weight, wait_timer_ms, RequestStatus, WeightError};
+use super::args::{runtime_weight, wait_timer_ms, Answer, RequestStatus, Then, WeightError};
 use super::conf::{Check, LocConf, Weight};
-use super::headers::{rate_limit_fields, retry_after_secs, HeaderValue};
+use super::headers::{rate_limit_fields, HeaderValue, Reset};
+use super::request_counters::RequestCounters;
 use super::util::{bytes, log, runtime_boundary, text};
-use super::zone::RequestCounters;
 use super::Module;
 use crate::core::key::KeyHash;
 use crate::core::Wait;
-use crate::table::{CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Table, MAX_CHECKS};
+use crate::table::{
+    CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, Table, MAX_CHECKS,
+};
 
 /// Most bytes of a bad weight value a log line quotes (the value comes
 /// from the client).
@@ -366,86 +368,65 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         items,
         crate::clock::now(),
         options,
-        crate::core::rng::thread_unit,
+        crate::host::thread_unit,
     );
-    let mut name_buf = [0u8; 256];
-    match result.outcome {
-        Outcome::Pass => {
-            if headers {
-                add_rate_limit_headers(r, table, items, &result, &mut name_buf, None);
-            }
-            if result.wait == 0 {
-                state.status = if result.overflow {
-                    RequestStatus::KeyOverflow
-                } else {
-                    RequestStatus::Passed
-                };
-                return declined;
-            }
-            let item = result
-                .item
-                .and_then(|i| items.get(i).map(|it| (it, checks.get(i))));
-            if let Some((item, check)) = item {
-                let allowed = check.and_then(|c| c.max_wait).unwrap_or(0);
+    let answer = Answer::of(&result, dry_run, headers);
+    state.status = answer.status;
+    match (result.outcome, result.item) {
+        (Outcome::Pass, Some(i)) if result.wait > 0 => {
+            if let (Some(item), Some(check)) = (items.get(i), checks.get(i)) {
+                let allowed = check.max_wait.unwrap_or(0);
                 log_delay(r, lcf, dry_run, item, result.wait, allowed);
             }
-            if dry_run {
-                state.status = RequestStatus::DelayedDryRun;
-                if let Some(c) = counters {
-                    c.delayed_dry_run.fetch_add(1, Ordering::Relaxed);
-                }
-                return declined;
-            }
-            state.status = RequestStatus::Delayed;
-            hold(r, state, counters, result.wait, lcf.wait_coalesce_ms())
         }
-        Outcome::Unknown => {
-            state.status = RequestStatus::Unknown;
-            declined
+        (Outcome::Reject(rejection), item) => {
+            log_rejected(r, lcf, dry_run, table, items, item.unwrap_or(0), &rejection);
         }
-        Outcome::NoKey => {
-            state.status = RequestStatus::NoKey;
-            declined
+        _ => {}
+    }
+    if let Some(c) = counters {
+        if answer.unpassable {
+            c.unpassable.fetch_add(1, Ordering::Relaxed);
         }
-        Outcome::KeyOverflow => {
-            state.status = RequestStatus::KeyOverflow;
-            declined
-        }
-        Outcome::Reject(rejection) => {
-            let item = result.item.unwrap_or(0);
-            let checked = items.get(item).map_or(&[][..], |i| i.name);
-            let mut quota_buf = [0u8; 256];
-            let quota = table
-                .name_into(rejection.slot, &mut quota_buf)
-                .unwrap_or(checked);
-            let rejected = Rejected {
-                quota,
-                checked,
-                weight: items[item].weight,
-                limit: rejection.limit,
-                wait: rejection.wait,
-                key: rejection.key,
-            };
-            log_rejection(r, lcf, dry_run, &rejected);
-            if let (Wait::Never(_), Some(c)) = (rejection.wait, counters) {
-                c.unpassable.fetch_add(1, Ordering::Relaxed);
-            }
-            let retry = retry_after_secs(rejection.wait);
-            if dry_run {
-                state.status = RequestStatus::RejectedDryRun;
-                if headers {
-                    add_rate_limit_headers(r, table, items, &result, &mut name_buf, None);
-                }
-                declined
-            } else {
-                state.status = RequestStatus::Rejected;
-                if headers {
-                    add_rate_limit_headers(r, table, items, &result, &mut name_buf, retry);
-                }
-                lcf.status() as ngx_int_t
-            }
+        if answer.status == RequestStatus::DelayedDryRun {
+            c.delayed_dry_run.fetch_add(1, Ordering::Relaxed);
         }
     }
+    if answer.headers {
+        add_rate_limit_headers(r, table, items, &result, answer.reset);
+    }
+    match answer.then {
+        Then::Continue => declined,
+        Then::Hold(wait) => hold(r, state, counters, wait, lcf.wait_coalesce_ms()),
+        Then::Reject => lcf.status() as ngx_int_t,
+    }
+}
+
+/// Logs a rejection (at `sluice_log_level`) naming the quota that
+/// rejected, which may be an ancestor of the checked one.
+fn log_rejected(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    dry_run: bool,
+    table: &Table,
+    items: &[CheckItem],
+    item: usize,
+    rejection: &Rejection,
+) {
+    let checked = items.get(item).map_or(&[][..], |i| i.name);
+    let mut quota_buf = [0u8; 256];
+    let quota = table
+        .name_into(rejection.slot, &mut quota_buf)
+        .unwrap_or(checked);
+    let rejected = Rejected {
+        quota,
+        checked,
+        weight: items.get(item).map_or(0, |i| i.weight),
+        limit: rejection.limit,
+        wait: rejection.wait,
+        key: rejection.key,
+    };
+    log_rejection(r, lcf, dry_run, &rejected);
 }
 
 /// Holds a request `wait_ns` nanoseconds with an nginx timer on its
@@ -712,12 +693,12 @@ fn add_rate_limit_headers(
     table: &Table,
     items: &[CheckItem],
     result: &ManyOutcome,
-    name_buf: &mut [u8; 256],
-    retry: Option<u64>,
+    reset: Reset,
 ) {
+    let mut name_buf = [0u8; 256];
     // SAFETY: `r` is the live request; Request is a transparent wrapper.
     let request = unsafe { Request::from_ngx_http_request(r) };
-    if let Some(secs) = retry {
+    if let Reset::RetryAfter(secs) = reset {
         let mut value = HeaderValue::default();
         if std::fmt::Write::write_fmt(&mut value, format_args!("{secs}")).is_ok() {
             request.add_header_out("Retry-After", value.as_str());
@@ -726,14 +707,14 @@ fn add_rate_limit_headers(
     let Some(h): Option<Headroom> = result.headroom else {
         return;
     };
-    let name = match table.name_into(h.slot, name_buf) {
+    let name = match table.name_into(h.slot, &mut name_buf) {
         Some(n) => n,
         None => items.get(h.item).map_or(&[][..], |i| i.name),
     };
     let Ok(name) = std::str::from_utf8(name) else {
         return;
     };
-    if let Some((policy, state)) = rate_limit_fields(name, &h.room, retry) {
+    if let Some((policy, state)) = rate_limit_fields(name, &h.room, reset) {
         request.add_header_out("RateLimit-Policy", policy.as_str());
         request.add_header_out("RateLimit", state.as_str());
     }

@@ -52,28 +52,41 @@ pub fn retry_after_secs(wait: Wait) -> Option<u64> {
     }
 }
 
+/// What the `RateLimit` field's `t` (reset) says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reset {
+    /// The seconds until the bucket is empty again (a window quota: until
+    /// its window ends), estimated from the quota.
+    Estimated,
+    /// A rejection's `Retry-After` seconds (the draft: `Retry-After` must
+    /// not point earlier than the reset).
+    RetryAfter(u64),
+    /// A rejection that waiting cannot help: no `t` at all. The draft's
+    /// `t` is optional and means "more quota then"; any value would invite
+    /// a retry that cannot pass.
+    Never,
+}
+
 /// The IETF `RateLimit-Policy` and `RateLimit` field values
 /// (draft-ietf-httpapi-ratelimit-headers) for the tightest quota `name`.
 ///
 /// A leaky bucket maps onto the draft's quota-per-window as: `q` = the
 /// low burst (what passes with certainty from an empty bucket), `w` = the
 /// seconds an empty bucket takes to refill that much room (`low_burst /
-/// limit`, at least 1); `r` = the room left, `t` = the seconds until the
-/// bucket is empty again, or `retry` (the `Retry-After` of a rejection).
-/// A window quota is the draft's own case: `w` is its window (this
-/// month's length for `month`), `t` the seconds to the window's end.
-pub fn rate_limit_fields(
-    name: &str,
-    h: &Room,
-    retry: Option<u64>,
-) -> Option<(HeaderValue, HeaderValue)> {
+/// limit`, at least 1); `r` = the room left, `t` as `reset` says: the
+/// seconds until the bucket is empty again, a rejection's `Retry-After`,
+/// or nothing when waiting cannot help. A window quota is the draft's own
+/// case: `w` is its window (this month's length for `month`), `t` the
+/// seconds to the window's end.
+pub fn rate_limit_fields(name: &str, h: &Room, reset: Reset) -> Option<(HeaderValue, HeaderValue)> {
     let mut policy = HeaderValue::default();
     let mut state = HeaderValue::default();
     let window = h.period();
-    let reset = match (retry, h.seconds_to_empty()) {
-        (Some(secs), _) => secs as f64,
-        (None, t) if t.is_finite() => t.ceil(),
-        (None, _) => window,
+    let reset = match (reset, h.seconds_to_empty()) {
+        (Reset::Never, _) => None,
+        (Reset::RetryAfter(secs), _) => Some(secs as f64),
+        (Reset::Estimated, t) if t.is_finite() => Some(t.ceil()),
+        (Reset::Estimated, _) => Some(window),
     };
     write!(
         policy,
@@ -82,13 +95,10 @@ pub fn rate_limit_fields(
         window as u64
     )
     .ok()?;
-    write!(
-        state,
-        "\"{name}\";r={};t={}",
-        h.remaining().floor() as u64,
-        reset as u64
-    )
-    .ok()?;
+    write!(state, "\"{name}\";r={}", h.remaining().floor() as u64).ok()?;
+    if let Some(reset) = reset {
+        write!(state, ";t={}", reset as u64).ok()?;
+    }
     Some((policy, state))
 }
 
@@ -105,7 +115,7 @@ mod tests {
             level: 7.5,
             window: None,
         };
-        let (policy, state) = rate_limit_fields("s3_b_read", &h, None).unwrap();
+        let (policy, state) = rate_limit_fields("s3_b_read", &h, Reset::Estimated).unwrap();
         assert_eq!(policy.as_str(), "\"s3_b_read\";q=25;w=3");
         assert_eq!(state.as_str(), "\"s3_b_read\";r=17;t=1");
         let frozen = Room {
@@ -114,14 +124,30 @@ mod tests {
             window: None,
             ..h
         };
-        let (policy, state) = rate_limit_fields("q", &frozen, None).unwrap();
+        let (policy, state) = rate_limit_fields("q", &frozen, Reset::Estimated).unwrap();
         assert_eq!(policy.as_str(), "\"q\";q=25;w=86400");
         assert_eq!(state.as_str(), "\"q\";r=20;t=86400");
-        let (_, state) = rate_limit_fields("q", &h, Some(4)).unwrap();
+        let (_, state) = rate_limit_fields("q", &h, Reset::RetryAfter(4)).unwrap();
         assert_eq!(state.as_str(), "\"q\";r=17;t=4");
         assert_eq!(retry_after_secs(Wait::Seconds(0.0)), Some(1));
         assert_eq!(retry_after_secs(Wait::Seconds(0.2)), Some(1));
         assert_eq!(retry_after_secs(Wait::Seconds(2.1)), Some(3));
+    }
+
+    /// The case: a rejection that can never pass said `t=0` (its
+    /// bucket was empty), inviting an immediate retry.
+    #[test]
+    fn a_rejection_waiting_cannot_help_has_no_reset() {
+        let empty = Room {
+            limit: 0.001,
+            low_burst: 10.0,
+            high_burst: 10.0,
+            level: 0.0,
+            window: None,
+        };
+        let (policy, state) = rate_limit_fields("api", &empty, Reset::Never).unwrap();
+        assert_eq!(policy.as_str(), "\"api\";q=10;w=10000");
+        assert_eq!(state.as_str(), "\"api\";r=10");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
-use super::conf::MainConf;
+use super::conf::{MainConf, DEFAULT_METRICS_TOP};
 use super::util::runtime_boundary;
 use super::Module;
 
@@ -45,20 +45,8 @@ fn render(mcf: &MainConf, top: usize) -> Option<String> {
     let now = crate::clock::now();
     let mut text = super::prometheus::render(table, &mcf.roots, top, now);
     super::prometheus::render_root_groups(&mut text, &mcf.roots, &mcf.root_groups);
-    if let Some(c) = mcf.counters() {
-        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        let counts = super::prometheus::RequestCounts {
-            invalid_weight: get(&c.invalid_weight),
-            empty_weight: get(&c.empty_weight),
-            unpassable: get(&c.unpassable),
-            delayed: get(&c.delayed),
-            delayed_dry_run: get(&c.delayed_dry_run),
-            delay_ns: get(&c.delay_ns),
-            abandoned: get(&c.abandoned),
-            waiting: get(&c.waiting),
-            coalesced: get(&c.coalesced),
-        };
-        super::prometheus::render_request_counts(&mut text, &counts);
+    if let Some(counters) = mcf.counters() {
+        super::prometheus::render_request_counts(&mut text, &counters.snapshot());
     }
     let host = mcf
         .host_id
@@ -92,7 +80,7 @@ fn serve(r: &mut ngx_http_request_t) -> ngx_int_t {
     }
     let top = Module::location_conf(r)
         .and_then(|l| l.metrics)
-        .map_or(100, |m| m.top);
+        .map_or(DEFAULT_METRICS_TOP, |m| m.top);
     let Some(text) = Module::main_conf(r).and_then(|m| render(m, top)) else {
         return NGX_HTTP_SERVICE_UNAVAILABLE as ngx_int_t;
     };

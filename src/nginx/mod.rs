@@ -13,10 +13,14 @@
 //!
 //! Pure:
 //!
-//! - `args.rs` — directive arguments (sizes and the zone size check,
-//!   times and `wait=`, flags, weights and `empty=`, early sync), weights from
-//!   variables (a value that is no number is an error, never a free pass),
-//!   `$sluice_status` values.
+//! - `args.rs` — directive arguments (sizes, times and `wait=`, flags,
+//!   weights and `empty=`, early sync), weights from variables (a value
+//!   that is no number is an error, never a free pass), `$sluice_status`
+//!   values, and the access handler's answer to a check's outcome.
+//! - `zone_size.rs` — the zone's default and largest sizes, and the check
+//!   of `sluice_zone`.
+//! - `request_counters.rs` — what the access handler counts in the zone
+//!   beside the table (weight errors, unpassable rejections, holds).
 //! - `headers.rs` — `Retry-After` (only when waiting can help) and the
 //!   `RateLimit` header values.
 //! - `prometheus.rs` — the Prometheus text of a limiter (table totals,
@@ -28,11 +32,11 @@
 //! - `module.rs` — what nginx sees: the module context, the directive
 //!   table, `init_process` / `exit_process`, the `ngx_module_t` and the
 //!   `ngx_modules` export.
-//! - `conf.rs` — `http`-level and location configuration, the directive
-//!   handlers and the merge.
+//! - `conf.rs` — `http`-level and location configuration and the merge.
+//! - `directives.rs` — the directive handlers that fill it.
 //! - `zone.rs` — the shared memory zone holding the table and the request
-//!   counters only nginx keeps: creation, reuse across reloads, adoption
-//!   on a size change, quota files.
+//!   counters: creation, reuse across reloads, adoption on a size change,
+//!   quota files.
 //! - `handler.rs` — the access-phase check, `wait=` holds (an nginx
 //!   timer per held request) and `$sluice_status`.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
@@ -42,9 +46,13 @@
 pub mod args;
 pub mod headers;
 pub mod prometheus;
+pub mod request_counters;
+pub mod zone_size;
 
 #[cfg(feature = "nginx")]
 mod conf;
+#[cfg(feature = "nginx")]
+mod directives;
 #[cfg(feature = "nginx")]
 mod handler;
 #[cfg(feature = "nginx")]

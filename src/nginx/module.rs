@@ -15,7 +15,8 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
-use super::conf::{self, LocConf, MainConf};
+use super::conf::{LocConf, MainConf};
+use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
 use super::{handler, util, worker, zone};
 
@@ -216,92 +217,112 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
 static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 19] = [
-    directive(c"sluice_zone", HTTP | NGX_CONF_TAKE1, conf::set_zone, MAIN),
-    directive(c"sluice_root", HTTP | NGX_CONF_1MORE, conf::set_root, MAIN),
+    directive(
+        c"sluice_zone",
+        HTTP | NGX_CONF_TAKE1,
+        directives::set_zone,
+        MAIN,
+    ),
+    directive(
+        c"sluice_root",
+        HTTP | NGX_CONF_1MORE,
+        directives::set_root,
+        MAIN,
+    ),
     directive(
         c"sluice_quotas",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_quotas,
+        directives::set_quotas,
         MAIN,
     ),
     directive(
         c"sluice_sync_interval",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_sync_time,
+        directives::set_sync_time,
         MAIN,
     ),
     directive(
         c"sluice_sync_timeout",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_sync_time,
+        directives::set_sync_time,
         MAIN,
     ),
     directive(
         c"sluice_sync_token_file",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_token_file,
+        directives::set_token_file,
         MAIN,
     ),
     directive(
         c"sluice_host_id",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_host_id,
+        directives::set_host_id,
         MAIN,
     ),
     directive(
         c"sluice_sync_early",
         HTTP | NGX_CONF_TAKE12,
-        conf::set_early_sync,
+        directives::set_early_sync,
         MAIN,
     ),
-    directive(c"sluice_keys", HTTP | NGX_CONF_TAKE1, conf::set_keys, MAIN),
+    directive(
+        c"sluice_keys",
+        HTTP | NGX_CONF_TAKE1,
+        directives::set_keys,
+        MAIN,
+    ),
     directive(
         c"sluice_key_overflow",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_key_overflow,
+        directives::set_key_overflow,
         MAIN,
     ),
     directive(
         c"sluice_key_secret_file",
         HTTP | NGX_CONF_TAKE1,
-        conf::set_key_secret_file,
+        directives::set_key_secret_file,
         MAIN,
     ),
-    directive(c"sluice", ANY_LEVEL | NGX_CONF_1MORE, conf::set_check, LOC),
+    directive(
+        c"sluice",
+        ANY_LEVEL | NGX_CONF_1MORE,
+        directives::set_check,
+        LOC,
+    ),
     directive(
         c"sluice_status",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        conf::set_status,
+        directives::set_status,
         LOC,
     ),
     directive(
         c"sluice_dry_run",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        conf::set_flag,
+        directives::set_flag,
         LOC,
     ),
     directive(
         c"sluice_log_level",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        conf::set_log_level,
+        directives::set_log_level,
         LOC,
     ),
     directive(
         c"sluice_headers",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        conf::set_flag,
+        directives::set_flag,
         LOC,
     ),
     directive(
         c"sluice_wait_coalesce",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        conf::set_wait_coalesce,
+        directives::set_wait_coalesce,
         LOC,
     ),
     directive(
         c"sluice_metrics",
         NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS | NGX_CONF_TAKE1,
-        conf::set_metrics,
+        directives::set_metrics,
         LOC,
     ),
     ngx_command_t::empty(),

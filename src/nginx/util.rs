@@ -64,6 +64,14 @@ pub(crate) struct ConfPosition {
     line: ngx_uint_t,
 }
 
+impl std::fmt::Display for ConfPosition {
+    /// `file:line`, as nginx names a place in its configuration.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.file.strip_suffix(&[0]).unwrap_or(&self.file);
+        write!(f, "{}:{}", String::from_utf8_lossy(name), self.line)
+    }
+}
+
 impl ConfPosition {
     /// Where the parser is now: the directive being read.
     ///

@@ -16,7 +16,6 @@
 //! start; it never starts threads.
 
 use std::ffi::c_void;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use ngx::ffi::{
@@ -26,18 +25,18 @@ use ngx::ffi::{
 };
 use ngx::http::HttpModule;
 
-use super::conf::{MainConf, DEFAULT_ZONE_SIZE};
+use super::conf::MainConf;
+use super::request_counters::RequestCounters;
 use super::util::{bytes, log, runtime_boundary};
+use super::zone_size::{AVG_NAME_BYTES, DEFAULT_ZONE_SIZE};
 use super::Module;
 use crate::core::Extrapolation;
 use crate::table::file::{load_set, FileRole};
-use crate::table::layout::{Geometry, MAX_CAPACITY};
+use crate::table::layout::Geometry;
 use crate::table::Table;
 
 /// The zone's name.
 const ZONE_NAME: &str = "sluice";
-/// The average quota name length the name arena is sized for.
-const AVG_NAME_BYTES: usize = 32;
 
 /// Where the table region lives, kept in the zone itself (the slab pool's
 /// `data` points here) so a later cycle finds it; and the request counts
@@ -47,38 +46,6 @@ struct ZoneHead {
     base: *mut u8,
     len: usize,
     counters: RequestCounters,
-}
-
-/// What the access handler counts that the table does not (every worker
-/// adds to them; `sluice_metrics` shows them).
-#[repr(C)]
-#[derive(Debug, Default)]
-pub(crate) struct RequestCounters {
-    /// Requests whose weight variable was not a number.
-    pub invalid_weight: AtomicU64,
-    /// Requests whose weight variable was empty, with `empty=reject`.
-    pub empty_weight: AtomicU64,
-    /// Rejections that waiting cannot help (no `Retry-After`).
-    pub unpassable: AtomicU64,
-    /// Requests held by `wait=` until their turn.
-    pub delayed: AtomicU64,
-    /// Requests `wait=` would have held, let through at once by dry run.
-    pub delayed_dry_run: AtomicU64,
-    /// Nanoseconds held requests were given to wait, summed.
-    pub delay_ns: AtomicU64,
-    /// Held requests that ended before their turn (the client closed).
-    pub abandoned: AtomicU64,
-    /// Requests held right now: their timers are pending.
-    pub waiting: AtomicU64,
-    /// Held requests let go before their turn (`sluice_wait_coalesce`).
-    pub coalesced: AtomicU64,
-}
-
-/// The largest zone size that is of any use: the largest table with the
-/// slab allocator's page bookkeeping (under 1%) and some slack on top.
-pub(crate) fn largest_useful_size() -> usize {
-    let region = Geometry::new(MAX_CAPACITY, AVG_NAME_BYTES).region_len();
-    region + region / 64 + (1 << 20)
 }
 
 /// This machine's physical memory, if the system says.
@@ -207,9 +174,19 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
         };
         let report = load_set(&table, &file.set, role);
         if let Some(first) = report.refused.first() {
+            // Past configuration time: the message names the directive
+            // to change, as nginx names a line ("in file:line").
+            let fix = match &mcf.zone_at {
+                Some(at) => format!("make \"sluice_zone\" larger in {at}"),
+                None => format!(
+                    "set \"sluice_zone\" above the default {}m for \"sluice_quotas\" in {}",
+                    DEFAULT_ZONE_SIZE >> 20,
+                    file.at
+                ),
+            };
             return Err(format!(
-                "sluice: {} quota(s) of \"{}\" do not fit in zone \"{ZONE_NAME}\" (first: {first}); \
-                 make \"sluice_zone\" larger",
+                "sluice: {} quota(s) of \"{}\" do not fit in zone \"{ZONE_NAME}\" \
+                 (first: {first}); {fix}",
                 report.refused.len(),
                 file.path
             ));

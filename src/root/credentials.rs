@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::sync::config::validate_limiter_id;
+use crate::wire::validate_limiter_id;
 
 use super::auth::Token;
 

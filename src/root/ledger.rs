@@ -373,10 +373,48 @@ impl Ledger {
     }
 }
 
+/// A sync request as a limiter sends it: from `limiter`, asking for
+/// counters after `counter_version` of `root_instance`, with named
+/// `deltas` (`(quota id, delta)`) and keyed ones (`(template id, key
+/// hash, delta)`). For the tests of the ledger and of what is built on it.
+#[cfg(test)]
+pub(crate) fn test_request(
+    limiter: &str,
+    counter_version: u64,
+    root_instance: u64,
+    deltas: &[(u64, u64)],
+    keyed: &[(u64, u64, u64)],
+) -> SyncRequest {
+    use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, QuotaCursor};
+    SyncRequest {
+        limiter: limiter.into(),
+        quotas_after: QuotaCursor::default(),
+        counter_version,
+        root_instance,
+        deltas: deltas
+            .iter()
+            .map(|&(id, delta)| CounterDelta {
+                id,
+                delta,
+                window: None,
+            })
+            .collect(),
+        keyed: keyed
+            .iter()
+            .map(|&(id, hash, delta)| KeyedDeltas {
+                id,
+                deltas: vec![KeyDelta(hash, delta)],
+                window: None,
+            })
+            .collect(),
+        rejected: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{CounterDelta, QuotaCursor};
+    use crate::wire::CounterDelta;
 
     const SEC: Nanos = 1_000_000_000;
     const INSTANCE: u64 = 77;
@@ -390,22 +428,8 @@ mod tests {
     }
 
     fn request(limiter: &str, version: u64, deltas: &[(u64, u64)]) -> SyncRequest {
-        SyncRequest {
-            keyed: Vec::new(),
-            rejected: Vec::new(),
-            limiter: limiter.into(),
-            quotas_after: QuotaCursor::default(),
-            counter_version: version,
-            root_instance: if version == 0 { 0 } else { INSTANCE },
-            deltas: deltas
-                .iter()
-                .map(|&(id, delta)| CounterDelta {
-                    id,
-                    delta,
-                    window: None,
-                })
-                .collect(),
-        }
+        let instance = if version == 0 { 0 } else { INSTANCE };
+        test_request(limiter, version, instance, deltas, &[])
     }
 
     fn level_of(step: &SyncStep, id: u64) -> Option<f64> {

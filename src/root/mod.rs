@@ -29,7 +29,9 @@
 //! - `ledger.rs` — the in-memory state and the sync step, pure, time passed
 //!   in:
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
-//!   - `counter_book.rs` — counters with their version-ordered list;
+//!   - `counter_book/` — counters with their version-ordered list
+//!     (`versions.rs`), their rules: caps, allowances, fill meter
+//!     (`rules.rs`), and the lifecycle of key counters (`keys.rs`);
 //!   - `counter_shards.rs` — the counter books in shards, each under its
 //!     own lock, sharing one version clock: syncs from different limiters
 //!     add in parallel, "changed since" stays exact;

@@ -54,7 +54,7 @@ pub async fn run(
     config: RootConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RootError> {
-    let open_files = raise_open_file_limit();
+    let open_files = crate::host::raise_open_file_limit();
     check_open_file_limit(config.max_connections, open_files)?;
     let credentials = Credentials::load(
         config.sync_token.clone(),
@@ -113,32 +113,6 @@ pub async fn run(
 /// Descriptors a root needs besides its client connections: the database
 /// pool, the listener, logs, the runtime.
 const OTHER_FILES: u64 = 64;
-
-/// Raises this process's soft limit on open files to its hard limit (a
-/// root holds one per connection); returns the limit now in force, or
-/// `None` if it cannot be read.
-fn raise_open_file_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write `limit`.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return None;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    Some(limit.rlim_cur)
-}
 
 /// Refuses a `max_connections` the open-file limit cannot hold: at the
 /// limit `accept` would fail instead of admission shedding connections.

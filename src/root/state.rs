@@ -1,9 +1,7 @@
 //! The state one root process shares between its handlers and its reload
 //! task.
 
-use std::collections::hash_map::RandomState;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -324,10 +322,7 @@ impl RootState {
 }
 
 /// A random, non-zero id for this process (zero means "no root yet" on the
-/// wire). The standard library seeds `RandomState` from the OS.
+/// wire).
 fn new_instance_id() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(crate::clock::now());
-    hasher.write_u32(std::process::id());
-    hasher.finish().max(1)
+    crate::host::random_seed()
 }

@@ -12,8 +12,9 @@
 //! writes a per-second CSV, an SVG plot and a summary table.
 //!
 //! - `scenario.rs` — scenario files: parsing and checks.
-//! - `cluster.rs` — the event loop: hosts, roots, network, load, the true
-//!   level and the ideal limiter.
+//! - `cluster/` — the event loop (`mod.rs`: a run, the true level and the
+//!   samples) and its concerns, a file each: the event queue, the hosts,
+//!   the network, the ideal limiter and the load.
 //! - `root.rs` — the simulated root: the real root's ledger, without the
 //!   network and the database.
 //! - `series.rs` — what a run records, and its CSV.
@@ -24,6 +25,8 @@
 //! bench-accuracy` runs them in both extrapolation modes and writes the
 //! table into `BENCHMARKS.md` and the plots into `benches/accuracy/`.
 
+#![forbid(unsafe_code)]
+
 pub mod cluster;
 pub mod plot;
 pub mod report;
@@ -33,6 +36,8 @@ pub mod series;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+use crate::core::Extrapolation;
 
 pub use cluster::{simulate, RunOptions};
 pub use report::Row;
@@ -163,9 +168,9 @@ pub fn run(args: &SimArgs) -> Result<(), String> {
     for path in &args.scenarios {
         let mut checked = load(path)?;
         if let Some(ratio) = args.ratio {
-            if !(ratio.is_finite() && ratio >= 0.0) {
-                return Err(format!("--ratio must not be negative, not {ratio}"));
-            }
+            Extrapolation::ConstantRatio { ratio }
+                .validate()
+                .map_err(|e| format!("--ratio: {}", e.message))?;
             checked.scenario.ratio = ratio;
         }
         descriptions.push((

@@ -6,6 +6,7 @@
 //! needed (the crate is built without a font backend; plotters then sizes
 //! labels with a built-in estimate).
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::series::{QuotaSeries, Series};
@@ -49,6 +50,48 @@ type BinField = fn(&super::series::Bin) -> u64;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// A panel's chart: seconds along x, a linear y.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A panel's chart on `area`, in the look every panel shares: `caption`
+/// above, `seconds` along x and `y_desc` from 0 to `top` up.
+fn chart<'a, 'b>(
+    area: &'a Area<'b>,
+    caption: String,
+    y_desc: &str,
+    seconds: usize,
+    top: f64,
+) -> Result<Chart<'a, 'b>, String> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..seconds as f64, 0f64..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
+/// Draws a panel's legend in its upper right corner.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(err)
+}
+
 /// Offered, admitted and rejected per second, with the limit and what the
 /// ideal limiter admitted.
 fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
@@ -58,25 +101,8 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
         .map(|b| b.offered as f64)
         .fold(q.limit * 1.2, f64::max)
         * 1.05;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("{}: requests per second", q.name),
-            ("sans-serif", 16),
-        )
-        .margin(8)
-        .x_label_area_size(28)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0f64..seconds as f64, 0f64..top)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("units / s")
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .light_line_style(WHITE.mix(0.0))
-        .draw()
-        .map_err(err)?;
+    let caption = format!("{}: requests per second", q.name);
+    let mut chart = chart(area, caption, "units / s", seconds, top)?;
     // A second's count is drawn at its middle, so a step at a whole second
     // is drawn crossing that second.
     let line = |f: BinField| {
@@ -120,14 +146,7 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
         .map_err(err)?
         .label("limit")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(err)?;
-    Ok(())
+    legend(&mut chart)
 }
 
 /// The true cluster level and the hosts' estimates (mean, min, max).
@@ -138,22 +157,8 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
         .map(|l| l.truth.max(l.est_max))
         .fold(q.high_burst * 1.1, f64::max)
         * 1.05;
-    let mut chart = ChartBuilder::on(area)
-        .caption(format!("{}: bucket level", q.name), ("sans-serif", 16))
-        .margin(8)
-        .x_label_area_size(28)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0f64..seconds as f64, 0f64..top)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("units")
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .light_line_style(WHITE.mix(0.0))
-        .draw()
-        .map_err(err)?;
+    let caption = format!("{}: bucket level", q.name);
+    let mut chart = chart(area, caption, "units", seconds, top)?;
     // Levels are sampled at the end of each second.
     let at = |f: fn(&super::series::LevelSample) -> f64| {
         q.levels
@@ -193,14 +198,7 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
             .label(name)
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.6)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(err)?;
-    Ok(())
+    legend(&mut chart)
 }
 
 #[cfg(test)]

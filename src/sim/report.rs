@@ -79,7 +79,8 @@ fn opt(metric: Metric, v: Option<f64>) -> String {
     }
 }
 
-/// A value without its unit (for ranges).
+/// A value without its unit (for ranges): a share in percent, times
+/// in seconds.
 fn fmt_bare(metric: Metric, v: f64) -> String {
     match metric {
         Metric::AdmittedRatio
@@ -89,6 +90,19 @@ fn fmt_bare(metric: Metric, v: f64) -> String {
         Metric::KeyOverflows => format!("{v:.0}"),
         Metric::Cv | Metric::LevelError => format!("{:.1}", v * 100.0),
         Metric::Settle | Metric::ResidualRejections => format!("{v:.2}"),
+    }
+}
+
+/// The unit written after a value of `metric`.
+fn unit(metric: Metric) -> &'static str {
+    match metric {
+        Metric::Cv | Metric::LevelError => "%",
+        Metric::Settle | Metric::ResidualRejections => " s",
+        Metric::AdmittedRatio
+        | Metric::ServedRatio
+        | Metric::KeyAdmittedRatio
+        | Metric::WindowRatio
+        | Metric::KeyOverflows => "",
     }
 }
 
@@ -124,15 +138,7 @@ pub fn aggregate(runs: &[Vec<Row>]) -> Vec<Row> {
 
 /// A value in the metric's unit.
 pub fn fmt(metric: Metric, v: f64) -> String {
-    match metric {
-        Metric::AdmittedRatio
-        | Metric::ServedRatio
-        | Metric::KeyAdmittedRatio
-        | Metric::WindowRatio => format!("{v:.3}"),
-        Metric::KeyOverflows => format!("{v:.0}"),
-        Metric::Cv | Metric::LevelError => format!("{:.1}%", v * 100.0),
-        Metric::Settle | Metric::ResidualRejections => format!("{v:.2} s"),
-    }
+    format!("{}{}", fmt_bare(metric, v), unit(metric))
 }
 
 fn default_label(spec: &ReportSpec, from: f64, to: f64) -> String {

@@ -39,7 +39,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::spec::{QuotaSet, QuotaSpec};
-use crate::core::Quota;
+use crate::core::{Extrapolation, Quota};
 use crate::sync::{EarlySync, SyncConfig};
 
 /// A whole simulation, as read from a scenario file.
@@ -618,9 +618,9 @@ fn check(s: Scenario) -> Result<Checked, String> {
     if !(s.hosts.clock_skew_ms >= 0.0 && s.hosts.clock_skew_ms <= 3_600_000.0) {
         return Err("hosts.clock_skew_ms must be in [0, 1 hour]".into());
     }
-    if !(s.ratio.is_finite() && s.ratio >= 0.0) {
-        return Err(format!("ratio must not be negative, not {}", s.ratio));
-    }
+    Extrapolation::ConstantRatio { ratio: s.ratio }
+        .validate()
+        .map_err(|e| e.to_string())?;
     if s.roots == 0 && !s.local_limits {
         return Err("roots must be at least 1 (or set local_limits)".into());
     }

@@ -4,7 +4,8 @@
 //! the simulator (a scenario's `sync` table) all build a [`SyncConfig`] and
 //! check it with [`SyncConfig::validate`]; nginx also checks each directive
 //! alone with the same pieces ([`parse_root_url`], [`validate_limiter_id`],
-//! [`EarlySync::validate`], [`MIN_INTERVAL`]..[`MAX_INTERVAL`]) so that
+//! [`validate_token`], [`EarlySync::validate`],
+//! [`MIN_INTERVAL`]..[`MAX_INTERVAL`]) so that
 //! `nginx -t` points at the line. The root's sync endpoint checks a
 //! limiter's id with [`validate_limiter_id`] too, so no front end can
 //! configure an id every root refuses.
@@ -191,6 +192,9 @@ impl SyncConfig {
             }
         }
         validate_limiter_id(&self.limiter_id)?;
+        if let Some(token) = &self.token {
+            validate_token(token)?;
+        }
         if let Some(early) = &self.early_sync {
             early.validate()?;
         }
@@ -221,6 +225,19 @@ impl SyncConfig {
             horizon: horizon(self.interval),
         }
     }
+}
+
+/// Checks a sync token: one token of printable ASCII characters, no
+/// spaces (it travels in an `Authorization: Bearer` header; a line break
+/// there would end the header).
+pub fn validate_token(token: &str) -> Result<(), ValidationError> {
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ValidationError::new(
+            "token",
+            "must be one token of printable ASCII characters without spaces",
+        ));
+    }
+    Ok(())
 }
 
 /// A request's timeout when none is configured: 80% of the `interval`,
@@ -317,14 +334,9 @@ pub fn parse_root_url(arg: &[u8]) -> Result<String, String> {
 /// This host's name, or "limiter" if it has none (or one that is not a
 /// valid limiter id).
 pub fn default_limiter_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if rc == 0 && validate_limiter_id(name).is_ok() => name.to_string(),
-        _ => "limiter".to_string(),
-    }
+    crate::host::name()
+        .filter(|name| validate_limiter_id(name).is_ok())
+        .unwrap_or_else(|| "limiter".to_string())
 }
 
 #[cfg(test)]

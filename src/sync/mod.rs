@@ -72,11 +72,14 @@
 //!   never lowers it) and it leaks at the limit. So counters converge
 //!   within two intervals of the last host's reload.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod engine;
 pub mod ids;
 pub mod link;
 pub mod status;
+mod vouch;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -115,7 +115,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     let early = engine.early_probe_every().map(Duration::from_nanos);
     let mut probe = tokio::time::interval(early.unwrap_or(interval));
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rng = Rng::new(now() ^ u64::from(std::process::id()).rotate_left(32));
+    let mut rng = Rng::new(crate::host::random_seed());
     let spread = window_spread(&config.limiter_id);
     let log = |lines: Vec<(LogLevel, String)>| {
         for (level, line) in lines {

@@ -17,7 +17,8 @@ use POSIX ':sys_wait_h';
 use Time::HiRes qw(sleep time);
 
 our @EXPORT_OK = qw(free_port start_root stop_root root_call nginx_pid
-    reload_nginx wait_until http_request load_sluice_module start_nginx);
+    reload_nginx wait_until http_request load_sluice_module start_nginx
+    largest_zone_mib);
 
 # The module under test: $TEST_NGINX_SLUICE_MODULE (make sets it), else
 # the one `make module` builds.
@@ -179,6 +180,27 @@ sub start_nginx {
     my @cmd = ($nginx, '-p', "$prefix/", '-c', "$prefix/conf/nginx.conf");
     system(@cmd) == 0 or die "nginx did not start; see $prefix/logs/error.log\n";
     return { prefix => $prefix, stop => sub { system(@cmd, '-s', 'stop'); sleep 0.3 } };
+}
+
+# The largest `sluice_zone` in megabytes, as `nginx -t` names it when
+# refusing a larger one (it depends on the table layout, so a test asks
+# nginx instead of repeating the arithmetic).
+my $largest_zone_mib;
+sub largest_zone_mib {
+    return $largest_zone_mib if defined $largest_zone_mib;
+    require FindBin;
+    my $nginx = $ENV{TEST_NGINX_BINARY} || "$FindBin::Bin/../build/nginx/sbin/nginx";
+    my $prefix = File::Temp::tempdir(CLEANUP => 1);
+    mkdir "$prefix/$_" for qw(conf logs);
+    open my $fh, '>', "$prefix/conf/nginx.conf" or die $!;
+    print $fh "load_module $ENV{TEST_NGINX_SLUICE_MODULE};\n",
+        "error_log $prefix/logs/error.log;\npid $prefix/logs/nginx.pid;\n",
+        "events {}\nhttp { sluice_zone 100g; }\n";
+    close $fh;
+    my $out = qx{"$nginx" -t -p "$prefix/" -c "$prefix/conf/nginx.conf" 2>&1};
+    ($largest_zone_mib) = $out =~ /the largest quota table fits in (\d+)m/
+        or die "nginx -t did not name the largest zone:\n$out";
+    return $largest_zone_mib;
 }
 
 # The pid of the nginx master whose server root is $servroot.

@@ -534,7 +534,7 @@ mod tests {
     use super::*;
     use crate::core::decision::{decide, Verdict};
     use crate::core::Quota;
-    use crate::wire::{ClockReport, CounterDelta, KeyDelta, KeyedDeltas, QuotaCursor, SyncRequest};
+    use crate::wire::ClockReport;
 
     const SEC: Nanos = 1_000_000_000;
 
@@ -566,29 +566,7 @@ mod tests {
         keyed: &[(u64, u64, u64)],
         now: Nanos,
     ) {
-        let request = SyncRequest {
-            limiter: limiter.into(),
-            quotas_after: QuotaCursor::default(),
-            counter_version: 0,
-            root_instance: 0,
-            deltas: deltas
-                .iter()
-                .map(|&(id, delta)| CounterDelta {
-                    id,
-                    delta,
-                    window: None,
-                })
-                .collect(),
-            keyed: keyed
-                .iter()
-                .map(|&(id, hash, delta)| KeyedDeltas {
-                    id,
-                    deltas: vec![KeyDelta(hash, delta)],
-                    window: None,
-                })
-                .collect(),
-            rejected: Vec::new(),
-        };
+        let request = crate::root::ledger::test_request(limiter, 0, 0, deltas, keyed);
         let paging = crate::root::ledger::SyncPaging {
             quotas: 10,
             counters: 10,

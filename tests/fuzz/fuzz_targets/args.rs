@@ -1,4 +1,5 @@
-//! The nginx directive arguments (`src/nginx/args.rs`, pure: no nginx),
+//! The nginx directive arguments (`src/nginx/args.rs` and the zone size
+//! check of `src/nginx/zone_size.rs`, pure: no nginx),
 //! each against a plain reference or its documented bounds, and the root
 //! URL of `sluice_root`.
 //!
@@ -8,9 +9,10 @@
 use libfuzzer_sys::fuzz_target;
 use sluice::core::quota::MAX_WEIGHT;
 use sluice::nginx::args::{
-    check_zone_size, parse_early_sync, parse_empty_weight, parse_flag, parse_size, parse_time_ms,
-    parse_u64, parse_weight, runtime_weight, EmptyWeight, WeightError,
+    parse_early_sync, parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_u64,
+    parse_weight, runtime_weight, EmptyWeight, WeightError,
 };
+use sluice::nginx::zone_size::check_zone_size;
 use sluice::sync::config::{parse_root_url, MAX_EARLY_PER_SECOND};
 
 /// A plain decimal number, by the standard library (which also takes a

@@ -1,0 +1,197 @@
+//! The process-wide limiter behind the exports: its lifecycle (init,
+//! shutdown) and the work each export does once its arguments are read.
+//!
+//! The limiter's memory is never freed, even by `sluice_shutdown`, so a
+//! check racing a shutdown on another thread reads valid memory; each
+//! `sluice_init` after a shutdown allocates a new table.
+
+use std::ffi::{c_int, CString};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::codes::{
+    SLUICE_KEY_OVERFLOW, SLUICE_NO_KEY, SLUICE_PASS, SLUICE_REJECT, SLUICE_UNKNOWN,
+};
+use super::config::Settings;
+use crate::core::spec::QuotaSet;
+use crate::sync::SyncHandle;
+use crate::table::file::{load_set, FileRole};
+use crate::table::{CheckItem, CheckOptions, Outcome, Table};
+
+/// The process-wide limiter.
+struct Limiter {
+    /// All quotas and counters.
+    table: Arc<Table>,
+    /// Serialises quota loads (each reads the table, then writes it).
+    loads: Mutex<()>,
+    /// Roots are configured: a loaded quota set only seeds the table until
+    /// a root answers, and never replaces the roots' quotas.
+    has_roots: bool,
+    /// The sync thread (standalone folding when there are no roots).
+    sync: Mutex<Option<SyncHandle>>,
+}
+
+static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(ptr::null_mut());
+/// Serialises init and shutdown against each other.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+
+fn limiter() -> Result<&'static Limiter, String> {
+    let p = LIMITER.load(Ordering::Acquire);
+    // SAFETY: a non-null LIMITER points to a leaked Box that is never freed.
+    unsafe { p.as_ref() }.ok_or_else(|| "sluice is not initialised: call sluice_init".to_string())
+}
+
+/// Starts the limiter from `sluice_init`'s JSON (`None`: defaults).
+pub(super) fn init(config_json: Option<&str>) -> Result<c_int, String> {
+    let settings = Settings::from_json(config_json)?;
+    let _lock = LIFECYCLE
+        .lock()
+        .map_err(|_| "sluice lifecycle lock poisoned")?;
+    if !LIMITER.load(Ordering::Acquire).is_null() {
+        return Err("sluice is already initialised: call sluice_shutdown first".into());
+    }
+    let table = Arc::new(Table::new_heap_with_keys(
+        settings.capacity,
+        settings.avg_name_bytes,
+        settings.key_capacity,
+    ));
+    table.set_key_secret(settings.key_secret);
+    table.set_key_overflow(settings.key_overflow);
+    table.set_estimator(settings.sync.estimator(settings.extrapolation));
+    let has_roots = !settings.sync.roots.is_empty();
+    let sync = SyncHandle::start(Arc::clone(&table), settings.sync)
+        .map_err(|e| format!("cannot start the sluice sync thread: {e}"))?;
+    let limiter = Box::new(Limiter {
+        table,
+        loads: Mutex::new(()),
+        has_roots,
+        sync: Mutex::new(Some(sync)),
+    });
+    LIMITER.store(Box::into_raw(limiter), Ordering::Release);
+    Ok(SLUICE_PASS)
+}
+
+/// Stops the sync thread and forgets the limiter (its memory stays).
+pub(super) fn shutdown() -> Result<c_int, String> {
+    let _lock = LIFECYCLE
+        .lock()
+        .map_err(|_| "sluice lifecycle lock poisoned")?;
+    let p = LIMITER.swap(ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: a non-null LIMITER points to a leaked Box never freed.
+    if let Some(limiter) = unsafe { p.as_ref() } {
+        let sync = limiter.sync.lock().ok().and_then(|mut s| s.take());
+        if let Some(sync) = sync {
+            sync.stop();
+        }
+    }
+    Ok(SLUICE_PASS)
+}
+
+/// Loads a quota set: the whole set without roots, seeds with them.
+pub(super) fn load_quotas(text: &str) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    let set = QuotaSet::from_json(text).map_err(|e| e.to_string())?;
+    let _guard = limiter
+        .loads
+        .lock()
+        .map_err(|_| "sluice quota lock poisoned")?;
+    let role = if limiter.has_roots {
+        FileRole::Seed
+    } else {
+        FileRole::Authoritative
+    };
+    let report = load_set(&limiter.table, &set, role);
+    if let Some(first) = report.refused.first() {
+        return Err(format!(
+            "{} quota(s) refused, first: {first}",
+            report.refused.len()
+        ));
+    }
+    Ok(SLUICE_PASS)
+}
+
+/// Checks `weight` on quota `name` (and a key of it).
+pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    let item = check_item(name, key, weight);
+    let outcome = limiter.table.check_many(
+        &[item],
+        crate::clock::now(),
+        CheckOptions::default(),
+        crate::host::thread_unit,
+    );
+    Ok(outcome_code(outcome.outcome, outcome.overflow))
+}
+
+/// A partial grant of up to `want` units: the outcome and the units
+/// granted.
+pub(super) fn obtain(name: &[u8], key: Option<&[u8]>, want: u64) -> Result<(c_int, u64), String> {
+    if want == 0 {
+        return Err("want must be at least 1".into());
+    }
+    let limiter = limiter()?;
+    let item = check_item(name, key, want);
+    let grant = limiter.table.obtain(&item, crate::clock::now());
+    Ok((outcome_code(grant.outcome, grant.overflow), grant.granted))
+}
+
+/// A pacing reservation of `weight`: the outcome and the wait in
+/// nanoseconds.
+pub(super) fn reserve(
+    name: &[u8],
+    key: Option<&[u8]>,
+    weight: u64,
+    max_wait_ms: u64,
+) -> Result<(c_int, u64), String> {
+    let limiter = limiter()?;
+    let item = check_item(name, key, weight);
+    let max_wait = max_wait_ms.saturating_mul(1_000_000);
+    let reservation = limiter.table.reserve(&item, max_wait, crate::clock::now());
+    Ok((
+        outcome_code(reservation.outcome, reservation.overflow),
+        reservation.wait,
+    ))
+}
+
+/// Number of quotas loaded.
+pub(super) fn quota_count() -> Result<c_int, String> {
+    Ok(c_int::try_from(limiter()?.table.len()).unwrap_or(c_int::MAX))
+}
+
+/// The sync thread's metrics as JSON.
+pub(super) fn sync_metrics_json() -> Result<CString, String> {
+    let limiter = limiter()?;
+    let metrics = limiter
+        .sync
+        .lock()
+        .map_err(|_| "sluice sync lock poisoned")?
+        .as_ref()
+        .map(|s| s.metrics())
+        .unwrap_or_default();
+    let text = serde_json::to_string(&metrics).map_err(|e| e.to_string())?;
+    CString::new(text).map_err(|e| e.to_string())
+}
+
+/// A check of `weight` on quota `name` (and a key of it); the C ABI never
+/// waits inside a call.
+fn check_item<'a>(name: &'a [u8], key: Option<&'a [u8]>, weight: u64) -> CheckItem<'a> {
+    CheckItem {
+        name,
+        key,
+        weight,
+        max_wait: None,
+    }
+}
+
+/// The C code of an outcome (`overflow`: a key found no entry).
+fn outcome_code(outcome: Outcome, overflow: bool) -> c_int {
+    match outcome {
+        Outcome::Pass if overflow => SLUICE_KEY_OVERFLOW,
+        Outcome::Pass => SLUICE_PASS,
+        Outcome::Reject(_) => SLUICE_REJECT,
+        Outcome::Unknown => SLUICE_UNKNOWN,
+        Outcome::NoKey => SLUICE_NO_KEY,
+        Outcome::KeyOverflow => SLUICE_KEY_OVERFLOW,
+    }
+}
