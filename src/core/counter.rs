@@ -193,6 +193,28 @@ impl Counting {
         }
     }
 
+    /// Takes `units` back out of a counter at `now`: units counted earlier
+    /// and returned (a held request that left before its turn, an
+    /// estimate settled lower, a released slot). A leaky level drops by
+    /// them once leaked to `now`; a window count drops in the window
+    /// `index` names (the current one for `None`) only if that is still
+    /// the current window at `now`: a return never touches an earlier
+    /// window, so it never makes the past laxer. Never below zero, and it
+    /// never raises anything: see docs/DESIGN.md, "Counters that give
+    /// units back".
+    pub fn give_back_in(&self, t: Tally, index: Option<i64>, now: Nanos, units: f64) -> Tally {
+        let aged = self.aged(t, now);
+        if let Counting::Window(rule) = self {
+            if index.is_some_and(|i| i != rule.index_at(now)) {
+                return aged;
+            }
+        }
+        Tally {
+            level: (aged.level - units.max(0.0)).max(0.0),
+            ..aged
+        }
+    }
+
     /// The larger of two views of one counter (a CRDT merge).
     pub fn merge(&self, a: Tally, b: Tally) -> Tally {
         match self {
@@ -247,6 +269,44 @@ impl Counting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_give_back_lowers_a_leaky_level_after_its_leak_and_never_below_zero() {
+        let leak = Counting::Leak(10.0);
+        let t = Tally::leaky(Level {
+            level: 30.0,
+            at: 0,
+        });
+        // One second leaks 10; 5 given back leaves 15.
+        let back = leak.give_back_in(t, None, 1_000_000_000, 5.0);
+        assert_eq!((back.level, back.at), (15.0, 1_000_000_000));
+        assert_eq!(leak.give_back_in(t, None, 1_000_000_000, 50.0).level, 0.0);
+        // Negative or NaN units give nothing back.
+        assert_eq!(leak.give_back_in(t, None, 0, -5.0).level, 30.0);
+    }
+
+    #[test]
+    fn a_give_back_lowers_only_its_own_window_and_only_while_it_is_current() {
+        use crate::core::window::{Window, WindowRule};
+        let rule = WindowRule {
+            window: Window::TenSeconds,
+            sliding: true,
+            utc_offset: 0,
+        };
+        let w = Counting::Window(rule);
+        let sec = 1_000_000_000;
+        let t = w.add(Tally::default(), 2 * sec, 8.0);
+        // The same window: 3 come back.
+        let back = w.give_back_in(t, Some(0), 5 * sec, 3.0);
+        assert_eq!((back.level, back.prev), (5.0, 0.0));
+        // The next window: the count of the earlier one (now `prev`) is
+        // history, and a return naming it changes nothing.
+        let later = w.give_back_in(t, Some(0), 12 * sec, 3.0);
+        assert_eq!((later.level, later.prev), (0.0, 8.0));
+        // A return naming the current window does not reach back either.
+        let current = w.give_back_in(t, Some(1), 12 * sec, 3.0);
+        assert_eq!((current.level, current.prev), (0.0, 8.0));
+    }
 
     #[test]
     fn waits_round_up_to_whole_nanoseconds() {

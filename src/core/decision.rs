@@ -417,7 +417,8 @@ fn passes_for_sure(view: &QuotaSnapshot, weight: f64, estimator: &Estimator) -> 
     let horizon = estimator.horizon as f64 * super::SECS_PER_NANO;
     // Strictly below: a check of weight 0 is rejected at a full bucket
     // (`low_burst == high_burst`).
-    view.known.level + others.max(0.0) * horizon + view.own_recent + weight < view.low_burst
+    let own = view.own_recent.max(0.0);
+    view.known.level + others.max(0.0) * horizon + own + weight < view.low_burst
 }
 
 /// Checks a chain (the named quota first, then its ancestors): the request
@@ -695,7 +696,7 @@ mod tests {
         #[test]
         fn a_sure_pass_is_a_pass_of_the_full_rule(
             level in 0.0..1e6f64,
-            own in 0.0..1e6f64,
+            own in -1e5..1e6f64,
             fill in -1e3..1e6f64,
             limit in 0.0..1e6f64,
             low in 0.0..2e6f64,

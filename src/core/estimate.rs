@@ -4,12 +4,13 @@
 //! admitted weight up to then). Until the next sync it estimates
 //!
 //! ```text
-//! L_est(t) = max(0, known.level + others(dt) - limit * dt) + own_recent
+//! L_est(t) = max(0, max(0, known.level + others(dt) - limit * dt) + own_recent)
 //! ```
 //!
 //! where `dt = t - known.at`, `own_recent` is what this host admitted since
-//! (known exactly, so never guessed) and `others(dt)` extrapolates what the
-//! rest of the fleet added:
+//! less what it gave back (known exactly, so never guessed; below zero
+//! when it gave back more than it admitted since) and `others(dt)`
+//! extrapolates what the rest of the fleet added:
 //!
 //! - [`Extrapolation::ConstantRatio`] — YARL's rule: the others fill at
 //!   `ratio * limit`, whatever they really do;
@@ -91,7 +92,7 @@ pub fn estimate_level(view: &QuotaSnapshot, now: Nanos, estimator: &Estimator) -
     let dt = seconds_between(view.known.at, now);
     let horizon = estimator.horizon as f64 * super::SECS_PER_NANO;
     let others = others_rate * dt.min(horizon);
-    (view.known.level + others - view.limit * dt).max(0.0) + view.own_recent
+    ((view.known.level + others - view.limit * dt).max(0.0) + view.own_recent).max(0.0)
 }
 
 /// The rate at which the rest of the fleet is assumed to fill a quota.
@@ -154,7 +155,7 @@ pub fn estimate_window(
     let (count, prev) = known.counts_in(rule, here.index);
     let rate = others_rate(view, estimator);
     let mut estimate = WindowEstimate {
-        count: count + view.own_recent,
+        count: (count + view.own_recent).max(0.0),
         prev: 0.0,
         at: here,
         sliding: rule.sliding,

@@ -21,7 +21,9 @@ pub struct QuotaSnapshot {
     /// adaptive extrapolation).
     pub fill_rate: f64,
     /// Weight this host admitted that `known` does not include yet (pending
-    /// plus sent-but-unacknowledged).
+    /// plus sent-but-unacknowledged), less weight it gave back that `known`
+    /// still includes: below zero when it gave back more than it admitted
+    /// since (estimates are clamped at zero).
     pub own_recent: f64,
     /// For a window quota, how it counts: `known.level` is then the count
     /// of the window holding `known.at`, and `prev` the count of the window
