@@ -11,6 +11,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use root_support::{config, config_with_tokens, eventually, Db, Limiter, TestRoot, SYNC_TOKEN};
+use sluice::root::RootConfig;
 
 on_both_backends!(
     a_forged_huge_delta_is_capped_and_the_quota_passes_again,
@@ -484,4 +485,57 @@ async fn a_missing_or_malformed_tokens_file_fails_the_start_with_file_and_line()
             .to_string();
         assert!(error.contains(&says), "{error}");
     }
+}
+
+/// Issue 21's flood: with `max_keys = 1000`, one limiter sends five syncs
+/// of 1,000 invented key hashes each. It holds at most its share (a
+/// quarter, the default) of the key counters, and another limiter's key
+/// still gets its counter, and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_limiters_flood_of_keys_leaves_room_for_another_limiters_key() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(RootConfig {
+        max_keys: 1000,
+        ..config(&db)
+    })
+    .await;
+    root.put(
+        "per_user",
+        json!({"limit": 1, "window": "1d", "per_key": true}),
+    )
+    .await;
+    let (mut junk, mut honest) = (Limiter::new("junk"), Limiter::new("honest"));
+    junk.catch_up(&root).await;
+    honest.catch_up(&root).await;
+    let per_user = junk.id_of("per_user").unwrap();
+    let mut next = 0x1000_0000_u64;
+    for _ in 0..5 {
+        let deltas: Vec<(u64, u64)> = (0..1000)
+            .map(|_| {
+                next += 0x9e37_79b9;
+                (next, 1)
+            })
+            .collect();
+        let (status, reply) = root
+            .sync(&keyed_request(&junk, per_user, &deltas, None))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+    }
+    let keys = root.metric("sluice_root_keys").await.unwrap_or(0.0);
+    assert!(
+        (200.0..=300.0).contains(&keys),
+        "the flood holds about its share of 250 (and an eighth): {keys}"
+    );
+    let refused = root
+        .metric("sluice_root_keys_refused_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(refused >= 4500.0, "{refused}");
+    // The honest limiter's key gets a counter, and it counts.
+    let (status, reply) = root
+        .sync(&keyed_request(&honest, per_user, &[(0xabc, 1)], None))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(key_level(&root, "per_user", 0xabc).await, Some(1.0));
+    root.stop().await;
 }

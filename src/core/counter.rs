@@ -273,10 +273,7 @@ mod tests {
     #[test]
     fn a_give_back_lowers_a_leaky_level_after_its_leak_and_never_below_zero() {
         let leak = Counting::Leak(10.0);
-        let t = Tally::leaky(Level {
-            level: 30.0,
-            at: 0,
-        });
+        let t = Tally::leaky(Level { level: 30.0, at: 0 });
         // One second leaks 10; 5 given back leaves 15.
         let back = leak.give_back_in(t, None, 1_000_000_000, 5.0);
         assert_eq!((back.level, back.at), (15.0, 1_000_000_000));

@@ -28,6 +28,7 @@
 //! sync_page_quotas = 20000
 //! sync_page_counters = 100000
 //! max_keys = 2000000                 # key counters of per-key quotas held at once
+//! max_keys_per_limiter = 500000      # key counters one limiter may make (default max_keys / 4)
 //! level_cap_seconds = 5.0            # a leaky counter's cap: 2 high_bursts + limit * this
 //! max_limiters = 100000              # limiter ids the registry holds (console, quota views)
 //! limiter_expiry = "1h"              # a limiter id not heard from this long is forgotten
@@ -105,6 +106,7 @@ struct RootFile {
     sync_page_quotas: Option<usize>,
     sync_page_counters: Option<usize>,
     max_keys: Option<usize>,
+    max_keys_per_limiter: Option<usize>,
     level_cap_seconds: Option<f64>,
     max_limiters: Option<usize>,
     limiter_expiry: Option<String>,
@@ -202,6 +204,11 @@ pub struct RootConfig {
     /// further keys are ignored and counted until drained keys are
     /// forgotten.
     pub max_keys: usize,
+    /// Most key counters one limiter may make (the one whose delta made a
+    /// key counter holds it against its share): one sync token's junk
+    /// keys hold at most this many places. `None`: a quarter of
+    /// `max_keys`.
+    pub max_keys_per_limiter: Option<usize>,
     /// A leaky counter is kept at most at `2 * high_burst + limit *` this
     /// many seconds (see [`super::trust`]).
     pub level_cap_seconds: f64,
@@ -238,6 +245,7 @@ impl Default for RootConfig {
             sync_page_quotas: 20_000,
             sync_page_counters: 100_000,
             max_keys: 2_000_000,
+            max_keys_per_limiter: None,
             level_cap_seconds: super::trust::DEFAULT_CAP_SECONDS,
             max_limiters: super::limiters::DEFAULT_MAX_LIMITERS,
             limiter_expiry: super::limiters::DEFAULT_EXPIRY,
@@ -290,6 +298,7 @@ impl RootConfig {
             sync_page_quotas,
             sync_page_counters,
             max_keys,
+            max_keys_per_limiter,
             level_cap_seconds,
             max_limiters,
             limiter_expiry,
@@ -338,6 +347,9 @@ impl RootConfig {
         set(&mut self.sync_page_quotas, sync_page_quotas);
         set(&mut self.sync_page_counters, sync_page_counters);
         set(&mut self.max_keys, max_keys);
+        if max_keys_per_limiter.is_some() {
+            self.max_keys_per_limiter = max_keys_per_limiter;
+        }
         set(&mut self.level_cap_seconds, level_cap_seconds);
         set(&mut self.max_limiters, max_limiters);
         if limiter_tokens_file.is_some() {
@@ -414,6 +426,15 @@ impl RootConfig {
         positive("sync_page_quotas", self.sync_page_quotas)?;
         positive("sync_page_counters", self.sync_page_counters)?;
         positive("max_keys", self.max_keys)?;
+        if let Some(share) = self.max_keys_per_limiter {
+            positive("max_keys_per_limiter", share)?;
+            if share > self.max_keys {
+                return Err(ConfigError(format!(
+                    "max_keys_per_limiter must be at most max_keys ({}), not {share}",
+                    self.max_keys
+                )));
+            }
+        }
         if !(self.level_cap_seconds.is_finite() && (0.0..=1e6).contains(&self.level_cap_seconds)) {
             return Err(ConfigError(format!(
                 "level_cap_seconds must be between 0 and 1000000, not {}",

@@ -27,6 +27,7 @@ use crate::wire::CounterKey;
 
 use super::counter_book::{
     busiest_first, BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
+    KeyLimits,
 };
 use super::trust::{Allowances, MAX_ALLOWANCES};
 
@@ -46,6 +47,26 @@ pub fn default_shards() -> usize {
     (cores * 4).next_power_of_two().clamp(4, 256)
 }
 
+/// What a root's counters hold and did, summed over the shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterSizes {
+    /// Counters in memory.
+    pub counters: usize,
+    /// Of them, keys of per-key templates.
+    pub keys: usize,
+    /// Key deltas ignored: `max_keys` keys held, or their limiter held its
+    /// share.
+    pub keys_refused: u64,
+    /// Key counters forgotten to make room for a limiter within its share.
+    pub keys_displaced: u64,
+    /// Key counters forgotten after draining.
+    pub keys_forgotten: u64,
+    /// Counter updates cut to the level cap.
+    pub levels_capped: u64,
+    /// Limiter allowances held.
+    pub allowances: usize,
+}
+
 /// Every counter of one root, in shards.
 #[derive(Debug)]
 pub struct Counters {
@@ -55,7 +76,7 @@ pub struct Counters {
 
 impl Default for Counters {
     fn default() -> Self {
-        Self::new(default_shards(), usize::MAX)
+        Self::new(default_shards(), KeyLimits::unbounded())
     }
 }
 
@@ -68,17 +89,18 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Counters {
-    /// `shards` shards (at least one) holding at most `max_keys` key
-    /// counters together.
-    pub fn new(shards: usize, max_keys: usize) -> Self {
+    /// `shards` shards (at least one) holding at most `limits.max_keys`
+    /// key counters together, each limiter's share split over them.
+    pub fn new(shards: usize, limits: KeyLimits) -> Self {
         let shards = shards.max(1);
         let clock = Arc::new(BookClock::default());
         let per_shard_allowances = (MAX_ALLOWANCES / shards).max(1024);
+        let per_shard = limits.per_shard(shards);
         Self {
             shards: (0..shards)
                 .map(|_| {
                     Mutex::new(Shard {
-                        book: CounterBook::shard(clock.clone(), max_keys),
+                        book: CounterBook::shard(clock.clone(), per_shard),
                         allowances: Allowances::with_max(per_shard_allowances),
                     })
                 })
@@ -87,9 +109,10 @@ impl Counters {
         }
     }
 
-    /// [`default_shards`] shards holding at most `max_keys` key counters.
-    pub fn with_max_keys(max_keys: usize) -> Self {
-        Self::new(default_shards(), max_keys)
+    /// [`default_shards`] shards holding at most `limits.max_keys` key
+    /// counters.
+    pub fn with_key_limits(limits: KeyLimits) -> Self {
+        Self::new(default_shards(), limits)
     }
 
     /// Number of shards.
@@ -338,17 +361,17 @@ impl CountersView<'_> {
         self.len() == 0
     }
 
-    /// Sums over the shards: `(counters, keys, keys refused, keys
-    /// forgotten, levels capped, allowances)`.
-    pub fn sizes(&self) -> (usize, usize, u64, u64, u64, usize) {
-        let mut sizes = (0, 0, 0, 0, 0, 0);
+    /// Sums over the shards.
+    pub fn sizes(&self) -> CounterSizes {
+        let mut sizes = CounterSizes::default();
         for s in &self.shards {
-            sizes.0 += s.book.len();
-            sizes.1 += s.book.keys();
-            sizes.2 += s.book.keys_refused();
-            sizes.3 += s.book.keys_forgotten();
-            sizes.4 += s.book.capped();
-            sizes.5 += s.allowances.len();
+            sizes.counters += s.book.len();
+            sizes.keys += s.book.keys();
+            sizes.keys_refused += s.book.keys_refused();
+            sizes.keys_displaced += s.book.keys_displaced();
+            sizes.keys_forgotten += s.book.keys_forgotten();
+            sizes.levels_capped += s.book.capped();
+            sizes.allowances += s.allowances.len();
         }
         sizes
     }
@@ -374,7 +397,7 @@ mod tests {
 
     #[test]
     fn changes_are_paged_in_version_order_across_shards_and_each_page_in_counter_order() {
-        let counters = Counters::new(8, usize::MAX);
+        let counters = Counters::new(8, KeyLimits::unbounded());
         for id in 1..=20 {
             add(&counters, id, 1.0);
         }
@@ -406,7 +429,7 @@ mod tests {
     fn concurrent_writers_lose_no_change_to_a_concurrent_reader() {
         // Writers on every shard and a reader paging "changed since" at the
         // same time: every counter's last update reaches the reader.
-        let counters = Arc::new(Counters::new(4, usize::MAX));
+        let counters = Arc::new(Counters::new(4, KeyLimits::unbounded()));
         let writers = 4;
         let per_writer = 2_000u64;
         let barrier = Arc::new(Barrier::new(writers + 1));
@@ -450,7 +473,7 @@ mod tests {
 
     #[test]
     fn max_keys_holds_across_shards() {
-        let counters = Counters::new(8, 3);
+        let counters = Counters::new(8, KeyLimits::new(3, Some(100)));
         let mut added = 0;
         for key in 1..=10u64 {
             let counter = CounterKey { id: 1, key };

@@ -12,7 +12,7 @@ use crate::wire::{CounterKey, SyncRequest, SyncResponse};
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use super::counter_book::{AllowanceShape, ChangedCounters, Delta};
+use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits};
 use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
@@ -81,8 +81,11 @@ pub struct LedgerStats {
     pub counters: usize,
     /// Of them, keys of per-key templates.
     pub keys: usize,
-    /// Key deltas ignored because `max_keys` keys were held.
+    /// Key deltas ignored: `max_keys` keys were held, or their limiter
+    /// held its share.
     pub keys_refused: u64,
+    /// Key counters forgotten to make room for a limiter within its share.
+    pub keys_displaced: u64,
     /// Key counters forgotten after draining.
     pub keys_forgotten: u64,
     /// Counter updates cut to the level cap.
@@ -151,17 +154,17 @@ pub struct LedgerView<'a> {
 impl LedgerView<'_> {
     /// Sizes for metrics and health.
     pub fn stats(&self) -> LedgerStats {
-        let (counters, keys, keys_refused, keys_forgotten, levels_capped, allowances) =
-            self.counters.sizes();
+        let sizes = self.counters.sizes();
         LedgerStats {
             quotas: self.quotas.live(),
             tombstones: self.quotas.tombstones(),
-            counters,
-            keys,
-            keys_refused,
-            keys_forgotten,
-            levels_capped,
-            allowances,
+            counters: sizes.counters,
+            keys: sizes.keys,
+            keys_refused: sizes.keys_refused,
+            keys_displaced: sizes.keys_displaced,
+            keys_forgotten: sizes.keys_forgotten,
+            levels_capped: sizes.levels_capped,
+            allowances: sizes.allowances,
             epoch: self.quotas.cursor().epoch,
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
@@ -171,10 +174,16 @@ impl LedgerView<'_> {
 }
 
 impl Ledger {
-    /// An empty ledger holding at most `max_keys` key counters.
+    /// An empty ledger holding at most `max_keys` key counters (a
+    /// limiter's share by [`KeyLimits::new`]).
     pub fn with_max_keys(max_keys: usize) -> Self {
+        Self::with_key_limits(KeyLimits::new(max_keys, None))
+    }
+
+    /// An empty ledger holding key counters within `limits`.
+    pub fn with_key_limits(limits: KeyLimits) -> Self {
         Self {
-            counters: Counters::with_max_keys(max_keys),
+            counters: Counters::with_key_limits(limits),
             ..Self::default()
         }
     }

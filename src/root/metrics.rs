@@ -568,8 +568,13 @@ fn render_state(scrape: &Scrape, out: &mut String) {
     for (name, help, value) in [
         (
             "keys_refused_total",
-            "Key deltas ignored because max_keys keys were held.",
+            "Key deltas ignored: max_keys keys were held, or their limiter held its max_keys_per_limiter share.",
             s.keys_refused,
+        ),
+        (
+            "keys_displaced_total",
+            "Key counters forgotten to make room for a limiter within its share, from the limiter holding the most.",
+            s.keys_displaced,
         ),
         (
             "keys_forgotten_total",

@@ -11,6 +11,7 @@ use crate::wire::QuotaCursor;
 use super::api::admission::Admission;
 use super::config::RootConfig;
 use super::connections::Connections;
+use super::counter_book::KeyLimits;
 use super::credentials::{Credentials, LogGate};
 use super::health::Health;
 use super::ledger::Ledger;
@@ -75,7 +76,7 @@ impl RootState {
             utc_offset: crate::clock::utc_offset(),
             level_cap_seconds: config.level_cap_seconds,
             limiters: Mutex::new(Limiters::new(config.max_limiters, config.limiter_expiry)),
-            ..Ledger::with_max_keys(config.max_keys)
+            ..Ledger::with_key_limits(KeyLimits::new(config.max_keys, config.max_keys_per_limiter))
         };
         Ok(Self {
             connections: Connections::new(config.connection_limits()),

@@ -26,8 +26,10 @@
 //! id and the key's hash ([`CounterKey`]), created on their first delta.
 //! A key's counter that has leaked to nothing equals no counter, so
 //! [`CounterBook::forget_drained`] sweeps them away a slice at a time, and
-//! at most `max_keys` key counters exist at once (more keys' deltas are
-//! ignored and counted): root memory per key is bounded.
+//! at most `max_keys` key counters exist at once: root memory per key is
+//! bounded. A key counter belongs to the limiter whose delta made it, and
+//! no limiter holds more than its share of them, so one sync token's junk
+//! cannot crowd out other limiters' keys (see `keys.rs`).
 //!
 //! The book's files, one concern each:
 //! - `mod.rs` — the counters: a slot per counter, adding a delta, views;
@@ -36,14 +38,15 @@
 //! - `rules.rs` — how a counter counts, its cap, the allowance a limiter
 //!   has on it, and the fill-rate meter;
 //! - `keys.rs` — the lifecycle of key counters: the shared `max_keys`
-//!   bound, removal, sweeping drained keys, the busiest keys;
+//!   bound, each limiter's share, reclaiming drained keys when full,
+//!   removal, sweeping drained keys, the busiest keys;
 //! - `tests.rs` — the book's tests.
 
 mod keys;
 mod rules;
 mod versions;
 
-pub use keys::busiest_first;
+pub use keys::{busiest_first, KeyLimits};
 pub use rules::{AllowanceShape, CounterRule};
 pub use versions::{BookClock, ChangedCounters, ChangedEntry};
 
@@ -108,6 +111,11 @@ struct Slot {
     rejected: FillMeter,
     /// The most recent limiters that sent weight.
     seen: Vec<Seen>,
+    /// For a key counter, the limiter whose delta made it
+    /// ([`keys::NO_OWNER`] for none), and where it is in that limiter's
+    /// list of keys (see `keys.rs`).
+    owner: u32,
+    owned_at: u32,
 }
 
 /// A counter as the admin API shows it.
@@ -138,10 +146,16 @@ pub struct CounterBook {
     index: FxHashMap<CounterKey, u32>,
     /// Key counters (`index` entries whose key is not 0).
     keys: usize,
-    /// Most key counters at once.
-    max_keys: usize,
-    /// Key deltas ignored because `max_keys` were live.
+    /// Most key counters at once, and a limiter's share of them.
+    limits: KeyLimits,
+    /// The key counters each limiter made, in this shard.
+    owned: FxHashMap<u32, Vec<u32>>,
+    /// Key deltas ignored: `max_keys` were live, or the limiter held its
+    /// share.
     keys_refused: u64,
+    /// Key counters dropped to make room for a limiter within its share,
+    /// from the limiter holding the most.
+    keys_displaced: u64,
     /// Key counters forgotten after draining.
     keys_forgotten: u64,
     /// Updates whose level was cut to the counter's cap.
@@ -168,8 +182,10 @@ impl Default for CounterBook {
             free: Vec::new(),
             index: FxHashMap::default(),
             keys: 0,
-            max_keys: usize::MAX,
+            limits: KeyLimits::unbounded(),
+            owned: FxHashMap::default(),
             keys_refused: 0,
+            keys_displaced: 0,
             keys_forgotten: 0,
             capped: 0,
             sweep: 0,
@@ -183,19 +199,21 @@ impl Default for CounterBook {
 }
 
 impl CounterBook {
-    /// A book holding at most `max_keys` key counters at once.
+    /// A book holding at most `max_keys` key counters at once (a
+    /// limiter's share by [`KeyLimits::new`]).
     pub fn with_max_keys(max_keys: usize) -> Self {
         Self {
-            max_keys,
+            limits: KeyLimits::new(max_keys, None),
             ..Self::default()
         }
     }
 
     /// One shard of a book whose shards share `clock` and hold at most
-    /// `max_keys` key counters between them.
-    pub fn shard(clock: Arc<BookClock>, max_keys: usize) -> Self {
+    /// `limits.max_keys` key counters between them (a limiter's share of
+    /// this shard: `limits` as [`KeyLimits::per_shard`] makes them).
+    pub fn shard(clock: Arc<BookClock>, limits: KeyLimits) -> Self {
         Self {
-            max_keys,
+            limits,
             clock,
             ..Self::default()
         }
@@ -268,11 +286,17 @@ impl CounterBook {
         let index = match self.index.get(&counter) {
             Some(&index) => index,
             None => match counting_of() {
-                Some(_) if counter.key != 0 && !self.claim_key() => {
+                Some(_) if counter.key != 0 && !self.admit_key(limiter, now) => {
                     self.keys_refused += 1;
                     return None;
                 }
-                Some(rule) => self.create(counter, rule, now),
+                Some(rule) => {
+                    let index = self.create(counter, rule, now);
+                    if counter.key != 0 {
+                        self.own(index, limiter);
+                    }
+                    index
+                }
                 None => return None,
             },
         };
@@ -365,6 +389,8 @@ impl CounterBook {
             fill: FillMeter::new(now),
             rejected: FillMeter::new(now),
             seen: Vec::new(),
+            owner: keys::NO_OWNER,
+            owned_at: 0,
         };
         let index = match self.free.pop() {
             Some(index) => {

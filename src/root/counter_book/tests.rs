@@ -166,3 +166,98 @@ fn recent_limiters_are_remembered_newest_first_and_bounded() {
     );
     assert!(seen.iter().all(|s| s.limiter >= 3));
 }
+
+/// A key counter of template 1 for `limiter`, leaking at `limit`.
+fn add_key(book: &mut CounterBook, key: u64, limiter: u32, limit: f64, now: Nanos) -> bool {
+    let counter = CounterKey { id: 1, key };
+    let delta = Delta {
+        weight: 1.0,
+        window: None,
+    };
+    book.add_counter(counter, delta, now, Some(limiter), || {
+        Some(Counting::Leak(limit).into())
+    })
+}
+
+#[test]
+fn a_limiter_makes_at_most_its_share_of_key_counters() {
+    let mut book = CounterBook::with_max_keys(100);
+    let limits = KeyLimits::new(100, Some(10));
+    book.limits = limits;
+    let made = (1..=50)
+        .filter(|&k| add_key(&mut book, k, 7, 0.0, 0))
+        .count();
+    assert_eq!((made, book.keys_of(7), book.keys_refused()), (10, 10, 40));
+    // Another limiter is not held back, and adds to a key it did not make.
+    assert!(add_key(&mut book, 1_000, 8, 0.0, 0));
+    assert!(add_key(&mut book, 1, 8, 0.0, 0));
+    assert_eq!((book.keys_of(7), book.keys_of(8)), (10, 1));
+}
+
+#[test]
+fn a_full_book_makes_room_for_a_limiter_within_its_share_from_the_largest_holder() {
+    let mut book = CounterBook::with_max_keys(8);
+    book.limits = KeyLimits::new(8, Some(8));
+    // One limiter's junk fills the book.
+    for k in 1..=8 {
+        assert!(add_key(&mut book, k, 1, 0.0, 0));
+    }
+    // Another limiter's key gets a place: the junk gives way, one key at
+    // a time, while it holds more than the asker.
+    assert!(add_key(&mut book, 100, 2, 0.0, 0));
+    assert_eq!((book.keys_of(1), book.keys_of(2)), (7, 1));
+    assert_eq!(book.keys_displaced(), 1);
+    for k in 101..=103 {
+        assert!(add_key(&mut book, k, 2, 0.0, 0), "{k}");
+    }
+    assert_eq!((book.keys_of(1), book.keys_of(2)), (4, 4));
+    // Shared fairly now: the next asker holding as many is refused.
+    assert!(!add_key(&mut book, 104, 2, 0.0, 0));
+    assert_eq!(book.keys(), 8);
+}
+
+#[test]
+fn a_full_book_first_takes_the_place_of_a_key_that_drained() {
+    let mut book = CounterBook::with_max_keys(4);
+    book.limits = KeyLimits::new(4, Some(4));
+    for k in 1..=4 {
+        assert!(add_key(&mut book, k, 1, 10.0, 0));
+    }
+    // A tenth of a second later every key (1 unit at 10/s) has drained:
+    // a new key takes one's place, nothing displaced.
+    assert!(add_key(&mut book, 5, 2, 10.0, SEC / 10));
+    assert_eq!(book.keys_displaced(), 0);
+    assert!(book.keys_forgotten() >= 1);
+}
+
+#[test]
+fn a_window_templates_keys_give_their_places_the_moment_their_window_ends() {
+    use crate::core::window::{Window, WindowRule};
+    let rule = WindowRule {
+        window: Window::TenSeconds,
+        sliding: false,
+        utc_offset: 0,
+    };
+    let mut book = CounterBook::with_max_keys(3);
+    book.limits = KeyLimits::new(3, Some(3));
+    let add = |book: &mut CounterBook, key: u64, limiter: u32, now: Nanos| {
+        let delta = Delta {
+            weight: 1.0,
+            window: None,
+        };
+        book.add_counter(CounterKey { id: 1, key }, delta, now, Some(limiter), || {
+            Some(Counting::Window(rule).into())
+        })
+    };
+    for k in 1..=3 {
+        assert!(add(&mut book, k, 1, SEC));
+    }
+    // The same window: nothing drained, so the holder of the most keys
+    // gives one way.
+    assert!(add(&mut book, 4, 2, 9 * SEC));
+    assert_eq!(book.keys_displaced(), 1);
+    // The next window: every old key is empty, so a place is reclaimed
+    // without displacing anything.
+    assert!(add(&mut book, 5, 3, 10 * SEC));
+    assert_eq!(book.keys_displaced(), 1);
+}
