@@ -9,11 +9,13 @@
 //! the key takes the entry the last move freed. The shortest chain moves
 //! the fewest entries, and each move is short: copy, publish, retire.
 //!
-//! Who holds the key lock: a check making room (with a bounded spin: a
-//! check never waits long; one that cannot have the lock in time is an
-//! overflow for this once), and the sync thread around the work it does on
-//! entries (see `key_sync.rs`). A lock left by a dead process is taken
-//! over, as the writer lock's is.
+//! Who holds the key lock: a check making room (a bounded wait: it spins,
+//! then yields its CPU so that a holder preempted mid-batch can finish,
+//! about a millisecond at worst; one that cannot have the lock in time is
+//! an overflow for this once), and the sync thread around the work it does
+//! on entries (see `key_sync.rs`), in batches between which it hands the
+//! lock to a waiting check. A lock left by a dead process is taken over,
+//! as the writer lock's is.
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
@@ -22,6 +24,7 @@ use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
 use super::{Table, ACQ, REL, RLX};
 use crate::core::Nanos;
+use std::sync::atomic::Ordering::AcqRel;
 
 /// Longest chain of moves a new key may cause.
 pub const MAX_MOVE_DEPTH: usize = 5;
@@ -30,9 +33,16 @@ pub const MAX_MOVE_DEPTH: usize = 5;
 /// bucket): a search costs at most this many bucket reads.
 const MAX_NODES: usize = 512;
 
-/// Spins a check waits for the key lock before it gives up (about a
-/// microsecond or two: the sync thread holds it for short batches).
+/// Spins a check waits for the key lock before it starts yielding its CPU
+/// (a few microseconds: the sync thread holds it for short batches and
+/// hands it over between them when a check is waiting).
 const CHECK_SPINS: u32 = 2_000;
+
+/// Times a check then yields its CPU before it gives up (the key is then
+/// an overflow for this one check): a holder preempted mid-batch gets the
+/// CPU back. A bound of about a millisecond, met only when a move is
+/// needed while the sync thread was preempted holding the lock.
+const CHECK_YIELDS: u32 = 200;
 
 /// Entries the sync thread handles under one hold of the key lock before
 /// it lets a waiting check in.
@@ -41,16 +51,18 @@ pub(super) const SYNC_BATCH: usize = 64;
 /// The key lock, held for the guard's life.
 pub(super) struct KeyLock<'a> {
     lock: &'a AtomicU32,
+    /// Checks waiting for it.
+    wanted: &'a AtomicU32,
 }
 
 impl<'a> KeyLock<'a> {
     /// Takes the lock, however long it takes (the sync thread); a lock
     /// whose holder died is taken over.
-    pub(super) fn acquire(lock: &'a AtomicU32) -> Self {
+    pub(super) fn acquire(lock: &'a AtomicU32, wanted: &'a AtomicU32) -> Self {
         let me = own_pid();
         let mut spins = 0u32;
         loop {
-            if let Some(guard) = Self::attempt(lock, me, spins) {
+            if let Some(guard) = Self::attempt(lock, wanted, me, spins) {
                 return guard;
             }
             spins = spins.saturating_add(1);
@@ -62,41 +74,68 @@ impl<'a> KeyLock<'a> {
         }
     }
 
-    /// Takes the lock within `spins` tries, or not at all.
-    pub(super) fn try_acquire(lock: &'a AtomicU32, spins: u32) -> Option<Self> {
+    /// Takes the lock within `spins` tries and then [`CHECK_YIELDS`]
+    /// yields, or not at all (a check: it says it is waiting, so that the
+    /// sync thread hands the lock over between its batches).
+    pub(super) fn try_acquire(
+        lock: &'a AtomicU32,
+        wanted: &'a AtomicU32,
+        spins: u32,
+    ) -> Option<Self> {
         let me = own_pid();
-        for n in 0..spins {
-            if let Some(guard) = Self::attempt(lock, me, n) {
-                return Some(guard);
-            }
-            std::hint::spin_loop();
+        if let Some(guard) = Self::attempt(lock, wanted, me, 0) {
+            return Some(guard);
         }
-        None
+        wanted.fetch_add(1, AcqRel);
+        let mut got = None;
+        for n in 1..spins.saturating_add(CHECK_YIELDS) {
+            if n < spins {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            if let Some(guard) = Self::attempt(lock, wanted, me, n) {
+                got = Some(guard);
+                break;
+            }
+        }
+        wanted.fetch_sub(1, AcqRel);
+        got
     }
 
-    fn attempt(lock: &'a AtomicU32, me: u32, spins: u32) -> Option<Self> {
+    fn attempt(lock: &'a AtomicU32, wanted: &'a AtomicU32, me: u32, spins: u32) -> Option<Self> {
         let holder = lock.load(RLX);
         if holder == 0 {
             return lock
                 .compare_exchange_weak(0, me, ACQ, RLX)
                 .ok()
-                .map(|_| KeyLock { lock });
+                .map(|_| KeyLock { lock, wanted });
         }
         // Asking the kernel costs a system call: only after a while.
         if spins > 1_000 && spins % 1_000 == 1 && holder != me && !process_alive(holder) {
             return lock
                 .compare_exchange(holder, me, ACQ, RLX)
                 .ok()
-                .map(|_| KeyLock { lock });
+                .map(|_| KeyLock { lock, wanted });
         }
         None
     }
 
-    /// Lets anyone waiting have the lock for a moment, then takes it back.
+    /// Between two batches of the sync thread: when a check is waiting,
+    /// lets it have the lock (until it took it, or a short while), then
+    /// takes it back.
     pub(super) fn relax(&mut self) {
+        if self.wanted.load(ACQ) == 0 {
+            return;
+        }
         self.lock.store(0, REL);
-        std::hint::spin_loop();
-        *self = Self::acquire(self.lock);
+        for _ in 0..10_000 {
+            if self.lock.load(RLX) != 0 || self.wanted.load(RLX) == 0 {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        *self = Self::acquire(self.lock, self.wanted);
     }
 }
 
@@ -124,7 +163,8 @@ struct Node {
 impl Table {
     /// The key lock of this region.
     pub(super) fn key_lock(&self) -> KeyLock<'_> {
-        KeyLock::acquire(&self.header().keys.place.lock)
+        let place = &self.header().keys.place;
+        KeyLock::acquire(&place.lock, &place.lock_wanted)
     }
 
     /// Frees an entry of bucket `b1` or `b2` by moving entries to their
@@ -133,7 +173,7 @@ impl Table {
     /// busy for too long, or a race broke the chain.
     pub(super) fn make_room(&self, b1: usize, b2: usize, now: Nanos) -> Option<KeyAt> {
         let place = &self.header().keys.place;
-        let _lock = KeyLock::try_acquire(&place.lock, CHECK_SPINS)?;
+        let _lock = KeyLock::try_acquire(&place.lock, &place.lock_wanted, CHECK_SPINS)?;
         if place.moves.load(SeqCst) & 1 == 1 {
             // Odd with the lock free: a mover died mid-move. Even again.
             place.moves.fetch_add(1, SeqCst);

@@ -433,3 +433,156 @@ fn concurrent_keyed_checks_and_collection_lose_no_increment() {
     assert_eq!(passed, 100_000, "{:?}", t.key_stats());
     assert_eq!(total, passed, "{:?}", t.key_stats());
 }
+
+/// A table whose keys count one a day (they never drain while a test
+/// runs), with room for `entries` keys.
+fn daily_keys(entries: u64) -> Table {
+    let t = Table::new_heap_with_keys(16, 16, entries);
+    let day = Quota::new(2, "daily", 1e9, 1e9, 1e9)
+        .keyed()
+        .windowed(crate::core::Window::Day, false);
+    t.apply_quotas(&[day]);
+    t
+}
+
+fn daily_check(t: &Table, key: u64, weight: u64) -> ManyOutcome {
+    let item = CheckItem {
+        name: b"daily",
+        key: Some(&key.to_le_bytes()),
+        weight,
+        max_wait: None,
+    };
+    t.check_many(&[item], SEC, CheckOptions::default(), never)
+}
+
+/// A key's whole count as this host knows it: the cluster count plus its
+/// unsent and unacknowledged weight.
+fn count_of(t: &Table, key: u64) -> Option<f64> {
+    let slot = t.lookup(b"daily")?;
+    let hash = t.key_secret().hash(&key.to_le_bytes());
+    let at = t.find_key(slot, hash)?;
+    t.find_key(slot, hash).map(|_| at)?;
+    let state = t
+        .keys(Some(slot), SEC)
+        .into_iter()
+        .find(|s| s.hash == hash)?;
+    Some(state.level)
+}
+
+/// Operations on the key section, for the property below.
+#[derive(Clone, Debug)]
+enum KeyOp {
+    /// A check of key `n` (of the run's keys) with a weight.
+    Check(u64, u64),
+    /// A sync collection (pending to in flight).
+    Collect,
+    /// Standalone folding (pending and in flight into the level).
+    Fold,
+}
+
+use proptest::strategy::Strategy as _;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+    /// Placement never loses a key whose count still matters while the
+    /// section is at most 90% full: whatever the order of new keys,
+    /// checks, collections and folds, every key keeps an entry, no check
+    /// overflows, and each key's count is what was checked in.
+    #[test]
+    fn no_live_key_is_lost_below_ninety_percent(
+        entries in proptest::sample::select(vec![256u64, 1024, 4096]),
+        seed in 0u64..1_000,
+        ops in proptest::collection::vec(
+            proptest::prop_oneof![
+                8 => (0u64..1_000_000, 1u64..4).prop_map(|(k, w)| KeyOp::Check(k, w)),
+                1 => proptest::strategy::Just(KeyOp::Collect),
+                1 => proptest::strategy::Just(KeyOp::Fold),
+            ],
+            1..3_000,
+        ),
+    ) {
+        use proptest::prop_assert;
+        use proptest::prop_assert_eq;
+        let t = daily_keys(entries);
+        let capacity = t.key_capacity();
+        let keys = capacity * 9 / 10;
+        let mut model: std::collections::HashMap<u64, u64> = Default::default();
+        for op in ops {
+            match op {
+                KeyOp::Check(k, w) => {
+                    let key = (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed) % keys;
+                    let r = daily_check(&t, key, w);
+                    prop_assert_eq!(r.outcome, Outcome::Pass);
+                    prop_assert!(!r.overflow, "key {} overflowed at {} of {}", key, model.len(), capacity);
+                    *model.entry(key).or_default() += w;
+                }
+                KeyOp::Collect => {
+                    let mut out = Vec::new();
+                    t.collect_deltas(&mut out);
+                }
+                KeyOp::Fold => t.fold_local(SEC),
+            }
+        }
+        prop_assert_eq!(t.key_stats().overflows, 0);
+        for (&key, &total) in &model {
+            prop_assert_eq!(count_of(&t, key), Some(total as f64), "key {}", key);
+        }
+    }
+}
+
+#[test]
+fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
+    let t = Arc::new(daily_keys(1 << 14));
+    let capacity = t.key_capacity();
+    let per_thread = capacity * 9 / 20;
+    let stop = Arc::new(AtomicBool::new(false));
+    let checkers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                for round in 0..3 {
+                    for i in 0..per_thread {
+                        let r = daily_check(&t, w * per_thread + i, 1);
+                        assert_eq!(
+                            r.outcome,
+                            Outcome::Pass,
+                            "round {round} key {i}: {r:?} {:?}",
+                            t.key_stats()
+                        );
+                        assert!(
+                            !r.overflow,
+                            "round {round} key {i}: {r:?} {:?}",
+                            t.key_stats()
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    let collector = {
+        let (t, stop) = (Arc::clone(&t), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut total = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut out = Vec::new();
+                t.collect_deltas(&mut out);
+                total += out.iter().map(|d| d.delta).sum::<u64>();
+            }
+            total
+        })
+    };
+    for c in checkers {
+        c.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = collector.join().unwrap();
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    total += out.iter().map(|d| d.delta).sum::<u64>();
+    let stats = t.key_stats();
+    assert_eq!(stats.overflows, 0, "{stats:?}");
+    assert_eq!(stats.live, 2 * per_thread, "{stats:?}");
+    assert_eq!(total, 2 * 3 * per_thread, "{stats:?}");
+    assert!(out.iter().all(|d| d.key != 0));
+}

@@ -257,6 +257,9 @@ pub struct KeyPlacement {
     /// whoever moves an entry to its other bucket, and by the sync thread
     /// while it reads or writes entries' counters (see `table/keys.rs`).
     pub lock: AtomicU32,
+    /// Checks waiting for the key lock: the sync thread, between batches,
+    /// hands the lock over when some are.
+    pub lock_wanted: AtomicU32,
     /// Next bucket the maintenance sweep looks at.
     pub sweep: AtomicU32,
     /// Odd while an entry is being moved between its two buckets: a
