@@ -2,7 +2,8 @@
 # whose turn comes within wait= is counted at once and held with an nginx
 # timer, then passes (`$sluice_status` DELAYED); one whose turn is further
 # away is rejected at once and not counted. A client that closes while it
-# is held stays counted once, and its timer goes with it.
+# is held gives its weight back, and its timer goes with it;
+# `sluice_wait_max` caps how many are held at once.
 #
 # Bursts are sent on many connections at once (`burst` below) from
 # --- init; what they did is read back from the responses, the access log
@@ -393,6 +394,78 @@ qr/\/index\.html 499 DELAYED/
 [alert]
 [crit]
 [emerg]
+
+
+
+=== TEST 11b: holds abandoned by their clients give their weight back: the quota is free again at once
+30 requests are held for a 1/s quota (turns up to 30 s away), then their
+clients leave. Counting locally (no root), the next fold takes the 30 units
+back out of the level, so a plain check a second later passes where it
+would have been rejected for half a minute.
+--- config
+location / { root html; sluice slow wait=1h; }
+location /plain/ { alias html/; sluice slow; }
+location = /metrics { sluice_metrics; }
+--- init
+main::get('/index.html');
+my @socks = main::send_and_keep('/index.html', 30);
+my $held = SluiceTest::wait_until(sub {
+    (main::metric('sluice_delayed_requests_total{mode="held"}') // 0) >= 30
+}, 10);
+Test::More::ok($held, 'all 30 were held');
+close $_ for @socks;
+my $settled = SluiceTest::wait_until(sub { main::metric('sluice_delay_waiting') == 0 }, 5);
+Test::More::ok($settled, 'nothing is waiting once the clients left');
+my $returned = main::metric('sluice_delay_returned_units_total');
+Test::More::cmp_ok($returned, '>=', 29, "their units came back ($returned)");
+sleep 1.2;
+--- request
+GET /plain/index.html
+--- error_code: 200
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 11c: sluice_wait_max holds at most that many at once; the rest are rejected at once with Retry-After
+--- config
+location / {
+    root html;
+    sluice many wait=10s;
+    sluice_wait_max 5;
+    sluice_headers on;
+    add_header X-Sluice $sluice_status always;
+}
+location = /metrics { sluice_metrics; }
+--- init
+main::get('/index.html');
+# Ten more at once: turns 0.1 s apart. Five are held, five refused.
+my @r = main::burst('/index.html', 10);
+my @refused = grep { $_->{status} == 429 } @r;
+my @held = grep { $_->{status} == 200 && $_->{sluice} eq 'DELAYED' } @r;
+Test::More::is(scalar @refused, 5, 'five refused at once');
+Test::More::is(scalar @held, 5, 'five held, and served at their turn');
+Test::More::ok((grep { $_->{sluice} eq 'REJECTED' } @refused) == 5, 'refused ones say REJECTED');
+Test::More::is(main::metric('sluice_delay_refused_total'), 5, 'and are counted');
+Test::More::is(main::metric('sluice_delay_returned_units_total'), 0,
+    'a refused hold was never counted in a quota (its unit came straight back)');
+# With the holds ended, the cap is free again.
+my @again = main::burst('/index.html', 3);
+Test::More::ok((grep { $_->{status} == 200 } @again) == 3, 'the cap frees as holds end');
+--- request
+GET /metrics
+--- response_body_like eval
+qr/\nsluice_delay_waiting 0\n/
+
+
+
+=== TEST 11d: a bad sluice_wait_max is refused with file:line
+--- config
+location / { sluice many wait=1s; sluice_wait_max lots; }
+--- must_die
+--- error_log eval
+qr/invalid value "lots": must be a number of requests from 0 to 1000000 in .*nginx\.conf:\d+/
 
 
 

@@ -333,11 +333,45 @@ impl Answer {
             }
         }
     }
+
+    /// This answer when `sluice_wait_max` refuses its hold of `wait_ns`:
+    /// rejected at once, told when its turn would have come
+    /// (`Retry-After`, with `sluice_headers on`).
+    pub fn refused_hold(self, wait_ns: u64) -> Self {
+        let reset = retry_after_secs(Wait::Seconds(wait_ns as f64 * 1e-9))
+            .map_or(Reset::Never, Reset::RetryAfter);
+        Answer {
+            status: RequestStatus::Rejected,
+            then: Then::Reject,
+            reset,
+            unpassable: false,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_refused_by_wait_max_is_a_rejection_told_when_its_turn_was() {
+        let held = ManyOutcome {
+            outcome: Outcome::Pass,
+            item: Some(0),
+            headroom: None,
+            wait: 2_500_000_000,
+            overflow: false,
+        };
+        let answer = Answer::of(&held, false, true);
+        assert_eq!(answer.then, Then::Hold(2_500_000_000));
+        let refused = answer.refused_hold(2_500_000_000);
+        assert_eq!(
+            (refused.status, refused.then, refused.reset),
+            (RequestStatus::Rejected, Then::Reject, Reset::RetryAfter(3))
+        );
+        assert!(refused.headers && !refused.unpassable);
+    }
 
     #[test]
     fn sizes_and_times_parse_as_nginx_writes_them() {

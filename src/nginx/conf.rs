@@ -71,6 +71,8 @@ pub(crate) struct MainConf {
     /// Some directive needs the zone (a check, the metrics, a root or a
     /// quota file).
     pub used: bool,
+    /// `sluice_wait_max` directives read so far (each takes the next slot).
+    pub wait_max_slots: usize,
     /// The shared zone this cycle uses (null until `init_main_conf`).
     pub zone: *mut ngx_shm_zone_t,
     /// The table in the zone, once the zone is initialised.
@@ -171,10 +173,24 @@ pub(crate) struct LocConf {
     pub headers: Option<bool>,
     /// `sluice_wait_coalesce`, in milliseconds (0: off).
     pub wait_coalesce: Option<u64>,
+    /// `sluice_wait_max`: at most this many requests held under the
+    /// directive, and its slot in the zone's counts.
+    pub wait_max: Option<WaitMax>,
     /// `sluice_metrics` (this location only, not inherited).
     pub metrics: Option<MetricsConf>,
     /// `sluice off` was given at this level.
     pub off: bool,
+}
+
+/// A `sluice_wait_max` directive: its cap, and the slot of the zone's
+/// counts ([`super::request_counters::RequestCounters::held_by_cap`]) the
+/// requests held under it share (the locations that inherit it too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WaitMax {
+    /// Most requests held at once.
+    pub max: u32,
+    /// Its slot.
+    pub slot: usize,
 }
 
 impl LocConf {
@@ -205,6 +221,7 @@ impl Merge for LocConf {
         self.log_level = self.log_level.or(prev.log_level);
         self.headers = self.headers.or(prev.headers);
         self.wait_coalesce = self.wait_coalesce.or(prev.wait_coalesce);
+        self.wait_max = self.wait_max.or(prev.wait_max);
         Ok(())
     }
 }

@@ -18,7 +18,10 @@ use super::args::{
     parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_wait, parse_wait_coalesce,
     parse_weight, EmptyWeight,
 };
-use super::conf::{Check, LocConf, MainConf, MetricsConf, QuotaFile, Weight, DEFAULT_METRICS_TOP};
+use super::conf::{
+    Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight, DEFAULT_METRICS_TOP,
+};
+use super::request_counters::WAIT_MAX_SLOTS;
 use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
 use super::zone_size::{check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MIN_ZONE_SIZE};
 use super::Module;
@@ -501,6 +504,36 @@ directive_handler!(
         let ms = parse_wait_coalesce(args[1])
             .map_err(|why| format!("invalid value \"{}\": {why}", text(args[1])))?;
         once(&mut lcf.wait_coalesce, ms, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_wait_max <n>;` — at most `n` requests held by `wait=` at
+    /// once under this directive, across every worker (the locations that
+    /// inherit it share them); beyond, a request is rejected at once.
+    set_wait_max,
+    |cf, lcf: &mut LocConf, args| {
+        let max = std::str::from_utf8(args[1])
+            .ok()
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse::<u32>().ok())
+            .filter(|&n| n <= 1_000_000)
+            .ok_or_else(|| {
+                format!(
+                    "invalid value \"{}\": must be a number of requests from 0 to 1000000",
+                    text(args[1])
+                )
+            })?;
+        // SAFETY: nginx passes the live configuration.
+        let mcf = main_conf(unsafe { &*cf })?;
+        if mcf.wait_max_slots >= WAIT_MAX_SLOTS {
+            return Err(format!(
+                "at most {WAIT_MAX_SLOTS} \"sluice_wait_max\" directives in one configuration"
+            ));
+        }
+        let slot = mcf.wait_max_slots;
+        mcf.wait_max_slots += 1;
+        once(&mut lcf.wait_max, WaitMax { max, slot }, &args)
     }
 );
 

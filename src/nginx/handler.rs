@@ -14,9 +14,13 @@
 //! resume at this handler, which finds the outcome (`DELAYED`) and lets
 //! the request go on. A client that closes meanwhile ends the request
 //! (nginx watches the read side with `ngx_http_test_reading`); the state's
-//! pool cleanup then removes the timer if it is still armed and counts
-//! the hold as abandoned. Its weight stays counted: it was counted once,
-//! when the request was admitted.
+//! pool cleanup then removes the timer if it is still armed, counts the
+//! hold as abandoned and gives its weight back to every quota it was
+//! counted on ([`Table::give_back`]: what was not sent to the roots yet,
+//! or all of it while this host counts locally), as a rejected request is
+//! not counted. `sluice_wait_max` caps the requests held at once under
+//! it (every worker together, a slot of the zone's counts each): one over
+//! the cap is rejected at once, its weight given back.
 //!
 //! Each hold's timer wakes the worker once more. With
 //! `sluice_wait_coalesce <time>` a hold may end up to that time before
@@ -63,10 +67,74 @@ use crate::table::{
 /// from the client).
 const MAX_LOGGED_WEIGHT: usize = 64;
 
+/// A check of a held request, kept to give its weight back if the client
+/// leaves first: the name and key point into the main request's pool (or
+/// the configuration, for a literal), alive until the pool is freed,
+/// after its cleanups ran.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct HeldItem {
+    name: *const u8,
+    name_len: usize,
+    /// Null: no key.
+    key: *const u8,
+    key_len: usize,
+    weight: u64,
+}
+
+impl HeldItem {
+    const NONE: HeldItem = HeldItem {
+        name: std::ptr::null(),
+        name_len: 0,
+        key: std::ptr::null(),
+        key_len: 0,
+        weight: 0,
+    };
+
+    fn of(item: &CheckItem) -> Self {
+        let (key, key_len) = item
+            .key
+            .map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
+        HeldItem {
+            name: item.name.as_ptr(),
+            name_len: item.name.len(),
+            key,
+            key_len,
+            weight: item.weight,
+        }
+    }
+
+    /// The check again.
+    ///
+    /// # Safety
+    /// The bytes it points at must still be alive (see the type's doc).
+    unsafe fn item(&self) -> CheckItem<'_> {
+        // SAFETY: per the contract; lengths are those of live slices.
+        unsafe {
+            CheckItem {
+                name: std::slice::from_raw_parts(self.name, self.name_len),
+                key: (!self.key.is_null())
+                    .then(|| std::slice::from_raw_parts(self.key, self.key_len)),
+                weight: self.weight,
+                max_wait: None,
+            }
+        }
+    }
+}
+
 /// The outcome of the main request, kept in its pool.
 #[repr(C)]
 struct RequestState {
     status: RequestStatus,
+    /// While held: the table its checks were counted in (null
+    /// otherwise), when, and the checks, to give their weight back if the
+    /// client leaves first.
+    table: *const Table,
+    charged_at: u64,
+    held_items: [HeldItem; MAX_CHECKS],
+    held_count: usize,
+    /// While held under `sluice_wait_max`: its slot of the zone's counts.
+    cap_slot: Option<usize>,
     /// While the request is held by `wait=`: its connection, whose write
     /// event carries the timer. Null otherwise.
     held: *mut ngx_connection_t,
@@ -182,8 +250,32 @@ impl RequestState {
         // request of the cycle that points at it.
         if let Some(c) = unsafe { self.counters.as_ref() } {
             c.waiting.fetch_sub(1, Ordering::Relaxed);
+            if let Some(slot) = self.cap_slot.take() {
+                c.end_hold(slot);
+            }
         }
         Some(held)
+    }
+
+    /// Gives the held checks' weight back (the client left before its
+    /// turn); returns the units given back to the checked quotas.
+    fn give_back(&mut self) -> u64 {
+        let count = std::mem::take(&mut self.held_count);
+        // SAFETY: set from the cycle's table, which outlives its requests.
+        let Some(table) = (unsafe { self.table.as_ref() }) else {
+            return 0;
+        };
+        let now = crate::clock::now();
+        self.held_items[..count.min(MAX_CHECKS)]
+            .iter()
+            .map(|held| {
+                // SAFETY: called from the pool's cleanup, which runs before
+                // the pool's memory (where the names and keys live) is
+                // freed.
+                let item = unsafe { held.item() };
+                table.give_back(&item, item.weight, self.charged_at, now, false)
+            })
+            .sum()
     }
 }
 
@@ -218,8 +310,10 @@ unsafe extern "C" fn state_cleanup(data: *mut c_void) {
             }
             (*wev).set_delayed(0);
         }
+        let returned = state.give_back();
         if let Some(counters) = state.counters.as_ref() {
             counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            counters.returned.fetch_add(returned, Ordering::Relaxed);
         }
     }
 }
@@ -265,6 +359,11 @@ unsafe fn state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState
         let data = (*c).data.cast::<RequestState>();
         data.write(RequestState {
             status: RequestStatus::Unchecked,
+            table: std::ptr::null(),
+            charged_at: 0,
+            held_items: [HeldItem::NONE; MAX_CHECKS],
+            held_count: 0,
+            cap_slot: None,
             held: std::ptr::null_mut(),
             counters: std::ptr::null(),
             coalescing: None,
@@ -364,13 +463,23 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         dry_run,
         headroom: headers,
     };
-    let result = table.check_many(
-        items,
-        crate::clock::now(),
-        options,
-        crate::host::thread_unit,
-    );
-    let answer = Answer::of(&result, dry_run, headers);
+    let charged_at = crate::clock::now();
+    let result = table.check_many(items, charged_at, options, crate::host::thread_unit);
+    let mut answer = Answer::of(&result, dry_run, headers);
+    if let (Then::Hold(wait), Some(cap), Some(c)) = (answer.then, lcf.wait_max, counters) {
+        if !c.take_hold(cap.slot, cap.max) {
+            // Over the cap: rejected at once, its weight (just counted,
+            // not sent yet) given back, told when its turn would have
+            // been.
+            for item in items {
+                table.give_back(item, item.weight, charged_at, charged_at, false);
+            }
+            c.hold_refused.fetch_add(1, Ordering::Relaxed);
+            answer = answer.refused_hold(wait);
+        } else {
+            state.cap_slot = Some(cap.slot);
+        }
+    }
     state.status = answer.status;
     match (result.outcome, result.item) {
         (Outcome::Pass, Some(i)) if result.wait > 0 => {
@@ -397,7 +506,15 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     }
     match answer.then {
         Then::Continue => declined,
-        Then::Hold(wait) => hold(r, state, counters, wait, lcf.wait_coalesce_ms()),
+        Then::Hold(wait) => {
+            state.table = table;
+            state.charged_at = charged_at;
+            state.held_count = items.len();
+            for (held, item) in state.held_items.iter_mut().zip(items) {
+                *held = HeldItem::of(item);
+            }
+            hold(r, state, counters, wait, lcf.wait_coalesce_ms())
+        }
         Then::Reject => lcf.status() as ngx_int_t,
     }
 }

@@ -216,7 +216,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 19] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 20] = [
     directive(
         c"sluice_zone",
         HTTP | NGX_CONF_TAKE1,
@@ -317,6 +317,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 19] = [
         c"sluice_wait_coalesce",
         ANY_LEVEL | NGX_CONF_TAKE1,
         directives::set_wait_coalesce,
+        LOC,
+    ),
+    directive(
+        c"sluice_wait_max",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::set_wait_max,
         LOC,
     ),
     directive(

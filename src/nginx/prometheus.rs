@@ -370,6 +370,10 @@ pub struct RequestCounts {
     pub waiting: u64,
     /// Held requests let go before their turn (`sluice_wait_coalesce`).
     pub coalesced: u64,
+    /// Units given back by held requests that ended before their turn.
+    pub returned: u64,
+    /// Requests `sluice_wait_max` refused a hold (rejected at once).
+    pub hold_refused: u64,
 }
 
 /// Appends the [`RequestCounts`] series.
@@ -410,9 +414,23 @@ pub fn render_request_counts(out: &mut String, counts: &RequestCounts) {
     counter(
         out,
         "sluice_delay_abandoned_total",
-        "Held requests that ended before their turn (the client closed); their weight stays \
-         counted.",
+        "Held requests that ended before their turn (the client closed); their weight is \
+         given back (sluice_delay_returned_units_total).",
         counts.abandoned as f64,
+    );
+    counter(
+        out,
+        "sluice_delay_returned_units_total",
+        "Units held requests that ended before their turn gave back to their quotas: what \
+         was not sent to the roots yet, or all of it while counting locally.",
+        counts.returned as f64,
+    );
+    counter(
+        out,
+        "sluice_delay_refused_total",
+        "Requests rejected at once because sluice_wait_max requests were already held under \
+         the directive that applied.",
+        counts.hold_refused as f64,
     );
     gauge(
         out,
@@ -517,6 +535,7 @@ mod tests {
             abandoned: 1,
             waiting: 4,
             coalesced: 6,
+            ..Default::default()
         };
         render_request_counts(&mut text, &counts);
         for line in [

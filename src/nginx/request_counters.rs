@@ -3,7 +3,11 @@
 //! shared zone (every worker adds to them) and `sluice_metrics` shows a
 //! [`RequestCounts`] snapshot of them. Pure: no nginx types.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// `sluice_wait_max` directives one configuration may hold: each counts
+/// the requests held under it in a slot of its own in the zone.
+pub const WAIT_MAX_SLOTS: usize = 32;
 
 use super::prometheus::RequestCounts;
 
@@ -30,6 +34,34 @@ pub struct RequestCounters {
     pub waiting: AtomicU64,
     /// Held requests let go before their turn (`sluice_wait_coalesce`).
     pub coalesced: AtomicU64,
+    /// Units given back by held requests that ended before their turn.
+    pub returned: AtomicU64,
+    /// Requests `sluice_wait_max` refused a hold (rejected at once).
+    pub hold_refused: AtomicU64,
+    /// Requests held now under each `sluice_wait_max` directive.
+    pub held_by_cap: [AtomicU32; WAIT_MAX_SLOTS],
+}
+
+impl RequestCounters {
+    /// Takes a place among the requests held under the `sluice_wait_max`
+    /// directive `slot` allows `max` of; false when all are taken.
+    pub fn take_hold(&self, slot: usize, max: u32) -> bool {
+        let Some(held) = self.held_by_cap.get(slot) else {
+            return true;
+        };
+        if held.fetch_add(1, Ordering::AcqRel) >= max {
+            held.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Gives back a place [`RequestCounters::take_hold`] took.
+    pub fn end_hold(&self, slot: usize) {
+        if let Some(held) = self.held_by_cap.get(slot) {
+            let _ = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+    }
 }
 
 impl RequestCounters {
@@ -46,6 +78,8 @@ impl RequestCounters {
             abandoned: get(&self.abandoned),
             waiting: get(&self.waiting),
             coalesced: get(&self.coalesced),
+            returned: get(&self.returned),
+            hold_refused: get(&self.hold_refused),
         }
     }
 }
@@ -67,6 +101,8 @@ mod tests {
             &counters.abandoned,
             &counters.waiting,
             &counters.coalesced,
+            &counters.returned,
+            &counters.hold_refused,
         ];
         for (i, field) in fields.iter().enumerate() {
             field.store(i as u64 + 1, Ordering::Relaxed);
@@ -83,7 +119,25 @@ mod tests {
                 abandoned: 7,
                 waiting: 8,
                 coalesced: 9,
+                returned: 10,
+                hold_refused: 11,
             }
         );
+    }
+
+    #[test]
+    fn a_wait_max_slot_holds_at_most_its_cap_and_a_place_comes_back_when_a_hold_ends() {
+        let counters = RequestCounters::default();
+        assert!(counters.take_hold(3, 2));
+        assert!(counters.take_hold(3, 2));
+        assert!(!counters.take_hold(3, 2));
+        assert!(counters.take_hold(4, 2), "another directive's slot");
+        counters.end_hold(3);
+        assert!(counters.take_hold(3, 2));
+        // An end never taken (a reload reset the zone's count) stops at 0.
+        counters.end_hold(5);
+        assert_eq!(counters.held_by_cap[5].load(Ordering::Relaxed), 0);
+        // A slot past the table is not capped.
+        assert!(counters.take_hold(WAIT_MAX_SLOTS, 0));
     }
 }

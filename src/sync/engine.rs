@@ -535,6 +535,7 @@ impl SyncEngine {
         if self.all_down {
             // Limiting is cluster-wide again from this reply on.
             self.all_down = false;
+            table.set_counting_locally(false);
             self.down_logged_at = None;
             log.push((
                 LogLevel::Info,
@@ -686,6 +687,7 @@ impl SyncEngine {
             }
         }
         self.all_down = down;
+        table.set_counting_locally(down);
         log
     }
 

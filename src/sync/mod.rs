@@ -275,6 +275,7 @@ fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
 /// leak is applied smoothly.
 fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared) {
     let tick = config.interval.min(Duration::from_millis(100));
+    table.set_counting_locally(true);
     let mut pressure = KeyPressure::default();
     let mut reported = std::time::Instant::now();
     while !shared.stop.load(Ordering::Acquire) {

@@ -2,20 +2,30 @@
 //! for a sync, merging cluster values back, folding weight locally when
 //! no root answers, in-flight weight released or handed back, and taking
 //! over the sync of a table whose previous owner died.
+//!
+//! A counter's `pending` and `inflight` words are signed (two's
+//! complement in the `u64` atomic): weight admitted adds to `pending`,
+//! weight given back ([`Table::give_back`]) subtracts from it. While the
+//! host syncs with roots, a give-back takes back only weight not sent yet
+//! (`pending` stays at or above zero); while it counts locally (no roots,
+//! or every root down) `pending` may go below zero and the next fold
+//! lowers the level by it (see docs/DESIGN.md, "Counters that give units
+//! back"). Every move between the two words is ordered so that a check in
+//! between errs strict.
 
 use super::layout::{
     counting_rule, pack_rate_prev, unpack_rate_prev, Slot, FLAG_LIVE, FLAG_SLIDING,
 };
 use super::lock::{own_pid, process_alive, SeqWrite};
-use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
+use super::{SlotId, Table, ACQ, READ_RETRIES, REL, RLX};
 use crate::core::estimate::{measure_fill_rate, measure_window_fill_rate};
 use crate::core::key::KeyHash;
 use crate::core::window::WindowLevel;
 use crate::core::{Counting, Nanos, Tally};
-use std::sync::atomic::fence;
+use std::sync::atomic::{fence, AtomicU64};
 
 /// A collected local delta, ready to send.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CollectedDelta {
     /// Where the counter lives.
     pub slot: SlotId,
@@ -24,8 +34,66 @@ pub struct CollectedDelta {
     /// For a key of a per-key template (`slot` and `id` are the
     /// template's), the key's hash; 0 for a quota's own counter.
     pub key: KeyHash,
-    /// Weight moved from `pending` to `inflight`.
+    /// Weight moved from `pending` to `inflight`: admitted here since the
+    /// last collection, net of what was given back meanwhile.
     pub delta: u64,
+}
+
+/// A counter word's signed value.
+pub(super) fn signed(word: &AtomicU64) -> i64 {
+    word.load(ACQ) as i64
+}
+
+/// Moves `net` of a counter's unsent weight from `pending` to `inflight`:
+/// an add reaches in flight before it leaves pending (a check in between
+/// sees it twice), a return leaves pending before it reaches in flight (a
+/// check in between does not see it yet). Wrapping arithmetic on the
+/// two's complement words.
+pub(super) fn send_pending(pending: &AtomicU64, inflight: &AtomicU64, net: i64) {
+    if net > 0 {
+        inflight.fetch_add(net as u64, RLX);
+        pending.fetch_sub(net as u64, RLX);
+    } else {
+        pending.fetch_sub(net as u64, RLX);
+        inflight.fetch_add(net as u64, RLX);
+    }
+}
+
+/// Takes `acked` (signed) off a counter's in flight around `store`, which
+/// writes the cluster value that includes it: an add leaves after the
+/// store, a return before it, so a check in between errs strict. A take
+/// of the same sign as what is in flight stops at zero (a stale
+/// acknowledgement cannot turn in-flight weight around); of the other
+/// sign, both an add and a return are in flight, and it is exact.
+pub(super) fn settle_inflight(inflight: &AtomicU64, acked: i64, store: impl FnOnce()) {
+    let now = inflight.load(RLX) as i64;
+    let take = if acked > 0 && now >= 0 {
+        acked.min(now)
+    } else if acked < 0 && now <= 0 {
+        acked.max(now)
+    } else {
+        acked
+    };
+    if take < 0 {
+        inflight.fetch_sub(take as u64, RLX);
+        store();
+    } else {
+        store();
+        inflight.fetch_sub(take as u64, RLX);
+    }
+}
+
+/// A counter's tally with `weight` (signed) folded in at `now`: added, or
+/// given back.
+pub(super) fn fold_weight(counting: &Counting, known: Tally, weight: i64, now: Nanos) -> Tally {
+    let window = attributed(counting, now);
+    if weight >= 0 {
+        counting
+            .add_in(known, window, now, weight as f64)
+            .unwrap_or(known)
+    } else {
+        counting.give_back_in(known, window, now, weight.unsigned_abs() as f64)
+    }
 }
 
 impl Table {
@@ -55,9 +123,9 @@ impl Table {
         let _guard = self.lock();
         let used = self.header().next_unused.load(RLX) as usize;
         for (i, s) in self.slots()[..used].iter().enumerate() {
-            let delta = s.pending.load(ACQ);
+            let net = signed(&s.pending);
             let rejections = rejected.as_ref().map_or(0, |_| s.rejected.load(RLX));
-            if (delta == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
+            if (net == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
                 continue;
             }
             let id = s.id.load(RLX);
@@ -66,18 +134,20 @@ impl Table {
                     rejected.push((id, rejections));
                 }
             }
-            if delta == 0 {
+            if net <= 0 {
+                // Given back while counting locally and not folded yet: the
+                // fold takes it, or (roots answer again) it is dropped.
+                if net < 0 && !self.counting_locally() {
+                    s.pending.fetch_sub(net as u64, RLX);
+                }
                 continue;
             }
-            // In-flight first, then out of pending: a check in between sees
-            // the weight twice (conservative), never zero times.
-            s.inflight.fetch_add(delta, RLX);
-            s.pending.fetch_sub(delta, RLX);
+            send_pending(&s.pending, &s.inflight, net);
             out.push(CollectedDelta {
                 slot: i as SlotId,
                 id,
                 key: 0,
-                delta,
+                delta: net as u64,
             });
         }
         self.collect_keys(out);
@@ -91,8 +161,8 @@ impl Table {
     pub fn unsent_beyond(&self, fraction: f64) -> bool {
         let used = self.header().next_unused.load(ACQ) as usize;
         self.slots()[..used].iter().any(|s| {
-            let pending = s.pending.load(RLX);
-            if pending == 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+            let pending = s.pending.load(RLX) as i64;
+            if pending <= 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
                 return false;
             }
             let band =
@@ -103,9 +173,10 @@ impl Table {
 
     /// Merges a cluster counter value (already in local time) into the
     /// slot if it still holds quota `id` (or into its key `key`, when not
-    /// 0), takes `acked` weight off in-flight (the value includes it), and
-    /// updates the others' fill rate. Returns false if the slot holds
-    /// another quota now (or this host has no entry for the key).
+    /// 0), takes `acked` weight (signed: net of returns) off in-flight
+    /// (the value includes it), and updates the others' fill rate. Returns
+    /// false if the slot holds another quota now (or this host has no
+    /// entry for the key).
     pub fn merge_counter(
         &self,
         slot: SlotId,
@@ -122,7 +193,7 @@ impl Table {
         }
         let _guard = self.lock();
         if key != 0 {
-            return self.merge_key(slot, id, key, value, acked);
+            return self.merge_key(slot, id, key, value, acked as i64);
         }
         if s.quota_id() != Some(id) {
             return false;
@@ -139,11 +210,7 @@ impl Table {
         } else {
             old_rate
         };
-        store_tally(s, merged, rate);
-        // After the new level is visible: a check may count `acked` twice
-        // for an instant, never zero times.
-        let taken = acked.min(s.inflight.load(RLX));
-        s.inflight.fetch_sub(taken, RLX);
+        settle_inflight(&s.inflight, acked as i64, || store_tally(s, merged, rate));
         true
     }
 
@@ -160,11 +227,8 @@ impl Table {
             let inflight = s.inflight.load(ACQ);
             let counting = self.slot_counting(s);
             let (known, rate) = slot_tally(s);
-            let weight = (pending + inflight) as f64;
-            let folded = counting
-                .add_in(known, attributed(&counting, now), now, weight)
-                .unwrap_or(known);
-            store_tally(s, folded, rate);
+            let weight = pending.wrapping_add(inflight) as i64;
+            store_tally(s, fold_weight(&counting, known, weight, now), rate);
             s.pending.fetch_sub(pending, RLX);
             s.inflight.fetch_sub(inflight, RLX);
         }
@@ -178,6 +242,7 @@ impl Table {
     /// Ignored if the slot holds another quota now (or the key has no
     /// entry here).
     pub fn fold_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64, now: Nanos) {
+        let amount = amount as i64;
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
@@ -187,14 +252,25 @@ impl Table {
         if s.quota_id() != Some(id) {
             return;
         }
-        let moved = amount.min(s.inflight.load(ACQ));
         let counting = self.slot_counting(s);
         let (known, rate) = slot_tally(s);
-        let folded = counting
-            .add_in(known, attributed(&counting, now), now, moved as f64)
-            .unwrap_or(known);
-        store_tally(s, folded, rate);
-        s.inflight.fetch_sub(moved, RLX);
+        settle_inflight(&s.inflight, amount, || {
+            store_tally(s, fold_weight(&counting, known, amount, now), rate)
+        });
+    }
+
+    /// Says whether this host counts locally now (no roots, or every root
+    /// down: the sync thread folds weight into the levels itself), for
+    /// every process sharing the region: weight given back then lowers the
+    /// levels ([`Table::give_back`]).
+    pub fn set_counting_locally(&self, local: bool) {
+        self.header().counting_locally.store(u32::from(local), REL);
+    }
+
+    /// True while this host counts locally (see
+    /// [`Table::set_counting_locally`]).
+    pub fn counting_locally(&self) -> bool {
+        self.header().counting_locally.load(ACQ) != 0
     }
 
     /// How the quota in slot `s` counts.
@@ -237,12 +313,13 @@ impl Table {
     /// a root acknowledged the delta but sent no value for it (it does not
     /// know the quota). Ignored if the slot holds another quota now.
     pub fn release_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64) {
+        let amount = amount as i64;
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
             self.settle_key_inflight(slot, id, key, amount, false);
         } else if s.quota_id() == Some(id) {
-            s.inflight.fetch_sub(amount.min(s.inflight.load(RLX)), RLX);
+            settle_inflight(&s.inflight, amount, || {});
         }
     }
 
@@ -250,16 +327,13 @@ impl Table {
     /// thread that stops with deltas no root acknowledged hands them to the
     /// next one. Ignored if the slot holds another quota now.
     pub fn requeue_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64) {
+        let amount = amount as i64;
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
             self.settle_key_inflight(slot, id, key, amount, true);
         } else if s.quota_id() == Some(id) {
-            let moved = amount.min(s.inflight.load(RLX));
-            // Pending first: a concurrent check may count the weight twice
-            // for an instant, never zero times.
-            s.pending.fetch_add(moved, RLX);
-            s.inflight.fetch_sub(moved, RLX);
+            requeue(&s.pending, &s.inflight, amount);
         }
     }
 
@@ -267,7 +341,7 @@ impl Table {
     /// When the previous owner's process is gone, it died mid-sync (a
     /// crashed nginx worker) and nobody will acknowledge the weight it had
     /// in flight: all of it goes back to pending, to be sent again.
-    /// Returns the weight requeued.
+    /// Returns the weight requeued (adds and returns alike).
     pub fn claim_sync(&self) -> u64 {
         let me = own_pid();
         let previous = self.header().sync_owner.swap(me, ACQ);
@@ -278,14 +352,35 @@ impl Table {
         let used = self.header().next_unused.load(RLX) as usize;
         let mut requeued = 0u64;
         for s in &self.slots()[..used] {
-            let moved = s.inflight.load(RLX);
-            if moved > 0 {
-                s.pending.fetch_add(moved, RLX);
-                s.inflight.fetch_sub(moved, RLX);
-                requeued = requeued.saturating_add(moved);
+            let moved = signed(&s.inflight);
+            if moved != 0 {
+                requeue(&s.pending, &s.inflight, moved);
+                requeued = requeued.saturating_add(moved.unsigned_abs());
             }
         }
         requeued.saturating_add(self.requeue_all_keys())
+    }
+}
+
+/// Hands `amount` (signed) of in-flight weight back to pending, to be sent
+/// again: an add reaches pending first, a return leaves in flight first
+/// (a check in between errs strict). Stops at zero when `amount` has the
+/// sign of what is in flight.
+pub(super) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) {
+    let now = inflight.load(RLX) as i64;
+    let moved = if amount > 0 && now >= 0 {
+        amount.min(now)
+    } else if amount < 0 && now <= 0 {
+        amount.max(now)
+    } else {
+        amount
+    };
+    if moved > 0 {
+        pending.fetch_add(moved as u64, RLX);
+        inflight.fetch_sub(moved as u64, RLX);
+    } else {
+        inflight.fetch_sub(moved as u64, RLX);
+        pending.fetch_add(moved as u64, RLX);
     }
 }
 

@@ -10,7 +10,9 @@
 
 use std::sync::atomic::Ordering::{AcqRel, SeqCst};
 
-use super::counters::{attributed, measure_rate, CollectedDelta};
+use super::counters::{
+    self, fold_weight, measure_rate, send_pending, settle_inflight, CollectedDelta,
+};
 use super::key_moves::{KeyLock, SYNC_BATCH};
 use super::keys::{clear_entry, keeps_prev, key_tally, store_key_tally, KeyAt};
 use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
@@ -149,19 +151,21 @@ impl Table {
             let Some(id) = slots.get(slot as usize).and_then(|s| s.quota_id()) else {
                 return;
             };
-            let delta = e.pending.load(SeqCst);
-            if delta == 0 {
+            let net = e.pending.load(SeqCst) as i64;
+            if net <= 0 {
+                // As for named counters: the fold takes it, or it is
+                // dropped.
+                if net < 0 && !self.counting_locally() {
+                    e.pending.fetch_sub(net as u64, SeqCst);
+                }
                 return;
             }
-            // In-flight first, as for named counters: seen twice for an
-            // instant, never zero times.
-            e.inflight.fetch_add(delta, RLX);
-            e.pending.fetch_sub(delta, RLX);
+            send_pending(&e.pending, &e.inflight, net);
             out.push(CollectedDelta {
                 slot,
                 id,
                 key: hash,
-                delta,
+                delta: net as u64,
             });
         });
     }
@@ -177,11 +181,8 @@ impl Table {
             let pending = e.pending.load(SeqCst);
             let inflight = e.inflight.load(RLX);
             let known = key_tally(e, &counting, now);
-            let weight = (pending + inflight) as f64;
-            let folded = counting
-                .add_in(known, attributed(&counting, now), now, weight)
-                .unwrap_or(known);
-            store_key_tally(e, &counting, folded);
+            let weight = pending.wrapping_add(inflight) as i64;
+            store_key_tally(e, &counting, fold_weight(&counting, known, weight, now));
             e.pending.fetch_sub(pending, RLX);
             e.inflight.fetch_sub(inflight, RLX);
         });
@@ -198,7 +199,7 @@ impl Table {
         id: u64,
         hash: KeyHash,
         value: Tally,
-        acked: u64,
+        acked: i64,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
             return false;
@@ -223,9 +224,7 @@ impl Table {
             };
             e.fill.store((rate as f32).to_bits(), RLX);
         }
-        store_key_tally(e, &counting, merged);
-        let taken = acked.min(e.inflight.load(RLX));
-        e.inflight.fetch_sub(taken, RLX);
+        settle_inflight(&e.inflight, acked, || store_key_tally(e, &counting, merged));
         true
     }
 
@@ -236,7 +235,7 @@ impl Table {
         slot: SlotId,
         id: u64,
         hash: KeyHash,
-        amount: u64,
+        amount: i64,
         now: Nanos,
     ) {
         let Some(s) = self.slot(slot) else { return };
@@ -248,13 +247,10 @@ impl Table {
             return;
         };
         let counting = self.slot_counting(s);
-        let moved = amount.min(e.inflight.load(RLX));
         let known = key_tally(e, &counting, now);
-        let folded = counting
-            .add_in(known, attributed(&counting, now), now, moved as f64)
-            .unwrap_or(known);
-        store_key_tally(e, &counting, folded);
-        e.inflight.fetch_sub(moved, RLX);
+        settle_inflight(&e.inflight, amount, || {
+            store_key_tally(e, &counting, fold_weight(&counting, known, amount, now))
+        });
     }
 
     /// Takes (`requeue`: false) or hands back to pending (true) `amount`
@@ -264,7 +260,7 @@ impl Table {
         slot: SlotId,
         id: u64,
         hash: KeyHash,
-        amount: u64,
+        amount: i64,
         requeue: bool,
     ) {
         if self.slot(slot).and_then(|s| s.quota_id()) != Some(id) {
@@ -275,13 +271,11 @@ impl Table {
             return;
         };
         let Some(e) = self.key_at(at) else { return };
-        let moved = amount.min(e.inflight.load(RLX));
         if requeue {
-            e.pending.fetch_add(moved, SeqCst);
-            e.inflight.fetch_sub(moved, RLX);
+            counters::requeue(&e.pending, &e.inflight, amount);
             self.mark_dirty(at, e);
         } else {
-            e.inflight.fetch_sub(moved, RLX);
+            settle_inflight(&e.inflight, amount, || {});
         }
     }
 
@@ -292,11 +286,10 @@ impl Table {
         let mut moved = 0u64;
         for (b, bucket) in self.key_buckets().iter().enumerate() {
             for (way, e) in bucket.ways.iter().enumerate() {
-                let inflight = e.inflight.load(RLX);
-                if inflight > 0 {
-                    e.pending.fetch_add(inflight, SeqCst);
-                    e.inflight.fetch_sub(inflight, RLX);
-                    moved = moved.saturating_add(inflight);
+                let inflight = e.inflight.load(RLX) as i64;
+                if inflight != 0 {
+                    counters::requeue(&e.pending, &e.inflight, inflight);
+                    moved = moved.saturating_add(inflight.unsigned_abs());
                     self.mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
                 }
             }
@@ -392,8 +385,11 @@ impl Table {
                 to.known.store(e.known.load(RLX), RLX);
                 to.fill.store(e.fill.load(RLX), RLX);
                 to.used.store(e.used.load(RLX), RLX);
-                let unsent = e.pending.load(RLX) + e.inflight.load(RLX);
-                self.count_key(at, slot, hash, unsent);
+                let unsent = e.pending.load(RLX).wrapping_add(e.inflight.load(RLX));
+                if unsent != 0 {
+                    to.pending.fetch_add(unsent, SeqCst);
+                    self.mark_dirty(at, to);
+                }
             }
         }
     }

@@ -159,10 +159,11 @@ pub struct KeyState {
     pub level: f64,
     /// Other hosts' measured fill rate, units/s.
     pub fill_rate: f64,
-    /// Weight admitted here and not yet collected.
-    pub pending: u64,
-    /// Weight sent and not yet acknowledged.
-    pub inflight: u64,
+    /// Weight admitted here and not yet collected (net of weight given
+    /// back: below zero for a return not sent yet).
+    pub pending: i64,
+    /// Weight sent and not yet acknowledged (below zero for a return).
+    pub inflight: i64,
 }
 
 /// A key found no entry: every entry it could have had holds a live count.
@@ -446,6 +447,11 @@ impl Table {
         counting.is_empty(key_tally(e, &counting, now), now)
     }
 
+    /// True when slot `slot` holds a live per-key template.
+    pub(super) fn is_per_key(&self, slot: SlotId) -> bool {
+        self.template_counting(slot + 1).is_some()
+    }
+
     /// How the keys of the live per-key template in `template` (slot + 1)
     /// count, read without its seqlock (placement, sweep and writer-side
     /// decisions only).
@@ -499,7 +505,9 @@ impl Table {
     fn rehome(&self, e: &KeyEntry, template: SlotId, hash: KeyHash, weight: u64) {
         let mut now_there = e.pending.load(SeqCst);
         let taken = loop {
-            let take = now_there.min(weight);
+            // Only what is still there as an add (a return waiting in the
+            // entry is not this check's).
+            let take = (now_there as i64).clamp(0, weight as i64) as u64;
             if take == 0 {
                 break 0;
             }
@@ -564,8 +572,8 @@ impl Table {
                     template: t - 1,
                     level: crate::core::estimate::estimate_level(&snapshot, now, &estimator),
                     fill_rate: snapshot.fill_rate,
-                    pending: e.pending.load(RLX),
-                    inflight: e.inflight.load(RLX),
+                    pending: e.pending.load(RLX) as i64,
+                    inflight: e.inflight.load(RLX) as i64,
                 });
             }
         }
@@ -628,7 +636,7 @@ fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
     };
     view.fill_rate = if sliding { 0.0 } else { fill };
     view.prev = if sliding { fill } else { 0.0 };
-    view.own_recent = (e.pending.load(RLX) + e.inflight.load(RLX)) as f64;
+    view.own_recent = e.pending.load(RLX).wrapping_add(e.inflight.load(RLX)) as i64 as f64;
 }
 
 /// A key's counter, its packed time placed near `now` (with the previous

@@ -184,6 +184,9 @@ pub struct Header {
     /// Process id of the last process that started a sync thread on the
     /// table (0: none yet).
     pub sync_owner: AtomicU32,
+    /// 1 while the sync thread counts locally (no roots, or every root
+    /// down): see [`crate::table::Table::set_counting_locally`].
+    pub counting_locally: AtomicU32,
     /// 1 while seed quotas from a file may be in the table (see
     /// `file.rs`): the sync thread purges them once a root has answered.
     pub seeds: AtomicU32,

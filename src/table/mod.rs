@@ -34,10 +34,14 @@
 //! - `layout.rs` — the region's format: header, status block, slot and
 //!   index entry layouts, geometry.
 //! - `names.rs` — the name hash and the name arena's words.
-//! - `check.rs` — the request path: lookup, reading chains under the
-//!   seqlocks, the decide-and-count path of plain and paced checks (one or
-//!   several items), and the one-item paths of partial grants and
-//!   reservations.
+//! - `chain.rs` — what a check reads: the name lookup through the index,
+//!   a quota's view under its seqlock (with a key's counter in place of
+//!   its template's), its ancestors.
+//! - `check.rs` — the request path's decisions: the decide-and-count path
+//!   of plain and paced checks (one or several items) and counting a pass.
+//! - `grants.rs` — the one-item paths beside it: partial grants,
+//!   reservations, and weight given back (a held request whose client
+//!   left).
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding
@@ -62,9 +66,11 @@
 //!   subject: named quotas, per-key quotas, window quotas with partial
 //!   grants and reservations.
 
+mod chain;
 mod check;
 mod counters;
 pub mod file;
+mod grants;
 mod heap;
 mod key_moves;
 mod key_sync;
@@ -81,11 +87,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::core::estimate::Estimator;
 use crate::core::Extrapolation;
 
-pub use check::{
-    CheckItem, CheckOptions, Grant, Headroom, ManyOutcome, Outcome, Rejection, Reservation,
-    MAX_CHECKS,
-};
+pub use check::{CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS};
 pub use counters::CollectedDelta;
+pub use grants::{Grant, Reservation};
 pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use snapshot::QuotaState;
 pub use write::ApplyReport;

@@ -26,9 +26,9 @@ pub struct QuotaState {
     /// Other hosts' measured fill rate, units/s.
     pub fill_rate: f64,
     /// Weight admitted locally not yet collected.
-    pub pending: u64,
+    pub pending: i64,
     /// Weight sent and not yet acknowledged.
-    pub inflight: u64,
+    pub inflight: i64,
     /// Checks passed.
     pub passed: u64,
     /// Checks rejected.
@@ -65,7 +65,7 @@ impl Table {
             to.fill_rate.store(from.fill_rate.load(RLX), RLX);
             drop(w);
             to.pending
-                .store(state.pending.saturating_add(state.inflight), RLX);
+                .store(state.pending.wrapping_add(state.inflight) as u64, RLX);
             to.passed.store(state.passed, RLX);
             to.rejected.store(state.rejected, RLX);
             to.dry_run.store(state.dry_run, RLX);
@@ -162,8 +162,8 @@ impl Table {
             slot,
             level: crate::core::estimate::estimate_level(&view, now, estimator),
             fill_rate: view.fill_rate,
-            pending: s.pending.load(RLX),
-            inflight: s.inflight.load(RLX),
+            pending: s.pending.load(RLX) as i64,
+            inflight: s.inflight.load(RLX) as i64,
             passed: s.passed.load(RLX),
             rejected: s.rejected.load(RLX),
             dry_run: s.dry_run.load(RLX),

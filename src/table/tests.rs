@@ -344,7 +344,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
             slot: 0,
             id: 7,
             key: 0,
-            delta: 10
+            delta: 10,
         }]
     );
     let st = t.quota(b"q", 0).unwrap();
@@ -541,14 +541,14 @@ fn concurrent_checks_writes_and_collection_lose_no_increment() {
     let parent = t.quota(b"parent", 0).unwrap();
     assert!(admitted > 10_000);
     assert_eq!(
-        collected.get(&2).copied().unwrap_or(0) + hot.pending,
+        collected.get(&2).copied().unwrap_or(0) + hot.pending as u64,
         admitted
     );
     assert_eq!(
-        collected.get(&1).copied().unwrap_or(0) + parent.pending,
+        collected.get(&1).copied().unwrap_or(0) + parent.pending as u64,
         admitted
     );
-    assert_eq!(hot.inflight, collected.get(&2).copied().unwrap_or(0));
+    assert_eq!(hot.inflight as u64, collected.get(&2).copied().unwrap_or(0));
     assert_eq!(hot.passed + hot.rejected, hot.passed);
 }
 
@@ -749,4 +749,90 @@ fn requeued_weight_moves_from_in_flight_to_pending() {
     // Another quota's id in that slot: nothing moves.
     t.requeue_inflight(slot, 99, 0, 2);
     assert_eq!(t.quota(b"q", 0).unwrap().inflight, 2);
+}
+
+/// A plain check item of `name` with `weight`.
+fn item(name: &[u8], weight: u64) -> CheckItem<'_> {
+    CheckItem {
+        name,
+        key: None,
+        weight,
+        max_wait: None,
+    }
+}
+
+#[test]
+fn weight_given_back_before_it_is_sent_is_as_if_never_admitted_up_the_chain() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[
+        quota(1, "parent", None, 0.0, 100.0, 100.0),
+        quota(2, "child", Some(1), 0.0, 10.0, 10.0),
+    ]);
+    let r = t.check_many(&[item(b"child", 8)], 0, CheckOptions::default(), never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    assert_eq!(t.give_back(&item(b"child", 8), 5, 0, 0, false), 5);
+    assert_eq!(t.quota(b"child", 0).unwrap().pending, 3);
+    assert_eq!(t.quota(b"parent", 0).unwrap().pending, 3);
+    // Syncing with roots, what was sent stays counted: only what is still
+    // unsent comes back.
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    assert_eq!(t.give_back(&item(b"child", 8), 3, 0, 0, false), 0);
+    assert_eq!(t.quota(b"child", 0).unwrap().inflight, 3);
+}
+
+#[test]
+fn counting_locally_a_give_back_lowers_the_level_at_the_next_fold() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[quota(1, "slow", None, 1.0, 10.0, 10.0)]);
+    t.set_counting_locally(true);
+    // Ten admitted and folded: full for ten seconds.
+    let r = t.check_many(&[item(b"slow", 10)], 0, CheckOptions::default(), never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    t.fold_local(0);
+    assert!(matches!(t.check(b"slow", 1, SEC / 2), Outcome::Reject(_)));
+    // The holds behind it leave: their eight units come back, the level
+    // is 10 - 1 (a second's leak) - 8 = 1 at the next fold.
+    assert_eq!(t.give_back(&item(b"slow", 1), 8, 0, SEC, false), 8);
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    assert!(out.is_empty(), "a local give-back is not sent: {out:?}");
+    t.fold_local(SEC);
+    let q = t.quota(b"slow", SEC).unwrap();
+    assert_eq!((q.level, q.pending), (1.0, 0));
+    assert_eq!(t.check(b"slow", 8, SEC), Outcome::Pass);
+}
+
+#[test]
+fn a_give_back_leaves_a_window_that_ended_alone() {
+    let t = Table::new_heap(8, 16);
+    let day =
+        Quota::new(1, "daily", 10.0, 10.0, 10.0).windowed(crate::core::Window::TenSeconds, false);
+    t.apply_quotas(&[day]);
+    t.set_counting_locally(true);
+    assert_eq!(t.check(b"daily", 4, SEC), Outcome::Pass);
+    // Charged in the window [0, 10 s), given back in the next: nothing.
+    assert_eq!(t.give_back(&item(b"daily", 4), 4, SEC, 11 * SEC, false), 0);
+    assert_eq!(t.quota(b"daily", SEC).unwrap().pending, 4);
+    // In the same window: all of it.
+    assert_eq!(t.give_back(&item(b"daily", 4), 4, SEC, 2 * SEC, false), 4);
+}
+
+#[test]
+fn a_key_gets_its_weight_back_and_a_key_that_drained_gets_nothing() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.apply_quotas(&[Quota::new(1, "per_key", 1.0, 10.0, 10.0).keyed()]);
+    let keyed = |key: &'static [u8], weight| CheckItem {
+        name: b"per_key",
+        key: Some(key),
+        weight,
+        max_wait: None,
+    };
+    let r = t.check_many(&[keyed(b"a", 6)], 0, CheckOptions::default(), never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    assert_eq!(t.give_back(&keyed(b"a", 6), 6, 0, 0, false), 6);
+    assert_eq!(t.keys(None, 0)[0].pending, 0);
+    // A key never seen gets nothing (no entry is made for it).
+    assert_eq!(t.give_back(&keyed(b"b", 6), 6, 0, 0, false), 0);
+    assert_eq!(t.key_stats().live, 1);
 }

@@ -1,0 +1,492 @@
+//! Reading what a check decides on: a quota found by name through the
+//! index, read under its seqlock straight into the check's chain (with,
+//! for a per-key quota, its key's counter in place of the template's),
+//! then its ancestors.
+
+use std::mem::MaybeUninit;
+use std::sync::atomic::fence;
+
+use super::check::{Charge, CheckItem, Headroom, Outcome, Rejection};
+use super::keys::KeyOverflow;
+use super::layout::{
+    counting_rule, entry_matches, entry_parts, index_home, unpack_rate_prev, Slot, FLAG_LIVE,
+    FLAG_PER_KEY, FLAG_SLIDING, FLAG_WINDOW_MASK, INDEX_EMPTY,
+};
+use super::names;
+use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
+use crate::core::counter::ceil_nanos;
+use crate::core::estimate::Estimator;
+use crate::core::key::KeyHash;
+use crate::core::quota::{MAX_DEPTH, MAX_WEIGHT};
+use crate::core::{
+    check_chain, reserve_wait, tightest, ChainVerdict, Level, Nanos, QuotaSnapshot, Room, Wait,
+};
+
+/// A quota and its ancestors as read for one check.
+///
+/// Only the first `len` views are initialised: a check reads one to three
+/// of the eight, and the ~450 bytes of the array are never zeroed, copied
+/// or returned (either showed as a third of a check's time).
+pub(super) struct Chain {
+    pub(super) views: [MaybeUninit<QuotaSnapshot>; MAX_DEPTH],
+    pub(super) slots: [SlotId; MAX_DEPTH],
+    pub(super) len: usize,
+    /// The key entry + 1 whose counter stands first in the chain (the
+    /// first view is the key's, the first slot its template's); 0: none.
+    pub(super) key: u32,
+    /// That key's hash.
+    pub(super) key_hash: KeyHash,
+    /// The chain's first quota is a per-key template read for a key that
+    /// found no entry: its own counter stands for the key (overflow
+    /// mode `shared`).
+    pub(super) overflow: bool,
+}
+
+/// What a check item's quota turned out to be.
+pub(super) enum Resolved {
+    /// Read into the chain; count this weight if everything passes (paced
+    /// with this longest wait, if any).
+    Counted(u64, Option<Nanos>),
+    /// No quota has the name.
+    Unknown,
+    /// A per-key quota checked without a key.
+    NoKey,
+    /// A key that found no entry, let through uncounted (overflow mode
+    /// `pass`).
+    OverflowPass,
+    /// A key that found no entry, rejected (overflow mode `reject`).
+    OverflowReject(Rejection),
+}
+
+/// What a check reads of a slot besides its view.
+#[derive(Clone, Copy)]
+pub(super) struct SlotRead {
+    /// Its parent's slot.
+    pub parent: Option<SlotId>,
+    /// It is a per-key template.
+    pub per_key: bool,
+}
+
+impl Chain {
+    pub(super) fn new() -> Self {
+        Chain {
+            views: [const { MaybeUninit::uninit() }; MAX_DEPTH],
+            slots: [0; MAX_DEPTH],
+            len: 0,
+            key: 0,
+            key_hash: 0,
+            overflow: false,
+        }
+    }
+
+    pub(super) fn views(&self) -> &[QuotaSnapshot] {
+        // SAFETY: `push` initialised the first `len` views, and
+        // MaybeUninit<QuotaSnapshot> has QuotaSnapshot's layout.
+        unsafe { std::slice::from_raw_parts(self.views.as_ptr().cast::<QuotaSnapshot>(), self.len) }
+    }
+
+    pub(super) fn charge(&self, weight: u64) -> Charge {
+        Charge {
+            slots: self.slots,
+            len: self.len,
+            key: self.key,
+            key_hash: self.key_hash,
+            weight,
+        }
+    }
+
+    /// The headroom of the quota at `depth`, `added` units on its level.
+    pub(super) fn headroom(
+        &self,
+        item: usize,
+        depth: usize,
+        added: f64,
+        now: Nanos,
+        e: &Estimator,
+    ) -> Headroom {
+        Headroom {
+            item,
+            depth,
+            slot: self.slots[depth],
+            room: Room::of(&self.views()[depth], added, now, e),
+        }
+    }
+
+    /// The quota of this chain with the least room below its low burst
+    /// once `added` units are counted.
+    pub(super) fn tightest(&self, item: usize, added: f64, now: Nanos, e: &Estimator) -> Headroom {
+        let (depth, room) = tightest(self.views(), added, now, e);
+        Headroom {
+            item,
+            depth,
+            slot: self.slots[depth],
+            room,
+        }
+    }
+
+    #[inline]
+    pub(super) fn check(
+        &self,
+        weight: u64,
+        now: Nanos,
+        estimator: &Estimator,
+        draw: impl FnMut() -> f64,
+    ) -> Result<(), Rejection> {
+        match check_chain(self.views(), weight as f64, now, estimator, draw) {
+            ChainVerdict::Pass => Ok(()),
+            ChainVerdict::Reject { at } => Err(self.rejection(at, weight, now, estimator)),
+        }
+    }
+
+    /// Paces a request of `weight`: its wait in nanoseconds when that is at
+    /// most `max_wait`, else the rejection (its `wait` what the wait would
+    /// have been, or why there is none).
+    pub(super) fn pace(
+        &self,
+        weight: u64,
+        max_wait: Nanos,
+        now: Nanos,
+        estimator: &Estimator,
+    ) -> Result<Nanos, Rejection> {
+        let views = self.views();
+        let (depth, wait) = match reserve_wait(views, weight as f64, now, estimator) {
+            Ok(seconds) => {
+                let ns = ceil_nanos(seconds);
+                if ns <= max_wait {
+                    return Ok(ns);
+                }
+                let depth = tightest(views, weight as f64, now, estimator).0;
+                (depth, Wait::Seconds(seconds))
+            }
+            Err(refused) => refused,
+        };
+        let mut rejection = self.rejection(depth, weight, now, estimator);
+        rejection.wait = wait;
+        Err(rejection)
+    }
+
+    /// The rejection of a request of `weight` by the quota at `depth`.
+    pub(super) fn rejection(
+        &self,
+        depth: usize,
+        weight: u64,
+        now: Nanos,
+        estimator: &Estimator,
+    ) -> Rejection {
+        let room = Room::of(&self.views()[depth], 0.0, now, estimator);
+        Rejection {
+            depth,
+            slot: self.slots[depth],
+            limit: room.limit,
+            wait: room.wait(weight as f64),
+            key: if depth == 0 { self.key_hash } else { 0 },
+        }
+    }
+}
+
+impl Table {
+    /// Finds the live slot named `name`.
+    pub fn lookup(&self, name: &[u8]) -> Option<SlotId> {
+        self.probe(name, |slot, name_at| {
+            self.slot_is_named(slot, name_at, name).then_some(slot)
+        })
+    }
+
+    /// Walks the index for `name`, calling `at_match` with the slot and
+    /// name place of every entry whose tag matches, until it returns
+    /// something.
+    fn probe<T>(
+        &self,
+        name: &[u8],
+        mut at_match: impl FnMut(SlotId, u32) -> Option<T>,
+    ) -> Option<T> {
+        let h = self.header();
+        let index = self.index();
+        let hash = names::hash(name);
+        for _ in 0..READ_RETRIES {
+            let seq = h.index_seq.load(ACQ);
+            let mut pos = index_home(hash, index.len());
+            for _ in 0..index.len() {
+                let entry = index[pos].load(ACQ);
+                if entry == INDEX_EMPTY {
+                    break;
+                }
+                if entry_matches(entry, hash) {
+                    let (slot, name_at) = entry_parts(entry);
+                    if let Some(found) = at_match(slot, name_at) {
+                        return Some(found);
+                    }
+                }
+                pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
+            }
+            // A miss is final unless the index was being rebuilt meanwhile.
+            if seq & 1 == 0 && h.index_seq.load(ACQ) == seq {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// True when `slot` is live and named `name`, stored at `name_at`.
+    /// The name's words and the slot are independent loads, so their cache
+    /// misses overlap.
+    fn slot_is_named(&self, slot: SlotId, name_at: u32, name: &[u8]) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        let Some(words) = names::name_words(self.arena(), name_at, name.len()) else {
+            return false;
+        };
+        // The check will add to line B next: start fetching it now, beside
+        // line A and the name, instead of after them.
+        prefetch_for_write(&s.pending);
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let same = names::equals(words, name)
+                    && s.flags.load(RLX) & FLAG_LIVE != 0
+                    && s.name_len.load(RLX) as usize == name.len()
+                    && s.name_at.load(RLX) == name_at;
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return same;
+                }
+            }
+            std::hint::spin_loop();
+        }
+        false
+    }
+
+    /// Reads one slot's quota numbers and cluster state consistently,
+    /// plus its parent; `None` if it is not live or never stabilised.
+    pub(super) fn read_view(&self, slot: SlotId) -> Option<(QuotaSnapshot, Option<SlotId>)> {
+        let mut view = MaybeUninit::uninit();
+        let read = self.read_view_into(slot, |_| true, &mut view)?;
+        // SAFETY: `read_view_into` wrote the view when it returned `Some`.
+        Some((unsafe { view.assume_init() }, read.parent))
+    }
+
+    /// [`Table::read_view`] of the slot named `name` (stored at
+    /// `name_at`) into `out`, comparing the name in the same seqlock read:
+    /// the check path's first quota costs one read of the slot, not two.
+    fn read_named_into(
+        &self,
+        slot: SlotId,
+        name_at: u32,
+        name: &[u8],
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<SlotRead> {
+        let words = names::name_words(self.arena(), name_at, name.len())?;
+        // The check will add to line B next: start fetching it now, beside
+        // line A and the name, instead of after them.
+        prefetch_for_write(&self.slot(slot)?.pending);
+        self.read_view_into(
+            slot,
+            |s| {
+                names::equals(words, name)
+                    && s.name_len.load(RLX) as usize == name.len()
+                    && s.name_at.load(RLX) == name_at
+            },
+            out,
+        )
+    }
+
+    /// Reads a slot's view under its seqlock into `out` (where a check's
+    /// chain keeps it: no copy) if `matches` holds in the same read; `out`
+    /// is written when `Some` is returned.
+    #[inline(always)]
+    fn read_view_into(
+        &self,
+        slot: SlotId,
+        matches: impl Fn(&Slot) -> bool,
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<SlotRead> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let flags = s.flags.load(RLX);
+                let live = flags & FLAG_LIVE != 0 && matches(s);
+                let parent = s.parent.load(RLX);
+                let fill = s.fill_rate.load(RLX);
+                let mut view = QuotaSnapshot {
+                    limit: f64::from_bits(s.limit.load(RLX)),
+                    low_burst: f64::from_bits(s.low_burst.load(RLX)),
+                    high_burst: f64::from_bits(s.high_burst.load(RLX)),
+                    known: Level {
+                        level: f64::from_bits(s.known_level.load(RLX)),
+                        at: s.known_at.load(RLX),
+                    },
+                    fill_rate: f64::from_bits(fill),
+                    own_recent: 0.0,
+                    window: None,
+                    prev: 0.0,
+                };
+                if flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != 0 {
+                    self.window_view(&mut view, flags, fill);
+                }
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    if !live {
+                        return None;
+                    }
+                    // Deltas are plain counters outside the seqlock: a
+                    // check reads them after the quota, and the collector
+                    // moves weight so that it is never absent from both.
+                    let own = s.pending.load(RLX).wrapping_add(s.inflight.load(RLX));
+                    view.own_recent = own as i64 as f64;
+                    out.write(view);
+                    return Some(SlotRead {
+                        parent: parent.checked_sub(1),
+                        per_key: flags & FLAG_PER_KEY != 0,
+                    });
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Completes the view of a window quota's slot: its rule, and for a
+    /// sliding window the rate and previous count packed in `fill`.
+    #[cold]
+    fn window_view(&self, view: &mut QuotaSnapshot, flags: u16, fill: u64) {
+        view.window = counting_rule(flags, self.utc_offset());
+        if flags & FLAG_SLIDING != 0 {
+            (view.fill_rate, view.prev) = unpack_rate_prev(fill);
+        }
+    }
+
+    /// Resolves a single item for [`Table::obtain`] and
+    /// [`Table::reserve`]: its weight (capped at [`MAX_WEIGHT`]) with its
+    /// chain read, or the outcome of an item that is not checked or is
+    /// rejected before any decision (counted as [`Table::check_many`]
+    /// counts it; `chain.overflow` set for a key that found no entry).
+    pub(super) fn resolve_counted(
+        &self,
+        item: &CheckItem,
+        chain: &mut Chain,
+        now: Nanos,
+        dry_run: bool,
+    ) -> Result<u64, Outcome> {
+        match self.resolve(item, chain, now) {
+            Resolved::Counted(weight, _) => Ok(weight.min(MAX_WEIGHT)),
+            Resolved::Unknown => {
+                self.header().unknown_checks.fetch_add(1, RLX);
+                Err(Outcome::Unknown)
+            }
+            Resolved::NoKey => {
+                self.header().keys.place.keyless.fetch_add(1, RLX);
+                Err(Outcome::NoKey)
+            }
+            Resolved::OverflowPass => Err(Outcome::KeyOverflow),
+            Resolved::OverflowReject(rejection) => {
+                self.count_rejected(chain, dry_run);
+                Err(Outcome::Reject(rejection))
+            }
+        }
+    }
+
+    /// Reads the quota `item` names (or, for a per-key quota, the key's
+    /// counter under the template's numbers) and its ancestors into
+    /// `chain`.
+    pub(super) fn resolve(&self, item: &CheckItem, chain: &mut Chain, now: Nanos) -> Resolved {
+        // The quota is read straight into the chain's first view.
+        let first = &mut chain.views[0];
+        let found = self.probe(item.name, |slot, name_at| {
+            self.read_named_into(slot, name_at, item.name, first)
+                .map(|read| (slot, read))
+        });
+        let Some((slot, read)) = found else {
+            return Resolved::Unknown;
+        };
+        chain.slots[0] = slot;
+        chain.len = 1;
+        chain.key = 0;
+        chain.key_hash = 0;
+        chain.overflow = false;
+        if read.per_key {
+            let Some(key) = item.key.filter(|k| !k.is_empty()) else {
+                return Resolved::NoKey;
+            };
+            let hash = self.key_secret().hash(key);
+            // SAFETY: the probe above wrote the first view.
+            let view = unsafe { chain.views[0].assume_init_mut() };
+            match self.use_key(slot, hash, now) {
+                Ok(at) if self.key_into(at, view, now) => {
+                    chain.key = at + 1;
+                    chain.key_hash = hash;
+                }
+                _ => {
+                    chain.overflow = true;
+                    match self.key_overflow() {
+                        KeyOverflow::Shared => {}
+                        KeyOverflow::Pass => return Resolved::OverflowPass,
+                        KeyOverflow::Reject => {
+                            chain.key_hash = hash;
+                            return Resolved::OverflowReject(Rejection {
+                                depth: 0,
+                                slot,
+                                limit: view.limit,
+                                wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
+                                key: hash,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        self.read_ancestors(read.parent, chain);
+        Resolved::Counted(item.weight, item.max_wait)
+    }
+
+    /// Reads a quota and its ancestors into `chain`; false if the quota
+    /// itself is gone.
+    pub(super) fn read_chain(&self, first: SlotId, chain: &mut Chain) -> bool {
+        chain.len = 0;
+        self.read_ancestors(Some(first), chain);
+        chain.len > 0
+    }
+
+    /// Appends `next` and its ancestors to `chain`, up to [`MAX_DEPTH`]
+    /// quotas; an ancestor that vanished ends it.
+    // Inlined into `resolve`, as before the table was split: a call here
+    // cost a hot check ~1 ns (criterion A/B).
+    #[inline(always)]
+    fn read_ancestors(&self, next: Option<SlotId>, chain: &mut Chain) {
+        let mut cur = next;
+        while let Some(slot) = cur {
+            if chain.len == MAX_DEPTH {
+                break;
+            }
+            let Some(read) = self.read_view_into(slot, |_| true, &mut chain.views[chain.len])
+            else {
+                break;
+            };
+            chain.slots[chain.len] = slot;
+            chain.len += 1;
+            cur = read.parent;
+        }
+    }
+}
+
+/// Seconds a check rejected for lack of room in the key section (overflow
+/// mode `reject`) is told to wait: entries free as keys drain, and a
+/// sync cycle is about this long.
+const KEY_OVERFLOW_RETRY_SECS: f64 = 1.0;
+
+/// Hints the CPU to fetch the cache line holding `at` for writing.
+#[inline(always)]
+fn prefetch_for_write<T>(at: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it never faults and reads nothing
+    // visible to the program. SSE is baseline on x86_64.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
+            (at as *const T).cast(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}

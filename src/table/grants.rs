@@ -1,0 +1,236 @@
+//! The one-item paths beside the plain check: a partial grant (the most
+//! units that pass for certain), a reservation (count now, act after a
+//! wait), and weight given back.
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use super::chain::Chain;
+use super::check::{CheckItem, Outcome, Rejection};
+use super::Table;
+use crate::core::counter::ceil_nanos;
+use crate::core::{grantable, Nanos, Wait};
+
+/// What [`Table::obtain`] granted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grant {
+    /// `Pass` when something was granted (and counted), `Reject` when
+    /// nothing could be, `Unknown`/`NoKey` when the item was not checked.
+    pub outcome: Outcome,
+    /// Units granted and counted.
+    pub granted: u64,
+    /// The key found no entry: decided by the overflow mode.
+    pub overflow: bool,
+}
+
+/// What [`Table::reserve`] decided.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reservation {
+    /// `Pass` when the weight was counted (the caller waits `wait`, then
+    /// acts), `Reject` when it was not, `Unknown`/`NoKey` when the item was
+    /// not checked.
+    pub outcome: Outcome,
+    /// Nanoseconds to wait: on a pass before acting; on a rejection what
+    /// the wait would have been ([`Nanos::MAX`]: waiting cannot help).
+    pub wait: Nanos,
+    /// The key found no entry: decided by the overflow mode.
+    pub overflow: bool,
+}
+
+impl Table {
+    /// A partial grant: counts and returns the most units, up to
+    /// `item.weight`, that the quota (or key) and all its ancestors allow
+    /// with certainty now ([`crate::core::grantable`]). Granting nothing
+    /// (asking for nothing, too) is a rejection (counted as one, with
+    /// nothing added); an unknown
+    /// name or a keyless check of a per-key quota grant nothing and say
+    /// so.
+    pub fn obtain(&self, item: &CheckItem, now: Nanos) -> Grant {
+        let estimator = self.estimator();
+        let mut chain = Chain::new();
+        let want = match self.resolve_counted(item, &mut chain, now, false) {
+            Ok(want) => want,
+            Err(outcome) => {
+                return Grant {
+                    outcome,
+                    granted: 0,
+                    overflow: chain.overflow,
+                }
+            }
+        };
+        let (granted, depth) = grantable(chain.views(), want as f64, now, &estimator);
+        if granted >= 1.0 {
+            let granted = granted as u64;
+            self.commit(
+                &chain.slots[..chain.len],
+                chain.key,
+                chain.key_hash,
+                granted,
+            );
+            return Grant {
+                outcome: Outcome::Pass,
+                granted,
+                overflow: chain.overflow,
+            };
+        }
+        let rejection = chain.rejection(depth, 1, now, &estimator);
+        self.count_rejected(&chain, false);
+        Grant {
+            outcome: Outcome::Reject(rejection),
+            granted: 0,
+            overflow: chain.overflow,
+        }
+    }
+
+    /// Pacing: counts `item.weight` now and says how long the caller must
+    /// wait before acting so that the quota (or key) and its ancestors
+    /// stay at their rates fleet-wide ([`crate::core::reserve_wait`]):
+    /// GCRA's theoretical arrival time on the estimated cluster level.
+    /// When the wait would exceed `max_wait` nanoseconds, or cannot end
+    /// (a weight above a `high_burst`; a full window quota, whose next
+    /// window cannot be taken in advance), nothing is counted and the
+    /// rejection says how long it would have been.
+    /// (The one-item case of [`Table::check_many`] with `max_wait`, on its
+    /// own path as [`Table::obtain`] is: the general path's bookkeeping
+    /// for several items cost a reservation a fifth of its time.)
+    pub fn reserve(&self, item: &CheckItem, max_wait: Nanos, now: Nanos) -> Reservation {
+        let estimator = self.estimator();
+        let mut chain = Chain::new();
+        let weight = match self.resolve_counted(item, &mut chain, now, false) {
+            Ok(weight) => weight,
+            Err(outcome) => {
+                return Reservation {
+                    outcome,
+                    wait: rejection_wait(outcome),
+                    overflow: chain.overflow,
+                }
+            }
+        };
+        match chain.pace(weight, max_wait, now, &estimator) {
+            Ok(wait) => {
+                self.commit(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
+                Reservation {
+                    outcome: Outcome::Pass,
+                    wait,
+                    overflow: chain.overflow,
+                }
+            }
+            Err(rejection) => {
+                self.count_rejected(&chain, false);
+                let outcome = Outcome::Reject(rejection);
+                Reservation {
+                    outcome,
+                    wait: rejection_wait(outcome),
+                    overflow: chain.overflow,
+                }
+            }
+        }
+    }
+}
+
+/// The wait [`Reservation::wait`] reports for an outcome that is not a
+/// pass: the rejection's, or none.
+fn rejection_wait(outcome: Outcome) -> Nanos {
+    match outcome {
+        Outcome::Reject(Rejection {
+            wait: Wait::Seconds(seconds),
+            ..
+        }) => ceil_nanos(seconds),
+        Outcome::Reject(_) => Nanos::MAX,
+        _ => 0,
+    }
+}
+
+impl Table {
+    /// Gives `units` back to the counters a passed check of `item` counted
+    /// at `charged_at`: its quota's, or, for a per-key quota, its key's
+    /// (the template's own when the key was an overflow, `overflowed`),
+    /// and every ancestor's. A held request whose client left before its
+    /// turn gives its weight back so.
+    ///
+    /// What was not collected for a sync yet is simply uncounted, as if
+    /// never admitted. Weight already sent stays counted while the host
+    /// syncs with roots (they hold it: see docs/DESIGN.md, "Counters that
+    /// give units back"); while it counts locally (no roots, or every root
+    /// down) the next fold lowers the level by it instead. A window
+    /// counter whose window changed since `charged_at` gets nothing back
+    /// (the return would lower a later window); a key with no entry any
+    /// more (it drained meanwhile: nothing to give back) or a quota
+    /// deleted meanwhile gets nothing. Returns the units given back to the
+    /// first counter (the quota's or the key's).
+    pub fn give_back(
+        &self,
+        item: &CheckItem,
+        units: u64,
+        charged_at: Nanos,
+        now: Nanos,
+        overflowed: bool,
+    ) -> u64 {
+        if units == 0 {
+            return 0;
+        }
+        let local = self.counting_locally();
+        let units = units.min(crate::core::quota::MAX_WEIGHT);
+        let Some(slot) = self.lookup(item.name) else {
+            return 0;
+        };
+        let mut chain = Chain::new();
+        if !self.read_chain(slot, &mut chain) {
+            return 0;
+        }
+        let same_window = |depth: usize| {
+            chain.views()[depth]
+                .window
+                .is_none_or(|rule| rule.index_at(charged_at) == rule.index_at(now))
+        };
+        let mut first = None;
+        let mut counters = &chain.slots[..chain.len];
+        if self.is_per_key(slot) && !overflowed {
+            counters = &counters[1..];
+            let key = item.key.filter(|k| !k.is_empty());
+            let entry = key.and_then(|k| {
+                let hash = self.key_secret().hash(k);
+                self.find_key(slot, hash)
+            });
+            first = Some(0);
+            if let (Some(at), true) = (entry, same_window(0)) {
+                if let Some(e) = self.key_at(at) {
+                    first = Some(take_back(&e.pending, units, local));
+                    self.mark_dirty(at, e);
+                }
+            }
+        }
+        let skipped = chain.len - counters.len();
+        let slots = self.slots();
+        for (i, &s) in counters.iter().enumerate() {
+            let given = if same_window(skipped + i) {
+                take_back(&slots[s as usize].pending, units, local)
+            } else {
+                0
+            };
+            first.get_or_insert(given);
+        }
+        first.unwrap_or(0)
+    }
+}
+
+/// Takes `units` back out of a counter's `pending`: all of them when
+/// counting `local`ly (the next fold lowers the level by what it goes
+/// below zero), else only what is there (weight not sent yet). Returns
+/// the units taken.
+fn take_back(pending: &AtomicU64, units: u64, local: bool) -> u64 {
+    if local {
+        pending.fetch_sub(units, SeqCst);
+        return units;
+    }
+    let mut now = pending.load(SeqCst);
+    loop {
+        let take = (now as i64).clamp(0, units as i64) as u64;
+        if take == 0 {
+            return 0;
+        }
+        match pending.compare_exchange(now, now - take, SeqCst, SeqCst) {
+            Ok(_) => return take,
+            Err(seen) => now = seen,
+        }
+    }
+}
