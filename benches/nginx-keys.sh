@@ -123,13 +123,11 @@ sluice_live() {
 
 echo "### Keys per MiB ($n distinct keys, twice, into 1 MiB)"
 echo
-echo "| key length | limit_req_zone: keys kept | bytes per key | sluice_keys: keys in use (newest-first probe) | bytes per key |"
+echo "| key length | limit_req_zone: keys kept | bytes per key | sluice_keys: keys in use | bytes per key |"
 echo "|---|---|---|---|---|"
 for length in 16 64; do
     start_nginx memory
     lr=$(kept /mem/lr "$length")
-    start_nginx memory
-    probe=$(kept /mem/sluice "$length")
     start_nginx memory
     python3 - "$port" "$n" "$length" <<'PY'
 import http.client, sys
@@ -140,8 +138,8 @@ for i in range(n):
     conn.getresponse().read()
 PY
     sk=$(sluice_live)
-    printf '| %s bytes | %s | %.0f | %s (%s) | %.0f |\n' "$length" "$lr" \
-        "$(echo "1048576 / $lr" | bc -l)" "$sk" "$probe" "$(echo "1048576 / $sk" | bc -l)"
+    printf '| %s bytes | %s | %.0f | %s | %.0f |\n' "$length" "$lr" \
+        "$(echo "1048576 / $lr" | bc -l)" "$sk" "$(echo "1048576 / $sk" | bc -l)"
 done
 echo
 

@@ -225,7 +225,7 @@ pub struct KeyHeader {
 pub struct KeyConfig {
     /// Key buckets in the key section (0: no keyed quotas).
     pub buckets: AtomicU32,
-    /// Entries of the dirty ring (a power of two).
+    /// Entries of the dirty ring.
     pub ring_len: AtomicU32,
     /// Set once the key secret below holds a configured secret.
     pub secret_set: AtomicU32,
@@ -553,10 +553,10 @@ impl Geometry {
         let ring = if buckets == 0 {
             0
         } else {
-            (buckets as u64 * KEY_WAYS as u64 / 8)
-                .max(64)
-                .next_power_of_two()
-                .min(1 << 31) as u32
+            // Any length: positions are taken modulo it. A power of two
+            // would nearly double the ring for some sizes, past the bytes
+            // `sluice_keys` gave.
+            (buckets as u64 * KEY_WAYS as u64 / 8).max(64) as u32
         };
         Self {
             key_buckets: buckets,
@@ -668,6 +668,23 @@ mod tests {
         assert!(g.slots_offset() >= Geometry::index_offset() + 1504 * 8);
         assert!(g.arena_offset() >= g.slots_offset() + 1000 * 128);
         assert!(g.region_len() >= g.arena_offset() + 2000 * GRANULE);
+    }
+
+    #[test]
+    fn a_key_section_fits_the_bytes_given_to_it_whatever_its_size() {
+        // A 1 MiB quota table beside key sections of every size from 1 MiB
+        // to 256 MiB: the region holds both (a dirty ring rounded to a
+        // power of two once overran `sluice_keys 128m` by 1.4 MB).
+        for mib in [1usize, 3, 7, 16, 100, 128, 200, 256] {
+            let keys = mib << 20;
+            let total = (1 << 20) + keys;
+            let g = Geometry::fitting_with_keys(total, 32, keys)
+                .unwrap_or_else(|| panic!("{mib} MiB of keys do not fit"));
+            assert!(g.region_len() <= total);
+            let section = g.region_len() - g.key_ring_offset();
+            assert!(section <= keys + 128, "{mib} MiB: section {section}");
+            assert!(g.capacity > 1000, "{mib} MiB: {g:?}");
+        }
     }
 
     #[test]
