@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
-use super::keys::{clear_entry, KeyAt};
+use super::keys::{clear_entry, key_source, set_key_source, KeyAt};
 use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
 use super::{Table, ACQ, REL, RLX};
@@ -38,11 +38,19 @@ const MAX_NODES: usize = 512;
 /// hands it over between them when a check is waiting).
 const CHECK_SPINS: u32 = 2_000;
 
-/// Times a check then yields its CPU before it gives up (the key is then
-/// an overflow for this one check): a holder preempted mid-batch gets the
-/// CPU back. A bound of about a millisecond, met only when a move is
-/// needed while the sync thread was preempted holding the lock.
+/// Times a check then yields its CPU: a holder preempted mid-batch gets
+/// the CPU back (if it waits on this one).
 const CHECK_YIELDS: u32 = 200;
+
+/// Then naps of [`CHECK_NAP`] before it gives up (the key is then an
+/// overflow for this one check): a holder preempted on a busy machine
+/// waits for a time slice, which yielding does not give it when it waits
+/// on another CPU. All told a bound of about two milliseconds, met only
+/// when a move is needed while the holder was preempted.
+const CHECK_NAPS: u32 = 20;
+
+/// One nap of a check waiting for the key lock.
+const CHECK_NAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Entries the sync thread handles under one hold of the key lock before
 /// it lets a waiting check in.
@@ -74,8 +82,8 @@ impl<'a> KeyLock<'a> {
         }
     }
 
-    /// Takes the lock within `spins` tries and then [`CHECK_YIELDS`]
-    /// yields, or not at all (a check: it says it is waiting, so that the
+    /// Takes the lock within `spins` tries, [`CHECK_YIELDS`] yields and
+    /// [`CHECK_NAPS`] naps, or not at all (a check: it says it is waiting, so that the
     /// sync thread hands the lock over between its batches).
     pub(super) fn try_acquire(
         lock: &'a AtomicU32,
@@ -88,11 +96,13 @@ impl<'a> KeyLock<'a> {
         }
         wanted.fetch_add(1, AcqRel);
         let mut got = None;
-        for n in 1..spins.saturating_add(CHECK_YIELDS) {
+        for n in 1..spins.saturating_add(CHECK_YIELDS + CHECK_NAPS) {
             if n < spins {
                 std::hint::spin_loop();
-            } else {
+            } else if n < spins + CHECK_YIELDS {
                 std::thread::yield_now();
+            } else {
+                std::thread::sleep(CHECK_NAP);
             }
             if let Some(guard) = Self::attempt(lock, wanted, me, n) {
                 got = Some(guard);
@@ -308,8 +318,9 @@ impl Table {
 }
 
 /// Copies everything of an entry but its hash, `pending` (handed on after
-/// the move) and `dirty`.
+/// the move) and whether it is queued in the dirty ring.
 fn copy_state(s: &KeyEntry, d: &KeyEntry) {
+    set_key_source(d, key_source(s));
     d.template.store(s.template.load(RLX), RLX);
     d.used.store(s.used.load(RLX), RLX);
     d.known.store(s.known.load(ACQ), RLX);
