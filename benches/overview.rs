@@ -65,6 +65,7 @@ fn main() {
                 .collect(),
             keyed: Vec::new(),
             rejected: Vec::new(),
+            ..Default::default()
         };
         ledger.sync(&request, 1, SEC, paging);
     }

@@ -320,6 +320,7 @@ async fn initial_sync(http: &reqwest::Client, url: &str) -> (Duration, usize, us
             counter_version: 0,
             root_instance: 0,
             deltas: Vec::new(),
+            ..Default::default()
         };
         let response = http
             .post(format!("{url}/v1/sync"))

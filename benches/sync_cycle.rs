@@ -270,6 +270,7 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
                 .collect(),
             counter_version: cycle,
             root_utc: None,
+            ..Default::default()
         };
         // ... and encode the reply.
         let reply = timed(&mut root_codec, || encoding.reply(&reply));

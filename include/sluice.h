@@ -230,8 +230,8 @@ int sluice_quota_count(void);
 // `groups_down` with root groups: the groups whose shards are limited
 // per host, and per root: `url`, `group`, `up`, `last_success`,
 // `syncs`, `errors`, `last_error`, `round_trip`, `clock_offset`,
-// `bytes_sent`, `bytes_received`, `dropped_deltas`), or NULL on error. The caller owns
-// the string and frees it with `sluice_free_string`.
+// `bytes_sent`, `bytes_received`, `dropped_deltas`, `dropped_returns`), or NULL on
+// error. The caller owns the string and frees it with `sluice_free_string`.
 char *sluice_sync_metrics_json(void);
 
 // Frees a string returned by sluice (NULL is ignored).

@@ -73,8 +73,10 @@
 //!     early sync, extrapolation horizon).
 //!   - `sync/engine.rs` — the sync logic without the network, shared with
 //!     the simulator: what each root is owed, acknowledgements, merging
-//!     replies, all-roots-down folding, early sync; its tests beside it
-//!     (`sync/engine_tests.rs`).
+//!     replies (by source: a root's later value replaces its earlier one),
+//!     all-roots-down folding, early sync; its tests beside it
+//!     (`sync/engine_tests.rs`, and `sync/return_tests.rs`: weight given
+//!     back, through real root ledgers).
 //!   - `sync/vouch.rs` — what a complete reply vouches for: the recently
 //!     changed counters a root left out did not change there.
 //!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed

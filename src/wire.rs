@@ -217,7 +217,7 @@ fn is_zero(x: &f64) -> bool {
 }
 
 /// A limiter's sync request to one root.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SyncRequest {
     /// Stable id of the limiter (an nginx host, a process using the C ABI).
@@ -245,6 +245,18 @@ pub struct SyncRequest {
     /// root that misses a cycle (down, backing off) only misses its share.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<(u64, u64)>,
+    /// Weight this limiter gives back, by quota: units it sent in earlier
+    /// syncs and returns (a held request whose client left before its
+    /// turn, an estimate settled lower; see docs/DESIGN.md, "Counters that
+    /// give units back"). A root lowers the counter by them, never below
+    /// zero, a window counter only in the window named if it is still the
+    /// current one. Sent only to a root whose replies say it takes them
+    /// ([`SyncResponse::takes_returns`]): an older root refuses the field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub returned: Vec<CounterDelta>,
+    /// Weight given back on keys of per-key templates, by template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyed_returned: Vec<KeyedDeltas>,
 }
 
 impl SyncRequest {
@@ -252,10 +264,14 @@ impl SyncRequest {
     /// and rejection counts (what [`MAX_DELTAS_PER_SYNC`] bounds). Each
     /// costs a root memory when decoded, so each is counted.
     pub fn entry_count(&self) -> usize {
+        let keyed = |groups: &[KeyedDeltas]| {
+            groups.len() + groups.iter().map(|k| k.deltas.len()).sum::<usize>()
+        };
         self.deltas.len()
-            + self.keyed.len()
-            + self.keyed.iter().map(|k| k.deltas.len()).sum::<usize>()
+            + keyed(&self.keyed)
             + self.rejected.len()
+            + self.returned.len()
+            + keyed(&self.keyed_returned)
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
@@ -267,29 +283,52 @@ impl SyncRequest {
         if count > MAX_DELTAS_PER_SYNC {
             return Err(too_many_entries(count));
         }
-        if let Some(i) = self.deltas.iter().position(|d| d.delta > MAX_DELTA) {
-            return Err(WireError::new(
-                format!("deltas[{i}].delta"),
-                format!("{} is larger than {MAX_DELTA}", self.deltas[i].delta),
-            ));
-        }
-        for (g, group) in self.keyed.iter().enumerate() {
-            for (i, d) in group.deltas.iter().enumerate() {
-                if d.0 == 0 {
-                    return Err(WireError::new(
-                        format!("keyed[{g}].deltas[{i}]"),
-                        "key hash 0 names no key",
-                    ));
-                }
-                if d.1 > MAX_DELTA {
-                    return Err(WireError::new(
-                        format!("keyed[{g}].deltas[{i}]"),
-                        format!("{} is larger than {MAX_DELTA}", d.1),
-                    ));
-                }
+        check_named("deltas", &self.deltas)?;
+        check_keyed("keyed", &self.keyed)?;
+        check_named("returned", &self.returned)?;
+        check_keyed("keyed_returned", &self.keyed_returned)
+    }
+}
+
+/// Checks a list of named deltas (or returns) called `what`: none above
+/// [`MAX_DELTA`].
+fn check_named(what: &str, deltas: &[CounterDelta]) -> Result<(), WireError> {
+    if let Some(i) = deltas.iter().position(|d| d.delta > MAX_DELTA) {
+        return Err(WireError::new(
+            format!("{what}[{i}].delta"),
+            format!("{} is larger than {MAX_DELTA}", deltas[i].delta),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks keys' deltas (or returns) grouped by template, called `what`:
+/// no key hash 0, none above [`MAX_DELTA`].
+fn check_keyed(what: &str, groups: &[KeyedDeltas]) -> Result<(), WireError> {
+    for (g, group) in groups.iter().enumerate() {
+        for (i, d) in group.deltas.iter().enumerate() {
+            if d.0 == 0 {
+                return Err(WireError::new(
+                    format!("{what}[{g}].deltas[{i}]"),
+                    "key hash 0 names no key",
+                ));
+            }
+            if d.1 > MAX_DELTA {
+                return Err(WireError::new(
+                    format!("{what}[{g}].deltas[{i}]"),
+                    format!("{} is larger than {MAX_DELTA}", d.1),
+                ));
             }
         }
-        Ok(())
+    }
+    Ok(())
+}
+
+impl SyncRequest {
+    /// True when the request gives weight back (it must go to a root that
+    /// takes returns, in binary request format 2).
+    pub fn has_returns(&self) -> bool {
+        !self.returned.is_empty() || !self.keyed_returned.is_empty()
     }
 }
 
@@ -354,7 +393,7 @@ pub fn check_json_size(body: &[u8]) -> Result<usize, WireError> {
 }
 
 /// A root's answer to a [`SyncRequest`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SyncResponse {
     /// Random id of this root process, new at every start.
     pub root_instance: u64,
@@ -388,6 +427,11 @@ pub struct SyncResponse {
     /// Version to send next time: the newest one, or, when counters were
     /// held back or cut at a page, the version up to which they were sent.
     pub counter_version: u64,
+    /// The root takes returns ([`SyncRequest::returned`]): a limiter
+    /// gives weight back only to a root that says so (one that predates
+    /// returns leaves it out and keeps the weight, erring strict).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_returns: bool,
 }
 
 impl SyncResponse {
@@ -549,6 +593,7 @@ mod tests {
                 prev,
             }],
             counter_version: 3,
+            ..Default::default()
         }
     }
 

@@ -20,6 +20,7 @@ on_both_backends!(
     an_incremental_sync_carries_only_what_changed,
     metrics_count_syncs_deltas_and_limiters,
     keys_of_a_template_are_summed_per_key_and_listed_by_hash,
+    returns_lower_the_counter_every_limiter_reads,
 );
 
 fn counter_ids(reply: &Value) -> Vec<u64> {
@@ -125,6 +126,74 @@ async fn two_limiters_share_a_counter_and_a_restarted_root_starts_from_the_floor
     assert_eq!(b.levels[&id], 12.0);
     a.sync(&root, &[]).await;
     assert_eq!(a.levels[&id], 12.0);
+    root.stop().await;
+}
+
+async fn returns_lower_the_counter_every_limiter_reads(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    // Limit 0 leaks nothing, so every level is exact.
+    root.put("q", quota(0.0, 100.0, 200.0, None)).await;
+    let (mut a, mut b) = (Limiter::new("host-a"), Limiter::new("host-b"));
+    a.catch_up(&root).await;
+    b.catch_up(&root).await;
+    let id = a.id_of("q").unwrap();
+    let reply = a.sync(&root, &[(id, 50)]).await;
+    assert_eq!(reply["takes_returns"], json!(true), "{reply}");
+    b.sync(&root, &[(id, 30)]).await;
+    assert_eq!(b.levels[&id], 80.0);
+    // a gives 20 back: the root's counter drops, and b's next sync is
+    // told the lower value.
+    let mut request = a.request(&[]);
+    request["returned"] = json!([{"id": id, "delta": 20}]);
+    let (status, reply) = root.sync(&request).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    a.absorb(&reply);
+    assert_eq!(a.levels[&id], 60.0);
+    b.sync(&root, &[]).await;
+    assert_eq!(b.levels[&id], 60.0);
+    assert_eq!(
+        root.metric("sluice_root_sync_weight_returned_total").await,
+        Some(20.0)
+    );
+    // Returns in binary (request format 2) lower it the same way.
+    let binary = sluice::wire::SyncRequest {
+        limiter: "host-b".into(),
+        returned: vec![sluice::wire::CounterDelta {
+            id,
+            delta: 10,
+            window: None,
+        }],
+        ..Default::default()
+    };
+    let body = sluice::wire::binary::encode_request(&binary);
+    assert_eq!(body[3], sluice::wire::binary::BINARY_REQUEST_VERSION);
+    let (status, _, _) = post_sync(
+        &root,
+        sluice::wire::binary::BINARY_CONTENT_TYPE,
+        "application/json",
+        body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    a.sync(&root, &[]).await;
+    assert_eq!(a.levels[&id], 50.0);
+    // A malformed return is refused whole, naming it, and nothing of the
+    // sync is applied.
+    let mut bad = a.request(&[(id, 5)]);
+    bad["returned"] = json!([{"id": id, "delta": 1u64 << 62}]);
+    let (status, reply) = root.sync(&bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(reply["error"]["field"], "returned[0].delta", "{reply}");
+    let mut zero_key = a.request(&[]);
+    zero_key["keyed_returned"] = json!([{"id": id, "deltas": [[0, 1]]}]);
+    let (status, reply) = root.sync(&zero_key).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(
+        reply["error"]["field"], "keyed_returned[0].deltas[0]",
+        "{reply}"
+    );
+    a.sync(&root, &[]).await;
+    assert_eq!(a.levels[&id], 50.0);
     root.stop().await;
 }
 
@@ -383,6 +452,7 @@ async fn binary_and_json_syncs_agree_and_a_bad_binary_body_is_refused_by_name() 
         }],
         keyed: Vec::new(),
         rejected: Vec::new(),
+        ..Default::default()
     };
 
     // Binary in, binary out: the whole quota set and the counter.

@@ -105,6 +105,7 @@ fn a_request_at_the_cap_decodes_to_at_most_48_bytes_an_entry() {
             .collect(),
         keyed: Vec::new(),
         rejected: Vec::new(),
+        ..Default::default()
     };
     let body = encode_request(&request);
     drop(request);

@@ -370,6 +370,9 @@ type RootMetrics struct {
 	BytesReceived uint64 `json:"bytes_received"`
 	// DroppedDeltas counts unsent counts dropped while the root was away.
 	DroppedDeltas uint64 `json:"dropped_deltas"`
+	// DroppedReturns counts units given back and not sent because the
+	// root predates returns (it keeps them).
+	DroppedReturns uint64 `json:"dropped_returns"`
 }
 
 // SyncMetrics reads the sync thread's state.

@@ -215,6 +215,23 @@ impl Counting {
         }
     }
 
+    /// A root's reply `value` merged into a limiter's `known` view of one
+    /// counter; also says whether the result is the reply's. When `known`
+    /// is that same root's earlier reply (`same_root`: the same root
+    /// process) and `value` is not older, `value` replaces it, lower or
+    /// not: one root's values only ever go down by returns, and its later
+    /// value is the truer one. Otherwise the larger of the two, as
+    /// [`Counting::merge`]. See docs/DESIGN.md, "Counters that give units
+    /// back".
+    pub fn merge_reply(&self, known: Tally, value: Tally, same_root: bool) -> (Tally, bool) {
+        if same_root && value.at >= known.at {
+            return (value, true);
+        }
+        let merged = self.merge(known, value);
+        let at = merged.at;
+        (merged, self.current(value, at) >= self.current(known, at))
+    }
+
     /// The larger of two views of one counter (a CRDT merge).
     pub fn merge(&self, a: Tally, b: Tally) -> Tally {
         match self {
@@ -382,6 +399,57 @@ mod tests {
             at: 2 * SEC,
         };
         assert_eq!(a.merge(c, 10.0).level, 90.0);
+    }
+
+    #[test]
+    fn a_roots_later_reply_replaces_its_earlier_one_and_another_roots_is_max_merged() {
+        let leak = Counting::Leak(10.0);
+        let known = Tally::leaky(Level {
+            level: 50.0,
+            at: SEC,
+        });
+        // The same root, a second later, after a return of 30: 50 leaked
+        // by 10 to 40, minus 30.
+        let lower = Tally::leaky(Level {
+            level: 10.0,
+            at: 2 * SEC,
+        });
+        assert_eq!(leak.merge_reply(known, lower, true), (lower, true));
+        // Another root's lower value loses, and the view stays the first's.
+        let (merged, won) = leak.merge_reply(known, lower, false);
+        assert!(!won);
+        assert_eq!(leak.current(merged, 2 * SEC), 40.0);
+        // Another root's higher value wins.
+        let higher = Tally::leaky(Level {
+            level: 45.0,
+            at: 2 * SEC,
+        });
+        assert_eq!(leak.merge_reply(known, higher, false), (higher, true));
+        // A stale reply of the same root (older than the view) replaces
+        // nothing.
+        let stale = Tally::leaky(Level { level: 1.0, at: 0 });
+        let (merged, won) = leak.merge_reply(known, stale, true);
+        assert!(!won);
+        assert_eq!(merged, known);
+        // A window count drops the same way within its window.
+        let rule = crate::core::WindowRule {
+            window: crate::core::Window::Minute,
+            sliding: false,
+            utc_offset: 0,
+        };
+        let window = Counting::Window(rule);
+        let seen = Tally {
+            level: 9.0,
+            prev: 0.0,
+            at: SEC,
+        };
+        let back = Tally {
+            level: 4.0,
+            prev: 0.0,
+            at: 2 * SEC,
+        };
+        assert_eq!(window.merge_reply(seen, back, true), (back, true));
+        assert_eq!(window.merge_reply(seen, back, false).0.level, 9.0);
     }
 
     #[test]

@@ -245,7 +245,7 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
         "Root groups none of whose roots answered for two intervals (their shards are limited per host).",
         m.groups_down.len() as f64,
     );
-    let series: [RootSeries; 7] = [
+    let series: [RootSeries; 8] = [
         (
             "sluice_sync_root_up",
             "gauge",
@@ -293,6 +293,12 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
             "counter",
             "Owed deltas dropped.",
             |r, _| r.dropped_deltas as f64,
+        ),
+        (
+            "sluice_sync_root_dropped_returns_total",
+            "counter",
+            "Units given back and not sent: the root predates returns and keeps them.",
+            |r, _| r.dropped_returns as f64,
         ),
     ];
     for (name, kind, help, value) in series {

@@ -27,6 +27,31 @@ pub struct SyncPaging {
     pub counters: usize,
 }
 
+/// A request's `(counter, delta)` pairs: named ones, then keys' by
+/// template (its deltas, or its returns).
+fn counter_deltas<'a>(
+    named: &'a [crate::wire::CounterDelta],
+    keyed: &'a [crate::wire::KeyedDeltas],
+) -> impl Iterator<Item = (CounterKey, Delta)> + Clone + 'a {
+    let delta = |weight: u64, window| Delta {
+        weight: weight as f64,
+        window,
+    };
+    let named = named
+        .iter()
+        .map(move |d| (CounterKey::named(d.id), delta(d.delta, d.window)));
+    let keyed = keyed.iter().flat_map(move |group| {
+        group.deltas.iter().map(move |d| {
+            let counter = CounterKey {
+                id: group.id,
+                key: d.0,
+            };
+            (counter, delta(d.1, group.window))
+        })
+    });
+    named.chain(keyed)
+}
+
 /// What one sync did and what goes back to the limiter.
 #[derive(Clone, Debug, Default)]
 pub struct SyncStep {
@@ -38,10 +63,13 @@ pub struct SyncStep {
     pub applied: usize,
     /// Deltas for unknown or deleted quotas, dropped.
     pub ignored: usize,
-    /// Deltas cut to the limiter's allowance (in part or whole).
+    /// Deltas and returns cut to the limiter's allowance (in part or
+    /// whole).
     pub clipped: usize,
     /// Weight cut from them.
     pub clipped_weight: f64,
+    /// Units given back to counters (returns granted).
+    pub returned_weight: f64,
     /// Rejections cut from the request's counts, more than its limiter
     /// could have made ([`super::trust::plausible_rejections`]).
     pub rejections_clipped: u64,
@@ -66,6 +94,7 @@ impl SyncStep {
             counters: self.counters.counters,
             keyed: self.counters.keyed,
             counter_version: self.counters.version,
+            takes_returns: true,
         }
     }
 }
@@ -270,50 +299,43 @@ impl Ledger {
         let caller = (number, since);
         let limiter = Some(number);
         let mut step = SyncStep::default();
-        let delta = |weight: u64, window| Delta {
-            weight: weight as f64,
-            window,
-        };
-        let shards = self.counters.shard_count();
-        let named = request
-            .deltas
-            .iter()
-            .map(|d| (CounterKey::named(d.id), delta(d.delta, d.window)));
-        let keyed = request.keyed.iter().flat_map(|group| {
-            group.deltas.iter().map(move |d| {
-                let counter = CounterKey {
-                    id: group.id,
-                    key: d.0,
-                };
-                (counter, delta(d.1, group.window))
-            })
-        });
-        // Sized first: a million deltas would otherwise take up to twice
-        // their room while the lists grow.
-        let mut sizes = vec![0; shards];
-        for (counter, _) in named.clone().chain(keyed.clone()) {
-            sizes[self.counters.shard_of(counter)] += 1;
-        }
-        let mut parts: Vec<Vec<(CounterKey, Delta)>> =
-            sizes.into_iter().map(Vec::with_capacity).collect();
-        for (counter, delta) in named.chain(keyed) {
-            parts[self.counters.shard_of(counter)].push((counter, delta));
-        }
+        let parts = self.by_shard(counter_deltas(&request.deltas, &request.keyed));
+        let returns = self.by_shard(counter_deltas(&request.returned, &request.keyed_returned));
         let (rejections, cut) = plausible_rejections(&request.rejected, since);
         step.rejections_clipped = cut;
-        let mut rejected: Vec<Vec<(u64, u64)>> = vec![Vec::new(); shards];
+        let mut rejected: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.counters.shard_count()];
         for &(id, count) in &rejections {
             rejected[self.counters.shard_of(CounterKey::named(id))].push((id, count));
         }
         let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         let quotas = self.quotas_read();
-        for (index, (part, rejected)) in parts.iter().zip(&rejected).enumerate() {
-            if part.is_empty() && rejected.is_empty() {
+        for (index, ((part, rejected), returns)) in
+            parts.iter().zip(&rejected).zip(&returns).enumerate()
+        {
+            if part.is_empty() && rejected.is_empty() && returns.is_empty() {
                 continue;
             }
             let mut guard = self.counters.lock(index);
             let shard = &mut *guard;
-            shard.book.reserve(part.len() as u64);
+            shard.book.reserve((part.len() + returns.len()) as u64);
+            // Returns first: one taken before an add of the same sync stops
+            // at zero, so the order can only leave the level higher. A
+            // return spends the limiter's allowance as an add does: one
+            // limiter moves a counter down no faster than it could have
+            // filled it (see `trust.rs`).
+            for &(counter, delta) in returns {
+                let allowances = &mut shard.allowances;
+                let allow = |shape: &AllowanceShape| {
+                    allowances.admit(caller, counter, shape, delta.weight, now)
+                };
+                if let Some(granted) = shard.book.give_back(counter, delta, now, allow) {
+                    step.returned_weight += granted;
+                    if granted < delta.weight {
+                        step.clipped += 1;
+                        step.clipped_weight += delta.weight - granted;
+                    }
+                }
+            }
             for &(counter, delta) in part {
                 // A named delta counts on a plain quota, a key's on a
                 // template. Looked up only for a counter the root does not
@@ -364,6 +386,25 @@ impl Ledger {
             self.counters.changed_since(since, paging.counters, now)
         };
         step
+    }
+
+    /// `(counter, delta)` pairs sorted into lists by shard.
+    fn by_shard(
+        &self,
+        deltas: impl Iterator<Item = (CounterKey, Delta)> + Clone,
+    ) -> Vec<Vec<(CounterKey, Delta)>> {
+        // Sized first: a million deltas would otherwise take up to twice
+        // their room while the lists grow.
+        let mut sizes = vec![0; self.counters.shard_count()];
+        for (counter, _) in deltas.clone() {
+            sizes[self.counters.shard_of(counter)] += 1;
+        }
+        let mut parts: Vec<Vec<(CounterKey, Delta)>> =
+            sizes.into_iter().map(Vec::with_capacity).collect();
+        for (counter, delta) in deltas {
+            parts[self.counters.shard_of(counter)].push((counter, delta));
+        }
+        parts
     }
 
     fn counters_since(&self, request: &SyncRequest, instance: u64) -> u64 {
@@ -417,6 +458,7 @@ pub(crate) fn test_request(
             })
             .collect(),
         rejected: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -780,6 +822,57 @@ mod tests {
         // cut.
         let a = ledger.sync(&request("a", 0, &[(1, 1000)]), INSTANCE, 2 * SEC, PAGING);
         assert_eq!(a.clipped_weight, 960.0);
+    }
+
+    #[test]
+    fn returns_lower_a_counter_within_the_limiters_allowance_and_never_below_zero() {
+        let ledger = Ledger::default();
+        // limit 10, high_burst 200: allowance 500 per limiter, refilling
+        // at 20/s.
+        ledger.load(vec![quota(1, 10.0, 1), quota(2, 10.0, 1)], 0);
+        ledger.sync(&request("a", 0, &[(1, 150)]), INSTANCE, 0, PAGING);
+        ledger.sync(&request("b", 0, &[(1, 100)]), INSTANCE, 0, PAGING);
+        let give_back = |limiter: &str, id: u64, units: u64, now: Nanos| {
+            let request = SyncRequest {
+                returned: vec![CounterDelta {
+                    id,
+                    delta: units,
+                    window: None,
+                }],
+                ..test_request(limiter, 0, 0, &[], &[])
+            };
+            ledger.sync(&request, INSTANCE, now, PAGING)
+        };
+        // a gives 100 back a second later: 250 - 10 - 100.
+        let step = give_back("a", 1, 100, SEC);
+        assert_eq!((step.returned_weight, step.clipped), (100.0, 0));
+        assert_eq!(level_of(&step, 1), Some(140.0));
+        let reply = step.into_response(INSTANCE, SEC, 0);
+        assert!(reply.takes_returns);
+        // A liar returning far more than it added moves the counter down
+        // only as far as its allowance (500 less the 250 it used, plus a
+        // second's refill), and never below zero; the cut is counted for
+        // it.
+        let step = give_back("a", 1, 1 << 40, SEC);
+        assert_eq!(step.clipped, 1);
+        assert_eq!(ledger.counters.view(1, SEC).unwrap().level, 0.0);
+        assert!(step.returned_weight <= 500.0, "{}", step.returned_weight);
+        assert_eq!(ledger.limiters().get(0).unwrap().clipped, 1);
+        // A return to a counter the root does not hold lowers nothing.
+        let step = give_back("b", 2, 10, SEC);
+        assert_eq!((step.returned_weight, step.clipped), (0.0, 0));
+        assert!(ledger.counters.view(2, SEC).is_none());
+        // Returns come before adds of the same sync: the add is whole.
+        let both = SyncRequest {
+            returned: vec![CounterDelta {
+                id: 1,
+                delta: 30,
+                window: None,
+            }],
+            ..test_request("b", 0, 0, &[(1, 40)], &[])
+        };
+        let step = ledger.sync(&both, INSTANCE, SEC, PAGING);
+        assert_eq!(level_of(&step, 1), Some(40.0));
     }
 
     #[test]

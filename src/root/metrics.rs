@@ -177,6 +177,9 @@ pub struct Metrics {
     deltas_clipped: AtomicU64,
     /// Weight cut from them (whole units, rounded down per sync).
     weight_clipped: AtomicU64,
+    /// Weight limiters gave back to counters (whole units, rounded down
+    /// per sync).
+    weight_returned: AtomicU64,
     /// Rejections cut from syncs' counts.
     rejections_clipped: AtomicU64,
     /// Quotas sent in sync replies.
@@ -255,6 +258,12 @@ impl Metrics {
             .fetch_add(weight.min(u64::MAX as f64) as u64, Ordering::Relaxed);
     }
 
+    /// Counts weight given back to counters.
+    pub fn returned(&self, weight: f64) {
+        self.weight_returned
+            .fetch_add(weight.min(u64::MAX as f64) as u64, Ordering::Relaxed);
+    }
+
     /// Counts rejections cut from a sync's counts.
     pub fn rejections_clipped(&self, rejections: u64) {
         self.rejections_clipped
@@ -329,6 +338,11 @@ impl Metrics {
                 "sync_weight_clipped_total",
                 "Weight cut from deltas larger than their limiter could have admitted.",
                 &self.weight_clipped,
+            ),
+            (
+                "sync_weight_returned_total",
+                "Weight limiters gave back to counters (returns granted).",
+                &self.weight_returned,
             ),
             (
                 "sync_rejections_clipped_total",

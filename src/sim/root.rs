@@ -186,6 +186,7 @@ mod tests {
             } else {
                 vec![]
             },
+            ..Default::default()
         }
     }
 

@@ -11,6 +11,10 @@
 //! - every collected delta is **unacknowledged** until the first root whose
 //!   reply covers it; that reply takes it off the table's `inflight`, later
 //!   roots' replies only max-merge their values;
+//! - weight given back (a collected counter whose net change is negative)
+//!   travels the same way, as a return beside the deltas, owed and
+//!   acknowledged alike, and only to roots that take returns (see
+//!   docs/DESIGN.md, "Counters that give units back");
 //! - a counter a root leaves out of a complete reply did not change there:
 //!   the engine tells the table so at the end of the cycle, which resets the
 //!   counter's extrapolation and decays its fill rate (see `vouch.rs`);
@@ -73,32 +77,46 @@ pub type LogLine = (LogLevel, String);
 /// Deltas collected and sent, not yet included in any root's answer.
 #[derive(Default, Debug)]
 struct Unacked {
-    by_counter: CounterMap<(SlotId, u64)>,
+    /// By counter: where it lives, weight added and weight given back
+    /// that no root acknowledged yet.
+    by_counter: CounterMap<(SlotId, u64, u64)>,
 }
 
 impl Unacked {
     fn add(&mut self, collected: &[CollectedDelta]) {
         for d in collected {
-            let e = self.by_counter.entry(counter_of(d)).or_insert((d.slot, 0));
+            let e = self
+                .by_counter
+                .entry(counter_of(d))
+                .or_insert((d.slot, 0, 0));
             e.0 = d.slot;
             e.1 += d.delta;
+            e.2 += d.returned;
         }
     }
 
-    /// Takes up to `sent` of the counter's unacknowledged weight (one
-    /// lookup: this runs for every counter of every reply).
-    fn take(&mut self, counter: CounterKey, sent: u64) -> Option<(SlotId, u64)> {
+    /// Takes up to `sent` of the counter's unacknowledged weight and up to
+    /// `returned` of its unacknowledged returns (one lookup: this runs for
+    /// every counter of every reply); the net acknowledged, signed.
+    fn take(&mut self, counter: CounterKey, sent: u64, returned: u64) -> Option<(SlotId, i64)> {
         let Entry::Occupied(mut e) = self.by_counter.entry(counter) else {
             return None;
         };
-        let (slot, weight) = e.get_mut();
+        let (slot, weight, back) = e.get_mut();
         let acked = (*weight).min(sent);
+        let acked_back = (*back).min(returned);
         *weight -= acked;
+        *back -= acked_back;
         let slot = *slot;
-        if *weight == 0 {
+        if *weight == 0 && *back == 0 {
             e.remove();
         }
-        Some((slot, acked))
+        Some((slot, acked as i64 - acked_back as i64))
+    }
+
+    /// A counter's unacknowledged net weight.
+    fn net(&(_, added, returned): &(SlotId, u64, u64)) -> i64 {
+        added as i64 - returned as i64
     }
 }
 
@@ -118,43 +136,89 @@ pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncReq
         quotas_after: reply.quotas_after,
         counter_version: reply.counter_version,
         root_instance: reply.root_instance,
-        deltas: Vec::new(),
-        keyed: Vec::new(),
-        rejected: Vec::new(),
+        ..SyncRequest::default()
     })
 }
 
-/// What `owed` comes to at `now`, as a request carries it: named deltas,
-/// and keyed ones grouped by template (entries that leaked to less than a
-/// unit are left out).
-fn due_deltas(owed: &OwedDeltas, now: Nanos) -> (Vec<CounterDelta>, Vec<KeyedDeltas>) {
-    let mut named = Vec::new();
-    // By template and window: a group's deltas share one window.
-    let mut by_template: HashMap<(u64, Option<i64>), Vec<KeyDelta>> = HashMap::new();
-    for (c, o) in owed {
-        let delta = o.due(now);
-        if delta == 0 {
-            continue;
-        }
-        let window = o.window.map(|w| w.index);
+/// What `owed` comes to at `now`, as a request carries it.
+#[derive(Default)]
+struct Due {
+    /// Named deltas.
+    named: Vec<CounterDelta>,
+    /// Keys' deltas, grouped by template.
+    keyed: Vec<KeyedDeltas>,
+    /// Named returns (only for a root that takes them).
+    returned: Vec<CounterDelta>,
+    /// Keys' returns, grouped by template.
+    keyed_returned: Vec<KeyedDeltas>,
+    /// Units of returns left out: the root does not take them.
+    dropped_returns: u64,
+}
+
+/// Named deltas and keys' deltas grouped by template (and window: a
+/// group's deltas share one), from `(counter, window, amount)`.
+#[derive(Default)]
+struct Grouped {
+    named: Vec<CounterDelta>,
+    by_template: HashMap<(u64, Option<i64>), Vec<KeyDelta>>,
+}
+
+impl Grouped {
+    fn push(&mut self, c: CounterKey, window: Option<i64>, amount: u64) {
         if c.key == 0 {
-            named.push(CounterDelta {
+            self.named.push(CounterDelta {
                 id: c.id,
-                delta,
+                delta: amount,
                 window,
             });
         } else {
-            by_template
+            self.by_template
                 .entry((c.id, window))
                 .or_default()
-                .push(KeyDelta(c.key, delta));
+                .push(KeyDelta(c.key, amount));
         }
     }
-    let keyed = by_template
-        .into_iter()
-        .map(|((id, window), deltas)| KeyedDeltas { id, deltas, window })
-        .collect();
-    (named, keyed)
+
+    fn into_parts(self) -> (Vec<CounterDelta>, Vec<KeyedDeltas>) {
+        let keyed = self
+            .by_template
+            .into_iter()
+            .map(|((id, window), deltas)| KeyedDeltas { id, deltas, window })
+            .collect();
+        (self.named, keyed)
+    }
+}
+
+/// What `owed` comes to at `now`, as a request carries it: deltas (entries
+/// that leaked to less than a unit are left out), and returns when the
+/// root takes them.
+fn due_deltas(owed: &OwedDeltas, now: Nanos, takes_returns: bool) -> Due {
+    let (mut adds, mut returns) = (Grouped::default(), Grouped::default());
+    let mut dropped_returns = 0u64;
+    for (c, o) in owed {
+        let window = o.window.map(|w| w.index);
+        let delta = o.due(now);
+        if delta > 0 {
+            adds.push(*c, window, delta);
+        }
+        let back = o.due_returned(now);
+        if back > 0 {
+            if takes_returns {
+                returns.push(*c, window, back);
+            } else {
+                dropped_returns = dropped_returns.saturating_add(back);
+            }
+        }
+    }
+    let (named, keyed) = adds.into_parts();
+    let (returned, keyed_returned) = returns.into_parts();
+    Due {
+        named,
+        keyed,
+        returned,
+        keyed_returned,
+        dropped_returns,
+    }
 }
 
 /// The sync state of one limiter.
@@ -344,7 +408,8 @@ impl SyncEngine {
             let counting = table
                 .counter_counting(d.slot, d.id)
                 .unwrap_or(Counting::Leak(0.0));
-            (counter_of(d), Owed::collected(d.delta, counting, now))
+            let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
+            (counter_of(d), owed)
         }));
         // With no root of a group up, backoff only delays finding the
         // first one back.
@@ -388,7 +453,11 @@ impl SyncEngine {
             }
             link.busy = true;
             let owed = std::mem::take(&mut link.owed);
-            let (deltas, keyed) = due_deltas(&owed, now);
+            let due = due_deltas(&owed, now, link.takes_returns);
+            link.metrics.dropped_returns = link
+                .metrics
+                .dropped_returns
+                .saturating_add(due.dropped_returns);
             let others = furthest
                 .iter()
                 .enumerate()
@@ -406,13 +475,15 @@ impl SyncEngine {
                 quotas_after,
                 counter_version: link.counter_version,
                 root_instance: link.root_instance,
-                deltas,
-                keyed,
+                deltas: due.named,
+                keyed: due.keyed,
                 rejected: if groups > 1 {
                     rejected_of(g)
                 } else {
                     rejected.clone()
                 },
+                returned: due.returned,
+                keyed_returned: due.keyed_returned,
             };
             out.push(Outgoing {
                 root,
@@ -590,6 +661,7 @@ impl SyncEngine {
         }
         // Looked up once: every value of the reply is moved by it.
         let offset = self.links[root].offset();
+        let source = self.links[root].source(root);
         let keyed = reply.keyed.iter().flat_map(|group| {
             group.values.iter().enumerate().map(move |(i, v)| {
                 let counter = CounterKey {
@@ -621,7 +693,7 @@ impl SyncEngine {
             // what leaked away is no longer part of any level.
             let acked = sent
                 .remove(&counter)
-                .and_then(|s| self.unacked.take(counter, s.weight));
+                .and_then(|s| self.unacked.take(counter, s.weight, s.returned));
             // A counter this host sent says where it lives (one lookup
             // less per counter).
             let slot = match acked {
@@ -633,18 +705,19 @@ impl SyncEngine {
             };
             self.recent.changed(counter, slot);
             let amount = acked.map_or(0, |a| a.1);
-            if !table.merge_counter(slot, counter.id, counter.key, value, amount) && acked.is_some()
+            if !table.merge_counter(slot, counter.id, counter.key, value, amount, source)
+                && acked.is_some()
             {
                 // Its quota moved to another slot since the delta was
                 // collected: merge it where it is now.
                 if let Some(&moved) = self.slots.get(&counter.id).filter(|&&s| s != slot) {
                     self.recent.changed(counter, moved);
-                    table.merge_counter(moved, counter.id, counter.key, value, amount);
+                    table.merge_counter(moved, counter.id, counter.key, value, amount, source);
                 }
             }
         }
         for (counter, owed) in sent.drain() {
-            if let Some((slot, acked)) = self.unacked.take(counter, owed.weight) {
+            if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
                 table.release_inflight(slot, counter.id, counter.key, acked);
             }
         }
@@ -706,11 +779,11 @@ impl SyncEngine {
                 roots.next().is_some() && !waiting && now.saturating_sub(since) > 2 * self.interval;
         }
         if down.iter().any(|&d| d) {
-            self.unacked.by_counter.retain(|c, &mut (slot, amount)| {
+            self.unacked.by_counter.retain(|c, entry| {
                 if !down[super::shard(*c, groups)] {
                     return true;
                 }
-                table.fold_inflight(slot, c.id, c.key, amount, now);
+                table.fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
                 false
             });
         }
@@ -737,8 +810,8 @@ impl SyncEngine {
     /// forever. A root that did get it counts it twice, once; that
     /// overcount leaks away like any weight.
     pub fn abandon(&mut self, table: &Table) {
-        for (c, &(slot, amount)) in &self.unacked.by_counter {
-            table.requeue_inflight(slot, c.id, c.key, amount);
+        for (c, entry) in &self.unacked.by_counter {
+            table.requeue_inflight(entry.0, c.id, c.key, Unacked::net(entry));
         }
         self.unacked = Unacked::default();
     }
@@ -772,3 +845,7 @@ impl SyncEngine {
 #[cfg(test)]
 #[path = "engine_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "return_tests.rs"]
+mod return_tests;

@@ -35,6 +35,7 @@ fn reply(level: f64, at: Nanos) -> SyncResponse {
         }],
         counter_version: 1,
         root_utc: None,
+        ..Default::default()
     }
 }
 
@@ -482,6 +483,7 @@ fn later_pages_carry_no_deltas() {
             delta: 1,
             window: None,
         }],
+        ..Default::default()
     };
     let mut r = reply(1.0, 0);
     assert!(next_page(&first, &r).is_none());

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::core::{Counting, Level, Nanos};
+use crate::table::Source;
 use crate::wire::{ClockReport, CounterKey, CounterValue, QuotaCursor, SyncResponse};
 
 /// Round-trip samples kept for the clock offset.
@@ -45,6 +46,14 @@ const OFFSET_SAMPLES: usize = 8;
 /// window it was admitted in, until the window after that one ends (past
 /// that, no decision can depend on it any more, not even a sliding
 /// window's); a root counts it in its window however late it arrives.
+///
+/// Weight given back (a return, see docs/DESIGN.md "Counters that give
+/// units back") is owed beside it, without a leak: a root lowers the
+/// counter by it and stops at zero, so a late return lowers it no more
+/// than an early one would have by then. An add and a return owed in one
+/// entry cancel first: a root that never got the add must not get the
+/// return of it, or it would lower other hosts' weight; only a return of
+/// more than the entry adds (weight the root did get, earlier) is sent.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Owed {
     /// What the root should still add, as a bucket leaking at `limit`
@@ -57,6 +66,12 @@ pub struct Owed {
     pub weight: u64,
     /// For a window quota: the window the weight belongs to.
     pub window: Option<OwedWindow>,
+    /// Weight given back that this entry covers: what a reply from the
+    /// root acknowledges of returns.
+    pub returned: u64,
+    /// Of it, what the root should still take: the returns of the entry's
+    /// window (all of them for a leaky quota).
+    pub returned_due: u64,
 }
 
 /// The window owed window-quota weight belongs to.
@@ -80,6 +95,17 @@ impl Owed {
             limit,
             weight: delta,
             window: None,
+            returned: 0,
+            returned_due: 0,
+        }
+    }
+
+    /// The same entry, owing `returned` units given back as well.
+    pub fn with_returned(self, returned: u64) -> Self {
+        Self {
+            returned,
+            returned_due: returned,
+            ..self
         }
     }
 
@@ -117,11 +143,17 @@ impl Owed {
         };
         let at = newer.level.at;
         let weight = older.weight.saturating_add(newer.weight);
+        let returned = older.returned.saturating_add(newer.returned);
         if older.window.map(|w| w.index) != newer.window.map(|w| w.index) {
             // Weight of an earlier window (or of the quota before it
             // changed how it counts): one entry carries one window, and
-            // the newer one matters more. The older is still acknowledged.
-            return Owed { weight, ..newer };
+            // the newer one matters more. The older is still acknowledged
+            // (a return of an earlier window lowers nothing at a root).
+            return Owed {
+                weight,
+                returned,
+                ..newer
+            };
         }
         let level = older.level.leaked(older.limit, at).level + newer.level.level;
         Owed {
@@ -129,17 +161,45 @@ impl Owed {
             limit: newer.limit,
             weight,
             window: newer.window,
+            returned,
+            returned_due: older.returned_due.saturating_add(newer.returned_due),
         }
     }
 
-    /// Whole units to send at `now`: what is left after the leak, rounded
-    /// down (a root never gets more than this host's share); for window
-    /// weight all of it until it expires.
+    /// Whole units to send at `now`: what is left after the leak, less
+    /// what was given back of it, rounded down (a root never gets more
+    /// than this host's share); for window weight all of it until it
+    /// expires.
     pub fn due(&self, now: Nanos) -> u64 {
         if self.window.is_some_and(|w| now >= w.expires) {
             return 0;
         }
-        self.level.leaked(self.limit, now).level.floor() as u64
+        let left = self.level.leaked(self.limit, now).level - self.returned_due as f64;
+        left.max(0.0).floor() as u64
+    }
+
+    /// Units given back to send at `now`: what returns exceed the entry's
+    /// own adds by (those cancel), until a window quota's window expires.
+    pub fn due_returned(&self, now: Nanos) -> u64 {
+        if self.window.is_some_and(|w| now >= w.expires) {
+            return 0;
+        }
+        self.returned_due.saturating_sub(self.added())
+    }
+
+    /// The entry's adds before any leak: its window's weight for a window
+    /// quota (held unleaked in `level`), all of its weight for a leaky one.
+    fn added(&self) -> u64 {
+        if self.window.is_some() {
+            self.level.level.ceil() as u64
+        } else {
+            self.weight
+        }
+    }
+
+    /// True when nothing is left to send at `now`.
+    pub fn spent(&self, now: Nanos) -> bool {
+        self.due(now) == 0 && self.due_returned(now) == 0
     }
 }
 
@@ -183,6 +243,12 @@ pub struct RootLink {
     /// UTC minus local time by this root's clock (from its last reply
     /// that said its UTC time).
     pub utc_offset: Option<i64>,
+    /// The root's last reply said it takes returns: weight given back is
+    /// sent to it (to a root that predates returns it is dropped).
+    pub takes_returns: bool,
+    /// How often the root's instance changed (it restarted), wrapping:
+    /// part of the [`Source`] its values are merged as.
+    restarts: u8,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -216,6 +282,9 @@ pub struct RootMetrics {
     /// (only when `max_owed` distinct counters are owed, none of them
     /// leaked to nothing yet).
     pub dropped_deltas: u64,
+    /// Units given back that were not sent because the root does not take
+    /// returns (it predates them): it keeps those units, erring strict.
+    pub dropped_returns: u64,
 }
 
 impl RootLink {
@@ -237,7 +306,21 @@ impl RootLink {
             skip: 0,
             busy: false,
             utc_offset: None,
+            takes_returns: false,
+            restarts: 0,
             metrics,
+        }
+    }
+
+    /// The [`Source`] this root's values are merged as, for the root at
+    /// `index` in the list: the index (plus one, below 32) and the count
+    /// of its restarts (three bits), so that a restarted root's values,
+    /// which start again from the floor, are max-merged like another
+    /// root's. 0 (max-merged always) past the 31st root.
+    pub fn source(&self, index: usize) -> Source {
+        match u8::try_from(index + 1) {
+            Ok(n) if n < 32 => n | (self.restarts & 0b111) << 5,
+            _ => 0,
         }
     }
 
@@ -270,7 +353,7 @@ impl RootLink {
             if !pruned {
                 // Once per call: a full map of live entries is not rescanned
                 // for every new counter.
-                self.owed.retain(|_, o| o.due(now) > 0);
+                self.owed.retain(|_, o| !o.spent(now));
                 pruned = true;
             }
             if self.owed.len() >= max_entries {
@@ -304,8 +387,12 @@ impl RootLink {
         let mid = sent + rtt / 2;
         let offset = reply.root_time as i64 - mid as i64;
         if reply.root_instance != self.root_instance {
-            // A restarted root has another clock.
+            // A restarted root has another clock, and counts from the
+            // floor again.
             self.samples.clear();
+            if self.root_instance != 0 {
+                self.restarts = self.restarts.wrapping_add(1);
+            }
         }
         if self.samples.len() == OFFSET_SAMPLES {
             self.samples.pop_front();
@@ -316,6 +403,7 @@ impl RootLink {
         }
         self.counter_version = reply.counter_version;
         self.root_instance = reply.root_instance;
+        self.takes_returns = reply.takes_returns;
         self.failures = 0;
         self.skip = 0;
         self.metrics.up = true;
@@ -402,6 +490,7 @@ mod tests {
             counters: vec![],
             counter_version: 9,
             root_utc: None,
+            ..Default::default()
         }
     }
 

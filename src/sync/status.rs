@@ -31,6 +31,7 @@ pub fn publish(table: &Table, m: &SyncMetrics) {
             slot.bytes_sent.store(r.bytes_sent, Relaxed);
             slot.bytes_received.store(r.bytes_received, Relaxed);
             slot.dropped_deltas.store(r.dropped_deltas, Relaxed);
+            slot.dropped_returns.store(r.dropped_returns, Relaxed);
         }
     });
 }
@@ -57,6 +58,7 @@ pub fn published(table: &Table) -> SyncMetrics {
                     bytes_sent: r.bytes_sent.load(Relaxed),
                     bytes_received: r.bytes_received.load(Relaxed),
                     dropped_deltas: r.dropped_deltas.load(Relaxed),
+                    dropped_returns: r.dropped_returns.load(Relaxed),
                 })
                 .collect();
             let down = st.down.load(Relaxed);
@@ -87,6 +89,7 @@ mod tests {
                 syncs: 4,
                 errors: 1,
                 clock_offset: -12,
+                dropped_returns: 7,
                 ..Default::default()
             }],
             groups_down: Vec::new(),

@@ -12,9 +12,18 @@
 //! lowers the level by it (see docs/DESIGN.md, "Counters that give units
 //! back"). Every move between the two words is ordered so that a check in
 //! between errs strict.
+//!
+//! While the host syncs, a counter whose net change is negative is
+//! collected as a return and travels to the roots. A root lowers its
+//! counter by it, and its reply's lower value must not lose against the
+//! higher one this host merged before: each counter remembers the
+//! [`Source`] of its known level (which root's reply it is), and a later
+//! reply of the same root replaces it where another root's is max-merged
+//! ([`crate::core::Counting::merge_reply`]).
 
 use super::layout::{
     counting_rule, pack_rate_prev, unpack_rate_prev, Slot, FLAG_LIVE, FLAG_SLIDING,
+    FLAG_SOURCE_MASK, FLAG_SOURCE_SHIFT,
 };
 use super::lock::{own_pid, process_alive, SeqWrite};
 use super::{SlotId, Table, ACQ, READ_RETRIES, REL, RLX};
@@ -37,7 +46,31 @@ pub struct CollectedDelta {
     /// Weight moved from `pending` to `inflight`: admitted here since the
     /// last collection, net of what was given back meanwhile.
     pub delta: u64,
+    /// Weight given back (a negative net change: more given back than
+    /// admitted since the last collection), moved out of `inflight` the
+    /// same way; at most one of `delta` and `returned` is not 0.
+    pub returned: u64,
 }
+
+impl CollectedDelta {
+    /// The delta of a counter whose `net` change (signed) was collected.
+    pub fn of(slot: SlotId, id: u64, key: KeyHash, net: i64) -> Self {
+        Self {
+            slot,
+            id,
+            key,
+            delta: net.max(0) as u64,
+            returned: net.min(0).unsigned_abs(),
+        }
+    }
+}
+
+/// Which root's reply a counter's known level is, so that the same root's
+/// later reply replaces it (lower, after returns) where another root's is
+/// max-merged: 0 for none (a local fold, a new counter); otherwise the
+/// sync thread's name for one root process (its place in the list and a
+/// count of its restarts; see `sync::engine`).
+pub type Source = u8;
 
 /// A counter word's signed value.
 pub(super) fn signed(word: &AtomicU64) -> i64 {
@@ -134,21 +167,12 @@ impl Table {
                     rejected.push((id, rejections));
                 }
             }
-            if net <= 0 {
-                // Given back while counting locally and not folded yet: the
-                // fold takes it, or (roots answer again) it is dropped.
-                if net < 0 && !self.counting_locally() {
-                    s.pending.fetch_sub(net as u64, RLX);
-                }
+            // Given back while counting locally: the fold takes it.
+            if net == 0 || net < 0 && self.counting_locally() {
                 continue;
             }
             send_pending(&s.pending, &s.inflight, net);
-            out.push(CollectedDelta {
-                slot: i as SlotId,
-                id,
-                key: 0,
-                delta: net as u64,
-            });
+            out.push(CollectedDelta::of(i as SlotId, id, 0, net));
         }
         self.collect_keys(out);
     }
@@ -171,19 +195,21 @@ impl Table {
         })
     }
 
-    /// Merges a cluster counter value (already in local time) into the
-    /// slot if it still holds quota `id` (or into its key `key`, when not
-    /// 0), takes `acked` weight (signed: net of returns) off in-flight
-    /// (the value includes it), and updates the others' fill rate. Returns
-    /// false if the slot holds another quota now (or this host has no
-    /// entry for the key).
+    /// Merges a cluster counter value (already in local time) from root
+    /// `source` into the slot if it still holds quota `id` (or into its
+    /// key `key`, when not 0): it replaces the known level if that is the
+    /// same root's earlier value, else the larger counts. Takes `acked`
+    /// weight (signed: net of returns) off in-flight (the value includes
+    /// it), and updates the others' fill rate. Returns false if the slot
+    /// holds another quota now (or this host has no entry for the key).
     pub fn merge_counter(
         &self,
         slot: SlotId,
         id: u64,
         key: KeyHash,
         value: Tally,
-        acked: u64,
+        acked: i64,
+        source: Source,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
             return false;
@@ -193,14 +219,18 @@ impl Table {
         }
         let _guard = self.lock();
         if key != 0 {
-            return self.merge_key(slot, id, key, value, acked as i64);
+            return self.merge_key(slot, id, key, value, acked, source);
         }
         if s.quota_id() != Some(id) {
             return false;
         }
         let counting = self.slot_counting(s);
         let (known, old_rate) = slot_tally(s);
-        let merged = counting.merge(known, value);
+        let same_root = source != 0 && slot_source(s) == source;
+        let (merged, taken) = counting.merge_reply(known, value, same_root);
+        if taken {
+            set_slot_source(s, source);
+        }
         // Measure over a span of at least half an interval (a quarter of
         // the horizon): several roots answering one cycle milliseconds
         // apart must not turn a few units into a huge rate.
@@ -210,7 +240,7 @@ impl Table {
         } else {
             old_rate
         };
-        settle_inflight(&s.inflight, acked as i64, || store_tally(s, merged, rate));
+        settle_inflight(&s.inflight, acked, || store_tally(s, merged, rate));
         true
     }
 
@@ -228,6 +258,7 @@ impl Table {
             let counting = self.slot_counting(s);
             let (known, rate) = slot_tally(s);
             let weight = pending.wrapping_add(inflight) as i64;
+            set_slot_source(s, 0);
             store_tally(s, fold_weight(&counting, known, weight, now), rate);
             s.pending.fetch_sub(pending, RLX);
             s.inflight.fetch_sub(inflight, RLX);
@@ -241,8 +272,7 @@ impl Table {
     /// host counts it alone while the other shards stay fleet-wide.
     /// Ignored if the slot holds another quota now (or the key has no
     /// entry here).
-    pub fn fold_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64, now: Nanos) {
-        let amount = amount as i64;
+    pub fn fold_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64, now: Nanos) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
@@ -254,6 +284,8 @@ impl Table {
         }
         let counting = self.slot_counting(s);
         let (known, rate) = slot_tally(s);
+        // Its own weight is in the level now: no root's value any more.
+        set_slot_source(s, 0);
         settle_inflight(&s.inflight, amount, || {
             store_tally(s, fold_weight(&counting, known, amount, now), rate)
         });
@@ -312,8 +344,7 @@ impl Table {
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
     /// know the quota). Ignored if the slot holds another quota now.
-    pub fn release_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64) {
-        let amount = amount as i64;
+    pub fn release_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
@@ -326,8 +357,7 @@ impl Table {
     /// Puts `amount` of a slot's in-flight weight back into pending: a sync
     /// thread that stops with deltas no root acknowledged hands them to the
     /// next one. Ignored if the slot holds another quota now.
-    pub fn requeue_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: u64) {
-        let amount = amount as i64;
+    pub fn requeue_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
@@ -381,6 +411,21 @@ pub(super) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) {
     } else {
         inflight.fetch_sub(moved as u64, RLX);
         pending.fetch_add(moved as u64, RLX);
+    }
+}
+
+/// The [`Source`] of a slot's known level.
+fn slot_source(s: &Slot) -> Source {
+    ((s.flags.load(RLX) & FLAG_SOURCE_MASK) >> FLAG_SOURCE_SHIFT) as Source
+}
+
+/// Sets the [`Source`] of a slot's known level (the writer lock held;
+/// checks read the flags' other bits only, so no seqlock is needed).
+fn set_slot_source(s: &Slot, source: Source) {
+    let flags = s.flags.load(RLX);
+    let new = flags & !FLAG_SOURCE_MASK | u16::from(source) << FLAG_SOURCE_SHIFT;
+    if new != flags {
+        s.flags.store(new, RLX);
     }
 }
 

@@ -148,10 +148,11 @@ impl Table {
     /// turn gives its weight back so.
     ///
     /// What was not collected for a sync yet is simply uncounted, as if
-    /// never admitted. Weight already sent stays counted while the host
-    /// syncs with roots (they hold it: see docs/DESIGN.md, "Counters that
-    /// give units back"); while it counts locally (no roots, or every root
-    /// down) the next fold lowers the level by it instead. A window
+    /// never admitted. Weight already sent is given back to the roots
+    /// with the next sync (a return, which a root lowers its counter by:
+    /// see docs/DESIGN.md, "Counters that give units back"); while the
+    /// host counts locally (no roots, or every root down) the next fold
+    /// lowers the level by it instead. A window
     /// counter whose window changed since `charged_at` gets nothing back
     /// (the return would lower a later window); a key with no entry any
     /// more (it drained meanwhile: nothing to give back) or a quota
@@ -168,7 +169,6 @@ impl Table {
         if units == 0 {
             return 0;
         }
-        let local = self.counting_locally();
         let units = units.min(crate::core::quota::MAX_WEIGHT);
         let Some(slot) = self.lookup(item.name) else {
             return 0;
@@ -194,7 +194,7 @@ impl Table {
             first = Some(0);
             if let (Some(at), true) = (entry, same_window(0)) {
                 if let Some(e) = self.key_at(at) {
-                    first = Some(take_back(&e.pending, units, local));
+                    first = Some(take_back(&e.pending, units));
                     self.mark_dirty(at, e);
                 }
             }
@@ -203,7 +203,7 @@ impl Table {
         let slots = self.slots();
         for (i, &s) in counters.iter().enumerate() {
             let given = if same_window(skipped + i) {
-                take_back(&slots[s as usize].pending, units, local)
+                take_back(&slots[s as usize].pending, units)
             } else {
                 0
             };
@@ -213,24 +213,10 @@ impl Table {
     }
 }
 
-/// Takes `units` back out of a counter's `pending`: all of them when
-/// counting `local`ly (the next fold lowers the level by what it goes
-/// below zero), else only what is there (weight not sent yet). Returns
-/// the units taken.
-fn take_back(pending: &AtomicU64, units: u64, local: bool) -> u64 {
-    if local {
-        pending.fetch_sub(units, SeqCst);
-        return units;
-    }
-    let mut now = pending.load(SeqCst);
-    loop {
-        let take = (now as i64).clamp(0, units as i64) as u64;
-        if take == 0 {
-            return 0;
-        }
-        match pending.compare_exchange(now, now - take, SeqCst, SeqCst) {
-            Ok(_) => return take,
-            Err(seen) => now = seen,
-        }
-    }
+/// Takes `units` back out of a counter's `pending`, which may go below
+/// zero: what it goes below is collected as a return for the roots, or
+/// (counting locally) folded into the level. Returns the units taken.
+fn take_back(pending: &AtomicU64, units: u64) -> u64 {
+    pending.fetch_sub(units, SeqCst);
+    units
 }

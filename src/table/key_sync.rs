@@ -14,9 +14,11 @@ use super::counters::{
     self, fold_weight, measure_rate, send_pending, settle_inflight, CollectedDelta,
 };
 use super::key_moves::{KeyLock, SYNC_BATCH};
-use super::keys::{clear_entry, keeps_prev, key_tally, store_key_tally, KeyAt};
-use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
-use super::{SlotId, Table, ACQ, REL, RLX};
+use super::keys::{
+    clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
+};
+use super::layout::{KeyEntry, DIRTY_QUEUED, KEY_CLAIMED, KEY_WAYS};
+use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
 
@@ -134,7 +136,7 @@ impl Table {
         let slots = self.slots();
         let h = self.header();
         self.drain_dirty(|_, e| {
-            e.dirty.store(0, SeqCst);
+            e.dirty.fetch_and(!DIRTY_QUEUED, SeqCst);
             let hash = e.hash.load(ACQ);
             if hash == KEY_CLAIMED && e.pending.load(SeqCst) != 0 {
                 // A count raced the entry's claim: it belongs to the key
@@ -152,21 +154,13 @@ impl Table {
                 return;
             };
             let net = e.pending.load(SeqCst) as i64;
-            if net <= 0 {
-                // As for named counters: the fold takes it, or it is
-                // dropped.
-                if net < 0 && !self.counting_locally() {
-                    e.pending.fetch_sub(net as u64, SeqCst);
-                }
+            // As for named counters: a return waits for the fold while
+            // counting locally.
+            if net == 0 || net < 0 && self.counting_locally() {
                 return;
             }
             send_pending(&e.pending, &e.inflight, net);
-            out.push(CollectedDelta {
-                slot,
-                id,
-                key: hash,
-                delta: net as u64,
-            });
+            out.push(CollectedDelta::of(slot, id, hash, net));
         });
     }
 
@@ -174,7 +168,8 @@ impl Table {
     /// at `now` (see [`Table::fold_local`]). The writer lock is held.
     pub(super) fn fold_keys(&self, now: Nanos) {
         self.drain_dirty(|_, e| {
-            e.dirty.store(0, SeqCst);
+            e.dirty.fetch_and(!DIRTY_QUEUED, SeqCst);
+            set_key_source(e, 0);
             let Some(counting) = self.template_counting(e.template.load(RLX)) else {
                 return;
             };
@@ -188,11 +183,11 @@ impl Table {
         });
     }
 
-    /// Merges a cluster value (in local time) into the key `hash` of the
-    /// template in `slot` if the slot still holds template `id`, takes
-    /// `acked` off in flight and updates the fill rate. False when this
-    /// host has no entry for the key (it is not tracked here; nothing to
-    /// do).
+    /// Merges a cluster value (in local time) from `source` into the key
+    /// `hash` of the template in `slot` if the slot still holds template
+    /// `id` (see [`Table::merge_counter`]), takes `acked` off in flight and
+    /// updates the fill rate. False when this host has no entry for the
+    /// key (it is not tracked here; nothing to do).
     pub(super) fn merge_key(
         &self,
         slot: SlotId,
@@ -200,6 +195,7 @@ impl Table {
         hash: KeyHash,
         value: Tally,
         acked: i64,
+        source: Source,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
             return false;
@@ -213,7 +209,11 @@ impl Table {
         };
         let counting = self.slot_counting(s);
         let known = key_tally(e, &counting, value.at);
-        let merged = counting.merge(known, value);
+        let same_root = source != 0 && key_source(e) == source;
+        let (merged, taken) = counting.merge_reply(known, value, same_root);
+        if taken {
+            set_key_source(e, source);
+        }
         if !keeps_prev(&counting) {
             let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
             let span = merged.at.saturating_sub(known.at);
@@ -248,6 +248,8 @@ impl Table {
         };
         let counting = self.slot_counting(s);
         let known = key_tally(e, &counting, now);
+        // Its own weight is in the level now: no root's value any more.
+        set_key_source(e, 0);
         settle_inflight(&e.inflight, amount, || {
             store_key_tally(e, &counting, fold_weight(&counting, known, amount, now))
         });
@@ -434,7 +436,7 @@ mod ring_tests {
     fn stall_before_ring_write(t: &Table, at: KeyAt) -> u64 {
         let e = t.key_at(at).unwrap();
         e.pending.fetch_add(1, SeqCst);
-        assert_eq!(e.dirty.swap(1, SeqCst), 0);
+        assert_eq!(e.dirty.fetch_or(DIRTY_QUEUED, SeqCst) & DIRTY_QUEUED, 0);
         t.header().keys.ring.head.fetch_add(1, AcqRel)
     }
 

@@ -168,11 +168,11 @@ fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
         level: 4.0,
         at: SEC / 10,
     });
-    assert!(t.merge_counter(slot, 2, alice, value, 3));
+    assert!(t.merge_counter(slot, 2, alice, value, 3, 0));
     let state = |k: u64| *t.keys(None, SEC / 10).iter().find(|s| s.hash == k).unwrap();
     assert_eq!((state(alice).level, state(alice).inflight), (4.0, 0));
     // A key this host never saw is not tracked here.
-    assert!(!t.merge_counter(slot, 2, 12345, value, 0));
+    assert!(!t.merge_counter(slot, 2, 12345, value, 0, 0));
     // A release and a requeue act on the right key only.
     let bob = hash(&t, b"bob");
     t.requeue_inflight(slot, 2, bob, 1);

@@ -66,10 +66,10 @@
 use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::{
-    key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, FLAG_LIVE, FLAG_PER_KEY,
-    KEY_CLAIMED, KEY_WAYS,
+    key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED,
+    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
 };
-use super::{SlotId, Table, ACQ, REL, RLX};
+use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
 use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
 
@@ -492,7 +492,7 @@ impl Table {
         }
         // After the add: a collector that cleared the flag before reading
         // `pending` either saw the weight or left the flag for us to set.
-        if e.dirty.load(SeqCst) == 0 {
+        if e.dirty.load(SeqCst) & DIRTY_QUEUED == 0 {
             self.mark_dirty(at, e);
         }
     }
@@ -542,7 +542,9 @@ impl Table {
     pub(super) fn mark_dirty(&self, at: KeyAt, e: &KeyEntry) {
         // After the add: a collector that cleared the flag before reading
         // `pending` either saw the weight or left the flag for us to set.
-        if e.dirty.load(SeqCst) == 0 && e.dirty.swap(1, SeqCst) == 0 {
+        if e.dirty.load(SeqCst) & DIRTY_QUEUED == 0
+            && e.dirty.fetch_or(DIRTY_QUEUED, SeqCst) & DIRTY_QUEUED == 0
+        {
             self.queue_key(at);
         }
     }
@@ -701,9 +703,24 @@ pub(super) fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u3
 /// Clears an entry's state but `pending` (a count racing the clear is
 /// collected under whichever key holds the entry next) and `dirty`.
 pub(super) fn clear_entry(e: &KeyEntry) {
+    set_key_source(e, 0);
     e.template.store(0, RLX);
     e.inflight.store(0, RLX);
     e.known.store(0, RLX);
     e.fill.store(0, RLX);
     e.used.store(0, RLX);
+}
+
+/// The [`Source`] of a key entry's known level.
+pub(super) fn key_source(e: &KeyEntry) -> Source {
+    ((e.dirty.load(RLX) & DIRTY_SOURCE_MASK) >> DIRTY_SOURCE_SHIFT) as Source
+}
+
+/// Sets the [`Source`] of a key entry's known level, leaving its
+/// [`DIRTY_QUEUED`] bit (which checks set concurrently) as it is.
+pub(super) fn set_key_source(e: &KeyEntry, source: Source) {
+    let bits = u32::from(source) << DIRTY_SOURCE_SHIFT;
+    let _ = e.dirty.fetch_update(RLX, RLX, |d| {
+        (d & DIRTY_SOURCE_MASK != bits).then_some(d & !DIRTY_SOURCE_MASK | bits)
+    });
 }

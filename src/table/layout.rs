@@ -36,7 +36,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -89,6 +89,19 @@ pub const FLAG_WINDOW_MASK: u16 = 0b111 << FLAG_WINDOW_SHIFT;
 /// Slot flag: the window slides; `fill_rate` then packs the others' rate
 /// and the previous window's count as two `f32`s ([`pack_rate_prev`]).
 pub const FLAG_SLIDING: u16 = 1 << 5;
+/// Slot flags: the [`crate::table::Source`] of `known_level` (which
+/// root's reply it is) in the high byte.
+pub const FLAG_SOURCE_SHIFT: u16 = 8;
+/// The bits of [`FLAG_SOURCE_SHIFT`].
+pub const FLAG_SOURCE_MASK: u16 = 0xff << FLAG_SOURCE_SHIFT;
+
+/// Key entry `dirty` bit: the entry sits in the dirty ring.
+pub const DIRTY_QUEUED: u32 = 1;
+/// Key entry `dirty`: the [`crate::table::Source`] of `known` in bits
+/// 8..16 (beside [`DIRTY_QUEUED`]: one word, so an entry stays 48 bytes).
+pub const DIRTY_SOURCE_SHIFT: u32 = 8;
+/// The bits of [`DIRTY_SOURCE_SHIFT`].
+pub const DIRTY_SOURCE_MASK: u32 = 0xff << DIRTY_SOURCE_SHIFT;
 
 /// The flag bits saying how a quota counts.
 pub fn counting_flags(window: Option<Window>, sliding: bool) -> u16 {
@@ -310,6 +323,8 @@ pub struct RootStatus {
     pub bytes_received: AtomicU64,
     /// Owed deltas dropped.
     pub dropped_deltas: AtomicU64,
+    /// Units given back and not sent (the root does not take returns).
+    pub dropped_returns: AtomicU64,
 }
 
 /// What the sync thread publishes for every process sharing the region
@@ -338,8 +353,9 @@ pub struct Slot {
     // ---- line A: read by every check, written under `seq` ----
     /// Seqlock: odd while a writer changes line A (or the name).
     pub seq: AtomicU32,
-    /// [`FLAG_LIVE`], [`FLAG_PER_KEY`], the window code and
-    /// [`FLAG_SLIDING`]; 0 when free.
+    /// [`FLAG_LIVE`], [`FLAG_PER_KEY`], the window code,
+    /// [`FLAG_SLIDING`] and the known level's source
+    /// ([`FLAG_SOURCE_MASK`]); 0 when free.
     pub flags: AtomicU16,
     /// Name length in bytes (at most 255).
     pub name_len: AtomicU16,
@@ -420,7 +436,8 @@ pub struct KeyEntry {
     pub known: AtomicU64,
     /// Other hosts' measured fill rate, units/s (f32 bits).
     pub fill: AtomicU32,
-    /// 1 while the entry sits in the dirty ring.
+    /// [`DIRTY_QUEUED`] while the entry sits in the dirty ring; the known
+    /// level's source in [`DIRTY_SOURCE_MASK`].
     pub dirty: AtomicU32,
 }
 

@@ -88,7 +88,7 @@ use crate::core::estimate::Estimator;
 use crate::core::Extrapolation;
 
 pub use check::{CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS};
-pub use counters::CollectedDelta;
+pub use counters::{CollectedDelta, Source};
 pub use grants::{Grant, Reservation};
 pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use snapshot::QuotaState;

@@ -214,7 +214,7 @@ fn tombstones_delete_and_freed_slots_and_names_are_reused() {
     let ids = t.slot_ids();
     assert_eq!(ids.len(), 3);
     assert!(!ids.values().any(|&s| s == q2));
-    assert!(!t.merge_counter(q2, 2, 0, Tally::leaky(Level { level: 0.0, at: 0 }), 0));
+    assert!(!t.merge_counter(q2, 2, 0, Tally::leaky(Level { level: 0.0, at: 0 }), 0, 0));
     for id in [0, 1, u64::from(q2) + 1, u64::from(q2) + 2] {
         assert!(t.counter_counting(q2, id).is_none());
     }
@@ -345,6 +345,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
             id: 7,
             key: 0,
             delta: 10,
+            ..Default::default()
         }]
     );
     let st = t.quota(b"q", 0).unwrap();
@@ -358,7 +359,8 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
             level: 40.0,
             at: SEC
         }),
-        10
+        10,
+        0
     ));
     let st = t.quota(b"q", SEC).unwrap();
     assert_eq!((st.inflight, st.level), (0, 40.0));
@@ -372,6 +374,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
             level: 1.0,
             at: SEC
         }),
+        0,
         0
     ));
     assert!(!t.merge_counter(
@@ -382,6 +385,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
             level: f64::NAN,
             at: SEC
         }),
+        0,
         0
     ));
 }
@@ -665,7 +669,7 @@ fn a_table_adopts_another_tables_quotas_and_counters() {
     old.collect_deltas(&mut collected);
     assert_eq!(old.check(b"child", 2, 0), Outcome::Pass);
     let slot = old.lookup(b"child").unwrap();
-    assert!(old.merge_counter(slot, 2, 0, Tally::leaky(Level { level: 30.0, at: 0 }), 5));
+    assert!(old.merge_counter(slot, 2, 0, Tally::leaky(Level { level: 30.0, at: 0 }), 5, 0));
     let new = Table::new_heap(32, 16);
     let report = new.adopt(&old, 0);
     assert_eq!((report.inserted, report.refused.len()), (2, 0));
@@ -773,12 +777,30 @@ fn weight_given_back_before_it_is_sent_is_as_if_never_admitted_up_the_chain() {
     assert_eq!(t.give_back(&item(b"child", 8), 5, 0, 0, false), 5);
     assert_eq!(t.quota(b"child", 0).unwrap().pending, 3);
     assert_eq!(t.quota(b"parent", 0).unwrap().pending, 3);
-    // Syncing with roots, what was sent stays counted: only what is still
-    // unsent comes back.
+    // Syncing with roots, what was sent already is given back to them:
+    // pending goes below zero, and the next collection makes it a return
+    // (in flight, down, until a root acknowledges it).
     let mut out = Vec::new();
     t.collect_deltas(&mut out);
-    assert_eq!(t.give_back(&item(b"child", 8), 3, 0, 0, false), 0);
-    assert_eq!(t.quota(b"child", 0).unwrap().inflight, 3);
+    assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 6);
+    assert_eq!(t.give_back(&item(b"child", 8), 3, 0, 0, false), 3);
+    let child = t.quota(b"child", 0).unwrap();
+    assert_eq!((child.pending, child.inflight), (-3, 3));
+    out.clear();
+    t.collect_deltas(&mut out);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(
+        out.iter().all(|d| (d.delta, d.returned) == (0, 3)),
+        "{out:?}"
+    );
+    let child = t.quota(b"child", 0).unwrap();
+    assert_eq!((child.pending, child.inflight), (0, 0));
+    // Acknowledged by a root (the net of the cycle: -3), and nothing is
+    // in flight.
+    let slot = out[0].slot;
+    let value = Tally::leaky(Level { level: 0.0, at: 0 });
+    assert!(t.merge_counter(slot, out[0].id, 0, value, -3, 1));
+    assert_eq!(t.quota(b"child", 0).unwrap().inflight, 0);
 }
 
 #[test]

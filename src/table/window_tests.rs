@@ -79,7 +79,7 @@ fn a_root_value_merges_by_window() {
         prev: 0.0,
         at: 2 * SEC,
     };
-    assert!(t.merge_counter(slot, 1, 0, value, 1));
+    assert!(t.merge_counter(slot, 1, 0, value, 1, 0));
     // The fleet's 3, and the others' weight that had not reached the root
     // yet (their measured rate over a quarter of the horizon).
     let level = t.quota(b"q", 2 * SEC).unwrap().level;
@@ -99,7 +99,7 @@ fn a_root_value_merges_by_window() {
         prev: 0.0,
         at: 5 * SEC,
     };
-    assert!(t.merge_counter(slot, 1, 0, old, 0));
+    assert!(t.merge_counter(slot, 1, 0, old, 0, 0));
     assert_eq!(t.quota(b"q", 12 * SEC).unwrap().level, before);
 }
 
@@ -158,7 +158,7 @@ fn keys_of_a_window_template_count_per_window() {
         level: 3.0,
         at: 61 * SEC,
     });
-    assert!(t.merge_counter(slot, 1, alice, value, 0));
+    assert!(t.merge_counter(slot, 1, alice, value, 0, 0));
     assert!(matches!(check(b"alice", 62 * SEC), Outcome::Reject(_)));
     // Drained once its window is over: its entry can be reused.
     assert!(t.keys(Some(slot), 125 * SEC).iter().all(|k| k.level <= 1.0));
@@ -230,7 +230,7 @@ fn a_sliding_keys_root_value_brings_its_previous_count() {
     };
     let mut deltas = Vec::new();
     t.collect_deltas(&mut deltas);
-    assert!(t.merge_counter(slot, 1, alice, value, 1));
+    assert!(t.merge_counter(slot, 1, alice, value, 1, 0));
     // At 12 s, 4 x 0.8 + 1 = 4.2 > 4: full; at 18 s, 4 x 0.2 + 1 = 1.8.
     assert!(matches!(
         check(&t, b"alice", 1, 12 * SEC),
@@ -246,7 +246,7 @@ fn a_sliding_keys_root_value_brings_its_previous_count() {
             prev,
             at,
         };
-        assert!(t.merge_counter(slot, 1, carol, value, 0));
+        assert!(t.merge_counter(slot, 1, carol, value, 0, 0));
     }
     // At 15 s: 1 + 4 x 1/2 + 2 > 4 (with the smaller one, 3.5 would pass).
     assert!(matches!(

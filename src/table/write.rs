@@ -6,7 +6,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use super::layout::{
     counting_flags, index_entry, index_home, FLAG_LIVE, FLAG_PER_KEY, FLAG_SLIDING,
-    FLAG_WINDOW_MASK, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
+    FLAG_SOURCE_MASK, FLAG_WINDOW_MASK, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
 };
 use super::lock::SeqWrite;
 use super::names;
@@ -145,7 +145,13 @@ impl Table {
             s.quota_id() != Some(q.id) || old_flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != counting;
         let w = SeqWrite::begin(s);
         let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
-        s.flags.store(FLAG_LIVE | per_key | counting, RLX);
+        // An edit keeps the counter, and with it whose value it is.
+        let source = if fresh {
+            0
+        } else {
+            old_flags & FLAG_SOURCE_MASK
+        };
+        s.flags.store(FLAG_LIVE | per_key | counting | source, RLX);
         if let Some(window) = q.window {
             self.header()
                 .windows_used

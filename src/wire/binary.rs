@@ -41,14 +41,20 @@
 //! A body of another version is [`BinaryError::Version`]: a root answers
 //! it 415, so that a limiter newer than its root falls back to JSON.
 //!
-//! Requests are format 1. Replies are format 1, or format 2
-//! ([`BINARY_REPLY_VERSION`]) for a limiter that asks for it in its
-//! `Accept` (`application/x-sluice-sync;version=2`): format 1 plus, after
-//! each keyed group's values, the count and values of its previous-window
-//! counts ([`KeyedValues::prev`], a sliding window template's). A root
-//! that predates format 2 ignores the parameter and answers format 1,
-//! which a newer limiter still reads; a limiter that predates it never
-//! asks, and gets format 1 (it cannot hold a sliding per-key template).
+//! Requests are format 1, or format 2 ([`BINARY_REQUEST_VERSION`]) when
+//! they give weight back: format 1 plus the returned named deltas and the
+//! keys' returns, encoded as the deltas are. A limiter sends returns
+//! only to a root whose replies say it takes them, so a root that
+//! predates format 2 never gets one. Replies are format 1, format 2 for
+//! a limiter that asks for it in its `Accept`
+//! (`application/x-sluice-sync;version=2`): format 1 plus, after each
+//! keyed group's values, the count and values of its previous-window
+//! counts ([`KeyedValues::prev`], a sliding window template's), or format
+//! 3 ([`BINARY_REPLY_VERSION`], `version=3`): format 2 plus a last varint
+//! of flags (bit 0: the root takes returns). A root answers the newest
+//! format it has up to the one asked for; a root that predates a format
+//! ignores the parameter and answers an older one, which a newer limiter
+//! still reads; a limiter that predates it never asks.
 
 use crate::core::Quota;
 
@@ -60,13 +66,22 @@ use super::{
 /// Content type of a binary sync body (request or reply).
 pub const BINARY_CONTENT_TYPE: &str = "application/x-sluice-sync";
 
-/// Version of the binary format of requests, and of replies to a limiter
-/// that does not ask for [`BINARY_REPLY_VERSION`].
+/// The first version of the binary format: requests without returns, and
+/// replies to a limiter that does not ask for more.
 pub const BINARY_VERSION: u8 = 1;
 
-/// The newest reply format: [`BINARY_VERSION`]'s with keyed groups'
-/// previous-window counts.
-pub const BINARY_REPLY_VERSION: u8 = 2;
+/// The newest request format: [`BINARY_VERSION`]'s with returns.
+pub const BINARY_REQUEST_VERSION: u8 = 2;
+
+/// The reply format that adds keyed groups' previous-window counts.
+pub const BINARY_PREV_VERSION: u8 = 2;
+
+/// The newest reply format: [`BINARY_PREV_VERSION`]'s with flags (the
+/// root takes returns).
+pub const BINARY_REPLY_VERSION: u8 = 3;
+
+/// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
+const TAKES_RETURNS: u64 = 1;
 
 /// The header's first two bytes.
 const MAGIC: [u8; 2] = *b"SL";
@@ -80,8 +95,9 @@ const KIND_REPLY: u8 = b'r';
 pub enum BinaryError {
     /// A format version this build does not read.
     #[error(
-        "binary sync format version {0}: this build reads version {BINARY_VERSION} requests and \
-         versions {BINARY_VERSION} to {BINARY_REPLY_VERSION} replies"
+        "binary sync format version {0}: this build reads versions {BINARY_VERSION} to \
+         {BINARY_REQUEST_VERSION} of requests and {BINARY_VERSION} to {BINARY_REPLY_VERSION} \
+         of replies"
     )]
     Version(u8),
     /// Not a well-formed body: the field where it broke and why.
@@ -89,7 +105,7 @@ pub enum BinaryError {
     Malformed(#[from] WireError),
 }
 
-/// Encodes a request.
+/// Encodes a request: format 1, or 2 when it gives weight back.
 pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
     let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
     let mut w = Writer::with_capacity(
@@ -99,40 +115,30 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    w.header(KIND_REQUEST, BINARY_VERSION);
+    let returns = request.has_returns();
+    w.header(
+        KIND_REQUEST,
+        if returns {
+            BINARY_REQUEST_VERSION
+        } else {
+            BINARY_VERSION
+        },
+    );
     w.bytes(request.limiter.as_bytes());
     w.varint(request.quotas_after.epoch);
     w.varint(request.quotas_after.id);
     w.varint(request.counter_version);
     w.varint(request.root_instance);
-    // Named deltas, as runs of one window.
-    let runs = request
-        .deltas
-        .chunk_by(|a, b| a.window == b.window)
-        .collect::<Vec<_>>();
-    w.varint(runs.len() as u64);
-    for run in runs {
-        w.window(run[0].window);
-        w.varint(run.len() as u64);
-        for d in run {
-            w.varint(d.id);
-            w.varint(d.delta);
-        }
-    }
-    w.varint(request.keyed.len() as u64);
-    for group in &request.keyed {
-        w.varint(group.id);
-        w.window(group.window);
-        w.varint(group.deltas.len() as u64);
-        for d in &group.deltas {
-            w.fixed(d.0);
-            w.varint(d.1);
-        }
-    }
+    w.named(&request.deltas);
+    w.keyed(&request.keyed);
     w.varint(request.rejected.len() as u64);
     for &(id, count) in &request.rejected {
         w.varint(id);
         w.varint(count);
+    }
+    if returns {
+        w.named(&request.returned);
+        w.keyed(&request.keyed_returned);
     }
     w.0
 }
@@ -141,7 +147,7 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
 pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     let mut r = Reader::new(body);
     r.entries_left = MAX_DELTAS_PER_SYNC;
-    r.header(KIND_REQUEST)?;
+    let version = r.header(KIND_REQUEST)?;
     let limiter = r.string("limiter", MAX_LIMITER_ID_LEN)?;
     let quotas_after = QuotaCursor {
         epoch: r.varint("quotas_after.epoch")?,
@@ -149,49 +155,8 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     };
     let counter_version = r.varint("counter_version")?;
     let root_instance = r.varint("root_instance")?;
-    // A run is at least 2 bytes (window tag, count), a delta 2 (id, delta).
-    let runs = r.count(2, || "deltas".into())?;
-    let mut deltas = Vec::new();
-    for run in 0..runs {
-        let window = r.window(|| format!("deltas (run {run}).window"))?;
-        let at = deltas.len();
-        let n = r.entries(2, || format!("deltas[{at}..] (run {run})"))?;
-        if n == 0 {
-            // An encoder never writes one; millions would cost time for
-            // nothing.
-            return Err(WireError::new(
-                format!("deltas[{at}..] (run {run})"),
-                "a run of no deltas",
-            )
-            .into());
-        }
-        deltas.reserve(n);
-        for _ in 0..n {
-            let i = deltas.len();
-            let id = r.varint_or(|| format!("deltas[{i}].id"))?;
-            let delta = r.varint_or(|| format!("deltas[{i}].delta"))?;
-            deltas.push(CounterDelta { id, delta, window });
-        }
-    }
-    // A group is at least 3 bytes (id, window tag, count), a key 9.
-    let groups = r.entries(3, || "keyed".into())?;
-    let mut keyed = Vec::with_capacity(groups);
-    for g in 0..groups {
-        let id = r.varint_or(|| format!("keyed[{g}].id"))?;
-        let window = r.window(|| format!("keyed[{g}].window"))?;
-        let n = r.entries(9, || format!("keyed[{g}].deltas"))?;
-        let mut keys = Vec::with_capacity(n);
-        for i in 0..n {
-            let hash = r.fixed(|| format!("keyed[{g}].deltas[{i}]"))?;
-            let delta = r.varint_or(|| format!("keyed[{g}].deltas[{i}]"))?;
-            keys.push(KeyDelta(hash, delta));
-        }
-        keyed.push(KeyedDeltas {
-            id,
-            deltas: keys,
-            window,
-        });
-    }
+    let deltas = r.named("deltas")?;
+    let keyed = r.keyed("keyed")?;
     let n = r.entries(2, || "rejected".into())?;
     let mut rejected = Vec::with_capacity(n);
     for i in 0..n {
@@ -199,6 +164,11 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         let count = r.varint_or(|| format!("rejected[{i}]"))?;
         rejected.push((id, count));
     }
+    let (returned, keyed_returned) = if version >= BINARY_REQUEST_VERSION {
+        (r.named("returned")?, r.keyed("keyed_returned")?)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     r.end()?;
     Ok(SyncRequest {
         limiter,
@@ -208,6 +178,8 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         deltas,
         keyed,
         rejected,
+        returned,
+        keyed_returned,
     })
 }
 
@@ -220,15 +192,12 @@ pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
     encode_response_as(reply, BINARY_REPLY_VERSION)
 }
 
-/// Encodes a reply in format `version`: [`BINARY_VERSION`] leaves the
-/// keyed groups' previous-window counts out (for a limiter that did not
-/// ask for more); any other, [`BINARY_REPLY_VERSION`].
+/// Encodes a reply in format `version` (at most
+/// [`BINARY_REPLY_VERSION`]): [`BINARY_VERSION`] leaves the keyed groups'
+/// previous-window counts out, [`BINARY_PREV_VERSION`] the flags (for a
+/// limiter that did not ask for more).
 pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, WireError> {
-    let version = if version == BINARY_VERSION {
-        BINARY_VERSION
-    } else {
-        BINARY_REPLY_VERSION
-    };
+    let version = version.clamp(BINARY_VERSION, BINARY_REPLY_VERSION);
     let quotas = if reply.quotas.is_empty() {
         Vec::new()
     } else {
@@ -269,12 +238,19 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
             w.float(v.1);
             w.varint(since(v.2));
         }
-        if version >= BINARY_REPLY_VERSION {
+        if version >= BINARY_PREV_VERSION {
             w.varint(group.prev.len() as u64);
             for &p in &group.prev {
                 w.float(p);
             }
         }
+    }
+    if version >= BINARY_REPLY_VERSION {
+        w.varint(if reply.takes_returns {
+            TAKES_RETURNS
+        } else {
+            0
+        });
     }
     Ok(w.0)
 }
@@ -345,7 +321,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
             values.push(KeyValue(hash, level, at(since)));
         }
         let mut prev = Vec::new();
-        if version >= BINARY_REPLY_VERSION {
+        if version >= BINARY_PREV_VERSION {
             let n = r.count(8, || format!("keyed[{g}].prev"))?;
             prev.reserve(n);
             for i in 0..n {
@@ -354,8 +330,17 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         }
         keyed.push(KeyedValues { id, values, prev });
     }
+    let flags = if version >= BINARY_REPLY_VERSION {
+        r.varint("flags")?
+    } else {
+        0
+    };
+    if flags & !TAKES_RETURNS != 0 {
+        return Err(WireError::new("flags", format!("unknown flags {flags:#x}")).into());
+    }
     r.end()?;
     Ok(SyncResponse {
+        takes_returns: flags & TAKES_RETURNS != 0,
         root_instance,
         root_time,
         root_utc,
@@ -388,6 +373,36 @@ impl Writer {
         self.0.extend_from_slice(&MAGIC);
         self.0.push(kind);
         self.0.push(version);
+    }
+
+    /// Named deltas (or returns), as runs of one window.
+    fn named(&mut self, deltas: &[CounterDelta]) {
+        let runs = deltas
+            .chunk_by(|a, b| a.window == b.window)
+            .collect::<Vec<_>>();
+        self.varint(runs.len() as u64);
+        for run in runs {
+            self.window(run[0].window);
+            self.varint(run.len() as u64);
+            for d in run {
+                self.varint(d.id);
+                self.varint(d.delta);
+            }
+        }
+    }
+
+    /// Keys' deltas (or returns), by template.
+    fn keyed(&mut self, groups: &[KeyedDeltas]) {
+        self.varint(groups.len() as u64);
+        for group in groups {
+            self.varint(group.id);
+            self.window(group.window);
+            self.varint(group.deltas.len() as u64);
+            for d in &group.deltas {
+                self.fixed(d.0);
+                self.varint(d.1);
+            }
+        }
     }
 
     #[inline]
@@ -456,7 +471,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads the header of a body of `kind`; returns its format version
-    /// (requests: [`BINARY_VERSION`]; replies: up to
+    /// (requests: up to [`BINARY_REQUEST_VERSION`]; replies: up to
     /// [`BINARY_REPLY_VERSION`]).
     fn header(&mut self, kind: u8) -> Result<u8, BinaryError> {
         let Some(head) = self.body.get(..4) else {
@@ -475,7 +490,7 @@ impl<'a> Reader<'a> {
         let newest = if kind == KIND_REPLY {
             BINARY_REPLY_VERSION
         } else {
-            BINARY_VERSION
+            BINARY_REQUEST_VERSION
         };
         if !(BINARY_VERSION..=newest).contains(&head[3]) {
             return Err(BinaryError::Version(head[3]));
@@ -508,6 +523,58 @@ impl<'a> Reader<'a> {
 
     fn varint(&mut self, field: &str) -> Result<u64, WireError> {
         self.varint_or(|| field.to_string())
+    }
+
+    /// Named deltas (or returns) called `what`, as runs of one window.
+    fn named(&mut self, what: &str) -> Result<Vec<CounterDelta>, WireError> {
+        // A run is at least 2 bytes (window tag, count), a delta 2 (id, delta).
+        let runs = self.count(2, || what.into())?;
+        let mut deltas = Vec::new();
+        for run in 0..runs {
+            let window = self.window(|| format!("{what} (run {run}).window"))?;
+            let at = deltas.len();
+            let n = self.entries(2, || format!("{what}[{at}..] (run {run})"))?;
+            if n == 0 {
+                // An encoder never writes one; millions would cost time for
+                // nothing.
+                return Err(WireError::new(
+                    format!("{what}[{at}..] (run {run})"),
+                    "a run of no deltas",
+                ));
+            }
+            deltas.reserve(n);
+            for _ in 0..n {
+                let i = deltas.len();
+                let id = self.varint_or(|| format!("{what}[{i}].id"))?;
+                let delta = self.varint_or(|| format!("{what}[{i}].delta"))?;
+                deltas.push(CounterDelta { id, delta, window });
+            }
+        }
+        Ok(deltas)
+    }
+
+    /// Keys' deltas (or returns) called `what`, by template.
+    fn keyed(&mut self, what: &str) -> Result<Vec<KeyedDeltas>, WireError> {
+        // A group is at least 3 bytes (id, window tag, count), a key 9.
+        let groups = self.entries(3, || what.into())?;
+        let mut keyed = Vec::with_capacity(groups);
+        for g in 0..groups {
+            let id = self.varint_or(|| format!("{what}[{g}].id"))?;
+            let window = self.window(|| format!("{what}[{g}].window"))?;
+            let n = self.entries(9, || format!("{what}[{g}].deltas"))?;
+            let mut keys = Vec::with_capacity(n);
+            for i in 0..n {
+                let hash = self.fixed(|| format!("{what}[{g}].deltas[{i}]"))?;
+                let delta = self.varint_or(|| format!("{what}[{g}].deltas[{i}]"))?;
+                keys.push(KeyDelta(hash, delta));
+            }
+            keyed.push(KeyedDeltas {
+                id,
+                deltas: keys,
+                window,
+            });
+        }
+        Ok(keyed)
     }
 
     #[inline]
@@ -654,6 +721,7 @@ mod tests {
                 window: Some(i64::MIN),
             }],
             rejected: vec![(1, 2)],
+            ..Default::default()
         }
     }
 
@@ -692,7 +760,79 @@ mod tests {
                 },
             ],
             counter_version: 12,
+            takes_returns: true,
         }
+    }
+
+    /// [`request`] giving weight back as well.
+    fn returning_request() -> SyncRequest {
+        SyncRequest {
+            returned: vec![
+                CounterDelta {
+                    id: 1,
+                    delta: 3,
+                    window: None,
+                },
+                CounterDelta {
+                    id: 300,
+                    delta: u64::MAX,
+                    window: Some(4),
+                },
+            ],
+            keyed_returned: vec![KeyedDeltas {
+                id: 9,
+                deltas: vec![KeyDelta(0x1234, 1)],
+                window: None,
+            }],
+            ..request()
+        }
+    }
+
+    #[test]
+    fn a_request_gives_weight_back_in_format_2_only_when_it_has_returns() {
+        // Without returns: format 1, which every root reads.
+        assert_eq!(encode_request(&request())[3], BINARY_VERSION);
+        let r = returning_request();
+        let body = encode_request(&r);
+        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(decode_request(&body).unwrap(), r);
+        // Only returns, no deltas.
+        let only = SyncRequest {
+            deltas: Vec::new(),
+            keyed: Vec::new(),
+            rejected: Vec::new(),
+            ..returning_request()
+        };
+        assert_eq!(decode_request(&encode_request(&only)).unwrap(), only);
+        // Its truncations are named as any other's.
+        for n in 0..body.len() {
+            assert!(
+                matches!(decode_request(&body[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn reply_format_3_says_whether_the_root_takes_returns() {
+        for takes_returns in [true, false] {
+            let r = SyncResponse {
+                takes_returns,
+                ..reply()
+            };
+            let body = encode_response(&r).unwrap();
+            assert_eq!(body[3], BINARY_REPLY_VERSION);
+            assert_eq!(decode_response(&body).unwrap(), r);
+        }
+        // Format 2 has no flags: a limiter reading it sends no returns.
+        let v2 = encode_response_as(&reply(), BINARY_PREV_VERSION).unwrap();
+        assert_eq!(v2[3], BINARY_PREV_VERSION);
+        assert!(!decode_response(&v2).unwrap().takes_returns);
+        // A flag this build does not know is refused, named.
+        let mut unknown = encode_response(&reply()).unwrap();
+        *unknown.last_mut().unwrap() = 0x02;
+        let e = decode_response(&unknown).unwrap_err().to_string();
+        assert!(e.contains("flags") && e.contains("unknown"), "{e}");
     }
 
     #[test]
@@ -711,26 +851,29 @@ mod tests {
         let back = decode_response(&v1).unwrap();
         assert!(back.keyed.iter().all(|g| g.prev.is_empty()));
         assert_eq!(back.keyed[1].values, r.keyed[1].values);
-        let v2 = encode_response_as(&r, BINARY_REPLY_VERSION).unwrap();
-        assert_eq!(v2[3], BINARY_REPLY_VERSION);
+        let v2 = encode_response_as(&r, BINARY_PREV_VERSION).unwrap();
+        assert_eq!(v2[3], BINARY_PREV_VERSION);
         assert_eq!(decode_response(&v2).unwrap().keyed[1].prev, vec![3.25]);
-        // Format 2 costs a byte a group, and 8 a previous count.
+        // Format 2 costs a byte a group, and 8 a previous count; format 3
+        // a byte of flags more.
         assert_eq!(v2.len(), v1.len() + 2 + 8);
+        let v3 = encode_response_as(&r, BINARY_REPLY_VERSION).unwrap();
+        assert_eq!(v3.len(), v2.len() + 1);
     }
 
     #[test]
-    fn replies_of_an_unknown_format_and_requests_of_format_2_are_refused() {
+    fn replies_and_requests_of_an_unknown_format_are_refused() {
         let mut v3 = encode_response(&reply()).unwrap();
         v3[3] = BINARY_REPLY_VERSION + 1;
         assert_eq!(
             decode_response(&v3),
             Err(BinaryError::Version(BINARY_REPLY_VERSION + 1))
         );
-        let mut request_v2 = encode_request(&request());
-        request_v2[3] = BINARY_REPLY_VERSION;
+        let mut request_v3 = encode_request(&request());
+        request_v3[3] = BINARY_REQUEST_VERSION + 1;
         assert_eq!(
-            decode_request(&request_v2),
-            Err(BinaryError::Version(BINARY_REPLY_VERSION))
+            decode_request(&request_v3),
+            Err(BinaryError::Version(BINARY_REQUEST_VERSION + 1))
         );
     }
 
@@ -919,6 +1062,7 @@ mod tests {
                         deltas,
                         keyed,
                         rejected,
+                        ..Default::default()
                     }
                 },
             )
@@ -976,6 +1120,7 @@ mod tests {
                         counters,
                         keyed,
                         counter_version: version,
+                        ..Default::default()
                     }
                 },
             )

@@ -100,13 +100,16 @@ pub async fn sync(
                 deltas = step.clipped,
                 weight = step.clipped_weight,
                 syncs_not_logged = held_back,
-                "clipped deltas larger than the limiter could have admitted \
+                "clipped deltas (or returns) larger than the limiter could have admitted \
                  (its allowance: 2 x (high_burst + limit x level_cap_seconds), refilling at 2 x limit)"
             );
         }
     }
     if step.rejections_clipped > 0 {
         state.metrics.rejections_clipped(step.rejections_clipped);
+    }
+    if step.returned_weight > 0.0 {
+        state.metrics.returned(step.returned_weight);
     }
     let ignored = step.ignored;
     let response = step.into_response(state.instance, now, utc_offset);
@@ -386,6 +389,7 @@ mod tests {
             counter_version: 0,
             root_instance: 0,
             deltas,
+            ..Default::default()
         }
     }
 

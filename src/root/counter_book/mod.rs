@@ -265,6 +265,45 @@ impl CounterBook {
             .is_some()
     }
 
+    /// Gives `delta`'s weight back to `counter` at `now` (a limiter's
+    /// return: see docs/DESIGN.md, "Counters that give units back"): at
+    /// most what `allow` grants of it given the counter's allowance shape,
+    /// the counter lowered by that much ([`Counting::give_back_in`]: after
+    /// its leak, never below zero, a window counter only while the window
+    /// named is the current one). Returns the weight granted, or `None`
+    /// when the root holds no such counter (nothing to lower: it drained,
+    /// or the root restarted).
+    pub fn give_back<G>(
+        &mut self,
+        counter: CounterKey,
+        delta: Delta,
+        now: Nanos,
+        allow: G,
+    ) -> Option<f64>
+    where
+        G: FnOnce(&AllowanceShape) -> f64,
+    {
+        let index = *self.index.get(&counter)?;
+        let slot = &self.slots[index as usize];
+        let units = allow(&slot.allowance).min(delta.weight);
+        if units <= 0.0 {
+            return Some(0.0);
+        }
+        let tally = slot
+            .counting
+            .give_back_in(slot.tally, delta.window, now, units);
+        if tally == slot.tally {
+            return Some(units);
+        }
+        let version = self.next_version();
+        let slot = &mut self.slots[index as usize];
+        slot.tally = tally;
+        slot.version = version;
+        self.unlink(index);
+        self.push_newest(index);
+        Some(units)
+    }
+
     /// [`Self::add_counter`], with the weight cut to what `allow` grants
     /// of it given the counter's allowance shape (looked up with the
     /// counter, so a sync costs one lookup a delta). Returns the weight

@@ -1,0 +1,248 @@
+//! Weight given back, end to end through the sync engine and real root
+//! ledgers (the simulator's roots: a root's state and sync step without
+//! the network): a return reaches every host through every root, a root
+//! that predates returns keeps the units, and what a root missed is owed
+//! to it net of what was given back.
+
+use super::*;
+use crate::core::Quota;
+use crate::sim::root::SimRoot;
+use crate::table::{CheckItem, CheckOptions, Outcome};
+
+const SEC: Nanos = 1_000_000_000;
+
+/// Quota `q` (id 1): 1/s, burst 100.
+fn quotas() -> Vec<Quota> {
+    vec![Quota::new(1, "q", 1.0, 100.0, 100.0)]
+}
+
+/// A host: its table and engine, syncing with `roots` roots.
+fn host(name: &str, roots: usize) -> (Table, SyncEngine) {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&quotas());
+    let urls: Vec<String> = (0..roots).map(|i| format!("http://root{i}")).collect();
+    (t, SyncEngine::new(&urls, name.into(), SEC, 100, 0))
+}
+
+fn item(weight: u64) -> CheckItem<'static> {
+    CheckItem {
+        name: b"q",
+        key: None,
+        weight,
+        max_wait: None,
+    }
+}
+
+/// One cycle of a host at `now`: each root asked answers through its
+/// ledger unless it is `down` (then the exchange fails). `edit` may change
+/// a reply on its way (an older root's). Returns the requests sent.
+fn cycle(
+    e: &mut SyncEngine,
+    t: &Table,
+    roots: &mut [SimRoot],
+    down: &[usize],
+    now: Nanos,
+    edit: impl Fn(&mut SyncResponse),
+) -> Vec<Outgoing> {
+    let out = e.begin_cycle(t, now);
+    for o in &out {
+        if down.contains(&o.root) {
+            e.finish(t, o.root, o.owed.clone(), &[], Some("down".into()), now);
+            continue;
+        }
+        let mut reply = roots[o.root].sync(&o.request, now);
+        edit(&mut reply);
+        let page = Page {
+            sent_at: now,
+            received_at: now,
+            reply,
+        };
+        e.finish(t, o.root, o.owed.clone(), &[page], None, now);
+    }
+    e.end_cycle(t, now);
+    out
+}
+
+fn level(t: &Table, now: Nanos) -> f64 {
+    t.quota(b"q", now).unwrap().level
+}
+
+fn roots(n: usize) -> Vec<SimRoot> {
+    (0..n)
+        .map(|i| SimRoot::new(&quotas(), 100 + i as u64, 0, 0))
+        .collect()
+}
+
+#[test]
+fn a_return_reaches_every_host_through_every_root() {
+    let mut roots = roots(2);
+    let (a, mut ea) = host("a", 2);
+    let (b, mut eb) = host("b", 2);
+    // a admits 50; after a cycle of each, both see 50 (the roots count it
+    // from when it arrives).
+    let r = a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    assert_eq!(r.outcome, Outcome::Pass);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    assert_eq!(level(&b, SEC), 50.0);
+    // a gives 30 back (held requests that left): its next sync sends the
+    // return to both roots, and its own view drops at once.
+    assert_eq!(a.give_back(&item(50), 30, 0, 2 * SEC, false), 30);
+    let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    for o in &out {
+        assert_eq!(o.request.returned.len(), 1, "{:?}", o.request);
+        assert_eq!(o.request.returned[0].delta, 30);
+        assert!(o.request.deltas.is_empty());
+    }
+    for root in &roots {
+        assert_eq!(root.level(1, 2 * SEC), Some(19.0));
+    }
+    let st = a.quota(b"q", 2 * SEC).unwrap();
+    assert_eq!((st.level, st.pending, st.inflight), (19.0, 0, 0));
+    // b learns it from the same roots whose higher value it holds: their
+    // later, lower value replaces it.
+    cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
+    assert_eq!(level(&b, 2 * SEC), 19.0);
+    // New weight still counts on top, at both hosts.
+    b.check(b"q", 5, 2 * SEC);
+    cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
+    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
+    assert_eq!(level(&a, 3 * SEC), 23.0);
+    assert_eq!(level(&b, 3 * SEC), 23.0);
+}
+
+#[test]
+fn a_restarted_roots_low_values_are_max_merged_not_taken() {
+    let mut roots = roots(1);
+    let (a, mut ea) = host("a", 1);
+    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    assert_eq!(level(&a, SEC), 50.0);
+    // The root restarts: a new instance knows nothing of the 50. Its
+    // values are another root's to this host, so they lose the max.
+    roots[0] = SimRoot::new(&quotas(), 999, SEC, 0);
+    a.check(b"q", 1, SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    assert_eq!(level(&a, 2 * SEC), 49.0);
+    assert_eq!(roots[0].level(1, 2 * SEC), Some(1.0));
+}
+
+#[test]
+fn a_root_that_predates_returns_keeps_the_units_and_the_host_stays_strict() {
+    let mut roots = roots(1);
+    let (a, mut ea) = host("a", 1);
+    let older = |r: &mut SyncResponse| r.takes_returns = false;
+    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, older);
+    a.give_back(&item(50), 30, 0, 2 * SEC, false);
+    let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, older);
+    assert!(out[0].request.returned.is_empty(), "{:?}", out[0].request);
+    assert_eq!(ea.metrics().roots[0].dropped_returns, 30);
+    // The root still holds the 30, and so does the host's view: nothing
+    // is left in flight to make it look lower.
+    assert_eq!(roots[0].level(1, 2 * SEC), Some(49.0));
+    let st = a.quota(b"q", 2 * SEC).unwrap();
+    assert_eq!((st.level, st.pending, st.inflight), (49.0, 0, 0));
+}
+
+#[test]
+fn a_root_that_missed_an_add_and_its_return_gets_only_the_difference() {
+    let mut roots = roots(2);
+    let (a, mut ea) = host("a", 2);
+    // Root 1 is down while a admits 50 and gives 30 of it back.
+    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    cycle(&mut ea, &a, &mut roots, &[1], SEC, |_| {});
+    a.give_back(&item(50), 30, 0, SEC, false);
+    cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
+    assert_eq!(roots[0].level(1, 2 * SEC), Some(19.0));
+    // Back, it is sent the 50 less their leak and less the 30, and no
+    // return (it would lower other hosts' weight it holds).
+    let mut sent = None;
+    for s in 3..8 {
+        let out = cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        if let Some(o) = out.iter().find(|o| o.root == 1) {
+            sent = Some((s, o.request.clone()));
+            break;
+        }
+    }
+    let (s, request) = sent.expect("root 1 is asked again");
+    assert!(request.returned.is_empty(), "{request:?}");
+    // Owed since 1 s: 50 leaked at 1/s to s s, less 30.
+    let due = 50 - (s - 1) - 30;
+    assert_eq!(request.deltas[0].delta, due);
+    assert_eq!(roots[1].level(1, s * SEC), Some(due as f64));
+}
+
+#[test]
+fn a_return_a_root_missed_is_resent_whole() {
+    let mut roots = roots(2);
+    let (a, mut ea) = host("a", 2);
+    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // Root 1 got the 50 but is down when 30 come back.
+    a.give_back(&item(50), 30, 0, SEC, false);
+    cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
+    let mut sent = None;
+    for s in 3..8 {
+        let out = cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        if let Some(o) = out.iter().find(|o| o.root == 1) {
+            sent = Some((s, o.request.clone()));
+            break;
+        }
+    }
+    let (s, request) = sent.expect("root 1 is asked again");
+    assert_eq!(request.returned[0].delta, 30, "{request:?}");
+    assert_eq!(roots[1].level(1, s * SEC), roots[0].level(1, s * SEC));
+    assert_eq!(level(&a, s * SEC), (50 - (s - 1) - 30) as f64);
+}
+
+#[test]
+fn a_keys_return_reaches_the_other_host_through_both_roots() {
+    let template = Quota::new(3, "per_user", 1.0, 100.0, 100.0).keyed();
+    let mut roots: Vec<SimRoot> = (0..2)
+        .map(|i| SimRoot::new(std::slice::from_ref(&template), 100 + i, 0, 0))
+        .collect();
+    let keyed_host = |name: &str| {
+        let t = Table::new_heap_with_keys(8, 16, 64);
+        t.apply_quotas(std::slice::from_ref(&template));
+        let urls = ["http://root0".to_string(), "http://root1".to_string()];
+        (t, SyncEngine::new(&urls, name.into(), SEC, 100, 0))
+    };
+    let (a, mut ea) = keyed_host("a");
+    let (b, mut eb) = keyed_host("b");
+    let alice = CheckItem {
+        name: b"per_user",
+        key: Some(b"alice"),
+        weight: 50,
+        max_wait: None,
+    };
+    let r = a.check_many(&[alice], 0, CheckOptions::default(), || 0.5);
+    assert_eq!(r.outcome, Outcome::Pass);
+    // b holds an entry for alice too (it admitted one of her requests).
+    let one = CheckItem { weight: 1, ..alice };
+    b.check_many(&[one], 0, CheckOptions::default(), || 0.5);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    let hash = a.key_secret().hash(b"alice");
+    let known = |t: &Table, now| {
+        let keys = t.keys(None, now);
+        let k = keys.iter().find(|k| k.hash == hash).copied().unwrap();
+        (k.level, k.pending, k.inflight)
+    };
+    assert_eq!(known(&b, SEC).0, 51.0);
+    assert_eq!(a.give_back(&alice, 30, 0, 2 * SEC, false), 30);
+    let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    for o in &out {
+        assert_eq!(o.request.keyed_returned.len(), 1, "{:?}", o.request);
+        assert_eq!(o.request.keyed_returned[0].deltas, vec![KeyDelta(hash, 30)]);
+    }
+    cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
+    // 51 leaked for a second, less 30, at both hosts (b's estimate may add
+    // its measured fill rate on top; never the 30 back).
+    let (level_b, pending_b, inflight_b) = known(&b, 2 * SEC);
+    assert!((20.0..21.5).contains(&level_b), "{level_b}");
+    assert_eq!((pending_b, inflight_b), (0, 0));
+    let (level_a, pending_a, inflight_a) = known(&a, 2 * SEC);
+    assert!((20.0..21.5).contains(&level_a), "{level_a}");
+    assert_eq!((pending_a, inflight_a), (0, 0));
+}
