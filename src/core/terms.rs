@@ -25,7 +25,7 @@ use super::quota::Quota;
 use super::window::Window;
 
 /// What a quota allows, as people read it (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Terms {
     /// Units per second (leaky) or per window.
     pub limit: f64,

@@ -2,6 +2,10 @@
 //! load, admitted (2xx) and rejected (429) per second against the limit,
 //! and below it the true cluster level against the hosts' estimates.
 //!
+//! A window quota's limit is units per window, not per second: its upper
+//! panel counts each window's units from the window's start, against the
+//! limit in its own terms (`6000 / min`), instead of rates per second.
+//!
 //! plotters' SVG backend writes text as `<text>` elements, so no font is
 //! needed (the crate is built without a font backend; plotters then sizes
 //! labels with a built-in estimate).
@@ -93,15 +97,18 @@ fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
 }
 
 /// Offered, admitted and rejected per second, with the limit and what the
-/// ideal limiter admitted.
+/// ideal limiter admitted (a window quota: [`window_counts`]).
 fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
+    if let Some(length) = q.window {
+        return window_counts(area, q, seconds, length);
+    }
     let per_second: Vec<_> = (0..seconds).map(|s| q.second(s)).collect();
     let top = per_second
         .iter()
         .map(|b| b.offered as f64)
         .fold(q.limit * 1.2, f64::max)
         * 1.05;
-    let caption = format!("{}: requests per second", q.name);
+    let caption = format!("{} ({}): requests per second", q.name, q.terms);
     let mut chart = chart(area, caption, "units / s", seconds, top)?;
     // A second's count is drawn at its middle, so a step at a whole second
     // is drawn crossing that second.
@@ -149,6 +156,73 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
     legend(&mut chart)
 }
 
+/// A window quota's offered, admitted and rejected units counted from the
+/// start of each window of `length` seconds (windows start at 0, as the
+/// simulation's UTC does), against its limit per window.
+fn window_counts(area: &Area, q: &QuotaSeries, seconds: usize, length: f64) -> Result<(), String> {
+    // Each field's running count, at the end of every second; 0 at each
+    // window's start so the line drops there instead of sloping.
+    let counts = |f: BinField| {
+        let mut points = Vec::with_capacity(seconds + seconds / length.max(1.0) as usize + 1);
+        let mut sum = 0u64;
+        let mut window = -1i64;
+        for s in 0..seconds {
+            let index = (s as f64 / length).floor() as i64;
+            if index != window {
+                window = index;
+                sum = 0;
+                points.push((s as f64, 0.0));
+            }
+            sum += f(&q.second(s));
+            points.push(((s + 1) as f64, sum as f64));
+        }
+        points
+    };
+    let top = counts(|b| b.offered)
+        .iter()
+        .map(|p| p.1)
+        .fold(q.limit * 1.2, f64::max)
+        * 1.05;
+    let caption = format!("{} ({}): units counted in each window", q.name, q.terms);
+    let y_desc = format!("units this window (/ {})", q.terms.per());
+    let mut chart = chart(area, caption, &y_desc, seconds, top)?;
+    let series: [(&str, RGBColor, BinField); 3] = [
+        ("offered", OFFERED, |b| b.offered),
+        ("admitted (2xx)", ADMITTED, |b| b.admitted),
+        ("rejected (429)", REJECTED, |b| b.rejected),
+    ];
+    for (name, color, f) in series {
+        chart
+            .draw_series(LineSeries::new(counts(f), color.stroke_width(2)))
+            .map_err(err)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .draw_series(DashedLineSeries::new(
+            counts(|b| b.ideal),
+            4,
+            3,
+            IDEAL.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label("ideal limiter admitted")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], IDEAL));
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0.0, q.limit), (seconds as f64, q.limit)],
+            8,
+            4,
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label(format!("limit {}", q.terms))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+    legend(&mut chart)
+}
+
 /// The true cluster level and the hosts' estimates (mean, min, max).
 fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
     let top = q
@@ -157,7 +231,11 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
         .map(|l| l.truth.max(l.est_max))
         .fold(q.high_burst * 1.1, f64::max)
         * 1.05;
-    let caption = format!("{}: bucket level", q.name);
+    let caption = if q.window.is_some() {
+        format!("{}: count in the window", q.name)
+    } else {
+        format!("{}: bucket level", q.name)
+    };
     let mut chart = chart(area, caption, "units", seconds, top)?;
     // Levels are sampled at the end of each second.
     let at = |f: fn(&super::series::LevelSample) -> f64| {
@@ -204,6 +282,7 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::series::BINS_PER_SEC;
 
     #[test]
     fn a_plot_has_axis_labels_and_a_legend() {
@@ -222,5 +301,30 @@ mod tests {
         ] {
             assert!(doc.contains(text), "missing {text:?}");
         }
+    }
+
+    #[test]
+    fn a_window_quota_is_plotted_per_window_against_its_limit_per_window() {
+        let quota = crate::core::Quota::new(1, "plan", 6000.0, 6000.0, 6000.0)
+            .windowed(crate::core::Window::Minute, false);
+        let mut s = Series::new(120, &[quota]);
+        let q = &mut s.quotas[0];
+        // 200 admitted a second: the window's count reaches 6000 in 30 s.
+        for second in 0..120 {
+            q.bins[second * BINS_PER_SEC].admitted = if second % 60 < 30 { 200 } else { 0 };
+        }
+        let doc = svg(&s, "window").unwrap();
+        for text in [
+            "plan (6000 / min): units counted in each window",
+            "units this window (/ min)",
+            "limit 6000 / min",
+            "plan: count in the window",
+        ] {
+            assert!(doc.contains(text), "missing {text:?}");
+        }
+        assert!(
+            !doc.contains("units / s"),
+            "a window quota's axis is not per second"
+        );
     }
 }
