@@ -29,6 +29,8 @@
     history: new Map(),
     /** name -> quota, from the last tree fetch */
     quotas: new Map(),
+    /** name -> quota, from the last overview's busiest quotas */
+    busy: new Map(),
     selected: null,
     /** The selected quota as the editor was filled from it. */
     loaded: null,
@@ -204,7 +206,7 @@
     setNumber('total-admitted', t.admitted_per_second);
     setNumber('total-rejected', t.rejected_per_second);
     setNumber('total-rejecting', t.quotas_rejecting);
-    $('total-full').textContent = `at least 0.01 rejected checks /s; ${fmt(t.quotas_full)} full now`;
+    $('total-full').textContent = `with rejections; ${fmt(t.quotas_full)} full now`;
     record('syncs', t.syncs_per_second);
     record('admitted', t.admitted_per_second);
     record('rejected', t.rejected_per_second);
@@ -230,17 +232,22 @@
     return q.window ? [] : [{ value: q.limit }];
   }
 
-  /** A per-key quota's keys: "12 keys: 00ab…, 00cd…" (full hashes in the title). */
+  /**
+   * A per-key quota's keys: "12 keys, busiest 00ab12cd…" (its busiest
+   * keys' full hashes in the title; all of them in Busiest keys).
+   */
   function keysCell(q) {
     if (!q.keys) return el('td', { class: 'muted', text: '-' });
-    const short = q.keys.busiest.map((k) => k.slice(0, 8) + '…');
-    return el('td', { 'data-field': 'keys', 'data-value': q.keys.count, title: q.keys.busiest.join(', ') },
-      `${fmt(q.keys.count)} key${q.keys.count === 1 ? '' : 's'}` + (short.length ? ': ' + short.join(', ') : ''));
+    const busiest = q.keys.busiest;
+    return el('td', { 'data-field': 'keys', 'data-value': q.keys.count, title: busiest.join(', ') },
+      `${fmt(q.keys.count)} key${q.keys.count === 1 ? '' : 's'}`
+        + (busiest.length ? `, busiest ${busiest[0].slice(0, 8)}…` : ''));
   }
 
   function renderBusiest(ov) {
     const body = $('busiest').tBodies[0];
     const rows = [];
+    state.busy = new Map((ov.quotas || []).map((q) => [q.name, q]));
     for (const q of ov.quotas || []) {
       record('level:' + q.name, q.level);
       record('fill:' + q.name, q.fill_rate);
@@ -252,10 +259,10 @@
         el('td', { class: 'num', 'data-field': 'level', 'data-value': q.level, text: fmt(q.level) }),
         el('td', {}, bar(q.fullness, q.rejecting)),
         el('td', { class: 'num', 'data-field': 'fill_rate', 'data-value': q.fill_rate, text: fmt(q.fill_rate) }),
-        el('td', {}, chart(values('fill:' + q.name), rateRefs(q), 140, 24)),
+        el('td', {}, chart(values('fill:' + q.name), rateRefs(q), 100, 24)),
         el('td', { class: 'num', 'data-field': 'rejecting', 'data-value': q.rejecting, text: pct(q.rejecting) }),
         el('td', { class: 'num', 'data-field': 'rejected_rate', 'data-value': q.rejected_rate, text: fmt(q.rejected_rate) }),
-        el('td', { class: 'rejected' }, chart(values('rej:' + q.name), [], 140, 24)),
+        el('td', { class: 'rejected' }, chart(values('rej:' + q.name), [], 100, 24)),
         keysCell(q)));
     }
     body.replaceChildren(...rows);
@@ -370,9 +377,13 @@
     const children = new Map();
     const tops = [];
     for (const q of list.quotas) {
-      record('level:' + q.name, q.level);
-      record('fill:' + q.name, q.fill_rate);
-      record('rej:' + q.name, q.rejected_rate);
+      // A per-key quota has no counter of its own: the overview gives its
+      // keys' figures, when it is among the busiest.
+      if (!q.per_key) {
+        record('level:' + q.name, q.level);
+        record('fill:' + q.name, q.fill_rate);
+        record('rej:' + q.name, q.rejected_rate);
+      }
       if (q.parent && state.quotas.has(q.parent)) {
         if (!children.has(q.parent)) children.set(q.parent, []);
         children.get(q.parent).push(q);
@@ -385,17 +396,21 @@
       span.style.paddingLeft = depth * 18 + 'px';
       return span;
     };
-    const node = (q, depth) => {
+    const node = (listed, depth) => {
+      // A per-key quota's figures are its keys', from the overview.
+      const q = listed.per_key ? Object.assign({}, listed, state.busy.get(listed.name)
+        || { level: null, fill_rate: null }) : listed;
       const fullness = q.high_burst > 0 ? q.level / q.high_burst : 0;
       // Colour by the band the level is in (the overview ranks by the exact share).
-      const band = q.level + 1 > q.high_burst ? 1 : q.level + 1 > q.low_burst ? 0.5 : 0;
+      const band = q.level === null ? 0 : q.level + 1 > q.high_burst ? 1 : q.level + 1 > q.low_burst ? 0.5 : 0;
       const item = el('li', { 'data-quota': q.name, class: q.name === state.selected ? 'selected' : '' },
         el('div', { class: 'node' },
           indent(el('span', { class: 'name' }, quotaButton(q.name),
             q.parent && !state.quotas.has(q.parent) ? el('span', { class: 'muted', text: ` (under ${q.parent})` }) : null), depth),
           el('span', { class: 'figure terms', 'data-field': 'limit', 'data-value': q.limit, title: kind(q), text: terms(q) }),
           bar(fullness, band),
-          el('span', { class: 'figure', 'data-field': 'level', 'data-value': q.level, text: 'level ' + fmt(q.level) }),
+          el('span', { class: 'figure', 'data-field': 'level', 'data-value': q.level, text: 'level ' + fmt(q.level),
+            title: listed.per_key ? "a per-key quota: its fullest key's level" : null }),
           el('span', { class: 'figure', 'data-field': 'fill_rate', 'data-value': q.fill_rate, text: fmt(q.fill_rate) + '/s in' })));
       const kids = children.get(q.name);
       // The tree is at most 8 deep; the bound guards against a cycle.
