@@ -97,28 +97,37 @@ fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
 }
 
 /// Offered, admitted and rejected per second, with the limit and what the
-/// ideal limiter admitted (a window quota: [`window_counts`]).
+/// ideal limiter admitted. A window quota's are counted from the start of
+/// each window instead (windows start at 0, as the simulation's UTC
+/// does), against its limit per window.
 fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
-    if let Some(length) = q.window {
-        return window_counts(area, q, seconds, length);
-    }
     let per_second: Vec<_> = (0..seconds).map(|s| q.second(s)).collect();
-    let top = per_second
-        .iter()
-        .map(|b| b.offered as f64)
-        .fold(q.limit * 1.2, f64::max)
-        * 1.05;
-    let caption = format!("{} ({}): requests per second", q.name, q.terms);
-    let mut chart = chart(area, caption, "units / s", seconds, top)?;
-    // A second's count is drawn at its middle, so a step at a whole second
-    // is drawn crossing that second.
-    let line = |f: BinField| {
-        per_second
+    let line = |f: BinField| match q.window {
+        // A second's count is drawn at its middle, so a step at a whole
+        // second is drawn crossing that second.
+        None => per_second
             .iter()
             .enumerate()
-            .map(move |(s, b)| (s as f64 + 0.5, f(b) as f64))
-            .collect::<Vec<_>>()
+            .map(|(s, b)| (s as f64 + 0.5, f(b) as f64))
+            .collect::<Vec<_>>(),
+        Some(length) => window_counts(&per_second, f, length),
     };
+    let (caption, y_desc) = match q.window {
+        None => (
+            format!("{} ({}): requests per second", q.name, q.terms),
+            "units / s".to_string(),
+        ),
+        Some(_) => (
+            format!("{} ({}): units counted in each window", q.name, q.terms),
+            format!("units this window (/ {})", q.terms.per()),
+        ),
+    };
+    let top = line(|b| b.offered)
+        .iter()
+        .map(|p| p.1)
+        .fold(q.limit * 1.2, f64::max)
+        * 1.05;
+    let mut chart = chart(area, caption, &y_desc, seconds, top)?;
     let series: [(&str, RGBColor, BinField); 3] = [
         ("offered", OFFERED, |b| b.offered),
         ("admitted (2xx)", ADMITTED, |b| b.admitted),
@@ -151,76 +160,29 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
             BLACK.stroke_width(1),
         ))
         .map_err(err)?
-        .label("limit")
+        .label(format!("limit {}", q.terms))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
     legend(&mut chart)
 }
 
-/// A window quota's offered, admitted and rejected units counted from the
-/// start of each window of `length` seconds (windows start at 0, as the
-/// simulation's UTC does), against its limit per window.
-fn window_counts(area: &Area, q: &QuotaSeries, seconds: usize, length: f64) -> Result<(), String> {
-    // Each field's running count, at the end of every second; 0 at each
-    // window's start so the line drops there instead of sloping.
-    let counts = |f: BinField| {
-        let mut points = Vec::with_capacity(seconds + seconds / length.max(1.0) as usize + 1);
-        let mut sum = 0u64;
-        let mut window = -1i64;
-        for s in 0..seconds {
-            let index = (s as f64 / length).floor() as i64;
-            if index != window {
-                window = index;
-                sum = 0;
-                points.push((s as f64, 0.0));
-            }
-            sum += f(&q.second(s));
-            points.push(((s + 1) as f64, sum as f64));
+/// A field of `per_second`'s bins counted from the start of each window
+/// of `length` seconds, at the end of every second, with a 0 at each
+/// window's start so the line drops there instead of sloping.
+fn window_counts(per_second: &[super::series::Bin], f: BinField, length: f64) -> Vec<(f64, f64)> {
+    let mut points = Vec::with_capacity(per_second.len() * 2);
+    let mut sum = 0u64;
+    let mut window = -1i64;
+    for (s, bin) in per_second.iter().enumerate() {
+        let index = (s as f64 / length).floor() as i64;
+        if index != window {
+            window = index;
+            sum = 0;
+            points.push((s as f64, 0.0));
         }
-        points
-    };
-    let top = counts(|b| b.offered)
-        .iter()
-        .map(|p| p.1)
-        .fold(q.limit * 1.2, f64::max)
-        * 1.05;
-    let caption = format!("{} ({}): units counted in each window", q.name, q.terms);
-    let y_desc = format!("units this window (/ {})", q.terms.per());
-    let mut chart = chart(area, caption, &y_desc, seconds, top)?;
-    let series: [(&str, RGBColor, BinField); 3] = [
-        ("offered", OFFERED, |b| b.offered),
-        ("admitted (2xx)", ADMITTED, |b| b.admitted),
-        ("rejected (429)", REJECTED, |b| b.rejected),
-    ];
-    for (name, color, f) in series {
-        chart
-            .draw_series(LineSeries::new(counts(f), color.stroke_width(2)))
-            .map_err(err)?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+        sum += f(bin);
+        points.push(((s + 1) as f64, sum as f64));
     }
-    chart
-        .draw_series(DashedLineSeries::new(
-            counts(|b| b.ideal),
-            4,
-            3,
-            IDEAL.stroke_width(1),
-        ))
-        .map_err(err)?
-        .label("ideal limiter admitted")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], IDEAL));
-    chart
-        .draw_series(DashedLineSeries::new(
-            [(0.0, q.limit), (seconds as f64, q.limit)],
-            8,
-            4,
-            BLACK.stroke_width(1),
-        ))
-        .map_err(err)?
-        .label(format!("limit {}", q.terms))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-    legend(&mut chart)
+    points
 }
 
 /// The true cluster level and the hosts' estimates (mean, min, max).
