@@ -42,6 +42,10 @@
 //!     fleet's secret (a key is never kept).
 //!   - `core/rng.rs` — the cheap thread-local PRNG the decision draws
 //!     from, seeded by its caller.
+//!   - `core/terms.rs` — a quota's limit in its own terms (`5 /s`,
+//!     `1000 / day`, `10 / min sliding`, `15 /s per key`), the one way
+//!     the CLI, the console, `sluice top`, nginx's log lines and the
+//!     simulator's plots write it.
 //!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
 //!     visitor, feature `toml`) parsed with errors that name the quota,
 //!     field and line, and checked as a whole set.

@@ -59,7 +59,7 @@ location / { root html; sluice zero; }
 GET /index.html
 --- error_code: 429
 --- error_log eval
-qr/\[error\] .*sluice: limiting requests by quota "zero" \(limit 0\.001\/s, weight 1\): it can never pass, the weight is above the quota's high_burst 0, client: 127\.0\.0\.1/
+qr/\[error\] .*sluice: limiting requests by quota "zero" \(limit 0\.001 \/s, weight 1\): it can never pass, the weight is above the quota's high_burst 0, client: 127\.0\.0\.1/
 
 
 
@@ -240,7 +240,7 @@ location /a/ { alias html/; sluice child_a weight=3; }
 GET /a/index.html
 --- error_code: 429
 --- error_log eval
-qr/sluice: limiting requests by quota "parent2", an ancestor of "child_a" \(limit 0\.001\/s, weight 3\)/
+qr/sluice: limiting requests by quota "parent2", an ancestor of "child_a" \(limit 0\.001 \/s, weight 3\)/
 
 
 
@@ -448,7 +448,7 @@ GET /index.html
 RateLimit-Policy: "ten";q=10;w=10000
 RateLimit: "ten";r=10
 --- error_log eval
-qr/sluice: limiting requests by quota "ten" \(limit 0\.001\/s, weight 11\): it can never pass, the weight is above the quota's high_burst 10, client:/
+qr/sluice: limiting requests by quota "ten" \(limit 0\.001 \/s, weight 11\): it can never pass, the weight is above the quota's high_burst 10, client:/
 
 
 
@@ -469,7 +469,7 @@ GET /index.html
 !Retry-After
 RateLimit: "frozen_one";r=0
 --- error_log eval
-qr/sluice: limiting requests by quota "frozen_one" \(limit 0\/s, weight 1\): it can never pass, the quota's limit is 0: its level never drains/
+qr/sluice: limiting requests by quota "frozen_one" \(limit 0 \/s, weight 1\): it can never pass, the quota's limit is 0: its level never drains/
 
 
 

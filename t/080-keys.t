@@ -119,7 +119,7 @@ X-Api-Token: sk-live-4242-very-secret
 GET /index.html
 --- error_code: 429
 --- error_log eval
-qr/sluice: limiting requests by quota "per_ip" key [0-9a-f]{16} \(limit 0\.001\/s, weight 3\)/
+qr/sluice: limiting requests by quota "per_ip" key [0-9a-f]{16} \(limit 0\.001 \/s per key, weight 3\)/
 --- no_error_log
 sk-live-4242
 

@@ -258,7 +258,7 @@ ok($browser->wait_for(q{document.getElementById('edit-sliding').disabled
     'choosing no window unticks and disables sliding');
 $browser->click('#edit-save');
 ok($browser->wait_for(q{document.getElementById('edit-result').textContent.includes('saved')
-        && document.getElementById('editor-kind').textContent.startsWith('per key')}),
+        && document.getElementById('editor-kind').textContent.includes('leaky bucket, per key')}),
     'the quota is saved as a leaky bucket');
 (undef, $after) = root_call($root, 'GET', '/v1/quotas/s3_photos_per_client');
 ok(!exists $after->{window} && !exists $after->{sliding}, '... with no window, not sliding');

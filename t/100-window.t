@@ -1,8 +1,9 @@
 # Window quotas through nginx (standalone, a local quota file): a fixed 1 s
 # window starts over at the UTC second; a sliding one carries the previous
 # window's weighted share, per key too; a ladder (1 s under 10 s) is
-# checked all, then committed; bad window settings fail `nginx -t` with
-# file:line.
+# checked all, then committed; a rejection is logged with the limit in its
+# own terms (`2 / min sliding`, not a rate per second); bad window
+# settings fail `nginx -t` with file:line.
 #
 # Windows are UTC-aligned, so the blocks that count across windows wait
 # for a boundary (`at_fraction`) and check, from the client's clock, that
@@ -183,7 +184,7 @@ Test::More::is($level, 1, 'a rejection by the 10 s rung counted nothing on the 1
 GET /metrics
 --- error_code: 200
 --- error_log eval
-qr/sluice: limiting requests by quota "ten_s", an ancestor of "one_s" \(limit 5\/s, weight 1\)/
+qr/sluice: limiting requests by quota "ten_s", an ancestor of "one_s" \(limit 5 \/ 10s window, weight 1\)/
 
 
 
@@ -281,3 +282,33 @@ location / { root html; sluice m; }
 ["GET /index.html", "GET /index.html"]
 --- error_code eval
 [200, 429]
+
+
+
+=== TEST 9: a window quota's rejection is logged with its limit per window, not per second
+--- config
+location /plan/ { alias html/; sluice plan_minute; }
+location /token/ { alias html/; sluice token_day key=$arg_t; }
+location /free/ { alias html/; }
+--- user_files
+>>> quotas.json
+{"quotas": [
+  {"name": "plan_minute", "limit": 2, "window": "1m", "sliding": true},
+  {"name": "token_day", "limit": 1, "window": "1d", "per_key": true}
+]}
+--- init
+# A sliding window still holds the two at a minute's boundary: the third
+# is rejected wherever it lands.
+my @plan = map { main::status('/plan/index.html') } 1 .. 3;
+Test::More::is_deeply(\@plan, [200, 200, 429], 'two a minute, then rejected');
+# Three requests: a day's boundary can fall between two of them at most.
+my @token = map { main::status('/token/index.html?t=alice') } 1 .. 3;
+Test::More::ok($token[0] == 200 && grep({ $_ == 429 } @token[1, 2]),
+    "one a day for the key, then rejected (@token)");
+--- request
+GET /free/index.html
+--- error_log eval
+[qr/sluice: limiting requests by quota "plan_minute" \(limit 2 \/ min sliding, weight 1\), client:/,
+ qr/sluice: limiting requests by quota "token_day" key [0-9a-f]{16} \(limit 1 \/ day per key, weight 1\), client:/]
+--- no_error_log eval
+qr/limit \d+\/s/

@@ -1050,6 +1050,7 @@ async fn a_patch_changes_only_the_fields_it_names(db: Db) {
     let after = root.get("per_client").await.1;
     let mut expected = before.clone();
     expected["limit"] = json!(6.0);
+    expected["terms"] = json!("6 / min sliding per key");
     assert_eq!(definition(&after), expected, "only the limit changed");
     assert_eq!(after["epoch"], reply["epoch"]);
 

@@ -73,11 +73,11 @@ async fn set_get_list_and_delete_print_tables_or_json() {
     let lines: Vec<&str> = list.lines().collect();
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
-        ["NAME", "PARENT", "LIMIT", "LOW", "HIGH", "LEVEL", "EPOCH"]
+        ["NAME", "PARENT", "LIMIT", "WINDOW", "PER", "KEY", "LOW", "HIGH", "LEVEL", "EPOCH"]
     );
     assert_eq!(
         lines[2].split_whitespace().collect::<Vec<_>>(),
-        ["b", "a", "5", "5", "20", "0", "2"]
+        ["b", "a", "5", "/s", "-", "-", "5", "20", "0", "2"]
     );
 
     // Options not given keep their values.
@@ -115,6 +115,89 @@ async fn set_get_list_and_delete_print_tables_or_json() {
         "deleted b (epoch 4)\n"
     );
     assert!(failure(&quota(&root, &["get", "b"]).await).contains("404"));
+    root.stop().await;
+}
+
+/// `list` and `get` show each quota's limit in its own terms, with its
+/// window and whether it is per key: a day's quota is not a rate per
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_get_show_windows_and_per_key_quotas_in_their_own_terms() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plans.json");
+    std::fs::write(
+        &file,
+        r#"{"quotas": [
+            {"name": "api", "limit": 100},
+            {"name": "api_user", "parent": "api", "limit": 15, "high_burst": 30, "per_key": true},
+            {"name": "plan_day", "limit": 1000, "window": "1d"},
+            {"name": "plan_minute", "parent": "plan_day", "limit": 10, "window": "1m", "sliding": true},
+            {"name": "tick", "limit": 5, "window": "1s"},
+            {"name": "token_month", "limit": 50000, "window": "month", "per_key": true}
+        ]}"#,
+    )
+    .unwrap();
+    // One apply, one epoch for all.
+    stdout(&quota(&root, &["apply", "-f", file.to_str().unwrap()]).await);
+    let list = stdout(&quota(&root, &["list"]).await);
+    let expected = "\
+NAME         PARENT    LIMIT                  WINDOW      PER KEY    LOW   HIGH  LEVEL  EPOCH
+api          -         100 /s                 -           -          100    100      0      1
+api_user     api       15 /s per key          -           yes         15     30      0      1
+plan_day     -         1000 / day             1d          -         1000   1000      0      1
+plan_minute  plan_day  10 / min sliding       1m sliding  -           10     10      0      1
+tick         -         5 / 1s window          1s          -            5      5      0      1
+token_month  -         50000 / month per key  month       yes      50000  50000      0      1
+";
+    assert_eq!(list, expected);
+
+    let shown = stdout(&quota(&root, &["get", "plan_minute"]).await);
+    for row in [
+        ["limit", "10 / min sliding"],
+        ["window", "1m sliding"],
+        ["per_key", "false"],
+    ] {
+        assert!(
+            shown.lines().any(|l| l
+                .split("  ")
+                .filter(|c| !c.is_empty())
+                .map(str::trim)
+                .eq(row)),
+            "{row:?} missing from:\n{shown}"
+        );
+    }
+    let shown = stdout(&quota(&root, &["get", "api_user"]).await);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("limit") && l.ends_with("15 /s per key")),
+        "{shown}"
+    );
+
+    // --json keeps the numbers and adds the terms and the kind.
+    let json: Value =
+        serde_json::from_str(&stdout(&quota(&root, &["--json", "list"]).await)).unwrap();
+    let day = &json["quotas"][2];
+    assert_eq!(
+        (
+            &day["name"],
+            &day["limit"],
+            &day["window"],
+            &day["terms"],
+            &day["kind"]
+        ),
+        (
+            &json!("plan_day"),
+            &json!(1000.0),
+            &json!("1d"),
+            &json!("1000 / day"),
+            &json!("window")
+        )
+    );
+    assert_eq!(json["quotas"][3]["kind"], "sliding");
+    assert_eq!(json["quotas"][0]["kind"], "leaky");
     root.stop().await;
 }
 

@@ -31,7 +31,7 @@ use sluice::core::Window;
 use sluice::root::config::parse_duration;
 
 use client::{CliError, Client, Reply};
-use output::{number, text, Table};
+use output::{number, per_key, terms, text, window, Table};
 
 /// How to reach a root: the flags `sluice quota` and `sluice top` share.
 #[derive(Debug, clap::Args)]
@@ -418,12 +418,16 @@ async fn list(
     if json {
         return Ok(to_json(&json!({ "quotas": quotas, "next": next })));
     }
-    let mut table = Table::new(&["NAME", "PARENT", "LIMIT", "LOW", "HIGH", "LEVEL", "EPOCH"]);
+    let mut table = Table::new(&[
+        "NAME", "PARENT", "LIMIT", "WINDOW", "PER KEY", "LOW", "HIGH", "LEVEL", "EPOCH",
+    ]);
     for q in &quotas {
         table.row(vec![
             text(&q["name"]),
             text(&q["parent"]),
-            number(&q["limit"]),
+            terms(q),
+            window(q),
+            per_key(q),
             number(&q["low_burst"]),
             number(&q["high_burst"]),
             number(&q["level"]),
@@ -443,21 +447,14 @@ fn show_quota(q: &Value) -> String {
         ("name", text(&q["name"])),
         ("id", number(&q["id"])),
         ("parent", text(&q["parent"])),
-        ("limit", number(&q["limit"])),
+        ("limit", terms(q)),
         ("low_burst", number(&q["low_burst"])),
         ("high_burst", number(&q["high_burst"])),
         (
             "per_key",
             q["per_key"].as_bool().unwrap_or(false).to_string(),
         ),
-        (
-            "window",
-            match (q["window"].as_str(), q["sliding"].as_bool()) {
-                (Some(w), Some(true)) => format!("{w} (sliding)"),
-                (Some(w), _) => w.to_string(),
-                (None, _) => "-".to_string(),
-            },
-        ),
+        ("window", window(q)),
         ("epoch", number(&q["epoch"])),
         ("level", number(&q["level"])),
         ("fill_rate", number(&q["fill_rate"])),

@@ -1,6 +1,9 @@
-//! Human-readable output: aligned tables and compact numbers.
+//! Human-readable output: aligned tables, compact numbers and a quota's
+//! limit in its own terms.
 
 use serde_json::Value;
+
+use sluice::core::{Terms, Window};
 
 /// A table with a header row; columns are padded to their widest cell,
 /// numbers right-aligned.
@@ -91,10 +94,65 @@ pub fn text(value: &Value) -> String {
     value.as_str().map_or_else(|| "-".into(), str::to_string)
 }
 
+/// A quota's limit in its own terms ([`Terms`]: `1000 / day`, `15 /s per
+/// key`) from its fields as the admin API shows them, so a root that
+/// predates the `terms` field is shown the same; `-` without a limit.
+pub fn terms(quota: &Value) -> String {
+    let Some(limit) = quota["limit"].as_f64() else {
+        return "-".into();
+    };
+    Terms {
+        limit,
+        window: quota["window"].as_str().and_then(Window::parse),
+        sliding: quota["sliding"].as_bool().unwrap_or(false),
+        per_key: quota["per_key"].as_bool().unwrap_or(false),
+    }
+    .to_string()
+}
+
+/// A quota's window as a column: `1d`, `1m sliding`, or `-` for a leaky
+/// bucket.
+pub fn window(quota: &Value) -> String {
+    match (quota["window"].as_str(), quota["sliding"].as_bool()) {
+        (Some(w), Some(true)) => format!("{w} sliding"),
+        (Some(w), _) => w.to_string(),
+        (None, _) => "-".to_string(),
+    }
+}
+
+/// Whether a quota is a per-key template, as a column: `yes` or `-`.
+pub fn per_key(quota: &Value) -> String {
+    if quota["per_key"].as_bool() == Some(true) {
+        "yes".into()
+    } else {
+        "-".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_quota_is_shown_in_its_own_terms() {
+        let day = json!({"limit": 1000.0, "window": "1d"});
+        assert_eq!(
+            (terms(&day), window(&day), per_key(&day)),
+            ("1000 / day".into(), "1d".into(), "-".into())
+        );
+        let minute = json!({"limit": 10.0, "window": "1m", "sliding": true});
+        assert_eq!(
+            (terms(&minute), window(&minute)),
+            ("10 / min sliding".into(), "1m sliding".into())
+        );
+        let user = json!({"limit": 15.0, "per_key": true});
+        assert_eq!(
+            (terms(&user), window(&user), per_key(&user)),
+            ("15 /s per key".into(), "-".into(), "yes".into())
+        );
+        assert_eq!(terms(&json!({})), "-");
+    }
 
     #[test]
     fn numbers_are_compact() {

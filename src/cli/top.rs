@@ -19,7 +19,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use sluice::root::config::parse_duration;
 
 use super::client::{CliError, Client};
-use super::output::{number, text, Table};
+use super::output::{number, terms, text, Table};
 use super::{fail, runtime, Connection};
 
 /// Shortest refresh interval (the root samples once a second anyway).
@@ -208,7 +208,7 @@ pub fn render(root: &str, ov: &Value) -> String {
         out.push_str("no quota has received weight recently\n");
     } else {
         let mut table = Table::new(&[
-            "QUOTA", "PARENT", "LEVEL", "HIGH", "FULL%", "FILL/S", "LIMIT/S", "REJECT%", "REJ/S",
+            "QUOTA", "PARENT", "LEVEL", "HIGH", "FULL%", "FILL/S", "LIMIT", "REJECT%", "REJ/S",
         ]);
         for q in quotas {
             table.row(vec![
@@ -218,7 +218,7 @@ pub fn render(root: &str, ov: &Value) -> String {
                 number(&q["high_burst"]),
                 percent(&q["fullness"]),
                 number(&q["fill_rate"]),
-                number(&q["limit"]),
+                terms(q),
                 percent(&q["rejecting"]),
                 number(&q["rejected_rate"]),
             ]);
@@ -299,13 +299,37 @@ sluice root http://r:7070/  ok  v0.1.0  instance 00000000000000ab
 db sqlite up, epoch 7, reloaded 0.5 s ago, 0 failures
 quotas 6 (4 with a counter)  limiters 1 active, 2 seen  syncs 5/s  admitted 88.13/s  rejected 3.25/s  rejecting 1 quotas (0 full)
 
-QUOTA           PARENT     LEVEL  HIGH  FULL%  FILL/S  LIMIT/S  REJECT%  REJ/S
-s3_photos_read  s3_photos  22.09    30  73.63   13.85       15    53.63   3.25
+QUOTA           PARENT     LEVEL  HIGH  FULL%  FILL/S  LIMIT  REJECT%  REJ/S
+s3_photos_read  s3_photos  22.09    30  73.63   13.85  15 /s    53.63   3.25
 
 LIMITER  LAST SYNC S  SYNCS  OFFSET MS  RTT MS
 edge-1          0.06     40       0.08    0.41
 ";
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn window_and_per_key_quotas_show_their_limit_in_their_own_terms() {
+        let mut ov = overview("admin");
+        ov["quotas"] = json!([
+            {"name": "plan_day", "parent": null, "limit": 1000.0, "window": "1d",
+             "low_burst": 1000.0, "high_burst": 1000.0, "level": 990.0, "fill_rate": 0.5,
+             "rejected_rate": 0.25, "fullness": 0.99, "rejecting": 0.0},
+            {"name": "api_user", "parent": "api", "limit": 15.0, "per_key": true,
+             "low_burst": 15.0, "high_burst": 30.0, "level": 31.0, "fill_rate": 40.0,
+             "rejected_rate": 3.78, "fullness": 1.03, "rejecting": 1.0,
+             "keys": {"count": 12, "busiest": ["00000000000000ab"]}},
+        ]);
+        let text = render("http://r:7070/", &ov);
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_string()
+        };
+        assert!(row("plan_day").contains(" 1000 / day "), "{text}");
+        assert!(row("api_user").contains(" 15 /s per key "), "{text}");
+        assert!(!text.contains("LIMIT/S"), "{text}");
     }
 
     #[test]

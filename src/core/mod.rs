@@ -15,6 +15,7 @@ pub mod quota;
 pub mod rng;
 pub mod snapshot;
 pub mod spec;
+pub mod terms;
 pub mod window;
 
 pub use counter::{Counting, Level, Tally};
@@ -25,6 +26,7 @@ pub use decision::{
 pub use estimate::{Estimator, Extrapolation};
 pub use quota::{Quota, ValidationError};
 pub use snapshot::QuotaSnapshot;
+pub use terms::Terms;
 pub use window::{Window, WindowLevel, WindowRule};
 
 /// Nanoseconds on a monotonic clock; the unit of every time in the core.

@@ -228,6 +228,15 @@ impl Quota {
         }
     }
 
+    /// The same quota counting in a window when `window` gives one
+    /// (`(window, sliding)`); unchanged otherwise.
+    pub fn windowed_if(self, window: Option<(Window, bool)>) -> Self {
+        match window {
+            Some((window, sliding)) => self.windowed(window, sliding),
+            None => self,
+        }
+    }
+
     /// How the quota counts when it is a window quota, with `utc_offset`
     /// turning the caller's clock into UTC.
     pub fn window_rule(&self, utc_offset: i64) -> Option<WindowRule> {

@@ -59,7 +59,7 @@ use super::request_counters::RequestCounters;
 use super::util::{bytes, log, runtime_boundary, text};
 use super::Module;
 use crate::core::key::KeyHash;
-use crate::core::Wait;
+use crate::core::{Terms, Wait};
 use crate::table::{
     CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, Table, MAX_CHECKS,
 };
@@ -540,7 +540,7 @@ fn log_rejected(
         quota,
         checked,
         weight: items.get(item).map_or(0, |i| i.weight),
-        limit: rejection.limit,
+        limit: Limit(table.terms_of(rejection.slot), rejection.limit),
         wait: rejection.wait,
         key: rejection.key,
     };
@@ -743,7 +743,8 @@ struct Rejected<'a> {
     /// The quota the directive named (the same, or a descendant).
     checked: &'a [u8],
     weight: u64,
-    limit: f64,
+    /// What the quota that rejected allows.
+    limit: Limit,
     wait: Wait,
     /// The key's hash when a key's counter rejected; 0 otherwise.
     key: KeyHash,
@@ -753,7 +754,7 @@ fn log_rejection(r: &mut ngx_http_request_t, lcf: &LocConf, dry_run: bool, rejec
     let how = if dry_run { ", dry run," } else { "" };
     let quota = text(rejected.quota);
     let checked = text(rejected.checked);
-    let (limit, weight) = (rejected.limit, rejected.weight);
+    let (limit, weight) = (&rejected.limit, rejected.weight);
     // A request that waiting cannot help says why (and gets no
     // Retry-After).
     let (never, why) = match &rejected.wait {
@@ -775,7 +776,7 @@ fn log_rejection(r: &mut ngx_http_request_t, lcf: &LocConf, dry_run: bool, rejec
                 lcf.log_level(),
                 (*r.connection).log,
                 format_args!(
-                    "sluice: limiting requests{how} by quota \"{quota}\"{key} (limit {limit}/s, \
+                    "sluice: limiting requests{how} by quota \"{quota}\"{key} (limit {limit}, \
                      weight {weight}){never}{why}"
                 ),
             );
@@ -785,9 +786,23 @@ fn log_rejection(r: &mut ngx_http_request_t, lcf: &LocConf, dry_run: bool, rejec
                 (*r.connection).log,
                 format_args!(
                     "sluice: limiting requests{how} by quota \"{quota}\", an ancestor of \
-                     \"{checked}\" (limit {limit}/s, weight {weight}){never}{why}"
+                     \"{checked}\" (limit {limit}, weight {weight}){never}{why}"
                 ),
             );
+        }
+    }
+}
+
+/// A quota's limit in a log line: in its own terms (`5 /s`, `10 / min`)
+/// when its slot could be read, else the bare number (the quota changed
+/// meanwhile).
+struct Limit(Option<Terms>, f64);
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(terms) => terms.fmt(f),
+            None => self.1.fmt(f),
         }
     }
 }

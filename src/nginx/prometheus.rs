@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use crate::core::Nanos;
+use crate::core::{Nanos, Terms};
 use crate::sync::SyncMetrics;
 use crate::table::{QuotaState, Table};
 
@@ -126,14 +126,19 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
     }
     let _ = writeln!(
         out,
-        "# HELP sluice_quota_limit Quota limit, units per second (top quotas)."
+        "# HELP sluice_quota_limit Quota limit in units per `per` (top quotas): per second \
+         (per=\"s\") for a leaky quota, per window (per=\"min\", \"day\", ...) for a window quota; \
+         kind is leaky, window or sliding."
     );
     let _ = writeln!(out, "# TYPE sluice_quota_limit gauge");
     for q in &quotas {
+        let terms = Terms::of(&q.quota);
         let _ = writeln!(
             out,
-            "sluice_quota_limit{{quota=\"{}\"}} {}",
+            "sluice_quota_limit{{quota=\"{}\",per=\"{}\",kind=\"{}\"}} {}",
             escape(&q.quota.name),
+            terms.per(),
+            terms.kind(),
             q.quota.limit
         );
     }

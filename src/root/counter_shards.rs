@@ -27,7 +27,7 @@ use crate::wire::CounterKey;
 
 use super::counter_book::{
     busiest_first, BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
-    KeyLimits,
+    KeyLimits, TemplateRejections,
 };
 use super::trust::{Allowances, MAX_ALLOWANCES};
 
@@ -38,6 +38,9 @@ pub struct Shard {
     pub book: CounterBook,
     /// What each limiter may still add to them.
     pub allowances: Allowances,
+    /// Rejection rates of the per-key templates whose named counter would
+    /// live in this shard.
+    pub templates: TemplateRejections,
 }
 
 /// Shards for this machine: four per core the process may run on (so two
@@ -102,6 +105,7 @@ impl Counters {
                     Mutex::new(Shard {
                         book: CounterBook::shard(clock.clone(), per_shard),
                         allowances: Allowances::with_max(per_shard_allowances),
+                        templates: TemplateRejections::default(),
                     })
                 })
                 .collect(),
@@ -162,7 +166,11 @@ impl Counters {
 
     /// [`CounterBook::remove`] in every shard.
     pub fn remove(&self, id: u64) {
-        self.lock_of(CounterKey::named(id)).book.remove(id);
+        {
+            let mut shard = self.lock_of(CounterKey::named(id));
+            shard.book.remove(id);
+            shard.templates.remove(id);
+        }
         self.each(|s| {
             if s.book.keys() > 0 {
                 s.book.remove(id)
@@ -301,10 +309,14 @@ impl CountersView<'_> {
         self.clock.version()
     }
 
-    fn of(&self, counter: CounterKey) -> &CounterBook {
+    fn shard(&self, counter: CounterKey) -> &Shard {
         let n = self.shards.len();
         let mixed = (counter.id ^ counter.key.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        &self.shards[((mixed >> 32) as usize) % n].book
+        &self.shards[((mixed >> 32) as usize) % n]
+    }
+
+    fn of(&self, counter: CounterKey) -> &CounterBook {
+        &self.shard(counter).book
     }
 
     /// A named counter's live view at `now`.
@@ -315,6 +327,17 @@ impl CountersView<'_> {
     /// A counter's live view at `now`.
     pub fn view_counter(&self, counter: CounterKey, now: Nanos) -> Option<CounterView> {
         self.of(counter).view_counter(counter, now)
+    }
+
+    /// Checks of per-key template `id` rejected per second (see
+    /// [`TemplateRejections`]).
+    pub fn template_rejected_rate(&self, id: u64, now: Nanos) -> f64 {
+        self.shard(CounterKey::named(id)).templates.rate(id, now)
+    }
+
+    /// Every per-key template with a rejection rate, and the rate at `now`.
+    pub fn template_rejected_rates(&self, now: Nanos) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.shards.iter().flat_map(move |s| s.templates.rates(now))
     }
 
     /// The keys of template `id`, busiest first, at most `max` (see

@@ -366,7 +366,12 @@ impl Ledger {
             }
             shard.book.release();
             for &(id, count) in rejected {
-                shard.book.note_rejected(id, count, now);
+                // A per-key template has no counter of its own: its keys do.
+                if quotas.get(id).is_some_and(|q| q.per_key && !q.deleted) {
+                    shard.templates.note(id, count, now);
+                } else {
+                    shard.book.note_rejected(id, count, now);
+                }
             }
         }
         if step.clipped > 0 {

@@ -31,7 +31,9 @@
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
 //!   - `counter_book/` — counters with their version-ordered list
 //!     (`versions.rs`), their rules: caps, allowances, fill meter
-//!     (`rules.rs`), and the lifecycle of key counters (`keys.rs`);
+//!     (`rules.rs`), the lifecycle of key counters (`keys.rs`), and the
+//!     rejection rates of per-key quotas, which have no counter of their
+//!     own (`templates.rs`);
 //!   - `counter_shards.rs` — the counter books in shards, each under its
 //!     own lock, sharing one version clock: syncs from different limiters
 //!     add in parallel, "changed since" stays exact;

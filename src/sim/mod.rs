@@ -279,13 +279,10 @@ pub fn summary(checked: &Checked, r: &RunResult) -> String {
     let shown = r.series.quotas.len() / s.copies.max(1);
     for q in &r.series.quotas[..shown] {
         let t = q.total(0.0, r.series.seconds as f64);
-        let per = q
-            .window
-            .map_or("s".to_string(), |w| format!("{w} s window"));
         let _ = writeln!(
             out,
-            "   {}: offered {}, admitted {}, rejected {} (limit {}/{per})",
-            q.name, t.offered, t.admitted, t.rejected, q.limit
+            "   {}: offered {}, admitted {}, rejected {} (limit {})",
+            q.name, t.offered, t.admitted, t.rejected, q.terms
         );
     }
     if !s.local_limits {

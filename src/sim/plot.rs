@@ -2,6 +2,10 @@
 //! load, admitted (2xx) and rejected (429) per second against the limit,
 //! and below it the true cluster level against the hosts' estimates.
 //!
+//! A window quota's limit is units per window, not per second: its upper
+//! panel counts each window's units from the window's start, against the
+//! limit in its own terms (`6000 / min`), instead of rates per second.
+//!
 //! plotters' SVG backend writes text as `<text>` elements, so no font is
 //! needed (the crate is built without a font backend; plotters then sizes
 //! labels with a built-in estimate).
@@ -93,25 +97,37 @@ fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
 }
 
 /// Offered, admitted and rejected per second, with the limit and what the
-/// ideal limiter admitted.
+/// ideal limiter admitted. A window quota's are counted from the start of
+/// each window instead (windows start at 0, as the simulation's UTC
+/// does), against its limit per window.
 fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
     let per_second: Vec<_> = (0..seconds).map(|s| q.second(s)).collect();
-    let top = per_second
-        .iter()
-        .map(|b| b.offered as f64)
-        .fold(q.limit * 1.2, f64::max)
-        * 1.05;
-    let caption = format!("{}: requests per second", q.name);
-    let mut chart = chart(area, caption, "units / s", seconds, top)?;
-    // A second's count is drawn at its middle, so a step at a whole second
-    // is drawn crossing that second.
-    let line = |f: BinField| {
-        per_second
+    let line = |f: BinField| match q.window {
+        // A second's count is drawn at its middle, so a step at a whole
+        // second is drawn crossing that second.
+        None => per_second
             .iter()
             .enumerate()
-            .map(move |(s, b)| (s as f64 + 0.5, f(b) as f64))
-            .collect::<Vec<_>>()
+            .map(|(s, b)| (s as f64 + 0.5, f(b) as f64))
+            .collect::<Vec<_>>(),
+        Some(length) => window_counts(&per_second, f, length),
     };
+    let (caption, y_desc) = match q.window {
+        None => (
+            format!("{} ({}): requests per second", q.name, q.terms),
+            "units / s".to_string(),
+        ),
+        Some(_) => (
+            format!("{} ({}): units counted in each window", q.name, q.terms),
+            format!("units this window (/ {})", q.terms.per()),
+        ),
+    };
+    let top = line(|b| b.offered)
+        .iter()
+        .map(|p| p.1)
+        .fold(q.limit * 1.2, f64::max)
+        * 1.05;
+    let mut chart = chart(area, caption, &y_desc, seconds, top)?;
     let series: [(&str, RGBColor, BinField); 3] = [
         ("offered", OFFERED, |b| b.offered),
         ("admitted (2xx)", ADMITTED, |b| b.admitted),
@@ -144,9 +160,29 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
             BLACK.stroke_width(1),
         ))
         .map_err(err)?
-        .label("limit")
+        .label(format!("limit {}", q.terms))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
     legend(&mut chart)
+}
+
+/// A field of `per_second`'s bins counted from the start of each window
+/// of `length` seconds, at the end of every second, with a 0 at each
+/// window's start so the line drops there instead of sloping.
+fn window_counts(per_second: &[super::series::Bin], f: BinField, length: f64) -> Vec<(f64, f64)> {
+    let mut points = Vec::with_capacity(per_second.len() * 2);
+    let mut sum = 0u64;
+    let mut window = -1i64;
+    for (s, bin) in per_second.iter().enumerate() {
+        let index = (s as f64 / length).floor() as i64;
+        if index != window {
+            window = index;
+            sum = 0;
+            points.push((s as f64, 0.0));
+        }
+        sum += f(bin);
+        points.push(((s + 1) as f64, sum as f64));
+    }
+    points
 }
 
 /// The true cluster level and the hosts' estimates (mean, min, max).
@@ -157,7 +193,11 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
         .map(|l| l.truth.max(l.est_max))
         .fold(q.high_burst * 1.1, f64::max)
         * 1.05;
-    let caption = format!("{}: bucket level", q.name);
+    let caption = if q.window.is_some() {
+        format!("{}: count in the window", q.name)
+    } else {
+        format!("{}: bucket level", q.name)
+    };
     let mut chart = chart(area, caption, "units", seconds, top)?;
     // Levels are sampled at the end of each second.
     let at = |f: fn(&super::series::LevelSample) -> f64| {
@@ -204,6 +244,7 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::series::BINS_PER_SEC;
 
     #[test]
     fn a_plot_has_axis_labels_and_a_legend() {
@@ -222,5 +263,30 @@ mod tests {
         ] {
             assert!(doc.contains(text), "missing {text:?}");
         }
+    }
+
+    #[test]
+    fn a_window_quota_is_plotted_per_window_against_its_limit_per_window() {
+        let quota = crate::core::Quota::new(1, "plan", 6000.0, 6000.0, 6000.0)
+            .windowed(crate::core::Window::Minute, false);
+        let mut s = Series::new(120, &[quota]);
+        let q = &mut s.quotas[0];
+        // 200 admitted a second: the window's count reaches 6000 in 30 s.
+        for second in 0..120 {
+            q.bins[second * BINS_PER_SEC].admitted = if second % 60 < 30 { 200 } else { 0 };
+        }
+        let doc = svg(&s, "window").unwrap();
+        for text in [
+            "plan (6000 / min): units counted in each window",
+            "units this window (/ min)",
+            "limit 6000 / min",
+            "plan: count in the window",
+        ] {
+            assert!(doc.contains(text), "missing {text:?}");
+        }
+        assert!(
+            !doc.contains("units / s"),
+            "a window quota's axis is not per second"
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::core::{Nanos, Quota};
+use crate::core::{Nanos, Quota, Terms};
 
 /// Length of one traffic bin.
 pub const BIN: Nanos = 10_000_000;
@@ -52,6 +52,8 @@ pub struct QuotaSeries {
     pub limit: f64,
     /// A window quota's window length, seconds.
     pub window: Option<f64>,
+    /// Its limit in its own terms (`6000 / min`), for plots.
+    pub terms: Terms,
     /// Its low burst.
     pub low_burst: f64,
     /// Its high burst (levels are compared with it).
@@ -165,6 +167,7 @@ impl Series {
                 limit: q.limit,
                 // The simulation's time is UTC from the epoch on.
                 window: q.window.map(|w| w.length(w.index(0)) as f64 * 1e-9),
+                terms: Terms::of(q),
                 low_burst: q.low_burst,
                 high_burst: q.high_burst,
                 bins: vec![Bin::default(); seconds * BINS_PER_SEC],

@@ -1,5 +1,5 @@
 //! Reading the table whole: every quota with its live state (listings,
-//! metrics, the sync thread's id map), names by slot, and adopting the
+//! metrics, the sync thread's id map), names and terms by slot, and adopting the
 //! contents of another table (an nginx zone that changed size).
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use super::names;
 use super::write::ApplyReport;
 use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
 use crate::core::estimate::Estimator;
-use crate::core::{Nanos, Quota};
+use crate::core::{Nanos, Quota, Terms};
 
 /// A quota as the table holds it, with its live state (for listings and
 /// metrics; not used on the request path).
@@ -129,6 +129,20 @@ impl Table {
         None
     }
 
+    /// The terms of the quota in `slot` (its limit, window and whether it
+    /// is per key: what a log line says of it), read under its seqlock
+    /// without allocating; `None` if the slot is not live.
+    pub fn terms_of(&self, slot: SlotId) -> Option<Terms> {
+        let (view, _) = self.read_view(slot)?;
+        let per_key = self.slot(slot)?.flags.load(RLX) & FLAG_PER_KEY != 0;
+        Some(Terms {
+            limit: view.limit,
+            window: view.window.map(|rule| rule.window),
+            sliding: view.window.is_some_and(|rule| rule.sliding),
+            per_key,
+        })
+    }
+
     /// The live state of one quota by name.
     pub fn quota(&self, name: &[u8], now: Nanos) -> Option<QuotaState> {
         let slot = self.lookup(name)?;
@@ -158,7 +172,8 @@ impl Table {
             )
             .with_parent((parent != 0).then_some(parent))
             .at_epoch(s.epoch.load(RLX))
-            .keyed_if(s.flags.load(RLX) & FLAG_PER_KEY != 0),
+            .keyed_if(s.flags.load(RLX) & FLAG_PER_KEY != 0)
+            .windowed_if(view.window.map(|rule| (rule.window, rule.sliding))),
             slot,
             level: crate::core::estimate::estimate_level(&view, now, estimator),
             fill_rate: view.fill_rate,

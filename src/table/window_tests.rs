@@ -408,3 +408,27 @@ fn a_delayed_pass_names_the_item_with_the_longest_wait() {
     assert!(matches!(out.outcome, Outcome::Reject(_)));
     assert_eq!((out.item, out.wait), (Some(1), 0));
 }
+
+#[test]
+fn a_window_quota_is_listed_and_adopted_with_its_window_and_terms() {
+    let old = window_table(true);
+    let listed = old.quota(b"q", 0).unwrap().quota;
+    assert_eq!(
+        (listed.window, listed.sliding),
+        (Some(Window::TenSeconds), true)
+    );
+    let slot = old.lookup(b"q").unwrap();
+    assert_eq!(
+        old.terms_of(slot).map(|t| t.to_string()).as_deref(),
+        Some("5 / 10s sliding")
+    );
+    // A zone that changes size adopts the quotas as they are: a window
+    // quota stays one.
+    let new = Table::new_heap_with_keys(16, 16, 64);
+    assert_eq!(new.adopt(&old, 0).inserted, 1);
+    let adopted = new.quota(b"q", 0).unwrap().quota;
+    assert_eq!(
+        (adopted.window, adopted.sliding),
+        (Some(Window::TenSeconds), true)
+    );
+}

@@ -23,6 +23,7 @@
 //! limiters.
 
 use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,11 +36,11 @@ use axum::{Extension, Router};
 use serde::{Deserialize, Serialize};
 
 use crate::core::key::format_hash;
-use crate::core::{Nanos, SECS_PER_NANO};
+use crate::core::{Nanos, Terms, SECS_PER_NANO};
 use crate::root::ledger::Ledger;
 use crate::root::state::{RootState, ACTIVE_WINDOW};
 
-use super::view::{view, QuotaView};
+use super::view::{shown_rejected_rate, view, QuotaView};
 use super::{json_response, ApiError};
 
 /// Where the overview is served.
@@ -63,6 +64,9 @@ pub const RECENT_LIMITERS: usize = 50;
 /// A counter below both is idle: it is not ranked.
 const IDLE_LEVEL: f64 = 1e-9;
 const IDLE_RATE: f64 = 1e-3;
+
+/// Busiest keys a per-key quota in the busiest quotas names.
+pub const TEMPLATE_TOP_KEYS: usize = 3;
 
 /// The overview's route, with the sample cache it shares between requests.
 pub fn routes() -> Router<Arc<RootState>> {
@@ -155,13 +159,17 @@ pub struct DbPart {
     pub error: Option<String>,
 }
 
-/// Fleet totals.
+/// Fleet totals. Each figure has one definition, the one its doc gives;
+/// the console states them beside the figures.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Totals {
     /// Live quotas.
     pub quotas: usize,
-    /// Counters in memory (quotas that received weight since start).
+    /// Quotas with a counter in memory (they received weight since the
+    /// root started); keys of per-key quotas are in `keys`.
     pub counters: usize,
+    /// Keys of per-key quotas with a counter in memory.
+    pub keys: usize,
     /// Limiters the root holds: heard from within `limiter_expiry`, at
     /// most `max_limiters` ([`crate::root::limiters`]).
     pub limiters_seen: usize,
@@ -169,15 +177,22 @@ pub struct Totals {
     pub limiters_active: usize,
     /// Syncs per second between the last two samples (null for the first).
     pub syncs_per_second: Option<f64>,
-    /// Weight admitted per second, summed over the ranked counters.
+    /// Units admitted per second, each unit once: summed over the ranked
+    /// top-level quotas (a unit counts on its quota and every ancestor, so
+    /// the top of its tree sees it once), a top-level per-key quota's
+    /// over its keys.
     pub admitted_per_second: f64,
-    /// Checks rejected per second, as the limiters report them (a
-    /// rejection counts on the quota the request named, so this sum counts
-    /// each once).
+    /// Checks rejected per second as the limiters report them, summed over
+    /// the ranked quotas' `rejected_rate` (a rejection counts on the quota
+    /// the request named, a per-key quota's on the quota, so each counts
+    /// once).
     pub rejected_per_second: f64,
-    /// Ranked quotas whose level rejects some checks.
+    /// Ranked quotas (per-key ones included) whose `rejected_rate` is not
+    /// 0 (at least [`super::view::LEAST_REJECTED_RATE`]): 0 exactly when
+    /// `rejected_per_second` is.
     pub quotas_rejecting: usize,
-    /// Ranked quotas whose level rejects every check.
+    /// Ranked quotas whose level now rejects every check (a per-key
+    /// quota: one of its keys).
     pub quotas_full: usize,
 }
 
@@ -197,6 +212,11 @@ pub struct Sampled {
 
 /// One of the busiest quotas: the quota as the admin API shows it, and
 /// how close it is to rejecting.
+///
+/// A per-key quota (a template) has no counter of its own: its `level`,
+/// `fullness` and `rejecting` are its fullest key's, its `fill_rate` the
+/// sum over its keys, its `rejected_rate` every key's rejections, and
+/// `keys` says how many keys it has and which are busiest.
 #[derive(Clone, Debug, Serialize)]
 pub struct BusyQuota {
     /// The quota with its level and fill rate.
@@ -207,6 +227,19 @@ pub struct BusyQuota {
     /// Share of checks of weight 1 the decision rejects at this level
     /// (0 below `low_burst`, rising across the band, 1 from `high_burst`).
     pub rejecting: f64,
+    /// A per-key quota's keys (absent for other quotas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<TemplateKeys>,
+}
+
+/// The keys of a per-key quota in the busiest quotas.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TemplateKeys {
+    /// Its keys with a counter at this root, among the counters ranked.
+    pub count: usize,
+    /// Its busiest keys by hash, busiest first (at most
+    /// [`TEMPLATE_TOP_KEYS`]), ranked as `keys` is.
+    pub busiest: Vec<String>,
 }
 
 /// One of the busiest keys: a key's counter of a per-key quota, by hash
@@ -223,6 +256,8 @@ pub struct BusyKey {
     pub fill_rate: f64,
     /// The template's limit.
     pub limit: f64,
+    /// The template's limit in its own terms (`15 /s per key`).
+    pub terms: String,
     /// `level / high_burst`: 1 is full.
     pub fullness: f64,
     /// Share of checks of weight 1 the decision rejects at this level.
@@ -280,78 +315,188 @@ pub fn rejecting(level: f64, low_burst: f64, high_burst: f64) -> f64 {
     }
 }
 
+/// A quota as the sample ranks it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Rank {
+    /// Checks the limiters report rejecting per second.
+    rejected_rate: f64,
+    /// Share of checks of weight 1 its level rejects.
+    share: f64,
+    /// `level / high_burst`.
+    fullness: f64,
+    /// Units per second arriving.
+    fill_rate: f64,
+    /// Its level (a per-key quota: its fullest key's).
+    level: f64,
+    /// Its id.
+    id: u64,
+}
+
+impl Rank {
+    /// The busiest first: rejecting most checks, then the share its level
+    /// rejects, then the fullest, then the fastest filling.
+    fn order(a: &Self, b: &Self) -> Ordering {
+        b.rejected_rate
+            .total_cmp(&a.rejected_rate)
+            .then(b.share.total_cmp(&a.share))
+            .then(b.fullness.total_cmp(&a.fullness))
+            .then(b.fill_rate.total_cmp(&a.fill_rate))
+            .then(a.id.cmp(&b.id))
+    }
+
+    /// Takes in a key of this per-key quota: the fullest key speaks for
+    /// it, the keys' fill rates add up.
+    fn add_key(&mut self, share: f64, fullness: f64, level: f64, fill_rate: f64) {
+        self.share = self.share.max(share);
+        self.fullness = self.fullness.max(fullness);
+        self.level = self.level.max(level);
+        self.fill_rate += fill_rate;
+    }
+}
+
+/// Share of checks of weight 1 that `quota` rejects at `level`, and
+/// `level / high_burst`.
+fn closeness(quota: &crate::core::Quota, level: f64) -> (f64, f64) {
+    let share = rejecting(level, quota.low_burst, quota.high_burst);
+    let fullness = if quota.high_burst > 0.0 {
+        level / quota.high_burst
+    } else {
+        share
+    };
+    (share, fullness)
+}
+
 /// Looks at `ledger` at `now`.
 pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
     let ledger = &ledger.read();
     let mut out = Sample::default();
     let mut ranked = Vec::new();
     let mut keys = Vec::new();
+    // Per-key quotas by id: their keys' figures gathered.
+    let mut templates: HashMap<u64, (Rank, usize)> = HashMap::new();
     for (counter, level, fill_rate, rejected_rate) in
         ledger.counters.newest_first(now).take(MAX_SCAN)
     {
         out.scanned += 1;
-        if level < IDLE_LEVEL && fill_rate < IDLE_RATE && rejected_rate < IDLE_RATE {
-            continue;
-        }
+        let rejected_rate = shown_rejected_rate(rejected_rate);
         let Some(quota) = ledger.quotas.get(counter.id).filter(|q| !q.deleted) else {
             continue;
         };
-        let share = rejecting(level, quota.low_burst, quota.high_burst);
-        let fullness = if quota.high_burst > 0.0 {
-            level / quota.high_burst
-        } else {
-            share
-        };
-        if counter.key != 0 {
-            // A key's weight is also its template's parent's: not added
-            // to the totals twice.
-            keys.push(BusyKey {
-                quota: quota.name.to_string(),
-                key: format_hash(counter.key),
-                level,
-                fill_rate,
-                limit: quota.limit,
-                fullness,
-                rejecting: share,
-            });
+        let idle = level < IDLE_LEVEL && fill_rate < IDLE_RATE && rejected_rate < IDLE_RATE;
+        let (share, fullness) = closeness(quota, level);
+        if quota.per_key {
+            // A key's counter, or the counter its keys without room share.
+            let (rank, count) = templates.entry(quota.id).or_default();
+            *count += usize::from(counter.key != 0);
+            if !idle {
+                rank.add_key(share, fullness, level, fill_rate);
+            }
+            if counter.key != 0 && !idle {
+                keys.push(BusyKey {
+                    quota: quota.name.to_string(),
+                    key: format_hash(counter.key),
+                    level,
+                    fill_rate,
+                    limit: quota.limit,
+                    terms: Terms::of(quota).to_string(),
+                    fullness,
+                    rejecting: share,
+                });
+            }
             continue;
         }
-        let id = counter.id;
-        out.totals.admitted_per_second += fill_rate;
-        out.totals.rejected_per_second += rejected_rate;
-        out.totals.quotas_rejecting += usize::from(share > 0.0);
-        out.totals.quotas_full += usize::from(share >= 1.0);
-        ranked.push((share, fullness, fill_rate, id));
+        if idle {
+            continue;
+        }
+        if quota.parent.is_none() {
+            out.totals.admitted_per_second += fill_rate;
+        }
+        ranked.push(Rank {
+            rejected_rate,
+            share,
+            fullness,
+            fill_rate,
+            level,
+            id: counter.id,
+        });
     }
     out.complete = out.scanned == ledger.counters.len();
-    keep_first(&mut keys, MAX_TOP, |a, b| {
+    for (id, rejected_rate) in ledger.counters.template_rejected_rates(now) {
+        if ledger
+            .quotas
+            .get(id)
+            .is_some_and(|q| q.per_key && !q.deleted)
+        {
+            templates.entry(id).or_default().0.rejected_rate = shown_rejected_rate(rejected_rate);
+        }
+    }
+    for (&id, (rank, _)) in &mut templates {
+        let Some(quota) = ledger.quotas.get(id) else {
+            continue;
+        };
+        rank.id = id;
+        if quota.parent.is_none() {
+            out.totals.admitted_per_second += rank.fill_rate;
+        }
+        if rank.level >= IDLE_LEVEL
+            || rank.fill_rate >= IDLE_RATE
+            || rank.rejected_rate >= IDLE_RATE
+        {
+            ranked.push(*rank);
+        }
+    }
+    for rank in &ranked {
+        if rank.rejected_rate > 0.0 {
+            out.totals.quotas_rejecting += 1;
+            out.totals.rejected_per_second += rank.rejected_rate;
+        }
+        out.totals.quotas_full += usize::from(rank.share >= 1.0);
+    }
+    // Every key in order, so each per-key quota names its own busiest
+    // even when others' fill the list.
+    let key_order = |a: &BusyKey, b: &BusyKey| {
         b.rejecting
             .total_cmp(&a.rejecting)
             .then(b.fullness.total_cmp(&a.fullness))
             .then(b.fill_rate.total_cmp(&a.fill_rate))
             .then_with(|| (&a.quota, &a.key).cmp(&(&b.quota, &b.key)))
-    });
-    out.keys = keys;
-    keep_first(&mut ranked, MAX_TOP, |a, b| {
-        b.0.total_cmp(&a.0)
-            .then(b.1.total_cmp(&a.1))
-            .then(b.2.total_cmp(&a.2))
-            .then(a.3.cmp(&b.3))
-    });
+    };
+    keys.sort_unstable_by(key_order);
+    let mut busiest: HashMap<&str, Vec<String>> = HashMap::new();
+    for key in &keys {
+        let names = busiest.entry(key.quota.as_str()).or_default();
+        if names.len() < TEMPLATE_TOP_KEYS {
+            names.push(key.key.clone());
+        }
+    }
+    keep_first(&mut ranked, MAX_TOP, Rank::order);
     out.quotas = ranked
         .into_iter()
-        .filter_map(|(rejecting, fullness, _, id)| {
-            let quota = ledger.quotas.get(id)?;
+        .filter_map(|rank| {
+            let quota = ledger.quotas.get(rank.id)?;
+            let mut view = view(ledger, quota, now, false);
+            let keys = quota.per_key.then(|| {
+                view.level = rank.level;
+                view.fill_rate = rank.fill_rate;
+                TemplateKeys {
+                    count: templates.get(&rank.id).map_or(0, |t| t.1),
+                    busiest: busiest.remove(quota.name.as_str()).unwrap_or_default(),
+                }
+            });
             Some(BusyQuota {
-                quota: view(ledger, quota, now, false),
-                fullness,
-                rejecting,
+                quota: view,
+                fullness: rank.fullness,
+                rejecting: rank.share,
+                keys,
             })
         })
         .collect();
+    keys.truncate(MAX_TOP);
+    out.keys = keys;
     let stats = ledger.stats();
     out.totals.quotas = stats.quotas;
-    out.totals.counters = stats.counters;
+    out.totals.counters = stats.counters.saturating_sub(stats.keys);
+    out.totals.keys = stats.keys;
     out.totals.limiters_seen = stats.limiters;
     let active_since = now.saturating_sub(ACTIVE_WINDOW);
     // Ranked as (last sync, index): comparing names would chase a pointer
@@ -626,7 +771,16 @@ mod tests {
         // 50 sent, kept at its cap 45 (2 x 20 + 1/s x 5 s), 5 leaked.
         assert_eq!((full.quota.level, full.rejecting), (40.0, 1.0));
         assert_eq!(sample.totals.quotas_full, 1);
-        assert_eq!(sample.totals.quotas_rejecting, 1);
+        // Full, but no limiter reported a rejection.
+        assert_eq!(sample.totals.quotas_rejecting, 0);
+        assert_eq!(sample.totals.rejected_per_second, 0.0);
+        // Each unit once: `parent` holds what its children admitted.
+        let parent = sample
+            .quotas
+            .iter()
+            .find(|q| q.quota.name == "parent")
+            .unwrap();
+        assert_eq!(sample.totals.admitted_per_second, parent.quota.fill_rate);
         assert!(
             sample.quotas[2].quota.fill_rate > 100.0,
             "{:?}",
@@ -690,27 +844,86 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_ranked_apart_from_quotas_by_hash() {
-        let mut ledger = ledger_with(&[(1, "api", None, 100.0, 100.0, 100.0)]);
-        let mut quotas = vec![Quota::new(1, "api", 100.0, 100.0, 100.0).at_epoch(1)];
-        quotas.push(
-            Quota::new(2, "per_user", 1.0, 10.0, 20.0)
-                .keyed()
-                .at_epoch(2),
+    fn a_per_key_quota_is_ranked_with_its_keys_and_its_rejections() {
+        let ledger = Ledger::default();
+        ledger.load(
+            vec![
+                Quota::new(1, "api", 100.0, 100.0, 100.0).at_epoch(1),
+                Quota::new(2, "per_user", 1.0, 10.0, 20.0)
+                    .keyed()
+                    .with_parent(Some(1))
+                    .at_epoch(2),
+                Quota::new(3, "solo", 5.0, 5.0, 5.0).keyed().at_epoch(3),
+            ],
+            0,
         );
-        quotas[1].parent = Some(1);
-        ledger.load(quotas, 0);
-        // Key 0xab is past its high burst; 0xcd below its low burst; both
-        // also count on the parent.
-        let keyed = [(2, 0xab, 25), (2, 0xcd, 3)];
-        send_keyed(&mut ledger, "a", &[(1, 28)], &keyed, 0);
-        let sample = sample(&ledger, 0);
-        assert_eq!(sample.quotas.len(), 1, "the parent only: keys are apart");
-        assert_eq!(sample.quotas[0].quota.name, "api");
+        // Key 0xab is past its high burst, 0xcd below its low burst; both
+        // also count on the parent. The limiter rejected 40 checks of
+        // per_user (its keys') and 5 of api.
+        let keyed = [(2, 0xab, 25), (2, 0xcd, 3), (3, 0x01, 3)];
+        let mut request = crate::root::ledger::test_request("a", 0, 0, &[(1, 28)], &keyed);
+        request.rejected = vec![(2, 40), (1, 5)];
+        let paging = crate::root::ledger::SyncPaging {
+            quotas: 10,
+            counters: 10,
+        };
+        ledger.sync(&request, 1, 0, paging);
+        let sample = sample(&ledger, SEC);
+        let names: Vec<&str> = sample
+            .quotas
+            .iter()
+            .map(|q| q.quota.name.as_str())
+            .collect();
+        assert_eq!(names, ["per_user", "api", "solo"], "most rejected first");
+        let per_user = &sample.quotas[0];
+        assert_eq!(per_user.quota.terms, "1 /s per key");
+        assert_eq!(
+            per_user.keys,
+            Some(TemplateKeys {
+                count: 2,
+                busiest: vec!["00000000000000ab".into(), "00000000000000cd".into()],
+            })
+        );
+        // Its fullest key speaks for it (25 leaked 1 s at 1/s); its keys'
+        // fill rates add up; its rejections are its keys'.
+        assert_eq!((per_user.quota.level, per_user.rejecting), (24.0, 1.0));
+        let key_fill: f64 = sample
+            .keys
+            .iter()
+            .filter(|k| k.quota == "per_user")
+            .map(|k| k.fill_rate)
+            .sum();
+        assert!(key_fill > 0.0 && per_user.quota.fill_rate == key_fill);
+        let api = &sample.quotas[1];
+        assert!(per_user.quota.rejected_rate > api.quota.rejected_rate);
+        assert!(api.quota.rejected_rate > 0.0 && api.keys.is_none());
+        // The totals add up: two quotas rejecting, their rates summed; the
+        // units admitted once each, at the tops of the trees (api holds
+        // per_user's; solo is a tree of its own).
+        let t = &sample.totals;
+        assert_eq!(t.quotas_rejecting, 2);
+        assert_eq!(
+            t.rejected_per_second,
+            per_user.quota.rejected_rate + api.quota.rejected_rate
+        );
+        assert_eq!(
+            t.admitted_per_second,
+            api.quota.fill_rate + sample.quotas[2].quota.fill_rate
+        );
+        assert_eq!((t.counters, t.keys), (1, 3));
+        // The keys, by hash, with their template's terms.
         let keys: Vec<_> = sample.keys.iter().map(|k| (&*k.key, k.rejecting)).collect();
-        assert_eq!(keys, [("00000000000000ab", 1.0), ("00000000000000cd", 0.0)]);
-        assert_eq!(sample.keys[0].quota, "per_user");
-        assert_eq!(sample.keys[0].limit, 1.0);
-        assert_eq!(sample.keys[0].level, 25.0);
+        assert_eq!(
+            keys,
+            [
+                ("00000000000000ab", 1.0),
+                ("00000000000000cd", 0.0),
+                ("0000000000000001", 0.0)
+            ]
+        );
+        assert_eq!(
+            (&*sample.keys[0].quota, &*sample.keys[0].terms),
+            ("per_user", "1 /s per key")
+        );
     }
 }

@@ -5,8 +5,24 @@
 
 use serde::Serialize;
 
-use crate::core::{Nanos, Quota, Window, SECS_PER_NANO};
+use crate::core::{Nanos, Quota, Terms, Window, SECS_PER_NANO};
 use crate::root::ledger::LedgerView;
+
+/// Rejection rates below this, one check in 100 seconds (the least the
+/// console shows with two decimals), are shown as 0: a rate meter decays
+/// towards zero without reaching it, and a quota that last rejected an
+/// hour ago is not rejecting now.
+pub const LEAST_REJECTED_RATE: f64 = 0.01;
+
+/// A measured rejection rate as the admin API shows it (see
+/// [`LEAST_REJECTED_RATE`]).
+pub fn shown_rejected_rate(rate: f64) -> f64 {
+    if rate >= LEAST_REJECTED_RATE {
+        rate
+    } else {
+        0.0
+    }
+}
 
 /// A quota as the admin API shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -17,8 +33,13 @@ pub struct QuotaView {
     pub name: String,
     /// Parent's name.
     pub parent: Option<String>,
-    /// Leak rate, units per second.
+    /// Units per second (a leaky quota) or per window (a window quota).
     pub limit: f64,
+    /// The limit in its own terms, with its unit and kind: `5 /s`,
+    /// `1000 / day`, `10 / min sliding`, `15 /s per key` ([`Terms`]).
+    pub terms: String,
+    /// How it counts: `leaky`, `window` or `sliding` ([`Terms::kind`]).
+    pub kind: &'static str,
     /// Level up to which everything passes.
     pub low_burst: f64,
     /// Level from which everything is rejected.
@@ -40,7 +61,8 @@ pub struct QuotaView {
     /// Units per second arriving at this root, smoothed.
     pub fill_rate: f64,
     /// Checks per second the limiters syncing with this root reject,
-    /// smoothed (limiters older than this field report none).
+    /// smoothed, 0 below [`LEAST_REJECTED_RATE`] (limiters older than this
+    /// field report none); a per-key template's are every key's.
     pub rejected_rate: f64,
     /// Limiters that recently sent weight for this quota (single-quota
     /// reads only).
@@ -85,6 +107,8 @@ pub fn view(ledger: &LedgerView, quota: &Quota, now: Nanos, with_limiters: bool)
             .and_then(|p| ledger.quotas.name_of(p))
             .map(str::to_string),
         limit: quota.limit,
+        terms: Terms::of(quota).to_string(),
+        kind: Terms::of(quota).kind(),
         low_burst: quota.low_burst,
         high_burst: quota.high_burst,
         per_key: quota.per_key,
@@ -93,7 +117,11 @@ pub fn view(ledger: &LedgerView, quota: &Quota, now: Nanos, with_limiters: bool)
         epoch: quota.epoch,
         level: counter.as_ref().map_or(0.0, |c| c.level),
         fill_rate: counter.as_ref().map_or(0.0, |c| c.fill_rate),
-        rejected_rate: counter.as_ref().map_or(0.0, |c| c.rejected_rate),
+        rejected_rate: shown_rejected_rate(if quota.per_key {
+            ledger.counters.template_rejected_rate(quota.id, now)
+        } else {
+            counter.as_ref().map_or(0.0, |c| c.rejected_rate)
+        }),
         limiters,
     }
 }

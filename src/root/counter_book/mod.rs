@@ -40,14 +40,18 @@
 //! - `keys.rs` — the lifecycle of key counters: the shared `max_keys`
 //!   bound, each limiter's share, reclaiming drained keys when full,
 //!   removal, sweeping drained keys, the busiest keys;
+//! - `templates.rs` — the rejection rates of per-key templates, which
+//!   have no counter of their own;
 //! - `tests.rs` — the book's tests.
 
 mod keys;
 mod rules;
+mod templates;
 mod versions;
 
 pub use keys::{busiest_first, KeyLimits};
 pub use rules::{AllowanceShape, CounterRule};
+pub use templates::TemplateRejections;
 pub use versions::{BookClock, ChangedCounters, ChangedEntry};
 
 use std::sync::Arc;

@@ -29,6 +29,8 @@
     history: new Map(),
     /** name -> quota, from the last tree fetch */
     quotas: new Map(),
+    /** name -> quota, from the last overview's busiest quotas */
+    busy: new Map(),
     selected: null,
     /** The selected quota as the editor was filled from it. */
     loaded: null,
@@ -196,14 +198,15 @@
   function renderTotals(ov) {
     const t = ov.totals;
     setNumber('total-quotas', t.quotas);
-    $('total-counters').textContent = `${fmt(t.counters)} with a counter`;
+    $('total-counters').textContent = `${fmt(t.counters)} with a counter`
+      + (t.keys ? `, ${fmt(t.keys)} keys` : '');
     setNumber('total-limiters', t.limiters_active);
     $('total-limiters-seen').textContent = `${fmt(t.limiters_seen)} since start`;
     setNumber('total-syncs', t.syncs_per_second);
     setNumber('total-admitted', t.admitted_per_second);
     setNumber('total-rejected', t.rejected_per_second);
     setNumber('total-rejecting', t.quotas_rejecting);
-    $('total-full').textContent = `${fmt(t.quotas_full)} full`;
+    $('total-full').textContent = `with rejections; ${fmt(t.quotas_full)} full now`;
     record('syncs', t.syncs_per_second);
     record('admitted', t.admitted_per_second);
     record('rejected', t.rejected_per_second);
@@ -216,29 +219,59 @@
     return el('button', { class: 'link', type: 'button', text: name, onclick: () => select(name) });
   }
 
+  /** A quota's limit in its own terms ("1000 / day"), as the root writes it. */
+  function terms(q) {
+    return q.terms || fmt(q.limit);
+  }
+
+  /**
+   * The limit as a dashed line on a chart of units per second: only a
+   * leaky quota's limit is a rate; a window quota's is per window.
+   */
+  function rateRefs(q) {
+    return q.window ? [] : [{ value: q.limit }];
+  }
+
+  /**
+   * A per-key quota's keys: "12 keys, busiest 00ab12cd…" (its busiest
+   * keys' full hashes in the title; all of them in Busiest keys).
+   */
+  function keysCell(q) {
+    if (!q.keys) return el('td', { class: 'muted', text: '-' });
+    const busiest = q.keys.busiest;
+    return el('td', { 'data-field': 'keys', 'data-value': q.keys.count, title: busiest.join(', ') },
+      `${fmt(q.keys.count)} key${q.keys.count === 1 ? '' : 's'}`
+        + (busiest.length ? `, busiest ${busiest[0].slice(0, 8)}…` : ''));
+  }
+
   function renderBusiest(ov) {
     const body = $('busiest').tBodies[0];
     const rows = [];
+    state.busy = new Map((ov.quotas || []).map((q) => [q.name, q]));
     for (const q of ov.quotas || []) {
       record('level:' + q.name, q.level);
       record('fill:' + q.name, q.fill_rate);
       record('rej:' + q.name, q.rejected_rate);
       rows.push(el('tr', { 'data-quota': q.name },
         el('td', {}, quotaButton(q.name)),
+        el('td', { 'data-field': 'terms', text: terms(q) }),
         el('td', { text: q.parent || '-' }),
         el('td', { class: 'num', 'data-field': 'level', 'data-value': q.level, text: fmt(q.level) }),
         el('td', {}, bar(q.fullness, q.rejecting)),
         el('td', { class: 'num', 'data-field': 'fill_rate', 'data-value': q.fill_rate, text: fmt(q.fill_rate) }),
-        el('td', {}, chart(values('fill:' + q.name), [{ value: q.limit }], 140, 24)),
-        el('td', { class: 'num', text: fmt(q.limit) }),
-        el('td', { class: 'num', 'data-field': 'rejecting', text: pct(q.rejecting) }),
+        el('td', {}, chart(values('fill:' + q.name), rateRefs(q), 100, 24)),
+        el('td', { class: 'num', 'data-field': 'rejecting', 'data-value': q.rejecting, text: pct(q.rejecting) }),
         el('td', { class: 'num', 'data-field': 'rejected_rate', 'data-value': q.rejected_rate, text: fmt(q.rejected_rate) }),
-        el('td', { class: 'rejected' }, chart(values('rej:' + q.name), [], 140, 24))));
+        el('td', { class: 'rejected' }, chart(values('rej:' + q.name), [], 100, 24)),
+        keysCell(q)));
     }
     body.replaceChildren(...rows);
     const s = ov.sampled;
     $('busiest-note').textContent = rows.length === 0 ? 'No quota has received weight recently.'
-      : `Ranked ${fmt(s.counters_scanned)} counters${s.counters_complete ? '' : ' (the most recently updated)'}; rejecting is the share of checks of weight 1 the current level rejects; rejected /s is what the limiters report rejecting.`;
+      : `Ranked ${fmt(s.counters_scanned)} counters${s.counters_complete ? '' : ' (the most recently updated)'}, `
+        + 'busiest first: most rejected checks per second (what the limiters report), then the share of checks '
+        + 'of weight 1 the level rejects now, then the level, then the fill rate. A per-key quota shows its '
+        + 'fullest key\'s level, its keys\' summed fill rate and all their rejections.';
   }
 
   function renderKeys(ov) {
@@ -248,7 +281,7 @@
       el('td', { class: 'num', 'data-field': 'level', 'data-value': k.level, text: fmt(k.level) }),
       el('td', {}, bar(k.fullness, k.rejecting)),
       el('td', { class: 'num', 'data-field': 'fill_rate', 'data-value': k.fill_rate, text: fmt(k.fill_rate) }),
-      el('td', { class: 'num', text: fmt(k.limit) }),
+      el('td', { text: terms(k) }),
       el('td', { class: 'num', 'data-field': 'rejecting', text: pct(k.rejecting) })));
     $('keys').tBodies[0].replaceChildren(...rows);
   }
@@ -294,13 +327,23 @@
       state.selected = null;
       state.loaded = null;
     }
+    // Without an admin token a root answers everyone as its admin: no
+    // token to enter, and the page says what that means.
+    $('token-form').hidden = !ov.token_required;
     const notice = $('auth-status');
-    if (refused) {
+    if (!ov.token_required) {
+      notice.textContent = 'Open root: it has no admin token, so anyone who can reach it sees every quota '
+        + 'and limiter and can create, edit and delete quotas from this page or the API. (A root without '
+        + 'a token listens on loopback only; start it with --admin-token-file to require one.)';
+      notice.className = 'notice warn';
+      notice.hidden = false;
+    } else if (refused) {
       notice.textContent = 'The root refused this token (401): showing public numbers only. Enter the admin token above.';
       notice.className = 'notice bad';
       notice.hidden = false;
-    } else if (!admin && ov.token_required) {
-      notice.textContent = 'Public view: quota and limiter names, the tree and edits need the admin token.';
+    } else if (!admin) {
+      notice.textContent = 'Public view, read-only: numbers without names. Quota and limiter names, the tree '
+        + 'and edits need the admin token.';
       notice.className = 'notice';
       notice.hidden = false;
     } else {
@@ -334,9 +377,13 @@
     const children = new Map();
     const tops = [];
     for (const q of list.quotas) {
-      record('level:' + q.name, q.level);
-      record('fill:' + q.name, q.fill_rate);
-      record('rej:' + q.name, q.rejected_rate);
+      // A per-key quota has no counter of its own: the overview gives its
+      // keys' figures, when it is among the busiest.
+      if (!q.per_key) {
+        record('level:' + q.name, q.level);
+        record('fill:' + q.name, q.fill_rate);
+        record('rej:' + q.name, q.rejected_rate);
+      }
       if (q.parent && state.quotas.has(q.parent)) {
         if (!children.has(q.parent)) children.set(q.parent, []);
         children.get(q.parent).push(q);
@@ -349,18 +396,21 @@
       span.style.paddingLeft = depth * 18 + 'px';
       return span;
     };
-    const node = (q, depth) => {
+    const node = (listed, depth) => {
+      // A per-key quota's figures are its keys', from the overview.
+      const q = listed.per_key ? Object.assign({}, listed, state.busy.get(listed.name)
+        || { level: null, fill_rate: null }) : listed;
       const fullness = q.high_burst > 0 ? q.level / q.high_burst : 0;
       // Colour by the band the level is in (the overview ranks by the exact share).
-      const band = q.level + 1 > q.high_burst ? 1 : q.level + 1 > q.low_burst ? 0.5 : 0;
+      const band = q.level === null ? 0 : q.level + 1 > q.high_burst ? 1 : q.level + 1 > q.low_burst ? 0.5 : 0;
       const item = el('li', { 'data-quota': q.name, class: q.name === state.selected ? 'selected' : '' },
         el('div', { class: 'node' },
           indent(el('span', { class: 'name' }, quotaButton(q.name),
-            q.parent && !state.quotas.has(q.parent) ? el('span', { class: 'muted', text: ` (under ${q.parent})` }) : null,
-            q.per_key || q.window ? el('span', { class: 'muted', text: ' ' + kind(q) }) : null), depth),
-          el('span', { class: 'figure', 'data-field': 'limit', 'data-value': q.limit, text: fmt(q.limit) + '/' + (q.window || 's') }),
+            q.parent && !state.quotas.has(q.parent) ? el('span', { class: 'muted', text: ` (under ${q.parent})` }) : null), depth),
+          el('span', { class: 'figure terms', 'data-field': 'limit', 'data-value': q.limit, title: kind(q), text: terms(q) }),
           bar(fullness, band),
-          el('span', { class: 'figure', 'data-field': 'level', 'data-value': q.level, text: 'level ' + fmt(q.level) }),
+          el('span', { class: 'figure', 'data-field': 'level', 'data-value': q.level, text: 'level ' + fmt(q.level),
+            title: listed.per_key ? "a per-key quota: its fullest key's level" : null }),
           el('span', { class: 'figure', 'data-field': 'fill_rate', 'data-value': q.fill_rate, text: fmt(q.fill_rate) + '/s in' })));
       const kids = children.get(q.name);
       // The tree is at most 8 deep; the bound guards against a cycle.
@@ -373,12 +423,18 @@
 
   // -------------------------------------------------------------- editor
 
-  /** What kind of quota: "sliding 1m window, per key". */
+  /** What kind of quota: "sliding 1m window, per key", "leaky bucket". */
   function kind(q) {
-    const parts = [];
-    if (q.window) parts.push((q.sliding ? 'sliding ' : '') + q.window + ' window');
+    const parts = [q.window ? (q.sliding ? 'sliding ' : '') + q.window + ' window' : 'leaky bucket'];
     if (q.per_key) parts.push('per key');
     return parts.join(', ');
+  }
+
+  /** The limit field's unit follows the window chosen on the page. */
+  function limitLabel() {
+    const windowed = $('edit-window').value;
+    $('edit-limit-label').textContent = windowed
+      ? `limit (units per ${windowed} window)` : 'limit (units per second: leaky bucket)';
   }
 
   /** Fills the editor from `q` (a quota as the admin API shows it). */
@@ -392,7 +448,8 @@
     $('edit-sliding').disabled = !q.window;
     $('edit-per-key').checked = !!q.per_key;
     $('edit-parent').value = q.parent || '';
-    $('editor-kind').textContent = (kind(q) || 'leaky bucket') + ` · epoch ${q.epoch}`;
+    $('editor-kind').textContent = `${terms(q)} · ${kind(q)} · epoch ${q.epoch}`;
+    limitLabel();
   }
 
   async function select(name, keepResult) {
@@ -423,7 +480,10 @@
     if (!q) return;
     $('chart-level').replaceChildren(chart(values('level:' + q.name),
       [{ value: q.low_burst, cls: 'low' }, { value: q.high_burst }], 520, 80));
-    $('chart-fill').replaceChildren(chart(values('fill:' + q.name), [{ value: q.limit }], 520, 80));
+    $('chart-fill-title').textContent = q.window
+      ? `Fill rate, units per second (the limit, ${terms(q)}, is per window)`
+      : 'Fill rate, units per second (limit dashed)';
+    $('chart-fill').replaceChildren(chart(values('fill:' + q.name), rateRefs(q), 520, 80));
     $('chart-rejected-quota').replaceChildren(chart(values('rej:' + q.name), [], 520, 80));
   }
 
@@ -577,6 +637,7 @@
       const windowed = $('edit-window').value !== '';
       $('edit-sliding').disabled = !windowed;
       if (!windowed) $('edit-sliding').checked = false;
+      limitLabel();
     });
     $('edit-close').addEventListener('click', () => {
       state.selected = null;
