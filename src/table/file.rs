@@ -132,9 +132,13 @@ pub fn purge_seeds(table: &Table) -> ApplyReport {
     table.apply_quotas(&seeds)
 }
 
+/// True when a held seed counts as the file's quota does: same numbers,
+/// parent, kind and window.
 fn same_numbers(a: &Quota, b: &Quota) -> bool {
     a.parent == b.parent
         && a.per_key == b.per_key
+        && a.window == b.window
+        && a.sliding == b.sliding
         && a.limit == b.limit
         && a.low_burst == b.low_burst
         && a.high_burst == b.high_burst
@@ -143,6 +147,7 @@ fn same_numbers(a: &Quota, b: &Quota) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::Window;
     use crate::table::Outcome;
 
     fn set(text: &str) -> QuotaSet {
@@ -223,5 +228,21 @@ mod tests {
             FileRole::Seed,
         );
         assert!(t.quota(b"b", 0).is_none());
+        // A window is part of a seed's numbers: a seed that only gains a
+        // window (or starts to slide) is replaced too.
+        let a_in = |extra: &str| {
+            format!(r#"[{{"name":"a","limit":9,"low_burst":9,"high_burst":9{extra}}}]"#)
+        };
+        load_set(&t, &set(&a_in("")), FileRole::Seed);
+        assert_eq!(t.check(b"a", 2, 0), Outcome::Pass);
+        load_set(&t, &set(&a_in(r#","window":"1m""#)), FileRole::Seed);
+        let a = t.quota(b"a", 0).unwrap();
+        assert_eq!((a.quota.window, a.pending), (Some(Window::Minute), 0));
+        load_set(
+            &t,
+            &set(&a_in(r#","window":"1m","sliding":true"#)),
+            FileRole::Seed,
+        );
+        assert!(t.quota(b"a", 0).unwrap().quota.sliding);
     }
 }
