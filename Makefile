@@ -391,7 +391,7 @@ test-bindings: test-python test-lua test-go ## the Python, LuaJIT and Go binding
 test-python: lib bin $(PY_VENV_STAMP) ## pytest of bindings/python (standalone and a real root)
 	cd bindings/python && $(BINDING_ENV) $(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider
 
-test-lua: lib deps-bindings ## bindings/lua/test.lua in plain LuaJIT
+test-lua: lib bin deps-bindings ## bindings/lua/test.lua in plain LuaJIT (standalone and a real root)
 	$(BINDING_ENV) luajit bindings/lua/test.lua
 
 test-go: lib bin deps-bindings ## go vet and go test of bindings/go (cgo)
