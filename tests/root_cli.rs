@@ -523,6 +523,9 @@ async fn sluice_root_serves_and_stops_cleanly_on_sigterm() {
         stderr.contains("SIGTERM received") && stderr.contains("quota root stopped"),
         "{stderr}"
     );
+    // Its stderr is a pipe, as `make run`'s log file is not a terminal:
+    // plain text, no colour codes.
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
