@@ -170,6 +170,58 @@ async fn the_admin_overview_ranks_the_full_quota_first_and_shows_the_limiter_clo
     assert!(ov["sampled"]["rate_window_seconds"].as_f64().unwrap() >= 1.0);
 }
 
+/// The numbers of `value` that carry float noise: neither a whole number
+/// of microseconds (a duration) nor six significant digits (a level, a
+/// rate, a share), with where they are.
+fn noisy(value: &Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap();
+            if x != sluice::core::round_to(x, 6) && x != sluice::core::round_significant(x, 6) {
+                out.push(format!("{at}: {n}"));
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                noisy(item, &format!("{at}[{i}]"), out);
+            }
+        }
+        Value::Object(fields) => {
+            for (key, item) in fields {
+                noisy(item, &format!("{at}.{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The case: `"seconds_ago":3.1559234220000003`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_and_a_quota_read_carry_no_float_noise() {
+    let (_db, root, _limiter) = root_with_traffic().await;
+    let ov = overview_until(&root, "the limiter's clock report and a sync rate", |ov| {
+        limiter(ov, "edge-1").is_some_and(|l| !l["clock_offset_seconds"].is_null())
+            && ov["totals"]["syncs_per_second"].is_number()
+    })
+    .await;
+    let (status, quota) = root
+        .request(
+            Method::GET,
+            "/v1/quotas/photos_read",
+            Some(ADMIN_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(quota["limiters"][0]["seconds_ago"].is_number(), "{quota}");
+    let (_, health) = root.request(Method::GET, "/healthz", None, None).await;
+    let mut found = Vec::new();
+    noisy(&ov, "overview", &mut found);
+    noisy(&quota, "quota", &mut found);
+    noisy(&health, "healthz", &mut found);
+    assert!(found.is_empty(), "{found:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limiters_rejections_reach_the_overview_as_rates() {
     let (_db, root, _limiter) = root_with_traffic().await;
