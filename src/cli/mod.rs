@@ -316,6 +316,9 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             hash,
         } => {
             check_name(&name)?;
+            // A key hashed with the built-in secret finds nothing in a
+            // fleet that has its own: say which secret was used.
+            let built_in = key.is_some() && secret_file.is_none();
             let hash = match (key, hash) {
                 (Some(key), _) => {
                     format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()))
@@ -332,7 +335,22 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 (None, None) => return Err(CliError::new("give --key or --hash")),
             };
             let url = client.url("v1/quotas", &[&name, "keys", &hash], &[])?;
-            let reply = client.send(Method::GET, url, None).await?;
+            let reply = client.send(Method::GET, url, None).await.map_err(|mut e| {
+                if built_in && e.status == Some(StatusCode::NOT_FOUND) {
+                    e.message.push_str(&format!(
+                        " (the key was hashed with the built-in secret, to {hash}: if the \
+                             fleet's nginx has sluice_key_secret_file, pass that file with \
+                             --secret-file)"
+                    ));
+                }
+                e
+            })?;
+            if built_in {
+                eprintln!(
+                    "sluice: note: the key was hashed with the built-in secret (no \
+                     --secret-file), as a fleet without sluice_key_secret_file hashes it"
+                );
+            }
             Ok(if json {
                 to_json(&reply.body)
             } else {
