@@ -109,7 +109,8 @@ int sluice_init(const char *config_json);
 // `json` must be NULL or point to a NUL-terminated string.
 int sluice_load_quotas_json(const char *json);
 
-// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`.
+// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`
+// (a name ending in `.yaml`, `.yml` or `.toml` is refused: JSON only).
 //
 // # Safety
 // `path` must be NULL or point to a NUL-terminated string.

@@ -167,6 +167,36 @@ qr/invalid quota file ".*q\.json": quota "a": parent: .*/
 
 
 
+=== TEST 12a: a YAML quota file is refused by its name, saying what is read
+--- http_config
+sluice_quotas ../html/q.yaml;
+--- config
+--- user_files
+>>> q.yaml
+quotas:
+  - name: a
+    limit: 1
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*q\.yaml: YAML quota files are not read: quota files are JSON .* or TOML .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 12b: ...and by its look under another name
+--- http_config
+sluice_quotas ../html/q.json;
+--- config
+--- user_files
+>>> q.json
+quotas:
+  - name: a
+    limit: 1
+--- must_die
+--- error_log eval
+qr/invalid quota file ".*q\.json": not JSON: it looks like YAML; quota files are JSON .*; convert it to one of them in .*nginx\.conf:\d+/
+
+
+
 === TEST 13: a sync interval below 100ms
 --- http_config
 sluice_sync_interval 50ms;

@@ -215,6 +215,12 @@ int main(void) {
            "one byte longer is refused: %s", sluice_last_error());
     EXPECT(sluice_load_quotas_file("/nonexistent/quotas.json") == SLUICE_ERROR,
            "a missing file is an error: %s", sluice_last_error());
+    EXPECT(sluice_load_quotas_file("/etc/sluice/quotas.yaml") == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "YAML quota files are not read") != NULL,
+           "a YAML file is refused by its name, before it is read: %s", sluice_last_error());
+    EXPECT(sluice_load_quotas_json("quotas:\n  - name: a\n    limit: 1\n") == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "looks like YAML") != NULL,
+           "and YAML text by its look: %s", sluice_last_error());
 
     /* A limiter without roots has its quotas: ready at once. */
     EXPECT(sluice_wait_ready(0) == SLUICE_PASS, "a standalone limiter is ready at once");

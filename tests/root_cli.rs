@@ -419,6 +419,17 @@ async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
             && error.contains("at line 3, column"),
         "{error}"
     );
+    // YAML: refused by the name, and by the look under a .json name.
+    let yaml_file = dir.path().join("quotas.yaml");
+    std::fs::write(&yaml_file, "quotas:\n  - name: a\n    limit: 1\n").unwrap();
+    let error = failure(&quota(&root, &["apply", "-f", yaml_file.to_str().unwrap()]).await);
+    assert!(
+        error.contains("quotas.yaml: YAML quota files are not read") && error.contains("TOML"),
+        "{error}"
+    );
+    std::fs::write(&json_file, "quotas:\n  - name: a\n    limit: 1\n").unwrap();
+    let error = failure(&quota(&root, &["apply", "-f", json_file.to_str().unwrap()]).await);
+    assert!(error.contains("it looks like YAML"), "{error}");
     let toml_file = dir.path().join("bad.toml");
     for (text, expected) in [
         (

@@ -10,6 +10,7 @@ use super::boundary::{
     boundary, boundary_string, c_name, c_name_nul, c_str, last_error, name_and_key, with_out,
 };
 use super::limiter;
+use crate::core::spec::FileFormat;
 
 /// Starts the process-wide limiter.
 ///
@@ -87,7 +88,8 @@ pub unsafe extern "C" fn sluice_load_quotas_json(json: *const c_char) -> c_int {
     })
 }
 
-/// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`.
+/// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`
+/// (a name ending in `.yaml`, `.yml` or `.toml` is refused: JSON only).
 ///
 /// # Safety
 /// `path` must be NULL or point to a NUL-terminated string.
@@ -97,6 +99,7 @@ pub unsafe extern "C" fn sluice_load_quotas_file(path: *const c_char) -> c_int {
         // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
         let path = unsafe { c_str(path, "path") }?;
         let path = path.to_str().map_err(|_| "path is not UTF-8".to_string())?;
+        FileFormat::for_path(std::path::Path::new(path), false)?;
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
         limiter::load_quotas(&text)
     })

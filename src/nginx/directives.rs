@@ -28,7 +28,7 @@ use super::zone_size::{check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MIN_
 use super::Module;
 use crate::core::key::KeySecret;
 use crate::core::quota::validate_name;
-use crate::core::spec::QuotaSet;
+use crate::core::spec::{FileFormat, QuotaSet};
 use crate::sync::config::{
     parse_root_url, validate_interval, validate_limiter_id, validate_token, MAX_ROOTS,
 };
@@ -231,6 +231,7 @@ directive_handler!(
     /// `sluice_quotas <file>;`
     set_quotas,
     |cf, mcf: &mut MainConf, args| {
+        FileFormat::for_path(std::path::Path::new(&*text(args[1])), false)?;
         let (path, json) = read_conf_file(cf, args[1], "quota file")?;
         let set = QuotaSet::from_json(&json)
             .map_err(|e| format!("invalid quota file \"{path}\": {e}"))?;
