@@ -310,6 +310,54 @@ async fn sluice_top_once_prints_one_frame_or_the_root_json() {
     assert_eq!(output.status.code(), Some(2), "clap refuses --top 0");
 }
 
+/// The console's busiest keys, in `sluice top` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_top_shows_the_busiest_keys_by_hash() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    root.put(
+        "api_user",
+        serde_json::json!({"limit": 0, "low_burst": 5, "high_burst": 10, "per_key": true}),
+    )
+    .await;
+    let mut limiter = root_support::Limiter::new("edge-1");
+    limiter.catch_up(&root).await;
+    let id = limiter.id_of("api_user").unwrap();
+    let mut request = limiter.request(&[]);
+    request["keyed"] = serde_json::json!([{"id": id, "deltas": [[0xab, 12], [0xcd, 2]]}]);
+    let (status, reply) = root.sync(&request).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    overview_until(&root, "the keys in the overview", |ov| {
+        ov["keys"].as_array().is_some_and(|k| k.len() == 2)
+    })
+    .await;
+    let output = top(&root.url, &["--once"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.contains("\nPER-KEY QUOTA "), "{text}");
+    let row = |hash: &str| {
+        text.lines()
+            .find(|l| l.starts_with("api_user ") && l.contains(hash))
+            .unwrap_or_else(|| panic!("no row of key {hash} in\n{text}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // The fuller key first: level 12 of a high burst of 10 (full, all
+    // rejected), then level 2.
+    let full = row("00000000000000ab");
+    assert_eq!(
+        (full[2].as_str(), full[3].as_str()),
+        ("12", "120"),
+        "{full:?}"
+    );
+    assert_eq!(full[5], "100", "{full:?}");
+    assert_eq!(row("00000000000000cd")[2], "2");
+    let first = text.find("00000000000000ab").unwrap();
+    assert!(first < text.find("00000000000000cd").unwrap(), "{text}");
+    root.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_top_once_fails_with_one_line_when_the_root_is_down() {
     let port = sync_support::free_port();
