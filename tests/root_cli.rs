@@ -653,8 +653,7 @@ async fn quota_key_says_which_secret_hashed_the_key() {
     let mut limiter = Limiter::new("edge-1");
     limiter.catch_up(&root).await;
     let id = limiter.id_of("per_token").unwrap();
-    let mut request = limiter.request(&[]);
-    request["keyed"] = json!([{"id": id, "deltas": [[fleet.hash(b"tok-123"), 3]]}]);
+    let request = limiter.keyed_request(id, &[(fleet.hash(b"tok-123"), 3)]);
     let (status, reply) = root.sync(&request).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
 
@@ -685,8 +684,7 @@ async fn quota_key_says_which_secret_hashed_the_key() {
     // A key counted under the built-in secret is found without the file,
     // with a note on stderr saying which secret hashed it.
     let built_in = KeySecret::built_in().hash(b"tok-456");
-    let mut request = limiter.request(&[]);
-    request["keyed"] = json!([{"id": id, "deltas": [[built_in, 1]]}]);
+    let request = limiter.keyed_request(id, &[(built_in, 1)]);
     let (status, reply) = root.sync(&request).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     let found = quota(&root, &["key", "per_token", "--key", "tok-456"]).await;

@@ -204,14 +204,7 @@ async fn the_overview_and_a_quota_read_carry_no_float_noise() {
             && ov["totals"]["syncs_per_second"].is_number()
     })
     .await;
-    let (status, quota) = root
-        .request(
-            Method::GET,
-            "/v1/quotas/photos_read",
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await;
+    let (status, quota) = root.get("photos_read").await;
     assert_eq!(status, StatusCode::OK);
     assert!(quota["limiters"][0]["seconds_ago"].is_number(), "{quota}");
     let (_, health) = root.request(Method::GET, "/healthz", None, None).await;
@@ -323,8 +316,7 @@ async fn sluice_top_shows_the_busiest_keys_by_hash() {
     let mut limiter = root_support::Limiter::new("edge-1");
     limiter.catch_up(&root).await;
     let id = limiter.id_of("api_user").unwrap();
-    let mut request = limiter.request(&[]);
-    request["keyed"] = serde_json::json!([{"id": id, "deltas": [[0xab, 12], [0xcd, 2]]}]);
+    let request = limiter.keyed_request(id, &[(0xab, 12), (0xcd, 2)]);
     let (status, reply) = root.sync(&request).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     overview_until(&root, "the keys in the overview", |ov| {
