@@ -2,7 +2,8 @@
 #
 #   make            deps + nginx + module + C ABI library (target `all`)
 #   make test       cargo tests, the C ABI test, then the Test::Nginx suite in t/
-#   make run        build everything, start a quota root and nginx with the S3 example
+#   make run        build nginx, the module and the binary, start a quota root and nginx
+#                   with the S3 example (installs only what that needs: deps-run)
 #   make help       every target, one line each
 #
 # Everything built here lives under build/ (nginx source copy, objects, the
@@ -108,6 +109,10 @@ EXTRA_PKGS += $(OPS_PKGS)
 FAULT_PKGS := iproute2 faketime python3
 EXTRA_PKGS += $(FAULT_PKGS)
 
+# What `make run` (nginx-conf/demo.sh) needs beyond the build: curl for
+# its requests, ps (procps) to recognise what an earlier run left.
+RUN_PKGS := curl procps
+
 # Root runs apt-get directly; anyone else through sudo, when there is one.
 SUDO := $(if $(filter 0,$(shell id -u)),,$(shell command -v sudo 2>/dev/null))
 APT_GET ?= apt-get
@@ -115,7 +120,7 @@ APT_GET ?= apt-get
 # ---------------------------------------------------------------------------
 # Top-level targets
 
-.PHONY: all deps deps-build nginx module lib bin capi-test test test-cargo test-cluster \
+.PHONY: all deps deps-build deps-run nginx module lib bin capi-test test test-cargo test-cluster \
 	test-capi test-demo test-nginx bench bench-keys bench-nginx bench-nginx-wait bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
 	help FORCE
 
@@ -125,11 +130,14 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
 		sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 16
 
-deps: ## install missing apt packages (build, test, wrk, postgresql)
-	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BUILD_PKGS) $(TEST_PKGS) $(EXTRA_PKGS)"
+deps: ## install missing apt packages: the build's, the tests' (Chromium, PostgreSQL, Prometheus, redis, faults), wrk
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BUILD_PKGS) $(RUN_PKGS) $(TEST_PKGS) $(EXTRA_PKGS)"
 
 deps-build: ## install only the packages the build needs (used by the Dockerfile)
 	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BUILD_PKGS)"
+
+deps-run: ## install only what make run needs: the build's packages, curl, procps
+	@$(MAKE) --no-print-directory install-pkgs PKGS="$(BUILD_PKGS) $(RUN_PKGS)"
 
 # Installs the packages in $(PKGS) that dpkg does not report as installed;
 # `apt-get update` runs once, and only when something is missing.
@@ -246,7 +254,7 @@ bench-accuracy: ## simulate the standard scenarios: table into BENCHMARKS.md, pl
 		$(sort $(wildcard benches/scenarios/*.toml)) --both-modes \
 		--seeds $(ACCURACY_SEEDS) --svg-dir benches/accuracy --markdown BENCHMARKS.md
 
-run: all bin ## build everything, start a quota root and nginx (S3 example) on 127.0.0.1; Ctrl-C stops
+run: deps-run nginx module bin ## build nginx, the module and the binary, start a quota root and nginx (S3 example) on 127.0.0.1; Ctrl-C stops
 	nginx-conf/demo.sh
 
 fmt: ## rustfmt the crate
@@ -391,7 +399,7 @@ test-bindings: test-python test-lua test-go ## the Python, LuaJIT and Go binding
 test-python: lib bin $(PY_VENV_STAMP) ## pytest of bindings/python (standalone and a real root)
 	cd bindings/python && $(BINDING_ENV) $(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider
 
-test-lua: lib deps-bindings ## bindings/lua/test.lua in plain LuaJIT
+test-lua: lib bin deps-bindings ## bindings/lua/test.lua in plain LuaJIT (standalone and a real root)
 	$(BINDING_ENV) luajit bindings/lua/test.lua
 
 test-go: lib bin deps-bindings ## go vet and go test of bindings/go (cgo)
@@ -406,7 +414,7 @@ bench-bindings: lib $(PY_VENV_STAMP) ## a check's cost from C, Python, LuaJIT an
 # against this Makefile (nginx-src version, configure flags, runtime
 # libraries) and each other, and deploy/nginx.conf against our nginx -t.
 
-test-packaging: nginx module $(PY_VENV_STAMP) ## the Dockerfile and deploy/docker-compose.yml agree with the Makefile
+test-packaging: nginx module $(PY_VENV_STAMP) ## the Dockerfile and deploy/docker-compose.yml agree with the Makefile; what each deps target installs; the README names nothing outside the repository
 	$(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/packaging.py
 
 # ---------------------------------------------------------------------------

@@ -32,6 +32,12 @@
 // counted. A rejection is `SLUICE_REJECT`, whatever the mode.
 #define SLUICE_KEY_OVERFLOW 4
 
+// `sluice_wait_ready` only: the roots' quota set has not arrived within
+// the time given (no root answered yet, or none is reachable). Checks
+// meanwhile answer from what the table holds: `SLUICE_UNKNOWN` (pass)
+// for a name it does not hold yet.
+#define SLUICE_NOT_READY 5
+
 // The call failed (not initialised, NULL or invalid argument, internal
 // error); `sluice_last_error()` says why. A check that fails should be
 // treated as a pass (fail open).
@@ -103,7 +109,8 @@ int sluice_init(const char *config_json);
 // `json` must be NULL or point to a NUL-terminated string.
 int sluice_load_quotas_json(const char *json);
 
-// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`.
+// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`
+// (a name ending in `.yaml`, `.yml` or `.toml` is refused: JSON only).
 //
 // # Safety
 // `path` must be NULL or point to a NUL-terminated string.
@@ -223,15 +230,38 @@ int sluice_reserve_key(const char *name,
                        uint64_t max_wait_ms,
                        uint64_t *wait_ns);
 
+// Waits until the limiter holds the roots' quota set, at most
+// `timeout_ms` milliseconds (0: only look; `UINT64_MAX`: no limit). A
+// limiter started with roots has no quotas until its first sync with a
+// root brings them, about one sync interval after `sluice_init`:
+// meanwhile a check of a name the table does not hold (no seed from
+// `sluice_load_quotas_*` has it) is `SLUICE_UNKNOWN` and passes
+// uncounted. Call this after `sluice_init` to start limiting with the
+// fleet's quotas. This call blocks the calling thread (sleeping, in
+// steps of a few milliseconds); the checks never do.
+//
+// Returns `SLUICE_PASS` once a root's whole quota set has arrived (at
+// once for a limiter without roots, and ever after once it happened),
+// `SLUICE_NOT_READY` when the time ran out first, or `SLUICE_ERROR` (not
+// initialised, or `sluice_shutdown` was called meanwhile).
+int sluice_wait_ready(uint64_t timeout_ms);
+
 // Number of quotas loaded, or `SLUICE_ERROR` if not initialised.
 int sluice_quota_count(void);
 
-// The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
-// `groups_down` with root groups: the groups whose shards are limited
-// per host, and per root: `url`, `group`, `up`, `last_success`,
-// `syncs`, `errors`, `last_error`, `round_trip`, `clock_offset`,
-// `bytes_sent`, `bytes_received`, `dropped_deltas`, `dropped_returns`), or NULL on
-// error. The caller owns the string and frees it with `sluice_free_string`.
+// The sync thread's state as a JSON object, or NULL on error. The caller
+// owns the string and frees it with `sluice_free_string`. Fields:
+// `cycles` (sync cycles completed), `ready` (the roots' quota set is in,
+// as `sluice_wait_ready` says; true without roots), `all_roots_down`,
+// `groups_down` (with root groups only: the groups whose shards are
+// limited per host), and `roots`, per root in configuration order:
+// `url`, `group`, `up` (the last sync succeeded),
+// `last_success_seconds_ago` (seconds since the last successful sync, to
+// the millisecond; null before the first), `syncs`, `errors`,
+// `last_error`, `round_trip_ms` (the last sync's round trip) and
+// `clock_offset_ms` (the root's clock minus this host's), both in
+// milliseconds to the microsecond, `bytes_sent`, `bytes_received`,
+// `dropped_deltas`, `dropped_returns`.
 char *sluice_sync_metrics_json(void);
 
 // Frees a string returned by sluice (NULL is ignored).

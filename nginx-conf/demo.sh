@@ -137,7 +137,7 @@ Try:
   $sluice quota get s3_photos_read --root $root_url           # the root's view (level, limiters)
   $sluice quota set s3_photos_read --limit 1 --low-burst 1 --high-burst 2 --root $root_url
   $sluice top --root $root_url                                # busiest quotas, limiters (Ctrl-C)
-  open $root_url/ui in a browser                               # the root's console
+  console: $root_url/ui                                 # the root's web console, in a browser
   tail -f run/logs/s3-access.log
 
 Ctrl-C stops nginx and the root."

@@ -91,7 +91,8 @@
 //!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`, keyed checks, partial grants
-//!   (`sluice_obtain`) and pacing (`sluice_reserve`).
+//!   (`sluice_obtain`), pacing (`sluice_reserve`) and a wait for the
+//!   roots' quota set (`sluice_wait_ready`).
 //! - [`nginx`] — the nginx module: pure argument parsing, header values and
 //!   Prometheus text (always compiled and tested), and the `ngx` glue
 //!   (feature `nginx`); its files are listed in its module doc.

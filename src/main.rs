@@ -95,10 +95,16 @@ fn unblock_stop_signals() {
 }
 
 fn init_logging(format: LogFormat, default: &str) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colours only for a person at a terminal: a log file (`make run`'s
+    // run/logs/root.log, a service's journal) gets plain text. NO_COLOR
+    // (no-color.org) turns them off at a terminal too.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

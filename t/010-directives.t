@@ -23,6 +23,7 @@ sluice_host_id web-01;
 sluice_sync_early 0.02 rate=4;
 sluice_status 503;
 sluice_log_level warn;
+sluice_unknown_log notice;
 sluice_headers off;
 sluice_dry_run off;
 --- config
@@ -33,6 +34,7 @@ location = /q.json {
 }
 location = /metrics { sluice_metrics top=5; }
 location /off { sluice off; }
+location /hidden { sluice api; sluice_headers on names=hash; sluice_unknown_log off; }
 --- user_files
 >>> q.json
 {"quotas": [{"name": "api", "limit": 10, "low_burst": 10, "high_burst": 20}]}
@@ -162,6 +164,36 @@ sluice_quotas ../html/q.json;
 --- must_die
 --- error_log eval
 qr/invalid quota file ".*q\.json": quota "a": parent: .*/
+
+
+
+=== TEST 12a: a YAML quota file is refused by its name, saying what is read
+--- http_config
+sluice_quotas ../html/q.yaml;
+--- config
+--- user_files
+>>> q.yaml
+quotas:
+  - name: a
+    limit: 1
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*q\.yaml: YAML quota files are not read: quota files are JSON .* or TOML .* in .*nginx\.conf:\d+/
+
+
+
+=== TEST 12b: ...and by its look under another name
+--- http_config
+sluice_quotas ../html/q.json;
+--- config
+--- user_files
+>>> q.json
+quotas:
+  - name: a
+    limit: 1
+--- must_die
+--- error_log eval
+qr/invalid quota file ".*q\.json": not JSON: it looks like YAML; quota files are JSON .*; convert it to one of them in .*nginx\.conf:\d+/
 
 
 
@@ -338,6 +370,42 @@ location /t { sluice_log_level debug; }
 --- must_die
 --- error_log eval
 qr/invalid value "debug": must be "info", "notice", "warn" or "error" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 30a: unknown names are logged at a level or off
+--- config
+location /t { sluice_unknown_log quiet; }
+--- must_die
+--- error_log eval
+qr/invalid value "quiet": must be "off", "info", "notice", "warn" or "error" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 30b: names= of sluice_headers takes on, hash or off
+--- config
+location /t { sluice_headers on names=secret; }
+--- must_die
+--- error_log eval
+qr/invalid value "names=secret": names= must be "on", "hash" or "off" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 30c: names= says how headers name quotas, so it needs them on
+--- config
+location /t { sluice_headers off names=hash; }
+--- must_die
+--- error_log eval
+qr/"names=" needs "sluice_headers on" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 30d: sluice_headers takes names= only
+--- config
+location /t { sluice_headers on top=3; }
+--- must_die
+--- error_log eval
+qr/invalid parameter "top=3" in .*nginx\.conf:\d+/
 
 
 

@@ -1,7 +1,8 @@
 # Limiting with a local quota file (standalone, no roots): pass and
 # reject, status code, dry run, headers, $sluice_status, weights,
-# hierarchy, weight 0, unknown names, several checks, inheritance, and a
-# request charged once across internal redirects and subrequests.
+# hierarchy, weight 0, unknown names (and their log line), several
+# checks, inheritance, and a request charged once across internal
+# redirects and subrequests.
 #
 # Limits are 0.001/s, so next to nothing leaks while a block runs: a quota
 # with bursts of 3 passes exactly 3 units. Where a check must see a bucket
@@ -156,6 +157,27 @@ RateLimit: "three";r=2;t=1000
 
 
 
+=== TEST 10a: names=hash gives the policy a keyed hash of the quota's name instead (inherited with sluice_headers)
+--- config
+sluice_headers on names=hash;
+location / { root html; sluice three; }
+location /off/ { alias html/; sluice three; sluice_headers on names=off; }
+--- request
+GET /index.html
+--- raw_response_headers_like: RateLimit-Policy: "([0-9a-f]{16})";q=3;w=3000\r\nRateLimit: "\1";r=2;t=1000\r\n
+--- raw_response_headers_unlike: three
+
+
+
+=== TEST 10b: names=off names every policy "quota"
+--- request
+GET /off/index.html
+--- response_headers
+RateLimit-Policy: "quota";q=3;w=3000
+RateLimit: "quota";r=1;t=2000
+
+
+
 === TEST 11: headers on a rejection add Retry-After
 --- config
 location / { root html; sluice one; sluice_headers on; }
@@ -264,6 +286,44 @@ location / { root html; sluice no_such_quota; }
 [200, 200, 200]
 --- no_error_log
 limiting requests
+
+
+
+=== TEST 19a: an unknown name is logged at warn the first time, with the name
+--- config
+location / { root html; sluice s3_phtos_read; }
+location /made/ { alias html/; sluice made_$arg_n; }
+location /quiet/ { alias html/; sluice s3_phtos_write; sluice_unknown_log off; }
+location /both/ { alias html/; sluice three; sluice s3_videos_read; }
+location /plain/ { alias html/; }
+--- request
+GET /index.html
+--- error_code: 200
+--- error_log eval
+qr/\[warn\] .*sluice: no quota is named "s3_phtos_read": its checks pass uncounted \(logged at most once every 60s per name\), client: /
+
+
+
+=== TEST 19b: more checks of unknown names: the same again, one from a variable (twice), another, one where sluice_unknown_log is off, one beside a known name
+--- request eval
+["GET /index.html", "GET /index.html", "GET /made/index.html?n=a%22b",
+ "GET /made/index.html?n=a%22b", "GET /made/index.html?n=2", "GET /quiet/index.html",
+ "GET /quiet/index.html", "GET /both/index.html", "GET /both/index.html"]
+--- error_code eval
+[200, 200, 200, 200, 200, 200, 200, 200, 200]
+
+
+
+=== TEST 19c: ...each name was logged once in all (the log since nginx started), escaped where it holds bytes no quota name has; none where it is off
+--- request
+GET /plain/index.html
+--- grep_error_log eval
+qr/no quota is named "[^"]*"/
+--- grep_error_log_out
+no quota is named "s3_phtos_read"
+no quota is named "made_a\x2522b"
+no quota is named "made_2"
+no quota is named "s3_videos_read"
 
 
 

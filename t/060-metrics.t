@@ -1,6 +1,7 @@
 # The sluice_metrics location: Prometheus text with table totals, the
-# busiest quotas' passed / rejected / dry-run counts, unknown names, and
-# sync state; GET and HEAD only.
+# busiest quotas' passed / rejected / dry-run counts (and their
+# descendants' for a quota with children), unknown names, and sync state;
+# GET and HEAD only.
 
 use Test::Nginx::Socket 'no_plan';
 use FindBin ();
@@ -16,7 +17,9 @@ add_block_preprocessor(sub {
 >>> quotas.json
 [{"name": "busy", "limit": 0, "low_burst": 2, "high_burst": 2},
  {"name": "quiet", "limit": 0, "low_burst": 5, "high_burst": 5},
- {"name": "dry", "limit": 0, "low_burst": 0, "high_burst": 0}]
+ {"name": "dry", "limit": 0, "low_burst": 0, "high_burst": 0},
+ {"name": "photos", "limit": 0, "low_burst": 100, "high_burst": 100},
+ {"name": "photos_read", "parent": "photos", "limit": 0, "low_burst": 2, "high_burst": 2}]
 FILES
 });
 
@@ -41,7 +44,7 @@ location = /metrics { sluice_metrics; }
 ["", "", "", "", "", "Content-Type: text/plain; version=0.0.4; charset=utf-8"]
 --- response_body_like eval
 ["", "", "", "", "",
-qr/(?s)^(?=.*\nsluice_quotas 3\n)(?=.*\nsluice_checks_total\{quota="busy",result="passed"\} 2\n)(?=.*\nsluice_checks_total\{quota="busy",result="rejected"\} 1\n)(?=.*\nsluice_checks_total\{quota="dry",result="dry_run_rejected"\} 1\n)(?=.*\nsluice_checks_total\{quota="dry",result="rejected"\} 0\n)(?=.*\nsluice_unknown_checks_total 1\n)(?=.*\nsluice_sync_cycles_total \d+\n)(?=.*\nsluice_info\{version="[^"]+",host_id="metrics-test"\} 1\n)(?=.*\nsluice_table_capacity \d+\n)/]
+qr/(?s)^(?=.*\nsluice_quotas 5\n)(?=.*\nsluice_checks_total\{quota="busy",result="passed"\} 2\n)(?=.*\nsluice_checks_total\{quota="busy",result="rejected"\} 1\n)(?=.*\nsluice_checks_total\{quota="dry",result="dry_run_rejected"\} 1\n)(?=.*\nsluice_checks_total\{quota="dry",result="rejected"\} 0\n)(?=.*\nsluice_unknown_checks_total 1\n)(?=.*\nsluice_sync_cycles_total \d+\n)(?=.*\nsluice_info\{version="[^"]+",host_id="metrics-test"\} 1\n)(?=.*\nsluice_table_capacity \d+\n)/]
 
 
 
@@ -92,3 +95,17 @@ location = /metrics { sluice_metrics; }
 --- response_body_like eval
 ["", "", "", "",
 qr/(?s)^(?=.*\nsluice_weight_errors_total\{reason="invalid"\} 2\n)(?=.*\nsluice_weight_errors_total\{reason="empty"\} 1\n)(?=.*\nsluice_unpassable_rejections_total 1\n)(?=.*\nsluice_checks_total\{quota="busy",result="rejected"\} 1\n)/]
+
+
+
+=== TEST 6: an ancestor counts the checks that went through it
+--- config
+location /read/ { alias html/; sluice photos_read; }
+location = /metrics { sluice_metrics; }
+--- request eval
+["GET /read/index.html", "GET /read/index.html", "GET /read/index.html", "GET /metrics"]
+--- error_code eval
+[200, 200, 429, 200]
+--- response_body_like eval
+["", "", "",
+qr/(?s)^(?=.*\nsluice_checks_total\{quota="photos",result="passed"\} 0\n)(?=.*\nsluice_descendant_checks_total\{quota="photos",result="passed"\} 2\n)(?=.*\nsluice_descendant_checks_total\{quota="photos",result="rejected"\} 1\n)(?=.*\nsluice_checks_total\{quota="photos_read",result="passed"\} 2\n)(?!.*sluice_descendant_checks_total\{quota="photos_read")/]

@@ -40,6 +40,8 @@ END {
 
 my ($status) = root_call($root, 'PUT', '/v1/quotas/api', { limit => 5, low_burst => 5, high_burst => 10 });
 is($status, 201, 'a quota at the root');
+($status) = root_call($root, 'PUT', '/v1/quotas/api_reads', { limit => 5, parent => 'api' });
+is($status, 201, 'a child quota at the root (its parent counts its checks too)');
 ($status) = root_call($root, 'PUT', '/v1/quotas/per_client',
     { limit => 1, low_burst => 2, high_burst => 2, per_key => JSON::PP::true });
 is($status, 201, 'a per-key quota at the root');
@@ -53,13 +55,14 @@ $nginx = start_nginx(
     server {
         listen 127.0.0.1:$port;
         location /api/ { sluice api; root html; }
+        location /reads/ { sluice api_reads; root html; }
         location /dry/ { sluice api; sluice_dry_run on; root html; }
         location /nowhere/ { sluice no_such_quota; root html; }
         location /k/ { sluice per_client key=\$arg_client; root html; }
         location = /metrics { sluice_metrics; }
     }
 EOF
-    files => { 'api/x' => "x\n", 'dry/x' => "x\n", 'nowhere/x' => "x\n", 'k/x' => "x\n" },
+    files => { 'api/x' => "x\n", 'reads/x' => "x\n", 'dry/x' => "x\n", 'nowhere/x' => "x\n", 'k/x' => "x\n" },
 );
 
 # Passed, rejected, dry-run and unknown checks, so every family has samples.
@@ -68,6 +71,7 @@ ok(wait_until(sub {
 }, 15), 'nginx holds the quota and rejects over its burst');
 http_request('GET', "http://127.0.0.1:$port/dry/x") for 1 .. 3;
 http_request('GET', "http://127.0.0.1:$port/nowhere/x");
+http_request('GET', "http://127.0.0.1:$port/reads/x");
 # A key over its quota, and a keyless check of the per-key quota.
 ok(wait_until(sub {
     http_request('GET', "http://127.0.0.1:$port/k/x?client=c1")->{status} == 429
@@ -128,6 +132,8 @@ is_deeply([grep { !/^sluice_/ || /^sluice_root_/ } sort keys %$nginx_names], [],
     "every nginx metric is named sluice_* and none sluice_root_* (that is the root's)");
 like($nginx_text, qr/^sluice_checks_total\{quota="api",result="rejected"\} [1-9]/m,
     'the nginx scrape has rejections of the quota');
+like($nginx_text, qr/^sluice_descendant_checks_total\{quota="api",result="(?:passed|rejected)"\} [1-9]/m,
+    '... and the checks of its child');
 like($nginx_text, qr/^sluice_sync_root_up\{root="\Q$root->{url}\E"\} 1$/m,
     '... and its sync state with the root');
 like($root_text, qr/^sluice_root_syncs_total\{result="ok"\} [1-9]/m, 'the root scrape has syncs');

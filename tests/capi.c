@@ -215,12 +215,46 @@ int main(void) {
            "one byte longer is refused: %s", sluice_last_error());
     EXPECT(sluice_load_quotas_file("/nonexistent/quotas.json") == SLUICE_ERROR,
            "a missing file is an error: %s", sluice_last_error());
+    EXPECT(sluice_load_quotas_file("/etc/sluice/quotas.yaml") == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "YAML quota files are not read") != NULL,
+           "a YAML file is refused by its name, before it is read: %s", sluice_last_error());
+    EXPECT(sluice_load_quotas_json("quotas:\n  - name: a\n    limit: 1\n") == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "looks like YAML") != NULL,
+           "and YAML text by its look: %s", sluice_last_error());
+
+    /* A limiter without roots has its quotas: ready at once. */
+    EXPECT(sluice_wait_ready(0) == SLUICE_PASS, "a standalone limiter is ready at once");
+    char *metrics = sluice_sync_metrics_json();
+    EXPECT(metrics != NULL && strstr(metrics, "\"ready\":true") != NULL &&
+               strstr(metrics, "\"roots\":[]") != NULL,
+           "its sync metrics say so: %s", metrics ? metrics : sluice_last_error());
+    sluice_free_string(metrics);
 
     EXPECT(sluice_shutdown() == SLUICE_PASS, "shutdown");
+    EXPECT(sluice_wait_ready(0) == SLUICE_ERROR, "waiting needs a limiter: %s",
+           sluice_last_error());
     EXPECT(check_by_name("api", 1) == SLUICE_ERROR, "checks after shutdown are errors");
     EXPECT(sluice_shutdown() == SLUICE_PASS, "a second shutdown is harmless");
     EXPECT(sluice_init(NULL) == SLUICE_PASS, "init again after shutdown");
     EXPECT(sluice_quota_count() == 0, "with an empty table");
+    sluice_shutdown();
+
+    /* With a root that never answers (nothing listens on port 1) the
+     * quota set never arrives: checks are SLUICE_UNKNOWN (pass), and
+     * sluice_wait_ready says so when its time runs out. The bindings'
+     * tests wait for a real root's set. */
+    EXPECT(sluice_init("{\"roots\": [\"http://127.0.0.1:1\"], \"sync_interval_ms\": 100}") ==
+               SLUICE_PASS,
+           "init with a root that does not answer");
+    EXPECT(check_by_name("api", 1) == SLUICE_UNKNOWN, "a check before the quota set is UNKNOWN");
+    EXPECT(sluice_wait_ready(0) == SLUICE_NOT_READY, "not ready at once");
+    EXPECT(sluice_wait_ready(300) == SLUICE_NOT_READY, "nor within 300 ms");
+    metrics = sluice_sync_metrics_json();
+    EXPECT(metrics != NULL && strstr(metrics, "\"ready\":false") != NULL &&
+               strstr(metrics, "\"last_success_seconds_ago\":null") != NULL &&
+               strstr(metrics, "\"round_trip_ms\":") != NULL,
+           "the sync metrics: %s", metrics ? metrics : sluice_last_error());
+    sluice_free_string(metrics);
     sluice_shutdown();
 
     printf("capi: %d passed, %d failed\n", passes, failures);

@@ -13,6 +13,10 @@ a pipe. Then:
   nginx it started earlier runs, and prints the command that stops it;
   that command and the root's work.
 
+While it runs, the demo prints the console's address plainly (not a
+macOS `open` command) and the root's log in run/logs is plain text (no
+colour codes).
+
 Standard library only; run by `make test-demo` (and `make test`). About
 20 s; every wait is bounded.
 """
@@ -109,8 +113,13 @@ def stopped_by(run_dir, how):
     """Starts the demo, waits until it serves, ends it with `how` and
     checks it stopped everything and exited 0."""
     demo = start(run_dir)
-    read_until(demo, r"^Ctrl-C stops nginx and the root\.$")
+    out = read_until(demo, r"^Ctrl-C stops nginx and the root\.$")
     assert all(listening(p) for p in PORTS), "the demo's servers listen"
+    assert re.search(r"^  console: http://127\.0\.0\.1:7070/ui ", out, re.M), out
+    assert not re.search(r"^\s*open ", out, re.M), "no macOS `open` command:\n" + out
+    with open(os.path.join(run_dir, "logs", "root.log"), "rb") as f:
+        log = f.read()
+    assert log and b"\x1b" not in log, f"the root's log is plain text: {log[:300]!r}"
     nginx_pid = pid_in(os.path.join(run_dir, "logs", "nginx.pid"))
     how(demo)
     code = demo.wait(timeout=30)

@@ -8,6 +8,10 @@ Makefile, runtime libraries for what the build links, and a compose fleet
 whose services, ports, tokens and database URL fit together. Each check
 returns a list of problems; the drift tests feed altered texts to show that
 each kind of drift is caught.
+
+Also here, as they concern what a fresh clone gets: which apt packages
+`make run` and `make test` install (dry runs of the Makefile), and that
+README.md names no path outside the repository.
 """
 
 import re
@@ -269,3 +273,112 @@ def test_an_nginx_conf_with_other_roots_is_caught():
     conf = read("deploy/nginx.conf").replace("http://root-b:7070", "http://root-b:7071")
     problems = compose_problems(read("deploy/docker-compose.yml"), conf, read("Dockerfile"))
     assert any(p.startswith("nginx.conf's sluice_root") for p in problems), problems
+
+
+# --- which target installs what ----------------------------------------------
+
+def packages_installed_by(target):
+    """The apt packages `make <target>` installs when they are missing,
+    read from a dry run (`make -n` still runs the recursive `$(MAKE)
+    install-pkgs`, itself dry, which shows its package list)."""
+    result = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    packages = set()
+    for listed in re.findall(r"\bfor p in ([^;]*);", result.stdout):
+        packages.update(listed.split())
+    return packages
+
+
+def test_make_run_installs_only_what_the_demo_needs():
+    """`make run` installed 25 packages (Chromium, PostgreSQL, Prometheus,
+    wrk...) before a demo that needs none of them."""
+    variables = make_variables(read("Makefile"))
+    run = packages_installed_by("run")
+    assert run == set(variables["BUILD_PKGS"].split()) | set(variables["RUN_PKGS"].split())
+    for heavy in ("chromium", "postgresql", "prometheus", "wrk", "redis-server", "golang-go"):
+        assert heavy not in run
+    # What demo.sh runs beyond coreutils and the build.
+    assert {"curl", "procps"} <= run
+
+
+def test_make_test_still_installs_everything():
+    """CI (.ci/run: make deps, then make test) starts from a fresh machine."""
+    variables = make_variables(read("Makefile"))
+    everything = set()
+    for name in ("BUILD_PKGS", "RUN_PKGS", "TEST_PKGS", "OPS_PKGS", "FAULT_PKGS", "BINDING_PKGS"):
+        everything |= set(variables[name].split())
+    everything |= {"wrk", "postgresql"}
+    assert everything <= packages_installed_by("test")
+    assert "make deps" in read(".ci/run")
+
+
+# --- the README stands on its own --------------------------------------------
+
+def readme_references(text):
+    """Relative links and path-looking references of a Markdown text:
+    `[..](target)` links, and `code spans` without spaces that start with
+    `./` or `../`, or whose first part is an entry at the repository's top
+    (`src/...`, `docs/DESIGN.md`, `run/...`), or that are a file name with
+    an extension (`capi.c`)."""
+    top = {p.name for p in REPO.iterdir()} | {"build", "run", "target"}
+    refs = set()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if not re.match(r"[a-z]+:", target) and not target.startswith("#"):
+            refs.add(target.split("#")[0])
+    for span in re.findall(r"`([^`\n]+)`", text):
+        if " " in span or re.match(r"[a-z]+://", span):
+            continue
+        first = span.split("/")[0]
+        if (span.startswith(("./", "../")) or ("/" in span and first in top)
+                or re.fullmatch(r"[\w-]+\.(md|rs|py|t|sh|c|h|json|toml|conf|svg|png|yml|lua|go)", span)):
+            refs.add(span)
+    return refs
+
+
+def git_ignores(path):
+    """True when git ignores `path` (relative to the repository): a build
+    output, a run's files, a token; it need not exist in a clone."""
+    result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=REPO,
+                            capture_output=True, timeout=30)
+    return result.returncode == 0
+
+
+def outside_or_missing(text, base):
+    """References of `text` that leave the repository, or that name
+    nothing in it (looked up from `base` and from the top, a bare file
+    name anywhere) unless they are files git ignores (made by a build or
+    a run)."""
+    problems = []
+    root = REPO.resolve()
+    for ref in sorted(readme_references(text)):
+        resolved = (base / ref).resolve()
+        if root not in (resolved, *resolved.parents):
+            problems.append(f"{ref}: outside the repository")
+            continue
+        candidates = [resolved, (REPO / ref).resolve()]
+        if "/" not in ref.rstrip("/"):
+            candidates += list(REPO.glob(f"**/{ref}"))
+        if any(c.exists() for c in candidates):
+            continue
+        if git_ignores(str(resolved.relative_to(root))):
+            continue
+        problems.append(f"{ref}: no such file in the repository")
+    return problems
+
+
+def test_the_readme_references_nothing_outside_the_repository():
+    """Its first paragraph pointed at ../shared/DESIGN.md, which a clone
+    does not have."""
+    assert outside_or_missing(read("README.md"), REPO) == []
+
+
+@pytest.mark.parametrize("reference, problem", [
+    ("the semantics are in [DESIGN](../shared/DESIGN.md).", "../shared/DESIGN.md: outside"),
+    ("see `../shared/DESIGN.md`", "../shared/DESIGN.md: outside"),
+    ("see `docs/NOPE.md`", "docs/NOPE.md: no such file"),
+    ("see [the plan](docs/plan.md#top)", "docs/plan.md: no such file"),
+])
+def test_a_reference_outside_or_missing_is_caught(reference, problem):
+    problems = outside_or_missing(read("README.md") + "\n" + reference + "\n", REPO)
+    assert any(p.startswith(problem) for p in problems), problems

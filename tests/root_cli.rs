@@ -11,6 +11,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use root_support::{config_with_tokens, Db, Limiter, TestRoot, ADMIN_TOKEN, PATIENCE, SYNC_TOKEN};
+use sluice::core::key::{format_hash, KeySecret};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -418,6 +419,17 @@ async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
             && error.contains("at line 3, column"),
         "{error}"
     );
+    // YAML: refused by the name, and by the look under a .json name.
+    let yaml_file = dir.path().join("quotas.yaml");
+    std::fs::write(&yaml_file, "quotas:\n  - name: a\n    limit: 1\n").unwrap();
+    let error = failure(&quota(&root, &["apply", "-f", yaml_file.to_str().unwrap()]).await);
+    assert!(
+        error.contains("quotas.yaml: YAML quota files are not read") && error.contains("TOML"),
+        "{error}"
+    );
+    std::fs::write(&json_file, "quotas:\n  - name: a\n    limit: 1\n").unwrap();
+    let error = failure(&quota(&root, &["apply", "-f", json_file.to_str().unwrap()]).await);
+    assert!(error.contains("it looks like YAML"), "{error}");
     let toml_file = dir.path().join("bad.toml");
     for (text, expected) in [
         (
@@ -523,6 +535,9 @@ async fn sluice_root_serves_and_stops_cleanly_on_sigterm() {
         stderr.contains("SIGTERM received") && stderr.contains("quota root stopped"),
         "{stderr}"
     );
+    // Its stderr is a pipe, as `make run`'s log file is not a terminal:
+    // plain text, no colour codes.
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -615,4 +630,72 @@ async fn sluice_root_refuses_a_malformed_limiter_tokens_file_with_file_and_line(
         )),
         "{stderr}"
     );
+}
+
+/// `quota key --key` hashes the key here: with the built-in secret unless
+/// `--secret-file` is given. It says so, and a 404 then hints that the
+/// fleet may have a secret file (it used to say 404 and nothing else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_key_says_which_secret_hashed_the_key() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    root.put(
+        "per_token",
+        json!({"limit": 0, "low_burst": 10, "high_burst": 10, "per_key": true}),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("key.secret");
+    std::fs::write(&secret_file, "the fleet's own secret, 32 bytes\n").unwrap();
+    let secret = secret_file.to_str().unwrap();
+    // The fleet hashes with its secret file: a limiter counted the key so.
+    let fleet = KeySecret::from_file_contents(b"the fleet's own secret, 32 bytes").unwrap();
+    let mut limiter = Limiter::new("edge-1");
+    limiter.catch_up(&root).await;
+    let id = limiter.id_of("per_token").unwrap();
+    let request = limiter.keyed_request(id, &[(fleet.hash(b"tok-123"), 3)]);
+    let (status, reply) = root.sync(&request).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+
+    // Without --secret-file: a 404, on one line, with the hint.
+    let error = failure(&quota(&root, &["key", "per_token", "--key", "tok-123"]).await);
+    assert!(
+        error.contains("404")
+            && error.contains("built-in secret")
+            && error.contains("--secret-file"),
+        "{error}"
+    );
+    // With the fleet's file: found, and no word about the built-in secret.
+    let args = [
+        "key",
+        "per_token",
+        "--key",
+        "tok-123",
+        "--secret-file",
+        secret,
+    ];
+    let found = quota(&root, &args).await;
+    let shown = stdout(&found);
+    assert!(
+        shown.contains(&format_hash(fleet.hash(b"tok-123"))),
+        "{shown}"
+    );
+    assert!(found.stderr.is_empty(), "{found:?}");
+    // A key counted under the built-in secret is found without the file,
+    // with a note on stderr saying which secret hashed it.
+    let built_in = KeySecret::built_in().hash(b"tok-456");
+    let request = limiter.keyed_request(id, &[(built_in, 1)]);
+    let (status, reply) = root.sync(&request).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let found = quota(&root, &["key", "per_token", "--key", "tok-456"]).await;
+    assert!(stdout(&found).contains(&format_hash(built_in)));
+    let note = String::from_utf8(found.stderr.clone()).unwrap();
+    assert!(note.contains("built-in secret"), "{note}");
+    // A 404 for a hash given as such has no hint (no secret was used).
+    let error = failure(&quota(&root, &["key", "per_token", "--hash", "00000000000000a1"]).await);
+    assert!(
+        error.contains("404") && !error.contains("secret"),
+        "{error}"
+    );
+    root.stop().await;
 }

@@ -170,6 +170,51 @@ async fn the_admin_overview_ranks_the_full_quota_first_and_shows_the_limiter_clo
     assert!(ov["sampled"]["rate_window_seconds"].as_f64().unwrap() >= 1.0);
 }
 
+/// The numbers of `value` that carry float noise: neither a whole number
+/// of microseconds (a duration) nor six significant digits (a level, a
+/// rate, a share), with where they are.
+fn noisy(value: &Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap();
+            if x != sluice::core::round_to(x, 6) && x != sluice::core::round_significant(x, 6) {
+                out.push(format!("{at}: {n}"));
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                noisy(item, &format!("{at}[{i}]"), out);
+            }
+        }
+        Value::Object(fields) => {
+            for (key, item) in fields {
+                noisy(item, &format!("{at}.{key}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The case: `"seconds_ago":3.1559234220000003`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_and_a_quota_read_carry_no_float_noise() {
+    let (_db, root, _limiter) = root_with_traffic().await;
+    let ov = overview_until(&root, "the limiter's clock report and a sync rate", |ov| {
+        limiter(ov, "edge-1").is_some_and(|l| !l["clock_offset_seconds"].is_null())
+            && ov["totals"]["syncs_per_second"].is_number()
+    })
+    .await;
+    let (status, quota) = root.get("photos_read").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(quota["limiters"][0]["seconds_ago"].is_number(), "{quota}");
+    let (_, health) = root.request(Method::GET, "/healthz", None, None).await;
+    let mut found = Vec::new();
+    noisy(&ov, "overview", &mut found);
+    noisy(&quota, "quota", &mut found);
+    noisy(&health, "healthz", &mut found);
+    assert!(found.is_empty(), "{found:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limiters_rejections_reach_the_overview_as_rates() {
     let (_db, root, _limiter) = root_with_traffic().await;
@@ -256,6 +301,53 @@ async fn sluice_top_once_prints_one_frame_or_the_root_json() {
 
     let output = top(&root.url, &["--once", "--top", "0"]).await;
     assert_eq!(output.status.code(), Some(2), "clap refuses --top 0");
+}
+
+/// The console's busiest keys, in `sluice top` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_top_shows_the_busiest_keys_by_hash() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    root.put(
+        "api_user",
+        serde_json::json!({"limit": 0, "low_burst": 5, "high_burst": 10, "per_key": true}),
+    )
+    .await;
+    let mut limiter = root_support::Limiter::new("edge-1");
+    limiter.catch_up(&root).await;
+    let id = limiter.id_of("api_user").unwrap();
+    let request = limiter.keyed_request(id, &[(0xab, 12), (0xcd, 2)]);
+    let (status, reply) = root.sync(&request).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    overview_until(&root, "the keys in the overview", |ov| {
+        ov["keys"].as_array().is_some_and(|k| k.len() == 2)
+    })
+    .await;
+    let output = top(&root.url, &["--once"]).await;
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(text.contains("\nPER-KEY QUOTA "), "{text}");
+    let row = |hash: &str| {
+        text.lines()
+            .find(|l| l.starts_with("api_user ") && l.contains(hash))
+            .unwrap_or_else(|| panic!("no row of key {hash} in\n{text}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // The fuller key first: level 12 of a high burst of 10 (full, all
+    // rejected), then level 2.
+    let full = row("00000000000000ab");
+    assert_eq!(
+        (full[2].as_str(), full[3].as_str()),
+        ("12", "120"),
+        "{full:?}"
+    );
+    assert_eq!(full[5], "100", "{full:?}");
+    assert_eq!(row("00000000000000cd")[2], "2");
+    let first = text.find("00000000000000ab").unwrap();
+    assert!(first < text.find("00000000000000cd").unwrap(), "{text}");
+    root.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,6 +84,7 @@ static go_result go_reserve(_GoString_ name, _GoString_ key, int keyed, uint64_t
 		_GoStringPtr(key), _GoStringLen(key), weight, max_wait_ms, out));
 }
 static go_result go_quota_count(void) { return go_wrap(sluice_quota_count()); }
+static go_result go_wait_ready(uint64_t timeout_ms) { return go_wrap(sluice_wait_ready(timeout_ms)); }
 static go_result go_shutdown(void) { return go_wrap(sluice_shutdown()); }
 static go_result go_sync_metrics_json(char **out) {
 	*out = sluice_sync_metrics_json();
@@ -340,12 +341,40 @@ func (l *Limiter) QuotaCount() (int, error) {
 	return check("sluice_quota_count", C.go_quota_count())
 }
 
+// WaitReady waits until the limiter holds the roots' quota set, at most
+// timeout (0: only look; negative: as long as it takes). A limiter started
+// with roots has no quotas until its first sync brings them, about one
+// sync interval after New: until then a check of a name it does not hold
+// is Unknown (passes, uncounted). It returns true once the set is in (at
+// once without roots) and false when the time ran out first
+// (sluice_wait_ready). It blocks the calling goroutine and its thread.
+func (l *Limiter) WaitReady(timeout time.Duration) (bool, error) {
+	if l.closed.Load() {
+		return false, ErrClosed
+	}
+	ms := C.uint64_t(^uint64(0))
+	if timeout >= 0 {
+		ms = C.uint64_t((timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	code, err := check("sluice_wait_ready", C.go_wait_ready(ms))
+	if err != nil {
+		return false, err
+	}
+	return code == C.SLUICE_PASS, nil
+}
+
 // SyncMetrics is the sync thread's state (sluice_sync_metrics_json).
 type SyncMetrics struct {
 	// Cycles is the number of completed sync cycles.
 	Cycles uint64 `json:"cycles"`
+	// Ready is true once the limiter holds the roots' quota set (see
+	// WaitReady); always true without roots.
+	Ready bool `json:"ready"`
 	// AllRootsDown is true while no root answers: limits are per host.
 	AllRootsDown bool `json:"all_roots_down"`
+	// GroupsDown lists the root groups whose shards are limited per host
+	// (with root groups only).
+	GroupsDown []uint32 `json:"groups_down"`
 	// Roots has one entry per configured root, in order.
 	Roots []RootMetrics `json:"roots"`
 }
@@ -354,17 +383,24 @@ type SyncMetrics struct {
 type RootMetrics struct {
 	// URL is the root's base URL.
 	URL string `json:"url"`
+	// Group is the root's group (shard).
+	Group uint32 `json:"group"`
 	// Up is true when the last sync with this root succeeded.
 	Up bool `json:"up"`
+	// SinceSuccess is the time since the last successful sync, to the
+	// millisecond; Synced is false (and SinceSuccess 0) before the first.
+	SinceSuccess time.Duration `json:"-"`
+	Synced       bool          `json:"-"`
 	// Syncs and Errors count successful and failed syncs.
 	Syncs  uint64 `json:"syncs"`
 	Errors uint64 `json:"errors"`
 	// LastError is the last failure, for humans.
 	LastError string `json:"last_error"`
-	// RoundTrip is the last sync's round trip.
-	RoundTrip time.Duration `json:"round_trip"`
-	// ClockOffset is the root's clock minus this host's.
-	ClockOffset time.Duration `json:"clock_offset"`
+	// RoundTrip is the last sync's round trip, to the microsecond.
+	RoundTrip time.Duration `json:"-"`
+	// ClockOffset is the root's clock minus this host's, to the
+	// microsecond.
+	ClockOffset time.Duration `json:"-"`
 	// BytesSent and BytesReceived count sync request and response bytes.
 	BytesSent     uint64 `json:"bytes_sent"`
 	BytesReceived uint64 `json:"bytes_received"`
@@ -373,6 +409,29 @@ type RootMetrics struct {
 	// DroppedReturns counts units given back and not sent because the
 	// root predates returns (it keeps them).
 	DroppedReturns uint64 `json:"dropped_returns"`
+}
+
+// UnmarshalJSON reads the library's seconds and milliseconds into
+// durations.
+func (r *RootMetrics) UnmarshalJSON(data []byte) error {
+	type plain RootMetrics
+	var raw struct {
+		*plain
+		LastSuccessSecondsAgo *float64 `json:"last_success_seconds_ago"`
+		RoundTripMs           float64  `json:"round_trip_ms"`
+		ClockOffsetMs         float64  `json:"clock_offset_ms"`
+	}
+	raw.plain = (*plain)(r)
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return err
+	}
+	if raw.LastSuccessSecondsAgo != nil {
+		r.Synced = true
+		r.SinceSuccess = time.Duration(*raw.LastSuccessSecondsAgo * float64(time.Second))
+	}
+	r.RoundTrip = time.Duration(raw.RoundTripMs * float64(time.Millisecond))
+	r.ClockOffset = time.Duration(raw.ClockOffsetMs * float64(time.Millisecond))
+	return nil
 }
 
 // SyncMetrics reads the sync thread's state.

@@ -192,17 +192,23 @@ type root struct {
 
 func startRoot(t *testing.T) *root {
 	t.Helper()
+	return startRootAt(t, t.TempDir(), "127.0.0.1:0")
+}
+
+// startRootAt starts a root listening at listen, with its database in dir
+// (a root started again on the same dir has the same quotas).
+func startRootAt(t *testing.T, dir, listen string) *root {
+	t.Helper()
 	bin := os.Getenv("SLUICE_BIN")
 	if bin == "" {
 		bin = "../../target/release/sluice"
 	}
-	dir := t.TempDir()
 	logPath := filepath.Join(dir, "root.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "root", "--listen", "127.0.0.1:0", "--db", "sqlite://"+dir+"/q.db",
+	cmd := exec.Command(bin, "root", "--listen", listen, "--db", "sqlite://"+dir+"/q.db",
 		"--reload-interval", "100ms", "--log-format", "json")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
@@ -239,6 +245,12 @@ func startRoot(t *testing.T) *root {
 	log, _ := os.ReadFile(logPath)
 	t.Fatalf("the root did not start: %s", log)
 	return nil
+}
+
+// stop ends the root and waits for it.
+func (r *root) stop() {
+	r.cmd.Process.Kill()
+	r.cmd.Wait()
 }
 
 func (r *root) putQuota(t *testing.T, name string, body string) {
@@ -300,5 +312,54 @@ func TestAQuotaAtTheRootLimitsAndIsCountedThere(t *testing.T) {
 	if len(m.Roots) != 1 || m.Roots[0].URL != r.url || !m.Roots[0].Up || m.Roots[0].Syncs == 0 {
 		t.Fatalf("sync metrics: %+v", m)
 	}
+	if !m.Ready || !m.Roots[0].Synced || m.Roots[0].SinceSuccess > 5*time.Second ||
+		m.Roots[0].RoundTrip <= 0 || m.Roots[0].RoundTrip > 5*time.Second {
+		t.Fatalf("sync metrics in their units: %+v", m.Roots[0])
+	}
 	t.Logf("sync round trip %v", m.Roots[0].RoundTrip)
+}
+
+// Before the roots' quota set arrives a check is Unknown (uncounted);
+// WaitReady waits for the set, and the quota counts from then on.
+func TestWaitReadyWaitsForTheRootsQuotaSet(t *testing.T) {
+	dir := t.TempDir()
+	first := startRootAt(t, dir, "127.0.0.1:0")
+	first.putQuota(t, "go_ready", `{"limit": 0.001, "low_burst": 2, "high_burst": 2}`)
+	address := strings.TrimPrefix(first.url, "http://")
+	// The quota is in the database; the root is away when the limiter starts.
+	first.stop()
+	lim, err := New(Config{"roots": []string{first.url}, "sync_interval_ms": 100, "capacity": 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	if res, _ := lim.Check("go_ready", 1); res != Unknown {
+		t.Fatalf("a check before the quota set: %v, want Unknown", res)
+	}
+	if ready, err := lim.WaitReady(300 * time.Millisecond); ready || err != nil {
+		t.Fatalf("ready while the root is away: %v %v", ready, err)
+	}
+	if m, _ := lim.SyncMetrics(); m == nil || m.Ready {
+		t.Fatalf("sync metrics say ready: %+v", m)
+	}
+	again := startRootAt(t, dir, address)
+	defer again.stop()
+	if ready, err := lim.WaitReady(15 * time.Second); !ready || err != nil {
+		t.Fatalf("not ready once the root answers: %v %v", ready, err)
+	}
+	expect(t, checks(t, lim, "go_ready", 3, 1), "PASS PASS REJECT")
+	if ready, _ := lim.WaitReady(0); !ready {
+		t.Fatal("ready does not stay ready")
+	}
+}
+
+func TestAStandaloneLimiterIsReadyAtOnce(t *testing.T) {
+	lim := standalone(t)
+	if ready, err := lim.WaitReady(0); !ready || err != nil {
+		t.Fatalf("standalone: %v %v", ready, err)
+	}
+	lim.Close()
+	if _, err := lim.WaitReady(0); err != ErrClosed {
+		t.Fatalf("closed: %v, want ErrClosed", err)
+	}
 }

@@ -39,6 +39,7 @@ int sluice_reserve(const char *name, size_t name_len, uint64_t weight, uint64_t 
                    uint64_t *wait_ns);
 int sluice_reserve_key(const char *name, size_t name_len, const char *key, size_t key_len,
                        uint64_t weight, uint64_t max_wait_ms, uint64_t *wait_ns);
+int sluice_wait_ready(uint64_t timeout_ms);
 int sluice_quota_count(void);
 char *sluice_sync_metrics_json(void);
 void sluice_free_string(char *s);
@@ -46,6 +47,8 @@ int sluice_shutdown(void);
 const char *sluice_last_error(void);
 ]]
 
+local SLUICE_PASS = 0
+local SLUICE_NOT_READY = 5
 local SLUICE_ERROR = -1
 -- Larger numbers do not convert to uint64_t exactly (or at all); the
 -- library counts anything above 2^40 as 2^40 anyway.
@@ -266,6 +269,30 @@ function _M.reserve(name, weight, max_wait, key)
     return result, tonumber(out[0]) / 1e9
 end
 
+-- Waits until the limiter holds the roots' quota set, at most `timeout`
+-- seconds (nil: as long as it takes; 0: only look). Until then a check of
+-- a name the limiter does not hold is "UNKNOWN" (passes, uncounted).
+-- Returns true once the set is in (at once without roots), false when the
+-- time ran out first, or nil and an error. It sleeps the whole thread:
+-- under OpenResty call it from init_worker_by_lua, never in a request.
+function _M.wait_ready(timeout)
+    local ms = NEVER
+    if timeout ~= nil then
+        local t, err = count(timeout, "timeout")
+        if not t then
+            return nil, err
+        end
+        ms = math.ceil(t * 1000)
+    end
+    local code = C.sluice_wait_ready(ms)
+    if code == SLUICE_PASS then
+        return true
+    elseif code == SLUICE_NOT_READY then
+        return false
+    end
+    return nil, last_error()
+end
+
 -- The number of quotas loaded.
 function _M.quota_count()
     local n = C.sluice_quota_count()
@@ -275,8 +302,9 @@ function _M.quota_count()
     return n
 end
 
--- The sync thread's state as JSON text (cycles, all_roots_down, roots:
--- per root url, up, syncs, errors, last_error, ...).
+-- The sync thread's state as JSON text (cycles, ready, all_roots_down,
+-- roots: per root url, up, last_success_seconds_ago, syncs, errors,
+-- last_error, round_trip_ms, ...; include/sluice.h has them all).
 function _M.sync_metrics_json()
     local p = C.sluice_sync_metrics_json()
     if p == nil then

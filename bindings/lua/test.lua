@@ -175,5 +175,82 @@ is(table.concat(overflows, " "), "KEY_OVERFLOW KEY_OVERFLOW REJECT",
     "keys without room share the quota's counter, and say so")
 sluice.shutdown()
 
+-- A standalone limiter is ready at once.
+ok(sluice.init({ capacity = 100 }), "init standalone")
+is(sluice.wait_ready(0), true, "a standalone limiter is ready at once")
+sluice.shutdown()
+res, err = sluice.wait_ready(0)
+ok(res == nil and err:find("not initialised", 1, true), "wait_ready needs a limiter")
+
+-- With a real `sluice root` (SLUICE_BIN): a check before the roots' quota
+-- set arrives is UNKNOWN, and wait_ready waits for the set.
+local bin = os.getenv("SLUICE_BIN") or "target/release/sluice"
+local dir = os.tmpname()
+os.remove(dir)
+assert(os.execute("mkdir -p " .. dir) == 0)
+local function sh(command)
+    return os.execute(command .. " >/dev/null 2>&1") == 0
+end
+local function pause()
+    os.execute("sleep 0.05")
+end
+-- Starts a root at `listen` on the database in `dir`; its address once it
+-- listens, and its pid.
+local function start_root(listen)
+    local log = dir .. "/root.log"
+    local pipe = io.popen(string.format(
+        "%s root --listen %s --db sqlite://%s/q.db --reload-interval 100ms --log-format json "
+            .. ">%s 2>&1 & echo $!", bin, listen, dir, log))
+    local pid = pipe:read("*l")
+    pipe:close()
+    for _ = 1, 400 do
+        local f = io.open(log)
+        local text = f and f:read("*a") or ""
+        if f then f:close() end
+        local address = text:match('"quota root listening","address":"([%d%.:]+)"')
+        if address then
+            return address, pid
+        end
+        pause()
+    end
+    error("the root did not start: see " .. log)
+end
+local function stop_root(pid)
+    sh("kill " .. pid)
+    for _ = 1, 200 do
+        if not sh("kill -0 " .. pid) then
+            return
+        end
+        pause()
+    end
+end
+-- The quota goes into the database while the root runs (writes get 503
+-- until it has read its database once)...
+local address, pid = start_root("127.0.0.1:0")
+local url = "http://" .. address
+local put = false
+for _ = 1, 200 do
+    put = sh(string.format("%s quota --root %s set ready_q --limit 0.001 --low-burst 2 "
+        .. "--high-burst 2", bin, url))
+    if put then break end
+    pause()
+end
+ok(put, "a quota at the root")
+-- ...and the root is stopped before the limiter starts.
+stop_root(pid)
+ok(sluice.init({ roots = { url }, sync_interval_ms = 100, capacity = 100 }), "init with the root")
+is(sluice.check("ready_q"), "UNKNOWN", "a check before the quota set arrives is UNKNOWN")
+is(sluice.wait_ready(0.3), false, "not ready while the root is away")
+ok(sluice.sync_metrics_json():find('"ready":false', 1, true), "the sync metrics say not ready")
+address, pid = start_root(address)
+is(sluice.wait_ready(15), true, "wait_ready returns once the root's quota set is in")
+is(checks("ready_q", 3), "PASS PASS REJECT", "the quota counts from then on (the UNKNOWN counted nothing)")
+local metrics = sluice.sync_metrics_json()
+ok(metrics:find('"ready":true', 1, true) and metrics:find('"round_trip_ms":', 1, true)
+    and metrics:find('"last_success_seconds_ago":', 1, true), "the sync metrics: " .. metrics)
+sluice.shutdown()
+stop_root(pid)
+sh("rm -rf " .. dir)
+
 print(string.format("lua: %d passed, %d failed", passed, failed))
 os.exit(failed == 0 and 0 or 1)

@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 use sluice::core::key::{format_hash, parse_hash, KeySecret};
 use sluice::core::quota::validate_name;
-use sluice::core::spec::{specs_from_json, specs_from_toml, QuotaPatch};
+use sluice::core::spec::{specs_from_json, specs_from_toml, FileFormat, QuotaPatch};
 use sluice::core::Window;
 use sluice::root::config::parse_duration;
 
@@ -188,8 +188,8 @@ enum QuotaCommand {
         #[arg(long)]
         hash: Option<String>,
     },
-    /// Apply a quota file (JSON; TOML when the name ends in .toml) in one
-    /// transaction.
+    /// Apply a quota file (JSON; TOML when the name ends in .toml; YAML is
+    /// refused) in one transaction.
     Apply {
         /// The quota file: {"quotas": [...]} or a bare array.
         #[arg(short = 'f', long = "file", value_name = "FILE")]
@@ -316,6 +316,9 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             hash,
         } => {
             check_name(&name)?;
+            // A key hashed with the built-in secret finds nothing in a
+            // fleet that has its own: say which secret was used.
+            let built_in = key.is_some() && secret_file.is_none();
             let hash = match (key, hash) {
                 (Some(key), _) => {
                     format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()))
@@ -332,7 +335,22 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 (None, None) => return Err(CliError::new("give --key or --hash")),
             };
             let url = client.url("v1/quotas", &[&name, "keys", &hash], &[])?;
-            let reply = client.send(Method::GET, url, None).await?;
+            let reply = client.send(Method::GET, url, None).await.map_err(|mut e| {
+                if built_in && e.status == Some(StatusCode::NOT_FOUND) {
+                    e.message.push_str(&format!(
+                        " (the key was hashed with the built-in secret, to {hash}: if the \
+                             fleet's nginx has sluice_key_secret_file, pass that file with \
+                             --secret-file)"
+                    ));
+                }
+                e
+            })?;
+            if built_in {
+                eprintln!(
+                    "sluice: note: the key was hashed with the built-in secret (no \
+                     --secret-file), as a fleet without sluice_key_secret_file hashes it"
+                );
+            }
             Ok(if json {
                 to_json(&reply.body)
             } else {
@@ -608,10 +626,11 @@ async fn apply(
 /// here so that an error names this file, the quota, the field and the
 /// line (the root checks the values).
 fn read_quota_file(file: &Path) -> Result<Vec<u8>, CliError> {
+    let format = FileFormat::for_path(file, true).map_err(CliError::new)?;
     let text = std::fs::read_to_string(file)
         .map_err(|e| CliError::new(format!("cannot read {}: {e}", file.display())))?;
     let in_file = |e: &dyn std::fmt::Display| CliError::new(format!("{}: {e}", file.display()));
-    if file.extension().is_some_and(|e| e == "toml") {
+    if format == FileFormat::Toml {
         let specs = specs_from_toml(&text).map_err(|e| in_file(&e))?;
         return serde_json::to_vec(&json!({ "quotas": specs })).map_err(CliError::new);
     }

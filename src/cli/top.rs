@@ -1,7 +1,8 @@
 //! `sluice top`: the root's overview (`GET /v1/overview`, the same data as
 //! the web console) in a terminal, refreshing: the busiest quotas with
-//! their levels, fill rates and rejections, fleet rates, the limiters
-//! that synced last with their clock offsets, the database.
+//! their levels, fill rates and rejections, the busiest keys of per-key
+//! quotas (by hash), fleet rates, the limiters that synced last with
+//! their clock offsets, the database.
 //!
 //! On a terminal each refresh redraws the screen (the alternate screen,
 //! left on Ctrl-C); piped, frames follow each other. `--once` prints one
@@ -231,6 +232,7 @@ pub fn render(root: &str, ov: &Value) -> String {
             ));
         }
     }
+    render_keys(&mut out, ov);
     let limiters = ov["limiters"]
         .as_array()
         .map(Vec::as_slice)
@@ -252,6 +254,35 @@ pub fn render(root: &str, ov: &Value) -> String {
         out.push_str(&table.render());
     }
     out
+}
+
+/// The busiest keys of per-key quotas, by hash, ranked as the quotas are
+/// (the overview has them only when some key's counter was ranked).
+fn render_keys(out: &mut String, ov: &Value) {
+    let keys = ov["keys"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if keys.is_empty() {
+        return;
+    }
+    out.push('\n');
+    let mut table = Table::new(&[
+        "PER-KEY QUOTA",
+        "KEY",
+        "LEVEL",
+        "FULL%",
+        "FILL/S",
+        "REJECT%",
+    ]);
+    for k in keys {
+        table.row(vec![
+            text(&k["quota"]),
+            text(&k["key"]),
+            number(&k["level"]),
+            percent(&k["fullness"]),
+            number(&k["fill_rate"]),
+            percent(&k["rejecting"]),
+        ]);
+    }
+    out.push_str(&table.render());
 }
 
 fn percent(fraction: &Value) -> String {
@@ -306,6 +337,28 @@ LIMITER  LAST SYNC S  SYNCS  OFFSET MS  RTT MS
 edge-1          0.06     40       0.08    0.41
 ";
         assert_eq!(text, expected);
+    }
+
+    /// The console had a busiest-keys view and `sluice top` none.
+    #[test]
+    fn a_frame_shows_the_busiest_keys_by_hash_when_there_are_some() {
+        let mut ov = overview("admin");
+        ov["keys"] = json!([
+            {"quota": "api_user", "key": "00000000000000ab", "level": 31.0, "fill_rate": 16.2,
+             "limit": 15.0, "fullness": 1.0, "rejecting": 1.0},
+            {"quota": "api_user", "key": "00000000000000cd", "level": 3.5, "fill_rate": 0.25,
+             "limit": 15.0, "fullness": 0.1167, "rejecting": 0.0},
+        ]);
+        let text = render("http://r:7070/", &ov);
+        let expected = "\
+PER-KEY QUOTA  KEY               LEVEL  FULL%  FILL/S  REJECT%
+api_user       00000000000000ab     31    100    16.2      100
+api_user       00000000000000cd    3.5  11.67    0.25        0
+
+LIMITER";
+        assert!(text.contains(expected), "{text}");
+        // Without keys ranked there is no such table.
+        assert!(!render("http://r:7070/", &overview("admin")).contains("PER-KEY QUOTA"));
     }
 
     #[test]

@@ -247,9 +247,95 @@ pub fn specs_from_json(text: &str) -> Result<Vec<QuotaSpec>, SpecError> {
         // place carries it instead.
         let full = e.to_string();
         let suffix = format!(" at line {} column {}", e.line(), e.column());
-        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+        let mut message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+        if let Some(other) = sniff_other_format(text) {
+            // "expected value at line 1, column 1" says nothing to someone
+            // who wrote YAML.
+            (place.line, place.column) = (None, None);
+            message = format!(
+                "not JSON: it looks like {other}; {}",
+                FileFormat::WHAT_IS_READ
+            );
+        }
         SpecError::Parse(ParseError { place, message })
     })
+}
+
+/// The format a quota file is read in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileFormat {
+    /// `{"quotas": [...]}` or a bare list: every reader.
+    Json,
+    /// `[[quotas]]` tables: `sluice quota apply` only.
+    Toml,
+}
+
+impl FileFormat {
+    /// What each reader takes, for messages.
+    pub const WHAT_IS_READ: &'static str =
+        "quota files are JSON (nginx's sluice_quotas, the C ABI, \
+         sluice quota apply) or TOML (sluice quota apply, for a name ending in .toml); \
+         convert it to one of them";
+
+    /// The format of a quota file named `path`: TOML for a name ending in
+    /// `.toml` when the reader takes TOML (`toml`), JSON otherwise. A
+    /// name ending in `.yaml` or `.yml` is refused (YAML is not read),
+    /// and so is `.toml` where only JSON is read, saying what is.
+    pub fn for_path(path: &std::path::Path, toml: bool) -> Result<Self, String> {
+        let extension = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match extension.as_deref() {
+            Some("yaml" | "yml") => Err(format!(
+                "{}: YAML quota files are not read: {}",
+                path.display(),
+                Self::WHAT_IS_READ
+            )),
+            Some("toml") if toml => Ok(Self::Toml),
+            Some("toml") => Err(format!(
+                "{}: TOML quota files are read by sluice quota apply only; this reads JSON",
+                path.display()
+            )),
+            _ => Ok(Self::Json),
+        }
+    }
+}
+
+/// The format `text` looks written in when it is not JSON (its first
+/// character is not `{` or `[`, or it starts with a TOML table header):
+/// `YAML` or `TOML`; `None` when it looks like (broken) JSON or nothing
+/// recognisable.
+fn sniff_other_format(text: &str) -> Option<&'static str> {
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))?;
+    if first.starts_with("[[")
+        || (first.starts_with('[') && first.ends_with(']') && {
+            let inner = &first[1..first.len() - 1];
+            !inner.is_empty()
+                && inner
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        })
+    {
+        return Some("TOML");
+    }
+    if first.starts_with('{') || first.starts_with('[') {
+        return None;
+    }
+    if first.starts_with("---") || first.starts_with("%YAML") || first.starts_with("- ") {
+        return Some("YAML");
+    }
+    let key = first.split(':').next().unwrap_or("");
+    if first.contains(':') && !key.is_empty() && !key.contains(' ') && !key.contains('=') {
+        return Some("YAML");
+    }
+    if first.contains('=') {
+        return Some("TOML");
+    }
+    None
 }
 
 /// Parses a TOML quota file (`[[quotas]]` tables, the same fields), with
@@ -651,6 +737,68 @@ pub fn template_as_parent(parent: &str) -> ValidationError {
         "parent",
         format!("{parent:?} is a per-key template, which cannot be a parent"),
     )
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+    use std::path::Path;
+
+    /// The issue's case: a YAML file got "expected value at line 1, column
+    /// 1".
+    #[test]
+    fn yaml_is_refused_by_name_and_by_look_saying_what_is_read() {
+        let refused = FileFormat::for_path(Path::new("/etc/quotas.yaml"), true).unwrap_err();
+        assert!(
+            refused.contains("/etc/quotas.yaml: YAML quota files are not read")
+                && refused.contains("JSON")
+                && refused.contains("TOML"),
+            "{refused}"
+        );
+        assert!(FileFormat::for_path(Path::new("q.YML"), false).is_err());
+        let yaml = "# plans\nquotas:\n  - name: a\n    limit: 1\n";
+        let error = specs_from_json(yaml).unwrap_err().to_string();
+        assert!(
+            error.contains("it looks like YAML") && error.contains("quota files are JSON"),
+            "{error}"
+        );
+        for yaml in ["---\n- name: a\n", "- name: a\n  limit: 1\n", "name: a\n"] {
+            let error = specs_from_json(yaml).unwrap_err().to_string();
+            assert!(error.contains("looks like YAML"), "{yaml:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn toml_is_read_only_where_toml_is_and_named_elsewhere() {
+        assert_eq!(
+            FileFormat::for_path(Path::new("q.toml"), true),
+            Ok(FileFormat::Toml)
+        );
+        let refused = FileFormat::for_path(Path::new("q.toml"), false).unwrap_err();
+        assert!(refused.contains("sluice quota apply only"), "{refused}");
+        assert_eq!(
+            FileFormat::for_path(Path::new("q.json"), false),
+            Ok(FileFormat::Json)
+        );
+        assert_eq!(
+            FileFormat::for_path(Path::new("quotas"), true),
+            Ok(FileFormat::Json)
+        );
+        let error = specs_from_json("[[quotas]]\nname = \"a\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("looks like TOML"), "{error}");
+    }
+
+    #[test]
+    fn broken_json_keeps_its_own_message() {
+        let error = specs_from_json("{\"quotas\": [ {\"name\": \"a\",, } ]}")
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("looks like"), "{error}");
+        let error = specs_from_json("").unwrap_err().to_string();
+        assert!(!error.contains("looks like"), "{error}");
+    }
 }
 
 #[cfg(test)]

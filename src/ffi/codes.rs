@@ -21,6 +21,11 @@ pub const SLUICE_NO_KEY: c_int = 3;
 /// quota's own counter, which all such keys share; with `pass` it is not
 /// counted. A rejection is `SLUICE_REJECT`, whatever the mode.
 pub const SLUICE_KEY_OVERFLOW: c_int = 4;
+/// `sluice_wait_ready` only: the roots' quota set has not arrived within
+/// the time given (no root answered yet, or none is reachable). Checks
+/// meanwhile answer from what the table holds: `SLUICE_UNKNOWN` (pass)
+/// for a name it does not hold yet.
+pub const SLUICE_NOT_READY: c_int = 5;
 /// The call failed (not initialised, NULL or invalid argument, internal
 /// error); `sluice_last_error()` says why. A check that fails should be
 /// treated as a pass (fail open).

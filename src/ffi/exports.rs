@@ -10,6 +10,7 @@ use super::boundary::{
     boundary, boundary_string, c_name, c_name_nul, c_str, last_error, name_and_key, with_out,
 };
 use super::limiter;
+use crate::core::spec::FileFormat;
 
 /// Starts the process-wide limiter.
 ///
@@ -87,7 +88,8 @@ pub unsafe extern "C" fn sluice_load_quotas_json(json: *const c_char) -> c_int {
     })
 }
 
-/// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`.
+/// Like `sluice_load_quotas_json`, reading the JSON from the file at `path`
+/// (a name ending in `.yaml`, `.yml` or `.toml` is refused: JSON only).
 ///
 /// # Safety
 /// `path` must be NULL or point to a NUL-terminated string.
@@ -97,6 +99,7 @@ pub unsafe extern "C" fn sluice_load_quotas_file(path: *const c_char) -> c_int {
         // SAFETY: NULL-checked by c_str; NUL-terminated per the contract.
         let path = unsafe { c_str(path, "path") }?;
         let path = path.to_str().map_err(|_| "path is not UTF-8".to_string())?;
+        FileFormat::for_path(std::path::Path::new(path), false)?;
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
         limiter::load_quotas(&text)
     })
@@ -294,18 +297,44 @@ pub unsafe extern "C" fn sluice_reserve_key(
     })
 }
 
+/// Waits until the limiter holds the roots' quota set, at most
+/// `timeout_ms` milliseconds (0: only look; `UINT64_MAX`: no limit). A
+/// limiter started with roots has no quotas until its first sync with a
+/// root brings them, about one sync interval after `sluice_init`:
+/// meanwhile a check of a name the table does not hold (no seed from
+/// `sluice_load_quotas_*` has it) is `SLUICE_UNKNOWN` and passes
+/// uncounted. Call this after `sluice_init` to start limiting with the
+/// fleet's quotas. This call blocks the calling thread (sleeping, in
+/// steps of a few milliseconds); the checks never do.
+///
+/// Returns `SLUICE_PASS` once a root's whole quota set has arrived (at
+/// once for a limiter without roots, and ever after once it happened),
+/// `SLUICE_NOT_READY` when the time ran out first, or `SLUICE_ERROR` (not
+/// initialised, or `sluice_shutdown` was called meanwhile).
+#[no_mangle]
+pub extern "C" fn sluice_wait_ready(timeout_ms: u64) -> c_int {
+    boundary(|| limiter::wait_ready(timeout_ms))
+}
+
 /// Number of quotas loaded, or `SLUICE_ERROR` if not initialised.
 #[no_mangle]
 pub extern "C" fn sluice_quota_count() -> c_int {
     boundary(limiter::quota_count)
 }
 
-/// The sync thread's state as a JSON object (`cycles`, `all_roots_down`,
-/// `groups_down` with root groups: the groups whose shards are limited
-/// per host, and per root: `url`, `group`, `up`, `last_success`,
-/// `syncs`, `errors`, `last_error`, `round_trip`, `clock_offset`,
-/// `bytes_sent`, `bytes_received`, `dropped_deltas`, `dropped_returns`), or NULL on
-/// error. The caller owns the string and frees it with `sluice_free_string`.
+/// The sync thread's state as a JSON object, or NULL on error. The caller
+/// owns the string and frees it with `sluice_free_string`. Fields:
+/// `cycles` (sync cycles completed), `ready` (the roots' quota set is in,
+/// as `sluice_wait_ready` says; true without roots), `all_roots_down`,
+/// `groups_down` (with root groups only: the groups whose shards are
+/// limited per host), and `roots`, per root in configuration order:
+/// `url`, `group`, `up` (the last sync succeeded),
+/// `last_success_seconds_ago` (seconds since the last successful sync, to
+/// the millisecond; null before the first), `syncs`, `errors`,
+/// `last_error`, `round_trip_ms` (the last sync's round trip) and
+/// `clock_offset_ms` (the root's clock minus this host's), both in
+/// milliseconds to the microsecond, `bytes_sent`, `bytes_received`,
+/// `dropped_deltas`, `dropped_returns`.
 #[no_mangle]
 pub extern "C" fn sluice_sync_metrics_json() -> *mut c_char {
     boundary_string(limiter::sync_metrics_json)

@@ -7,13 +7,16 @@
 
 use std::ffi::{c_int, CString};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::codes::{
-    SLUICE_KEY_OVERFLOW, SLUICE_NO_KEY, SLUICE_PASS, SLUICE_REJECT, SLUICE_UNKNOWN,
+    SLUICE_KEY_OVERFLOW, SLUICE_NOT_READY, SLUICE_NO_KEY, SLUICE_PASS, SLUICE_REJECT,
+    SLUICE_UNKNOWN,
 };
 use super::config::Settings;
+use super::status::SyncStatus;
 use crate::core::spec::QuotaSet;
 use crate::sync::SyncHandle;
 use crate::table::file::{load_set, FileRole};
@@ -30,6 +33,26 @@ struct Limiter {
     has_roots: bool,
     /// The sync thread (standalone folding when there are no roots).
     sync: Mutex<Option<SyncHandle>>,
+    /// A root's whole quota set has arrived (or there are no roots): the
+    /// table holds the fleet's quotas. Never goes back.
+    ready: AtomicBool,
+}
+
+impl Limiter {
+    /// True once the table holds the roots' quota set (at once without
+    /// roots). The sync thread marks the table as holding seeds until a
+    /// root's whole quota set is in (`init` sets the mark first, so it
+    /// also stands for "nothing from a root yet"), and clears it then.
+    fn is_ready(&self) -> bool {
+        if self.ready.load(Ordering::Acquire) {
+            return true;
+        }
+        let ready = !self.has_roots || !self.table.holds_seeds();
+        if ready {
+            self.ready.store(true, Ordering::Release);
+        }
+        ready
+    }
 }
 
 static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(ptr::null_mut());
@@ -60,6 +83,11 @@ pub(super) fn init(config_json: Option<&str>) -> Result<c_int, String> {
     table.set_key_overflow(settings.key_overflow);
     table.set_estimator(settings.sync.estimator(settings.extrapolation));
     let has_roots = !settings.sync.roots.is_empty();
+    if has_roots {
+        // Until a root's whole quota set is in, whatever the table holds
+        // stands in (see `Limiter::is_ready`).
+        table.set_holds_seeds(true);
+    }
     let sync = SyncHandle::start(Arc::clone(&table), settings.sync)
         .map_err(|e| format!("cannot start the sluice sync thread: {e}"))?;
     let limiter = Box::new(Limiter {
@@ -67,6 +95,7 @@ pub(super) fn init(config_json: Option<&str>) -> Result<c_int, String> {
         loads: Mutex::new(()),
         has_roots,
         sync: Mutex::new(Some(sync)),
+        ready: AtomicBool::new(!has_roots),
     });
     LIMITER.store(Box::into_raw(limiter), Ordering::Release);
     Ok(SLUICE_PASS)
@@ -154,12 +183,40 @@ pub(super) fn reserve(
     ))
 }
 
+/// How often [`wait_ready`] looks again: a sync cycle is a second by
+/// default, a reply is applied as it arrives.
+const READY_POLL: Duration = Duration::from_millis(5);
+
+/// Waits up to `timeout_ms` for the roots' quota set: `SLUICE_PASS` once
+/// it is in (at once without roots), `SLUICE_NOT_READY` when the time ran
+/// out first.
+pub(super) fn wait_ready(timeout_ms: u64) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    // No deadline when it would overflow: wait until ready.
+    let deadline = Instant::now().checked_add(Duration::from_millis(timeout_ms));
+    loop {
+        if limiter.is_ready() {
+            return Ok(SLUICE_PASS);
+        }
+        if !ptr::eq(LIMITER.load(Ordering::Acquire), limiter) {
+            return Err("sluice_shutdown was called while waiting for the quota set".into());
+        }
+        let now = Instant::now();
+        let pause = match deadline {
+            Some(deadline) if now >= deadline => return Ok(SLUICE_NOT_READY),
+            Some(deadline) => READY_POLL.min(deadline - now),
+            None => READY_POLL,
+        };
+        std::thread::sleep(pause);
+    }
+}
+
 /// Number of quotas loaded.
 pub(super) fn quota_count() -> Result<c_int, String> {
     Ok(c_int::try_from(limiter()?.table.len()).unwrap_or(c_int::MAX))
 }
 
-/// The sync thread's metrics as JSON.
+/// The sync thread's state as JSON, in the units the header states.
 pub(super) fn sync_metrics_json() -> Result<CString, String> {
     let limiter = limiter()?;
     let metrics = limiter
@@ -169,7 +226,8 @@ pub(super) fn sync_metrics_json() -> Result<CString, String> {
         .as_ref()
         .map(|s| s.metrics())
         .unwrap_or_default();
-    let text = serde_json::to_string(&metrics).map_err(|e| e.to_string())?;
+    let status = SyncStatus::of(&metrics, limiter.is_ready(), crate::clock::now());
+    let text = serde_json::to_string(&status).map_err(|e| e.to_string())?;
     CString::new(text).map_err(|e| e.to_string())
 }
 

@@ -12,14 +12,17 @@
 //!   pointer arguments;
 //! - `config.rs` — `sluice_init`'s JSON, checked by the rules nginx's
 //!   directives follow;
-//! - `limiter.rs` — the process-wide limiter: init, shutdown, and what
-//!   each export does.
+//! - `limiter.rs` — the process-wide limiter: init, readiness,
+//!   shutdown, and what each export does;
+//! - `status.rs` — the sync state `sluice_sync_metrics_json` reports, in
+//!   seconds ago and milliseconds.
 
 mod boundary;
 mod codes;
 mod config;
 mod exports;
 mod limiter;
+mod status;
 
 pub use codes::*;
 pub use exports::*;

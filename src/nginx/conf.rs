@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ngx::ffi::{ngx_http_complex_value_t, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR};
+use ngx::ffi::{ngx_http_complex_value_t, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_WARN};
 use ngx::http::{Merge, MergeConfigError};
 
 use super::args::EmptyWeight;
+use super::headers::PolicyNames;
 use super::request_counters::RequestCounters;
+use super::unknown_names::UnknownNames;
 use super::util::ConfPosition;
 use super::zone_size::DEFAULT_KEYS_SIZE;
 use crate::core::key::KeySecret;
@@ -79,6 +81,9 @@ pub(crate) struct MainConf {
     pub table: Option<Arc<Table>>,
     /// The request counters in the zone (null until it is initialised).
     pub counters: *const RequestCounters,
+    /// When each unknown name was last logged, in the zone (null until it
+    /// is initialised).
+    pub unknown_names: *const UnknownNames,
 }
 
 // SAFETY: the raw zone pointer is only dereferenced by nginx's own thread.
@@ -90,6 +95,13 @@ impl MainConf {
         // SAFETY: set by the zone's init to memory of the zone, which
         // outlives the configuration that points at it.
         unsafe { self.counters.as_ref() }
+    }
+
+    /// The zone's record of unknown names logged, once the zone is
+    /// initialised.
+    pub fn unknown_names(&self) -> Option<&UnknownNames> {
+        // SAFETY: as for `counters`.
+        unsafe { self.unknown_names.as_ref() }
     }
 
     /// The sync interval in effect.
@@ -169,8 +181,14 @@ pub(crate) struct LocConf {
     pub dry_run: Option<bool>,
     /// `sluice_log_level` (an nginx log level).
     pub log_level: Option<ngx_uint_t>,
+    /// `sluice_unknown_log`: the level a check of a name no quota has is
+    /// logged at (`Some(None)`: `off`).
+    pub unknown_log: Option<Option<ngx_uint_t>>,
     /// `sluice_headers`.
     pub headers: Option<bool>,
+    /// `sluice_headers ... names=`: how the RateLimit fields name quotas
+    /// (given with `headers`, inherited with it).
+    pub header_names: PolicyNames,
     /// `sluice_wait_coalesce`, in milliseconds (0: off).
     pub wait_coalesce: Option<u64>,
     /// `sluice_wait_max`: at most this many requests held under the
@@ -204,6 +222,12 @@ impl LocConf {
         self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
     }
 
+    /// The level checks of unknown names are logged at; `None`: not
+    /// logged.
+    pub fn unknown_log_level(&self) -> Option<ngx_uint_t> {
+        self.unknown_log.unwrap_or(Some(NGX_LOG_WARN as ngx_uint_t))
+    }
+
     /// How much earlier than its turn a held request may be let go, in
     /// milliseconds, to share a wakeup the worker has anyway (0: never).
     pub fn wait_coalesce_ms(&self) -> u64 {
@@ -219,7 +243,11 @@ impl Merge for LocConf {
         self.status = self.status.or(prev.status);
         self.dry_run = self.dry_run.or(prev.dry_run);
         self.log_level = self.log_level.or(prev.log_level);
-        self.headers = self.headers.or(prev.headers);
+        self.unknown_log = self.unknown_log.or(prev.unknown_log);
+        if self.headers.is_none() {
+            self.headers = prev.headers;
+            self.header_names = prev.header_names;
+        }
         self.wait_coalesce = self.wait_coalesce.or(prev.wait_coalesce);
         self.wait_max = self.wait_max.or(prev.wait_max);
         Ok(())

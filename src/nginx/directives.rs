@@ -21,13 +21,14 @@ use super::args::{
 use super::conf::{
     Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight, DEFAULT_METRICS_TOP,
 };
+use super::headers::PolicyNames;
 use super::request_counters::WAIT_MAX_SLOTS;
 use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
 use super::zone_size::{check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MIN_ZONE_SIZE};
 use super::Module;
 use crate::core::key::KeySecret;
 use crate::core::quota::validate_name;
-use crate::core::spec::QuotaSet;
+use crate::core::spec::{FileFormat, QuotaSet};
 use crate::sync::config::{
     parse_root_url, validate_interval, validate_limiter_id, validate_token, MAX_ROOTS,
 };
@@ -230,6 +231,7 @@ directive_handler!(
     /// `sluice_quotas <file>;`
     set_quotas,
     |cf, mcf: &mut MainConf, args| {
+        FileFormat::for_path(std::path::Path::new(&*text(args[1])), false)?;
         let (path, json) = read_conf_file(cf, args[1], "quota file")?;
         let set = QuotaSet::from_json(&json)
             .map_err(|e| format!("invalid quota file \"{path}\": {e}"))?;
@@ -457,43 +459,96 @@ directive_handler!(
     }
 );
 
+/// `on` or `off`, in nginx's words when it is neither.
+fn flag(args: &[&[u8]], i: usize) -> Result<bool, String> {
+    parse_flag(args[i]).ok_or_else(|| {
+        format!(
+            "invalid value \"{}\" in \"{}\" directive, it must be \"on\" or \"off\"",
+            text(args[i]),
+            text(args[0])
+        )
+    })
+}
+
 directive_handler!(
-    /// `sluice_dry_run on|off;` and `sluice_headers on|off;`
-    set_flag,
+    /// `sluice_dry_run on|off;`
+    set_dry_run,
     |cf, lcf: &mut LocConf, args| {
-        let on = parse_flag(args[1]).ok_or_else(|| {
-            format!(
-                "invalid value \"{}\" in \"{}\" directive, it must be \"on\" or \"off\"",
-                text(args[1]),
-                text(args[0])
-            )
-        })?;
-        let slot = if args[0] == b"sluice_dry_run" {
-            &mut lcf.dry_run
-        } else {
-            &mut lcf.headers
-        };
-        once(slot, on, &args)
+        let on = flag(&args, 1)?;
+        once(&mut lcf.dry_run, on, &args)
     }
 );
+
+directive_handler!(
+    /// `sluice_headers on|off [names=on|hash|off];`
+    set_headers,
+    |cf, lcf: &mut LocConf, args| {
+        let on = flag(&args, 1)?;
+        let mut names = None;
+        for arg in &args[2..] {
+            let value = arg
+                .strip_prefix(b"names=")
+                .ok_or_else(|| format!("invalid parameter \"{}\"", text(arg)))?;
+            let parsed = PolicyNames::parse(value).ok_or_else(|| {
+                format!(
+                    "invalid value \"{}\": names= must be \"on\", \"hash\" or \"off\"",
+                    text(arg)
+                )
+            })?;
+            param_once(&mut names, parsed, arg)?;
+        }
+        if names.is_some() && !on {
+            return Err("\"names=\" needs \"sluice_headers on\"".into());
+        }
+        once(&mut lcf.headers, on, &args)?;
+        lcf.header_names = names.unwrap_or_default();
+        Ok(())
+    }
+);
+
+/// An nginx log level named as `error_log` names it (the levels sluice
+/// logs requests at).
+fn parse_log_level(arg: &[u8]) -> Result<ngx_uint_t, String> {
+    let level = match arg {
+        b"info" => NGX_LOG_INFO,
+        b"notice" => NGX_LOG_NOTICE,
+        b"warn" => NGX_LOG_WARN,
+        b"error" => NGX_LOG_ERR,
+        other => {
+            return Err(format!(
+                "invalid value \"{}\": must be \"info\", \"notice\", \"warn\" or \"error\"",
+                text(other)
+            ))
+        }
+    };
+    Ok(level as ngx_uint_t)
+}
 
 directive_handler!(
     /// `sluice_log_level info|notice|warn|error;`
     set_log_level,
     |cf, lcf: &mut LocConf, args| {
+        let level = parse_log_level(args[1])?;
+        once(&mut lcf.log_level, level, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_unknown_log off|info|notice|warn|error;` — the level a check
+    /// of a name no quota has is logged at (rate-limited per name).
+    set_unknown_log,
+    |cf, lcf: &mut LocConf, args| {
         let level = match args[1] {
-            b"info" => NGX_LOG_INFO,
-            b"notice" => NGX_LOG_NOTICE,
-            b"warn" => NGX_LOG_WARN,
-            b"error" => NGX_LOG_ERR,
-            other => {
-                return Err(format!(
-                    "invalid value \"{}\": must be \"info\", \"notice\", \"warn\" or \"error\"",
-                    text(other)
-                ))
-            }
+            b"off" => None,
+            level => Some(parse_log_level(level).map_err(|_| {
+                format!(
+                    "invalid value \"{}\": must be \"off\", \"info\", \"notice\", \"warn\" \
+                     or \"error\"",
+                    text(level)
+                )
+            })?),
         };
-        once(&mut lcf.log_level, level as ngx_uint_t, &args)
+        once(&mut lcf.unknown_log, level, &args)
     }
 );
 

@@ -40,6 +40,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use ngx::ffi::{
@@ -47,8 +48,8 @@ use ngx::ffi::{
     ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading, ngx_http_complex_value,
     ngx_http_complex_value_t, ngx_http_core_run_phases, ngx_http_finalize_request,
     ngx_http_request_t, ngx_http_test_reading, ngx_http_variable_value_t, ngx_int_t, ngx_msec_t,
-    ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_str_t, NGX_AGAIN, NGX_DECLINED,
-    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_pool_cleanup_add, ngx_post_event, ngx_posted_events, ngx_str_t, ngx_uint_t, NGX_AGAIN,
+    NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 
@@ -56,10 +57,11 @@ use super::args::{runtime_weight, wait_timer_ms, Answer, RequestStatus, Then, We
 use super::conf::{Check, LocConf, Weight};
 use super::headers::{rate_limit_fields, HeaderValue, Reset};
 use super::request_counters::RequestCounters;
+use super::unknown_names::{self, ShownName, UnknownNames};
 use super::util::{bytes, log, runtime_boundary, text};
 use super::Module;
 use crate::core::key::KeyHash;
-use crate::core::{Terms, Wait};
+use crate::core::{Nanos, Terms, Wait};
 use crate::table::{
     CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, Table, MAX_CHECKS,
 };
@@ -464,8 +466,20 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         dry_run,
         headroom: headers,
     };
+    let unknown_log = lcf.unknown_log_level();
+    // A name with no quota is skipped among known ones; the table's count
+    // of such checks moving is the cue to look for it (another worker's
+    // check may move it too: then no name is found unknown).
+    let unknown_before = unknown_log.map(|_| table.unknown_checks());
     let charged_at = crate::clock::now();
     let result = table.check_many(items, charged_at, options, crate::host::thread_unit);
+    if let (Some(level), Some(before), Some(names)) =
+        (unknown_log, unknown_before, mcf.unknown_names())
+    {
+        if result.outcome == Outcome::Unknown || table.unknown_checks() != before {
+            log_unknown(r, level, table, names, items, charged_at);
+        }
+    }
     let mut answer = Answer::of(&result, dry_run, headers);
     if let (Then::Hold(wait), Some(cap), Some(c)) = (answer.then, lcf.wait_max, counters) {
         if !c.take_hold(cap.slot, cap.max) {
@@ -503,7 +517,7 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         }
     }
     if answer.headers {
-        add_rate_limit_headers(r, table, items, &result, answer.reset);
+        add_rate_limit_headers(r, lcf, table, items, &result, answer.reset);
     }
     match answer.then {
         Then::Continue => declined,
@@ -517,6 +531,52 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
             hold(r, state, counters, wait, lcf.wait_coalesce_ms())
         }
         Then::Reject => lcf.status() as ngx_int_t,
+    }
+}
+
+/// Logs the checks of `items` whose names have no quota (at
+/// `sluice_unknown_log`), each the first time and then at most once a
+/// period per name ([`UnknownNames`]).
+fn log_unknown(
+    r: &mut ngx_http_request_t,
+    level: ngx_uint_t,
+    table: &Table,
+    names: &UnknownNames,
+    items: &[CheckItem],
+    now: Nanos,
+) {
+    for item in items {
+        if table.lookup(item.name).is_some() {
+            continue;
+        }
+        let Some(due) = names.note(item.name, now) else {
+            continue;
+        };
+        let name = ShownName(item.name);
+        let period = unknown_names::PERIOD;
+        let mut more = HeaderValue::default();
+        if due.repeats > 0 {
+            let _ = write!(more, "; {} check(s) of it since the last line", due.repeats);
+        }
+        if due.held_back > 0 {
+            let _ = write!(
+                more,
+                "; {} line(s) about other unknown names held back",
+                due.held_back
+            );
+        }
+        let more = more.as_str();
+        // SAFETY: the request's log; nginx appends client and request.
+        unsafe {
+            log(
+                level,
+                (*r.connection).log,
+                format_args!(
+                    "sluice: no quota is named \"{name}\": its checks pass uncounted \
+                     (logged at most once every {period}s per name{more})"
+                ),
+            )
+        }
     }
 }
 
@@ -819,10 +879,12 @@ impl<T: std::fmt::Display> std::fmt::Display for DisplayOr<T> {
     }
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for the tightest quota, and
-/// `Retry-After` when `retry` is given.
+/// Adds `RateLimit-Policy` and `RateLimit` for the tightest quota (named
+/// as `sluice_headers ... names=` says), and `Retry-After` when `retry`
+/// is given.
 fn add_rate_limit_headers(
     r: &mut ngx_http_request_t,
+    lcf: &LocConf,
     table: &Table,
     items: &[CheckItem],
     result: &ManyOutcome,
@@ -847,6 +909,8 @@ fn add_rate_limit_headers(
     let Ok(name) = std::str::from_utf8(name) else {
         return;
     };
+    let mut shown = HeaderValue::default();
+    let name = lcf.header_names.show(name, table.key_secret(), &mut shown);
     if let Some((policy, state)) = rate_limit_fields(name, &h.room, reset) {
         request.add_header_out("RateLimit-Policy", policy.as_str());
         request.add_header_out("RateLimit", state.as_str());

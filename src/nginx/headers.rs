@@ -4,6 +4,7 @@
 
 use std::fmt::{self, Write};
 
+use crate::core::key::KeySecret;
 use crate::core::{Room, Wait};
 
 /// A small text buffer on the stack for header values (no heap on the
@@ -40,6 +41,62 @@ impl Write for HeaderValue {
         self.len = end;
         Ok(())
     }
+}
+
+/// How the `RateLimit-Policy` and `RateLimit` fields name the quota
+/// (`sluice_headers on names=...`). A quota's name can tell a client more
+/// than its numbers (a tenant, a plan, a bucket), which the console hides
+/// from anyone without the admin token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PolicyNames {
+    /// `names=on`: the quota's name.
+    #[default]
+    Quota,
+    /// `names=hash`: 16 hex digits of a keyed hash of the name under the
+    /// fleet's key secret: the same on every host of a fleet, and not
+    /// computable from a guessed name without the secret (with the
+    /// built-in secret anyone who knows sluice can).
+    Hash,
+    /// `names=off`: every policy is named `quota`.
+    Off,
+}
+
+impl PolicyNames {
+    /// The value of `names=`.
+    pub fn parse(word: &[u8]) -> Option<Self> {
+        match word {
+            b"on" => Some(Self::Quota),
+            b"hash" => Some(Self::Hash),
+            b"off" => Some(Self::Off),
+            _ => None,
+        }
+    }
+
+    /// The name the fields give quota `quota`, written into `buf` when it
+    /// is not the quota's own.
+    pub fn show<'a>(self, quota: &'a str, secret: KeySecret, buf: &'a mut HeaderValue) -> &'a str {
+        match self {
+            Self::Quota => quota,
+            Self::Off => "quota",
+            Self::Hash => {
+                let id = policy_secret(secret).hash(quota.as_bytes());
+                match write!(buf, "{id:016x}") {
+                    Ok(()) => buf.as_str(),
+                    Err(_) => "quota",
+                }
+            }
+        }
+    }
+}
+
+/// The secret policy names are hashed with: derived from the key secret
+/// (a keyed hash of fixed text under it), so a policy id never equals the
+/// hash a key of the same text is counted under.
+fn policy_secret(secret: KeySecret) -> KeySecret {
+    KeySecret::from_words(
+        secret.hash(b"sluice RateLimit policy name, first word"),
+        secret.hash(b"sluice RateLimit policy name, second word"),
+    )
 }
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1; `None` when
@@ -148,6 +205,31 @@ mod tests {
         let (policy, state) = rate_limit_fields("api", &empty, Reset::Never).unwrap();
         assert_eq!(policy.as_str(), "\"api\";q=10;w=10000");
         assert_eq!(state.as_str(), "\"api\";r=10");
+    }
+
+    #[test]
+    fn policy_names_show_the_name_a_keyed_hash_or_nothing() {
+        let secret = KeySecret::from_file_contents(b"0123456789abcdef0123").unwrap();
+        let other = KeySecret::from_file_contents(b"another secret of a fleet").unwrap();
+        let show = |names: PolicyNames, quota: &str, secret| {
+            let mut buf = HeaderValue::default();
+            names.show(quota, secret, &mut buf).to_string()
+        };
+        assert_eq!(show(PolicyNames::Quota, "s3_photos", secret), "s3_photos");
+        assert_eq!(show(PolicyNames::Off, "s3_photos", secret), "quota");
+        let id = show(PolicyNames::Hash, "s3_photos", secret);
+        assert_eq!(id.len(), 16);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        // Stable for a fleet, different per quota and per secret.
+        assert_eq!(show(PolicyNames::Hash, "s3_photos", secret), id);
+        assert_ne!(show(PolicyNames::Hash, "s3_videos", secret), id);
+        assert_ne!(show(PolicyNames::Hash, "s3_photos", other), id);
+        // Not the hash a key "s3_photos" is counted under.
+        assert_ne!(format!("{:016x}", secret.hash(b"s3_photos")), id);
+        assert_eq!(PolicyNames::parse(b"hash"), Some(PolicyNames::Hash));
+        assert_eq!(PolicyNames::parse(b"on"), Some(PolicyNames::Quota));
+        assert_eq!(PolicyNames::parse(b"off"), Some(PolicyNames::Off));
+        assert_eq!(PolicyNames::parse(b"yes"), None);
     }
 
     #[test]

@@ -21,6 +21,9 @@
 //!   of `sluice_zone`.
 //! - `request_counters.rs` — what the access handler counts in the zone
 //!   beside the table (weight errors, unpassable rejections, holds).
+//! - `unknown_names.rs` — when a check of a name no quota has is logged:
+//!   the first time, then once a minute per name, from a fixed table in
+//!   the zone.
 //! - `headers.rs` — `Retry-After` (only when waiting can help) and the
 //!   `RateLimit` header values.
 //! - `prometheus.rs` — the Prometheus text of a limiter (table totals,
@@ -47,6 +50,7 @@ pub mod args;
 pub mod headers;
 pub mod prometheus;
 pub mod request_counters;
+pub mod unknown_names;
 pub mod zone_size;
 
 #[cfg(feature = "nginx")]

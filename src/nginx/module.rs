@@ -216,7 +216,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 20] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 21] = [
     directive(
         c"sluice_zone",
         HTTP | NGX_CONF_TAKE1,
@@ -298,7 +298,7 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 20] = [
     directive(
         c"sluice_dry_run",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        directives::set_flag,
+        directives::set_dry_run,
         LOC,
     ),
     directive(
@@ -308,9 +308,15 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 20] = [
         LOC,
     ),
     directive(
-        c"sluice_headers",
+        c"sluice_unknown_log",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        directives::set_flag,
+        directives::set_unknown_log,
+        LOC,
+    ),
+    directive(
+        c"sluice_headers",
+        ANY_LEVEL | NGX_CONF_TAKE12,
+        directives::set_headers,
         LOC,
     ),
     directive(

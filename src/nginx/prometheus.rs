@@ -7,6 +7,7 @@
 //! of per-key quotas appear by hash only, the [`TOP_KEYS`] with the
 //! highest level (at most `top`).
 
+use std::collections::HashMap;
 use std::fmt::Write;
 
 use crate::core::{Nanos, Terms};
@@ -61,7 +62,11 @@ pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String
 }
 
 fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
-    let busy = |q: &QuotaState| q.passed + q.rejected + q.dry_run;
+    let below = descendant_checks(&quotas);
+    // A quota is as busy as the checks through it, its descendants' too.
+    let busy = |q: &QuotaState| {
+        q.passed + q.rejected + q.dry_run + below.get(&q.quota.id).map_or(0, Checks::total)
+    };
     if quotas.len() > top {
         quotas.select_nth_unstable_by_key(top, |q| std::cmp::Reverse(busy(q)));
     }
@@ -73,7 +78,8 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
     quotas.sort_by(|a, b| a.quota.name.cmp(&b.quota.name));
     let _ = writeln!(
         out,
-        "# HELP sluice_checks_total Checks per quota and result (top {top} quotas)."
+        "# HELP sluice_checks_total Checks that named the quota, by result (top {top} quotas; \
+         checks of its descendants are in sluice_descendant_checks_total)."
     );
     let _ = writeln!(out, "# TYPE sluice_checks_total counter");
     for q in &quotas {
@@ -111,6 +117,7 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
             "sluice_checks_total{{quota=\"_other\",result=\"dry_run_rejected\"}} {dry_run}"
         );
     }
+    render_descendant_checks(out, &quotas, &below);
     let _ = writeln!(
         out,
         "# HELP sluice_quota_level Estimated bucket level per quota (top quotas)."
@@ -141,6 +148,77 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
             terms.kind(),
             q.quota.limit
         );
+    }
+}
+
+/// Checks by result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Checks {
+    passed: u64,
+    rejected: u64,
+    dry_run: u64,
+}
+
+impl Checks {
+    fn total(&self) -> u64 {
+        self.passed + self.rejected + self.dry_run
+    }
+}
+
+/// For each quota with descendants (by id), the checks that named one of
+/// them: a check is counted on the quota it names, and passes (and is
+/// counted) only when every ancestor passes too, so these are the checks
+/// that went through it. Summed from the tree as it is now.
+fn descendant_checks(quotas: &[QuotaState]) -> HashMap<u64, Checks> {
+    let parents: HashMap<u64, Option<u64>> = quotas
+        .iter()
+        .map(|q| (q.quota.id, q.quota.parent))
+        .collect();
+    let mut below: HashMap<u64, Checks> = HashMap::new();
+    for q in quotas {
+        let mut next = q.quota.parent;
+        // A chain is at most MAX_DEPTH long; the bound also stops a cycle
+        // a torn read could show.
+        for _ in 0..crate::core::quota::MAX_DEPTH {
+            let Some(id) = next else {
+                break;
+            };
+            let c = below.entry(id).or_default();
+            c.passed += q.passed;
+            c.rejected += q.rejected;
+            c.dry_run += q.dry_run;
+            next = parents.get(&id).copied().flatten();
+        }
+    }
+    below
+}
+
+/// `sluice_descendant_checks_total` of the quotas shown that have
+/// descendants.
+fn render_descendant_checks(out: &mut String, quotas: &[QuotaState], below: &HashMap<u64, Checks>) {
+    let _ = writeln!(
+        out,
+        "# HELP sluice_descendant_checks_total Checks that named a quota below this one \
+         (a child, a grandchild...) and so went through it, by the check's result: passed \
+         (counted here too), rejected (by this quota or another of the chain), \
+         dry_run_rejected (top quotas with descendants; from the tree as it is now).\n\
+         # TYPE sluice_descendant_checks_total counter"
+    );
+    for q in quotas {
+        let Some(c) = below.get(&q.quota.id) else {
+            continue;
+        };
+        let name = escape(&q.quota.name);
+        for (result, n) in [
+            ("passed", c.passed),
+            ("rejected", c.rejected),
+            ("dry_run_rejected", c.dry_run),
+        ] {
+            let _ = writeln!(
+                out,
+                "sluice_descendant_checks_total{{quota=\"{name}\",result=\"{result}\"}} {n}"
+            );
+        }
     }
 }
 
@@ -507,6 +585,47 @@ mod tests {
         assert!(!text.contains("quota=\"quiet\""));
         assert!(text.contains("sluice_unknown_checks_total 1\n"));
         assert!(text.contains("sluice_quotas 3\n"));
+    }
+
+    /// The issue's case: every photos request went through `s3_photos`,
+    /// whose own series said 0.
+    #[test]
+    fn an_ancestor_counts_the_checks_of_its_descendants() {
+        let t = Table::new_heap(8, 16);
+        let read = Quota::new(2, "s3_photos_read", 5.0, 3.0, 3.0).with_parent(Some(1));
+        let thumbs = Quota::new(3, "s3_photos_thumbs", 5.0, 2.0, 2.0).with_parent(Some(2));
+        let write = Quota::new(4, "s3_photos_write", 5.0, 2.0, 2.0).with_parent(Some(1));
+        t.apply_quotas(&[
+            Quota::new(1, "s3_photos", 100.0, 100.0, 100.0),
+            read,
+            thumbs,
+            write,
+        ]);
+        t.check(b"s3_photos_thumbs", 1, 0);
+        for _ in 0..5 {
+            t.check(b"s3_photos_read", 1, 0);
+        }
+        t.check(b"s3_photos_write", 1, 0);
+        let text = render(&t, &[], 10, 0);
+        let has = |line: &str| assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
+        has("sluice_checks_total{quota=\"s3_photos\",result=\"passed\"} 0");
+        // The thumbnail passed through both ancestors, two of the reads
+        // passed and three were rejected (by s3_photos_read), the write
+        // passed.
+        has("sluice_descendant_checks_total{quota=\"s3_photos\",result=\"passed\"} 4");
+        has("sluice_descendant_checks_total{quota=\"s3_photos\",result=\"rejected\"} 3");
+        has("sluice_descendant_checks_total{quota=\"s3_photos_read\",result=\"passed\"} 1");
+        has("sluice_descendant_checks_total{quota=\"s3_photos_read\",result=\"rejected\"} 0");
+        // A leaf has no descendant series.
+        assert!(!text.contains("sluice_descendant_checks_total{quota=\"s3_photos_thumbs\""));
+        // An ancestor busy only through its descendants still makes the top.
+        let top = render(&t, &[], 1, 0);
+        assert!(
+            top.contains(
+                "sluice_descendant_checks_total{quota=\"s3_photos\",result=\"passed\"} 4\n"
+            ),
+            "{top}"
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ use ngx::http::HttpModule;
 
 use super::conf::MainConf;
 use super::request_counters::RequestCounters;
+use super::unknown_names::UnknownNames;
 use super::util::{bytes, log, runtime_boundary};
 use super::zone_size::{AVG_NAME_BYTES, DEFAULT_ZONE_SIZE};
 use super::Module;
@@ -40,12 +41,13 @@ const ZONE_NAME: &str = "sluice";
 
 /// Where the table region lives, kept in the zone itself (the slab pool's
 /// `data` points here) so a later cycle finds it; and the request counts
-/// only nginx keeps.
+/// only nginx keeps, and when each unknown name was last logged.
 #[repr(C)]
 struct ZoneHead {
     base: *mut u8,
     len: usize,
     counters: RequestCounters,
+    unknown: UnknownNames,
 }
 
 /// This machine's physical memory, if the system says.
@@ -195,7 +197,14 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
     mcf.table = Some(Arc::new(table));
     // SAFETY: `create` or an earlier cycle stored the head in the pool's
     // `data`; it lives as long as the zone.
-    mcf.counters = unsafe { std::ptr::addr_of!((*(*pool).data.cast::<ZoneHead>()).counters) };
+    let head = unsafe { (*pool).data.cast::<ZoneHead>() };
+    // SAFETY: as above.
+    (mcf.counters, mcf.unknown_names) = unsafe {
+        (
+            std::ptr::addr_of!((*head).counters),
+            std::ptr::addr_of!((*head).unknown),
+        )
+    };
     Ok(())
 }
 
@@ -230,6 +239,7 @@ fn create(pool: *mut ngx_slab_pool_t, zone_size: usize, key_bytes: usize) -> Res
                 (*head).len = len;
                 // The slab allocator does not zero.
                 std::ptr::addr_of_mut!((*head).counters).write(RequestCounters::default());
+                std::ptr::addr_of_mut!((*head).unknown).write(UnknownNames::default());
                 (*pool).data = head.cast();
                 return Ok(table);
             }

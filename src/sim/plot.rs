@@ -1,6 +1,7 @@
 //! SVG plots of a run, in the style of YARL's graphs: per quota, offered
 //! load, admitted (2xx) and rejected (429) per second against the limit,
 //! and below it the true cluster level against the hosts' estimates.
+//! Each panel's legend stands right of its plot, never over the data.
 //!
 //! A window quota's limit is units per window, not per second: its upper
 //! panel counts each window's units from the window's start, against the
@@ -12,6 +13,7 @@
 
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::series::{QuotaSeries, Series};
 
@@ -21,9 +23,16 @@ const REJECTED: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 const IDEAL: RGBColor = RGBColor(0x7f, 0x7f, 0x7f);
 const TRUTH: RGBColor = RGBColor(0x00, 0x00, 0x00);
 const ESTIMATE: RGBColor = RGBColor(0xff, 0x7f, 0x0e);
+const LOW_BURST: RGBColor = RGBColor(0x17, 0x8a, 0x9e);
+const HIGH_BURST: RGBColor = RGBColor(0x94, 0x67, 0xbd);
 
 /// Width of the image, pixels.
-const WIDTH: u32 = 960;
+const WIDTH: u32 = 1160;
+/// Width kept right of each panel's plot for its legend, pixels: the
+/// legend never covers data.
+const LEGEND: u32 = 200;
+/// Height of one legend line, pixels.
+const LEGEND_ROW: i32 = 16;
 /// Height of one panel, pixels.
 const PANEL: u32 = 250;
 
@@ -69,6 +78,7 @@ fn chart<'a, 'b>(
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 16))
         .margin(8)
+        .margin_right(LEGEND)
         .x_label_area_size(28)
         .y_label_area_size(56)
         .build_cartesian_2d(0f64..seconds as f64, 0f64..top)
@@ -85,15 +95,69 @@ fn chart<'a, 'b>(
     Ok(chart)
 }
 
-/// Draws a panel's legend in its upper right corner.
-fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(err)
+/// A line of a legend: what it names and how that is drawn.
+struct Entry {
+    label: String,
+    style: ShapeStyle,
+    dashed: bool,
+}
+
+impl Entry {
+    fn solid(label: impl Into<String>, style: ShapeStyle) -> Self {
+        Self {
+            label: label.into(),
+            style,
+            dashed: false,
+        }
+    }
+
+    fn dashed(label: impl Into<String>, style: ShapeStyle) -> Self {
+        Self {
+            label: label.into(),
+            style,
+            dashed: true,
+        }
+    }
+}
+
+/// Draws a panel's legend right of its plot, in the room [`chart`] keeps
+/// there, so it never covers data. Drawn on the panel itself: plotters'
+/// own legend is clipped to the plot.
+fn legend(area: &Area, chart: &Chart, entries: &[Entry]) -> Result<(), String> {
+    let (xs, ys) = chart.plotting_area().get_pixel_range();
+    let (base_x, base_y) = area.get_base_pixel();
+    let (x, y) = (xs.end - base_x + 12, ys.start - base_y);
+    let height = entries.len() as i32 * LEGEND_ROW + 8;
+    area.draw(&Rectangle::new(
+        [(x, y), (x + LEGEND as i32 - 24, y + height)],
+        BLACK.mix(0.3),
+    ))
+    .map_err(err)?;
+    for (i, e) in entries.iter().enumerate() {
+        let mid = y + 4 + i as i32 * LEGEND_ROW + LEGEND_ROW / 2;
+        let segments: &[(i32, i32)] = if e.dashed {
+            &[(6, 12), (16, 22)]
+        } else {
+            &[(6, 22)]
+        };
+        for &(from, to) in segments {
+            area.draw(&PathElement::new(
+                vec![(x + from, mid), (x + to, mid)],
+                e.style,
+            ))
+            .map_err(err)?;
+        }
+        area.draw(&Text::new(
+            e.label.as_str(),
+            (x + 28, mid),
+            ("sans-serif", 12)
+                .into_font()
+                .into_text_style(area)
+                .pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(err)?;
+    }
+    Ok(())
 }
 
 /// Offered, admitted and rejected per second, with the limit and what the
@@ -133,14 +197,12 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
         ("admitted (2xx)", ADMITTED, |b| b.admitted),
         ("rejected (429)", REJECTED, |b| b.rejected),
     ];
+    let mut entries = Vec::new();
     for (name, color, f) in series {
         chart
             .draw_series(LineSeries::new(line(f), color.stroke_width(2)))
-            .map_err(err)?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+            .map_err(err)?;
+        entries.push(Entry::solid(name, color.stroke_width(2)));
     }
     chart
         .draw_series(DashedLineSeries::new(
@@ -149,9 +211,11 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
             3,
             IDEAL.stroke_width(1),
         ))
-        .map_err(err)?
-        .label("ideal limiter admitted")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], IDEAL));
+        .map_err(err)?;
+    entries.push(Entry::dashed(
+        "ideal limiter admitted",
+        IDEAL.stroke_width(1),
+    ));
     chart
         .draw_series(DashedLineSeries::new(
             [(0.0, q.limit), (seconds as f64, q.limit)],
@@ -159,10 +223,12 @@ fn rates(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
             4,
             BLACK.stroke_width(1),
         ))
-        .map_err(err)?
-        .label(format!("limit {}", q.terms))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-    legend(&mut chart)
+        .map_err(err)?;
+    entries.push(Entry::dashed(
+        format!("limit {}", q.terms),
+        BLACK.stroke_width(1),
+    ));
+    legend(area, &chart, &entries)
 }
 
 /// A field of `per_second`'s bins counted from the start of each window
@@ -209,36 +275,40 @@ fn levels(area: &Area, q: &QuotaSeries, seconds: usize) -> Result<(), String> {
     };
     chart
         .draw_series(LineSeries::new(at(|l| l.truth), TRUTH.stroke_width(2)))
-        .map_err(err)?
-        .label("true cluster level")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], TRUTH.stroke_width(2)));
+        .map_err(err)?;
     chart
         .draw_series(LineSeries::new(
             at(|l| l.est_mean),
             ESTIMATE.stroke_width(2),
         ))
-        .map_err(err)?
-        .label("hosts' estimate (mean)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ESTIMATE.stroke_width(2)));
+        .map_err(err)?;
+    let spread = ESTIMATE.mix(0.4).stroke_width(1);
     let bounds: [fn(&super::series::LevelSample) -> f64; 2] = [|l| l.est_min, |l| l.est_max];
     for f in bounds {
         chart
-            .draw_series(LineSeries::new(at(f), ESTIMATE.mix(0.4).stroke_width(1)))
+            .draw_series(LineSeries::new(at(f), spread))
             .map_err(err)?;
     }
-    for (name, y) in [("low_burst", q.low_burst), ("high_burst", q.high_burst)] {
+    let mut entries = vec![
+        Entry::solid("true cluster level", TRUTH.stroke_width(2)),
+        Entry::solid("hosts' estimate (mean)", ESTIMATE.stroke_width(2)),
+        Entry::solid("hosts' estimates (min, max)", spread),
+    ];
+    for (name, y, color) in [
+        ("low_burst", q.low_burst, LOW_BURST),
+        ("high_burst", q.high_burst, HIGH_BURST),
+    ] {
         chart
             .draw_series(DashedLineSeries::new(
                 [(0.0, y), (seconds as f64, y)],
                 8,
                 4,
-                BLACK.mix(0.6).stroke_width(1),
+                color.stroke_width(1),
             ))
-            .map_err(err)?
-            .label(name)
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.6)));
+            .map_err(err)?;
+        entries.push(Entry::dashed(name, color.stroke_width(1)));
     }
-    legend(&mut chart)
+    legend(area, &chart, &entries)
 }
 
 #[cfg(test)]
@@ -288,5 +358,60 @@ mod tests {
             !doc.contains("units / s"),
             "a window quota's axis is not per second"
         );
+    }
+
+    /// The x where the text ending in `label` starts.
+    fn text_x(doc: &str, label: &str) -> i32 {
+        let end = doc
+            .find(&format!("{label}\n</text>"))
+            .unwrap_or_else(|| panic!("no {label:?}"));
+        let start = doc[..end].rfind("<text").unwrap();
+        let x = &doc[start..end][doc[start..end].find("x=\"").unwrap() + 3..];
+        x[..x.find('"').unwrap()].parse().unwrap()
+    }
+
+    /// The x of every point of the lines drawn in `color`.
+    fn line_xs(doc: &str, color: RGBColor) -> Vec<i32> {
+        let stroke = format!("stroke=\"#{:02X}{:02X}{:02X}\"", color.0, color.1, color.2);
+        doc.lines()
+            .filter(|l| l.starts_with("<polyline") && l.contains(&stroke))
+            .flat_map(|l| {
+                let points = &l[l.find("points=\"").unwrap() + 8..];
+                points[..points.find('"').unwrap()]
+                    .split_whitespace()
+                    .filter_map(|p| p.split(',').next()?.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect()
+    }
+
+    /// The issue's three complaints: the legend covered data, low and
+    /// high burst shared one grey, and the hosts' spread was not named.
+    #[test]
+    fn the_legend_is_beside_the_data_and_names_every_line_in_its_own_colour() {
+        let mut s = Series::new(60, &crate::sim::series::tests::quotas(&["q"]));
+        for b in &mut s.quotas[0].bins {
+            (b.offered, b.admitted) = (30, 20);
+        }
+        let doc = svg(&s, "test").unwrap();
+        // The offered line runs across the plot, to its right edge; the
+        // legend's sample of it and every label are right of that.
+        let offered = line_xs(&doc, OFFERED);
+        let plot_right = offered.iter().copied().filter(|&x| x < 900).max().unwrap();
+        assert!(offered.len() > 60, "{offered:?}");
+        let limit = format!("\nlimit {}", s.quotas[0].terms);
+        for label in [
+            "offered",
+            limit.as_str(),
+            "true cluster level",
+            "estimates (min, max)",
+        ] {
+            assert!(text_x(&doc, label) > plot_right, "{label} over the data");
+        }
+        assert!(text_x(&doc, "low_burst") > plot_right && text_x(&doc, "high_burst") > plot_right);
+        // Two colours for the two bursts, each drawn (line and sample).
+        let (low, high) = (line_xs(&doc, LOW_BURST), line_xs(&doc, HIGH_BURST));
+        assert!(!low.is_empty() && !high.is_empty());
+        assert_ne!(LOW_BURST, HIGH_BURST);
     }
 }

@@ -350,6 +350,15 @@ impl Limiter {
         })
     }
 
+    /// The next request, carrying `deltas` as `(key hash, weight)` for the
+    /// keys of the per-key quota `id`.
+    pub fn keyed_request(&self, id: u64, deltas: &[(u64, u64)]) -> Value {
+        let mut request = self.request(&[]);
+        let deltas: Vec<Value> = deltas.iter().map(|&(k, d)| json!([k, d])).collect();
+        request["keyed"] = json!([{"id": id, "deltas": deltas}]);
+        request
+    }
+
     /// Takes in a sync reply.
     pub fn absorb(&mut self, reply: &Value) {
         for quota in reply["quotas"].as_array().expect("quotas in the reply") {

@@ -32,14 +32,15 @@ def wait_until(predicate, timeout=10.0, what="condition"):
 
 
 class Root:
-    """A `sluice root` process on a loopback port the kernel picked, with SQLite
-    in tmp; ready (its /healthz answers 200) once constructed."""
+    """A `sluice root` process on a loopback port the kernel picked (or at
+    `listen`), with SQLite in tmp; ready (its /healthz answers 200) once
+    constructed. A root started again on the same tmp has the same quotas."""
 
-    def __init__(self, tmp, *args):
+    def __init__(self, tmp, *args, listen="127.0.0.1:0"):
         self.log_path = tmp / "root.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [SLUICE_BIN, "root", "--listen", "127.0.0.1:0", "--db", f"sqlite://{tmp}/quotas.db",
+            [SLUICE_BIN, "root", "--listen", listen, "--db", f"sqlite://{tmp}/quotas.db",
              "--reload-interval", "100ms", "--log-format", "json", *args],
             stdout=self._log, stderr=subprocess.STDOUT,
         )

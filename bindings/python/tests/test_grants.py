@@ -158,3 +158,34 @@ def test_key_overflow_pass_lets_a_key_without_room_through_uncounted():
         assert got == {Decision.KEY_OVERFLOW}
     with pytest.raises(SluiceError, match="key_overflow"):
         sluice.Limiter(capacity=1000, key_overflow="sometimes")
+
+
+def test_every_call_answers_with_the_decision_enum_never_a_bare_int():
+    """The issue's report: ``check()`` returned bare ints. Every call, on
+    every outcome (keyed or not, a key without room included), answers
+    with a ``Decision`` member: ``type(d) is Decision``, so ``d.name`` and
+    ``d.allowed`` always work and a 0 (PASS) is never falsy."""
+    with sluice.Limiter(capacity=100, key_capacity=0) as lim:
+        lim.load_quotas(QUOTAS)
+        seen = {
+            "check pass": lim.check("batch", 1),
+            "check reject": lim.check("batch", 100),
+            "check unknown": lim.check("nothing_here"),
+            "check no key": lim.check("per_user"),
+            "check_key overflow": lim.check("per_user", key="k"),
+            "check_key reject": lim.check("per_user", 5, key="k"),
+            "obtain pass": lim.obtain("batch", 1).decision,
+            "obtain reject": lim.obtain("slow", 5).decision,
+            "obtain unknown": lim.obtain("nothing_here", 1).decision,
+            "obtain no key": lim.obtain("per_user", 1, key="").decision,
+            "obtain_key overflow": lim.obtain("per_user", 1, key="k2").decision,
+            "reserve pass": lim.reserve("slow", 1).decision,
+            "reserve reject": lim.reserve("slow", 5).decision,
+            "reserve unknown": lim.reserve("nothing_here").decision,
+            "reserve no key": lim.reserve("per_user", key="").decision,
+            "reserve_key overflow": lim.reserve("per_user", key="k3").decision,
+        }
+    wrong = {what: d for what, d in seen.items() if type(d) is not Decision}
+    assert wrong == {}
+    assert {d for d in seen.values()} == set(Decision), seen
+    assert seen["check pass"] and seen["check pass"].name == "PASS"

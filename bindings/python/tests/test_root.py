@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import sluice
 from sluice import Decision
 
@@ -99,8 +101,49 @@ def test_sync_metrics_show_the_root_up(root):
         wait_until(lambda: first_root(lim).get("syncs", 0) >= 2, what="two syncs")
         metrics = lim.sync_metrics()
         assert metrics["all_roots_down"] is False
-        assert metrics["roots"][0]["url"] == root.url
-        assert metrics["roots"][0]["up"] is True
+        assert metrics["ready"] is True
+        first = metrics["roots"][0]
+        assert first["url"] == root.url
+        assert first["up"] is True
+        # Seconds since the last sync and milliseconds, not the sync
+        # thread's clock and nanoseconds.
+        assert 0 <= first["last_success_seconds_ago"] < 5
+        assert 0 < first["round_trip_ms"] < 5000
+        assert "last_success" not in first and "round_trip" not in first
+
+
+def test_a_check_before_the_quota_set_arrives_is_unknown_and_wait_ready_waits_for_it(tmp_path):
+    # The quota is in the root's database before the limiter starts...
+    first = Root(tmp_path)
+    first.put_quota("ready_q", limit=0.001, low_burst=2, high_burst=2)
+    address = first.url.removeprefix("http://")
+    first.stop()
+    # ...but the root is not answering yet when the limiter starts.
+    with sluice.Limiter(roots=[first.url], **FAST) as lim:
+        assert lim.check("ready_q") is Decision.UNKNOWN, "no quota before the first sync"
+        assert lim.wait_ready(0) is False
+        assert lim.wait_ready(0.3) is False
+        assert lim.sync_metrics()["ready"] is False
+        again = Root(tmp_path, listen=address)
+        try:
+            assert lim.wait_ready(15) is True
+            assert lim.sync_metrics()["ready"] is True
+            # Counted from now on: the UNKNOWN above counted nothing.
+            assert [lim.check("ready_q") for _ in range(3)] == [
+                Decision.PASS, Decision.PASS, Decision.REJECT]
+            wait_until(lambda: again.call("GET", "/v1/quotas/ready_q")[1]["level"] >= 1.99,
+                       what="the root to count the two checks")
+            assert lim.wait_ready(0) is True, "ready stays ready"
+        finally:
+            again.stop()
+
+
+def test_a_standalone_limiter_is_ready_at_once():
+    with sluice.Limiter(capacity=100) as lim:
+        assert lim.wait_ready(0) is True
+        assert lim.sync_metrics()["ready"] is True
+    with pytest.raises(sluice.SluiceError):
+        lim.wait_ready(0)
 
 
 def test_with_every_root_down_limits_become_per_host(root):

@@ -42,8 +42,10 @@ pub struct KeyView {
     /// The key's hash: 16 hex digits.
     pub key: String,
     /// Cluster level now, as this root sums it.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub level: f64,
     /// Units per second arriving at this root for the key, smoothed.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub fill_rate: f64,
 }
 

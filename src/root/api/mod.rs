@@ -22,7 +22,9 @@
 //!   pace, slots, syncs in flight per limiter.
 //! - `error.rs` — the error reply.
 //! - `sync.rs`, `quotas.rs`, `apply.rs`, `ops.rs` — the handlers.
-//! - `view.rs` — a quota as the admin API shows it.
+//! - `view.rs` — a quota as the admin API shows it; `round.rs` — its
+//!   computed numbers (and the overview's, `/healthz`'s) written without
+//!   float noise.
 //! - `keys.rs` — the keys of a per-key quota, by hash.
 //! - `overview.rs` — `GET /v1/overview`, shared by the console and
 //!   `sluice top`; `ui.rs` — the console's static files (`../ui/`).
@@ -34,6 +36,7 @@ mod keys;
 mod ops;
 pub mod overview;
 mod quotas;
+mod round;
 mod sync;
 mod ui;
 mod view;

@@ -29,7 +29,10 @@ struct HealthReply {
     #[serde(skip_serializing_if = "Option::is_none")]
     db_error: Option<String>,
     /// Seconds since the database went down, while it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::root::api::round::seconds_opt"
+    )]
     db_down_secs: Option<f64>,
     backend: &'static str,
     instance: String,

@@ -147,8 +147,10 @@ pub struct DbPart {
     /// the root loaded; `error` says why).
     pub writable: bool,
     /// Seconds it has been down, while it is.
+    #[serde(serialize_with = "crate::root::api::round::seconds_opt")]
     pub down_seconds: Option<f64>,
     /// Seconds since the last successful reload.
+    #[serde(serialize_with = "crate::root::api::round::seconds_opt")]
     pub reload_age_seconds: Option<f64>,
     /// Failed operations since start.
     pub failures: u64,
@@ -176,16 +178,19 @@ pub struct Totals {
     /// Limiters that synced in the last five minutes.
     pub limiters_active: usize,
     /// Syncs per second between the last two samples (null for the first).
+    #[serde(serialize_with = "crate::root::api::round::significant_opt")]
     pub syncs_per_second: Option<f64>,
     /// Units admitted per second, each unit once: summed over the ranked
     /// top-level quotas (a unit counts on its quota and every ancestor, so
     /// the top of its tree sees it once), a top-level per-key quota's
     /// over its keys.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub admitted_per_second: f64,
     /// Checks rejected per second as the limiters report them, summed over
     /// the ranked quotas' `rejected_rate` (a rejection counts on the quota
     /// the request named, a per-key quota's on the quota, so each counts
     /// once).
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub rejected_per_second: f64,
     /// Ranked quotas (per-key ones included) whose `rejected_rate` is not
     /// 0 (at least [`super::view::LEAST_REJECTED_RATE`]): 0 exactly when
@@ -200,9 +205,11 @@ pub struct Totals {
 #[derive(Debug, Serialize)]
 pub struct Sampled {
     /// Seconds since the sample was taken.
+    #[serde(serialize_with = "crate::root::api::round::seconds")]
     pub age_seconds: f64,
     /// Seconds between this sample and the one before (what
     /// `syncs_per_second` is averaged over).
+    #[serde(serialize_with = "crate::root::api::round::seconds_opt")]
     pub rate_window_seconds: Option<f64>,
     /// Counters ranked.
     pub counters_scanned: usize,
@@ -223,9 +230,11 @@ pub struct BusyQuota {
     #[serde(flatten)]
     pub quota: QuotaView,
     /// `level / high_burst`: 1 is full.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub fullness: f64,
     /// Share of checks of weight 1 the decision rejects at this level
     /// (0 below `low_burst`, rising across the band, 1 from `high_burst`).
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub rejecting: f64,
     /// A per-key quota's keys (absent for other quotas).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -251,16 +260,20 @@ pub struct BusyKey {
     /// The key's hash, 16 hex digits.
     pub key: String,
     /// The key's level.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub level: f64,
     /// The key's fill rate, units per second.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub fill_rate: f64,
     /// The template's limit.
     pub limit: f64,
     /// The template's limit in its own terms (`15 /s per key`).
     pub terms: String,
     /// `level / high_burst`: 1 is full.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub fullness: f64,
     /// Share of checks of weight 1 the decision rejects at this level.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub rejecting: f64,
 }
 
@@ -270,13 +283,16 @@ pub struct RecentLimiter {
     /// Its id.
     pub id: String,
     /// Seconds since its last sync.
+    #[serde(serialize_with = "crate::root::api::round::seconds")]
     pub last_sync_seconds_ago: f64,
     /// Syncs since the root started.
     pub syncs: u64,
     /// Root clock minus its clock, as it last reported (null until it
     /// does; limiters older than this root's console do not).
+    #[serde(serialize_with = "crate::root::api::round::seconds_opt")]
     pub clock_offset_seconds: Option<f64>,
     /// The round trip that offset comes from: its error is at most half.
+    #[serde(serialize_with = "crate::root::api::round::seconds_opt")]
     pub round_trip_seconds: Option<f64>,
     /// Its deltas the root clipped as more than it could have admitted
     /// (see [`crate::root::trust`]); 0 for an honest limiter.

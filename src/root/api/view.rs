@@ -57,12 +57,15 @@ pub struct QuotaView {
     pub epoch: u64,
     /// Cluster level now, as this root sums it (for a window quota, the
     /// current window's count; sliding: with the previous window's share).
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub level: f64,
     /// Units per second arriving at this root, smoothed.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub fill_rate: f64,
     /// Checks per second the limiters syncing with this root reject,
     /// smoothed, 0 below [`LEAST_REJECTED_RATE`] (limiters older than this
     /// field report none); a per-key template's are every key's.
+    #[serde(serialize_with = "crate::root::api::round::significant")]
     pub rejected_rate: f64,
     /// Limiters that recently sent weight for this quota (single-quota
     /// reads only).
@@ -76,6 +79,7 @@ pub struct LimiterSeen {
     /// The limiter's id.
     pub limiter: String,
     /// Seconds since its last delta for the quota.
+    #[serde(serialize_with = "crate::root::api::round::seconds")]
     pub seconds_ago: f64,
 }
 

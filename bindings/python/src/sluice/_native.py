@@ -16,6 +16,7 @@ SLUICE_REJECT = 1
 SLUICE_UNKNOWN = 2
 SLUICE_NO_KEY = 3
 SLUICE_KEY_OVERFLOW = 4
+SLUICE_NOT_READY = 5
 SLUICE_ERROR = -1
 
 _c_str = ctypes.c_char_p
@@ -29,6 +30,8 @@ _SIGNATURES = {
     "sluice_load_quotas_json": (_c_int, [_c_str]),
     "sluice_load_quotas_file": (_c_int, [_c_str]),
     "sluice_quota_count": (_c_int, []),
+    # Sleeps until the roots' quota set is in: never with the GIL held.
+    "sluice_wait_ready": (_c_int, [ctypes.c_uint64]),
     # c_void_p, not c_char_p: ctypes would copy a c_char_p result into
     # bytes and lose the pointer that sluice_free_string needs.
     "sluice_sync_metrics_json": (ctypes.c_void_p, []),

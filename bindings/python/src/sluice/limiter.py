@@ -294,13 +294,36 @@ class Limiter:
             (sleep or _sleep)(reservation.wait_ns / 1e9)
         return reservation
 
+    def wait_ready(self, timeout=None):
+        """Waits until the limiter holds the roots' quota set, at most
+        ``timeout`` seconds (``None``: as long as it takes; 0: only look).
+
+        A limiter started with roots has no quotas until its first sync
+        brings them, about one sync interval later: until then a check of a
+        name it does not hold is ``Decision.UNKNOWN`` and passes uncounted.
+        Returns True once the set is in (at once without roots), False when
+        the time ran out first (``sluice_wait_ready``). Other Python threads
+        run meanwhile.
+        """
+        if timeout is None:
+            timeout_ms = _MAX_U64
+        elif not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
+        else:
+            timeout_ms = min(math.ceil(timeout * 1000), _MAX_U64)
+        code = self._call(self._native.lib.sluice_wait_ready, timeout_ms)
+        return code == _native.SLUICE_PASS
+
     def quota_count(self):
         """The number of quotas in the table."""
         return self._call(self._native.lib.sluice_quota_count)
 
     def sync_metrics(self):
-        """The sync thread's state as a dict (``cycles``, ``all_roots_down``,
-        ``roots``: per root ``url``, ``up``, ``syncs``, ``errors``, ...)."""
+        """The sync thread's state as a dict: ``cycles``, ``ready`` (see
+        ``wait_ready``), ``all_roots_down``, ``roots``: per root ``url``,
+        ``up``, ``last_success_seconds_ago`` (None before the first),
+        ``syncs``, ``errors``, ``last_error``, ``round_trip_ms``,
+        ``clock_offset_ms``, ... (include/sluice.h has them all)."""
         if self._closed:
             raise SluiceError(_CLOSED)
         text = self._native.take_string(self._native.lib.sluice_sync_metrics_json())
