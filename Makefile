@@ -121,7 +121,7 @@ APT_GET ?= apt-get
 # Top-level targets
 
 .PHONY: all deps deps-build deps-run nginx module lib bin capi-test test test-cargo test-cluster \
-	test-capi test-demo test-nginx bench bench-keys bench-nginx bench-nginx-wait bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
+	test-capi test-demo test-nginx bench bench-keys bench-governor bench-nginx bench-nginx-wait bench-nginx-keys bench-accuracy bench-layouts run fmt fmt-check clippy clean \
 	help FORCE
 
 all: deps nginx module lib ## deps, nginx, the module and the C ABI library
@@ -227,6 +227,9 @@ bench: ## run the criterion benchmarks of the check path (named and keyed) and t
 
 bench-keys: ## keyed checks and key memory (criterion; ~2 min, 2 GiB)
 	$(CARGO) bench --bench keys
+
+bench-governor: ## keyed checks through the C ABI against governor's keyed limiter, same process and run (criterion; ~1 min)
+	$(CARGO) bench --bench vs_governor
 
 .PHONY: bench-root-admission
 bench-root-admission: ## a sluice root under 10,000 idle or trickling connections, slow sync bodies of a token holder, and 8 maximal sync bodies (~4 min)
