@@ -264,14 +264,11 @@ impl SyncRequest {
     /// and rejection counts (what [`MAX_DELTAS_PER_SYNC`] bounds). Each
     /// costs a root memory when decoded, so each is counted.
     pub fn entry_count(&self) -> usize {
-        let keyed = |groups: &[KeyedDeltas]| {
-            groups.len() + groups.iter().map(|k| k.deltas.len()).sum::<usize>()
-        };
         self.deltas.len()
-            + keyed(&self.keyed)
+            + keyed_entries(&self.keyed)
             + self.rejected.len()
             + self.returned.len()
-            + keyed(&self.keyed_returned)
+            + keyed_entries(&self.keyed_returned)
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
@@ -288,6 +285,12 @@ impl SyncRequest {
         check_named("returned", &self.returned)?;
         check_keyed("keyed_returned", &self.keyed_returned)
     }
+}
+
+/// Entries keyed groups take of [`MAX_DELTAS_PER_SYNC`]: one a group and
+/// one a key.
+pub fn keyed_entries(groups: &[KeyedDeltas]) -> usize {
+    groups.len() + groups.iter().map(|k| k.deltas.len()).sum::<usize>()
 }
 
 /// Checks a list of named deltas (or returns) called `what`: none above

@@ -34,7 +34,7 @@ use crate::table::file::purge_seeds;
 use crate::table::{CollectedDelta, SlotId, Table};
 use crate::wire::{
     ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, QuotaCursor,
-    SyncRequest, SyncResponse,
+    SyncRequest, SyncResponse, MAX_DELTAS_PER_SYNC,
 };
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -155,6 +155,18 @@ struct Due {
     dropped_returns: u64,
 }
 
+impl Due {
+    /// Entries a request carrying these takes (as
+    /// [`SyncRequest::entry_count`] counts them).
+    fn entry_count(&self) -> usize {
+        use crate::wire::keyed_entries;
+        self.named.len()
+            + keyed_entries(&self.keyed)
+            + self.returned.len()
+            + keyed_entries(&self.keyed_returned)
+    }
+}
+
 /// Named deltas and keys' deltas grouped by template (and window: a
 /// group's deltas share one), from `(counter, window, amount)`.
 #[derive(Default)]
@@ -187,6 +199,24 @@ impl Grouped {
             .collect();
         (self.named, keyed)
     }
+}
+
+/// Leaves at most `budget` counters in `owed` and returns the others,
+/// which stay owed for the next cycle (a backlog larger than a root
+/// accepts in one request, after an outage or a key spray).
+fn split_owed(owed: &mut OwedDeltas, budget: usize) -> OwedDeltas {
+    let mut rest = OwedDeltas::default();
+    if owed.len() <= budget {
+        return rest;
+    }
+    let later: Vec<CounterKey> = owed.keys().skip(budget).copied().collect();
+    rest.reserve(later.len());
+    for c in later {
+        if let Some(o) = owed.remove(&c) {
+            rest.insert(c, o);
+        }
+    }
+    rest
 }
 
 /// What `owed` comes to at `now`, as a request carries it: deltas (entries
@@ -241,6 +271,10 @@ pub struct SyncEngine {
     limiter_id: String,
     interval: Nanos,
     max_owed: usize,
+    /// Entries one request may carry: a root refuses a request of more
+    /// than [`MAX_DELTAS_PER_SYNC`] whole, so a larger backlog goes out
+    /// over several cycles instead of never.
+    max_request_entries: usize,
     started: Nanos,
     last_any_success: Option<Nanos>,
     all_down: bool,
@@ -284,6 +318,7 @@ impl SyncEngine {
             limiter_id,
             interval,
             max_owed,
+            max_request_entries: MAX_DELTAS_PER_SYNC,
             started: now,
             last_any_success: None,
             all_down: false,
@@ -296,6 +331,13 @@ impl SyncEngine {
             fresh: Vec::new(),
             rejected_seen: None,
         }
+    }
+
+    /// Lowers the entries one request may carry (tests: a backlog over
+    /// the bound without a million counters).
+    #[cfg(test)]
+    pub fn limit_request_entries(&mut self, entries: usize) {
+        self.max_request_entries = entries.max(4);
     }
 
     /// Puts root `i` in group `groups[i]` (see the `sync` module doc on
@@ -452,8 +494,21 @@ impl SyncEngine {
                 continue;
             }
             link.busy = true;
-            let owed = std::mem::take(&mut link.owed);
-            let due = due_deltas(&owed, now, link.takes_returns);
+            let mut owed = std::mem::take(&mut link.owed);
+            let mut rejected = if groups > 1 {
+                rejected_of(g)
+            } else {
+                rejected.clone()
+            };
+            rejected.truncate(self.max_request_entries / 2);
+            let room = self.max_request_entries - rejected.len();
+            let mut due = due_deltas(&owed, now, link.takes_returns);
+            if due.entry_count() > room {
+                // Each owed counter takes at most four entries (an add and
+                // a return, each perhaps opening its key template's group).
+                link.owed = split_owed(&mut owed, room / 4);
+                due = due_deltas(&owed, now, link.takes_returns);
+            }
             link.metrics.dropped_returns = link
                 .metrics
                 .dropped_returns
@@ -477,11 +532,7 @@ impl SyncEngine {
                 root_instance: link.root_instance,
                 deltas: due.named,
                 keyed: due.keyed,
-                rejected: if groups > 1 {
-                    rejected_of(g)
-                } else {
-                    rejected.clone()
-                },
+                rejected,
                 returned: due.returned,
                 keyed_returned: due.keyed_returned,
             };

@@ -328,6 +328,41 @@ fn keys_go_out_grouped_by_template_and_come_back_merged() {
     assert_eq!((state(bob).inflight, state(bob).pending), (0, 0));
 }
 
+#[test]
+fn a_backlog_larger_than_a_request_goes_out_over_several_cycles() {
+    use crate::table::{CheckItem, CheckOptions};
+    let t = Table::new_heap_with_keys(8, 16, 256);
+    t.apply_quotas(&[Quota::new(3, "per_user", 0.0, 1e6, 1e6).keyed()]);
+    let keys: Vec<String> = (0..50).map(|i| format!("user-{i}")).collect();
+    for key in &keys {
+        let item = CheckItem {
+            name: b"per_user",
+            key: Some(key.as_bytes()),
+            weight: 2,
+            max_wait: None,
+        };
+        t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+    }
+    let roots = ["http://a".to_string()];
+    let mut e = SyncEngine::new(&roots, "h".into(), SEC, 1000, 0);
+    // A root takes 40 entries a request: 10 counters of 4 entries each.
+    e.limit_request_entries(40);
+    let mut sent = std::collections::HashMap::new();
+    for s in 1..=8 {
+        let out = cycle(&mut e, &t, s * SEC, |_| vec![quiet_page(s * SEC)]);
+        let request = &out[0].request;
+        assert!(request.entry_count() <= 40, "{request:?}");
+        for group in &request.keyed {
+            for d in &group.deltas {
+                *sent.entry(d.0).or_insert(0) += d.1;
+            }
+        }
+    }
+    // Every key went out once, whole, within five cycles of ten.
+    assert_eq!(sent.len(), 50);
+    assert!(sent.values().all(|&w| w == 2), "{sent:?}");
+}
+
 /// A table with quotas `a` (id 1..) and `b` whose counters are in
 /// different shards of two, leaking at 10/s; their ids.
 fn two_shard_table() -> (Table, u64, u64) {

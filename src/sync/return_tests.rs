@@ -63,6 +63,18 @@ fn cycle(
     out
 }
 
+/// Runs cycles from 3 s on, every root up, until one asks root 1 again
+/// (it backs off after failing): that second and the request it got.
+fn back_at_root_1(e: &mut SyncEngine, t: &Table, roots: &mut [SimRoot]) -> (u64, SyncRequest) {
+    for s in 3..8 {
+        let out = cycle(e, t, roots, &[], s * SEC, |_| {});
+        if let Some(o) = out.iter().find(|o| o.root == 1) {
+            return (s, o.request.clone());
+        }
+    }
+    panic!("root 1 is not asked again within 8 s");
+}
+
 fn level(t: &Table, now: Nanos) -> f64 {
     t.quota(b"q", now).unwrap().level
 }
@@ -157,15 +169,7 @@ fn a_root_that_missed_an_add_and_its_return_gets_only_the_difference() {
     assert_eq!(roots[0].level(1, 2 * SEC), Some(19.0));
     // Back, it is sent the 50 less their leak and less the 30, and no
     // return (it would lower other hosts' weight it holds).
-    let mut sent = None;
-    for s in 3..8 {
-        let out = cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        if let Some(o) = out.iter().find(|o| o.root == 1) {
-            sent = Some((s, o.request.clone()));
-            break;
-        }
-    }
-    let (s, request) = sent.expect("root 1 is asked again");
+    let (s, request) = back_at_root_1(&mut ea, &a, &mut roots);
     assert!(request.returned.is_empty(), "{request:?}");
     // Owed since 1 s: 50 leaked at 1/s to s s, less 30.
     let due = 50 - (s - 1) - 30;
@@ -182,15 +186,7 @@ fn a_return_a_root_missed_is_resent_whole() {
     // Root 1 got the 50 but is down when 30 come back.
     a.give_back(&item(50), 30, 0, SEC, false);
     cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
-    let mut sent = None;
-    for s in 3..8 {
-        let out = cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        if let Some(o) = out.iter().find(|o| o.root == 1) {
-            sent = Some((s, o.request.clone()));
-            break;
-        }
-    }
-    let (s, request) = sent.expect("root 1 is asked again");
+    let (s, request) = back_at_root_1(&mut ea, &a, &mut roots);
     assert_eq!(request.returned[0].delta, 30, "{request:?}");
     assert_eq!(roots[1].level(1, s * SEC), roots[0].level(1, s * SEC));
     assert_eq!(level(&a, s * SEC), (50 - (s - 1) - 30) as f64);
