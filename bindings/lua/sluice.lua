@@ -39,6 +39,12 @@ int sluice_reserve(const char *name, size_t name_len, uint64_t weight, uint64_t 
                    uint64_t *wait_ns);
 int sluice_reserve_key(const char *name, size_t name_len, const char *key, size_t key_len,
                        uint64_t weight, uint64_t max_wait_ms, uint64_t *wait_ns);
+int sluice_charge(const char *name, size_t len, uint64_t weight);
+int sluice_charge_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                      uint64_t weight);
+int sluice_settle(const char *name, size_t len, uint64_t reserved, uint64_t actual);
+int sluice_settle_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                      uint64_t reserved, uint64_t actual);
 int sluice_wait_ready(uint64_t timeout_ms);
 int sluice_quota_count(void);
 char *sluice_sync_metrics_json(void);
@@ -267,6 +273,71 @@ function _M.reserve(name, weight, max_wait, key)
         return result, math.huge
     end
     return result, tonumber(out[0]) / 1e9
+end
+
+-- Counts `weight` units on quota `name` (and its ancestors) whatever its
+-- level: a cost known only after the work is done (bytes sent, tokens
+-- used, a failed login; in OpenResty, from log_by_lua). Never rejects:
+-- past the limit it is a debt, and later checks are rejected until it has
+-- drained. With `key`, the key's own counter of a per-key quota. Returns
+-- "PASS" (counted), "UNKNOWN" or "NO_KEY" (nothing counted),
+-- "KEY_OVERFLOW", or nil and the error.
+function _M.charge(name, weight, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    local w, err = count(weight, "weight")
+    if not w then
+        return nil, err
+    end
+    local code
+    if key == nil then
+        code = C.sluice_charge(name, #name, w)
+    else
+        code = C.sluice_charge_key(name, #name, key, #key, w)
+    end
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    return result
+end
+
+-- Settles an estimate: a passed check of `reserved` units on quota `name`
+-- cost `actual` in the end. Above the estimate the difference is charged
+-- (whatever the level); below it, it is given back (uncounted if not sent
+-- to the roots yet, else returned to them with the next sync). With
+-- `key`, the key's counter. Returns a result as `charge` does.
+function _M.settle(name, reserved, actual, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    local r, err = count(reserved, "reserved")
+    if not r then
+        return nil, err
+    end
+    local a
+    a, err = count(actual, "actual")
+    if not a then
+        return nil, err
+    end
+    local code
+    if key == nil then
+        code = C.sluice_settle(name, #name, r, a)
+    else
+        code = C.sluice_settle_key(name, #name, key, #key, r, a)
+    end
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    return result
 end
 
 -- Waits until the limiter holds the roots' quota set, at most `timeout`
