@@ -475,12 +475,21 @@ fn estimates_settled_after_the_response_hold_the_limit_and_overshoot_least() {
     let settled = run(&llm(true), 1, Mode::Adaptive);
     let charged = run(&llm(false), 1, Mode::Adaptive);
     let mean = settled.rows[0].value.unwrap();
-    assert!((0.9..=1.1).contains(&mean), "admitted/limit over 3 min: {mean}");
+    assert!(
+        (0.9..=1.1).contains(&mean),
+        "admitted/limit over 3 min: {mean}"
+    );
     // The first minute (a minute's burst on top of the minute's limit):
     // estimates keep every request in flight counted at its most, so
     // fewer pass than when each is charged only once it has ended.
-    let (with, without) = (settled.rows[1].value.unwrap(), charged.rows[1].value.unwrap());
-    assert!(with < without, "first minute: {with} settled, {without} charged after");
+    let (with, without) = (
+        settled.rows[1].value.unwrap(),
+        charged.rows[1].value.unwrap(),
+    );
+    assert!(
+        with < without,
+        "first minute: {with} settled, {without} charged after"
+    );
     let t = settled.series.quotas[0].total(0.0, 240.0);
     assert_eq!(t.offered, t.admitted + t.rejected);
 }
