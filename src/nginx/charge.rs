@@ -31,7 +31,7 @@ use super::charge_args::{charge_condition, charge_weight, ChargeStatus};
 use super::conf::{Charge, LocConf, Weight};
 use super::handler::{admitted, evaluate, MAX_LOGGED_WEIGHT};
 use super::request_counters::RequestCounters;
-use super::util::{cleanup_data, log, runtime_boundary, text};
+use super::util::{cleanup_data, log, runtime_boundary, set_variable, text};
 use super::Module;
 use crate::core::Nanos;
 use crate::table::{CheckItem, Outcome, Table};
@@ -228,17 +228,7 @@ pub(crate) unsafe extern "C" fn charge_status_variable(
     // SAFETY: nginx passes the live request and a value to fill.
     unsafe {
         let status = find_mark(r).map_or(ChargeStatus::Uncharged, |m| m.status);
-        let v = &mut *v;
-        if status == ChargeStatus::Uncharged {
-            v.set_not_found(1);
-            return NGX_OK as ngx_int_t;
-        }
-        let text = status.as_str();
-        v.data = text.as_ptr().cast_mut();
-        v.set_len(text.len() as u32);
-        v.set_valid(1);
-        v.set_no_cacheable(0);
-        v.set_not_found(0);
+        set_variable(&mut *v, Some(status.as_str()));
     }
     NGX_OK as ngx_int_t
 }

@@ -58,7 +58,7 @@ use super::conf::{Check, LocConf, Weight};
 use super::headers::{rate_limit_fields, HeaderValue, Reset};
 use super::request_counters::RequestCounters;
 use super::unknown_names::{self, ShownName, UnknownNames};
-use super::util::{bytes, cleanup_data, log, runtime_boundary, text};
+use super::util::{bytes, cleanup_data, log, runtime_boundary, set_variable, text};
 use super::Module;
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Terms, Wait};
@@ -952,17 +952,7 @@ pub(crate) unsafe extern "C" fn status_variable(
     // SAFETY: nginx passes the live request and a value to fill.
     unsafe {
         let status = find_state(r).map_or(RequestStatus::Unchecked, |s| s.status);
-        let v = &mut *v;
-        if status == RequestStatus::Unchecked {
-            v.set_not_found(1);
-            return NGX_OK as ngx_int_t;
-        }
-        let text = status.as_str();
-        v.data = text.as_ptr().cast_mut();
-        v.set_len(text.len() as u32);
-        v.set_valid(1);
-        v.set_no_cacheable(0);
-        v.set_not_found(0);
+        set_variable(&mut *v, Some(status.as_str()));
     }
     NGX_OK as ngx_int_t
 }

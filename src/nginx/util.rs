@@ -4,8 +4,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::{
-    ngx_conf_t, ngx_log_t, ngx_pool_cleanup_pt, ngx_pool_t, ngx_str_t, ngx_uint_t, NGX_LOG_ALERT,
-    NGX_LOG_EMERG,
+    ngx_conf_t, ngx_http_variable_value_t, ngx_log_t, ngx_pool_cleanup_pt, ngx_pool_t, ngx_str_t,
+    ngx_uint_t, NGX_LOG_ALERT, NGX_LOG_EMERG,
 };
 
 /// The bytes of an nginx string.
@@ -64,6 +64,21 @@ pub(crate) unsafe fn cleanup_data(
         }
     }
     std::ptr::null_mut()
+}
+
+/// Fills a variable's value with static text, or marks it not found
+/// (`None`, or empty text: `$var` then logs as `-`).
+pub(crate) fn set_variable(v: &mut ngx_http_variable_value_t, text: Option<&'static str>) {
+    match text.filter(|t| !t.is_empty()) {
+        None => v.set_not_found(1),
+        Some(text) => {
+            v.data = text.as_ptr().cast_mut();
+            v.set_len(text.len() as u32);
+            v.set_valid(1);
+            v.set_no_cacheable(0);
+            v.set_not_found(0);
+        }
+    }
 }
 
 /// Logs a configuration error at `emerg` with nginx's "in file:line" suffix.
