@@ -21,6 +21,7 @@ our $Quotas = <<'JSON';
   {"name": "bytes", "limit": 0, "low_burst": 5000, "high_burst": 5000},
   {"name": "tokens", "limit": 0, "low_burst": 1000, "high_burst": 1000},
   {"name": "failed", "limit": 0, "low_burst": 3, "high_burst": 3},
+  {"name": "closed", "limit": 0, "low_burst": 0, "high_burst": 0},
   {"name": "per_user", "limit": 0, "low_burst": 1000, "high_burst": 1000, "per_key": true}
 ]}
 JSON
@@ -66,6 +67,42 @@ location / { root html; sluice bytes weight=0; sluice_charge bytes weight=$bytes
 [200, 200, 429]
 --- access_log
 /big.bin 200 PASSED CHARGED
+
+
+
+=== TEST 1b: a request the checks rejected is not charged (its 429 would deepen the debt)
+--- config
+access_log logs/access.log charge;
+location / {
+    root html;
+    # The refusal is the 3 KB file: two would put "bytes" over 5000.
+    error_page 429 /big.bin;
+    sluice closed;
+    sluice_charge bytes weight=$bytes_sent;
+}
+location = /b { root html; sluice bytes weight=0; }
+--- user_files
+>>> b
+b
+--- request eval
+["GET /big.bin", "GET /big.bin", "GET /b"]
+--- error_code eval
+[429, 429, 200]
+--- access_log
+/big.bin 429 REJECTED SKIPPED
+
+
+
+=== TEST 1c: in dry run a request over the limit is served and charged
+--- config
+access_log logs/access.log charge;
+sluice_dry_run on;
+location / { root html; sluice closed; sluice_charge bytes weight=$bytes_sent; }
+--- request
+GET /big.bin
+--- error_code: 200
+--- access_log
+/big.bin 200 REJECTED_DRY_RUN CHARGED
 
 
 

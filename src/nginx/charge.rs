@@ -10,6 +10,10 @@
 //! is lower ([`Table::settle`]; see docs/DESIGN.md, "Counters that give
 //! units back").
 //!
+//! A request the `sluice` checks rejected is not charged: its response is
+//! sluice's own refusal (a 429's bytes would only deepen the debt that
+//! refused it, and a flood of refusals could keep a quota shut).
+//!
 //! A request is charged once: only the main request (a subrequest logged
 //! with `log_subrequest on` is not), and a mark kept in the main
 //! request's pool (a cleanup entry, as `handler.rs` keeps its state)
@@ -29,7 +33,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use super::charge_args::{charge_condition, charge_weight, ChargeStatus};
 use super::conf::{Charge, LocConf, Weight};
-use super::handler::{admitted, evaluate, MAX_LOGGED_WEIGHT};
+use super::handler::{admitted, evaluate, rejected, MAX_LOGGED_WEIGHT};
 use super::request_counters::RequestCounters;
 use super::util::{cleanup_data, log, runtime_boundary, set_variable, text};
 use super::Module;
@@ -131,6 +135,11 @@ fn charge_request(r: &mut ngx_http_request_t) {
         });
         &mut *data
     };
+    // SAFETY: `r` is live for this call.
+    if unsafe { rejected(r) } {
+        mark.status = ChargeStatus::Skipped;
+        return;
+    }
     let counters = mcf.counters();
     let now = crate::clock::now();
     for charge in charges {

@@ -31,7 +31,8 @@ pub fn charge_weight(value: &[u8]) -> Result<Option<u64>, WeightError> {
 pub enum ChargeStatus {
     /// No `sluice_charge` applied (the variable is not found).
     Uncharged = 0,
-    /// `if=` said no, or the weight was empty: nothing counted.
+    /// `if=` said no, the weight was empty, or the request's `sluice`
+    /// checks rejected it: nothing counted.
     Skipped = 1,
     /// No quota has the name: nothing counted.
     Unknown = 2,

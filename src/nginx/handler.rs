@@ -401,6 +401,17 @@ pub(super) unsafe fn admitted(
         })
 }
 
+/// Whether the main request's `sluice` checks rejected it (not in dry
+/// run): its response is sluice's own refusal, and a charge after it
+/// would only deepen the debt that refused it.
+///
+/// # Safety
+/// `r` must be a live request.
+pub(super) unsafe fn rejected(r: *const ngx_http_request_t) -> bool {
+    // SAFETY: `r` is live per the contract.
+    unsafe { find_state(r) }.is_some_and(|s| s.status == RequestStatus::Rejected)
+}
+
 /// The access-phase handler nginx calls.
 pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx passes the request being processed, valid for the call.
