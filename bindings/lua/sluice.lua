@@ -181,6 +181,27 @@ local function count(value, what)
     return value
 end
 
+-- Whether `name` is a string and `key` nil or a string: true, or nil and
+-- what is wrong.
+local function name_and_key(name, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    return true
+end
+
+-- The result a code stands for, or nil and the library's error.
+local function result_of(code)
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    return result
+end
+
 -- Checks the key `key` (a string of any bytes) of the per-key quota
 -- `name`: the key's own counter, with the quota's ancestors. Returns
 -- "PASS", "REJECT", "UNKNOWN" or "NO_KEY" (an empty key: pass, uncounted),
@@ -210,11 +231,9 @@ end
 -- #batch)`, then send n. With `key`, the key's own counter of a per-key
 -- quota. nil and the error on failure (want 0, not initialised).
 function _M.obtain(name, want, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
     end
     local n, err = count(want, "want")
     if not n then
@@ -242,11 +261,9 @@ end
 -- needed (math.huge when waiting cannot help). With `key`, the key's own
 -- counter of a per-key quota. nil and the error on failure.
 function _M.reserve(name, weight, max_wait, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
     end
     local w, err = count(weight or 1, "weight")
     if not w then
@@ -283,11 +300,9 @@ end
 -- "PASS" (counted), "UNKNOWN" or "NO_KEY" (nothing counted),
 -- "KEY_OVERFLOW", or nil and the error.
 function _M.charge(name, weight, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
     end
     local w, err = count(weight, "weight")
     if not w then
@@ -299,11 +314,7 @@ function _M.charge(name, weight, key)
     else
         code = C.sluice_charge_key(name, #name, key, #key, w)
     end
-    local result = RESULTS[code]
-    if result == nil then
-        return nil, last_error()
-    end
-    return result
+    return result_of(code)
 end
 
 -- Settles an estimate: a passed check of `reserved` units on quota `name`
@@ -312,11 +323,9 @@ end
 -- to the roots yet, else returned to them with the next sync). With
 -- `key`, the key's counter. Returns a result as `charge` does.
 function _M.settle(name, reserved, actual, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
     end
     local r, err = count(reserved, "reserved")
     if not r then
@@ -333,11 +342,7 @@ function _M.settle(name, reserved, actual, key)
     else
         code = C.sluice_settle_key(name, #name, key, #key, r, a)
     end
-    local result = RESULTS[code]
-    if result == nil then
-        return nil, last_error()
-    end
-    return result
+    return result_of(code)
 end
 
 -- Waits until the limiter holds the roots' quota set, at most `timeout`
