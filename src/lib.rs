@@ -91,8 +91,9 @@
 //!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`, keyed checks, partial grants
-//!   (`sluice_obtain`), pacing (`sluice_reserve`) and a wait for the
-//!   roots' quota set (`sluice_wait_ready`).
+//!   (`sluice_obtain`), pacing (`sluice_reserve`), charges after the fact
+//!   and settled estimates (`sluice_charge`, `sluice_settle`) and a wait
+//!   for the roots' quota set (`sluice_wait_ready`).
 //! - [`nginx`] — the nginx module: pure argument parsing, header values and
 //!   Prometheus text (always compiled and tested), and the `ngx` glue
 //!   (feature `nginx`); its files are listed in its module doc.

@@ -108,6 +108,29 @@ sub count { my ($want, @got) = @_; scalar grep { $_ == $want } @got }
     my $metrics = get("$ex->{url}/sluice-metrics");
     like($metrics->{content}, qr/sluice_checks_total\{quota="s3_photos_read",result="rejected"\} [1-9]/,
         's3: the metrics count the rejections');
+
+    # Download bandwidth: s3_videos_read_bytes leaks 100 KB/s with a
+    # burst of 200 KB. Each download of 64 KiB is charged after it is
+    # sent; three leave the bucket below its burst, the fourth passes
+    # and puts it in debt, so the fifth is refused until it drains.
+    open my $big, '>', "$ex->{prefix}/html/big.bin" or die $!;
+    print $big 'v' x 65536;
+    close $big;
+    my @downloads = statuses("$ex->{url}/videos/big.bin", 5);
+    is("@downloads", '200 200 200 200 429', 's3: downloads past the bytes/s quota are refused');
+    sleep 1.2;
+    is(get("$ex->{url}/videos/big.bin")->{status}, 200,
+        's3: once the debt has leaked below the burst, a download passes again');
+    sleep 0.6;    # a sync or two (200 ms here): the charges reach the root
+    # Six downloads charged about 394 KB, of which about 200 KB have
+    # leaked by now (100 KB/s); without the charges the root would hold
+    # nothing (the checks count weight 0).
+    my (undef, $bytes) = root_call($root, 'GET', '/v1/quotas/s3_videos_read_bytes');
+    cmp_ok($bytes->{level}, '>', 30_000, "s3: the root holds the bytes charged ($bytes->{level})");
+    open $log, '<', "$ex->{prefix}/logs/s3-access.log" or die $!;
+    @lines = <$log>;
+    ok((grep { m{"GET /videos/big\.bin HTTP/1\.1" 200 bucket=videos op=read sluice=PASSED bytes=CHARGED} } @lines),
+        's3: the access log shows the charge') or diag(join '', grep { /videos/ } @lines);
     $ex->{stop}->();
 }
 
@@ -227,6 +250,55 @@ sub count { my ($want, @got) = @_; scalar grep { $_ == $want } @got }
     open my $log, '<', "$ex->{prefix}/logs/api-product-access.log" or die $!;
     my @lines = <$log>;
     ok((grep { / 429 plan=trial sluice=REJECTED/ } @lines), 'api: the log shows the plan and the refusal');
+    $ex->{stop}->();
+}
+
+# --- llm.conf: tokens per minute per API key, estimate then settle ------
+{
+    my $ex = run_example('llm.conf', 'llm-quotas.json');
+    my $api = "$ex->{url}/v1/chat";
+    is(get($api)->{status}, 401, 'llm: a call without a key is refused');
+    # Ten calls estimated at 4,000 tokens that use 100 each: settled, they
+    # hold 1,000 of the key's 10,000, where their estimates (40,000) would
+    # have stopped the third.
+    my @small = map {
+        get($api, 'X-Api-Key' => 'key_a', 'X-Max-Tokens' => 4000, 'X-Test-Tokens' => 100)->{status}
+    } 1 .. 10;
+    is("@small", join(' ', (200) x 10), 'llm: estimates settled at their use leave room');
+    # One that said 4,000 but used 9,000: the rest is charged after it.
+    is(get($api, 'X-Api-Key' => 'key_a', 'X-Max-Tokens' => 4000, 'X-Test-Tokens' => 9000)->{status},
+        200, 'llm: a call that used more than its estimate passes (the response is gone)');
+    my $over = get($api, 'X-Api-Key' => 'key_a', 'X-Max-Tokens' => 1000);
+    is($over->{status}, 429, 'llm: the key is then out of tokens');
+    like($over->{headers}{'retry-after'} // '', qr/^\d+$/, 'llm: told when to come back');
+    is(get($api, 'X-Api-Key' => 'key_b')->{status}, 200, 'llm: another key has its own tokens');
+    sleep 0.3;
+    open my $log, '<', "$ex->{prefix}/logs/llm-access.log" or die $!;
+    my @lines = <$log>;
+    ok((grep { / 200 sluice=PASSED tokens=100 charge=SETTLED/ } @lines),
+        'llm: the access log shows the use and the settle') or diag(@lines);
+    $ex->{stop}->();
+}
+
+# --- logins.conf: failed logins per user, settled after the response ----
+{
+    my $ex = run_example('logins.conf', 'logins-quotas.json');
+    my $login = "$ex->{url}/login";
+    my %alice = (Authorization => 'Basic YWxpY2U6c2VjcmV0');            # alice:secret
+    my %wrong = (Authorization => 'Basic YWxpY2U6Z3Vlc3M=');            # alice:guess
+    my %bob = (Authorization => 'Basic Ym9iOmd1ZXNz');                  # bob:guess
+    # Successful logins give their unit back: any number of them.
+    my @ok = map { get($login, %alice)->{status} } 1 .. 8;
+    is("@ok", join(' ', (200) x 8), 'logins: successful logins are not counted');
+    my @guesses = map { get($login, %wrong)->{status} } 1 .. 7;
+    is("@guesses", '401 401 401 401 401 429 429', 'logins: five failures, then 429');
+    is(get($login, %alice)->{status}, 429, 'logins: even with the right password, until one leaks');
+    is(get($login, %bob)->{status}, 401, 'logins: another user has his own count');
+    sleep 0.3;
+    open my $log, '<', "$ex->{prefix}/logs/logins-access.log" or die $!;
+    my @lines = <$log>;
+    ok((grep { / 401 user=alice sluice=PASSED charge=SETTLED/ } @lines),
+        'logins: the access log shows the failure settled') or diag(@lines);
     $ex->{stop}->();
 }
 

@@ -38,7 +38,10 @@ static const char *QUOTAS =
     " {\"name\": \"batch\", \"limit\": 0.001, \"low_burst\": 10, \"high_burst\": 10},"
     " {\"name\": \"paced\", \"limit\": 10, \"low_burst\": 1, \"high_burst\": 5},"
     " {\"name\": \"daily\", \"limit\": 4, \"window\": \"1d\"},"
-    " {\"name\": \"per_user_day\", \"limit\": 2, \"window\": \"1d\", \"per_key\": true}"
+    " {\"name\": \"per_user_day\", \"limit\": 2, \"window\": \"1d\", \"per_key\": true},"
+    " {\"name\": \"tokens\", \"limit\": 0.001, \"low_burst\": 1000, \"high_burst\": 1000},"
+    " {\"name\": \"tokens_key\", \"limit\": 0.001, \"low_burst\": 1000, \"high_burst\": 1000,"
+    "  \"per_key\": true}"
     "]}";
 
 int main(void) {
@@ -78,7 +81,7 @@ int main(void) {
     EXPECT(strstr(sluice_last_error(), "name") != NULL, "naming the field");
     EXPECT(sluice_load_quotas_json(QUOTAS) == SLUICE_PASS, "load quotas: %s",
            sluice_last_error());
-    EXPECT(sluice_quota_count() == 9, "nine quotas loaded (%d)", sluice_quota_count());
+    EXPECT(sluice_quota_count() == 11, "eleven quotas loaded (%d)", sluice_quota_count());
 
     int passed = 0, rejected = 0;
     for (int i = 0; i < 1000; i++) {
@@ -182,6 +185,35 @@ int main(void) {
     EXPECT(sluice_reserve("paced", 5, 1, 100, NULL) == SLUICE_ERROR,
            "a NULL wait pointer is an error");
 
+    /* Charges after the fact: counted whatever the level (a debt), and an
+     * estimate settled against the actual cost in both directions. */
+    EXPECT(sluice_check("tokens", 6, 600) == SLUICE_PASS, "an estimate of 600 passes");
+    EXPECT(sluice_settle("tokens", 6, 600, 100) == SLUICE_PASS,
+           "it cost 100: 500 are given back");
+    EXPECT(sluice_check("tokens", 6, 800) == SLUICE_PASS,
+           "so an estimate of 800 fits the 1000 (100 + 800)");
+    EXPECT(sluice_settle("tokens", 6, 800, 1500) == SLUICE_PASS,
+           "it cost 1500: 700 more are charged, past the limit");
+    EXPECT(sluice_check("tokens", 6, 0) == SLUICE_REJECT,
+           "the quota is in debt: even a check of weight 0 is rejected");
+    EXPECT(sluice_charge("tokens", 6, 5000) == SLUICE_PASS,
+           "a charge is never rejected, even in debt");
+    EXPECT(sluice_charge("nothing", 7, 5) == SLUICE_UNKNOWN &&
+               sluice_settle("nothing", 7, 5, 1) == SLUICE_UNKNOWN,
+           "a charge or settle of an unknown name counts nothing");
+    EXPECT(sluice_charge_key("tokens_key", 10, "alice", 5, 2000) == SLUICE_PASS &&
+               sluice_check_key("tokens_key", 10, "alice", 5, 0) == SLUICE_REJECT &&
+               sluice_check_key("tokens_key", 10, "bob", 3, 1) == SLUICE_PASS,
+           "a keyed charge puts only its key in debt");
+    EXPECT(sluice_check_key("tokens_key", 10, "bob", 3, 900) == SLUICE_PASS &&
+               sluice_settle_key("tokens_key", 10, "bob", 3, 900, 1) == SLUICE_PASS &&
+               sluice_check_key("tokens_key", 10, "bob", 3, 900) == SLUICE_PASS,
+           "a keyed settle gives the key's units back");
+    EXPECT(sluice_charge_key("tokens_key", 10, "", 0, 1) == SLUICE_NO_KEY &&
+               sluice_settle_key("tokens_key", 10, NULL, 0, 1, 2) == SLUICE_NO_KEY,
+           "an empty key charges nothing");
+    EXPECT(sluice_charge(NULL, 3, 1) == SLUICE_ERROR, "a NULL name is an error");
+
     EXPECT(check_by_name(NULL, 1) == SLUICE_ERROR, "a NULL name is an error, not a crash");
 
     /* Lengths beyond the limits are refused before anything is read: each
@@ -203,6 +235,11 @@ int main(void) {
     EXPECT(sluice_reserve("api", huge, 1, 0, &wait_ns) == SLUICE_ERROR &&
                sluice_reserve_key("per_user", 8, "key", huge, 1, 0, &wait_ns) == SLUICE_ERROR,
            "reserve refuses them: %s", sluice_last_error());
+    EXPECT(sluice_charge("api", huge, 1) == SLUICE_ERROR &&
+               sluice_charge_key("per_user", 8, "key", huge, 1) == SLUICE_ERROR &&
+               sluice_settle("api", huge, 1, 2) == SLUICE_ERROR &&
+               sluice_settle_key("per_user", 8, "key", huge, 1, 2) == SLUICE_ERROR,
+           "charge and settle refuse them: %s", sluice_last_error());
     char longest[SLUICE_MAX_NAME_LEN + 2];
     memset(longest, 'a', sizeof longest);
     longest[SLUICE_MAX_NAME_LEN] = 0;

@@ -1,5 +1,6 @@
 //! Two nginx with the module and two roots, on 127.0.0.1: what per-key
-//! quotas do across a fleet, seen from outside.
+//! quotas and charges after the response do across a fleet, seen from
+//! outside.
 //!
 //! Run by `make test-cluster` (the tests are ignored by a plain `cargo
 //! test`, which has no nginx built yet).
@@ -152,6 +153,71 @@ fn a_key_split_70_30_over_two_nginx_gets_its_limit_and_never_leaves_as_itself() 
         assert!(metrics.contains(&format!("{hash:016x}")), "{metrics}");
         assert!(!metrics.contains(KEY), "raw key in nginx's metrics");
         assert!(!n.error_log().contains(KEY), "raw key in nginx's error log");
+    }
+}
+
+/// Bytes of the file each download of the charge test sends.
+const OBJECT: usize = 10_000;
+
+#[test]
+#[ignore = "needs nginx and the module: make test-cluster"]
+fn bytes_charged_after_the_response_on_two_nginx_reach_both_roots_and_limit_both() {
+    let db = Db::new();
+    let roots = [Root::start(&db, "root-a"), Root::start(&db, "root-b")];
+    // 100 KB of burst leaking 1 byte a second: the level is what was
+    // charged, give or take a few bytes.
+    roots[0].put(
+        "dl_bytes",
+        json!({"limit": 1.0, "low_burst": 100_000.0, "high_burst": 100_000.0}),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let http_block = format!(
+        "    sluice_zone 1m;\n    sluice_root {} {};\n    sluice_sync_interval 200ms;",
+        roots[0].url, roots[1].url
+    );
+    let server_block = "        location /d/ { alias html/; sluice dl_bytes weight=0; \
+         sluice_charge dl_bytes weight=$body_bytes_sent; }";
+    let nginx: Vec<Nginx> = ["nginx-a", "nginx-b"]
+        .iter()
+        .map(|n| {
+            let prefix = dir.path().join(n);
+            std::fs::create_dir_all(prefix.join("html")).expect("html");
+            std::fs::write(prefix.join("html/object.bin"), vec![b'x'; OBJECT]).expect("object");
+            Nginx::start(&prefix, &http_block, server_block)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Six downloads on each: 60 KB each, under the burst alone, 120 KB
+    // together.
+    for n in &nginx {
+        let mut client = Client::new(n.port);
+        for _ in 0..6 {
+            let (status, body) = client.get("/d/object.bin", &[]);
+            assert_eq!((status, body.len()), (200, OBJECT));
+        }
+    }
+    // Both roots get every host's charges.
+    let fleet = 12.0 * OBJECT as f64;
+    sync_support::wait_until("both roots hold the bytes charged on both nginx", || {
+        roots.iter().all(|r| {
+            let level = r.get("dl_bytes")["level"].as_f64().unwrap_or(0.0);
+            (fleet - 30.0..=fleet).contains(&level)
+        })
+    });
+    // And each nginx sees the fleet's debt: its own 60 KB would pass, the
+    // fleet's 120 KB does not.
+    for n in &nginx {
+        let mut passed = true;
+        for _ in 0..50 {
+            let (status, _) = Client::new(n.port).get("/d/object.bin", &[]);
+            if status == 429 {
+                passed = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!passed, "nginx on {} never saw the fleet's debt", n.port);
     }
 }
 

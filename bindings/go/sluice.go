@@ -66,6 +66,20 @@ static go_result go_check_key(_GoString_ name, _GoString_ key, uint64_t weight) 
 	return go_wrap(sluice_check_key(_GoStringPtr(name), _GoStringLen(name),
 		_GoStringPtr(key), _GoStringLen(key), weight));
 }
+// charge and settle: a key of NULL means the quota itself.
+static go_result go_charge(_GoString_ name, _GoString_ key, int keyed, uint64_t weight) {
+	if (!keyed) return go_wrap(sluice_charge(_GoStringPtr(name), _GoStringLen(name), weight));
+	return go_wrap(sluice_charge_key(_GoStringPtr(name), _GoStringLen(name),
+		_GoStringPtr(key), _GoStringLen(key), weight));
+}
+static go_result go_settle(_GoString_ name, _GoString_ key, int keyed, uint64_t reserved,
+		uint64_t actual) {
+	if (!keyed) {
+		return go_wrap(sluice_settle(_GoStringPtr(name), _GoStringLen(name), reserved, actual));
+	}
+	return go_wrap(sluice_settle_key(_GoStringPtr(name), _GoStringLen(name),
+		_GoStringPtr(key), _GoStringLen(key), reserved, actual));
+}
 // obtain and reserve write their second result through `out`; a key of
 // NULL means the quota itself (not a per-key quota's key).
 static go_result go_obtain(_GoString_ name, _GoString_ key, int keyed, uint64_t want,
@@ -288,6 +302,53 @@ func (l *Limiter) obtain(call, name, key string, keyed bool, want uint64) (uint6
 	var granted C.uint64_t
 	code, err := check(call, C.go_obtain(name, key, cBool(keyed), C.uint64_t(want), &granted))
 	return uint64(granted), Result(code), err
+}
+
+// Charge counts weight on quota name (and its ancestors) whatever its
+// level: a cost known only after the work is done (bytes sent, tokens
+// used, a failed login). It never rejects: past the limit it is a debt,
+// and later checks are rejected until it has drained. The Result is Pass
+// (counted), Unknown or NoKey (nothing counted), or KeyOverflow.
+func (l *Limiter) Charge(name string, weight uint64) (Result, error) {
+	return l.charge("sluice_charge", name, "", false, weight)
+}
+
+// ChargeKey is Charge on the key key of a per-key quota (NoKey for an
+// empty key).
+func (l *Limiter) ChargeKey(name, key string, weight uint64) (Result, error) {
+	return l.charge("sluice_charge_key", name, key, true, weight)
+}
+
+func (l *Limiter) charge(call, name, key string, keyed bool, weight uint64) (Result, error) {
+	if l.closed.Load() {
+		return Pass, ErrClosed
+	}
+	code, err := check(call, C.go_charge(name, key, cBool(keyed), C.uint64_t(weight)))
+	return Result(code), err
+}
+
+// Settle settles an estimate: a passed check of reserved units on quota
+// name cost actual in the end. Above the estimate the difference is
+// charged (whatever the level); below it, it is given back (uncounted if
+// not sent to the roots yet, else returned to them with the next sync).
+// Check with an estimate at least the cost (an LLM request's max_tokens)
+// so that the fleet never admits more than the limit.
+func (l *Limiter) Settle(name string, reserved, actual uint64) (Result, error) {
+	return l.settle("sluice_settle", name, "", false, reserved, actual)
+}
+
+// SettleKey is Settle on the key key of a per-key quota.
+func (l *Limiter) SettleKey(name, key string, reserved, actual uint64) (Result, error) {
+	return l.settle("sluice_settle_key", name, key, true, reserved, actual)
+}
+
+func (l *Limiter) settle(call, name, key string, keyed bool, reserved, actual uint64) (Result, error) {
+	if l.closed.Load() {
+		return Pass, ErrClosed
+	}
+	code, err := check(call, C.go_settle(name, key, cBool(keyed), C.uint64_t(reserved),
+		C.uint64_t(actual)))
+	return Result(code), err
 }
 
 // Never is the wait Reserve reports when waiting cannot help (a weight

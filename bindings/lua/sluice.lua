@@ -39,6 +39,12 @@ int sluice_reserve(const char *name, size_t name_len, uint64_t weight, uint64_t 
                    uint64_t *wait_ns);
 int sluice_reserve_key(const char *name, size_t name_len, const char *key, size_t key_len,
                        uint64_t weight, uint64_t max_wait_ms, uint64_t *wait_ns);
+int sluice_charge(const char *name, size_t len, uint64_t weight);
+int sluice_charge_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                      uint64_t weight);
+int sluice_settle(const char *name, size_t len, uint64_t reserved, uint64_t actual);
+int sluice_settle_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                      uint64_t reserved, uint64_t actual);
 int sluice_wait_ready(uint64_t timeout_ms);
 int sluice_quota_count(void);
 char *sluice_sync_metrics_json(void);
@@ -175,6 +181,27 @@ local function count(value, what)
     return value
 end
 
+-- Whether `name` is a string and `key` nil or a string: true, or nil and
+-- what is wrong.
+local function name_and_key(name, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    return true
+end
+
+-- The result a code stands for, or nil and the library's error.
+local function result_of(code)
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    return result
+end
+
 -- Checks the key `key` (a string of any bytes) of the per-key quota
 -- `name`: the key's own counter, with the quota's ancestors. Returns
 -- "PASS", "REJECT", "UNKNOWN" or "NO_KEY" (an empty key: pass, uncounted),
@@ -204,11 +231,9 @@ end
 -- #batch)`, then send n. With `key`, the key's own counter of a per-key
 -- quota. nil and the error on failure (want 0, not initialised).
 function _M.obtain(name, want, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
     end
     local n, err = count(want, "want")
     if not n then
@@ -236,11 +261,9 @@ end
 -- needed (math.huge when waiting cannot help). With `key`, the key's own
 -- counter of a per-key quota. nil and the error on failure.
 function _M.reserve(name, weight, max_wait, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
     end
     local w, err = count(weight or 1, "weight")
     if not w then
@@ -267,6 +290,59 @@ function _M.reserve(name, weight, max_wait, key)
         return result, math.huge
     end
     return result, tonumber(out[0]) / 1e9
+end
+
+-- Counts `weight` units on quota `name` (and its ancestors) whatever its
+-- level: a cost known only after the work is done (bytes sent, tokens
+-- used, a failed login; in OpenResty, from log_by_lua). Never rejects:
+-- past the limit it is a debt, and later checks are rejected until it has
+-- drained. With `key`, the key's own counter of a per-key quota. Returns
+-- "PASS" (counted), "UNKNOWN" or "NO_KEY" (nothing counted),
+-- "KEY_OVERFLOW", or nil and the error.
+function _M.charge(name, weight, key)
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
+    end
+    local w, err = count(weight, "weight")
+    if not w then
+        return nil, err
+    end
+    local code
+    if key == nil then
+        code = C.sluice_charge(name, #name, w)
+    else
+        code = C.sluice_charge_key(name, #name, key, #key, w)
+    end
+    return result_of(code)
+end
+
+-- Settles an estimate: a passed check of `reserved` units on quota `name`
+-- cost `actual` in the end. Above the estimate the difference is charged
+-- (whatever the level); below it, it is given back (uncounted if not sent
+-- to the roots yet, else returned to them with the next sync). With
+-- `key`, the key's counter. Returns a result as `charge` does.
+function _M.settle(name, reserved, actual, key)
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
+    end
+    local r, err = count(reserved, "reserved")
+    if not r then
+        return nil, err
+    end
+    local a
+    a, err = count(actual, "actual")
+    if not a then
+        return nil, err
+    end
+    local code
+    if key == nil then
+        code = C.sluice_settle(name, #name, r, a)
+    else
+        code = C.sluice_settle_key(name, #name, key, #key, r, a)
+    end
+    return result_of(code)
 end
 
 -- Waits until the limiter holds the roots' quota set, at most `timeout`

@@ -146,6 +146,29 @@ ok(result == "PASS" and wait == 0, "a key reserves on its own counter")
 result, wait = sluice.reserve("nothing_here", 1, 1)
 ok(result == "UNKNOWN" and wait == 0, "an unknown quota is not paced")
 
+-- Charges after the fact, and estimates settled in both directions.
+ok(sluice.load_quotas([[{"quotas": [
+  {"name": "tokens", "limit": 0.001, "low_burst": 1000, "high_burst": 1000},
+  {"name": "tokens_key", "limit": 0.001, "low_burst": 1000, "high_burst": 1000, "per_key": true}
+]}]]), "load the token quotas")
+for _ = 1, 4 do
+    ok(sluice.check("tokens", 600) == "PASS" and sluice.settle("tokens", 600, 100) == "PASS",
+        "an estimate of 600 passes and is settled at 100")
+end
+is(sluice.check("tokens", 700), "REJECT", "four settled estimates left 400: 700 does not fit")
+is(sluice.settle("tokens", 100, 1000), "PASS", "a cost above the estimate is charged")
+is(sluice.charge("tokens", 5000), "PASS", "a charge is never rejected, even in debt")
+is(sluice.check("tokens", 0), "REJECT", "the debt rejects a check of weight 0")
+is(sluice.charge("tokens_key", 2000, "alice"), "PASS", "a keyed charge")
+is(sluice.check_key("tokens_key", "alice", 0), "REJECT", "puts its key in debt")
+is(sluice.check_key("tokens_key", "bob", 1), "PASS", "and no other key")
+is(sluice.settle("tokens_key", 1, 0, ""), "NO_KEY", "an empty key settles nothing")
+is(sluice.charge("nothing_here", 1), "UNKNOWN", "an unknown name charges nothing")
+res, err = sluice.charge("tokens", -1)
+ok(res == nil and err:find("weight must be", 1, true), "a negative charge is refused")
+res, err = sluice.settle("tokens", 1, "x")
+ok(res == nil and err:find("actual must be", 1, true), "a settle of no number is refused")
+
 local metrics = sluice.sync_metrics_json()
 ok(metrics and metrics:find('"roots":[]', 1, true), "sync metrics of a standalone limiter: " .. tostring(metrics))
 

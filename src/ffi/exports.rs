@@ -297,6 +297,109 @@ pub unsafe extern "C" fn sluice_reserve_key(
     })
 }
 
+/// Charges `weight` units to the quota `name` (`len` bytes) and all its
+/// ancestors unconditionally: for a cost known only after the work is
+/// done (bytes sent, tokens used, a failed login). Nothing is decided:
+/// the weight is counted in full even when it takes a quota past its
+/// `high_burst` (a debt), so later checks are rejected until it has
+/// drained. Charges travel to the roots like any counted weight. Weights
+/// above 2^40 count as 2^40.
+///
+/// Returns `SLUICE_PASS` (counted), `SLUICE_UNKNOWN` (no such quota:
+/// nothing counted) or `SLUICE_ERROR` (as for `sluice_check`); never
+/// `SLUICE_REJECT`.
+///
+/// # Safety
+/// `name` must be NULL or point to at least `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_charge(name: *const c_char, len: usize, weight: u64) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL, or `len` readable bytes, per the contract.
+        let name = unsafe { c_name(name, len) }?;
+        limiter::charge(name, None, weight)
+    })
+}
+
+/// [`sluice_charge`] for the key `key` (`key_len` bytes) of a per-key
+/// quota (see [`sluice_check_key`]): the key gets its counter if it has
+/// none. `SLUICE_NO_KEY` for an empty key (nothing counted);
+/// `SLUICE_KEY_OVERFLOW` when the key found no entry (counted on the
+/// quota's shared counter with `key_overflow` `shared`, else nowhere).
+///
+/// # Safety
+/// As [`sluice_charge`]; `key` must be NULL or point to at least
+/// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+#[no_mangle]
+pub unsafe extern "C" fn sluice_charge_key(
+    name: *const c_char,
+    name_len: usize,
+    key: *const c_char,
+    key_len: usize,
+    weight: u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let (name, key) = unsafe { name_and_key(name, name_len, key, key_len) }?;
+        limiter::charge(name, Some(key), weight)
+    })
+}
+
+/// Settles an estimate: a check (or reservation) that counted `reserved`
+/// units on the quota `name` (`len` bytes) turned out to cost `actual`.
+/// Above the estimate the difference is charged as [`sluice_charge`]
+/// charges (in full, whatever the level); below it the difference is
+/// given back: uncounted if this limiter has not sent it to the roots
+/// yet, else sent to them as a return with the next sync, which lowers
+/// their counters (after the leak, never below zero). Check with an
+/// estimate at least the cost (an LLM request's `max_tokens`) and settle
+/// when the cost is known: the fleet then never admits more than the
+/// limit, and gets the difference back a sync later. Call it once per
+/// passed check, with that check's weight as `reserved`; a window
+/// quota's units come back to its current window, so settle within the
+/// window the check counted in.
+///
+/// Returns `SLUICE_PASS`, `SLUICE_UNKNOWN` (no such quota: nothing
+/// counted or given back) or `SLUICE_ERROR` (as for `sluice_check`).
+///
+/// # Safety
+/// `name` must be NULL or point to at least `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn sluice_settle(
+    name: *const c_char,
+    len: usize,
+    reserved: u64,
+    actual: u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: NULL, or `len` readable bytes, per the contract.
+        let name = unsafe { c_name(name, len) }?;
+        limiter::settle(name, None, reserved, actual)
+    })
+}
+
+/// [`sluice_settle`] for the key `key` (`key_len` bytes) of a per-key
+/// quota; `SLUICE_NO_KEY` for an empty key. A key whose entry drained
+/// away meanwhile gets nothing back (it holds nothing).
+///
+/// # Safety
+/// As [`sluice_settle`]; `key` must be NULL or point to at least
+/// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+#[no_mangle]
+pub unsafe extern "C" fn sluice_settle_key(
+    name: *const c_char,
+    name_len: usize,
+    key: *const c_char,
+    key_len: usize,
+    reserved: u64,
+    actual: u64,
+) -> c_int {
+    boundary(|| {
+        // SAFETY: per the contract.
+        let (name, key) = unsafe { name_and_key(name, name_len, key, key_len) }?;
+        limiter::settle(name, Some(key), reserved, actual)
+    })
+}
+
 /// Waits until the limiter holds the roots' quota set, at most
 /// `timeout_ms` milliseconds (0: only look; `UINT64_MAX`: no limit). A
 /// limiter started with roots has no quotas until its first sync with a
@@ -413,6 +516,10 @@ mod tests {
             refused("key", sluice_obtain_key(name, 3, key, huge, 1, out));
             refused("name", sluice_reserve(name, huge, 1, 0, out));
             refused("key", sluice_reserve_key(name, 3, key, huge, 1, 0, out));
+            refused("name", sluice_charge(name, huge, 1));
+            refused("key", sluice_charge_key(name, 3, key, huge, 1));
+            refused("name", sluice_settle(name, huge, 1, 2));
+            refused("key", sluice_settle_key(name, 3, key, huge, 1, 2));
         }
     }
 

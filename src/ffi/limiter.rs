@@ -153,6 +153,32 @@ pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_in
     Ok(outcome_code(outcome.outcome, outcome.overflow))
 }
 
+/// Counts `weight` on quota `name` (and a key of it) whatever its level:
+/// a charge after the fact, never a rejection.
+pub(super) fn charge(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    let item = check_item(name, key, weight);
+    let counted = limiter.table.charge(&item, crate::clock::now());
+    Ok(outcome_code(counted.outcome, counted.overflow))
+}
+
+/// Settles `reserved` units counted earlier on quota `name` (and a key
+/// of it) at their `actual` cost: the difference charged, or given back.
+pub(super) fn settle(
+    name: &[u8],
+    key: Option<&[u8]>,
+    reserved: u64,
+    actual: u64,
+) -> Result<c_int, String> {
+    let limiter = limiter()?;
+    let item = check_item(name, key, actual);
+    let now = crate::clock::now();
+    // The C ABI does not know when the reservation was counted: taken as
+    // now, so a window quota gets units back in its current window.
+    let settled = limiter.table.settle(&item, reserved, now, now);
+    Ok(outcome_code(settled.outcome, settled.overflow))
+}
+
 /// A partial grant of up to `want` units: the outcome and the units
 /// granted.
 pub(super) fn obtain(name: &[u8], key: Option<&[u8]>, want: u64) -> Result<(c_int, u64), String> {

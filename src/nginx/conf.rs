@@ -1,6 +1,6 @@
 //! The module's configuration: the `http`-level [`MainConf`] (zone, roots,
-//! sync), the per-location [`LocConf`] (checks, status, dry run, headers,
-//! metrics) and how a location inherits from the levels above it. The
+//! sync), the per-location [`LocConf`] (checks, charges, status, dry run,
+//! headers, metrics) and how a location inherits from the levels above it. The
 //! directive handlers that fill them are in `directives.rs`.
 
 use std::sync::Arc;
@@ -161,6 +161,23 @@ pub(crate) struct Check {
     pub max_wait: Option<u64>,
 }
 
+/// One `sluice_charge <name> [key=...] weight=... [if=...] [settle]`
+/// directive: a weight counted after the response (see `charge.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Charge {
+    /// The quota name, a complex value (variables allowed).
+    pub name: *const ngx_http_complex_value_t,
+    /// `key=`: the key of a per-key quota.
+    pub key: Option<*const ngx_http_complex_value_t>,
+    /// `weight=`: the units to count (an empty value counts nothing).
+    pub weight: Weight,
+    /// `if=`: charge only when this is neither empty nor "0".
+    pub condition: Option<*const ngx_http_complex_value_t>,
+    /// `settle`: count only the difference from the weight the
+    /// request's `sluice` check of the same quota (and key) counted.
+    pub settle: bool,
+}
+
 /// `sluice_metrics` in a location.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MetricsConf {
@@ -175,6 +192,8 @@ pub(crate) struct LocConf {
     /// The checks; `None` inherits the enclosing level's, `Some(empty)` is
     /// `sluice off`.
     pub checks: Option<Vec<Check>>,
+    /// `sluice_charge` directives; `None` inherits the enclosing level's.
+    pub charges: Option<Vec<Charge>>,
     /// `sluice_status`.
     pub status: Option<ngx_uint_t>,
     /// `sluice_dry_run`.
@@ -239,6 +258,9 @@ impl Merge for LocConf {
     fn merge(&mut self, prev: &Self) -> Result<(), MergeConfigError> {
         if self.checks.is_none() {
             self.checks.clone_from(&prev.checks);
+        }
+        if self.charges.is_none() {
+            self.charges.clone_from(&prev.charges);
         }
         self.status = self.status.or(prev.status);
         self.dry_run = self.dry_run.or(prev.dry_run);

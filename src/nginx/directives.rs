@@ -19,7 +19,7 @@ use super::args::{
     parse_weight, EmptyWeight,
 };
 use super::conf::{
-    Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight, DEFAULT_METRICS_TOP,
+    Charge, Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight, DEFAULT_METRICS_TOP,
 };
 use super::headers::PolicyNames;
 use super::request_counters::WAIT_MAX_SLOTS;
@@ -332,40 +332,20 @@ directive_handler!(
                 "too many \"sluice\" directives at one level (at most {MAX_CHECKS})"
             ));
         }
-        let name = compile(cf, args[1], "quota name")?;
-        if is_literal(name) {
-            let literal = std::str::from_utf8(args[1]).unwrap_or("");
-            validate_name(literal).map_err(|e| {
-                format!("invalid quota name \"{}\": {}", text(args[1]), e.message)
-            })?;
-        }
+        let name = compile_name(cf, args[1])?;
         let mut weight = None;
         let mut key = None;
         let mut empty = None;
         let mut wait = None;
         for arg in &args[2..] {
             if let Some(value) = arg.strip_prefix(b"weight=") {
-                let w = if value.contains(&b'$') {
-                    Weight::Value {
-                        value: compile(cf, value, "weight")?,
-                        empty: EmptyWeight::Reject,
-                    }
-                } else {
-                    Weight::Fixed(
-                        parse_weight(value)
-                            .map_err(|why| format!("invalid weight \"{}\": {why}", text(value)))?,
-                    )
-                };
-                param_once(&mut weight, w, arg)?;
+                param_once(&mut weight, compile_weight(cf, value)?, arg)?;
             } else if let Some(value) = arg.strip_prefix(b"empty=") {
                 let e = parse_empty_weight(value)
                     .map_err(|why| format!("invalid value \"{}\": empty= {why}", text(arg)))?;
                 param_once(&mut empty, e, arg)?;
             } else if let Some(value) = arg.strip_prefix(b"key=") {
-                if value.is_empty() {
-                    return Err("\"key=\" needs a value, e.g. key=$http_x_api_token".into());
-                }
-                param_once(&mut key, compile(cf, value, "key")?, arg)?;
+                param_once(&mut key, compile_key(cf, value)?, arg)?;
             } else if let Some(value) = arg.strip_prefix(b"wait=") {
                 let w = parse_wait(value)
                     .map_err(|why| format!("invalid value \"{}\": wait= {why}", text(arg)))?;
@@ -395,6 +375,101 @@ directive_handler!(
             key,
             weight,
             max_wait: wait.flatten(),
+        });
+        Ok(())
+    }
+);
+
+/// A directive's quota name: a complex value; a literal one must be a
+/// valid quota name.
+fn compile_name(
+    cf: *mut ngx_conf_t,
+    arg: &[u8],
+) -> Result<*const ngx_http_complex_value_t, String> {
+    let name = compile(cf, arg, "quota name")?;
+    if is_literal(name) {
+        let literal = std::str::from_utf8(arg).unwrap_or("");
+        validate_name(literal)
+            .map_err(|e| format!("invalid quota name \"{}\": {}", text(arg), e.message))?;
+    }
+    Ok(name)
+}
+
+/// A `weight=` value: a number, or a value with variables read per
+/// request (an empty one rejected unless `empty=` says otherwise).
+fn compile_weight(cf: *mut ngx_conf_t, value: &[u8]) -> Result<Weight, String> {
+    if value.contains(&b'$') {
+        return Ok(Weight::Value {
+            value: compile(cf, value, "weight")?,
+            empty: EmptyWeight::Reject,
+        });
+    }
+    parse_weight(value)
+        .map(Weight::Fixed)
+        .map_err(|why| format!("invalid weight \"{}\": {why}", text(value)))
+}
+
+/// A `key=` value, which must not be empty.
+fn compile_key(
+    cf: *mut ngx_conf_t,
+    value: &[u8],
+) -> Result<*const ngx_http_complex_value_t, String> {
+    if value.is_empty() {
+        return Err("\"key=\" needs a value, e.g. key=$http_x_api_token".into());
+    }
+    compile(cf, value, "key")
+}
+
+directive_handler!(
+    /// `sluice_charge <name> [key=<v>] weight=<v> [if=<v>] [settle];` —
+    /// counts a weight known only after the response, in the log phase
+    /// (see `charge.rs`).
+    set_charge,
+    |cf, lcf: &mut LocConf, args| {
+        // SAFETY: `cf` is the live configuration.
+        main_conf(unsafe { &*cf })?.used = true;
+        // The name and up to four parameters, as for "sluice".
+        if args.len() > 6 {
+            return Err("invalid number of arguments in \"sluice_charge\" directive".into());
+        }
+        if lcf.charges.as_ref().map_or(0, Vec::len) == MAX_CHECKS {
+            return Err(format!(
+                "too many \"sluice_charge\" directives at one level (at most {MAX_CHECKS})"
+            ));
+        }
+        let name = compile_name(cf, args[1])?;
+        let mut weight = None;
+        let mut key = None;
+        let mut condition = None;
+        let mut settle = false;
+        for arg in &args[2..] {
+            if let Some(value) = arg.strip_prefix(b"weight=") {
+                param_once(&mut weight, compile_weight(cf, value)?, arg)?;
+            } else if let Some(value) = arg.strip_prefix(b"key=") {
+                param_once(&mut key, compile_key(cf, value)?, arg)?;
+            } else if let Some(value) = arg.strip_prefix(b"if=") {
+                if value.is_empty() {
+                    return Err("\"if=\" needs a value, e.g. if=$failed_login".into());
+                }
+                param_once(&mut condition, compile(cf, value, "condition")?, arg)?;
+            } else if *arg == b"settle" {
+                if settle {
+                    return Err("duplicate parameter \"settle\"".into());
+                }
+                settle = true;
+            } else {
+                return Err(format!("invalid parameter \"{}\"", text(arg)));
+            }
+        }
+        let weight = weight.ok_or(
+            "\"sluice_charge\" needs \"weight=\", e.g. weight=$bytes_sent",
+        )?;
+        lcf.charges.get_or_insert_with(Vec::new).push(Charge {
+            name,
+            key,
+            weight,
+            condition,
+            settle,
         });
         Ok(())
     }

@@ -58,7 +58,7 @@ use super::conf::{Check, LocConf, Weight};
 use super::headers::{rate_limit_fields, HeaderValue, Reset};
 use super::request_counters::RequestCounters;
 use super::unknown_names::{self, ShownName, UnknownNames};
-use super::util::{bytes, log, runtime_boundary, text};
+use super::util::{bytes, cleanup_data, log, runtime_boundary, set_variable, text};
 use super::Module;
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Terms, Wait};
@@ -68,7 +68,7 @@ use crate::table::{
 
 /// Most bytes of a bad weight value a log line quotes (the value comes
 /// from the client).
-const MAX_LOGGED_WEIGHT: usize = 64;
+pub(super) const MAX_LOGGED_WEIGHT: usize = 64;
 
 /// A check of a held request, kept to give its weight back if the client
 /// leaves first: the name and key point into the main request's pool (or
@@ -129,9 +129,10 @@ impl HeldItem {
 #[repr(C)]
 struct RequestState {
     status: RequestStatus,
-    /// While held: the table its checks were counted in (null
-    /// otherwise), when, and the checks, to give their weight back if the
-    /// client leaves first.
+    /// When its checks were counted (passed or held): the table, when,
+    /// and the checks (null, 0 and none otherwise): to give a held
+    /// request's weight back if the client leaves first, and what a
+    /// `sluice_charge ... settle` settles ([`admitted`]).
     table: *const Table,
     charged_at: u64,
     held_items: [HeldItem; MAX_CHECKS],
@@ -326,20 +327,12 @@ unsafe extern "C" fn state_cleanup(data: *mut c_void) {
 /// # Safety
 /// `r` must be a live request.
 unsafe fn find_state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState> {
-    // SAFETY: a live request has a live main request and pool; the
-    // cleanup list only holds entries nginx allocated from that pool.
+    // SAFETY: a live request has a live main request and pool; the entry
+    // marked by `state_cleanup` holds a RequestState.
     unsafe {
-        let mut c = (*(*(*r).main).pool).cleanup;
-        while !c.is_null() {
-            if (*c)
-                .handler
-                .is_some_and(|h| std::ptr::fn_addr_eq(h, state_cleanup as unsafe extern "C" fn(_)))
-            {
-                return (*c).data.cast::<RequestState>().as_mut();
-            }
-            c = (*c).next;
-        }
-        None
+        cleanup_data((*(*r).main).pool, state_cleanup)
+            .cast::<RequestState>()
+            .as_mut()
     }
 }
 
@@ -378,6 +371,47 @@ unsafe fn state<'a>(r: *const ngx_http_request_t) -> Option<&'a mut RequestState
     }
 }
 
+/// The weight the main request's `sluice` check of `name` (and `key`)
+/// counted, and when: what a `sluice_charge ... settle` settles. `None`
+/// when no such check counted (it was rejected, its name is not among
+/// the checks, its key overflowed) or the request is still held: a hold
+/// whose client left gives its whole weight back when the request is
+/// freed, so a settle must not give it back too.
+///
+/// # Safety
+/// `r` must be a live request.
+pub(super) unsafe fn admitted(
+    r: *const ngx_http_request_t,
+    name: &[u8],
+    key: Option<&[u8]>,
+) -> Option<(u64, Nanos)> {
+    // SAFETY: `r` is live per the contract.
+    let state = unsafe { find_state(r) }?;
+    if state.table.is_null() || !state.held.is_null() {
+        return None;
+    }
+    state.held_items[..state.held_count.min(MAX_CHECKS)]
+        .iter()
+        .find_map(|held| {
+            // SAFETY: the names and keys live in the main request's pool,
+            // alive while the request is.
+            let item = unsafe { held.item() };
+            (item.name == name && item.key.unwrap_or(&[]) == key.unwrap_or(&[]))
+                .then_some((item.weight, state.charged_at))
+        })
+}
+
+/// Whether the main request's `sluice` checks rejected it (not in dry
+/// run): its response is sluice's own refusal, and a charge after it
+/// would only deepen the debt that refused it.
+///
+/// # Safety
+/// `r` must be a live request.
+pub(super) unsafe fn rejected(r: *const ngx_http_request_t) -> bool {
+    // SAFETY: `r` is live per the contract.
+    unsafe { find_state(r) }.is_some_and(|s| s.status == RequestStatus::Rejected)
+}
+
 /// The access-phase handler nginx calls.
 pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx passes the request being processed, valid for the call.
@@ -394,7 +428,7 @@ pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ng
 }
 
 /// Evaluates a complex value for `r`; `None` if nginx could not.
-fn evaluate<'a>(
+pub(super) fn evaluate<'a>(
     r: &mut ngx_http_request_t,
     cv: *const ngx_http_complex_value_t,
 ) -> Option<&'a [u8]> {
@@ -519,17 +553,20 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     if answer.headers {
         add_rate_limit_headers(r, lcf, table, items, &result, answer.reset);
     }
+    if matches!(
+        answer.status,
+        RequestStatus::Passed | RequestStatus::Delayed | RequestStatus::DelayedDryRun
+    ) {
+        state.table = table;
+        state.charged_at = charged_at;
+        state.held_count = items.len();
+        for (held, item) in state.held_items.iter_mut().zip(items) {
+            *held = HeldItem::of(item);
+        }
+    }
     match answer.then {
         Then::Continue => declined,
-        Then::Hold(wait) => {
-            state.table = table;
-            state.charged_at = charged_at;
-            state.held_count = items.len();
-            for (held, item) in state.held_items.iter_mut().zip(items) {
-                *held = HeldItem::of(item);
-            }
-            hold(r, state, counters, wait, lcf.wait_coalesce_ms())
-        }
+        Then::Hold(wait) => hold(r, state, counters, wait, lcf.wait_coalesce_ms()),
         Then::Reject => lcf.status() as ngx_int_t,
     }
 }
@@ -926,17 +963,7 @@ pub(crate) unsafe extern "C" fn status_variable(
     // SAFETY: nginx passes the live request and a value to fill.
     unsafe {
         let status = find_state(r).map_or(RequestStatus::Unchecked, |s| s.status);
-        let v = &mut *v;
-        if status == RequestStatus::Unchecked {
-            v.set_not_found(1);
-            return NGX_OK as ngx_int_t;
-        }
-        let text = status.as_str();
-        v.data = text.as_ptr().cast_mut();
-        v.set_len(text.len() as u32);
-        v.set_valid(1);
-        v.set_no_cacheable(0);
-        v.set_not_found(0);
+        set_variable(&mut *v, Some(status.as_str()));
     }
     NGX_OK as ngx_int_t
 }

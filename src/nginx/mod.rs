@@ -24,6 +24,8 @@
 //! - `unknown_names.rs` — when a check of a name no quota has is logged:
 //!   the first time, then once a minute per name, from a fixed table in
 //!   the zone.
+//! - `charge_args.rs` — `sluice_charge`'s rules: `if=`, its weight from a
+//!   variable (empty charges nothing), `$sluice_charge_status`.
 //! - `headers.rs` — `Retry-After` (only when waiting can help) and the
 //!   `RateLimit` header values.
 //! - `prometheus.rs` — the Prometheus text of a limiter (table totals,
@@ -42,17 +44,23 @@
 //!   quota files.
 //! - `handler.rs` — the access-phase check, `wait=` holds (an nginx
 //!   timer per held request) and `$sluice_status`.
+//! - `charge.rs` — `sluice_charge`: the log-phase handler that charges
+//!   (and settles) after the response, once per main request, and
+//!   `$sluice_charge_status`.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
 //! - `worker.rs` — the one sync thread per nginx (worker 0) and its log.
 //! - `util.rs` — strings, directive arguments, panic boundaries, logging.
 
 pub mod args;
+pub mod charge_args;
 pub mod headers;
 pub mod prometheus;
 pub mod request_counters;
 pub mod unknown_names;
 pub mod zone_size;
 
+#[cfg(feature = "nginx")]
+mod charge;
 #[cfg(feature = "nginx")]
 mod conf;
 #[cfg(feature = "nginx")]

@@ -7,18 +7,18 @@ use core::ptr::{addr_of, addr_of_mut};
 
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
-    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_int_t,
-    ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1,
-    NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
-    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_HTTP_VAR_NOCACHEABLE,
-    NGX_OK,
+    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE,
+    ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
+    NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF, NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use super::conf::{LocConf, MainConf};
 use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
-use super::{handler, util, worker, zone};
+use super::{charge, handler, util, worker, zone};
 
 /// Type through which the `ngx` crate reaches this module's configuration
 /// and provides the configuration callbacks.
@@ -39,7 +39,10 @@ impl HttpModule for Module {
     }
 
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-        let ok = conf_boundary(cf, || install_access_handler(cf));
+        let ok = conf_boundary(cf, || {
+            install_access_handler(cf)?;
+            charge::install(cf)
+        });
         status_of(ok)
     }
 
@@ -74,18 +77,35 @@ fn status_of(verdict: *mut c_char) -> ngx_int_t {
 }
 
 fn add_variables(cf: *mut ngx_conf_t) -> Result<(), String> {
-    let mut name = ngx_str_t {
-        len: "sluice_status".len(),
-        data: c"sluice_status".as_ptr().cast_mut().cast(),
+    add_variable(cf, c"sluice_status", handler::status_variable)?;
+    add_variable(cf, c"sluice_charge_status", charge::charge_status_variable)
+}
+
+/// Adds the variable `$name`, read by `get` on every use (not cached).
+fn add_variable(
+    cf: *mut ngx_conf_t,
+    name: &'static core::ffi::CStr,
+    get: unsafe extern "C" fn(
+        *mut ngx_http_request_t,
+        *mut ngx_http_variable_value_t,
+        usize,
+    ) -> ngx_int_t,
+) -> Result<(), String> {
+    let mut var_name = ngx_str_t {
+        len: name.count_bytes(),
+        data: name.as_ptr().cast_mut().cast(),
     };
     // SAFETY: `cf` is the live configuration; nginx copies the name.
     let var =
-        unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
+        unsafe { ngx_http_add_variable(cf, &mut var_name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
     if var.is_null() {
-        return Err("sluice: cannot add the $sluice_status variable".into());
+        return Err(format!(
+            "sluice: cannot add the ${} variable",
+            name.to_string_lossy()
+        ));
     }
     // SAFETY: nginx returned a live variable of this configuration.
-    unsafe { (*var).get_handler = Some(handler::status_variable) };
+    unsafe { (*var).get_handler = Some(get) };
     Ok(())
 }
 
@@ -216,7 +236,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 21] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 22] = [
     directive(
         c"sluice_zone",
         HTTP | NGX_CONF_TAKE1,
@@ -287,6 +307,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 21] = [
         c"sluice",
         ANY_LEVEL | NGX_CONF_1MORE,
         directives::set_check,
+        LOC,
+    ),
+    directive(
+        c"sluice_charge",
+        ANY_LEVEL | NGX_CONF_1MORE,
+        directives::set_charge,
         LOC,
     ),
     directive(

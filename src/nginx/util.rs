@@ -3,7 +3,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ngx::ffi::{ngx_conf_t, ngx_log_t, ngx_str_t, ngx_uint_t, NGX_LOG_ALERT, NGX_LOG_EMERG};
+use ngx::ffi::{
+    ngx_conf_t, ngx_http_variable_value_t, ngx_log_t, ngx_pool_cleanup_pt, ngx_pool_t, ngx_str_t,
+    ngx_uint_t, NGX_LOG_ALERT, NGX_LOG_EMERG,
+};
 
 /// The bytes of an nginx string.
 ///
@@ -35,6 +38,47 @@ pub(crate) unsafe fn directive_args<'a>(cf: &ngx_conf_t) -> Vec<&'a [u8]> {
 /// Bytes as text for messages (nginx strings need not be UTF-8).
 pub(crate) fn text(b: &[u8]) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(b)
+}
+
+/// The data of the first cleanup entry of `pool` whose handler is
+/// `handler`, or null: per-request state kept in the main request's pool
+/// survives internal redirects (which wipe the module context), and its
+/// handler marks it.
+///
+/// # Safety
+/// `pool` must be a live nginx pool.
+pub(crate) unsafe fn cleanup_data(
+    pool: *const ngx_pool_t,
+    handler: unsafe extern "C" fn(*mut std::ffi::c_void),
+) -> *mut std::ffi::c_void {
+    // SAFETY: a live pool's cleanup list holds only entries nginx
+    // allocated from it.
+    unsafe {
+        let mut c = (*pool).cleanup;
+        while !c.is_null() {
+            let h: ngx_pool_cleanup_pt = (*c).handler;
+            if h.is_some_and(|h| std::ptr::fn_addr_eq(h, handler)) {
+                return (*c).data;
+            }
+            c = (*c).next;
+        }
+    }
+    std::ptr::null_mut()
+}
+
+/// Fills a variable's value with static text, or marks it not found
+/// (`None`, or empty text: `$var` then logs as `-`).
+pub(crate) fn set_variable(v: &mut ngx_http_variable_value_t, text: Option<&'static str>) {
+    match text.filter(|t| !t.is_empty()) {
+        None => v.set_not_found(1),
+        Some(text) => {
+            v.data = text.as_ptr().cast_mut();
+            v.set_len(text.len() as u32);
+            v.set_valid(1);
+            v.set_no_cacheable(0);
+            v.set_not_found(0);
+        }
+    }
 }
 
 /// Logs a configuration error at `emerg` with nginx's "in file:line" suffix.

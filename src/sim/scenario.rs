@@ -355,6 +355,61 @@ pub struct LoadSpec {
     /// or is rejected when that wait would exceed `max_wait_ms`.
     #[serde(default)]
     pub pace: Option<PaceSpec>,
+    /// Requests whose cost is known only once they are done (an LLM
+    /// completion's tokens, a download's bytes): each draws its cost and
+    /// its duration, is checked when it arrives and charged (or its
+    /// estimate settled) when it ends (`Table::charge`, `Table::settle`).
+    /// `x` phases then count in cost units (the mean cost a request).
+    #[serde(default)]
+    pub charge: Option<ChargeSpec>,
+}
+
+/// How a load's requests cost what they cost, known only after them.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeSpec {
+    /// The least and the most a request costs, units.
+    pub cost: [u64; 2],
+    /// Costs spread evenly over the decades between the two (log-uniform:
+    /// a heavy tail, most units in the few big ones) instead of evenly
+    /// over the range.
+    #[serde(default)]
+    pub log_uniform: bool,
+    /// The shortest and the longest a request lasts, seconds (uniform).
+    pub duration_s: [f64; 2],
+    /// Check with the most a request can cost (`cost[1]`, e.g.
+    /// `max_tokens`) and settle it at the actual cost when it ends;
+    /// otherwise check with weight 0 ("in debt already?") and charge the
+    /// whole cost when it ends.
+    #[serde(default)]
+    pub estimate: bool,
+    /// Most requests in flight per key (per load when unkeyed), fleet-wide:
+    /// a client's concurrency. An arrival over it is not sent.
+    #[serde(default)]
+    pub in_flight: Option<u32>,
+}
+
+impl ChargeSpec {
+    /// The mean cost of a request.
+    pub fn mean_cost(&self) -> f64 {
+        let [lo, hi] = [self.cost[0] as f64, self.cost[1] as f64];
+        if self.log_uniform && hi > lo {
+            (hi - lo) / (hi / lo).ln()
+        } else {
+            (lo + hi) / 2.0
+        }
+    }
+
+    /// A request's cost for a draw `u` in [0, 1).
+    pub fn cost_at(&self, u: f64) -> u64 {
+        let [lo, hi] = [self.cost[0] as f64, self.cost[1] as f64];
+        let cost = if self.log_uniform {
+            lo * (hi / lo).powf(u)
+        } else {
+            lo + (hi - lo) * u
+        };
+        (cost.round() as u64).clamp(self.cost[0], self.cost[1])
+    }
 }
 
 /// How a paced load waits.
@@ -651,6 +706,23 @@ fn check(s: Scenario) -> Result<Checked, String> {
             }
             if k > 0 && p.at <= l.phases[k - 1].at {
                 return Err(at(format!("phase {k}: phases must be in time order")));
+            }
+        }
+        if let Some(c) = &l.charge {
+            if !(1..=c.cost[1]).contains(&c.cost[0]) {
+                return Err(at("charge.cost: [least, most], 1 <= least <= most".into()));
+            }
+            let [short, long] = c.duration_s;
+            if !(short.is_finite() && short >= 0.0 && long >= short && long <= 3600.0) {
+                return Err(at(
+                    "charge.duration_s: [shortest, longest] in seconds, 0 to 3600".into(),
+                ));
+            }
+            if c.in_flight == Some(0) {
+                return Err(at("charge.in_flight must be at least 1".into()));
+            }
+            if l.pace.is_some() {
+                return Err(at("a load is charged or paced, not both".into()));
             }
         }
         if let Some(skew) = &l.skew {

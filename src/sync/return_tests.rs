@@ -242,3 +242,46 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
     assert!((20.0..21.5).contains(&level_a), "{level_a}");
     assert_eq!((pending_a, inflight_a), (0, 0));
 }
+
+#[test]
+fn a_settle_below_its_estimate_after_a_sync_lowers_every_roots_counter() {
+    let mut roots = roots(2);
+    let (a, mut ea) = host("a", 2);
+    let (b, mut eb) = host("b", 2);
+    // a admits an estimate of 80 and syncs it: both roots hold 80.
+    let r = a.check_many(&[item(80)], 0, CheckOptions::default(), || 0.5);
+    assert_eq!(r.outcome, Outcome::Pass);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // The request cost 20: settled after the sync, 60 go back as a return
+    // and both roots lower the counter (80 from 1 s, 1 leaked, 60 back).
+    let settled = a.settle(&item(20), 80, 0, 2 * SEC);
+    assert_eq!(settled.outcome, Outcome::Pass);
+    let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    assert!(out.iter().all(|o| o.request.returned[0].delta == 60));
+    for root in &roots {
+        assert_eq!(root.level(1, 2 * SEC), Some(19.0));
+    }
+    cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
+    assert_eq!(level(&b, 2 * SEC), 19.0);
+}
+
+#[test]
+fn a_charge_past_the_burst_is_a_debt_every_host_sees_up_to_the_roots_cap() {
+    let mut roots = roots(2);
+    let (a, mut ea) = host("a", 2);
+    let (b, mut eb) = host("b", 2);
+    // 150 on a burst of 100: counted whole, and b rejects even a check
+    // of weight 0 once it has heard.
+    assert_eq!(a.charge(&item(150), 0).granted, 150);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    assert_eq!(level(&b, SEC), 150.0);
+    assert!(matches!(b.check(b"q", 0, SEC), Outcome::Reject(_)));
+    // A root keeps a counter at most at 2 x high_burst + limit x 5 s
+    // (the level cap against forged deltas): a debt beyond is not kept.
+    assert_eq!(a.charge(&item(200), SEC).granted, 200);
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    for root in &roots {
+        assert!(root.level(1, 2 * SEC).is_some_and(|l| l <= 205.0));
+    }
+}

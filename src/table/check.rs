@@ -395,6 +395,14 @@ impl Table {
     /// (the key's instead of its template's, for a keyed check), the pass
     /// on the first quota.
     pub(super) fn commit(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
+        self.add_weight(chain, key, key_hash, weight);
+        self.slots()[chain[0] as usize].passed.fetch_add(1, RLX);
+    }
+
+    /// Adds the weight into every counter of the chain (the key's instead
+    /// of its template's, for a keyed item), counting no pass: what a
+    /// passed check and a charge ([`Table::charge`]) both count.
+    pub(super) fn add_weight(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
         let slots = self.slots();
         let counters = if key != 0 {
             self.count_key(key - 1, chain[0], key_hash, weight);
@@ -407,6 +415,5 @@ impl Table {
                 slots[s as usize].pending.fetch_add(weight, RLX);
             }
         }
-        slots[chain[0] as usize].passed.fetch_add(1, RLX);
     }
 }

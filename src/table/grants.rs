@@ -1,22 +1,27 @@
 //! The one-item paths beside the plain check: a partial grant (the most
 //! units that pass for certain), a reservation (count now, act after a
-//! wait), and weight given back.
+//! wait), weight given back, and charges after the fact (count without
+//! deciding; settle an estimate).
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
-use super::chain::Chain;
+use super::chain::{Chain, Resolved};
 use super::check::{CheckItem, Outcome, Rejection};
-use super::Table;
+use super::{Table, RLX};
 use crate::core::counter::ceil_nanos;
+use crate::core::quota::MAX_WEIGHT;
 use crate::core::{grantable, Nanos, Wait};
 
-/// What [`Table::obtain`] granted.
+/// What [`Table::obtain`] granted, or what [`Table::charge`] and
+/// [`Table::settle`] counted.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grant {
     /// `Pass` when something was granted (and counted), `Reject` when
     /// nothing could be, `Unknown`/`NoKey` when the item was not checked.
+    /// A charge is never `Reject`; `KeyOverflow` when its key found no
+    /// entry and nothing was counted.
     pub outcome: Outcome,
-    /// Units granted and counted.
+    /// Units granted and counted (a settle that gave units back: 0).
     pub granted: u64,
     /// The key found no entry: decided by the overflow mode.
     pub overflow: bool,
@@ -219,4 +224,81 @@ impl Table {
 fn take_back(pending: &AtomicU64, units: u64) -> u64 {
     pending.fetch_sub(units, SeqCst);
     units
+}
+
+impl Table {
+    /// Counts `item.weight` on the quota (or key) and every ancestor
+    /// without deciding anything: a charge after the response, when the
+    /// cost is known only once the request is done and there is nothing
+    /// left to reject. It counts in full even when that takes a quota
+    /// past its `high_burst` (a debt): the level rises, and later checks
+    /// are rejected until it has drained. A per-key quota's key gets an
+    /// entry as a check's would; one that finds none is counted as the
+    /// overflow mode counts a passed check (`shared`: on the template's
+    /// counter; `pass` and `reject`: nowhere, `KeyOverflow`). An unknown
+    /// name or a keyless charge of a per-key quota count nothing and say
+    /// so. Neither a pass nor a rejection is counted: a charge is not a
+    /// check.
+    pub fn charge(&self, item: &CheckItem, now: Nanos) -> Grant {
+        let mut chain = Chain::new();
+        let counted = |outcome, granted, overflow| Grant {
+            outcome,
+            granted,
+            overflow,
+        };
+        match self.resolve(item, &mut chain, now) {
+            Resolved::Counted(weight, _) => {
+                let weight = weight.min(MAX_WEIGHT);
+                self.add_weight(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
+                counted(Outcome::Pass, weight, chain.overflow)
+            }
+            Resolved::Unknown => {
+                self.header().unknown_checks.fetch_add(1, RLX);
+                counted(Outcome::Unknown, 0, false)
+            }
+            Resolved::NoKey => {
+                self.header().keys.place.keyless.fetch_add(1, RLX);
+                counted(Outcome::NoKey, 0, false)
+            }
+            Resolved::OverflowPass | Resolved::OverflowReject(_) => {
+                counted(Outcome::KeyOverflow, 0, true)
+            }
+        }
+    }
+
+    /// Settles an estimate: a passed check of `estimate` units at
+    /// `charged_at` is to cost `item.weight` in the end. The difference
+    /// above the estimate is charged ([`Table::charge`]: counted
+    /// whatever the level); one below it is given back
+    /// ([`Table::give_back`]: uncounted if not sent yet, else a return
+    /// to the roots, never below zero, nothing to a window that ended).
+    /// `granted` is what was added (0 when units were given back).
+    pub fn settle(&self, item: &CheckItem, estimate: u64, charged_at: Nanos, now: Nanos) -> Grant {
+        let actual = item.weight.min(MAX_WEIGHT);
+        let estimate = estimate.min(MAX_WEIGHT);
+        if actual >= estimate {
+            return self.charge(
+                &CheckItem {
+                    weight: actual - estimate,
+                    ..*item
+                },
+                now,
+            );
+        }
+        let outcome = match self.lookup(item.name) {
+            None => Outcome::Unknown,
+            Some(slot) if self.is_per_key(slot) && item.key.is_none_or(<[u8]>::is_empty) => {
+                Outcome::NoKey
+            }
+            Some(_) => {
+                self.give_back(item, estimate - actual, charged_at, now, false);
+                Outcome::Pass
+            }
+        };
+        Grant {
+            outcome,
+            granted: 0,
+            overflow: false,
+        }
+    }
 }

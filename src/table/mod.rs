@@ -40,8 +40,9 @@
 //! - `check.rs` — the request path's decisions: the decide-and-count path
 //!   of plain and paced checks (one or several items) and counting a pass.
 //! - `grants.rs` — the one-item paths beside it: partial grants,
-//!   reservations, and weight given back (a held request whose client
-//!   left).
+//!   reservations, weight given back (a held request whose client
+//!   left), and charges after the response (counted whatever the level:
+//!   a debt) with the settling of an estimate.
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding

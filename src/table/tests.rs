@@ -858,3 +858,63 @@ fn a_key_gets_its_weight_back_and_a_key_that_drained_gets_nothing() {
     assert_eq!(t.give_back(&keyed(b"b", 6), 6, 0, 0, false), 0);
     assert_eq!(t.key_stats().live, 1);
 }
+
+#[test]
+fn a_charge_counts_in_full_past_the_limit_and_the_debt_rejects_later_checks() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[
+        quota(1, "parent", None, 10.0, 100.0, 100.0),
+        quota(2, "bytes", Some(1), 10.0, 10.0, 10.0),
+    ]);
+    t.set_counting_locally(true);
+    // Far over the child's burst: counted whole, up the chain.
+    let charged = t.charge(&item(b"bytes", 50), 0);
+    assert_eq!((charged.outcome, charged.granted), (Outcome::Pass, 50));
+    assert_eq!(t.quota(b"parent", 0).unwrap().pending, 50);
+    t.fold_local(0);
+    // In debt: 50 units at 10/s leave the level above the burst for 4 s.
+    assert!(matches!(t.check(b"bytes", 0, 3 * SEC), Outcome::Reject(_)));
+    assert_eq!(t.check(b"bytes", 1, 5 * SEC), Outcome::Pass);
+    // A charge is no check: it counted neither a pass nor a rejection.
+    let q = t.quota(b"bytes", 5 * SEC).unwrap();
+    assert_eq!((q.passed, q.rejected), (1, 1));
+}
+
+#[test]
+fn a_charge_of_an_unknown_name_or_without_a_key_counts_nothing() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.apply_quotas(&[Quota::new(1, "per_key", 1.0, 10.0, 10.0).keyed()]);
+    assert_eq!(t.charge(&item(b"nobody", 5), 0).outcome, Outcome::Unknown);
+    assert_eq!(t.charge(&item(b"per_key", 5), 0).outcome, Outcome::NoKey);
+    let keyed = CheckItem {
+        key: Some(b"alice"),
+        ..item(b"per_key", 25)
+    };
+    assert_eq!(t.charge(&keyed, 0).outcome, Outcome::Pass);
+    assert_eq!(t.keys(None, 0)[0].pending, 25);
+    assert!(matches!(
+        t.check_many(&[keyed], 0, CheckOptions::default(), never)
+            .outcome,
+        Outcome::Reject(_)
+    ));
+}
+
+#[test]
+fn a_settle_charges_what_exceeds_the_estimate_and_gives_back_what_is_short() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[quota(1, "tokens", None, 1.0, 1000.0, 1000.0)]);
+    assert_eq!(t.check(b"tokens", 400, 0), Outcome::Pass);
+    // Cost 650 against an estimate of 400: 250 more, counted.
+    let more = t.settle(&item(b"tokens", 650), 400, 0, SEC);
+    assert_eq!((more.outcome, more.granted), (Outcome::Pass, 250));
+    assert_eq!(t.quota(b"tokens", SEC).unwrap().pending, 650);
+    // An estimate of 300 that cost 100: 200 given back.
+    assert_eq!(t.check(b"tokens", 300, SEC), Outcome::Pass);
+    let less = t.settle(&item(b"tokens", 100), 300, SEC, SEC);
+    assert_eq!((less.outcome, less.granted), (Outcome::Pass, 0));
+    assert_eq!(t.quota(b"tokens", SEC).unwrap().pending, 750);
+    assert_eq!(
+        t.settle(&item(b"nobody", 1), 400, 0, SEC).outcome,
+        Outcome::Unknown
+    );
+}

@@ -55,7 +55,10 @@ impl Sim<'_> {
         let phase = load.phases.iter().rev().find(|p| p.at <= sec as f64);
         match phase {
             Some(p) => match (p.x, p.rate) {
-                (Some(x), _) => x * self.per_second(quota) / load.weight as f64,
+                (Some(x), _) => {
+                    let per_request = load.charge.map_or(load.weight as f64, |c| c.mean_cost());
+                    x * self.per_second(quota) / per_request
+                }
                 (None, Some(r)) => r,
                 (None, None) => 0.0,
             },
@@ -154,13 +157,15 @@ impl Sim<'_> {
             return;
         }
         let spec = &self.checked.scenario.load[load];
+        if spec.charge.is_some() {
+            self.arrive_charged(host, load, now);
+            return;
+        }
         let weight = spec.weight;
         let q = self.load_quota[load];
         let local = h.local(now);
         let rank = self.keys[load].as_mut().map(|k| k.pick(&mut self.key_rng));
-        let mut key = [0u8; 12];
-        key[..4].copy_from_slice(&(load as u32).to_le_bytes());
-        key[4..].copy_from_slice(&rank.unwrap_or(0).to_le_bytes());
+        let key = key_bytes(load, rank);
         let item = CheckItem {
             name: self.quotas[q].name.as_bytes(),
             key: rank.map(|_| &key[..]),
@@ -192,6 +197,19 @@ impl Sim<'_> {
                 }
             }
         }
+        self.record(q, weight, admitted, ideal, now);
+    }
+
+    /// Records a request of `weight` to quota `q` at `now` in the series
+    /// of its chain, and an admitted one in the true level.
+    pub(super) fn record(
+        &mut self,
+        q: usize,
+        weight: u64,
+        admitted: bool,
+        ideal: bool,
+        now: Nanos,
+    ) {
         let Some(bin) = self.series.bin_index(now) else {
             return;
         };
@@ -209,4 +227,13 @@ impl Sim<'_> {
             }
         }
     }
+}
+
+/// The key a keyed load's request of rank `rank` carries: the load and
+/// the rank, so that two loads never share keys.
+pub(super) fn key_bytes(load: usize, rank: Option<u64>) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..4].copy_from_slice(&(load as u32).to_le_bytes());
+    key[4..].copy_from_slice(&rank.unwrap_or(0).to_le_bytes());
+    key
 }

@@ -20,9 +20,11 @@
 //!
 //! Its files, by concern: the event queue (`queue.rs`), the hosts and
 //! their sync cycles' timing (`hosts.rs`), the network between hosts and
-//! roots (`network.rs`), the ideal limiter (`ideal.rs`) and the load
-//! (`load.rs`); this file sets a run up, runs it and samples it.
+//! roots (`network.rs`), the ideal limiter (`ideal.rs`), the load
+//! (`load.rs`) and requests charged when they end (`charges.rs`); this
+//! file sets a run up, runs it and samples it.
 
+mod charges;
 mod hosts;
 mod ideal;
 mod load;
@@ -116,6 +118,10 @@ struct Sim<'a> {
     /// The ideal limiter's buckets of keys, by (load, rank).
     ideal_keys: HashMap<(usize, u64), Tally>,
     key_rng: Rng,
+    /// Draws the costs and durations of charged requests.
+    charge_rng: Rng,
+    /// Charged requests in flight, by (load, key rank; 0 unkeyed).
+    in_flight: HashMap<(usize, u64), u32>,
     estimator: Estimator,
     end: Nanos,
     series: Series,
@@ -253,6 +259,8 @@ impl<'a> Sim<'a> {
             keys,
             ideal_keys: HashMap::new(),
             key_rng: stream(options.seed, 4),
+            charge_rng: stream(options.seed, 5),
+            in_flight: HashMap::new(),
             estimator,
             end: (s.duration * SEC as f64).round() as Nanos,
             series,
@@ -280,6 +288,22 @@ impl<'a> Sim<'a> {
             match event {
                 Event::Second(sec) => self.generate(sec, at),
                 Event::Arrival { host, load } => self.arrive(host, load, at),
+                Event::Done {
+                    host,
+                    load,
+                    rank,
+                    estimate,
+                    cost,
+                    charged_at,
+                } => {
+                    let done = charges::Done {
+                        rank,
+                        estimate,
+                        cost,
+                        charged_at,
+                    };
+                    self.done(host, load, done, at);
+                }
                 Event::Tick { host, seq } => {
                     if self.hosts[host].tick_seq == seq {
                         self.tick(host, at);

@@ -25,6 +25,16 @@ pub(super) enum Event {
     AtHost { exchange: u64 },
     /// A host gives up waiting for a reply.
     Timeout { exchange: u64 },
+    /// A charged request ends on its host: its cost is charged, or its
+    /// estimate settled (`rank`: its key, 0 unkeyed).
+    Done {
+        host: usize,
+        load: usize,
+        rank: u64,
+        estimate: u64,
+        cost: u64,
+        charged_at: Nanos,
+    },
     /// A scenario event (index into the scenario's list).
     Scenario(usize),
     /// Sample levels at the end of second `s`.

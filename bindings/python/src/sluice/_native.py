@@ -56,6 +56,12 @@ _HOT_SIGNATURES = {
     # caller sleeps.
     "sluice_reserve": (_c_int, [_c_str, _size, _u64, _u64, _u64_out]),
     "sluice_reserve_key": (_c_int, [_c_str, _size, _c_str, _size, _u64, _u64, _u64_out]),
+    # weight: counted whatever the level (never a rejection).
+    "sluice_charge": (_c_int, [_c_str, _size, _u64]),
+    "sluice_charge_key": (_c_int, [_c_str, _size, _c_str, _size, _u64]),
+    # reserved, actual
+    "sluice_settle": (_c_int, [_c_str, _size, _u64, _u64]),
+    "sluice_settle_key": (_c_int, [_c_str, _size, _c_str, _size, _u64, _u64]),
 }
 
 LIBRARY_ENV = "SLUICE_LIBRARY"

@@ -148,6 +148,10 @@ class Limiter:
         self._obtain_key = hot.sluice_obtain_key
         self._reserve = hot.sluice_reserve
         self._reserve_key = hot.sluice_reserve_key
+        self._charge = hot.sluice_charge
+        self._charge_key = hot.sluice_charge_key
+        self._settle = hot.sluice_settle
+        self._settle_key = hot.sluice_settle_key
         # The out-parameter of obtain and reserve: one per thread, made
         # once (a new c_uint64 and byref per call cost more than the call).
         self._cells = threading.local()
@@ -203,6 +207,55 @@ class Limiter:
             key = _name_bytes(key, "key")
             code = self._check_key(name, len(name), key, len(key), weight)
         return self._decision(code)
+
+    def charge(self, name, weight, key=None):
+        """Counts ``weight`` units on quota ``name`` (and its ancestors)
+        whatever its level: a cost known only after the work is done
+        (bytes sent, tokens used, a failed login). Never rejects: past
+        the limit it is a debt, and later checks are rejected until it
+        has drained (``sluice_charge``). With ``key``, the key's own
+        counter of a per-key quota (``sluice_charge_key``).
+
+        Returns ``Decision.PASS`` (counted), ``UNKNOWN`` or ``NO_KEY``
+        (nothing counted) or ``KEY_OVERFLOW``. Never blocks.
+        """
+        name = _name_bytes(name, "name")
+        weight = _count(weight, "weight")
+        if key is None:
+            return self._decision(self._call_hot(self._charge, name, len(name), weight))
+        key = _name_bytes(key, "key")
+        return self._decision(
+            self._call_hot(self._charge_key, name, len(name), key, len(key), weight))
+
+    def settle(self, name, reserved, actual, key=None):
+        """Settles an estimate: a passed check of ``reserved`` units on
+        quota ``name`` cost ``actual`` in the end (``sluice_settle``). The
+        difference above the estimate is charged (whatever the level);
+        below it, it is given back (uncounted if not sent to the roots
+        yet, else returned to them with the next sync). Check with an
+        estimate at least the cost (an LLM request's ``max_tokens``) so
+        that the fleet never admits more than the limit. With ``key``,
+        the key's counter (``sluice_settle_key``).
+
+        Returns a ``Decision`` as ``charge`` does. Never blocks.
+        """
+        name = _name_bytes(name, "name")
+        reserved = _count(reserved, "reserved")
+        actual = _count(actual, "actual")
+        if key is None:
+            code = self._call_hot(self._settle, name, len(name), reserved, actual)
+        else:
+            key = _name_bytes(key, "key")
+            code = self._call_hot(
+                self._settle_key, name, len(name), key, len(key), reserved, actual)
+        return self._decision(code)
+
+    def _call_hot(self, fn, *args):
+        """A call of the hot table, refused once this limiter is closed
+        (the library would answer for whichever limiter started since)."""
+        if self._closed:
+            raise SluiceError(_CLOSED)
+        return fn(*args)
 
     def _decision(self, code):
         decision = _DECISIONS.get(code)
