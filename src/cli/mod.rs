@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use sluice::core::key::{format_hash, parse_hash, KeySecret};
 use sluice::core::quota::validate_name;
 use sluice::core::spec::{specs_from_json, specs_from_toml, FileFormat, QuotaPatch};
+use sluice::core::tier::PenaltyTime;
 use sluice::core::Window;
 use sluice::root::config::parse_duration;
 
@@ -158,6 +159,11 @@ enum QuotaCommand {
         /// A fixed window again (not sliding).
         #[arg(long)]
         fixed: bool,
+        /// Bar the quota (a per-key template: the key) for this long once
+        /// a request is rejected at its high burst: 90s, 15m, 1h, 1d (at
+        /// most 30d); `none` takes the penalty away.
+        #[arg(long, value_parser = parse_penalty_flag)]
+        penalty: Option<PenaltyFlag>,
     },
     /// Delete a quota (refused while it has children).
     Delete {
@@ -264,6 +270,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             window,
             sliding,
             fixed,
+            penalty,
         } => {
             let parent = if no_parent {
                 Some(None)
@@ -278,6 +285,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 per_key: (per_key || shared).then_some(per_key),
                 window: window.map(|w| w.0),
                 sliding: (sliding || fixed).then_some(sliding),
+                penalty: penalty.map(|p| p.0),
             };
             check_name(&name)?;
             check_numbers(&change)?;
@@ -511,6 +519,21 @@ struct Change {
     window: Option<Option<Window>>,
     /// `Some(true)` makes the window sliding, `Some(false)` fixed.
     sliding: Option<bool>,
+    /// `Some(Some(p))` sets a penalty, `Some(None)` takes it away.
+    penalty: Option<Option<PenaltyTime>>,
+}
+
+/// `--penalty`: a duration, or `none`.
+#[derive(Clone, Copy, Debug)]
+struct PenaltyFlag(Option<PenaltyTime>);
+
+fn parse_penalty_flag(text: &str) -> Result<PenaltyFlag, String> {
+    if text == "none" {
+        return Ok(PenaltyFlag(None));
+    }
+    PenaltyTime::parse(text)
+        .map(|p| PenaltyFlag(Some(p)))
+        .map_err(|e| e.message)
 }
 
 /// `--window`: a window, or `none`.
@@ -546,6 +569,7 @@ impl Change {
             per_key: self.per_key,
             window: self.window,
             sliding,
+            penalty: self.penalty,
         }
     }
 }
@@ -745,6 +769,7 @@ mod tests {
             per_key: None,
             window: None,
             sliding: None,
+            penalty: None,
         }
     }
 
@@ -798,6 +823,29 @@ mod tests {
     }
 
     #[test]
+    fn a_penalty_is_a_duration_or_none() {
+        let patch = Change {
+            penalty: Some(parse_penalty_flag("15m").unwrap().0),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!({"penalty": "15m"})
+        );
+        let patch = Change {
+            penalty: Some(parse_penalty_flag("none").unwrap().0),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!({"penalty": null})
+        );
+        assert!(parse_penalty_flag("31d").is_err());
+    }
+
+    #[test]
     fn non_finite_and_negative_numbers_are_refused_by_flag() {
         let change = |high_burst| Change {
             limit: Some(1.0),
@@ -807,6 +855,7 @@ mod tests {
             per_key: None,
             window: None,
             sliding: None,
+            penalty: None,
         };
         assert!(check_numbers(&change(2.0)).is_ok());
         assert!(check_numbers(&change(0.0)).is_ok());

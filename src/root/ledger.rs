@@ -16,6 +16,8 @@ use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits};
 use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
+use super::store::OverrideRow;
+use super::tier_book::{OverrideBook, PenaltyBook};
 use super::trust::{counter_rule, plausible_rejections, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
@@ -121,7 +123,7 @@ pub struct LedgerStats {
     pub levels_capped: u64,
     /// Limiter allowances held (limiter and counter pairs not at full).
     pub allowances: usize,
-    /// Epoch of the last quota loaded.
+    /// Epoch of the last quota or override loaded.
     pub epoch: u64,
     /// Last counter version handed out.
     pub counter_version: u64,
@@ -153,11 +155,19 @@ pub struct Ledger {
     /// Seconds of `limit` above two `high_burst`s at which a leaky
     /// counter is capped (see [`super::trust`]).
     pub level_cap_seconds: f64,
+    /// The overrides loaded from the database (taken after `quotas`
+    /// when both are held).
+    pub overrides: RwLock<OverrideBook>,
+    /// The penalties limiters started (taken after `quotas`, never
+    /// with the counter shards).
+    pub penalties: Mutex<PenaltyBook>,
 }
 
 impl Default for Ledger {
     fn default() -> Self {
         Self {
+            overrides: RwLock::default(),
+            penalties: Mutex::default(),
             quotas: RwLock::default(),
             counters: Counters::default(),
             limiters: Mutex::default(),
@@ -178,6 +188,8 @@ pub struct LedgerView<'a> {
     pub counters: CountersView<'a>,
     /// As [`Ledger::utc_offset`].
     pub utc_offset: i64,
+    /// Epoch of the last override loaded.
+    pub override_epoch: u64,
 }
 
 impl LedgerView<'_> {
@@ -194,7 +206,7 @@ impl LedgerView<'_> {
             keys_forgotten: sizes.keys_forgotten,
             levels_capped: sizes.levels_capped,
             allowances: sizes.allowances,
-            epoch: self.quotas.cursor().epoch,
+            epoch: self.quotas.cursor().epoch.max(self.override_epoch),
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
             limiters_dropped: self.limiters.dropped(),
@@ -233,12 +245,14 @@ impl Ledger {
     /// Holds everything at once (see [`LedgerView`]).
     pub fn read(&self) -> LedgerView<'_> {
         let quotas = self.quotas_read();
+        let override_epoch = self.overrides().cursor().epoch;
         let limiters = self.limiters();
         LedgerView {
             quotas,
             limiters,
             counters: self.counters.read(),
             utc_offset: self.utc_offset,
+            override_epoch,
         }
     }
 
@@ -425,6 +439,46 @@ impl Ledger {
     /// Sizes for metrics and health.
     pub fn stats(&self) -> LedgerStats {
         self.read().stats()
+    }
+
+    /// Stores overrides read from the database, in `(epoch, id)` order;
+    /// returns how many changed.
+    pub fn load_overrides(&self, rows: Vec<OverrideRow>) -> usize {
+        let mut book = self.overrides_write();
+        rows.into_iter()
+            .filter(|row| book.load(row.clone()))
+            .count()
+    }
+
+    /// Reads the overrides.
+    pub fn overrides(&self) -> RwLockReadGuard<'_, OverrideBook> {
+        self.overrides
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn overrides_write(&self) -> std::sync::RwLockWriteGuard<'_, OverrideBook> {
+        self.overrides
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Locks the penalties.
+    pub fn penalties(&self) -> MutexGuard<'_, PenaltyBook> {
+        self.penalties
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forgets penalties that ended by `now_utc` (UTC nanoseconds), and
+    /// those of quotas deleted or without a penalty now.
+    pub fn forget_ended_penalties(&self, now_utc: i64) {
+        let quotas = self.quotas_read();
+        self.penalties().forget_ended(now_utc, |id| {
+            quotas
+                .get(id)
+                .is_none_or(|q| q.deleted || q.penalty.is_none())
+        });
     }
 }
 

@@ -1,0 +1,428 @@
+//! Tiers per key at the root over real HTTP, on SQLite and on
+//! PostgreSQL: overrides written, read, listed, changed, removed and
+//! expired; their validation; quotas' penalties; quota files with
+//! overrides.
+
+#[macro_use]
+mod root_support;
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use root_support::{config, eventually, Db, TestRoot};
+
+on_both_backends!(
+    overrides_are_written_read_listed_changed_and_removed,
+    override_errors_name_the_field_and_write_nothing,
+    an_override_expires_by_itself,
+    a_deleted_template_takes_its_overrides_along,
+    a_penalty_is_a_quota_field,
+    a_quota_file_carries_overrides,
+);
+
+const KEY: &str = "00000000000000aa";
+const OTHER: &str = "00000000000000bb";
+
+fn field(reply: &Value) -> Option<&str> {
+    reply["error"]["field"].as_str()
+}
+
+async fn template(root: &TestRoot) {
+    root.put("api_user", json!({"limit": 15, "per_key": true}))
+        .await;
+}
+
+async fn put_override(root: &TestRoot, key: &str, body: Value) -> (StatusCode, Value) {
+    root.admin(
+        Method::PUT,
+        &format!("/v1/quotas/api_user/overrides/{key}"),
+        Some(body),
+    )
+    .await
+}
+
+async fn overrides_are_written_read_listed_changed_and_removed(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    template(&root).await;
+    let (status, reply) = put_override(
+        &root,
+        KEY,
+        json!({"limit": 100, "high_burst": 200, "note": "paid plan, ticket 42"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let written = &reply["override"];
+    assert_eq!(
+        (
+            &written["kind"],
+            &written["limit"],
+            &written["low_burst"],
+            &written["high_burst"]
+        ),
+        (&json!("limit"), &json!(100.0), &json!(100.0), &json!(200.0))
+    );
+    let (status, again) = put_override(
+        &root,
+        KEY,
+        json!({"limit": 100, "high_burst": 200, "note": "paid plan, ticket 42"}),
+    )
+    .await;
+    assert_eq!((status, &again["changed"]), (StatusCode::OK, &json!(false)));
+    let (status, denied) = put_override(&root, OTHER, json!({"deny": true})).await;
+    assert_eq!(status, StatusCode::CREATED, "{denied}");
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(list["count"], 2, "{list}");
+    let keys: Vec<&str> = list["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["key_hash"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, [KEY, OTHER]);
+    assert_eq!(list["overrides"][1]["deny"], true);
+    assert_eq!(list["overrides"][0]["note"], "paid plan, ticket 42");
+    // Pages of one.
+    let (_, page) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides?limit=1", None)
+        .await;
+    assert_eq!(page["next"], KEY, "{page}");
+    let (_, page) = root
+        .admin(
+            Method::GET,
+            &format!("/v1/quotas/api_user/overrides?limit=1&after={KEY}"),
+            None,
+        )
+        .await;
+    assert_eq!(page["overrides"][0]["key_hash"], OTHER);
+    assert!(page["next"].is_null());
+    // A patch keeps what it does not name.
+    let (status, patched) = root
+        .admin(
+            Method::PATCH,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            Some(json!({"high_burst": 300})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{patched}");
+    assert_eq!(patched["override"]["limit"], 100.0);
+    assert_eq!(patched["override"]["high_burst"], 300.0);
+    assert_eq!(patched["override"]["note"], "paid plan, ticket 42");
+    let (status, one) = root
+        .admin(
+            Method::GET,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &one["high_burst"]),
+        (StatusCode::OK, &json!(300.0))
+    );
+    // Allow replaces the numbers.
+    let (_, allowed) = root
+        .admin(
+            Method::PATCH,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            Some(json!({"allow": true})),
+        )
+        .await;
+    assert_eq!(allowed["override"]["kind"], "allow", "{allowed}");
+    assert!(allowed["override"]["limit"].is_null());
+    let (status, removed) = root
+        .admin(
+            Method::DELETE,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{removed}");
+    let (status, gone) = root
+        .admin(
+            Method::GET,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{gone}");
+    let (status, _) = root
+        .admin(
+            Method::DELETE,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Back again after a removal.
+    let (status, reply) = put_override(&root, KEY, json!({"limit": 5})).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    root.stop().await;
+}
+
+async fn override_errors_name_the_field_and_write_nothing(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    template(&root).await;
+    root.put("plain", json!({"limit": 15})).await;
+    let cases = [
+        (
+            "zz",
+            json!({"limit": 1}),
+            StatusCode::BAD_REQUEST,
+            "key_hash",
+        ),
+        (
+            "0000000000000000",
+            json!({"limit": 1}),
+            StatusCode::BAD_REQUEST,
+            "key_hash",
+        ),
+        (KEY, json!({"limit": -1}), StatusCode::BAD_REQUEST, "limit"),
+        (
+            KEY,
+            json!({"allow": true, "deny": true}),
+            StatusCode::BAD_REQUEST,
+            "allow",
+        ),
+        (
+            KEY,
+            json!({"deny": true, "limit": 4}),
+            StatusCode::BAD_REQUEST,
+            "deny",
+        ),
+        (KEY, json!({}), StatusCode::BAD_REQUEST, "limit"),
+        (
+            KEY,
+            json!({"limit": 5, "low_burst": 9, "high_burst": 1}),
+            StatusCode::BAD_REQUEST,
+            "low_burst",
+        ),
+        (
+            KEY,
+            json!({"limit": 5, "expires": "2001-01-01T00:00:00Z"}),
+            StatusCode::BAD_REQUEST,
+            "expires",
+        ),
+        (
+            KEY,
+            json!({"limit": 5, "expires": "soon"}),
+            StatusCode::BAD_REQUEST,
+            "expires",
+        ),
+        (
+            KEY,
+            json!({"limit": 5, "lmit": 3}),
+            StatusCode::BAD_REQUEST,
+            "lmit",
+        ),
+        (
+            KEY,
+            json!({"key_hash": OTHER, "limit": 5}),
+            StatusCode::BAD_REQUEST,
+            "key_hash",
+        ),
+    ];
+    for (key, body, status, expected) in cases {
+        let (got, reply) = put_override(&root, key, body.clone()).await;
+        assert_eq!(
+            (got, field(&reply)),
+            (status, Some(expected)),
+            "{body}: {reply}"
+        );
+    }
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            &format!("/v1/quotas/plain/overrides/{KEY}"),
+            Some(json!({"limit": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reply}");
+    let (status, _) = root
+        .admin(
+            Method::PUT,
+            &format!("/v1/quotas/nothing/overrides/{KEY}"),
+            Some(json!({"limit": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // A quota's own body does not carry overrides.
+    let (status, reply) = root
+        .admin(
+            Method::PUT,
+            "/v1/quotas/api_user",
+            Some(json!({"limit": 15, "per_key": true,
+                        "overrides": [{"key_hash": KEY, "limit": 3}]})),
+        )
+        .await;
+    assert_eq!(
+        (status, field(&reply)),
+        (StatusCode::BAD_REQUEST, Some("overrides"))
+    );
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(list["count"], 0, "{list}");
+    root.stop().await;
+}
+
+async fn an_override_expires_by_itself(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    template(&root).await;
+    let (status, reply) = put_override(&root, KEY, json!({"deny": true, "expires": "1s"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert!(reply["override"]["expires"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    let (_, kept) = put_override(&root, OTHER, json!({"deny": true})).await;
+    let epoch = kept["override"]["epoch"].as_u64().unwrap();
+    eventually("the override expires", || async {
+        let (status, _) = root
+            .admin(
+                Method::GET,
+                &format!("/v1/quotas/api_user/overrides/{KEY}"),
+                None,
+            )
+            .await;
+        status == StatusCode::NOT_FOUND
+    })
+    .await;
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(list["count"], 1, "{list}");
+    // The expiry took an epoch of its own: limiters learn of it.
+    let (_, health) = root.request(Method::GET, "/healthz", None, None).await;
+    assert!(health["epoch"].as_u64().unwrap() > epoch, "{health}");
+    // An expiry can be cleared.
+    put_override(&root, KEY, json!({"limit": 3, "expires": "1h"})).await;
+    let (_, never) = root
+        .admin(
+            Method::PATCH,
+            &format!("/v1/quotas/api_user/overrides/{KEY}"),
+            Some(json!({"expires": "never"})),
+        )
+        .await;
+    assert!(never["override"]["expires"].is_null(), "{never}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    root.stop().await;
+}
+
+async fn a_deleted_template_takes_its_overrides_along(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    template(&root).await;
+    put_override(&root, KEY, json!({"limit": 100})).await;
+    let (status, _) = root
+        .admin(Method::DELETE, "/v1/quotas/api_user", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    template(&root).await;
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(
+        list["count"], 0,
+        "a revived template starts without: {list}"
+    );
+    // A template that becomes a plain quota loses them too.
+    put_override(&root, KEY, json!({"limit": 100})).await;
+    root.put("api_user", json!({"limit": 15})).await;
+    root.put("api_user", json!({"limit": 15, "per_key": true}))
+        .await;
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(list["count"], 0, "{list}");
+    root.stop().await;
+}
+
+async fn a_penalty_is_a_quota_field(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    let reply = root
+        .put("login", json!({"limit": 5, "penalty": "15m"}))
+        .await;
+    assert_eq!(reply["quota"]["penalty"], "15m", "{reply}");
+    let (status, reply) = root
+        .admin(
+            Method::PATCH,
+            "/v1/quotas/login",
+            Some(json!({"penalty": 90})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["quota"]["penalty"], "90s");
+    let (_, reply) = root
+        .admin(
+            Method::PATCH,
+            "/v1/quotas/login",
+            Some(json!({"penalty": null})),
+        )
+        .await;
+    assert!(reply["quota"]["penalty"].is_null(), "{reply}");
+    let (status, reply) = root
+        .admin(
+            Method::PATCH,
+            "/v1/quotas/login",
+            Some(json!({"penalty": "40d"})),
+        )
+        .await;
+    assert_eq!(
+        (status, field(&reply)),
+        (StatusCode::BAD_REQUEST, Some("penalty")),
+        "{reply}"
+    );
+    root.stop().await;
+}
+
+async fn a_quota_file_carries_overrides(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    let set = json!({"quotas": [
+        {"name": "api", "limit": 10000},
+        {"name": "api_user", "parent": "api", "limit": 15, "per_key": true, "penalty": "15m",
+         "overrides": [
+            {"key_hash": KEY, "limit": 100, "high_burst": 200},
+            {"key_hash": OTHER, "deny": true}
+         ]}
+    ]});
+    let (status, reply) = root
+        .admin(Method::POST, "/v1/apply?dry_run=true", Some(set.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(
+        reply["overrides"].as_array().map(Vec::len),
+        Some(2),
+        "{reply}"
+    );
+    let (status, reply) = root
+        .admin(Method::POST, "/v1/apply", Some(set.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(list["count"], 2, "{list}");
+    assert_eq!(list["overrides"][0]["high_burst"], 200.0);
+    // The same file again changes nothing.
+    let (_, reply) = root
+        .admin(Method::POST, "/v1/apply?dry_run=true", Some(set))
+        .await;
+    assert!(reply["overrides"].is_null(), "{reply}");
+    // An override of a plain quota is refused with its place.
+    let (status, reply) = root
+        .admin(
+            Method::POST,
+            "/v1/apply",
+            Some(json!([{"name": "api", "limit": 1,
+                         "overrides": [{"key_hash": KEY, "deny": true}]}])),
+        )
+        .await;
+    assert_eq!(
+        (status, field(&reply)),
+        (StatusCode::BAD_REQUEST, Some("overrides")),
+        "{reply}"
+    );
+    root.stop().await;
+}
