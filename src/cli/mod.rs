@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use sluice::core::key::{format_hash, parse_hash, KeySecret};
 use sluice::core::quota::validate_name;
 use sluice::core::spec::{specs_from_json, specs_from_toml, FileFormat, QuotaPatch};
-use sluice::core::tier::PenaltyTime;
+use sluice::core::tier::{OverrideSpec, PenaltyTime};
 use sluice::core::Window;
 use sluice::root::config::parse_duration;
 
@@ -194,6 +194,60 @@ enum QuotaCommand {
         #[arg(long)]
         hash: Option<String>,
     },
+    /// Override a per-key template for one key: other numbers, never
+    /// limited (--allow), always rejected (--deny), or remove the
+    /// override (--remove). The key is hashed here with the fleet's
+    /// secret and never sent.
+    Override {
+        /// The per-key template's name.
+        name: String,
+        /// The key (a token, an address...), hashed locally.
+        #[arg(long, conflicts_with = "hash", required_unless_present = "hash")]
+        key: Option<String>,
+        /// The file with the fleet's key secret (nginx's
+        /// `sluice_key_secret_file`); without it, the built-in secret.
+        #[arg(long, value_name = "FILE", requires = "key")]
+        secret_file: Option<PathBuf>,
+        /// The key's hash (16 hex digits) instead of the key.
+        #[arg(long)]
+        hash: Option<String>,
+        /// Leak rate (or units per window) for this key.
+        #[arg(long, allow_negative_numbers = true, group = "rule")]
+        limit: Option<f64>,
+        /// Its low burst [default: the limit].
+        #[arg(long, allow_negative_numbers = true, requires = "limit")]
+        low_burst: Option<f64>,
+        /// Its high burst [default: the low burst].
+        #[arg(long, allow_negative_numbers = true, requires = "limit")]
+        high_burst: Option<f64>,
+        /// Never limited by the template (still counted).
+        #[arg(long, group = "rule")]
+        allow: bool,
+        /// Always rejected.
+        #[arg(long, group = "rule")]
+        deny: bool,
+        /// Remove the key's override.
+        #[arg(long, group = "rule", conflicts_with_all = ["expires", "note"])]
+        remove: bool,
+        /// When it stops applying: a duration from now (24h, 7d) or an
+        /// RFC 3339 time (2026-12-31T00:00:00Z).
+        #[arg(long)]
+        expires: Option<String>,
+        /// A note for operators (who asked, a ticket).
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// List a per-key template's overrides and its keys' penalties.
+    Overrides {
+        /// The per-key template's name.
+        name: String,
+        /// Start after this key hash.
+        #[arg(long)]
+        after: Option<String>,
+        /// Overrides per page.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
     /// Apply a quota file (JSON; TOML when the name ends in .toml; YAML is
     /// refused) in one transaction.
     Apply {
@@ -317,6 +371,83 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 show_keys(&reply.body)
             })
         }
+        QuotaCommand::Override {
+            name,
+            key,
+            secret_file,
+            hash,
+            limit,
+            low_burst,
+            high_burst,
+            allow,
+            deny,
+            remove,
+            expires,
+            note,
+        } => {
+            check_name(&name)?;
+            let hash = key_hash(key, secret_file.as_deref(), hash)?;
+            let url = client.url("v1/quotas", &[&name, "overrides", &hash], &[])?;
+            if remove {
+                let reply = client.send(Method::DELETE, url, None).await?;
+                return Ok(if json {
+                    to_json(&reply.body)
+                } else {
+                    format!(
+                        "removed the override of {hash} on {name} (epoch {})\n",
+                        number(&reply.body["epoch"])
+                    )
+                });
+            }
+            let change = Change {
+                limit,
+                low_burst,
+                high_burst,
+                ..Change::none()
+            };
+            check_numbers(&change)?;
+            if !(allow || deny || limit.is_some()) {
+                return Err(CliError::new("give --limit N, --allow, --deny or --remove"));
+            }
+            let spec = OverrideSpec {
+                limit,
+                low_burst,
+                high_burst,
+                allow,
+                deny,
+                note,
+                expires,
+                key_hash: None,
+            };
+            let body = serde_json::to_vec(&spec).map_err(CliError::new)?;
+            let reply = client.send(Method::PUT, url, Some(body)).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                let verb = match (reply.status, reply.body["changed"].as_bool()) {
+                    (StatusCode::CREATED, _) => "created",
+                    (_, Some(false)) => "unchanged",
+                    _ => "updated",
+                };
+                format!(
+                    "{verb} the override of {hash} on {name}: {} (epoch {})\n",
+                    describe_override(&reply.body["override"]),
+                    number(&reply.body["override"]["epoch"])
+                )
+            })
+        }
+        QuotaCommand::Overrides { name, after, limit } => {
+            check_name(&name)?;
+            let limit = limit.to_string();
+            let query = [("after", after.as_deref()), ("limit", Some(limit.as_str()))];
+            let url = client.url("v1/quotas", &[&name, "overrides"], &query)?;
+            let reply = client.send(Method::GET, url, None).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                show_overrides(&reply.body)
+            })
+        }
         QuotaCommand::Key {
             name,
             key,
@@ -327,21 +458,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             // A key hashed with the built-in secret finds nothing in a
             // fleet that has its own: say which secret was used.
             let built_in = key.is_some() && secret_file.is_none();
-            let hash = match (key, hash) {
-                (Some(key), _) => {
-                    format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()))
-                }
-                (None, Some(hash)) => {
-                    parse_hash(&hash).ok_or_else(|| {
-                        CliError::new(format!(
-                            "invalid --hash {hash:?}: a key's hash is 16 hex digits, as \
-                             listings show it"
-                        ))
-                    })?;
-                    hash
-                }
-                (None, None) => return Err(CliError::new("give --key or --hash")),
-            };
+            let hash = key_hash(key, secret_file.as_deref(), hash)?;
             let url = client.url("v1/quotas", &[&name, "keys", &hash], &[])?;
             let reply = client.send(Method::GET, url, None).await.map_err(|mut e| {
                 if built_in && e.status == Some(StatusCode::NOT_FOUND) {
@@ -372,6 +489,88 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             })
         }
     }
+}
+
+/// A key's hash as the root knows it: the key hashed here with the
+/// secret in `secret_file` (never sent), or a hash as given.
+fn key_hash(
+    key: Option<String>,
+    secret_file: Option<&Path>,
+    hash: Option<String>,
+) -> Result<String, CliError> {
+    match (key, hash) {
+        (Some(key), _) => Ok(format_hash(key_secret(secret_file)?.hash(key.as_bytes()))),
+        (None, Some(hash)) => {
+            parse_hash(&hash).ok_or_else(|| {
+                CliError::new(format!(
+                    "invalid --hash {hash:?}: a key's hash is 16 hex digits, as listings \
+                     show it"
+                ))
+            })?;
+            Ok(hash)
+        }
+        (None, None) => Err(CliError::new("give --key or --hash")),
+    }
+}
+
+/// What an override does, in a few words, with its expiry.
+fn describe_override(o: &Value) -> String {
+    let what = describe_rule(o);
+    match o["expires"].as_str() {
+        Some(at) => format!("{what}, until {at}"),
+        None => what,
+    }
+}
+
+/// An override's rule: `allow`, `deny` or its numbers.
+fn describe_rule(o: &Value) -> String {
+    match o["kind"].as_str() {
+        Some("allow") => "allow".to_string(),
+        Some("deny") => "deny".to_string(),
+        _ => format!(
+            "limit {} (bursts {}..{})",
+            number(&o["limit"]),
+            number(&o["low_burst"]),
+            number(&o["high_burst"])
+        ),
+    }
+}
+
+fn show_overrides(reply: &Value) -> String {
+    let mut table = Table::new(&["KEY", "RULE", "EXPIRES", "EPOCH", "NOTE"]);
+    let list = |key: &str| -> Vec<Value> { reply[key].as_array().cloned().unwrap_or_default() };
+    for o in list("overrides") {
+        table.row(vec![
+            text(&o["key_hash"]),
+            describe_rule(&o),
+            text(&o["expires"]),
+            number(&o["epoch"]),
+            text(&o["note"]),
+        ]);
+    }
+    let mut out = table.render();
+    out.push_str(&format!(
+        "({} overrides of {})\n",
+        number(&reply["count"]),
+        text(&reply["quota"])
+    ));
+    if let Some(next) = reply["next"].as_str() {
+        out.push_str(&format!("(more: --after {next})\n"));
+    }
+    let penalties = list("penalties");
+    if !penalties.is_empty() {
+        let mut table = Table::new(&["PENALIZED KEY", "UNTIL", "SECONDS LEFT"]);
+        for p in &penalties {
+            table.row(vec![
+                text(&p["key_hash"]),
+                text(&p["until"]),
+                number(&p["seconds_left"]),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&table.render());
+    }
+    out
 }
 
 /// The fleet's key secret from `path`, or the built-in one.
@@ -553,6 +752,20 @@ fn parse_window_flag(text: &str) -> Result<WindowFlag, String> {
 }
 
 impl Change {
+    /// No change at all.
+    fn none() -> Self {
+        Self {
+            limit: None,
+            low_burst: None,
+            high_burst: None,
+            parent: None,
+            per_key: None,
+            window: None,
+            sliding: None,
+            penalty: None,
+        }
+    }
+
     /// The patch the root merges. `--window none` alone also makes the
     /// window fixed: a leaky bucket has nothing to slide.
     fn into_patch(self) -> QuotaPatch {
@@ -761,16 +974,7 @@ mod tests {
     use super::*;
 
     fn change() -> Change {
-        Change {
-            limit: None,
-            low_burst: None,
-            high_burst: None,
-            parent: None,
-            per_key: None,
-            window: None,
-            sliding: None,
-            penalty: None,
-        }
+        Change::none()
     }
 
     #[test]
