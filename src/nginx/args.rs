@@ -535,6 +535,7 @@ mod tests {
             limit: 10.0,
             wait,
             key: 0,
+            cause: crate::table::Cause::Limit,
         };
         result(Outcome::Reject(rejection), 0, false)
     }

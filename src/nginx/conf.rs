@@ -14,7 +14,7 @@ use super::headers::PolicyNames;
 use super::request_counters::RequestCounters;
 use super::unknown_names::UnknownNames;
 use super::util::ConfPosition;
-use super::zone_size::DEFAULT_KEYS_SIZE;
+use super::zone_size::{DEFAULT_KEYS_SIZE, DEFAULT_OVERRIDES_SIZE};
 use crate::core::key::KeySecret;
 use crate::core::spec::QuotaSet;
 use crate::sync::config::SyncConfig;
@@ -66,6 +66,9 @@ pub(crate) struct MainConf {
     pub early_sync: Option<crate::sync::EarlySync>,
     /// `sluice_keys`: bytes of the zone given to keys of per-key quotas.
     pub keys_size: Option<usize>,
+    /// `sluice_overrides`: bytes of the zone given to overrides of
+    /// per-key templates and penalties.
+    pub overrides_size: Option<usize>,
     /// The secret read from `sluice_key_secret_file`.
     pub key_secret: Option<KeySecret>,
     /// `sluice_key_overflow`.
@@ -112,6 +115,11 @@ impl MainConf {
     /// Bytes of the zone given to keys of per-key quotas.
     pub fn keys_size(&self) -> usize {
         self.keys_size.unwrap_or(DEFAULT_KEYS_SIZE)
+    }
+
+    /// Bytes of the zone given to overrides and penalties.
+    pub fn overrides_size(&self) -> usize {
+        self.overrides_size.unwrap_or(DEFAULT_OVERRIDES_SIZE)
     }
 
     /// The sync configuration these directives make (logging to stderr

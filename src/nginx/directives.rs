@@ -24,7 +24,9 @@ use super::conf::{
 use super::headers::PolicyNames;
 use super::request_counters::WAIT_MAX_SLOTS;
 use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
-use super::zone_size::{check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MIN_ZONE_SIZE};
+use super::zone_size::{
+    check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MAX_OVERRIDES_SIZE, MIN_ZONE_SIZE,
+};
 use super::Module;
 use crate::core::key::KeySecret;
 use crate::core::quota::validate_name;
@@ -414,6 +416,25 @@ directive_handler!(
                 )
             })?;
         once(&mut mcf.keys_size, size, &args)
+    }
+);
+
+directive_handler!(
+    /// `sluice_overrides <size>;` — zone memory for overrides of per-key
+    /// templates and penalties.
+    set_overrides,
+    |cf, mcf: &mut MainConf, args| {
+        let size = parse_size(args[1])
+            .filter(|&s| s <= MAX_OVERRIDES_SIZE)
+            .ok_or_else(|| {
+                format!(
+                    "invalid size \"{}\": must be a size up to {}g (0 for no overrides \
+                     or penalties)",
+                    text(args[1]),
+                    MAX_OVERRIDES_SIZE >> 30
+                )
+            })?;
+        once(&mut mcf.overrides_size, size, &args)
     }
 );
 

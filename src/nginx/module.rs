@@ -216,7 +216,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 21] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 22] = [
     directive(
         c"sluice_zone",
         HTTP | NGX_CONF_TAKE1,
@@ -269,6 +269,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 21] = [
         c"sluice_keys",
         HTTP | NGX_CONF_TAKE1,
         directives::set_keys,
+        MAIN,
+    ),
+    directive(
+        c"sluice_overrides",
+        HTTP | NGX_CONF_TAKE1,
+        directives::set_overrides,
         MAIN,
     ),
     directive(
