@@ -185,6 +185,9 @@ pub(crate) struct LocConf {
     pub checks: Option<Vec<Check>>,
     /// `sluice_status`.
     pub status: Option<ngx_uint_t>,
+    /// `sluice_deny_status`: the status of a request whose key an
+    /// override denies.
+    pub deny_status: Option<ngx_uint_t>,
     /// `sluice_dry_run`.
     pub dry_run: Option<bool>,
     /// `sluice_log_level` (an nginx log level).
@@ -225,6 +228,11 @@ impl LocConf {
         self.status.unwrap_or(429)
     }
 
+    /// The status code requests of a denied key get.
+    pub fn deny_status(&self) -> ngx_uint_t {
+        self.deny_status.unwrap_or(403)
+    }
+
     /// The level rejections are logged at.
     pub fn log_level(&self) -> ngx_uint_t {
         self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
@@ -249,6 +257,7 @@ impl Merge for LocConf {
             self.checks.clone_from(&prev.checks);
         }
         self.status = self.status.or(prev.status);
+        self.deny_status = self.deny_status.or(prev.deny_status);
         self.dry_run = self.dry_run.or(prev.dry_run);
         self.log_level = self.log_level.or(prev.log_level);
         self.unknown_log = self.unknown_log.or(prev.unknown_log);

@@ -492,6 +492,21 @@ fn flag(args: &[&[u8]], i: usize) -> Result<bool, String> {
 }
 
 directive_handler!(
+    /// `sluice_deny_status <code>;` (400..599): the status of a request
+    /// whose key an override denies.
+    set_deny_status,
+    |cf, lcf: &mut LocConf, args| {
+        match super::args::parse_u64(args[1]) {
+            Some(code @ 400..=599) => once(&mut lcf.deny_status, code as ngx_uint_t, &args),
+            _ => Err(format!(
+                "invalid status \"{}\": must be between 400 and 599",
+                text(args[1])
+            )),
+        }
+    }
+);
+
+directive_handler!(
     /// `sluice_dry_run on|off;`
     set_dry_run,
     |cf, lcf: &mut LocConf, args| {

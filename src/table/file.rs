@@ -267,11 +267,16 @@ mod tests {
                 })
                 .count()
         };
-        assert_eq!((check(b"paid"), check(b"stolen"), check(b"free")), (10, 0, 2));
+        assert_eq!(
+            (check(b"paid"), check(b"stolen"), check(b"free")),
+            (10, 0, 2)
+        );
         // Gone from the file, gone from the table.
         load_set(
             &t,
-            &set(&text(&format!(r#"{{"key_hash":"{paid:016x}","limit":100}}"#))),
+            &set(&text(&format!(
+                r#"{{"key_hash":"{paid:016x}","limit":100}}"#
+            ))),
             FileRole::Authoritative,
         );
         assert!(t.tier(id_of(&t, "api"), stolen).is_none());
