@@ -20,6 +20,7 @@ on_both_backends!(
     a_deleted_template_takes_its_overrides_along,
     a_penalty_is_a_quota_field,
     a_quota_file_carries_overrides,
+    overrides_and_penalties_travel_in_the_sync,
 );
 
 const KEY: &str = "00000000000000aa";
@@ -424,5 +425,146 @@ async fn a_quota_file_carries_overrides(db: Db) {
         (StatusCode::BAD_REQUEST, Some("overrides")),
         "{reply}"
     );
+    root.stop().await;
+}
+
+/// One raw sync of limiter `id` carrying `tiers` (a penalty version
+/// counts only with the root instance it came from, as
+/// `tiers.root_instance`); the reply.
+async fn tier_sync(root: &TestRoot, id: &str, after: &Value, mut tiers: Value) -> Value {
+    let instance = tiers
+        .as_object_mut()
+        .and_then(|t| t.remove("root_instance"))
+        .unwrap_or(json!(0));
+    let (status, reply) = root
+        .sync(
+            &json!({"limiter": id, "quotas_after": after, "counter_version": 0,
+                      "root_instance": instance, "tiers": tiers}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    reply
+}
+
+/// Overrides travel in the sync reply after the quota pages, paged like
+/// quotas and then incrementally by epoch (an edit, a removal as a
+/// tombstone); a penalty a limiter sends reaches another limiter once,
+/// then not again until something changed.
+async fn overrides_and_penalties_travel_in_the_sync(db: Db) {
+    let mut config = config(&db);
+    config.sync_page_quotas = 3;
+    let root = TestRoot::start(config).await;
+    let set = json!({"quotas": [
+        {"name": "api_user", "limit": 15, "per_key": true, "penalty": "15m",
+         "overrides": (1..=7u64)
+            .map(|k| json!({"key_hash": format!("{k:016x}"), "limit": 100}))
+            .collect::<Vec<_>>()}
+    ]});
+    let (status, reply) = root.admin(Method::POST, "/v1/apply", Some(set)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+
+    // A fresh limiter: overrides with the last quota page, 3 a reply.
+    let mut after = json!({"epoch": 0, "id": 0});
+    let mut tiers = json!({});
+    let mut pages = Vec::new();
+    let mut held = std::collections::BTreeMap::new();
+    loop {
+        let reply = tier_sync(&root, "x", &after, tiers.clone()).await;
+        assert_eq!(reply["takes_tiers"], true, "{reply}");
+        after = reply["quotas_after"].clone();
+        let got = reply["tiers"]["overrides"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for o in &got {
+            held.insert(o["key"].as_u64().unwrap(), o.clone());
+        }
+        pages.push(got.len());
+        tiers = json!({"overrides_after": reply["tiers"]["overrides_after"]});
+        let more = reply["more_quotas"] == true || reply["tiers"]["more_overrides"] == true;
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(pages, [3, 3, 1]);
+    assert_eq!(held.len(), 7);
+    assert_eq!(held[&1]["limit"], 100.0);
+
+    // Up to date: nothing more.
+    let reply = tier_sync(&root, "x", &after, tiers.clone()).await;
+    assert!(reply["tiers"]["overrides"].is_null(), "{reply}");
+    // An edit and a removal: exactly those two, the removal a tombstone.
+    put_override(&root, &format!("{:016x}", 2), json!({"deny": true})).await;
+    let (status, _) = root
+        .admin(
+            Method::DELETE,
+            &format!("/v1/quotas/api_user/overrides/{:016x}", 3),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let reply = tier_sync(&root, "x", &after, tiers.clone()).await;
+    let got = reply["tiers"]["overrides"].as_array().unwrap();
+    assert_eq!(got.len(), 2, "{reply}");
+    assert_eq!(
+        (got[0]["key"].as_u64(), got[0]["kind"].as_str()),
+        (Some(2), Some("deny"))
+    );
+    assert_eq!(
+        (got[1]["key"].as_u64(), got[1]["deleted"].as_bool()),
+        (Some(3), Some(true))
+    );
+
+    // A penalty limiter x started reaches limiter y, once.
+    let template = held[&1]["quota"].as_u64().unwrap();
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    let until = now_ns + 60_000_000_000;
+    tier_sync(
+        &root,
+        "x",
+        &after,
+        json!({"overrides_after": tiers["overrides_after"], "penalties": [[template, 0xaa, until]]}),
+    )
+    .await;
+    let reply = tier_sync(&root, "y", &after, json!({})).await;
+    assert_eq!(
+        reply["tiers"]["penalties"],
+        json!([[template, 0xaa, until]]),
+        "{until} {reply}"
+    );
+    let version = reply["tiers"]["penalty_version"].clone();
+    let since = json!({"penalty_version": version, "root_instance": reply["root_instance"]});
+    let reply = tier_sync(&root, "y", &after, since.clone()).await;
+    assert!(reply["tiers"]["penalties"].is_null(), "{reply}");
+    // A penalty longer than the quota's is cut to it (15 minutes and a
+    // minute of slack for clocks).
+    let far = now_ns + 86_400_000_000_000;
+    tier_sync(
+        &root,
+        "x",
+        &after,
+        json!({"penalties": [[template, 0xbb, far]]}),
+    )
+    .await;
+    let reply = tier_sync(&root, "y", &after, since).await;
+    assert_eq!(
+        reply["tiers"]["penalties"].as_array().map(Vec::len),
+        Some(1),
+        "{reply}"
+    );
+    let cut = reply["tiers"]["penalties"][0][2].as_i64().unwrap();
+    assert!(cut < now_ns + 17 * 60_000_000_000, "{reply}");
+    // A penalty naming no quota is refused with its place.
+    let (status, reply) = root
+        .sync(
+            &json!({"limiter": "x", "quotas_after": after, "counter_version": 0,
+                      "root_instance": 0, "tiers": {"penalties": [[0, 0, until]]}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(field(&reply), Some("tiers.penalties[0]"), "{reply}");
     root.stop().await;
 }

@@ -8,7 +8,7 @@
 //! every lock.
 
 use crate::core::{Nanos, Quota};
-use crate::wire::{CounterKey, SyncRequest, SyncResponse};
+use crate::wire::{CounterKey, SyncRequest, SyncResponse, TierReply};
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
@@ -17,7 +17,7 @@ use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 use super::store::OverrideRow;
-use super::tier_book::{OverrideBook, PenaltyBook};
+use super::tier_book::{OverrideBook, OverridePage, PenaltyBook};
 use super::trust::{counter_rule, plausible_rejections, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
@@ -75,6 +75,9 @@ pub struct SyncStep {
     /// Rejections cut from the request's counts, more than its limiter
     /// could have made ([`super::trust::plausible_rejections`]).
     pub rejections_clipped: u64,
+    /// Overrides after the limiter's cursor, penalties changed since its
+    /// version.
+    pub tiers: TierReply,
 }
 
 impl SyncStep {
@@ -97,6 +100,8 @@ impl SyncStep {
             keyed: self.counters.keyed,
             counter_version: self.counters.version,
             takes_returns: true,
+            takes_tiers: true,
+            tiers: self.tiers,
         }
     }
 }
@@ -393,6 +398,7 @@ impl Ledger {
                 .clipped(number, step.clipped as u64, step.clipped_weight, now);
         }
         step.quotas = quotas.page_after(request.quotas_after, paging.quotas);
+        step.tiers = self.tiers_step(request, &quotas, instance, now, step.quotas.more, paging);
         drop(quotas);
         let since = self.counters_since(request, instance);
         step.counters = if step.quotas.more {
@@ -424,6 +430,51 @@ impl Ledger {
             parts[self.counters.shard_of(counter)].push((counter, delta));
         }
         parts
+    }
+
+    /// The tiers part of a sync: takes the penalties the limiter started
+    /// (as [`PenaltyBook::admit`] allows), and answers the overrides after
+    /// its cursor (none while quota pages remain: their templates come
+    /// first) and the penalties changed since its version.
+    fn tiers_step(
+        &self,
+        request: &SyncRequest,
+        quotas: &QuotaBook,
+        instance: u64,
+        now: Nanos,
+        quotas_pending: bool,
+        paging: SyncPaging,
+    ) -> TierReply {
+        let now_utc = now as i64 + self.utc_offset;
+        let asked = &request.tiers;
+        let mut penalties = self.penalties();
+        for &p in &asked.penalties {
+            let _ = penalties.admit(p, quotas.get(p.quota()).map(|q| q.as_ref()), now_utc);
+        }
+        let since =
+            if request.root_instance == instance && asked.penalty_version <= penalties.version() {
+                asked.penalty_version
+            } else {
+                0
+            };
+        let (changed, penalty_version) = penalties.changed_since(since, now_utc);
+        drop(penalties);
+        let page = if quotas_pending {
+            OverridePage {
+                after: asked.overrides_after,
+                ..OverridePage::default()
+            }
+        } else {
+            self.overrides()
+                .page_after(asked.overrides_after, paging.quotas)
+        };
+        TierReply {
+            overrides: page.overrides,
+            overrides_after: page.after,
+            more_overrides: page.more,
+            penalties: changed,
+            penalty_version,
+        }
     }
 
     fn counters_since(&self, request: &SyncRequest, instance: u64) -> u64 {

@@ -251,6 +251,8 @@ pub struct TierHeader {
     /// Odd while entries move (a removal shifts the ones after it): a
     /// lookup that missed while it changed looks again.
     pub moves: AtomicU64,
+    /// Next entry the upkeep sweep looks at.
+    pub sweep: AtomicU32,
     /// Entries in use.
     pub live: AtomicU64,
     /// Entries removed since the filter in use was built (its stale bits).

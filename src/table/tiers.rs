@@ -612,8 +612,9 @@ impl Table {
             .collect()
     }
 
-    /// Upkeep by the sync thread at `now_utc`: removes entries with
-    /// nothing left in them (a penalty ended, an override expired, no
+    /// Upkeep by the sync thread at `now_utc`, a slice a call (the whole
+    /// section about once a minute at one call a second): removes entries
+    /// with nothing left in them (a penalty ended, an override expired, no
     /// penalty length), and rebuilds the filter once removals left as many
     /// stale bits as there are entries.
     pub fn sweep_tiers(&self, now_utc: i64) {
@@ -623,8 +624,13 @@ impl Table {
         }
         let lock = self.tier_lock();
         let entries = self.tier_entries();
-        let mut at = 0;
-        while at < entries.len() {
+        let budget = (entries.len() / 60).max(4096).min(entries.len());
+        let start = (t.sweep.load(RLX) as usize).min(entries.len());
+        let end = (start + budget).min(entries.len());
+        t.sweep
+            .store(if end == entries.len() { 0 } else { end as u32 }, RLX);
+        let mut at = start;
+        while at < end {
             let e = &entries[at];
             let empty = e.quota.load(RLX) != 0
                 && read_entry(e).is_some_and(|r| {
