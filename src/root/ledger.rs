@@ -7,12 +7,13 @@
 //! [`super::counter_shards`]). Parsing and serialisation happen outside
 //! every lock.
 
+use crate::core::tier::{Override, Rule};
 use crate::core::{Nanos, Quota};
 use crate::wire::{CounterKey, SyncRequest, SyncResponse, TierReply};
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits};
+use super::counter_book::{AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits};
 use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
@@ -278,6 +279,22 @@ impl Ledger {
                         let rule =
                             counter_rule(quota, self.utc_offset, self.level_cap_seconds, now);
                         self.counters.set_counting(id, per_key, rule, now);
+                        if per_key {
+                            // Its overridden keys keep their own numbers.
+                            let overrides = self.overrides();
+                            let (rows, _) = overrides.list(id, 0, usize::MAX);
+                            for row in rows {
+                                let rule = self.key_rule(quota, Some(&row.ov), now);
+                                self.counters.set_key_counting(
+                                    CounterKey {
+                                        id,
+                                        key: row.ov.key,
+                                    },
+                                    rule,
+                                    now,
+                                );
+                            }
+                        }
                     }
                 }
                 QuotaChange::Deleted { id } => self.counters.remove(id),
@@ -328,6 +345,9 @@ impl Ledger {
         }
         let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         let quotas = self.quotas_read();
+        // Taken after the quotas, as everywhere: a key with an override
+        // counts with its numbers.
+        let overrides = self.overrides();
         for (index, ((part, rejected), returns)) in
             parts.iter().zip(&rejected).zip(&returns).enumerate()
         {
@@ -361,7 +381,12 @@ impl Ledger {
                 // hold yet.
                 let rule_of = || {
                     let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
-                    Some(counter_rule(quota, utc_offset, cap_seconds, now))
+                    Some(if counter.key == 0 {
+                        counter_rule(quota, utc_offset, cap_seconds, now)
+                    } else {
+                        let row = overrides.get(counter.id, counter.key);
+                        self.key_rule(quota, row.map(|r| &r.ov), now)
+                    })
                 };
                 let allowances = &mut shard.allowances;
                 let allow = |shape: &AllowanceShape| {
@@ -393,6 +418,7 @@ impl Ledger {
                 }
             }
         }
+        drop(overrides);
         if step.clipped > 0 {
             self.limiters()
                 .clipped(number, step.clipped as u64, step.clipped_weight, now);
@@ -494,11 +520,63 @@ impl Ledger {
 
     /// Stores overrides read from the database, in `(epoch, id)` order;
     /// returns how many changed.
-    pub fn load_overrides(&self, rows: Vec<OverrideRow>) -> usize {
-        let mut book = self.overrides_write();
-        rows.into_iter()
-            .filter(|row| book.load(row.clone()))
-            .count()
+    pub fn load_overrides(&self, rows: Vec<OverrideRow>, now: Nanos) -> usize {
+        let changed: Vec<OverrideRow> = {
+            let mut book = self.overrides_write();
+            rows.into_iter()
+                .filter(|row| book.load(row.clone()))
+                .collect()
+        };
+        // The keys' counters take the new numbers (a removal: the
+        // template's again), the quotas read after the overrides were let
+        // go, as everywhere else.
+        let quotas = self.quotas_read();
+        for row in &changed {
+            let Some(template) = quotas.counting_quota(row.ov.quota, true) else {
+                continue;
+            };
+            let live = (!row.ov.deleted).then_some(&row.ov);
+            let rule = self.key_rule(template, live, now);
+            let counter = CounterKey {
+                id: row.ov.quota,
+                key: row.ov.key,
+            };
+            self.counters.set_key_counting(counter, rule, now);
+        }
+        changed.len()
+    }
+
+    /// How a key of per-key template `template` counts at the root: with
+    /// the template's numbers, or its override's. Its cap and the
+    /// allowance each limiter has on it follow the same numbers, so a key
+    /// moved from 15/s to 100/s is not clipped to 15/s; an allowed key's
+    /// are unbounded (what a limiter admits for it is never limited),
+    /// a denied key's the template's (its checks are not counted).
+    fn key_rule(&self, template: &Quota, over: Option<&Override>, now: Nanos) -> CounterRule {
+        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
+        match over.map(|o| (o.rule, o.epoch)) {
+            Some((
+                Rule::Limit {
+                    limit,
+                    low_burst,
+                    high_burst,
+                },
+                epoch,
+            )) => {
+                let mut quota = template.clone();
+                quota.limit = limit;
+                quota.low_burst = low_burst;
+                quota.high_burst = high_burst;
+                // An edit of either starts the allowances over.
+                quota.epoch = quota.epoch.max(epoch);
+                counter_rule(&quota, utc_offset, cap_seconds, now)
+            }
+            Some((Rule::Allow, _)) => {
+                let counting = counter_rule(template, utc_offset, cap_seconds, now).counting;
+                CounterRule::from(counting)
+            }
+            Some((Rule::Deny, _)) | None => counter_rule(template, utc_offset, cap_seconds, now),
+        }
     }
 
     /// Reads the overrides.
@@ -842,6 +920,71 @@ mod tests {
         let response = b.into_response(INSTANCE, 0, 0);
         assert_eq!(response.keyed.len(), 1);
         assert!(response.counters.is_empty());
+    }
+
+    /// A key with an override counts at the root with the override's
+    /// numbers: its deltas are not cut to the template's allowance and
+    /// cap, before or after the override arrives, and a removal gives it
+    /// the template's back.
+    #[test]
+    fn an_overridden_key_counts_with_its_own_numbers_at_the_root() {
+        use crate::core::tier::{Override, Rule};
+        use crate::root::store::OverrideRow;
+        let ledger = Ledger::default();
+        // 1/s with a burst of 3: a limiter may add about 3 at once.
+        ledger.load(
+            vec![Quota::new(2, "per_key", 1.0, 3.0, 3.0).keyed().at_epoch(1)],
+            0,
+        );
+        let row = |key, rule, epoch, deleted| OverrideRow {
+            ov: Override {
+                id: key,
+                quota: 2,
+                key,
+                rule,
+                expires_ms: None,
+                epoch,
+                deleted,
+            },
+            note: None,
+            updated_ms: 0,
+        };
+        let paid = Rule::Limit {
+            limit: 100.0,
+            low_burst: 100.0,
+            high_burst: 100.0,
+        };
+        // Key 7 before its counter exists, key 8 after; 9 is allowed.
+        ledger.load_overrides(
+            vec![row(7, paid, 2, false), row(9, Rule::Allow, 2, false)],
+            0,
+        );
+        ledger.sync(&keyed_request("a", 2, &[(8, 1)]), INSTANCE, 0, PAGING);
+        ledger.load_overrides(vec![row(8, paid, 3, false)], 0);
+        let step = ledger.sync(
+            &keyed_request("a", 2, &[(7, 50), (8, 50), (9, 500), (10, 50)]),
+            INSTANCE,
+            0,
+            PAGING,
+        );
+        assert_eq!(key_level(&step, 2, 7), Some(50.0));
+        assert_eq!(key_level(&step, 2, 8), Some(51.0));
+        assert_eq!(key_level(&step, 2, 9), Some(500.0));
+        let plain = key_level(&step, 2, 10).unwrap();
+        assert!(plain < 20.0, "the template's numbers bound key 10: {plain}");
+        // Removed: key 8 is bound by the template's numbers again.
+        ledger.load_overrides(vec![row(8, paid, 4, true)], 0);
+        let step = ledger.sync(&keyed_request("a", 2, &[(8, 50)]), INSTANCE, SEC, PAGING);
+        let level = key_level(&step, 2, 8).unwrap();
+        assert!(level < 20.0, "{level}");
+        // A template edit keeps key 7's numbers (its 50 leaked away at
+        // 100/s: the 40 count whole).
+        ledger.load(
+            vec![Quota::new(2, "per_key", 2.0, 3.0, 3.0).keyed().at_epoch(5)],
+            SEC,
+        );
+        let step = ledger.sync(&keyed_request("b", 2, &[(7, 40)]), INSTANCE, SEC, PAGING);
+        assert_eq!(key_level(&step, 2, 7), Some(40.0));
     }
 
     #[test]

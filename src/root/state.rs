@@ -171,8 +171,8 @@ impl RootState {
             }
         };
         let loaded = quotas.len();
-        let changed =
-            self.ledger().load(quotas, self.now()) + self.ledger().load_overrides(overrides);
+        let changed = self.ledger().load(quotas, self.now())
+            + self.ledger().load_overrides(overrides, self.now());
         *cursor = after;
         *self
             .override_cursor
