@@ -72,6 +72,11 @@ pub struct Page {
 /// How often per interval early sync probes the table.
 pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
 
+/// Most early cycles a second that penalties started here may bring on
+/// (with early sync off too): a penalty reaches the roots at once, and
+/// every other host within its next sync.
+pub const PENALTY_SYNCS_PER_SECOND: f64 = 4.0;
+
 /// A log line the engine wants written.
 pub type LogLine = (LogLevel, String);
 
@@ -380,25 +385,34 @@ impl SyncEngine {
 
     /// Time between early-sync probes, when early sync is on.
     pub fn early_probe_every(&self) -> Option<Nanos> {
-        self.early
-            .map(|_| (self.interval / EARLY_PROBES_PER_INTERVAL).max(1))
+        self.early.map(|_| self.probe_every())
     }
 
-    /// True when an early cycle should start now: early sync is on, its
-    /// budget allows one, and some quota's unsent local delta passed its
-    /// share of the burst band.
+    /// Time between the networked loop's probes: they look for penalties
+    /// started here (always) and, with early sync on, for unsent weight.
+    pub fn probe_every(&self) -> Nanos {
+        (self.interval / EARLY_PROBES_PER_INTERVAL).max(1)
+    }
+
+    /// True when an early cycle should start now: its budget allows one
+    /// (early sync's, or [`PENALTY_SYNCS_PER_SECOND`] without it), and a
+    /// penalty started here waits to be sent, or early sync is on and
+    /// some quota's unsent local delta passed its share of the burst band.
     pub fn early_sync_due(&mut self, table: &Table, now: Nanos) -> bool {
-        let Some(early) = self.early else {
-            return false;
-        };
-        let spacing = (1e9 / early.max_per_second.max(1e-9)) as Nanos;
+        let per_second = self
+            .early
+            .map_or(PENALTY_SYNCS_PER_SECOND, |e| e.max_per_second);
+        let spacing = (1e9 / per_second.max(1e-9)) as Nanos;
         if self
             .last_early
             .is_some_and(|t| now.saturating_sub(t) < spacing)
         {
             return false;
         }
-        let due = table.unsent_beyond(early.fraction);
+        let due = table.has_unsent_penalties()
+            || self
+                .early
+                .is_some_and(|early| table.unsent_beyond(early.fraction));
         if due {
             self.last_early = Some(now);
         }

@@ -809,3 +809,28 @@ fn penalties_go_to_a_root_that_takes_tiers_a_quarter_of_a_request_at_a_time() {
     }
     assert_eq!(sent.len(), 30);
 }
+
+#[test]
+fn a_penalty_started_here_brings_on_an_early_cycle_with_early_sync_off() {
+    use crate::core::tier::PenaltyTime;
+    let t = Table::new_heap_with(8, 16, 0, 64);
+    t.apply_quotas(&[
+        Quota::new(1, "login", 0.0, 2.0, 2.0).penalized(Some(PenaltyTime::parse("15m").unwrap()))
+    ]);
+    let roots = ["http://a".to_string()];
+    let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+    assert_eq!(e.probe_every(), SEC / EARLY_PROBES_PER_INTERVAL);
+    assert!(!e.early_sync_due(&t, SEC), "nothing to send");
+    // Two pass, the third reaches the high burst: a penalty starts.
+    for _ in 0..3 {
+        t.check(b"login", 1, 0);
+    }
+    assert!(t.has_unsent_penalties());
+    assert!(e.early_sync_due(&t, SEC));
+    // At most PENALTY_SYNCS_PER_SECOND: not again at once.
+    assert!(!e.early_sync_due(&t, SEC + 1));
+    // Once the cycle took it, nothing is due.
+    e.begin_cycle(&t, SEC);
+    assert!(!t.has_unsent_penalties());
+    assert!(!e.early_sync_due(&t, 3 * SEC));
+}

@@ -568,6 +568,13 @@ impl Table {
         true
     }
 
+    /// True when a penalty started here waits to be sent (the sync
+    /// thread's probe: two loads).
+    pub fn has_unsent_penalties(&self) -> bool {
+        let t = &self.header().tiers;
+        t.outbox_len.load(RLX) != 0 || t.outbox_full.load(RLX) != 0
+    }
+
     /// The penalties started here since the last call, to send to the
     /// roots.
     pub fn take_started_penalties(&self) -> Vec<Penalty> {
