@@ -160,6 +160,11 @@ impl OverrideBook {
         self.live.get(&quota).copied().unwrap_or(0)
     }
 
+    /// Live overrides per quota (quotas without any left out).
+    pub fn counts(&self) -> FxHashMap<u64, usize> {
+        self.live.clone()
+    }
+
     /// Live overrides in all.
     pub fn total(&self) -> usize {
         self.live.values().sum()
