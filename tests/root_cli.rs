@@ -743,6 +743,15 @@ async fn override_hashes_the_key_locally_and_overrides_lists() {
         "--note",
         "paid plan",
     ];
+    // `quota hash` prints the hash the override is made under.
+    let printed = stdout(
+        &quota(
+            &root,
+            &["hash", "--key", "token-paid", "--secret-file", secret],
+        )
+        .await,
+    );
+    assert_eq!(printed, format!("{hash}\n"));
     let created = stdout(&quota(&root, &args).await);
     assert_eq!(
         created,

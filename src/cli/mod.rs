@@ -194,6 +194,17 @@ enum QuotaCommand {
         #[arg(long)]
         hash: Option<String>,
     },
+    /// Print a key's hash (16 hex digits), as overrides, listings, logs
+    /// and metrics name the key: hashed here, nothing is sent.
+    Hash {
+        /// The key (a token, an address...).
+        #[arg(long)]
+        key: String,
+        /// The file with the fleet's key secret (nginx's
+        /// `sluice_key_secret_file`); without it, the built-in secret.
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
+    },
     /// Override a per-key template for one key: other numbers, never
     /// limited (--allow), always rejected (--deny), or remove the
     /// override (--remove). The key is hashed here with the fleet's
@@ -292,9 +303,19 @@ fn fail(error: &CliError) -> ExitCode {
 }
 
 async fn execute(args: QuotaArgs) -> Result<String, CliError> {
+    if let QuotaCommand::Hash { key, secret_file } = &args.command {
+        // No root involved: no connection needed.
+        let hash = format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()));
+        return Ok(if args.json {
+            to_json(&json!({ "key_hash": hash }))
+        } else {
+            format!("{hash}\n")
+        });
+    }
     let client = args.connection.client()?;
     let json = args.json;
     match args.command {
+        QuotaCommand::Hash { .. } => unreachable!("answered above"),
         QuotaCommand::List {
             prefix,
             after,
