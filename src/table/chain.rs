@@ -436,6 +436,9 @@ impl Table {
             };
             let hash = self.key_secret().hash(key);
             chain.tier_key = hash;
+            if read.tiers {
+                self.prefetch_tier_filter(slot, hash);
+            }
             // SAFETY: the probe above wrote the first view.
             let view = unsafe { chain.views[0].assume_init_mut() };
             match self.use_key(slot, hash, now) {
@@ -513,14 +516,26 @@ const KEY_OVERFLOW_RETRY_SECS: f64 = 1.0;
 /// Hints the CPU to fetch the cache line holding `at` for writing.
 #[inline(always)]
 fn prefetch_for_write<T>(at: &T) {
+    prefetch_line(at, true);
+}
+
+/// Hints the CPU to fetch the cache line holding `at`: for writing (in
+/// exclusive state) or for reading (shared, so that lines every worker
+/// reads do not bounce between cores).
+#[inline(always)]
+pub(super) fn prefetch_line<T>(at: &T, write: bool) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint; it never faults and reads nothing
     // visible to the program. SSE is baseline on x86_64.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
-            (at as *const T).cast(),
-        );
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        let line = (at as *const T).cast();
+        if write {
+            _mm_prefetch::<_MM_HINT_ET0>(line);
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(line);
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
+    let _ = (at, write);
 }

@@ -296,6 +296,25 @@ impl Table {
         })
     }
 
+    /// Starts fetching the filter block a check of `key` on the flagged
+    /// template in `slot` will ask, so that its cache miss overlaps the
+    /// key's own instead of following it (a hint: a stale read is
+    /// harmless).
+    #[inline]
+    pub(super) fn prefetch_tier_filter(&self, slot: SlotId, key: KeyHash) {
+        if self.geometry.tier_filter_blocks == 0 {
+            return;
+        }
+        let Some(quota) = self.slot(slot).and_then(|s| s.quota_id()) else {
+            return;
+        };
+        let words = self.tier_filter(self.header().tiers.filter_active.load(RLX));
+        let (block, _) = self.filter_place(quota, key);
+        if let Some(word) = words.get(block * 8) {
+            super::chain::prefetch_line(word, false);
+        }
+    }
+
     /// Adds `(quota, key)` to filter copy `copy`.
     fn tier_filter_add(&self, copy: u32, quota: u64, key: KeyHash) {
         let words = self.tier_filter(copy);
