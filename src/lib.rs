@@ -46,6 +46,10 @@
 //!     `1000 / day`, `10 / min sliding`, `15 /s per key`), the one way
 //!     the CLI, the console, `sluice top`, nginx's log lines and the
 //!     simulator's plots write it.
+//!   - `core/tier.rs` — tiers per key: overrides of a per-key template
+//!     for one key (numbers, `allow`, `deny`) and their validation,
+//!     penalty lengths and penalties (`[quota, key, until]`), as the
+//!     root, the wire and the table share them.
 //!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
 //!     visitor, feature `toml`) parsed with errors that name the quota,
 //!     field and line, and checked as a whole set.
@@ -57,16 +61,18 @@
 //!   checks (a request as a root accepts it, a reply as a limiter does),
 //!   used by both the root and the limiter's sync thread; `wire/binary.rs`
 //!   — their compact binary encoding (content type
-//!   `application/x-sluice-sync`, next to JSON).
+//!   `application/x-sluice-sync`, next to JSON); `wire/tiers.rs` — the
+//!   overrides and penalties a sync carries (cursors, pages, versions).
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers). Its files, one concern each, are listed
 //!   in its module doc: the region (`mod.rs`, `layout.rs`, `names.rs`,
 //!   `heap.rs`), the check path (`check.rs`), writes (`write.rs`), counters
-//!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), whole-table
+//!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), overrides and
+//!   penalties (`tiers.rs`), whole-table
 //!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
 //!   locks (`lock.rs`), quota files (`file.rs`); its tests by subject
-//!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`).
+//!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`).
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
@@ -101,7 +107,10 @@
 //!   overview and web console, metrics, connection admission and timeouts
 //!   (`root/connections.rs`), what a request may hold once its token is
 //!   checked (`root/api/admission.rs`: body memory, upload pace, slots,
-//!   syncs in flight per limiter), who may sync as which limiter
+//!   syncs in flight per limiter), tiers (overrides in the database,
+//!   `root/store/overrides.rs`, served by `root/api/overrides.rs`; the
+//!   overrides and penalties a root holds, `root/tier_book.rs`), who may
+//!   sync as which limiter
 //!   (`root/credentials.rs`) and how much of a sync it believes
 //!   (`root/trust.rs`: level cap, per-limiter allowances, rejection
 //!   counts) (feature `root`).

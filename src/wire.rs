@@ -21,8 +21,10 @@
 use serde::{Deserialize, Serialize};
 
 pub mod binary;
+pub mod tiers;
 
 pub use binary::{BinaryError, BINARY_CONTENT_TYPE, BINARY_VERSION};
+pub use tiers::{TierReply, TierRequest};
 
 use crate::core::quota::MAX_BURST;
 use crate::core::{Quota, ValidationError};
@@ -34,7 +36,7 @@ pub const SYNC_PATH: &str = "/v1/sync";
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// Most entries one sync request may carry: deltas (named and keyed),
-/// keyed groups and rejection counts ([`SyncRequest::entry_count`]); a
+/// keyed groups, rejection counts and penalties ([`SyncRequest::entry_count`]); a
 /// root answers 400 above it, and the binary decoder stops at it before
 /// allocating more.
 pub const MAX_DELTAS_PER_SYNC: usize = 1_000_000;
@@ -257,6 +259,12 @@ pub struct SyncRequest {
     /// Weight given back on keys of per-key templates, by template.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keyed_returned: Vec<KeyedDeltas>,
+    /// Overrides and penalties: the limiter's cursors with this root and
+    /// the penalties it started (see [`tiers`]); left out when empty, and
+    /// sent only to a root whose replies say it takes them
+    /// ([`SyncResponse::takes_tiers`]): an older root refuses the field.
+    #[serde(default, skip_serializing_if = "TierRequest::is_empty")]
+    pub tiers: TierRequest,
 }
 
 impl SyncRequest {
@@ -269,6 +277,7 @@ impl SyncRequest {
             + self.rejected.len()
             + self.returned.len()
             + keyed_entries(&self.keyed_returned)
+            + self.tiers.penalties.len()
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
@@ -283,7 +292,8 @@ impl SyncRequest {
         check_named("deltas", &self.deltas)?;
         check_keyed("keyed", &self.keyed)?;
         check_named("returned", &self.returned)?;
-        check_keyed("keyed_returned", &self.keyed_returned)
+        check_keyed("keyed_returned", &self.keyed_returned)?;
+        self.tiers.check()
     }
 }
 
@@ -435,6 +445,15 @@ pub struct SyncResponse {
     /// returns leaves it out and keeps the weight, erring strict).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub takes_returns: bool,
+    /// The root takes tiers ([`SyncRequest::tiers`]): a limiter sends its
+    /// cursors and the penalties it started only to a root that says so
+    /// (one that predates tiers refuses the field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_tiers: bool,
+    /// Overrides after the request's cursor and penalties changed since
+    /// its version (see [`tiers`]); left out when empty.
+    #[serde(default, skip_serializing_if = "TierReply::is_empty")]
+    pub tiers: TierReply,
 }
 
 impl SyncResponse {
@@ -507,7 +526,7 @@ impl SyncResponse {
                 "quotas out of (epoch, id) order",
             ));
         }
-        Ok(())
+        self.tiers.validate()
     }
 }
 

@@ -235,3 +235,70 @@ fn raw_get(url: &str, path: &str) -> String {
     s.read_to_string(&mut out).expect("read");
     out
 }
+
+/// One sample of `series` in the metrics of nginx on `port`.
+fn nginx_metric(port: u16, series: &str) -> f64 {
+    let (_, metrics) = Client::new(port).get("/metrics", &[]);
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {metrics}"))
+}
+
+#[test]
+#[ignore = "needs nginx and the module: make test-cluster"]
+fn a_penalty_started_on_one_nginx_bars_the_key_on_the_other_within_two_sync_intervals() {
+    let db = Db::new();
+    let roots = [Root::start(&db, "root-a"), Root::start(&db, "root-b")];
+    // 1/s with a burst of 2: a third request at once starts the penalty;
+    // by level alone the key would pass again within two seconds.
+    roots[0].put(
+        "login",
+        json!({"limit": 1, "low_burst": 2, "high_burst": 2, "per_key": true, "penalty": "15m"}),
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let http_block = format!(
+        "    sluice_zone 1m;\n    sluice_keys 1m;\n    sluice_root {} {};\n    \
+         sluice_sync_interval 200ms;",
+        roots[0].url, roots[1].url
+    );
+    let server_block =
+        "        location /login { alias html/index.html; sluice login key=$http_x_token; }\n        \
+         location = /metrics { sluice_metrics; }";
+    let nginx: Vec<Nginx> = ["nginx-a", "nginx-b"]
+        .iter()
+        .map(|n| Nginx::start(&dir.path().join(n), &http_block, server_block))
+        .collect();
+    let (a, b) = (nginx[0].port, nginx[1].port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nginx_metric(a, "sluice_quotas") < 1.0 || nginx_metric(b, "sluice_quotas") < 1.0 {
+        assert!(Instant::now() < deadline, "nginx never got the template");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mallory = ["X-Token: mallory"];
+    let mut on_a = Client::new(a);
+    let statuses: Vec<u16> = (0..3).map(|_| on_a.get("/login", &mallory).0).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    assert_eq!(nginx_metric(a, "sluice_penalties_started_total"), 1.0);
+    let cycles = nginx_metric(b, "sluice_sync_cycles_total");
+    while nginx_metric(b, "sluice_penalties") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the penalty never reached nginx-b"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // nginx-a sends it in its next cycle, nginx-b receives it in its next
+    // one after that: two intervals (a cycle under way counts as one).
+    let took = nginx_metric(b, "sluice_sync_cycles_total") - cycles;
+    assert!(took <= 3.0, "{took} cycles of nginx-b");
+    // Long after the level alone would let it pass, the key is barred on
+    // both, and counted as penalized there; another key passes.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut on_b = Client::new(b);
+    assert_eq!(on_b.get("/login", &mallory).0, 429);
+    assert_eq!(on_a.get("/login", &mallory).0, 429);
+    assert!(nginx_metric(b, "sluice_penalized_checks_total") >= 1.0);
+    assert_eq!(on_b.get("/login", &["X-Token: alice"]).0, 200);
+}

@@ -697,5 +697,139 @@ async fn quota_key_says_which_secret_hashed_the_key() {
         error.contains("404") && !error.contains("secret"),
         "{error}"
     );
+}
+
+/// `quota override` hashes the key here, as `quota key` does, and sends
+/// only the hash; `quota overrides` lists them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn override_hashes_the_key_locally_and_overrides_lists() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    stdout(
+        &quota(
+            &root,
+            &[
+                "set",
+                "api_user",
+                "--limit",
+                "15",
+                "--per-key",
+                "--penalty",
+                "15m",
+            ],
+        )
+        .await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("key.secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let secret = secret.to_str().unwrap();
+    let hash = sluice::core::key::format_hash(
+        sluice::core::key::KeySecret::from_file_contents(b"0123456789abcdef0123456789abcdef")
+            .unwrap()
+            .hash(b"token-paid"),
+    );
+    let args = [
+        "override",
+        "api_user",
+        "--key",
+        "token-paid",
+        "--secret-file",
+        secret,
+        "--limit",
+        "100",
+        "--high-burst",
+        "200",
+        "--note",
+        "paid plan",
+    ];
+    // `quota hash` prints the hash the override is made under.
+    let printed = stdout(
+        &quota(
+            &root,
+            &["hash", "--key", "token-paid", "--secret-file", secret],
+        )
+        .await,
+    );
+    assert_eq!(printed, format!("{hash}\n"));
+    let created = stdout(&quota(&root, &args).await);
+    assert_eq!(
+        created,
+        format!(
+            "created the override of {hash} on api_user: limit 100 (bursts 100..200) (epoch 2)\n"
+        )
+    );
+    let deny = [
+        "override",
+        "api_user",
+        "--hash",
+        "00000000000000bb",
+        "--deny",
+        "--expires",
+        "24h",
+    ];
+    let denied = stdout(&quota(&root, &deny).await);
+    assert!(denied.contains("deny, until 20"), "{denied}");
+    let listed = stdout(&quota(&root, &["overrides", "api_user"]).await);
+    assert!(
+        listed.contains(&hash) && listed.contains("paid plan"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("00000000000000bb") && listed.contains("(2 overrides of api_user)"),
+        "{listed}"
+    );
+    let json: Value = serde_json::from_str(&stdout(
+        &quota(&root, &["--json", "overrides", "api_user"]).await,
+    ))
+    .unwrap();
+    assert_eq!(json["count"], 2);
+    let shown = stdout(&quota(&root, &["get", "api_user", "--json"]).await);
+    assert!(shown.contains("\"penalty\": \"15m\""), "{shown}");
+    let remove = [
+        "override",
+        "api_user",
+        "--hash",
+        "00000000000000bb",
+        "--remove",
+    ];
+    assert!(stdout(&quota(&root, &remove).await).starts_with("removed the override"));
+    // Bad input fails with one line, before anything is sent.
+    let none = failure(
+        &quota(
+            &root,
+            &["override", "api_user", "--hash", "00000000000000bb"],
+        )
+        .await,
+    );
+    assert!(
+        none.contains("--limit N, --allow, --deny or --remove"),
+        "{none}"
+    );
+    let bad = failure(&quota(&root, &["override", "api_user", "--hash", "xyz", "--deny"]).await);
+    assert!(bad.contains("--hash"), "{bad}");
+    let negative = [
+        "override",
+        "api_user",
+        "--hash",
+        "00000000000000bb",
+        "--limit",
+        "-3",
+    ];
+    assert!(failure(&quota(&root, &negative).await).contains("--limit"));
+    let plain = failure(
+        &quota(
+            &root,
+            &[
+                "override",
+                "nothing",
+                "--hash",
+                "00000000000000bb",
+                "--deny",
+            ],
+        )
+        .await,
+    );
+    assert!(plain.contains("404"), "{plain}");
     root.stop().await;
 }

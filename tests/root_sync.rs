@@ -166,7 +166,7 @@ async fn returns_lower_the_counter_every_limiter_reads(db: Db) {
         ..Default::default()
     };
     let body = sluice::wire::binary::encode_request(&binary);
-    assert_eq!(body[3], sluice::wire::binary::BINARY_REQUEST_VERSION);
+    assert_eq!(body[3], sluice::wire::binary::BINARY_RETURNS_VERSION);
     let (status, _, _) = post_sync(
         &root,
         sluice::wire::binary::BINARY_CONTENT_TYPE,

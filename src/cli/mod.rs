@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use sluice::core::key::{format_hash, parse_hash, KeySecret};
 use sluice::core::quota::validate_name;
 use sluice::core::spec::{specs_from_json, specs_from_toml, FileFormat, QuotaPatch};
+use sluice::core::tier::{OverrideSpec, PenaltyTime};
 use sluice::core::Window;
 use sluice::root::config::parse_duration;
 
@@ -158,6 +159,11 @@ enum QuotaCommand {
         /// A fixed window again (not sliding).
         #[arg(long)]
         fixed: bool,
+        /// Bar the quota (a per-key template: the key) for this long once
+        /// a request is rejected at its high burst: 90s, 15m, 1h, 1d (at
+        /// most 30d); `none` takes the penalty away.
+        #[arg(long, value_parser = parse_penalty_flag)]
+        penalty: Option<PenaltyFlag>,
     },
     /// Delete a quota (refused while it has children).
     Delete {
@@ -187,6 +193,71 @@ enum QuotaCommand {
         /// The key's hash (16 hex digits), as logs and listings show it.
         #[arg(long)]
         hash: Option<String>,
+    },
+    /// Print a key's hash (16 hex digits), as overrides, listings, logs
+    /// and metrics name the key: hashed here, nothing is sent.
+    Hash {
+        /// The key (a token, an address...).
+        #[arg(long)]
+        key: String,
+        /// The file with the fleet's key secret (nginx's
+        /// `sluice_key_secret_file`); without it, the built-in secret.
+        #[arg(long, value_name = "FILE")]
+        secret_file: Option<PathBuf>,
+    },
+    /// Override a per-key template for one key: other numbers, never
+    /// limited (--allow), always rejected (--deny), or remove the
+    /// override (--remove). The key is hashed here with the fleet's
+    /// secret and never sent.
+    Override {
+        /// The per-key template's name.
+        name: String,
+        /// The key (a token, an address...), hashed locally.
+        #[arg(long, conflicts_with = "hash", required_unless_present = "hash")]
+        key: Option<String>,
+        /// The file with the fleet's key secret (nginx's
+        /// `sluice_key_secret_file`); without it, the built-in secret.
+        #[arg(long, value_name = "FILE", requires = "key")]
+        secret_file: Option<PathBuf>,
+        /// The key's hash (16 hex digits) instead of the key.
+        #[arg(long)]
+        hash: Option<String>,
+        /// Leak rate (or units per window) for this key.
+        #[arg(long, allow_negative_numbers = true, group = "rule")]
+        limit: Option<f64>,
+        /// Its low burst [default: the limit].
+        #[arg(long, allow_negative_numbers = true, requires = "limit")]
+        low_burst: Option<f64>,
+        /// Its high burst [default: the low burst].
+        #[arg(long, allow_negative_numbers = true, requires = "limit")]
+        high_burst: Option<f64>,
+        /// Never limited by the template (still counted).
+        #[arg(long, group = "rule")]
+        allow: bool,
+        /// Always rejected.
+        #[arg(long, group = "rule")]
+        deny: bool,
+        /// Remove the key's override.
+        #[arg(long, group = "rule", conflicts_with_all = ["expires", "note"])]
+        remove: bool,
+        /// When it stops applying: a duration from now (24h, 7d) or an
+        /// RFC 3339 time (2026-12-31T00:00:00Z).
+        #[arg(long)]
+        expires: Option<String>,
+        /// A note for operators (who asked, a ticket).
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// List a per-key template's overrides and its keys' penalties.
+    Overrides {
+        /// The per-key template's name.
+        name: String,
+        /// Start after this key hash.
+        #[arg(long)]
+        after: Option<String>,
+        /// Overrides per page.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
     },
     /// Apply a quota file (JSON; TOML when the name ends in .toml; YAML is
     /// refused) in one transaction.
@@ -232,9 +303,19 @@ fn fail(error: &CliError) -> ExitCode {
 }
 
 async fn execute(args: QuotaArgs) -> Result<String, CliError> {
+    if let QuotaCommand::Hash { key, secret_file } = &args.command {
+        // No root involved: no connection needed.
+        let hash = format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()));
+        return Ok(if args.json {
+            to_json(&json!({ "key_hash": hash }))
+        } else {
+            format!("{hash}\n")
+        });
+    }
     let client = args.connection.client()?;
     let json = args.json;
     match args.command {
+        QuotaCommand::Hash { .. } => unreachable!("answered above"),
         QuotaCommand::List {
             prefix,
             after,
@@ -264,6 +345,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             window,
             sliding,
             fixed,
+            penalty,
         } => {
             let parent = if no_parent {
                 Some(None)
@@ -278,6 +360,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 per_key: (per_key || shared).then_some(per_key),
                 window: window.map(|w| w.0),
                 sliding: (sliding || fixed).then_some(sliding),
+                penalty: penalty.map(|p| p.0),
             };
             check_name(&name)?;
             check_numbers(&change)?;
@@ -309,6 +392,83 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 show_keys(&reply.body)
             })
         }
+        QuotaCommand::Override {
+            name,
+            key,
+            secret_file,
+            hash,
+            limit,
+            low_burst,
+            high_burst,
+            allow,
+            deny,
+            remove,
+            expires,
+            note,
+        } => {
+            check_name(&name)?;
+            let hash = key_hash(key, secret_file.as_deref(), hash)?;
+            let url = client.url("v1/quotas", &[&name, "overrides", &hash], &[])?;
+            if remove {
+                let reply = client.send(Method::DELETE, url, None).await?;
+                return Ok(if json {
+                    to_json(&reply.body)
+                } else {
+                    format!(
+                        "removed the override of {hash} on {name} (epoch {})\n",
+                        number(&reply.body["epoch"])
+                    )
+                });
+            }
+            let change = Change {
+                limit,
+                low_burst,
+                high_burst,
+                ..Change::none()
+            };
+            check_numbers(&change)?;
+            if !(allow || deny || limit.is_some()) {
+                return Err(CliError::new("give --limit N, --allow, --deny or --remove"));
+            }
+            let spec = OverrideSpec {
+                limit,
+                low_burst,
+                high_burst,
+                allow,
+                deny,
+                note,
+                expires,
+                key_hash: None,
+            };
+            let body = serde_json::to_vec(&spec).map_err(CliError::new)?;
+            let reply = client.send(Method::PUT, url, Some(body)).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                let verb = match (reply.status, reply.body["changed"].as_bool()) {
+                    (StatusCode::CREATED, _) => "created",
+                    (_, Some(false)) => "unchanged",
+                    _ => "updated",
+                };
+                format!(
+                    "{verb} the override of {hash} on {name}: {} (epoch {})\n",
+                    describe_override(&reply.body["override"]),
+                    number(&reply.body["override"]["epoch"])
+                )
+            })
+        }
+        QuotaCommand::Overrides { name, after, limit } => {
+            check_name(&name)?;
+            let limit = limit.to_string();
+            let query = [("after", after.as_deref()), ("limit", Some(limit.as_str()))];
+            let url = client.url("v1/quotas", &[&name, "overrides"], &query)?;
+            let reply = client.send(Method::GET, url, None).await?;
+            Ok(if json {
+                to_json(&reply.body)
+            } else {
+                show_overrides(&reply.body)
+            })
+        }
         QuotaCommand::Key {
             name,
             key,
@@ -319,21 +479,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             // A key hashed with the built-in secret finds nothing in a
             // fleet that has its own: say which secret was used.
             let built_in = key.is_some() && secret_file.is_none();
-            let hash = match (key, hash) {
-                (Some(key), _) => {
-                    format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()))
-                }
-                (None, Some(hash)) => {
-                    parse_hash(&hash).ok_or_else(|| {
-                        CliError::new(format!(
-                            "invalid --hash {hash:?}: a key's hash is 16 hex digits, as \
-                             listings show it"
-                        ))
-                    })?;
-                    hash
-                }
-                (None, None) => return Err(CliError::new("give --key or --hash")),
-            };
+            let hash = key_hash(key, secret_file.as_deref(), hash)?;
             let url = client.url("v1/quotas", &[&name, "keys", &hash], &[])?;
             let reply = client.send(Method::GET, url, None).await.map_err(|mut e| {
                 if built_in && e.status == Some(StatusCode::NOT_FOUND) {
@@ -364,6 +510,88 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             })
         }
     }
+}
+
+/// A key's hash as the root knows it: the key hashed here with the
+/// secret in `secret_file` (never sent), or a hash as given.
+fn key_hash(
+    key: Option<String>,
+    secret_file: Option<&Path>,
+    hash: Option<String>,
+) -> Result<String, CliError> {
+    match (key, hash) {
+        (Some(key), _) => Ok(format_hash(key_secret(secret_file)?.hash(key.as_bytes()))),
+        (None, Some(hash)) => {
+            parse_hash(&hash).ok_or_else(|| {
+                CliError::new(format!(
+                    "invalid --hash {hash:?}: a key's hash is 16 hex digits, as listings \
+                     show it"
+                ))
+            })?;
+            Ok(hash)
+        }
+        (None, None) => Err(CliError::new("give --key or --hash")),
+    }
+}
+
+/// What an override does, in a few words, with its expiry.
+fn describe_override(o: &Value) -> String {
+    let what = describe_rule(o);
+    match o["expires"].as_str() {
+        Some(at) => format!("{what}, until {at}"),
+        None => what,
+    }
+}
+
+/// An override's rule: `allow`, `deny` or its numbers.
+fn describe_rule(o: &Value) -> String {
+    match o["kind"].as_str() {
+        Some("allow") => "allow".to_string(),
+        Some("deny") => "deny".to_string(),
+        _ => format!(
+            "limit {} (bursts {}..{})",
+            number(&o["limit"]),
+            number(&o["low_burst"]),
+            number(&o["high_burst"])
+        ),
+    }
+}
+
+fn show_overrides(reply: &Value) -> String {
+    let mut table = Table::new(&["KEY", "RULE", "EXPIRES", "EPOCH", "NOTE"]);
+    let list = |key: &str| -> Vec<Value> { reply[key].as_array().cloned().unwrap_or_default() };
+    for o in list("overrides") {
+        table.row(vec![
+            text(&o["key_hash"]),
+            describe_rule(&o),
+            text(&o["expires"]),
+            number(&o["epoch"]),
+            text(&o["note"]),
+        ]);
+    }
+    let mut out = table.render();
+    out.push_str(&format!(
+        "({} overrides of {})\n",
+        number(&reply["count"]),
+        text(&reply["quota"])
+    ));
+    if let Some(next) = reply["next"].as_str() {
+        out.push_str(&format!("(more: --after {next})\n"));
+    }
+    let penalties = list("penalties");
+    if !penalties.is_empty() {
+        let mut table = Table::new(&["PENALIZED KEY", "UNTIL", "SECONDS LEFT"]);
+        for p in &penalties {
+            table.row(vec![
+                text(&p["key_hash"]),
+                text(&p["until"]),
+                number(&p["seconds_left"]),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&table.render());
+    }
+    out
 }
 
 /// The fleet's key secret from `path`, or the built-in one.
@@ -511,6 +739,21 @@ struct Change {
     window: Option<Option<Window>>,
     /// `Some(true)` makes the window sliding, `Some(false)` fixed.
     sliding: Option<bool>,
+    /// `Some(Some(p))` sets a penalty, `Some(None)` takes it away.
+    penalty: Option<Option<PenaltyTime>>,
+}
+
+/// `--penalty`: a duration, or `none`.
+#[derive(Clone, Copy, Debug)]
+struct PenaltyFlag(Option<PenaltyTime>);
+
+fn parse_penalty_flag(text: &str) -> Result<PenaltyFlag, String> {
+    if text == "none" {
+        return Ok(PenaltyFlag(None));
+    }
+    PenaltyTime::parse(text)
+        .map(|p| PenaltyFlag(Some(p)))
+        .map_err(|e| e.message)
 }
 
 /// `--window`: a window, or `none`.
@@ -530,6 +773,20 @@ fn parse_window_flag(text: &str) -> Result<WindowFlag, String> {
 }
 
 impl Change {
+    /// No change at all.
+    fn none() -> Self {
+        Self {
+            limit: None,
+            low_burst: None,
+            high_burst: None,
+            parent: None,
+            per_key: None,
+            window: None,
+            sliding: None,
+            penalty: None,
+        }
+    }
+
     /// The patch the root merges. `--window none` alone also makes the
     /// window fixed: a leaky bucket has nothing to slide.
     fn into_patch(self) -> QuotaPatch {
@@ -546,6 +803,7 @@ impl Change {
             per_key: self.per_key,
             window: self.window,
             sliding,
+            penalty: self.penalty,
         }
     }
 }
@@ -737,15 +995,7 @@ mod tests {
     use super::*;
 
     fn change() -> Change {
-        Change {
-            limit: None,
-            low_burst: None,
-            high_burst: None,
-            parent: None,
-            per_key: None,
-            window: None,
-            sliding: None,
-        }
+        Change::none()
     }
 
     #[test]
@@ -798,6 +1048,29 @@ mod tests {
     }
 
     #[test]
+    fn a_penalty_is_a_duration_or_none() {
+        let patch = Change {
+            penalty: Some(parse_penalty_flag("15m").unwrap().0),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!({"penalty": "15m"})
+        );
+        let patch = Change {
+            penalty: Some(parse_penalty_flag("none").unwrap().0),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!({"penalty": null})
+        );
+        assert!(parse_penalty_flag("31d").is_err());
+    }
+
+    #[test]
     fn non_finite_and_negative_numbers_are_refused_by_flag() {
         let change = |high_burst| Change {
             limit: Some(1.0),
@@ -807,6 +1080,7 @@ mod tests {
             per_key: None,
             window: None,
             sliding: None,
+            penalty: None,
         };
         assert!(check_numbers(&change(2.0)).is_ok());
         assert!(check_numbers(&change(0.0)).is_ok());

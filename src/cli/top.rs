@@ -1,7 +1,8 @@
 //! `sluice top`: the root's overview (`GET /v1/overview`, the same data as
 //! the web console) in a terminal, refreshing: the busiest quotas with
 //! their levels, fill rates and rejections, the busiest keys of per-key
-//! quotas (by hash), fleet rates, the limiters that synced last with
+//! quotas (by hash), their tiers (overrides, penalties) and the
+//! penalties in force, fleet rates, the limiters that synced last with
 //! their clock offsets, the database.
 //!
 //! On a terminal each refresh redraws the screen (the alternate screen,
@@ -208,11 +209,17 @@ pub fn render(root: &str, ov: &Value) -> String {
     if quotas.is_empty() {
         out.push_str("no quota has received weight recently\n");
     } else {
-        let mut table = Table::new(&[
+        // The tiers column only when some quota has tiers.
+        let tiered = quotas.iter().any(|q| tiers(q) != "-");
+        let mut columns = vec![
             "QUOTA", "PARENT", "LEVEL", "HIGH", "FULL%", "FILL/S", "LIMIT", "REJECT%", "REJ/S",
-        ]);
+        ];
+        if tiered {
+            columns.push("TIERS");
+        }
+        let mut table = Table::new(&columns);
         for q in quotas {
-            table.row(vec![
+            let mut row = vec![
                 text(&q["name"]),
                 text(&q["parent"]),
                 number(&q["level"]),
@@ -222,7 +229,11 @@ pub fn render(root: &str, ov: &Value) -> String {
                 terms(q),
                 percent(&q["rejecting"]),
                 number(&q["rejected_rate"]),
-            ]);
+            ];
+            if tiered {
+                row.push(tiers(q));
+            }
+            table.row(row);
         }
         out.push_str(&table.render());
         if ov["sampled"]["counters_complete"] == false {
@@ -233,6 +244,7 @@ pub fn render(root: &str, ov: &Value) -> String {
         }
     }
     render_keys(&mut out, ov);
+    render_penalties(&mut out, ov);
     let limiters = ov["limiters"]
         .as_array()
         .map(Vec::as_slice)
@@ -280,6 +292,50 @@ fn render_keys(out: &mut String, ov: &Value) {
             percent(&k["fullness"]),
             number(&k["fill_rate"]),
             percent(&k["rejecting"]),
+        ]);
+    }
+    out.push_str(&table.render());
+}
+
+/// A quota's tiers in a few words: `2 overrides, penalty 15m, 1 in
+/// force`, or `-`.
+fn tiers(q: &Value) -> String {
+    let mut parts = Vec::new();
+    match q["overrides"].as_u64() {
+        Some(1) => parts.push("1 override".to_string()),
+        Some(n) if n > 1 => parts.push(format!("{n} overrides")),
+        _ => {}
+    }
+    if let Some(p) = q["penalty"].as_str() {
+        parts.push(format!("penalty {p}"));
+    }
+    if let Some(n) = q["penalties"].as_u64().filter(|&n| n > 0) {
+        parts.push(format!("{n} in force"));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The penalties in force, latest end first (the overview has them only
+/// when some are).
+fn render_penalties(out: &mut String, ov: &Value) {
+    let penalties = ov["penalties"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if penalties.is_empty() {
+        return;
+    }
+    out.push('\n');
+    let mut table = Table::new(&["PENALIZED QUOTA", "KEY", "ENDS IN S"]);
+    for p in penalties {
+        table.row(vec![
+            text(&p["quota"]),
+            p["key"].as_str().unwrap_or("(the quota)").to_string(),
+            number(&p["seconds_left"]),
         ]);
     }
     out.push_str(&table.render());
@@ -359,6 +415,37 @@ LIMITER";
         assert!(text.contains(expected), "{text}");
         // Without keys ranked there is no such table.
         assert!(!render("http://r:7070/", &overview("admin")).contains("PER-KEY QUOTA"));
+    }
+
+    #[test]
+    fn a_frame_shows_tiers_beside_their_quota_and_the_penalties_in_force() {
+        let mut ov = overview("admin");
+        ov["quotas"][0]["per_key"] = json!(true);
+        ov["quotas"][0]["overrides"] = json!(2);
+        ov["quotas"][0]["penalty"] = json!("15m");
+        ov["quotas"][0]["penalties"] = json!(1);
+        ov["penalties"] = json!([
+            {"quota": "s3_photos_read", "key": "0000000000000bad", "seconds_left": 899.5},
+            {"quota": "login", "seconds_left": 12.0},
+        ]);
+        let text = render("http://r:7070/", &ov);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("s3_photos_read "))
+            .unwrap();
+        assert!(
+            row.ends_with("2 overrides, penalty 15m, 1 in force"),
+            "{text}"
+        );
+        let expected = "\
+PENALIZED QUOTA  KEY               ENDS IN S
+s3_photos_read   0000000000000bad      899.5
+login            (the quota)              12
+";
+        assert!(text.contains(expected), "{text}");
+        // Without tiers, no column and no table.
+        let plain = render("http://r:7070/", &overview("admin"));
+        assert!(!plain.contains("TIERS") && !plain.contains("PENALIZED"));
     }
 
     #[test]

@@ -144,6 +144,8 @@ pub enum Never {
         /// Seconds it would take.
         seconds: f64,
     },
+    /// An override denies the key (see [`crate::core::tier`]).
+    Denied,
 }
 
 impl std::fmt::Display for Never {
@@ -157,6 +159,7 @@ impl std::fmt::Display for Never {
                 f,
                 "its level would take {seconds:.0} s to drain, more than {MAX_RETRY_SECS:.0} s"
             ),
+            Never::Denied => f.write_str("an override denies the key"),
         }
     }
 }

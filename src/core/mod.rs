@@ -16,6 +16,7 @@ pub mod rng;
 pub mod snapshot;
 pub mod spec;
 pub mod terms;
+pub mod tier;
 pub mod window;
 
 pub use counter::{Counting, Level, Tally};

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tier::PenaltyTime;
 use super::window::{Window, WindowRule};
 
 /// Longest quota name, in bytes.
@@ -64,6 +65,11 @@ pub struct Quota {
     /// how much of it is still inside a window-long span ending now.
     #[serde(default, skip_serializing_if = "is_false")]
     pub sliding: bool,
+    /// A request rejected because the level reached `high_burst` bars the
+    /// quota (for a per-key template: the key) for this long, fleet-wide
+    /// (see [`super::tier`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub penalty: Option<PenaltyTime>,
 }
 
 /// For `skip_serializing_if`: a `false` flag is left out of the JSON.
@@ -188,6 +194,7 @@ impl Quota {
             per_key: false,
             window: None,
             sliding: false,
+            penalty: None,
         }
     }
 
@@ -217,6 +224,11 @@ impl Quota {
     /// The same quota, a per-key template if `per_key`.
     pub fn keyed_if(self, per_key: bool) -> Self {
         Self { per_key, ..self }
+    }
+
+    /// The same quota with a penalty (`None`: without).
+    pub fn penalized(self, penalty: Option<PenaltyTime>) -> Self {
+        Self { penalty, ..self }
     }
 
     /// The same quota counting in `window`s (sliding if `sliding`).

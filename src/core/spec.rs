@@ -20,9 +20,11 @@ use std::collections::HashMap;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
+use super::key::KeyHash;
 use super::quota::{
     validate_chain, validate_name, validate_params, validate_window, Quota, ValidationError,
 };
+use super::tier::{parse_key_hash, OverrideSpec, PenaltyTime, Rule};
 use super::window::Window;
 
 /// One quota by name, as a user writes it.
@@ -55,6 +57,14 @@ pub struct QuotaSpec {
     /// A sliding window (see [`crate::core::Quota::sliding`]).
     #[serde(default, skip_serializing_if = "super::quota::is_false")]
     pub sliding: bool,
+    /// A penalty (see [`crate::core::Quota::penalty`]): `"15m"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub penalty: Option<PenaltyTime>,
+    /// Overrides of a per-key template's numbers for some keys (see
+    /// [`super::tier`]); a quota file's only (the admin API keeps them
+    /// at `/v1/quotas/{name}/overrides`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<OverrideSpec>,
 }
 
 impl QuotaSpec {
@@ -70,6 +80,8 @@ impl QuotaSpec {
             per_key: false,
             window: None,
             sliding: false,
+            penalty: None,
+            overrides: Vec::new(),
         }
     }
 
@@ -97,7 +109,45 @@ impl QuotaSpec {
             }
         }
         validate_params(self.limit, self.low(), self.high())?;
-        validate_window(self.window, self.sliding, self.limit, self.high())
+        validate_window(self.window, self.sliding, self.limit, self.high())?;
+        self.validate_overrides().map(|_| ())
+    }
+
+    /// The overrides' keys and rules, checked: only a per-key template
+    /// has overrides, each names a key hash once.
+    pub fn validate_overrides(&self) -> Result<Vec<(KeyHash, Rule)>, ValidationError> {
+        if !self.overrides.is_empty() && !self.per_key {
+            return Err(ValidationError::new(
+                "overrides",
+                "only a per-key template (\"per_key\": true) has overrides",
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(self.overrides.len());
+        for (i, o) in self.overrides.iter().enumerate() {
+            let at = |e: ValidationError| {
+                ValidationError::new("overrides", format!("[{i}].{}: {}", e.field, e.message))
+            };
+            let Some(text) = o.key_hash.as_deref() else {
+                return Err(at(ValidationError::new("key_hash", "is missing")));
+            };
+            let key = parse_key_hash(text).map_err(at)?;
+            if !seen.insert(key) {
+                return Err(at(ValidationError::new(
+                    "key_hash",
+                    "appears more than once",
+                )));
+            }
+            if o.expires.is_some() {
+                return Err(at(ValidationError::new(
+                    "expires",
+                    "a quota file's overrides do not expire (the file is the set); \
+                     give expiring ones through the admin API",
+                )));
+            }
+            out.push((key, o.rule().map_err(at)?));
+        }
+        Ok(out)
     }
 }
 
@@ -166,6 +216,13 @@ pub struct QuotaPatch {
         skip_serializing_if = "Option::is_none"
     )]
     pub sliding: Option<bool>,
+    /// `Some(None)` takes the penalty away.
+    #[serde(
+        default,
+        deserialize_with = "given",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub penalty: Option<Option<PenaltyTime>>,
 }
 
 impl QuotaPatch {
@@ -180,8 +237,10 @@ impl QuotaPatch {
             per_key,
             window,
             sliding,
+            penalty,
         } = self;
-        parent.is_none()
+        penalty.is_none()
+            && parent.is_none()
             && limit.is_none()
             && low_burst.is_none()
             && high_burst.is_none()
@@ -205,6 +264,8 @@ impl QuotaPatch {
             per_key: pick(&self.per_key, &current.per_key),
             window: pick(&self.window, &current.window),
             sliding: pick(&self.sliding, &current.sliding),
+            penalty: pick(&self.penalty, &current.penalty),
+            overrides: current.overrides.clone(),
         }
     }
 }
@@ -533,6 +594,8 @@ enum SpecField {
     PerKey,
     Window,
     Sliding,
+    Penalty,
+    Overrides,
 }
 
 impl SpecField {
@@ -545,6 +608,8 @@ impl SpecField {
         "per_key",
         "window",
         "sliding",
+        "penalty",
+        "overrides",
     ];
 
     fn name(self) -> &'static str {
@@ -591,6 +656,8 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
         let mut per_key: Option<bool> = None;
         let mut window: Option<Option<Window>> = None;
         let mut sliding: Option<bool> = None;
+        let mut penalty: Option<Option<PenaltyTime>> = None;
+        let mut overrides: Option<Vec<OverrideSpec>> = None;
         loop {
             self.place.borrow_mut().field = None;
             let key = map
@@ -607,6 +674,8 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::PerKey => per_key.is_some(),
                 SpecField::Window => window.is_some(),
                 SpecField::Sliding => sliding.is_some(),
+                SpecField::Penalty => penalty.is_some(),
+                SpecField::Overrides => overrides.is_some(),
             };
             if duplicate {
                 return Err(self.noting(&name, de::Error::duplicate_field(key.name())));
@@ -620,6 +689,8 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::PerKey => map.next_value().map(|v| per_key = Some(v)),
                 SpecField::Window => map.next_value().map(|v| window = Some(v)),
                 SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
+                SpecField::Penalty => map.next_value().map(|v| penalty = Some(v)),
+                SpecField::Overrides => map.next_value().map(|v| overrides = Some(v)),
             };
             read.map_err(|e| self.noting(&name, e))?;
         }
@@ -636,6 +707,8 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
             per_key: per_key.unwrap_or(false),
             window: window.flatten(),
             sliding: sliding.unwrap_or(false),
+            penalty: penalty.flatten(),
+            overrides: overrides.unwrap_or_default(),
         })
     }
 }
@@ -723,6 +796,7 @@ impl QuotaSet {
                 per_key: q.per_key,
                 window: q.window,
                 sliding: q.sliding,
+                penalty: q.penalty,
                 ..Quota::new(i as u64 + 1, q.name.clone(), q.limit, q.low(), q.high())
                     .with_parent(q.parent.as_deref().map(|p| ids[p]))
                     .at_epoch(epoch)

@@ -8,7 +8,7 @@ use super::headers::{retry_after_secs, Reset};
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::Wait;
 use crate::sync::config::{EarlySync, MAX_EARLY_PER_SECOND};
-use crate::table::{ManyOutcome, Outcome};
+use crate::table::{Cause, ManyOutcome, Outcome};
 
 /// Parses an nginx size: `64k`, `32m`, `1g` or bytes.
 pub fn parse_size(arg: &[u8]) -> Option<usize> {
@@ -229,6 +229,8 @@ pub enum RequestStatus {
     /// live keys) and the request passed as `sluice_key_overflow` says:
     /// counted on the template's shared counter, or not at all.
     KeyOverflow = 8,
+    /// An override denies the key: answered with `sluice_deny_status`.
+    Denied = 9,
 }
 
 impl RequestStatus {
@@ -244,6 +246,7 @@ impl RequestStatus {
             RequestStatus::Delayed => "DELAYED",
             RequestStatus::DelayedDryRun => "DELAYED_DRY_RUN",
             RequestStatus::KeyOverflow => "KEY_OVERFLOW",
+            RequestStatus::Denied => "DENIED",
         }
     }
 }
@@ -257,6 +260,9 @@ pub enum Then {
     Hold(u64),
     /// It is answered with the location's `sluice_status`.
     Reject,
+    /// It is answered with the location's `sluice_deny_status` (an
+    /// override denies its key).
+    Deny,
 }
 
 /// How the access handler answers a check: the decision part of its
@@ -312,6 +318,16 @@ impl Answer {
                 headers: false,
                 ..answer(RequestStatus::KeyOverflow, Then::Continue)
             },
+            Outcome::Reject(rejection) if rejection.cause == Cause::Denied => {
+                if dry_run {
+                    answer(RequestStatus::RejectedDryRun, Then::Continue)
+                } else {
+                    Answer {
+                        reset: Reset::Never,
+                        ..answer(RequestStatus::Denied, Then::Deny)
+                    }
+                }
+            }
             Outcome::Reject(rejection) => {
                 let unpassable = matches!(rejection.wait, Wait::Never(_));
                 if dry_run {
@@ -353,6 +369,39 @@ impl Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_denied_key_is_answered_with_the_deny_status_and_no_retry_after() {
+        let mut denied = rejected(Wait::Never(crate::core::Never::Denied));
+        if let Outcome::Reject(r) = &mut denied.outcome {
+            r.cause = Cause::Denied;
+        }
+        let answer = Answer::of(&denied, false, true);
+        assert_eq!(
+            (answer.status, answer.then, answer.reset, answer.unpassable),
+            (RequestStatus::Denied, Then::Deny, Reset::Never, false)
+        );
+        assert_eq!(answer.status.as_str(), "DENIED");
+        let dry = Answer::of(&denied, true, true);
+        assert_eq!(
+            (dry.status, dry.then),
+            (RequestStatus::RejectedDryRun, Then::Continue)
+        );
+        // A penalty is a rejection told when it ends.
+        let mut penalized = rejected(Wait::Seconds(899.2));
+        if let Outcome::Reject(r) = &mut penalized.outcome {
+            r.cause = Cause::Penalty;
+        }
+        let answer = Answer::of(&penalized, false, true);
+        assert_eq!(
+            (answer.status, answer.then, answer.reset),
+            (
+                RequestStatus::Rejected,
+                Then::Reject,
+                Reset::RetryAfter(900)
+            )
+        );
+    }
 
     #[test]
     fn a_hold_refused_by_wait_max_is_a_rejection_told_when_its_turn_was() {
@@ -535,6 +584,7 @@ mod tests {
             limit: 10.0,
             wait,
             key: 0,
+            cause: crate::table::Cause::Limit,
         };
         result(Outcome::Reject(rejection), 0, false)
     }

@@ -14,7 +14,7 @@ use super::headers::PolicyNames;
 use super::request_counters::RequestCounters;
 use super::unknown_names::UnknownNames;
 use super::util::ConfPosition;
-use super::zone_size::DEFAULT_KEYS_SIZE;
+use super::zone_size::{DEFAULT_KEYS_SIZE, DEFAULT_OVERRIDES_SIZE};
 use crate::core::key::KeySecret;
 use crate::core::spec::QuotaSet;
 use crate::sync::config::SyncConfig;
@@ -66,6 +66,9 @@ pub(crate) struct MainConf {
     pub early_sync: Option<crate::sync::EarlySync>,
     /// `sluice_keys`: bytes of the zone given to keys of per-key quotas.
     pub keys_size: Option<usize>,
+    /// `sluice_overrides`: bytes of the zone given to overrides of
+    /// per-key templates and penalties.
+    pub overrides_size: Option<usize>,
     /// The secret read from `sluice_key_secret_file`.
     pub key_secret: Option<KeySecret>,
     /// `sluice_key_overflow`.
@@ -112,6 +115,11 @@ impl MainConf {
     /// Bytes of the zone given to keys of per-key quotas.
     pub fn keys_size(&self) -> usize {
         self.keys_size.unwrap_or(DEFAULT_KEYS_SIZE)
+    }
+
+    /// Bytes of the zone given to overrides and penalties.
+    pub fn overrides_size(&self) -> usize {
+        self.overrides_size.unwrap_or(DEFAULT_OVERRIDES_SIZE)
     }
 
     /// The sync configuration these directives make (logging to stderr
@@ -196,6 +204,9 @@ pub(crate) struct LocConf {
     pub charges: Option<Vec<Charge>>,
     /// `sluice_status`.
     pub status: Option<ngx_uint_t>,
+    /// `sluice_deny_status`: the status of a request whose key an
+    /// override denies.
+    pub deny_status: Option<ngx_uint_t>,
     /// `sluice_dry_run`.
     pub dry_run: Option<bool>,
     /// `sluice_log_level` (an nginx log level).
@@ -236,6 +247,11 @@ impl LocConf {
         self.status.unwrap_or(429)
     }
 
+    /// The status code requests of a denied key get.
+    pub fn deny_status(&self) -> ngx_uint_t {
+        self.deny_status.unwrap_or(403)
+    }
+
     /// The level rejections are logged at.
     pub fn log_level(&self) -> ngx_uint_t {
         self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
@@ -263,6 +279,7 @@ impl Merge for LocConf {
             self.charges.clone_from(&prev.charges);
         }
         self.status = self.status.or(prev.status);
+        self.deny_status = self.deny_status.or(prev.deny_status);
         self.dry_run = self.dry_run.or(prev.dry_run);
         self.log_level = self.log_level.or(prev.log_level);
         self.unknown_log = self.unknown_log.or(prev.unknown_log);

@@ -24,7 +24,9 @@ use super::conf::{
 use super::headers::PolicyNames;
 use super::request_counters::WAIT_MAX_SLOTS;
 use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
-use super::zone_size::{check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MIN_ZONE_SIZE};
+use super::zone_size::{
+    check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MAX_OVERRIDES_SIZE, MIN_ZONE_SIZE,
+};
 use super::Module;
 use crate::core::key::KeySecret;
 use crate::core::quota::validate_name;
@@ -493,6 +495,25 @@ directive_handler!(
 );
 
 directive_handler!(
+    /// `sluice_overrides <size>;` — zone memory for overrides of per-key
+    /// templates and penalties.
+    set_overrides,
+    |cf, mcf: &mut MainConf, args| {
+        let size = parse_size(args[1])
+            .filter(|&s| s <= MAX_OVERRIDES_SIZE)
+            .ok_or_else(|| {
+                format!(
+                    "invalid size \"{}\": must be a size up to {}g (0 for no overrides \
+                     or penalties)",
+                    text(args[1]),
+                    MAX_OVERRIDES_SIZE >> 30
+                )
+            })?;
+        once(&mut mcf.overrides_size, size, &args)
+    }
+);
+
+directive_handler!(
     /// `sluice_key_overflow shared|reject|pass;` — what a check does with a
     /// key that finds no entry in a key section full of live keys.
     set_key_overflow,
@@ -544,6 +565,21 @@ fn flag(args: &[&[u8]], i: usize) -> Result<bool, String> {
         )
     })
 }
+
+directive_handler!(
+    /// `sluice_deny_status <code>;` (400..599): the status of a request
+    /// whose key an override denies.
+    set_deny_status,
+    |cf, lcf: &mut LocConf, args| {
+        match super::args::parse_u64(args[1]) {
+            Some(code @ 400..=599) => once(&mut lcf.deny_status, code as ngx_uint_t, &args),
+            _ => Err(format!(
+                "invalid status \"{}\": must be between 400 and 599",
+                text(args[1])
+            )),
+        }
+    }
+);
 
 directive_handler!(
     /// `sluice_dry_run on|off;`

@@ -568,6 +568,7 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         Then::Continue => declined,
         Then::Hold(wait) => hold(r, state, counters, wait, lcf.wait_coalesce_ms()),
         Then::Reject => lcf.status() as ngx_int_t,
+        Then::Deny => lcf.deny_status() as ngx_int_t,
     }
 }
 

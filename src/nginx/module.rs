@@ -236,7 +236,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 22] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 24] = [
     directive(
         c"sluice_zone",
         HTTP | NGX_CONF_TAKE1,
@@ -292,6 +292,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 22] = [
         MAIN,
     ),
     directive(
+        c"sluice_overrides",
+        HTTP | NGX_CONF_TAKE1,
+        directives::set_overrides,
+        MAIN,
+    ),
+    directive(
         c"sluice_key_overflow",
         HTTP | NGX_CONF_TAKE1,
         directives::set_key_overflow,
@@ -319,6 +325,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 22] = [
         c"sluice_status",
         ANY_LEVEL | NGX_CONF_TAKE1,
         directives::set_status,
+        LOC,
+    ),
+    directive(
+        c"sluice_deny_status",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::set_deny_status,
         LOC,
     ),
     directive(

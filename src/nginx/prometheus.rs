@@ -55,8 +55,18 @@ pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String
         .filter(|q| q.quota.per_key)
         .map(|q| (q.slot, q.quota.name.clone()))
         .collect();
+    // Names of penalized quotas, by id (only when the section holds any).
+    let by_id: std::collections::HashMap<u64, String> = if table.tier_stats().live > 0 {
+        quotas
+            .iter()
+            .map(|q| (q.quota.id, q.quota.name.clone()))
+            .collect()
+    } else {
+        Default::default()
+    };
     render_quotas(&mut out, quotas, top);
     render_keys(&mut out, table, &names, top.min(TOP_KEYS), now);
+    render_tiers(&mut out, table, &by_id, now);
     render_sync(&mut out, &crate::sync::status::published(table), roots, now);
     out
 }
@@ -296,6 +306,97 @@ fn render_keys(
                 escape(name),
                 k.hash,
                 k.level
+            );
+        }
+    }
+}
+
+/// Penalties in force shown, at most (the latest ends).
+pub const TOP_PENALTIES: usize = 20;
+
+/// The tier section's counters, and the penalties in force with their
+/// seconds left (by quota, and key hash for a key's).
+fn render_tiers(
+    out: &mut String,
+    table: &Table,
+    by_id: &std::collections::HashMap<u64, String>,
+    now: Nanos,
+) {
+    let s = table.tier_stats();
+    let tiers = table.tiers();
+    let overrides = tiers.iter().filter(|t| t.rule.is_some()).count();
+    gauge(
+        out,
+        "sluice_overrides",
+        "Overrides of per-key templates held for single keys.",
+        overrides as f64,
+    );
+    gauge(
+        out,
+        "sluice_override_capacity",
+        "Overrides and penalties the tier section (sluice_overrides) can hold.",
+        s.capacity as f64,
+    );
+    for (name, help, value) in [
+        (
+            "sluice_overrides_refused_total",
+            "Overrides and penalties refused: the tier section was full.",
+            s.refused,
+        ),
+        (
+            "sluice_penalties_started_total",
+            "Penalties this host started (a rejection at the high burst of a quota with a \
+             penalty).",
+            s.started,
+        ),
+        (
+            "sluice_penalized_checks_total",
+            "Checks rejected by a penalty in force.",
+            s.penalized,
+        ),
+        (
+            "sluice_denied_checks_total",
+            "Checks rejected by a deny override.",
+            s.denied,
+        ),
+    ] {
+        counter(out, name, help, value as f64);
+    }
+    let now_utc = now as i64 + table.utc_offset();
+    let mut active: Vec<_> = tiers.iter().filter(|t| t.until > now_utc).collect();
+    gauge(
+        out,
+        "sluice_penalties",
+        "Penalties in force (quotas and keys barred until they end).",
+        active.len() as f64,
+    );
+    if active.is_empty() {
+        return;
+    }
+    active.sort_by_key(|t| std::cmp::Reverse(t.until));
+    active.truncate(TOP_PENALTIES);
+    let _ = writeln!(
+        out,
+        "# HELP sluice_penalty_seconds_left Seconds until a penalty in force ends (the latest ends).\n\
+         # TYPE sluice_penalty_seconds_left gauge"
+    );
+    for t in active {
+        let Some(name) = by_id.get(&t.quota) else {
+            continue;
+        };
+        let left = (t.until - now_utc) as f64 * 1e-9;
+        if t.key == 0 {
+            let _ = writeln!(
+                out,
+                "sluice_penalty_seconds_left{{quota=\"{}\"}} {left:.0}",
+                escape(name)
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "sluice_penalty_seconds_left{{quota=\"{}\",key=\"{:016x}\"}} {left:.0}",
+                escape(name),
+                t.key
             );
         }
     }

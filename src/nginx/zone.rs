@@ -68,7 +68,7 @@ pub(crate) fn physical_memory() -> Option<usize> {
 /// Asks nginx for the zone; called once the `http` block is parsed.
 pub(crate) fn add(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), String> {
     // Keys get their own share on top of the quotas'.
-    let size = mcf.zone_size.unwrap_or(DEFAULT_ZONE_SIZE) + mcf.keys_size();
+    let size = mcf.zone_size.unwrap_or(DEFAULT_ZONE_SIZE) + mcf.keys_size() + mcf.overrides_size();
     let mut name = ngx_str_t {
         len: ZONE_NAME.len(),
         data: ZONE_NAME.as_ptr().cast_mut(),
@@ -125,10 +125,10 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
     let head = unsafe { (*pool).data.cast::<ZoneHead>() };
     let table = if reused && !head.is_null() {
         // SAFETY: the head and region were made by `create` in this zone.
-        unsafe { Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, 0, false) }
+        unsafe { Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, 0, 0, false) }
             .map_err(|e| format!("sluice: zone \"{ZONE_NAME}\": {e}"))?
     } else {
-        let table = create(pool, zone.shm.size, mcf.keys_size())?;
+        let table = create(pool, zone.shm.size, mcf.keys_size(), mcf.overrides_size())?;
         // SAFETY: the cycle's log.
         unsafe {
             log(
@@ -209,7 +209,12 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
 }
 
 /// Carves the largest table that fits out of a new zone's slab pool.
-fn create(pool: *mut ngx_slab_pool_t, zone_size: usize, key_bytes: usize) -> Result<Table, String> {
+fn create(
+    pool: *mut ngx_slab_pool_t,
+    zone_size: usize,
+    key_bytes: usize,
+    tier_bytes: usize,
+) -> Result<Table, String> {
     // SAFETY: `pool` is the zone's slab pool, only touched by this process
     // while nginx starts the cycle.
     unsafe {
@@ -224,8 +229,11 @@ fn create(pool: *mut ngx_slab_pool_t, zone_size: usize, key_bytes: usize) -> Res
         // pages are not contiguous enough. Keys keep their share of the
         // zone (the pool's own overhead shrinks both parts alike).
         for _ in 0..16 {
-            let key_bytes = (avail as u128 * key_bytes as u128 / zone_size.max(1) as u128) as usize;
-            let Some(geometry) = Geometry::fitting_with_keys(avail, AVG_NAME_BYTES, key_bytes)
+            let share =
+                |bytes: usize| (avail as u128 * bytes as u128 / zone_size.max(1) as u128) as usize;
+            let (key_bytes, tier_bytes) = (share(key_bytes), share(tier_bytes));
+            let Some(geometry) =
+                Geometry::fitting_with(avail, AVG_NAME_BYTES, key_bytes, tier_bytes)
             else {
                 break;
             };
@@ -233,8 +241,9 @@ fn create(pool: *mut ngx_slab_pool_t, zone_size: usize, key_bytes: usize) -> Res
             let base = ngx_slab_alloc(pool, len).cast::<u8>();
             if !base.is_null() {
                 // Fresh shared memory is zeroed: no need to write over it.
-                let table = Table::from_raw(base, len, AVG_NAME_BYTES, key_bytes, false)
-                    .map_err(|e| format!("sluice: zone \"{ZONE_NAME}\": {e}"))?;
+                let table =
+                    Table::from_raw(base, len, AVG_NAME_BYTES, key_bytes, tier_bytes, false)
+                        .map_err(|e| format!("sluice: zone \"{ZONE_NAME}\": {e}"))?;
                 (*head).base = base;
                 (*head).len = len;
                 // The slab allocator does not zero.
@@ -278,7 +287,7 @@ fn previous_table(zone: &ngx_shm_zone_t) -> Option<Table> {
                     if head.is_null() {
                         return None;
                     }
-                    return Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, 0, false)
+                    return Table::from_raw((*head).base, (*head).len, AVG_NAME_BYTES, 0, 0, false)
                         .ok();
                 }
             }

@@ -1,5 +1,5 @@
-//! How large the shared zone is: the defaults of `sluice_zone` and
-//! `sluice_keys`, their bounds, and the check `nginx -t` runs on a
+//! How large the shared zone is: the defaults of `sluice_zone`,
+//! `sluice_keys` and `sluice_overrides`, their bounds, and the check `nginx -t` runs on a
 //! `sluice_zone` size. Pure: `cargo test` covers it without nginx.
 
 use crate::table::layout::{Geometry, MAX_CAPACITY};
@@ -19,6 +19,15 @@ pub const DEFAULT_KEYS_SIZE: usize = 16 << 20;
 /// ([`crate::table::layout::MAX_KEYS`]).
 pub const MAX_KEYS_SIZE: usize =
     crate::table::layout::MAX_KEY_BUCKETS as usize * crate::table::layout::BYTES_PER_KEY_BUCKET;
+
+/// Bytes of the zone given to overrides and penalties when
+/// `sluice_overrides` is not set (about 50,000 of them).
+pub const DEFAULT_OVERRIDES_SIZE: usize = 4 << 20;
+
+/// Largest `sluice_overrides`: the tier section of the most overrides a
+/// region holds ([`crate::table::layout::MAX_TIERS`]).
+pub const MAX_OVERRIDES_SIZE: usize =
+    (crate::table::layout::MAX_TIERS * crate::table::layout::TIER_BYTES) as usize;
 
 /// The average quota name length the zone's name arena is sized for.
 pub const AVG_NAME_BYTES: usize = 32;

@@ -164,6 +164,13 @@ impl Counters {
         }
     }
 
+    /// [`CounterBook::set_key_counting`] in the counter's shard.
+    pub fn set_key_counting(&self, counter: CounterKey, rule: CounterRule, now: Nanos) {
+        self.lock_of(counter)
+            .book
+            .set_key_counting(counter, rule, now);
+    }
+
     /// [`CounterBook::remove`] in every shard.
     pub fn remove(&self, id: u64) {
         {

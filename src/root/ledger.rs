@@ -7,15 +7,18 @@
 //! [`super::counter_shards`]). Parsing and serialisation happen outside
 //! every lock.
 
+use crate::core::tier::{Override, Rule};
 use crate::core::{Nanos, Quota};
-use crate::wire::{CounterKey, SyncRequest, SyncResponse};
+use crate::wire::{CounterKey, SyncRequest, SyncResponse, TierReply};
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits};
+use super::counter_book::{AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits};
 use super::counter_shards::{Counters, CountersView};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
+use super::store::OverrideRow;
+use super::tier_book::{OverrideBook, OverridePage, PenaltyBook};
 use super::trust::{counter_rule, plausible_rejections, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
 /// Page sizes of a sync reply.
@@ -73,6 +76,9 @@ pub struct SyncStep {
     /// Rejections cut from the request's counts, more than its limiter
     /// could have made ([`super::trust::plausible_rejections`]).
     pub rejections_clipped: u64,
+    /// Overrides after the limiter's cursor, penalties changed since its
+    /// version.
+    pub tiers: TierReply,
 }
 
 impl SyncStep {
@@ -95,6 +101,8 @@ impl SyncStep {
             keyed: self.counters.keyed,
             counter_version: self.counters.version,
             takes_returns: true,
+            takes_tiers: true,
+            tiers: self.tiers,
         }
     }
 }
@@ -121,7 +129,7 @@ pub struct LedgerStats {
     pub levels_capped: u64,
     /// Limiter allowances held (limiter and counter pairs not at full).
     pub allowances: usize,
-    /// Epoch of the last quota loaded.
+    /// Epoch of the last quota or override loaded.
     pub epoch: u64,
     /// Last counter version handed out.
     pub counter_version: u64,
@@ -153,11 +161,19 @@ pub struct Ledger {
     /// Seconds of `limit` above two `high_burst`s at which a leaky
     /// counter is capped (see [`super::trust`]).
     pub level_cap_seconds: f64,
+    /// The overrides loaded from the database (taken after `quotas`
+    /// when both are held).
+    pub overrides: RwLock<OverrideBook>,
+    /// The penalties limiters started (taken after `quotas`, never
+    /// with the counter shards).
+    pub penalties: Mutex<PenaltyBook>,
 }
 
 impl Default for Ledger {
     fn default() -> Self {
         Self {
+            overrides: RwLock::default(),
+            penalties: Mutex::default(),
             quotas: RwLock::default(),
             counters: Counters::default(),
             limiters: Mutex::default(),
@@ -178,6 +194,8 @@ pub struct LedgerView<'a> {
     pub counters: CountersView<'a>,
     /// As [`Ledger::utc_offset`].
     pub utc_offset: i64,
+    /// Epoch of the last override loaded.
+    pub override_epoch: u64,
 }
 
 impl LedgerView<'_> {
@@ -194,7 +212,7 @@ impl LedgerView<'_> {
             keys_forgotten: sizes.keys_forgotten,
             levels_capped: sizes.levels_capped,
             allowances: sizes.allowances,
-            epoch: self.quotas.cursor().epoch,
+            epoch: self.quotas.cursor().epoch.max(self.override_epoch),
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
             limiters_dropped: self.limiters.dropped(),
@@ -233,12 +251,14 @@ impl Ledger {
     /// Holds everything at once (see [`LedgerView`]).
     pub fn read(&self) -> LedgerView<'_> {
         let quotas = self.quotas_read();
+        let override_epoch = self.overrides().cursor().epoch;
         let limiters = self.limiters();
         LedgerView {
             quotas,
             limiters,
             counters: self.counters.read(),
             utc_offset: self.utc_offset,
+            override_epoch,
         }
     }
 
@@ -259,6 +279,22 @@ impl Ledger {
                         let rule =
                             counter_rule(quota, self.utc_offset, self.level_cap_seconds, now);
                         self.counters.set_counting(id, per_key, rule, now);
+                        if per_key {
+                            // Its overridden keys keep their own numbers.
+                            let overrides = self.overrides();
+                            let (rows, _) = overrides.list(id, 0, usize::MAX);
+                            for row in rows {
+                                let rule = self.key_rule(quota, Some(&row.ov), now);
+                                self.counters.set_key_counting(
+                                    CounterKey {
+                                        id,
+                                        key: row.ov.key,
+                                    },
+                                    rule,
+                                    now,
+                                );
+                            }
+                        }
                     }
                 }
                 QuotaChange::Deleted { id } => self.counters.remove(id),
@@ -309,6 +345,9 @@ impl Ledger {
         }
         let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         let quotas = self.quotas_read();
+        // Taken after the quotas, as everywhere: a key with an override
+        // counts with its numbers.
+        let overrides = self.overrides();
         for (index, ((part, rejected), returns)) in
             parts.iter().zip(&rejected).zip(&returns).enumerate()
         {
@@ -342,7 +381,12 @@ impl Ledger {
                 // hold yet.
                 let rule_of = || {
                     let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
-                    Some(counter_rule(quota, utc_offset, cap_seconds, now))
+                    Some(if counter.key == 0 {
+                        counter_rule(quota, utc_offset, cap_seconds, now)
+                    } else {
+                        let row = overrides.get(counter.id, counter.key);
+                        self.key_rule(quota, row.map(|r| &r.ov), now)
+                    })
                 };
                 let allowances = &mut shard.allowances;
                 let allow = |shape: &AllowanceShape| {
@@ -374,11 +418,13 @@ impl Ledger {
                 }
             }
         }
+        drop(overrides);
         if step.clipped > 0 {
             self.limiters()
                 .clipped(number, step.clipped as u64, step.clipped_weight, now);
         }
         step.quotas = quotas.page_after(request.quotas_after, paging.quotas);
+        step.tiers = self.tiers_step(request, &quotas, instance, now, step.quotas.more, paging);
         drop(quotas);
         let since = self.counters_since(request, instance);
         step.counters = if step.quotas.more {
@@ -412,6 +458,51 @@ impl Ledger {
         parts
     }
 
+    /// The tiers part of a sync: takes the penalties the limiter started
+    /// (as [`PenaltyBook::admit`] allows), and answers the overrides after
+    /// its cursor (none while quota pages remain: their templates come
+    /// first) and the penalties changed since its version.
+    fn tiers_step(
+        &self,
+        request: &SyncRequest,
+        quotas: &QuotaBook,
+        instance: u64,
+        now: Nanos,
+        quotas_pending: bool,
+        paging: SyncPaging,
+    ) -> TierReply {
+        let now_utc = now as i64 + self.utc_offset;
+        let asked = &request.tiers;
+        let mut penalties = self.penalties();
+        for &p in &asked.penalties {
+            let _ = penalties.admit(p, quotas.get(p.quota()).map(|q| q.as_ref()), now_utc);
+        }
+        let since =
+            if request.root_instance == instance && asked.penalty_version <= penalties.version() {
+                asked.penalty_version
+            } else {
+                0
+            };
+        let (changed, penalty_version) = penalties.changed_since(since, now_utc);
+        drop(penalties);
+        let page = if quotas_pending {
+            OverridePage {
+                after: asked.overrides_after,
+                ..OverridePage::default()
+            }
+        } else {
+            self.overrides()
+                .page_after(asked.overrides_after, paging.quotas)
+        };
+        TierReply {
+            overrides: page.overrides,
+            overrides_after: page.after,
+            more_overrides: page.more,
+            penalties: changed,
+            penalty_version,
+        }
+    }
+
     fn counters_since(&self, request: &SyncRequest, instance: u64) -> u64 {
         let known =
             request.root_instance == instance && request.counter_version <= self.counters.version();
@@ -425,6 +516,98 @@ impl Ledger {
     /// Sizes for metrics and health.
     pub fn stats(&self) -> LedgerStats {
         self.read().stats()
+    }
+
+    /// Stores overrides read from the database, in `(epoch, id)` order;
+    /// returns how many changed.
+    pub fn load_overrides(&self, rows: Vec<OverrideRow>, now: Nanos) -> usize {
+        let changed: Vec<OverrideRow> = {
+            let mut book = self.overrides_write();
+            rows.into_iter()
+                .filter(|row| book.load(row.clone()))
+                .collect()
+        };
+        // The keys' counters take the new numbers (a removal: the
+        // template's again), the quotas read after the overrides were let
+        // go, as everywhere else.
+        let quotas = self.quotas_read();
+        for row in &changed {
+            let Some(template) = quotas.counting_quota(row.ov.quota, true) else {
+                continue;
+            };
+            let live = (!row.ov.deleted).then_some(&row.ov);
+            let rule = self.key_rule(template, live, now);
+            let counter = CounterKey {
+                id: row.ov.quota,
+                key: row.ov.key,
+            };
+            self.counters.set_key_counting(counter, rule, now);
+        }
+        changed.len()
+    }
+
+    /// How a key of per-key template `template` counts at the root: with
+    /// the template's numbers, or its override's. Its cap and the
+    /// allowance each limiter has on it follow the same numbers, so a key
+    /// moved from 15/s to 100/s is not clipped to 15/s; an allowed key's
+    /// are unbounded (what a limiter admits for it is never limited),
+    /// a denied key's the template's (its checks are not counted).
+    fn key_rule(&self, template: &Quota, over: Option<&Override>, now: Nanos) -> CounterRule {
+        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
+        match over.map(|o| (o.rule, o.epoch)) {
+            Some((
+                Rule::Limit {
+                    limit,
+                    low_burst,
+                    high_burst,
+                },
+                epoch,
+            )) => {
+                let mut quota = template.clone();
+                quota.limit = limit;
+                quota.low_burst = low_burst;
+                quota.high_burst = high_burst;
+                // An edit of either starts the allowances over.
+                quota.epoch = quota.epoch.max(epoch);
+                counter_rule(&quota, utc_offset, cap_seconds, now)
+            }
+            Some((Rule::Allow, _)) => {
+                let counting = counter_rule(template, utc_offset, cap_seconds, now).counting;
+                CounterRule::from(counting)
+            }
+            Some((Rule::Deny, _)) | None => counter_rule(template, utc_offset, cap_seconds, now),
+        }
+    }
+
+    /// Reads the overrides.
+    pub fn overrides(&self) -> RwLockReadGuard<'_, OverrideBook> {
+        self.overrides
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn overrides_write(&self) -> std::sync::RwLockWriteGuard<'_, OverrideBook> {
+        self.overrides
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Locks the penalties.
+    pub fn penalties(&self) -> MutexGuard<'_, PenaltyBook> {
+        self.penalties
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forgets penalties that ended by `now_utc` (UTC nanoseconds), and
+    /// those of quotas deleted or without a penalty now.
+    pub fn forget_ended_penalties(&self, now_utc: i64) {
+        let quotas = self.quotas_read();
+        self.penalties().forget_ended(now_utc, |id| {
+            quotas
+                .get(id)
+                .is_none_or(|q| q.deleted || q.penalty.is_none())
+        });
     }
 }
 
@@ -737,6 +920,71 @@ mod tests {
         let response = b.into_response(INSTANCE, 0, 0);
         assert_eq!(response.keyed.len(), 1);
         assert!(response.counters.is_empty());
+    }
+
+    /// A key with an override counts at the root with the override's
+    /// numbers: its deltas are not cut to the template's allowance and
+    /// cap, before or after the override arrives, and a removal gives it
+    /// the template's back.
+    #[test]
+    fn an_overridden_key_counts_with_its_own_numbers_at_the_root() {
+        use crate::core::tier::{Override, Rule};
+        use crate::root::store::OverrideRow;
+        let ledger = Ledger::default();
+        // 1/s with a burst of 3: a limiter may add about 3 at once.
+        ledger.load(
+            vec![Quota::new(2, "per_key", 1.0, 3.0, 3.0).keyed().at_epoch(1)],
+            0,
+        );
+        let row = |key, rule, epoch, deleted| OverrideRow {
+            ov: Override {
+                id: key,
+                quota: 2,
+                key,
+                rule,
+                expires_ms: None,
+                epoch,
+                deleted,
+            },
+            note: None,
+            updated_ms: 0,
+        };
+        let paid = Rule::Limit {
+            limit: 100.0,
+            low_burst: 100.0,
+            high_burst: 100.0,
+        };
+        // Key 7 before its counter exists, key 8 after; 9 is allowed.
+        ledger.load_overrides(
+            vec![row(7, paid, 2, false), row(9, Rule::Allow, 2, false)],
+            0,
+        );
+        ledger.sync(&keyed_request("a", 2, &[(8, 1)]), INSTANCE, 0, PAGING);
+        ledger.load_overrides(vec![row(8, paid, 3, false)], 0);
+        let step = ledger.sync(
+            &keyed_request("a", 2, &[(7, 50), (8, 50), (9, 500), (10, 50)]),
+            INSTANCE,
+            0,
+            PAGING,
+        );
+        assert_eq!(key_level(&step, 2, 7), Some(50.0));
+        assert_eq!(key_level(&step, 2, 8), Some(51.0));
+        assert_eq!(key_level(&step, 2, 9), Some(500.0));
+        let plain = key_level(&step, 2, 10).unwrap();
+        assert!(plain < 20.0, "the template's numbers bound key 10: {plain}");
+        // Removed: key 8 is bound by the template's numbers again.
+        ledger.load_overrides(vec![row(8, paid, 4, true)], 0);
+        let step = ledger.sync(&keyed_request("a", 2, &[(8, 50)]), INSTANCE, SEC, PAGING);
+        let level = key_level(&step, 2, 8).unwrap();
+        assert!(level < 20.0, "{level}");
+        // A template edit keeps key 7's numbers (its 50 leaked away at
+        // 100/s: the 40 count whole).
+        ledger.load(
+            vec![Quota::new(2, "per_key", 2.0, 3.0, 3.0).keyed().at_epoch(5)],
+            SEC,
+        );
+        let step = ledger.sync(&keyed_request("b", 2, &[(7, 40)]), INSTANCE, SEC, PAGING);
+        assert_eq!(key_level(&step, 2, 7), Some(40.0));
     }
 
     #[test]

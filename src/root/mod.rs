@@ -39,6 +39,8 @@
 //!     add in parallel, "changed since" stays exact;
 //!   - `limiters.rs` — the limiters that synced, the ones heard from
 //!     last (bounded, idle ones forgotten);
+//!   - `tier_book.rs` — overrides by key and by `(epoch, id)`, and the
+//!     penalties limiters started (max-registers with versions);
 //!   - `trust.rs` — the level cap, per-limiter allowances and plausible
 //!     rejection counts: how much of a limiter's sync a root believes.
 //! - `store/` — the database: schema migrations (`migrations/`), epochs,
@@ -68,6 +70,7 @@ pub mod server;
 pub mod shutdown;
 pub mod state;
 pub mod store;
+pub mod tier_book;
 pub mod trust;
 
 pub use config::{RootArgs, RootConfig};

@@ -19,7 +19,9 @@ pub async fn run(state: Arc<RootState>, mut shutdown: Shutdown) {
             _ = state.reload() => {}
             _ = shutdown.wait() => break,
         }
+        state.expire_overrides().await;
         state.forget_drained_keys();
+        state.forget_ended_penalties();
         state.credentials.reload_if_changed();
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

@@ -17,7 +17,7 @@ use super::health::Health;
 use super::ledger::Ledger;
 use super::limiters::Limiters;
 use super::metrics::{Metrics, Scrape};
-use super::store::{DbState, Store, StoreError, LOAD_PAGE};
+use super::store::{DbState, OverrideRow, Store, StoreError, LOAD_PAGE};
 
 /// Window in which a limiter counts as active (metrics, overview).
 pub const ACTIVE_WINDOW: Nanos = 300 * 1_000_000_000;
@@ -56,6 +56,9 @@ pub struct RootState {
     /// Position of the last row a reload read (valid or skipped); also
     /// serialises reloads.
     reload_cursor: tokio::sync::Mutex<QuotaCursor>,
+    /// Position of the last override row a reload read (taken under
+    /// `reload_cursor`).
+    override_cursor: std::sync::Mutex<QuotaCursor>,
     /// The schema has been migrated by this process.
     migrated: AtomicBool,
     /// Serialises this root's writes. The database serialises writers
@@ -91,6 +94,7 @@ impl RootState {
             metrics: Metrics::default(),
             instance: new_instance_id(),
             reload_cursor: tokio::sync::Mutex::new(QuotaCursor::default()),
+            override_cursor: std::sync::Mutex::new(QuotaCursor::default()),
             migrated: AtomicBool::new(false),
             write_gate: tokio::sync::Mutex::new(()),
         })
@@ -142,12 +146,23 @@ impl RootState {
             Ok(db) => self.read_changes(*cursor).await.map(|read| (db, read)),
             Err(error) => Err(error),
         };
+        // Overrides after quotas: a limiter that gets an override has its
+        // template by then, or soon after.
+        let overrides = match &result {
+            Ok(_) => Some(self.read_override_changes(self.override_position()).await),
+            Err(_) => None,
+        };
+        let result = match (result, overrides) {
+            (Ok(read), Some(Ok(overrides))) => Ok((read, overrides)),
+            (Ok(_), Some(Err(error))) | (Err(error), _) => Err(error),
+            (Ok(_), None) => unreachable!("overrides are read whenever quotas were"),
+        };
         if let (Ok(_), DbState::Lost(reason)) = (&result, self.store.file_state()) {
             // The file changed while it was read: what was read may be
             // another database's.
             return Err(self.lost(reason));
         }
-        let (db, (quotas, after, invalid)) = match result {
+        let ((db, (quotas, after, invalid)), (overrides, override_after)) = match result {
             Ok(read) => read,
             Err(error) => {
                 self.health.db_failed(&error.to_string());
@@ -156,8 +171,13 @@ impl RootState {
             }
         };
         let loaded = quotas.len();
-        let changed = self.ledger().load(quotas, self.now());
+        let changed = self.ledger().load(quotas, self.now())
+            + self.ledger().load_overrides(overrides, self.now());
         *cursor = after;
+        *self
+            .override_cursor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = override_after;
         self.health.reloaded();
         match db.refusal() {
             Some(reason) => self.health.db_read_only(reason),
@@ -228,6 +248,76 @@ impl RootState {
                 return Ok((quotas, after, invalid));
             }
         }
+    }
+
+    fn override_position(&self) -> QuotaCursor {
+        *self
+            .override_cursor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The override rows after `after`, every page; invalid rows are
+    /// skipped and logged.
+    async fn read_override_changes(
+        &self,
+        mut after: QuotaCursor,
+    ) -> Result<(Vec<OverrideRow>, QuotaCursor), StoreError> {
+        let mut rows = Vec::new();
+        loop {
+            let page = self.store.load_overrides_after(after, LOAD_PAGE).await?;
+            let full = page.len() == LOAD_PAGE;
+            for row in page {
+                match row {
+                    Ok(row) => {
+                        after = QuotaCursor {
+                            epoch: row.ov.epoch,
+                            id: row.ov.id,
+                        };
+                        rows.push(row);
+                    }
+                    Err((position, reason)) => {
+                        tracing::error!(id = position.id, reason, "skipping invalid override row");
+                        after = position;
+                    }
+                }
+            }
+            if !full {
+                return Ok((rows, after));
+            }
+        }
+    }
+
+    /// Tombstones the overrides that expired, when the book holds one:
+    /// a write (its epoch carries the expiry to the limiters, which stop
+    /// applying an expired override by themselves meanwhile). Quiet when
+    /// the database takes no writes; another root may do it instead.
+    pub async fn expire_overrides(&self) {
+        let now_ms = self.utc_ms();
+        let due = self
+            .ledger()
+            .overrides()
+            .next_expiry()
+            .is_some_and(|at| at <= now_ms);
+        if !due || self.check_writable().is_err() {
+            return;
+        }
+        match self.write(self.store.expire_overrides(now_ms)).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(expired = n, "overrides expired"),
+            Err(error) => tracing::debug!(%error, "expiring overrides failed"),
+        }
+    }
+
+    /// The root's UTC clock (see `Ledger::utc_offset`), milliseconds.
+    pub fn utc_ms(&self) -> i64 {
+        (self.now() as i64 + self.ledger().utc_offset) / 1_000_000
+    }
+
+    /// Forgets the penalties that ended, and those of quotas gone.
+    pub fn forget_ended_penalties(&self) {
+        let now_utc = self.now() as i64 + self.ledger().utc_offset;
+        self.ledger().forget_ended_penalties(now_utc);
     }
 
     /// Runs a database write: refused with 503 while the database is known

@@ -29,12 +29,13 @@ use super::ids::{CounterMap, IdMap};
 use super::link::{level_at_offset, Owed, OwedDeltas, RootLink, NO_QUOTAS};
 use super::vouch::Recent;
 use super::{EarlySync, LogLevel, SyncMetrics};
+use crate::core::tier::Penalty;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::file::purge_seeds;
 use crate::table::{CollectedDelta, SlotId, Table};
 use crate::wire::{
     ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, QuotaCursor,
-    SyncRequest, SyncResponse, MAX_DELTAS_PER_SYNC,
+    SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
 };
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -70,6 +71,11 @@ pub struct Page {
 
 /// How often per interval early sync probes the table.
 pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
+
+/// Most early cycles a second that penalties started here may bring on
+/// (with early sync off too): a penalty reaches the roots at once, and
+/// every other host within its next sync.
+pub const PENALTY_SYNCS_PER_SECOND: f64 = 4.0;
 
 /// A log line the engine wants written.
 pub type LogLine = (LogLevel, String);
@@ -131,11 +137,18 @@ fn counter_of(d: &CollectedDelta) -> CounterKey {
 /// The request for the next quota page after `reply`, if the root has more
 /// (no deltas: they went with the first page).
 pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncRequest> {
-    (reply.more_quotas && !reply.quotas.is_empty()).then(|| SyncRequest {
+    let more_quotas = reply.more_quotas && !reply.quotas.is_empty();
+    let more_overrides = reply.tiers.more_overrides && !reply.tiers.overrides.is_empty();
+    (more_quotas || more_overrides).then(|| SyncRequest {
         limiter: previous.limiter.clone(),
         quotas_after: reply.quotas_after,
         counter_version: reply.counter_version,
         root_instance: reply.root_instance,
+        tiers: TierRequest {
+            overrides_after: reply.tiers.overrides_after,
+            penalty_version: reply.tiers.penalty_version,
+            penalties: Vec::new(),
+        },
         ..SyncRequest::default()
     })
 }
@@ -372,25 +385,34 @@ impl SyncEngine {
 
     /// Time between early-sync probes, when early sync is on.
     pub fn early_probe_every(&self) -> Option<Nanos> {
-        self.early
-            .map(|_| (self.interval / EARLY_PROBES_PER_INTERVAL).max(1))
+        self.early.map(|_| self.probe_every())
     }
 
-    /// True when an early cycle should start now: early sync is on, its
-    /// budget allows one, and some quota's unsent local delta passed its
-    /// share of the burst band.
+    /// Time between the networked loop's probes: they look for penalties
+    /// started here (always) and, with early sync on, for unsent weight.
+    pub fn probe_every(&self) -> Nanos {
+        (self.interval / EARLY_PROBES_PER_INTERVAL).max(1)
+    }
+
+    /// True when an early cycle should start now: its budget allows one
+    /// (early sync's, or [`PENALTY_SYNCS_PER_SECOND`] without it), and a
+    /// penalty started here waits to be sent, or early sync is on and
+    /// some quota's unsent local delta passed its share of the burst band.
     pub fn early_sync_due(&mut self, table: &Table, now: Nanos) -> bool {
-        let Some(early) = self.early else {
-            return false;
-        };
-        let spacing = (1e9 / early.max_per_second.max(1e-9)) as Nanos;
+        let per_second = self
+            .early
+            .map_or(PENALTY_SYNCS_PER_SECOND, |e| e.max_per_second);
+        let spacing = (1e9 / per_second.max(1e-9)) as Nanos;
         if self
             .last_early
             .is_some_and(|t| now.saturating_sub(t) < spacing)
         {
             return false;
         }
-        let due = table.unsent_beyond(early.fraction);
+        let due = table.has_unsent_penalties()
+            || self
+                .early
+                .is_some_and(|early| table.unsent_beyond(early.fraction));
         if due {
             self.last_early = Some(now);
         }
@@ -442,6 +464,10 @@ impl SyncEngine {
         fresh.clear();
         let mut rejected = Vec::new();
         table.collect_deltas_and_rejections(&mut collected, &mut rejected);
+        // Penalties started here go to every root (a penalty merges by
+        // max, wherever it lands).
+        let started = table.take_started_penalties();
+        let mut held: Option<Vec<Penalty>> = None;
         self.unacked.add(&collected);
         let rejected = self.rejected_since_last_cycle(rejected);
         fresh.extend(collected.iter().map(|d| {
@@ -486,6 +512,7 @@ impl SyncEngine {
         for (root, link) in self.links.iter_mut().enumerate() {
             let g = link.group;
             link.owe(fresh_of(g), self.max_owed, now);
+            link.owe_penalties(&started);
             if link.busy {
                 continue;
             }
@@ -501,7 +528,20 @@ impl SyncEngine {
                 rejected.clone()
             };
             rejected.truncate(self.max_request_entries / 2);
-            let room = self.max_request_entries - rejected.len();
+            if link.takes_tiers && std::mem::take(&mut link.resend_penalties) {
+                let now_utc = now as i64 + table.utc_offset();
+                link.tiers.penalties = held
+                    .get_or_insert_with(|| table.held_penalties(now_utc))
+                    .clone();
+            }
+            // Penalties take at most a quarter of a request; the rest stay
+            // owed for the next cycle.
+            let mut penalties = std::mem::take(&mut link.tiers.penalties);
+            if penalties.len() > self.max_request_entries / 4 {
+                link.tiers.penalties = penalties.split_off(self.max_request_entries / 4);
+            }
+            link.penalties_sent = penalties;
+            let room = self.max_request_entries - rejected.len() - link.penalties_sent.len();
             let mut due = due_deltas(&owed, now, link.takes_returns);
             if due.entry_count() > room {
                 // Each owed counter takes at most four entries (an add and
@@ -525,7 +565,12 @@ impl SyncEngine {
                 Some(q) if q != g => NO_QUOTAS,
                 _ => link.cursor,
             };
+            let tiers = TierRequest {
+                penalties: link.penalties_sent.clone(),
+                ..link.tiers.clone()
+            };
             let request = SyncRequest {
+                tiers,
                 limiter: self.limiter_id.clone(),
                 quotas_after,
                 counter_version: link.counter_version,
@@ -705,6 +750,21 @@ impl SyncEngine {
                 log.push((LogLevel::Error, refused.to_string()));
             }
         }
+        if !reply.tiers.overrides.is_empty() {
+            let report = table.apply_overrides(&reply.tiers.overrides);
+            if report.refused > 0 {
+                log.push((
+                    LogLevel::Error,
+                    format!(
+                        "{} override(s) refused: the tier section is full ({} held; raise \
+                         sluice_overrides)",
+                        report.refused,
+                        table.tier_capacity()
+                    ),
+                ));
+            }
+        }
+        table.merge_penalties(&reply.tiers.penalties);
         let generation = table.generation();
         if self.slots_generation != Some(generation) {
             self.slots = table.slot_ids().into_iter().collect();
@@ -792,6 +852,7 @@ impl SyncEngine {
             self.groups_down(table, now, &mut log);
         }
         table.maintain_keys(super::key_sweep_budget(table, self.interval), now);
+        table.sweep_tiers(now as i64 + table.utc_offset());
         log.extend(self.pressure.check(table));
         if down {
             // Weight in flight that no root will acknowledge goes back to

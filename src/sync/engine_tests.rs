@@ -758,3 +758,79 @@ fn a_reply_still_paging_quotas_says_nothing_about_counters() {
     cycle(&mut e, &t, 3 * SEC, |_| vec![paging.clone()]);
     assert_eq!(t.quota(b"q", 2 * SEC).unwrap().fill_rate, 42.5);
 }
+
+#[test]
+fn penalties_go_to_a_root_that_takes_tiers_a_quarter_of_a_request_at_a_time() {
+    use crate::core::tier::PenaltyTime;
+    let t = Table::new_heap_with(8, 16, 256, 256);
+    let fifteen = Some(PenaltyTime::parse("15m").unwrap());
+    t.apply_quotas(&[Quota::new(1, "login", 0.0, 1.0, 1.0)
+        .keyed()
+        .penalized(fifteen)]);
+    // 30 keys each rejected at the high burst: 30 penalties.
+    for k in 0..30u32 {
+        let key = k.to_le_bytes();
+        for _ in 0..2 {
+            let item = crate::table::CheckItem {
+                name: b"login",
+                key: Some(&key),
+                weight: 1,
+                max_wait: None,
+            };
+            t.check_many(&[item], 0, crate::table::CheckOptions::default(), || 0.5);
+        }
+    }
+    assert_eq!(t.tier_stats().started, 30);
+    let roots = ["http://a".to_string()];
+    let mut e = SyncEngine::new(&roots, "h".into(), SEC, 1000, 0);
+    e.limit_request_entries(40);
+    let tiers_page = |at: Nanos| {
+        let mut p = quiet_page(at);
+        p.reply.takes_tiers = true;
+        vec![p]
+    };
+    // The root has not said it takes tiers: none is sent (an older root
+    // would refuse the field).
+    let out = cycle(&mut e, &t, SEC, |_| tiers_page(SEC));
+    assert!(
+        out[0].request.tiers.is_empty(),
+        "{:?}",
+        out[0].request.tiers
+    );
+    // Now it has: every penalty held, at most 10 (a quarter of 40) a
+    // request, until all went.
+    let mut sent = std::collections::HashSet::new();
+    for s in 2..=6 {
+        let out = cycle(&mut e, &t, s * SEC, |_| tiers_page(s * SEC));
+        let request = &out[0].request;
+        assert!(request.tiers.penalties.len() <= 10, "{s}");
+        assert!(request.entry_count() <= 40);
+        sent.extend(request.tiers.penalties.iter().map(|p| p.key()));
+    }
+    assert_eq!(sent.len(), 30);
+}
+
+#[test]
+fn a_penalty_started_here_brings_on_an_early_cycle_with_early_sync_off() {
+    use crate::core::tier::PenaltyTime;
+    let t = Table::new_heap_with(8, 16, 0, 64);
+    t.apply_quotas(&[
+        Quota::new(1, "login", 0.0, 2.0, 2.0).penalized(Some(PenaltyTime::parse("15m").unwrap()))
+    ]);
+    let roots = ["http://a".to_string()];
+    let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
+    assert_eq!(e.probe_every(), SEC / EARLY_PROBES_PER_INTERVAL);
+    assert!(!e.early_sync_due(&t, SEC), "nothing to send");
+    // Two pass, the third reaches the high burst: a penalty starts.
+    for _ in 0..3 {
+        t.check(b"login", 1, 0);
+    }
+    assert!(t.has_unsent_penalties());
+    assert!(e.early_sync_due(&t, SEC));
+    // At most PENALTY_SYNCS_PER_SECOND: not again at once.
+    assert!(!e.early_sync_due(&t, SEC + 1));
+    // Once the cycle took it, nothing is due.
+    e.begin_cycle(&t, SEC);
+    assert!(!t.has_unsent_penalties());
+    assert!(!e.early_sync_due(&t, 3 * SEC));
+}

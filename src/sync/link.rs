@@ -7,9 +7,14 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
+use crate::core::tier::Penalty;
 use crate::core::{Counting, Level, Nanos};
 use crate::table::Source;
-use crate::wire::{ClockReport, CounterKey, CounterValue, QuotaCursor, SyncResponse};
+use crate::wire::{ClockReport, CounterKey, CounterValue, QuotaCursor, SyncResponse, TierRequest};
+
+/// Most penalties a root is owed before the list gives way to sending it
+/// every penalty held.
+pub const MAX_OWED_PENALTIES: usize = 65_536;
 
 /// Round-trip samples kept for the clock offset.
 const OFFSET_SAMPLES: usize = 8;
@@ -249,6 +254,19 @@ pub struct RootLink {
     /// How often the root's instance changed (it restarted), wrapping:
     /// part of the [`Source`] its values are merged as.
     restarts: u8,
+    /// Tiers with this root: the override cursor and penalty version it
+    /// gave, and the penalties it is owed (started here, not delivered
+    /// yet; sent again until a reply comes, which is harmless: a penalty
+    /// merges by `max`).
+    pub tiers: TierRequest,
+    /// Penalties sent in the exchange under way: owed again if it fails.
+    pub penalties_sent: Vec<Penalty>,
+    /// The root is of another instance than before (or the first): it
+    /// is sent every penalty this host holds.
+    pub resend_penalties: bool,
+    /// The root's last reply said it takes tiers: the request carries
+    /// them (to a root that predates tiers, nothing is sent or owed).
+    pub takes_tiers: bool,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -308,6 +326,10 @@ impl RootLink {
             utc_offset: None,
             takes_returns: false,
             restarts: 0,
+            tiers: TierRequest::default(),
+            penalties_sent: Vec::new(),
+            resend_penalties: false,
+            takes_tiers: false,
             metrics,
         }
     }
@@ -322,6 +344,22 @@ impl RootLink {
             Ok(n) if n < 32 => n | (self.restarts & 0b111) << 5,
             _ => 0,
         }
+    }
+
+    /// Owes the root penalties started here, if it takes tiers (one that
+    /// does not yet is sent every penalty held once it says it does).
+    /// Past [`MAX_OWED_PENALTIES`] the list is dropped and the root is
+    /// sent every penalty held instead.
+    pub fn owe_penalties(&mut self, started: &[Penalty]) {
+        if !self.takes_tiers || started.is_empty() {
+            return;
+        }
+        if self.tiers.penalties.len() + started.len() > MAX_OWED_PENALTIES {
+            self.tiers.penalties.clear();
+            self.resend_penalties = true;
+            return;
+        }
+        self.tiers.penalties.extend_from_slice(started);
     }
 
     /// Adds deltas to what the root is owed. Past `max_entries` distinct
@@ -401,6 +439,19 @@ impl RootLink {
         if reply.quotas_after != NO_QUOTAS {
             self.cursor = reply.quotas_after;
         }
+        if reply.takes_tiers {
+            // A root that restarted, or starts to take tiers, is sent
+            // every penalty held: it may have lost some, or never had any.
+            if reply.root_instance != self.root_instance || !self.takes_tiers {
+                self.resend_penalties = true;
+            }
+            self.tiers.overrides_after = reply.tiers.overrides_after;
+            self.tiers.penalty_version = reply.tiers.penalty_version;
+        } else {
+            self.tiers = TierRequest::default();
+        }
+        self.takes_tiers = reply.takes_tiers;
+        self.penalties_sent.clear();
         self.counter_version = reply.counter_version;
         self.root_instance = reply.root_instance;
         self.takes_returns = reply.takes_returns;
@@ -421,6 +472,8 @@ impl RootLink {
     /// capped exponential backoff (the next cycle, then every 2nd, 4th, up
     /// to every 8th); without, in the next cycle.
     pub fn failed(&mut self, back_off: bool, error: String) {
+        let unsent = std::mem::take(&mut self.penalties_sent);
+        self.tiers.penalties.extend(unsent);
         self.failures = self.failures.saturating_add(1);
         self.skip = if back_off {
             (1u32 << self.failures.saturating_sub(1).min(3)) - 1

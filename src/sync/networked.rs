@@ -111,9 +111,9 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     );
     engine.set_groups(&config.groups());
     engine.set_early_sync(config.early_sync);
-    // How often early sync looks at the table (never, when it is off).
-    let early = engine.early_probe_every().map(Duration::from_nanos);
-    let mut probe = tokio::time::interval(early.unwrap_or(interval));
+    // How often the loop looks at the table for an early cycle (penalties
+    // started here; unsent weight with early sync on).
+    let mut probe = tokio::time::interval(Duration::from_nanos(engine.probe_every()));
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(crate::host::random_seed());
     let spread = window_spread(&config.limiter_id);
@@ -188,7 +188,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                     finish_exchange(joined, &mut engine, &mut task_roots, &mut encodings);
                 }
                 _ = tokio::time::sleep_until(next_cycle) => break,
-                _ = probe.tick(), if early.is_some() => {
+                _ = probe.tick() => {
                     if engine.early_sync_due(table, now()) {
                         break;
                     }
@@ -370,11 +370,11 @@ async fn post(
     decode_reply(&bytes, binary_reply).map_err(other)
 }
 
-/// What a binary request accepts: binary in reply format 3 (keys'
-/// previous-window counts and the flags that say the root takes returns;
-/// a root that predates it answers an older format), or JSON from a root
-/// that cannot write binary.
-const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=3, application/json;q=0.5";
+/// What a binary request accepts: binary in reply format 4 (keys'
+/// previous-window counts, the flags that say the root takes returns and
+/// tiers, the tiers section; a root that predates it answers an older
+/// format), or JSON from a root that cannot write binary.
+const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=4, application/json;q=0.5";
 
 /// Decodes and validates a reply body, binary or JSON by its content
 /// type: a reply that fails either is dropped whole (the limiter keeps

@@ -6,11 +6,11 @@
 use std::mem::MaybeUninit;
 use std::sync::atomic::fence;
 
-use super::check::{Charge, CheckItem, Headroom, Outcome, Rejection};
+use super::check::{Cause, Charge, CheckItem, Headroom, Outcome, Rejection};
 use super::keys::KeyOverflow;
 use super::layout::{
     counting_rule, entry_matches, entry_parts, index_home, unpack_rate_prev, Slot, FLAG_LIVE,
-    FLAG_PER_KEY, FLAG_SLIDING, FLAG_WINDOW_MASK, INDEX_EMPTY,
+    FLAG_PER_KEY, FLAG_SLIDING, FLAG_TIERS, FLAG_WINDOW_MASK, INDEX_EMPTY,
 };
 use super::names;
 use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
@@ -40,6 +40,12 @@ pub(super) struct Chain {
     /// found no entry: its own counter stands for the key (overflow
     /// mode `shared`).
     pub(super) overflow: bool,
+    /// Some quota of the chain is flagged for the tier section
+    /// ([`FLAG_TIERS`]): the check applies overrides and penalties.
+    pub(super) tiers: bool,
+    /// The key's hash for the tier section, whether or not the key found
+    /// an entry (0: no key).
+    pub(super) tier_key: KeyHash,
 }
 
 /// What a check item's quota turned out to be.
@@ -56,6 +62,9 @@ pub(super) enum Resolved {
     OverflowPass,
     /// A key that found no entry, rejected (overflow mode `reject`).
     OverflowReject(Rejection),
+    /// Rejected before any decision: an override denies the key, or the
+    /// key or a quota of the chain is under a penalty.
+    Barred(Rejection),
 }
 
 /// What a check reads of a slot besides its view.
@@ -65,6 +74,8 @@ pub(super) struct SlotRead {
     pub parent: Option<SlotId>,
     /// It is a per-key template.
     pub per_key: bool,
+    /// It is flagged for the tier section.
+    pub tiers: bool,
 }
 
 impl Chain {
@@ -76,7 +87,16 @@ impl Chain {
             key: 0,
             key_hash: 0,
             overflow: false,
+            tiers: false,
+            tier_key: 0,
         }
+    }
+
+    /// The view at `depth` (below `len`), to change.
+    pub(super) fn view_mut(&mut self, depth: usize) -> &mut QuotaSnapshot {
+        debug_assert!(depth < self.len);
+        // SAFETY: the first `len` views are initialised (see `views`).
+        unsafe { self.views[depth].assume_init_mut() }
     }
 
     pub(super) fn views(&self) -> &[QuotaSnapshot] {
@@ -180,6 +200,7 @@ impl Chain {
             limit: room.limit,
             wait: room.wait(weight as f64),
             key: if depth == 0 { self.key_hash } else { 0 },
+            cause: Cause::Limit,
         }
     }
 }
@@ -340,6 +361,7 @@ impl Table {
                     return Some(SlotRead {
                         parent: parent.checked_sub(1),
                         per_key: flags & FLAG_PER_KEY != 0,
+                        tiers: flags & FLAG_TIERS != 0,
                     });
                 }
             }
@@ -381,7 +403,7 @@ impl Table {
                 Err(Outcome::NoKey)
             }
             Resolved::OverflowPass => Err(Outcome::KeyOverflow),
-            Resolved::OverflowReject(rejection) => {
+            Resolved::OverflowReject(rejection) | Resolved::Barred(rejection) => {
                 self.count_rejected(chain, dry_run);
                 Err(Outcome::Reject(rejection))
             }
@@ -406,11 +428,17 @@ impl Table {
         chain.key = 0;
         chain.key_hash = 0;
         chain.overflow = false;
+        chain.tiers = read.tiers;
+        chain.tier_key = 0;
         if read.per_key {
             let Some(key) = item.key.filter(|k| !k.is_empty()) else {
                 return Resolved::NoKey;
             };
             let hash = self.key_secret().hash(key);
+            chain.tier_key = hash;
+            if read.tiers {
+                self.prefetch_tier_filter(slot, hash);
+            }
             // SAFETY: the probe above wrote the first view.
             let view = unsafe { chain.views[0].assume_init_mut() };
             match self.use_key(slot, hash, now) {
@@ -431,6 +459,7 @@ impl Table {
                                 limit: view.limit,
                                 wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
                                 key: hash,
+                                cause: Cause::Limit,
                             });
                         }
                     }
@@ -438,6 +467,11 @@ impl Table {
             }
         }
         self.read_ancestors(read.parent, chain);
+        if chain.tiers {
+            if let Some(barred) = self.apply_tiers(chain, chain.tier_key, now) {
+                return Resolved::Barred(barred);
+            }
+        }
         Resolved::Counted(item.weight, item.max_wait)
     }
 
@@ -445,6 +479,8 @@ impl Table {
     /// itself is gone.
     pub(super) fn read_chain(&self, first: SlotId, chain: &mut Chain) -> bool {
         chain.len = 0;
+        chain.tiers = false;
+        chain.tier_key = 0;
         self.read_ancestors(Some(first), chain);
         chain.len > 0
     }
@@ -466,6 +502,7 @@ impl Table {
             };
             chain.slots[chain.len] = slot;
             chain.len += 1;
+            chain.tiers |= read.tiers;
             cur = read.parent;
         }
     }
@@ -479,14 +516,26 @@ const KEY_OVERFLOW_RETRY_SECS: f64 = 1.0;
 /// Hints the CPU to fetch the cache line holding `at` for writing.
 #[inline(always)]
 fn prefetch_for_write<T>(at: &T) {
+    prefetch_line(at, true);
+}
+
+/// Hints the CPU to fetch the cache line holding `at`: for writing (in
+/// exclusive state) or for reading (shared, so that lines every worker
+/// reads do not bounce between cores).
+#[inline(always)]
+pub(super) fn prefetch_line<T>(at: &T, write: bool) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint; it never faults and reads nothing
     // visible to the program. SSE is baseline on x86_64.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
-            (at as *const T).cast(),
-        );
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        let line = (at as *const T).cast();
+        if write {
+            _mm_prefetch::<_MM_HINT_ET0>(line);
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(line);
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
+    let _ = (at, write);
 }

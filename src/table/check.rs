@@ -40,6 +40,20 @@ pub enum Outcome {
     KeyOverflow,
 }
 
+/// Why a check was rejected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Cause {
+    /// The quota had no room (its level, the draw in the band, a full key
+    /// section).
+    #[default]
+    Limit,
+    /// The quota, or the key, is under a penalty (`wait` says until
+    /// when); a rejection that started one says so too.
+    Penalty,
+    /// An override denies the key.
+    Denied,
+}
+
 /// Details of a rejection, for status headers.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rejection {
@@ -54,6 +68,8 @@ pub struct Rejection {
     /// The key's hash when the quota that rejected is a key's counter of a
     /// per-key template (`slot` is the template's); 0 otherwise.
     pub key: KeyHash,
+    /// Why.
+    pub cause: Cause,
 }
 
 /// Most quotas one [`Table::check_many`] call checks.
@@ -174,11 +190,15 @@ impl Table {
         draw: impl FnMut() -> f64,
     ) -> Outcome {
         let read = |_, chain: &mut Chain| {
-            if self.read_chain(first, chain) {
-                Resolved::Counted(weight, None)
-            } else {
-                Resolved::Unknown
+            if !self.read_chain(first, chain) {
+                return Resolved::Unknown;
             }
+            if chain.tiers {
+                if let Some(barred) = self.apply_tiers(chain, 0, now) {
+                    return Resolved::Barred(barred);
+                }
+            }
+            Resolved::Counted(weight, None)
         };
         self.decide_and_count(1, read, now, CheckOptions::default(), draw)
             .outcome
@@ -250,7 +270,17 @@ impl Table {
                     ..outcome(Outcome::Pass, None)
                 }
             }
-            Err(rejection) => {
+            Err(mut rejection) => {
+                if chain.tiers && !dry_run {
+                    self.maybe_penalize(
+                        &chain,
+                        chain.tier_key,
+                        &mut rejection,
+                        weight,
+                        now,
+                        &estimator,
+                    );
+                }
                 self.count_rejected(&chain, dry_run);
                 ManyOutcome {
                     overflow,
@@ -322,6 +352,19 @@ impl Table {
                         overflow: true,
                     };
                 }
+                Resolved::Barred(rejection) => {
+                    self.count_rejected(&chain, options.dry_run);
+                    let headroom = options
+                        .headroom
+                        .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
+                    return ManyOutcome {
+                        outcome: Outcome::Reject(rejection),
+                        item: Some(i),
+                        headroom,
+                        wait: 0,
+                        overflow: overflow || chain.overflow,
+                    };
+                }
             };
             overflow |= chain.overflow;
             let weight = weight.min(MAX_WEIGHT);
@@ -334,7 +377,17 @@ impl Table {
                     }
                 }),
             };
-            if let Err(rejection) = decided {
+            if let Err(mut rejection) = decided {
+                if chain.tiers && max_wait.is_none() && !options.dry_run {
+                    self.maybe_penalize(
+                        &chain,
+                        chain.tier_key,
+                        &mut rejection,
+                        weight,
+                        now,
+                        &estimator,
+                    );
+                }
                 self.count_rejected(&chain, options.dry_run);
                 let headroom = options
                     .headroom

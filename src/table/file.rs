@@ -13,11 +13,16 @@
 //!   and epoch 0, so the root's copy of the same name (epoch 1 or more)
 //!   replaces it. [`purge_seeds`] removes the rest once a root has
 //!   answered.
+//!
+//! The overrides a per-key template lists in an authoritative file are
+//! the template's overrides (the file replaces them all); a seed file's
+//! are not applied (the roots' come with the roots' quotas).
 
 use std::collections::{HashMap, HashSet};
 
 use super::{ApplyReport, Table};
 use crate::core::spec::QuotaSet;
+use crate::core::tier::{Override, Rule};
 use crate::core::Quota;
 
 /// Lowest id given to a seed quota.
@@ -72,6 +77,10 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
         q.parent = q.parent.map(|p| ids[&p]);
     }
     let mut changes = Vec::with_capacity(quotas.len());
+    let overrides = match role {
+        FileRole::Authoritative => file_overrides(table, set, &ids, epoch),
+        FileRole::Seed => Vec::new(),
+    };
     match role {
         FileRole::Authoritative => {
             // Everything else in the table goes.
@@ -112,7 +121,56 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
             changes.extend(inserts);
         }
     }
-    table.apply_quotas(&changes)
+    let report = table.apply_quotas(&changes);
+    table.apply_overrides(&overrides);
+    report
+}
+
+/// The overrides an authoritative file's templates list (with the table's
+/// ids: `ids` maps the set's numbering to them), and tombstones for the
+/// overrides the table holds that the file no longer lists.
+fn file_overrides(
+    table: &Table,
+    set: &QuotaSet,
+    ids: &HashMap<u64, u64>,
+    epoch: u64,
+) -> Vec<Override> {
+    let mut wanted: HashMap<(u64, u64), Rule> = HashMap::new();
+    for (i, spec) in set.quotas.iter().enumerate() {
+        // A set is validated whole: every template's overrides parse.
+        let Ok(listed) = spec.validate_overrides() else {
+            continue;
+        };
+        let quota = ids[&(i as u64 + 1)];
+        wanted.extend(listed.into_iter().map(|(key, rule)| ((quota, key), rule)));
+    }
+    let stale = table
+        .tiers()
+        .into_iter()
+        .filter(|t| t.key != 0 && t.rule.is_some() && !wanted.contains_key(&(t.quota, t.key)))
+        .map(|t| Override {
+            deleted: true,
+            ..file_override(t.quota, t.key, Rule::Deny, epoch)
+        });
+    let mut out: Vec<Override> = stale.collect();
+    out.extend(
+        wanted
+            .into_iter()
+            .map(|((quota, key), rule)| file_override(quota, key, rule, epoch)),
+    );
+    out
+}
+
+fn file_override(quota: u64, key: u64, rule: Rule, epoch: u64) -> Override {
+    Override {
+        id: 1,
+        quota,
+        key,
+        rule,
+        expires_ms: None,
+        epoch,
+        deleted: false,
+    }
 }
 
 /// Deletes every seed quota (after a root has answered: from then on the
@@ -142,6 +200,7 @@ fn same_numbers(a: &Quota, b: &Quota) -> bool {
         && a.limit == b.limit
         && a.low_burst == b.low_burst
         && a.high_burst == b.high_burst
+        && a.penalty == b.penalty
 }
 
 #[cfg(test)]
@@ -179,6 +238,49 @@ mod tests {
         assert_eq!((state.quota.limit, state.pending), (2.0, 3));
         assert!(t.quota(b"b", 0).is_none());
         assert!(id_of(&t, "c") > a && id_of(&t, "c") < SEED_ID_BASE);
+    }
+
+    #[test]
+    fn an_authoritative_file_sets_its_templates_overrides() {
+        let t = Table::new_heap_with(16, 16, 64, 64);
+        let text = |overrides: &str| {
+            format!(
+                r#"[{{"name":"api","limit":1,"low_burst":2,"per_key":true,"overrides":[{overrides}]}}]"#
+            )
+        };
+        let paid = t.key_secret().hash(b"paid");
+        let stolen = t.key_secret().hash(b"stolen");
+        let entries = format!(
+            r#"{{"key_hash":"{paid:016x}","limit":100}},{{"key_hash":"{stolen:016x}","deny":true}}"#
+        );
+        load_set(&t, &set(&text(&entries)), FileRole::Authoritative);
+        let check = |key: &[u8]| {
+            let item = crate::table::CheckItem {
+                name: b"api",
+                key: Some(key),
+                weight: 1,
+                max_wait: None,
+            };
+            (0..10)
+                .filter(|_| {
+                    t.check_many(&[item], 0, Default::default(), || 0.5).outcome == Outcome::Pass
+                })
+                .count()
+        };
+        assert_eq!(
+            (check(b"paid"), check(b"stolen"), check(b"free")),
+            (10, 0, 2)
+        );
+        // Gone from the file, gone from the table.
+        load_set(
+            &t,
+            &set(&text(&format!(
+                r#"{{"key_hash":"{paid:016x}","limit":100}}"#
+            ))),
+            FileRole::Authoritative,
+        );
+        assert!(t.tier(id_of(&t, "api"), stolen).is_none());
+        assert!(t.tier(id_of(&t, "api"), paid).is_some());
     }
 
     #[test]

@@ -247,8 +247,10 @@ impl Table {
             overflow,
         };
         match self.resolve(item, &mut chain, now) {
-            Resolved::Counted(weight, _) => {
-                let weight = weight.min(MAX_WEIGHT);
+            // A penalty or a deny bars checks, not costs already run up:
+            // the request was admitted before it, so its charge counts.
+            Resolved::Counted(..) | Resolved::Barred(_) => {
+                let weight = item.weight.min(MAX_WEIGHT);
                 self.add_weight(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
                 counted(Outcome::Pass, weight, chain.overflow)
             }

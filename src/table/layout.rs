@@ -1,9 +1,10 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena | key ring | key buckets |
-//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+
+//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+-------+-------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena | key ring | key buckets | tiers | tier  |
+//! |        |            |                 |                         |       |          |             |       | filter|
+//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+-------+-------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -28,6 +29,13 @@
 //! sync costs the keys that changed, not the keys that exist. A key costs
 //! 48 bytes of entry and one of ring, divided by the share of entries in
 //! use (the section fills past 90%).
+//!
+//! The tier section holds overrides of per-key templates for single keys
+//! and penalties ([`TierEntry`], one cache line each, open addressing by
+//! `(quota id, key hash)`), and in front of it a blocked Bloom filter in
+//! two copies (one in use, the other rebuilt when removals made it
+//! stale), so a key of a template with overrides but none of its own
+//! costs one line of filter, not a probe of the table (see `tiers.rs`).
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
@@ -36,7 +44,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -89,6 +97,10 @@ pub const FLAG_WINDOW_MASK: u16 = 0b111 << FLAG_WINDOW_SHIFT;
 /// Slot flag: the window slides; `fill_rate` then packs the others' rate
 /// and the previous window's count as two `f32`s ([`pack_rate_prev`]).
 pub const FLAG_SLIDING: u16 = 1 << 5;
+/// Slot flag: the quota has a penalty, or (a per-key template) some of
+/// its keys have overrides: a check looks in the tier section. Never set
+/// for other quotas, so their checks pay one bit test.
+pub const FLAG_TIERS: u16 = 1 << 6;
 /// Slot flags: the [`crate::table::Source`] of `known_level` (which
 /// root's reply it is) in the high byte.
 pub const FLAG_SOURCE_SHIFT: u16 = 8;
@@ -214,7 +226,105 @@ pub struct Header {
     /// [`Window::code`] `code`: the sync thread wakes at those windows'
     /// boundaries (never cleared: a spare wake-up costs little).
     pub windows_used: AtomicU32,
+    /// The tier section's shared words (see [`TierHeader`]).
+    pub tiers: TierHeader,
 }
+
+/// Penalties a check can queue for the sync thread before it must scan
+/// the tier section for them.
+pub const TIER_OUTBOX: usize = 32;
+
+/// The tier section's shared words.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct TierHeader {
+    /// Entries of the tier table (0: no tier section).
+    pub entries: AtomicU32,
+    /// 64-byte blocks of one copy of the filter.
+    pub filter_blocks: AtomicU32,
+    /// Which copy of the filter checks read (0 or 1).
+    pub filter_active: AtomicU32,
+    /// The tier lock: 0 when free, else the holder's process id. Held by
+    /// whoever writes entries: the sync thread, and a check starting a
+    /// penalty.
+    pub lock: AtomicU32,
+    /// Odd while entries move (a removal shifts the ones after it): a
+    /// lookup that missed while it changed looks again.
+    pub moves: AtomicU64,
+    /// Next entry the upkeep sweep looks at.
+    pub sweep: AtomicU32,
+    /// Entries in use.
+    pub live: AtomicU64,
+    /// Entries removed since the filter in use was built (its stale bits).
+    pub removed: AtomicU64,
+    /// Overrides and penalties refused: the table was full.
+    pub refused: AtomicU64,
+    /// Penalties this host started.
+    pub started: AtomicU64,
+    /// Checks rejected by a `deny` override.
+    pub denied: AtomicU64,
+    /// Checks rejected by a penalty in force.
+    pub penalized: AtomicU64,
+    /// Penalties queued in `outbox`.
+    pub outbox_len: AtomicU32,
+    /// Set when a penalty found the outbox full: the sync thread scans
+    /// the section for unsent ones.
+    pub outbox_full: AtomicU32,
+    /// Penalties started here and not yet taken by the sync thread, as
+    /// `(quota, key)`.
+    pub outbox: [[AtomicU64; 2]; TIER_OUTBOX],
+}
+
+/// [`TierEntry::rule`]: no override (a penalty or a quota's penalty
+/// length only).
+pub const TIER_NONE: u32 = 0;
+/// [`TierEntry::rule`]: the key counts with the entry's numbers.
+pub const TIER_LIMIT: u32 = 1;
+/// [`TierEntry::rule`]: the key is never limited by its template.
+pub const TIER_ALLOW: u32 = 2;
+/// [`TierEntry::rule`]: every request of the key is rejected.
+pub const TIER_DENY: u32 = 3;
+/// The bits of [`TierEntry::rule`] holding one of the four above.
+pub const TIER_KIND: u32 = 3;
+/// [`TierEntry::rule`] bit: a penalty started here and not yet sent.
+pub const TIER_UNSENT: u32 = 4;
+
+/// One override, penalty or quota penalty length: a cache line. An entry
+/// of `(quota, 0)` is about the quota itself (its penalty length and, for
+/// a named quota, its penalty); `(quota, key)` about one key of a per-key
+/// template (its override and its penalty).
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct TierEntry {
+    /// The quota id; 0: free.
+    pub quota: AtomicU64,
+    /// The key's hash; 0 for the quota itself.
+    pub key: AtomicU64,
+    /// Seqlock: odd while the fields below change.
+    pub seq: AtomicU32,
+    /// [`TIER_NONE`], [`TIER_LIMIT`], [`TIER_ALLOW`] or [`TIER_DENY`],
+    /// and [`TIER_UNSENT`].
+    pub rule: AtomicU32,
+    /// For `(quota, 0)`: the quota's penalty, seconds (0: none).
+    pub penalty_secs: AtomicU32,
+    /// When the override stops applying, UTC seconds (0: never).
+    pub expires: AtomicU32,
+    /// The override's limit (f64 bits).
+    pub limit: AtomicU64,
+    /// The override's low burst (f64 bits).
+    pub low_burst: AtomicU64,
+    /// The override's high burst (f64 bits).
+    pub high_burst: AtomicU64,
+    /// End of the penalty, UTC nanoseconds (0: none): a max-register.
+    pub until: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<TierEntry>() == 64);
+
+/// Bytes one override costs in the tier section: its entry at the most
+/// load a section takes (4/5), and its 16 bits in each filter copy per
+/// entry.
+pub const TIER_BYTES: u64 = 64 * 5 / 4 + 5;
 
 /// The key section's shared words, grouped by who writes them so that a
 /// keyed check's reads never share a line with other checks' writes: the
@@ -511,6 +621,10 @@ pub struct Geometry {
     pub key_buckets: u32,
     /// Entries of the dirty ring.
     pub key_ring: u32,
+    /// Entries of the tier table (0: no tier section).
+    pub tier_entries: u32,
+    /// 64-byte blocks of one copy of the tier filter.
+    pub tier_filter_blocks: u32,
 }
 
 /// Most keys a region holds: 2^30 (48 GiB of entries), the one ceiling
@@ -538,6 +652,20 @@ pub fn check_key_capacity(keys: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Most overrides and penalties a region holds: 2^28.
+pub const MAX_TIERS: u64 = 1 << 28;
+
+/// `Err` with the reason when a tier section for `overrides` is more than
+/// a region can hold ([`MAX_TIERS`]).
+pub fn check_tier_capacity(overrides: u64) -> Result<(), String> {
+    if overrides > MAX_TIERS {
+        return Err(format!(
+            "{overrides} overrides is more than the {MAX_TIERS} a tier section holds"
+        ));
+    }
+    Ok(())
+}
+
 /// Bytes one key bucket takes with its share of the dirty ring.
 pub const BYTES_PER_KEY_BUCKET: usize = std::mem::size_of::<KeyBucket>() + 4;
 
@@ -556,7 +684,45 @@ impl Geometry {
             arena_granules,
             key_buckets: 0,
             key_ring: 0,
+            tier_entries: 0,
+            tier_filter_blocks: 0,
         }
+    }
+
+    /// The same geometry with room for `overrides` overrides and
+    /// penalties (at most [`MAX_TIERS`]): entries for a load of 4/5, and
+    /// a filter of 16 bits an entry in each copy.
+    pub fn with_tiers(self, overrides: u64) -> Self {
+        let overrides = overrides.min(MAX_TIERS);
+        let (entries, blocks) = if overrides == 0 {
+            (0, 0)
+        } else {
+            let entries = (overrides * 5).div_ceil(4).max(64);
+            (entries as u32, entries.div_ceil(32) as u32)
+        };
+        Self {
+            tier_entries: entries,
+            tier_filter_blocks: blocks,
+            ..self
+        }
+    }
+
+    /// Overrides and penalties the tier section holds.
+    pub fn tier_capacity(&self) -> u64 {
+        u64::from(self.tier_entries) * 4 / 5
+    }
+
+    /// Offset of tier entry 0.
+    pub fn tier_entries_offset(&self) -> usize {
+        line_up(
+            self.key_buckets_offset()
+                + self.key_buckets as usize * std::mem::size_of::<KeyBucket>(),
+        )
+    }
+
+    /// Offset of the tier filter's first copy (the second follows it).
+    pub fn tier_filter_offset(&self) -> usize {
+        self.tier_entries_offset() + self.tier_entries as usize * std::mem::size_of::<TierEntry>()
     }
 
     /// The same geometry with room for `keys` keys (rounded up to whole
@@ -636,10 +802,7 @@ impl Geometry {
 
     /// Total bytes of a region with this geometry.
     pub fn region_len(&self) -> usize {
-        line_up(
-            self.key_buckets_offset()
-                + self.key_buckets as usize * std::mem::size_of::<KeyBucket>(),
-        )
+        self.tier_filter_offset() + self.tier_filter_blocks as usize * 64 * 2
     }
 
     /// The largest geometry that fits `bytes` with `key_bytes` of them
@@ -649,11 +812,28 @@ impl Geometry {
         avg_name_bytes: usize,
         key_bytes: usize,
     ) -> Option<Self> {
+        Self::fitting_with(bytes, avg_name_bytes, key_bytes, 0)
+    }
+
+    /// The largest geometry that fits `bytes` with `key_bytes` of them
+    /// (at most) given to keys and `tier_bytes` to overrides and
+    /// penalties.
+    pub fn fitting_with(
+        bytes: usize,
+        avg_name_bytes: usize,
+        key_bytes: usize,
+        tier_bytes: usize,
+    ) -> Option<Self> {
         let buckets = key_bytes / BYTES_PER_KEY_BUCKET;
         let keys = buckets as u64 * KEY_WAYS as u64;
-        let key_section = Self::new(1, avg_name_bytes).with_keys(keys);
-        let key_len = key_section.region_len() - key_section.key_ring_offset();
-        let g = Self::fitting(bytes.checked_sub(key_len)?, avg_name_bytes)?.with_keys(keys);
+        let tiers = tier_bytes as u64 / TIER_BYTES;
+        let sections = Self::new(1, avg_name_bytes)
+            .with_keys(keys)
+            .with_tiers(tiers);
+        let sections_len = sections.region_len() - sections.key_ring_offset();
+        let g = Self::fitting(bytes.checked_sub(sections_len)?, avg_name_bytes)?
+            .with_keys(keys)
+            .with_tiers(tiers);
         (g.region_len() <= bytes).then_some(g)
     }
 }
@@ -702,6 +882,27 @@ mod tests {
             assert!(section <= keys + 128, "{mib} MiB: section {section}");
             assert!(g.capacity > 1000, "{mib} MiB: {g:?}");
         }
+    }
+
+    #[test]
+    fn a_tier_section_fits_the_bytes_given_to_it() {
+        for mib in [1usize, 4, 85, 100] {
+            let tiers = mib << 20;
+            let total = (1 << 20) + (16 << 20) + tiers;
+            let g = Geometry::fitting_with(total, 32, 16 << 20, tiers).unwrap();
+            assert!(g.region_len() <= total);
+            let section = g.region_len() - g.tier_entries_offset();
+            assert!(section <= tiers + 128, "{mib} MiB: section {section}");
+            assert!(
+                g.tier_capacity() * TIER_BYTES >= (tiers as u64) * 9 / 10,
+                "{g:?}"
+            );
+            assert_eq!(g.tier_filter_offset() % 64, 0);
+        }
+        // A million overrides in 85 MiB.
+        let g = Geometry::new(1000, 32).with_tiers(1_000_000);
+        let bytes = g.region_len() - g.tier_entries_offset();
+        assert!(bytes <= 85 << 20, "{bytes}");
     }
 
     #[test]

@@ -56,6 +56,10 @@
 //! - `key_sync.rs` — keys outside the request path: the dirty ring a sync
 //!   drains, collecting, merging, folding, in-flight weight, the upkeep
 //!   sweep, deleted templates, adopting another table's keys.
+//! - `tiers.rs` — tiers per key: overrides of a per-key template for
+//!   one key (other numbers, allow, deny) and penalties, in the tier
+//!   section behind a filter; applied to a check's chain, started by a
+//!   rejection at the high burst, merged from the roots.
 //! - `snapshot.rs` — reading the table whole (listings, metrics, the id
 //!   map) and adopting another table's contents.
 //! - `status.rs` — the sync status block every process sharing the region
@@ -63,9 +67,9 @@
 //! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
 //! - `heap.rs` — the anonymous mapping behind a heap table.
 //! - `file.rs` — quota files applied to a table (authoritative or seeds).
-//! - `tests.rs`, `key_tests.rs`, `window_tests.rs` — unit tests by
-//!   subject: named quotas, per-key quotas, window quotas with partial
-//!   grants and reservations.
+//! - `tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs` —
+//!   unit tests by subject: named quotas, per-key quotas, window quotas
+//!   with partial grants and reservations, overrides and penalties.
 
 mod chain;
 mod check;
@@ -81,6 +85,7 @@ mod lock;
 pub mod names;
 mod snapshot;
 mod status;
+mod tiers;
 mod write;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,15 +93,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::core::estimate::Estimator;
 use crate::core::Extrapolation;
 
-pub use check::{CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS};
+pub use check::{
+    Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
+};
 pub use counters::{CollectedDelta, Source};
 pub use grants::{Grant, Reservation};
 pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use snapshot::QuotaState;
+pub use tiers::{TierRead, TierReport, TierState, TierStats};
 pub use write::ApplyReport;
 
 use heap::HeapRegion;
-use layout::{Geometry, Header, KeyBucket, Slot, SyncStatus, LAYOUT_VERSION, MAGIC};
+use layout::{Geometry, Header, KeyBucket, Slot, SyncStatus, TierEntry, LAYOUT_VERSION, MAGIC};
 
 const ACQ: Ordering = Ordering::Acquire;
 const REL: Ordering = Ordering::Release;
@@ -166,6 +174,8 @@ struct Offsets {
     arena: usize,
     key_ring: usize,
     key_buckets: usize,
+    tier_entries: usize,
+    tier_filter: usize,
 }
 
 impl Offsets {
@@ -175,6 +185,8 @@ impl Offsets {
             arena: g.arena_offset(),
             key_ring: g.key_ring_offset(),
             key_buckets: g.key_buckets_offset(),
+            tier_entries: g.tier_entries_offset(),
+            tier_filter: g.tier_filter_offset(),
         }
     }
 }
@@ -203,7 +215,15 @@ impl Table {
     /// [`Table::new_heap`] with room for `keys` keys of per-key quotas
     /// (see `keys.rs`; 0: per-key quotas pass uncounted).
     pub fn new_heap_with_keys(capacity: u32, avg_name_bytes: usize, keys: u64) -> Table {
-        let geometry = Geometry::new(capacity, avg_name_bytes).with_keys(keys);
+        Self::new_heap_with(capacity, avg_name_bytes, keys, 0)
+    }
+
+    /// [`Table::new_heap_with_keys`] with room for `tiers` overrides and
+    /// penalties (see `tiers.rs`; 0: none are held).
+    pub fn new_heap_with(capacity: u32, avg_name_bytes: usize, keys: u64, tiers: u64) -> Table {
+        let geometry = Geometry::new(capacity, avg_name_bytes)
+            .with_keys(keys)
+            .with_tiers(tiers);
         // Anonymous mappings are zeroed: an all-zero region is valid.
         let owned = HeapRegion::new(geometry.region_len());
         let table = Table {
@@ -221,7 +241,8 @@ impl Table {
     /// `reformat`; otherwise attaches to the table in it (how an nginx zone
     /// survives a reload). An all-zero region is formatted without being
     /// written over, so a large fresh mapping costs no memory until used.
-    /// A new table gives up to `key_bytes` of the region to keys.
+    /// A new table gives up to `key_bytes` of the region to keys and up to
+    /// `tier_bytes` to overrides and penalties.
     ///
     /// # Safety
     /// `base` must be valid for reads and writes of `len` bytes, 64-byte
@@ -233,6 +254,7 @@ impl Table {
         len: usize,
         avg_name_bytes: usize,
         key_bytes: usize,
+        tier_bytes: usize,
         reformat: bool,
     ) -> Result<Table, TableError> {
         if base.is_null() || (base as usize) % 64 != 0 {
@@ -241,7 +263,7 @@ impl Table {
                 why: "not 64-byte aligned",
             });
         }
-        let geometry = Geometry::fitting_with_keys(len, avg_name_bytes, key_bytes).ok_or(
+        let geometry = Geometry::fitting_with(len, avg_name_bytes, key_bytes, tier_bytes).ok_or(
             TableError::BadRegion {
                 have: len,
                 why: "too small for one quota",
@@ -271,6 +293,8 @@ impl Table {
             arena_granules: header.arena_granules.load(RLX),
             key_buckets: header.keys.config.buckets.load(RLX),
             key_ring: header.keys.config.ring_len.load(RLX),
+            tier_entries: header.tiers.entries.load(RLX),
+            tier_filter_blocks: header.tiers.filter_blocks.load(RLX),
         };
         if found.region_len() > len {
             return Err(TableError::Incompatible(
@@ -294,6 +318,8 @@ impl Table {
         h.arena_granules.store(g.arena_granules, RLX);
         h.keys.config.buckets.store(g.key_buckets, RLX);
         h.keys.config.ring_len.store(g.key_ring, RLX);
+        h.tiers.entries.store(g.tier_entries, RLX);
+        h.tiers.filter_blocks.store(g.tier_filter_blocks, RLX);
         let (k0, k1) = crate::core::key::KeySecret::built_in().to_words();
         h.keys.config.secret[0].store(k0, RLX);
         h.keys.config.secret[1].store(k1, RLX);
@@ -372,6 +398,32 @@ impl Table {
             std::slice::from_raw_parts(
                 self.base.add(self.offsets.key_buckets).cast::<KeyBucket>(),
                 self.geometry.key_buckets as usize,
+            )
+        }
+    }
+
+    fn tier_entries(&self) -> &[TierEntry] {
+        // SAFETY: `tier_entries` entries start at their offset, 64-byte
+        // aligned, inside the region; TierEntry is all atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(self.offsets.tier_entries).cast::<TierEntry>(),
+                self.geometry.tier_entries as usize,
+            )
+        }
+    }
+
+    /// Copy `copy` (0 or 1) of the tier filter: its blocks' words.
+    fn tier_filter(&self, copy: u32) -> &[AtomicU64] {
+        let words = self.geometry.tier_filter_blocks as usize * 8;
+        // SAFETY: two copies of `tier_filter_blocks` 64-byte blocks of u64
+        // atomics follow the tier entries, inside the region.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base
+                    .add(self.offsets.tier_filter + (copy as usize & 1) * words * 8)
+                    .cast::<AtomicU64>(),
+                words,
             )
         }
     }
@@ -487,5 +539,7 @@ impl Table {
 mod key_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;
 #[cfg(test)]
 mod window_tests;

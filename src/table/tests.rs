@@ -448,18 +448,18 @@ fn a_region_is_reattached_with_its_quotas_and_counters() {
     let region = HeapRegion::new(len);
     let base = region.base;
     // SAFETY: the region is owned by this test, aligned, and outlives both tables.
-    let first = unsafe { Table::from_raw(base, len, 16, 0, false) }.unwrap();
+    let first = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
     first.apply_quotas(&[quota(1, "q", None, 1.0, 10.0, 10.0)]);
     first.check(b"q", 3, 0);
     // SAFETY: as above.
-    let second = unsafe { Table::from_raw(base, len, 16, 0, false) }.unwrap();
+    let second = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
     assert_eq!(second.quota(b"q", 0).unwrap().pending, 3);
     assert_eq!(second.geometry(), first.geometry());
     // SAFETY: as above; a smaller view of the same region is incompatible.
-    let smaller = unsafe { Table::from_raw(base, len / 2, 16, 0, false) };
+    let smaller = unsafe { Table::from_raw(base, len / 2, 16, 0, 0, false) };
     assert!(matches!(smaller, Err(TableError::Incompatible(_))));
     // SAFETY: as above; reformat starts empty.
-    let fresh = unsafe { Table::from_raw(base, len, 16, 0, true) }.unwrap();
+    let fresh = unsafe { Table::from_raw(base, len, 16, 0, 0, true) }.unwrap();
     assert!(fresh.is_empty());
     drop(region);
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use super::layout::{
     counting_flags, index_entry, index_home, FLAG_LIVE, FLAG_PER_KEY, FLAG_SLIDING,
-    FLAG_SOURCE_MASK, FLAG_WINDOW_MASK, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
+    FLAG_SOURCE_MASK, FLAG_TIERS, FLAG_WINDOW_MASK, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
 };
 use super::lock::SeqWrite;
 use super::names;
@@ -143,6 +143,14 @@ impl Table {
         // numbers mean something else, so it starts over.
         let fresh =
             s.quota_id() != Some(q.id) || old_flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != counting;
+        // A template's keys keep their overrides across edits of its
+        // numbers: once flagged, a quota stays flagged while its id lasts.
+        let tiers = if q.penalty.is_some() || (!fresh && old_flags & FLAG_TIERS != 0) {
+            FLAG_TIERS
+        } else {
+            0
+        };
+        self.set_quota_penalty(q.id, q.penalty.map(|p| p.secs()));
         let w = SeqWrite::begin(s);
         let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
         // An edit keeps the counter, and with it whose value it is.
@@ -151,7 +159,8 @@ impl Table {
         } else {
             old_flags & FLAG_SOURCE_MASK
         };
-        s.flags.store(FLAG_LIVE | per_key | counting | source, RLX);
+        s.flags
+            .store(FLAG_LIVE | per_key | counting | tiers | source, RLX);
         if let Some(window) = q.window {
             self.header()
                 .windows_used
@@ -189,6 +198,9 @@ impl Table {
             .map(|w| names::load(w, len))
             .unwrap_or_default();
         self.index_remove(&name, slot, s.name_at.load(RLX));
+        if let Some(id) = s.quota_id() {
+            self.set_quota_penalty(id, None);
+        }
         let w = SeqWrite::begin(s);
         s.flags.store(0, RLX);
         drop(w);

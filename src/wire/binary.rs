@@ -41,7 +41,7 @@
 //! A body of another version is [`BinaryError::Version`]: a root answers
 //! it 415, so that a limiter newer than its root falls back to JSON.
 //!
-//! Requests are format 1, or format 2 ([`BINARY_REQUEST_VERSION`]) when
+//! Requests are format 1, or format 2 ([`BINARY_RETURNS_VERSION`]) when
 //! they give weight back: format 1 plus the returned named deltas and the
 //! keys' returns, encoded as the deltas are. A limiter sends returns
 //! only to a root whose replies say it takes them, so a root that
@@ -50,17 +50,28 @@
 //! (`application/x-sluice-sync;version=2`): format 1 plus, after each
 //! keyed group's values, the count and values of its previous-window
 //! counts ([`KeyedValues::prev`], a sliding window template's), or format
-//! 3 ([`BINARY_REPLY_VERSION`], `version=3`): format 2 plus a last varint
-//! of flags (bit 0: the root takes returns). A root answers the newest
-//! format it has up to the one asked for; a root that predates a format
-//! ignores the parameter and answers an older one, which a newer limiter
-//! still reads; a limiter that predates it never asks.
+//! 3 ([`BINARY_FLAGS_VERSION`], `version=3`): format 2 plus a last varint
+//! of flags (bit 0: the root takes returns), or format 4 (`version=4`):
+//! format 3 plus the tiers section (below), with flag bit 1 (the root
+//! takes tiers). A root answers the newest format it has up to the one
+//! asked for; a root that predates a format ignores the parameter and
+//! answers an older one, which a newer limiter still reads; a limiter
+//! that predates it never asks.
+//!
+//! Request format 3 ([`BINARY_REQUEST_VERSION`]) is format 2 plus the
+//! tiers section: the limiter's override cursor, penalty version and the
+//! penalties it started ([`super::tiers`]). It is sent only to a root
+//! whose replies say it takes tiers. The tiers section, in a request or a
+//! reply, is a length-prefixed JSON object (empty when it says nothing):
+//! overrides change rarely and penalties are few, so a compact encoding
+//! would buy little and cost a second one to keep in step with serde.
 
 use crate::core::Quota;
 
 use super::{
     too_many_entries, CounterDelta, CounterValue, KeyDelta, KeyValue, KeyedDeltas, KeyedValues,
-    QuotaCursor, SyncRequest, SyncResponse, WireError, MAX_DELTAS_PER_SYNC, MAX_LIMITER_ID_LEN,
+    QuotaCursor, SyncRequest, SyncResponse, TierReply, TierRequest, WireError, MAX_DELTAS_PER_SYNC,
+    MAX_LIMITER_ID_LEN,
 };
 
 /// Content type of a binary sync body (request or reply).
@@ -70,18 +81,28 @@ pub const BINARY_CONTENT_TYPE: &str = "application/x-sluice-sync";
 /// replies to a limiter that does not ask for more.
 pub const BINARY_VERSION: u8 = 1;
 
-/// The newest request format: [`BINARY_VERSION`]'s with returns.
-pub const BINARY_REQUEST_VERSION: u8 = 2;
+/// The request format that adds returns.
+pub const BINARY_RETURNS_VERSION: u8 = 2;
+
+/// The newest request format: [`BINARY_RETURNS_VERSION`]'s with the tiers
+/// section.
+pub const BINARY_REQUEST_VERSION: u8 = 3;
 
 /// The reply format that adds keyed groups' previous-window counts.
 pub const BINARY_PREV_VERSION: u8 = 2;
 
-/// The newest reply format: [`BINARY_PREV_VERSION`]'s with flags (the
-/// root takes returns).
-pub const BINARY_REPLY_VERSION: u8 = 3;
+/// The reply format that adds flags (the root takes returns).
+pub const BINARY_FLAGS_VERSION: u8 = 3;
+
+/// The newest reply format: [`BINARY_FLAGS_VERSION`]'s with the tiers
+/// section.
+pub const BINARY_REPLY_VERSION: u8 = 4;
 
 /// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
 const TAKES_RETURNS: u64 = 1;
+
+/// Reply flag: the root takes tiers ([`SyncResponse::takes_tiers`]).
+const TAKES_TIERS: u64 = 2;
 
 /// The header's first two bytes.
 const MAGIC: [u8; 2] = *b"SL";
@@ -105,8 +126,10 @@ pub enum BinaryError {
     Malformed(#[from] WireError),
 }
 
-/// Encodes a request: format 1, or 2 when it gives weight back.
+/// Encodes a request: format 1, 2 when it gives weight back, 3 when it
+/// carries tiers.
 pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
+    let tiers = super::tiers::encode_section(&request.tiers);
     let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
     let mut w = Writer::with_capacity(
         64 + request.limiter.len()
@@ -115,15 +138,14 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    let returns = request.has_returns();
-    w.header(
-        KIND_REQUEST,
-        if returns {
-            BINARY_REQUEST_VERSION
-        } else {
-            BINARY_VERSION
-        },
-    );
+    let version = if !tiers.is_empty() {
+        BINARY_REQUEST_VERSION
+    } else if request.has_returns() {
+        BINARY_RETURNS_VERSION
+    } else {
+        BINARY_VERSION
+    };
+    w.header(KIND_REQUEST, version);
     w.bytes(request.limiter.as_bytes());
     w.varint(request.quotas_after.epoch);
     w.varint(request.quotas_after.id);
@@ -136,9 +158,12 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
         w.varint(id);
         w.varint(count);
     }
-    if returns {
+    if version >= BINARY_RETURNS_VERSION {
         w.named(&request.returned);
         w.keyed(&request.keyed_returned);
+    }
+    if version >= BINARY_REQUEST_VERSION {
+        w.bytes(&tiers);
     }
     w.0
 }
@@ -164,10 +189,23 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         let count = r.varint_or(|| format!("rejected[{i}]"))?;
         rejected.push((id, count));
     }
-    let (returned, keyed_returned) = if version >= BINARY_REQUEST_VERSION {
+    let (returned, keyed_returned) = if version >= BINARY_RETURNS_VERSION {
         (r.named("returned")?, r.keyed("keyed_returned")?)
     } else {
         (Vec::new(), Vec::new())
+    };
+    let tiers = if version >= BINARY_REQUEST_VERSION {
+        // A penalty takes at least 7 bytes of JSON (`[1,0,1]`): the most
+        // the section could hold counts against the entries left before
+        // it is decoded.
+        let section = r.slice(|| "tiers".into(), usize::MAX)?;
+        let most = section.len() / 7;
+        if most > r.entries_left {
+            return Err(too_many_entries(MAX_DELTAS_PER_SYNC - r.entries_left + most).into());
+        }
+        super::tiers::decode_section(section)?
+    } else {
+        TierRequest::default()
     };
     r.end()?;
     Ok(SyncRequest {
@@ -180,6 +218,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         rejected,
         returned,
         keyed_returned,
+        tiers,
     })
 }
 
@@ -194,8 +233,9 @@ pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
 
 /// Encodes a reply in format `version` (at most
 /// [`BINARY_REPLY_VERSION`]): [`BINARY_VERSION`] leaves the keyed groups'
-/// previous-window counts out, [`BINARY_PREV_VERSION`] the flags (for a
-/// limiter that did not ask for more).
+/// previous-window counts out, [`BINARY_PREV_VERSION`] the flags,
+/// [`BINARY_FLAGS_VERSION`] the tiers (for a limiter that did not ask for
+/// more).
 pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, WireError> {
     let version = version.clamp(BINARY_VERSION, BINARY_REPLY_VERSION);
     let quotas = if reply.quotas.is_empty() {
@@ -245,12 +285,19 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
             }
         }
     }
-    if version >= BINARY_REPLY_VERSION {
-        w.varint(if reply.takes_returns {
-            TAKES_RETURNS
-        } else {
-            0
-        });
+    if version >= BINARY_FLAGS_VERSION {
+        let tiers = version >= BINARY_REPLY_VERSION;
+        let mut flags = 0;
+        if reply.takes_returns {
+            flags |= TAKES_RETURNS;
+        }
+        if tiers && reply.takes_tiers {
+            flags |= TAKES_TIERS;
+        }
+        w.varint(flags);
+        if tiers {
+            w.bytes(&super::tiers::encode_section(&reply.tiers));
+        }
     }
     Ok(w.0)
 }
@@ -330,17 +377,28 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         }
         keyed.push(KeyedValues { id, values, prev });
     }
-    let flags = if version >= BINARY_REPLY_VERSION {
+    let flags = if version >= BINARY_FLAGS_VERSION {
         r.varint("flags")?
     } else {
         0
     };
-    if flags & !TAKES_RETURNS != 0 {
+    let known = if version >= BINARY_REPLY_VERSION {
+        TAKES_RETURNS | TAKES_TIERS
+    } else {
+        TAKES_RETURNS
+    };
+    if flags & !known != 0 {
         return Err(WireError::new("flags", format!("unknown flags {flags:#x}")).into());
     }
+    let tiers = if version >= BINARY_REPLY_VERSION {
+        super::tiers::decode_section(r.slice(|| "tiers".into(), usize::MAX)?)?
+    } else {
+        TierReply::default()
+    };
     r.end()?;
     Ok(SyncResponse {
         takes_returns: flags & TAKES_RETURNS != 0,
+        takes_tiers: flags & TAKES_TIERS != 0,
         root_instance,
         root_time,
         root_utc,
@@ -350,6 +408,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         counters,
         keyed,
         counter_version,
+        tiers,
     })
 }
 
@@ -761,6 +820,7 @@ mod tests {
             ],
             counter_version: 12,
             takes_returns: true,
+            ..Default::default()
         }
     }
 
@@ -794,7 +854,7 @@ mod tests {
         assert_eq!(encode_request(&request())[3], BINARY_VERSION);
         let r = returning_request();
         let body = encode_request(&r);
-        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(body[3], BINARY_RETURNS_VERSION);
         assert_eq!(decode_request(&body).unwrap(), r);
         // Only returns, no deltas.
         let only = SyncRequest {
@@ -820,19 +880,102 @@ mod tests {
                 takes_returns,
                 ..reply()
             };
-            let body = encode_response(&r).unwrap();
-            assert_eq!(body[3], BINARY_REPLY_VERSION);
+            let body = encode_response_as(&r, BINARY_FLAGS_VERSION).unwrap();
+            assert_eq!(body[3], BINARY_FLAGS_VERSION);
             assert_eq!(decode_response(&body).unwrap(), r);
         }
         // Format 2 has no flags: a limiter reading it sends no returns.
         let v2 = encode_response_as(&reply(), BINARY_PREV_VERSION).unwrap();
         assert_eq!(v2[3], BINARY_PREV_VERSION);
         assert!(!decode_response(&v2).unwrap().takes_returns);
-        // A flag this build does not know is refused, named.
-        let mut unknown = encode_response(&reply()).unwrap();
+        // A flag format 3 does not know (bit 1 came with format 4) is
+        // refused, named.
+        let mut unknown = encode_response_as(&reply(), BINARY_FLAGS_VERSION).unwrap();
         *unknown.last_mut().unwrap() = 0x02;
         let e = decode_response(&unknown).unwrap_err().to_string();
         assert!(e.contains("flags") && e.contains("unknown"), "{e}");
+    }
+
+    /// [`reply`] with every tiers field set.
+    fn tiered_reply() -> SyncResponse {
+        use crate::core::tier::{Override, Penalty, Rule};
+        let mut r = SyncResponse {
+            takes_tiers: true,
+            ..reply()
+        };
+        r.tiers.overrides = vec![Override {
+            id: 2,
+            quota: 3,
+            key: 7,
+            rule: Rule::Allow,
+            expires_ms: Some(5),
+            epoch: 9,
+            deleted: false,
+        }];
+        r.tiers.overrides_after = QuotaCursor { epoch: 9, id: 2 };
+        r.tiers.more_overrides = true;
+        r.tiers.penalties = vec![Penalty(3, 7, 1_000)];
+        r.tiers.penalty_version = 4;
+        r
+    }
+
+    #[test]
+    fn tiers_travel_in_request_format_3_and_reply_format_4() {
+        use crate::core::tier::Penalty;
+        // A request with tiers is format 3, returns or not.
+        let mut r = request();
+        r.tiers.penalties = vec![Penalty(3, 7, 1_000)];
+        r.tiers.overrides_after = QuotaCursor { epoch: 5, id: 2 };
+        r.tiers.penalty_version = 6;
+        let body = encode_request(&r);
+        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(decode_request(&body).unwrap(), r);
+        let both = SyncRequest {
+            tiers: r.tiers.clone(),
+            ..returning_request()
+        };
+        assert_eq!(decode_request(&encode_request(&both)).unwrap(), both);
+        // The reply: format 4 carries them and the flag; format 3 neither
+        // (a limiter that asked for 3 predates tiers).
+        let reply = tiered_reply();
+        let v4 = encode_response(&reply).unwrap();
+        assert_eq!(v4[3], BINARY_REPLY_VERSION);
+        assert_eq!(decode_response(&v4).unwrap(), reply);
+        let v3 = decode_response(&encode_response_as(&reply, BINARY_FLAGS_VERSION).unwrap());
+        let v3 = v3.unwrap();
+        assert!(v3.tiers.is_empty() && !v3.takes_tiers);
+        assert_eq!(v3.counters, reply.counters);
+        // Without tiers, format 4 costs a byte (the empty section) over 3.
+        let plain = self::reply();
+        let v3 = encode_response_as(&plain, BINARY_FLAGS_VERSION).unwrap();
+        assert_eq!(encode_response(&plain).unwrap().len(), v3.len() + 1);
+        // Truncations are named, and a broken section names "tiers".
+        for n in 0..body.len() {
+            assert!(
+                matches!(decode_request(&body[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+        for n in 0..v4.len() {
+            assert!(
+                matches!(decode_response(&v4[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+        let mut broken = v4.clone();
+        let last = broken.len() - 2;
+        broken[last] = b'!';
+        let e = decode_response(&broken).unwrap_err().to_string();
+        assert!(e.contains("tiers"), "{e}");
+    }
+
+    #[test]
+    fn a_request_s_penalties_count_against_its_entries_before_decoding() {
+        use crate::core::tier::Penalty;
+        let mut huge = request();
+        huge.tiers.penalties = vec![Penalty(1, 0, 1); MAX_DELTAS_PER_SYNC + 1];
+        let e = decode_request(&encode_request(&huge)).unwrap_err();
+        assert!(e.to_string().contains("entries"), "{e}");
     }
 
     #[test]
@@ -857,7 +1000,7 @@ mod tests {
         // Format 2 costs a byte a group, and 8 a previous count; format 3
         // a byte of flags more.
         assert_eq!(v2.len(), v1.len() + 2 + 8);
-        let v3 = encode_response_as(&r, BINARY_REPLY_VERSION).unwrap();
+        let v3 = encode_response_as(&r, BINARY_FLAGS_VERSION).unwrap();
         assert_eq!(v3.len(), v2.len() + 1);
     }
 

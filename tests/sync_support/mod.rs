@@ -275,7 +275,7 @@ impl Limiter {
     }
 
     /// [`Limiter::start_with`] with room for `capacity` quotas (and 1024
-    /// keys).
+    /// keys, 1024 overrides and penalties).
     pub fn start_sized(
         id: &str,
         roots: &[&str],
@@ -283,7 +283,7 @@ impl Limiter {
         adjust: impl FnOnce(&mut SyncConfig),
     ) -> Self {
         // Room for a few keys, for the tests of per-key quotas.
-        let table = Arc::new(Table::new_heap_with_keys(capacity, 16, 1024));
+        let table = Arc::new(Table::new_heap_with(capacity, 16, 1024, 1024));
         table.set_estimator(Estimator {
             mode: Extrapolation::Adaptive,
             horizon: 2 * INTERVAL.as_nanos() as u64,

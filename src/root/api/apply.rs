@@ -43,6 +43,14 @@ struct Counts {
     updated: usize,
     deleted: usize,
     unchanged: usize,
+    /// Overrides written (new or changed); left out when none was, so a
+    /// set without overrides reads as before.
+    #[serde(skip_serializing_if = "is_zero")]
+    overrides: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize)]
@@ -55,6 +63,9 @@ struct ApplyReply {
     created: Vec<String>,
     updated: Vec<QuotaUpdate>,
     deleted: Vec<String>,
+    /// Overrides written, `template/key_hash`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    overrides: Vec<String>,
     /// Some list was cut at [`MAX_LISTED`].
     truncated: bool,
 }
@@ -66,14 +77,21 @@ impl ApplyReply {
             updated: diff.updated.len(),
             deleted: diff.deleted.len(),
             unchanged: diff.unchanged,
+            overrides: diff.overrides.len(),
         };
-        let truncated = [counts.created, counts.updated, counts.deleted]
-            .iter()
-            .any(|&n| n > MAX_LISTED);
+        let truncated = [
+            counts.created,
+            counts.updated,
+            counts.deleted,
+            counts.overrides,
+        ]
+        .iter()
+        .any(|&n| n > MAX_LISTED);
         let mut diff = diff;
         diff.created.truncate(MAX_LISTED);
         diff.updated.truncate(MAX_LISTED);
         diff.deleted.truncate(MAX_LISTED);
+        diff.overrides.truncate(MAX_LISTED);
         Self {
             dry_run: query.dry_run,
             prune: query.prune,
@@ -82,6 +100,7 @@ impl ApplyReply {
             created: diff.created,
             updated: diff.updated,
             deleted: diff.deleted,
+            overrides: diff.overrides,
             truncated,
         }
     }
@@ -127,6 +146,7 @@ pub async fn apply(
             created = d.created.len(),
             updated = d.updated.len(),
             deleted = d.deleted.len(),
+            overrides = d.overrides.len(),
             "quota set applied"
         );
     }

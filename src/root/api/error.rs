@@ -229,6 +229,7 @@ impl From<StoreError> for ApiError {
                 Self::precondition_failed(error.field.to_string(), error.message)
             }
             StoreError::NotFound(name) => Self::not_found(format!("no quota named {name:?}")),
+            StoreError::NoOverride(..) => Self::not_found(error.to_string()),
             StoreError::Unavailable(_) => Self::unavailable(format!(
                 "{error}; the root is read-only until the database is back"
             )),

@@ -7,6 +7,8 @@
 //! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}` | admin token | one quota: read, replace, change some fields, delete |
 //! | `GET /v1/quotas/{name}/keys?top=` | admin token | busiest keys of a per-key quota |
 //! | `GET /v1/quotas/{name}/keys/{hash}` | admin token | one key, by hash |
+//! | `GET /v1/quotas/{name}/overrides?after=&limit=` | admin token | a per-key quota's overrides, and its keys' penalties |
+//! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}/overrides/{key_hash}` | admin token | one override: read, replace, change some fields, remove |
 //! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
 //! | `GET /v1/overview?top=` | none / admin token | the console's data: public totals, names with the token |
 //! | `GET /ui` | none | the web console (static; its data needs the token) |
@@ -26,6 +28,7 @@
 //!   computed numbers (and the overview's, `/healthz`'s) written without
 //!   float noise.
 //! - `keys.rs` — the keys of a per-key quota, by hash.
+//! - `overrides.rs` — the overrides of a per-key quota's keys.
 //! - `overview.rs` — `GET /v1/overview`, shared by the console and
 //!   `sluice top`; `ui.rs` — the console's static files (`../ui/`).
 
@@ -34,6 +37,7 @@ mod apply;
 mod error;
 mod keys;
 mod ops;
+pub mod overrides;
 pub mod overview;
 mod quotas;
 mod round;
@@ -97,6 +101,15 @@ pub fn router(state: Arc<RootState>) -> Router {
         )
         .route("/v1/quotas/{name}/keys", get(keys::top))
         .route("/v1/quotas/{name}/keys/{hash}", get(keys::get))
+        .route("/v1/quotas/{name}/overrides", get(overrides::list))
+        .route(
+            "/v1/quotas/{name}/overrides/{key_hash}",
+            get(overrides::get)
+                .put(overrides::put)
+                .patch(overrides::patch)
+                .delete(overrides::delete)
+                .layer(DefaultBodyLimit::max(limits.admin)),
+        )
         .route(
             APPLY_PATH,
             post(apply::apply).layer(DefaultBodyLimit::max(limits.apply)),

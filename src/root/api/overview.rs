@@ -120,6 +120,10 @@ pub struct Overview<'a> {
     /// only; absent when no key's counter was ranked).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<&'a [BusyKey]>,
+    /// Penalties in force, latest end first (admin only; absent when
+    /// none is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub penalties: Option<&'a [ActivePenalty]>,
 }
 
 /// The root process.
@@ -199,6 +203,10 @@ pub struct Totals {
     /// Ranked quotas whose level now rejects every check (a per-key
     /// quota: one of its keys).
     pub quotas_full: usize,
+    /// Overrides of per-key templates' keys held (tombstones not counted).
+    pub overrides: usize,
+    /// Penalties in force (on quotas and on keys).
+    pub penalties: usize,
 }
 
 /// About the sample a reply comes from.
@@ -239,6 +247,30 @@ pub struct BusyQuota {
     /// A per-key quota's keys (absent for other quotas).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<TemplateKeys>,
+    /// A per-key quota's overrides for single keys (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub overrides: usize,
+    /// Penalties in force on the quota or its keys (absent when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub penalties: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A penalty in force: the quota or one of its keys barred until it
+/// ends.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ActivePenalty {
+    /// The quota (a per-key quota's template for a key).
+    pub quota: String,
+    /// The key's hash, 16 hex digits; absent for the quota itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Seconds until it ends.
+    #[serde(serialize_with = "crate::root::api::round::seconds")]
+    pub seconds_left: f64,
 }
 
 /// The keys of a per-key quota in the busiest quotas.
@@ -310,6 +342,8 @@ pub struct Sample {
     pub keys: Vec<BusyKey>,
     /// Up to [`RECENT_LIMITERS`] limiters, most recent first.
     pub limiters: Vec<RecentLimiter>,
+    /// Up to [`MAX_TOP`] penalties in force, latest end first.
+    pub penalties: Vec<ActivePenalty>,
     /// Syncs of every recorded limiter, for the sync rate.
     pub syncs: u64,
     /// Counters ranked.
@@ -384,8 +418,32 @@ fn closeness(quota: &crate::core::Quota, level: f64) -> (f64, f64) {
 
 /// Looks at `ledger` at `now`.
 pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
+    // Tiers first, each book's lock alone: the overrides per template,
+    // the penalties in force (per quota, and the latest to end).
+    let now_utc = now as i64 + ledger.utc_offset;
+    let (penalty_counts, active) = {
+        let book = ledger.penalties();
+        (book.counts(now_utc), book.active(now_utc, MAX_TOP))
+    };
+    let (override_counts, overrides) = {
+        let book = ledger.overrides();
+        (book.counts(), book.total())
+    };
     let ledger = &ledger.read();
     let mut out = Sample::default();
+    out.totals.overrides = overrides;
+    out.totals.penalties = penalty_counts.values().sum();
+    out.penalties = active
+        .iter()
+        .filter_map(|p| {
+            let quota = ledger.quotas.get(p.quota())?;
+            Some(ActivePenalty {
+                quota: quota.name.to_string(),
+                key: (p.key() != 0).then(|| format_hash(p.key())),
+                seconds_left: (p.until() - now_utc) as f64 * SECS_PER_NANO,
+            })
+        })
+        .collect();
     let mut ranked = Vec::new();
     let mut keys = Vec::new();
     // Per-key quotas by id: their keys' figures gathered.
@@ -504,6 +562,8 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
                 fullness: rank.fullness,
                 rejecting: rank.share,
                 keys,
+                overrides: override_counts.get(&rank.id).copied().unwrap_or(0),
+                penalties: penalty_counts.get(&rank.id).copied().unwrap_or(0),
             })
         })
         .collect();
@@ -682,6 +742,8 @@ async fn overview(
         limiters: admin.then_some(&sample.limiters[..]),
         keys: (admin && !sample.keys.is_empty())
             .then(|| &sample.keys[..top.min(sample.keys.len())]),
+        penalties: (admin && !sample.penalties.is_empty())
+            .then(|| &sample.penalties[..top.min(sample.penalties.len())]),
     };
     let mut response = json_response(StatusCode::OK, &reply);
     response
@@ -857,6 +919,73 @@ mod tests {
         assert_eq!(sample.limiters[0].id, format!("l{}", RECENT_LIMITERS + 4));
         // The fullest first: q120 has level 120 - 1 in a band of 10..200.
         assert_eq!(sample.quotas[0].quota.name, format!("q{}", MAX_TOP + 20));
+    }
+
+    #[test]
+    fn tiers_are_shown_beside_their_quota_and_penalties_in_force_listed() {
+        use crate::core::tier::{Override, Penalty, PenaltyTime, Rule};
+        use crate::root::store::OverrideRow;
+        let ledger = Ledger::default();
+        let fifteen = Some(PenaltyTime::parse("15m").unwrap());
+        ledger.load(
+            vec![
+                Quota::new(1, "login", 1.0, 2.0, 2.0)
+                    .keyed()
+                    .penalized(fifteen)
+                    .at_epoch(1),
+                Quota::new(2, "plain", 1.0, 2.0, 2.0).at_epoch(2),
+            ],
+            0,
+        );
+        let row = |id, key, rule, deleted| OverrideRow {
+            ov: Override {
+                id,
+                quota: 1,
+                key,
+                rule,
+                expires_ms: None,
+                epoch: 3 + id,
+                deleted,
+            },
+            note: None,
+            updated_ms: 0,
+        };
+        ledger.load_overrides(
+            vec![
+                row(1, 0xa1, Rule::Deny, false),
+                row(2, 0xa2, Rule::Allow, false),
+                row(3, 0xa3, Rule::Allow, true),
+            ],
+            0,
+        );
+        // A limiter rejected a key at the high burst and started its
+        // penalty, ending in 10 minutes.
+        let mut request = crate::root::ledger::test_request("a", 0, 0, &[], &[(1, 0xbad, 3)]);
+        request.rejected = vec![(1, 1)];
+        request.tiers.penalties = vec![Penalty(1, 0xbad, 600 * SEC as i64)];
+        let paging = crate::root::ledger::SyncPaging {
+            quotas: 10,
+            counters: 10,
+        };
+        ledger.sync(&request, 1, 0, paging);
+        let sample = sample(&ledger, 30 * SEC);
+        let login = &sample.quotas[0];
+        assert_eq!(login.quota.name, "login");
+        assert_eq!((login.overrides, login.penalties), (2, 1));
+        assert_eq!((sample.totals.overrides, sample.totals.penalties), (2, 1));
+        assert_eq!(
+            sample.penalties,
+            [ActivePenalty {
+                quota: "login".into(),
+                key: Some("0000000000000bad".into()),
+                seconds_left: 570.0,
+            }]
+        );
+        let json = serde_json::to_value(login).unwrap();
+        assert_eq!(
+            (json["overrides"].as_u64(), json["penalty"].as_str()),
+            (Some(2), Some("15m"))
+        );
     }
 
     #[test]

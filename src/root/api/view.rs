@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use crate::core::tier::PenaltyTime;
 use crate::core::{Nanos, Quota, Terms, Window, SECS_PER_NANO};
 use crate::root::ledger::LedgerView;
 
@@ -53,6 +54,9 @@ pub struct QuotaView {
     /// A sliding window quota.
     #[serde(skip_serializing_if = "crate::core::quota::is_false")]
     pub sliding: bool,
+    /// The penalty a rejection at the high burst starts (`"15m"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub penalty: Option<PenaltyTime>,
     /// Epoch of the last change.
     pub epoch: u64,
     /// Cluster level now, as this root sums it (for a window quota, the
@@ -118,6 +122,7 @@ pub fn view(ledger: &LedgerView, quota: &Quota, now: Nanos, with_limiters: bool)
         per_key: quota.per_key,
         window: quota.window,
         sliding: quota.sliding,
+        penalty: quota.penalty,
         epoch: quota.epoch,
         level: counter.as_ref().map_or(0.0, |c| c.level),
         fill_rate: counter.as_ref().map_or(0.0, |c| c.fill_rate),

@@ -144,6 +144,28 @@ impl CounterBook {
         }
     }
 
+    /// Changes how one key's counter counts (its override's numbers, or
+    /// its template's again), as [`Self::set_counting`] does for a whole
+    /// template; nothing when the root holds no counter for it.
+    pub fn set_key_counting(&mut self, counter: CounterKey, rule: CounterRule, now: Nanos) {
+        let Some(&index) = self.index.get(&counter) else {
+            return;
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.cap = rule.cap;
+        slot.allowance = rule.allowance;
+        if slot.counting != rule.counting {
+            slot.tally = match (slot.counting, rule.counting) {
+                (Counting::Leak(_), Counting::Leak(_)) => slot.counting.aged(slot.tally, now),
+                _ => Tally {
+                    at: now,
+                    ..Tally::default()
+                },
+            };
+            slot.counting = rule.counting;
+        }
+    }
+
     /// Updates whose level was cut to the counter's cap.
     pub fn capped(&self) -> u64 {
         self.capped

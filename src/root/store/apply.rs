@@ -18,6 +18,7 @@ use sqlx::{Any, Transaction};
 use crate::core::spec::{QuotaSet, QuotaSpec, SpecError};
 use crate::core::Window;
 
+use super::overrides::{drop_overrides_of, overrides_to_write, write_overrides};
 use super::rows::{self, StoredRow};
 use super::{unix_millis, Store, StoreError};
 
@@ -62,12 +63,19 @@ pub struct ApplyDiff {
     pub deleted: Vec<String>,
     /// Quotas in the set that already match.
     pub unchanged: usize,
+    /// Overrides the set's templates list that are new or differ
+    /// (`template/key_hash`); overrides it does not list are kept.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
 }
 
 impl ApplyDiff {
     /// True when applying changes nothing.
     pub fn is_empty(&self) -> bool {
-        self.created.is_empty() && self.updated.is_empty() && self.deleted.is_empty()
+        self.created.is_empty()
+            && self.updated.is_empty()
+            && self.deleted.is_empty()
+            && self.overrides.is_empty()
     }
 }
 
@@ -107,12 +115,15 @@ impl Store {
         let existing = load_all(&mut tx).await?;
         let merged = merge(&set, &existing, options.prune);
         let depths = validate_merged(merged)?;
-        let diff = diff(&set, &existing, options.prune, &depths);
+        let mut diff = diff(&set, &existing, options.prune, &depths);
+        let overrides = overrides_to_write(&mut tx, &set, &existing).await?;
+        diff.overrides = overrides.iter().map(|o| o.label.clone()).collect();
         if options.dry_run || diff.is_empty() {
             tx.rollback().await?;
             return Ok(ApplyOutcome { diff, epoch: None });
         }
         write_diff(&mut tx, &set, &existing, &diff, &depths, epoch).await?;
+        write_overrides(&mut tx, &overrides, epoch).await?;
         self.commit_write(tx, epoch).await?;
         Ok(ApplyOutcome {
             diff,
@@ -265,6 +276,13 @@ fn field_changes(current: &QuotaSpec, wanted: &QuotaSpec) -> Vec<FieldChange> {
             });
         }
     }
+    if current.penalty != wanted.penalty {
+        changes.push(FieldChange {
+            field: "penalty",
+            from: current.penalty.map(|p| p.to_string()).into(),
+            to: wanted.penalty.map(|p| p.to_string()).into(),
+        });
+    }
     if current.window != wanted.window {
         changes.push(FieldChange {
             field: "window",
@@ -320,9 +338,17 @@ async fn write_diff(
     rewrites.extend(diff.updated.iter().map(|u| by_name[u.name.as_str()]));
     for spec in rewrites {
         rows::rewrite(tx, spec, epoch, now).await?;
+        if let Some(row) = existing.get(&spec.name) {
+            if row.spec.per_key && !spec.per_key {
+                drop_overrides_of(tx, row.id, epoch, now).await?;
+            }
+        }
     }
     for name in &diff.deleted {
         rows::tombstone(tx, name, epoch, now).await?;
+        if let Some(row) = existing.get(name) {
+            drop_overrides_of(tx, row.id, epoch, now).await?;
+        }
     }
     Ok(())
 }

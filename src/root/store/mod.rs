@@ -24,6 +24,8 @@
 //! - `write.rs` — single-quota writes: put (create or replace), patch
 //!   (merge some fields) and delete, with `If-Match`-style expectations.
 //! - `apply.rs` — bulk apply of a whole quota set in one transaction.
+//! - `overrides.rs` — overrides of per-key templates: their rows, puts,
+//!   patches, deletes and expiry, and the reload's read by epoch.
 //! - `rows.rs` — the statements that read, insert, rewrite and tombstone
 //!   quota rows, shared by both.
 //! - `watch.rs` — whether the database is still the one loaded (an SQLite
@@ -31,6 +33,7 @@
 
 mod apply;
 mod migrations;
+mod overrides;
 mod rows;
 mod watch;
 mod write;
@@ -43,10 +46,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Connection, Executor, Row, Transaction};
 
+use crate::core::tier::PenaltyTime;
 use crate::core::{Quota, ValidationError, Window};
 use crate::wire::QuotaCursor;
 
 pub use apply::{ApplyDiff, ApplyOptions, ApplyOutcome, FieldChange, QuotaUpdate};
+pub use overrides::{OverrideOutcome, OverrideRow, StoredOverride};
 pub use watch::DbState;
 pub use write::{Expect, PutOutcome, Written};
 
@@ -105,6 +110,9 @@ pub enum StoreError {
     /// No live quota has this name.
     #[error("no quota named {0:?}")]
     NotFound(String),
+    /// The template has no override for this key (`template`, `key`).
+    #[error("{0:?} has no override for key {1}")]
+    NoOverride(String, String),
     /// The write conflicts with other quotas (deleting a parent).
     #[error("{0}")]
     Conflict(ValidationError),
@@ -207,7 +215,7 @@ pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(120);
 pub const LOAD_PAGE: usize = 10_000;
 
 /// The columns every quota query selects, in [`quota_from_row`]'s order.
-const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted, per_key, count_window, sliding"#;
+const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted, per_key, count_window, sliding, penalty_secs"#;
 
 /// What sqlx's "pool timed out" becomes until diagnosed.
 const NO_CONNECTION: &str = "no database connection within db_timeout";
@@ -611,6 +619,7 @@ fn quota_from_row(row: &AnyRow) -> Result<StoredQuota, StoreError> {
         per_key: row.try_get::<i64, _>(8)? != 0,
         window: None,
         sliding: row.try_get::<i64, _>(10)? != 0,
+        penalty: None,
     };
     let window: Option<String> = row.try_get(9)?;
     let quota = match window.as_deref().map(|w| (w, Window::parse(w))) {
@@ -625,6 +634,13 @@ fn quota_from_row(row: &AnyRow) -> Result<StoredQuota, StoreError> {
                 format!("row {id} has an unknown window {name:?}"),
             )));
         }
+    };
+    let quota = match row.try_get::<Option<i64>, _>(11)? {
+        None => quota,
+        Some(secs) => match PenaltyTime::from_secs(secs.max(0) as u64) {
+            Ok(penalty) => quota.penalized(Some(penalty)),
+            Err(e) => return Ok(Err((position, format!("row {id}: {e}")))),
+        },
     };
     if id <= 0 || epoch <= 0 {
         return Ok(Err((position, format!("row {id} has id or epoch below 1"))));

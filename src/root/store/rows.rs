@@ -14,6 +14,7 @@ use sqlx::query::QueryScalar;
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::spec::QuotaSpec;
+use crate::core::tier::PenaltyTime;
 use crate::core::Window;
 
 use super::StoreError;
@@ -34,13 +35,14 @@ pub(super) struct StoredRow {
 /// The columns a write sets besides `name`, `parent` and the times, in
 /// the order [`bind`] binds them (`$3` on; `$1` is the name, `$2` the
 /// parent's name, the time comes last).
-const WRITTEN: [&str; 7] = [
+const WRITTEN: [&str; 8] = [
     r#""limit""#,
     "low_burst",
     "high_burst",
     "per_key",
     "count_window",
     "sliding",
+    "penalty_secs",
     "epoch",
 ];
 
@@ -63,6 +65,7 @@ fn bind<'q>(
         .bind(i64::from(spec.per_key))
         .bind(spec.window.map(Window::name))
         .bind(i64::from(spec.sliding))
+        .bind(spec.penalty.map(|p| i64::from(p.secs())))
         .bind(epoch as i64)
         .bind(now)
 }
@@ -157,7 +160,7 @@ pub(super) async fn tombstone(
 
 /// Rows with their parents by name, in [`stored_row`]'s order.
 const SELECT_ROWS: &str = r#"SELECT q.id, q.epoch, q.deleted, q.name, p.name, q."limit",
-    q.low_burst, q.high_burst, q.per_key, q.count_window, q.sliding
+    q.low_burst, q.high_burst, q.per_key, q.count_window, q.sliding, q.penalty_secs
     FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#;
 
 /// The row named `name`, live or a tombstone.
@@ -197,6 +200,11 @@ fn stored_row(row: &AnyRow) -> Result<StoredRow, StoreError> {
                 .try_get::<Option<String>, _>(9)?
                 .and_then(|w| Window::parse(&w)),
             sliding: row.try_get::<i64, _>(10)? != 0,
+            // A penalty out of range (a hand-edited row) reads as none.
+            penalty: row
+                .try_get::<Option<i64>, _>(11)?
+                .and_then(|secs| PenaltyTime::from_secs(secs.max(0) as u64).ok()),
+            overrides: Vec::new(),
         },
     })
 }
@@ -210,16 +218,17 @@ mod tests {
         assert_eq!(
             insert_sql(2),
             "INSERT INTO quotas (name, parent, \"limit\", low_burst, high_burst, per_key, \
-             count_window, sliding, epoch, deleted, created_at, updated_at) VALUES \
-             ($1, (SELECT id FROM quotas WHERE name = $2), $3, $4, $5, $6, $7, $8, $9, 0, $10, $10), \
-             ($11, (SELECT id FROM quotas WHERE name = $12), $13, $14, $15, $16, $17, $18, $19, 0, \
-             $20, $20) RETURNING id"
+             count_window, sliding, penalty_secs, epoch, deleted, created_at, updated_at) VALUES \
+             ($1, (SELECT id FROM quotas WHERE name = $2), $3, $4, $5, $6, $7, $8, $9, $10, 0, \
+             $11, $11), ($12, (SELECT id FROM quotas WHERE name = $13), $14, $15, $16, $17, $18, \
+             $19, $20, $21, 0, $22, $22) RETURNING id"
         );
         assert_eq!(
             REWRITE.as_str(),
             "UPDATE quotas SET parent = (SELECT p.id FROM quotas p WHERE p.name = $2), \
              \"limit\" = $3, low_burst = $4, high_burst = $5, per_key = $6, count_window = $7, \
-             sliding = $8, epoch = $9, deleted = 0, updated_at = $10 WHERE name = $1 RETURNING id"
+             sliding = $8, penalty_secs = $9, epoch = $10, deleted = 0, updated_at = $11 \
+             WHERE name = $1 RETURNING id"
         );
     }
 }

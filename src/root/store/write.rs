@@ -13,6 +13,7 @@ use crate::core::quota::{validate_chain, MAX_DEPTH};
 use crate::core::spec::{template_as_parent, QuotaPatch, QuotaSpec};
 use crate::core::ValidationError;
 
+use super::overrides::drop_overrides_of;
 use super::rows::{self, StoredRow};
 use super::{unix_millis, Store, StoreError};
 
@@ -112,6 +113,13 @@ impl Store {
     async fn put_now(&self, spec: &QuotaSpec, expect: &Expect) -> Result<PutOutcome, StoreError> {
         spec.validate()
             .map_err(|error| StoreError::Invalid { quota: None, error })?;
+        if !spec.overrides.is_empty() {
+            return Err(StoreError::invalid(
+                "overrides",
+                "a quota's overrides are written one by one at \
+                 /v1/quotas/{name}/overrides/{key_hash}",
+            ));
+        }
         let (mut tx, epoch) = self.begin_write().await?;
         let current = rows::by_name(&mut tx, &spec.name).await?;
         let live = current.as_ref().filter(|c| !c.deleted).map(|c| c.epoch);
@@ -187,6 +195,10 @@ impl Store {
             }
             Some(c) => {
                 rows::rewrite(&mut tx, spec, epoch, now).await?;
+                if c.spec.per_key && !spec.per_key {
+                    // A plain quota has no keys to override.
+                    drop_overrides_of(&mut tx, c.id, epoch, now).await?;
+                }
                 let written = Written { id: c.id, epoch };
                 if c.deleted {
                     PutOutcome::Created(written)
@@ -229,7 +241,9 @@ impl Store {
             );
             return Err(StoreError::Conflict(ValidationError::new("name", message)));
         }
-        rows::tombstone(&mut tx, name, epoch, unix_millis()).await?;
+        let now = unix_millis();
+        rows::tombstone(&mut tx, name, epoch, now).await?;
+        drop_overrides_of(&mut tx, current.id, epoch, now).await?;
         self.commit_write(tx, epoch).await?;
         Ok(Written {
             id: current.id,
@@ -248,6 +262,7 @@ fn same_values(current: &QuotaSpec, spec: &QuotaSpec) -> bool {
         && current.per_key == spec.per_key
         && current.window == spec.window
         && current.sliding == spec.sliding
+        && current.penalty == spec.penalty
 }
 
 /// Checks that the quota `name` may be a parent: it exists, live, and is

@@ -244,6 +244,28 @@
         + (busiest.length ? `, busiest ${busiest[0].slice(0, 8)}…` : ''));
   }
 
+  /**
+   * Tiers beside a quota: "2 overrides · penalty 15m · 1 in force" ('-'
+   * when it has none of them).
+   */
+  function tiersCell(q) {
+    const parts = [];
+    if (q.overrides) parts.push(`${fmt(q.overrides)} override${q.overrides === 1 ? '' : 's'}`);
+    if (q.penalty) parts.push(`penalty ${q.penalty}`);
+    if (q.penalties) parts.push(`${fmt(q.penalties)} in force`);
+    if (parts.length === 0) return el('td', { class: 'muted', text: '-' });
+    return el('td', { 'data-field': 'tiers', 'data-overrides': q.overrides || 0,
+      'data-penalties': q.penalties || 0, text: parts.join(' · ') });
+  }
+
+  function renderPenalties(ov) {
+    const rows = (ov.penalties || []).map((p) => el('tr', { 'data-penalty': p.quota + '/' + (p.key || '') },
+      el('td', {}, quotaButton(p.quota)),
+      el('td', { class: p.key ? 'mono' : 'muted', text: p.key || '(the quota)' }),
+      el('td', { class: 'num', 'data-field': 'seconds_left', 'data-value': p.seconds_left, text: secs(p.seconds_left) })));
+    $('penalties').tBodies[0].replaceChildren(...rows);
+  }
+
   function renderBusiest(ov) {
     const body = $('busiest').tBodies[0];
     const rows = [];
@@ -263,7 +285,8 @@
         el('td', { class: 'num', 'data-field': 'rejecting', 'data-value': q.rejecting, text: pct(q.rejecting) }),
         el('td', { class: 'num', 'data-field': 'rejected_rate', 'data-value': q.rejected_rate, text: fmt(q.rejected_rate) }),
         el('td', { class: 'rejected' }, chart(values('rej:' + q.name), [], 100, 24)),
-        keysCell(q)));
+        keysCell(q),
+        tiersCell(q)));
     }
     body.replaceChildren(...rows);
     const s = ov.sampled;
@@ -584,10 +607,12 @@
         renderBusiest(ov);
         renderLimiters(ov);
         renderKeys(ov);
+        renderPenalties(ov);
         renderTree(await fetchTree());
         renderEditorCharts();
       }
       $('keys-section').hidden = !ov.keys;
+      $('penalties-section').hidden = !ov.penalties;
       $('error').hidden = true;
       $('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
       $('updated').setAttribute('data-tick', String(state.tick));

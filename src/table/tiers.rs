@@ -1,0 +1,854 @@
+//! Tiers per key in the region: overrides of a per-key template for one
+//! key (other numbers, `allow`, `deny`), penalties, and quotas' penalty
+//! lengths, in the tier section (see [`crate::core::tier`] for what they
+//! mean).
+//!
+//! # The hot path
+//!
+//! A quota with a penalty, or a per-key template some of whose keys have
+//! overrides, carries [`FLAG_TIERS`] in its slot; a check reads the flags
+//! anyway, so every other check pays one bit test. A key of a flagged
+//! template first asks the filter (a blocked Bloom filter: one cache line
+//! and a few bit tests, `(quota, key)` hashed to a block), and looks in
+//! the table only when the filter says it may hold the key. A named quota
+//! with a penalty looks up its own entry. The cold path that applies what
+//! it finds is [`Table::apply_tiers`].
+//!
+//! # The table
+//!
+//! Open addressing with linear probing over [`TierEntry`]s (a cache line
+//! each), keyed by `(quota id, key hash)`, at most 4/5 full; an entry's
+//! fields are read under its own seqlock. Writers hold the tier lock:
+//! the sync thread (applying overrides, merging penalties, sweeping) and a
+//! check that starts a penalty (a bounded wait; on failure the penalty
+//! starts at the next rejection). A removal shifts the entries after it
+//! back (no tombstones), with the section's move sequence odd meanwhile,
+//! so a lookup that missed during a move looks again.
+//!
+//! The filter has two copies: bits are only ever added to the one in use;
+//! once removals left many stale bits, the sync thread builds the other
+//! copy from the live entries and switches to it.
+//!
+//! # Penalties
+//!
+//! A penalty's end is UTC nanoseconds (the table's clock plus its UTC
+//! offset, which the sync thread keeps on the roots' clocks), merged by
+//! `max`: a check that rejects at the high burst of a quota with a penalty
+//! raises the end and queues the penalty in the outbox; the sync thread
+//! sends it to the roots, which answer it to every limiter.
+
+use std::sync::atomic::{fence, AtomicU32, Ordering::SeqCst};
+
+use super::chain::Chain;
+use super::check::{Cause, Rejection};
+use super::layout::{
+    TierEntry, FLAG_LIVE, FLAG_TIERS, TIER_ALLOW, TIER_DENY, TIER_KIND, TIER_LIMIT, TIER_NONE,
+    TIER_OUTBOX, TIER_UNSENT,
+};
+use super::lock::{own_pid, process_alive};
+use super::{SlotId, Table, ACQ, REL, RLX};
+use crate::core::estimate::{estimate_level, Estimator};
+use crate::core::key::KeyHash;
+use crate::core::quota::MAX_BURST;
+use crate::core::tier::{Override, Penalty, Rule};
+use crate::core::{Nanos, Wait};
+
+/// Bits a key sets in its filter block.
+const FILTER_BITS: u32 = 6;
+
+/// Lookups that missed while entries moved retry at most this often.
+const MISS_RETRIES: u32 = 64;
+
+/// Seqlock read attempts of one entry before a check takes it as absent.
+const READ_RETRIES: u32 = 1000;
+
+/// An override, penalty or penalty length as a check reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierRead {
+    /// [`TIER_NONE`], [`TIER_LIMIT`], [`TIER_ALLOW`] or [`TIER_DENY`].
+    pub kind: u32,
+    /// An override's numbers (a `limit` override).
+    pub limit: f64,
+    /// Its low burst.
+    pub low_burst: f64,
+    /// Its high burst.
+    pub high_burst: f64,
+    /// End of the penalty, UTC nanoseconds (0: none).
+    pub until: i64,
+    /// For `(quota, 0)`: the quota's penalty length, seconds.
+    pub penalty_secs: u32,
+    /// When the override stops applying, UTC seconds (0: never).
+    pub expires: u32,
+}
+
+impl TierRead {
+    /// The override in force at `now_utc` (UTC nanoseconds): its kind, or
+    /// [`TIER_NONE`] once expired.
+    pub fn kind_at(&self, now_utc: i64) -> u32 {
+        if self.expires != 0 && i64::from(self.expires) * 1_000_000_000 <= now_utc {
+            TIER_NONE
+        } else {
+            self.kind
+        }
+    }
+}
+
+/// What the tier section holds and did, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Overrides and penalties it can hold.
+    pub capacity: u64,
+    /// Entries in use (overrides, penalties, quotas' penalty lengths).
+    pub live: u64,
+    /// Overrides and penalties refused: the section was full.
+    pub refused: u64,
+    /// Penalties this host started.
+    pub started: u64,
+    /// Checks rejected by a `deny` override.
+    pub denied: u64,
+    /// Checks rejected by a penalty in force.
+    pub penalized: u64,
+}
+
+/// One entry as listings show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierState {
+    /// The quota id.
+    pub quota: u64,
+    /// The key's hash (0: the quota itself).
+    pub key: KeyHash,
+    /// The override, if any.
+    pub rule: Option<Rule>,
+    /// End of the penalty, UTC nanoseconds (0: none).
+    pub until: i64,
+}
+
+/// What applying overrides did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierReport {
+    /// Overrides written.
+    pub applied: usize,
+    /// Overrides removed (tombstones, or expired).
+    pub removed: usize,
+    /// Overrides refused: the section was full.
+    pub refused: usize,
+}
+
+/// The tier lock, held for the guard's life.
+pub(super) struct TierLock<'a> {
+    lock: &'a AtomicU32,
+}
+
+impl<'a> TierLock<'a> {
+    /// Takes the lock within `spins` attempts (spinning, then yielding),
+    /// or not at all; `None` spins: however long it takes. A lock whose
+    /// holder died is taken over.
+    fn acquire(lock: &'a AtomicU32, spins: Option<u32>) -> Option<Self> {
+        let me = own_pid();
+        let mut n = 0u32;
+        loop {
+            let holder = lock.load(RLX);
+            if holder == 0 {
+                if lock.compare_exchange_weak(0, me, ACQ, RLX).is_ok() {
+                    return Some(TierLock { lock });
+                }
+            } else if n > 1000
+                && n % 1000 == 1
+                && holder != me
+                && !process_alive(holder)
+                && lock.compare_exchange(holder, me, ACQ, RLX).is_ok()
+            {
+                return Some(TierLock { lock });
+            }
+            n = n.saturating_add(1);
+            if spins.is_some_and(|max| n >= max) {
+                return None;
+            }
+            if n < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl Drop for TierLock<'_> {
+    fn drop(&mut self) {
+        self.lock.store(0, REL);
+    }
+}
+
+/// Attempts a check makes at the tier lock before it gives up starting a
+/// penalty (the next rejection tries again).
+const CHECK_LOCK_SPINS: u32 = 200;
+
+/// A 64-bit mix of `(quota, key)`: where its entry and its filter bits
+/// go.
+#[inline(always)]
+fn mix(quota: u64, key: KeyHash) -> u64 {
+    let h = (key ^ quota.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    h ^ (h >> 32)
+}
+
+/// Writes an entry's fields under its seqlock.
+fn write_entry(e: &TierEntry, write: impl FnOnce(&TierEntry)) {
+    let s = e.seq.load(RLX);
+    e.seq
+        .store((s | 1).wrapping_add(if s & 1 == 1 { 2 } else { 0 }), RLX);
+    fence(REL);
+    write(e);
+    let s = e.seq.load(RLX);
+    e.seq.store(s.wrapping_add(1), REL);
+}
+
+/// Reads an entry's fields under its seqlock; `None` if it never
+/// stabilised.
+fn read_entry(e: &TierEntry) -> Option<TierRead> {
+    for _ in 0..READ_RETRIES {
+        let seq = e.seq.load(ACQ);
+        if seq & 1 == 0 {
+            let read = TierRead {
+                kind: e.rule.load(RLX) & TIER_KIND,
+                limit: f64::from_bits(e.limit.load(RLX)),
+                low_burst: f64::from_bits(e.low_burst.load(RLX)),
+                high_burst: f64::from_bits(e.high_burst.load(RLX)),
+                until: e.until.load(RLX) as i64,
+                penalty_secs: e.penalty_secs.load(RLX),
+                expires: e.expires.load(RLX),
+            };
+            fence(ACQ);
+            if e.seq.load(RLX) == seq {
+                return Some(read);
+            }
+        }
+        std::hint::spin_loop();
+    }
+    None
+}
+
+/// The rule an entry's fields say.
+fn rule_of(read: &TierRead) -> Option<Rule> {
+    match read.kind {
+        TIER_LIMIT => Some(Rule::Limit {
+            limit: read.limit,
+            low_burst: read.low_burst,
+            high_burst: read.high_burst,
+        }),
+        TIER_ALLOW => Some(Rule::Allow),
+        TIER_DENY => Some(Rule::Deny),
+        _ => None,
+    }
+}
+
+impl Table {
+    /// Overrides and penalties the section holds (0: none).
+    pub fn tier_capacity(&self) -> u64 {
+        self.geometry.tier_capacity()
+    }
+
+    /// The tier section's counters.
+    pub fn tier_stats(&self) -> TierStats {
+        let t = &self.header().tiers;
+        TierStats {
+            capacity: self.tier_capacity(),
+            live: t.live.load(RLX),
+            refused: t.refused.load(RLX),
+            started: t.started.load(RLX),
+            denied: t.denied.load(RLX),
+            penalized: t.penalized.load(RLX),
+        }
+    }
+
+    fn tier_lock(&self) -> TierLock<'_> {
+        TierLock::acquire(&self.header().tiers.lock, None).expect("waits for the lock")
+    }
+
+    /// Where the probe for `(quota, key)` starts.
+    fn tier_home(&self, quota: u64, key: KeyHash) -> usize {
+        let n = self.geometry.tier_entries as u64;
+        ((u128::from(mix(quota, key)) * u128::from(n)) >> 64) as usize
+    }
+
+    /// The filter block of `(quota, key)` and its bits in it (0..512).
+    fn filter_place(&self, quota: u64, key: KeyHash) -> (usize, u64) {
+        let h = mix(quota, key)
+            .rotate_left(17)
+            .wrapping_mul(0xa076_1d64_78bd_642f);
+        let blocks = u64::from(self.geometry.tier_filter_blocks.max(1));
+        (((u128::from(h) * u128::from(blocks)) >> 64) as usize, h)
+    }
+
+    /// True when the filter in use may hold `(quota, key)` (false: the
+    /// table surely does not).
+    #[inline]
+    pub(super) fn tier_filter_holds(&self, quota: u64, key: KeyHash) -> bool {
+        let t = &self.header().tiers;
+        if self.geometry.tier_filter_blocks == 0 {
+            return false;
+        }
+        let words = self.tier_filter(t.filter_active.load(ACQ));
+        let (block, bits) = self.filter_place(quota, key);
+        let block = &words[block * 8..block * 8 + 8];
+        (0..FILTER_BITS).all(|i| {
+            let bit = (bits >> (i * 9)) & 511;
+            block[(bit >> 6) as usize].load(RLX) & (1 << (bit & 63)) != 0
+        })
+    }
+
+    /// Starts fetching the filter block a check of `key` on the flagged
+    /// template in `slot` will ask, so that its cache miss overlaps the
+    /// key's own instead of following it (a hint: a stale read is
+    /// harmless).
+    #[inline]
+    pub(super) fn prefetch_tier_filter(&self, slot: SlotId, key: KeyHash) {
+        if self.geometry.tier_filter_blocks == 0 {
+            return;
+        }
+        let Some(quota) = self.slot(slot).and_then(|s| s.quota_id()) else {
+            return;
+        };
+        let words = self.tier_filter(self.header().tiers.filter_active.load(RLX));
+        let (block, _) = self.filter_place(quota, key);
+        if let Some(word) = words.get(block * 8) {
+            super::chain::prefetch_line(word, false);
+        }
+    }
+
+    /// Adds `(quota, key)` to filter copy `copy`.
+    fn tier_filter_add(&self, copy: u32, quota: u64, key: KeyHash) {
+        let words = self.tier_filter(copy);
+        let (block, bits) = self.filter_place(quota, key);
+        let block = &words[block * 8..block * 8 + 8];
+        for i in 0..FILTER_BITS {
+            let bit = (bits >> (i * 9)) & 511;
+            block[(bit >> 6) as usize].fetch_or(1 << (bit & 63), REL);
+        }
+    }
+
+    /// The entry of `(quota, key)`, if the section has one. A miss while
+    /// entries moved looks again.
+    fn find_tier(&self, quota: u64, key: KeyHash) -> Option<&TierEntry> {
+        let entries = self.tier_entries();
+        if entries.is_empty() {
+            return None;
+        }
+        let moves = &self.header().tiers.moves;
+        for _ in 0..MISS_RETRIES {
+            let seq = moves.load(ACQ);
+            let mut at = self.tier_home(quota, key);
+            for _ in 0..entries.len() {
+                let e = &entries[at];
+                let q = e.quota.load(ACQ);
+                if q == 0 {
+                    break;
+                }
+                if q == quota && e.key.load(RLX) == key {
+                    return Some(e);
+                }
+                at = if at + 1 == entries.len() { 0 } else { at + 1 };
+            }
+            fence(ACQ);
+            if seq & 1 == 0 && moves.load(RLX) == seq {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// What the section holds for `(quota, key)`. A read while entries
+    /// moved (the entry found may have been overwritten) looks again.
+    pub fn tier(&self, quota: u64, key: KeyHash) -> Option<TierRead> {
+        let moves = &self.header().tiers.moves;
+        for _ in 0..MISS_RETRIES {
+            let seq = moves.load(ACQ);
+            let read = read_entry(self.find_tier(quota, key)?);
+            fence(ACQ);
+            if seq & 1 == 0 && moves.load(RLX) == seq {
+                return read;
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// The entry of `(quota, key)`, made if there is none (the tier lock
+    /// held); `None` when the section is full (counted).
+    fn tier_entry_for(&self, _lock: &TierLock, quota: u64, key: KeyHash) -> Option<&TierEntry> {
+        if let Some(e) = self.find_tier(quota, key) {
+            return Some(e);
+        }
+        let entries = self.tier_entries();
+        let t = &self.header().tiers;
+        if entries.is_empty() || t.live.load(RLX) >= self.tier_capacity() {
+            t.refused.fetch_add(1, RLX);
+            return None;
+        }
+        let mut at = self.tier_home(quota, key);
+        while entries[at].quota.load(RLX) != 0 {
+            at = if at + 1 == entries.len() { 0 } else { at + 1 };
+        }
+        let e = &entries[at];
+        write_entry(e, |e| {
+            e.rule.store(TIER_NONE, RLX);
+            e.penalty_secs.store(0, RLX);
+            e.expires.store(0, RLX);
+            e.until.store(0, RLX);
+        });
+        e.key.store(key, RLX);
+        if key != 0 {
+            // Before the entry is published: a check that finds it passed
+            // the filter.
+            self.tier_filter_add(t.filter_active.load(RLX), quota, key);
+        }
+        e.quota.store(quota, REL);
+        t.live.fetch_add(1, RLX);
+        Some(e)
+    }
+
+    /// Removes the entry at `at` (the tier lock held), shifting back the
+    /// entries of its run that belong before it.
+    fn remove_tier_at(&self, _lock: &TierLock, mut at: usize) {
+        let entries = self.tier_entries();
+        let t = &self.header().tiers;
+        let n = entries.len();
+        t.moves.fetch_add(1, SeqCst);
+        let mut next = if at + 1 == n { 0 } else { at + 1 };
+        loop {
+            let q = entries[next].quota.load(RLX);
+            if q == 0 {
+                break;
+            }
+            let home = self.tier_home(q, entries[next].key.load(RLX));
+            // The entry at `next` may move to `at` when its home is not
+            // in the cyclic range (at, next].
+            let stays = if at <= next {
+                home > at && home <= next
+            } else {
+                home > at || home <= next
+            };
+            if !stays {
+                copy_entry(&entries[next], &entries[at]);
+                at = next;
+            }
+            next = if next + 1 == n { 0 } else { next + 1 };
+        }
+        entries[at].quota.store(0, REL);
+        entries[at].key.store(0, RLX);
+        t.moves.fetch_add(1, SeqCst);
+        t.live.fetch_sub(1, RLX);
+        t.removed.fetch_add(1, RLX);
+    }
+
+    fn tier_index(&self, e: &TierEntry) -> usize {
+        let first = self.tier_entries().as_ptr();
+        // SAFETY: `e` is an entry of this table's tier section.
+        unsafe { std::ptr::from_ref(e).offset_from(first) as usize }
+    }
+
+    /// Applies overrides as the roots (or a quota file) give them, in
+    /// epoch order: each replaces its key's override, a tombstone removes
+    /// it; the templates they name are flagged for checks to look.
+    pub fn apply_overrides(&self, overrides: &[Override]) -> TierReport {
+        let mut report = TierReport::default();
+        if overrides.is_empty() {
+            return report;
+        }
+        let _writer = self.lock();
+        let slots = self.slot_ids();
+        let lock = self.tier_lock();
+        for o in overrides {
+            if o.deleted {
+                if let Some(e) = self.find_tier(o.quota, o.key) {
+                    write_entry(e, |e| {
+                        let unsent = e.rule.load(RLX) & TIER_UNSENT;
+                        e.rule.store(TIER_NONE | unsent, RLX);
+                        e.expires.store(0, RLX);
+                    });
+                    report.removed += 1;
+                    if e.until.load(RLX) == 0 {
+                        let at = self.tier_index(e);
+                        self.remove_tier_at(&lock, at);
+                    }
+                }
+                continue;
+            }
+            let Some(e) = self.tier_entry_for(&lock, o.quota, o.key) else {
+                report.refused += 1;
+                continue;
+            };
+            let (kind, limit, low, high) = match o.rule {
+                Rule::Limit {
+                    limit,
+                    low_burst,
+                    high_burst,
+                } => (TIER_LIMIT, limit, low_burst, high_burst),
+                Rule::Allow => (TIER_ALLOW, 0.0, 0.0, 0.0),
+                Rule::Deny => (TIER_DENY, 0.0, 0.0, 0.0),
+            };
+            let expires = o.expires_ms.map_or(0, |ms| {
+                ms.div_euclid(1000).clamp(1, i64::from(u32::MAX)) as u32
+            });
+            write_entry(e, |e| {
+                let unsent = e.rule.load(RLX) & TIER_UNSENT;
+                e.rule.store(kind | unsent, RLX);
+                e.limit.store(limit.to_bits(), RLX);
+                e.low_burst.store(low.to_bits(), RLX);
+                e.high_burst.store(high.to_bits(), RLX);
+                e.expires.store(expires, RLX);
+            });
+            report.applied += 1;
+            if let Some(&slot) = slots.get(&o.quota) {
+                self.flag_tiers(slot);
+            }
+        }
+        report
+    }
+
+    /// Flags slot `slot` for checks to look in the tier section (the
+    /// writer lock held).
+    fn flag_tiers(&self, slot: SlotId) {
+        let Some(s) = self.slot(slot) else { return };
+        let flags = s.flags.load(RLX);
+        if flags & FLAG_LIVE == 0 || flags & FLAG_TIERS != 0 {
+            return;
+        }
+        let w = super::lock::SeqWrite::begin(s);
+        s.flags.store(flags | FLAG_TIERS, RLX);
+        drop(w);
+    }
+
+    /// Records quota `id`'s penalty length (`None`: it has none), as a
+    /// quota write does (the writer lock held).
+    pub(super) fn set_quota_penalty(&self, id: u64, secs: Option<u32>) {
+        if self.geometry.tier_entries == 0 {
+            return;
+        }
+        let lock = self.tier_lock();
+        match secs {
+            Some(secs) => {
+                if let Some(e) = self.tier_entry_for(&lock, id, 0) {
+                    write_entry(e, |e| e.penalty_secs.store(secs, RLX));
+                }
+            }
+            None => {
+                if let Some(e) = self.find_tier(id, 0) {
+                    write_entry(e, |e| e.penalty_secs.store(0, RLX));
+                }
+            }
+        }
+    }
+
+    /// Merges penalties from the roots: each end is kept if later than
+    /// the one held. Returns how many moved an end.
+    pub fn merge_penalties(&self, penalties: &[Penalty]) -> usize {
+        if penalties.is_empty() || self.geometry.tier_entries == 0 {
+            return 0;
+        }
+        let lock = self.tier_lock();
+        let mut moved = 0;
+        for p in penalties.iter().filter(|p| p.until() > 0) {
+            let Some(e) = self.tier_entry_for(&lock, p.quota(), p.key()) else {
+                continue;
+            };
+            if (e.until.fetch_max(p.until() as u64, SeqCst) as i64) < p.until() {
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// Starts (or lengthens) the penalty of `(quota, key)` until `until`
+    /// (UTC nanoseconds) from the request path, and queues it for the
+    /// roots. False when the tier lock was busy or the section full.
+    fn start_penalty(&self, quota: u64, key: KeyHash, until: i64) -> bool {
+        let t = &self.header().tiers;
+        let Some(lock) = TierLock::acquire(&t.lock, Some(CHECK_LOCK_SPINS)) else {
+            return false;
+        };
+        let Some(e) = self.tier_entry_for(&lock, quota, key) else {
+            return false;
+        };
+        if (e.until.fetch_max(until as u64, SeqCst) as i64) >= until {
+            return true;
+        }
+        t.started.fetch_add(1, RLX);
+        if e.rule.fetch_or(TIER_UNSENT, RLX) & TIER_UNSENT == 0 {
+            let n = t.outbox_len.load(RLX) as usize;
+            if n < TIER_OUTBOX {
+                t.outbox[n][0].store(quota, RLX);
+                t.outbox[n][1].store(key, RLX);
+                t.outbox_len.store(n as u32 + 1, RLX);
+            } else {
+                t.outbox_full.store(1, RLX);
+            }
+        }
+        true
+    }
+
+    /// True when a penalty started here waits to be sent (the sync
+    /// thread's probe: two loads).
+    pub fn has_unsent_penalties(&self) -> bool {
+        let t = &self.header().tiers;
+        t.outbox_len.load(RLX) != 0 || t.outbox_full.load(RLX) != 0
+    }
+
+    /// The penalties started here since the last call, to send to the
+    /// roots.
+    pub fn take_started_penalties(&self) -> Vec<Penalty> {
+        let t = &self.header().tiers;
+        if t.outbox_len.load(RLX) == 0 && t.outbox_full.load(RLX) == 0 {
+            return Vec::new();
+        }
+        let _lock = self.tier_lock();
+        let mut out = Vec::new();
+        let mut take = |e: &TierEntry| {
+            if e.rule.fetch_and(!TIER_UNSENT, RLX) & TIER_UNSENT != 0 {
+                let until = e.until.load(RLX) as i64;
+                out.push(Penalty(e.quota.load(RLX), e.key.load(RLX), until));
+            }
+        };
+        let n = (t.outbox_len.swap(0, RLX) as usize).min(TIER_OUTBOX);
+        for cell in &t.outbox[..n] {
+            if let Some(e) = self.find_tier(cell[0].load(RLX), cell[1].load(RLX)) {
+                take(e);
+            }
+        }
+        if t.outbox_full.swap(0, RLX) != 0 {
+            for e in self.tier_entries() {
+                if e.quota.load(RLX) != 0 {
+                    take(e);
+                }
+            }
+        }
+        out
+    }
+
+    /// Every penalty in force at `now_utc` (for a root that restarted and
+    /// knows none).
+    pub fn held_penalties(&self, now_utc: i64) -> Vec<Penalty> {
+        self.tier_entries()
+            .iter()
+            .filter_map(|e| {
+                let quota = e.quota.load(ACQ);
+                let until = e.until.load(RLX) as i64;
+                (quota != 0 && until > now_utc).then(|| Penalty(quota, e.key.load(RLX), until))
+            })
+            .collect()
+    }
+
+    /// Upkeep by the sync thread at `now_utc`, a slice a call (the whole
+    /// section about once a minute at one call a second): removes entries
+    /// with nothing left in them (a penalty ended, an override expired, no
+    /// penalty length), and rebuilds the filter once removals left as many
+    /// stale bits as there are entries.
+    pub fn sweep_tiers(&self, now_utc: i64) {
+        let t = &self.header().tiers;
+        if t.live.load(RLX) == 0 && t.removed.load(RLX) == 0 {
+            return;
+        }
+        let lock = self.tier_lock();
+        let entries = self.tier_entries();
+        let budget = (entries.len() / 60).max(4096).min(entries.len());
+        let start = (t.sweep.load(RLX) as usize).min(entries.len());
+        let end = (start + budget).min(entries.len());
+        t.sweep
+            .store(if end == entries.len() { 0 } else { end as u32 }, RLX);
+        let mut at = start;
+        while at < end {
+            let e = &entries[at];
+            let empty = e.quota.load(RLX) != 0
+                && read_entry(e).is_some_and(|r| {
+                    r.kind_at(now_utc) == TIER_NONE
+                        && r.penalty_secs == 0
+                        && r.until <= now_utc
+                        && e.rule.load(RLX) & TIER_UNSENT == 0
+                });
+            if empty {
+                // The entry shifted into `at` is looked at next.
+                self.remove_tier_at(&lock, at);
+            } else {
+                at += 1;
+            }
+        }
+        let live = t.live.load(RLX);
+        if t.removed.load(RLX) > live.max(64) {
+            self.rebuild_tier_filter(&lock);
+        }
+    }
+
+    /// Builds the filter copy not in use from the live entries, then
+    /// switches checks to it (the tier lock held: no entry is added
+    /// meanwhile).
+    fn rebuild_tier_filter(&self, _lock: &TierLock) {
+        let t = &self.header().tiers;
+        let next = t.filter_active.load(RLX) ^ 1;
+        for word in self.tier_filter(next) {
+            word.store(0, RLX);
+        }
+        for e in self.tier_entries() {
+            let quota = e.quota.load(RLX);
+            let key = e.key.load(RLX);
+            if quota != 0 && key != 0 {
+                self.tier_filter_add(next, quota, key);
+            }
+        }
+        t.filter_active.store(next, REL);
+        t.removed.store(0, RLX);
+    }
+
+    /// Every entry, for listings and metrics (not the request path).
+    pub fn tiers(&self) -> Vec<TierState> {
+        self.tier_entries()
+            .iter()
+            .filter_map(|e| {
+                let quota = e.quota.load(ACQ);
+                if quota == 0 {
+                    return None;
+                }
+                let read = read_entry(e)?;
+                Some(TierState {
+                    quota,
+                    key: e.key.load(RLX),
+                    rule: rule_of(&read),
+                    until: read.until,
+                })
+            })
+            .collect()
+    }
+
+    /// A check's chain of a flagged quota (or with one flagged among its
+    /// ancestors): applies the key's override to its view, and says the
+    /// rejection when the key is denied or the key or a quota of the
+    /// chain is under a penalty. `key` is the key's hash (0: none).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn apply_tiers(
+        &self,
+        chain: &mut Chain,
+        key: KeyHash,
+        now: Nanos,
+    ) -> Option<Rejection> {
+        let now_utc = now as i64 + self.utc_offset();
+        for depth in 0..chain.len {
+            let slot = chain.slots[depth];
+            let Some(s) = self.slot(slot) else { continue };
+            if s.flags.load(RLX) & FLAG_TIERS == 0 {
+                continue;
+            }
+            let Some(id) = s.quota_id() else { continue };
+            let keyed = depth == 0 && key != 0;
+            if keyed && !self.tier_filter_holds(id, key) {
+                continue;
+            }
+            let Some(read) = self.tier(id, if keyed { key } else { 0 }) else {
+                continue;
+            };
+            let view = &chain.views()[depth];
+            let barred = |cause, wait| Rejection {
+                depth,
+                slot,
+                limit: view.limit,
+                wait,
+                key: if keyed { key } else { 0 },
+                cause,
+            };
+            if read.until > now_utc {
+                self.header().tiers.penalized.fetch_add(1, RLX);
+                let seconds = (read.until - now_utc) as f64 * 1e-9;
+                return Some(barred(Cause::Penalty, Wait::Seconds(seconds)));
+            }
+            if !keyed {
+                continue;
+            }
+            match read.kind_at(now_utc) {
+                TIER_DENY => {
+                    self.header().tiers.denied.fetch_add(1, RLX);
+                    return Some(barred(
+                        Cause::Denied,
+                        Wait::Never(crate::core::Never::Denied),
+                    ));
+                }
+                TIER_ALLOW => {
+                    let v = chain.view_mut(depth);
+                    v.low_burst = MAX_BURST;
+                    v.high_burst = MAX_BURST;
+                }
+                TIER_LIMIT => {
+                    let v = chain.view_mut(depth);
+                    v.limit = read.limit;
+                    v.low_burst = read.low_burst;
+                    v.high_burst = read.high_burst;
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// After a check of a flagged chain was rejected: when the quota that
+    /// rejected has a penalty and the request went past its high burst
+    /// (not a draw in the band), starts the penalty and makes the
+    /// rejection say so.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn maybe_penalize(
+        &self,
+        chain: &Chain,
+        key: KeyHash,
+        rejection: &mut Rejection,
+        weight: u64,
+        now: Nanos,
+        estimator: &Estimator,
+    ) {
+        let depth = rejection.depth;
+        let Some(s) = self.slot(chain.slots[depth]) else {
+            return;
+        };
+        if s.flags.load(RLX) & FLAG_TIERS == 0 {
+            return;
+        }
+        let Some(id) = s.quota_id() else { return };
+        let Some(secs) = self
+            .tier(id, 0)
+            .map(|r| r.penalty_secs)
+            .filter(|&secs| secs > 0)
+        else {
+            return;
+        };
+        let view = &chain.views()[depth];
+        let level = estimate_level(view, now, estimator);
+        let over = if weight == 0 {
+            level >= view.high_burst
+        } else {
+            level + weight as f64 > view.high_burst
+        };
+        if !over {
+            return;
+        }
+        let key = if depth == 0 { key } else { 0 };
+        let until = now as i64 + self.utc_offset() + i64::from(secs) * 1_000_000_000;
+        if self.start_penalty(id, key, until) {
+            rejection.cause = Cause::Penalty;
+            rejection.wait = Wait::Seconds(f64::from(secs));
+            rejection.key = key;
+        }
+    }
+}
+
+/// Copies a live entry's whole state into `to` (a removal's shift; the
+/// tier lock held, the move sequence odd).
+fn copy_entry(from: &TierEntry, to: &TierEntry) {
+    write_entry(to, |to| {
+        to.rule.store(from.rule.load(RLX), RLX);
+        to.penalty_secs.store(from.penalty_secs.load(RLX), RLX);
+        to.expires.store(from.expires.load(RLX), RLX);
+        to.limit.store(from.limit.load(RLX), RLX);
+        to.low_burst.store(from.low_burst.load(RLX), RLX);
+        to.high_burst.store(from.high_burst.load(RLX), RLX);
+        to.until.store(from.until.load(RLX), RLX);
+    });
+    to.key.store(from.key.load(RLX), RLX);
+    to.quota.store(from.quota.load(RLX), REL);
+}
