@@ -67,7 +67,7 @@
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers). Its files, one concern each, are listed
 //!   in its module doc: the region (`mod.rs`, `layout.rs`, `names.rs`,
-//!   `heap.rs`), the check path (`check.rs`), writes (`write.rs`), counters
+//!   `heap.rs`), the check path (`outcome.rs`, `check.rs`), writes (`write.rs`), counters
 //!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), overrides and
 //!   penalties (`tiers.rs`), whole-table
 //!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),

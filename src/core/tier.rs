@@ -18,118 +18,15 @@
 use serde::{Deserialize, Serialize};
 
 use super::key::{format_hash, parse_hash, KeyHash};
+pub use super::quota::{format_seconds, parse_seconds, PenaltyTime, MAX_PENALTY_SECS};
 use super::quota::{validate_params, ValidationError, MAX_QUOTA_ID};
 use super::window::{civil_from_days, days_from_civil};
-
-/// Longest penalty: 30 days.
-pub const MAX_PENALTY_SECS: u32 = 30 * 86_400;
 
 /// Longest override note, in bytes.
 pub const MAX_NOTE_LEN: usize = 1024;
 
 /// Latest expiry an override may have: the year 9999 (milliseconds).
 pub const MAX_EXPIRES_MS: i64 = 253_402_300_799_999;
-
-/// How long a penalty bars a quota or key: whole seconds, written as a
-/// duration (`"90s"`, `"15m"`, `"1h"`, `"1d"`), read from such a text or
-/// a number of seconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PenaltyTime(u32);
-
-impl PenaltyTime {
-    /// A penalty of `secs` seconds (1 to [`MAX_PENALTY_SECS`]).
-    pub fn from_secs(secs: u64) -> Result<Self, ValidationError> {
-        if secs == 0 || secs > u64::from(MAX_PENALTY_SECS) {
-            return Err(ValidationError::new(
-                "penalty",
-                format!("must be from 1s to 30d, not {secs}s"),
-            ));
-        }
-        Ok(Self(secs as u32))
-    }
-
-    /// Parses `"15m"` and the like (see [`parse_seconds`]).
-    pub fn parse(text: &str) -> Result<Self, ValidationError> {
-        let secs = parse_seconds(text).map_err(|e| ValidationError::new("penalty", e))?;
-        Self::from_secs(secs)
-    }
-
-    /// The length in seconds.
-    pub fn secs(self) -> u32 {
-        self.0
-    }
-
-    /// The length in nanoseconds.
-    pub fn nanos(self) -> u64 {
-        u64::from(self.0) * 1_000_000_000
-    }
-}
-
-impl std::fmt::Display for PenaltyTime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&format_seconds(u64::from(self.0)))
-    }
-}
-
-impl Serialize for PenaltyTime {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PenaltyTime {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Given {
-            Secs(u64),
-            Text(String),
-        }
-        let made = match Given::deserialize(d)? {
-            Given::Secs(secs) => Self::from_secs(secs),
-            Given::Text(text) => Self::parse(&text),
-        };
-        made.map_err(|e| serde::de::Error::custom(e.message))
-    }
-}
-
-/// Parses a whole number of seconds written with a unit: `s`, `m`, `h`
-/// or `d` (`"90s"`, `"15m"`, `"24h"`, `"7d"`); a bare number is seconds.
-pub fn parse_seconds(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 15m"))?;
-    let scale = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (use s, m, h or d)"
-            ))
-        }
-    };
-    value
-        .checked_mul(scale)
-        .filter(|&s| s <= 100 * 365 * 86_400)
-        .ok_or_else(|| format!("{text:?} is out of range"))
-}
-
-/// The shortest of `"1d"`, `"15m"`, `"90s"` that says `secs` exactly.
-pub fn format_seconds(secs: u64) -> String {
-    for (unit, scale) in [("d", 86_400), ("h", 3600), ("m", 60)] {
-        if secs >= scale && secs % scale == 0 {
-            return format!("{}{unit}", secs / scale);
-        }
-    }
-    format!("{secs}s")
-}
 
 /// What an override does to its key.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

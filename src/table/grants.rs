@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use super::chain::{Chain, Resolved};
-use super::check::{CheckItem, Outcome, Rejection};
+use super::outcome::{CheckItem, Outcome, Rejection};
 use super::{Table, RLX};
 use crate::core::counter::ceil_nanos;
 use crate::core::quota::MAX_WEIGHT;

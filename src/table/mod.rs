@@ -37,6 +37,9 @@
 //! - `chain.rs` — what a check reads: the name lookup through the index,
 //!   a quota's view under its seqlock (with a key's counter in place of
 //!   its template's), its ancestors.
+//! - `outcome.rs` — what a check is given and answers (items, options,
+//!   outcome, rejection, headroom, the charge of a pass), shared by the
+//!   files below without their importing each other.
 //! - `check.rs` — the request path's decisions: the decide-and-count path
 //!   of plain and paced checks (one or several items) and counting a pass.
 //! - `grants.rs` — the one-item paths beside it: partial grants,
@@ -83,6 +86,7 @@ mod keys;
 pub mod layout;
 mod lock;
 pub mod names;
+mod outcome;
 mod snapshot;
 mod status;
 mod tiers;
@@ -93,12 +97,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::core::estimate::Estimator;
 use crate::core::Extrapolation;
 
-pub use check::{
-    Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
-};
 pub use counters::{CollectedDelta, Source};
 pub use grants::{Grant, Reservation};
 pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
+pub use outcome::{
+    Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
+};
 pub use snapshot::QuotaState;
 pub use tiers::{TierRead, TierReport, TierState, TierStats};
 pub use write::ApplyReport;

@@ -40,12 +40,12 @@
 use std::sync::atomic::{fence, AtomicU32, Ordering::SeqCst};
 
 use super::chain::Chain;
-use super::check::{Cause, Rejection};
 use super::layout::{
     TierEntry, FLAG_LIVE, FLAG_TIERS, TIER_ALLOW, TIER_DENY, TIER_KIND, TIER_LIMIT, TIER_NONE,
     TIER_OUTBOX, TIER_UNSENT,
 };
 use super::lock::{own_pid, process_alive};
+use super::outcome::{Cause, Rejection};
 use super::{SlotId, Table, ACQ, REL, RLX};
 use crate::core::estimate::{estimate_level, Estimator};
 use crate::core::key::KeyHash;
