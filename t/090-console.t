@@ -47,11 +47,14 @@ END {
     stop_root($root);
 }
 
-my ($status, $reply) = root_call($root, 'POST', '/v1/apply', do {
+my $S3Quotas = do {
     open my $q, '<', "$Repo/nginx-conf/s3-quotas.json" or die $!;
     local $/;
     JSON::PP::decode_json(<$q>);
-});
+};
+# The demo file's quotas, however many it grows.
+my $QuotaCount = scalar @{ $S3Quotas->{quotas} };
+my ($status, $reply) = root_call($root, 'POST', '/v1/apply', $S3Quotas);
 is($status, 200, 'the S3 demo quotas are applied') or diag explain $reply;
 
 my $port = free_port();
@@ -99,7 +102,7 @@ ok(wait_until(sub {
     is($code, 200, 'the overview answers without a token');
     is($public->{access}, 'public', '... with the public part only');
     ok(!exists $public->{quotas} && !exists $public->{limiters}, '... no quota or limiter names');
-    is($public->{totals}{quotas}, 6, '... but the totals');
+    is($public->{totals}{quotas}, $QuotaCount, '... but the totals');
     ($code) = overview('wrong-token');
     is($code, 401, 'a wrong token is refused with 401');
     my $http = HTTP::Tiny->new(timeout => 5);
@@ -124,7 +127,7 @@ ok($browser->wait_for(q{document.getElementById('updated').getAttribute('data-ti
 like($browser->js(q{return document.getElementById('auth-status').textContent}),
     qr/Public view/, 'without a token the page says it shows the public view');
 is($browser->js(q{return document.getElementById('total-quotas').getAttribute('data-value')}),
-    '6', '... with the totals');
+    "$QuotaCount", '... with the totals');
 is($browser->js(q{return document.body.innerText.includes('s3_photos') || document.body.innerText.includes('console-edge-1')}),
     JSON::PP::false, '... and no quota or limiter name anywhere on the page');
 
@@ -141,7 +144,8 @@ $browser->type('#token', $Token);
 $browser->click('#token-use');
 ok($browser->wait_for(q{document.querySelector('#tree li[data-quota="s3_photos_read"]')}),
     'with the token the quota tree appears');
-is($browser->js(q{return document.querySelectorAll('#tree li').length}), 6, '... with all 6 quotas');
+is($browser->js(q{return document.querySelectorAll('#tree li').length}), $QuotaCount,
+    "... with all $QuotaCount quotas");
 is($browser->js(q{return document.querySelector('#tree li[data-quota="s3_photos_read"]')
         .parentElement.closest('li').getAttribute('data-quota')}),
     's3_photos', '... s3_photos_read under s3_photos');
