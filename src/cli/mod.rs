@@ -158,6 +158,15 @@ enum QuotaCommand {
         /// A fixed window again (not sliding).
         #[arg(long)]
         fixed: bool,
+        /// An in-flight quota: at most `--limit` requests at once, each
+        /// holding a slot until it ends (nginx's limit_conn, fleet-wide);
+        /// its bursts go back to the limit unless given.
+        #[arg(long, conflicts_with = "counting")]
+        in_flight: bool,
+        /// An in-flight quota counts units again (a leaky bucket, or
+        /// with `--window` a window quota).
+        #[arg(long)]
+        counting: bool,
     },
     /// Delete a quota (refused while it has children).
     Delete {
@@ -264,6 +273,8 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             window,
             sliding,
             fixed,
+            in_flight,
+            counting,
         } => {
             let parent = if no_parent {
                 Some(None)
@@ -278,6 +289,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 per_key: (per_key || shared).then_some(per_key),
                 window: window.map(|w| w.0),
                 sliding: (sliding || fixed).then_some(sliding),
+                in_flight: (in_flight || counting).then_some(in_flight),
             };
             check_name(&name)?;
             check_numbers(&change)?;
@@ -511,6 +523,9 @@ struct Change {
     window: Option<Option<Window>>,
     /// `Some(true)` makes the window sliding, `Some(false)` fixed.
     sliding: Option<bool>,
+    /// `Some(true)` makes it an in-flight quota, `Some(false)` a counting
+    /// one.
+    in_flight: Option<bool>,
 }
 
 /// `--window`: a window, or `none`.
@@ -531,21 +546,28 @@ fn parse_window_flag(text: &str) -> Result<WindowFlag, String> {
 
 impl Change {
     /// The patch the root merges. `--window none` alone also makes the
-    /// window fixed: a leaky bucket has nothing to slide.
+    /// window fixed: a leaky bucket has nothing to slide. `--in-flight`
+    /// without bursts puts them back to their default, the limit (an
+    /// in-flight quota's only bursts).
     fn into_patch(self) -> QuotaPatch {
         let sliding = match (self.window, self.sliding) {
             (Some(None), None) => Some(false),
             (_, sliding) => sliding,
         };
+        let burst = |given: Option<f64>| match (given, self.in_flight) {
+            (None, Some(true)) => Some(None),
+            (given, _) => given.map(Some),
+        };
         QuotaPatch {
             name: None,
             parent: self.parent,
             limit: self.limit,
-            low_burst: self.low_burst.map(Some),
-            high_burst: self.high_burst.map(Some),
+            low_burst: burst(self.low_burst),
+            high_burst: burst(self.high_burst),
             per_key: self.per_key,
             window: self.window,
             sliding,
+            in_flight: self.in_flight,
         }
     }
 }
@@ -745,7 +767,31 @@ mod tests {
             per_key: None,
             window: None,
             sliding: None,
+            in_flight: None,
         }
+    }
+
+    #[test]
+    fn in_flight_puts_the_bursts_back_to_the_limit_unless_given() {
+        let body = serde_json::to_value(
+            Change {
+                limit: Some(100.0),
+                in_flight: Some(true),
+                ..change()
+            }
+            .into_patch(),
+        )
+        .unwrap();
+        assert_eq!(
+            body,
+            json!({"limit": 100.0, "in_flight": true, "low_burst": null, "high_burst": null})
+        );
+        let patch = Change {
+            in_flight: Some(false),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!((patch.in_flight, patch.low_burst), (Some(false), None));
     }
 
     #[test]
@@ -807,6 +853,7 @@ mod tests {
             per_key: None,
             window: None,
             sliding: None,
+            in_flight: None,
         };
         assert!(check_numbers(&change(2.0)).is_ok());
         assert!(check_numbers(&change(0.0)).is_ok());

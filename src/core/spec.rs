@@ -21,7 +21,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::{Deserialize, Serialize};
 
 use super::quota::{
-    validate_chain, validate_name, validate_params, validate_window, Quota, ValidationError,
+    in_flight_as_parent, validate_chain, validate_in_flight, validate_name, validate_params,
+    validate_window, InFlightShape, Quota, ValidationError,
 };
 use super::window::Window;
 
@@ -55,6 +56,10 @@ pub struct QuotaSpec {
     /// A sliding window (see [`crate::core::Quota::sliding`]).
     #[serde(default, skip_serializing_if = "super::quota::is_false")]
     pub sliding: bool,
+    /// At most `limit` requests at once (see
+    /// [`crate::core::Quota::in_flight`]).
+    #[serde(default, skip_serializing_if = "super::quota::is_false")]
+    pub in_flight: bool,
 }
 
 impl QuotaSpec {
@@ -70,6 +75,7 @@ impl QuotaSpec {
             per_key: false,
             window: None,
             sliding: false,
+            in_flight: false,
         }
     }
 
@@ -97,7 +103,23 @@ impl QuotaSpec {
             }
         }
         validate_params(self.limit, self.low(), self.high())?;
-        validate_window(self.window, self.sliding, self.limit, self.high())
+        validate_window(self.window, self.sliding, self.limit, self.high())?;
+        validate_in_flight(self.in_flight, self)
+    }
+}
+
+impl InFlightShape for QuotaSpec {
+    fn limit(&self) -> f64 {
+        self.limit
+    }
+    fn bursts(&self) -> (f64, f64) {
+        (self.low(), self.high())
+    }
+    fn has_parent(&self) -> bool {
+        self.parent.is_some()
+    }
+    fn has_window(&self) -> bool {
+        self.window.is_some()
     }
 }
 
@@ -166,6 +188,13 @@ pub struct QuotaPatch {
         skip_serializing_if = "Option::is_none"
     )]
     pub sliding: Option<bool>,
+    /// An in-flight quota, or a counting one again.
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub in_flight: Option<bool>,
 }
 
 impl QuotaPatch {
@@ -180,6 +209,7 @@ impl QuotaPatch {
             per_key,
             window,
             sliding,
+            in_flight,
         } = self;
         parent.is_none()
             && limit.is_none()
@@ -188,6 +218,7 @@ impl QuotaPatch {
             && per_key.is_none()
             && window.is_none()
             && sliding.is_none()
+            && in_flight.is_none()
     }
 
     /// `current` with this patch's fields put in (unchecked: validate the
@@ -205,6 +236,7 @@ impl QuotaPatch {
             per_key: pick(&self.per_key, &current.per_key),
             window: pick(&self.window, &current.window),
             sliding: pick(&self.sliding, &current.sliding),
+            in_flight: pick(&self.in_flight, &current.in_flight),
         }
     }
 }
@@ -533,6 +565,7 @@ enum SpecField {
     PerKey,
     Window,
     Sliding,
+    InFlight,
 }
 
 impl SpecField {
@@ -545,6 +578,7 @@ impl SpecField {
         "per_key",
         "window",
         "sliding",
+        "in_flight",
     ];
 
     fn name(self) -> &'static str {
@@ -591,6 +625,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
         let mut per_key: Option<bool> = None;
         let mut window: Option<Option<Window>> = None;
         let mut sliding: Option<bool> = None;
+        let mut in_flight: Option<bool> = None;
         loop {
             self.place.borrow_mut().field = None;
             let key = map
@@ -607,6 +642,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::PerKey => per_key.is_some(),
                 SpecField::Window => window.is_some(),
                 SpecField::Sliding => sliding.is_some(),
+                SpecField::InFlight => in_flight.is_some(),
             };
             if duplicate {
                 return Err(self.noting(&name, de::Error::duplicate_field(key.name())));
@@ -620,6 +656,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::PerKey => map.next_value().map(|v| per_key = Some(v)),
                 SpecField::Window => map.next_value().map(|v| window = Some(v)),
                 SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
+                SpecField::InFlight => map.next_value().map(|v| in_flight = Some(v)),
             };
             read.map_err(|e| self.noting(&name, e))?;
         }
@@ -636,6 +673,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
             per_key: per_key.unwrap_or(false),
             window: window.flatten(),
             sliding: sliding.unwrap_or(false),
+            in_flight: in_flight.unwrap_or(false),
         })
     }
 }
@@ -683,6 +721,11 @@ impl QuotaSet {
             .filter(|q| q.per_key)
             .map(|q| q.name.as_str())
             .collect();
+        let in_flight: std::collections::HashSet<&str> = quotas
+            .iter()
+            .filter(|q| q.in_flight)
+            .map(|q| q.name.as_str())
+            .collect();
         for q in &quotas {
             q.validate().map_err(|e| invalid(q, e))?;
             if parent_of.insert(&q.name, q.parent.as_deref()).is_some() {
@@ -700,6 +743,9 @@ impl QuotaSet {
                 }
                 if templates.contains(parent) {
                     return Err(invalid(q, template_as_parent(parent)));
+                }
+                if in_flight.contains(parent) {
+                    return Err(invalid(q, in_flight_as_parent(parent)));
                 }
             }
             validate_chain(&q.name.as_str(), |k| parent_of.get(k).copied().flatten())
@@ -723,6 +769,7 @@ impl QuotaSet {
                 per_key: q.per_key,
                 window: q.window,
                 sliding: q.sliding,
+                in_flight: q.in_flight,
                 ..Quota::new(i as u64 + 1, q.name.clone(), q.limit, q.low(), q.high())
                     .with_parent(q.parent.as_deref().map(|p| ids[p]))
                     .at_epoch(epoch)

@@ -14,6 +14,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits};
 use super::counter_shards::{Counters, CountersView};
+use super::in_flight::lease_expired;
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 use super::trust::{counter_rule, plausible_rejections, DEFAULT_CAP_SECONDS, FREE_SECONDS};
@@ -29,6 +30,15 @@ pub struct SyncPaging {
 
 /// A request's `(counter, delta)` pairs: named ones, then keys' by
 /// template (its deltas, or its returns).
+/// The limit of the in-flight quota `counter` counts on, or `None` when
+/// it is not one (a plain or unknown quota).
+fn in_flight_limit(quotas: &QuotaBook, counter: CounterKey) -> Option<f64> {
+    quotas
+        .counting_quota(counter.id, counter.key != 0)
+        .filter(|q| q.in_flight)
+        .map(|q| q.high_burst)
+}
+
 fn counter_deltas<'a>(
     named: &'a [crate::wire::CounterDelta],
     keyed: &'a [crate::wire::KeyedDeltas],
@@ -153,6 +163,9 @@ pub struct Ledger {
     /// Seconds of `limit` above two `high_burst`s at which a leaky
     /// counter is capped (see [`super::trust`]).
     pub level_cap_seconds: f64,
+    /// How long a limiter keeps the in-flight slots it holds without
+    /// syncing (see [`super::in_flight`]), nanoseconds.
+    pub in_flight_lease: Nanos,
 }
 
 impl Default for Ledger {
@@ -163,6 +176,7 @@ impl Default for Ledger {
             limiters: Mutex::default(),
             utc_offset: 0,
             level_cap_seconds: DEFAULT_CAP_SECONDS,
+            in_flight_lease: super::in_flight::DEFAULT_LEASE.as_nanos() as Nanos,
         }
     }
 }
@@ -324,11 +338,18 @@ impl Ledger {
             // limiter moves a counter down no faster than it could have
             // filled it (see `trust.rs`).
             for &(counter, delta) in returns {
-                let allowances = &mut shard.allowances;
-                let allow = |shape: &AllowanceShape| {
-                    allowances.admit(caller, counter, shape, delta.weight, now)
+                let in_flight = in_flight_limit(&quotas, counter);
+                let (allowances, held) = (&mut shard.allowances, &shard.held);
+                let allow = |shape: &AllowanceShape| match in_flight {
+                    // A limiter gives back only the slots it holds here.
+                    Some(_) => held.returnable(number, counter, delta.weight),
+                    None => allowances.admit(caller, counter, shape, delta.weight, now),
                 };
-                if let Some(granted) = shard.book.give_back(counter, delta, now, allow) {
+                let given = shard.book.give_back(counter, delta, now, allow);
+                if let (Some(granted), Some(_)) = (given, in_flight) {
+                    shard.held.record(number, counter, -granted);
+                }
+                if let Some(granted) = given {
                     step.returned_weight += granted;
                     if granted < delta.weight {
                         step.clipped += 1;
@@ -344,9 +365,11 @@ impl Ledger {
                     let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
                     Some(counter_rule(quota, utc_offset, cap_seconds, now))
                 };
-                let allowances = &mut shard.allowances;
-                let allow = |shape: &AllowanceShape| {
-                    allowances.admit(caller, counter, shape, delta.weight, now)
+                let in_flight = in_flight_limit(&quotas, counter);
+                let (allowances, held) = (&mut shard.allowances, &shard.held);
+                let allow = |shape: &AllowanceShape| match in_flight {
+                    Some(limit) => held.room(number, counter, limit, delta.weight),
+                    None => allowances.admit(caller, counter, shape, delta.weight, now),
                 };
                 match shard
                     .book
@@ -354,6 +377,9 @@ impl Ledger {
                 {
                     None => step.ignored += 1,
                     Some(added) => {
+                        if in_flight.is_some() {
+                            shard.held.record(number, counter, added);
+                        }
                         if added < delta.weight {
                             step.clipped += 1;
                             step.clipped_weight += delta.weight - added;
@@ -391,6 +417,50 @@ impl Ledger {
             self.counters.changed_since(since, paging.counters, now)
         };
         step
+    }
+
+    /// Takes the in-flight slots of every limiter past its lease (not
+    /// heard from for [`Self::in_flight_lease`], or forgotten) off their
+    /// counters; returns the slots dropped. The root calls it a few times
+    /// per lease; it costs a look at each shard's holders.
+    pub fn expire_leases(&self, now: Nanos) -> f64 {
+        let mut holders: Vec<u32> = Vec::new();
+        for index in 0..self.counters.shard_count() {
+            holders.extend(self.counters.lock(index).held.holders());
+        }
+        if holders.is_empty() {
+            return 0.0;
+        }
+        holders.sort_unstable();
+        holders.dedup();
+        let expired: Vec<u32> = {
+            let limiters = self.limiters();
+            holders
+                .into_iter()
+                .filter(|&l| {
+                    let last = limiters.get(l).map(|info| info.last_sync);
+                    lease_expired(last, self.in_flight_lease, now)
+                })
+                .collect()
+        };
+        if expired.is_empty() {
+            return 0.0;
+        }
+        let mut dropped = 0.0;
+        for index in 0..self.counters.shard_count() {
+            let mut guard = self.counters.lock(index);
+            let shard = &mut *guard;
+            for (counter, slots) in shard.held.expire(|l| expired.binary_search(&l).is_ok()) {
+                let delta = Delta {
+                    weight: slots,
+                    window: None,
+                };
+                let taken = shard.book.give_back(counter, delta, now, |_| slots);
+                dropped += taken.unwrap_or(0.0);
+            }
+            shard.book.release();
+        }
+        dropped
     }
 
     /// `(counter, delta)` pairs sorted into lists by shard.

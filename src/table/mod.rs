@@ -42,6 +42,8 @@
 //! - `grants.rs` — the one-item paths beside it: partial grants,
 //!   reservations, and weight given back (a held request whose client
 //!   left).
+//! - `in_flight.rs` — in-flight quotas on the request path: a slot taken
+//!   (a check of weight 1) and given back (a return of 1).
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding
@@ -62,9 +64,9 @@
 //! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
 //! - `heap.rs` — the anonymous mapping behind a heap table.
 //! - `file.rs` — quota files applied to a table (authoritative or seeds).
-//! - `tests.rs`, `key_tests.rs`, `window_tests.rs` — unit tests by
-//!   subject: named quotas, per-key quotas, window quotas with partial
-//!   grants and reservations.
+//! - `tests.rs`, `key_tests.rs`, `window_tests.rs`, `in_flight_tests.rs`
+//!   — unit tests by subject: named quotas, per-key quotas, window quotas
+//!   with partial grants and reservations, in-flight slots.
 
 mod chain;
 mod check;
@@ -72,6 +74,7 @@ mod counters;
 pub mod file;
 mod grants;
 mod heap;
+mod in_flight;
 mod key_moves;
 mod key_sync;
 mod keys;
@@ -90,6 +93,7 @@ use crate::core::Extrapolation;
 pub use check::{CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS};
 pub use counters::{CollectedDelta, Source};
 pub use grants::{Grant, Reservation};
+pub use in_flight::HeldSlot;
 pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use snapshot::QuotaState;
 pub use write::ApplyReport;
@@ -482,6 +486,8 @@ impl Table {
     }
 }
 
+#[cfg(test)]
+mod in_flight_tests;
 #[cfg(test)]
 mod key_tests;
 #[cfg(test)]

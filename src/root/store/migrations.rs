@@ -38,6 +38,11 @@ const SQLITE: &[Embedded] = &[
         "windows",
         include_str!("../migrations/sqlite/0003_windows.sql"),
     ),
+    (
+        4,
+        "in flight",
+        include_str!("../migrations/sqlite/0004_in_flight.sql"),
+    ),
 ];
 
 const POSTGRES: &[Embedded] = &[
@@ -55,6 +60,11 @@ const POSTGRES: &[Embedded] = &[
         3,
         "windows",
         include_str!("../migrations/postgres/0003_windows.sql"),
+    ),
+    (
+        4,
+        "in flight",
+        include_str!("../migrations/postgres/0004_in_flight.sql"),
     ),
 ];
 

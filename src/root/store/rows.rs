@@ -34,13 +34,14 @@ pub(super) struct StoredRow {
 /// The columns a write sets besides `name`, `parent` and the times, in
 /// the order [`bind`] binds them (`$3` on; `$1` is the name, `$2` the
 /// parent's name, the time comes last).
-const WRITTEN: [&str; 7] = [
+const WRITTEN: [&str; 8] = [
     r#""limit""#,
     "low_burst",
     "high_burst",
     "per_key",
     "count_window",
     "sliding",
+    "in_flight",
     "epoch",
 ];
 
@@ -63,6 +64,7 @@ fn bind<'q>(
         .bind(i64::from(spec.per_key))
         .bind(spec.window.map(Window::name))
         .bind(i64::from(spec.sliding))
+        .bind(i64::from(spec.in_flight))
         .bind(epoch as i64)
         .bind(now)
 }
@@ -157,8 +159,8 @@ pub(super) async fn tombstone(
 
 /// Rows with their parents by name, in [`stored_row`]'s order.
 const SELECT_ROWS: &str = r#"SELECT q.id, q.epoch, q.deleted, q.name, p.name, q."limit",
-    q.low_burst, q.high_burst, q.per_key, q.count_window, q.sliding
-    FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#;
+    q.low_burst, q.high_burst, q.per_key, q.count_window, q.sliding,
+    q.in_flight FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#;
 
 /// The row named `name`, live or a tombstone.
 pub(super) async fn by_name(
@@ -197,6 +199,7 @@ fn stored_row(row: &AnyRow) -> Result<StoredRow, StoreError> {
                 .try_get::<Option<String>, _>(9)?
                 .and_then(|w| Window::parse(&w)),
             sliding: row.try_get::<i64, _>(10)? != 0,
+            in_flight: row.try_get::<i64, _>(11)? != 0,
         },
     })
 }
@@ -210,16 +213,17 @@ mod tests {
         assert_eq!(
             insert_sql(2),
             "INSERT INTO quotas (name, parent, \"limit\", low_burst, high_burst, per_key, \
-             count_window, sliding, epoch, deleted, created_at, updated_at) VALUES \
-             ($1, (SELECT id FROM quotas WHERE name = $2), $3, $4, $5, $6, $7, $8, $9, 0, $10, $10), \
-             ($11, (SELECT id FROM quotas WHERE name = $12), $13, $14, $15, $16, $17, $18, $19, 0, \
-             $20, $20) RETURNING id"
+             count_window, sliding, in_flight, epoch, deleted, created_at, updated_at) VALUES \
+             ($1, (SELECT id FROM quotas WHERE name = $2), $3, $4, $5, $6, $7, $8, $9, $10, 0, $11, \
+             $11), ($12, (SELECT id FROM quotas WHERE name = $13), $14, $15, $16, $17, $18, $19, \
+             $20, $21, 0, $22, $22) RETURNING id"
         );
         assert_eq!(
             REWRITE.as_str(),
             "UPDATE quotas SET parent = (SELECT p.id FROM quotas p WHERE p.name = $2), \
              \"limit\" = $3, low_burst = $4, high_burst = $5, per_key = $6, count_window = $7, \
-             sliding = $8, epoch = $9, deleted = 0, updated_at = $10 WHERE name = $1 RETURNING id"
+             sliding = $8, in_flight = $9, epoch = $10, deleted = 0, updated_at = $11 WHERE name = $1 \
+             RETURNING id"
         );
     }
 }

@@ -227,10 +227,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let n = quotas.len();
-        let counting = quotas
-            .iter()
-            .map(|q| Counting::of(q.limit, q.window_rule(0)))
-            .collect();
+        let counting = quotas.iter().map(|q| q.counting(0)).collect();
         Sim {
             checked,
             options,
