@@ -66,10 +66,11 @@ impl Terms {
     }
 
     /// The span the limit is counted over, as the terms name it: `s` for
-    /// a leak, else the window (`1s`, `10s`, `min`, `hour`, `day`, `week`,
+    /// a leak, `at_once` for an in-flight quota, else the window (`1s`, `10s`, `min`, `hour`, `day`, `week`,
     /// `month`).
     pub fn per(&self) -> &'static str {
         match self.window {
+            None if self.in_flight => "at_once",
             None => "s",
             Some(window) => span(window),
         }

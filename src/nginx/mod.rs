@@ -42,6 +42,8 @@
 //!   quota files.
 //! - `handler.rs` — the access-phase check, `wait=` holds (an nginx
 //!   timer per held request) and `$sluice_status`.
+//! - `inflight.rs` — in-flight quotas: the slots a request took, given
+//!   back by a log-phase handler when it ends.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
 //! - `worker.rs` — the one sync thread per nginx (worker 0) and its log.
 //! - `util.rs` — strings, directive arguments, panic boundaries, logging.
@@ -59,6 +61,8 @@ mod conf;
 mod directives;
 #[cfg(feature = "nginx")]
 mod handler;
+#[cfg(feature = "nginx")]
+mod inflight;
 #[cfg(feature = "nginx")]
 mod metrics;
 #[cfg(feature = "nginx")]
