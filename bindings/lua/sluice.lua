@@ -9,6 +9,8 @@
 --   sluice.check_key("per_token", token, 1)       -- a per-key quota's key
 --   local n = sluice.obtain("sms", 100)           -- as many as allowed, up to 100
 --   local res, wait = sluice.reserve("sends", 1, 2) -- pace: sleep `wait` s, then act
+--   local res, slot = sluice.acquire("uploads")    -- an in-flight slot...
+--   if slot then ...; slot:release() end           -- ...given back when done
 --
 -- Errors come back the Lua way: nil and the library's message
 -- (sluice_last_error). The library is loaded from $SLUICE_LIBRARY (a full
@@ -39,6 +41,11 @@ int sluice_reserve(const char *name, size_t name_len, uint64_t weight, uint64_t 
                    uint64_t *wait_ns);
 int sluice_reserve_key(const char *name, size_t name_len, const char *key, size_t key_len,
                        uint64_t weight, uint64_t max_wait_ms, uint64_t *wait_ns);
+typedef struct SluiceSlot SluiceSlot;
+int sluice_acquire(const char *name, size_t name_len, SluiceSlot **slot);
+int sluice_acquire_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                       SluiceSlot **slot);
+int sluice_release(SluiceSlot *slot);
 int sluice_wait_ready(uint64_t timeout_ms);
 int sluice_quota_count(void);
 char *sluice_sync_metrics_json(void);
@@ -267,6 +274,56 @@ function _M.reserve(name, weight, max_wait, key)
         return result, math.huge
     end
     return result, tonumber(out[0]) / 1e9
+end
+
+-- The out-parameter of acquire (filled and read before anything else runs,
+-- as `out`).
+local slot_out = ffi.new("SluiceSlot *[1]")
+
+-- A held slot: `slot:release()` gives it back, once (later calls do
+-- nothing); a slot dropped unreleased goes back when it is collected.
+local Slot = {}
+Slot.__index = Slot
+
+function Slot:release()
+    local p = self.ptr
+    if p ~= nil then
+        self.ptr = nil
+        ffi.gc(p, nil)
+        C.sluice_release(p)
+    end
+    return true
+end
+
+-- Takes a slot of the in-flight quota `name` (with `key`, of that key of a
+-- per-key one): at most the quota's limit are held at once across the
+-- fleet. Returns the result ("PASS", "REJECT", "UNKNOWN", "NO_KEY",
+-- "KEY_OVERFLOW") and, when a slot was taken, the slot to release when
+-- the work ends; nil and the error on failure (a quota that is not
+-- in-flight is one).
+function _M.acquire(name, key)
+    if type(name) ~= "string" then
+        return nil, "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return nil, "key must be a string"
+    end
+    slot_out[0] = nil
+    local code
+    if key == nil then
+        code = C.sluice_acquire(name, #name, slot_out)
+    else
+        code = C.sluice_acquire_key(name, #name, key, #key, slot_out)
+    end
+    local result = RESULTS[code]
+    if result == nil then
+        return nil, last_error()
+    end
+    local p = slot_out[0]
+    if p == nil then
+        return result
+    end
+    return result, setmetatable({ ptr = ffi.gc(p, C.sluice_release) }, Slot)
 end
 
 -- Waits until the limiter holds the roots' quota set, at most `timeout`
