@@ -355,6 +355,12 @@ pub struct LoadSpec {
     /// or is rejected when that wait would exceed `max_wait_ms`.
     #[serde(default)]
     pub pace: Option<PaceSpec>,
+    /// Requests of an in-flight quota that last: each admitted one holds
+    /// its slot for a time drawn uniformly from `[min, max]` seconds, then
+    /// its host gives it back (a host that left never does: the roots'
+    /// lease drops its slots).
+    #[serde(default)]
+    pub hold_seconds: Option<[f64; 2]>,
 }
 
 /// How a paced load waits.
@@ -651,6 +657,19 @@ fn check(s: Scenario) -> Result<Checked, String> {
             }
             if k > 0 && p.at <= l.phases[k - 1].at {
                 return Err(at(format!("phase {k}: phases must be in time order")));
+            }
+        }
+        if let Some([min, max]) = l.hold_seconds {
+            let in_flight = checked
+                .quota_index(&l.quota)
+                .is_some_and(|q| checked.quotas[q].in_flight);
+            if !in_flight {
+                return Err(at("hold_seconds is for an in-flight quota's load".into()));
+            }
+            if !(min.is_finite() && max.is_finite() && min > 0.0 && max >= min) {
+                return Err(at(format!(
+                    "hold_seconds must be [min, max] with 0 < min <= max, not [{min}, {max}]"
+                )));
             }
         }
         if let Some(skew) = &l.skew {
