@@ -83,14 +83,7 @@ sub at_once {
     } 0 .. $n - 1;
 }
 
-sub get { SluiceTest::http_request('GET', 'http://127.0.0.1:' . port() . $_[0]) }
-
-# One series of the metrics text, as a number (undef when absent).
-sub metric {
-    my ($name) = @_;
-    my $text = get('/metrics')->{content};
-    return $text =~ /^\Q$name\E (\S+)$/m ? $1 + 0 : undef;
-}
+sub metric { SluiceTest::metric_value(port(), '/metrics', $_[0]) }
 
 # Waits (up to 10 s) until the quota's slots are all back.
 sub all_back {

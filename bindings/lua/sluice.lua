@@ -204,6 +204,16 @@ function _M.check_key(name, key, weight)
     return result
 end
 
+-- What is wrong with a name and an optional key, or nil.
+local function bad_name_or_key(name, key)
+    if type(name) ~= "string" then
+        return "name must be a string"
+    end
+    if key ~= nil and type(key) ~= "string" then
+        return "key must be a string"
+    end
+end
+
 -- A partial grant: counts and returns the most units, up to `want` (at
 -- least 1), that quota `name` and all its ancestors allow with certainty
 -- now, and the result ("PASS" when something was granted, "REJECT" when
@@ -211,11 +221,9 @@ end
 -- #batch)`, then send n. With `key`, the key's own counter of a per-key
 -- quota. nil and the error on failure (want 0, not initialised).
 function _M.obtain(name, want, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local bad = bad_name_or_key(name, key)
+    if bad then
+        return nil, bad
     end
     local n, err = count(want, "want")
     if not n then
@@ -243,11 +251,9 @@ end
 -- needed (math.huge when waiting cannot help). With `key`, the key's own
 -- counter of a per-key quota. nil and the error on failure.
 function _M.reserve(name, weight, max_wait, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local bad = bad_name_or_key(name, key)
+    if bad then
+        return nil, bad
     end
     local w, err = count(weight or 1, "weight")
     if not w then
@@ -302,11 +308,9 @@ end
 -- the work ends; nil and the error on failure (a quota that is not
 -- in-flight is one).
 function _M.acquire(name, key)
-    if type(name) ~= "string" then
-        return nil, "name must be a string"
-    end
-    if key ~= nil and type(key) ~= "string" then
-        return nil, "key must be a string"
+    local bad = bad_name_or_key(name, key)
+    if bad then
+        return nil, bad
     end
     slot_out[0] = nil
     local code
