@@ -194,7 +194,26 @@ fn two_nginx_never_hold_more_than_the_limit_plus_the_sync_bound_at_a_slow_upstre
             if held.is_some_and(|h| h < 0.5) {
                 break;
             }
-            assert!(Instant::now() < deadline, "slots still held: {held:?}");
+            let sync: Vec<&str> = metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("sluice_sync_root_errors_total")
+                        || l.starts_with("sluice_sync_root_dropped")
+                })
+                .collect();
+            if Instant::now() >= deadline {
+                let levels: Vec<String> = roots
+                    .iter()
+                    .map(|r| {
+                        let reply = sync_support::http(&r.url, "GET", "/v1/quotas/uploads", None);
+                        format!("{reply:?}").chars().take(300).collect()
+                    })
+                    .collect();
+                panic!(
+                    "slots still held: {held:?} at {}; {sync:?}; roots: {levels:?}",
+                    n.port
+                );
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -342,12 +342,16 @@ impl Ledger {
                 let (allowances, held) = (&mut shard.allowances, &shard.held);
                 let allow = |shape: &AllowanceShape| match in_flight {
                     // A limiter gives back only the slots it holds here.
-                    Some(_) => held.returnable(number, counter, delta.weight),
+                    Some(_) => held.return_effect(number, counter, delta.weight),
                     None => allowances.admit(caller, counter, shape, delta.weight, now),
                 };
                 let given = shard.book.give_back(counter, delta, now, allow);
-                if let (Some(granted), Some(_)) = (given, in_flight) {
-                    shard.held.record(number, counter, -granted);
+                if in_flight.is_some() {
+                    // Recorded whole, whatever it moved: a return that
+                    // overtook its add cancels that add when it comes.
+                    shard.held.give_back(number, counter, delta.weight);
+                    step.returned_weight += given.unwrap_or(0.0);
+                    continue;
                 }
                 if let Some(granted) = given {
                     step.returned_weight += granted;
@@ -366,9 +370,15 @@ impl Ledger {
                     Some(counter_rule(quota, utc_offset, cap_seconds, now))
                 };
                 let in_flight = in_flight_limit(&quotas, counter);
+                // An in-flight add beyond a limiter's room is clipped; the
+                // rest raises the counter by what it adds to the slots
+                // the limiter holds (less, while returns that overtook it
+                // are outstanding).
+                let taken =
+                    in_flight.map(|limit| shard.held.room(number, counter, limit, delta.weight));
                 let (allowances, held) = (&mut shard.allowances, &shard.held);
-                let allow = |shape: &AllowanceShape| match in_flight {
-                    Some(limit) => held.room(number, counter, limit, delta.weight),
+                let allow = |shape: &AllowanceShape| match taken {
+                    Some(taken) => held.add_effect(number, counter, taken),
                     None => allowances.admit(caller, counter, shape, delta.weight, now),
                 };
                 match shard
@@ -377,9 +387,13 @@ impl Ledger {
                 {
                     None => step.ignored += 1,
                     Some(added) => {
-                        if in_flight.is_some() {
-                            shard.held.record(number, counter, added);
-                        }
+                        let added = match taken {
+                            Some(taken) => {
+                                shard.held.add(number, counter, taken);
+                                taken
+                            }
+                            None => added,
+                        };
                         if added < delta.weight {
                             step.clipped += 1;
                             step.clipped_weight += delta.weight - added;
@@ -433,16 +447,21 @@ impl Ledger {
         }
         holders.sort_unstable();
         holders.dedup();
-        let expired: Vec<u32> = {
+        // Past the lease: its slots go. Forgotten by the registry: what
+        // it held or was forgiven goes too (its number may be reused).
+        let (mut expired, mut gone) = (Vec::new(), Vec::new());
+        {
             let limiters = self.limiters();
-            holders
-                .into_iter()
-                .filter(|&l| {
-                    let last = limiters.get(l).map(|info| info.last_sync);
-                    lease_expired(last, self.in_flight_lease, now)
-                })
-                .collect()
-        };
+            for l in holders {
+                let last = limiters.get(l).map(|info| info.last_sync);
+                if last.is_none() {
+                    gone.push(l);
+                }
+                if lease_expired(last, self.in_flight_lease, now) {
+                    expired.push(l);
+                }
+            }
+        }
         if expired.is_empty() {
             return 0.0;
         }
@@ -458,6 +477,7 @@ impl Ledger {
                 let taken = shard.book.give_back(counter, delta, now, |_| slots);
                 dropped += taken.unwrap_or(0.0);
             }
+            shard.held.forget(|l| gone.binary_search(&l).is_ok());
             shard.book.release();
         }
         dropped
