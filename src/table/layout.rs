@@ -92,7 +92,7 @@ pub const FLAG_SLIDING: u16 = 1 << 5;
 /// Slot flag: an in-flight quota (slots held, no leak: the slot's `limit`
 /// word is its leak, 0, and its bursts are its limit; see
 /// [`crate::core::Quota::leak`]).
-pub const FLAG_IN_FLIGHT: u16 = 1 << 6;
+pub const FLAG_IN_FLIGHT: u16 = 1 << 7;
 /// The flag bits saying how a quota counts: a change of any of them
 /// starts its counter over.
 pub const COUNTING_MASK: u16 = FLAG_WINDOW_MASK | FLAG_SLIDING | FLAG_IN_FLIGHT;

@@ -38,10 +38,11 @@ const SQLITE: &[Embedded] = &[
         "windows",
         include_str!("../migrations/sqlite/0003_windows.sql"),
     ),
+    // 4 is main's tiers: this branch skips it so the two merge as 4, 5.
     (
-        4,
+        5,
         "in flight",
-        include_str!("../migrations/sqlite/0004_in_flight.sql"),
+        include_str!("../migrations/sqlite/0005_in_flight.sql"),
     ),
 ];
 
@@ -61,10 +62,11 @@ const POSTGRES: &[Embedded] = &[
         "windows",
         include_str!("../migrations/postgres/0003_windows.sql"),
     ),
+    // 4 is main's tiers: this branch skips it so the two merge as 4, 5.
     (
-        4,
+        5,
         "in flight",
-        include_str!("../migrations/postgres/0004_in_flight.sql"),
+        include_str!("../migrations/postgres/0005_in_flight.sql"),
     ),
 ];
 
