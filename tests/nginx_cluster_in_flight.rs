@@ -181,5 +181,41 @@ fn two_nginx_never_hold_more_than_the_limit_plus_the_sync_bound_at_a_slow_upstre
         most >= LIMIT * 8 / 10,
         "the fleet used the limit ({most} at most at once)"
     );
+    // Every slot comes back once the requests end, on both nginx (the
+    // gauge is an estimate: a trend of the others may leave a fraction).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in &nginx {
+        loop {
+            let (_, metrics) = Client::new(n.port).get("/metrics", &[]);
+            let held = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("sluice_in_flight_slots{quota=\"uploads\"} "))
+                .and_then(|v| v.parse::<f64>().ok());
+            if held.is_some_and(|h| h < 0.5) {
+                break;
+            }
+            let sync: Vec<&str> = metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("sluice_sync_root_errors_total")
+                        || l.starts_with("sluice_sync_root_dropped")
+                })
+                .collect();
+            if Instant::now() >= deadline {
+                let levels: Vec<String> = roots
+                    .iter()
+                    .map(|r| {
+                        let reply = sync_support::http(&r.url, "GET", "/v1/quotas/uploads", None);
+                        format!("{reply:?}").chars().take(300).collect()
+                    })
+                    .collect();
+                panic!(
+                    "slots still held: {held:?} at {}; {sync:?}; roots: {levels:?}",
+                    n.port
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     drop(upstream);
 }
