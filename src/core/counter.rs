@@ -220,12 +220,21 @@ impl Counting {
     /// is that same root's earlier reply (`same_root`: the same root
     /// process) and `value` is not older, `value` replaces it, lower or
     /// not: one root's values only ever go down by returns, and its later
-    /// value is the truer one. Otherwise the larger of the two, as
-    /// [`Counting::merge`]. See docs/DESIGN.md, "Counters that give units
-    /// back".
+    /// value is the truer one; an older value of it is ignored. Otherwise
+    /// the larger of the two, as [`Counting::merge`]. See docs/DESIGN.md,
+    /// "Counters that give units back".
     pub fn merge_reply(&self, known: Tally, value: Tally, same_root: bool) -> (Tally, bool) {
-        if same_root && value.at >= known.at {
-            return (value, true);
+        if same_root {
+            // An older value of that root (two exchanges with it in
+            // flight, the later answered first) is stale: the later one
+            // already holds all it held. Max-merged, it would bring back
+            // units given back since, for good on a counter that does
+            // not leak (an in-flight quota's).
+            return if value.at >= known.at {
+                (value, true)
+            } else {
+                (known, false)
+            };
         }
         let merged = self.merge(known, value);
         let at = merged.at;
@@ -521,6 +530,16 @@ mod tests {
         }
         .is_valid());
         assert!(!Level { level: -1.0, at: 0 }.is_valid());
+    }
+
+    #[test]
+    fn an_older_reply_of_the_same_root_is_ignored_not_max_merged() {
+        let held = Counting::Leak(0.0);
+        let later = Tally::leaky(Level { level: 0.0, at: 20 });
+        let earlier = Tally::leaky(Level { level: 5.0, at: 10 });
+        assert_eq!(held.merge_reply(later, earlier, true), (later, false));
+        // From another root it is max-merged, as before.
+        assert_eq!(held.merge_reply(later, earlier, false).0.level, 5.0);
     }
 
     #[test]

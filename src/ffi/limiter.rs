@@ -237,6 +237,11 @@ pub(super) fn wait_ready(timeout_ms: u64) -> Result<c_int, String> {
     }
 }
 
+/// The limiter's table (for a slot, which keeps it alive).
+pub(super) fn table() -> Result<Arc<Table>, String> {
+    Ok(Arc::clone(&limiter()?.table))
+}
+
 /// Number of quotas loaded.
 pub(super) fn quota_count() -> Result<c_int, String> {
     Ok(c_int::try_from(limiter()?.table.len()).unwrap_or(c_int::MAX))
@@ -269,7 +274,7 @@ fn check_item<'a>(name: &'a [u8], key: Option<&'a [u8]>, weight: u64) -> CheckIt
 }
 
 /// The C code of an outcome (`overflow`: a key found no entry).
-fn outcome_code(outcome: Outcome, overflow: bool) -> c_int {
+pub(super) fn outcome_code(outcome: Outcome, overflow: bool) -> c_int {
     match outcome {
         Outcome::Pass if overflow => SLUICE_KEY_OVERFLOW,
         Outcome::Pass => SLUICE_PASS,
