@@ -89,6 +89,11 @@ static void in_flight_tests(void) {
                strstr(sluice_last_error(), "slot is NULL") != NULL,
            "a NULL slot pointer is refused: %s", sluice_last_error());
     EXPECT(sluice_acquire(NULL, 3, &none) == SLUICE_ERROR, "a NULL name is refused");
+    EXPECT(sluice_charge("uploads", 7, 5) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "is an in-flight quota") != NULL,
+           "an in-flight quota is not charged: %s", sluice_last_error());
+    EXPECT(sluice_settle("uploads", 7, 1, 0) == SLUICE_ERROR,
+           "nor settled (that would free a held slot)");
 
     /* A slot outlives a shutdown: released after it, it frees cleanly. */
     SluiceSlot *late = NULL;

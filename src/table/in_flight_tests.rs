@@ -106,3 +106,28 @@ fn the_table_shows_an_in_flight_quota_with_its_limit() {
     let terms = t.terms_of(t.lookup(b"uploads").unwrap()).unwrap();
     assert_eq!(terms.to_string(), "7 at once");
 }
+
+#[test]
+fn a_charge_or_settle_of_an_in_flight_quota_counts_nothing() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[uploads(2.0)]);
+    let (_, slot) = t.acquire(&named(b"uploads"), SEC, false, never);
+    assert!(slot.is_some());
+    let five = CheckItem {
+        weight: 5,
+        ..named(b"uploads")
+    };
+    // A charge would hold slots nobody gives back; a settle below its
+    // estimate would free the slot still held.
+    assert_eq!(t.charge(&five, SEC).outcome, Outcome::Unknown);
+    assert_eq!(
+        t.settle(&named(b"uploads"), 5, SEC, SEC).outcome,
+        Outcome::Unknown
+    );
+    let level = t.quota(b"uploads", SEC).unwrap().level;
+    assert_eq!(level, 1.0);
+    let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
+    assert!(matches!(r.outcome, Outcome::Reject(_)));
+}

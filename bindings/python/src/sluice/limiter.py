@@ -397,10 +397,7 @@ class Limiter:
         else:
             key = _name_bytes(key, "key")
             code = self._acquire_key(name, len(name), key, len(key), ctypes.byref(ptr))
-        decision = _DECISIONS.get(code)
-        if decision is None:
-            raise SluiceError(self._native.last_error())
-        return Slot(decision, ptr.value, self._release_slot)
+        return Slot(self._decision(code), ptr.value, self._release_slot)
 
     def pace(self, name, weight=1, max_wait=1.0, key=None, sleep=None):
         """``reserve``, then sleep the wait when the reservation was counted.
