@@ -18,7 +18,8 @@ use SluiceTest ();
 our $Quotas = <<'JSON';
 {"quotas": [
   {"name": "uploads", "limit": 3, "in_flight": true},
-  {"name": "per_client", "limit": 1, "in_flight": true, "per_key": true}
+  {"name": "per_client", "limit": 1, "in_flight": true, "per_key": true},
+  {"name": "bytes", "limit": 1, "high_burst": 1000000}
 ]}
 JSON
 
@@ -206,3 +207,47 @@ GET /slow/big.bin
 --- more_headers
 X-Client: alice
 --- error_code: 200
+
+
+
+=== TEST 6: a slot and a charge on one request: both log-phase handlers run (the charge first) and every slot comes back
+--- http_config
+log_format both '$uri $status $sluice_status $sluice_charge_status';
+--- config
+access_log logs/access.log both;
+location /both/ { alias html/; sluice uploads; sluice_charge bytes weight=$bytes_sent; }
+location = /metrics { sluice_metrics; }
+--- user_files
+>>> small.txt
+small
+--- request eval
+[("GET /both/small.txt") x 5, "GET /metrics"]
+--- error_code eval
+[(200) x 6]
+--- response_body_like eval
+[(qr/^small$/) x 5,
+ qr/\nsluice_checks_total\{quota="uploads",result="passed"\} 5\nsluice_checks_total\{quota="uploads",result="rejected"\} 0\n(?s:.*)\nsluice_quota_level\{quota="bytes"\} [1-9]\d*(?s:.*)\nsluice_in_flight_slots\{quota="uploads"\} 0\n/]
+--- access_log
+/both/small.txt 200 PASSED CHARGED
+
+
+
+=== TEST 6b: a charge of the in-flight quota itself counts nothing (it would hold slots nothing gives back)
+--- http_config
+log_format both '$uri $status $sluice_status $sluice_charge_status';
+--- config
+access_log logs/access.log both;
+location /self/ { alias html/; sluice uploads; sluice_charge uploads weight=5; }
+location = /metrics { sluice_metrics; }
+--- user_files
+>>> small.txt
+small
+--- request eval
+[("GET /self/small.txt") x 5, "GET /metrics"]
+--- error_code eval
+[(200) x 6]
+--- response_body_like eval
+[(qr/^small$/) x 5,
+ qr/\nsluice_checks_total\{quota="uploads",result="passed"\} 5\nsluice_checks_total\{quota="uploads",result="rejected"\} 0\n(?s:.*)\nsluice_in_flight_slots\{quota="uploads"\} 0\n/]
+--- access_log
+/self/small.txt 200 PASSED UNKNOWN
