@@ -314,7 +314,7 @@ fn fail(error: &CliError) -> ExitCode {
 async fn execute(args: QuotaArgs) -> Result<String, CliError> {
     if let QuotaCommand::Hash { key, secret_file } = &args.command {
         // No root involved: no connection needed.
-        let hash = format_hash(key_secret(secret_file.as_deref())?.hash(key.as_bytes()));
+        let hash = hash_key(key, secret_file.as_deref())?;
         return Ok(if args.json {
             to_json(&json!({ "key_hash": hash }))
         } else {
@@ -524,6 +524,12 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
     }
 }
 
+/// `key` hashed here with the secret in `secret_file` (the built-in one
+/// without), as the root and nginx name it; the key is never sent.
+fn hash_key(key: &str, secret_file: Option<&Path>) -> Result<String, CliError> {
+    Ok(format_hash(key_secret(secret_file)?.hash(key.as_bytes())))
+}
+
 /// A key's hash as the root knows it: the key hashed here with the
 /// secret in `secret_file` (never sent), or a hash as given.
 fn key_hash(
@@ -532,7 +538,7 @@ fn key_hash(
     hash: Option<String>,
 ) -> Result<String, CliError> {
     match (key, hash) {
-        (Some(key), _) => Ok(format_hash(key_secret(secret_file)?.hash(key.as_bytes()))),
+        (Some(key), _) => hash_key(&key, secret_file),
         (None, Some(hash)) => {
             parse_hash(&hash).ok_or_else(|| {
                 CliError::new(format!(

@@ -285,3 +285,132 @@ fn a_charge_past_the_burst_is_a_debt_every_host_sees_up_to_the_roots_cap() {
         assert!(root.level(1, 2 * SEC).is_some_and(|l| l <= 205.0));
     }
 }
+
+/// One step of the properties below: a host adds or gives back, then
+/// every host runs its cycle.
+#[derive(Clone, Debug)]
+struct Step {
+    host: usize,
+    /// Units added (a passed check), or given back when negative.
+    units: i64,
+    /// Hosts cut off from every root this cycle (bit per host).
+    cut_off: u8,
+    /// The root down for everyone this cycle (2: none).
+    down: usize,
+}
+
+fn step(cut_offs: bool) -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let cut = if cut_offs { 0u8..8 } else { 0u8..1 };
+    (0..3usize, -40i64..60, cut, 0..3usize).prop_map(|(host, units, cut_off, down)| Step {
+        host,
+        units,
+        cut_off,
+        down,
+    })
+}
+
+/// Runs `steps` on three hosts and two roots (a quota that leaks
+/// nothing, levels read as known, without a trend), then 20 cycles with
+/// everything up (longer than a failed root's backoff); the fleet's net weight and the roots' and hosts'
+/// levels then.
+fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
+    let exact = vec![Quota::new(1, "q", 0.0, 1e9, 1e9)];
+    let mut roots: Vec<SimRoot> = (0..2)
+        .map(|i| SimRoot::new(&exact, 200 + i, 0, 0))
+        .collect();
+    let mut hosts: Vec<(Table, SyncEngine)> = (0..3)
+        .map(|i| {
+            let t = Table::new_heap(8, 16);
+            t.apply_quotas(&exact);
+            t.set_estimator(crate::core::Estimator {
+                mode: crate::core::Extrapolation::ConstantRatio { ratio: 0.0 },
+                ..Default::default()
+            });
+            let urls = ["http://root0".to_string(), "http://root1".to_string()];
+            (t, SyncEngine::new(&urls, format!("h{i}"), SEC, 100, 0))
+        })
+        .collect();
+    let mut net = [0i64; 3];
+    let mut now = SEC;
+    let quiet = Step {
+        host: 0,
+        units: 0,
+        cut_off: 0,
+        down: 2,
+    };
+    for s in steps.iter().chain(std::iter::repeat_n(&quiet, 20)) {
+        let t = &hosts[s.host].0;
+        if s.units > 0 {
+            let passed = t.check_many(
+                &[item(s.units as u64)],
+                now,
+                CheckOptions::default(),
+                || 0.5,
+            );
+            assert_eq!(passed.outcome, Outcome::Pass);
+            net[s.host] += s.units;
+        } else {
+            // Give back at most what this host holds.
+            let back = (-s.units).min(net[s.host]) as u64;
+            if back > 0 {
+                assert_eq!(t.give_back(&item(back), back, now, now, false), back);
+                net[s.host] -= back as i64;
+            }
+        }
+        for (h, (t, e)) in hosts.iter_mut().enumerate() {
+            let down: &[usize] = if s.cut_off & (1 << h) != 0 {
+                &[0, 1]
+            } else if s.down < 2 {
+                &[s.down][..]
+            } else {
+                &[]
+            };
+            cycle(e, t, &mut roots, down, now, |_| {});
+        }
+        now += SEC;
+    }
+    let roots = roots
+        .iter()
+        .map(|r| r.level(1, now).unwrap_or(0.0))
+        .collect();
+    let hosts = hosts.iter().map(|(t, _)| level(t, now)).collect();
+    (net.iter().sum(), roots, hosts)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// The returns' CRDT argument, checked on any interleaving: three
+    /// hosts add and give back in any order while either root goes down
+    /// and comes back; once both are up again every root and every host
+    /// reads the fleet's exact net weight: never more (a return lost) nor
+    /// less (a return counted twice, or a root's earlier value lost).
+    #[test]
+    fn adds_and_returns_through_root_outages_converge_on_the_net(
+        steps in proptest::collection::vec(step(false), 1..40)
+    ) {
+        let (net, roots, hosts) = run_steps(&steps);
+        for level in roots.iter().chain(&hosts) {
+            proptest::prop_assert_eq!(*level, net as f64, "roots {:?} hosts {:?}", roots, hosts);
+        }
+    }
+
+    /// The same with hosts cut off from every root for a while (they limit
+    /// on local counts and fold them in): the roots still converge on the
+    /// net, and no host ever reads less than it (a host that folded its
+    /// own weight keeps the higher level until it leaks away: strict, see
+    /// docs/DESIGN.md).
+    #[test]
+    fn hosts_cut_off_never_read_less_than_the_net(
+        steps in proptest::collection::vec(step(true), 1..40)
+    ) {
+        let (net, roots, hosts) = run_steps(&steps);
+        for level in &roots {
+            proptest::prop_assert_eq!(*level, net as f64, "roots {:?}", roots);
+        }
+        for level in &hosts {
+            proptest::prop_assert!(*level >= net as f64, "net {} hosts {:?}", net, hosts);
+        }
+    }
+}

@@ -167,8 +167,11 @@ impl Table {
                     rejected.push((id, rejections));
                 }
             }
-            // Given back while counting locally: the fold takes it.
-            if net == 0 || net < 0 && self.counting_locally() {
+            // A return is collected even while every root is down, as an
+            // add is: the fold lowers the level here (the sync thread hands
+            // unacknowledged weight back first), and it stays owed to the
+            // roots, which hold the adds it cancels.
+            if net == 0 {
                 continue;
             }
             send_pending(&s.pending, &s.inflight, net);
@@ -258,7 +261,11 @@ impl Table {
             let counting = self.slot_counting(s);
             let (known, rate) = slot_tally(s);
             let weight = pending.wrapping_add(inflight) as i64;
-            set_slot_source(s, 0);
+            if weight != 0 {
+                // The level is no longer only that root's: its later, lower
+                // value must not replace this host's own weight.
+                set_slot_source(s, 0);
+            }
             store_tally(s, fold_weight(&counting, known, weight, now), rate);
             s.pending.fetch_sub(pending, RLX);
             s.inflight.fetch_sub(inflight, RLX);

@@ -154,9 +154,7 @@ impl Table {
                 return;
             };
             let net = e.pending.load(SeqCst) as i64;
-            // As for named counters: a return waits for the fold while
-            // counting locally.
-            if net == 0 || net < 0 && self.counting_locally() {
+            if net == 0 {
                 return;
             }
             send_pending(&e.pending, &e.inflight, net);
@@ -169,14 +167,19 @@ impl Table {
     pub(super) fn fold_keys(&self, now: Nanos) {
         self.drain_dirty(|_, e| {
             e.dirty.fetch_and(!DIRTY_QUEUED, SeqCst);
-            set_key_source(e, 0);
             let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+                set_key_source(e, 0);
                 return;
             };
             let pending = e.pending.load(SeqCst);
             let inflight = e.inflight.load(RLX);
             let known = key_tally(e, &counting, now);
             let weight = pending.wrapping_add(inflight) as i64;
+            if weight != 0 {
+                // As for named counters: own weight folded in, the level is
+                // no longer only its root's.
+                set_key_source(e, 0);
+            }
             store_key_tally(e, &counting, fold_weight(&counting, known, weight, now));
             e.pending.fetch_sub(pending, RLX);
             e.inflight.fetch_sub(inflight, RLX);

@@ -816,9 +816,11 @@ fn counting_locally_a_give_back_lowers_the_level_at_the_next_fold() {
     // The holds behind it leave: their eight units come back, the level
     // is 10 - 1 (a second's leak) - 8 = 1 at the next fold.
     assert_eq!(t.give_back(&item(b"slow", 1), 8, 0, SEC, false), 8);
+    // Collected as a return (owed to the roots, which may hold the adds
+    // it cancels); the fold lowers the level by it here.
     let mut out = Vec::new();
     t.collect_deltas(&mut out);
-    assert!(out.is_empty(), "a local give-back is not sent: {out:?}");
+    assert_eq!((out.len(), out[0].returned), (1, 8), "{out:?}");
     t.fold_local(SEC);
     let q = t.quota(b"slow", SEC).unwrap();
     assert_eq!((q.level, q.pending), (1.0, 0));
@@ -917,4 +919,26 @@ fn a_settle_charges_what_exceeds_the_estimate_and_gives_back_what_is_short() {
         t.settle(&item(b"nobody", 1), 400, 0, SEC).outcome,
         Outcome::Unknown
     );
+}
+
+#[test]
+fn a_fold_with_no_weight_of_its_own_keeps_the_roots_level_theirs() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[quota(1, "slots", None, 0.0, 100.0, 100.0)]);
+    let slot = t.lookup(b"slots").unwrap();
+    let at = |level, at| Tally::leaky(Level { level, at });
+    assert!(t.merge_counter(slot, 1, 0, at(32.0, SEC), 0, 1));
+    // Every root away for a while: the fold has nothing of this host's.
+    t.fold_local(2 * SEC);
+    // Back, root 1 says the others gave their 32 back: taken, not
+    // max-merged away (a level that never leaks would stay 32 for good).
+    assert!(t.merge_counter(slot, 1, 0, at(0.0, 3 * SEC), 0, 1));
+    assert_eq!(t.quota(b"slots", 3 * SEC).unwrap().level, 0.0);
+    // With weight of its own folded in, the level is no longer only
+    // root 1's: its lower value is max-merged (strict).
+    assert!(t.merge_counter(slot, 1, 0, at(10.0, 4 * SEC), 0, 1));
+    assert_eq!(t.check(b"slots", 5, 4 * SEC), Outcome::Pass);
+    t.fold_local(5 * SEC);
+    assert!(t.merge_counter(slot, 1, 0, at(0.0, 6 * SEC), 0, 1));
+    assert_eq!(t.quota(b"slots", 6 * SEC).unwrap().level, 15.0);
 }

@@ -68,8 +68,9 @@ struct TopReply {
     keys: Vec<KeyView>,
 }
 
-/// The id of the per-key template `name`, or a 404/400 naming why not.
-fn template_id(state: &RootState, name: &str) -> Result<u64, ApiError> {
+/// The id of the per-key template `name`, or a 404/400 naming why not
+/// (its keys and its overrides are read through it).
+pub(super) fn template_id(state: &RootState, name: &str) -> Result<u64, ApiError> {
     let ledger = state.ledger().read();
     let quota = ledger
         .quotas

@@ -26,6 +26,7 @@ use crate::core::tier::{format_utc_ms, parse_key_hash, OverrideSpec};
 use crate::root::state::RootState;
 use crate::root::store::{OverrideOutcome, OverrideRow};
 
+use super::keys::template_id;
 use super::{json_response, ApiError, JsonBody};
 
 /// Overrides listed when `limit` is not given.
@@ -125,22 +126,6 @@ fn place(
     validate_name(&name)?;
     let key = parse_key_hash(&hash)?;
     Ok((name, key))
-}
-
-/// The id of the live per-key template `name` in the root's memory.
-fn template_id(state: &RootState, name: &str) -> Result<u64, ApiError> {
-    let ledger = state.ledger().read();
-    let quota = ledger
-        .quotas
-        .by_name(name)
-        .ok_or_else(|| ApiError::not_found(format!("no quota named {name:?}")))?;
-    if !quota.per_key {
-        return Err(ApiError::invalid(
-            "name",
-            format!("{name:?} is not a per-key quota: only its keys have overrides"),
-        ));
-    }
-    Ok(quota.id)
 }
 
 /// `GET /v1/quotas/{name}/overrides?after=&limit=`.

@@ -403,8 +403,23 @@ impl Store {
         after: QuotaCursor,
         limit: usize,
     ) -> Result<Vec<StoredQuota>, StoreError> {
+        let rows = self
+            .rows_after("quotas", QUOTA_COLUMNS, after, limit)
+            .await?;
+        rows.iter().map(quota_from_row).collect()
+    }
+
+    /// At most `limit` rows of `table` (its `columns`) after `after` in
+    /// `(epoch, id)` order: how quota pages and override pages are read.
+    async fn rows_after(
+        &self,
+        table: &str,
+        columns: &str,
+        after: QuotaCursor,
+        limit: usize,
+    ) -> Result<Vec<AnyRow>, sqlx::Error> {
         let same_epoch = format!(
-            "SELECT {QUOTA_COLUMNS} FROM quotas WHERE epoch = $1 AND id > $2 ORDER BY id LIMIT $3"
+            "SELECT {columns} FROM {table} WHERE epoch = $1 AND id > $2 ORDER BY id LIMIT $3"
         );
         let mut rows = sqlx::query(&same_epoch)
             .bind(to_i64(after.epoch))
@@ -414,7 +429,7 @@ impl Store {
             .await?;
         if rows.len() < limit {
             let later = format!(
-                "SELECT {QUOTA_COLUMNS} FROM quotas WHERE epoch > $1 ORDER BY epoch, id LIMIT $2"
+                "SELECT {columns} FROM {table} WHERE epoch > $1 ORDER BY epoch, id LIMIT $2"
             );
             let more = sqlx::query(&later)
                 .bind(to_i64(after.epoch))
@@ -423,7 +438,7 @@ impl Store {
                 .await?;
             rows.extend(more);
         }
-        rows.iter().map(quota_from_row).collect()
+        Ok(rows)
     }
 
     /// The newest epoch in the database.

@@ -16,7 +16,7 @@ use crate::core::tier::{parse_key_hash, Override, OverrideSpec, Rule};
 use crate::core::ValidationError;
 use crate::wire::QuotaCursor;
 
-use super::{to_i64, unix_millis, Store, StoreError};
+use super::{unix_millis, Store, StoreError};
 
 /// An override as the root holds it: what limiters get, and the note
 /// that stays at the roots.
@@ -68,26 +68,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<StoredOverride>, StoreError> {
         self.bounded("reading overrides", async {
-            let same_epoch = format!(
-                "SELECT {COLUMNS} FROM overrides WHERE epoch = $1 AND id > $2 ORDER BY id LIMIT $3"
-            );
-            let mut rows = sqlx::query(&same_epoch)
-                .bind(to_i64(after.epoch))
-                .bind(to_i64(after.id))
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await?;
-            if rows.len() < limit {
-                let later = format!(
-                    "SELECT {COLUMNS} FROM overrides WHERE epoch > $1 ORDER BY epoch, id LIMIT $2"
-                );
-                let more = sqlx::query(&later)
-                    .bind(to_i64(after.epoch))
-                    .bind((limit - rows.len()) as i64)
-                    .fetch_all(&self.pool)
-                    .await?;
-                rows.extend(more);
-            }
+            let rows = self.rows_after("overrides", COLUMNS, after, limit).await?;
             rows.iter().map(override_from_row).collect()
         })
         .await

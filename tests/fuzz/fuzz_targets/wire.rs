@@ -111,7 +111,7 @@ fn apply(reply: &SyncResponse) {
                 prev: c.prev,
                 at: c.at,
             };
-            assert!(table.merge_counter(slot, c.id, 0, value, 0), "{c:?}");
+            assert!(table.merge_counter(slot, c.id, 0, value, 0, 0), "{c:?}");
         }
     }
     for q in reply.quotas.iter().take(16) {
