@@ -197,8 +197,9 @@ test: deps test-cargo test-capi test-nginx test-cluster test-demo test-bindings 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
 
-test-cluster: nginx module bin ## two nginx and two roots (the ignored nginx_cluster tests)
+test-cluster: nginx module bin ## two nginx and two roots (the ignored nginx_cluster tests, per-key and in-flight)
 	$(CARGO) test --test nginx_cluster -- --ignored --test-threads 1
+	$(CARGO) test --test nginx_cluster_in_flight -- --ignored --test-threads 1
 
 test-demo: nginx module bin ## make run stops what it started on Ctrl-C (its output pipe dead), a hang-up, and names a leftover (~20 s; needs ports 7070, 8080, 8081)
 	$(PYTHON) tests/demo_stop.py

@@ -54,6 +54,10 @@
 // error, refused before the key is read.
 #define SLUICE_MAX_KEY_LEN 65536
 
+// A slot of an in-flight quota taken by `sluice_acquire`: opaque, owned
+// by the caller until `sluice_release` gives it back and frees it.
+typedef struct SluiceSlot SluiceSlot;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -239,8 +243,9 @@ int sluice_reserve_key(const char *name,
 // above 2^40 count as 2^40.
 //
 // Returns `SLUICE_PASS` (counted), `SLUICE_UNKNOWN` (no such quota:
-// nothing counted) or `SLUICE_ERROR` (as for `sluice_check`); never
-// `SLUICE_REJECT`.
+// nothing counted) or `SLUICE_ERROR` (as for `sluice_check`, and for an
+// in-flight quota, whose slots are taken with `sluice_acquire`, never
+// charged); never `SLUICE_REJECT`.
 //
 // # Safety
 // `name` must be NULL or point to at least `len` readable bytes.
@@ -276,7 +281,8 @@ int sluice_charge_key(const char *name,
 // window the check counted in.
 //
 // Returns `SLUICE_PASS`, `SLUICE_UNKNOWN` (no such quota: nothing
-// counted or given back) or `SLUICE_ERROR` (as for `sluice_check`).
+// counted or given back) or `SLUICE_ERROR` (as for `sluice_check`, and
+// for an in-flight quota: units given back would free held slots).
 //
 // # Safety
 // `name` must be NULL or point to at least `len` readable bytes.
@@ -344,6 +350,50 @@ int sluice_shutdown(void);
 // Text of the last error on this thread ("" if none). The pointer stays
 // valid until the next sluice call on the same thread; do not free it.
 const char *sluice_last_error(void);
+
+// Takes a slot of the in-flight quota `name` (`name_len` bytes): a
+// request that will run for a while holds it until
+// `sluice_release(*slot)`. At most `limit` slots are held at once across
+// the fleet (`{"limit": N, "in_flight": true}`); a slot held by a
+// process that stops syncing is dropped by the roots after their lease.
+//
+// Returns `SLUICE_PASS` (`*slot` is the slot to release),
+// `SLUICE_REJECT` (every slot is taken: `*slot` is NULL),
+// `SLUICE_UNKNOWN` (no such quota: pass, `*slot` NULL), `SLUICE_ERROR`
+// (not initialised, a NULL `slot`, a `name_len` above
+// `SLUICE_MAX_NAME_LEN`, or a quota that is not in-flight: use
+// `sluice_check` for those; `*slot` NULL when `slot` is not).
+//
+// # Safety
+// `name` must be NULL or point to at least `name_len` readable bytes;
+// `slot` must be NULL or point to a writable `SluiceSlot *`.
+int sluice_acquire(const char *name, size_t name_len, struct SluiceSlot **slot);
+
+// [`sluice_acquire`] for the key `key` (`key_len` bytes) of a per-key
+// in-flight quota: each key has `limit` slots of its own.
+// `SLUICE_NO_KEY` (pass, `*slot` NULL) for an empty key;
+// `SLUICE_KEY_OVERFLOW` when the key found no entry and the slot was
+// taken as the overflow mode says (`*slot` set: release it as any other).
+//
+// # Safety
+// As [`sluice_acquire`]; `key` must be NULL or point to at least
+// `key_len` readable bytes (NULL with `key_len` 0 is an empty key).
+int sluice_acquire_key(const char *name,
+                       size_t name_len,
+                       const char *key,
+                       size_t key_len,
+                       struct SluiceSlot **slot);
+
+// Gives back and frees a slot `sluice_acquire` took, when the request it
+// stood for ends (done, failed or abandoned alike). NULL is a no-op
+// (`SLUICE_PASS`), so a caller may release whatever `sluice_acquire`
+// wrote. Returns `SLUICE_PASS`, or `SLUICE_ERROR` only when a panic was
+// caught (the slot is then freed or leaked, never given back twice).
+//
+// # Safety
+// `slot` must be NULL or a slot from `sluice_acquire`/`sluice_acquire_key`
+// not released yet; it is invalid afterwards (release it exactly once).
+int sluice_release(struct SluiceSlot *slot);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -20,7 +20,8 @@
 //! - [`core`] — pure, deterministic limiter logic: no IO, no clock reads, no
 //!   unsafe (`#![forbid(unsafe_code)]`). Time is always a parameter.
 //!   - `core/quota.rs` — the quota model, its constructors and validation
-//!     (names, numbers, parent chains).
+//!     (names, numbers, parent chains, in-flight quotas' rules); its
+//!     in-flight tests in `core/in_flight_tests.rs`.
 //!   - `core/counter.rs` — a counter as `(level, at)`: leak, add, max-merge;
 //!     `Tally` (level, previous window's count, time) and `Counting` (leak
 //!     at a limit, or count in windows), the one counter type of the
@@ -69,10 +70,12 @@
 //!   in its module doc: the region (`mod.rs`, `layout.rs`, `names.rs`,
 //!   `heap.rs`), the check path (`outcome.rs`, `check.rs`), writes (`write.rs`), counters
 //!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), overrides and
-//!   penalties (`tiers.rs`), whole-table
+//!   penalties (`tiers.rs`), in-flight slots taken and given back
+//!   (`in_flight.rs`), whole-table
 //!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
 //!   locks (`lock.rs`), quota files (`file.rs`); its tests by subject
-//!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`).
+//!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
+//!   `in_flight_tests.rs`).
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
@@ -113,7 +116,9 @@
 //!   sync as which limiter
 //!   (`root/credentials.rs`) and how much of a sync it believes
 //!   (`root/trust.rs`: level cap, per-limiter allowances, rejection
-//!   counts) (feature `root`).
+//!   counts), and the in-flight slots each limiter holds with their lease
+//!   (`root/in_flight.rs`, its tests in `root/in_flight_tests.rs`)
+//!   (feature `root`).
 //! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
 //!   each running a real table and sync engine, simulated roots (the root's
 //!   own ledger) and network, root groups, per-second CSV, SVG plots and

@@ -102,11 +102,7 @@ sub send_and_keep {
 sub get { SluiceTest::http_request('GET', 'http://127.0.0.1:' . port() . $_[0]) }
 
 # One series of the metrics text, as a number (undef when absent).
-sub metric {
-    my ($name) = @_;
-    my $text = get('/metrics')->{content};
-    return $text =~ /^\Q$name\E (\S+)$/m ? $1 + 0 : undef;
-}
+sub metric { SluiceTest::metric_value(port(), '/metrics', $_[0]) }
 
 # This nginx's resident memory in KiB (one process: master_process off).
 sub rss_kib {

@@ -44,6 +44,65 @@ static const char *QUOTAS =
     "  \"per_key\": true}"
     "]}";
 
+/* In-flight quotas: a slot acquired, held, released; self-contained (its
+ * own limiter), so it runs last. */
+static void in_flight_tests(void) {
+    EXPECT(sluice_init(NULL) == SLUICE_PASS, "in-flight: init");
+    EXPECT(sluice_load_quotas_json(
+               "{\"quotas\": [{\"name\": \"uploads\", \"limit\": 2, \"in_flight\": true},"
+               " {\"name\": \"per_client\", \"limit\": 1, \"in_flight\": true,"
+               " \"per_key\": true},"
+               " {\"name\": \"rate\", \"limit\": 10}]}") == SLUICE_PASS,
+           "in-flight quotas load");
+    SluiceSlot *a = NULL, *b = NULL, *c = (SluiceSlot *)1;
+    EXPECT(sluice_acquire("uploads", 7, &a) == SLUICE_PASS && a != NULL, "a first slot");
+    EXPECT(sluice_acquire("uploads", 7, &b) == SLUICE_PASS && b != NULL, "a second slot");
+    EXPECT(sluice_acquire("uploads", 7, &c) == SLUICE_REJECT && c == NULL,
+           "a third is rejected, and *slot is NULL");
+    EXPECT(sluice_release(a) == SLUICE_PASS, "a slot released");
+    EXPECT(sluice_acquire("uploads", 7, &c) == SLUICE_PASS && c != NULL,
+           "so a third request gets one");
+    EXPECT(sluice_release(b) == SLUICE_PASS && sluice_release(c) == SLUICE_PASS,
+           "the others released");
+    EXPECT(sluice_release(NULL) == SLUICE_PASS, "releasing NULL does nothing");
+
+    SluiceSlot *alice = NULL, *bob = NULL, *again = NULL;
+    EXPECT(sluice_acquire_key("per_client", 10, "alice", 5, &alice) == SLUICE_PASS,
+           "alice's slot");
+    EXPECT(sluice_acquire_key("per_client", 10, "alice", 5, &again) == SLUICE_REJECT,
+           "alice has one slot only");
+    EXPECT(sluice_acquire_key("per_client", 10, "bob", 3, &bob) == SLUICE_PASS,
+           "bob has his own");
+    EXPECT(sluice_acquire_key("per_client", 10, NULL, 0, &again) == SLUICE_NO_KEY &&
+               again == NULL,
+           "no key: passes, no slot");
+    sluice_release(alice);
+    sluice_release(bob);
+
+    SluiceSlot *none = NULL;
+    EXPECT(sluice_acquire("nobody", 6, &none) == SLUICE_UNKNOWN && none == NULL,
+           "an unknown name passes without a slot");
+    EXPECT(sluice_acquire("rate", 4, &none) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "not an in-flight quota") != NULL,
+           "a quota that is not in-flight is refused: %s", sluice_last_error());
+    EXPECT(sluice_acquire("uploads", 7, NULL) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "slot is NULL") != NULL,
+           "a NULL slot pointer is refused: %s", sluice_last_error());
+    EXPECT(sluice_acquire(NULL, 3, &none) == SLUICE_ERROR, "a NULL name is refused");
+    EXPECT(sluice_charge("uploads", 7, 5) == SLUICE_ERROR &&
+               strstr(sluice_last_error(), "is an in-flight quota") != NULL,
+           "an in-flight quota is not charged: %s", sluice_last_error());
+    EXPECT(sluice_settle("uploads", 7, 1, 0) == SLUICE_ERROR,
+           "nor settled (that would free a held slot)");
+
+    /* A slot outlives a shutdown: released after it, it frees cleanly. */
+    SluiceSlot *late = NULL;
+    EXPECT(sluice_acquire("uploads", 7, &late) == SLUICE_PASS, "a slot before shutdown");
+    sluice_shutdown();
+    EXPECT(sluice_release(late) == SLUICE_PASS, "released after shutdown");
+    EXPECT(sluice_acquire("uploads", 7, &none) == SLUICE_ERROR, "acquire needs a limiter");
+}
+
 int main(void) {
     EXPECT(check_by_name("api", 1) == SLUICE_ERROR, "a check before init is an error");
     EXPECT(strstr(sluice_last_error(), "not initialised") != NULL,
@@ -293,6 +352,8 @@ int main(void) {
            "the sync metrics: %s", metrics ? metrics : sluice_last_error());
     sluice_free_string(metrics);
     sluice_shutdown();
+
+    in_flight_tests();
 
     printf("capi: %d passed, %d failed\n", passes, failures);
     return failures ? 1 : 0;

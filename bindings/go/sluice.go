@@ -97,6 +97,12 @@ static go_result go_reserve(_GoString_ name, _GoString_ key, int keyed, uint64_t
 	return go_wrap(sluice_reserve_key(_GoStringPtr(name), _GoStringLen(name),
 		_GoStringPtr(key), _GoStringLen(key), weight, max_wait_ms, out));
 }
+// acquire writes the slot (or NULL) through `out`.
+static go_result go_acquire(_GoString_ name, _GoString_ key, int keyed, SluiceSlot **out) {
+	if (!keyed) return go_wrap(sluice_acquire(_GoStringPtr(name), _GoStringLen(name), out));
+	return go_wrap(sluice_acquire_key(_GoStringPtr(name), _GoStringLen(name),
+		_GoStringPtr(key), _GoStringLen(key), out));
+}
 static go_result go_quota_count(void) { return go_wrap(sluice_quota_count()); }
 static go_result go_wait_ready(uint64_t timeout_ms) { return go_wrap(sluice_wait_ready(timeout_ms)); }
 static go_result go_shutdown(void) { return go_wrap(sluice_shutdown()); }
@@ -111,6 +117,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -385,6 +392,53 @@ func (l *Limiter) reserve(call, name, key string, keyed bool, weight uint64, max
 		return Never, Result(code), err
 	}
 	return time.Duration(wait), Result(code), err
+}
+
+// Slot is a slot of an in-flight quota taken by Acquire: hold it while
+// the work it stands for runs, then Release it. Release gives it back
+// once (later calls, and calls on a nil Slot, do nothing); a Slot dropped
+// unreleased is given back when the garbage collector finalizes it.
+type Slot struct {
+	ptr atomic.Pointer[C.SluiceSlot]
+}
+
+// Release gives the slot back (once).
+func (s *Slot) Release() {
+	if s == nil {
+		return
+	}
+	if p := s.ptr.Swap(nil); p != nil {
+		C.sluice_release(p)
+	}
+}
+
+// Acquire takes a slot of the in-flight quota name: at most the quota's
+// limit are held at once across the fleet. The Slot is nil unless one was
+// taken (Pass, or KeyOverflow for a key); Reject when every slot is
+// taken. A quota that is not in-flight is an error. It never blocks.
+func (l *Limiter) Acquire(name string) (*Slot, Result, error) {
+	return l.acquire("sluice_acquire", name, "", false)
+}
+
+// AcquireKey is Acquire on the key key of a per-key in-flight quota: each
+// key has the quota's limit of its own (NoKey for an empty key).
+func (l *Limiter) AcquireKey(name, key string) (*Slot, Result, error) {
+	return l.acquire("sluice_acquire_key", name, key, true)
+}
+
+func (l *Limiter) acquire(call, name, key string, keyed bool) (*Slot, Result, error) {
+	if l.closed.Load() {
+		return nil, Pass, ErrClosed
+	}
+	var p *C.SluiceSlot
+	code, err := check(call, C.go_acquire(name, key, cBool(keyed), &p))
+	if p == nil {
+		return nil, Result(code), err
+	}
+	slot := &Slot{}
+	slot.ptr.Store(p)
+	runtime.SetFinalizer(slot, (*Slot).Release)
+	return slot, Result(code), err
 }
 
 func cBool(b bool) C.int {

@@ -9,6 +9,8 @@
 --   sluice.check_key("per_token", token, 1)       -- a per-key quota's key
 --   local n = sluice.obtain("sms", 100)           -- as many as allowed, up to 100
 --   local res, wait = sluice.reserve("sends", 1, 2) -- pace: sleep `wait` s, then act
+--   local res, slot = sluice.acquire("uploads")    -- an in-flight slot...
+--   if slot then ...; slot:release() end           -- ...given back when done
 --
 -- Errors come back the Lua way: nil and the library's message
 -- (sluice_last_error). The library is loaded from $SLUICE_LIBRARY (a full
@@ -45,6 +47,11 @@ int sluice_charge_key(const char *name, size_t name_len, const char *key, size_t
 int sluice_settle(const char *name, size_t len, uint64_t reserved, uint64_t actual);
 int sluice_settle_key(const char *name, size_t name_len, const char *key, size_t key_len,
                       uint64_t reserved, uint64_t actual);
+typedef struct SluiceSlot SluiceSlot;
+int sluice_acquire(const char *name, size_t name_len, SluiceSlot **slot);
+int sluice_acquire_key(const char *name, size_t name_len, const char *key, size_t key_len,
+                       SluiceSlot **slot);
+int sluice_release(SluiceSlot *slot);
 int sluice_wait_ready(uint64_t timeout_ms);
 int sluice_quota_count(void);
 char *sluice_sync_metrics_json(void);
@@ -343,6 +350,54 @@ function _M.settle(name, reserved, actual, key)
         code = C.sluice_settle_key(name, #name, key, #key, r, a)
     end
     return result_of(code)
+end
+
+-- The out-parameter of acquire (filled and read before anything else runs,
+-- as `out`).
+local slot_out = ffi.new("SluiceSlot *[1]")
+
+-- A held slot: `slot:release()` gives it back, once (later calls do
+-- nothing); a slot dropped unreleased goes back when it is collected.
+local Slot = {}
+Slot.__index = Slot
+
+function Slot:release()
+    local p = self.ptr
+    if p ~= nil then
+        self.ptr = nil
+        ffi.gc(p, nil)
+        C.sluice_release(p)
+    end
+    return true
+end
+
+-- Takes a slot of the in-flight quota `name` (with `key`, of that key of a
+-- per-key one): at most the quota's limit are held at once across the
+-- fleet. Returns the result ("PASS", "REJECT", "UNKNOWN", "NO_KEY",
+-- "KEY_OVERFLOW") and, when a slot was taken, the slot to release when
+-- the work ends; nil and the error on failure (a quota that is not
+-- in-flight is one).
+function _M.acquire(name, key)
+    local valid, why = name_and_key(name, key)
+    if not valid then
+        return nil, why
+    end
+    slot_out[0] = nil
+    local code
+    if key == nil then
+        code = C.sluice_acquire(name, #name, slot_out)
+    else
+        code = C.sluice_acquire_key(name, #name, key, #key, slot_out)
+    end
+    local result, err = result_of(code)
+    if result == nil then
+        return nil, err
+    end
+    local p = slot_out[0]
+    if p == nil then
+        return result
+    end
+    return result, setmetatable({ ptr = ffi.gc(p, C.sluice_release) }, Slot)
 end
 
 -- Waits until the limiter holds the roots' quota set, at most `timeout`

@@ -172,6 +172,47 @@ ok(res == nil and err:find("actual must be", 1, true), "a settle of no number is
 local metrics = sluice.sync_metrics_json()
 ok(metrics and metrics:find('"roots":[]', 1, true), "sync metrics of a standalone limiter: " .. tostring(metrics))
 
+-- In-flight slots
+ok(sluice.load_quotas([[{"quotas": [
+  {"name": "uploads", "limit": 2, "in_flight": true},
+  {"name": "per_client", "limit": 1, "in_flight": true, "per_key": true},
+  {"name": "rate", "limit": 1}
+]}]]), "load in-flight quotas")
+local r1, s1 = sluice.acquire("uploads")
+local r2, s2 = sluice.acquire("uploads")
+local r3, s3 = sluice.acquire("uploads")
+ok(r1 == "PASS" and r2 == "PASS" and s1 and s2, "two slots taken")
+ok(r3 == "REJECT" and s3 == nil, "a third is rejected, without a slot")
+s1:release()
+s1:release()
+r3, s3 = sluice.acquire("uploads")
+ok(r3 == "PASS" and s3, "a released slot lets the third in")
+local r4 = sluice.acquire("uploads")
+is(r4, "REJECT", "and a second release gave back nothing more")
+s2:release()
+s3:release()
+local ra, sa = sluice.acquire("per_client", "alice")
+is(ra, "PASS", "a key's slot")
+is(sluice.acquire("per_client", "alice"), "REJECT", "a key has its own limit")
+local rb, sb = sluice.acquire("per_client", "bob")
+is(rb, "PASS", "another key has its own slot")
+sa:release()
+sb:release()
+is(sluice.acquire("nobody"), "UNKNOWN", "an unknown name passes without a slot")
+res, err = sluice.acquire("rate")
+ok(res == nil and err:find("not an in-flight quota", 1, true), "a quota that is not in-flight: " .. tostring(err))
+do
+    -- Dropped unreleased: the collector gives it back.
+    local _, dropped = sluice.acquire("uploads")
+    local _, dropped2 = sluice.acquire("uploads")
+    ok(dropped and dropped2, "two slots held")
+end
+collectgarbage()
+collectgarbage()
+local r5, s5 = sluice.acquire("uploads")
+ok(r5 == "PASS", "slots dropped unreleased came back when collected")
+s5:release()
+
 -- Tables, through lua-cjson
 ok(sluice.shutdown(), "shutdown")
 res, err = sluice.check("from_file")

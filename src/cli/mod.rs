@@ -164,6 +164,15 @@ enum QuotaCommand {
         /// most 30d); `none` takes the penalty away.
         #[arg(long, value_parser = parse_penalty_flag)]
         penalty: Option<PenaltyFlag>,
+        /// An in-flight quota: at most `--limit` requests at once, each
+        /// holding a slot until it ends (nginx's limit_conn, fleet-wide);
+        /// its bursts go back to the limit unless given.
+        #[arg(long, conflicts_with = "counting")]
+        in_flight: bool,
+        /// An in-flight quota counts units again (a leaky bucket, or
+        /// with `--window` a window quota).
+        #[arg(long)]
+        counting: bool,
     },
     /// Delete a quota (refused while it has children).
     Delete {
@@ -346,6 +355,8 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
             sliding,
             fixed,
             penalty,
+            in_flight,
+            counting,
         } => {
             let parent = if no_parent {
                 Some(None)
@@ -361,6 +372,7 @@ async fn execute(args: QuotaArgs) -> Result<String, CliError> {
                 window: window.map(|w| w.0),
                 sliding: (sliding || fixed).then_some(sliding),
                 penalty: penalty.map(|p| p.0),
+                in_flight: (in_flight || counting).then_some(in_flight),
             };
             check_name(&name)?;
             check_numbers(&change)?;
@@ -747,6 +759,9 @@ struct Change {
     sliding: Option<bool>,
     /// `Some(Some(p))` sets a penalty, `Some(None)` takes it away.
     penalty: Option<Option<PenaltyTime>>,
+    /// `Some(true)` makes it an in-flight quota, `Some(false)` a counting
+    /// one.
+    in_flight: Option<bool>,
 }
 
 /// `--penalty`: a duration, or `none`.
@@ -790,26 +805,34 @@ impl Change {
             window: None,
             sliding: None,
             penalty: None,
+            in_flight: None,
         }
     }
 
     /// The patch the root merges. `--window none` alone also makes the
-    /// window fixed: a leaky bucket has nothing to slide.
+    /// window fixed: a leaky bucket has nothing to slide. `--in-flight`
+    /// without bursts puts them back to their default, the limit (an
+    /// in-flight quota's only bursts).
     fn into_patch(self) -> QuotaPatch {
         let sliding = match (self.window, self.sliding) {
             (Some(None), None) => Some(false),
             (_, sliding) => sliding,
         };
+        let burst = |given: Option<f64>| match (given, self.in_flight) {
+            (None, Some(true)) => Some(None),
+            (given, _) => given.map(Some),
+        };
         QuotaPatch {
             name: None,
             parent: self.parent,
             limit: self.limit,
-            low_burst: self.low_burst.map(Some),
-            high_burst: self.high_burst.map(Some),
+            low_burst: burst(self.low_burst),
+            high_burst: burst(self.high_burst),
             per_key: self.per_key,
             window: self.window,
             sliding,
             penalty: self.penalty,
+            in_flight: self.in_flight,
         }
     }
 }
@@ -1005,6 +1028,29 @@ mod tests {
     }
 
     #[test]
+    fn in_flight_puts_the_bursts_back_to_the_limit_unless_given() {
+        let body = serde_json::to_value(
+            Change {
+                limit: Some(100.0),
+                in_flight: Some(true),
+                ..change()
+            }
+            .into_patch(),
+        )
+        .unwrap();
+        assert_eq!(
+            body,
+            json!({"limit": 100.0, "in_flight": true, "low_burst": null, "high_burst": null})
+        );
+        let patch = Change {
+            in_flight: Some(false),
+            ..change()
+        }
+        .into_patch();
+        assert_eq!((patch.in_flight, patch.low_burst), (Some(false), None));
+    }
+
+    #[test]
     fn set_sends_only_the_flags_given() {
         let body = serde_json::to_value(
             Change {
@@ -1087,6 +1133,7 @@ mod tests {
             window: None,
             sliding: None,
             penalty: None,
+            in_flight: None,
         };
         assert!(check_numbers(&change(2.0)).is_ok());
         assert!(check_numbers(&change(0.0)).is_ok());

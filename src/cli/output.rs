@@ -106,6 +106,7 @@ pub fn terms(quota: &Value) -> String {
         window: quota["window"].as_str().and_then(Window::parse),
         sliding: quota["sliding"].as_bool().unwrap_or(false),
         per_key: quota["per_key"].as_bool().unwrap_or(false),
+        in_flight: quota["in_flight"].as_bool().unwrap_or(false),
     }
     .to_string()
 }

@@ -19,6 +19,9 @@ pub mod terms;
 pub mod tier;
 pub mod window;
 
+#[cfg(test)]
+mod in_flight_tests;
+
 pub use counter::{Counting, Level, Tally};
 pub use decision::{
     check_chain, decide, grantable, reserve_wait, tightest, ChainVerdict, Never, Room, Verdict,

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::counter::Counting;
 use super::window::{Window, WindowRule};
 
 /// Longest quota name, in bytes.
@@ -69,6 +70,12 @@ pub struct Quota {
     /// (see [`super::tier`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub penalty: Option<PenaltyTime>,
+    /// An in-flight quota: at most `limit` requests at once, each holding
+    /// a slot from its start to its end (see docs/DESIGN.md, "In-flight
+    /// quotas"). Its counter never leaks ([`Quota::leak`] is 0) and its
+    /// bursts are its limit.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_flight: bool,
 }
 
 /// For `skip_serializing_if`: a `false` flag is left out of the JSON.
@@ -194,6 +201,7 @@ impl Quota {
             window: None,
             sliding: false,
             penalty: None,
+            in_flight: false,
         }
     }
 
@@ -248,6 +256,29 @@ impl Quota {
         }
     }
 
+    /// The same quota as an in-flight quota when `in_flight`.
+    pub fn in_flight_if(self, in_flight: bool) -> Self {
+        Self { in_flight, ..self }
+    }
+
+    /// Units per second its counter leaks: `limit` for a leaky bucket, 0
+    /// for an in-flight quota (a slot is held until it is given back).
+    /// Every place that builds a [`Counting`] goes through
+    /// [`Quota::counting`], which uses it.
+    pub fn leak(&self) -> f64 {
+        if self.in_flight {
+            0.0
+        } else {
+            self.limit
+        }
+    }
+
+    /// How the quota's counters move with time, with `utc_offset` turning
+    /// the caller's clock into UTC.
+    pub fn counting(&self, utc_offset: i64) -> Counting {
+        Counting::of(self.leak(), self.window_rule(utc_offset))
+    }
+
     /// How the quota counts when it is a window quota, with `utc_offset`
     /// turning the caller's clock into UTC.
     pub fn window_rule(&self, utc_offset: i64) -> Option<WindowRule> {
@@ -280,8 +311,94 @@ impl Quota {
             ));
         }
         validate_params(self.limit, self.low_burst, self.high_burst)?;
-        validate_window(self.window, self.sliding, self.limit, self.high_burst)
+        validate_window(self.window, self.sliding, self.limit, self.high_burst)?;
+        validate_in_flight(self.in_flight, self)
     }
+}
+
+/// What [`validate_in_flight`] reads of a quota: its numbers and the
+/// other kinds it could clash with.
+pub trait InFlightShape {
+    /// `limit`.
+    fn limit(&self) -> f64;
+    /// `(low_burst, high_burst)` with defaults applied.
+    fn bursts(&self) -> (f64, f64);
+    /// Has a parent.
+    fn has_parent(&self) -> bool;
+    /// Counts in a window.
+    fn has_window(&self) -> bool;
+}
+
+impl InFlightShape for Quota {
+    fn limit(&self) -> f64 {
+        self.limit
+    }
+    fn bursts(&self) -> (f64, f64) {
+        (self.low_burst, self.high_burst)
+    }
+    fn has_parent(&self) -> bool {
+        self.parent.is_some()
+    }
+    fn has_window(&self) -> bool {
+        self.window.is_some()
+    }
+}
+
+/// Largest `limit` of an in-flight quota: a count of requests at once,
+/// far above any fleet's (and exact in every level and allowance).
+pub const MAX_IN_FLIGHT: f64 = 1e12;
+
+/// Checks an in-flight quota (nothing when `in_flight` is false): a
+/// whole `limit` of 1 to [`MAX_IN_FLIGHT`] slots, bursts equal to it (a
+/// slot is free or not: no band), no window and no parent (a slot given
+/// back must not return rate units to a leaky ancestor).
+pub fn validate_in_flight(in_flight: bool, q: &impl InFlightShape) -> Result<(), ValidationError> {
+    if !in_flight {
+        return Ok(());
+    }
+    let limit = q.limit();
+    if limit < 1.0 || limit.fract() != 0.0 || limit > MAX_IN_FLIGHT {
+        return Err(ValidationError::new(
+            "limit",
+            format!(
+                "{limit} is not a number of slots: an in-flight quota's limit is a whole \
+                 number of requests at once, 1 to {MAX_IN_FLIGHT}"
+            ),
+        ));
+    }
+    let (low, high) = q.bursts();
+    for (field, burst) in [("low_burst", low), ("high_burst", high)] {
+        if burst != limit {
+            return Err(ValidationError::new(
+                field,
+                format!(
+                    "{burst} differs from the limit {limit}: an in-flight quota's bursts are \
+                     its limit (leave them out)"
+                ),
+            ));
+        }
+    }
+    if q.has_window() {
+        return Err(ValidationError::new(
+            "in_flight",
+            "an in-flight quota counts requests at once, not in a window: drop \"window\"",
+        ));
+    }
+    if q.has_parent() {
+        return Err(ValidationError::new(
+            "in_flight",
+            "an in-flight quota stands alone: it cannot have a parent",
+        ));
+    }
+    Ok(())
+}
+
+/// The error for a quota placed under an in-flight quota.
+pub fn in_flight_as_parent(parent: &str) -> ValidationError {
+    ValidationError::new(
+        "parent",
+        format!("{parent:?} is an in-flight quota, which cannot be a parent"),
+    )
 }
 
 /// Checks a quota's window settings: `sliding` needs a window; a window

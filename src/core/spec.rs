@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::key::KeyHash;
 use super::quota::{
-    validate_chain, validate_name, validate_params, validate_window, Quota, ValidationError,
+    in_flight_as_parent, validate_chain, validate_in_flight, validate_name, validate_params,
+    validate_window, InFlightShape, Quota, ValidationError,
 };
 use super::tier::{parse_key_hash, OverrideSpec, PenaltyTime, Rule};
 use super::window::Window;
@@ -65,6 +66,10 @@ pub struct QuotaSpec {
     /// at `/v1/quotas/{name}/overrides`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<OverrideSpec>,
+    /// At most `limit` requests at once (see
+    /// [`crate::core::Quota::in_flight`]).
+    #[serde(default, skip_serializing_if = "super::quota::is_false")]
+    pub in_flight: bool,
 }
 
 impl QuotaSpec {
@@ -82,6 +87,7 @@ impl QuotaSpec {
             sliding: false,
             penalty: None,
             overrides: Vec::new(),
+            in_flight: false,
         }
     }
 
@@ -110,6 +116,7 @@ impl QuotaSpec {
         }
         validate_params(self.limit, self.low(), self.high())?;
         validate_window(self.window, self.sliding, self.limit, self.high())?;
+        validate_in_flight(self.in_flight, self)?;
         self.validate_overrides().map(|_| ())
     }
 
@@ -148,6 +155,21 @@ impl QuotaSpec {
             out.push((key, o.rule().map_err(at)?));
         }
         Ok(out)
+    }
+}
+
+impl InFlightShape for QuotaSpec {
+    fn limit(&self) -> f64 {
+        self.limit
+    }
+    fn bursts(&self) -> (f64, f64) {
+        (self.low(), self.high())
+    }
+    fn has_parent(&self) -> bool {
+        self.parent.is_some()
+    }
+    fn has_window(&self) -> bool {
+        self.window.is_some()
     }
 }
 
@@ -223,6 +245,13 @@ pub struct QuotaPatch {
         skip_serializing_if = "Option::is_none"
     )]
     pub penalty: Option<Option<PenaltyTime>>,
+    /// An in-flight quota, or a counting one again.
+    #[serde(
+        default,
+        deserialize_with = "not_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub in_flight: Option<bool>,
 }
 
 impl QuotaPatch {
@@ -238,6 +267,7 @@ impl QuotaPatch {
             window,
             sliding,
             penalty,
+            in_flight,
         } = self;
         penalty.is_none()
             && parent.is_none()
@@ -247,6 +277,7 @@ impl QuotaPatch {
             && per_key.is_none()
             && window.is_none()
             && sliding.is_none()
+            && in_flight.is_none()
     }
 
     /// `current` with this patch's fields put in (unchecked: validate the
@@ -266,6 +297,7 @@ impl QuotaPatch {
             sliding: pick(&self.sliding, &current.sliding),
             penalty: pick(&self.penalty, &current.penalty),
             overrides: current.overrides.clone(),
+            in_flight: pick(&self.in_flight, &current.in_flight),
         }
     }
 }
@@ -596,6 +628,7 @@ enum SpecField {
     Sliding,
     Penalty,
     Overrides,
+    InFlight,
 }
 
 impl SpecField {
@@ -610,6 +643,7 @@ impl SpecField {
         "sliding",
         "penalty",
         "overrides",
+        "in_flight",
     ];
 
     fn name(self) -> &'static str {
@@ -658,6 +692,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
         let mut sliding: Option<bool> = None;
         let mut penalty: Option<Option<PenaltyTime>> = None;
         let mut overrides: Option<Vec<OverrideSpec>> = None;
+        let mut in_flight: Option<bool> = None;
         loop {
             self.place.borrow_mut().field = None;
             let key = map
@@ -676,6 +711,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::Sliding => sliding.is_some(),
                 SpecField::Penalty => penalty.is_some(),
                 SpecField::Overrides => overrides.is_some(),
+                SpecField::InFlight => in_flight.is_some(),
             };
             if duplicate {
                 return Err(self.noting(&name, de::Error::duplicate_field(key.name())));
@@ -691,6 +727,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
                 SpecField::Penalty => map.next_value().map(|v| penalty = Some(v)),
                 SpecField::Overrides => map.next_value().map(|v| overrides = Some(v)),
+                SpecField::InFlight => map.next_value().map(|v| in_flight = Some(v)),
             };
             read.map_err(|e| self.noting(&name, e))?;
         }
@@ -709,6 +746,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
             sliding: sliding.unwrap_or(false),
             penalty: penalty.flatten(),
             overrides: overrides.unwrap_or_default(),
+            in_flight: in_flight.unwrap_or(false),
         })
     }
 }
@@ -756,6 +794,11 @@ impl QuotaSet {
             .filter(|q| q.per_key)
             .map(|q| q.name.as_str())
             .collect();
+        let in_flight: std::collections::HashSet<&str> = quotas
+            .iter()
+            .filter(|q| q.in_flight)
+            .map(|q| q.name.as_str())
+            .collect();
         for q in &quotas {
             q.validate().map_err(|e| invalid(q, e))?;
             if parent_of.insert(&q.name, q.parent.as_deref()).is_some() {
@@ -773,6 +816,9 @@ impl QuotaSet {
                 }
                 if templates.contains(parent) {
                     return Err(invalid(q, template_as_parent(parent)));
+                }
+                if in_flight.contains(parent) {
+                    return Err(invalid(q, in_flight_as_parent(parent)));
                 }
             }
             validate_chain(&q.name.as_str(), |k| parent_of.get(k).copied().flatten())
@@ -797,6 +843,7 @@ impl QuotaSet {
                 window: q.window,
                 sliding: q.sliding,
                 penalty: q.penalty,
+                in_flight: q.in_flight,
                 ..Quota::new(i as u64 + 1, q.name.clone(), q.limit, q.low(), q.high())
                     .with_parent(q.parent.as_deref().map(|p| ids[p]))
                     .at_epoch(epoch)

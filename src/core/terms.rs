@@ -14,6 +14,7 @@
 //! | window `1m`, sliding, limit 10 | `10 / min sliding` |
 //! | window `1s`, limit 5 | `5 / 1s window` |
 //! | leaky, per key, limit 15 | `15 /s per key` |
+//! | in-flight, limit 100 | `100 at once` |
 //!
 //! A leaky rate is written `/s` with no space and the windows name their
 //! span, so a 1-second window (`5 / 1s window`) never reads as a leak of
@@ -35,6 +36,8 @@ pub struct Terms {
     pub sliding: bool,
     /// A per-key template: the limit holds for each key.
     pub per_key: bool,
+    /// An in-flight quota: `limit` requests at once.
+    pub in_flight: bool,
 }
 
 impl Terms {
@@ -45,11 +48,16 @@ impl Terms {
             window: quota.window,
             sliding: quota.sliding,
             per_key: quota.per_key,
+            in_flight: quota.in_flight,
         }
     }
 
-    /// How the quota counts: `leaky`, `window` (fixed) or `sliding`.
+    /// How the quota counts: `leaky`, `window` (fixed), `sliding` or
+    /// `in_flight`.
     pub fn kind(&self) -> &'static str {
+        if self.in_flight {
+            return "in_flight";
+        }
         match (self.window, self.sliding) {
             (None, _) => "leaky",
             (Some(_), false) => "window",
@@ -58,10 +66,11 @@ impl Terms {
     }
 
     /// The span the limit is counted over, as the terms name it: `s` for
-    /// a leak, else the window (`1s`, `10s`, `min`, `hour`, `day`, `week`,
+    /// a leak, `at_once` for an in-flight quota, else the window (`1s`, `10s`, `min`, `hour`, `day`, `week`,
     /// `month`).
     pub fn per(&self) -> &'static str {
         match self.window {
+            None if self.in_flight => "at_once",
             None => "s",
             Some(window) => span(window),
         }
@@ -85,6 +94,7 @@ impl fmt::Display for Terms {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let limit = self.limit;
         match self.window {
+            None if self.in_flight => write!(f, "{limit} at once")?,
             None => write!(f, "{limit} /s")?,
             Some(window) => {
                 write!(f, "{limit} / {}", span(window))?;
@@ -113,8 +123,20 @@ mod tests {
             window,
             sliding,
             per_key,
+            in_flight: false,
         }
         .to_string()
+    }
+
+    #[test]
+    fn an_in_flight_quota_reads_at_once() {
+        let q = Quota::new(1, "uploads", 100.0, 100.0, 100.0).in_flight_if(true);
+        assert_eq!(Terms::of(&q).to_string(), "100 at once");
+        assert_eq!(
+            Terms::of(&q.clone().keyed()).to_string(),
+            "100 at once per key"
+        );
+        assert_eq!(Terms::of(&q).kind(), "in_flight");
     }
 
     #[test]
@@ -176,6 +198,7 @@ mod tests {
             window,
             sliding,
             per_key: false,
+            in_flight: false,
         };
         assert_eq!(
             (of(None, false).kind(), of(None, false).per()),

@@ -306,8 +306,9 @@ pub unsafe extern "C" fn sluice_reserve_key(
 /// above 2^40 count as 2^40.
 ///
 /// Returns `SLUICE_PASS` (counted), `SLUICE_UNKNOWN` (no such quota:
-/// nothing counted) or `SLUICE_ERROR` (as for `sluice_check`); never
-/// `SLUICE_REJECT`.
+/// nothing counted) or `SLUICE_ERROR` (as for `sluice_check`, and for an
+/// in-flight quota, whose slots are taken with `sluice_acquire`, never
+/// charged); never `SLUICE_REJECT`.
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `len` readable bytes.
@@ -359,7 +360,8 @@ pub unsafe extern "C" fn sluice_charge_key(
 /// window the check counted in.
 ///
 /// Returns `SLUICE_PASS`, `SLUICE_UNKNOWN` (no such quota: nothing
-/// counted or given back) or `SLUICE_ERROR` (as for `sluice_check`).
+/// counted or given back) or `SLUICE_ERROR` (as for `sluice_check`, and
+/// for an in-flight quota: units given back would free held slots).
 ///
 /// # Safety
 /// `name` must be NULL or point to at least `len` readable bytes.

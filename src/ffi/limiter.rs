@@ -157,9 +157,23 @@ pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_in
 /// a charge after the fact, never a rejection.
 pub(super) fn charge(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
     let limiter = limiter()?;
+    not_in_flight(&limiter.table, name)?;
     let item = check_item(name, key, weight);
     let counted = limiter.table.charge(&item, crate::clock::now());
     Ok(outcome_code(counted.outcome, counted.overflow))
+}
+
+/// Refuses a charge or settle of an in-flight quota: its slots are taken
+/// and given back (`sluice_acquire`, `sluice_release`), never charged.
+fn not_in_flight(table: &Table, name: &[u8]) -> Result<(), String> {
+    if table.is_in_flight(name) {
+        return Err(format!(
+            "quota {:?} is an in-flight quota: take its slots with sluice_acquire, \
+             not sluice_charge or sluice_settle",
+            String::from_utf8_lossy(name)
+        ));
+    }
+    Ok(())
 }
 
 /// Settles `reserved` units counted earlier on quota `name` (and a key
@@ -171,6 +185,7 @@ pub(super) fn settle(
     actual: u64,
 ) -> Result<c_int, String> {
     let limiter = limiter()?;
+    not_in_flight(&limiter.table, name)?;
     let item = check_item(name, key, actual);
     let now = crate::clock::now();
     // The C ABI does not know when the reservation was counted: taken as
@@ -237,6 +252,11 @@ pub(super) fn wait_ready(timeout_ms: u64) -> Result<c_int, String> {
     }
 }
 
+/// The limiter's table (for a slot, which keeps it alive).
+pub(super) fn table() -> Result<Arc<Table>, String> {
+    Ok(Arc::clone(&limiter()?.table))
+}
+
 /// Number of quotas loaded.
 pub(super) fn quota_count() -> Result<c_int, String> {
     Ok(c_int::try_from(limiter()?.table.len()).unwrap_or(c_int::MAX))
@@ -269,7 +289,7 @@ fn check_item<'a>(name: &'a [u8], key: Option<&'a [u8]>, weight: u64) -> CheckIt
 }
 
 /// The C code of an outcome (`overflow`: a key found no entry).
-fn outcome_code(outcome: Outcome, overflow: bool) -> c_int {
+pub(super) fn outcome_code(outcome: Outcome, overflow: bool) -> c_int {
     match outcome {
         Outcome::Pass if overflow => SLUICE_KEY_OVERFLOW,
         Outcome::Pass => SLUICE_PASS,

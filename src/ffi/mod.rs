@@ -7,6 +7,8 @@
 //! argument may be NULL.
 //!
 //! - `exports.rs` — the exported functions;
+//! - `in_flight.rs` — the exports of in-flight quotas: a slot acquired
+//!   and released;
 //! - `codes.rs` — their result codes;
 //! - `boundary.rs` — the panic boundary, the last error, and reading
 //!   pointer arguments;
@@ -21,8 +23,10 @@ mod boundary;
 mod codes;
 mod config;
 mod exports;
+mod in_flight;
 mod limiter;
 mod status;
 
 pub use codes::*;
 pub use exports::*;
+pub use in_flight::*;

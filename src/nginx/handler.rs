@@ -59,11 +59,11 @@ use super::headers::{rate_limit_fields, HeaderValue, Reset};
 use super::request_counters::RequestCounters;
 use super::unknown_names::{self, ShownName, UnknownNames};
 use super::util::{bytes, cleanup_data, log, runtime_boundary, set_variable, text};
-use super::Module;
+use super::{inflight, Module};
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Terms, Wait};
 use crate::table::{
-    CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, Table, MAX_CHECKS,
+    CheckItem, CheckOptions, Headroom, HeldSlot, ManyOutcome, Outcome, Rejection, Table, MAX_CHECKS,
 };
 
 /// Most bytes of a bad weight value a log line quotes (the value comes
@@ -76,17 +76,19 @@ pub(super) const MAX_LOGGED_WEIGHT: usize = 64;
 /// after its cleanups ran.
 #[derive(Clone, Copy)]
 #[repr(C)]
-struct HeldItem {
+pub(super) struct HeldItem {
     name: *const u8,
     name_len: usize,
     /// Null: no key.
     key: *const u8,
     key_len: usize,
-    weight: u64,
+    /// What a give-back returns (0 for an in-flight slot, which goes back
+    /// in the log phase instead: see `inflight.rs`).
+    pub(super) weight: u64,
 }
 
 impl HeldItem {
-    const NONE: HeldItem = HeldItem {
+    pub(super) const NONE: HeldItem = HeldItem {
         name: std::ptr::null(),
         name_len: 0,
         key: std::ptr::null(),
@@ -94,7 +96,7 @@ impl HeldItem {
         weight: 0,
     };
 
-    fn of(item: &CheckItem) -> Self {
+    pub(super) fn of(item: &CheckItem) -> Self {
         let (key, key_len) = item
             .key
             .map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
@@ -111,7 +113,7 @@ impl HeldItem {
     ///
     /// # Safety
     /// The bytes it points at must still be alive (see the type's doc).
-    unsafe fn item(&self) -> CheckItem<'_> {
+    pub(super) unsafe fn item(&self) -> CheckItem<'_> {
         // SAFETY: per the contract; lengths are those of live slices.
         unsafe {
             CheckItem {
@@ -493,7 +495,9 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
             max_wait: c.max_wait,
         };
     }
-    let items = &items[..checks.len().min(MAX_CHECKS)];
+    let count = checks.len().min(MAX_CHECKS);
+    let slots = inflight::prepare(table, &mut items[..count]);
+    let items = &items[..count];
     let dry_run = lcf.dry_run.unwrap_or(false);
     let headers = lcf.headers.unwrap_or(false);
     let options = CheckOptions {
@@ -528,6 +532,13 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         } else {
             state.cap_slot = Some(cap.slot);
         }
+    }
+    if result.outcome == Outcome::Pass && answer.then != Then::Reject {
+        let held = HeldSlot {
+            at: charged_at,
+            overflowed: result.overflow,
+        };
+        inflight::hold(r, table, items, slots, held);
     }
     state.status = answer.status;
     match (result.outcome, result.item) {
@@ -566,7 +577,12 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     }
     match answer.then {
         Then::Continue => declined,
-        Then::Hold(wait) => hold(r, state, counters, wait, lcf.wait_coalesce_ms()),
+        Then::Hold(wait) => {
+            // Its in-flight slots go back in the log phase, not with a
+            // hold whose client leaves.
+            inflight::exclude_from_hold(&mut state.held_items, slots);
+            hold(r, state, counters, wait, lcf.wait_coalesce_ms())
+        }
         Then::Reject => lcf.status() as ngx_int_t,
         Then::Deny => lcf.deny_status() as ngx_int_t,
     }

@@ -47,6 +47,8 @@
 //! - `charge.rs` — `sluice_charge`: the log-phase handler that charges
 //!   (and settles) after the response, once per main request, and
 //!   `$sluice_charge_status`.
+//! - `inflight.rs` — in-flight quotas: the slots a request took, given
+//!   back by a log-phase handler when it ends.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
 //! - `worker.rs` — the one sync thread per nginx (worker 0) and its log.
 //! - `util.rs` — strings, directive arguments, panic boundaries, logging.
@@ -67,6 +69,8 @@ mod conf;
 mod directives;
 #[cfg(feature = "nginx")]
 mod handler;
+#[cfg(feature = "nginx")]
+mod inflight;
 #[cfg(feature = "nginx")]
 mod metrics;
 #[cfg(feature = "nginx")]

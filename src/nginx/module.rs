@@ -6,19 +6,19 @@ use core::ffi::{c_char, c_void};
 use core::ptr::{addr_of, addr_of_mut};
 
 use ngx::ffi::{
-    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable,
-    ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_ACCESS_PHASE,
-    ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
-    NGX_CONF_1MORE, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF,
-    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
-    NGX_HTTP_SRV_CONF, NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+    ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_http_add_variable, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_ACCESS_PHASE, ngx_http_request_t, ngx_http_variable_value_t,
+    ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
+    NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
 };
-use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 
 use super::conf::{LocConf, MainConf};
 use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
-use super::{charge, handler, util, worker, zone};
+use super::{charge, handler, inflight, util, worker, zone};
 
 /// Type through which the `ngx` crate reaches this module's configuration
 /// and provides the configuration callbacks.
@@ -41,7 +41,12 @@ impl HttpModule for Module {
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         let ok = conf_boundary(cf, || {
             install_access_handler(cf)?;
-            charge::install(cf)
+            // Charges first among the log handlers (`charge.rs`), so the
+            // access log sees `$sluice_charge_status`; in-flight slots go
+            // back in the log phase too (`inflight.rs`), whether or not
+            // anything was charged.
+            charge::install(cf)?;
+            inflight::install_log_handler(cf)
         });
         status_of(ok)
     }
@@ -110,21 +115,11 @@ fn add_variable(
 }
 
 fn install_access_handler(cf: *mut ngx_conf_t) -> Result<(), String> {
-    // SAFETY: `cf` is the live configuration at the end of the http block.
-    let cmcf = NgxHttpCoreModule::main_conf_mut(unsafe { &*cf })
-        .ok_or("sluice: no http core configuration")?;
-    // SAFETY: the phase's handler array holds ngx_http_handler_pt entries.
-    unsafe {
-        let h = ngx_array_push(
-            &mut cmcf.phases[ngx_http_phases_NGX_HTTP_ACCESS_PHASE as usize].handlers,
-        )
-        .cast::<ngx_http_handler_pt>();
-        if h.is_null() {
-            return Err("sluice: out of memory".into());
-        }
-        *h = Some(handler::access_handler);
-    }
-    Ok(())
+    util::add_phase_handler(
+        cf,
+        ngx_http_phases_NGX_HTTP_ACCESS_PHASE,
+        handler::access_handler,
+    )
 }
 
 /// Checks what only the whole `http` block shows, and asks for the zone

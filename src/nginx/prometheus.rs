@@ -145,7 +145,7 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
         out,
         "# HELP sluice_quota_limit Quota limit in units per `per` (top quotas): per second \
          (per=\"s\") for a leaky quota, per window (per=\"min\", \"day\", ...) for a window quota; \
-         kind is leaky, window or sliding."
+         kind is leaky, window, sliding or in_flight (per=\"at_once\": requests at once)."
     );
     let _ = writeln!(out, "# TYPE sluice_quota_limit gauge");
     for q in &quotas {
@@ -157,6 +157,34 @@ fn render_quotas(out: &mut String, mut quotas: Vec<QuotaState>, top: usize) {
             terms.per(),
             terms.kind(),
             q.quota.limit
+        );
+    }
+    render_in_flight(out, &quotas);
+}
+
+/// The slots held per in-flight quota (its level: every host's, as this
+/// one estimates it), for the top quotas that are in-flight and not
+/// per-key templates (whose keys hold the slots).
+fn render_in_flight(out: &mut String, quotas: &[QuotaState]) {
+    let mut held = quotas
+        .iter()
+        .filter(|q| q.quota.in_flight && !q.quota.per_key)
+        .peekable();
+    if held.peek().is_none() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_in_flight_slots Slots held across the fleet per in-flight quota, as this \
+         host estimates it (top quotas; the limit is sluice_quota_limit{{per=\"at_once\"}})."
+    );
+    let _ = writeln!(out, "# TYPE sluice_in_flight_slots gauge");
+    for q in held {
+        let _ = writeln!(
+            out,
+            "sluice_in_flight_slots{{quota=\"{}\"}} {}",
+            escape(&q.quota.name),
+            q.level
         );
     }
 }
@@ -665,6 +693,39 @@ mod tests {
 
     fn quota(id: u64, name: &str) -> Quota {
         Quota::new(id, name, 5.0, 2.0, 2.0)
+    }
+
+    #[test]
+    fn an_in_flight_quota_shows_its_slots_held_and_its_limit_at_once() {
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&[
+            Quota::new(1, "uploads", 3.0, 3.0, 3.0).in_flight_if(true),
+            quota(2, "rate"),
+        ]);
+        let item = crate::table::CheckItem {
+            name: b"uploads",
+            key: None,
+            weight: 1,
+            max_wait: None,
+        };
+        for _ in 0..2 {
+            t.acquire(&item, 1, false, || 0.5);
+        }
+        let text = render(&t, &[], 10, 1);
+        assert!(
+            text.contains("sluice_in_flight_slots{quota=\"uploads\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("sluice_in_flight_slots{quota=\"rate\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "sluice_quota_limit{quota=\"uploads\",per=\"at_once\",kind=\"in_flight\"} 3"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

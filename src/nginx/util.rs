@@ -221,3 +221,26 @@ pub(crate) fn runtime_boundary<T>(
         }
     }
 }
+
+/// Adds `handler` to the handlers of the request phase `phase` (called
+/// from postconfiguration, once the `http` block is parsed).
+pub(crate) fn add_phase_handler(
+    cf: *mut ngx::ffi::ngx_conf_t,
+    phase: ngx::ffi::ngx_http_phases,
+    handler: unsafe extern "C" fn(*mut ngx::ffi::ngx_http_request_t) -> ngx::ffi::ngx_int_t,
+) -> Result<(), String> {
+    use ngx::http::HttpModuleMainConf as _;
+    // SAFETY: `cf` is the live configuration at the end of the http block.
+    let cmcf = ngx::http::NgxHttpCoreModule::main_conf_mut(unsafe { &*cf })
+        .ok_or("sluice: no http core configuration")?;
+    // SAFETY: the phase's handler array holds ngx_http_handler_pt entries.
+    unsafe {
+        let h = ngx::ffi::ngx_array_push(&mut cmcf.phases[phase as usize].handlers)
+            .cast::<ngx::ffi::ngx_http_handler_pt>();
+        if h.is_null() {
+            return Err("sluice: out of memory".into());
+        }
+        *h = Some(handler);
+    }
+    Ok(())
+}

@@ -32,6 +32,7 @@
 //! level_cap_seconds = 5.0            # a leaky counter's cap: 2 high_bursts + limit * this
 //! max_limiters = 100000              # limiter ids the registry holds (console, quota views)
 //! limiter_expiry = "1h"              # a limiter id not heard from this long is forgotten
+//! in_flight_lease = "10s"            # a limiter silent this long loses its in-flight slots
 //! limiter_tokens_file = "/etc/sluice/limiters.tokens"  # per-limiter sync tokens
 //! ```
 
@@ -110,6 +111,7 @@ struct RootFile {
     level_cap_seconds: Option<f64>,
     max_limiters: Option<usize>,
     limiter_expiry: Option<String>,
+    in_flight_lease: Option<String>,
     limiter_tokens_file: Option<PathBuf>,
 }
 
@@ -217,6 +219,10 @@ pub struct RootConfig {
     pub max_limiters: usize,
     /// A limiter id not heard from for this long is forgotten.
     pub limiter_expiry: Duration,
+    /// A limiter not heard from for this long loses the in-flight slots
+    /// it holds (see [`super::in_flight`]); a few of the fleet's sync
+    /// intervals (at least three), and shorter than `limiter_expiry`.
+    pub in_flight_lease: Duration,
 }
 
 impl Default for RootConfig {
@@ -249,6 +255,7 @@ impl Default for RootConfig {
             level_cap_seconds: super::trust::DEFAULT_CAP_SECONDS,
             max_limiters: super::limiters::DEFAULT_MAX_LIMITERS,
             limiter_expiry: super::limiters::DEFAULT_EXPIRY,
+            in_flight_lease: super::in_flight::DEFAULT_LEASE,
         }
     }
 }
@@ -302,6 +309,7 @@ impl RootConfig {
             level_cap_seconds,
             max_limiters,
             limiter_expiry,
+            in_flight_lease,
             limiter_tokens_file,
         } = file;
         set(&mut self.listen, listen);
@@ -332,6 +340,11 @@ impl RootConfig {
             ("body_timeout", body_timeout, &mut self.body_timeout),
             ("body_grace", body_grace, &mut self.body_grace),
             ("limiter_expiry", limiter_expiry, &mut self.limiter_expiry),
+            (
+                "in_flight_lease",
+                in_flight_lease,
+                &mut self.in_flight_lease,
+            ),
         ] {
             if let Some(text) = text {
                 *slot = duration_key(key, &text)?;
@@ -406,8 +419,17 @@ impl RootConfig {
             ("body_timeout", self.body_timeout),
             ("body_grace", self.body_grace),
             ("limiter_expiry", self.limiter_expiry),
+            ("in_flight_lease", self.in_flight_lease),
         ] {
             positive(key, value.as_nanos() as usize)?;
+        }
+        if self.in_flight_lease >= self.limiter_expiry {
+            // A forgotten limiter's slots go at once: the lease must end
+            // first for it to mean anything.
+            return Err(ConfigError(format!(
+                "in_flight_lease ({:?}) must be shorter than limiter_expiry ({:?})",
+                self.in_flight_lease, self.limiter_expiry
+            )));
         }
         positive("max_in_flight", self.max_in_flight)?;
         positive("max_syncs_per_limiter", self.max_syncs_per_limiter)?;

@@ -38,6 +38,8 @@ pub struct Shard {
     pub book: CounterBook,
     /// What each limiter may still add to them.
     pub allowances: Allowances,
+    /// The slots each limiter holds of the in-flight counters.
+    pub held: super::in_flight::Held,
     /// Rejection rates of the per-key templates whose named counter would
     /// live in this shard.
     pub templates: TemplateRejections,
@@ -105,6 +107,7 @@ impl Counters {
                     Mutex::new(Shard {
                         book: CounterBook::shard(clock.clone(), per_shard),
                         allowances: Allowances::with_max(per_shard_allowances),
+                        held: Default::default(),
                         templates: TemplateRejections::default(),
                     })
                 })

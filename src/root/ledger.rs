@@ -15,6 +15,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::counter_book::{AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits};
 use super::counter_shards::{Counters, CountersView};
+use super::in_flight::lease_expired;
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 use super::store::OverrideRow;
@@ -32,6 +33,15 @@ pub struct SyncPaging {
 
 /// A request's `(counter, delta)` pairs: named ones, then keys' by
 /// template (its deltas, or its returns).
+/// The limit of the in-flight quota `counter` counts on, or `None` when
+/// it is not one (a plain or unknown quota).
+fn in_flight_limit(quotas: &QuotaBook, counter: CounterKey) -> Option<f64> {
+    quotas
+        .counting_quota(counter.id, counter.key != 0)
+        .filter(|q| q.in_flight)
+        .map(|q| q.high_burst)
+}
+
 fn counter_deltas<'a>(
     named: &'a [crate::wire::CounterDelta],
     keyed: &'a [crate::wire::KeyedDeltas],
@@ -167,6 +177,9 @@ pub struct Ledger {
     /// The penalties limiters started (taken after `quotas`, never
     /// with the counter shards).
     pub penalties: Mutex<PenaltyBook>,
+    /// How long a limiter keeps the in-flight slots it holds without
+    /// syncing (see [`super::in_flight`]), nanoseconds.
+    pub in_flight_lease: Nanos,
 }
 
 impl Default for Ledger {
@@ -179,6 +192,7 @@ impl Default for Ledger {
             limiters: Mutex::default(),
             utc_offset: 0,
             level_cap_seconds: DEFAULT_CAP_SECONDS,
+            in_flight_lease: super::in_flight::DEFAULT_LEASE.as_nanos() as Nanos,
         }
     }
 }
@@ -363,11 +377,22 @@ impl Ledger {
             // limiter moves a counter down no faster than it could have
             // filled it (see `trust.rs`).
             for &(counter, delta) in returns {
-                let allowances = &mut shard.allowances;
-                let allow = |shape: &AllowanceShape| {
-                    allowances.admit(caller, counter, shape, delta.weight, now)
+                let in_flight = in_flight_limit(&quotas, counter);
+                let (allowances, held) = (&mut shard.allowances, &shard.held);
+                let allow = |shape: &AllowanceShape| match in_flight {
+                    // A limiter gives back only the slots it holds here.
+                    Some(_) => held.return_effect(number, counter, delta.weight),
+                    None => allowances.admit(caller, counter, shape, delta.weight, now),
                 };
-                if let Some(granted) = shard.book.give_back(counter, delta, now, allow) {
+                let given = shard.book.give_back(counter, delta, now, allow);
+                if in_flight.is_some() {
+                    // Recorded whole, whatever it moved: a return that
+                    // overtook its add cancels that add when it comes.
+                    shard.held.give_back(number, counter, delta.weight);
+                    step.returned_weight += given.unwrap_or(0.0);
+                    continue;
+                }
+                if let Some(granted) = given {
                     step.returned_weight += granted;
                     if granted < delta.weight {
                         step.clipped += 1;
@@ -388,9 +413,17 @@ impl Ledger {
                         self.key_rule(quota, row.map(|r| &r.ov), now)
                     })
                 };
-                let allowances = &mut shard.allowances;
-                let allow = |shape: &AllowanceShape| {
-                    allowances.admit(caller, counter, shape, delta.weight, now)
+                let in_flight = in_flight_limit(&quotas, counter);
+                // An in-flight add beyond a limiter's room is clipped; the
+                // rest raises the counter by what it adds to the slots
+                // the limiter holds (less, while returns that overtook it
+                // are outstanding).
+                let taken =
+                    in_flight.map(|limit| shard.held.room(number, counter, limit, delta.weight));
+                let (allowances, held) = (&mut shard.allowances, &shard.held);
+                let allow = |shape: &AllowanceShape| match taken {
+                    Some(taken) => held.add_effect(number, counter, taken),
+                    None => allowances.admit(caller, counter, shape, delta.weight, now),
                 };
                 match shard
                     .book
@@ -398,6 +431,13 @@ impl Ledger {
                 {
                     None => step.ignored += 1,
                     Some(added) => {
+                        let added = match taken {
+                            Some(taken) => {
+                                shard.held.add(number, counter, taken);
+                                taken
+                            }
+                            None => added,
+                        };
                         if added < delta.weight {
                             step.clipped += 1;
                             step.clipped_weight += delta.weight - added;
@@ -437,6 +477,56 @@ impl Ledger {
             self.counters.changed_since(since, paging.counters, now)
         };
         step
+    }
+
+    /// Takes the in-flight slots of every limiter past its lease (not
+    /// heard from for [`Self::in_flight_lease`], or forgotten) off their
+    /// counters; returns the slots dropped. The root calls it a few times
+    /// per lease; it costs a look at each shard's holders.
+    pub fn expire_leases(&self, now: Nanos) -> f64 {
+        let mut holders: Vec<u32> = Vec::new();
+        for index in 0..self.counters.shard_count() {
+            holders.extend(self.counters.lock(index).held.holders());
+        }
+        if holders.is_empty() {
+            return 0.0;
+        }
+        holders.sort_unstable();
+        holders.dedup();
+        // Past the lease: its slots go. Forgotten by the registry: what
+        // it held or was forgiven goes too (its number may be reused).
+        let (mut expired, mut gone) = (Vec::new(), Vec::new());
+        {
+            let limiters = self.limiters();
+            for l in holders {
+                let last = limiters.get(l).map(|info| info.last_sync);
+                if last.is_none() {
+                    gone.push(l);
+                }
+                if lease_expired(last, self.in_flight_lease, now) {
+                    expired.push(l);
+                }
+            }
+        }
+        if expired.is_empty() {
+            return 0.0;
+        }
+        let mut dropped = 0.0;
+        for index in 0..self.counters.shard_count() {
+            let mut guard = self.counters.lock(index);
+            let shard = &mut *guard;
+            for (counter, slots) in shard.held.expire(|l| expired.binary_search(&l).is_ok()) {
+                let delta = Delta {
+                    weight: slots,
+                    window: None,
+                };
+                let taken = shard.book.give_back(counter, delta, now, |_| slots);
+                dropped += taken.unwrap_or(0.0);
+            }
+            shard.held.forget(|l| gone.binary_search(&l).is_ok());
+            shard.book.release();
+        }
+        dropped
     }
 
     /// `(counter, delta)` pairs sorted into lists by shard.

@@ -26,6 +26,8 @@
 //! - `state.rs` — what handlers and tasks share; reload and write rules.
 //! - `reload.rs` — the periodic reload from the database.
 //! - `health.rs` — readiness, database state, rate-limited outage logs.
+//! - `in_flight.rs` — the slots each limiter holds of the in-flight counters
+//!   and their lease (docs/DESIGN.md, "In-flight quotas").
 //! - `ledger.rs` — the in-memory state and the sync step, pure, time passed
 //!   in:
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
@@ -60,6 +62,9 @@ pub mod counter_book;
 pub mod counter_shards;
 pub mod credentials;
 pub mod health;
+pub mod in_flight;
+#[cfg(test)]
+mod in_flight_tests;
 pub mod ledger;
 pub mod limiters;
 pub mod listener;

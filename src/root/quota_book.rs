@@ -182,7 +182,7 @@ impl QuotaBook {
     /// `utc_offset`.
     pub fn counting(&self, id: u64, keyed: bool, utc_offset: i64) -> Option<Counting> {
         self.counting_quota(id, keyed)
-            .map(|q| Counting::of(q.limit, q.window_rule(utc_offset)))
+            .map(|q| q.counting(utc_offset))
     }
 
     /// A live quota by name.

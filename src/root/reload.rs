@@ -1,5 +1,5 @@
 //! The reload task: rereads changed quotas every interval (and the
-//! limiter tokens file when it changed).
+//! limiter tokens file when it changed), and the in-flight lease sweep.
 //!
 //! The same loop is the root's connection to the database: on start it
 //! keeps trying (migrating the schema on first contact) until the quotas are
@@ -29,4 +29,24 @@ pub async fn run(state: Arc<RootState>, mut shutdown: Shutdown) {
         }
     }
     tracing::debug!("reload task stopped");
+}
+
+/// Takes the in-flight slots of limiters past their lease off the
+/// counters, four times a lease, until shutdown: a task of its own, so a
+/// slow database reload never delays it.
+pub async fn expire_leases(state: Arc<RootState>, mut shutdown: Shutdown) {
+    let every = (state.config.in_flight_lease / 4).max(std::time::Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.wait() => break,
+        }
+        let dropped = state.ledger().expire_leases(state.now());
+        if dropped > 0.0 {
+            tracing::info!(
+                slots = dropped,
+                "in-flight slots of limiters past their lease dropped"
+            );
+        }
+    }
 }

@@ -79,6 +79,7 @@ pub async fn run(
         "quota root listening"
     );
     let reloader = tokio::spawn(reload::run(Arc::clone(&state), signal.clone()));
+    let leases = tokio::spawn(reload::expire_leases(Arc::clone(&state), signal.clone()));
     let app = api::router(Arc::clone(&state));
     let connections = Arc::clone(&state.connections);
     let server = tokio::spawn(listener::serve(
@@ -105,6 +106,7 @@ pub async fn run(
         connections.close_all();
     }
     let _ = reloader.await;
+    let _ = leases.await;
     state.store.close().await;
     tracing::info!("quota root stopped");
     Ok(())

@@ -78,6 +78,7 @@ impl RootState {
             // with the monotonic clock, not with steps of the system clock.
             utc_offset: crate::clock::utc_offset(),
             level_cap_seconds: config.level_cap_seconds,
+            in_flight_lease: config.in_flight_lease.as_nanos() as crate::core::Nanos,
             limiters: Mutex::new(Limiters::new(config.max_limiters, config.limiter_expiry)),
             ..Ledger::with_key_limits(KeyLimits::new(config.max_keys, config.max_keys_per_limiter))
         };

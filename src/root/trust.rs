@@ -118,7 +118,7 @@ pub fn level_cap(quota: &Quota, cap_seconds: f64) -> f64 {
     if quota.window.is_some() {
         CAP_WINDOWS * quota.limit
     } else {
-        CAP_BURSTS * quota.high_burst + quota.limit * cap_seconds
+        CAP_BURSTS * quota.high_burst + quota.leak() * cap_seconds
     }
 }
 
@@ -127,7 +127,7 @@ pub fn level_cap(quota: &Quota, cap_seconds: f64) -> f64 {
 /// window holding `now`).
 pub fn counter_rule(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> CounterRule {
     CounterRule {
-        counting: crate::core::Counting::of(quota.limit, quota.window_rule(utc_offset)),
+        counting: quota.counting(utc_offset),
         cap: level_cap(quota, cap_seconds),
         allowance: shape(quota, utc_offset, cap_seconds, now),
     }
@@ -164,8 +164,8 @@ pub fn shape(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos) -> Al
             (SLACK * quota.high_burst + rate * JITTER_SECONDS, rate)
         }
         None => (
-            SLACK * (quota.high_burst + quota.limit * cap_seconds),
-            SLACK * quota.limit,
+            SLACK * (quota.high_burst + quota.leak() * cap_seconds),
+            SLACK * quota.leak(),
         ),
     };
     AllowanceShape {

@@ -14,12 +14,15 @@
 //! - `scenario.rs` — scenario files: parsing and checks.
 //! - `cluster/` — the event loop (`mod.rs`: a run, the true level and the
 //!   samples) and its concerns, a file each: the event queue, the hosts,
-//!   the network, the ideal limiter and the load.
+//!   the network, the ideal limiter and the load (with requests that hold
+//!   an in-flight slot for a while: `hold_seconds`).
 //! - `root.rs` — the simulated root: the real root's ledger, without the
 //!   network and the database.
 //! - `series.rs` — what a run records, and its CSV.
 //! - `report.rs` — the measured numbers against their targets.
 //! - `plot.rs` — the SVG plots.
+//! - `tests.rs`, `in_flight_tests.rs` — the simulator's tests, and the
+//!   fleet's in-flight quotas (50 hosts at 2x; hosts crashing with slots).
 //!
 //! The standard scenarios live in `benches/scenarios/`; `make
 //! bench-accuracy` runs them in both extrapolation modes and writes the
@@ -441,5 +444,7 @@ pub fn replace_section(old: &str, section: &str) -> String {
     }
 }
 
+#[cfg(test)]
+mod in_flight_tests;
 #[cfg(test)]
 mod tests;

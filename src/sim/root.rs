@@ -150,6 +150,9 @@ impl SimRoot {
         // As the real root's reload task does every second, a slice at a
         // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);
+        // As the real root's lease task: in-flight slots of limiters not
+        // heard from for the lease go (nothing to do without any).
+        self.ledger.expire_leases(now);
         if now.saturating_sub(self.swept_at) >= 1_000_000_000 {
             self.ledger.counters.forget_refilled(now);
             self.swept_at = now;

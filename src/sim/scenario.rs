@@ -362,6 +362,12 @@ pub struct LoadSpec {
     /// `x` phases then count in cost units (the mean cost a request).
     #[serde(default)]
     pub charge: Option<ChargeSpec>,
+    /// Requests of an in-flight quota that last: each admitted one holds
+    /// its slot for a time drawn uniformly from `[min, max]` seconds, then
+    /// its host gives it back (a host that left never does: the roots'
+    /// lease drops its slots).
+    #[serde(default)]
+    pub hold_seconds: Option<[f64; 2]>,
 }
 
 /// How a load's requests cost what they cost, known only after them.
@@ -723,6 +729,22 @@ fn check(s: Scenario) -> Result<Checked, String> {
             }
             if l.pace.is_some() {
                 return Err(at("a load is charged or paced, not both".into()));
+            }
+        }
+        if let Some([min, max]) = l.hold_seconds {
+            let in_flight = checked
+                .quota_index(&l.quota)
+                .is_some_and(|q| checked.quotas[q].in_flight);
+            if !in_flight {
+                return Err(at("hold_seconds is for an in-flight quota's load".into()));
+            }
+            if l.charge.is_some() {
+                return Err(at("a load is charged or holds slots, not both".into()));
+            }
+            if !(min.is_finite() && max.is_finite() && min > 0.0 && max >= min) {
+                return Err(at(format!(
+                    "hold_seconds must be [min, max] with 0 < min <= max, not [{min}, {max}]"
+                )));
             }
         }
         if let Some(skew) = &l.skew {

@@ -41,6 +41,9 @@ pub struct LevelSample {
     pub est_max: f64,
     /// Mean absolute error of the estimates.
     pub est_error: f64,
+    /// The highest level a running root holds for the quota's own
+    /// counter (0 without roots).
+    pub root_max: f64,
 }
 
 /// One quota's record.
@@ -62,6 +65,9 @@ pub struct QuotaSeries {
     pub bins: Vec<Bin>,
     /// Level samples, one per second.
     pub levels: Vec<LevelSample>,
+    /// The highest true level reached, at any moment (an in-flight
+    /// quota's peak of slots held).
+    pub peak: f64,
 }
 
 impl QuotaSeries {
@@ -172,6 +178,7 @@ impl Series {
                 high_burst: q.high_burst,
                 bins: vec![Bin::default(); seconds * BINS_PER_SEC],
                 levels: vec![LevelSample::default(); seconds],
+                peak: 0.0,
             })
             .collect();
         Self {

@@ -22,7 +22,7 @@
 //! ([`crate::core::Counting::merge_reply`]).
 
 use super::layout::{
-    counting_rule, pack_rate_prev, unpack_rate_prev, Slot, FLAG_LIVE, FLAG_SLIDING,
+    counting_rule, pack_rate_prev, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_SLIDING,
     FLAG_SOURCE_MASK, FLAG_SOURCE_SHIFT,
 };
 use super::lock::{own_pid, process_alive, SeqWrite};
@@ -455,6 +455,15 @@ fn slot_tally(s: &Slot) -> (Tally, f64) {
 
 /// Writes a slot's counter and fill rate under its seqlock.
 fn store_tally(s: &Slot, t: Tally, rate: f64) {
+    // An in-flight level goes down as well as up: a trend measured while
+    // it rose would go on being extrapolated after the rise stopped (a
+    // level that does not change is not sent again), so its estimate is
+    // the known level plus this host's own changes only.
+    let rate = if s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
+        0.0
+    } else {
+        rate
+    };
     let fill = if s.flags.load(RLX) & FLAG_SLIDING != 0 {
         pack_rate_prev(rate, t.prev)
     } else {

@@ -226,6 +226,13 @@ fn take_back(pending: &AtomicU64, units: u64) -> u64 {
     units
 }
 
+/// What a charge or settle of an in-flight quota counts: nothing.
+const NOT_CHARGED: Grant = Grant {
+    outcome: Outcome::Unknown,
+    granted: 0,
+    overflow: false,
+};
+
 impl Table {
     /// Counts `item.weight` on the quota (or key) and every ancestor
     /// without deciding anything: a charge after the response, when the
@@ -238,8 +245,13 @@ impl Table {
     /// counter; `pass` and `reject`: nowhere, `KeyOverflow`). An unknown
     /// name or a keyless charge of a per-key quota count nothing and say
     /// so. Neither a pass nor a rejection is counted: a charge is not a
-    /// check.
+    /// check. An in-flight quota counts slots held, not costs: a charge
+    /// of one would hold slots that nothing gives back, so it counts
+    /// nothing and answers `Unknown`.
     pub fn charge(&self, item: &CheckItem, now: Nanos) -> Grant {
+        if self.is_in_flight(item.name) {
+            return NOT_CHARGED;
+        }
         let mut chain = Chain::new();
         let counted = |outcome, granted, overflow| Grant {
             outcome,
@@ -274,8 +286,13 @@ impl Table {
     /// whatever the level); one below it is given back
     /// ([`Table::give_back`]: uncounted if not sent yet, else a return
     /// to the roots, never below zero, nothing to a window that ended).
-    /// `granted` is what was added (0 when units were given back).
+    /// `granted` is what was added (0 when units were given back). An
+    /// in-flight quota is not settled (`Unknown`, as [`Table::charge`]):
+    /// units given back would free slots still held.
     pub fn settle(&self, item: &CheckItem, estimate: u64, charged_at: Nanos, now: Nanos) -> Grant {
+        if self.is_in_flight(item.name) {
+            return NOT_CHARGED;
+        }
         let actual = item.weight.min(MAX_WEIGHT);
         let estimate = estimate.min(MAX_WEIGHT);
         if actual >= estimate {

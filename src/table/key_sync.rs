@@ -17,7 +17,7 @@ use super::key_moves::{KeyLock, SYNC_BATCH};
 use super::keys::{
     clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
 };
-use super::layout::{KeyEntry, DIRTY_QUEUED, KEY_CLAIMED, KEY_WAYS};
+use super::layout::{KeyEntry, DIRTY_QUEUED, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS};
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
@@ -217,7 +217,10 @@ impl Table {
         if taken {
             set_key_source(e, source);
         }
-        if !keeps_prev(&counting) {
+        if s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
+            // Not extrapolated: see `store_tally` in counters.rs.
+            e.fill.store(0, RLX);
+        } else if !keeps_prev(&counting) {
             let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
             let span = merged.at.saturating_sub(known.at);
             let rate = if span >= self.estimator().horizon / 4 {

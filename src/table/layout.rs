@@ -44,7 +44,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 10;
+pub const LAYOUT_VERSION: u32 = 11;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -101,6 +101,13 @@ pub const FLAG_SLIDING: u16 = 1 << 5;
 /// its keys have overrides: a check looks in the tier section. Never set
 /// for other quotas, so their checks pay one bit test.
 pub const FLAG_TIERS: u16 = 1 << 6;
+/// Slot flag: an in-flight quota (slots held, no leak: the slot's `limit`
+/// word is its leak, 0, and its bursts are its limit; see
+/// [`crate::core::Quota::leak`]).
+pub const FLAG_IN_FLIGHT: u16 = 1 << 7;
+/// The flag bits saying how a quota counts: a change of any of them
+/// starts its counter over.
+pub const COUNTING_MASK: u16 = FLAG_WINDOW_MASK | FLAG_SLIDING | FLAG_IN_FLIGHT;
 /// Slot flags: the [`crate::table::Source`] of `known_level` (which
 /// root's reply it is) in the high byte.
 pub const FLAG_SOURCE_SHIFT: u16 = 8;
@@ -115,14 +122,16 @@ pub const DIRTY_SOURCE_SHIFT: u32 = 8;
 /// The bits of [`DIRTY_SOURCE_SHIFT`].
 pub const DIRTY_SOURCE_MASK: u32 = 0xff << DIRTY_SOURCE_SHIFT;
 
-/// The flag bits saying how a quota counts.
-pub fn counting_flags(window: Option<Window>, sliding: bool) -> u16 {
-    let code = window.map_or(0, Window::code) << FLAG_WINDOW_SHIFT;
-    code | if sliding && window.is_some() {
+/// The flag bits saying how `q` counts ([`COUNTING_MASK`]).
+pub fn counting_flags(q: &crate::core::Quota) -> u16 {
+    let code = q.window.map_or(0, Window::code) << FLAG_WINDOW_SHIFT;
+    let sliding = if q.sliding && q.window.is_some() {
         FLAG_SLIDING
     } else {
         0
-    }
+    };
+    let in_flight = if q.in_flight { FLAG_IN_FLIGHT } else { 0 };
+    code | sliding | in_flight
 }
 
 /// How a quota with `flags` counts (its window rule, if any), with

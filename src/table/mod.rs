@@ -46,6 +46,8 @@
 //!   reservations, weight given back (a held request whose client
 //!   left), and charges after the response (counted whatever the level:
 //!   a debt) with the settling of an estimate.
+//! - `in_flight.rs` — in-flight quotas on the request path: a slot taken
+//!   (a check of weight 1) and given back (a return of 1).
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding
@@ -70,9 +72,10 @@
 //! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
 //! - `heap.rs` — the anonymous mapping behind a heap table.
 //! - `file.rs` — quota files applied to a table (authoritative or seeds).
-//! - `tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs` —
-//!   unit tests by subject: named quotas, per-key quotas, window quotas
-//!   with partial grants and reservations, overrides and penalties.
+//! - `tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
+//!   `in_flight_tests.rs` — unit tests by subject: named quotas, per-key
+//!   quotas, window quotas with partial grants and reservations, overrides
+//!   and penalties, in-flight slots.
 
 mod chain;
 mod check;
@@ -80,6 +83,7 @@ mod counters;
 pub mod file;
 mod grants;
 mod heap;
+mod in_flight;
 mod key_moves;
 mod key_sync;
 mod keys;
@@ -99,6 +103,7 @@ use crate::core::Extrapolation;
 
 pub use counters::{CollectedDelta, Source};
 pub use grants::{Grant, Reservation};
+pub use in_flight::HeldSlot;
 pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use outcome::{
     Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
@@ -539,6 +544,8 @@ impl Table {
     }
 }
 
+#[cfg(test)]
+mod in_flight_tests;
 #[cfg(test)]
 mod key_tests;
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::fence;
 
-use super::layout::{Slot, FLAG_LIVE, FLAG_PER_KEY};
+use super::layout::{Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
 use super::lock::SeqWrite;
 use super::names;
 use super::write::ApplyReport;
@@ -134,9 +134,16 @@ impl Table {
     /// without allocating; `None` if the slot is not live.
     pub fn terms_of(&self, slot: SlotId) -> Option<Terms> {
         let (view, _) = self.read_view(slot)?;
-        let per_key = self.slot(slot)?.flags.load(RLX) & FLAG_PER_KEY != 0;
+        let flags = self.slot(slot)?.flags.load(RLX);
+        let per_key = flags & FLAG_PER_KEY != 0;
+        let in_flight = flags & FLAG_IN_FLIGHT != 0;
         Some(Terms {
-            limit: view.limit,
+            limit: if in_flight {
+                view.high_burst
+            } else {
+                view.limit
+            },
+            in_flight,
             window: view.window.map(|rule| rule.window),
             sliding: view.window.is_some_and(|rule| rule.sliding),
             per_key,
@@ -162,18 +169,26 @@ impl Table {
             .map(|w| names::load(w, len))?;
         let parent = s.parent_id.load(RLX);
         let id = s.quota_id()?; // None: freed while this ran
+        let in_flight = s.flags.load(RLX) & FLAG_IN_FLIGHT != 0;
+        // An in-flight slot holds its leak (0) where the limit goes.
+        let limit = if in_flight {
+            view.high_burst
+        } else {
+            view.limit
+        };
         Some(QuotaState {
             quota: Quota::new(
                 id,
                 String::from_utf8_lossy(&name),
-                view.limit,
+                limit,
                 view.low_burst,
                 view.high_burst,
             )
             .with_parent((parent != 0).then_some(parent))
             .at_epoch(s.epoch.load(RLX))
             .keyed_if(s.flags.load(RLX) & FLAG_PER_KEY != 0)
-            .windowed_if(view.window.map(|rule| (rule.window, rule.sliding))),
+            .windowed_if(view.window.map(|rule| (rule.window, rule.sliding)))
+            .in_flight_if(in_flight),
             slot,
             level: crate::core::estimate::estimate_level(&view, now, estimator),
             fill_rate: view.fill_rate,

@@ -5,8 +5,8 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::layout::{
-    counting_flags, index_entry, index_home, FLAG_LIVE, FLAG_PER_KEY, FLAG_SLIDING,
-    FLAG_SOURCE_MASK, FLAG_TIERS, FLAG_WINDOW_MASK, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
+    counting_flags, index_entry, index_home, COUNTING_MASK, FLAG_LIVE, FLAG_PER_KEY,
+    FLAG_SOURCE_MASK, FLAG_TIERS, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
 };
 use super::lock::SeqWrite;
 use super::names;
@@ -90,8 +90,7 @@ impl Table {
             }
             let flags = s.flags.load(RLX);
             let was_template = flags & FLAG_PER_KEY != 0;
-            let recounted =
-                flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != counting_flags(q.window, q.sliding);
+            let recounted = flags & COUNTING_MASK != counting_flags(q);
             // A template deleted, or turned into a plain quota (or a new
             // quota under its name, or one counting another way): its
             // keys go with it.
@@ -137,12 +136,11 @@ impl Table {
     /// or a name deleted and created again) starts a fresh counter.
     fn write_quota(&self, slot: SlotId, q: &Quota) {
         let s = &self.slots()[slot as usize];
-        let counting = counting_flags(q.window, q.sliding);
+        let counting = counting_flags(q);
         let old_flags = s.flags.load(RLX);
         // A new quota, or one that now counts another way: its counter's
         // numbers mean something else, so it starts over.
-        let fresh =
-            s.quota_id() != Some(q.id) || old_flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != counting;
+        let fresh = s.quota_id() != Some(q.id) || old_flags & COUNTING_MASK != counting;
         // A template's keys keep their overrides across edits of its
         // numbers: once flagged, a quota stays flagged while its id lasts.
         let tiers = if q.penalty.is_some() || (!fresh && old_flags & FLAG_TIERS != 0) {
@@ -166,7 +164,9 @@ impl Table {
                 .windows_used
                 .fetch_or(1 << (window.code() - 1), RLX);
         }
-        s.limit.store(q.limit.to_bits(), RLX);
+        // The leak, not the limit: 0 for an in-flight quota, whose limit
+        // its bursts carry (`snapshot.rs` gives it back).
+        s.limit.store(q.leak().to_bits(), RLX);
         s.low_burst.store(q.low_burst.to_bits(), RLX);
         s.high_burst.store(q.high_burst.to_bits(), RLX);
         if fresh {

@@ -150,6 +150,14 @@ sub http_request {
     return { status => $status, headers => \%headers, content => $content // '' };
 }
 
+# One series of the Prometheus text nginx on 127.0.0.1:$port serves at
+# $path, as a number (undef when absent).
+sub metric_value {
+    my ($port, $path, $name) = @_;
+    my $text = http_request('GET', "http://127.0.0.1:$port$path")->{content};
+    return $text =~ /^\Q$name\E (\S+)$/m ? $1 + 0 : undef;
+}
+
 # Starts our nginx with the sluice module in a scratch prefix: the
 # `http { }` block is $opt{http}; $opt{files} maps paths under html/ to
 # their content. Returns {prefix, stop}; stop it before the roots it

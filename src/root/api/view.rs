@@ -57,6 +57,10 @@ pub struct QuotaView {
     /// The penalty a rejection at the high burst starts (`"15m"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub penalty: Option<PenaltyTime>,
+    /// An in-flight quota: `limit` requests at once; `level` is the slots
+    /// held.
+    #[serde(skip_serializing_if = "crate::core::quota::is_false")]
+    pub in_flight: bool,
     /// Epoch of the last change.
     pub epoch: u64,
     /// Cluster level now, as this root sums it (for a window quota, the
@@ -123,6 +127,7 @@ pub fn view(ledger: &LedgerView, quota: &Quota, now: Nanos, with_limiters: bool)
         window: quota.window,
         sliding: quota.sliding,
         penalty: quota.penalty,
+        in_flight: quota.in_flight,
         epoch: quota.epoch,
         level: counter.as_ref().map_or(0.0, |c| c.level),
         fill_rate: counter.as_ref().map_or(0.0, |c| c.fill_rate),

@@ -266,6 +266,7 @@ fn field_changes(current: &QuotaSpec, wanted: &QuotaSpec) -> Vec<FieldChange> {
     let flags = [
         ("per_key", current.per_key, wanted.per_key),
         ("sliding", current.sliding, wanted.sliding),
+        ("in_flight", current.in_flight, wanted.in_flight),
     ];
     for (field, from, to) in flags {
         if from != to {

@@ -43,6 +43,11 @@ const SQLITE: &[Embedded] = &[
         "tiers",
         include_str!("../migrations/sqlite/0004_tiers.sql"),
     ),
+    (
+        5,
+        "in flight",
+        include_str!("../migrations/sqlite/0005_in_flight.sql"),
+    ),
 ];
 
 const POSTGRES: &[Embedded] = &[
@@ -65,6 +70,11 @@ const POSTGRES: &[Embedded] = &[
         4,
         "tiers",
         include_str!("../migrations/postgres/0004_tiers.sql"),
+    ),
+    (
+        5,
+        "in flight",
+        include_str!("../migrations/postgres/0005_in_flight.sql"),
     ),
 ];
 

@@ -215,7 +215,7 @@ pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(120);
 pub const LOAD_PAGE: usize = 10_000;
 
 /// The columns every quota query selects, in [`quota_from_row`]'s order.
-const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted, per_key, count_window, sliding, penalty_secs"#;
+const QUOTA_COLUMNS: &str = r#"id, name, parent, "limit", low_burst, high_burst, epoch, deleted, per_key, count_window, sliding, penalty_secs, in_flight"#;
 
 /// What sqlx's "pool timed out" becomes until diagnosed.
 const NO_CONNECTION: &str = "no database connection within db_timeout";
@@ -635,6 +635,7 @@ fn quota_from_row(row: &AnyRow) -> Result<StoredQuota, StoreError> {
         window: None,
         sliding: row.try_get::<i64, _>(10)? != 0,
         penalty: None,
+        in_flight: row.try_get::<i64, _>(12)? != 0,
     };
     let window: Option<String> = row.try_get(9)?;
     let quota = match window.as_deref().map(|w| (w, Window::parse(w))) {

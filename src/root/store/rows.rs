@@ -35,7 +35,7 @@ pub(super) struct StoredRow {
 /// The columns a write sets besides `name`, `parent` and the times, in
 /// the order [`bind`] binds them (`$3` on; `$1` is the name, `$2` the
 /// parent's name, the time comes last).
-const WRITTEN: [&str; 8] = [
+const WRITTEN: [&str; 9] = [
     r#""limit""#,
     "low_burst",
     "high_burst",
@@ -43,6 +43,7 @@ const WRITTEN: [&str; 8] = [
     "count_window",
     "sliding",
     "penalty_secs",
+    "in_flight",
     "epoch",
 ];
 
@@ -66,6 +67,7 @@ fn bind<'q>(
         .bind(spec.window.map(Window::name))
         .bind(i64::from(spec.sliding))
         .bind(spec.penalty.map(|p| i64::from(p.secs())))
+        .bind(i64::from(spec.in_flight))
         .bind(epoch as i64)
         .bind(now)
 }
@@ -160,8 +162,8 @@ pub(super) async fn tombstone(
 
 /// Rows with their parents by name, in [`stored_row`]'s order.
 const SELECT_ROWS: &str = r#"SELECT q.id, q.epoch, q.deleted, q.name, p.name, q."limit",
-    q.low_burst, q.high_burst, q.per_key, q.count_window, q.sliding, q.penalty_secs
-    FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#;
+    q.low_burst, q.high_burst, q.per_key, q.count_window, q.sliding, q.penalty_secs,
+    q.in_flight FROM quotas q LEFT JOIN quotas p ON p.id = q.parent"#;
 
 /// The row named `name`, live or a tombstone.
 pub(super) async fn by_name(
@@ -205,6 +207,7 @@ fn stored_row(row: &AnyRow) -> Result<StoredRow, StoreError> {
                 .try_get::<Option<i64>, _>(11)?
                 .and_then(|secs| PenaltyTime::from_secs(secs.max(0) as u64).ok()),
             overrides: Vec::new(),
+            in_flight: row.try_get::<i64, _>(12)? != 0,
         },
     })
 }
@@ -218,17 +221,17 @@ mod tests {
         assert_eq!(
             insert_sql(2),
             "INSERT INTO quotas (name, parent, \"limit\", low_burst, high_burst, per_key, \
-             count_window, sliding, penalty_secs, epoch, deleted, created_at, updated_at) VALUES \
-             ($1, (SELECT id FROM quotas WHERE name = $2), $3, $4, $5, $6, $7, $8, $9, $10, 0, \
-             $11, $11), ($12, (SELECT id FROM quotas WHERE name = $13), $14, $15, $16, $17, $18, \
-             $19, $20, $21, 0, $22, $22) RETURNING id"
+             count_window, sliding, penalty_secs, in_flight, epoch, deleted, created_at, \
+             updated_at) VALUES ($1, (SELECT id FROM quotas WHERE name = $2), $3, $4, $5, $6, $7, \
+             $8, $9, $10, $11, 0, $12, $12), ($13, (SELECT id FROM quotas WHERE name = $14), $15, \
+             $16, $17, $18, $19, $20, $21, $22, $23, 0, $24, $24) RETURNING id"
         );
         assert_eq!(
             REWRITE.as_str(),
             "UPDATE quotas SET parent = (SELECT p.id FROM quotas p WHERE p.name = $2), \
              \"limit\" = $3, low_burst = $4, high_burst = $5, per_key = $6, count_window = $7, \
-             sliding = $8, penalty_secs = $9, epoch = $10, deleted = 0, updated_at = $11 \
-             WHERE name = $1 RETURNING id"
+             sliding = $8, penalty_secs = $9, in_flight = $10, epoch = $11, deleted = 0, \
+             updated_at = $12 WHERE name = $1 RETURNING id"
         );
     }
 }

@@ -9,6 +9,7 @@
 
 use sqlx::{Any, Row, Transaction};
 
+use crate::core::quota::in_flight_as_parent;
 use crate::core::quota::{validate_chain, MAX_DEPTH};
 use crate::core::spec::{template_as_parent, QuotaPatch, QuotaSpec};
 use crate::core::ValidationError;
@@ -171,17 +172,22 @@ impl Store {
             check_parent(&mut tx, parent).await?;
         }
         check_placement(&mut tx, spec, current.as_ref()).await?;
-        if let Some(c) = current.as_ref().filter(|c| spec.per_key && !c.deleted) {
+        let childless = [
+            (spec.per_key, "per_key", "a per-key template"),
+            (spec.in_flight, "in_flight", "an in-flight quota"),
+        ];
+        for (field, what) in childless.iter().filter(|c| c.0).map(|c| (c.1, c.2)) {
+            let Some(c) = current.as_ref().filter(|c| !c.deleted) else {
+                break;
+            };
             let children = live_children(&mut tx, c.id).await?;
             if !children.is_empty() {
                 let message = format!(
-                    "{:?} is the parent of {}; a per-key template cannot be a parent",
+                    "{:?} is the parent of {}; {what} cannot be a parent",
                     spec.name,
                     children.join(", ")
                 );
-                return Err(StoreError::Conflict(ValidationError::new(
-                    "per_key", message,
-                )));
+                return Err(StoreError::Conflict(ValidationError::new(field, message)));
             }
         }
         let now = unix_millis();
@@ -263,12 +269,13 @@ fn same_values(current: &QuotaSpec, spec: &QuotaSpec) -> bool {
         && current.window == spec.window
         && current.sliding == spec.sliding
         && current.penalty == spec.penalty
+        && current.in_flight == spec.in_flight
 }
 
 /// Checks that the quota `name` may be a parent: it exists, live, and is
-/// not a per-key template.
+/// not a per-key template nor an in-flight quota.
 async fn check_parent(tx: &mut Transaction<'static, Any>, name: &str) -> Result<(), StoreError> {
-    let row = sqlx::query("SELECT per_key FROM quotas WHERE name = $1 AND deleted = 0")
+    let row = sqlx::query("SELECT per_key, in_flight FROM quotas WHERE name = $1 AND deleted = 0")
         .bind(name)
         .fetch_optional(&mut **tx)
         .await?;
@@ -282,6 +289,12 @@ async fn check_parent(tx: &mut Transaction<'static, Any>, name: &str) -> Result<
         return Err(StoreError::Invalid {
             quota: None,
             error: template_as_parent(name),
+        });
+    }
+    if row.try_get::<i64, _>(1)? != 0 {
+        return Err(StoreError::Invalid {
+            quota: None,
+            error: in_flight_as_parent(name),
         });
     }
     Ok(())

@@ -175,6 +175,23 @@ impl Sim<'_> {
         let Host { table, rng, .. } = h;
         let result = table.check_many(&[item], local, CheckOptions::default(), || rng.next_unit());
         let admitted = !matches!(result.outcome, Outcome::Reject(_));
+        if let (true, Some([min, max])) = (admitted, spec.hold_seconds) {
+            let seconds = min + (max - min) * self.load_rng.next_unit();
+            let held = crate::table::HeldSlot {
+                at: local,
+                overflowed: result.overflow,
+            };
+            self.queue.push(
+                now + (seconds * SEC as f64) as Nanos,
+                Event::Release {
+                    host,
+                    load,
+                    rank,
+                    held,
+                },
+            );
+            *self.held.entry((host, q)).or_default() += 1;
+        }
         if admitted && spec.pace.is_some() {
             // The request acts once its wait is over.
             if let Some(bin) = self.series.bin_index(now + result.wait) {
@@ -214,11 +231,15 @@ impl Sim<'_> {
             return;
         };
         for &c in &self.chains[q] {
-            let b = &mut self.series.quotas[c].bins[bin];
+            let series = &mut self.series.quotas[c];
+            let b = &mut series.bins[bin];
             b.offered += weight;
             if admitted {
                 b.admitted += weight;
                 self.truth[c] = self.counting[c].add(self.truth[c], now, weight as f64);
+                series.peak = series
+                    .peak
+                    .max(self.counting[c].current(self.truth[c], now));
             } else {
                 b.rejected += weight;
             }
@@ -236,4 +257,52 @@ pub(super) fn key_bytes(load: usize, rank: Option<u64>) -> [u8; 12] {
     key[..4].copy_from_slice(&(load as u32).to_le_bytes());
     key[4..].copy_from_slice(&rank.unwrap_or(0).to_le_bytes());
     key
+}
+
+impl Sim<'_> {
+    /// A request of a holding load ends: its host gives the slot back,
+    /// and the true level drops (a host that left gives nothing: its
+    /// slots were taken off the truth when it left).
+    pub(super) fn release(
+        &mut self,
+        host: usize,
+        load: usize,
+        rank: Option<u64>,
+        held: crate::table::HeldSlot,
+        now: Nanos,
+    ) {
+        let h = &self.hosts[host];
+        if !h.alive {
+            return;
+        }
+        let q = self.load_quota[load];
+        let key = key_bytes(load, rank);
+        let item = CheckItem {
+            name: self.quotas[q].name.as_bytes(),
+            key: rank.map(|_| &key[..]),
+            weight: 1,
+            max_wait: None,
+        };
+        h.table.release(&item, held, h.local(now));
+        if let Some(n) = self.held.get_mut(&(host, q)) {
+            *n = n.saturating_sub(1);
+        }
+        self.give_back_truth(q, 1.0, now);
+    }
+
+    /// A host that left: the slots its running requests held are no
+    /// longer truly held.
+    pub(super) fn drop_held(&mut self, host: usize, now: Nanos) {
+        for q in 0..self.quotas.len() {
+            if let Some(n) = self.held.remove(&(host, q)) {
+                self.give_back_truth(q, n as f64, now);
+            }
+        }
+    }
+
+    fn give_back_truth(&mut self, q: usize, units: f64, now: Nanos) {
+        for &c in &self.chains[q] {
+            self.truth[c] = self.counting[c].give_back_in(self.truth[c], None, now, units);
+        }
+    }
 }

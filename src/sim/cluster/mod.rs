@@ -113,6 +113,8 @@ struct Sim<'a> {
     counting: Vec<Counting>,
     truth: Vec<Tally>,
     ideal: Vec<Tally>,
+    /// Slots held by requests still running, by (host, quota).
+    held: HashMap<(usize, usize), u64>,
     /// Per load: how its requests pick keys (keyed loads only).
     keys: Vec<Option<LoadKeys>>,
     /// The ideal limiter's buckets of keys, by (load, rank).
@@ -233,10 +235,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let n = quotas.len();
-        let counting = quotas
-            .iter()
-            .map(|q| Counting::of(q.limit, q.window_rule(0)))
-            .collect();
+        let counting = quotas.iter().map(|q| q.counting(0)).collect();
         Sim {
             checked,
             options,
@@ -253,6 +252,7 @@ impl<'a> Sim<'a> {
             net_rng,
             ideal_rng: stream(options.seed, 3),
             carry: HashMap::new(),
+            held: HashMap::new(),
             counting,
             truth: vec![Tally::default(); n],
             ideal: vec![Tally::default(); n],
@@ -313,6 +313,12 @@ impl<'a> Sim<'a> {
                 Event::AtRoot { exchange } => self.at_root(exchange, at),
                 Event::AtHost { exchange } => self.at_host(exchange, at),
                 Event::Timeout { exchange } => self.timeout(exchange, at),
+                Event::Release {
+                    host,
+                    load,
+                    rank,
+                    held,
+                } => self.release(host, load, rank, held, at),
                 Event::Scenario(i) => self.scenario_event(i, at),
                 Event::Sample(sec) => self.sample(sec, at),
             }
@@ -338,6 +344,9 @@ impl<'a> Sim<'a> {
             Action::HostsLeave { count } => {
                 for h in self.live_hosts().into_iter().rev().take(count) {
                     self.hosts[h].alive = false;
+                    // Its requests die with it: their slots are no longer
+                    // truly held (the roots learn it by the lease).
+                    self.drop_held(h, now);
                 }
             }
             Action::HostsJoin { count } => {
@@ -370,6 +379,10 @@ impl<'a> Sim<'a> {
                 sample.est_max = sample.est_max.max(state.level);
                 sample.est_error += (state.level - truth).abs();
             }
+            sample.root_max = (0..self.roots.len())
+                .filter(|&r| self.roots[r].up)
+                .filter_map(|r| self.roots[r].level(quota.id, self.root_time(r, now)))
+                .fold(0.0, f64::max);
             if live.is_empty() {
                 sample.est_min = 0.0;
             } else {

@@ -35,6 +35,13 @@ pub(super) enum Event {
         cost: u64,
         charged_at: Nanos,
     },
+    /// A request of a holding load ends: its host gives its slot back.
+    Release {
+        host: usize,
+        load: usize,
+        rank: Option<u64>,
+        held: crate::table::HeldSlot,
+    },
     /// A scenario event (index into the scenario's list).
     Scenario(usize),
     /// Sample levels at the end of second `s`.

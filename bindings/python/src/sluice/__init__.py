@@ -13,9 +13,9 @@ this package only converts arguments and errors.
 """
 
 from ._native import LIBRARY_ENV, LibraryNotFound
-from .limiter import NEVER, Decision, Grant, Limiter, Reservation, SluiceError
+from .limiter import NEVER, Decision, Grant, Limiter, Reservation, Slot, SluiceError
 
 __all__ = [
     "Decision", "Grant", "LIBRARY_ENV", "LibraryNotFound", "Limiter", "NEVER", "Reservation",
-    "SluiceError",
+    "Slot", "SluiceError",
 ]

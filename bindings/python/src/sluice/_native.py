@@ -62,6 +62,10 @@ _HOT_SIGNATURES = {
     # reserved, actual
     "sluice_settle": (_c_int, [_c_str, _size, _u64, _u64]),
     "sluice_settle_key": (_c_int, [_c_str, _size, _c_str, _size, _u64, _u64]),
+    # *slot: an opaque SluiceSlot pointer, given back by sluice_release.
+    "sluice_acquire": (_c_int, [_c_str, _size, ctypes.POINTER(ctypes.c_void_p)]),
+    "sluice_acquire_key": (_c_int, [_c_str, _size, _c_str, _size, ctypes.POINTER(ctypes.c_void_p)]),
+    "sluice_release": (_c_int, [ctypes.c_void_p]),
 }
 
 LIBRARY_ENV = "SLUICE_LIBRARY"

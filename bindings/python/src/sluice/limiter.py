@@ -83,6 +83,47 @@ class Reservation(NamedTuple):
         return self.decision is not Decision.REJECT
 
 
+class Slot:
+    """A slot of an in-flight quota from ``Limiter.acquire``: truthy unless
+    every slot was taken. Give it back with ``release()`` when the work it
+    stands for ends, or use it as a context manager; releasing twice (or a
+    slot that holds nothing) does nothing. A slot dropped unreleased is
+    given back when it is garbage-collected.
+    """
+
+    __slots__ = ("decision", "_ptr", "_release")
+
+    def __init__(self, decision, ptr, release):
+        #: ``PASS`` (a slot is held), ``REJECT`` (none free), ``UNKNOWN``,
+        #: ``NO_KEY`` or ``KEY_OVERFLOW`` (as for a check).
+        self.decision = decision
+        self._ptr = ptr
+        self._release = release
+
+    @property
+    def held(self):
+        """True while this object holds a slot to give back."""
+        return self._ptr is not None
+
+    def release(self):
+        """Gives the slot back (once; later calls do nothing)."""
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            self._release(ptr)
+
+    def __bool__(self):
+        return self.decision is not Decision.REJECT
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        self.release()
+
+    def __del__(self):
+        self.release()
+
+
 _CLOSED = "the limiter is closed"
 _MAX_U64 = 2**64 - 1
 # Builds a Grant or Reservation without NamedTuple's keyword-handling
@@ -152,6 +193,9 @@ class Limiter:
         self._charge_key = hot.sluice_charge_key
         self._settle = hot.sluice_settle
         self._settle_key = hot.sluice_settle_key
+        self._acquire = hot.sluice_acquire
+        self._acquire_key = hot.sluice_acquire_key
+        self._release_slot = hot.sluice_release
         # The out-parameter of obtain and reserve: one per thread, made
         # once (a new c_uint64 and byref per call cost more than the call).
         self._cells = threading.local()
@@ -334,6 +378,26 @@ class Limiter:
         if decision is None:
             raise SluiceError(self._native.last_error())
         return _new_tuple(Reservation, (decision, wait.value))
+
+    def acquire(self, name, key=None):
+        """Takes a slot of the in-flight quota ``name`` (``sluice_acquire``;
+        with ``key``, a slot of that key of a per-key one): at most the
+        quota's limit are held at once across the fleet. Returns a ``Slot``,
+        truthy unless every slot is taken; give it back with
+        ``slot.release()`` or ``with limiter.acquire("uploads") as slot:``.
+        Never blocks. A quota that is not in-flight raises ``SluiceError``.
+        """
+        if type(name) is not bytes:
+            name = _name_bytes(name, "name")
+        if self._closed:
+            raise SluiceError(_CLOSED)
+        ptr = ctypes.c_void_p()
+        if key is None:
+            code = self._acquire(name, len(name), ctypes.byref(ptr))
+        else:
+            key = _name_bytes(key, "key")
+            code = self._acquire_key(name, len(name), key, len(key), ctypes.byref(ptr))
+        return Slot(self._decision(code), ptr.value, self._release_slot)
 
     def pace(self, name, weight=1, max_wait=1.0, key=None, sleep=None):
         """``reserve``, then sleep the wait when the reservation was counted.
