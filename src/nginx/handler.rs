@@ -56,6 +56,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use super::args::{runtime_weight, wait_timer_ms, Answer, RequestStatus, Then, WeightError};
 use super::conf::{Check, LocConf, Weight};
 use super::headers::{rate_limit_fields, HeaderValue, Reset};
+use super::held_item::HeldItem;
 use super::request_counters::RequestCounters;
 use super::unknown_names::{self, ShownName, UnknownNames};
 use super::util::{bytes, cleanup_data, log, runtime_boundary, set_variable, text};
@@ -69,63 +70,6 @@ use crate::table::{
 /// Most bytes of a bad weight value a log line quotes (the value comes
 /// from the client).
 pub(super) const MAX_LOGGED_WEIGHT: usize = 64;
-
-/// A check of a held request, kept to give its weight back if the client
-/// leaves first: the name and key point into the main request's pool (or
-/// the configuration, for a literal), alive until the pool is freed,
-/// after its cleanups ran.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub(super) struct HeldItem {
-    name: *const u8,
-    name_len: usize,
-    /// Null: no key.
-    key: *const u8,
-    key_len: usize,
-    /// What a give-back returns (0 for an in-flight slot, which goes back
-    /// in the log phase instead: see `inflight.rs`).
-    pub(super) weight: u64,
-}
-
-impl HeldItem {
-    pub(super) const NONE: HeldItem = HeldItem {
-        name: std::ptr::null(),
-        name_len: 0,
-        key: std::ptr::null(),
-        key_len: 0,
-        weight: 0,
-    };
-
-    pub(super) fn of(item: &CheckItem) -> Self {
-        let (key, key_len) = item
-            .key
-            .map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
-        HeldItem {
-            name: item.name.as_ptr(),
-            name_len: item.name.len(),
-            key,
-            key_len,
-            weight: item.weight,
-        }
-    }
-
-    /// The check again.
-    ///
-    /// # Safety
-    /// The bytes it points at must still be alive (see the type's doc).
-    pub(super) unsafe fn item(&self) -> CheckItem<'_> {
-        // SAFETY: per the contract; lengths are those of live slices.
-        unsafe {
-            CheckItem {
-                name: std::slice::from_raw_parts(self.name, self.name_len),
-                key: (!self.key.is_null())
-                    .then(|| std::slice::from_raw_parts(self.key, self.key_len)),
-                weight: self.weight,
-                max_wait: None,
-            }
-        }
-    }
-}
 
 /// The outcome of the main request, kept in its pool.
 #[repr(C)]

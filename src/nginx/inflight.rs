@@ -26,7 +26,7 @@ use ngx::ffi::{
     ngx_pool_cleanup_add, NGX_OK,
 };
 
-use super::handler::HeldItem;
+use super::held_item::HeldItem;
 use super::util::{add_phase_handler, runtime_boundary};
 use crate::core::Nanos;
 use crate::table::{CheckItem, HeldSlot, Table, MAX_CHECKS};

@@ -47,6 +47,8 @@
 //! - `charge.rs` — `sluice_charge`: the log-phase handler that charges
 //!   (and settles) after the response, once per main request, and
 //!   `$sluice_charge_status`.
+//! - `held_item.rs` — a check kept past the access phase (a hold's, a
+//!   slot's), to give its weight back from.
 //! - `inflight.rs` — in-flight quotas: the slots a request took, given
 //!   back by a log-phase handler when it ends.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
@@ -69,6 +71,8 @@ mod conf;
 mod directives;
 #[cfg(feature = "nginx")]
 mod handler;
+#[cfg(feature = "nginx")]
+mod held_item;
 #[cfg(feature = "nginx")]
 mod inflight;
 #[cfg(feature = "nginx")]
