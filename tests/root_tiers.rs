@@ -408,9 +408,36 @@ async fn a_quota_file_carries_overrides(db: Db) {
     assert_eq!(list["overrides"][0]["high_burst"], 200.0);
     // The same file again changes nothing.
     let (_, reply) = root
-        .admin(Method::POST, "/v1/apply?dry_run=true", Some(set))
+        .admin(Method::POST, "/v1/apply?dry_run=true", Some(set.clone()))
         .await;
     assert!(reply["overrides"].is_null(), "{reply}");
+    // A file's override replaces the rule and keeps the operator's note;
+    // a removed one comes back from the file.
+    let path = |key: &str| format!("/v1/quotas/api_user/overrides/{key}");
+    let (status, reply) = root
+        .admin(Method::PATCH, &path(KEY), Some(json!({"note": "ticket 7"})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (status, reply) = root.admin(Method::DELETE, &path(OTHER), None).await;
+    assert!(status.is_success(), "{status} {reply}");
+    let mut changed = set.clone();
+    changed["quotas"][1]["overrides"][0]["limit"] = json!(50);
+    let (status, reply) = root.admin(Method::POST, "/v1/apply", Some(changed)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (_, list) = root
+        .admin(Method::GET, "/v1/quotas/api_user/overrides", None)
+        .await;
+    assert_eq!(list["count"], 2, "{list}");
+    let by_hash = |hash: &str| {
+        list["overrides"]
+            .as_array()
+            .and_then(|all| all.iter().find(|o| o["key_hash"] == hash))
+            .cloned()
+            .unwrap_or_else(|| panic!("no override of {hash} in {list}"))
+    };
+    assert_eq!(by_hash(KEY)["limit"], 50.0, "{list}");
+    assert_eq!(by_hash(KEY)["note"], "ticket 7", "{list}");
+    assert_eq!(by_hash(OTHER)["deny"], true, "{list}");
     // An override of a plain quota is refused with its place.
     let (status, reply) = root
         .admin(

@@ -149,57 +149,22 @@ impl Store {
         expires_ms: Option<i64>,
     ) -> Result<OverrideOutcome, StoreError> {
         let now = unix_millis();
-        let (limit, low, high) = rule_numbers(rule);
         if let Some(c) = current.as_ref().filter(|c| !c.ov.deleted) {
             if c.ov.rule == rule && c.note == note && c.ov.expires_ms == expires_ms {
                 tx.rollback().await?;
                 return Ok(OverrideOutcome::Unchanged(c.clone()));
             }
         }
-        let id: i64 = match &current {
-            Some(c) => {
-                sqlx::query_scalar(
-                    r#"UPDATE overrides SET kind = $1,
-                       "limit" = CASE WHEN $1 = 'limit' THEN $2 END,
-                       low_burst = CASE WHEN $1 = 'limit' THEN $3 END,
-                       high_burst = CASE WHEN $1 = 'limit' THEN $4 END,
-                       note = $5, expires_at = $6, epoch = $7, deleted = 0,
-                       updated_at = $8 WHERE id = $9 RETURNING id"#,
-                )
-                .bind(rule.kind())
-                .bind(limit)
-                .bind(low)
-                .bind(high)
-                .bind(note.as_deref())
-                .bind(expires_ms)
-                .bind(epoch as i64)
-                .bind(now)
-                .bind(c.ov.id as i64)
-                .fetch_one(&mut *tx)
-                .await?
-            }
-            None => {
-                sqlx::query_scalar(
-                    r#"INSERT INTO overrides (quota, key_hash, kind, "limit", low_burst,
-                       high_burst, note, expires_at, epoch, deleted, created_at, updated_at)
-                       VALUES ($1, $2, $3, CASE WHEN $3 = 'limit' THEN $4 END,
-                       CASE WHEN $3 = 'limit' THEN $5 END, CASE WHEN $3 = 'limit' THEN $6 END,
-                       $7, $8, $9, 0, $10, $10) RETURNING id"#,
-                )
-                .bind(quota as i64)
-                .bind(format_hash(key))
-                .bind(rule.kind())
-                .bind(limit)
-                .bind(low)
-                .bind(high)
-                .bind(note.as_deref())
-                .bind(expires_ms)
-                .bind(epoch as i64)
-                .bind(now)
-                .fetch_one(&mut *tx)
-                .await?
-            }
+        let written = OverrideWrite {
+            quota,
+            key,
+            rule,
+            note: Note::Set(note.as_deref()),
+            expires_ms,
+            epoch,
+            now,
         };
+        let id = upsert_override(&mut tx, &written).await?;
         self.commit_write(tx, epoch).await?;
         let row = OverrideRow {
             ov: Override {
@@ -350,31 +315,80 @@ pub(super) async fn write_overrides(
     let now = unix_millis();
     for o in overrides {
         let quota = template_id(tx, &o.template).await?;
-        let (limit, low, high) = rule_numbers(o.rule);
-        sqlx::query(
-            r#"INSERT INTO overrides (quota, key_hash, kind, "limit", low_burst, high_burst,
-               expires_at, epoch, deleted, created_at, updated_at)
-               VALUES ($1, $2, $3, CASE WHEN $3 = 'limit' THEN $4 END,
-               CASE WHEN $3 = 'limit' THEN $5 END, CASE WHEN $3 = 'limit' THEN $6 END,
-               NULL, $7, 0, $8, $8)
-               ON CONFLICT (quota, key_hash) DO UPDATE SET kind = $3,
-               "limit" = CASE WHEN $3 = 'limit' THEN $4 END,
-               low_burst = CASE WHEN $3 = 'limit' THEN $5 END,
-               high_burst = CASE WHEN $3 = 'limit' THEN $6 END,
-               expires_at = NULL, epoch = $7, deleted = 0, updated_at = $8"#,
-        )
-        .bind(quota as i64)
-        .bind(format_hash(o.key))
-        .bind(o.rule.kind())
+        let written = OverrideWrite {
+            quota,
+            key: o.key,
+            rule: o.rule,
+            note: Note::Kept,
+            expires_ms: None,
+            epoch,
+            now,
+        };
+        upsert_override(tx, &written).await?;
+    }
+    Ok(())
+}
+
+/// The note an override write leaves.
+enum Note<'a> {
+    /// This one (`None`: no note).
+    Set(Option<&'a str>),
+    /// The note the key's override has (none for a new one): a quota
+    /// file's overrides carry no note, and an apply keeps the operator's.
+    Kept,
+}
+
+/// One override as a write leaves it.
+struct OverrideWrite<'a> {
+    quota: u64,
+    key: KeyHash,
+    rule: Rule,
+    note: Note<'a>,
+    expires_ms: Option<i64>,
+    epoch: u64,
+    now: i64,
+}
+
+/// Creates or replaces (a tombstone included) the override of
+/// `w.key` on `w.quota`: the one statement every override write goes
+/// through. Returns the row's id.
+async fn upsert_override(
+    tx: &mut Transaction<'static, Any>,
+    w: &OverrideWrite<'_>,
+) -> Result<i64, StoreError> {
+    let (limit, low, high) = rule_numbers(w.rule);
+    let (note, note_on_update) = match w.note {
+        Note::Set(note) => (note, "$7"),
+        Note::Kept => (None, "overrides.note"),
+    };
+    let sql = format!(
+        r#"INSERT INTO overrides (quota, key_hash, kind, "limit", low_burst, high_burst,
+           note, expires_at, epoch, deleted, created_at, updated_at)
+           VALUES ($1, $2, $3, CASE WHEN $3 = 'limit' THEN $4 END,
+           CASE WHEN $3 = 'limit' THEN $5 END, CASE WHEN $3 = 'limit' THEN $6 END,
+           $7, $8, $9, 0, $10, $10)
+           ON CONFLICT (quota, key_hash) DO UPDATE SET kind = $3,
+           "limit" = CASE WHEN $3 = 'limit' THEN $4 END,
+           low_burst = CASE WHEN $3 = 'limit' THEN $5 END,
+           high_burst = CASE WHEN $3 = 'limit' THEN $6 END,
+           note = {note_on_update}, expires_at = $8, epoch = $9, deleted = 0,
+           updated_at = $10
+           RETURNING id"#
+    );
+    let id = sqlx::query_scalar(&sql)
+        .bind(w.quota as i64)
+        .bind(format_hash(w.key))
+        .bind(w.rule.kind())
         .bind(limit)
         .bind(low)
         .bind(high)
-        .bind(epoch as i64)
-        .bind(now)
-        .execute(&mut **tx)
+        .bind(note)
+        .bind(w.expires_ms)
+        .bind(w.epoch as i64)
+        .bind(w.now)
+        .fetch_one(&mut **tx)
         .await?;
-    }
-    Ok(())
+    Ok(id)
 }
 
 /// The numbers columns of a rule, bound as numbers always: the SQL
