@@ -67,7 +67,8 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::{
     key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED,
-    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
+    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED,
+    KEY_WAYS,
 };
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
@@ -350,10 +351,21 @@ impl Table {
                 continue;
             };
             let e = self.key_at(at)?;
-            init_entry(e, template, hash, key_tick(now), now);
+            let tiers = self.tiers_hold_key(template, hash);
+            init_entry(e, template, hash, key_tick(now), now, tiers);
             let p = &self.header().keys.place;
             p.inserts.fetch_add(1, RLX);
-            return Some(self.settle_duplicate(at, template, hash, (b1, b2)));
+            let at = self.settle_duplicate(at, template, hash, (b1, b2));
+            if !tiers {
+                // Published, then asked again: an override or penalty the
+                // sync added meanwhile either finds the entry (and marks
+                // it) or is found here (see `tiers.rs`).
+                fence(SeqCst);
+                if self.tiers_hold_key(template, hash) {
+                    self.mark_key_tiers(template, hash);
+                }
+            }
+            return Some(at);
         }
         None
     }
@@ -420,6 +432,9 @@ impl Table {
                 .is_ok()
             {
                 let moved = mine.pending.swap(0, SeqCst);
+                if mine.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
+                    theirs.dirty.fetch_or(DIRTY_TIERS, SeqCst);
+                }
                 clear_entry(mine);
                 mine.hash.store(0, REL);
                 let p = &self.header().keys.place;
@@ -472,6 +487,39 @@ impl Table {
                 true
             }
             None => false,
+        }
+    }
+
+    /// True when the key's entry at `at` says the tier section may hold
+    /// something of the key ([`DIRTY_TIERS`]): one load of a line the
+    /// check has read anyway.
+    #[inline]
+    pub(super) fn key_marked_for_tiers(&self, at: KeyAt) -> bool {
+        // Acquiring: a mark is set after the tier entry it stands for.
+        self.key_at(at)
+            .is_some_and(|e| e.dirty.load(ACQ) & DIRTY_TIERS != 0)
+    }
+
+    /// Marks the entry of the key `hash` of the template in slot
+    /// `template`, if it has one, as one the tier section may hold
+    /// something of (the caller added that something first). An entry
+    /// that moved or was retired under the mark is looked up and marked
+    /// again, so the mark is never left behind on a copy; a mark that
+    /// lands on an entry retaken by another key only costs that key a
+    /// look in the table.
+    pub(super) fn mark_key_tiers(&self, template: SlotId, hash: KeyHash) {
+        for _ in 0..MISS_RETRIES {
+            let Some(e) = self.find_key(template, hash).and_then(|at| self.key_at(at)) else {
+                return;
+            };
+            e.dirty.fetch_or(DIRTY_TIERS, SeqCst);
+            // After the mark: a move that retires the entry later carries
+            // the mark over (`move_entry`); one that retired it before
+            // shows here.
+            if e.hash.load(SeqCst) == hash && e.template.load(RLX) == template + 1 {
+                return;
+            }
+            std::hint::spin_loop();
         }
     }
 
@@ -683,13 +731,27 @@ fn touch(e: &KeyEntry, tick: u32) {
     }
 }
 
-/// Makes a claimed entry the key `hash` of `template`, seen once now.
+/// Makes a claimed entry the key `hash` of `template`, seen once now,
+/// marked ([`DIRTY_TIERS`]) when the tier section holds something of the
+/// key (`tiers`).
 ///
 /// `pending` is left as it is: a claimed entry was free or drained, so
 /// anything there is a count that raced the claim (a check that made or
 /// found the entry just before it was taken). It is collected under the
 /// new key, not lost.
-pub(super) fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u32, now: Nanos) {
+pub(super) fn init_entry(
+    e: &KeyEntry,
+    template: SlotId,
+    hash: KeyHash,
+    tick: u32,
+    now: Nanos,
+    tiers: bool,
+) {
+    if tiers {
+        e.dirty.fetch_or(DIRTY_TIERS, RLX);
+    } else {
+        e.dirty.fetch_and(!DIRTY_TIERS, RLX);
+    }
     e.template.store(template + 1, RLX);
     e.inflight.store(0, RLX);
     e.known.store(pack_known(0.0, now), RLX);
@@ -701,9 +763,10 @@ pub(super) fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u3
 }
 
 /// Clears an entry's state but `pending` (a count racing the clear is
-/// collected under whichever key holds the entry next) and `dirty`.
+/// collected under whichever key holds the entry next) and whether it is
+/// queued in the dirty ring.
 pub(super) fn clear_entry(e: &KeyEntry) {
-    set_key_source(e, 0);
+    e.dirty.fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS), RLX);
     e.template.store(0, RLX);
     e.inflight.store(0, RLX);
     e.known.store(0, RLX);
@@ -717,7 +780,8 @@ pub(super) fn key_source(e: &KeyEntry) -> Source {
 }
 
 /// Sets the [`Source`] of a key entry's known level, leaving its
-/// [`DIRTY_QUEUED`] bit (which checks set concurrently) as it is.
+/// [`DIRTY_QUEUED`] and [`DIRTY_TIERS`] bits (which checks set
+/// concurrently) as they are.
 pub(super) fn set_key_source(e: &KeyEntry, source: Source) {
     let bits = u32::from(source) << DIRTY_SOURCE_SHIFT;
     let _ = e.dirty.fetch_update(RLX, RLX, |d| {
