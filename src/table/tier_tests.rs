@@ -422,7 +422,11 @@ fn a_key_checked_before_its_override_takes_it_from_its_next_check() {
         high_burst: 2.0,
     };
     t.apply_overrides(&[over(3, 7, paid, limit, 3)]);
-    assert_eq!(passes(&t, b"t", Some(b"paid"), 10, 0), 1, "2 minus the 1 before");
+    assert_eq!(
+        passes(&t, b"t", Some(b"paid"), 10, 0),
+        1,
+        "2 minus the 1 before"
+    );
 }
 
 #[test]
@@ -547,4 +551,63 @@ fn marks_follow_keys_through_moves_reuse_and_sweeps() {
     let stats = t.key_stats();
     assert!(stats.relocations > 100, "{stats:?}");
     assert!(stats.reclaimed > 100, "{stats:?}");
+}
+
+/// The sync thread denies key `r` and then publishes round `r` (and lifts
+/// the deny of key `r - 2`), while checkers check the key of the round
+/// they see and the next one, and other checks churn keys through a small
+/// key section (moves, entries retaken), and sweeps clear marks: a check
+/// of a key whose deny was applied before it started is always denied.
+#[test]
+fn a_deny_applied_before_a_check_is_never_missed_under_concurrency() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let t = flagged_table(64);
+    let round = AtomicU64::new(0);
+    let clock = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let missed = AtomicU64::new(0);
+    let key = |r: u64| format!("round {r}");
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !done.load(SeqCst) {
+                    let r = round.load(SeqCst);
+                    let now = clock.load(SeqCst);
+                    // Maybe before its deny: either answer is right.
+                    let _ = check(&t, b"t", Some(key(r + 1).as_bytes()), now);
+                    if r == 0 {
+                        continue;
+                    }
+                    let passed = check(&t, b"t", Some(key(r).as_bytes()), now) == Outcome::Pass;
+                    if passed && round.load(SeqCst) < r + 2 {
+                        missed.fetch_add(1, SeqCst);
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(SeqCst) {
+                n += 1;
+                let now = clock.fetch_add(SEC, SeqCst);
+                let _ = check(&t, b"t", Some(format!("churn {}", n % 200).as_bytes()), now);
+            }
+        });
+        for r in 1..=2_000u64 {
+            deny(&t, key(r).as_bytes(), 2 * r);
+            round.store(r, SeqCst);
+            if r > 2 {
+                undeny(&t, key(r - 2).as_bytes(), 2 * r + 1);
+            }
+            if r % 7 == 0 {
+                let now = clock.load(SeqCst);
+                t.maintain_keys(8, now);
+                t.sweep_tiers(now as i64 + t.utc_offset());
+            }
+        }
+        done.store(true, SeqCst);
+    });
+    assert_eq!(missed.load(SeqCst), 0, "{:?}", t.key_stats());
+    let stats = t.key_stats();
+    assert!(stats.relocations > 0 && stats.reclaimed > 0, "{stats:?}");
 }
