@@ -7,12 +7,12 @@
 //!
 //! - `tiers/hot_plain` and `tiers/hot_flagged`: one key (always in
 //!   cache), of a template without overrides, and of one whose 1,000,000
-//!   other keys have overrides (its slot flagged: the check asks the
-//!   filter, which says no);
+//!   other keys have overrides (its slot flagged: the check tests the
+//!   tier mark in the key's own entry, which says there is nothing);
 //! - `tiers/random_plain` and `tiers/random_flagged`: a random key among
 //!   1,000,000 live ones (cache misses), the same two templates;
 //! - `tiers/hot_overridden`: a key with an override of its own (the cold
-//!   path: the filter, then the table);
+//!   path: its entry is marked, so the check looks in the table);
 //! - printed: zone bytes per override, from the region's geometry.
 
 use std::hint::black_box;
