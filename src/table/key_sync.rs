@@ -334,10 +334,6 @@ impl Table {
         }
         let h = self.header();
         let mut lock = self.key_lock();
-        // Taken at the first marked entry, after the key lock (the one
-        // place holding both; a check starting a penalty takes only the
-        // tier lock, and marks without the key lock).
-        let mut tier_lock: Option<TierLock> = None;
         let start = h.keys.place.sweep.load(RLX) as usize % n;
         for i in 0..buckets.min(n) {
             if i % SYNC_BATCH == SYNC_BATCH - 1 {
@@ -362,9 +358,13 @@ impl Table {
                     store_key_tally(e, &counting, counting.aged(known, now));
                 }
                 if e.dirty.load(RLX) & DIRTY_TIERS != 0 {
-                    let tiers = tier_lock.get_or_insert_with(|| self.tier_lock());
+                    // After the key lock (the one place holding both: a
+                    // check starting a penalty takes only the tier lock,
+                    // and marks without the key lock); briefly, so that
+                    // such a check seldom finds it busy.
+                    let tiers = self.tier_lock();
                     if !self.tiers_hold_key(template - 1, hash) {
-                        self.clear_tier_mark(tiers, e, hash);
+                        self.clear_tier_mark(&tiers, e, hash);
                     }
                 }
             }
