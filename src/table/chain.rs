@@ -448,11 +448,7 @@ impl Table {
                     chain.key = at + 1;
                     chain.key_hash = hash;
                     if read.tiers {
-                        chain.key_tiers = if self.key_marked_for_tiers(at) {
-                            KeyTiers::Marked
-                        } else {
-                            KeyTiers::Clear
-                        };
+                        chain.key_tiers = self.key_tiers(at, hash);
                     }
                 }
                 _ => {

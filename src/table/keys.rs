@@ -70,6 +70,7 @@ use super::layout::{
     DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED,
     KEY_WAYS,
 };
+use super::tiers::KeyTiers;
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
 use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
@@ -490,12 +491,32 @@ impl Table {
         }
     }
 
-    /// True when the key's entry at `at` says the tier section may hold
-    /// something of the key ([`DIRTY_TIERS`]): one load of a line the
-    /// check has read anyway.
+    /// What the entry at `at` of the key `hash` says of the key's tiers
+    /// ([`DIRTY_TIERS`]): two loads of lines the check has read anyway.
+    /// [`KeyTiers::Unknown`] when the entry no longer holds the key (moved,
+    /// freed or retaken since the check found it: its mark may be another
+    /// key's, or cleared with it).
     #[inline]
+    pub(super) fn key_tiers(&self, at: KeyAt, hash: KeyHash) -> KeyTiers {
+        let Some(e) = self.key_at(at) else {
+            return KeyTiers::Unknown;
+        };
+        // Acquiring: a mark is set after the tier entry it stands for, and
+        // cleared (with release) after the entry was claimed away from
+        // the key, which the hash read after it then shows.
+        let marked = e.dirty.load(ACQ) & DIRTY_TIERS != 0;
+        if e.hash.load(ACQ) != hash {
+            KeyTiers::Unknown
+        } else if marked {
+            KeyTiers::Marked
+        } else {
+            KeyTiers::Clear
+        }
+    }
+
+    /// True when the key's entry at `at` carries the tier mark (tests).
+    #[cfg(test)]
     pub(super) fn key_marked_for_tiers(&self, at: KeyAt) -> bool {
-        // Acquiring: a mark is set after the tier entry it stands for.
         self.key_at(at)
             .is_some_and(|e| e.dirty.load(ACQ) & DIRTY_TIERS != 0)
     }
@@ -748,9 +769,9 @@ pub(super) fn init_entry(
     tiers: bool,
 ) {
     if tiers {
-        e.dirty.fetch_or(DIRTY_TIERS, RLX);
+        e.dirty.fetch_or(DIRTY_TIERS, REL);
     } else {
-        e.dirty.fetch_and(!DIRTY_TIERS, RLX);
+        e.dirty.fetch_and(!DIRTY_TIERS, REL);
     }
     e.template.store(template + 1, RLX);
     e.inflight.store(0, RLX);
@@ -766,7 +787,9 @@ pub(super) fn init_entry(
 /// collected under whichever key holds the entry next) and whether it is
 /// queued in the dirty ring.
 pub(super) fn clear_entry(e: &KeyEntry) {
-    e.dirty.fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS), RLX);
+    // Releasing: a check that reads the mark cleared then sees the
+    // entry's hash no longer the key's (see `key_tiers`).
+    e.dirty.fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS), REL);
     e.template.store(0, RLX);
     e.inflight.store(0, RLX);
     e.known.store(0, RLX);
