@@ -283,11 +283,13 @@ impl Table {
             self.release_claim(d);
             return false;
         }
-        copy_state(s, d);
         let p = &self.header().keys.place;
-        // Odd while both entries hold the key, or neither is certain to:
-        // a lookup that missed in this time looks again.
+        // Odd from the copy on, while both entries hold the key, or
+        // neither is certain to: a lookup that missed in this time looks
+        // again, and a tier mark set on the original after the copy is
+        // set again where the key goes (`mark_key_tiers`).
         p.moves.fetch_add(1, SeqCst);
+        copy_state(s, d);
         d.hash.store(hash, REL);
         let retired = s
             .hash

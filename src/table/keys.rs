@@ -523,21 +523,25 @@ impl Table {
 
     /// Marks the entry of the key `hash` of the template in slot
     /// `template`, if it has one, as one the tier section may hold
-    /// something of (the caller added that something first). An entry
-    /// that moved or was retired under the mark is looked up and marked
-    /// again, so the mark is never left behind on a copy; a mark that
-    /// lands on an entry retaken by another key only costs that key a
-    /// look in the table.
+    /// something of (the caller added that something first). When
+    /// entries moved meanwhile (the move sequence is odd from a move's
+    /// copy on) or the entry no longer holds the key, the key is looked up
+    /// and marked again, so a mark is never left behind on an original
+    /// whose copy is already in use; a mark that lands on an entry retaken
+    /// by another key only costs that key a look in the table.
     pub(super) fn mark_key_tiers(&self, template: SlotId, hash: KeyHash) {
+        let moves = &self.header().keys.place.moves;
         for _ in 0..MISS_RETRIES {
+            let seq = moves.load(SeqCst);
             let Some(e) = self.find_key(template, hash).and_then(|at| self.key_at(at)) else {
                 return;
             };
             e.dirty.fetch_or(DIRTY_TIERS, SeqCst);
-            // After the mark: a move that retires the entry later carries
-            // the mark over (`move_entry`); one that retired it before
-            // shows here.
-            if e.hash.load(SeqCst) == hash && e.template.load(RLX) == template + 1 {
+            if seq & 1 == 0
+                && moves.load(SeqCst) == seq
+                && e.hash.load(SeqCst) == hash
+                && e.template.load(RLX) == template + 1
+            {
                 return;
             }
             std::hint::spin_loop();
