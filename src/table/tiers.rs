@@ -32,9 +32,18 @@
 //! - a check making a new key entry asks the filter and the table before
 //!   it publishes the entry, and once more after, a full fence between:
 //!   an entry added meanwhile is either found by its adder's mark or by
-//!   that second look (neither side can miss both);
-//! - a move carries the mark, and carries a mark that landed on the
-//!   original during the move;
+//!   that second look (neither side can miss both). Left open: another
+//!   check of the same key in the few instructions between the new
+//!   entry's publication and that second look may take the entry
+//!   unmarked, while its entry is still being made;
+//! - a move carries the mark; its move sequence is odd from the copy on,
+//!   so a marker that marked the original meanwhile marks again where the
+//!   key went (and the move also carries over a mark found on the
+//!   original once it is retired);
+//! - a check trusts the mark only if its entry still holds the key after
+//!   the mark is read: an entry freed or retaken since the check found it
+//!   has its mark cleared or another key's, and the filter answers
+//!   instead;
 //! - only the key upkeep sweep clears a mark, holding the key lock and
 //!   the tier lock (so nothing is added meanwhile), on an entry it holds
 //!   claimed for the moment, after finding the section holds nothing of
