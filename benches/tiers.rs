@@ -7,16 +7,22 @@
 //!
 //! - `tiers/hot_plain` and `tiers/hot_flagged`: one key (always in
 //!   cache), of a template without overrides, and of one whose 1,000,000
-//!   other keys have overrides (its slot flagged: the check asks the
-//!   filter, which says no);
+//!   other keys have overrides (its slot flagged: the check tests the
+//!   tier mark in the key's own entry, which says there is nothing);
 //! - `tiers/random_plain` and `tiers/random_flagged`: a random key among
 //!   1,000,000 live ones (cache misses), the same two templates;
 //! - `tiers/hot_overridden`: a key with an override of its own (the cold
-//!   path: the filter, then the table);
-//! - printed: zone bytes per override, from the region's geometry.
+//!   path: its entry is marked, so the check looks in the table);
+//! - printed: zone bytes per override, from the region's geometry;
+//! - printed: the two pairs again, interleaved (`tiers ab`): rounds of
+//!   64Ki checks of one template then 64Ki of the other, the first of
+//!   the two alternating, and the median of each and of the rounds'
+//!   differences. Criterion measures one benchmark after the other, so on
+//!   a machine whose load moves the later one of a pair pays for it; the
+//!   interleaved rounds see the same load.
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::core::rng::Rng;
@@ -101,6 +107,47 @@ fn memory_report() {
     }
 }
 
+/// Checks per round of [`interleaved`].
+const ROUND: usize = 1 << 16;
+
+/// Nanoseconds a check of `name` took over one round through `picks`.
+fn round(t: &Table, name: &[u8], picks: &[[u8; 16]], now: u64) -> f64 {
+    let start = Instant::now();
+    for k in picks {
+        black_box(check(t, name, black_box(k), now));
+    }
+    start.elapsed().as_nanos() as f64 / picks.len() as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// `plain` against `tiered` in alternating rounds over the same keys
+/// (see the crate doc), printed.
+fn interleaved(t: &Table, what: &str, picks: &[[u8; 16]], now: u64) {
+    let (mut plain, mut flagged, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..41 {
+        let (p, f) = if r % 2 == 0 {
+            let p = round(t, b"plain", picks, now);
+            (p, round(t, b"tiered", picks, now))
+        } else {
+            let f = round(t, b"tiered", picks, now);
+            (round(t, b"plain", picks, now), f)
+        };
+        plain.push(p);
+        flagged.push(f);
+        diff.push(f - p);
+    }
+    eprintln!(
+        "tiers ab {what}: plain {:.1} ns, flagged {:.1} ns, flagged - plain {:+.1} ns (median of 41 rounds of {ROUND})",
+        median(plain),
+        median(flagged),
+        median(diff)
+    );
+}
+
 fn bench_tiers(c: &mut Criterion) {
     memory_report();
     let now = sluice::clock::now();
@@ -141,6 +188,14 @@ fn bench_tiers(c: &mut Criterion) {
         b.iter(|| check(&t, b"tiered", black_box(&overridden), now))
     });
     g.finish();
+    // Not under `cargo test`, which runs each benchmark once.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let mut hot_key = [0u8; 16];
+    hot_key.copy_from_slice(&hot[..16]);
+    interleaved(&t, "hot", &vec![hot_key; ROUND], now);
+    interleaved(&t, "random", &picks, now);
 }
 
 criterion_group! {

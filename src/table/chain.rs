@@ -13,6 +13,7 @@ use super::layout::{
 };
 use super::names;
 use super::outcome::{Cause, Charge, CheckItem, Headroom, Outcome, Rejection};
+use super::tiers::KeyTiers;
 use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
 use crate::core::counter::ceil_nanos;
 use crate::core::estimate::Estimator;
@@ -46,6 +47,8 @@ pub(super) struct Chain {
     /// The key's hash for the tier section, whether or not the key found
     /// an entry (0: no key).
     pub(super) tier_key: KeyHash,
+    /// What the key's entry says of its tiers (a flagged template's key).
+    pub(super) key_tiers: KeyTiers,
 }
 
 /// What a check item's quota turned out to be.
@@ -89,6 +92,7 @@ impl Chain {
             overflow: false,
             tiers: false,
             tier_key: 0,
+            key_tiers: KeyTiers::Unknown,
         }
     }
 
@@ -430,21 +434,22 @@ impl Table {
         chain.overflow = false;
         chain.tiers = read.tiers;
         chain.tier_key = 0;
+        chain.key_tiers = KeyTiers::Unknown;
         if read.per_key {
             let Some(key) = item.key.filter(|k| !k.is_empty()) else {
                 return Resolved::NoKey;
             };
             let hash = self.key_secret().hash(key);
             chain.tier_key = hash;
-            if read.tiers {
-                self.prefetch_tier_filter(slot, hash);
-            }
             // SAFETY: the probe above wrote the first view.
             let view = unsafe { chain.views[0].assume_init_mut() };
             match self.use_key(slot, hash, now) {
                 Ok(at) if self.key_into(at, view, now) => {
                     chain.key = at + 1;
                     chain.key_hash = hash;
+                    if read.tiers {
+                        chain.key_tiers = self.key_tiers(at, hash);
+                    }
                 }
                 _ => {
                     chain.overflow = true;
@@ -466,8 +471,16 @@ impl Table {
                 }
             }
         }
+        // The tier section is looked at for a flagged ancestor, or for a
+        // flagged first quota unless its key's entry says it holds
+        // nothing of the key (`chain.tiers` keeps the flag either way: a
+        // rejection may start the key's penalty).
+        let first = read.tiers && chain.key_tiers != KeyTiers::Clear;
+        chain.tiers = false;
         self.read_ancestors(read.parent, chain);
-        if chain.tiers {
+        let above = chain.tiers;
+        chain.tiers |= read.tiers;
+        if first || above {
             if let Some(barred) = self.apply_tiers(chain, chain.tier_key, now) {
                 return Resolved::Barred(barred);
             }
@@ -481,6 +494,7 @@ impl Table {
         chain.len = 0;
         chain.tiers = false;
         chain.tier_key = 0;
+        chain.key_tiers = KeyTiers::Unknown;
         self.read_ancestors(Some(first), chain);
         chain.len > 0
     }

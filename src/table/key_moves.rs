@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use super::keys::{clear_entry, key_source, set_key_source, KeyAt};
-use super::layout::{KeyEntry, KEY_CLAIMED, KEY_WAYS};
+use super::layout::{KeyEntry, DIRTY_TIERS, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
 use super::{Table, ACQ, REL, RLX};
 use crate::core::Nanos;
@@ -283,11 +283,13 @@ impl Table {
             self.release_claim(d);
             return false;
         }
-        copy_state(s, d);
         let p = &self.header().keys.place;
-        // Odd while both entries hold the key, or neither is certain to:
-        // a lookup that missed in this time looks again.
+        // Odd from the copy on, while both entries hold the key, or
+        // neither is certain to: a lookup that missed in this time looks
+        // again, and a tier mark set on the original after the copy is
+        // set again where the key goes (`mark_key_tiers`).
         p.moves.fetch_add(1, SeqCst);
+        copy_state(s, d);
         d.hash.store(hash, REL);
         let retired = s
             .hash
@@ -296,6 +298,12 @@ impl Table {
         p.moves.fetch_add(1, SeqCst);
         if !retired {
             return false;
+        }
+        // A tier mark set on the original after the copy (the sync
+        // thread marks where it found the key, then looks again only if
+        // the key left: see `mark_key_tiers`) follows the key.
+        if s.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
+            d.dirty.fetch_or(DIRTY_TIERS, SeqCst);
         }
         // Whatever checks added to the old entry up to now follows the
         // key; a check adding later takes its own weight back (count_key).
@@ -321,6 +329,12 @@ impl Table {
 /// the move) and whether it is queued in the dirty ring.
 fn copy_state(s: &KeyEntry, d: &KeyEntry) {
     set_key_source(d, key_source(s));
+    // Exactly: `d` may be a drained entry still marked for its old key.
+    if s.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
+        d.dirty.fetch_or(DIRTY_TIERS, RLX);
+    } else {
+        d.dirty.fetch_and(!DIRTY_TIERS, RLX);
+    }
     d.template.store(s.template.load(RLX), RLX);
     d.used.store(s.used.load(RLX), RLX);
     d.known.store(s.known.load(ACQ), RLX);

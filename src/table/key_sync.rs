@@ -17,7 +17,8 @@ use super::key_moves::{KeyLock, SYNC_BATCH};
 use super::keys::{
     clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
 };
-use super::layout::{KeyEntry, DIRTY_QUEUED, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS};
+use super::layout::{KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS};
+use super::tiers::TierLock;
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
@@ -325,9 +326,10 @@ impl Table {
 
     /// One step of the maintenance sweep (the sync thread calls it every
     /// cycle): looks at `buckets` buckets, frees entries equal to no entry
-    /// (drained, or their template gone), and restamps entries whose known
-    /// level is older than a day, so packed times never wrap. The writer
-    /// lock is held.
+    /// (drained, or their template gone), restamps entries whose known
+    /// level is older than a day, so packed times never wrap, and clears
+    /// the tier marks of keys the tier section no longer holds anything
+    /// of. The writer lock is held.
     pub(super) fn sweep_keys(&self, buckets: usize, now: Nanos) {
         let n = self.geometry.key_buckets as usize;
         if n == 0 {
@@ -350,12 +352,23 @@ impl Table {
                     free_entry(e, hash, h);
                     continue;
                 }
-                let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+                let template = e.template.load(RLX);
+                let Some(counting) = self.template_counting(template) else {
                     continue;
                 };
                 let known = key_tally(e, &counting, now);
                 if now.saturating_sub(known.at) >= RESTAMP_AFTER {
                     store_key_tally(e, &counting, counting.aged(known, now));
+                }
+                if e.dirty.load(RLX) & DIRTY_TIERS != 0 {
+                    // After the key lock (the one place holding both: a
+                    // check starting a penalty takes only the tier lock,
+                    // and marks without the key lock); briefly, so that
+                    // such a check seldom finds it busy.
+                    let tiers = self.tier_lock();
+                    if !self.tiers_hold_key(template - 1, hash) {
+                        self.clear_tier_mark(&tiers, e, hash);
+                    }
                 }
             }
         }
@@ -363,6 +376,25 @@ impl Table {
             .place
             .sweep
             .store(((start + buckets) % n) as u32, RLX);
+    }
+
+    /// Clears the tier mark of `e`, which holds the key `hash` of which
+    /// the tier section holds nothing (the key lock and the tier lock
+    /// held, so no entry of the key is added meanwhile). The entry is
+    /// claimed while its mark is cleared, so that no check retakes it for
+    /// another key (whose own mark this would clear); a lookup that misses
+    /// it meanwhile looks again, as during a move.
+    fn clear_tier_mark(&self, _tiers: &TierLock, e: &KeyEntry, hash: KeyHash) {
+        let p = &self.header().keys.place;
+        p.moves.fetch_add(1, SeqCst);
+        if e.hash
+            .compare_exchange(hash, KEY_CLAIMED, SeqCst, RLX)
+            .is_ok()
+        {
+            e.dirty.fetch_and(!DIRTY_TIERS, SeqCst);
+            e.hash.store(hash, SeqCst);
+        }
+        p.moves.fetch_add(1, SeqCst);
     }
 
     /// Copies `old`'s keys into this table (an nginx zone that changed
@@ -524,7 +556,7 @@ mod ring_tests {
         assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 6 + 5, "{out:?}");
         assert!(out.iter().any(|d| (d.key, d.delta) == (0, 5)), "{out:?}");
         let newcomer = secret.hash(b"newcomer");
-        init_entry(t.key_at(fresh).unwrap(), slot, newcomer, 0, 0);
+        init_entry(t.key_at(fresh).unwrap(), slot, newcomer, 0, 0, false);
         // ... and nothing is left behind or collected twice.
         assert_eq!(collected(&t), 0);
         assert_eq!(t.find_key(slot, newcomer), Some(fresh));

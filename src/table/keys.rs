@@ -67,8 +67,10 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::{
     key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED,
-    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
+    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED,
+    KEY_WAYS,
 };
+use super::tiers::KeyTiers;
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
 use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
@@ -350,10 +352,21 @@ impl Table {
                 continue;
             };
             let e = self.key_at(at)?;
-            init_entry(e, template, hash, key_tick(now), now);
+            let tiers = self.tiers_hold_key(template, hash);
+            init_entry(e, template, hash, key_tick(now), now, tiers);
             let p = &self.header().keys.place;
             p.inserts.fetch_add(1, RLX);
-            return Some(self.settle_duplicate(at, template, hash, (b1, b2)));
+            let at = self.settle_duplicate(at, template, hash, (b1, b2));
+            if !tiers {
+                // Published, then asked again: an override or penalty the
+                // sync added meanwhile either finds the entry (and marks
+                // it) or is found here (see `tiers.rs`).
+                fence(SeqCst);
+                if self.tiers_hold_key(template, hash) {
+                    self.mark_key_tiers(template, hash);
+                }
+            }
+            return Some(at);
         }
         None
     }
@@ -420,6 +433,9 @@ impl Table {
                 .is_ok()
             {
                 let moved = mine.pending.swap(0, SeqCst);
+                if mine.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
+                    theirs.dirty.fetch_or(DIRTY_TIERS, SeqCst);
+                }
                 clear_entry(mine);
                 mine.hash.store(0, REL);
                 let p = &self.header().keys.place;
@@ -472,6 +488,63 @@ impl Table {
                 true
             }
             None => false,
+        }
+    }
+
+    /// What the entry at `at` of the key `hash` says of the key's tiers
+    /// ([`DIRTY_TIERS`]): two loads of lines the check has read anyway.
+    /// [`KeyTiers::Unknown`] when the entry no longer holds the key (moved,
+    /// freed or retaken since the check found it: its mark may be another
+    /// key's, or cleared with it).
+    #[inline]
+    pub(super) fn key_tiers(&self, at: KeyAt, hash: KeyHash) -> KeyTiers {
+        let Some(e) = self.key_at(at) else {
+            return KeyTiers::Unknown;
+        };
+        // Acquiring: a mark is set after the tier entry it stands for, and
+        // cleared (with release) after the entry was claimed away from
+        // the key, which the hash read after it then shows.
+        let marked = e.dirty.load(ACQ) & DIRTY_TIERS != 0;
+        if e.hash.load(ACQ) != hash {
+            KeyTiers::Unknown
+        } else if marked {
+            KeyTiers::Marked
+        } else {
+            KeyTiers::Clear
+        }
+    }
+
+    /// True when the key's entry at `at` carries the tier mark (tests).
+    #[cfg(test)]
+    pub(super) fn key_marked_for_tiers(&self, at: KeyAt) -> bool {
+        self.key_at(at)
+            .is_some_and(|e| e.dirty.load(ACQ) & DIRTY_TIERS != 0)
+    }
+
+    /// Marks the entry of the key `hash` of the template in slot
+    /// `template`, if it has one, as one the tier section may hold
+    /// something of (the caller added that something first). When
+    /// entries moved meanwhile (the move sequence is odd from a move's
+    /// copy on) or the entry no longer holds the key, the key is looked up
+    /// and marked again, so a mark is never left behind on an original
+    /// whose copy is already in use; a mark that lands on an entry retaken
+    /// by another key only costs that key a look in the table.
+    pub(super) fn mark_key_tiers(&self, template: SlotId, hash: KeyHash) {
+        let moves = &self.header().keys.place.moves;
+        for _ in 0..MISS_RETRIES {
+            let seq = moves.load(SeqCst);
+            let Some(e) = self.find_key(template, hash).and_then(|at| self.key_at(at)) else {
+                return;
+            };
+            e.dirty.fetch_or(DIRTY_TIERS, SeqCst);
+            if seq & 1 == 0
+                && moves.load(SeqCst) == seq
+                && e.hash.load(SeqCst) == hash
+                && e.template.load(RLX) == template + 1
+            {
+                return;
+            }
+            std::hint::spin_loop();
         }
     }
 
@@ -683,13 +756,27 @@ fn touch(e: &KeyEntry, tick: u32) {
     }
 }
 
-/// Makes a claimed entry the key `hash` of `template`, seen once now.
+/// Makes a claimed entry the key `hash` of `template`, seen once now,
+/// marked ([`DIRTY_TIERS`]) when the tier section holds something of the
+/// key (`tiers`).
 ///
 /// `pending` is left as it is: a claimed entry was free or drained, so
 /// anything there is a count that raced the claim (a check that made or
 /// found the entry just before it was taken). It is collected under the
 /// new key, not lost.
-pub(super) fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u32, now: Nanos) {
+pub(super) fn init_entry(
+    e: &KeyEntry,
+    template: SlotId,
+    hash: KeyHash,
+    tick: u32,
+    now: Nanos,
+    tiers: bool,
+) {
+    if tiers {
+        e.dirty.fetch_or(DIRTY_TIERS, REL);
+    } else {
+        e.dirty.fetch_and(!DIRTY_TIERS, REL);
+    }
     e.template.store(template + 1, RLX);
     e.inflight.store(0, RLX);
     e.known.store(pack_known(0.0, now), RLX);
@@ -701,9 +788,12 @@ pub(super) fn init_entry(e: &KeyEntry, template: SlotId, hash: KeyHash, tick: u3
 }
 
 /// Clears an entry's state but `pending` (a count racing the clear is
-/// collected under whichever key holds the entry next) and `dirty`.
+/// collected under whichever key holds the entry next) and whether it is
+/// queued in the dirty ring.
 pub(super) fn clear_entry(e: &KeyEntry) {
-    set_key_source(e, 0);
+    // Releasing: a check that reads the mark cleared then sees the
+    // entry's hash no longer the key's (see `key_tiers`).
+    e.dirty.fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS), REL);
     e.template.store(0, RLX);
     e.inflight.store(0, RLX);
     e.known.store(0, RLX);
@@ -717,7 +807,8 @@ pub(super) fn key_source(e: &KeyEntry) -> Source {
 }
 
 /// Sets the [`Source`] of a key entry's known level, leaving its
-/// [`DIRTY_QUEUED`] bit (which checks set concurrently) as it is.
+/// [`DIRTY_QUEUED`] and [`DIRTY_TIERS`] bits (which checks set
+/// concurrently) as they are.
 pub(super) fn set_key_source(e: &KeyEntry, source: Source) {
     let bits = u32::from(source) << DIRTY_SOURCE_SHIFT;
     let _ = e.dirty.fetch_update(RLX, RLX, |d| {

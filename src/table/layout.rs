@@ -34,8 +34,10 @@
 //! and penalties ([`TierEntry`], one cache line each, open addressing by
 //! `(quota id, key hash)`), and in front of it a blocked Bloom filter in
 //! two copies (one in use, the other rebuilt when removals made it
-//! stale), so a key of a template with overrides but none of its own
-//! costs one line of filter, not a probe of the table (see `tiers.rs`).
+//! stale). A key entry's [`DIRTY_TIERS`] bit says whether the section
+//! may hold anything of the key, so a key of a template with overrides but
+//! none of its own costs one bit test in its own entry; the filter answers
+//! for keys without an entry and for the sync thread (see `tiers.rs`).
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
@@ -44,7 +46,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 11;
+pub const LAYOUT_VERSION: u32 = 12;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -116,6 +118,14 @@ pub const FLAG_SOURCE_MASK: u16 = 0xff << FLAG_SOURCE_SHIFT;
 
 /// Key entry `dirty` bit: the entry sits in the dirty ring.
 pub const DIRTY_QUEUED: u32 = 1;
+/// Key entry `dirty` bit: the tier section may hold an override or a
+/// penalty of this key, so a check of a template flagged for tiers looks
+/// there; without it the check skips the filter and the table (the answer
+/// lives in the key's own cache line). Set whenever the tier section
+/// gains an entry for the key, before that change is done; cleared only
+/// by the key upkeep sweep, once the section holds nothing of the key
+/// (see `tiers.rs`, "The hot path").
+pub const DIRTY_TIERS: u32 = 2;
 /// Key entry `dirty`: the [`crate::table::Source`] of `known` in bits
 /// 8..16 (beside [`DIRTY_QUEUED`]: one word, so an entry stays 48 bytes).
 pub const DIRTY_SOURCE_SHIFT: u32 = 8;
@@ -555,8 +565,9 @@ pub struct KeyEntry {
     pub known: AtomicU64,
     /// Other hosts' measured fill rate, units/s (f32 bits).
     pub fill: AtomicU32,
-    /// [`DIRTY_QUEUED`] while the entry sits in the dirty ring; the known
-    /// level's source in [`DIRTY_SOURCE_MASK`].
+    /// [`DIRTY_QUEUED`] while the entry sits in the dirty ring,
+    /// [`DIRTY_TIERS`] while the tier section may hold something of the
+    /// key; the known level's source in [`DIRTY_SOURCE_MASK`].
     pub dirty: AtomicU32,
 }
 

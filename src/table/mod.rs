@@ -63,8 +63,9 @@
 //!   sweep, deleted templates, adopting another table's keys.
 //! - `tiers.rs` — tiers per key: overrides of a per-key template for
 //!   one key (other numbers, allow, deny) and penalties, in the tier
-//!   section behind a filter; applied to a check's chain, started by a
-//!   rejection at the high burst, merged from the roots.
+//!   section behind a filter and a mark in each key's entry; applied to
+//!   a check's chain, started by a rejection at the high burst, merged
+//!   from the roots.
 //! - `snapshot.rs` — reading the table whole (listings, metrics, the id
 //!   map) and adopting another table's contents.
 //! - `status.rs` — the sync status block every process sharing the region

@@ -28,6 +28,17 @@ fn tiered_table() -> Table {
     t
 }
 
+/// [`tiered_table`] with `api_user` given a one-minute penalty per key.
+fn penalized_keys_table() -> Table {
+    let t = tiered_table();
+    t.apply_quotas(&[Quota::new(2, "api_user", 1.0, 3.0, 3.0)
+        .with_parent(Some(1))
+        .keyed()
+        .penalized(Some(PenaltyTime::parse("1m").unwrap()))
+        .at_epoch(2)]);
+    t
+}
+
 fn check(t: &Table, name: &[u8], key: Option<&[u8]>, now: Nanos) -> Outcome {
     let item = CheckItem {
         name,
@@ -180,12 +191,7 @@ fn a_draw_in_the_band_starts_no_penalty() {
 
 #[test]
 fn a_key_penalty_bars_that_key_only_and_merges_from_the_roots_by_max() {
-    let t = tiered_table();
-    t.apply_quotas(&[Quota::new(2, "api_user", 1.0, 3.0, 3.0)
-        .with_parent(Some(1))
-        .keyed()
-        .penalized(Some(PenaltyTime::parse("1m").unwrap()))
-        .at_epoch(2)]);
+    let t = penalized_keys_table();
     assert_eq!(passes(&t, b"api_user", Some(b"bot"), 4, 0), 3);
     t.fold_local(0);
     assert!(matches!(
@@ -359,4 +365,256 @@ fn a_charge_under_a_penalty_still_counts() {
     };
     let grant = t.charge(&item, SEC);
     assert_eq!((grant.outcome, grant.granted), (Outcome::Pass, 5));
+}
+
+// ---- the tier mark in a key's entry -------------------------------------
+
+/// `t` (1000/s, never rejects by its numbers here), a per-key template
+/// flagged for tiers by an override of a key never checked.
+fn flagged_table(keys: u64) -> Table {
+    let t = Table::new_heap_with(16, 16, keys, 256);
+    t.apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);
+    let elsewhere = t.key_secret().hash(b"never checked");
+    t.apply_overrides(&[over(1, 7, elsewhere, Rule::Allow, 1)]);
+    t
+}
+
+fn deny(t: &Table, key: &[u8], epoch: u64) {
+    let hash = t.key_secret().hash(key);
+    assert_eq!(
+        t.apply_overrides(&[over(epoch, 7, hash, Rule::Deny, epoch)])
+            .applied,
+        1
+    );
+}
+
+fn undeny(t: &Table, key: &[u8], epoch: u64) {
+    let mut o = over(epoch, 7, t.key_secret().hash(key), Rule::Deny, epoch);
+    o.deleted = true;
+    t.apply_overrides(&[o]);
+}
+
+fn denied(t: &Table, key: &[u8], now: Nanos) -> bool {
+    match check(t, b"t", Some(key), now) {
+        Outcome::Reject(r) => {
+            assert_eq!(r.cause, Cause::Denied);
+            true
+        }
+        Outcome::Pass => false,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Whether the entry of `key` carries the tier mark (`None`: no entry).
+fn marked(t: &Table, key: &[u8]) -> Option<bool> {
+    let at = t.find_key(0, t.key_secret().hash(key))?;
+    Some(t.key_marked_for_tiers(at))
+}
+
+#[test]
+fn a_key_checked_before_its_override_takes_it_from_its_next_check() {
+    let t = flagged_table(64);
+    assert!(!denied(&t, b"late", 0));
+    assert_eq!(marked(&t, b"late"), Some(false), "checked unmarked");
+    deny(&t, b"late", 2);
+    assert_eq!(marked(&t, b"late"), Some(true));
+    assert!(denied(&t, b"late", 0));
+    // Numbers too, not only deny: a limit override on an unmarked key.
+    assert!(!denied(&t, b"paid", 0));
+    let paid = t.key_secret().hash(b"paid");
+    let limit = Rule::Limit {
+        limit: 1.0,
+        low_burst: 2.0,
+        high_burst: 2.0,
+    };
+    t.apply_overrides(&[over(3, 7, paid, limit, 3)]);
+    assert_eq!(
+        passes(&t, b"t", Some(b"paid"), 10, 0),
+        1,
+        "2 minus the 1 before"
+    );
+}
+
+#[test]
+fn the_first_override_of_a_template_reaches_its_keys_checked_before() {
+    let t = Table::new_heap_with(16, 16, 64, 256);
+    t.apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);
+    assert!(!denied(&t, b"early", 0));
+    deny(&t, b"early", 1);
+    assert!(denied(&t, b"early", 0));
+}
+
+#[test]
+fn a_removed_override_stops_at_the_next_check_and_the_sweep_clears_the_mark() {
+    let t = flagged_table(64);
+    deny(&t, b"k", 2);
+    assert!(denied(&t, b"k", 0));
+    undeny(&t, b"k", 3);
+    assert!(!denied(&t, b"k", 0), "the mark only makes it look");
+    assert_eq!(marked(&t, b"k"), Some(true));
+    t.maintain_keys(1 << 20, 0);
+    assert_eq!(marked(&t, b"k"), Some(false), "nothing left of the key");
+    assert!(!denied(&t, b"k", 0));
+    deny(&t, b"k", 4);
+    assert!(denied(&t, b"k", 0), "marked again when it comes back");
+    // The sweep leaves a key the section still holds marked.
+    t.maintain_keys(1 << 20, 0);
+    assert!(denied(&t, b"k", 0));
+}
+
+#[test]
+fn a_key_idle_through_many_changes_sees_the_last_one() {
+    let t = flagged_table(64);
+    for round in 0..3u64 {
+        let base = 10 + round * 10_000;
+        assert!(!denied(&t, b"idle", 0));
+        for i in 0..2_000 {
+            deny(&t, b"idle", base + 2 * i);
+            undeny(&t, b"idle", base + 2 * i + 1);
+            if i % 97 == 0 {
+                t.maintain_keys(1 << 20, 0);
+                t.sweep_tiers(0);
+            }
+        }
+        assert!(!denied(&t, b"idle", 0));
+        deny(&t, b"idle", base + 5_000);
+        assert!(denied(&t, b"idle", 0));
+        undeny(&t, b"idle", base + 5_001);
+        t.sweep_tiers(0);
+        t.maintain_keys(1 << 20, 0);
+    }
+}
+
+#[test]
+fn a_penalty_started_or_merged_marks_the_key() {
+    let t = penalized_keys_table();
+    assert_eq!(check(&t, b"api_user", Some(b"merged"), 0), Outcome::Pass);
+    let hash = t.key_secret().hash(b"merged");
+    let slot = 1;
+    let at = t.find_key(slot, hash).unwrap();
+    assert!(!t.key_marked_for_tiers(at));
+    t.merge_penalties(&[Penalty(2, hash, 60 * SEC as i64)]);
+    assert!(t.key_marked_for_tiers(at));
+    assert!(matches!(
+        check(&t, b"api_user", Some(b"merged"), SEC),
+        Outcome::Reject(Rejection {
+            cause: Cause::Penalty,
+            ..
+        })
+    ));
+    // Ended and swept: unmarked, and passes.
+    t.sweep_tiers(120 * SEC as i64);
+    t.maintain_keys(1 << 20, 120 * SEC);
+    if let Some(at) = t.find_key(slot, hash) {
+        assert!(!t.key_marked_for_tiers(at));
+    }
+    assert_eq!(
+        check(&t, b"api_user", Some(b"merged"), 120 * SEC),
+        Outcome::Pass
+    );
+}
+
+/// Random overrides added and removed, sweeps of both sections, and far
+/// more keys than entries (entries drain, are retaken by other keys and
+/// moved to make room), against a model of which keys are denied: every
+/// check of a key says what the model says.
+#[test]
+fn marks_follow_keys_through_moves_reuse_and_sweeps() {
+    let t = flagged_table(32);
+    let mut model = std::collections::HashSet::new();
+    let mut rng = crate::core::rng::Rng::new(7);
+    let mut now: Nanos = 0;
+    for epoch in 2..40_000u64 {
+        let key = format!("k{}", rng.next_u64() % 90);
+        match rng.next_u64() % 16 {
+            0 => {
+                deny(&t, key.as_bytes(), epoch);
+                model.insert(key);
+            }
+            1 => {
+                undeny(&t, key.as_bytes(), epoch);
+                model.remove(&key);
+            }
+            2 => t.maintain_keys(3, now),
+            3 => t.sweep_tiers(now as i64 + t.utc_offset()),
+            4 => {
+                // Time for levels to drain, so entries are retaken.
+                now += 10 * SEC;
+                t.fold_local(now);
+            }
+            _ => assert_eq!(
+                denied(&t, key.as_bytes(), now),
+                model.contains(&key),
+                "{key} at {epoch}"
+            ),
+        }
+    }
+    let stats = t.key_stats();
+    assert!(stats.relocations > 100, "{stats:?}");
+    assert!(stats.reclaimed > 100, "{stats:?}");
+}
+
+/// The sync thread denies key `r` and then publishes round `r` (and lifts
+/// the deny of key `r - 2`), while checkers check the key of the round
+/// they see and the next one, and other checks churn keys through a small
+/// key section (moves, entries retaken), and sweeps clear marks: a check
+/// of a key whose deny was applied before it started is always denied.
+#[test]
+fn a_deny_applied_before_a_check_is_never_missed_under_concurrency() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let t = flagged_table(64);
+    let round = AtomicU64::new(0);
+    let checked = AtomicU64::new(0);
+    let clock = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let missed = std::sync::Mutex::new(Vec::new());
+    let key = |r: u64| format!("round {r}");
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !done.load(SeqCst) {
+                    let r = round.load(SeqCst);
+                    let now = clock.load(SeqCst);
+                    // Maybe before its deny: either answer is right.
+                    let _ = check(&t, b"t", Some(key(r + 1).as_bytes()), now);
+                    if r == 0 {
+                        continue;
+                    }
+                    let passed = check(&t, b"t", Some(key(r).as_bytes()), now) == Outcome::Pass;
+                    if passed && round.load(SeqCst) < r + 2 {
+                        missed.lock().unwrap().push(r);
+                    }
+                    checked.fetch_max(r, SeqCst);
+                }
+            });
+        }
+        s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(SeqCst) {
+                n += 1;
+                let now = clock.fetch_add(SEC, SeqCst);
+                let _ = check(&t, b"t", Some(format!("churn {}", n % 200).as_bytes()), now);
+            }
+        });
+        for r in 1..=1_000u64 {
+            deny(&t, key(r).as_bytes(), 2 * r);
+            round.store(r, SeqCst);
+            if r > 2 {
+                undeny(&t, key(r - 2).as_bytes(), 2 * r + 1);
+            }
+            if r % 7 == 0 {
+                let now = clock.load(SeqCst);
+                t.maintain_keys(8, now);
+                t.sweep_tiers(now as i64 + t.utc_offset());
+            }
+            // Every round is checked at least once.
+            while checked.load(SeqCst) < r {
+                std::thread::yield_now();
+            }
+        }
+        done.store(true, SeqCst);
+    });
+    let stats = t.key_stats();
+    assert_eq!(*missed.lock().unwrap(), [0u64; 0], "{stats:?}");
+    assert!(stats.relocations + stats.reclaimed > 0, "{stats:?}");
 }

@@ -8,11 +8,51 @@
 //! A quota with a penalty, or a per-key template some of whose keys have
 //! overrides, carries [`FLAG_TIERS`] in its slot; a check reads the flags
 //! anyway, so every other check pays one bit test. A key of a flagged
-//! template first asks the filter (a blocked Bloom filter: one cache line
-//! and a few bit tests, `(quota, key)` hashed to a block), and looks in
-//! the table only when the filter says it may hold the key. A named quota
-//! with a penalty looks up its own entry. The cold path that applies what
-//! it finds is [`Table::apply_tiers`].
+//! template then tests its own entry's mark
+//! ([`DIRTY_TIERS`](super::layout::DIRTY_TIERS)), in a line
+//! the check has read anyway: unmarked, the section holds nothing of the
+//! key and the check goes on as if the template had no tiers; marked, it
+//! looks in the table. A key that found no entry asks the filter (a
+//! blocked Bloom filter: one cache line and a few bit tests, `(quota,
+//! key)` hashed to a block) before the table. A named quota with a
+//! penalty looks up its own entry. The cold path that applies what it
+//! finds is [`Table::apply_tiers`].
+//!
+//! # Keeping the marks true
+//!
+//! A key entry is marked whenever the section may hold an entry of its
+//! key, so an unmarked entry is never wrong to skip:
+//!
+//! - whoever adds an entry `(quota, key)` (the sync thread applying an
+//!   override or merging a penalty, a check starting a penalty; all hold
+//!   the tier lock) publishes it, then marks the key's entry if it has
+//!   one (`mark_key_tiers` in `keys.rs`, which follows an entry that
+//!   moves meanwhile) before it lets go: a key's next check takes the override
+//!   from then on;
+//! - a check making a new key entry asks the filter and the table before
+//!   it publishes the entry, and once more after, a full fence between:
+//!   an entry added meanwhile is either found by its adder's mark or by
+//!   that second look (neither side can miss both). Left open: another
+//!   check of the same key in the few instructions between the new
+//!   entry's publication and that second look may take the entry
+//!   unmarked, while its entry is still being made;
+//! - a move carries the mark; its move sequence is odd from the copy on,
+//!   so a marker that marked the original meanwhile marks again where the
+//!   key went (and the move also carries over a mark found on the
+//!   original once it is retired);
+//! - a check trusts the mark only if its entry still holds the key after
+//!   the mark is read: an entry freed or retaken since the check found it
+//!   has its mark cleared or another key's, and the filter answers
+//!   instead;
+//! - only the key upkeep sweep clears a mark, holding the key lock and
+//!   the tier lock (so nothing is added meanwhile), on an entry it holds
+//!   claimed for the moment, after finding the section holds nothing of
+//!   the key (`key_sync.rs`).
+//!
+//! So the marks need no generation and no pass over the keys when
+//! overrides change: an added entry marks its one key, and a removed one
+//! leaves a mark that costs its key a look in the table until the sweep
+//! comes by.
 //!
 //! # The table
 //!
@@ -61,6 +101,18 @@ const MISS_RETRIES: u32 = 64;
 
 /// Seqlock read attempts of one entry before a check takes it as absent.
 const READ_RETRIES: u32 = 1000;
+
+/// What a keyed check knows of its key's tiers before it looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyTiers {
+    /// The key has no entry (or the check has no key): the filter
+    /// answers.
+    Unknown,
+    /// Its entry is unmarked: the section holds nothing of it.
+    Clear,
+    /// Its entry is marked: the section may hold something of it.
+    Marked,
+}
 
 /// An override, penalty or penalty length as a check reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -260,7 +312,8 @@ impl Table {
         }
     }
 
-    fn tier_lock(&self) -> TierLock<'_> {
+    /// The tier lock, however long it takes.
+    pub(super) fn tier_lock(&self) -> TierLock<'_> {
         TierLock::acquire(&self.header().tiers.lock, None).expect("waits for the lock")
     }
 
@@ -294,25 +347,6 @@ impl Table {
             let bit = (bits >> (i * 9)) & 511;
             block[(bit >> 6) as usize].load(RLX) & (1 << (bit & 63)) != 0
         })
-    }
-
-    /// Starts fetching the filter block a check of `key` on the flagged
-    /// template in `slot` will ask, so that its cache miss overlaps the
-    /// key's own instead of following it (a hint: a stale read is
-    /// harmless).
-    #[inline]
-    pub(super) fn prefetch_tier_filter(&self, slot: SlotId, key: KeyHash) {
-        if self.geometry.tier_filter_blocks == 0 {
-            return;
-        }
-        let Some(quota) = self.slot(slot).and_then(|s| s.quota_id()) else {
-            return;
-        };
-        let words = self.tier_filter(self.header().tiers.filter_active.load(RLX));
-        let (block, _) = self.filter_place(quota, key);
-        if let Some(word) = words.get(block * 8) {
-            super::chain::prefetch_line(word, false);
-        }
     }
 
     /// Adds `(quota, key)` to filter copy `copy`.
@@ -371,6 +405,30 @@ impl Table {
             std::hint::spin_loop();
         }
         None
+    }
+
+    /// True when the section holds an entry of the key `key` of the
+    /// per-key template in slot `template` (the filter first: most keys
+    /// cost it one line). What a new key entry is marked by.
+    pub(super) fn tiers_hold_key(&self, template: SlotId, key: KeyHash) -> bool {
+        let Some(quota) = self.slot(template).and_then(|s| s.quota_id()) else {
+            return false;
+        };
+        self.tier_filter_holds(quota, key) && self.find_tier(quota, key).is_some()
+    }
+
+    /// Marks the entry of the key `key` of the quota in slot `template`
+    /// after an entry of it was added to the section (see "Keeping the
+    /// marks true").
+    fn mark_added(&self, template: SlotId, key: KeyHash) {
+        if key == 0 {
+            return;
+        }
+        // The tier entry is published; a check making the key's entry
+        // publishes it, fences, and looks here: one of the two sees the
+        // other.
+        fence(SeqCst);
+        self.mark_key_tiers(template, key);
     }
 
     /// The entry of `(quota, key)`, made if there is none (the tier lock
@@ -501,6 +559,7 @@ impl Table {
             report.applied += 1;
             if let Some(&slot) = slots.get(&o.quota) {
                 self.flag_tiers(slot);
+                self.mark_added(slot, o.key);
             }
         }
         report
@@ -547,6 +606,11 @@ impl Table {
             return 0;
         }
         let lock = self.tier_lock();
+        // Keys' entries are found by their template's slot.
+        let slots = penalties
+            .iter()
+            .any(|p| p.key() != 0)
+            .then(|| self.slot_ids());
         let mut moved = 0;
         for p in penalties.iter().filter(|p| p.until() > 0) {
             let Some(e) = self.tier_entry_for(&lock, p.quota(), p.key()) else {
@@ -555,14 +619,18 @@ impl Table {
             if (e.until.fetch_max(p.until() as u64, SeqCst) as i64) < p.until() {
                 moved += 1;
             }
+            if let Some(&slot) = slots.as_ref().and_then(|s| s.get(&p.quota())) {
+                self.mark_added(slot, p.key());
+            }
         }
         moved
     }
 
-    /// Starts (or lengthens) the penalty of `(quota, key)` until `until`
-    /// (UTC nanoseconds) from the request path, and queues it for the
-    /// roots. False when the tier lock was busy or the section full.
-    fn start_penalty(&self, quota: u64, key: KeyHash, until: i64) -> bool {
+    /// Starts (or lengthens) the penalty of `(quota, key)`, the quota in
+    /// slot `slot`, until `until` (UTC nanoseconds) from the request
+    /// path, and queues it for the roots. False when the tier lock was
+    /// busy or the section full.
+    fn start_penalty(&self, slot: SlotId, quota: u64, key: KeyHash, until: i64) -> bool {
         let t = &self.header().tiers;
         let Some(lock) = TierLock::acquire(&t.lock, Some(CHECK_LOCK_SPINS)) else {
             return false;
@@ -570,6 +638,7 @@ impl Table {
         let Some(e) = self.tier_entry_for(&lock, quota, key) else {
             return false;
         };
+        self.mark_added(slot, key);
         if (e.until.fetch_max(until as u64, SeqCst) as i64) >= until {
             return true;
         }
@@ -721,7 +790,8 @@ impl Table {
     /// A check's chain of a flagged quota (or with one flagged among its
     /// ancestors): applies the key's override to its view, and says the
     /// rejection when the key is denied or the key or a quota of the
-    /// chain is under a penalty. `key` is the key's hash (0: none).
+    /// chain is under a penalty. `key` is the key's hash (0: none); what
+    /// its entry said of it is in `chain.key_tiers`.
     #[cold]
     #[inline(never)]
     pub(super) fn apply_tiers(
@@ -739,8 +809,15 @@ impl Table {
             }
             let Some(id) = s.quota_id() else { continue };
             let keyed = depth == 0 && key != 0;
-            if keyed && !self.tier_filter_holds(id, key) {
-                continue;
+            if keyed {
+                let look = match chain.key_tiers {
+                    KeyTiers::Clear => false,
+                    KeyTiers::Marked => true,
+                    KeyTiers::Unknown => self.tier_filter_holds(id, key),
+                };
+                if !look {
+                    continue;
+                }
             }
             let Some(read) = self.tier(id, if keyed { key } else { 0 }) else {
                 continue;
@@ -829,7 +906,7 @@ impl Table {
         }
         let key = if depth == 0 { key } else { 0 };
         let until = now as i64 + self.utc_offset() + i64::from(secs) * 1_000_000_000;
-        if self.start_penalty(id, key, until) {
+        if self.start_penalty(chain.slots[depth], id, key, until) {
             rejection.cause = Cause::Penalty;
             rejection.wait = Wait::Seconds(f64::from(secs));
             rejection.key = key;
