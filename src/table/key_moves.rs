@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use super::keys::{clear_entry, key_source, set_key_source, KeyAt};
-use super::layout::{KeyEntry, DIRTY_TIERS, KEY_CLAIMED, KEY_WAYS};
+use super::layout::{KeyEntry, DIRTY_TIERS, DIRTY_TIERS_UNSURE, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
 use super::{Table, ACQ, REL, RLX};
 use crate::core::Nanos;
@@ -302,8 +302,9 @@ impl Table {
         // A tier mark set on the original after the copy (the sync
         // thread marks where it found the key, then looks again only if
         // the key left: see `mark_key_tiers`) follows the key.
-        if s.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
-            d.dirty.fetch_or(DIRTY_TIERS, SeqCst);
+        let carried = s.dirty.load(SeqCst) & (DIRTY_TIERS | DIRTY_TIERS_UNSURE);
+        if carried != 0 {
+            d.dirty.fetch_or(carried, SeqCst);
         }
         // Whatever checks added to the old entry up to now follows the
         // key; a check adding later takes its own weight back (count_key).
@@ -330,11 +331,10 @@ impl Table {
 fn copy_state(s: &KeyEntry, d: &KeyEntry) {
     set_key_source(d, key_source(s));
     // Exactly: `d` may be a drained entry still marked for its old key.
-    if s.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
-        d.dirty.fetch_or(DIRTY_TIERS, RLX);
-    } else {
-        d.dirty.fetch_and(!DIRTY_TIERS, RLX);
-    }
+    let marks = DIRTY_TIERS | DIRTY_TIERS_UNSURE;
+    let carried = s.dirty.load(SeqCst) & marks;
+    d.dirty.fetch_or(carried, RLX);
+    d.dirty.fetch_and(!(marks & !carried), RLX);
     d.template.store(s.template.load(RLX), RLX);
     d.used.store(s.used.load(RLX), RLX);
     d.known.store(s.known.load(ACQ), RLX);

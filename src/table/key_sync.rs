@@ -17,7 +17,9 @@ use super::key_moves::{KeyLock, SYNC_BATCH};
 use super::keys::{
     clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
 };
-use super::layout::{KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS};
+use super::layout::{
+    KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS,
+};
 use super::tiers::TierLock;
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
@@ -360,7 +362,7 @@ impl Table {
                 if now.saturating_sub(known.at) >= RESTAMP_AFTER {
                     store_key_tally(e, &counting, counting.aged(known, now));
                 }
-                if e.dirty.load(RLX) & DIRTY_TIERS != 0 {
+                if e.dirty.load(RLX) & (DIRTY_TIERS | DIRTY_TIERS_UNSURE) != 0 {
                     // After the key lock (the one place holding both: a
                     // check starting a penalty takes only the tier lock,
                     // and marks without the key lock); briefly, so that
@@ -368,6 +370,11 @@ impl Table {
                     let tiers = self.tier_lock();
                     if !self.tiers_hold_key(template - 1, hash) {
                         self.clear_tier_mark(&tiers, e, hash);
+                    } else if e.dirty.load(RLX) & DIRTY_TIERS_UNSURE != 0 {
+                        // Its maker left it unsure (moved meanwhile):
+                        // marked, which is always safe.
+                        e.dirty.fetch_or(DIRTY_TIERS, SeqCst);
+                        e.dirty.fetch_and(!DIRTY_TIERS_UNSURE, SeqCst);
                     }
                 }
             }
@@ -391,7 +398,8 @@ impl Table {
             .compare_exchange(hash, KEY_CLAIMED, SeqCst, RLX)
             .is_ok()
         {
-            e.dirty.fetch_and(!DIRTY_TIERS, SeqCst);
+            e.dirty
+                .fetch_and(!(DIRTY_TIERS | DIRTY_TIERS_UNSURE), SeqCst);
             e.hash.store(hash, SeqCst);
         }
         p.moves.fetch_add(1, SeqCst);

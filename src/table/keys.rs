@@ -67,8 +67,8 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::{
     key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED,
-    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED,
-    KEY_WAYS,
+    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE,
+    FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
 };
 use super::tiers::KeyTiers;
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
@@ -360,11 +360,15 @@ impl Table {
             if !tiers {
                 // Published, then asked again: an override or penalty the
                 // sync added meanwhile either finds the entry (and marks
-                // it) or is found here (see `tiers.rs`).
+                // it) or is found here (see `tiers.rs`). Until then the
+                // entry is unsure, so a check of the key by another thread
+                // in between asks the filter rather than trust the
+                // missing mark.
                 fence(SeqCst);
                 if self.tiers_hold_key(template, hash) {
                     self.mark_key_tiers(template, hash);
                 }
+                self.settle_key_tiers(template, hash);
             }
             return Some(at);
         }
@@ -504,8 +508,9 @@ impl Table {
         // Acquiring: a mark is set after the tier entry it stands for, and
         // cleared (with release) after the entry was claimed away from
         // the key, which the hash read after it then shows.
-        let marked = e.dirty.load(ACQ) & DIRTY_TIERS != 0;
-        if e.hash.load(ACQ) != hash {
+        let dirty = e.dirty.load(ACQ);
+        let marked = dirty & DIRTY_TIERS != 0;
+        if e.hash.load(ACQ) != hash || dirty & DIRTY_TIERS_UNSURE != 0 {
             KeyTiers::Unknown
         } else if marked {
             KeyTiers::Marked
@@ -545,6 +550,19 @@ impl Table {
                 return;
             }
             std::hint::spin_loop();
+        }
+    }
+
+    /// Ends the unsure state ([`DIRTY_TIERS_UNSURE`]) of the entry of the
+    /// key `hash` of the template in slot `template`, wherever it is now,
+    /// once its maker has looked in the tier section again. An entry
+    /// that moved meanwhile and is missed keeps it until the sweep: a
+    /// look in the filter per check, never a missed override.
+    fn settle_key_tiers(&self, template: SlotId, hash: KeyHash) {
+        if let Some(e) = self.find_key(template, hash).and_then(|at| self.key_at(at)) {
+            if e.hash.load(ACQ) == hash {
+                e.dirty.fetch_and(!DIRTY_TIERS_UNSURE, SeqCst);
+            }
         }
     }
 
@@ -774,7 +792,10 @@ pub(super) fn init_entry(
 ) {
     if tiers {
         e.dirty.fetch_or(DIRTY_TIERS, REL);
+        e.dirty.fetch_and(!DIRTY_TIERS_UNSURE, REL);
     } else {
+        // Unsure until the maker looked again (see `insert_key`).
+        e.dirty.fetch_or(DIRTY_TIERS_UNSURE, REL);
         e.dirty.fetch_and(!DIRTY_TIERS, REL);
     }
     e.template.store(template + 1, RLX);
@@ -793,7 +814,8 @@ pub(super) fn init_entry(
 pub(super) fn clear_entry(e: &KeyEntry) {
     // Releasing: a check that reads the mark cleared then sees the
     // entry's hash no longer the key's (see `key_tiers`).
-    e.dirty.fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS), REL);
+    e.dirty
+        .fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS | DIRTY_TIERS_UNSURE), REL);
     e.template.store(0, RLX);
     e.inflight.store(0, RLX);
     e.known.store(0, RLX);

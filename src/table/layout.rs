@@ -126,6 +126,12 @@ pub const DIRTY_QUEUED: u32 = 1;
 /// by the key upkeep sweep, once the section holds nothing of the key
 /// (see `tiers.rs`, "The hot path").
 pub const DIRTY_TIERS: u32 = 2;
+/// Key entry `dirty` bit: the entry is new and its maker has not looked
+/// in the tier section again since it published it, so its
+/// [`DIRTY_TIERS`] may still be missing an override added meanwhile: a
+/// check treats the key as unmarked-unknown (filter and table). Cleared
+/// by the maker after that look, or by the sweep or a clear.
+pub const DIRTY_TIERS_UNSURE: u32 = 4;
 /// Key entry `dirty`: the [`crate::table::Source`] of `known` in bits
 /// 8..16 (beside [`DIRTY_QUEUED`]: one word, so an entry stays 48 bytes).
 pub const DIRTY_SOURCE_SHIFT: u32 = 8;

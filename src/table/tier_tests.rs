@@ -436,6 +436,34 @@ fn a_key_checked_before_its_override_takes_it_from_its_next_check() {
 }
 
 #[test]
+fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_again() {
+    // The race a new entry's second look closes: its maker looked in the
+    // tier section (nothing), the sync then added a deny and found no
+    // entry to mark, and the maker published the entry. Another check of
+    // the key before the maker's second look must not trust the missing
+    // mark.
+    let t = flagged_table(64);
+    let hash = t.key_secret().hash(b"racer");
+    deny(&t, b"racer", 2);
+    let (b1, _) = t.buckets_of(0, hash);
+    let at = t.claim_in(b1, 0).expect("a free entry");
+    super::keys::init_entry(t.key_at(at).unwrap(), 0, hash, 0, 0, false);
+    assert_eq!(t.key_tiers(at, hash), super::tiers::KeyTiers::Unknown);
+    assert!(denied(&t, b"racer", 0), "the filter answers meanwhile");
+    // An entry made the ordinary way is sure once made: its checks trust
+    // its mark, set or not.
+    assert!(!denied(&t, b"plain", 0));
+    let plain = t.key_secret().hash(b"plain");
+    let plain_at = t.find_key(0, plain).unwrap();
+    assert_eq!(t.key_tiers(plain_at, plain), super::tiers::KeyTiers::Clear);
+    // The sweep settles an entry its maker left unsure (one holding
+    // weight: a drained one it frees).
+    t.count_key(at, 0, hash, 1);
+    t.maintain_keys(1 << 20, 0);
+    assert_eq!(t.key_tiers(at, hash), super::tiers::KeyTiers::Marked);
+}
+
+#[test]
 fn the_first_override_of_a_template_reaches_its_keys_checked_before() {
     let t = Table::new_heap_with(16, 16, 64, 256);
     t.apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);

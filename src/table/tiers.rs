@@ -32,10 +32,12 @@
 //! - a check making a new key entry asks the filter and the table before
 //!   it publishes the entry, and once more after, a full fence between:
 //!   an entry added meanwhile is either found by its adder's mark or by
-//!   that second look (neither side can miss both). Left open: another
-//!   check of the same key in the few instructions between the new
-//!   entry's publication and that second look may take the entry
-//!   unmarked, while its entry is still being made;
+//!   that second look (neither side can miss both). Until that second
+//!   look the entry is *unsure* (`DIRTY_TIERS_UNSURE`): another check of
+//!   the key meanwhile asks the filter instead of trusting the missing
+//!   mark. The maker ends it after its look, or the sweep does (marking
+//!   the entry when the section holds the key) if the entry moved away
+//!   meanwhile;
 //! - a move carries the mark; its move sequence is odd from the copy on,
 //!   so a marker that marked the original meanwhile marks again where the
 //!   key went (and the move also carries over a mark found on the
