@@ -586,3 +586,78 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
     assert_eq!(total, 2 * 3 * per_thread, "{stats:?}");
     assert!(out.iter().all(|d| d.key != 0));
 }
+
+/// A table whose keys leak one a second from a burst no test reaches: a
+/// key checked once drains a second after its weight is folded in.
+fn leaky_keys(entries: u64) -> Table {
+    let t = Table::new_heap_with_keys(16, 16, entries);
+    t.apply_quotas(&[Quota::new(2, "leaky", 1.0, 1e9, 1e9).keyed()]);
+    t
+}
+
+fn leaky_check(t: &Table, key: u64, now: Nanos) -> ManyOutcome {
+    let item = CheckItem {
+        name: b"leaky",
+        key: Some(&key.to_le_bytes()),
+        weight: 1,
+        max_wait: None,
+    };
+    t.check_many(&[item], now, CheckOptions::default(), never)
+}
+
+/// Entries whose count still matters at `now` (not equal to no entry).
+fn entries_holding_weight(t: &Table, now: Nanos) -> u64 {
+    let mut held = 0;
+    for bucket in t.key_buckets() {
+        for e in &bucket.ways {
+            let hash = e.hash.load(std::sync::atomic::Ordering::Acquire);
+            if hash != 0 && hash != layout::KEY_CLAIMED && !t.key_drained(e, now) {
+                held += 1;
+            }
+        }
+    }
+    held
+}
+
+/// The churn a long benchmark makes (issue 21): a section filled to 90%
+/// with leaky keys, which drain; the upkeep sweep frees a part of them
+/// each round, the rest stay drained in place; then 90% of the section's
+/// worth of keys (the same ones, or half of them new) is checked again,
+/// each key holding weight until the round's fold. Round after round no
+/// key may find no room, since at most 90% of the entries hold weight.
+#[test]
+fn keys_that_drain_are_swept_and_come_back_never_overflow_below_ninety_percent() {
+    for entries in [1u64 << 12, 1 << 16] {
+        for (shift, sweep_share) in [(0u64, 8usize), (2, 8), (0, 1), (2, 1), (0, 0), (2, 0)] {
+            let t = leaky_keys(entries);
+            let capacity = t.key_capacity();
+            let keys = capacity * 9 / 10;
+            let buckets = t.geometry().key_buckets as usize;
+            for round in 0..12u64 {
+                let now = (round + 1) * 10 * SEC;
+                // `shift` 2: each round half the keys are new.
+                let first = round * keys / 2 * shift / 2;
+                for i in 0..keys {
+                    let key = first + i;
+                    let r = leaky_check(&t, key, now + i);
+                    assert_eq!(r.outcome, Outcome::Pass);
+                    assert!(
+                        !r.overflow,
+                        "{entries} entries, shift {shift}, sweep 1/{sweep_share}, round \
+                         {round}: key {i} found no room with {} entries holding weight; {:?}",
+                        entries_holding_weight(&t, now + i),
+                        t.key_stats()
+                    );
+                }
+                let later = now + keys;
+                assert_eq!(entries_holding_weight(&t, later), keys);
+                t.fold_local(later);
+                // Drained ten seconds on: a share of the section is swept.
+                if sweep_share > 0 {
+                    t.maintain_keys(buckets / sweep_share, now + 9 * SEC);
+                }
+            }
+            assert_eq!(t.key_stats().overflows, 0);
+        }
+    }
+}
