@@ -550,11 +550,10 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
                             "round {round} key {i}: {r:?} {:?}",
                             t.key_stats()
                         );
-                        assert!(
-                            !r.overflow,
-                            "round {round} key {i}: {r:?} {:?}",
-                            t.key_stats()
-                        );
+                        // An overflow here may only be a check that
+                        // could not have the key lock in time (the
+                        // collector descheduled holding it, as on a loaded
+                        // machine): checked below from the counters.
                     }
                 }
             })
@@ -577,14 +576,77 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut total = collector.join().unwrap();
+    let stats = t.key_stats();
+    // No key found no room: every overflow was a lock wait cut short
+    // (its weight went to the template's own counter, collected too).
+    assert_eq!(stats.overflows, stats.busy, "{stats:?}");
+    // With nobody holding the lock, every key has or gets an entry.
+    for key in 0..2 * per_thread {
+        let r = daily_check(&t, key, 1);
+        assert!(!r.overflow, "key {key}: {r:?} {:?}", t.key_stats());
+    }
     let mut out = Vec::new();
     t.collect_deltas(&mut out);
     total += out.iter().map(|d| d.delta).sum::<u64>();
     let stats = t.key_stats();
-    assert_eq!(stats.overflows, 0, "{stats:?}");
     assert_eq!(stats.live, 2 * per_thread, "{stats:?}");
-    assert_eq!(total, 2 * 3 * per_thread, "{stats:?}");
+    assert_eq!(total, 2 * 4 * per_thread, "{stats:?}");
     assert!(out.iter().all(|d| d.key != 0));
+}
+
+/// A new key whose two buckets are full while the key lock is held past
+/// a check's bounded wait (its holder descheduled) is an overflow for
+/// that check, counted as `busy` and logged as a busy lock, not as a full
+/// section; a key with room in a bucket needs no lock; once the lock is
+/// free the same key gets an entry.
+#[test]
+fn a_busy_key_lock_is_told_apart_from_a_full_section() {
+    let t = leaky_keys(1 << 10);
+    let slot = t.lookup(b"leaky").unwrap();
+    let now = SEC;
+    let half = t.key_capacity() / 2;
+    for key in 0..half {
+        assert!(!leaky_check(&t, key, now).overflow);
+    }
+    let full = |b: usize| {
+        t.key_buckets()[b].ways.iter().all(|e| {
+            let h = e.hash.load(std::sync::atomic::Ordering::Acquire);
+            h != 0 && h != layout::KEY_CLAIMED && !t.key_drained(e, now)
+        })
+    };
+    let buckets_of = |key: u64| t.buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()));
+    let stuck = (half..u64::MAX)
+        .find(|&k| {
+            let (b1, b2) = buckets_of(k);
+            full(b1) && full(b2)
+        })
+        .unwrap();
+    let roomy = (half..u64::MAX)
+        .find(|&k| {
+            let (b1, b2) = buckets_of(k);
+            !full(b1) && !full(b2)
+        })
+        .unwrap();
+    let mut pressure = crate::sync::KeyPressure::default();
+    assert_eq!(pressure.check(&t), None);
+    {
+        let _held = t.key_lock();
+        assert!(!leaky_check(&t, roomy, now).overflow);
+        let r = leaky_check(&t, stuck, now);
+        assert!(r.overflow, "{r:?}");
+        assert_eq!(r.outcome, Outcome::Pass, "counted on the template");
+    }
+    let stats = t.key_stats();
+    assert_eq!((stats.overflows, stats.busy), (1, 1), "{stats:?}");
+    let (_, said) = pressure.check(&t).unwrap();
+    assert!(said.starts_with("key lock busy: 1 check(s)"), "{said}");
+    assert!(!said.contains("section full"), "{said}");
+    // The lock free again: the same key gets an entry by moving others.
+    let moved = t.key_stats().relocations;
+    assert!(!leaky_check(&t, stuck, now).overflow);
+    assert!(t.key_stats().relocations > moved);
+    assert_eq!(t.key_stats().overflows, 1);
+    assert_eq!(pressure.check(&t), None);
 }
 
 /// A table whose keys leak one a second from a burst no test reaches: a
