@@ -715,8 +715,8 @@ fn keys_that_drain_are_swept_and_come_back_never_overflow_below_ninety_percent()
                 assert_eq!(entries_holding_weight(&t, later), keys);
                 t.fold_local(later);
                 // Drained ten seconds on: a share of the section is swept.
-                if sweep_share > 0 {
-                    t.maintain_keys(buckets / sweep_share, now + 9 * SEC);
+                if let Some(share) = buckets.checked_div(sweep_share) {
+                    t.maintain_keys(share, now + 9 * SEC);
                 }
             }
             assert_eq!(t.key_stats().overflows, 0);
