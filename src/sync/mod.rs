@@ -158,8 +158,8 @@ impl KeyPressure {
                 parts.push(format!(
                     "key lock busy: {busy} check(s) of new keys whose buckets were full \
                      could not have the key lock in time to move entries (its holder, \
-                     the sync thread, was descheduled: the machine is overloaded) and \
-                     were {decided} ({} of {} entries hold keys)",
+                     the sync thread or a check making room, was descheduled: the machine \
+                     is overloaded) and were {decided} ({} of {} entries hold keys)",
                     now.live, now.capacity
                 ));
             }

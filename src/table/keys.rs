@@ -41,10 +41,11 @@
 //!
 //! A new key whose two buckets are full needs the key lock to move
 //! entries, and a check waits for it only a bounded time
-//! (`key_moves.rs`): when the sync thread holding it was descheduled
-//! (an overloaded machine), the key is an overflow for that one check,
-//! whatever the fill, counted apart in `busy` and logged as such (it
-//! says nothing about room). Its next check tries again.
+//! (`key_moves.rs`): when the holder (the sync thread, or a check making
+//! room) was descheduled (an overloaded machine), the key is an overflow
+//! for that one check, whatever the fill, counted apart in `busy` and
+//! logged as such (it says nothing about room). Its next check tries
+//! again.
 //!
 //! # Concurrency
 //!
@@ -358,10 +359,10 @@ impl Table {
 
     /// Makes an entry for a key that has none. A key lock held past the
     /// bounded wait ends the attempts at once ([`NoMove::Busy`]): its
-    /// holder was descheduled, and waiting for it again would only make
-    /// the check wait that long again (the sync thread holds the lock in
-    /// short batches, so this happens on a loaded machine whatever the
-    /// fill: it says nothing about room).
+    /// holder was descheduled, and waiting again would only hold up the
+    /// request that much longer (the lock is held in short batches, so
+    /// this happens on a loaded machine whatever the fill: it says
+    /// nothing about room).
     fn insert_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoMove> {
         let (b1, b2) = self.buckets_of(template, hash);
         for _ in 0..3 {
