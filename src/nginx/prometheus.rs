@@ -308,6 +308,12 @@ fn render_keys(
             s.overflows,
         ),
         (
+            "sluice_key_overflow_busy_total",
+            "Of sluice_key_overflow_total: new keys that needed entries moved and could \
+             not have the key lock in time (its holder was descheduled), whatever the fill.",
+            s.busy,
+        ),
+        (
             "sluice_keyless_checks_total",
             "Checks of a per-key quota without a key (not checked, not counted).",
             s.keyless,

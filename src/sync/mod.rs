@@ -132,6 +132,7 @@ impl KeyPressure {
     pub fn check(&mut self, table: &Table) -> Option<(LogLevel, String)> {
         let now = table.key_stats();
         let overflows = now.overflows.saturating_sub(self.last.overflows);
+        let busy = now.busy.saturating_sub(self.last.busy).min(overflows);
         self.last = now;
         (overflows > 0).then(|| {
             let decided = match table.key_overflow() {
@@ -141,15 +142,28 @@ impl KeyPressure {
                 crate::table::KeyOverflow::Reject => "rejected",
                 crate::table::KeyOverflow::Pass => "passed uncounted",
             };
-            (
-                LogLevel::Warn,
-                format!(
-                    "key section full: {overflows} check(s) of keys that found no entry \
-                     since the last report were {decided} ({} of {} entries hold keys); \
-                     give keys more memory",
+            // A check that could not have the key lock in time says
+            // nothing about room: the lock's holder was descheduled.
+            let full = overflows - busy;
+            let mut parts = Vec::new();
+            if full > 0 {
+                parts.push(format!(
+                    "key section full: {full} check(s) of keys that found no entry \
+                     since the last report were {decided} ({} of {} entries hold keys, \
+                     drained ones included); give keys more memory",
                     now.live, now.capacity
-                ),
-            )
+                ));
+            }
+            if busy > 0 {
+                parts.push(format!(
+                    "key lock busy: {busy} check(s) of new keys whose buckets were full \
+                     could not have the key lock in time to move entries (its holder, \
+                     the sync thread or a check making room, was descheduled: the machine \
+                     is overloaded) and were {decided} ({} of {} entries hold keys)",
+                    now.live, now.capacity
+                ));
+            }
+            (LogLevel::Warn, parts.join("; "))
         })
     }
 }

@@ -155,6 +155,17 @@ impl Drop for KeyLock<'_> {
     }
 }
 
+/// Why [`Table::make_room`] made no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NoMove {
+    /// The key lock was held past a check's bounded wait: whether a chain
+    /// existed is unknown (the section may have had plenty of room).
+    Busy,
+    /// No chain of moves reached a free entry (or a race broke the one
+    /// found).
+    NoChain,
+}
+
 /// One bucket reached by the search.
 #[derive(Clone, Copy)]
 struct Node {
@@ -178,12 +189,14 @@ impl Table {
     }
 
     /// Frees an entry of bucket `b1` or `b2` by moving entries to their
-    /// other buckets, and claims it. `None` when no chain of at most
-    /// [`MAX_MOVE_DEPTH`] moves reaches a free entry, or the key lock was
-    /// busy for too long, or a race broke the chain.
-    pub(super) fn make_room(&self, b1: usize, b2: usize, now: Nanos) -> Option<KeyAt> {
+    /// other buckets, and claims it. [`NoMove::Busy`] when the key lock
+    /// was busy for too long; [`NoMove::NoChain`] when no chain of at most
+    /// [`MAX_MOVE_DEPTH`] moves reaches a free entry, or a race broke it.
+    pub(super) fn make_room(&self, b1: usize, b2: usize, now: Nanos) -> Result<KeyAt, NoMove> {
         let place = &self.header().keys.place;
-        let _lock = KeyLock::try_acquire(&place.lock, &place.lock_wanted, CHECK_SPINS)?;
+        let Some(_lock) = KeyLock::try_acquire(&place.lock, &place.lock_wanted, CHECK_SPINS) else {
+            return Err(NoMove::Busy);
+        };
         if place.moves.load(SeqCst) & 1 == 1 {
             // Odd with the lock free: a mover died mid-move. Even again.
             place.moves.fetch_add(1, SeqCst);
@@ -209,7 +222,9 @@ impl Table {
                 }
                 let at = node.bucket as usize * KEY_WAYS + way;
                 if hash == 0 || self.key_drained(e, now) {
-                    return self.move_along(&nodes, next, at as KeyAt, now);
+                    return self
+                        .move_along(&nodes, next, at as KeyAt, now)
+                        .ok_or(NoMove::NoChain);
                 }
                 if node.depth as usize >= MAX_MOVE_DEPTH || len == MAX_NODES {
                     continue;
@@ -233,7 +248,7 @@ impl Table {
             }
             next += 1;
         }
-        None
+        Err(NoMove::NoChain)
     }
 
     /// Claims the free (or drained) entry `free`, in the bucket of node

@@ -124,6 +124,14 @@ impl Table {
         h.keys.ring.tail.store(tail, REL);
         if h.keys.ring.overflow.swap(0, ACQ) != 0 || stuck {
             for (b, bucket) in self.key_buckets().iter().enumerate() {
+                // Counted in buckets too, not only in entries handled: a
+                // scan finding little pending (the flag set for one raced
+                // claim) would else hold the lock over the whole section,
+                // milliseconds, and every new key needing a move meanwhile
+                // would be an overflow.
+                if b % SYNC_BATCH == SYNC_BATCH - 1 {
+                    lock.relax();
+                }
                 for (way, e) in bucket.ways.iter().enumerate() {
                     if e.pending.load(RLX) != 0 {
                         each((b * KEY_WAYS + way) as KeyAt, e, &mut lock);

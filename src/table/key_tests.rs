@@ -550,11 +550,10 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
                             "round {round} key {i}: {r:?} {:?}",
                             t.key_stats()
                         );
-                        assert!(
-                            !r.overflow,
-                            "round {round} key {i}: {r:?} {:?}",
-                            t.key_stats()
-                        );
+                        // An overflow here may only be a check that
+                        // could not have the key lock in time (the
+                        // collector descheduled holding it, as on a loaded
+                        // machine): checked below from the counters.
                     }
                 }
             })
@@ -577,12 +576,157 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut total = collector.join().unwrap();
+    let stats = t.key_stats();
+    // No key found no room: every overflow was a lock wait cut short
+    // (its weight went to the template's own counter, collected too).
+    assert_eq!(stats.overflows, stats.busy, "{stats:?}");
+    // With nobody holding the lock, every key has or gets an entry.
+    for key in 0..2 * per_thread {
+        let r = daily_check(&t, key, 1);
+        assert!(!r.overflow, "key {key}: {r:?} {:?}", t.key_stats());
+    }
     let mut out = Vec::new();
     t.collect_deltas(&mut out);
     total += out.iter().map(|d| d.delta).sum::<u64>();
     let stats = t.key_stats();
-    assert_eq!(stats.overflows, 0, "{stats:?}");
     assert_eq!(stats.live, 2 * per_thread, "{stats:?}");
-    assert_eq!(total, 2 * 3 * per_thread, "{stats:?}");
+    assert_eq!(total, 2 * 4 * per_thread, "{stats:?}");
     assert!(out.iter().all(|d| d.key != 0));
+}
+
+/// A new key whose two buckets are full while the key lock is held past
+/// a check's bounded wait (its holder descheduled) is an overflow for
+/// that check, counted as `busy` and logged as a busy lock, not as a full
+/// section; a key with room in a bucket needs no lock; once the lock is
+/// free the same key gets an entry.
+#[test]
+fn a_busy_key_lock_is_told_apart_from_a_full_section() {
+    let t = leaky_keys(1 << 10);
+    let slot = t.lookup(b"leaky").unwrap();
+    let now = SEC;
+    let half = t.key_capacity() / 2;
+    for key in 0..half {
+        assert!(!leaky_check(&t, key, now).overflow);
+    }
+    let full = |b: usize| {
+        t.key_buckets()[b].ways.iter().all(|e| {
+            let h = e.hash.load(std::sync::atomic::Ordering::Acquire);
+            h != 0 && h != layout::KEY_CLAIMED && !t.key_drained(e, now)
+        })
+    };
+    let buckets_of = |key: u64| t.buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()));
+    let stuck = (half..u64::MAX)
+        .find(|&k| {
+            let (b1, b2) = buckets_of(k);
+            full(b1) && full(b2)
+        })
+        .unwrap();
+    let roomy = (half..u64::MAX)
+        .find(|&k| {
+            let (b1, b2) = buckets_of(k);
+            !full(b1) && !full(b2)
+        })
+        .unwrap();
+    let mut pressure = crate::sync::KeyPressure::default();
+    assert_eq!(pressure.check(&t), None);
+    {
+        let _held = t.key_lock();
+        assert!(!leaky_check(&t, roomy, now).overflow);
+        let r = leaky_check(&t, stuck, now);
+        assert!(r.overflow, "{r:?}");
+        assert_eq!(r.outcome, Outcome::Pass, "counted on the template");
+    }
+    let stats = t.key_stats();
+    assert_eq!((stats.overflows, stats.busy), (1, 1), "{stats:?}");
+    let (_, said) = pressure.check(&t).unwrap();
+    assert!(said.starts_with("key lock busy: 1 check(s)"), "{said}");
+    assert!(!said.contains("section full"), "{said}");
+    // The lock free again: the same key gets an entry by moving others.
+    let moved = t.key_stats().relocations;
+    assert!(!leaky_check(&t, stuck, now).overflow);
+    assert!(t.key_stats().relocations > moved);
+    assert_eq!(t.key_stats().overflows, 1);
+    assert_eq!(pressure.check(&t), None);
+}
+
+/// A table whose keys leak one a second from a burst no test reaches: a
+/// key checked once drains a second after its weight is folded in.
+fn leaky_keys(entries: u64) -> Table {
+    let t = Table::new_heap_with_keys(16, 16, entries);
+    t.apply_quotas(&[Quota::new(2, "leaky", 1.0, 1e9, 1e9).keyed()]);
+    t
+}
+
+fn leaky_check(t: &Table, key: u64, now: Nanos) -> ManyOutcome {
+    let item = CheckItem {
+        name: b"leaky",
+        key: Some(&key.to_le_bytes()),
+        weight: 1,
+        max_wait: None,
+    };
+    t.check_many(&[item], now, CheckOptions::default(), never)
+}
+
+/// Entries whose count still matters at `now` (not equal to no entry).
+fn entries_holding_weight(t: &Table, now: Nanos) -> u64 {
+    let mut held = 0;
+    for bucket in t.key_buckets() {
+        for e in &bucket.ways {
+            let hash = e.hash.load(std::sync::atomic::Ordering::Acquire);
+            if hash != 0 && hash != layout::KEY_CLAIMED && !t.key_drained(e, now) {
+                held += 1;
+            }
+        }
+    }
+    held
+}
+
+/// The churn a long benchmark makes (issue 21): a section filled to 90%
+/// with leaky keys, which drain; the upkeep sweep frees a part of them
+/// each round, the rest stay drained in place; then 90% of the section's
+/// worth of keys (the same ones, or half of them new) is checked again,
+/// each key holding weight until the round's fold. Round after round no
+/// key may find no room, since at most 90% of the entries hold weight.
+#[test]
+fn keys_that_drain_are_swept_and_come_back_never_overflow_below_ninety_percent() {
+    for entries in [1u64 << 12, 1 << 16] {
+        for (shift, sweep_share) in [(0u64, 8usize), (2, 8), (0, 1), (2, 1), (0, 0), (2, 0)] {
+            let t = leaky_keys(entries);
+            let capacity = t.key_capacity();
+            let keys = capacity * 9 / 10;
+            let buckets = t.geometry().key_buckets as usize;
+            for round in 0..12u64 {
+                let now = (round + 1) * 10 * SEC;
+                // `shift` 2: each round half the keys are new.
+                let first = round * keys / 2 * shift / 2;
+                for i in 0..keys {
+                    let key = first + i;
+                    let r = leaky_check(&t, key, now + i);
+                    assert_eq!(r.outcome, Outcome::Pass);
+                    assert!(
+                        !r.overflow,
+                        "{entries} entries, shift {shift}, sweep 1/{sweep_share}, round \
+                         {round}: key {i} found no room with {} entries holding weight; {:?}",
+                        entries_holding_weight(&t, now + i),
+                        t.key_stats()
+                    );
+                }
+                let later = now + keys;
+                assert_eq!(entries_holding_weight(&t, later), keys);
+                t.fold_local(later);
+                // Drained ten seconds on: a share of the section is swept.
+                if let Some(share) = buckets.checked_div(sweep_share) {
+                    t.maintain_keys(share, now + 9 * SEC);
+                }
+            }
+            let stats = t.key_stats();
+            assert_eq!(stats.overflows, 0, "{stats:?}");
+            if (shift, sweep_share) == (2, 0) {
+                // Nothing swept and more keys than entries: newcomers
+                // took drained entries in place.
+                assert!(stats.inserts > capacity, "{stats:?}");
+                assert!(stats.reclaimed > 0, "{stats:?}");
+            }
+        }
+    }
 }

@@ -39,6 +39,14 @@
 //! - `reject`: it is rejected.
 //! - `pass`: it passes uncounted (the behaviour of earlier versions).
 //!
+//! A new key whose two buckets are full needs the key lock to move
+//! entries, and a check waits for it only a bounded time
+//! (`key_moves.rs`): when the holder (the sync thread, or a check making
+//! room) was descheduled (an overloaded machine), the key is an overflow
+//! for that one check, whatever the fill, counted apart in `busy` and
+//! logged as such (it says nothing about room). Its next check tries
+//! again.
+//!
 //! # Concurrency
 //!
 //! Checks take no lock: they find a key by its hash word, add to
@@ -75,6 +83,7 @@ use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
 use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
 
+use super::key_moves::NoMove;
 pub use super::key_moves::MAX_MOVE_DEPTH;
 
 /// Where a key's entry is: bucket × [`KEY_WAYS`] + way.
@@ -145,6 +154,9 @@ pub struct KeyStats {
     pub reclaimed: u64,
     /// Checks of a key that found no entry (decided by the overflow mode).
     pub overflows: u64,
+    /// Of `overflows`: new keys that needed entries moved and could not
+    /// have the key lock in time (the section may have had room).
+    pub busy: u64,
     /// Checks of a per-key quota without a key (not checked, not counted).
     pub keyless: u64,
 }
@@ -232,6 +244,7 @@ impl Table {
             relocations: p.relocations.load(RLX),
             reclaimed: p.reclaimed.load(RLX),
             overflows: p.overflows.load(RLX),
+            busy: p.busy.load(RLX),
             keyless: p.keyless.load(RLX),
         }
     }
@@ -330,28 +343,39 @@ impl Table {
             return Ok(at);
         }
         let placed = if self.geometry.key_buckets == 0 {
-            None
+            Err(NoMove::NoChain)
         } else {
             self.insert_key(template, hash, now)
         };
-        placed.ok_or_else(|| {
-            self.header().keys.place.overflows.fetch_add(1, RLX);
+        placed.map_err(|why| {
+            let p = &self.header().keys.place;
+            p.overflows.fetch_add(1, RLX);
+            if why == NoMove::Busy {
+                p.busy.fetch_add(1, RLX);
+            }
             NoRoom
         })
     }
 
-    /// Makes an entry for a key that has none.
-    fn insert_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Option<KeyAt> {
+    /// Makes an entry for a key that has none. A key lock held past the
+    /// bounded wait ends the attempts at once ([`NoMove::Busy`]): its
+    /// holder was descheduled, and waiting again would only hold up the
+    /// request that much longer (the lock is held in short batches, so
+    /// this happens on a loaded machine whatever the fill: it says
+    /// nothing about room).
+    fn insert_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoMove> {
         let (b1, b2) = self.buckets_of(template, hash);
         for _ in 0..3 {
-            let claimed = self
-                .claim_in(b1, now)
-                .or_else(|| self.claim_in(b2, now))
-                .or_else(|| self.make_room(b1, b2, now));
-            let Some(at) = claimed else {
-                continue;
+            let claimed = match self.claim_in(b1, now).or_else(|| self.claim_in(b2, now)) {
+                Some(at) => Ok(at),
+                None => self.make_room(b1, b2, now),
             };
-            let e = self.key_at(at)?;
+            let at = match claimed {
+                Ok(at) => at,
+                Err(NoMove::Busy) => return Err(NoMove::Busy),
+                Err(NoMove::NoChain) => continue,
+            };
+            let e = self.key_at(at).ok_or(NoMove::NoChain)?;
             let tiers = self.tiers_hold_key(template, hash);
             init_entry(e, template, hash, key_tick(now), now, tiers);
             let p = &self.header().keys.place;
@@ -370,9 +394,9 @@ impl Table {
                 }
                 self.settle_key_tiers(template, hash);
             }
-            return Some(at);
+            return Ok(at);
         }
-        None
+        Err(NoMove::NoChain)
     }
 
     /// Claims a free or drained entry of bucket `b` (its hash word set to

@@ -431,6 +431,12 @@ pub struct KeyPlacement {
     /// Checks of a per-key quota without a key (or with an empty one):
     /// not checked, not counted.
     pub keyless: AtomicU64,
+    /// Of `overflows`: new keys whose buckets were full and that could not
+    /// have the key lock in time to move entries (its holder, the sync
+    /// thread, was descheduled): the section may have had room. In what
+    /// was padding up to the line's end, so zero in a region an older
+    /// version made.
+    pub busy: AtomicU64,
 }
 
 /// Roots whose sync state the region can publish.
