@@ -4,7 +4,7 @@
 //! then its ancestors.
 
 use std::mem::MaybeUninit;
-use std::sync::atomic::fence;
+use std::sync::atomic::{fence, AtomicU64};
 
 use super::keys::KeyOverflow;
 use super::layout::{
@@ -65,6 +65,57 @@ pub(super) enum Resolved {
     /// Rejected before any decision: an override denies the key, or the
     /// key or a quota of the chain is under a penalty.
     Barred(Rejection),
+}
+
+/// Where the quota a name pointed to was last found: one hint per place
+/// in this process's memory a name was checked from (hashed into a few
+/// entries), since a caller names a quota with the same bytes at the same
+/// address over and over (a C constant, an nginx directive's argument).
+/// A hit saves hashing the name and walking the index, most of a name's
+/// lookup; a wrong or stale hint costs one failed comparison. Hints live
+/// in this process's [`Table`], not in the shared region: addresses mean
+/// nothing to another process.
+pub(super) struct NameHints {
+    /// `(slot + 1) << 32 | name_at`; 0: none.
+    entries: [AtomicU64; NAME_HINTS],
+}
+
+/// Hints per table (a power of two).
+const NAME_HINTS: usize = 16;
+
+impl NameHints {
+    /// No hints.
+    pub(super) fn new() -> Self {
+        Self {
+            entries: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// The hint for a name at the address and of the length of `name`.
+    #[inline(always)]
+    fn of(&self, name: &[u8]) -> &AtomicU64 {
+        let at = name.as_ptr() as usize;
+        let i = ((at >> 3) ^ (at >> 9) ^ name.len()) % NAME_HINTS;
+        &self.entries[i]
+    }
+
+    /// The slot and name place a hint holds, if any.
+    #[inline(always)]
+    fn get(hint: &AtomicU64) -> Option<(SlotId, u32)> {
+        let word = hint.load(RLX);
+        let slot = ((word >> 32) as u32).checked_sub(1)?;
+        Some((slot, word as u32))
+    }
+
+    /// Remembers where a name was found (not written when unchanged, so
+    /// that threads checking the same names do not contend for the line).
+    #[inline(always)]
+    fn set(hint: &AtomicU64, slot: SlotId, name_at: u32) {
+        let word = u64::from(slot + 1) << 32 | u64::from(name_at);
+        if hint.load(RLX) != word {
+            hint.store(word, RLX);
+        }
+    }
 }
 
 /// What a check reads of a slot besides its view.
@@ -213,6 +264,35 @@ impl Table {
         })
     }
 
+    /// Finds the live quota named `name` and reads its view into `out`
+    /// (see [`Table::read_named_into`]): first in the slot the hint of
+    /// this name's place in memory holds, else through the index (and the
+    /// hint remembers the slot for the next check of that name).
+    ///
+    /// A hint is only ever a guess: the slot's name is compared in the
+    /// same seqlock read as with a slot the index gave, so a slot since
+    /// emptied, reused or renamed is never checked under the old name.
+    #[inline]
+    fn find_named_into(
+        &self,
+        name: &[u8],
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<(SlotId, SlotRead)> {
+        let hint = self.name_hints.of(name);
+        if let Some((slot, name_at)) = NameHints::get(hint) {
+            if let Some(read) = self.read_named_into(slot, name_at, name, out) {
+                return Some((slot, read));
+            }
+        }
+        let found = self.probe(name, |slot, name_at| {
+            self.read_named_into(slot, name_at, name, out)
+                .map(|read| (slot, read, name_at))
+        });
+        let (slot, read, name_at) = found?;
+        NameHints::set(hint, slot, name_at);
+        Some((slot, read))
+    }
+
     /// Walks the index for `name`, calling `at_match` with the slot and
     /// name place of every entry whose tag matches, until it returns
     /// something.
@@ -291,6 +371,7 @@ impl Table {
     /// [`Table::read_view`] of the slot named `name` (stored at
     /// `name_at`) into `out`, comparing the name in the same seqlock read:
     /// the check path's first quota costs one read of the slot, not two.
+    #[inline(always)]
     fn read_named_into(
         &self,
         slot: SlotId,
@@ -415,11 +496,7 @@ impl Table {
     /// `chain`.
     pub(super) fn resolve(&self, item: &CheckItem, chain: &mut Chain, now: Nanos) -> Resolved {
         // The quota is read straight into the chain's first view.
-        let first = &mut chain.views[0];
-        let found = self.probe(item.name, |slot, name_at| {
-            self.read_named_into(slot, name_at, item.name, first)
-                .map(|read| (slot, read))
-        });
+        let found = self.find_named_into(item.name, &mut chain.views[0]);
         let Some((slot, read)) = found else {
             return Resolved::Unknown;
         };

@@ -55,22 +55,17 @@ pub fn word_at(name: &[u8], i: usize) -> u64 {
         let last = u64::from_le_bytes(name[len - 8..].try_into().unwrap_or_default());
         return last >> (8 * (8 - rem));
     }
-    // The whole name is this partial word (start is 0).
-    let mut word = 0u64;
-    let mut at = 0;
-    if len & 4 != 0 {
-        word = u64::from(u32::from_le_bytes(name[..4].try_into().unwrap_or_default()));
-        at = 4;
+    // The whole name is this partial word (start is 0): two loads that
+    // may overlap (an overlapping byte lands in the same place from both).
+    if len >= 4 {
+        let first = u32::from_le_bytes(name[..4].try_into().unwrap_or_default());
+        let last = u32::from_le_bytes(name[len - 4..].try_into().unwrap_or_default());
+        return u64::from(first) | u64::from(last) << (8 * (len - 4));
     }
-    if len & 2 != 0 {
-        let two = u16::from_le_bytes(name[at..at + 2].try_into().unwrap_or_default());
-        word |= u64::from(two) << (8 * at);
-        at += 2;
-    }
-    if len & 1 != 0 {
-        word |= u64::from(name[at]) << (8 * at);
-    }
-    word
+    // One to three bytes: the first, the middle and the last.
+    u64::from(name[0])
+        | u64::from(name[len / 2]) << (8 * (len / 2))
+        | u64::from(name[len - 1]) << (8 * (len - 1))
 }
 
 /// Granules needed for a name of `len` bytes (at least one).
