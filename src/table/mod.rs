@@ -33,7 +33,8 @@
 //!   status block, index, slots, arena) and table-wide numbers.
 //! - `layout.rs` — the region's format: header, status block, slot and
 //!   index entry layouts, geometry.
-//! - `names.rs` — the name hash and the name arena's words.
+//! - `names.rs` — the name hash, the fingerprint the name hints key on,
+//!   and the name arena's words.
 //! - `chain.rs` — what a check reads: the name lookup through the index
 //!   (and the per-process hints that usually skip it), a quota's view
 //!   under its seqlock (with a key's counter in place of its template's),

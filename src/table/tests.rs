@@ -272,6 +272,51 @@ fn a_name_checked_from_the_same_memory_never_finds_a_stale_slot() {
 }
 
 #[test]
+fn a_reused_buffer_holding_a_name_of_the_same_fingerprint_is_its_own_quota() {
+    // Same length, same first and last 8 bytes: the two names share a
+    // fingerprint, so the hint learned for one is tried for the other,
+    // and only the name compare tells them apart.
+    const EU: &[u8; 24] = b"s3_photos-eu-1-prod_read";
+    const US: &[u8; 24] = b"s3_photos-us-1-prod_read";
+    const AP: &[u8; 24] = b"s3_photos-ap-1-prod_read";
+    assert_eq!(names::fingerprint(EU), names::fingerprint(US));
+    assert_eq!(names::fingerprint(EU), names::fingerprint(AP));
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[
+        quota(1, "s3_photos-eu-1-prod_read", None, 1.0, 1.0, 1.0),
+        quota(2, "s3_photos-us-1-prod_read", None, 100.0, 100.0, 100.0),
+    ]);
+    let mut buf = *EU;
+    assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    assert!(matches!(
+        t.check_with(&buf, 1, 0, never),
+        Outcome::Reject(_)
+    ));
+    // The hint now points at eu's slot; us checked from the same bytes
+    // counts under its own quota, every time (the hint is replaced only
+    // now and then, so most of these find eu's slot hinted first).
+    buf = *US;
+    for _ in 0..20 {
+        assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    }
+    assert_eq!(t.quota(US, 0).unwrap().passed, 20);
+    assert_eq!(t.quota(EU, 0).unwrap().passed, 1);
+    // A name no quota has, of the same fingerprint, is unknown whichever
+    // slot is hinted.
+    buf = *AP;
+    for _ in 0..20 {
+        assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Unknown);
+    }
+    buf = *EU;
+    assert!(matches!(
+        t.check_with(&buf, 1, 0, never),
+        Outcome::Reject(_)
+    ));
+    assert_eq!(t.quota(EU, 0).unwrap().passed, 1);
+    assert_eq!(t.quota(US, 0).unwrap().passed, 20);
+}
+
+#[test]
 fn a_full_table_refuses_new_quotas_loudly_and_keeps_the_old() {
     let t = Table::new_heap(2, 16);
     let qs: Vec<Quota> = (1..=3)
