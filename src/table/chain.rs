@@ -148,7 +148,6 @@ impl NameHint {
     /// this fingerprint: two names differing only in their middle bytes
     /// would otherwise rewrite it on every check). Nothing is written
     /// when nothing would change.
-    #[cold]
     fn set(&self, fp: u64, slot: SlotId, name_at: u32) {
         let place = u64::from(slot + 1) << 32 | u64::from(name_at);
         let held = self.fingerprint.load(RLX);
@@ -338,12 +337,27 @@ impl Table {
                 return Some((slot, read));
             }
         }
+        self.find_named_by_index(name, fp, out)
+    }
+
+    /// [`Table::find_named_into`] through the index, when the hint missed.
+    /// Out of line: kept in, it made the check's inlined body large enough
+    /// that the key's lookup was no longer inlined into it (40 more
+    /// instructions a hot keyed check, callgrind), while this path pays
+    /// for hashing and an index walk anyway.
+    #[inline(never)]
+    fn find_named_by_index(
+        &self,
+        name: &[u8],
+        fp: u64,
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<(SlotId, SlotRead)> {
         let found = self.probe(name, |slot, name_at| {
             self.read_named_into(slot, name_at, name, out)
                 .map(|read| (slot, read, name_at))
         });
         let (slot, read, name_at) = found?;
-        hint.set(fp, slot, name_at);
+        self.name_hints.of(fp).set(fp, slot, name_at);
         Some((slot, read))
     }
 
