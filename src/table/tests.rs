@@ -231,7 +231,7 @@ fn tombstones_delete_and_freed_slots_and_names_are_reused() {
 #[test]
 fn a_name_checked_from_the_same_memory_never_finds_a_stale_slot() {
     // One buffer names every check, as a caller reusing it would: the
-    // name hint of that address goes stale at each step below.
+    // name hint learned for it goes stale at each step below.
     let t = Table::new_heap(4, 16);
     t.apply_quotas(&[
         quota(1, "q1", None, 1.0, 1.0, 1.0),
