@@ -5,6 +5,9 @@
 //! - `hot_depth3`: a quota with a parent and a grandparent;
 //! - `random_1m`: a random name among 1M loaded quotas (cache misses);
 //! - `random_1m_by_slot`: the same quotas checked by slot, no lookup;
+//! - `random_1m_one_buffer`: the same names, each copied into one buffer
+//!   before its check (a name built per request into reused memory, as
+//!   nginx evaluates `sluice s3_${bucket}_read;` into a request's pool);
 //! - `contended_2threads`: two threads checking one quota at once.
 //! - `kinds/*`: one quota of each kind in the same run (leaky, a fixed
 //!   and a sliding 1 min window, a sliding calendar month window) and
@@ -109,6 +112,17 @@ fn bench_random_1m(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) & (names.len() - 1);
             t.check(black_box(&names[i]), 1, now)
+        })
+    });
+    // The same names built into one buffer per check: the name at that
+    // address changes every time.
+    let mut buf = [0u8; 16];
+    c.bench_function("table/random_1m_one_buffer", |b| {
+        b.iter(|| {
+            i = (i + 1) & (names.len() - 1);
+            let name = &names[i];
+            buf[..name.len()].copy_from_slice(name);
+            t.check(black_box(&buf[..name.len()]), 1, now)
         })
     });
     // The same checks by slot, with no name lookup: one round of misses

@@ -13,6 +13,8 @@
 //! - `hot`: one key, checked over and over (always in cache);
 //! - `random_1m`: a random key among 1,000,000 live ones, the same
 //!   sequence of keys for both (cache and TLB misses);
+//! - `parts`: what parts of a hot check cost alone (each side's clock
+//!   read and key hash; sluice's table check without the C ABI);
 //! - printed: each side's memory per live key at 1,000,000 keys (governor:
 //!   the process's resident memory before and after inserting them;
 //!   sluice: the key section, which is allocated whole up front, divided
@@ -143,6 +145,46 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| timed(iters, &indices, sluice_check))
     });
     g.finish();
+
+    // What parts of a hot check cost alone, each side's: the clock read,
+    // the key's hash, and (sluice) the table's check without the C ABI.
+    // Last, so that the random keys are checked as soon after they were
+    // stored as before this group was added (keys that drain are swept,
+    // and storing them again is slower).
+    let mut g = c.benchmark_group("vs_governor/parts");
+    let gov_clock = governor::clock::DefaultClock::default();
+    g.bench_function("governor_clock", |b| {
+        b.iter(|| governor::clock::Clock::now(&gov_clock))
+    });
+    g.bench_function("sluice_clock", |b| b.iter(sluice::clock::now));
+    let std_hasher = std::collections::hash_map::RandomState::new();
+    g.bench_function("governor_key_hash", |b| {
+        b.iter(|| std::hash::BuildHasher::hash_one(&std_hasher, black_box(&hot)))
+    });
+    let secret = sluice::core::key::KeySecret::built_in();
+    g.bench_function("sluice_key_hash", |b| {
+        b.iter(|| secret.hash(black_box(&hot)))
+    });
+    let (table, now) = sluice_table();
+    g.bench_function("sluice_table_check", |b| {
+        b.iter(|| {
+            let item = sluice::table::CheckItem {
+                name: NAME,
+                key: Some(black_box(&hot)),
+                weight: 1,
+                max_wait: None,
+            };
+            table
+                .check_many(
+                    &[item],
+                    now,
+                    sluice::table::CheckOptions::default(),
+                    sluice::host::thread_unit,
+                )
+                .outcome
+        })
+    });
+    g.finish();
 }
 
 /// Runs `iters` checks of keys taken from `indices` in order.
@@ -158,13 +200,18 @@ fn timed(iters: u64, indices: &[u64], mut check: impl FnMut(&[u8; 16]) -> i32) -
 }
 
 /// A table built as the C ABI builds its own for the same configuration,
-/// filled with the same million keys: the bytes of its key section, its
-/// live keys and its entries.
-fn sluice_memory() -> (u64, u64, u64) {
+/// with the same template, and the time it was made.
+fn sluice_table() -> (sluice::table::Table, u64) {
     let capacity = (KEYS as f64 / 0.9).ceil() as u64;
     let t = sluice::table::Table::new_heap_with_keys(16, 32, capacity);
     t.apply_quotas(&[sluice::core::Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
-    let now = sluice::clock::now();
+    (t, sluice::clock::now())
+}
+
+/// [`sluice_table`] filled with the same million keys: the bytes of its
+/// key section, its live keys and its entries.
+fn sluice_memory() -> (u64, u64, u64) {
+    let (t, now) = sluice_table();
     for i in 0..KEYS {
         let item = sluice::table::CheckItem {
             name: NAME,

@@ -79,20 +79,33 @@ pub(super) unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a CStr,
 /// # Safety
 /// `p` must be NULL or point to at least `len` readable bytes when `len`
 /// is at most `max`.
+///
+/// Inlined into every export, with its messages made out of line: a
+/// check's arguments cost a few compares, not a call returning a
+/// `Result` through memory.
+#[inline(always)]
 unsafe fn c_bytes<'a>(
     p: *const c_char,
     len: usize,
     max: usize,
     what: &str,
 ) -> Result<&'a [u8], String> {
-    if p.is_null() {
-        return Err(format!("{what} is NULL"));
-    }
-    if len > max {
-        return Err(format!("{what} is {len} bytes long, at most {max} allowed"));
+    if p.is_null() || len > max {
+        return Err(bad_bytes(p, len, max, what));
     }
     // SAFETY: non-null, and the caller guarantees `len` readable bytes.
     Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+}
+
+/// Why [`c_bytes`] refused its argument.
+#[cold]
+#[inline(never)]
+fn bad_bytes(p: *const c_char, len: usize, max: usize, what: &str) -> String {
+    if p.is_null() {
+        format!("{what} is NULL")
+    } else {
+        format!("{what} is {len} bytes long, at most {max} allowed")
+    }
 }
 
 /// A quota name given as `len` bytes at `p` (no NUL): at most
@@ -102,6 +115,7 @@ unsafe fn c_bytes<'a>(
 /// # Safety
 /// `p` must be NULL or point to at least `len` readable bytes when `len`
 /// is at most [`SLUICE_MAX_NAME_LEN`].
+#[inline]
 pub(super) unsafe fn c_name<'a>(p: *const c_char, len: usize) -> Result<&'a [u8], String> {
     // SAFETY: per the contract.
     unsafe { c_bytes(p, len, SLUICE_MAX_NAME_LEN, "name") }
@@ -136,6 +150,7 @@ pub(super) unsafe fn c_name_nul<'a>(p: *const c_char) -> Result<&'a [u8], String
 /// # Safety
 /// `name` must be NULL or point to at least `name_len` readable bytes;
 /// `key` must be NULL or point to at least `key_len` readable bytes.
+#[inline]
 pub(super) unsafe fn name_and_key<'a>(
     name: *const c_char,
     name_len: usize,

@@ -59,10 +59,18 @@ static LIMITER: AtomicPtr<Limiter> = AtomicPtr::new(ptr::null_mut());
 /// Serialises init and shutdown against each other.
 static LIFECYCLE: Mutex<()> = Mutex::new(());
 
+#[inline]
 fn limiter() -> Result<&'static Limiter, String> {
     let p = LIMITER.load(Ordering::Acquire);
     // SAFETY: a non-null LIMITER points to a leaked Box that is never freed.
-    unsafe { p.as_ref() }.ok_or_else(|| "sluice is not initialised: call sluice_init".to_string())
+    unsafe { p.as_ref() }.ok_or_else(not_initialised)
+}
+
+/// The error of a call made before `sluice_init`.
+#[cold]
+#[inline(never)]
+fn not_initialised() -> String {
+    "sluice is not initialised: call sluice_init".to_string()
 }
 
 /// Starts the limiter from `sluice_init`'s JSON (`None`: defaults).
@@ -141,6 +149,7 @@ pub(super) fn load_quotas(text: &str) -> Result<c_int, String> {
 }
 
 /// Checks `weight` on quota `name` (and a key of it).
+#[inline]
 pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
     let limiter = limiter()?;
     let item = check_item(name, key, weight);

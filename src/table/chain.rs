@@ -3,8 +3,9 @@
 //! for a per-key quota, its key's counter in place of the template's),
 //! then its ancestors.
 
+use std::cell::Cell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::fence;
+use std::sync::atomic::{fence, AtomicU64};
 
 use super::keys::KeyOverflow;
 use super::layout::{
@@ -68,6 +69,108 @@ pub(super) enum Resolved {
     /// Rejected before any decision: an override denies the key, or the
     /// key or a quota of the chain is under a penalty.
     Barred(Rejection),
+}
+
+/// Where the quotas of names checked lately were found, keyed by each
+/// name's [`names::fingerprint`]: a caller names a quota with the same
+/// bytes over and over (a C constant, an nginx directive's argument, or
+/// a name built per request for the same hot bucket). A hit saves
+/// hashing the name and walking the index, most of a name's lookup.
+///
+/// A miss must cost next to nothing, since most names built per request
+/// are not the last one seen (a table of a million quotas checked by
+/// bucket): the hint is rejected on its fingerprint, without reading the
+/// hinted slot or the name arena (cold lines in a large table); only a
+/// name that matches there (the same name, or one differing only in its
+/// middle bytes) costs a slot read, and the name compare under the
+/// slot's seqlock decides. And a miss seldom writes: the entries are
+/// read by every thread of the process, and a store on each miss would
+/// bounce their lines between cores. Hints live in this process's
+/// [`Table`], not in the shared region, where every worker of a host
+/// would write the same lines.
+pub(super) struct NameHints {
+    entries: [NameHint; NAME_HINTS],
+}
+
+/// One name's hint: two words, written and read apart (a torn pair is
+/// a wrong guess, which the name compare rejects).
+#[derive(Default)]
+struct NameHint {
+    /// The name's fingerprint.
+    fingerprint: AtomicU64,
+    /// `(slot + 1) << 32 | name_at`; 0: none.
+    place: AtomicU64,
+}
+
+/// Hints per table (a power of two; 16 of 16 bytes: four cache lines).
+const NAME_HINTS: usize = 16;
+
+/// A miss replaces a hint holding another name once in this many misses
+/// of a thread: a name checked again and again takes an entry within a
+/// few checks, while a stream of names seen once writes the shared
+/// entries seldom.
+const REPLACE_EVERY: u32 = 8;
+
+thread_local! {
+    /// This thread's misses that found another name's hint, counted to
+    /// pace replacing it ([`REPLACE_EVERY`]).
+    static HINT_MISSES: Cell<u32> = const { Cell::new(0) };
+}
+
+impl NameHints {
+    /// No hints.
+    pub(super) fn new() -> Self {
+        Self {
+            entries: std::array::from_fn(|_| NameHint::default()),
+        }
+    }
+
+    /// The entry for a name of fingerprint `fp`.
+    #[inline(always)]
+    fn of(&self, fp: u64) -> &NameHint {
+        &self.entries[(fp >> 60) as usize % NAME_HINTS]
+    }
+}
+
+impl NameHint {
+    /// The slot and name place this hint holds for a name of
+    /// fingerprint `fp`, if any.
+    #[inline(always)]
+    fn get(&self, fp: u64) -> Option<(SlotId, u32)> {
+        if self.fingerprint.load(RLX) != fp {
+            return None;
+        }
+        let place = self.place.load(RLX);
+        let slot = ((place >> 32) as u32).checked_sub(1)?;
+        Some((slot, place as u32))
+    }
+
+    /// Remembers where the name of fingerprint `fp` was found, after a
+    /// miss: at once into an empty entry, else on every
+    /// [`REPLACE_EVERY`]th miss of this thread (also when the entry holds
+    /// this fingerprint: two names differing only in their middle bytes
+    /// would otherwise rewrite it on every check). Nothing is written
+    /// when nothing would change.
+    fn set(&self, fp: u64, slot: SlotId, name_at: u32) {
+        let place = u64::from(slot + 1) << 32 | u64::from(name_at);
+        let held = self.fingerprint.load(RLX);
+        if self.place.load(RLX) != 0 {
+            let due = HINT_MISSES.with(|misses| {
+                let n = misses.get().wrapping_add(1);
+                misses.set(n);
+                n % REPLACE_EVERY == 0
+            });
+            if !due {
+                return;
+            }
+        }
+        if held != fp {
+            self.fingerprint.store(fp, RLX);
+        }
+        if self.place.load(RLX) != place {
+            self.place.store(place, RLX);
+        }
+    }
 }
 
 /// What a check reads of a slot besides its view.
@@ -217,6 +320,51 @@ impl Table {
         })
     }
 
+    /// Finds the live quota named `name` and reads its view into `out`
+    /// (see [`Table::read_named_into`]): first in the slot the hint of
+    /// this name's fingerprint holds, else through the index (and the
+    /// hint may remember the slot for the next check of that name).
+    ///
+    /// A hint is only ever a guess: the slot's name is compared in the
+    /// same seqlock read as with a slot the index gave, so a slot since
+    /// emptied, reused or renamed is never checked under the old name.
+    #[inline]
+    fn find_named_into(
+        &self,
+        name: &[u8],
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<(SlotId, SlotRead)> {
+        let fp = names::fingerprint(name);
+        let hint = self.name_hints.of(fp);
+        if let Some((slot, name_at)) = hint.get(fp) {
+            if let Some(read) = self.read_named_into(slot, name_at, name, out) {
+                return Some((slot, read));
+            }
+        }
+        self.find_named_by_index(name, fp, out)
+    }
+
+    /// [`Table::find_named_into`] through the index, when the hint missed.
+    /// Out of line: kept in, it made the check's inlined body large enough
+    /// that the key's lookup was no longer inlined into it (40 more
+    /// instructions a hot keyed check, callgrind), while this path pays
+    /// for hashing and an index walk anyway.
+    #[inline(never)]
+    fn find_named_by_index(
+        &self,
+        name: &[u8],
+        fp: u64,
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<(SlotId, SlotRead)> {
+        let found = self.probe(name, |slot, name_at| {
+            self.read_named_into(slot, name_at, name, out)
+                .map(|read| (slot, read, name_at))
+        });
+        let (slot, read, name_at) = found?;
+        self.name_hints.of(fp).set(fp, slot, name_at);
+        Some((slot, read))
+    }
+
     /// Walks the index for `name`, calling `at_match` with the slot and
     /// name place of every entry whose tag matches, until it returns
     /// something.
@@ -295,6 +443,7 @@ impl Table {
     /// [`Table::read_view`] of the slot named `name` (stored at
     /// `name_at`) into `out`, comparing the name in the same seqlock read:
     /// the check path's first quota costs one read of the slot, not two.
+    #[inline(always)]
     fn read_named_into(
         &self,
         slot: SlotId,
@@ -419,11 +568,7 @@ impl Table {
     /// `chain`.
     pub(super) fn resolve(&self, item: &CheckItem, chain: &mut Chain, now: Nanos) -> Resolved {
         // The quota is read straight into the chain's first view.
-        let first = &mut chain.views[0];
-        let found = self.probe(item.name, |slot, name_at| {
-            self.read_named_into(slot, name_at, item.name, first)
-                .map(|read| (slot, read))
-        });
+        let found = self.find_named_into(item.name, &mut chain.views[0]);
         let Some((slot, read)) = found else {
             return Resolved::Unknown;
         };

@@ -33,10 +33,12 @@
 //!   status block, index, slots, arena) and table-wide numbers.
 //! - `layout.rs` — the region's format: header, status block, slot and
 //!   index entry layouts, geometry.
-//! - `names.rs` — the name hash and the name arena's words.
-//! - `chain.rs` — what a check reads: the name lookup through the index,
-//!   a quota's view under its seqlock (with a key's counter in place of
-//!   its template's), its ancestors.
+//! - `names.rs` — the name hash, the fingerprint the name hints key on,
+//!   and the name arena's words.
+//! - `chain.rs` — what a check reads: the name lookup through the index
+//!   (and the per-process hints that usually skip it), a quota's view
+//!   under its seqlock (with a key's counter in place of its template's),
+//!   its ancestors.
 //! - `outcome.rs` — what a check is given and answers (items, options,
 //!   outcome, rejection, headroom, the charge of a pass), shared by the
 //!   files below without their importing each other.
@@ -113,6 +115,7 @@ pub use snapshot::QuotaState;
 pub use tiers::{TierRead, TierReport, TierState, TierStats};
 pub use write::ApplyReport;
 
+use chain::NameHints;
 use heap::HeapRegion;
 use layout::{Geometry, Header, KeyBucket, Slot, SyncStatus, TierEntry, LAYOUT_VERSION, MAGIC};
 
@@ -175,6 +178,8 @@ pub struct Table {
     offsets: Offsets,
     /// Keeps a heap region alive; `None` for borrowed (shared) memory.
     _owned: Option<HeapRegion>,
+    /// Where names were last found (`chain.rs`), per process.
+    name_hints: NameHints,
 }
 
 /// Byte offsets of a region's sections (see [`Geometry`]).
@@ -241,6 +246,7 @@ impl Table {
             geometry,
             offsets: Offsets::of(&geometry),
             _owned: Some(owned),
+            name_hints: NameHints::new(),
         };
         table.format(geometry.region_len());
         table
@@ -284,6 +290,7 @@ impl Table {
             geometry,
             offsets: Offsets::of(&geometry),
             _owned: None,
+            name_hints: NameHints::new(),
         };
         let header = table.header();
         if reformat {
@@ -316,6 +323,7 @@ impl Table {
             geometry: found,
             offsets: Offsets::of(&found),
             _owned: None,
+            name_hints: NameHints::new(),
         })
     }
 

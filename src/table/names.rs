@@ -52,25 +52,40 @@ pub fn word_at(name: &[u8], i: usize) -> u64 {
         return 0;
     }
     if len >= 8 {
-        let last = u64::from_le_bytes(name[len - 8..].try_into().unwrap_or_default());
-        return last >> (8 * (8 - rem));
+        return last_word(name) >> (8 * (8 - rem));
     }
-    // The whole name is this partial word (start is 0).
-    let mut word = 0u64;
-    let mut at = 0;
-    if len & 4 != 0 {
-        word = u64::from(u32::from_le_bytes(name[..4].try_into().unwrap_or_default()));
-        at = 4;
+    // The whole name is this partial word (start is 0): two loads that
+    // may overlap (an overlapping byte lands in the same place from both).
+    if len >= 4 {
+        let first = u32::from_le_bytes(name[..4].try_into().unwrap_or_default());
+        let last = u32::from_le_bytes(name[len - 4..].try_into().unwrap_or_default());
+        return u64::from(first) | u64::from(last) << (8 * (len - 4));
     }
-    if len & 2 != 0 {
-        let two = u16::from_le_bytes(name[at..at + 2].try_into().unwrap_or_default());
-        word |= u64::from(two) << (8 * at);
-        at += 2;
-    }
-    if len & 1 != 0 {
-        word |= u64::from(name[at]) << (8 * at);
-    }
-    word
+    // One to three bytes: the first, the middle and the last.
+    u64::from(name[0])
+        | u64::from(name[len / 2]) << (8 * (len / 2))
+        | u64::from(name[len - 1]) << (8 * (len - 1))
+}
+
+/// The last 8 bytes of `name` as a little-endian word (one load); 0 for
+/// names under 8 bytes, whose first word already holds all of them.
+#[inline(always)]
+fn last_word(name: &[u8]) -> u64 {
+    let tail = name.get(name.len().saturating_sub(8)..).unwrap_or_default();
+    tail.try_into().map_or(0, u64::from_le_bytes)
+}
+
+/// A 64-bit fingerprint of a name from its length and its first and last
+/// 8 bytes (two loads, two multiplies): equal names have equal
+/// fingerprints, and names that differ there almost never do. Cheaper
+/// than [`hash`] for a long name, but names differing only in their
+/// middle bytes collide: a fingerprint is a guess to confirm, never a
+/// name's identity.
+#[inline(always)]
+pub fn fingerprint(name: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let first = (word_at(name, 0) ^ name.len() as u64).wrapping_mul(K);
+    (first ^ last_word(name)).wrapping_mul(K)
 }
 
 /// Granules needed for a name of `len` bytes (at least one).
@@ -165,6 +180,25 @@ mod tests {
         }
         assert_ne!(hash(b"a"), hash(b"a\0"));
         assert_ne!(hash(b""), hash(b"\0"));
+    }
+
+    #[test]
+    fn fingerprints_see_the_length_and_both_ends_only() {
+        let base = b"s3_photos_of_2026_read".to_vec();
+        let f = fingerprint(&base);
+        for i in (0..8).chain(base.len() - 8..base.len()) {
+            let mut other = base.clone();
+            other[i] ^= 1;
+            assert_ne!(fingerprint(&other), f, "byte {i}");
+        }
+        // The middle is not read: a guess, confirmed by a compare.
+        let mut middle = base.clone();
+        middle[10] ^= 1;
+        assert_eq!(fingerprint(&middle), f);
+        assert_ne!(fingerprint(b"q1"), fingerprint(b"q1\0"));
+        assert_ne!(fingerprint(b"q1"), fingerprint(b"q2"));
+        assert_ne!(fingerprint(b""), fingerprint(b"\0"));
+        assert_eq!(fingerprint(b"abc"), fingerprint(&b"abcd"[..3]));
     }
 
     #[test]

@@ -229,6 +229,94 @@ fn tombstones_delete_and_freed_slots_and_names_are_reused() {
 }
 
 #[test]
+fn a_name_checked_from_the_same_memory_never_finds_a_stale_slot() {
+    // One buffer names every check, as a caller reusing it would: the
+    // name hint learned for it goes stale at each step below.
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[
+        quota(1, "q1", None, 1.0, 1.0, 1.0),
+        quota(2, "q2", None, 100.0, 100.0, 100.0),
+    ]);
+    let mut buf = *b"q1";
+    assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    assert!(matches!(
+        t.check_with(&buf, 1, 0, never),
+        Outcome::Reject(_)
+    ));
+    // Another name in the same bytes is its own quota.
+    buf = *b"q2";
+    assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    assert_eq!(t.quota(b"q2", 0).unwrap().passed, 1);
+    // q1 is deleted and q9 takes its slot and name place: q1 is unknown,
+    // q9 counts under its own numbers.
+    let q1 = t.lookup(b"q1").unwrap();
+    buf = *b"q1";
+    assert!(matches!(
+        t.check_with(&buf, 1, 0, never),
+        Outcome::Reject(_)
+    ));
+    let mut gone = quota(1, "q1", None, 1.0, 1.0, 1.0);
+    gone.deleted = true;
+    gone.epoch = 10;
+    assert_eq!(t.apply_quotas(&[gone]).deleted, 1);
+    let mut ninth = quota(9, "q9", None, 100.0, 100.0, 100.0);
+    ninth.epoch = 11;
+    assert_eq!(t.apply_quotas(&[ninth]).inserted, 1);
+    assert_eq!(t.lookup(b"q9"), Some(q1), "the slot is reused");
+    assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Unknown);
+    buf = *b"q9";
+    for _ in 0..5 {
+        assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    }
+    assert_eq!(t.quota(b"q9", 0).unwrap().passed, 5);
+}
+
+#[test]
+fn a_reused_buffer_holding_a_name_of_the_same_fingerprint_is_its_own_quota() {
+    // Same length, same first and last 8 bytes: the two names share a
+    // fingerprint, so the hint learned for one is tried for the other,
+    // and only the name compare tells them apart.
+    const EU: &[u8; 24] = b"s3_photos-eu-1-prod_read";
+    const US: &[u8; 24] = b"s3_photos-us-1-prod_read";
+    const AP: &[u8; 24] = b"s3_photos-ap-1-prod_read";
+    assert_eq!(names::fingerprint(EU), names::fingerprint(US));
+    assert_eq!(names::fingerprint(EU), names::fingerprint(AP));
+    let t = Table::new_heap(4, 16);
+    t.apply_quotas(&[
+        quota(1, "s3_photos-eu-1-prod_read", None, 1.0, 1.0, 1.0),
+        quota(2, "s3_photos-us-1-prod_read", None, 100.0, 100.0, 100.0),
+    ]);
+    let mut buf = *EU;
+    assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    assert!(matches!(
+        t.check_with(&buf, 1, 0, never),
+        Outcome::Reject(_)
+    ));
+    // The hint now points at eu's slot; us checked from the same bytes
+    // counts under its own quota, every time (the hint is replaced only
+    // now and then, so most of these find eu's slot hinted first).
+    buf = *US;
+    for _ in 0..20 {
+        assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Pass);
+    }
+    assert_eq!(t.quota(US, 0).unwrap().passed, 20);
+    assert_eq!(t.quota(EU, 0).unwrap().passed, 1);
+    // A name no quota has, of the same fingerprint, is unknown whichever
+    // slot is hinted.
+    buf = *AP;
+    for _ in 0..20 {
+        assert_eq!(t.check_with(&buf, 1, 0, never), Outcome::Unknown);
+    }
+    buf = *EU;
+    assert!(matches!(
+        t.check_with(&buf, 1, 0, never),
+        Outcome::Reject(_)
+    ));
+    assert_eq!(t.quota(EU, 0).unwrap().passed, 1);
+    assert_eq!(t.quota(US, 0).unwrap().passed, 20);
+}
+
+#[test]
 fn a_full_table_refuses_new_quotas_loudly_and_keeps_the_old() {
     let t = Table::new_heap(2, 16);
     let qs: Vec<Quota> = (1..=3)
