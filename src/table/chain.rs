@@ -8,13 +8,13 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{fence, AtomicU64};
 
 use super::keys::KeyOverflow;
+use super::keys::KeyTiers;
 use super::layout::{
     counting_rule, entry_matches, entry_parts, index_home, unpack_rate_prev, Slot, FLAG_LIVE,
     FLAG_PER_KEY, FLAG_SLIDING, FLAG_TIERS, FLAG_WINDOW_MASK, INDEX_EMPTY,
 };
 use super::names;
 use super::outcome::{Cause, Charge, CheckItem, Headroom, Outcome, Rejection};
-use super::tiers::KeyTiers;
 use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
 use crate::core::counter::ceil_nanos;
 use crate::core::estimate::Estimator;

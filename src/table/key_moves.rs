@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
-use super::keys::{clear_entry, key_source, set_key_source, KeyAt};
+use super::keys::{clear_entry, key_source, set_key_source, KeyAt, NoMove};
 use super::layout::{KeyEntry, DIRTY_TIERS, DIRTY_TIERS_UNSURE, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
 use super::{Table, ACQ, REL, RLX};
@@ -153,17 +153,6 @@ impl Drop for KeyLock<'_> {
     fn drop(&mut self) {
         self.lock.store(0, REL);
     }
-}
-
-/// Why [`Table::make_room`] made no room.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum NoMove {
-    /// The key lock was held past a check's bounded wait: whether a chain
-    /// existed is unknown (the section may have had plenty of room).
-    Busy,
-    /// No chain of moves reached a free entry (or a race broke the one
-    /// found).
-    NoChain,
 }
 
 /// One bucket reached by the search.

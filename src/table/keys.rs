@@ -78,12 +78,33 @@ use super::layout::{
     DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE,
     FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
 };
-use super::tiers::KeyTiers;
 use super::{SlotId, Source, Table, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
 use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
 
-use super::key_moves::NoMove;
+/// Why [`Table::make_room`] made no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NoMove {
+    /// The key lock was held past a check's bounded wait: whether a chain
+    /// existed is unknown (the section may have had plenty of room).
+    Busy,
+    /// No chain of moves reached a free entry (or a race broke the one
+    /// found).
+    NoChain,
+}
+
+/// What a keyed check knows of its key's tiers before it looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyTiers {
+    /// The key has no entry (or the check has no key): the filter
+    /// answers.
+    Unknown,
+    /// Its entry is unmarked: the section holds nothing of it.
+    Clear,
+    /// Its entry is marked: the section may hold something of it.
+    Marked,
+}
+
 pub use super::key_moves::MAX_MOVE_DEPTH;
 
 /// Where a key's entry is: bucket × [`KEY_WAYS`] + way.

@@ -448,19 +448,19 @@ fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_
     let (b1, _) = t.buckets_of(0, hash);
     let at = t.claim_in(b1, 0).expect("a free entry");
     super::keys::init_entry(t.key_at(at).unwrap(), 0, hash, 0, 0, false);
-    assert_eq!(t.key_tiers(at, hash), super::tiers::KeyTiers::Unknown);
+    assert_eq!(t.key_tiers(at, hash), super::keys::KeyTiers::Unknown);
     assert!(denied(&t, b"racer", 0), "the filter answers meanwhile");
     // An entry made the ordinary way is sure once made: its checks trust
     // its mark, set or not.
     assert!(!denied(&t, b"plain", 0));
     let plain = t.key_secret().hash(b"plain");
     let plain_at = t.find_key(0, plain).unwrap();
-    assert_eq!(t.key_tiers(plain_at, plain), super::tiers::KeyTiers::Clear);
+    assert_eq!(t.key_tiers(plain_at, plain), super::keys::KeyTiers::Clear);
     // The sweep settles an entry its maker left unsure (one holding
     // weight: a drained one it frees).
     t.count_key(at, 0, hash, 1);
     t.maintain_keys(1 << 20, 0);
-    assert_eq!(t.key_tiers(at, hash), super::tiers::KeyTiers::Marked);
+    assert_eq!(t.key_tiers(at, hash), super::keys::KeyTiers::Marked);
 }
 
 #[test]

@@ -82,6 +82,7 @@
 use std::sync::atomic::{fence, AtomicU32, Ordering::SeqCst};
 
 use super::chain::Chain;
+use super::keys::KeyTiers;
 use super::layout::{
     TierEntry, FLAG_LIVE, FLAG_TIERS, TIER_ALLOW, TIER_DENY, TIER_KIND, TIER_LIMIT, TIER_NONE,
     TIER_OUTBOX, TIER_UNSENT,
@@ -103,18 +104,6 @@ const MISS_RETRIES: u32 = 64;
 
 /// Seqlock read attempts of one entry before a check takes it as absent.
 const READ_RETRIES: u32 = 1000;
-
-/// What a keyed check knows of its key's tiers before it looks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum KeyTiers {
-    /// The key has no entry (or the check has no key): the filter
-    /// answers.
-    Unknown,
-    /// Its entry is unmarked: the section holds nothing of it.
-    Clear,
-    /// Its entry is marked: the section may hold something of it.
-    Marked,
-}
 
 /// An override, penalty or penalty length as a check reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
