@@ -26,14 +26,43 @@ pub struct Server {
 
 impl Server {
     /// Starts `redis-server` (Debian package `redis-server`, installed by
-    /// `make deps`) on a free port and waits until it answers.
+    /// `make deps`) on a free port and waits until it answers. A server
+    /// that exits first (another test's server took the port between
+    /// our pick and its bind) is started again on another port.
     pub fn start() -> Server {
         let binary = std::env::var_os("REDIS_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-server"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut server = Server::spawn(&binary);
+            loop {
+                let exited = !matches!(server.child.try_wait(), Ok(None));
+                if exited {
+                    break;
+                }
+                if server.answers_ping() {
+                    return server;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "redis-server did not start on port {}",
+                    server.port
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server kept exiting at start (ports taken?)"
+            );
+        }
+    }
+
+    /// `redis-server` started on a free port.
+    fn spawn(binary: &PathBuf) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
-        let child = Command::new(&binary)
+        let child = Command::new(binary)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -48,24 +77,28 @@ impl Server {
                     binary.display()
                 )
             });
-        let server = Server {
+        Server {
             child,
             port,
             _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = server.try_connect() {
-                if c.call(&[b"PING"]) == Reply::Status("PONG".into()) {
-                    return server;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// True when the server answers PING; any IO error (not listening
+    /// yet, a connection reset while it starts) is a no, not a panic.
+    fn answers_ping(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        if stream
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .is_err()
+            || stream.write_all(b"*1\r\n$4\r\nPING\r\n").is_err()
+        {
+            return false;
+        }
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).is_ok() && line == "+PONG\r\n"
     }
 
     fn try_connect(&self) -> std::io::Result<Client> {
