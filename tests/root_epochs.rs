@@ -14,7 +14,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sluice::core::spec::QuotaSpec;
-use sluice::root::store::{ApplyOptions, PutOutcome, Store, StoreError};
+use sluice::root::store::{ApplyOptions, DbState, PutOutcome, Store, StoreError};
 use sluice::wire::QuotaCursor;
 use sqlx::{Connection, Executor};
 
@@ -24,6 +24,7 @@ on_both_backends!(
     concurrent_writers_then_an_incremental_reader_miss_nothing,
     pages_split_one_epoch_and_continue_into_the_next,
     a_bulk_apply_that_fails_midway_leaves_nothing_behind,
+    a_look_while_writes_commit_never_finds_the_epoch_went_back,
 );
 
 const WRITERS: usize = 8;
@@ -110,6 +111,50 @@ async fn concurrent_writers_then_an_incremental_reader_miss_nothing(db: Db) {
     read_after(&store, &mut cursor, &mut truth).await;
     assert_eq!(truth.len(), WRITERS * 4);
     assert_eq!(seen, truth);
+    store.close().await;
+}
+
+/// The database watcher's look (`inspect`) races the writers' commits:
+/// a look whose read began before a commit must not compare its older
+/// epoch with the newer one that commit made the root see meanwhile, or
+/// a healthy database is taken for one restored from an older copy (and
+/// the root refuses writes until restarted).
+async fn a_look_while_writes_commit_never_finds_the_epoch_went_back(db: Db) {
+    let store = Store::open(&db.url, Duration::from_secs(10), 16).unwrap();
+    store.migrate().await.unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let looker = tokio::spawn({
+        let (store, done) = (store.clone(), Arc::clone(&done));
+        async move {
+            let mut looks = 0u32;
+            while !done.load(Ordering::Acquire) {
+                let state = store.inspect().await.expect("look");
+                assert!(
+                    !matches!(state, DbState::Lost(_)),
+                    "look {looks} while writes commit: {state:?}"
+                );
+                looks += 1;
+            }
+            looks
+        }
+    });
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..WRITES_EACH * 2 {
+                    let spec = QuotaSpec::new(format!("l{w}_{}", i % 4), (i + 1) as f64);
+                    put_retrying(&store, &spec).await;
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    done.store(true, Ordering::Release);
+    let looks = looker.await.unwrap();
+    assert!(looks > 0, "the looker never looked");
     store.close().await;
 }
 

@@ -478,8 +478,13 @@ impl Store {
                 return Ok(state);
             }
         }
-        let epoch = self.epoch().await?;
+        // The highest epoch seen is read before the database: every epoch
+        // in it was committed before this read began, so a database that
+        // is still the same cannot answer less. Read after, it could hold
+        // a commit that landed while the read was under way, and the
+        // older answer would pass for a restored copy.
         let highest = self.highest_epoch.load(Ordering::Acquire);
+        let epoch = self.epoch().await?;
         if epoch < highest {
             return Ok(DbState::Lost(went_back(epoch, highest)));
         }
