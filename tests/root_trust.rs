@@ -5,7 +5,7 @@
 mod root_support;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -263,10 +263,19 @@ async fn a_runaway_limiter_is_clipped_and_honest_ones_are_not() {
     assert!(honest_level > 10.0, "{honest_level}");
     // The runaway one sends a thousand at once: 140 of it counts, and
     // the level stops at the cap.
+    // Both levels leak at 10/s from the sync on: the lower bounds allow
+    // for the time the test took (a loaded machine), not a fixed margin.
+    let leaked_since = |start: Instant| 10.0 * start.elapsed().as_secs_f64() + 1.0;
+    let start = Instant::now();
     runaway.sync(&root, &[(api, 1000)]).await;
     let after = level(&root, "api").await;
-    assert!(after <= 90.0 && after > 80.0, "{honest_level} then {after}");
+    let floor = 90.0 - leaked_since(start);
+    assert!(
+        after <= 90.0 && after > floor,
+        "{honest_level} then {after} (floor {floor})"
+    );
     // Keys too: each key of the runaway limiter's has its allowance.
+    let start = Instant::now();
     let (status, reply) = root
         .sync(&keyed_request(
             &runaway,
@@ -277,7 +286,8 @@ async fn a_runaway_limiter_is_clipped_and_honest_ones_are_not() {
         .await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     let aa = key_level(&root, "per_user", 0xaa).await.unwrap();
-    assert!(aa <= 90.0 && aa > 70.0, "{aa}");
+    let floor = 90.0 - leaked_since(start);
+    assert!(aa <= 90.0 && aa > floor, "{aa} (floor {floor})");
     assert!(key_level(&root, "per_user", 0xbb).await.unwrap() > 2.9);
 
     for (series, value) in [
