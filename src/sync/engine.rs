@@ -19,7 +19,11 @@
 //!   the engine tells the table so at the end of the cycle, which resets the
 //!   counter's extrapolation and decays its fill rate (see `vouch.rs`);
 //! - when no root answered for two intervals the engine folds local weight
-//!   into the levels (per-host limiting) and says so once a minute;
+//!   into the levels (per-host limiting) and says so once a minute; once
+//!   none answered for the in-flight lease, in-flight counters count this
+//!   host's own slots only (the lease the roots apply to this host,
+//!   applied to the others; [`Table::lease_locally`]), and the first
+//!   reply after that replaces their levels;
 //! - with root groups (see the `sync` module doc), each counter is owed
 //!   only to the roots of its shard ([`super::shard`]), "unchanged" is
 //!   vouched per group, quota changes come from one group, and a group
@@ -291,6 +295,16 @@ pub struct SyncEngine {
     started: Nanos,
     last_any_success: Option<Nanos>,
     all_down: bool,
+    /// How long every root may be silent before in-flight counters count
+    /// this host's own slots only.
+    in_flight_lease: Nanos,
+    /// The local lease was applied since the last answer of any root.
+    leased: bool,
+    /// Per root: in-flight levels of its group were folded here since its
+    /// last answer, so it is asked for all its counters, and its next
+    /// whole answer settles the in-flight counters it leaves out
+    /// ([`Table::settle_omitted`]).
+    after_fold: Vec<bool>,
     down_logged_at: Option<Nanos>,
     cycles: u64,
     early: Option<EarlySync>,
@@ -335,6 +349,9 @@ impl SyncEngine {
             started: now,
             last_any_success: None,
             all_down: false,
+            in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
+            leased: false,
+            after_fold: vec![false; roots.len()],
             down_logged_at: None,
             cycles: 0,
             early: None,
@@ -376,6 +393,11 @@ impl SyncEngine {
     /// The group root `i` is in.
     pub fn root_group(&self, i: usize) -> usize {
         self.links[i].group
+    }
+
+    /// Sets the in-flight lease (see [`super::SyncConfig::in_flight_lease`]).
+    pub fn set_in_flight_lease(&mut self, lease: Nanos) {
+        self.in_flight_lease = lease;
     }
 
     /// Turns early sync on (or off with `None`).
@@ -651,6 +673,20 @@ impl SyncEngine {
         }
         self.links[root].reuse_owed(owed, used);
         if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
+            if std::mem::take(&mut self.after_fold[root]) {
+                // Counters the root left out are empty there. (A reply cut
+                // at a page of counters leaves some for the next one,
+                // which then replaces the 0: one interval's undercount.)
+                let groups = self.groups;
+                let source = self.links[root].source(root);
+                let carried: std::collections::HashSet<u64> = pages
+                    .iter()
+                    .flat_map(|p| p.reply.counters.iter().map(|c| c.id))
+                    .collect();
+                table.settle_omitted(source, now, |c| {
+                    super::shard(c, groups) == group && !carried.contains(&c.id)
+                });
+            }
             // Counters come only once the quota pages are through; then
             // whatever this root left out did not change there.
             let at = self.links[root]
@@ -689,6 +725,7 @@ impl SyncEngine {
             self.links[root].failed(others_up, error);
         }
         self.last_any_success = Some(now);
+        self.leased = false;
         self.group_success[group] = Some(now);
         if self.group_down[group] && !self.all_down {
             self.group_down[group] = false;
@@ -859,6 +896,12 @@ impl SyncEngine {
             // pending, then everything pending is folded in locally.
             self.abandon(table);
             table.fold_local(now);
+            if table.holds_in_flight() {
+                self.ask_all_after_fold(|_| true);
+            }
+            if !self.leased && now.saturating_sub(since) >= self.in_flight_lease {
+                self.lease_locally(table, now, &mut log);
+            }
             if self
                 .down_logged_at
                 .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
@@ -874,6 +917,39 @@ impl SyncEngine {
         self.all_down = down;
         table.set_counting_locally(down);
         log
+    }
+
+    /// Own weight was folded into the levels of the groups `folded` says,
+    /// in-flight counters among them: their roots are asked for all their
+    /// counters at their next exchange. A reply replaces a folded
+    /// in-flight level, so it must carry even a counter nobody changed
+    /// meanwhile, and one it leaves out is empty there (the other hosts
+    /// gave back all its slots while this host could not hear).
+    fn ask_all_after_fold(&mut self, folded: impl Fn(usize) -> bool) {
+        for (link, after) in self.links.iter_mut().zip(&mut self.after_fold) {
+            if folded(link.group) {
+                link.counter_version = 0;
+                *after = true;
+            }
+        }
+    }
+
+    /// Every root silent for the in-flight lease: in-flight counters count
+    /// this host's own slots only (the roots have dropped them from their
+    /// counts; this host drops the other hosts' in turn).
+    fn lease_locally(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
+        self.leased = true;
+        let set = table.lease_locally(now);
+        if set > 0 {
+            log.push((
+                LogLevel::Warn,
+                format!(
+                    "every quota root silent for the in-flight lease ({} ms): {set} in-flight \
+                     counter(s) now count this host's own slots only (per host)",
+                    self.in_flight_lease / 1_000_000
+                ),
+            ));
+        }
     }
 
     /// With several groups and not all of them down: folds the in-flight
@@ -898,6 +974,9 @@ impl SyncEngine {
                 table.fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
                 false
             });
+            if table.holds_in_flight() {
+                self.ask_all_after_fold(|g| down[g]);
+            }
         }
         for (g, &is_down) in down.iter().enumerate() {
             if is_down
