@@ -130,6 +130,17 @@ impl Unacked {
     }
 }
 
+/// What a collected delta is owed to each root as, from `now` on.
+fn owed_of(table: &Table, d: &CollectedDelta, now: Nanos) -> (CounterKey, Owed) {
+    // A slot that no longer holds the quota: the root ignores the delta
+    // anyway. A key counts as its template does.
+    let counting = table
+        .counter_counting(d.slot, d.id)
+        .unwrap_or(Counting::Leak(0.0));
+    let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
+    (counter_of(d), owed)
+}
+
 /// The counter a collected delta belongs to.
 fn counter_of(d: &CollectedDelta) -> CounterKey {
     CounterKey {
@@ -492,15 +503,7 @@ impl SyncEngine {
         let mut held: Option<Vec<Penalty>> = None;
         self.unacked.add(&collected);
         let rejected = self.rejected_since_last_cycle(rejected);
-        fresh.extend(collected.iter().map(|d| {
-            // A slot that no longer holds the quota: the root ignores the
-            // delta anyway. A key counts as its template does.
-            let counting = table
-                .counter_counting(d.slot, d.id)
-                .unwrap_or(Counting::Leak(0.0));
-            let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
-            (counter_of(d), owed)
-        }));
+        fresh.extend(collected.iter().map(|d| owed_of(table, d, now)));
         // With no root of a group up, backoff only delays finding the
         // first one back.
         let groups = self.groups;
@@ -892,6 +895,11 @@ impl SyncEngine {
         table.sweep_tiers(now as i64 + table.utc_offset());
         log.extend(self.pressure.check(table));
         if down {
+            // Weight admitted since this cycle began is owed to the roots
+            // too, or they would never count it (an in-flight slot taken
+            // now must reach them, or its release would later cancel
+            // another).
+            self.collect_late(table, now);
             // Weight in flight that no root will acknowledge goes back to
             // pending, then everything pending is folded in locally.
             self.abandon(table);
@@ -917,6 +925,27 @@ impl SyncEngine {
         self.all_down = down;
         table.set_counting_locally(down);
         log
+    }
+
+    /// Collects what was admitted since the cycle began and owes it to
+    /// every root of its shard, as [`SyncEngine::begin_cycle`] does,
+    /// without sending it: the fold that follows takes it locally.
+    fn collect_late(&mut self, table: &Table, now: Nanos) {
+        let mut late = std::mem::take(&mut self.collected);
+        late.clear();
+        table.collect_deltas(&mut late);
+        self.unacked.add(&late);
+        let groups = self.groups;
+        let owed: Vec<(CounterKey, Owed)> = late.iter().map(|d| owed_of(table, d, now)).collect();
+        for link in &mut self.links {
+            let g = link.group;
+            let mine = owed
+                .iter()
+                .filter(|(c, _)| super::shard(*c, groups) == g)
+                .copied();
+            link.owe(mine, self.max_owed, now);
+        }
+        self.collected = late;
     }
 
     /// Own weight was folded into the levels of the groups `folded` says,

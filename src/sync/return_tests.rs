@@ -651,3 +651,26 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn slots_taken_while_every_root_is_down_reach_the_roots_whenever_in_the_cycle() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let mut held = Vec::new();
+    for s in 2..6 {
+        // Taken after the cycle's collection: the fold at its end takes
+        // them locally, and they must still be owed to the root.
+        let out = ea.begin_cycle(&a, s * SEC);
+        held.extend(take(&a, 1, s * SEC));
+        for o in out {
+            ea.finish(&a, o.root, o.owed, &[], Some("down".into()), s * SEC);
+        }
+        ea.end_cycle(&a, s * SEC);
+    }
+    assert!(ea.all_down());
+    assert_eq!(uploads_level(&a, 6 * SEC), 4.0);
+    cycle(&mut ea, &a, &mut roots, &[], 6 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 6 * SEC), Some(4.0));
+    assert_eq!(uploads_level(&a, 6 * SEC), 4.0);
+}
