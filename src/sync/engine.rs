@@ -311,6 +311,9 @@ pub struct SyncEngine {
     in_flight_lease: Nanos,
     /// The local lease was applied since the last answer of any root.
     leased: bool,
+    /// Per group: the local lease was applied to its shard since the last
+    /// answer of any of its roots.
+    group_leased: Vec<bool>,
     /// Per root: in-flight levels of its group were folded here since its
     /// last answer, so it is asked for all its counters, and its next
     /// whole answer settles the in-flight counters it leaves out
@@ -362,6 +365,7 @@ impl SyncEngine {
             all_down: false,
             in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
             leased: false,
+            group_leased: vec![false],
             after_fold: vec![false; roots.len()],
             down_logged_at: None,
             cycles: 0,
@@ -394,6 +398,7 @@ impl SyncEngine {
         self.group_success = vec![None; self.groups];
         self.group_down = vec![false; self.groups];
         self.group_down_logged = vec![None; self.groups];
+        self.group_leased = vec![false; self.groups];
     }
 
     /// Number of root groups (shards).
@@ -729,6 +734,7 @@ impl SyncEngine {
         }
         self.last_any_success = Some(now);
         self.leased = false;
+        self.group_leased[group] = false;
         self.group_success[group] = Some(now);
         if self.group_down[group] && !self.all_down {
             self.group_down[group] = false;
@@ -968,13 +974,31 @@ impl SyncEngine {
     /// counts; this host drops the other hosts' in turn).
     fn lease_locally(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
         self.leased = true;
-        let set = table.lease_locally(now);
+        let set = table.lease_locally(now, |_| true);
         if set > 0 {
             log.push((
                 LogLevel::Warn,
                 format!(
                     "every quota root silent for the in-flight lease ({} ms): {set} in-flight \
                      counter(s) now count this host's own slots only (per host)",
+                    self.in_flight_lease / 1_000_000
+                ),
+            ));
+        }
+    }
+
+    /// Every root of group `g` silent for the in-flight lease (others
+    /// answering): the local lease for its shard only.
+    fn lease_group_locally(&mut self, table: &Table, g: usize, now: Nanos, log: &mut Vec<LogLine>) {
+        self.group_leased[g] = true;
+        let groups = self.groups;
+        let set = table.lease_locally(now, |c| super::shard(c, groups) == g);
+        if set > 0 {
+            log.push((
+                LogLevel::Warn,
+                format!(
+                    "every quota root of group {g} silent for the in-flight lease ({} ms): {set} \
+                     in-flight counter(s) of its shard now count this host's own slots only",
                     self.in_flight_lease / 1_000_000
                 ),
             ));
@@ -1008,6 +1032,11 @@ impl SyncEngine {
             }
         }
         for (g, &is_down) in down.iter().enumerate() {
+            let since = self.group_success[g].unwrap_or(self.started);
+            if is_down && !self.group_leased[g] && now.saturating_sub(since) >= self.in_flight_lease
+            {
+                self.lease_group_locally(table, g, now, log);
+            }
             if is_down
                 && self.group_down_logged[g].is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
             {

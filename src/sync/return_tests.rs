@@ -674,3 +674,68 @@ fn slots_taken_while_every_root_is_down_reach_the_roots_whenever_in_the_cycle() 
     assert_eq!(roots[0].level(5, 6 * SEC), Some(4.0));
     assert_eq!(uploads_level(&a, 6 * SEC), 4.0);
 }
+
+#[test]
+fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
+    // Two groups of one root each; `uploads` lives in one of them.
+    let mut roots: Vec<SimRoot> = (0..2)
+        .map(|i| SimRoot::new(&uploads(), 1 + i, 0, 0))
+        .collect();
+    let urls = ["http://root0".to_string(), "http://root1".to_string()];
+    let grouped = |name: &str| {
+        let t = Table::new_heap(8, 16);
+        t.apply_quotas(&uploads());
+        let mut e = SyncEngine::new(&urls, name.into(), SEC, 100, 0);
+        e.set_groups(&[0, 1]);
+        (t, e)
+    };
+    let (a, mut ea) = grouped("a");
+    let (b, mut eb) = grouped("b");
+    let home = crate::sync::shard(CounterKey::named(5), 2);
+    let b_slots = take(&b, 6, 0);
+    let a_slots = take(&a, 2, 0);
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    assert_eq!(uploads_level(&a, SEC), 8.0);
+    // The group holding `uploads` goes silent; the other still answers.
+    for s in 2..11 {
+        cycle(&mut ea, &a, &mut roots, &[home], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[home], s * SEC, |_| {});
+        assert_eq!(room(&a, s * SEC), 2, "at {s} s");
+    }
+    for s in 11..13 {
+        cycle(&mut ea, &a, &mut roots, &[home], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[home], s * SEC, |_| {});
+    }
+    assert!(!ea.all_down());
+    assert_eq!(ea.metrics().groups_down, vec![home as u32]);
+    assert_eq!(uploads_level(&a, 12 * SEC), 2.0);
+    assert_eq!(room(&a, 12 * SEC), 8);
+    // Back: both hosts read that root's level, and everything given back
+    // brings every count to 0.
+    for s in 13..18 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
+    }
+    let root = roots[home].level(5, 18 * SEC).unwrap_or(0.0);
+    assert_eq!(
+        (uploads_level(&a, 18 * SEC), uploads_level(&b, 18 * SEC)),
+        (root, root)
+    );
+    for held in a_slots {
+        assert!(a.release(&slot(), held, 18 * SEC));
+    }
+    for held in b_slots {
+        assert!(b.release(&slot(), held, 18 * SEC));
+    }
+    for s in 18..22 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[home].level(5, 22 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(
+        (uploads_level(&a, 22 * SEC), uploads_level(&b, 22 * SEC)),
+        (0.0, 0.0)
+    );
+}

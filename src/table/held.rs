@@ -64,8 +64,10 @@ impl Table {
     /// caller has folded what was in flight), so from now on it limits
     /// against its own slots only, per host, as the other kinds do with
     /// every root down. The level is marked [`FOLDED`]: the next reply of
-    /// any root replaces it. Returns the counters set.
-    pub fn lease_locally(&self, now: Nanos) -> u64 {
+    /// any root replaces it. Only counters `shard` takes (with root
+    /// groups, those of the groups that are silent). Returns the counters
+    /// set.
+    pub fn lease_locally(&self, now: Nanos, shard: impl Fn(CounterKey) -> bool) -> u64 {
         let _guard = self.lock();
         let used = self.header().next_unused.load(RLX) as usize;
         let mut set = 0u64;
@@ -74,6 +76,9 @@ impl Table {
             // A key's slots are not kept per host yet: its level stays the
             // last cluster view plus this host's changes (strict).
             if flags & FLAG_LIVE == 0 || flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 {
+                continue;
+            }
+            if !s.quota_id().is_some_and(|id| shard(CounterKey::named(id))) {
                 continue;
             }
             let own = self.held_word(i as SlotId).max(0) as f64;

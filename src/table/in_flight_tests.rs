@@ -183,7 +183,7 @@ fn the_local_lease_leaves_the_level_at_this_hosts_own_slots() {
     // Every root silent for the lease: the others' 7 are dropped, this
     // host's 3 stay.
     t.fold_local(11 * SEC);
-    assert_eq!(t.lease_locally(11 * SEC), 1);
+    assert_eq!(t.lease_locally(11 * SEC, |_| true), 1);
     assert_eq!(t.quota(b"uploads", 11 * SEC).unwrap().level, 3.0);
     // Up to the limit with its own slots only: 7 more, not one beyond.
     for _ in 0..7 {
