@@ -466,6 +466,25 @@ fn room(t: &Table, now: Nanos) -> usize {
     taken.len()
 }
 
+/// Each host gives every slot it holds back at second `at`, then every
+/// host runs four cycles, one a second, with every root up.
+fn give_all_back(
+    hosts: &mut [(&Table, &mut SyncEngine, Vec<crate::table::HeldSlot>)],
+    roots: &mut [SimRoot],
+    at: u64,
+) {
+    for (t, _, held) in hosts.iter_mut() {
+        for slot_held in held.drain(..) {
+            assert!(t.release(&slot(), slot_held, at * SEC));
+        }
+    }
+    for s in at..at + 4 {
+        for (t, e, _) in hosts.iter_mut() {
+            cycle(e, t, roots, &[], s * SEC, |_| {});
+        }
+    }
+}
+
 fn uploads_level(t: &Table, now: Nanos) -> f64 {
     t.quota(b"uploads", now).unwrap().level
 }
@@ -525,16 +544,9 @@ fn every_root_silent_for_the_lease_leaves_each_host_its_own_slots() {
     assert_eq!(uploads_level(&b, 20 * SEC), root);
     // Everything given back: every count comes down to nothing, at the
     // root and at both hosts (no slot stuck, none counted twice).
-    for held in a_slots.into_iter().chain(a_more) {
-        assert!(a.release(&slot(), held, 20 * SEC));
-    }
-    for held in b_slots {
-        assert!(b.release(&slot(), held, 20 * SEC));
-    }
-    for s in 20..24 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
-    }
+    let a_slots = a_slots.into_iter().chain(a_more).collect();
+    let mut hosts = [(&a, &mut ea, a_slots), (&b, &mut eb, b_slots)];
+    give_all_back(&mut hosts, &mut roots, 20);
     assert_eq!(roots[0].level(5, 24 * SEC).unwrap_or(0.0), 0.0);
     assert_eq!(uploads_level(&a, 24 * SEC), 0.0);
     assert_eq!(uploads_level(&b, 24 * SEC), 0.0);
@@ -723,16 +735,8 @@ fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
         (uploads_level(&a, 18 * SEC), uploads_level(&b, 18 * SEC)),
         (root, root)
     );
-    for held in a_slots {
-        assert!(a.release(&slot(), held, 18 * SEC));
-    }
-    for held in b_slots {
-        assert!(b.release(&slot(), held, 18 * SEC));
-    }
-    for s in 18..22 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
-    }
+    let mut hosts = [(&a, &mut ea, a_slots), (&b, &mut eb, b_slots)];
+    give_all_back(&mut hosts, &mut roots, 18);
     assert_eq!(roots[home].level(5, 22 * SEC).unwrap_or(0.0), 0.0);
     assert_eq!(
         (uploads_level(&a, 22 * SEC), uploads_level(&b, 22 * SEC)),
