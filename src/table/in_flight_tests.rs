@@ -222,6 +222,8 @@ fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
     let len = crate::table::layout::Geometry::new(8, 16).region_len();
     let mut region = vec![0u128; len.div_ceil(16) + 4];
     let base = region.as_mut_ptr().cast::<u8>();
+    // SAFETY: the offset to the next 64-byte line is within the 64 spare
+    // bytes at the end of `region`.
     let base = unsafe { base.add(base.align_offset(64)) };
     // SAFETY: `region` is zeroed, outlives both tables, and is aligned.
     let first = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
