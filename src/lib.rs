@@ -71,7 +71,8 @@
 //!   `heap.rs`), the check path (`outcome.rs`, `check.rs`), writes (`write.rs`), counters
 //!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), overrides and
 //!   penalties (`tiers.rs`), in-flight slots taken and given back
-//!   (`in_flight.rs`), whole-table
+//!   (`in_flight.rs`) and the slots this host holds, with the local lease
+//!   that limits by them when every root is silent (`held.rs`), whole-table
 //!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
 //!   locks (`lock.rs`), quota files (`file.rs`); its tests by subject
 //!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
@@ -87,7 +88,8 @@
 //!   - `sync/engine.rs` — the sync logic without the network, shared with
 //!     the simulator: what each root is owed, acknowledgements, merging
 //!     replies (by source: a root's later value replaces its earlier one),
-//!     all-roots-down folding, early sync; its tests beside it
+//!     all-roots-down folding (and the local lease of in-flight quotas),
+//!     early sync; its tests beside it
 //!     (`sync/engine_tests.rs`, and `sync/return_tests.rs`: weight given
 //!     back, through real root ledgers).
 //!   - `sync/vouch.rs` — what a complete reply vouches for: the recently

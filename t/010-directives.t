@@ -19,6 +19,7 @@ sluice_zone 512k;
 sluice_quotas ../html/q.json;
 sluice_sync_interval 500ms;
 sluice_sync_timeout 300ms;
+sluice_in_flight_lease 5s;
 sluice_host_id web-01;
 sluice_sync_early 0.02 rate=4;
 sluice_status 503;
@@ -225,6 +226,16 @@ sluice_sync_timeout 2s;
 --- must_die
 --- error_log eval
 qr/"sluice_sync_timeout" \(2000ms\) must be shorter than "sluice_sync_interval" \(1000ms\)/
+
+
+
+=== TEST 15b: an in-flight lease of nothing
+--- http_config
+sluice_in_flight_lease 0;
+--- config
+--- must_die
+--- error_log eval
+qr/in-flight lease must be greater than 0 in .*nginx\.conf:\d+/
 
 
 

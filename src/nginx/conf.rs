@@ -58,6 +58,8 @@ pub(crate) struct MainConf {
     pub sync_interval_ms: Option<u64>,
     /// `sluice_sync_timeout`, milliseconds.
     pub sync_timeout_ms: Option<u64>,
+    /// `sluice_in_flight_lease`, milliseconds.
+    pub in_flight_lease_ms: Option<u64>,
     /// The token read from `sluice_sync_token_file`.
     pub sync_token: Option<String>,
     /// `sluice_host_id`.
@@ -136,6 +138,10 @@ impl MainConf {
                 .clone()
                 .unwrap_or_else(crate::sync::default_limiter_id),
             early_sync: self.early_sync,
+            in_flight_lease: self.in_flight_lease_ms.map_or(
+                crate::sync::config::DEFAULT_IN_FLIGHT_LEASE,
+                Duration::from_millis,
+            ),
             ..SyncConfig::default()
         }
     }

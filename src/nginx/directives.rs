@@ -246,7 +246,8 @@ directive_handler!(
 );
 
 directive_handler!(
-    /// `sluice_sync_interval <time>;` and `sluice_sync_timeout <time>;`
+    /// `sluice_sync_interval <time>;`, `sluice_sync_timeout <time>;` and
+    /// `sluice_in_flight_lease <time>;`
     set_sync_time,
     |cf, mcf: &mut MainConf, args| {
         let ms = parse_time_ms(args[1])
@@ -259,6 +260,11 @@ directive_handler!(
                 ));
             }
             once(&mut mcf.sync_interval_ms, ms, &args)
+        } else if args[0] == b"sluice_in_flight_lease" {
+            if ms == 0 {
+                return Err("in-flight lease must be greater than 0".into());
+            }
+            once(&mut mcf.in_flight_lease_ms, ms, &args)
         } else {
             if ms == 0 {
                 return Err("sync timeout must be greater than 0".into());

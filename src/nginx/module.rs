@@ -231,7 +231,7 @@ const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
 ///
 /// `static mut` because nginx takes `*mut ngx_command_t`; nothing writes
 /// to it.
-static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 24] = [
+static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 25] = [
     directive(
         c"sluice_zone",
         HTTP | NGX_CONF_TAKE1,
@@ -258,6 +258,12 @@ static mut NGX_HTTP_SLUICE_COMMANDS: [ngx_command_t; 24] = [
     ),
     directive(
         c"sluice_sync_timeout",
+        HTTP | NGX_CONF_TAKE1,
+        directives::set_sync_time,
+        MAIN,
+    ),
+    directive(
+        c"sluice_in_flight_lease",
         HTTP | NGX_CONF_TAKE1,
         directives::set_sync_time,
         MAIN,

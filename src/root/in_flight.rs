@@ -15,8 +15,10 @@ use rustc_hash::FxHashMap;
 use crate::core::Nanos;
 use crate::wire::CounterKey;
 
-/// Default of the root's `in_flight_lease`: ten default sync intervals.
-pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Default of the root's `in_flight_lease`: ten default sync intervals
+/// (the limiters' default too: they apply the same lease locally when
+/// every root is silent).
+pub const DEFAULT_LEASE: std::time::Duration = crate::sync::config::DEFAULT_IN_FLIGHT_LEASE;
 
 /// Most slots one limiter may hold on one counter, as a multiple of its
 /// `high_burst` (the quota's limit): local decisions on a view one sync

@@ -108,9 +108,18 @@ pub struct SyncConfig {
     /// passes a share of its burst band (off by default: it costs extra
     /// syncs at the roots and probes of the table; see [`EarlySync`]).
     pub early_sync: Option<EarlySync>,
+    /// How long every root may be silent before in-flight quotas count
+    /// this host's own slots only: the roots' `in_flight_lease` (they
+    /// drop this host's slots after it), applied locally. Set it to the
+    /// roots' value.
+    pub in_flight_lease: Duration,
     /// Log destination.
     pub log: LogSink,
 }
+
+/// Default of [`SyncConfig::in_flight_lease`] and of the roots'
+/// `in_flight_lease`: ten default sync intervals.
+pub const DEFAULT_IN_FLIGHT_LEASE: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for SyncConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,6 +130,7 @@ impl std::fmt::Debug for SyncConfig {
             .field("timeout", &self.timeout)
             .field("limiter_id", &self.limiter_id)
             .field("early_sync", &self.early_sync)
+            .field("in_flight_lease", &self.in_flight_lease)
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +147,7 @@ impl Default for SyncConfig {
             max_owed: 1_000_000,
             clock_skew: 0,
             early_sync: None,
+            in_flight_lease: DEFAULT_IN_FLIGHT_LEASE,
             log: Arc::new(|level, msg| eprintln!("sluice sync [{level:?}]: {msg}")),
         }
     }

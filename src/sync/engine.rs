@@ -19,7 +19,11 @@
 //!   the engine tells the table so at the end of the cycle, which resets the
 //!   counter's extrapolation and decays its fill rate (see `vouch.rs`);
 //! - when no root answered for two intervals the engine folds local weight
-//!   into the levels (per-host limiting) and says so once a minute;
+//!   into the levels (per-host limiting) and says so once a minute; once
+//!   none answered for the in-flight lease, in-flight counters count this
+//!   host's own slots only (the lease the roots apply to this host,
+//!   applied to the others; [`Table::lease_locally`]), and the first
+//!   reply after that replaces their levels;
 //! - with root groups (see the `sync` module doc), each counter is owed
 //!   only to the roots of its shard ([`super::shard`]), "unchanged" is
 //!   vouched per group, quota changes come from one group, and a group
@@ -124,6 +128,17 @@ impl Unacked {
     fn net(&(_, added, returned): &(SlotId, u64, u64)) -> i64 {
         added as i64 - returned as i64
     }
+}
+
+/// What a collected delta is owed to each root as, from `now` on.
+fn owed_of(table: &Table, d: &CollectedDelta, now: Nanos) -> (CounterKey, Owed) {
+    // A slot that no longer holds the quota: the root ignores the delta
+    // anyway. A key counts as its template does.
+    let counting = table
+        .counter_counting(d.slot, d.id)
+        .unwrap_or(Counting::Leak(0.0));
+    let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
+    (counter_of(d), owed)
 }
 
 /// The counter a collected delta belongs to.
@@ -291,6 +306,19 @@ pub struct SyncEngine {
     started: Nanos,
     last_any_success: Option<Nanos>,
     all_down: bool,
+    /// How long every root may be silent before in-flight counters count
+    /// this host's own slots only.
+    in_flight_lease: Nanos,
+    /// The local lease was applied since the last answer of any root.
+    leased: bool,
+    /// Per group: the local lease was applied to its shard since the last
+    /// answer of any of its roots.
+    group_leased: Vec<bool>,
+    /// Per root: in-flight levels of its group were folded here since its
+    /// last answer, so it is asked for all its counters, and its next
+    /// whole answer settles the in-flight counters it leaves out
+    /// ([`Table::settle_omitted`]).
+    after_fold: Vec<bool>,
     down_logged_at: Option<Nanos>,
     cycles: u64,
     early: Option<EarlySync>,
@@ -335,6 +363,10 @@ impl SyncEngine {
             started: now,
             last_any_success: None,
             all_down: false,
+            in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
+            leased: false,
+            group_leased: vec![false],
+            after_fold: vec![false; roots.len()],
             down_logged_at: None,
             cycles: 0,
             early: None,
@@ -366,6 +398,7 @@ impl SyncEngine {
         self.group_success = vec![None; self.groups];
         self.group_down = vec![false; self.groups];
         self.group_down_logged = vec![None; self.groups];
+        self.group_leased = vec![false; self.groups];
     }
 
     /// Number of root groups (shards).
@@ -376,6 +409,11 @@ impl SyncEngine {
     /// The group root `i` is in.
     pub fn root_group(&self, i: usize) -> usize {
         self.links[i].group
+    }
+
+    /// Sets the in-flight lease (see [`super::SyncConfig::in_flight_lease`]).
+    pub fn set_in_flight_lease(&mut self, lease: Nanos) {
+        self.in_flight_lease = lease;
     }
 
     /// Turns early sync on (or off with `None`).
@@ -470,15 +508,7 @@ impl SyncEngine {
         let mut held: Option<Vec<Penalty>> = None;
         self.unacked.add(&collected);
         let rejected = self.rejected_since_last_cycle(rejected);
-        fresh.extend(collected.iter().map(|d| {
-            // A slot that no longer holds the quota: the root ignores the
-            // delta anyway. A key counts as its template does.
-            let counting = table
-                .counter_counting(d.slot, d.id)
-                .unwrap_or(Counting::Leak(0.0));
-            let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
-            (counter_of(d), owed)
-        }));
+        fresh.extend(collected.iter().map(|d| owed_of(table, d, now)));
         // With no root of a group up, backoff only delays finding the
         // first one back.
         let groups = self.groups;
@@ -651,6 +681,20 @@ impl SyncEngine {
         }
         self.links[root].reuse_owed(owed, used);
         if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
+            if std::mem::take(&mut self.after_fold[root]) {
+                // Counters the root left out are empty there. (A reply cut
+                // at a page of counters leaves some for the next one,
+                // which then replaces the 0: one interval's undercount.)
+                let groups = self.groups;
+                let source = self.links[root].source(root);
+                let carried: std::collections::HashSet<u64> = pages
+                    .iter()
+                    .flat_map(|p| p.reply.counters.iter().map(|c| c.id))
+                    .collect();
+                table.settle_omitted(source, now, |c| {
+                    super::shard(c, groups) == group && !carried.contains(&c.id)
+                });
+            }
             // Counters come only once the quota pages are through; then
             // whatever this root left out did not change there.
             let at = self.links[root]
@@ -689,6 +733,8 @@ impl SyncEngine {
             self.links[root].failed(others_up, error);
         }
         self.last_any_success = Some(now);
+        self.leased = false;
+        self.group_leased[group] = false;
         self.group_success[group] = Some(now);
         if self.group_down[group] && !self.all_down {
             self.group_down[group] = false;
@@ -855,10 +901,21 @@ impl SyncEngine {
         table.sweep_tiers(now as i64 + table.utc_offset());
         log.extend(self.pressure.check(table));
         if down {
+            // Weight admitted since this cycle began is owed to the roots
+            // too, or they would never count it (an in-flight slot taken
+            // now must reach them, or its release would later cancel
+            // another).
+            self.collect_late(table, now);
             // Weight in flight that no root will acknowledge goes back to
             // pending, then everything pending is folded in locally.
             self.abandon(table);
             table.fold_local(now);
+            if table.holds_in_flight() {
+                self.ask_all_after_fold(|_| true);
+            }
+            if !self.leased && now.saturating_sub(since) >= self.in_flight_lease {
+                self.lease_locally(table, now, &mut log);
+            }
             if self
                 .down_logged_at
                 .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
@@ -874,6 +931,78 @@ impl SyncEngine {
         self.all_down = down;
         table.set_counting_locally(down);
         log
+    }
+
+    /// Collects what was admitted since the cycle began and owes it to
+    /// every root of its shard, as [`SyncEngine::begin_cycle`] does,
+    /// without sending it: the fold that follows takes it locally.
+    fn collect_late(&mut self, table: &Table, now: Nanos) {
+        let mut late = std::mem::take(&mut self.collected);
+        late.clear();
+        table.collect_deltas(&mut late);
+        self.unacked.add(&late);
+        let groups = self.groups;
+        let owed: Vec<(CounterKey, Owed)> = late.iter().map(|d| owed_of(table, d, now)).collect();
+        for link in &mut self.links {
+            let g = link.group;
+            let mine = owed
+                .iter()
+                .filter(|(c, _)| super::shard(*c, groups) == g)
+                .copied();
+            link.owe(mine, self.max_owed, now);
+        }
+        self.collected = late;
+    }
+
+    /// Own weight was folded into the levels of the groups `folded` says,
+    /// in-flight counters among them: their roots are asked for all their
+    /// counters at their next exchange. A reply replaces a folded
+    /// in-flight level, so it must carry even a counter nobody changed
+    /// meanwhile, and one it leaves out is empty there (the other hosts
+    /// gave back all its slots while this host could not hear).
+    fn ask_all_after_fold(&mut self, folded: impl Fn(usize) -> bool) {
+        for (link, after) in self.links.iter_mut().zip(&mut self.after_fold) {
+            if folded(link.group) {
+                link.counter_version = 0;
+                *after = true;
+            }
+        }
+    }
+
+    /// Every root silent for the in-flight lease: in-flight counters count
+    /// this host's own slots only (the roots have dropped them from their
+    /// counts; this host drops the other hosts' in turn).
+    fn lease_locally(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
+        self.leased = true;
+        let set = table.lease_locally(now, |_| true);
+        if set > 0 {
+            log.push((
+                LogLevel::Warn,
+                format!(
+                    "every quota root silent for the in-flight lease ({} ms): {set} in-flight \
+                     counter(s) now count this host's own slots only (per host)",
+                    self.in_flight_lease / 1_000_000
+                ),
+            ));
+        }
+    }
+
+    /// Every root of group `g` silent for the in-flight lease (others
+    /// answering): the local lease for its shard only.
+    fn lease_group_locally(&mut self, table: &Table, g: usize, now: Nanos, log: &mut Vec<LogLine>) {
+        self.group_leased[g] = true;
+        let groups = self.groups;
+        let set = table.lease_locally(now, |c| super::shard(c, groups) == g);
+        if set > 0 {
+            log.push((
+                LogLevel::Warn,
+                format!(
+                    "every quota root of group {g} silent for the in-flight lease ({} ms): {set} \
+                     in-flight counter(s) of its shard now count this host's own slots only",
+                    self.in_flight_lease / 1_000_000
+                ),
+            ));
+        }
     }
 
     /// With several groups and not all of them down: folds the in-flight
@@ -898,8 +1027,16 @@ impl SyncEngine {
                 table.fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
                 false
             });
+            if table.holds_in_flight() {
+                self.ask_all_after_fold(|g| down[g]);
+            }
         }
         for (g, &is_down) in down.iter().enumerate() {
+            let since = self.group_success[g].unwrap_or(self.started);
+            if is_down && !self.group_leased[g] && now.saturating_sub(since) >= self.in_flight_lease
+            {
+                self.lease_group_locally(table, g, now, log);
+            }
             if is_down
                 && self.group_down_logged[g].is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
             {

@@ -53,8 +53,10 @@
 //!   intervals, the in-flight weight of that group's shard is folded into
 //!   the local levels each cycle (per host, fail-open, as with every root
 //!   down) while the other shards stay fleet-wide; what the group is owed
-//!   still leaks and is resent when it is back. Every group down is the
-//!   old all-roots-down case.
+//!   still leaks and is resent when it is back. Once it has been silent
+//!   for the in-flight lease, that shard's in-flight counters count this
+//!   host's own slots only, as with every root down. Every group down is
+//!   the old all-roots-down case.
 //! - **One group** (no `group=`, or all 0): every counter's shard is 0,
 //!   and nothing differs from a limiter without groups.
 //! - **Reshaping** (a group added: config change, then reload or restart):

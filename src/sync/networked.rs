@@ -111,6 +111,8 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     );
     engine.set_groups(&config.groups());
     engine.set_early_sync(config.early_sync);
+    engine
+        .set_in_flight_lease(u64::try_from(config.in_flight_lease.as_nanos()).unwrap_or(u64::MAX));
     // How often the loop looks at the table for an early cycle (penalties
     // started here; unsent weight with early sync on).
     let mut probe = tokio::time::interval(Duration::from_nanos(engine.probe_every()));

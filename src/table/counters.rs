@@ -72,6 +72,15 @@ impl CollectedDelta {
 /// count of its restarts; see `sync::engine`).
 pub type Source = u8;
 
+/// The [`Source`] of an in-flight counter's level that this host folded
+/// its own weight into (every root, or the counter's group, silent): the
+/// next reply of any root replaces it. That root's value holds what this
+/// host owed it (sent with the same request), and the other hosts'
+/// releases meanwhile, which a max-merge would never let down (an
+/// in-flight level does not leak). No root's source: a root's has its
+/// place in the list in the low five bits, never 0.
+pub const FOLDED: Source = 0x20;
+
 /// A counter word's signed value.
 pub(super) fn signed(word: &AtomicU64) -> i64 {
     word.load(ACQ) as i64
@@ -175,6 +184,7 @@ impl Table {
                 continue;
             }
             send_pending(&s.pending, &s.inflight, net);
+            self.count_held(i, s, net);
             out.push(CollectedDelta::of(i as SlotId, id, 0, net));
         }
         self.collect_keys(out);
@@ -229,7 +239,7 @@ impl Table {
         }
         let counting = self.slot_counting(s);
         let (known, old_rate) = slot_tally(s);
-        let same_root = source != 0 && slot_source(s) == source;
+        let same_root = replaces(slot_source(s), source);
         let (merged, taken) = counting.merge_reply(known, value, same_root);
         if taken {
             set_slot_source(s, source);
@@ -252,7 +262,7 @@ impl Table {
     pub fn fold_local(&self, now: Nanos) {
         let _guard = self.lock();
         let used = self.header().next_unused.load(RLX) as usize;
-        for s in self.slots()[..used].iter() {
+        for (i, s) in self.slots()[..used].iter().enumerate() {
             if s.flags.load(RLX) & FLAG_LIVE == 0 {
                 continue;
             }
@@ -261,10 +271,12 @@ impl Table {
             let counting = self.slot_counting(s);
             let (known, rate) = slot_tally(s);
             let weight = pending.wrapping_add(inflight) as i64;
+            // In flight was counted as held when it was collected.
+            self.count_held(i, s, pending as i64);
             if weight != 0 {
                 // The level is no longer only that root's: its later, lower
                 // value must not replace this host's own weight.
-                set_slot_source(s, 0);
+                set_slot_source(s, folded_source(s.flags.load(RLX)));
             }
             store_tally(s, fold_weight(&counting, known, weight, now), rate);
             s.pending.fetch_sub(pending, RLX);
@@ -292,7 +304,7 @@ impl Table {
         let counting = self.slot_counting(s);
         let (known, rate) = slot_tally(s);
         // Its own weight is in the level now: no root's value any more.
-        set_slot_source(s, 0);
+        set_slot_source(s, folded_source(s.flags.load(RLX)));
         settle_inflight(&s.inflight, amount, || {
             store_tally(s, fold_weight(&counting, known, amount, now), rate)
         });
@@ -370,7 +382,8 @@ impl Table {
         if key != 0 {
             self.settle_key_inflight(slot, id, key, amount, true);
         } else if s.quota_id() == Some(id) {
-            requeue(&s.pending, &s.inflight, amount);
+            let moved = requeue(&s.pending, &s.inflight, amount);
+            self.count_held(slot as usize, s, -moved);
         }
     }
 
@@ -388,10 +401,11 @@ impl Table {
         let _guard = self.lock();
         let used = self.header().next_unused.load(RLX) as usize;
         let mut requeued = 0u64;
-        for s in &self.slots()[..used] {
+        for (i, s) in self.slots()[..used].iter().enumerate() {
             let moved = signed(&s.inflight);
             if moved != 0 {
-                requeue(&s.pending, &s.inflight, moved);
+                let moved = requeue(&s.pending, &s.inflight, moved);
+                self.count_held(i, s, -moved);
                 requeued = requeued.saturating_add(moved.unsigned_abs());
             }
         }
@@ -402,8 +416,8 @@ impl Table {
 /// Hands `amount` (signed) of in-flight weight back to pending, to be sent
 /// again: an add reaches pending first, a return leaves in flight first
 /// (a check in between errs strict). Stops at zero when `amount` has the
-/// sign of what is in flight.
-pub(super) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) {
+/// sign of what is in flight. Returns what moved.
+pub(super) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) -> i64 {
     let now = inflight.load(RLX) as i64;
     let moved = if amount > 0 && now >= 0 {
         amount.min(now)
@@ -419,16 +433,36 @@ pub(super) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) {
         inflight.fetch_sub(moved as u64, RLX);
         pending.fetch_add(moved as u64, RLX);
     }
+    moved
 }
 
 /// The [`Source`] of a slot's known level.
-fn slot_source(s: &Slot) -> Source {
+pub(super) fn slot_source(s: &Slot) -> Source {
     ((s.flags.load(RLX) & FLAG_SOURCE_MASK) >> FLAG_SOURCE_SHIFT) as Source
+}
+
+/// True when a reply from `source` replaces a level whose source is
+/// `known` rather than being max-merged with it: a later reply of the
+/// same root, or any root's after a fold of an in-flight counter.
+fn replaces(known: Source, source: Source) -> bool {
+    source != 0 && (known == source || known == FOLDED)
+}
+
+/// The [`Source`] a fold of this host's own weight leaves on the level of
+/// a counter whose slot has `flags`: [`FOLDED`] for an in-flight counter,
+/// none for the others (the next reply is max-merged: they leak, so a
+/// level a fold left too high drains by itself).
+fn folded_source(flags: u16) -> Source {
+    if flags & FLAG_IN_FLIGHT != 0 {
+        FOLDED
+    } else {
+        0
+    }
 }
 
 /// Sets the [`Source`] of a slot's known level (the writer lock held;
 /// checks read the flags' other bits only, so no seqlock is needed).
-fn set_slot_source(s: &Slot, source: Source) {
+pub(super) fn set_slot_source(s: &Slot, source: Source) {
     let flags = s.flags.load(RLX);
     let new = flags & !FLAG_SOURCE_MASK | u16::from(source) << FLAG_SOURCE_SHIFT;
     if new != flags {
@@ -451,6 +485,12 @@ fn slot_tally(s: &Slot) -> (Tally, f64) {
         at: s.known_at.load(RLX),
     };
     (tally, rate)
+}
+
+/// Sets a slot's known level to `level` at `now`, with no fill rate
+/// (the writer lock held).
+pub(super) fn store_level(s: &Slot, level: f64, now: Nanos) {
+    store_tally(s, Tally::leaky(crate::core::Level { level, at: now }), 0.0);
 }
 
 /// Writes a slot's counter and fill rate under its seqlock.

@@ -131,3 +131,109 @@ fn a_charge_or_settle_of_an_in_flight_quota_counts_nothing() {
     let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)));
 }
+
+#[test]
+fn held_here_is_the_slots_this_host_holds_whatever_was_collected_or_handed_back() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[uploads(10.0)]);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(t.acquire(&named(b"uploads"), SEC, false, never).1.unwrap());
+    }
+    assert_eq!(t.held_here(b"uploads"), Some(3));
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    assert_eq!(t.held_here(b"uploads"), Some(3));
+    // A release after the collection, collected as a return.
+    t.release(&named(b"uploads"), held.pop().unwrap(), 2 * SEC);
+    assert_eq!(t.held_here(b"uploads"), Some(2));
+    out.clear();
+    t.collect_deltas(&mut out);
+    assert_eq!((out[0].returned, t.held_here(b"uploads")), (1, Some(2)));
+    // A stopping sync thread hands what it had in flight back to pending;
+    // a new slot is not collected yet.
+    t.requeue_inflight(out[0].slot, 1, 0, -1);
+    t.acquire(&named(b"uploads"), 2 * SEC, false, never);
+    assert_eq!(t.held_here(b"uploads"), Some(3));
+    // Folded locally (every root down), it stays held.
+    t.fold_local(3 * SEC);
+    assert_eq!(t.held_here(b"uploads"), Some(3));
+    assert_eq!(t.held_here(b"nobody"), None);
+}
+
+#[test]
+fn the_local_lease_leaves_the_level_at_this_hosts_own_slots() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0)]);
+    for _ in 0..2 {
+        t.acquire(&named(b"uploads"), SEC, false, never);
+    }
+    let mut out = Vec::new();
+    t.collect_deltas(&mut out);
+    // A root says 9: the other hosts hold 7 of them.
+    let slot = t.lookup(b"uploads").unwrap();
+    let nine = crate::core::Tally::leaky(crate::core::Level {
+        level: 9.0,
+        at: SEC,
+    });
+    assert!(t.merge_counter(slot, 1, 0, nine, 2, 1));
+    assert_eq!(t.quota(b"uploads", SEC).unwrap().level, 9.0);
+    let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    // Every root silent for the lease: the others' 7 are dropped, this
+    // host's 3 stay.
+    t.fold_local(11 * SEC);
+    assert_eq!(t.lease_locally(11 * SEC, |_| true), 1);
+    assert_eq!(t.quota(b"uploads", 11 * SEC).unwrap().level, 3.0);
+    // Up to the limit with its own slots only: 7 more, not one beyond.
+    for _ in 0..7 {
+        let (r, _) = t.acquire(&named(b"uploads"), 11 * SEC, false, never);
+        assert_eq!(r.outcome, Outcome::Pass);
+    }
+    let (r, _) = t.acquire(&named(b"uploads"), 11 * SEC, false, never);
+    assert!(matches!(r.outcome, Outcome::Reject(_)));
+}
+
+#[test]
+fn a_roots_reply_after_a_fold_replaces_an_in_flight_level_lower_or_not() {
+    let t = Table::new_heap(8, 16);
+    t.apply_quotas(&[uploads(10.0)]);
+    let slot = t.lookup(b"uploads").unwrap();
+    let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
+    assert!(t.merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
+    // Every root down: this host's slot is folded in over the 6 it knew.
+    t.acquire(&named(b"uploads"), 2 * SEC, false, never);
+    t.fold_local(3 * SEC);
+    assert_eq!(t.quota(b"uploads", 3 * SEC).unwrap().level, 7.0);
+    // Back, another root says 2 (the other hosts released meanwhile; it
+    // holds this host's slot, sent with the request): taken, not
+    // max-merged, or the level would never come down.
+    assert!(t.merge_counter(slot, 1, 0, at(2.0, 4 * SEC), 0, 2));
+    assert_eq!(t.quota(b"uploads", 4 * SEC).unwrap().level, 2.0);
+    // From then on it is that root's level: another root's lower, older
+    // value is max-merged again.
+    assert!(t.merge_counter(slot, 1, 0, at(1.0, 4 * SEC), 0, 3));
+    assert_eq!(t.quota(b"uploads", 4 * SEC).unwrap().level, 2.0);
+}
+
+#[test]
+fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
+    // An nginx reload attaches new workers to the same zone.
+    let len = crate::table::layout::Geometry::new(8, 16).region_len();
+    let mut region = vec![0u128; len.div_ceil(16) + 4];
+    let base = region.as_mut_ptr().cast::<u8>();
+    // SAFETY: the offset to the next 64-byte line is within the 64 spare
+    // bytes at the end of `region`.
+    let base = unsafe { base.add(base.align_offset(64)) };
+    // SAFETY: `region` is zeroed, outlives both tables, and is aligned.
+    let first = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
+    first.apply_quotas(&[uploads(10.0)]);
+    first.acquire(&named(b"uploads"), SEC, false, never);
+    first.acquire(&named(b"uploads"), SEC, false, never);
+    let mut out = Vec::new();
+    first.collect_deltas(&mut out);
+    drop(first);
+    // SAFETY: as above.
+    let second = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
+    assert_eq!(second.held_here(b"uploads"), Some(2));
+}

@@ -1,10 +1,10 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+-------+-------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | arena | key ring | key buckets | tiers | tier  |
-//! |        |            |                 |                         |       |          |             |       | filter|
-//! +--------+------------+-----------------+-------------------------+-------+----------+-------------+-------+-------+
+//! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | held: [u64; capacity]| arena | key ring | key buckets | tiers | tier  |
+//! |        |            |                 |                         |                      |       |          |             |       | filter|
+//! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -20,6 +20,11 @@
 //! the slot and the name's place in the arena, so a lookup's second round
 //! of cache misses (slot and name) happens in parallel: a cold check costs
 //! about two memory latencies, not three.
+//!
+//! The held section has one word per slot, beside it rather than in it (a
+//! slot is two full cache lines): for an in-flight quota, this host's own
+//! net slots that left `pending` (see `held.rs`). Only the sync thread
+//! writes it, so checks never touch it.
 //!
 //! The key section holds the counters of per-key quotas: [`KeyBucket`]s of
 //! [`KEY_WAYS`] 48-byte [`KeyEntry`]s (three cache lines a bucket), a key
@@ -46,7 +51,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 12;
+pub const LAYOUT_VERSION: u32 = 13;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -788,7 +793,7 @@ impl Geometry {
     /// The largest geometry that fits `bytes` for the given average name.
     pub fn fitting(bytes: usize, avg_name_bytes: usize) -> Option<Self> {
         let per_name = avg_name_bytes.div_ceil(GRANULE).max(1) * GRANULE;
-        let per_quota = std::mem::size_of::<Slot>() + 12 + per_name;
+        let per_quota = std::mem::size_of::<Slot>() + 8 + 12 + per_name;
         let fixed = Self::index_offset() + 64 * 4;
         let mut capacity =
             (bytes.checked_sub(fixed)? / per_quota).min(MAX_CAPACITY as usize) as u32;
@@ -817,9 +822,14 @@ impl Geometry {
         line_up(Self::index_offset() + self.index_len as usize * 8)
     }
 
+    /// Offset of the held section (one word per slot).
+    pub fn held_offset(&self) -> usize {
+        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
+    }
+
     /// Offset of the arena.
     pub fn arena_offset(&self) -> usize {
-        line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
+        line_up(self.held_offset() + self.capacity as usize * 8)
     }
 
     /// Offset of the dirty ring.
@@ -895,7 +905,8 @@ mod tests {
         assert_eq!(Geometry::index_offset() % 64, 0);
         assert_eq!(g.slots_offset() % 64, 0);
         assert!(g.slots_offset() >= Geometry::index_offset() + 1504 * 8);
-        assert!(g.arena_offset() >= g.slots_offset() + 1000 * 128);
+        assert!(g.held_offset() >= g.slots_offset() + 1000 * 128);
+        assert!(g.arena_offset() >= g.held_offset() + 1000 * 8);
         assert!(g.region_len() >= g.arena_offset() + 2000 * GRANULE);
     }
 
@@ -943,7 +954,7 @@ mod tests {
             let g = Geometry::fitting(bytes, 32).unwrap();
             assert!(g.region_len() <= bytes);
             // At least 80% of what an ideal packing would hold.
-            let ideal = bytes / (128 + 12 + 32);
+            let ideal = bytes / (128 + 8 + 12 + 32);
             assert!(g.capacity as usize * 10 >= ideal * 7, "{bytes}: {g:?}");
         }
         assert!(Geometry::fitting(100, 32).is_none());

@@ -50,6 +50,10 @@
 //!   a debt) with the settling of an estimate.
 //! - `in_flight.rs` — in-flight quotas on the request path: a slot taken
 //!   (a check of weight 1) and given back (a return of 1).
+//! - `held.rs` — what this host holds of its in-flight quotas (its own
+//!   net slots, kept in the region across sync threads), and the local
+//!   lease that limits by them alone once every root has been silent
+//!   for the in-flight lease.
 //! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
 //!   name and index allocation.
 //! - `counters.rs` — collecting deltas, merging cluster values, folding
@@ -86,6 +90,7 @@ mod counters;
 pub mod file;
 mod grants;
 mod heap;
+mod held;
 mod in_flight;
 mod key_moves;
 mod key_sync;
@@ -186,6 +191,7 @@ pub struct Table {
 #[derive(Clone, Copy, Debug)]
 struct Offsets {
     slots: usize,
+    held: usize,
     arena: usize,
     key_ring: usize,
     key_buckets: usize,
@@ -197,6 +203,7 @@ impl Offsets {
     fn of(g: &Geometry) -> Self {
         Self {
             slots: g.slots_offset(),
+            held: g.held_offset(),
             arena: g.arena_offset(),
             key_ring: g.key_ring_offset(),
             key_buckets: g.key_buckets_offset(),
@@ -382,6 +389,18 @@ impl Table {
         unsafe {
             std::slice::from_raw_parts(
                 self.base.add(self.offsets.slots).cast::<Slot>(),
+                self.geometry.capacity as usize,
+            )
+        }
+    }
+
+    /// The held section: one word per slot (see `held.rs`).
+    fn held(&self) -> &[AtomicU64] {
+        // SAFETY: `capacity` u64 atomics start at the held offset, 64-byte
+        // aligned, inside the region (Geometry::region_len covers them).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(self.offsets.held).cast::<AtomicU64>(),
                 self.geometry.capacity as usize,
             )
         }

@@ -66,6 +66,9 @@ impl Table {
             drop(w);
             to.pending
                 .store(state.pending.wrapping_add(state.inflight) as u64, RLX);
+            // What was in flight is pending again here: held no longer
+            // counts it (see `held.rs`).
+            self.set_held(slot, old.held_word(state.slot).wrapping_sub(state.inflight));
             to.passed.store(state.passed, RLX);
             to.rejected.store(state.rejected, RLX);
             to.dry_run.store(state.dry_run, RLX);

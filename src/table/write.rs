@@ -181,6 +181,7 @@ impl Table {
             s.parent.store(0, RLX);
             s.pending.store(0, RLX);
             s.inflight.store(0, RLX);
+            self.set_held(slot, 0);
             s.passed.store(0, RLX);
             s.rejected.store(0, RLX);
             s.dry_run.store(0, RLX);

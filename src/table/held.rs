@@ -1,0 +1,139 @@
+//! What this host holds of its in-flight quotas, and the local lease
+//! that falls back to it when every root has been silent too long (see
+//! docs/DESIGN.md, "In-flight quotas", failure rules).
+//!
+//! A counter's *held* word is this host's own net weight that has left
+//! `pending`: collected for a sync, or folded into the level locally,
+//! minus what a stopping sync thread handed back to `pending`. With
+//! `pending` it is the slots this host holds. It lives in the region
+//! (the held section, one word per slot) so that it outlives the sync
+//! thread: an nginx reload starts a new one while the old workers'
+//! requests still give their slots back. Only the sync thread writes it,
+//! under the writer lock; it is kept for named in-flight counters only
+//! (not yet for the keys of per-key ones).
+
+use super::counters::{set_slot_source, slot_source, store_level, Source, FOLDED};
+use super::layout::{Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
+use super::{SlotId, Table, RLX};
+use crate::core::Nanos;
+use crate::wire::CounterKey;
+
+impl Table {
+    /// Adds `net` (signed) to the held word of the counter in `slot` if
+    /// it is an in-flight quota's: weight that left its `pending` (or,
+    /// negative, came back to it).
+    pub(super) fn count_held(&self, slot: usize, s: &Slot, net: i64) {
+        if net != 0 && s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
+            self.held()[slot].fetch_add(net as u64, RLX);
+        }
+    }
+
+    /// Sets the held word of `slot` (a new quota: 0; an adopted one).
+    pub(super) fn set_held(&self, slot: SlotId, held: i64) {
+        if let Some(h) = self.held().get(slot as usize) {
+            h.store(held as u64, RLX);
+        }
+    }
+
+    /// The held word of `slot` (0 for a slot out of range).
+    pub(super) fn held_word(&self, slot: SlotId) -> i64 {
+        self.held()
+            .get(slot as usize)
+            .map_or(0, |h| h.load(RLX) as i64)
+    }
+
+    /// The slots this host holds of the named in-flight quota `name`:
+    /// what its requests took and have not given back yet, whatever the
+    /// roots know of it. `None` for a name that is not a live in-flight
+    /// quota's own counter (a per-key template's slots are its keys').
+    pub fn held_here(&self, name: &[u8]) -> Option<i64> {
+        let slot = self.lookup(name)?;
+        let s = self.slot(slot)?;
+        let flags = s.flags.load(RLX);
+        let counts = flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0;
+        (counts && flags & FLAG_PER_KEY == 0).then(|| {
+            self.held_word(slot)
+                .wrapping_add(s.pending.load(RLX) as i64)
+        })
+    }
+
+    /// The local lease: every root has been silent for the in-flight
+    /// lease, so each of them has dropped this host's slots, and this
+    /// host drops the other hosts' in turn. Sets every in-flight
+    /// counter's level to this host's own slots (its held word; the
+    /// caller has folded what was in flight), so from now on it limits
+    /// against its own slots only, per host, as the other kinds do with
+    /// every root down. The level is marked [`FOLDED`]: the next reply of
+    /// any root replaces it. Only counters `shard` takes (with root
+    /// groups, those of the groups that are silent). Returns the counters
+    /// set.
+    pub fn lease_locally(&self, now: Nanos, shard: impl Fn(CounterKey) -> bool) -> u64 {
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut set = 0u64;
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            let flags = s.flags.load(RLX);
+            // A key's slots are not kept per host yet: its level stays the
+            // last cluster view plus this host's changes (strict).
+            if flags & FLAG_LIVE == 0 || flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 {
+                continue;
+            }
+            if !s.quota_id().is_some_and(|id| shard(CounterKey::named(id))) {
+                continue;
+            }
+            let own = self.held_word(i as SlotId).max(0) as f64;
+            set_slot_source(s, FOLDED);
+            store_level(s, own, now);
+            set += 1;
+        }
+        set
+    }
+
+    /// True when some live named quota counts slots in flight (the sync
+    /// thread then asks the roots for all their counters after a fold).
+    pub fn holds_in_flight(&self) -> bool {
+        let used = self.header().next_unused.load(RLX) as usize;
+        self.slots()[..used].iter().any(|s| {
+            let flags = s.flags.load(RLX);
+            flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0 && flags & FLAG_PER_KEY == 0
+        })
+    }
+
+    /// A root (`source`) answered whole a request for all its counters,
+    /// sent after a fold; `omitted` says which counters its reply left
+    /// out. A root sends every counter that is not empty, so it holds
+    /// nothing of those: not even slots this host folded in (it dropped
+    /// them by its lease, and the returns sent since went to them). An
+    /// in-flight counter among them whose level is [`FOLDED`] or that
+    /// root's own takes that root's 0, at `now`: left as it is it would
+    /// never come down (an in-flight level does not leak, and only a
+    /// reply carrying the counter would replace it). One whose level is
+    /// another root's keeps it (a max-merge with 0). Returns the counters
+    /// set.
+    pub fn settle_omitted(
+        &self,
+        source: Source,
+        now: Nanos,
+        omitted: impl Fn(CounterKey) -> bool,
+    ) -> u64 {
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut set = 0u64;
+        for s in &self.slots()[..used] {
+            let flags = s.flags.load(RLX);
+            let known = slot_source(s);
+            if flags & FLAG_IN_FLIGHT == 0 || (known != FOLDED && (source == 0 || known != source))
+            {
+                continue;
+            }
+            let Some(id) = s.quota_id() else { continue };
+            if flags & FLAG_PER_KEY != 0 || !omitted(CounterKey::named(id)) {
+                continue;
+            }
+            set_slot_source(s, source);
+            store_level(s, 0.0, now);
+            set += 1;
+        }
+        set
+    }
+}
