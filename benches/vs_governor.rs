@@ -113,6 +113,19 @@ fn bench(c: &mut Criterion) {
         eprintln!("{passed} of {n} hot checks passed");
         return;
     }
+    // `GOVERNOR_HOT_ONLY=n`: the same for governor, to compare.
+    if let Some(n) = std::env::var("GOVERNOR_HOT_ONLY")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        let gov = governor_start();
+        let hot = key(7);
+        let passed = (0..n)
+            .filter(|_| gov.check_key(black_box(&hot)).is_ok())
+            .count();
+        eprintln!("{passed} of {n} hot governor checks passed");
+        return;
+    }
     let before = rss();
     let gov = governor_start();
     for i in 0..KEYS {
