@@ -126,6 +126,20 @@ fn bench(c: &mut Criterion) {
         eprintln!("{passed} of {n} hot governor checks passed");
         return;
     }
+    // `RANDOM_ONLY=n`: n checks of random keys among the million, after
+    // storing them, and nothing else (for `perf stat`, paired runs).
+    if let Some(n) = std::env::var("RANDOM_ONLY")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        for i in 0..KEYS {
+            assert_eq!(sluice_check(&key(i)), 0, "key {i}");
+        }
+        let indices = random_indices(1 << 20);
+        let took = timed(n, &indices, sluice_check);
+        eprintln!("{:.1} ns a random check", took.as_nanos() as f64 / n as f64);
+        return;
+    }
     let before = rss();
     let gov = governor_start();
     for i in 0..KEYS {
