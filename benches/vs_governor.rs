@@ -92,6 +92,11 @@ fn rss() -> u64 {
     pages * 4096
 }
 
+/// The count an environment variable of the profiling modes gives.
+fn env_count(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// A fixed sequence of random key indices, the same for both limiters.
 fn random_indices(n: usize) -> Vec<u64> {
     let mut rng = Rng::new(0x5eed);
@@ -102,10 +107,7 @@ fn bench(c: &mut Criterion) {
     sluice_start();
     // `HOT_ONLY=n`: n checks of one key and nothing else, for a profiler
     // (`valgrind --tool=callgrind` counts what one check costs).
-    if let Some(n) = std::env::var("HOT_ONLY")
-        .ok()
-        .and_then(|n| n.parse::<u64>().ok())
-    {
+    if let Some(n) = env_count("HOT_ONLY") {
         let hot = key(7);
         let passed = (0..n)
             .filter(|_| sluice_check(black_box(&hot)) == 0)
@@ -114,10 +116,7 @@ fn bench(c: &mut Criterion) {
         return;
     }
     // `GOVERNOR_HOT_ONLY=n`: the same for governor, to compare.
-    if let Some(n) = std::env::var("GOVERNOR_HOT_ONLY")
-        .ok()
-        .and_then(|n| n.parse::<u64>().ok())
-    {
+    if let Some(n) = env_count("GOVERNOR_HOT_ONLY") {
         let gov = governor_start();
         let hot = key(7);
         let passed = (0..n)
@@ -128,10 +127,7 @@ fn bench(c: &mut Criterion) {
     }
     // `RANDOM_ONLY=n`: n checks of random keys among the million, after
     // storing them, and nothing else (for `perf stat`, paired runs).
-    if let Some(n) = std::env::var("RANDOM_ONLY")
-        .ok()
-        .and_then(|n| n.parse::<u64>().ok())
-    {
+    if let Some(n) = env_count("RANDOM_ONLY") {
         for i in 0..KEYS {
             assert_eq!(sluice_check(&key(i)), 0, "key {i}");
         }
