@@ -92,6 +92,11 @@ fn rss() -> u64 {
     pages * 4096
 }
 
+/// The count an environment variable of the profiling modes gives.
+fn env_count(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// A fixed sequence of random key indices, the same for both limiters.
 fn random_indices(n: usize) -> Vec<u64> {
     let mut rng = Rng::new(0x5eed);
@@ -102,15 +107,33 @@ fn bench(c: &mut Criterion) {
     sluice_start();
     // `HOT_ONLY=n`: n checks of one key and nothing else, for a profiler
     // (`valgrind --tool=callgrind` counts what one check costs).
-    if let Some(n) = std::env::var("HOT_ONLY")
-        .ok()
-        .and_then(|n| n.parse::<u64>().ok())
-    {
+    if let Some(n) = env_count("HOT_ONLY") {
         let hot = key(7);
         let passed = (0..n)
             .filter(|_| sluice_check(black_box(&hot)) == 0)
             .count();
         eprintln!("{passed} of {n} hot checks passed");
+        return;
+    }
+    // `GOVERNOR_HOT_ONLY=n`: the same for governor, to compare.
+    if let Some(n) = env_count("GOVERNOR_HOT_ONLY") {
+        let gov = governor_start();
+        let hot = key(7);
+        let passed = (0..n)
+            .filter(|_| gov.check_key(black_box(&hot)).is_ok())
+            .count();
+        eprintln!("{passed} of {n} hot governor checks passed");
+        return;
+    }
+    // `RANDOM_ONLY=n`: n checks of random keys among the million, after
+    // storing them, and nothing else (for `perf stat`, paired runs).
+    if let Some(n) = env_count("RANDOM_ONLY") {
+        for i in 0..KEYS {
+            assert_eq!(sluice_check(&key(i)), 0, "key {i}");
+        }
+        let indices = random_indices(1 << 20);
+        let took = timed(n, &indices, sluice_check);
+        eprintln!("{:.1} ns a random check", took.as_nanos() as f64 / n as f64);
         return;
     }
     let before = rss();

@@ -431,7 +431,29 @@ fn passes_for_sure(view: &QuotaSnapshot, weight: f64, estimator: &Estimator) -> 
 /// counting.
 ///
 /// `draw` is called only for quotas whose level falls in the band.
+#[inline]
 pub fn check_chain(
+    chain: &[QuotaSnapshot],
+    weight: f64,
+    now: Nanos,
+    estimator: &Estimator,
+    draw: impl FnMut() -> f64,
+) -> ChainVerdict {
+    // Most checks are far from every limit: decided here, inlined into the
+    // caller, without the call, the frame and the loop of a quota near its
+    // limit (about 50 of a hot keyed check's instructions, callgrind).
+    if chain
+        .iter()
+        .all(|view| passes_for_sure(view, weight, estimator))
+    {
+        return ChainVerdict::Pass;
+    }
+    check_chain_near(chain, weight, now, estimator, draw)
+}
+
+/// [`check_chain`] of a chain in which some quota may be near its limit.
+#[inline(never)]
+fn check_chain_near(
     chain: &[QuotaSnapshot],
     weight: f64,
     now: Nanos,
