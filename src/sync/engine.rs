@@ -141,6 +141,17 @@ fn owed_of(table: &Table, d: &CollectedDelta, now: Nanos) -> (CounterKey, Owed) 
     (counter_of(d), owed)
 }
 
+/// The entries of `owed` whose counters belong to group `g`'s shard.
+fn of_shard(
+    owed: &[(CounterKey, Owed)],
+    g: usize,
+    groups: usize,
+) -> impl Iterator<Item = (CounterKey, Owed)> + Clone + '_ {
+    owed.iter()
+        .filter(move |(c, _)| super::shard(*c, groups) == g)
+        .copied()
+}
+
 /// The counter a collected delta belongs to.
 fn counter_of(d: &CollectedDelta) -> CounterKey {
     CounterKey {
@@ -525,12 +536,7 @@ impl SyncEngine {
         for l in &self.links {
             furthest[l.group] = furthest[l.group].max(l.cursor);
         }
-        let fresh_of = |g: usize| {
-            fresh
-                .iter()
-                .filter(move |(c, _)| super::shard(*c, groups) == g)
-                .copied()
-        };
+        let fresh_of = |g: usize| of_shard(&fresh, g, groups);
         let rejected_of = |g: usize| -> Vec<(u64, u64)> {
             rejected
                 .iter()
@@ -942,16 +948,14 @@ impl SyncEngine {
         table.collect_deltas(&mut late);
         self.unacked.add(&late);
         let groups = self.groups;
-        let owed: Vec<(CounterKey, Owed)> = late.iter().map(|d| owed_of(table, d, now)).collect();
+        let mut owed = std::mem::take(&mut self.fresh);
+        owed.clear();
+        owed.extend(late.iter().map(|d| owed_of(table, d, now)));
         for link in &mut self.links {
-            let g = link.group;
-            let mine = owed
-                .iter()
-                .filter(|(c, _)| super::shard(*c, groups) == g)
-                .copied();
-            link.owe(mine, self.max_owed, now);
+            link.owe(of_shard(&owed, link.group, groups), self.max_owed, now);
         }
         self.collected = late;
+        self.fresh = owed;
     }
 
     /// Own weight was folded into the levels of the groups `folded` says,
