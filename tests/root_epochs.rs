@@ -62,6 +62,29 @@ async fn put_retrying(store: &Store, spec: &QuotaSpec) -> u64 {
     }
 }
 
+/// [`WRITERS`] tasks, each putting `writes` times over its own four
+/// quotas (`{prefix}{writer}_{0..4}`), every write a new limit; each
+/// returns the epochs its writes got.
+fn spawn_writers(
+    store: &Store,
+    prefix: &'static str,
+    writes: usize,
+) -> Vec<tokio::task::JoinHandle<Vec<u64>>> {
+    (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut epochs = Vec::new();
+                for i in 0..writes {
+                    let spec = QuotaSpec::new(format!("{prefix}{w}_{}", i % 4), (i + 1) as f64);
+                    epochs.push(put_retrying(&store, &spec).await);
+                }
+                epochs
+            })
+        })
+        .collect()
+}
+
 async fn concurrent_writers_then_an_incremental_reader_miss_nothing(db: Db) {
     let store = Store::open(&db.url, Duration::from_secs(10), 16).unwrap();
     store.migrate().await.unwrap();
@@ -78,19 +101,7 @@ async fn concurrent_writers_then_an_incremental_reader_miss_nothing(db: Db) {
             seen
         }
     });
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let mut epochs = Vec::new();
-                for i in 0..WRITES_EACH {
-                    let spec = QuotaSpec::new(format!("w{w}_{}", i % 4), (i + 1) as f64);
-                    epochs.push(put_retrying(&store, &spec).await);
-                }
-                epochs
-            })
-        })
-        .collect();
+    let writers = spawn_writers(&store, "w", WRITES_EACH);
     let mut epochs = HashSet::new();
     for writer in writers {
         for epoch in writer.await.unwrap() {
@@ -138,17 +149,7 @@ async fn a_look_while_writes_commit_never_finds_the_epoch_went_back(db: Db) {
             looks
         }
     });
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                for i in 0..WRITES_EACH * 2 {
-                    let spec = QuotaSpec::new(format!("l{w}_{}", i % 4), (i + 1) as f64);
-                    put_retrying(&store, &spec).await;
-                }
-            })
-        })
-        .collect();
+    let writers = spawn_writers(&store, "l", WRITES_EACH * 2);
     for writer in writers {
         writer.await.unwrap();
     }
