@@ -68,7 +68,8 @@
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers). Its files, one concern each, are listed
 //!   in its module doc: the region (`mod.rs`, `layout.rs`, `names.rs`,
-//!   `heap.rs`), the check path (`outcome.rs`, `check.rs`), writes (`write.rs`), counters
+//!   `heap.rs`), the check path (`outcome.rs`, `check.rs`, with the keyed
+//!   fast path in `fast.rs`), writes (`write.rs`), counters
 //!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), overrides and
 //!   penalties (`tiers.rs`), in-flight slots taken and given back
 //!   (`in_flight.rs`) and the slots this host holds, with the local lease
@@ -76,7 +77,7 @@
 //!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
 //!   locks (`lock.rs`), quota files (`file.rs`); its tests by subject
 //!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
-//!   `in_flight_tests.rs`).
+//!   `in_flight_tests.rs`, `fast_tests.rs`).
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.

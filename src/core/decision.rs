@@ -409,7 +409,7 @@ pub enum ChainVerdict {
 /// from its limit (most checks) so skips the clock arithmetic and the
 /// draw; the verdict is the one [`decide`] would give.
 #[inline(always)]
-fn passes_for_sure(view: &QuotaSnapshot, weight: f64, estimator: &Estimator) -> bool {
+pub fn passes_for_sure(view: &QuotaSnapshot, weight: f64, estimator: &Estimator) -> bool {
     if view.window.is_some() {
         return false;
     }

@@ -82,11 +82,15 @@ pub(super) fn init(config_json: Option<&str>) -> Result<c_int, String> {
     if !LIMITER.load(Ordering::Acquire).is_null() {
         return Err("sluice is already initialised: call sluice_shutdown first".into());
     }
-    let table = Arc::new(Table::new_heap_with_keys(
-        settings.capacity,
-        settings.avg_name_bytes,
-        settings.key_capacity,
-    ));
+    // No count of passed checks: nothing in the library reads it.
+    let table = Arc::new(
+        Table::new_heap_with_keys(
+            settings.capacity,
+            settings.avg_name_bytes,
+            settings.key_capacity,
+        )
+        .without_pass_tally(),
+    );
     table.set_key_secret(settings.key_secret);
     table.set_key_overflow(settings.key_overflow);
     table.set_estimator(settings.sync.estimator(settings.extrapolation));

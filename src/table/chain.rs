@@ -337,14 +337,25 @@ impl Table {
         name: &[u8],
         out: &mut MaybeUninit<QuotaSnapshot>,
     ) -> Option<(SlotId, SlotRead)> {
-        let fp = names::fingerprint(name);
-        let hint = self.name_hints.of(fp);
-        if let Some((slot, name_at)) = hint.get(fp) {
-            if let Some(read) = self.read_named_into(slot, name_at, name, out) {
-                return Some((slot, read));
-            }
+        if let Some(found) = self.find_hinted_into(name, out) {
+            return Some(found);
         }
-        self.find_named_by_index(name, fp, out)
+        self.find_named_by_index(name, out)
+    }
+
+    /// [`Table::find_named_into`] through the hint alone: `None` when the
+    /// hint holds no slot of this name (the keyed fast path then leaves
+    /// the check to the path that walks the index and sets the hint).
+    #[inline(always)]
+    pub(super) fn find_hinted_into(
+        &self,
+        name: &[u8],
+        out: &mut MaybeUninit<QuotaSnapshot>,
+    ) -> Option<(SlotId, SlotRead)> {
+        let fp = names::fingerprint(name);
+        let (slot, name_at) = self.name_hints.of(fp).get(fp)?;
+        let read = self.read_named_into(slot, name_at, name, out)?;
+        Some((slot, read))
     }
 
     /// [`Table::find_named_into`] through the index, when the hint missed.
@@ -356,7 +367,6 @@ impl Table {
     fn find_named_by_index(
         &self,
         name: &[u8],
-        fp: u64,
         out: &mut MaybeUninit<QuotaSnapshot>,
     ) -> Option<(SlotId, SlotRead)> {
         let found = self.probe(name, |slot, name_at| {
@@ -364,6 +374,7 @@ impl Table {
                 .map(|read| (slot, read, name_at))
         });
         let (slot, read, name_at) = found?;
+        let fp = names::fingerprint(name);
         self.name_hints.of(fp).set(fp, slot, name_at);
         Some((slot, read))
     }
@@ -547,8 +558,9 @@ impl Table {
         chain: &mut Chain,
         now: Nanos,
         dry_run: bool,
+        key_hash: Option<KeyHash>,
     ) -> Result<u64, Outcome> {
-        match self.resolve(item, chain, now) {
+        match self.resolve_hashed(item, chain, now, key_hash) {
             Resolved::Counted(weight, _) => Ok(weight.min(MAX_WEIGHT)),
             Resolved::Unknown => {
                 self.header().unknown_checks.fetch_add(1, RLX);
@@ -570,6 +582,20 @@ impl Table {
     /// counter under the template's numbers) and its ancestors into
     /// `chain`.
     pub(super) fn resolve(&self, item: &CheckItem, chain: &mut Chain, now: Nanos) -> Resolved {
+        self.resolve_hashed(item, chain, now, None)
+    }
+
+    /// [`Table::resolve`] given the key's hash when the caller already has
+    /// it (the keyed fast path that declined, `fast.rs`): a key is hashed
+    /// once per check.
+    #[inline(always)]
+    pub(super) fn resolve_hashed(
+        &self,
+        item: &CheckItem,
+        chain: &mut Chain,
+        now: Nanos,
+        key_hash: Option<KeyHash>,
+    ) -> Resolved {
         // The quota is read straight into the chain's first view.
         let found = self.find_named_into(item.name, &mut chain.views[0]);
         let Some((slot, read)) = found else {
@@ -587,7 +613,7 @@ impl Table {
             let Some(key) = item.key.filter(|k| !k.is_empty()) else {
                 return Resolved::NoKey;
             };
-            let hash = self.key_secret().hash(key);
+            let hash = key_hash.unwrap_or_else(|| self.key_secret().hash(key));
             chain.tier_key = hash;
             // SAFETY: the probe above wrote the first view.
             let view = unsafe { chain.views[0].assume_init_mut() };

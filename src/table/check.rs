@@ -15,6 +15,7 @@
 use std::mem::MaybeUninit;
 
 use super::chain::{Chain, Resolved};
+use super::fast::Fast;
 use super::outcome::{Charge, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, MAX_CHECKS};
 use super::{SlotId, Table, RLX};
 use crate::core::key::KeyHash;
@@ -96,7 +97,9 @@ impl Table {
     /// [`Table::check_many`] of one plain item without headroom (the C
     /// ABI's checks, nginx's single `sluice` directive without headers):
     /// the same reading, decision and counting, without the bookkeeping
-    /// of several items (a fifth of a hot keyed check's instructions).
+    /// of several items (a fifth of a hot keyed check's instructions). A
+    /// keyed item tries the fast path first (`fast.rs`); what it declines
+    /// is decided here from the start, with the key's hash it computed.
     fn check_one(
         &self,
         item: &CheckItem,
@@ -104,7 +107,6 @@ impl Table {
         dry_run: bool,
         draw: impl FnMut() -> f64,
     ) -> ManyOutcome {
-        let mut chain = Chain::new();
         let outcome = |outcome, item| ManyOutcome {
             outcome,
             item,
@@ -112,7 +114,15 @@ impl Table {
             wait: 0,
             overflow: false,
         };
-        let weight = match self.resolve_counted(item, &mut chain, now, dry_run) {
+        let mut key_hash = None;
+        if let Some(key) = item.key.filter(|k| !k.is_empty() && self.fast_path_on()) {
+            match self.check_key_fast(item.name, key, item.weight, now) {
+                Fast::Passed => return outcome(Outcome::Pass, None),
+                Fast::Declined(hash) => key_hash = hash,
+            }
+        }
+        let mut chain = Chain::new();
+        let weight = match self.resolve_counted(item, &mut chain, now, dry_run, key_hash) {
             Ok(weight) => weight,
             Err(Outcome::Reject(rejection)) => {
                 return ManyOutcome {
@@ -317,7 +327,16 @@ impl Table {
     /// on the first quota.
     pub(super) fn commit(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
         self.add_weight(chain, key, key_hash, weight);
-        self.slots()[chain[0] as usize].passed.fetch_add(1, RLX);
+        self.tally_pass(chain[0]);
+    }
+
+    /// Counts a passed check on the quota in `slot` (for `sluice_metrics`),
+    /// unless this table keeps no such count ([`Table::without_pass_tally`]).
+    #[inline(always)]
+    pub(super) fn tally_pass(&self, slot: SlotId) {
+        if self.pass_tally {
+            self.slots()[slot as usize].passed.fetch_add(1, RLX);
+        }
     }
 
     /// Adds the weight into every counter of the chain (the key's instead

@@ -52,7 +52,7 @@ impl Table {
     pub fn obtain(&self, item: &CheckItem, now: Nanos) -> Grant {
         let estimator = self.estimator();
         let mut chain = Chain::new();
-        let want = match self.resolve_counted(item, &mut chain, now, false) {
+        let want = match self.resolve_counted(item, &mut chain, now, false, None) {
             Ok(want) => want,
             Err(outcome) => {
                 return Grant {
@@ -100,7 +100,7 @@ impl Table {
     pub fn reserve(&self, item: &CheckItem, max_wait: Nanos, now: Nanos) -> Reservation {
         let estimator = self.estimator();
         let mut chain = Chain::new();
-        let weight = match self.resolve_counted(item, &mut chain, now, false) {
+        let weight = match self.resolve_counted(item, &mut chain, now, false, None) {
             Ok(weight) => weight,
             Err(outcome) => {
                 return Reservation {

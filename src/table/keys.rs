@@ -338,31 +338,53 @@ impl Table {
         hash: KeyHash,
         now: Nanos,
     ) -> Result<KeyAt, NoRoom> {
+        match self.find_key_touched(template, hash, now) {
+            Some(at) => Ok(at),
+            None => self.make_key(template, hash, now),
+        }
+    }
+
+    /// The entry of a key that has one, its use at `now` recorded; `None`
+    /// when the key has none (nothing made).
+    #[inline]
+    pub(super) fn find_key_touched(
+        &self,
+        template: SlotId,
+        hash: KeyHash,
+        now: Nanos,
+    ) -> Option<KeyAt> {
         // The common case first: a known key in its first bucket, with the
         // second bucket's lines already on their way in case it is there.
         let buckets = self.key_buckets();
-        if !buckets.is_empty() {
-            let (b1, b2) = self.buckets_of(template, hash);
-            prefetch(&buckets[b2]);
-            if let Some(at) = self.scan_bucket(b1, template, hash) {
-                touch(&buckets[b1].ways[at as usize % KEY_WAYS], key_tick(now));
-                return Ok(at);
-            }
+        if buckets.is_empty() {
+            return None;
         }
-        self.use_key_slow(template, hash, now)
+        let (b1, b2) = self.buckets_of(template, hash);
+        prefetch(&buckets[b2]);
+        if let Some(at) = self.scan_bucket(b1, template, hash) {
+            touch(&buckets[b1].ways[at as usize % KEY_WAYS], key_tick(now));
+            return Some(at);
+        }
+        self.find_key_touched_slow(template, hash, now)
     }
 
-    /// [`Table::use_key`] past its first bucket: the second, a look again
-    /// if entries were moving, or a new entry.
+    /// [`Table::find_key_touched`] past its first bucket: the second, and
+    /// a look again if entries were moving.
     #[cold]
     #[inline(never)]
-    fn use_key_slow(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoRoom> {
-        if let Some(at) = self.find_key(template, hash) {
-            if let Some(e) = self.key_at(at) {
-                touch(e, key_tick(now));
-            }
-            return Ok(at);
+    fn find_key_touched_slow(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Option<KeyAt> {
+        let at = self.find_key(template, hash)?;
+        if let Some(e) = self.key_at(at) {
+            touch(e, key_tick(now));
         }
+        Some(at)
+    }
+
+    /// Makes an entry for a key found to have none, counting an overflow
+    /// when there is no room.
+    #[cold]
+    #[inline(never)]
+    fn make_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoRoom> {
         let placed = if self.geometry.key_buckets == 0 {
             Err(NoMove::NoChain)
         } else {
@@ -763,7 +785,7 @@ fn key_view(e: &KeyEntry, template: &QuotaSnapshot, now: Nanos) -> QuotaSnapshot
 /// Makes a per-key template's view the view of its key in entry `e` (see
 /// [`key_view`]), in place.
 #[inline(always)]
-fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
+pub(super) fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
     // `known` first, acquiring: a merge writes `fill` before it.
     let (level, known_at) = unpack_known(e.known.load(ACQ), now);
     let fill = f64::from(f32::from_bits(e.fill.load(RLX)));
