@@ -136,6 +136,21 @@ fn bench(c: &mut Criterion) {
         eprintln!("{:.1} ns a random check", took.as_nanos() as f64 / n as f64);
         return;
     }
+    // `GOVERNOR_RANDOM_ONLY=n`: the same for governor, to compare in
+    // alternating runs.
+    if let Some(n) = env_count("GOVERNOR_RANDOM_ONLY") {
+        let gov = governor_start();
+        for i in 0..KEYS {
+            assert!(gov.check_key(&key(i)).is_ok());
+        }
+        let indices = random_indices(1 << 20);
+        let took = timed(n, &indices, |k| gov.check_key(k).is_ok() as i32);
+        eprintln!(
+            "{:.1} ns a random governor check",
+            took.as_nanos() as f64 / n as f64
+        );
+        return;
+    }
     let before = rss();
     let gov = governor_start();
     for i in 0..KEYS {
@@ -226,7 +241,7 @@ fn timed(iters: u64, indices: &[u64], mut check: impl FnMut(&[u8; 16]) -> i32) -
 /// with the same template, and the time it was made.
 fn sluice_table() -> (sluice::table::Table, u64) {
     let capacity = (KEYS as f64 / 0.9).ceil() as u64;
-    let t = sluice::table::Table::new_heap_with_keys(16, 32, capacity);
+    let t = sluice::table::Table::new_heap_with_keys(16, 32, capacity).without_pass_tally();
     t.apply_quotas(&[sluice::core::Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
     (t, sluice::clock::now())
 }
