@@ -679,10 +679,16 @@ impl SyncEngine {
         let used = owed.len();
         let mut nothing = OwedDeltas::default();
         for (k, page) in pages.iter().enumerate() {
-            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
-            self.publish_utc_offset(table);
             // Deltas went out with the first page only.
             let sent = if k == 0 { &mut owed } else { &mut nothing };
+            let instance = self.links[root].root_instance;
+            let resend = (instance != 0 && page.reply.root_instance != instance)
+                .then(|| self.held_before(table, root, sent, now));
+            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
+            if let Some(resend) = resend {
+                self.links[root].owe(resend.into_iter(), self.max_owed, now);
+            }
+            self.publish_utc_offset(table);
             self.apply(table, root, &page.reply, sent, &mut log);
         }
         self.links[root].reuse_owed(owed, used);
@@ -884,6 +890,40 @@ impl SyncEngine {
                 table.release_inflight(slot, counter.id, counter.key, acked);
             }
         }
+    }
+
+    /// What root `root`, found restarted by the reply to a request that
+    /// carried `sent`, must be sent again: for each named in-flight
+    /// counter of its group, the slots this host held before what it
+    /// sent that root and still owes it. The new instance counts nothing
+    /// from before; without these, the returns of those slots would take
+    /// this host's holding there below zero and hide as many of its later
+    /// slots for as long as it syncs (fail-open). Its held word less the
+    /// net of `sent` and of what the link still owes (both collected into
+    /// the held word, and counted there once applied) is exactly that: the
+    /// restarted root then holds what this host holds. Per-key counters
+    /// keep no held word yet and are not resent.
+    fn held_before(
+        &self,
+        table: &Table,
+        root: usize,
+        sent: &OwedDeltas,
+        now: Nanos,
+    ) -> Vec<(CounterKey, Owed)> {
+        let link = &self.links[root];
+        let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::collected_net);
+        table
+            .held_counts()
+            .into_iter()
+            .filter_map(|(id, held)| {
+                let c = CounterKey::named(id);
+                if super::shard(c, self.groups) != link.group {
+                    return None;
+                }
+                let before = held - net(sent, &c) - net(&link.owed, &c);
+                (before > 0).then(|| (c, Owed::resent(before as u64, now)))
+            })
+            .collect()
     }
 
     /// Ends a cycle (call it before the next [`SyncEngine::begin_cycle`]).

@@ -105,6 +105,24 @@ impl Owed {
         }
     }
 
+    /// `units` a restarted root must count again (slots this host held
+    /// there before the restart, see [`super::SyncEngine::finish`]): sent
+    /// as adds, without a leak (only in-flight counters are resent, and
+    /// they do not leak), and acknowledging no collected weight (`weight`
+    /// 0: they were collected, and acknowledged, long ago).
+    pub fn resent(units: u64, now: Nanos) -> Self {
+        Self {
+            weight: 0,
+            ..Self::new(units, 0.0, now)
+        }
+    }
+
+    /// The net collected weight the entry covers: adds less returns, as
+    /// the host's held count moved by them.
+    pub fn collected_net(&self) -> i64 {
+        self.weight as i64 - self.returned as i64
+    }
+
     /// The same entry, owing `returned` units given back as well.
     pub fn with_returned(self, returned: u64) -> Self {
         Self {
@@ -193,12 +211,14 @@ impl Owed {
     }
 
     /// The entry's adds before any leak: its window's weight for a window
-    /// quota (held unleaked in `level`), all of its weight for a leaky one.
+    /// quota (held unleaked in `level`), all of its weight for a leaky one,
+    /// or its level when that is more (units [`Owed::resent`], which
+    /// acknowledge no weight).
     fn added(&self) -> u64 {
         if self.window.is_some() {
             self.level.level.ceil() as u64
         } else {
-            self.weight
+            self.weight.max(self.level.level.ceil() as u64)
         }
     }
 
@@ -609,6 +629,21 @@ mod tests {
         assert_eq!(l.owed[&k(1)].weight, 10);
         assert!(!l.owed.contains_key(&k(3)));
         assert_eq!(l.metrics.dropped_deltas, 1);
+    }
+
+    #[test]
+    fn slots_resent_to_a_restarted_root_net_against_returns_owed_beside_them() {
+        // 4 slots resent, 2 given back since (slots it now counts): 2 to
+        // add, nothing to give back, and no collected weight acknowledged.
+        let back = |n| Owed::new(0, 0.0, 0).with_returned(n);
+        let owed = Owed::resent(4, 0).combine(back(2));
+        assert_eq!((owed.due(0), owed.due_returned(0)), (2, 0));
+        assert_eq!((owed.weight, owed.collected_net()), (0, -2));
+        // 1 resent, 3 given back: the root gets 2 returns, once.
+        let owed = Owed::resent(1, 0).combine(back(3));
+        assert_eq!((owed.due(0), owed.due_returned(0)), (0, 2));
+        // A resend never leaks: slots are held until given back.
+        assert_eq!(Owed::resent(4, 0).due(100 * SEC), 4);
     }
 
     #[test]

@@ -530,16 +530,18 @@ fn every_root_silent_for_the_lease_leaves_each_host_its_own_slots() {
         (uploads_level(&a, 13 * SEC), uploads_level(&b, 13 * SEC)),
         (5.0, 2.0)
     );
-    // The root restarts knowing nothing: it counts what each host owed it
-    // since the outage (a's 3; b's 4 returns it ignores, it never had
-    // them), and both hosts take its view, as it is.
+    // The root restarts knowing nothing: each host sends it what it owed
+    // since the outage (a's 3 slots, b's 4 returns) and then, finding it
+    // restarted, what it held there before (a's 2, b's 6), so the root
+    // counts every slot held: a's 5 and b's 2. Both hosts take its view,
+    // as it is.
     roots[0].restart(2, 14 * SEC);
     for s in 14..20 {
         cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
         cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
     }
     let root = roots[0].level(5, 20 * SEC).unwrap();
-    assert_eq!(root, 3.0);
+    assert_eq!(root, 7.0);
     assert_eq!(uploads_level(&a, 20 * SEC), root);
     assert_eq!(uploads_level(&b, 20 * SEC), root);
     // Everything given back: every count comes down to nothing, at the
@@ -662,6 +664,56 @@ proptest::proptest! {
             proptest::prop_assert_eq!(uploads_level(t, now), 0.0);
         }
     }
+}
+
+#[test]
+fn a_restarted_root_counts_the_slots_held_from_before_and_every_later_one() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let (b, mut eb) = in_flight_host("b");
+    let a_old = take(&a, 4, 0);
+    let b_old = take(&b, 3, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    assert_eq!(roots[0].level(5, SEC), Some(7.0));
+    // The root restarts knowing nothing. a gives its slots back before
+    // its first exchange with the new instance (that request carries the
+    // returns), b only after its first one.
+    roots[0].restart(2, 2 * SEC);
+    for held in a_old {
+        assert!(a.release(&slot(), held, 2 * SEC));
+    }
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
+    // Each host sends the new instance what it held there before: the
+    // root counts b's 3 again, and a's returns leave it nothing there
+    // (not -4).
+    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 3 * SEC), Some(3.0));
+    for held in b_old {
+        assert!(b.release(&slot(), held, 3 * SEC));
+    }
+    for s in 4..6 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 5 * SEC).unwrap_or(0.0), 0.0);
+    // Later slots all count at the root: none is hidden by returns of
+    // slots the new instance never counted. (The hosts still hold the
+    // old instance's higher values, max-merged: strict, see DESIGN.)
+    let a_new = take(&a, 2, 6 * SEC);
+    let b_new = take(&b, 3, 6 * SEC);
+    for s in 6..8 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 8 * SEC), Some(5.0));
+    assert!(uploads_level(&a, 8 * SEC) >= 5.0);
+    assert!(uploads_level(&b, 8 * SEC) >= 5.0);
+    let mut hosts = [(&a, &mut ea, a_new), (&b, &mut eb, b_new)];
+    give_all_back(&mut hosts, &mut roots, 8);
+    assert_eq!(roots[0].level(5, 12 * SEC).unwrap_or(0.0), 0.0);
 }
 
 #[test]

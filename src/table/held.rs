@@ -57,6 +57,23 @@ impl Table {
         })
     }
 
+    /// The held word of every live named in-flight quota, by quota id
+    /// (what the sync thread sends a root that restarted again).
+    pub fn held_counts(&self) -> Vec<(u64, i64)> {
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut counts = Vec::new();
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            let flags = s.flags.load(RLX);
+            if flags & FLAG_LIVE == 0 || flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 {
+                continue;
+            }
+            if let Some(id) = s.quota_id() {
+                counts.push((id, self.held_word(i as SlotId)));
+            }
+        }
+        counts
+    }
+
     /// The local lease: every root has been silent for the in-flight
     /// lease, so each of them has dropped this host's slots, and this
     /// host drops the other hosts' in turn. Sets every in-flight
