@@ -162,6 +162,25 @@ fn held_here_is_the_slots_this_host_holds_whatever_was_collected_or_handed_back(
 }
 
 #[test]
+fn held_counts_are_the_collected_slots_of_each_named_in_flight_quota() {
+    let t = Table::new_heap(8, 16);
+    let keyed = Quota {
+        per_key: true,
+        ..Quota::new(3, "per_client", 5.0, 5.0, 5.0).in_flight_if(true)
+    };
+    t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0), keyed]);
+    for _ in 0..2 {
+        t.acquire(&named(b"uploads"), SEC, false, never);
+    }
+    t.check(b"rate", 1, SEC);
+    // Not collected yet: still this host's `pending`, not its held word.
+    assert_eq!(t.held_counts(), vec![(1, 0)]);
+    t.collect_deltas(&mut Vec::new());
+    // Only the named in-flight quota: not the rate, not the template.
+    assert_eq!(t.held_counts(), vec![(1, 2)]);
+}
+
+#[test]
 fn the_local_lease_leaves_the_level_at_this_hosts_own_slots() {
     let t = Table::new_heap(8, 16);
     t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0)]);
