@@ -73,6 +73,12 @@ pub struct Page {
     pub reply: SyncResponse,
 }
 
+/// Sync intervals after a root is found restarted before its new
+/// instance's in-flight values replace those of its earlier instance:
+/// every host has found the restart and resent its slots by then (two
+/// intervals), plus one for a host's cycle falling just after.
+const RESTART_GRACE: Nanos = 3;
+
 /// How often per interval early sync probes the table.
 pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
 
@@ -684,14 +690,21 @@ impl SyncEngine {
             let instance = self.links[root].root_instance;
             let resend = (instance != 0 && page.reply.root_instance != instance)
                 .then(|| self.held_before(table, root, sent, now));
+            let old_source = self.links[root].source(root);
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
             if let Some(resend) = resend {
-                self.links[root].owe(resend.into_iter(), self.max_owed, now);
+                let link = &mut self.links[root];
+                link.owe(resend.into_iter(), self.max_owed, now);
+                // Levels known from before a restart not yet adopted
+                // still carry the earliest instance's source.
+                let from = link.restart_seen.map_or(old_source, |(_, s)| s);
+                link.restart_seen = Some((now, from));
             }
             self.publish_utc_offset(table);
             self.apply(table, root, &page.reply, sent, &mut log);
         }
         self.links[root].reuse_owed(owed, used);
+        self.adopt_after_restart(table, root, now);
         if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
             if std::mem::take(&mut self.after_fold[root]) {
                 // Counters the root left out are empty there. (A reply cut
@@ -889,6 +902,27 @@ impl SyncEngine {
             if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
                 table.release_inflight(slot, counter.id, counter.key, acked);
             }
+        }
+    }
+
+    /// Once root `root` was found restarted [`RESTART_GRACE`] intervals
+    /// ago, its new instance holds every host's resent slots (each host
+    /// finds the restart at its first exchange with it, within about an
+    /// interval, and resends at its next one): the in-flight levels this
+    /// host knew from the earlier instance become the new instance's, so
+    /// its next reply replaces them, lower or not. Earlier, the new
+    /// instance may still lack slots not resent yet, and replacing would
+    /// be fail-open; never, the earlier value would stay (it never leaks)
+    /// against every lower one: strict for good.
+    fn adopt_after_restart(&mut self, table: &Table, root: usize, now: Nanos) {
+        let grace = RESTART_GRACE * self.interval;
+        let link = &mut self.links[root];
+        let Some((seen, from)) = link.restart_seen else {
+            return;
+        };
+        if now.saturating_sub(seen) >= grace {
+            link.restart_seen = None;
+            table.adopt_source(from, link.source(root));
         }
     }
 

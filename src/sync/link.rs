@@ -287,6 +287,12 @@ pub struct RootLink {
     /// The root's last reply said it takes tiers: the request carries
     /// them (to a root that predates tiers, nothing is sent or owed).
     pub takes_tiers: bool,
+    /// The root was found restarted at this local time, and its
+    /// in-flight levels were known from its earlier instance as this
+    /// source: once every host has had time to resend its slots there,
+    /// the new instance's values replace them (see
+    /// `SyncEngine::finish`).
+    pub restart_seen: Option<(Nanos, Source)>,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -350,6 +356,7 @@ impl RootLink {
             penalties_sent: Vec::new(),
             resend_penalties: false,
             takes_tiers: false,
+            restart_seen: None,
             metrics,
         }
     }

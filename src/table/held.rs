@@ -74,6 +74,31 @@ impl Table {
         counts
     }
 
+    /// A root restarted a while ago and every host has since sent it the
+    /// slots it held there (see `SyncEngine::finish`): each named
+    /// in-flight level known from its earlier instance (`from`) is marked
+    /// as the new instance's (`to`), level unchanged, so that instance's
+    /// next reply replaces it, lower or not. Max-merged, a level that
+    /// never leaks would keep the earlier instance's value against every
+    /// lower one. Returns the counters marked.
+    pub fn adopt_source(&self, from: Source, to: Source) -> u64 {
+        if from == 0 || from == FOLDED || to == 0 {
+            return 0;
+        }
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut set = 0u64;
+        for s in &self.slots()[..used] {
+            let flags = s.flags.load(RLX);
+            if flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 || slot_source(s) != from {
+                continue;
+            }
+            set_slot_source(s, to);
+            set += 1;
+        }
+        set
+    }
+
     /// The local lease: every root has been silent for the in-flight
     /// lease, so each of them has dropped this host's slots, and this
     /// host drops the other hosts' in turn. Sets every in-flight
