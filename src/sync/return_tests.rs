@@ -691,6 +691,11 @@ fn a_restarted_root_counts_the_slots_held_from_before_and_every_later_one() {
     cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
     assert_eq!(roots[0].level(5, 3 * SEC), Some(3.0));
+    // Within the grace the hosts keep the earlier instance's values (a
+    // read 4 there, b 7), max-merged: the new one could still lack
+    // another host's slots. Strict, never below the root.
+    assert_eq!(uploads_level(&a, 3 * SEC), 4.0);
+    assert_eq!(uploads_level(&b, 3 * SEC), 7.0);
     for held in b_old {
         assert!(b.release(&slot(), held, 3 * SEC));
     }
