@@ -932,11 +932,13 @@ impl SyncEngine {
     /// sent that root and still owes it. The new instance counts nothing
     /// from before; without these, the returns of those slots would take
     /// this host's holding there below zero and hide as many of its later
-    /// slots for as long as it syncs (fail-open). Its held word less the
-    /// net of `sent` and of what the link still owes (both collected into
-    /// the held word, and counted there once applied) is exactly that: the
-    /// restarted root then holds what this host holds. Per-key counters
-    /// keep no held word yet and are not resent.
+    /// slots for as long as it syncs (fail-open). Its held word less what
+    /// the new instance counts of `sent` and of what the link still owes
+    /// is exactly that: the restarted root then holds what this host
+    /// holds. That includes units resent to an earlier restart that the
+    /// new instance got (or will): a root restarting again before a
+    /// resend was acknowledged is not sent the same slots twice. Per-key
+    /// counters keep no held word yet and are not resent.
     fn held_before(
         &self,
         table: &Table,
@@ -945,7 +947,7 @@ impl SyncEngine {
         now: Nanos,
     ) -> Vec<(CounterKey, Owed)> {
         let link = &self.links[root];
-        let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::collected_net);
+        let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
         table
             .held_counts()
             .into_iter()
@@ -954,8 +956,9 @@ impl SyncEngine {
                 if super::shard(c, self.groups) != link.group {
                     return None;
                 }
-                let before = held - net(sent, &c) - net(&link.owed, &c);
-                (before > 0).then(|| (c, Owed::resent(before as u64, now)))
+                let before = i128::from(held) - net(sent, &c) - net(&link.owed, &c);
+                let before = u64::try_from(before).ok().filter(|&n| n > 0)?;
+                Some((c, Owed::resent(before, now)))
             })
             .collect()
     }

@@ -117,10 +117,12 @@ impl Owed {
         }
     }
 
-    /// The net collected weight the entry covers: adds less returns, as
-    /// the host's held count moved by them.
-    pub fn collected_net(&self) -> i64 {
-        self.weight as i64 - self.returned as i64
+    /// What a root counts of the entry once it has it, net: its adds
+    /// before any leak (units [`Owed::resent`] included) less its
+    /// returns. For an in-flight counter (no leak, no window) that is
+    /// exactly what the entry moves this host's holding there by.
+    pub fn counted_net(&self) -> i128 {
+        i128::from(self.added()) - i128::from(self.returned)
     }
 
     /// The same entry, owing `returned` units given back as well.
@@ -645,7 +647,7 @@ mod tests {
         let back = |n| Owed::new(0, 0.0, 0).with_returned(n);
         let owed = Owed::resent(4, 0).combine(back(2));
         assert_eq!((owed.due(0), owed.due_returned(0)), (2, 0));
-        assert_eq!((owed.weight, owed.collected_net()), (0, -2));
+        assert_eq!((owed.weight, owed.counted_net()), (0, 2));
         // 1 resent, 3 given back: the root gets 2 returns, once.
         let owed = Owed::resent(1, 0).combine(back(3));
         assert_eq!((owed.due(0), owed.due_returned(0)), (0, 2));

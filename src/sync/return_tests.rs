@@ -805,3 +805,27 @@ fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
         (0.0, 0.0)
     );
 }
+
+#[test]
+fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    assert_eq!(roots[0].level(5, SEC), Some(4.0));
+    // Found restarted, the root is owed a's 4 again; it goes down before
+    // they reach it, and comes back as a third instance, which the
+    // exchange carrying them finds restarted once more.
+    roots[0].restart(2, 2 * SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    cycle(&mut ea, &a, &mut roots, &[0], 3 * SEC, |_| {});
+    roots[0].restart(3, 4 * SEC);
+    for s in 4..7 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    // The resend it carried counts them: they are not owed a third time.
+    assert_eq!(roots[0].level(5, 7 * SEC), Some(4.0));
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 7);
+    assert_eq!(roots[0].level(5, 11 * SEC).unwrap_or(0.0), 0.0);
+}
