@@ -332,10 +332,11 @@ pub struct SyncEngine {
     /// answer of any of its roots.
     group_leased: Vec<bool>,
     /// Per root: in-flight levels of its group were folded here since its
-    /// last answer, so it is asked for all its counters, and its next
-    /// whole answer settles the in-flight counters it leaves out
+    /// last answer (or, after it restarted, taken as its new instance's),
+    /// so it is asked for all its counters, and its next whole answer
+    /// settles the in-flight counters it leaves out
     /// ([`Table::settle_omitted`]).
-    after_fold: Vec<bool>,
+    ask_all: Vec<bool>,
     down_logged_at: Option<Nanos>,
     cycles: u64,
     early: Option<EarlySync>,
@@ -383,7 +384,7 @@ impl SyncEngine {
             in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
             leased: false,
             group_leased: vec![false],
-            after_fold: vec![false; roots.len()],
+            ask_all: vec![false; roots.len()],
             down_logged_at: None,
             cycles: 0,
             early: None,
@@ -690,15 +691,11 @@ impl SyncEngine {
             let instance = self.links[root].root_instance;
             let resend = (instance != 0 && page.reply.root_instance != instance)
                 .then(|| self.held_before(table, root, sent, now));
-            let old_source = self.links[root].source(root);
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
             if let Some(resend) = resend {
                 let link = &mut self.links[root];
                 link.owe(resend.into_iter(), self.max_owed, now);
-                // Levels known from before a restart not yet adopted
-                // still carry the earliest instance's source.
-                let from = link.restart_seen.map_or(old_source, |(_, s)| s);
-                link.restart_seen = Some((now, from));
+                link.restart_seen = Some(now);
             }
             self.publish_utc_offset(table);
             self.apply(table, root, &page.reply, sent, &mut log);
@@ -706,7 +703,7 @@ impl SyncEngine {
         self.links[root].reuse_owed(owed, used);
         self.adopt_after_restart(table, root, now);
         if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
-            if std::mem::take(&mut self.after_fold[root]) {
+            if std::mem::take(&mut self.ask_all[root]) {
                 // Counters the root left out are empty there. (A reply cut
                 // at a page of counters leaves some for the next one,
                 // which then replaces the 0: one interval's undercount.)
@@ -909,20 +906,29 @@ impl SyncEngine {
     /// ago, its new instance holds every host's resent slots (each host
     /// finds the restart at its first exchange with it, within about an
     /// interval, and resends at its next one): the in-flight levels this
-    /// host knew from the earlier instance become the new instance's, so
-    /// its next reply replaces them, lower or not. Earlier, the new
+    /// host knew from its earlier instances become the new instance's, so
+    /// its next reply replaces them, lower or not. Every earlier
+    /// instance's: a level taken from one that came and went within the
+    /// grace (restarted twice) would stay as well. Earlier, the new
     /// instance may still lack slots not resent yet, and replacing would
     /// be fail-open; never, the earlier value would stay (it never leaks)
     /// against every lower one: strict for good.
     fn adopt_after_restart(&mut self, table: &Table, root: usize, now: Nanos) {
-        let grace = RESTART_GRACE * self.interval;
+        let grace = RESTART_GRACE.saturating_mul(self.interval);
         let link = &mut self.links[root];
-        let Some((seen, from)) = link.restart_seen else {
+        let Some(seen) = link.restart_seen else {
             return;
         };
-        if now.saturating_sub(seen) >= grace {
-            link.restart_seen = None;
-            table.adopt_source(from, link.source(root));
+        if now.saturating_sub(seen) < grace {
+            return;
+        }
+        link.restart_seen = None;
+        let link = &self.links[root];
+        if table.adopt_source(|s| link.is_earlier_source(root, s), link.source(root)) > 0 {
+            // The next reply must carry them even if the new instance's
+            // count has not changed since (or is empty: left out).
+            self.links[root].counter_version = 0;
+            self.ask_all[root] = true;
         }
     }
 
@@ -1042,7 +1048,7 @@ impl SyncEngine {
     /// meanwhile, and one it leaves out is empty there (the other hosts
     /// gave back all its slots while this host could not hear).
     fn ask_all_after_fold(&mut self, folded: impl Fn(usize) -> bool) {
-        for (link, after) in self.links.iter_mut().zip(&mut self.after_fold) {
+        for (link, after) in self.links.iter_mut().zip(&mut self.ask_all) {
             if folded(link.group) {
                 link.counter_version = 0;
                 *after = true;

@@ -289,12 +289,11 @@ pub struct RootLink {
     /// The root's last reply said it takes tiers: the request carries
     /// them (to a root that predates tiers, nothing is sent or owed).
     pub takes_tiers: bool,
-    /// The root was found restarted at this local time, and its
-    /// in-flight levels were known from its earlier instance as this
-    /// source: once every host has had time to resend its slots there,
-    /// the new instance's values replace them (see
-    /// `SyncEngine::finish`).
-    pub restart_seen: Option<(Nanos, Source)>,
+    /// The root was last found restarted at this local time: once every
+    /// host has had time to resend its slots there, the current
+    /// instance's values replace the in-flight levels known from its
+    /// earlier ones (see `SyncEngine::finish`).
+    pub restart_seen: Option<Nanos>,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -373,6 +372,13 @@ impl RootLink {
             Ok(n) if n < 32 => n | (self.restarts & 0b111) << 5,
             _ => 0,
         }
+    }
+
+    /// True when `source` is one of an earlier instance of the root at
+    /// `index`: its index, another count of restarts.
+    pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {
+        let current = self.source(index);
+        current != 0 && source != current && source & 0b1_1111 == current & 0b1_1111
     }
 
     /// Owes the root penalties started here, if it takes tiers (one that

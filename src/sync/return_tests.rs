@@ -829,3 +829,65 @@ fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
     give_all_back(&mut hosts, &mut roots, 7);
     assert_eq!(roots[0].level(5, 11 * SEC).unwrap_or(0.0), 0.0);
 }
+
+#[test]
+fn a_root_restarting_twice_within_the_grace_has_its_levels_taken_as_they_are() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let mut held = take(&a, 2, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    roots[0].restart(2, 2 * SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    // The second instance's level wins the max over the first's (3 more
+    // slots): the host's level now carries the second instance's source.
+    held.extend(take(&a, 3, 2 * SEC));
+    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 3 * SEC), Some(5.0));
+    // A third instance, within the grace of the second, is first sent
+    // returns of 3 slots; then the 5 held before. Its 2 lose the max
+    // against the second's 5.
+    for slot_held in held.drain(..3) {
+        assert!(a.release(&slot(), slot_held, 3 * SEC));
+    }
+    roots[0].restart(3, 4 * SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 4 * SEC, |_| {});
+    cycle(&mut ea, &a, &mut roots, &[], 5 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 5 * SEC), Some(2.0));
+    assert_eq!(uploads_level(&a, 5 * SEC), 5.0);
+    // Everything given back: past the grace the host takes the third
+    // instance's 0, not the second's 5 for good.
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 6);
+    for s in 10..12 {
+        cycle(hosts[0].1, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 12 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 12 * SEC), 0.0);
+}
+
+#[test]
+fn a_restarted_roots_level_is_taken_after_the_grace_even_if_it_no_longer_changes() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let mut held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // 3 slots end as the root restarts: the new instance gets their
+    // returns, then the 4 held before; it counts 1, and the host keeps
+    // the earlier instance's 4 within the grace.
+    roots[0].restart(2, 2 * SEC);
+    for slot_held in held.drain(..3) {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    for s in 2..4 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(1.0));
+    assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
+    // Past the grace the host takes the root's 1, which has not changed
+    // there since.
+    for s in 4..8 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(uploads_level(&a, 8 * SEC), 1.0);
+    assert_eq!(room(&a, 8 * SEC), 9);
+}

@@ -76,13 +76,14 @@ impl Table {
 
     /// A root restarted a while ago and every host has since sent it the
     /// slots it held there (see `SyncEngine::finish`): each named
-    /// in-flight level known from its earlier instance (`from`) is marked
-    /// as the new instance's (`to`), level unchanged, so that instance's
-    /// next reply replaces it, lower or not. Max-merged, a level that
-    /// never leaks would keep the earlier instance's value against every
-    /// lower one. Returns the counters marked.
-    pub fn adopt_source(&self, from: Source, to: Source) -> u64 {
-        if from == 0 || from == FOLDED || to == 0 {
+    /// in-flight level known from its earlier instances (a source for
+    /// which `earlier` is true) is marked as the new instance's (`to`),
+    /// level unchanged, so that instance's next reply replaces it, lower
+    /// or not. Max-merged, a level that never leaks would keep an earlier
+    /// instance's value against every lower one. Levels with no source
+    /// or [`FOLDED`] are left as they are. Returns the counters marked.
+    pub fn adopt_source(&self, earlier: impl Fn(Source) -> bool, to: Source) -> u64 {
+        if to == 0 {
             return 0;
         }
         let _guard = self.lock();
@@ -90,7 +91,13 @@ impl Table {
         let mut set = 0u64;
         for s in &self.slots()[..used] {
             let flags = s.flags.load(RLX);
-            if flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 || slot_source(s) != from {
+            let from = slot_source(s);
+            if flags & FLAG_IN_FLIGHT == 0
+                || flags & FLAG_PER_KEY != 0
+                || from == 0
+                || from == FOLDED
+                || !earlier(from)
+            {
                 continue;
             }
             set_slot_source(s, to);
