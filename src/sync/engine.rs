@@ -396,6 +396,35 @@ impl SyncEngine {
         }
     }
 
+    /// Takes over what an earlier sync thread on `table`'s region (before
+    /// an nginx reload) remembered of each root: the instance that last
+    /// answered it, the restarts it saw, whether it takes returns (or the
+    /// returns of the first request would be dropped). Without it, a root restarted
+    /// during the reload is not found restarted (its new instance would
+    /// never count the slots held from before, and their returns would
+    /// hide later ones), and in-flight levels taken from a root's
+    /// instance by the earlier thread would be max-merged with that same
+    /// instance's later, lower values for good. Such a root's first whole
+    /// answer (of every counter: a new thread asks from version 0) also
+    /// settles the in-flight counters it leaves out: they are empty
+    /// there, and no later answer would mention them. Call before the
+    /// first cycle.
+    pub fn resume(&mut self, table: &Table) {
+        for (link, ask_all) in self.links.iter_mut().zip(&mut self.ask_all) {
+            if let Some(known) = super::status::remembered_root(table, &link.url) {
+                link.resume(known);
+                *ask_all = true;
+            }
+        }
+        // Each in its place in this configuration (all read first: a root
+        // that moved may have left its record where another goes now).
+        for (i, link) in self.links.iter().enumerate() {
+            if link.root_instance != 0 {
+                super::status::remember_root(table, i, &link.url, link.remembered());
+            }
+        }
+    }
+
     /// Lowers the entries one request may carry (tests: a backlog over
     /// the bound without a million counters).
     #[cfg(test)]
@@ -691,7 +720,12 @@ impl SyncEngine {
             let instance = self.links[root].root_instance;
             let resend = (instance != 0 && page.reply.root_instance != instance)
                 .then(|| self.held_before(table, root, sent, now));
+            let known = self.links[root].remembered();
             self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
+            let link = &self.links[root];
+            if link.remembered() != known {
+                super::status::remember_root(table, root, &link.url, link.remembered());
+            }
             if let Some(resend) = resend {
                 let link = &mut self.links[root];
                 link.owe(resend.into_iter(), self.max_owed, now);

@@ -374,6 +374,27 @@ impl RootLink {
         }
     }
 
+    /// What a later sync thread should know of this root (see
+    /// [`RootLink::resume`]).
+    pub fn remembered(&self) -> super::status::RememberedRoot {
+        super::status::RememberedRoot {
+            instance: self.root_instance,
+            restarts: self.restarts,
+            takes_returns: self.takes_returns,
+        }
+    }
+
+    /// Takes over what an earlier sync thread knew of this root: the
+    /// instance that last answered, the restarts it saw, whether it takes
+    /// returns. A reply of another instance is then a restart, the levels
+    /// taken from the same one keep their source, and returns are sent
+    /// from the first request on.
+    pub fn resume(&mut self, known: super::status::RememberedRoot) {
+        self.root_instance = known.instance;
+        self.restarts = known.restarts;
+        self.takes_returns = known.takes_returns;
+    }
+
     /// True when `source` is one of an earlier instance of the root at
     /// `index`: its index, another count of restarts.
     pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {

@@ -891,3 +891,97 @@ fn a_restarted_roots_level_is_taken_after_the_grace_even_if_it_no_longer_changes
     assert_eq!(uploads_level(&a, 8 * SEC), 1.0);
     assert_eq!(room(&a, 8 * SEC), 9);
 }
+
+/// The sync thread of `t` stops and another starts on the same region
+/// (an nginx reload): what was in flight goes back to pending, and the
+/// new engine takes over what the region remembers of the roots.
+fn restart_sync(t: &Table, e: &mut SyncEngine, now: Nanos) {
+    e.abandon(t);
+    *e = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, now);
+    e.resume(t);
+}
+
+#[test]
+fn a_sync_thread_started_anew_finds_a_root_restarted_meanwhile() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let mut held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // An nginx reload while the root restarts: the new sync thread has
+    // never talked to the root, and still sends it the 4 held from
+    // before (its returns of 2 would otherwise leave it nothing, and hide
+    // 2 later slots).
+    restart_sync(&a, &mut ea, 2 * SEC);
+    roots[0].restart(2, 2 * SEC);
+    for slot_held in held.drain(..2) {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    held.extend(take(&a, 3, 2 * SEC));
+    for s in 2..4 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(5.0));
+    // Everything given back: the root counts 0, and past the grace so
+    // does the host (the earlier instance's level is not kept for good).
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 4);
+    assert_eq!(roots[0].level(5, 8 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 8 * SEC), 0.0);
+}
+
+#[test]
+fn a_sync_thread_started_anew_sends_a_root_that_did_not_restart_nothing_again() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    restart_sync(&a, &mut ea, 2 * SEC);
+    for s in 2..4 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
+    assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 4);
+    assert_eq!(roots[0].level(5, 8 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 8 * SEC), 0.0);
+}
+
+#[test]
+fn a_sync_thread_started_anew_takes_the_levels_of_a_root_that_restarted_before() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    roots[0].restart(2, 2 * SEC);
+    for s in 2..6 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    // The levels known are the second instance's; a new sync thread's
+    // replies from it replace them as the earlier thread's did.
+    restart_sync(&a, &mut ea, 6 * SEC);
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 6);
+    assert_eq!(roots[0].level(5, 10 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 10 * SEC), 0.0);
+}
+
+#[test]
+fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // Its first request carries the returns: the root is known to take
+    // them (not dropped as for a root that predates them).
+    restart_sync(&a, &mut ea, 2 * SEC);
+    for slot_held in held {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 2 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(ea.metrics().roots[0].dropped_returns, 0);
+    // The root left the emptied counter out of its answer of every
+    // counter: the host reads 0 too.
+    assert_eq!(uploads_level(&a, 2 * SEC), 0.0);
+}
