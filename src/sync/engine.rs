@@ -407,13 +407,19 @@ impl SyncEngine {
     /// instance's later, lower values for good. Such a root's first whole
     /// answer (of every counter: a new thread asks from version 0) also
     /// settles the in-flight counters it leaves out: they are empty
-    /// there, and no later answer would mention them. Call before the
-    /// first cycle.
+    /// there, and no later answer would mention them. And after the
+    /// grace, levels still carrying an earlier instance's source are taken
+    /// as the current one's, as after a restart found here (the earlier
+    /// thread may have found one within its grace). Call before the first
+    /// cycle.
     pub fn resume(&mut self, table: &Table) {
         for (link, ask_all) in self.links.iter_mut().zip(&mut self.ask_all) {
             if let Some(known) = super::status::remembered_root(table, &link.url) {
                 link.resume(known);
                 *ask_all = true;
+                // The earlier thread may have found a restart it had not
+                // adopted the levels of yet: a grace from now covers it.
+                link.restart_seen = Some(self.started);
             }
         }
         // Each in its place in this configuration (all read first: a root

@@ -985,3 +985,27 @@ fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
     // counter: the host reads 0 too.
     assert_eq!(uploads_level(&a, 2 * SEC), 0.0);
 }
+
+#[test]
+fn a_sync_thread_started_anew_within_a_restarts_grace_still_takes_the_new_instances_level() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let mut held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // As the root restarts 3 slots end: its new instance counts 1, the
+    // host keeps the earlier instance's 4 within the grace, and its sync
+    // thread starts anew before the grace is over.
+    roots[0].restart(2, 2 * SEC);
+    for slot_held in held.drain(..3) {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    for s in 2..4 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    restart_sync(&a, &mut ea, 4 * SEC);
+    for s in 4..9 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 9 * SEC), Some(1.0));
+    assert_eq!(uploads_level(&a, 9 * SEC), 1.0);
+}
