@@ -1009,3 +1009,23 @@ fn a_sync_thread_started_anew_within_a_restarts_grace_still_takes_the_new_instan
     assert_eq!(roots[0].level(5, 9 * SEC), Some(1.0));
     assert_eq!(uploads_level(&a, 9 * SEC), 1.0);
 }
+
+#[test]
+fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let _held = take(&a, 4, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    // A reload with a larger zone while the root restarts: the new zone
+    // adopts the old one, and its sync thread still finds the restart.
+    ea.abandon(&a);
+    let bigger = Table::new_heap(16, 16);
+    bigger.adopt(&a, 2 * SEC);
+    let mut eb = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 2 * SEC);
+    eb.resume(&bigger);
+    roots[0].restart(2, 2 * SEC);
+    for s in 2..4 {
+        cycle(&mut eb, &bigger, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
+}

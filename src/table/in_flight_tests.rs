@@ -236,6 +236,21 @@ fn a_roots_reply_after_a_fold_replaces_an_in_flight_level_lower_or_not() {
 }
 
 #[test]
+fn a_zone_that_changed_size_keeps_which_roots_reply_an_in_flight_level_is() {
+    let old = Table::new_heap(8, 16);
+    old.apply_quotas(&[uploads(10.0)]);
+    let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
+    let slot = old.lookup(b"uploads").unwrap();
+    assert!(old.merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
+    let new = Table::new_heap(16, 16);
+    new.adopt(&old, SEC);
+    // The same root's later, lower value replaces it there too.
+    let slot = new.lookup(b"uploads").unwrap();
+    assert!(new.merge_counter(slot, 1, 0, at(2.0, 2 * SEC), 0, 1));
+    assert_eq!(new.quota(b"uploads", 2 * SEC).unwrap().level, 2.0);
+}
+
+#[test]
 fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
     // An nginx reload attaches new workers to the same zone.
     let len = crate::table::layout::Geometry::new(8, 16).region_len();
