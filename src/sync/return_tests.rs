@@ -806,12 +806,37 @@ fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
     );
 }
 
-#[test]
-fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
+/// One root, and host `a` holding `n` slots, sent to the root in a
+/// cycle at 1 s.
+fn a_holding(n: usize) -> (Vec<SimRoot>, Table, SyncEngine, Vec<crate::table::HeldSlot>) {
     let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
     let (a, mut ea) = in_flight_host("a");
-    let held = take(&a, 4, 0);
+    let held = take(&a, n, 0);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    (roots, a, ea, held)
+}
+
+/// The root restarts at 2 s as 3 of the slots `a` holds end: the new
+/// instance gets their returns, then (after cycles at 2 and 3 s) the
+/// slots held before; it counts the one left.
+fn restart_as_three_slots_end(
+    a: &Table,
+    ea: &mut SyncEngine,
+    roots: &mut [SimRoot],
+    held: &mut Vec<crate::table::HeldSlot>,
+) {
+    roots[0].restart(2, 2 * SEC);
+    for slot_held in held.drain(..3) {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    for s in 2..4 {
+        cycle(ea, a, roots, &[], s * SEC, |_| {});
+    }
+}
+
+#[test]
+fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
+    let (mut roots, a, mut ea, held) = a_holding(4);
     assert_eq!(roots[0].level(5, SEC), Some(4.0));
     // Found restarted, the root is owed a's 4 again; it goes down before
     // they reach it, and comes back as a third instance, which the
@@ -832,10 +857,7 @@ fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
 
 #[test]
 fn a_root_restarting_twice_within_the_grace_has_its_levels_taken_as_they_are() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let mut held = take(&a, 2, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, mut held) = a_holding(2);
     roots[0].restart(2, 2 * SEC);
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     // The second instance's level wins the max over the first's (3 more
@@ -867,20 +889,11 @@ fn a_root_restarting_twice_within_the_grace_has_its_levels_taken_as_they_are() {
 
 #[test]
 fn a_restarted_roots_level_is_taken_after_the_grace_even_if_it_no_longer_changes() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let mut held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, mut held) = a_holding(4);
     // 3 slots end as the root restarts: the new instance gets their
     // returns, then the 4 held before; it counts 1, and the host keeps
     // the earlier instance's 4 within the grace.
-    roots[0].restart(2, 2 * SEC);
-    for slot_held in held.drain(..3) {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
-    }
-    for s in 2..4 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
+    restart_as_three_slots_end(&a, &mut ea, &mut roots, &mut held);
     assert_eq!(roots[0].level(5, 4 * SEC), Some(1.0));
     assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
     // Past the grace the host takes the root's 1, which has not changed
@@ -903,10 +916,7 @@ fn restart_sync(t: &Table, e: &mut SyncEngine, now: Nanos) {
 
 #[test]
 fn a_sync_thread_started_anew_finds_a_root_restarted_meanwhile() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let mut held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, mut held) = a_holding(4);
     // An nginx reload while the root restarts: the new sync thread has
     // never talked to the root, and still sends it the 4 held from
     // before (its returns of 2 would otherwise leave it nothing, and hide
@@ -931,10 +941,7 @@ fn a_sync_thread_started_anew_finds_a_root_restarted_meanwhile() {
 
 #[test]
 fn a_sync_thread_started_anew_sends_a_root_that_did_not_restart_nothing_again() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, held) = a_holding(4);
     restart_sync(&a, &mut ea, 2 * SEC);
     for s in 2..4 {
         cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
@@ -949,10 +956,7 @@ fn a_sync_thread_started_anew_sends_a_root_that_did_not_restart_nothing_again() 
 
 #[test]
 fn a_sync_thread_started_anew_takes_the_levels_of_a_root_that_restarted_before() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, held) = a_holding(4);
     roots[0].restart(2, 2 * SEC);
     for s in 2..6 {
         cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
@@ -968,10 +972,7 @@ fn a_sync_thread_started_anew_takes_the_levels_of_a_root_that_restarted_before()
 
 #[test]
 fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, held) = a_holding(4);
     // Its first request carries the returns: the root is known to take
     // them (not dropped as for a root that predates them).
     restart_sync(&a, &mut ea, 2 * SEC);
@@ -988,20 +989,11 @@ fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
 
 #[test]
 fn a_sync_thread_started_anew_within_a_restarts_grace_still_takes_the_new_instances_level() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let mut held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, mut held) = a_holding(4);
     // As the root restarts 3 slots end: its new instance counts 1, the
     // host keeps the earlier instance's 4 within the grace, and its sync
     // thread starts anew before the grace is over.
-    roots[0].restart(2, 2 * SEC);
-    for slot_held in held.drain(..3) {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
-    }
-    for s in 2..4 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
+    restart_as_three_slots_end(&a, &mut ea, &mut roots, &mut held);
     restart_sync(&a, &mut ea, 4 * SEC);
     for s in 4..9 {
         cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
@@ -1012,10 +1004,7 @@ fn a_sync_thread_started_anew_within_a_restarts_grace_still_takes_the_new_instan
 
 #[test]
 fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let _held = take(&a, 4, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    let (mut roots, a, mut ea, _held) = a_holding(4);
     // A reload with a larger zone while the root restarts: the new zone
     // adopts the old one, and its sync thread still finds the restart.
     ea.abandon(&a);
