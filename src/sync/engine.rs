@@ -73,6 +73,12 @@ pub struct Page {
     pub reply: SyncResponse,
 }
 
+/// Sync intervals after a root is found restarted before its new
+/// instance's in-flight values replace those of its earlier instance:
+/// every host has found the restart and resent its slots by then (two
+/// intervals), plus one for a host's cycle falling just after.
+const RESTART_GRACE: Nanos = 3;
+
 /// How often per interval early sync probes the table.
 pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
 
@@ -326,10 +332,11 @@ pub struct SyncEngine {
     /// answer of any of its roots.
     group_leased: Vec<bool>,
     /// Per root: in-flight levels of its group were folded here since its
-    /// last answer, so it is asked for all its counters, and its next
-    /// whole answer settles the in-flight counters it leaves out
+    /// last answer (or, after it restarted, taken as its new instance's),
+    /// so it is asked for all its counters, and its next whole answer
+    /// settles the in-flight counters it leaves out
     /// ([`Table::settle_omitted`]).
-    after_fold: Vec<bool>,
+    ask_all: Vec<bool>,
     down_logged_at: Option<Nanos>,
     cycles: u64,
     early: Option<EarlySync>,
@@ -377,7 +384,7 @@ impl SyncEngine {
             in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
             leased: false,
             group_leased: vec![false],
-            after_fold: vec![false; roots.len()],
+            ask_all: vec![false; roots.len()],
             down_logged_at: None,
             cycles: 0,
             early: None,
@@ -386,6 +393,41 @@ impl SyncEngine {
             collected: Vec::new(),
             fresh: Vec::new(),
             rejected_seen: None,
+        }
+    }
+
+    /// Takes over what an earlier sync thread on `table`'s region (before
+    /// an nginx reload) remembered of each root: the instance that last
+    /// answered it, the restarts it saw, whether it takes returns (or the
+    /// returns of the first request would be dropped). Without it, a root restarted
+    /// during the reload is not found restarted (its new instance would
+    /// never count the slots held from before, and their returns would
+    /// hide later ones), and in-flight levels taken from a root's
+    /// instance by the earlier thread would be max-merged with that same
+    /// instance's later, lower values for good. Such a root's first whole
+    /// answer (of every counter: a new thread asks from version 0) also
+    /// settles the in-flight counters it leaves out: they are empty
+    /// there, and no later answer would mention them. And after the
+    /// grace, levels still carrying an earlier instance's source are taken
+    /// as the current one's, as after a restart found here (the earlier
+    /// thread may have found one within its grace). Call before the first
+    /// cycle.
+    pub fn resume(&mut self, table: &Table) {
+        for (link, ask_all) in self.links.iter_mut().zip(&mut self.ask_all) {
+            if let Some(known) = super::status::remembered_root(table, &link.url) {
+                link.resume(known);
+                *ask_all = true;
+                // The earlier thread may have found a restart it had not
+                // adopted the levels of yet: a grace from now covers it.
+                link.restart_seen = Some(self.started);
+            }
+        }
+        // Each in its place in this configuration (all read first: a root
+        // that moved may have left its record where another goes now).
+        for (i, link) in self.links.iter().enumerate() {
+            if link.root_instance != 0 {
+                super::status::remember_root(table, i, &link.url, link.remembered());
+            }
         }
     }
 
@@ -679,15 +721,29 @@ impl SyncEngine {
         let used = owed.len();
         let mut nothing = OwedDeltas::default();
         for (k, page) in pages.iter().enumerate() {
-            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
-            self.publish_utc_offset(table);
             // Deltas went out with the first page only.
             let sent = if k == 0 { &mut owed } else { &mut nothing };
+            let instance = self.links[root].root_instance;
+            let resend = (instance != 0 && page.reply.root_instance != instance)
+                .then(|| self.held_before(table, root, sent, now));
+            let known = self.links[root].remembered();
+            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
+            let link = &self.links[root];
+            if link.remembered() != known {
+                super::status::remember_root(table, root, &link.url, link.remembered());
+            }
+            if let Some(resend) = resend {
+                let link = &mut self.links[root];
+                link.owe(resend.into_iter(), self.max_owed, now);
+                link.restart_seen = Some(now);
+            }
+            self.publish_utc_offset(table);
             self.apply(table, root, &page.reply, sent, &mut log);
         }
         self.links[root].reuse_owed(owed, used);
+        self.adopt_after_restart(table, root, now);
         if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
-            if std::mem::take(&mut self.after_fold[root]) {
+            if std::mem::take(&mut self.ask_all[root]) {
                 // Counters the root left out are empty there. (A reply cut
                 // at a page of counters leaves some for the next one,
                 // which then replaces the 0: one interval's undercount.)
@@ -886,6 +942,73 @@ impl SyncEngine {
         }
     }
 
+    /// Once root `root` was found restarted [`RESTART_GRACE`] intervals
+    /// ago, its new instance holds every host's resent slots (each host
+    /// finds the restart at its first exchange with it, within about an
+    /// interval, and resends at its next one): the in-flight levels this
+    /// host knew from its earlier instances become the new instance's, so
+    /// its next reply replaces them, lower or not. Every earlier
+    /// instance's: a level taken from one that came and went within the
+    /// grace (restarted twice) would stay as well. Earlier, the new
+    /// instance may still lack slots not resent yet, and replacing would
+    /// be fail-open; never, the earlier value would stay (it never leaks)
+    /// against every lower one: strict for good.
+    fn adopt_after_restart(&mut self, table: &Table, root: usize, now: Nanos) {
+        let grace = RESTART_GRACE.saturating_mul(self.interval);
+        let link = &mut self.links[root];
+        let Some(seen) = link.restart_seen else {
+            return;
+        };
+        if now.saturating_sub(seen) < grace {
+            return;
+        }
+        link.restart_seen = None;
+        let link = &self.links[root];
+        if table.adopt_source(|s| link.is_earlier_source(root, s), link.source(root)) > 0 {
+            // The next reply must carry them even if the new instance's
+            // count has not changed since (or is empty: left out).
+            self.links[root].counter_version = 0;
+            self.ask_all[root] = true;
+        }
+    }
+
+    /// What root `root`, found restarted by the reply to a request that
+    /// carried `sent`, must be sent again: for each named in-flight
+    /// counter of its group, the slots this host held before what it
+    /// sent that root and still owes it. The new instance counts nothing
+    /// from before; without these, the returns of those slots would take
+    /// this host's holding there below zero and hide as many of its later
+    /// slots for as long as it syncs (fail-open). Its held word less what
+    /// the new instance counts of `sent` and of what the link still owes
+    /// is exactly that: the restarted root then holds what this host
+    /// holds. That includes units resent to an earlier restart that the
+    /// new instance got (or will): a root restarting again before a
+    /// resend was acknowledged is not sent the same slots twice. Per-key
+    /// counters keep no held word yet and are not resent.
+    fn held_before(
+        &self,
+        table: &Table,
+        root: usize,
+        sent: &OwedDeltas,
+        now: Nanos,
+    ) -> Vec<(CounterKey, Owed)> {
+        let link = &self.links[root];
+        let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
+        table
+            .held_counts()
+            .into_iter()
+            .filter_map(|(id, held)| {
+                let c = CounterKey::named(id);
+                if super::shard(c, self.groups) != link.group {
+                    return None;
+                }
+                let before = i128::from(held) - net(sent, &c) - net(&link.owed, &c);
+                let before = u64::try_from(before).ok().filter(|&n| n > 0)?;
+                Some((c, Owed::resent(before, now)))
+            })
+            .collect()
+    }
+
     /// Ends a cycle (call it before the next [`SyncEngine::begin_cycle`]).
     /// Settles unchanged counters if a slow root kept that from happening
     /// earlier. When no root answered for two intervals, folds local weight
@@ -965,7 +1088,7 @@ impl SyncEngine {
     /// meanwhile, and one it leaves out is empty there (the other hosts
     /// gave back all its slots while this host could not hear).
     fn ask_all_after_fold(&mut self, folded: impl Fn(usize) -> bool) {
-        for (link, after) in self.links.iter_mut().zip(&mut self.after_fold) {
+        for (link, after) in self.links.iter_mut().zip(&mut self.ask_all) {
             if folded(link.group) {
                 link.counter_version = 0;
                 *after = true;

@@ -105,6 +105,26 @@ impl Owed {
         }
     }
 
+    /// `units` a restarted root must count again (slots this host held
+    /// there before the restart, see [`super::SyncEngine::finish`]): sent
+    /// as adds, without a leak (only in-flight counters are resent, and
+    /// they do not leak), and acknowledging no collected weight (`weight`
+    /// 0: they were collected, and acknowledged, long ago).
+    pub fn resent(units: u64, now: Nanos) -> Self {
+        Self {
+            weight: 0,
+            ..Self::new(units, 0.0, now)
+        }
+    }
+
+    /// What a root counts of the entry once it has it, net: its adds
+    /// before any leak (units [`Owed::resent`] included) less its
+    /// returns. For an in-flight counter (no leak, no window) that is
+    /// exactly what the entry moves this host's holding there by.
+    pub fn counted_net(&self) -> i128 {
+        i128::from(self.added()) - i128::from(self.returned)
+    }
+
     /// The same entry, owing `returned` units given back as well.
     pub fn with_returned(self, returned: u64) -> Self {
         Self {
@@ -193,12 +213,14 @@ impl Owed {
     }
 
     /// The entry's adds before any leak: its window's weight for a window
-    /// quota (held unleaked in `level`), all of its weight for a leaky one.
+    /// quota (held unleaked in `level`), all of its weight for a leaky one,
+    /// or its level when that is more (units [`Owed::resent`], which
+    /// acknowledge no weight).
     fn added(&self) -> u64 {
         if self.window.is_some() {
             self.level.level.ceil() as u64
         } else {
-            self.weight
+            self.weight.max(self.level.level.ceil() as u64)
         }
     }
 
@@ -267,6 +289,11 @@ pub struct RootLink {
     /// The root's last reply said it takes tiers: the request carries
     /// them (to a root that predates tiers, nothing is sent or owed).
     pub takes_tiers: bool,
+    /// The root was last found restarted at this local time: once every
+    /// host has had time to resend its slots there, the current
+    /// instance's values replace the in-flight levels known from its
+    /// earlier ones (see `SyncEngine::finish`).
+    pub restart_seen: Option<Nanos>,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -330,6 +357,7 @@ impl RootLink {
             penalties_sent: Vec::new(),
             resend_penalties: false,
             takes_tiers: false,
+            restart_seen: None,
             metrics,
         }
     }
@@ -344,6 +372,34 @@ impl RootLink {
             Ok(n) if n < 32 => n | (self.restarts & 0b111) << 5,
             _ => 0,
         }
+    }
+
+    /// What a later sync thread should know of this root (see
+    /// [`RootLink::resume`]).
+    pub fn remembered(&self) -> super::status::RememberedRoot {
+        super::status::RememberedRoot {
+            instance: self.root_instance,
+            restarts: self.restarts,
+            takes_returns: self.takes_returns,
+        }
+    }
+
+    /// Takes over what an earlier sync thread knew of this root: the
+    /// instance that last answered, the restarts it saw, whether it takes
+    /// returns. A reply of another instance is then a restart, the levels
+    /// taken from the same one keep their source, and returns are sent
+    /// from the first request on.
+    pub fn resume(&mut self, known: super::status::RememberedRoot) {
+        self.root_instance = known.instance;
+        self.restarts = known.restarts;
+        self.takes_returns = known.takes_returns;
+    }
+
+    /// True when `source` is one of an earlier instance of the root at
+    /// `index`: its index, another count of restarts.
+    pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {
+        let current = self.source(index);
+        current != 0 && source != current && source & 0b1_1111 == current & 0b1_1111
     }
 
     /// Owes the root penalties started here, if it takes tiers (one that
@@ -609,6 +665,21 @@ mod tests {
         assert_eq!(l.owed[&k(1)].weight, 10);
         assert!(!l.owed.contains_key(&k(3)));
         assert_eq!(l.metrics.dropped_deltas, 1);
+    }
+
+    #[test]
+    fn slots_resent_to_a_restarted_root_net_against_returns_owed_beside_them() {
+        // 4 slots resent, 2 given back since (slots it now counts): 2 to
+        // add, nothing to give back, and no collected weight acknowledged.
+        let back = |n| Owed::new(0, 0.0, 0).with_returned(n);
+        let owed = Owed::resent(4, 0).combine(back(2));
+        assert_eq!((owed.due(0), owed.due_returned(0)), (2, 0));
+        assert_eq!((owed.weight, owed.counted_net()), (0, 2));
+        // 1 resent, 3 given back: the root gets 2 returns, once.
+        let owed = Owed::resent(1, 0).combine(back(3));
+        assert_eq!((owed.due(0), owed.due_returned(0)), (0, 2));
+        // A resend never leaks: slots are held until given back.
+        assert_eq!(Owed::resent(4, 0).due(100 * SEC), 4);
     }
 
     #[test]

@@ -110,6 +110,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         now(),
     );
     engine.set_groups(&config.groups());
+    engine.resume(table);
     engine.set_early_sync(config.early_sync);
     engine
         .set_in_flight_lease(u64::try_from(config.in_flight_lease.as_nanos()).unwrap_or(u64::MAX));

@@ -530,16 +530,18 @@ fn every_root_silent_for_the_lease_leaves_each_host_its_own_slots() {
         (uploads_level(&a, 13 * SEC), uploads_level(&b, 13 * SEC)),
         (5.0, 2.0)
     );
-    // The root restarts knowing nothing: it counts what each host owed it
-    // since the outage (a's 3; b's 4 returns it ignores, it never had
-    // them), and both hosts take its view, as it is.
+    // The root restarts knowing nothing: each host sends it what it owed
+    // since the outage (a's 3 slots, b's 4 returns) and then, finding it
+    // restarted, what it held there before (a's 2, b's 6), so the root
+    // counts every slot held: a's 5 and b's 2. Both hosts take its view,
+    // as it is.
     roots[0].restart(2, 14 * SEC);
     for s in 14..20 {
         cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
         cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
     }
     let root = roots[0].level(5, 20 * SEC).unwrap();
-    assert_eq!(root, 3.0);
+    assert_eq!(root, 7.0);
     assert_eq!(uploads_level(&a, 20 * SEC), root);
     assert_eq!(uploads_level(&b, 20 * SEC), root);
     // Everything given back: every count comes down to nothing, at the
@@ -665,6 +667,66 @@ proptest::proptest! {
 }
 
 #[test]
+fn a_restarted_root_counts_the_slots_held_from_before_and_every_later_one() {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let (b, mut eb) = in_flight_host("b");
+    let a_old = take(&a, 4, 0);
+    let b_old = take(&b, 3, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
+    assert_eq!(roots[0].level(5, SEC), Some(7.0));
+    // The root restarts knowing nothing. a gives its slots back before
+    // its first exchange with the new instance (that request carries the
+    // returns), b only after its first one.
+    roots[0].restart(2, 2 * SEC);
+    for held in a_old {
+        assert!(a.release(&slot(), held, 2 * SEC));
+    }
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
+    // Each host sends the new instance what it held there before: the
+    // root counts b's 3 again, and a's returns leave it nothing there
+    // (not -4).
+    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
+    cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 3 * SEC), Some(3.0));
+    // Within the grace the hosts keep the earlier instance's values (a
+    // read 4 there, b 7), max-merged: the new one could still lack
+    // another host's slots. Strict, never below the root.
+    assert_eq!(uploads_level(&a, 3 * SEC), 4.0);
+    assert_eq!(uploads_level(&b, 3 * SEC), 7.0);
+    for held in b_old {
+        assert!(b.release(&slot(), held, 3 * SEC));
+    }
+    for s in 4..6 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 5 * SEC).unwrap_or(0.0), 0.0);
+    // Later slots all count at the root: none is hidden by returns of
+    // slots the new instance never counted.
+    let a_new = take(&a, 2, 6 * SEC);
+    let b_new = take(&b, 3, 6 * SEC);
+    for s in 6..8 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 8 * SEC), Some(5.0));
+    // Three intervals after the restart, the hosts take the new
+    // instance's values as they are (not max-merged with the earlier
+    // instance's 7, which would never come down).
+    assert_eq!(uploads_level(&a, 8 * SEC), 5.0);
+    assert_eq!(uploads_level(&b, 8 * SEC), 5.0);
+    assert_eq!(room(&a, 8 * SEC), 5);
+    let mut hosts = [(&a, &mut ea, a_new), (&b, &mut eb, b_new)];
+    give_all_back(&mut hosts, &mut roots, 8);
+    assert_eq!(roots[0].level(5, 12 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 12 * SEC), 0.0);
+    assert_eq!(uploads_level(&b, 12 * SEC), 0.0);
+}
+
+#[test]
 fn slots_taken_while_every_root_is_down_reach_the_roots_whenever_in_the_cycle() {
     let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
     let (a, mut ea) = in_flight_host("a");
@@ -742,4 +804,217 @@ fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
         (uploads_level(&a, 22 * SEC), uploads_level(&b, 22 * SEC)),
         (0.0, 0.0)
     );
+}
+
+/// One root, and host `a` holding `n` slots, sent to the root in a
+/// cycle at 1 s.
+fn a_holding(n: usize) -> (Vec<SimRoot>, Table, SyncEngine, Vec<crate::table::HeldSlot>) {
+    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
+    let (a, mut ea) = in_flight_host("a");
+    let held = take(&a, n, 0);
+    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
+    (roots, a, ea, held)
+}
+
+/// The root restarts at 2 s as 3 of the slots `a` holds end: the new
+/// instance gets their returns, then (after cycles at 2 and 3 s) the
+/// slots held before; it counts the one left.
+fn restart_as_three_slots_end(
+    a: &Table,
+    ea: &mut SyncEngine,
+    roots: &mut [SimRoot],
+    held: &mut Vec<crate::table::HeldSlot>,
+) {
+    roots[0].restart(2, 2 * SEC);
+    for slot_held in held.drain(..3) {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    for s in 2..4 {
+        cycle(ea, a, roots, &[], s * SEC, |_| {});
+    }
+}
+
+#[test]
+fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
+    let (mut roots, a, mut ea, held) = a_holding(4);
+    assert_eq!(roots[0].level(5, SEC), Some(4.0));
+    // Found restarted, the root is owed a's 4 again; it goes down before
+    // they reach it, and comes back as a third instance, which the
+    // exchange carrying them finds restarted once more.
+    roots[0].restart(2, 2 * SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    cycle(&mut ea, &a, &mut roots, &[0], 3 * SEC, |_| {});
+    roots[0].restart(3, 4 * SEC);
+    for s in 4..7 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    // The resend it carried counts them: they are not owed a third time.
+    assert_eq!(roots[0].level(5, 7 * SEC), Some(4.0));
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 7);
+    assert_eq!(roots[0].level(5, 11 * SEC).unwrap_or(0.0), 0.0);
+}
+
+#[test]
+fn a_root_restarting_twice_within_the_grace_has_its_levels_taken_as_they_are() {
+    let (mut roots, a, mut ea, mut held) = a_holding(2);
+    roots[0].restart(2, 2 * SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    // The second instance's level wins the max over the first's (3 more
+    // slots): the host's level now carries the second instance's source.
+    held.extend(take(&a, 3, 2 * SEC));
+    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 3 * SEC), Some(5.0));
+    // A third instance, within the grace of the second, is first sent
+    // returns of 3 slots; then the 5 held before. Its 2 lose the max
+    // against the second's 5.
+    for slot_held in held.drain(..3) {
+        assert!(a.release(&slot(), slot_held, 3 * SEC));
+    }
+    roots[0].restart(3, 4 * SEC);
+    cycle(&mut ea, &a, &mut roots, &[], 4 * SEC, |_| {});
+    cycle(&mut ea, &a, &mut roots, &[], 5 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 5 * SEC), Some(2.0));
+    assert_eq!(uploads_level(&a, 5 * SEC), 5.0);
+    // Everything given back: past the grace the host takes the third
+    // instance's 0, not the second's 5 for good.
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 6);
+    for s in 10..12 {
+        cycle(hosts[0].1, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 12 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 12 * SEC), 0.0);
+}
+
+#[test]
+fn a_restarted_roots_level_is_taken_after_the_grace_even_if_it_no_longer_changes() {
+    let (mut roots, a, mut ea, mut held) = a_holding(4);
+    // 3 slots end as the root restarts: the new instance gets their
+    // returns, then the 4 held before; it counts 1, and the host keeps
+    // the earlier instance's 4 within the grace.
+    restart_as_three_slots_end(&a, &mut ea, &mut roots, &mut held);
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(1.0));
+    assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
+    // Past the grace the host takes the root's 1, which has not changed
+    // there since.
+    for s in 4..8 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(uploads_level(&a, 8 * SEC), 1.0);
+    assert_eq!(room(&a, 8 * SEC), 9);
+}
+
+/// The sync thread of `t` stops and another starts on the same region
+/// (an nginx reload): what was in flight goes back to pending, and the
+/// new engine takes over what the region remembers of the roots.
+fn restart_sync(t: &Table, e: &mut SyncEngine, now: Nanos) {
+    e.abandon(t);
+    *e = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, now);
+    e.resume(t);
+}
+
+#[test]
+fn a_sync_thread_started_anew_finds_a_root_restarted_meanwhile() {
+    let (mut roots, a, mut ea, mut held) = a_holding(4);
+    // An nginx reload while the root restarts: the new sync thread has
+    // never talked to the root, and still sends it the 4 held from
+    // before (its returns of 2 would otherwise leave it nothing, and hide
+    // 2 later slots).
+    restart_sync(&a, &mut ea, 2 * SEC);
+    roots[0].restart(2, 2 * SEC);
+    for slot_held in held.drain(..2) {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    held.extend(take(&a, 3, 2 * SEC));
+    for s in 2..4 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(5.0));
+    // Everything given back: the root counts 0, and past the grace so
+    // does the host (the earlier instance's level is not kept for good).
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 4);
+    assert_eq!(roots[0].level(5, 8 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 8 * SEC), 0.0);
+}
+
+#[test]
+fn a_sync_thread_started_anew_sends_a_root_that_did_not_restart_nothing_again() {
+    let (mut roots, a, mut ea, held) = a_holding(4);
+    restart_sync(&a, &mut ea, 2 * SEC);
+    for s in 2..4 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
+    assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 4);
+    assert_eq!(roots[0].level(5, 8 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 8 * SEC), 0.0);
+}
+
+#[test]
+fn a_sync_thread_started_anew_takes_the_levels_of_a_root_that_restarted_before() {
+    let (mut roots, a, mut ea, held) = a_holding(4);
+    roots[0].restart(2, 2 * SEC);
+    for s in 2..6 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    // The levels known are the second instance's; a new sync thread's
+    // replies from it replace them as the earlier thread's did.
+    restart_sync(&a, &mut ea, 6 * SEC);
+    let mut hosts = [(&a, &mut ea, held)];
+    give_all_back(&mut hosts, &mut roots, 6);
+    assert_eq!(roots[0].level(5, 10 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(uploads_level(&a, 10 * SEC), 0.0);
+}
+
+#[test]
+fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
+    let (mut roots, a, mut ea, held) = a_holding(4);
+    // Its first request carries the returns: the root is known to take
+    // them (not dropped as for a root that predates them).
+    restart_sync(&a, &mut ea, 2 * SEC);
+    for slot_held in held {
+        assert!(a.release(&slot(), slot_held, 2 * SEC));
+    }
+    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
+    assert_eq!(roots[0].level(5, 2 * SEC).unwrap_or(0.0), 0.0);
+    assert_eq!(ea.metrics().roots[0].dropped_returns, 0);
+    // The root left the emptied counter out of its answer of every
+    // counter: the host reads 0 too.
+    assert_eq!(uploads_level(&a, 2 * SEC), 0.0);
+}
+
+#[test]
+fn a_sync_thread_started_anew_within_a_restarts_grace_still_takes_the_new_instances_level() {
+    let (mut roots, a, mut ea, mut held) = a_holding(4);
+    // As the root restarts 3 slots end: its new instance counts 1, the
+    // host keeps the earlier instance's 4 within the grace, and its sync
+    // thread starts anew before the grace is over.
+    restart_as_three_slots_end(&a, &mut ea, &mut roots, &mut held);
+    restart_sync(&a, &mut ea, 4 * SEC);
+    for s in 4..9 {
+        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 9 * SEC), Some(1.0));
+    assert_eq!(uploads_level(&a, 9 * SEC), 1.0);
+}
+
+#[test]
+fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
+    let (mut roots, a, mut ea, _held) = a_holding(4);
+    // A reload with a larger zone while the root restarts: the new zone
+    // adopts the old one, and its sync thread still finds the restart.
+    ea.abandon(&a);
+    let bigger = Table::new_heap(16, 16);
+    bigger.adopt(&a, 2 * SEC);
+    let mut eb = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 2 * SEC);
+    eb.resume(&bigger);
+    roots[0].restart(2, 2 * SEC);
+    for s in 2..4 {
+        cycle(&mut eb, &bigger, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
 }

@@ -36,6 +36,71 @@ pub fn publish(table: &Table, m: &SyncMetrics) {
     });
 }
 
+/// What a sync thread knew of a root, remembered in the region for the
+/// next sync thread (after an nginx reload; see
+/// [`super::SyncEngine::resume`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RememberedRoot {
+    /// The root instance that last answered.
+    pub instance: u64,
+    /// The restarts of the root seen so far.
+    pub restarts: u8,
+    /// Its last answer said it takes returns.
+    pub takes_returns: bool,
+}
+
+/// Remembers in `table` what is known of the root at `index` in the
+/// configuration (`url`). Only the first [`STATUS_ROOTS`] roots are
+/// remembered.
+pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoot) {
+    if index >= STATUS_ROOTS {
+        return;
+    }
+    let hash = url_hash(url);
+    table.write_status(|st| {
+        for (i, r) in st.root.iter().enumerate() {
+            if i == index {
+                r.url_hash.store(hash, Relaxed);
+                r.instance.store(root.instance, Relaxed);
+                r.restarts.store(u64::from(root.restarts), Relaxed);
+                r.takes_returns
+                    .store(u64::from(root.takes_returns), Relaxed);
+            } else if r.url_hash.load(Relaxed) == hash {
+                // The root moved in the configuration: its old place
+                // must not be found later, stale.
+                r.url_hash.store(0, Relaxed);
+            }
+        }
+    });
+}
+
+/// What an earlier sync thread remembered of root `url` in `table`.
+pub fn remembered_root(table: &Table, url: &str) -> Option<RememberedRoot> {
+    let hash = url_hash(url);
+    table
+        .read_status(|st| {
+            st.root
+                .iter()
+                .find(|r| r.url_hash.load(Relaxed) == hash)
+                .map(|r| RememberedRoot {
+                    instance: r.instance.load(Relaxed),
+                    restarts: r.restarts.load(Relaxed) as u8,
+                    takes_returns: r.takes_returns.load(Relaxed) != 0,
+                })
+        })
+        .flatten()
+}
+
+/// A root URL's hash as the region keeps it (never 0, which means none;
+/// the same for every process of one build, which is all that shares a
+/// region).
+fn url_hash(url: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    url.hash(&mut h);
+    h.finish().max(1)
+}
+
 /// The metrics last published in `table` (root URLs and errors are left
 /// empty: every process knows the URLs from its own configuration).
 pub fn published(table: &Table) -> SyncMetrics {
@@ -96,6 +161,36 @@ mod tests {
         };
         publish(&t, &m);
         assert_eq!(published(&t), m);
+    }
+
+    #[test]
+    fn a_root_is_remembered_for_the_next_sync_thread_by_its_url() {
+        let t = Table::new_heap(4, 16);
+        let known = |instance, restarts| RememberedRoot {
+            instance,
+            restarts,
+            takes_returns: true,
+        };
+        assert_eq!(remembered_root(&t, "http://a"), None);
+        remember_root(&t, 0, "http://a", known(7, 2));
+        remember_root(&t, 1, "http://b", RememberedRoot::default());
+        assert_eq!(remembered_root(&t, "http://a"), Some(known(7, 2)));
+        assert_eq!(
+            remembered_root(&t, "http://b"),
+            Some(RememberedRoot::default())
+        );
+        // Metrics published over it leave it alone.
+        publish(&t, &SyncMetrics::default());
+        assert_eq!(remembered_root(&t, "http://a"), Some(known(7, 2)));
+        // Moved in the configuration: only the new place is found.
+        remember_root(&t, 2, "http://a", known(8, 3));
+        remember_root(&t, 0, "http://c", known(1, 0));
+        assert_eq!(remembered_root(&t, "http://a"), Some(known(8, 3)));
+        remember_root(&t, 2, "http://c", known(1, 0));
+        assert_eq!(remembered_root(&t, "http://a"), None);
+        // Past the block's roots nothing is kept.
+        remember_root(&t, STATUS_ROOTS, "http://z", known(1, 0));
+        assert_eq!(remembered_root(&t, "http://z"), None);
     }
 
     #[test]

@@ -57,6 +57,55 @@ impl Table {
         })
     }
 
+    /// The held word of every live named in-flight quota, by quota id
+    /// (what the sync thread sends a root that restarted again).
+    pub fn held_counts(&self) -> Vec<(u64, i64)> {
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut counts = Vec::new();
+        for (i, s) in self.slots()[..used].iter().enumerate() {
+            let flags = s.flags.load(RLX);
+            if flags & FLAG_LIVE == 0 || flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 {
+                continue;
+            }
+            if let Some(id) = s.quota_id() {
+                counts.push((id, self.held_word(i as SlotId)));
+            }
+        }
+        counts
+    }
+
+    /// A root restarted a while ago and every host has since sent it the
+    /// slots it held there (see `SyncEngine::finish`): each named
+    /// in-flight level known from its earlier instances (a source for
+    /// which `earlier` is true) is marked as the new instance's (`to`),
+    /// level unchanged, so that instance's next reply replaces it, lower
+    /// or not. Max-merged, a level that never leaks would keep an earlier
+    /// instance's value against every lower one. Levels with no source
+    /// or [`FOLDED`] are left as they are. Returns the counters marked.
+    pub fn adopt_source(&self, earlier: impl Fn(Source) -> bool, to: Source) -> u64 {
+        if to == 0 {
+            return 0;
+        }
+        let _guard = self.lock();
+        let used = self.header().next_unused.load(RLX) as usize;
+        let mut set = 0u64;
+        for s in &self.slots()[..used] {
+            let flags = s.flags.load(RLX);
+            let from = slot_source(s);
+            if flags & FLAG_IN_FLIGHT == 0
+                || flags & FLAG_PER_KEY != 0
+                || from == 0
+                || from == FOLDED
+                || !earlier(from)
+            {
+                continue;
+            }
+            set_slot_source(s, to);
+            set += 1;
+        }
+        set
+    }
+
     /// The local lease: every root has been silent for the in-flight
     /// lease, so each of them has dropped this host's slots, and this
     /// host drops the other hosts' in turn. Sets every in-flight

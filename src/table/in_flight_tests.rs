@@ -162,6 +162,25 @@ fn held_here_is_the_slots_this_host_holds_whatever_was_collected_or_handed_back(
 }
 
 #[test]
+fn held_counts_are_the_collected_slots_of_each_named_in_flight_quota() {
+    let t = Table::new_heap(8, 16);
+    let keyed = Quota {
+        per_key: true,
+        ..Quota::new(3, "per_client", 5.0, 5.0, 5.0).in_flight_if(true)
+    };
+    t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0), keyed]);
+    for _ in 0..2 {
+        t.acquire(&named(b"uploads"), SEC, false, never);
+    }
+    t.check(b"rate", 1, SEC);
+    // Not collected yet: still this host's `pending`, not its held word.
+    assert_eq!(t.held_counts(), vec![(1, 0)]);
+    t.collect_deltas(&mut Vec::new());
+    // Only the named in-flight quota: not the rate, not the template.
+    assert_eq!(t.held_counts(), vec![(1, 2)]);
+}
+
+#[test]
 fn the_local_lease_leaves_the_level_at_this_hosts_own_slots() {
     let t = Table::new_heap(8, 16);
     t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0)]);
@@ -214,6 +233,21 @@ fn a_roots_reply_after_a_fold_replaces_an_in_flight_level_lower_or_not() {
     // value is max-merged again.
     assert!(t.merge_counter(slot, 1, 0, at(1.0, 4 * SEC), 0, 3));
     assert_eq!(t.quota(b"uploads", 4 * SEC).unwrap().level, 2.0);
+}
+
+#[test]
+fn a_zone_that_changed_size_keeps_which_roots_reply_an_in_flight_level_is() {
+    let old = Table::new_heap(8, 16);
+    old.apply_quotas(&[uploads(10.0)]);
+    let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
+    let slot = old.lookup(b"uploads").unwrap();
+    assert!(old.merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
+    let new = Table::new_heap(16, 16);
+    new.adopt(&old, SEC);
+    // The same root's later, lower value replaces it there too.
+    let slot = new.lookup(b"uploads").unwrap();
+    assert!(new.merge_counter(slot, 1, 0, at(2.0, 2 * SEC), 0, 1));
+    assert_eq!(new.quota(b"uploads", 2 * SEC).unwrap().level, 2.0);
 }
 
 #[test]

@@ -51,7 +51,7 @@ use crate::core::window::{Window, WindowRule};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 13;
+pub const LAYOUT_VERSION: u32 = 14;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -471,6 +471,16 @@ pub struct RootStatus {
     pub dropped_deltas: AtomicU64,
     /// Units given back and not sent (the root does not take returns).
     pub dropped_returns: AtomicU64,
+    /// A hash of the URL of the root the three words below are of (0:
+    /// none), so that a later sync thread (an nginx reload) finds
+    /// them whatever the roots' order in its configuration.
+    pub url_hash: AtomicU64,
+    /// The root instance that last answered (0: none yet).
+    pub instance: AtomicU64,
+    /// The restarts of the root seen by sync threads so far.
+    pub restarts: AtomicU64,
+    /// 1 when the root's last answer said it takes returns.
+    pub takes_returns: AtomicU64,
 }
 
 /// What the sync thread publishes for every process sharing the region

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::fence;
 
+use super::counters::{set_slot_source, slot_source};
 use super::layout::{Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
 use super::lock::SeqWrite;
 use super::names;
@@ -44,7 +45,8 @@ impl Table {
     /// size): its quotas with their ids and epochs, each counter's cluster
     /// level, time and fill rate, and the weight admitted but not yet
     /// acknowledged by a root, which becomes pending here so it is sent
-    /// again. Quotas that do not fit are refused as in
+    /// again, and what the sync thread remembered of the roots (the
+    /// status block's per-root instance words). Quotas that do not fit are refused as in
     /// [`Table::apply_quotas`].
     pub fn adopt(&self, old: &Table, now: Nanos) -> ApplyReport {
         self.set_estimator(old.estimator());
@@ -52,7 +54,7 @@ impl Table {
         let quotas: Vec<Quota> = states.iter().map(|s| s.quota.clone()).collect();
         let report = self.apply_quotas(&quotas);
         let slots = self.slot_ids();
-        let _guard = self.lock();
+        let guard = self.lock();
         for state in &states {
             let (Some(&slot), Some(from)) = (slots.get(&state.quota.id), old.slot(state.slot))
             else {
@@ -63,6 +65,10 @@ impl Table {
             to.known_level.store(from.known_level.load(RLX), RLX);
             to.known_at.store(from.known_at.load(RLX), RLX);
             to.fill_rate.store(from.fill_rate.load(RLX), RLX);
+            // The level is still that root's: its replies replace it as
+            // before (max-merged, an in-flight level would never come
+            // down).
+            set_slot_source(to, slot_source(from));
             drop(w);
             to.pending
                 .store(state.pending.wrapping_add(state.inflight) as u64, RLX);
@@ -79,6 +85,9 @@ impl Table {
             |old_slot| slots.get(old_ids.get(&old_slot)?).copied(),
             now,
         );
+        // The status block takes the writer lock itself.
+        drop(guard);
+        self.adopt_remembered_roots(old);
         report
     }
 

@@ -22,6 +22,27 @@ impl Table {
         st.seq.store((seq.wrapping_add(1) | 1).wrapping_add(1), REL);
     }
 
+    /// Takes over the per-root words the sync thread keeps for the next
+    /// one (`url_hash`, `instance`, `restarts`, `takes_returns`) from
+    /// `old` (an nginx zone that changed size); the metrics start anew.
+    pub(super) fn adopt_remembered_roots(&self, old: &Table) {
+        let Some(words) = old.read_status(|st| {
+            st.root.each_ref().map(|r| {
+                [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns].map(|w| w.load(RLX))
+            })
+        }) else {
+            return;
+        };
+        self.write_status(|st| {
+            for (r, w) in st.root.iter().zip(words) {
+                let to = [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns];
+                for (to, w) in to.into_iter().zip(w) {
+                    to.store(w, RLX);
+                }
+            }
+        });
+    }
+
     /// Reads the status block consistently: `read` runs until it ran while
     /// no write was under way (`None` if that never happened within the
     /// retry bound). `read` must only load from the block.
