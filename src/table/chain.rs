@@ -19,7 +19,7 @@ use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
 use crate::core::counter::ceil_nanos;
 use crate::core::estimate::Estimator;
 use crate::core::key::KeyHash;
-use crate::core::quota::{MAX_DEPTH, MAX_WEIGHT};
+use crate::core::quota::{weight_f64, MAX_DEPTH, MAX_WEIGHT};
 use crate::core::{
     check_chain, reserve_wait, tightest, ChainVerdict, Level, Nanos, QuotaSnapshot, Room, Wait,
 };
@@ -259,10 +259,7 @@ impl Chain {
         estimator: &Estimator,
         draw: impl FnMut() -> f64,
     ) -> Result<(), Rejection> {
-        // Through i64 (exact: a weight is at most MAX_WEIGHT): one
-        // instruction, where u64 to f64 takes six without AVX-512.
-        let weight_f = weight.min(MAX_WEIGHT) as i64 as f64;
-        match check_chain(self.views(), weight_f, now, estimator, draw) {
+        match check_chain(self.views(), weight_f64(weight), now, estimator, draw) {
             ChainVerdict::Pass => Ok(()),
             ChainVerdict::Reject { at } => Err(self.rejection(at, weight, now, estimator)),
         }

@@ -163,8 +163,7 @@ impl Table {
 
     fn collect(&self, out: &mut Vec<CollectedDelta>, mut rejected: Option<&mut Vec<(u64, u64)>>) {
         let _guard = self.lock();
-        let used = self.header().next_unused.load(RLX) as usize;
-        for (i, s) in self.slots()[..used].iter().enumerate() {
+        for (i, s) in self.used_slots() {
             let net = signed(&s.pending);
             let rejections = rejected.as_ref().map_or(0, |_| s.rejected.load(RLX));
             if (net == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
@@ -185,7 +184,7 @@ impl Table {
             }
             send_pending(&s.pending, &s.inflight, net);
             self.count_held(i, s, net);
-            out.push(CollectedDelta::of(i as SlotId, id, 0, net));
+            out.push(CollectedDelta::of(i, id, 0, net));
         }
         self.collect_keys(out);
     }
@@ -261,8 +260,7 @@ impl Table {
     /// into the slot's own level at `now`, acting as this host's root.
     pub fn fold_local(&self, now: Nanos) {
         let _guard = self.lock();
-        let used = self.header().next_unused.load(RLX) as usize;
-        for (i, s) in self.slots()[..used].iter().enumerate() {
+        for (i, s) in self.used_slots() {
             if s.flags.load(RLX) & FLAG_LIVE == 0 {
                 continue;
             }
@@ -383,7 +381,7 @@ impl Table {
             self.settle_key_inflight(slot, id, key, amount, true);
         } else if s.quota_id() == Some(id) {
             let moved = requeue(&s.pending, &s.inflight, amount);
-            self.count_held(slot as usize, s, -moved);
+            self.count_held(slot, s, -moved);
         }
     }
 
@@ -399,9 +397,8 @@ impl Table {
             return 0;
         }
         let _guard = self.lock();
-        let used = self.header().next_unused.load(RLX) as usize;
         let mut requeued = 0u64;
-        for (i, s) in self.slots()[..used].iter().enumerate() {
+        for (i, s) in self.used_slots() {
             let moved = signed(&s.inflight);
             if moved != 0 {
                 let moved = requeue(&s.pending, &s.inflight, moved);

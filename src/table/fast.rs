@@ -26,7 +26,7 @@ use super::keys::apply_key;
 use super::Table;
 use crate::core::decision::passes_for_sure;
 use crate::core::key::KeyHash;
-use crate::core::quota::MAX_WEIGHT;
+use crate::core::quota::{weight_f64, MAX_WEIGHT};
 use crate::core::Nanos;
 
 /// What the fast path did with a check.
@@ -59,12 +59,10 @@ impl Table {
             return Fast::Declined(Some(hash));
         };
         apply_key(entry, view, now);
-        let weight = weight.min(MAX_WEIGHT);
-        // Through i64, as `Chain::check` converts it (exact below MAX_WEIGHT).
-        if !passes_for_sure(view, weight as i64 as f64, &self.estimator()) {
+        if !passes_for_sure(view, weight_f64(weight), &self.estimator()) {
             return Fast::Declined(Some(hash));
         }
-        self.count_key(at, slot, hash, weight);
+        self.count_key(at, slot, hash, weight.min(MAX_WEIGHT));
         self.tally_pass(slot);
         #[cfg(test)]
         FAST_PASSES.with(|n| n.set(n.get() + 1));

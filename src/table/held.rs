@@ -22,9 +22,9 @@ impl Table {
     /// Adds `net` (signed) to the held word of the counter in `slot` if
     /// it is an in-flight quota's: weight that left its `pending` (or,
     /// negative, came back to it).
-    pub(super) fn count_held(&self, slot: usize, s: &Slot, net: i64) {
+    pub(super) fn count_held(&self, slot: SlotId, s: &Slot, net: i64) {
         if net != 0 && s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
-            self.held()[slot].fetch_add(net as u64, RLX);
+            self.held()[slot as usize].fetch_add(net as u64, RLX);
         }
     }
 
@@ -49,9 +49,7 @@ impl Table {
     pub fn held_here(&self, name: &[u8]) -> Option<i64> {
         let slot = self.lookup(name)?;
         let s = self.slot(slot)?;
-        let flags = s.flags.load(RLX);
-        let counts = flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0;
-        (counts && flags & FLAG_PER_KEY == 0).then(|| {
+        live_named_in_flight(s.flags.load(RLX)).then(|| {
             self.held_word(slot)
                 .wrapping_add(s.pending.load(RLX) as i64)
         })
@@ -60,18 +58,10 @@ impl Table {
     /// The held word of every live named in-flight quota, by quota id
     /// (what the sync thread sends a root that restarted again).
     pub fn held_counts(&self) -> Vec<(u64, i64)> {
-        let used = self.header().next_unused.load(RLX) as usize;
-        let mut counts = Vec::new();
-        for (i, s) in self.slots()[..used].iter().enumerate() {
-            let flags = s.flags.load(RLX);
-            if flags & FLAG_LIVE == 0 || flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 {
-                continue;
-            }
-            if let Some(id) = s.quota_id() {
-                counts.push((id, self.held_word(i as SlotId)));
-            }
-        }
-        counts
+        self.used_slots()
+            .filter(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
+            .filter_map(|(i, s)| Some((s.quota_id()?, self.held_word(i))))
+            .collect()
     }
 
     /// A root restarted a while ago and every host has since sent it the
@@ -87,16 +77,10 @@ impl Table {
             return 0;
         }
         let _guard = self.lock();
-        let used = self.header().next_unused.load(RLX) as usize;
         let mut set = 0u64;
-        for s in &self.slots()[..used] {
-            let flags = s.flags.load(RLX);
+        for (_, s) in self.used_slots() {
             let from = slot_source(s);
-            if flags & FLAG_IN_FLIGHT == 0
-                || flags & FLAG_PER_KEY != 0
-                || from == 0
-                || from == FOLDED
-                || !earlier(from)
+            if !named_in_flight(s.flags.load(RLX)) || from == 0 || from == FOLDED || !earlier(from)
             {
                 continue;
             }
@@ -118,19 +102,17 @@ impl Table {
     /// set.
     pub fn lease_locally(&self, now: Nanos, shard: impl Fn(CounterKey) -> bool) -> u64 {
         let _guard = self.lock();
-        let used = self.header().next_unused.load(RLX) as usize;
         let mut set = 0u64;
-        for (i, s) in self.slots()[..used].iter().enumerate() {
-            let flags = s.flags.load(RLX);
+        for (i, s) in self.used_slots() {
             // A key's slots are not kept per host yet: its level stays the
             // last cluster view plus this host's changes (strict).
-            if flags & FLAG_LIVE == 0 || flags & FLAG_IN_FLIGHT == 0 || flags & FLAG_PER_KEY != 0 {
+            if !live_named_in_flight(s.flags.load(RLX)) {
                 continue;
             }
             if !s.quota_id().is_some_and(|id| shard(CounterKey::named(id))) {
                 continue;
             }
-            let own = self.held_word(i as SlotId).max(0) as f64;
+            let own = self.held_word(i).max(0) as f64;
             set_slot_source(s, FOLDED);
             store_level(s, own, now);
             set += 1;
@@ -141,11 +123,8 @@ impl Table {
     /// True when some live named quota counts slots in flight (the sync
     /// thread then asks the roots for all their counters after a fold).
     pub fn holds_in_flight(&self) -> bool {
-        let used = self.header().next_unused.load(RLX) as usize;
-        self.slots()[..used].iter().any(|s| {
-            let flags = s.flags.load(RLX);
-            flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0 && flags & FLAG_PER_KEY == 0
-        })
+        self.used_slots()
+            .any(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
     }
 
     /// A root (`source`) answered whole a request for all its counters,
@@ -166,17 +145,16 @@ impl Table {
         omitted: impl Fn(CounterKey) -> bool,
     ) -> u64 {
         let _guard = self.lock();
-        let used = self.header().next_unused.load(RLX) as usize;
         let mut set = 0u64;
-        for s in &self.slots()[..used] {
-            let flags = s.flags.load(RLX);
+        for (_, s) in self.used_slots() {
             let known = slot_source(s);
-            if flags & FLAG_IN_FLIGHT == 0 || (known != FOLDED && (source == 0 || known != source))
+            if !named_in_flight(s.flags.load(RLX))
+                || (known != FOLDED && (source == 0 || known != source))
             {
                 continue;
             }
             let Some(id) = s.quota_id() else { continue };
-            if flags & FLAG_PER_KEY != 0 || !omitted(CounterKey::named(id)) {
+            if !omitted(CounterKey::named(id)) {
                 continue;
             }
             set_slot_source(s, source);
@@ -185,4 +163,15 @@ impl Table {
         }
         set
     }
+}
+
+/// A slot's `flags` say it is an in-flight quota's own counter (not a
+/// per-key template's, whose slots are its keys').
+fn named_in_flight(flags: u16) -> bool {
+    flags & FLAG_IN_FLIGHT != 0 && flags & FLAG_PER_KEY == 0
+}
+
+/// [`named_in_flight`], and live.
+fn live_named_in_flight(flags: u16) -> bool {
+    flags & FLAG_LIVE != 0 && named_in_flight(flags)
 }

@@ -417,6 +417,13 @@ impl Table {
         }
     }
 
+    /// The slots ever taken (below `next_unused`), with their ids: what
+    /// every whole-table walk goes over.
+    fn used_slots(&self) -> impl Iterator<Item = (SlotId, &Slot)> {
+        let used = self.header().next_unused.load(RLX) as usize;
+        (0..).zip(&self.slots()[..used])
+    }
+
     /// The held section: one word per slot (see `held.rs`).
     fn held(&self) -> &[AtomicU64] {
         // SAFETY: `capacity` u64 atomics start at the held offset, 64-byte

@@ -341,13 +341,12 @@ impl Table {
             e.store(INDEX_EMPTY, RLX);
         }
         h.index_tombstones.store(0, RLX);
-        let used = h.next_unused.load(RLX) as usize;
-        for (i, s) in self.slots()[..used].iter().enumerate() {
+        for (i, s) in self.used_slots() {
             if s.flags.load(RLX) & FLAG_LIVE != 0 {
                 let len = s.name_len.load(RLX) as usize;
                 let at = s.name_at.load(RLX);
                 if let Some(w) = names::name_words(self.arena(), at, len) {
-                    self.index_insert(&names::load(w, len), i as SlotId, at);
+                    self.index_insert(&names::load(w, len), i, at);
                 }
             }
         }
