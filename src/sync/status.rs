@@ -91,14 +91,10 @@ pub fn remembered_root(table: &Table, url: &str) -> Option<RememberedRoot> {
         .flatten()
 }
 
-/// A root URL's hash as the region keeps it (never 0, which means none;
-/// the same for every process of one build, which is all that shares a
-/// region).
+/// A root URL's hash as the region keeps it: the name index's hash,
+/// the same in every process (never 0, which means none).
 fn url_hash(url: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    url.hash(&mut h);
-    h.finish().max(1)
+    crate::table::names::hash(url.as_bytes()).max(1)
 }
 
 /// The metrics last published in `table` (root URLs and errors are left
