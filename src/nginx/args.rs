@@ -266,7 +266,7 @@ pub enum Then {
 }
 
 /// How the access handler answers a check: the decision part of its
-/// work, which `handler.rs` only applies (and logs).
+/// work, which `answer.rs` only applies (and logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Answer {
     /// What `$sluice_status` says.

@@ -16,7 +16,7 @@
 //!
 //! A request is charged once: only the main request (a subrequest logged
 //! with `log_subrequest on` is not), and a mark kept in the main
-//! request's pool (a cleanup entry, as `handler.rs` keeps its state)
+//! request's pool (a cleanup entry, as `request_state.rs` keeps its state)
 //! says it was, with the status `$sluice_charge_status` shows.
 //!
 //! This file registers its own log-phase handler ([`install`]) beside
@@ -31,10 +31,12 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
+use super::answer::MAX_LOGGED_WEIGHT;
 use super::charge_args::{charge_condition, charge_weight, ChargeStatus};
-use super::conf::{Charge, LocConf, Weight};
-use super::handler::{admitted, evaluate, rejected, MAX_LOGGED_WEIGHT};
+use super::conf::{ChargeConf, LocConf, Weight};
+use super::handler::evaluate;
 use super::request_counters::RequestCounters;
+use super::request_state::{admitted, rejected};
 use super::util::{cleanup_data, log, runtime_boundary, set_variable, text};
 use super::Module;
 use crate::core::Nanos;
@@ -154,7 +156,7 @@ fn charge_one(
     lcf: &LocConf,
     table: &Table,
     counters: Option<&RequestCounters>,
-    charge: &Charge,
+    charge: &ChargeConf,
     now: Nanos,
 ) -> ChargeStatus {
     if let Some(condition) = charge.condition {

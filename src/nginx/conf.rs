@@ -178,7 +178,7 @@ pub(crate) struct Check {
 /// One `sluice_charge <name> [key=...] weight=... [if=...] [settle]`
 /// directive: a weight counted after the response (see `charge.rs`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Charge {
+pub(crate) struct ChargeConf {
     /// The quota name, a complex value (variables allowed).
     pub name: *const ngx_http_complex_value_t,
     /// `key=`: the key of a per-key quota.
@@ -207,7 +207,7 @@ pub(crate) struct LocConf {
     /// `sluice off`.
     pub checks: Option<Vec<Check>>,
     /// `sluice_charge` directives; `None` inherits the enclosing level's.
-    pub charges: Option<Vec<Charge>>,
+    pub charges: Option<Vec<ChargeConf>>,
     /// `sluice_status`.
     pub status: Option<ngx_uint_t>,
     /// `sluice_deny_status`: the status of a request whose key an

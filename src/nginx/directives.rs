@@ -19,7 +19,8 @@ use super::args::{
     parse_weight, EmptyWeight,
 };
 use super::conf::{
-    Charge, Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight, DEFAULT_METRICS_TOP,
+    ChargeConf, Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight,
+    DEFAULT_METRICS_TOP,
 };
 use super::headers::PolicyNames;
 use super::request_counters::WAIT_MAX_SLOTS;
@@ -472,7 +473,7 @@ directive_handler!(
         let weight = weight.ok_or(
             "\"sluice_charge\" needs \"weight=\", e.g. weight=$bytes_sent",
         )?;
-        lcf.charges.get_or_insert_with(Vec::new).push(Charge {
+        lcf.charges.get_or_insert_with(Vec::new).push(ChargeConf {
             name,
             key,
             weight,

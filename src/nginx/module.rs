@@ -18,7 +18,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 use super::conf::{LocConf, MainConf};
 use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
-use super::{charge, handler, inflight, util, worker, zone};
+use super::{charge, handler, in_flight, request_state, util, worker, zone};
 
 /// Type through which the `ngx` crate reaches this module's configuration
 /// and provides the configuration callbacks.
@@ -43,10 +43,10 @@ impl HttpModule for Module {
             install_access_handler(cf)?;
             // Charges first among the log handlers (`charge.rs`), so the
             // access log sees `$sluice_charge_status`; in-flight slots go
-            // back in the log phase too (`inflight.rs`), whether or not
+            // back in the log phase too (`in_flight.rs`), whether or not
             // anything was charged.
             charge::install(cf)?;
-            inflight::install_log_handler(cf)
+            in_flight::install_log_handler(cf)
         });
         status_of(ok)
     }
@@ -82,7 +82,7 @@ fn status_of(verdict: *mut c_char) -> ngx_int_t {
 }
 
 fn add_variables(cf: *mut ngx_conf_t) -> Result<(), String> {
-    add_variable(cf, c"sluice_status", handler::status_variable)?;
+    add_variable(cf, c"sluice_status", request_state::status_variable)?;
     add_variable(cf, c"sluice_charge_status", charge::charge_status_variable)
 }
 

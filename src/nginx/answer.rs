@@ -1,0 +1,368 @@
+//! The access handler's answer to a decided check: the log lines
+//! (rejections, delays, unknown names, bad weights), the zone's request
+//! counts, the `RateLimit` headers, and the status (or the hold) that
+//! nginx gets back.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_uint_t, NGX_DECLINED};
+use ngx::http::Request;
+
+use super::args::{wait_timer_ms, Answer, RequestStatus, Then, WeightError};
+use super::conf::{Check, LocConf};
+use super::headers::{rate_limit_fields, HeaderValue, Reset};
+use super::request_counters::RequestCounters;
+use super::request_state::{hold, RequestState};
+use super::unknown_names::{self, ShownName, UnknownNames};
+use super::util::{log, text};
+use crate::core::key::KeyHash;
+use crate::core::{Nanos, Terms, Wait};
+use crate::table::{CheckItem, Headroom, ManyOutcome, Outcome, Rejection, Table};
+
+/// Most bytes of a bad weight value a log line quotes (the value comes
+/// from the client).
+pub(super) const MAX_LOGGED_WEIGHT: usize = 64;
+
+/// A request's checks and what came of them: what its answer is made of.
+pub(super) struct Decision<'a> {
+    /// The checks as evaluated for this request.
+    pub items: &'a [CheckItem<'a>],
+    /// The location's `sluice` directives, one per item.
+    pub checks: &'a [Check],
+    /// What the table said.
+    pub result: ManyOutcome,
+    /// What becomes of the request.
+    pub answer: Answer,
+}
+
+/// Answers a decided request: sets `$sluice_status`, logs a delay or a
+/// rejection, counts what the zone counts, adds the headers, and returns
+/// what nginx gets (a hold starts here).
+pub(super) fn respond(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    table: &Table,
+    counters: Option<&RequestCounters>,
+    state: &mut RequestState,
+    decision: &Decision,
+) -> ngx_int_t {
+    let Decision {
+        items,
+        checks,
+        result,
+        answer,
+    } = decision;
+    let dry_run = lcf.dry_run.unwrap_or(false);
+    state.status = answer.status;
+    match (result.outcome, result.item) {
+        (Outcome::Pass, Some(i)) if result.wait > 0 => {
+            if let (Some(item), Some(check)) = (items.get(i), checks.get(i)) {
+                let allowed = check.max_wait.unwrap_or(0);
+                log_delay(r, lcf, dry_run, item, result.wait, allowed);
+            }
+        }
+        (Outcome::Reject(rejection), item) => {
+            log_rejected(r, lcf, dry_run, table, items, item.unwrap_or(0), &rejection);
+        }
+        _ => {}
+    }
+    if let Some(c) = counters {
+        if answer.unpassable {
+            c.unpassable.fetch_add(1, Ordering::Relaxed);
+        }
+        if answer.status == RequestStatus::DelayedDryRun {
+            c.delayed_dry_run.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if answer.headers {
+        add_rate_limit_headers(r, lcf, table, items, result, answer.reset);
+    }
+    match answer.then {
+        Then::Continue => NGX_DECLINED as ngx_int_t,
+        Then::Hold(wait) => hold(r, state, counters, wait, lcf.wait_coalesce_ms()),
+        Then::Reject => lcf.status() as ngx_int_t,
+        Then::Deny => lcf.deny_status() as ngx_int_t,
+    }
+}
+
+/// Logs the checks of `items` whose names have no quota (at
+/// `sluice_unknown_log`), each the first time and then at most once a
+/// period per name ([`UnknownNames`]).
+pub(super) fn log_unknown(
+    r: &mut ngx_http_request_t,
+    level: ngx_uint_t,
+    table: &Table,
+    names: &UnknownNames,
+    items: &[CheckItem],
+    now: Nanos,
+) {
+    for item in items {
+        if table.lookup(item.name).is_some() {
+            continue;
+        }
+        let Some(due) = names.note(item.name, now) else {
+            continue;
+        };
+        let name = ShownName(item.name);
+        let period = unknown_names::PERIOD;
+        let mut more = HeaderValue::default();
+        if due.repeats > 0 {
+            let _ = write!(more, "; {} check(s) of it since the last line", due.repeats);
+        }
+        if due.held_back > 0 {
+            let _ = write!(
+                more,
+                "; {} line(s) about other unknown names held back",
+                due.held_back
+            );
+        }
+        let more = more.as_str();
+        // SAFETY: the request's log; nginx appends client and request.
+        unsafe {
+            log(
+                level,
+                (*r.connection).log,
+                format_args!(
+                    "sluice: no quota is named \"{name}\": its checks pass uncounted \
+                     (logged at most once every {period}s per name{more})"
+                ),
+            )
+        }
+    }
+}
+
+/// Logs a rejection (at `sluice_log_level`) naming the quota that
+/// rejected, which may be an ancestor of the checked one.
+fn log_rejected(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    dry_run: bool,
+    table: &Table,
+    items: &[CheckItem],
+    item: usize,
+    rejection: &Rejection,
+) {
+    let checked = items.get(item).map_or(&[][..], |i| i.name);
+    let mut quota_buf = [0u8; 256];
+    let quota = table
+        .name_into(rejection.slot, &mut quota_buf)
+        .unwrap_or(checked);
+    let rejected = Rejected {
+        quota,
+        checked,
+        weight: items.get(item).map_or(0, |i| i.weight),
+        limit: Limit(table.terms_of(rejection.slot), rejection.limit),
+        wait: rejection.wait,
+        key: rejection.key,
+    };
+    log_rejection(r, lcf, dry_run, &rejected);
+}
+
+/// Logs a request held (or, in dry run, one that would have been held)
+/// by `wait=`.
+fn log_delay(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    dry_run: bool,
+    item: &CheckItem,
+    wait_ns: u64,
+    allowed_ns: u64,
+) {
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(item.name);
+    let weight = item.weight;
+    let ms = wait_timer_ms(wait_ns);
+    let allowed = allowed_ns / 1_000_000;
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        log(
+            lcf.log_level(),
+            (*r.connection).log,
+            format_args!(
+                "sluice: delaying request{how} by {ms}ms for quota \"{quota}\" \
+                 (weight {weight}, wait={allowed}ms)"
+            ),
+        )
+    }
+}
+
+/// Rejects a request whose weight is not a number (or empty, with
+/// `empty=reject`): as a rejection by a quota (the configured status and
+/// log level, let through by dry run), but nothing is checked or counted,
+/// and there is no `Retry-After`: waiting cannot fix the weight.
+pub(super) fn reject_weight(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: &mut RequestState,
+    counters: Option<&RequestCounters>,
+    quota: &[u8],
+    error: WeightError,
+    value: &[u8],
+) -> ngx_int_t {
+    let dry_run = lcf.dry_run.unwrap_or(false);
+    if let Some(c) = counters {
+        let counter = match error {
+            WeightError::Invalid => &c.invalid_weight,
+            WeightError::Empty => &c.empty_weight,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(quota);
+    let shown = text(&value[..value.len().min(MAX_LOGGED_WEIGHT)]);
+    let cut = if value.len() > MAX_LOGGED_WEIGHT {
+        "..."
+    } else {
+        ""
+    };
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        match error {
+            WeightError::Invalid => log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} for quota \"{quota}\": weight \
+                     \"{shown}{cut}\" is not a non-negative integer"
+                ),
+            ),
+            WeightError::Empty => log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} for quota \"{quota}\": the weight is \
+                     empty (set \"empty=0\" to check such requests without counting)"
+                ),
+            ),
+        }
+    }
+    if dry_run {
+        state.status = RequestStatus::RejectedDryRun;
+        NGX_DECLINED as ngx_int_t
+    } else {
+        state.status = RequestStatus::Rejected;
+        lcf.status() as ngx_int_t
+    }
+}
+
+/// A rejection as the log line tells it.
+struct Rejected<'a> {
+    /// The quota that rejected.
+    quota: &'a [u8],
+    /// The quota the directive named (the same, or a descendant).
+    checked: &'a [u8],
+    weight: u64,
+    /// What the quota that rejected allows.
+    limit: Limit,
+    wait: Wait,
+    /// The key's hash when a key's counter rejected; 0 otherwise.
+    key: KeyHash,
+}
+
+fn log_rejection(r: &mut ngx_http_request_t, lcf: &LocConf, dry_run: bool, rejected: &Rejected) {
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(rejected.quota);
+    let checked = text(rejected.checked);
+    let (limit, weight) = (&rejected.limit, rejected.weight);
+    // A request that waiting cannot help says why (and gets no
+    // Retry-After).
+    let (never, why) = match &rejected.wait {
+        Wait::Never(why) => (": it can never pass, ", Some(why)),
+        Wait::Seconds(_) => ("", None),
+    };
+    let why = DisplayOr(why);
+    // Only the key's hash: keys are secrets or personal data.
+    let mut key_buf = HeaderValue::default();
+    if rejected.key != 0 {
+        let _ =
+            std::fmt::Write::write_fmt(&mut key_buf, format_args!(" key {:016x}", rejected.key));
+    }
+    let key = key_buf.as_str();
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        if quota == checked {
+            log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} by quota \"{quota}\"{key} (limit {limit}, \
+                     weight {weight}){never}{why}"
+                ),
+            );
+        } else {
+            log(
+                lcf.log_level(),
+                (*r.connection).log,
+                format_args!(
+                    "sluice: limiting requests{how} by quota \"{quota}\", an ancestor of \
+                     \"{checked}\" (limit {limit}, weight {weight}){never}{why}"
+                ),
+            );
+        }
+    }
+}
+
+/// A quota's limit in a log line: in its own terms (`5 /s`, `10 / min`)
+/// when its slot could be read, else the bare number (the quota changed
+/// meanwhile).
+struct Limit(Option<Terms>, f64);
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(terms) => terms.fmt(f),
+            None => self.1.fmt(f),
+        }
+    }
+}
+
+/// Shows the value if there is one, nothing otherwise.
+struct DisplayOr<T>(Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for DisplayOr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(value) => value.fmt(f),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for the tightest quota (named
+/// as `sluice_headers ... names=` says), and `Retry-After` when `retry`
+/// is given.
+fn add_rate_limit_headers(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    table: &Table,
+    items: &[CheckItem],
+    result: &ManyOutcome,
+    reset: Reset,
+) {
+    let mut name_buf = [0u8; 256];
+    // SAFETY: `r` is the live request; Request is a transparent wrapper.
+    let request = unsafe { Request::from_ngx_http_request(r) };
+    if let Reset::RetryAfter(secs) = reset {
+        let mut value = HeaderValue::default();
+        if std::fmt::Write::write_fmt(&mut value, format_args!("{secs}")).is_ok() {
+            request.add_header_out("Retry-After", value.as_str());
+        }
+    }
+    let Some(h): Option<Headroom> = result.headroom else {
+        return;
+    };
+    let name = match table.name_into(h.slot, &mut name_buf) {
+        Some(n) => n,
+        None => items.get(h.item).map_or(&[][..], |i| i.name),
+    };
+    let Ok(name) = std::str::from_utf8(name) else {
+        return;
+    };
+    let mut shown = HeaderValue::default();
+    let name = lcf.header_names.show(name, table.key_secret(), &mut shown);
+    if let Some((policy, state)) = rate_limit_fields(name, &h.room, reset) {
+        request.add_header_out("RateLimit-Policy", policy.as_str());
+        request.add_header_out("RateLimit", state.as_str());
+    }
+}
