@@ -487,7 +487,7 @@ sluice_quotas ../html/q.json;
 ]}
 --- must_die
 --- error_log eval
-qr/\[emerg\] .*invalid quota file ".*q\.json": quotas\[1\]\.limit \(quota "b"\): invalid type: string "ten", expected f64 at line 3, column \d+ in .*nginx\.conf:\d+/
+qr/\[emerg\] .*invalid quota file ".*q\.json": quotas\[1\]\.limit \(quota "b"\): invalid rate "ten": expected a number, or a rate such as 10\/m, 100\/h or 5\/s \(10r\/m as nginx writes it\) at line 3, column \d+ in .*nginx\.conf:\d+/
 
 
 

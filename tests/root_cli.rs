@@ -415,7 +415,7 @@ async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
     .unwrap();
     let error = failure(&quota(&root, &["apply", "-f", json_file.to_str().unwrap()]).await);
     assert!(
-        error.contains("bad.json: quotas[1].limit (quota \"b\"): invalid type")
+        error.contains("bad.json: quotas[1].limit (quota \"b\"): invalid rate \"ten\"")
             && error.contains("at line 3, column"),
         "{error}"
     );
