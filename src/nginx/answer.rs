@@ -12,12 +12,14 @@ use ngx::http::Request;
 use super::args::{wait_timer_ms, Answer, RequestStatus, Then, WeightError};
 use super::conf::{Check, LocConf};
 use super::headers::{rate_limit_fields, HeaderValue, Reset};
+use super::rejection_line::{KeyOverride, RejectionLine};
 use super::request_counters::RequestCounters;
 use super::request_state::{hold, RequestState};
 use super::unknown_names::{self, ShownName, UnknownNames};
 use super::util::{log, text};
 use crate::core::key::KeyHash;
-use crate::core::{Nanos, Terms, Wait};
+use crate::core::Nanos;
+use crate::table::layout::{TIER_ALLOW, TIER_DENY, TIER_KIND, TIER_LIMIT};
 use crate::table::{CheckItem, Headroom, ManyOutcome, Outcome, Rejection, Table};
 
 /// Most bytes of a bad weight value a log line quotes (the value comes
@@ -133,7 +135,8 @@ pub(super) fn log_unknown(
 }
 
 /// Logs a rejection (at `sluice_log_level`) naming the quota that
-/// rejected, which may be an ancestor of the checked one.
+/// rejected, which may be an ancestor of the checked one, the limit that
+/// applied (a key's override's), and what decided ([`RejectionLine`]).
 fn log_rejected(
     r: &mut ngx_http_request_t,
     lcf: &LocConf,
@@ -143,20 +146,56 @@ fn log_rejected(
     item: usize,
     rejection: &Rejection,
 ) {
+    let level = lcf.log_level();
+    // SAFETY: the request's connection and its log are live.
+    let log_to = unsafe { (*r.connection).log };
+    // SAFETY: as above.
+    if log_to.is_null() || unsafe { (*log_to).log_level } < level {
+        // Nothing is written: spare the lookups below.
+        return;
+    }
     let checked = items.get(item).map_or(&[][..], |i| i.name);
     let mut quota_buf = [0u8; 256];
     let quota = table
         .name_into(rejection.slot, &mut quota_buf)
         .unwrap_or(checked);
-    let rejected = Rejected {
-        quota,
-        checked,
+    let key_override = key_override(table, quota, rejection.key);
+    let (quota, checked) = (text(quota), text(checked));
+    let line = RejectionLine {
+        dry_run,
+        quota: &quota,
+        checked: &checked,
         weight: items.get(item).map_or(0, |i| i.weight),
-        limit: Limit(table.terms_of(rejection.slot), rejection.limit),
+        terms: table.terms_of(rejection.slot),
+        limit: rejection.limit,
         wait: rejection.wait,
+        cause: rejection.cause,
         key: rejection.key,
+        key_override,
     };
-    log_rejection(r, lcf, dry_run, &rejected);
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe { log(level, log_to, format_args!("sluice: {line}")) }
+}
+
+/// The override the key `key` (0: none) of the per-key template `quota`
+/// has now, if any: read from the table's tier section, for a log line.
+fn key_override(table: &Table, quota: &[u8], key: KeyHash) -> Option<KeyOverride> {
+    if key == 0 {
+        return None;
+    }
+    let now = crate::clock::now();
+    let template = table.quota(quota, now)?.quota;
+    let read = table.tier(template.id, key)?;
+    match read.kind_at(now as i64 + table.utc_offset()) & TIER_KIND {
+        TIER_LIMIT => Some(KeyOverride::Limit {
+            limit: read.limit,
+            burst: read.high_burst,
+            template_burst: template.high_burst,
+        }),
+        TIER_ALLOW => Some(KeyOverride::Allow),
+        TIER_DENY => Some(KeyOverride::Deny),
+        _ => None,
+    }
 }
 
 /// Logs a request held (or, in dry run, one that would have been held)
@@ -184,6 +223,40 @@ fn log_delay(
                  (weight {weight}, wait={allowed}ms)"
             ),
         )
+    }
+}
+
+/// Refuses a request whose key is empty where the check of `quota` says
+/// `no_key=reject`: answered with `sluice_status` (let through by dry
+/// run, as `REJECTED_DRY_RUN`), `$sluice_status` `NO_KEY`; nothing is
+/// checked or counted, and there is no `Retry-After`: waiting brings no
+/// key.
+pub(super) fn reject_no_key(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: &mut RequestState,
+    quota: &[u8],
+) -> ngx_int_t {
+    let dry_run = lcf.dry_run.unwrap_or(false);
+    let how = if dry_run { ", dry run," } else { "" };
+    let quota = text(quota);
+    // SAFETY: the request's log; nginx appends client and request.
+    unsafe {
+        log(
+            lcf.log_level(),
+            (*r.connection).log,
+            format_args!(
+                "sluice: limiting requests{how} for quota \"{quota}\": the request has no key \
+                 (its key= value is empty, and no_key=reject)"
+            ),
+        )
+    }
+    if dry_run {
+        state.status = RequestStatus::RejectedDryRun;
+        NGX_DECLINED as ngx_int_t
+    } else {
+        state.status = RequestStatus::NoKeyRejected;
+        lcf.status() as ngx_int_t
     }
 }
 
@@ -246,89 +319,6 @@ pub(super) fn reject_weight(
     }
 }
 
-/// A rejection as the log line tells it.
-struct Rejected<'a> {
-    /// The quota that rejected.
-    quota: &'a [u8],
-    /// The quota the directive named (the same, or a descendant).
-    checked: &'a [u8],
-    weight: u64,
-    /// What the quota that rejected allows.
-    limit: Limit,
-    wait: Wait,
-    /// The key's hash when a key's counter rejected; 0 otherwise.
-    key: KeyHash,
-}
-
-fn log_rejection(r: &mut ngx_http_request_t, lcf: &LocConf, dry_run: bool, rejected: &Rejected) {
-    let how = if dry_run { ", dry run," } else { "" };
-    let quota = text(rejected.quota);
-    let checked = text(rejected.checked);
-    let (limit, weight) = (&rejected.limit, rejected.weight);
-    // A request that waiting cannot help says why (and gets no
-    // Retry-After).
-    let (never, why) = match &rejected.wait {
-        Wait::Never(why) => (": it can never pass, ", Some(why)),
-        Wait::Seconds(_) => ("", None),
-    };
-    let why = DisplayOr(why);
-    // Only the key's hash: keys are secrets or personal data.
-    let mut key_buf = HeaderValue::default();
-    if rejected.key != 0 {
-        let _ =
-            std::fmt::Write::write_fmt(&mut key_buf, format_args!(" key {:016x}", rejected.key));
-    }
-    let key = key_buf.as_str();
-    // SAFETY: the request's log; nginx appends client and request.
-    unsafe {
-        if quota == checked {
-            log(
-                lcf.log_level(),
-                (*r.connection).log,
-                format_args!(
-                    "sluice: limiting requests{how} by quota \"{quota}\"{key} (limit {limit}, \
-                     weight {weight}){never}{why}"
-                ),
-            );
-        } else {
-            log(
-                lcf.log_level(),
-                (*r.connection).log,
-                format_args!(
-                    "sluice: limiting requests{how} by quota \"{quota}\", an ancestor of \
-                     \"{checked}\" (limit {limit}, weight {weight}){never}{why}"
-                ),
-            );
-        }
-    }
-}
-
-/// A quota's limit in a log line: in its own terms (`5 /s`, `10 / min`)
-/// when its slot could be read, else the bare number (the quota changed
-/// meanwhile).
-struct Limit(Option<Terms>, f64);
-
-impl std::fmt::Display for Limit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(terms) => terms.fmt(f),
-            None => self.1.fmt(f),
-        }
-    }
-}
-
-/// Shows the value if there is one, nothing otherwise.
-struct DisplayOr<T>(Option<T>);
-
-impl<T: std::fmt::Display> std::fmt::Display for DisplayOr<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(value) => value.fmt(f),
-            None => Ok(()),
-        }
-    }
-}
-
 /// Adds `RateLimit-Policy` and `RateLimit` for the tightest quota (named
 /// as `sluice_headers ... names=` says), and `Retry-After` when `retry`
 /// is given.
@@ -352,6 +342,12 @@ fn add_rate_limit_headers(
     let Some(h): Option<Headroom> = result.headroom else {
         return;
     };
+    if table.terms_of(h.slot).is_some_and(|t| t.in_flight) {
+        // The fields describe a quota per window of time; an in-flight
+        // quota has none, and a window or reset of any length would be
+        // read as "more quota then" (`docs`: RateLimit headers).
+        return;
+    }
     let name = match table.name_into(h.slot, &mut name_buf) {
         Some(n) => n,
         None => items.get(h.item).map_or(&[][..], |i| i.name),

@@ -10,7 +10,9 @@
 //! is lower ([`Table::settle`]; see docs/DESIGN.md, "Counters that give
 //! units back").
 //!
-//! A request the `sluice` checks rejected is not charged: its response is
+//! A request the `sluice` checks refused is not charged, whatever refused
+//! it (a quota, a deny override, a weight that is no number, a missing
+//! key with `no_key=reject`, `sluice_wait_max`): its response is
 //! sluice's own refusal (a 429's bytes would only deepen the debt that
 //! refused it, and a flood of refusals could keep a quota shut).
 //!

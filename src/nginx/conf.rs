@@ -9,7 +9,7 @@ use std::time::Duration;
 use ngx::ffi::{ngx_http_complex_value_t, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_WARN};
 use ngx::http::{Merge, MergeConfigError};
 
-use super::args::EmptyWeight;
+use super::args::{EmptyWeight, NoKey};
 use super::headers::PolicyNames;
 use super::request_counters::RequestCounters;
 use super::unknown_names::UnknownNames;
@@ -54,6 +54,10 @@ pub(crate) struct MainConf {
     pub group_lines: Vec<(u32, ConfPosition)>,
     /// `sluice_quotas`.
     pub quotas: Option<QuotaFile>,
+    /// The quota names `sluice` and `sluice_charge` directives give as
+    /// literals, and where: checked against `sluice_quotas` once the
+    /// `http` block is read.
+    pub literal_names: Vec<(String, ConfPosition)>,
     /// `sluice_sync_interval`, milliseconds.
     pub sync_interval_ms: Option<u64>,
     /// `sluice_sync_timeout`, milliseconds.
@@ -173,6 +177,8 @@ pub(crate) struct Check {
     /// `wait=`: pace instead of rejecting a request whose turn comes
     /// within this many nanoseconds (`None`: a plain check).
     pub max_wait: Option<u64>,
+    /// `no_key=`: what an empty key does (`pass` unless given).
+    pub no_key: NoKey,
 }
 
 /// One `sluice_charge <name> [key=...] weight=... [if=...] [settle]`

@@ -17,8 +17,8 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 
-use super::answer::{log_unknown, reject_weight, respond, Decision};
-use super::args::{runtime_weight, Answer, RequestStatus, Then, WeightError};
+use super::answer::{log_unknown, reject_no_key, reject_weight, respond, Decision};
+use super::args::{runtime_weight, Answer, NoKey, RequestStatus, Then, WeightError};
 use super::conf::{Check, LocConf, MainConf, Weight};
 use super::in_flight::{self, SlotMask};
 use super::request_counters::RequestCounters;
@@ -91,13 +91,22 @@ impl Location<'static> {
     }
 }
 
-/// A check whose weight could not be had from its variable.
-struct BadWeight<'a> {
-    /// The quota it checks.
-    name: &'a [u8],
-    error: WeightError,
-    /// The variable's value.
-    value: &'a [u8],
+/// Why a request's checks are not made: it is refused (or, in dry run,
+/// let through) without counting anything.
+enum Unchecked<'a> {
+    /// A check's weight could not be had from its variable.
+    Weight {
+        /// The quota it checks.
+        name: &'a [u8],
+        error: WeightError,
+        /// The variable's value.
+        value: &'a [u8],
+    },
+    /// A check with `no_key=reject` has an empty key.
+    NoKey {
+        /// The quota it checks.
+        name: &'a [u8],
+    },
 }
 
 fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
@@ -121,9 +130,12 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
         max_wait: None,
     };
     let mut items = [none; MAX_CHECKS];
-    if let Err(bad) = evaluate_checks(r, at.checks, &mut items) {
-        let BadWeight { name, error, value } = bad;
-        return reject_weight(r, at.lcf, state, at.counters, name, error, value);
+    match evaluate_checks(r, at.checks, &mut items) {
+        Ok(()) => {}
+        Err(Unchecked::Weight { name, error, value }) => {
+            return reject_weight(r, at.lcf, state, at.counters, name, error, value);
+        }
+        Err(Unchecked::NoKey { name }) => return reject_no_key(r, at.lcf, state, name),
     }
     let count = at.checks.len().min(MAX_CHECKS);
     let slots = in_flight::prepare(at.table, &mut items[..count]);
@@ -135,17 +147,23 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
 }
 
 /// Evaluates the location's checks for this request into `items`: each
-/// one's name, key and weight. A weight that is no number stops it.
+/// one's name, key and weight. A weight that is no number, or an empty key
+/// where `no_key=reject`, stops it.
 fn evaluate_checks<'a>(
     r: &mut ngx_http_request_t,
     checks: &[Check],
     items: &mut [CheckItem<'a>],
-) -> Result<(), BadWeight<'a>> {
+) -> Result<(), Unchecked<'a>> {
     for (item, c) in items.iter_mut().zip(checks) {
         let name = evaluate(r, c.name).unwrap_or(&[]);
-        let weight = weight(r, c).map_err(|(error, value)| BadWeight { name, error, value })?;
-        // A key nginx cannot evaluate is an empty key: not checked.
+        let weight =
+            weight(r, c).map_err(|(error, value)| Unchecked::Weight { name, error, value })?;
+        // A key nginx cannot evaluate is an empty key: not checked, or
+        // refused with `no_key=reject`.
         let key = c.key.map(|cv| evaluate(r, cv).unwrap_or(&[]));
+        if c.no_key == NoKey::Reject && key.is_some_and(<[u8]>::is_empty) {
+            return Err(Unchecked::NoKey { name });
+        }
         *item = CheckItem {
             name,
             key,

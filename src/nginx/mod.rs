@@ -28,6 +28,9 @@
 //!   variable (empty charges nothing), `$sluice_charge_status`.
 //! - `headers.rs` — `Retry-After` (only when waiting can help) and the
 //!   `RateLimit` header values.
+//! - `rejection_line.rs` — a rejection's log line: the quota, the limit
+//!   that applied (a key's override's), and what decided (an override, a
+//!   penalty, every in-flight slot held).
 //! - `prometheus.rs` — the Prometheus text of a limiter (table totals,
 //!   busiest quotas, weight errors, unpassable rejections, sync state per
 //!   root).
@@ -63,6 +66,7 @@ pub mod args;
 pub mod charge_args;
 pub mod headers;
 pub mod prometheus;
+pub mod rejection_line;
 pub mod request_counters;
 pub mod unknown_names;
 pub mod zone_size;

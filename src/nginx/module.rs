@@ -11,7 +11,7 @@ use ngx::ffi::{
     ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
     NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 
@@ -152,8 +152,47 @@ fn finish_main_conf(
             .map(|(_, at)| at.clone());
         (format!("sluice: invalid sync configuration: {e}"), at)
     })?;
+    check_literal_names(cf, mcf)?;
     if mcf.used {
         zone::add(cf, mcf).map_err(|message| (message, None))?;
+    }
+    Ok(())
+}
+
+/// Catches a misspelled quota name before a request does: a literal name
+/// of a `sluice` or `sluice_charge` directive that no quota of
+/// `sluice_quotas` has is an error at its line when there are no roots
+/// (nothing else could define it: its checks would pass uncounted), and a
+/// warning with roots (their quotas may have it).
+fn check_literal_names(
+    cf: *mut ngx_conf_t,
+    mcf: &MainConf,
+) -> Result<(), (String, Option<ConfPosition>)> {
+    let Some(file) = &mcf.quotas else {
+        return Ok(());
+    };
+    let mut warned: Vec<&str> = Vec::new();
+    for (name, at) in &mcf.literal_names {
+        if file.set.quotas.iter().any(|q| q.name == *name) || warned.contains(&name.as_str()) {
+            continue;
+        }
+        let missing = format!("no quota is named \"{name}\" in \"{}\"", file.path);
+        if mcf.roots.is_empty() {
+            return Err((
+                format!(
+                    "{missing}: without sluice_root nothing else defines it, and its checks \
+                     would pass uncounted"
+                ),
+                Some(at.clone()),
+            ));
+        }
+        util::conf_log_at(
+            cf,
+            NGX_LOG_WARN as ngx_uint_t,
+            at,
+            &format!("{missing}: its checks pass uncounted unless a root has it"),
+        );
+        warned.push(name);
     }
     Ok(())
 }

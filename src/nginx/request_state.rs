@@ -344,15 +344,15 @@ pub(super) unsafe fn admitted(
         })
 }
 
-/// Whether the main request's `sluice` checks rejected it (not in dry
-/// run): its response is sluice's own refusal, and a charge after it
-/// would only deepen the debt that refused it.
+/// Whether the main request's `sluice` checks refused it (rejected,
+/// denied by an override, or without the key `no_key=reject` needs; not
+/// in dry run): see [`RequestStatus::refused`].
 ///
 /// # Safety
 /// `r` must be a live request.
 pub(super) unsafe fn rejected(r: *const ngx_http_request_t) -> bool {
     // SAFETY: `r` is live per the contract.
-    unsafe { find_state(r) }.is_some_and(|s| s.status == RequestStatus::Rejected)
+    unsafe { find_state(r) }.is_some_and(|s| s.status.refused())
 }
 
 /// Holds a request `wait_ns` nanoseconds with an nginx timer on its
