@@ -1,10 +1,11 @@
 //! `sluice quota list`, `get`, `set` and `delete`: quotas one at a time.
 
-use reqwest::header::IF_NONE_MATCH;
+use reqwest::header::{HeaderName, IF_MATCH, IF_NONE_MATCH};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use sluice::core::spec::QuotaPatch;
+use sluice::core::terms::{parse_rate, Rate};
 use sluice::core::tier::PenaltyTime;
 use sluice::core::Window;
 
@@ -41,9 +42,12 @@ pub(super) struct NameArgs {
 pub(super) struct SetArgs {
     /// Quota name.
     name: String,
-    /// Leak rate, units per second.
+    /// Leak rate: units per second, or with a unit as nginx writes rates
+    /// (10/m, 100/h, 5/s; 10r/m too); a window quota's count per window,
+    /// an in-flight quota's requests at once. Bursts left at their
+    /// defaults follow it.
     #[arg(long, allow_negative_numbers = true)]
-    limit: Option<f64>,
+    limit: Option<String>,
     /// Level up to which everything passes [new quota: the limit].
     #[arg(long, allow_negative_numbers = true)]
     low_burst: Option<f64>,
@@ -89,6 +93,10 @@ pub(super) struct SetArgs {
     /// with `--window` a window quota).
     #[arg(long)]
     counting: bool,
+    /// Create the quota if no quota has this name (without it, a name
+    /// that does not exist is an error: a typo is not a new quota).
+    #[arg(long)]
+    create: bool,
 }
 
 /// `sluice quota list`: a page of quotas in name order, or every page.
@@ -194,7 +202,20 @@ pub(super) async fn set(client: &Client, args: SetArgs, json: bool) -> Result<St
         penalty,
         in_flight,
         counting,
+        create,
     } = args;
+    let limit = limit.as_deref().map(limit_flag).transpose()?;
+    if let Some(unit) = limit.and_then(|l| l.unit) {
+        if window.is_some_and(|w| w.0.is_some()) || in_flight {
+            return Err(CliError::new(format!(
+                "--limit with a rate per {} is a leaky bucket's: a window quota's limit is a \
+                 count per window, an in-flight quota's a number of requests at once; give a \
+                 number",
+                unit.letter()
+            )));
+        }
+    }
+    let limit = limit.map(|l| l.per_second);
     let parent = if no_parent {
         Some(None)
     } else {
@@ -213,7 +234,59 @@ pub(super) async fn set(client: &Client, args: SetArgs, json: bool) -> Result<St
     };
     check_name(&name)?;
     check_numbers(&change)?;
-    send_patch(client, &name, &change.into_patch(), json).await
+    let mut patch = change.into_patch();
+    // The quota as it is, when its bursts may follow a new limit; the
+    // patch then holds only if nothing changed it meanwhile.
+    let mut read_at = None;
+    if patch.limit.is_some() && (patch.low_burst.is_none() || patch.high_burst.is_none()) {
+        let url = client.url("v1/quotas", &[&name], &[])?;
+        match client.send(Method::GET, url, None).await {
+            Ok(reply) => {
+                follow_bursts(&mut patch, &reply.body);
+                read_at = reply.body["epoch"].as_u64();
+            }
+            Err(e) if e.status == Some(StatusCode::NOT_FOUND) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    send_patch(client, &name, &patch, create, read_at, json).await
+}
+
+/// Bursts left at their defaults follow a new limit: a low burst equal to
+/// the quota's limit follows it, and a high burst equal to that low burst
+/// follows along (`null`: back to the default). The root keeps bursts as
+/// numbers, with no mark of which were given, so a burst equal to its
+/// default is taken for one; bursts given on the command line, or set
+/// apart from their defaults, stay as they are.
+fn follow_bursts(patch: &mut QuotaPatch, current: &Value) {
+    let numbers = (
+        patch.limit,
+        current["limit"].as_f64(),
+        current["low_burst"].as_f64(),
+        current["high_burst"].as_f64(),
+    );
+    let (Some(limit), Some(old_limit), Some(low), Some(high)) = numbers else {
+        return;
+    };
+    if limit == old_limit || patch.low_burst.is_some() || low != old_limit {
+        return;
+    }
+    patch.low_burst = Some(None);
+    if patch.high_burst.is_none() && high == low {
+        patch.high_burst = Some(None);
+    }
+}
+
+/// `--limit`: a number (any number: [`check_numbers`] says what is wrong
+/// with a negative or infinite one), or a rate with its unit (`10/m`).
+fn limit_flag(text: &str) -> Result<Rate, CliError> {
+    if let Ok(number) = text.parse::<f64>() {
+        return Ok(Rate {
+            per_second: number,
+            unit: None,
+        });
+    }
+    parse_rate(text).map_err(|why| CliError::new(format!("--limit: {why}")))
 }
 
 fn show_quota(q: &Value) -> String {
@@ -356,17 +429,36 @@ async fn send_patch(
     client: &Client,
     name: &str,
     patch: &QuotaPatch,
+    create: bool,
+    read_at: Option<u64>,
     json: bool,
 ) -> Result<String, CliError> {
     let url = client.url("v1/quotas", &[name], &[])?;
     let body = serde_json::to_vec(patch).map_err(CliError::new)?;
+    let epoch = read_at.map(|e| format!("\"{e}\""));
+    let expect: Vec<(HeaderName, &str)> = epoch.iter().map(|e| (IF_MATCH, e.as_str())).collect();
     let mut reply = client
-        .send(Method::PATCH, url.clone(), Some(body.clone()))
+        .send_with(Method::PATCH, url.clone(), Some(body.clone()), &expect)
         .await;
+    if reply
+        .as_ref()
+        .is_err_and(|e| e.status == Some(StatusCode::PRECONDITION_FAILED))
+    {
+        return Err(CliError::new(format!(
+            "quota {name:?} changed while it was read (another edit): run the command again"
+        )));
+    }
     if reply
         .as_ref()
         .is_err_and(|e| e.status == Some(StatusCode::NOT_FOUND))
     {
+        if !create {
+            // A typo must not become a new quota.
+            return Err(CliError::new(format!(
+                "no quota is named {name:?} (`sluice quota list` shows them): to create it, \
+                 add --create"
+            )));
+        }
         if patch.limit.is_none() {
             return Err(CliError::new(format!(
                 "quota {name:?} does not exist yet: --limit is required to create it"
@@ -446,6 +538,34 @@ mod tests {
         }
         .into_patch();
         assert_eq!((patch.in_flight, patch.low_burst), (Some(false), None));
+    }
+
+    /// The issue's case: `quota set NAME --limit 5` on a quota stored with
+    /// the bursts a limit of 10 gave it was refused (a window quota's
+    /// bursts must lie within its limit).
+    #[test]
+    fn bursts_at_their_defaults_follow_a_new_limit() {
+        let patch = |body: Value| -> QuotaPatch { serde_json::from_value(body).unwrap() };
+        let stored = json!({"limit": 10.0, "low_burst": 10.0, "high_burst": 10.0, "epoch": 3});
+        let mut p = patch(json!({"limit": 5.0}));
+        follow_bursts(&mut p, &stored);
+        assert_eq!((p.low_burst, p.high_burst), (Some(None), Some(None)));
+        // A high burst of its own stays; bursts set apart stay both.
+        let banded = json!({"limit": 10.0, "low_burst": 10.0, "high_burst": 30.0});
+        let mut p = patch(json!({"limit": 5.0}));
+        follow_bursts(&mut p, &banded);
+        assert_eq!((p.low_burst, p.high_burst), (Some(None), None));
+        let apart = json!({"limit": 10.0, "low_burst": 20.0, "high_burst": 20.0});
+        let mut p = patch(json!({"limit": 5.0}));
+        follow_bursts(&mut p, &apart);
+        assert_eq!((p.low_burst, p.high_burst), (None, None));
+        // Given bursts, or an unchanged limit, change nothing.
+        let mut p = patch(json!({"limit": 5.0, "low_burst": 7.0}));
+        follow_bursts(&mut p, &stored);
+        assert_eq!((p.low_burst, p.high_burst), (Some(Some(7.0)), None));
+        let mut p = patch(json!({"limit": 10.0}));
+        follow_bursts(&mut p, &stored);
+        assert_eq!((p.low_burst, p.high_burst), (None, None));
     }
 
     #[test]
