@@ -224,7 +224,9 @@ ok(!defined $page->{admitted}, 'no total of admitted units across quotas');
 like($page->{counters}, qr/^3 with a counter, 4 keys$/, 'three quotas with a counter, four keys beside them');
 
 # --- The screenshot: the per-key quota's editor open ------------------------------------
-$browser->click('#busiest tr[data-quota="api_user"] button');
+# Found and clicked in one step: the table is rebuilt at every refresh,
+# and an element found first may be gone by the click (stale).
+$browser->js(q{document.querySelector('#busiest tr[data-quota="api_user"] button').click()});
 ok($browser->wait_for(q{document.getElementById('editor-name').textContent === 'api_user'
         && document.getElementById('editor-kind').textContent.startsWith('0.001 /s per key')
         && document.querySelector('#chart-level polyline')}),

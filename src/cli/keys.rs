@@ -25,11 +25,10 @@ pub(super) struct KeysArgs {
     top: usize,
 }
 
-/// `sluice quota key`.
+/// A key of a per-key quota, as `key` and `override` take it: the key
+/// itself (hashed here, never sent) or its hash.
 #[derive(Debug, clap::Args)]
-pub(super) struct KeyArgs {
-    /// The per-key quota's name.
-    name: String,
+pub(super) struct GivenKey {
     /// The key (a token, an address...), hashed locally.
     #[arg(long, conflicts_with = "hash", required_unless_present = "hash")]
     key: Option<String>,
@@ -37,9 +36,45 @@ pub(super) struct KeyArgs {
     /// `sluice_key_secret_file`); without it, the built-in secret.
     #[arg(long, value_name = "FILE", requires = "key")]
     secret_file: Option<PathBuf>,
-    /// The key's hash (16 hex digits), as logs and listings show it.
+    /// The key's hash (16 hex digits) instead of the key, as logs and
+    /// listings show it.
     #[arg(long)]
     hash: Option<String>,
+}
+
+impl GivenKey {
+    /// The key was given and will be hashed with the built-in secret (no
+    /// `--secret-file`).
+    fn built_in(&self) -> bool {
+        self.key.is_some() && self.secret_file.is_none()
+    }
+
+    /// The key's hash as the root knows it: the key hashed here with the
+    /// secret in `--secret-file`, or the hash as given.
+    fn hash(self) -> Result<String, CliError> {
+        match (self.key, self.hash) {
+            (Some(key), _) => hash_key(&key, self.secret_file.as_deref()),
+            (None, Some(hash)) => {
+                parse_hash(&hash).ok_or_else(|| {
+                    CliError::new(format!(
+                        "invalid --hash {hash:?}: a key's hash is 16 hex digits, as listings \
+                         show it"
+                    ))
+                })?;
+                Ok(hash)
+            }
+            (None, None) => Err(CliError::new("give --key or --hash")),
+        }
+    }
+}
+
+/// `sluice quota key`.
+#[derive(Debug, clap::Args)]
+pub(super) struct KeyArgs {
+    /// The per-key quota's name.
+    name: String,
+    #[command(flatten)]
+    key: GivenKey,
 }
 
 /// `sluice quota hash`.
@@ -59,16 +94,8 @@ pub(super) struct HashArgs {
 pub(super) struct OverrideArgs {
     /// The per-key template's name.
     name: String,
-    /// The key (a token, an address...), hashed locally.
-    #[arg(long, conflicts_with = "hash", required_unless_present = "hash")]
-    key: Option<String>,
-    /// The file with the fleet's key secret (nginx's
-    /// `sluice_key_secret_file`); without it, the built-in secret.
-    #[arg(long, value_name = "FILE", requires = "key")]
-    secret_file: Option<PathBuf>,
-    /// The key's hash (16 hex digits) instead of the key.
-    #[arg(long)]
-    hash: Option<String>,
+    #[command(flatten)]
+    key: GivenKey,
     /// Leak rate (or units per window) for this key.
     #[arg(long, allow_negative_numbers = true, group = "rule")]
     limit: Option<f64>,
@@ -136,17 +163,12 @@ pub(super) async fn keys(client: &Client, args: KeysArgs, json: bool) -> Result<
 
 /// `sluice quota key`: one key of a per-key quota.
 pub(super) async fn key(client: &Client, args: KeyArgs, json: bool) -> Result<String, CliError> {
-    let KeyArgs {
-        name,
-        key,
-        secret_file,
-        hash,
-    } = args;
+    let KeyArgs { name, key } = args;
     check_name(&name)?;
     // A key hashed with the built-in secret finds nothing in a
     // fleet that has its own: say which secret was used.
-    let built_in = key.is_some() && secret_file.is_none();
-    let hash = key_hash(key, secret_file.as_deref(), hash)?;
+    let built_in = key.built_in();
+    let hash = key.hash()?;
     let url = client.url("v1/quotas", &[&name, "keys", &hash], &[])?;
     let reply = client.send(Method::GET, url, None).await.map_err(|mut e| {
         if built_in && e.status == Some(StatusCode::NOT_FOUND) {
@@ -186,8 +208,6 @@ pub(super) async fn set_override(
     let OverrideArgs {
         name,
         key,
-        secret_file,
-        hash,
         limit,
         low_burst,
         high_burst,
@@ -198,7 +218,7 @@ pub(super) async fn set_override(
         note,
     } = args;
     check_name(&name)?;
-    let hash = key_hash(key, secret_file.as_deref(), hash)?;
+    let hash = key.hash()?;
     let url = client.url("v1/quotas", &[&name, "overrides", &hash], &[])?;
     if remove {
         let reply = client.send(Method::DELETE, url, None).await?;
@@ -273,28 +293,6 @@ pub(super) async fn overrides(
 /// without), as the root and nginx name it; the key is never sent.
 fn hash_key(key: &str, secret_file: Option<&Path>) -> Result<String, CliError> {
     Ok(format_hash(key_secret(secret_file)?.hash(key.as_bytes())))
-}
-
-/// A key's hash as the root knows it: the key hashed here with the
-/// secret in `secret_file` (never sent), or a hash as given.
-fn key_hash(
-    key: Option<String>,
-    secret_file: Option<&Path>,
-    hash: Option<String>,
-) -> Result<String, CliError> {
-    match (key, hash) {
-        (Some(key), _) => hash_key(&key, secret_file),
-        (None, Some(hash)) => {
-            parse_hash(&hash).ok_or_else(|| {
-                CliError::new(format!(
-                    "invalid --hash {hash:?}: a key's hash is 16 hex digits, as listings \
-                     show it"
-                ))
-            })?;
-            Ok(hash)
-        }
-        (None, None) => Err(CliError::new("give --key or --hash")),
-    }
 }
 
 /// What an override does, in a few words, with its expiry.

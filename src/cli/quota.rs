@@ -71,7 +71,7 @@ pub(super) struct SetArgs {
     /// 1s, 10s, 1m, 1h, 1d, 7d or month; `none` makes the quota a leaky
     /// bucket again.
     #[arg(long, value_parser = parse_window_flag)]
-    window: Option<WindowFlag>,
+    window: Option<OrNone<Window>>,
     /// A sliding window: the previous window counts too, weighted by
     /// what is left of it.
     #[arg(long, conflicts_with = "fixed")]
@@ -83,7 +83,7 @@ pub(super) struct SetArgs {
     /// a request is rejected at its high burst: 90s, 15m, 1h, 1d (at
     /// most 30d); `none` takes the penalty away.
     #[arg(long, value_parser = parse_penalty_flag)]
-    penalty: Option<PenaltyFlag>,
+    penalty: Option<OrNone<PenaltyTime>>,
     /// An in-flight quota: at most `--limit` requests at once, each
     /// holding a slot until it ends (nginx's limit_conn, fleet-wide);
     /// its bursts go back to the limit unless given.
@@ -348,33 +348,32 @@ pub(super) struct Change {
     pub(super) in_flight: Option<bool>,
 }
 
-/// `--penalty`: a duration, or `none`.
+/// A flag's value, or `none` to take it away (`--penalty`, `--window`).
 #[derive(Clone, Copy, Debug)]
-struct PenaltyFlag(Option<PenaltyTime>);
+struct OrNone<T>(Option<T>);
 
-fn parse_penalty_flag(text: &str) -> Result<PenaltyFlag, String> {
-    if text == "none" {
-        return Ok(PenaltyFlag(None));
+impl<T> OrNone<T> {
+    fn parse(text: &str, value: impl FnOnce(&str) -> Result<T, String>) -> Result<Self, String> {
+        if text == "none" {
+            return Ok(Self(None));
+        }
+        value(text).map(|v| Self(Some(v)))
     }
-    PenaltyTime::parse(text)
-        .map(|p| PenaltyFlag(Some(p)))
-        .map_err(|e| e.message)
+}
+
+/// `--penalty`: a duration, or `none`.
+fn parse_penalty_flag(text: &str) -> Result<OrNone<PenaltyTime>, String> {
+    OrNone::parse(text, |t| PenaltyTime::parse(t).map_err(|e| e.message))
 }
 
 /// `--window`: a window, or `none`.
-#[derive(Clone, Copy, Debug)]
-struct WindowFlag(Option<Window>);
-
-fn parse_window_flag(text: &str) -> Result<WindowFlag, String> {
-    if text == "none" {
-        return Ok(WindowFlag(None));
-    }
-    Window::parse(text)
-        .map(|w| WindowFlag(Some(w)))
-        .ok_or_else(|| {
+fn parse_window_flag(text: &str) -> Result<OrNone<Window>, String> {
+    OrNone::parse(text, |t| {
+        Window::parse(t).ok_or_else(|| {
             let names: Vec<&str> = Window::ALL.iter().map(|w| w.name()).collect();
             format!("must be one of {} or none", names.join(", "))
         })
+    })
 }
 
 impl Change {

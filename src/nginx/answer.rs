@@ -24,7 +24,22 @@ use crate::table::{CheckItem, Headroom, ManyOutcome, Outcome, Rejection, Table};
 
 /// Most bytes of a bad weight value a log line quotes (the value comes
 /// from the client).
-pub(super) const MAX_LOGGED_WEIGHT: usize = 64;
+const MAX_LOGGED_WEIGHT: usize = 64;
+
+/// A weight value as a log line quotes it: its first [`MAX_LOGGED_WEIGHT`]
+/// bytes, and `...` when there were more.
+pub(super) struct ShownWeight<'a>(pub(super) &'a [u8]);
+
+impl std::fmt::Display for ShownWeight<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let value = self.0;
+        f.write_str(&text(&value[..value.len().min(MAX_LOGGED_WEIGHT)]))?;
+        if value.len() > MAX_LOGGED_WEIGHT {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
 
 /// A request's checks and what came of them: what its answer is made of.
 pub(super) struct Decision<'a> {
@@ -251,13 +266,7 @@ pub(super) fn reject_no_key(
             ),
         )
     }
-    if dry_run {
-        state.status = RequestStatus::RejectedDryRun;
-        NGX_DECLINED as ngx_int_t
-    } else {
-        state.status = RequestStatus::NoKeyRejected;
-        lcf.status() as ngx_int_t
-    }
+    refuse_unchecked(lcf, state, RequestStatus::NoKeyRejected)
 }
 
 /// Rejects a request whose weight is not a number (or empty, with
@@ -283,12 +292,7 @@ pub(super) fn reject_weight(
     }
     let how = if dry_run { ", dry run," } else { "" };
     let quota = text(quota);
-    let shown = text(&value[..value.len().min(MAX_LOGGED_WEIGHT)]);
-    let cut = if value.len() > MAX_LOGGED_WEIGHT {
-        "..."
-    } else {
-        ""
-    };
+    let shown = ShownWeight(value);
     // SAFETY: the request's log; nginx appends client and request.
     unsafe {
         match error {
@@ -297,7 +301,7 @@ pub(super) fn reject_weight(
                 (*r.connection).log,
                 format_args!(
                     "sluice: limiting requests{how} for quota \"{quota}\": weight \
-                     \"{shown}{cut}\" is not a non-negative integer"
+                     \"{shown}\" is not a non-negative integer"
                 ),
             ),
             WeightError::Empty => log(
@@ -310,11 +314,18 @@ pub(super) fn reject_weight(
             ),
         }
     }
-    if dry_run {
+    refuse_unchecked(lcf, state, RequestStatus::Rejected)
+}
+
+/// Answers a request refused before its checks were made: with
+/// `sluice_status` and `refused` as its status, or let through by dry run
+/// (`REJECTED_DRY_RUN`).
+fn refuse_unchecked(lcf: &LocConf, state: &mut RequestState, refused: RequestStatus) -> ngx_int_t {
+    if lcf.dry_run.unwrap_or(false) {
         state.status = RequestStatus::RejectedDryRun;
         NGX_DECLINED as ngx_int_t
     } else {
-        state.status = RequestStatus::Rejected;
+        state.status = refused;
         lcf.status() as ngx_int_t
     }
 }

@@ -33,7 +33,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
-use super::answer::MAX_LOGGED_WEIGHT;
+use super::answer::ShownWeight;
 use super::charge_args::{charge_condition, charge_weight, ChargeStatus};
 use super::conf::{ChargeConf, LocConf, Weight};
 use super::handler::evaluate;
@@ -212,19 +212,14 @@ fn charge_one(
 /// Logs a charge whose weight is no number (at `sluice_log_level`).
 fn log_invalid_weight(r: &mut ngx_http_request_t, lcf: &LocConf, quota: &[u8], value: &[u8]) {
     let quota = text(quota);
-    let shown = text(&value[..value.len().min(MAX_LOGGED_WEIGHT)]);
-    let cut = if value.len() > MAX_LOGGED_WEIGHT {
-        "..."
-    } else {
-        ""
-    };
+    let shown = ShownWeight(value);
     // SAFETY: the request's log; nginx appends client and request.
     unsafe {
         log(
             lcf.log_level(),
             (*r.connection).log,
             format_args!(
-                "sluice: nothing charged to quota \"{quota}\": weight \"{shown}{cut}\" is not a \
+                "sluice: nothing charged to quota \"{quota}\": weight \"{shown}\" is not a \
                  non-negative integer"
             ),
         )
