@@ -28,7 +28,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::core::rng::Rng;
 use sluice::core::tier::{Override, Rule};
 use sluice::core::Quota;
-use sluice::table::layout::Geometry;
+use sluice::table::geometry::Geometry;
 use sluice::table::{CheckItem, CheckOptions, Outcome, Table};
 
 /// Overrides held by the flagged template.

@@ -145,7 +145,7 @@ impl Settings {
             ..SyncConfig::default()
         };
         sync.validate().map_err(invalid)?;
-        crate::table::layout::check_key_capacity(config.key_capacity)
+        crate::table::geometry::check_key_capacity(config.key_capacity)
             .map_err(|why| format!("key_capacity: {why}"))?;
         let key_overflow = match config.key_overflow.as_deref() {
             None => KeyOverflow::default(),

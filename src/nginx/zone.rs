@@ -33,7 +33,7 @@ use super::zone_size::{AVG_NAME_BYTES, DEFAULT_ZONE_SIZE};
 use super::Module;
 use crate::core::Extrapolation;
 use crate::table::file::{load_set, FileRole};
-use crate::table::layout::Geometry;
+use crate::table::geometry::Geometry;
 use crate::table::Table;
 
 /// The zone's name.

@@ -79,7 +79,7 @@ impl Table {
     /// every entry, when the ring overflowed), under the key lock (let go
     /// every [`SYNC_BATCH`] entries). The writer lock is held.
     fn drain_dirty(&self, mut each: impl FnMut(KeyAt, &KeyEntry)) {
-        if self.geometry.key_buckets == 0 {
+        if self.geometry().key_buckets == 0 {
             return;
         }
         let mut lock = self.key_lock();
@@ -341,7 +341,7 @@ impl Table {
     /// the tier marks of keys the tier section no longer holds anything
     /// of. The writer lock is held.
     pub(super) fn sweep_keys(&self, buckets: usize, now: Nanos) {
-        let n = self.geometry.key_buckets as usize;
+        let n = self.geometry().key_buckets as usize;
         if n == 0 {
             return;
         }

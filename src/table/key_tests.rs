@@ -133,7 +133,7 @@ fn the_raw_key_is_never_stored_only_its_hash() {
     let token = b"secret-token-3f9a1c77e2b44d0c";
     check_key(&t, token, 1, 0);
     // SAFETY: the heap table's region is `region_len` readable bytes.
-    let region = unsafe { std::slice::from_raw_parts(t.base, t.region_len()) };
+    let region = unsafe { std::slice::from_raw_parts(t.base(), t.region_len()) };
     assert!(!region.windows(token.len()).any(|w| w == token));
     let hash = hash(&t, token).to_le_bytes();
     assert!(region.windows(8).any(|w| w == hash));

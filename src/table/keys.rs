@@ -252,7 +252,7 @@ impl Table {
 
     /// Keys the key section holds (0: per-key quotas pass uncounted).
     pub fn key_capacity(&self) -> u64 {
-        self.geometry.key_capacity()
+        self.geometry().key_capacity()
     }
 
     /// The key section's counters.
@@ -278,7 +278,7 @@ impl Table {
     /// The two buckets a key of `template` with `hash` may live in
     /// (distinct whenever the section has two buckets).
     pub(super) fn buckets_of(&self, template: SlotId, hash: KeyHash) -> (usize, usize) {
-        let n = u64::from(self.geometry.key_buckets);
+        let n = u64::from(self.geometry().key_buckets);
         let mixed = hash ^ u64::from(template + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let first = mixed.wrapping_mul(0xd6e8_feb8_6659_fd93);
         let second = mixed.rotate_left(29).wrapping_mul(0xa076_1d64_78bd_642f);
@@ -304,7 +304,7 @@ impl Table {
     /// The entry of the key `hash` of the template in slot `template`, if
     /// it has one. A miss while an entry was moving looks again.
     pub(super) fn find_key(&self, template: SlotId, hash: KeyHash) -> Option<KeyAt> {
-        if self.geometry.key_buckets == 0 {
+        if self.geometry().key_buckets == 0 {
             return None;
         }
         let (b1, b2) = self.buckets_of(template, hash);
@@ -385,7 +385,7 @@ impl Table {
     #[cold]
     #[inline(never)]
     fn make_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoRoom> {
-        let placed = if self.geometry.key_buckets == 0 {
+        let placed = if self.geometry().key_buckets == 0 {
             Err(NoMove::NoChain)
         } else {
             self.insert_key(template, hash, now)

@@ -96,25 +96,16 @@ mod fast;
 mod fast_tests;
 pub mod file;
 mod grants;
-mod heap;
 mod held;
 mod in_flight;
 mod key_moves;
 mod key_sync;
 mod keys;
-pub mod layout;
-mod lock;
-pub mod names;
 mod outcome;
+pub mod region;
 mod snapshot;
-mod status;
 mod tiers;
 mod write;
-
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::core::estimate::Estimator;
-use crate::core::Extrapolation;
 
 pub use counters::{CollectedDelta, Source};
 pub use grants::{Grant, Reservation};
@@ -123,73 +114,19 @@ pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
 pub use outcome::{
     Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
 };
+pub use region::{geometry, layout, names};
+pub use region::{Region, SlotId, TableError};
 pub use snapshot::QuotaState;
 pub use tiers::{TierRead, TierReport, TierState, TierStats};
 pub use write::ApplyReport;
 
 use chain::NameHints;
-use heap::HeapRegion;
-use layout::{Geometry, Header, KeyBucket, Slot, SyncStatus, TierEntry, LAYOUT_VERSION, MAGIC};
-
-const ACQ: Ordering = Ordering::Acquire;
-const REL: Ordering = Ordering::Release;
-const RLX: Ordering = Ordering::Relaxed;
-
-/// Seqlock read attempts before a check gives up and fails open.
-const READ_RETRIES: u32 = 1000;
-
-/// A slot number in the table.
-pub type SlotId = u32;
-
-/// Errors of table construction and quota writes.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum TableError {
-    /// Every slot holds a live quota.
-    #[error(
-        "quota table is full ({capacity} quotas); quota {name:?} refused, existing quotas kept"
-    )]
-    Full {
-        /// Slots in the table.
-        capacity: u32,
-        /// The quota that did not fit.
-        name: String,
-    },
-    /// The name arena has no room for this name.
-    #[error("quota table name space is full; quota {name:?} refused, existing quotas kept")]
-    NamesFull {
-        /// The quota that did not fit.
-        name: String,
-    },
-    /// The quota itself is invalid.
-    #[error("quota {name:?} is invalid: {error}")]
-    Invalid {
-        /// The quota's name.
-        name: String,
-        /// What is wrong.
-        error: crate::core::ValidationError,
-    },
-    /// The region is too small for even one quota, or not aligned.
-    #[error("table region of {have} bytes is unusable: {why}")]
-    BadRegion {
-        /// Bytes offered.
-        have: usize,
-        /// Why it cannot be used.
-        why: &'static str,
-    },
-    /// The region holds a table of another format or size.
-    #[error("table region holds an incompatible table: {0}")]
-    Incompatible(&'static str),
-}
+use geometry::Geometry;
+use region::{lock, ACQ, READ_RETRIES, REL, RLX};
 
 /// A quota table over a region of memory.
 pub struct Table {
-    base: *mut u8,
-    geometry: Geometry,
-    /// Where the sections start, worked out once: the request path reads
-    /// them on every check.
-    offsets: Offsets,
-    /// Keeps a heap region alive; `None` for borrowed (shared) memory.
-    _owned: Option<HeapRegion>,
+    region: Region,
     /// Where names were last found (`chain.rs`), per process.
     name_hints: NameHints,
     /// Passed checks are counted per quota, for `sluice_metrics`; off
@@ -201,47 +138,32 @@ pub struct Table {
     fast_path: bool,
 }
 
-/// Byte offsets of a region's sections (see [`Geometry`]).
-#[derive(Clone, Copy, Debug)]
-struct Offsets {
-    slots: usize,
-    held: usize,
-    arena: usize,
-    key_ring: usize,
-    key_buckets: usize,
-    tier_entries: usize,
-    tier_filter: usize,
-}
-
-impl Offsets {
-    fn of(g: &Geometry) -> Self {
-        Self {
-            slots: g.slots_offset(),
-            held: g.held_offset(),
-            arena: g.arena_offset(),
-            key_ring: g.key_ring_offset(),
-            key_buckets: g.key_buckets_offset(),
-            tier_entries: g.tier_entries_offset(),
-            tier_filter: g.tier_filter_offset(),
-        }
+impl std::ops::Deref for Table {
+    type Target = Region;
+    fn deref(&self) -> &Region {
+        &self.region
     }
 }
-
-// SAFETY: every byte of the region is accessed through atomics, and the
-// region outlives the Table (owned, or guaranteed by `from_raw`'s caller).
-unsafe impl Send for Table {}
-// SAFETY: as above; all shared access is atomic.
-unsafe impl Sync for Table {}
 
 impl std::fmt::Debug for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Table")
-            .field("geometry", &self.geometry)
+            .field("geometry", &self.region.geometry())
             .finish()
     }
 }
 
 impl Table {
+    fn over(region: Region) -> Table {
+        Table {
+            region,
+            name_hints: NameHints::new(),
+            pass_tally: true,
+            #[cfg(test)]
+            fast_path: true,
+        }
+    }
+
     /// A table on the heap for `capacity` quotas with names averaging
     /// `avg_name_bytes`.
     pub fn new_heap(capacity: u32, avg_name_bytes: usize) -> Table {
@@ -260,20 +182,7 @@ impl Table {
         let geometry = Geometry::new(capacity, avg_name_bytes)
             .with_keys(keys)
             .with_tiers(tiers);
-        // Anonymous mappings are zeroed: an all-zero region is valid.
-        let owned = HeapRegion::new(geometry.region_len());
-        let table = Table {
-            base: owned.base,
-            geometry,
-            offsets: Offsets::of(&geometry),
-            _owned: Some(owned),
-            name_hints: NameHints::new(),
-            pass_tally: true,
-            #[cfg(test)]
-            fast_path: true,
-        };
-        table.format(geometry.region_len());
-        table
+        Self::over(Region::new_heap(geometry))
     }
 
     /// A table over `len` bytes at `base`: formats the region if it does
@@ -297,206 +206,11 @@ impl Table {
         tier_bytes: usize,
         reformat: bool,
     ) -> Result<Table, TableError> {
-        if base.is_null() || (base as usize) % 64 != 0 {
-            return Err(TableError::BadRegion {
-                have: len,
-                why: "not 64-byte aligned",
-            });
-        }
-        let geometry = Geometry::fitting_with(len, avg_name_bytes, key_bytes, tier_bytes).ok_or(
-            TableError::BadRegion {
-                have: len,
-                why: "too small for one quota",
-            },
-        )?;
-        let table = Table {
-            base,
-            geometry,
-            offsets: Offsets::of(&geometry),
-            _owned: None,
-            name_hints: NameHints::new(),
-            pass_tally: true,
-            #[cfg(test)]
-            fast_path: true,
-        };
-        let header = table.header();
-        if reformat {
-            // SAFETY: the caller guarantees `len` writable bytes.
-            unsafe { std::ptr::write_bytes(base, 0, geometry.region_len()) };
-        }
-        if reformat || header.magic.load(ACQ) == 0 {
-            table.format(len);
-            return Ok(table);
-        }
-        if header.magic.load(ACQ) != MAGIC || header.layout_version.load(RLX) != LAYOUT_VERSION {
-            return Err(TableError::Incompatible("another format or version"));
-        }
-        let found = Geometry {
-            capacity: header.capacity.load(RLX),
-            index_len: header.index_len.load(RLX),
-            arena_granules: header.arena_granules.load(RLX),
-            key_buckets: header.keys.config.buckets.load(RLX),
-            key_ring: header.keys.config.ring_len.load(RLX),
-            tier_entries: header.tiers.entries.load(RLX),
-            tier_filter_blocks: header.tiers.filter_blocks.load(RLX),
-        };
-        if found.region_len() > len {
-            return Err(TableError::Incompatible(
-                "the region is smaller than its table",
-            ));
-        }
-        Ok(Table {
-            base,
-            geometry: found,
-            offsets: Offsets::of(&found),
-            _owned: None,
-            name_hints: NameHints::new(),
-            pass_tally: true,
-            #[cfg(test)]
-            fast_path: true,
-        })
-    }
-
-    fn format(&self, region_len: usize) {
-        let h = self.header();
-        let g = self.geometry;
-        h.layout_version.store(LAYOUT_VERSION, RLX);
-        h.capacity.store(g.capacity, RLX);
-        h.index_len.store(g.index_len, RLX);
-        h.arena_granules.store(g.arena_granules, RLX);
-        h.keys.config.buckets.store(g.key_buckets, RLX);
-        h.keys.config.ring_len.store(g.key_ring, RLX);
-        h.tiers.entries.store(g.tier_entries, RLX);
-        h.tiers.filter_blocks.store(g.tier_filter_blocks, RLX);
-        let (k0, k1) = crate::core::key::KeySecret::built_in().to_words();
-        h.keys.config.secret[0].store(k0, RLX);
-        h.keys.config.secret[1].store(k1, RLX);
-        h.region_len.store(region_len as u64, RLX);
-        self.set_estimator(Estimator::default());
-        h.magic.store(MAGIC, REL);
-    }
-
-    // ---- region access -------------------------------------------------
-
-    fn header(&self) -> &Header {
-        // SAFETY: the region starts with a Header (64-byte aligned), all of
-        // whose fields are atomics for which any bit pattern is valid.
-        unsafe { &*self.base.cast::<Header>() }
-    }
-
-    fn status(&self) -> &SyncStatus {
-        // SAFETY: the status block follows the header inside the region,
-        // 64-byte aligned; it is all atomics.
-        unsafe {
-            &*self
-                .base
-                .add(Geometry::status_offset())
-                .cast::<SyncStatus>()
-        }
-    }
-
-    fn index(&self) -> &[AtomicU64] {
-        // SAFETY: `index_len` u64 atomics start at the index offset, inside
-        // the region (Geometry::region_len covers them), 64-byte aligned.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(Geometry::index_offset()).cast::<AtomicU64>(),
-                self.geometry.index_len as usize,
-            )
-        }
-    }
-
-    fn slots(&self) -> &[Slot] {
-        // SAFETY: `capacity` slots start at the slots offset, 64-aligned,
-        // inside the region; Slot is all atomics.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.offsets.slots).cast::<Slot>(),
-                self.geometry.capacity as usize,
-            )
-        }
-    }
-
-    /// The slots ever taken (below `next_unused`), with their ids: what
-    /// every whole-table walk goes over.
-    fn used_slots(&self) -> impl Iterator<Item = (SlotId, &Slot)> {
-        let used = self.header().next_unused.load(RLX) as usize;
-        (0..).zip(&self.slots()[..used])
-    }
-
-    /// The held section: one word per slot (see `held.rs`).
-    fn held(&self) -> &[AtomicU64] {
-        // SAFETY: `capacity` u64 atomics start at the held offset, 64-byte
-        // aligned, inside the region (Geometry::region_len covers them).
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.offsets.held).cast::<AtomicU64>(),
-                self.geometry.capacity as usize,
-            )
-        }
-    }
-
-    fn arena(&self) -> &[AtomicU64] {
-        // SAFETY: `arena_granules` 16-byte granules (two u64 atomics each)
-        // start at the arena offset, inside the region.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.offsets.arena).cast::<AtomicU64>(),
-                self.geometry.arena_granules as usize * 2,
-            )
-        }
-    }
-
-    fn key_ring(&self) -> &[AtomicU64] {
-        // SAFETY: `key_ring` u64 atomics start at the ring offset (64-byte
-        // aligned), inside the region (Geometry::region_len covers them).
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.offsets.key_ring).cast::<AtomicU64>(),
-                self.geometry.key_ring as usize,
-            )
-        }
-    }
-
-    fn key_buckets(&self) -> &[KeyBucket] {
-        // SAFETY: `key_buckets` buckets start at their offset, 64-byte
-        // aligned, inside the region; KeyBucket is all atomics.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.offsets.key_buckets).cast::<KeyBucket>(),
-                self.geometry.key_buckets as usize,
-            )
-        }
-    }
-
-    fn tier_entries(&self) -> &[TierEntry] {
-        // SAFETY: `tier_entries` entries start at their offset, 64-byte
-        // aligned, inside the region; TierEntry is all atomics.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base.add(self.offsets.tier_entries).cast::<TierEntry>(),
-                self.geometry.tier_entries as usize,
-            )
-        }
-    }
-
-    /// Copy `copy` (0 or 1) of the tier filter: its blocks' words.
-    fn tier_filter(&self, copy: u32) -> &[AtomicU64] {
-        let words = self.geometry.tier_filter_blocks as usize * 8;
-        // SAFETY: two copies of `tier_filter_blocks` 64-byte blocks of u64
-        // atomics follow the tier entries, inside the region.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.base
-                    .add(self.offsets.tier_filter + (copy as usize & 1) * words * 8)
-                    .cast::<AtomicU64>(),
-                words,
-            )
-        }
-    }
-
-    fn slot(&self, id: SlotId) -> Option<&Slot> {
-        self.slots().get(id as usize)
+        // SAFETY: the caller's guarantees are `Region::from_raw`'s.
+        let region = unsafe {
+            Region::from_raw(base, len, avg_name_bytes, key_bytes, tier_bytes, reformat)
+        }?;
+        Ok(Self::over(region))
     }
 
     /// This table without the per-quota count of passed checks, for an
@@ -512,12 +226,12 @@ impl Table {
 
     /// Number of slots.
     pub fn capacity(&self) -> u32 {
-        self.geometry.capacity
+        self.region.capacity()
     }
 
     /// Live quotas.
     pub fn len(&self) -> u32 {
-        self.header().live.load(RLX)
+        self.region.len()
     }
 
     /// True when no quota is loaded.
@@ -527,89 +241,82 @@ impl Table {
 
     /// Bytes of the region the table uses.
     pub fn region_len(&self) -> usize {
-        self.geometry.region_len()
+        self.region.region_len()
     }
 
     /// The region's geometry.
     pub fn geometry(&self) -> Geometry {
-        self.geometry
+        self.region.geometry()
     }
 
     /// Highest quota epoch applied.
     pub fn max_epoch(&self) -> u64 {
-        self.header().max_epoch.load(ACQ)
+        self.region.max_epoch()
     }
 
     /// Checks of names that have no quota.
     pub fn unknown_checks(&self) -> u64 {
-        self.header().unknown_checks.load(RLX)
+        self.region.header().unknown_checks.load(RLX)
     }
 
     /// Quotas refused because the table was full.
     pub fn refused_quotas(&self) -> u64 {
-        self.header().refused_quotas.load(RLX)
+        self.region.header().refused_quotas.load(RLX)
     }
 
     /// True while seed quotas from a file may be in the table.
     pub fn holds_seeds(&self) -> bool {
-        self.header().seeds.load(ACQ) != 0
+        self.region.header().seeds.load(ACQ) != 0
     }
 
     /// Records whether seed quotas may be in the table.
     pub(crate) fn set_holds_seeds(&self, seeds: bool) {
-        self.header().seeds.store(u32::from(seeds), REL);
+        self.region.header().seeds.store(u32::from(seeds), REL);
     }
 
     /// Changes whenever slots are added, removed or re-linked.
     pub fn generation(&self) -> u64 {
-        self.header().generation.load(ACQ)
+        self.region.generation()
     }
 
     /// UTC nanoseconds minus the table's clock, for window quotas (see
     /// [`layout::Header::utc_offset`]).
     pub fn utc_offset(&self) -> i64 {
-        self.header().utc_offset.load(RLX) as i64
+        self.region.utc_offset()
     }
 
     /// Sets the UTC offset window quotas use.
     pub fn set_utc_offset(&self, offset: i64) {
-        self.header().utc_offset.store(offset as u64, RLX);
+        self.region.set_utc_offset(offset)
     }
 
     /// The windows some live quota counts in.
     pub fn windows_used(&self) -> Vec<crate::core::Window> {
-        let used = self.header().windows_used.load(RLX);
-        crate::core::Window::ALL
-            .into_iter()
-            .filter(|w| used & 1 << (w.code() - 1) != 0)
-            .collect()
+        self.region.windows_used()
     }
 
     /// Sets how levels are extrapolated between syncs.
-    pub fn set_estimator(&self, estimator: Estimator) {
-        let h = self.header();
-        let (mode, ratio) = match estimator.mode {
-            Extrapolation::Adaptive => (0, 0.0),
-            Extrapolation::ConstantRatio { ratio } => (1, ratio),
-        };
-        h.estimator_ratio.store(f64::to_bits(ratio), RLX);
-        h.estimator_horizon.store(estimator.horizon, RLX);
-        h.estimator_mode.store(mode, REL);
+    pub fn set_estimator(&self, estimator: crate::core::estimate::Estimator) {
+        self.region.set_estimator(estimator)
     }
 
     /// How levels are extrapolated between syncs.
-    pub fn estimator(&self) -> Estimator {
-        let h = self.header();
-        let mode = match h.estimator_mode.load(ACQ) {
-            1 => Extrapolation::ConstantRatio {
-                ratio: f64::from_bits(h.estimator_ratio.load(RLX)),
-            },
-            _ => Extrapolation::Adaptive,
-        };
-        Estimator {
-            mode,
-            horizon: h.estimator_horizon.load(RLX),
-        }
+    pub fn estimator(&self) -> crate::core::estimate::Estimator {
+        self.region.estimator()
+    }
+
+    /// Writes the status block: `write` stores into it while readers are
+    /// held off by the block's seqlock (and other writers by the writer
+    /// lock).
+    pub fn write_status(&self, write: impl FnOnce(&layout::SyncStatus)) {
+        self.region.write_status(write)
+    }
+
+    /// Reads the status block consistently: `read` runs until it ran while
+    /// no write was under way (`None` if that never happened within the
+    /// retry bound). `read` must only load from the block.
+    pub fn read_status<T>(&self, read: impl Fn(&layout::SyncStatus) -> T) -> Option<T> {
+        self.region.read_status(read)
     }
 }
 

@@ -1,4 +1,6 @@
 use super::lock::own_pid;
+use super::region::heap::HeapRegion;
+use super::region::layout::Slot;
 use super::*;
 use crate::core::{Counting, Level, Nanos, Quota, Tally, Wait};
 use std::collections::HashMap;

@@ -287,7 +287,7 @@ fn rule_of(read: &TierRead) -> Option<Rule> {
 impl Table {
     /// Overrides and penalties the section holds (0: none).
     pub fn tier_capacity(&self) -> u64 {
-        self.geometry.tier_capacity()
+        self.geometry().tier_capacity()
     }
 
     /// The tier section's counters.
@@ -310,7 +310,7 @@ impl Table {
 
     /// Where the probe for `(quota, key)` starts.
     fn tier_home(&self, quota: u64, key: KeyHash) -> usize {
-        let n = self.geometry.tier_entries as u64;
+        let n = self.geometry().tier_entries as u64;
         ((u128::from(mix(quota, key)) * u128::from(n)) >> 64) as usize
     }
 
@@ -319,7 +319,7 @@ impl Table {
         let h = mix(quota, key)
             .rotate_left(17)
             .wrapping_mul(0xa076_1d64_78bd_642f);
-        let blocks = u64::from(self.geometry.tier_filter_blocks.max(1));
+        let blocks = u64::from(self.geometry().tier_filter_blocks.max(1));
         (((u128::from(h) * u128::from(blocks)) >> 64) as usize, h)
     }
 
@@ -328,7 +328,7 @@ impl Table {
     #[inline]
     pub(super) fn tier_filter_holds(&self, quota: u64, key: KeyHash) -> bool {
         let t = &self.header().tiers;
-        if self.geometry.tier_filter_blocks == 0 {
+        if self.geometry().tier_filter_blocks == 0 {
             return false;
         }
         let words = self.tier_filter(t.filter_active.load(ACQ));
@@ -572,7 +572,7 @@ impl Table {
     /// Records quota `id`'s penalty length (`None`: it has none), as a
     /// quota write does (the writer lock held).
     pub(super) fn set_quota_penalty(&self, id: u64, secs: Option<u32>) {
-        if self.geometry.tier_entries == 0 {
+        if self.geometry().tier_entries == 0 {
             return;
         }
         let lock = self.tier_lock();
@@ -593,7 +593,7 @@ impl Table {
     /// Merges penalties from the roots: each end is kept if later than
     /// the one held. Returns how many moved an end.
     pub fn merge_penalties(&self, penalties: &[Penalty]) -> usize {
-        if penalties.is_empty() || self.geometry.tier_entries == 0 {
+        if penalties.is_empty() || self.geometry().tier_entries == 0 {
             return 0;
         }
         let lock = self.tier_lock();

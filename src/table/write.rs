@@ -273,7 +273,7 @@ impl Table {
             return Some(at);
         }
         let next = h.arena_next.load(RLX);
-        if next as usize + k <= self.geometry.arena_granules as usize {
+        if next as usize + k <= self.geometry().arena_granules as usize {
             h.arena_next.store(next + k as u32, RLX);
             return Some(next);
         }

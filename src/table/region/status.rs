@@ -6,13 +6,13 @@
 use std::sync::atomic::fence;
 
 use super::layout::SyncStatus;
-use super::{Table, ACQ, READ_RETRIES, REL, RLX};
+use super::sections::{Region, ACQ, READ_RETRIES, REL, RLX};
 
-impl Table {
+impl Region {
     /// Writes the status block: `write` stores into it while readers are
     /// held off by the block's seqlock (and other writers by the writer
     /// lock).
-    pub fn write_status(&self, write: impl FnOnce(&SyncStatus)) {
+    pub(in crate::table) fn write_status(&self, write: impl FnOnce(&SyncStatus)) {
         let st = self.status();
         let _guard = self.lock();
         let seq = st.seq.load(RLX);
@@ -25,7 +25,7 @@ impl Table {
     /// Takes over the per-root words the sync thread keeps for the next
     /// one (`url_hash`, `instance`, `restarts`, `takes_returns`) from
     /// `old` (an nginx zone that changed size); the metrics start anew.
-    pub(super) fn adopt_remembered_roots(&self, old: &Table) {
+    pub(in crate::table) fn adopt_remembered_roots(&self, old: &Region) {
         let Some(words) = old.read_status(|st| {
             st.root.each_ref().map(|r| {
                 [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns].map(|w| w.load(RLX))
@@ -46,7 +46,7 @@ impl Table {
     /// Reads the status block consistently: `read` runs until it ran while
     /// no write was under way (`None` if that never happened within the
     /// retry bound). `read` must only load from the block.
-    pub fn read_status<T>(&self, read: impl Fn(&SyncStatus) -> T) -> Option<T> {
+    pub(in crate::table) fn read_status<T>(&self, read: impl Fn(&SyncStatus) -> T) -> Option<T> {
         let st = self.status();
         for _ in 0..READ_RETRIES {
             let seq = st.seq.load(ACQ);

@@ -5,21 +5,22 @@
 use std::sync::atomic::{fence, AtomicU32};
 
 use super::layout::Slot;
-use super::{Table, ACQ, REL, RLX};
+use super::sections::{Region, ACQ, REL, RLX};
 
-impl Table {
-    pub(super) fn lock(&self) -> WriterGuard<'_> {
+impl Region {
+    /// Takes the region's writer lock, held until the guard drops.
+    pub(in crate::table) fn lock(&self) -> WriterGuard<'_> {
         WriterGuard::acquire(&self.header().writer)
     }
 }
 
 /// An open seqlock write on a slot: `seq` is odd until dropped.
-pub(super) struct SeqWrite<'a> {
+pub(in crate::table) struct SeqWrite<'a> {
     seq: &'a AtomicU32,
 }
 
 impl<'a> SeqWrite<'a> {
-    pub(super) fn begin(slot: &'a Slot) -> Self {
+    pub(in crate::table) fn begin(slot: &'a Slot) -> Self {
         let seq = &slot.seq;
         let s = seq.load(RLX);
         // A crashed writer may have left it odd; always move to odd.
@@ -37,7 +38,7 @@ impl Drop for SeqWrite<'_> {
 }
 
 /// The region's writer lock, held for the guard's life.
-pub(super) struct WriterGuard<'a> {
+pub(in crate::table) struct WriterGuard<'a> {
     lock: &'a AtomicU32,
 }
 
@@ -77,7 +78,7 @@ impl Drop for WriterGuard<'_> {
 /// lock asks once per merged counter (a fifth of a sync cycle's CPU when
 /// uncached). A fork clears the cache in the child (nginx forks its
 /// workers from the master, which may have used a table already).
-pub(super) fn own_pid() -> u32 {
+pub(in crate::table) fn own_pid() -> u32 {
     static PID: AtomicU32 = AtomicU32::new(0);
     static ATFORK: std::sync::Once = std::sync::Once::new();
     extern "C" fn forget_pid() {
@@ -97,7 +98,7 @@ pub(super) fn own_pid() -> u32 {
     pid
 }
 
-pub(super) fn process_alive(pid: u32) -> bool {
+pub(in crate::table) fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };

@@ -8,13 +8,13 @@ use std::ptr;
 /// Asked for transparent huge pages: a table of a million quotas spans
 /// ~150 MB, and with 4 KiB pages every random lookup would also miss the
 /// TLB.
-pub(super) struct HeapRegion {
-    pub(super) base: *mut u8,
+pub(in crate::table) struct HeapRegion {
+    pub(in crate::table) base: *mut u8,
     len: usize,
 }
 
 impl HeapRegion {
-    pub(super) fn new(len: usize) -> HeapRegion {
+    pub(in crate::table) fn new(len: usize) -> HeapRegion {
         // SAFETY: a fresh private anonymous mapping; arguments are valid.
         let p = unsafe {
             libc::mmap(
