@@ -5,24 +5,25 @@
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{fence, AtomicU64};
+use std::sync::atomic::AtomicU64;
 
-use super::keys::KeyOverflow;
-use super::keys::KeyTiers;
-use super::layout::{
-    counting_rule, entry_matches, entry_parts, index_home, unpack_rate_prev, Slot, FLAG_LIVE,
-    FLAG_PER_KEY, FLAG_SLIDING, FLAG_TIERS, FLAG_WINDOW_MASK, INDEX_EMPTY,
-};
 use super::names;
 use super::outcome::{Cause, Charge, CheckItem, Headroom, Outcome, Rejection};
-use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
+use super::region::key_entries::KeyOverflow;
+use super::region::key_entries::KeyTiers;
+use super::region::slots::SlotRead;
+use super::{SlotId, Table, RLX};
 use crate::core::counter::ceil_nanos;
 use crate::core::estimate::Estimator;
 use crate::core::key::KeyHash;
 use crate::core::quota::{weight_f64, MAX_DEPTH, MAX_WEIGHT};
 use crate::core::{
-    check_chain, reserve_wait, tightest, ChainVerdict, Level, Nanos, QuotaSnapshot, Room, Wait,
+    check_chain, reserve_wait, tightest, ChainVerdict, Nanos, QuotaSnapshot, Room, Wait,
 };
+use crate::table::region::index::NameIndex;
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::keys::Keys;
+use crate::table::region::slots::Slots;
 
 /// A quota and its ancestors as read for one check.
 ///
@@ -173,17 +174,6 @@ impl NameHint {
     }
 }
 
-/// What a check reads of a slot besides its view.
-#[derive(Clone, Copy)]
-pub(super) struct SlotRead {
-    /// Its parent's slot.
-    pub parent: Option<SlotId>,
-    /// It is a per-key template.
-    pub per_key: bool,
-    /// It is flagged for the tier section.
-    pub tiers: bool,
-}
-
 impl Chain {
     pub(super) fn new() -> Self {
         Chain {
@@ -313,13 +303,6 @@ impl Chain {
 }
 
 impl Table {
-    /// Finds the live slot named `name`.
-    pub fn lookup(&self, name: &[u8]) -> Option<SlotId> {
-        self.probe(name, |slot, name_at| {
-            self.slot_is_named(slot, name_at, name).then_some(slot)
-        })
-    }
-
     /// Finds the live quota named `name` and reads its view into `out`
     /// (see [`Table::read_named_into`]): first in the slot the hint of
     /// this name's fingerprint holds, else through the index (and the
@@ -351,7 +334,7 @@ impl Table {
     ) -> Option<(SlotId, SlotRead)> {
         let fp = names::fingerprint(name);
         let (slot, name_at) = self.name_hints.of(fp).get(fp)?;
-        let read = self.read_named_into(slot, name_at, name, out)?;
+        let read = Slots::of(self).read_named_into(slot, name_at, name, out)?;
         Some((slot, read))
     }
 
@@ -366,182 +349,15 @@ impl Table {
         name: &[u8],
         out: &mut MaybeUninit<QuotaSnapshot>,
     ) -> Option<(SlotId, SlotRead)> {
-        let found = self.probe(name, |slot, name_at| {
-            self.read_named_into(slot, name_at, name, out)
+        let found = NameIndex::of(self).probe(name, |slot, name_at| {
+            Slots::of(self)
+                .read_named_into(slot, name_at, name, out)
                 .map(|read| (slot, read, name_at))
         });
         let (slot, read, name_at) = found?;
         let fp = names::fingerprint(name);
         self.name_hints.of(fp).set(fp, slot, name_at);
         Some((slot, read))
-    }
-
-    /// Walks the index for `name`, calling `at_match` with the slot and
-    /// name place of every entry whose tag matches, until it returns
-    /// something.
-    fn probe<T>(
-        &self,
-        name: &[u8],
-        mut at_match: impl FnMut(SlotId, u32) -> Option<T>,
-    ) -> Option<T> {
-        let h = self.header();
-        let index = self.index();
-        let hash = names::hash(name);
-        for _ in 0..READ_RETRIES {
-            let seq = h.index_seq.load(ACQ);
-            let mut pos = index_home(hash, index.len());
-            for _ in 0..index.len() {
-                let entry = index[pos].load(ACQ);
-                if entry == INDEX_EMPTY {
-                    break;
-                }
-                if entry_matches(entry, hash) {
-                    let (slot, name_at) = entry_parts(entry);
-                    if let Some(found) = at_match(slot, name_at) {
-                        return Some(found);
-                    }
-                }
-                pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
-            }
-            // A miss is final unless the index was being rebuilt meanwhile.
-            if seq & 1 == 0 && h.index_seq.load(ACQ) == seq {
-                return None;
-            }
-            std::hint::spin_loop();
-        }
-        None
-    }
-
-    /// True when `slot` is live and named `name`, stored at `name_at`.
-    /// The name's words and the slot are independent loads, so their cache
-    /// misses overlap.
-    fn slot_is_named(&self, slot: SlotId, name_at: u32, name: &[u8]) -> bool {
-        let Some(s) = self.slot(slot) else {
-            return false;
-        };
-        let Some(words) = names::name_words(self.arena(), name_at, name.len()) else {
-            return false;
-        };
-        // The check will add to line B next: start fetching it now, beside
-        // line A and the name, instead of after them.
-        prefetch_for_write(&s.pending);
-        for _ in 0..READ_RETRIES {
-            let seq = s.seq.load(ACQ);
-            if seq & 1 == 0 {
-                let same = names::equals(words, name)
-                    && s.flags.load(RLX) & FLAG_LIVE != 0
-                    && s.name_len.load(RLX) as usize == name.len()
-                    && s.name_at.load(RLX) == name_at;
-                fence(ACQ);
-                if s.seq.load(RLX) == seq {
-                    return same;
-                }
-            }
-            std::hint::spin_loop();
-        }
-        false
-    }
-
-    /// Reads one slot's quota numbers and cluster state consistently,
-    /// plus its parent; `None` if it is not live or never stabilised.
-    pub(super) fn read_view(&self, slot: SlotId) -> Option<(QuotaSnapshot, Option<SlotId>)> {
-        let mut view = MaybeUninit::uninit();
-        let read = self.read_view_into(slot, |_| true, &mut view)?;
-        // SAFETY: `read_view_into` wrote the view when it returned `Some`.
-        Some((unsafe { view.assume_init() }, read.parent))
-    }
-
-    /// [`Table::read_view`] of the slot named `name` (stored at
-    /// `name_at`) into `out`, comparing the name in the same seqlock read:
-    /// the check path's first quota costs one read of the slot, not two.
-    #[inline(always)]
-    fn read_named_into(
-        &self,
-        slot: SlotId,
-        name_at: u32,
-        name: &[u8],
-        out: &mut MaybeUninit<QuotaSnapshot>,
-    ) -> Option<SlotRead> {
-        let words = names::name_words(self.arena(), name_at, name.len())?;
-        // The check will add to line B next: start fetching it now, beside
-        // line A and the name, instead of after them.
-        prefetch_for_write(&self.slot(slot)?.pending);
-        self.read_view_into(
-            slot,
-            |s| {
-                names::equals(words, name)
-                    && s.name_len.load(RLX) as usize == name.len()
-                    && s.name_at.load(RLX) == name_at
-            },
-            out,
-        )
-    }
-
-    /// Reads a slot's view under its seqlock into `out` (where a check's
-    /// chain keeps it: no copy) if `matches` holds in the same read; `out`
-    /// is written when `Some` is returned.
-    #[inline(always)]
-    fn read_view_into(
-        &self,
-        slot: SlotId,
-        matches: impl Fn(&Slot) -> bool,
-        out: &mut MaybeUninit<QuotaSnapshot>,
-    ) -> Option<SlotRead> {
-        let s = self.slot(slot)?;
-        for _ in 0..READ_RETRIES {
-            let seq = s.seq.load(ACQ);
-            if seq & 1 == 0 {
-                let flags = s.flags.load(RLX);
-                let live = flags & FLAG_LIVE != 0 && matches(s);
-                let parent = s.parent.load(RLX);
-                let fill = s.fill_rate.load(RLX);
-                let mut view = QuotaSnapshot {
-                    limit: f64::from_bits(s.limit.load(RLX)),
-                    low_burst: f64::from_bits(s.low_burst.load(RLX)),
-                    high_burst: f64::from_bits(s.high_burst.load(RLX)),
-                    known: Level {
-                        level: f64::from_bits(s.known_level.load(RLX)),
-                        at: s.known_at.load(RLX),
-                    },
-                    fill_rate: f64::from_bits(fill),
-                    own_recent: 0.0,
-                    window: None,
-                    prev: 0.0,
-                };
-                if flags & (FLAG_WINDOW_MASK | FLAG_SLIDING) != 0 {
-                    self.window_view(&mut view, flags, fill);
-                }
-                fence(ACQ);
-                if s.seq.load(RLX) == seq {
-                    if !live {
-                        return None;
-                    }
-                    // Deltas are plain counters outside the seqlock: a
-                    // check reads them after the quota, and the collector
-                    // moves weight so that it is never absent from both.
-                    let own = s.pending.load(RLX).wrapping_add(s.inflight.load(RLX));
-                    view.own_recent = own as i64 as f64;
-                    out.write(view);
-                    return Some(SlotRead {
-                        parent: parent.checked_sub(1),
-                        per_key: flags & FLAG_PER_KEY != 0,
-                        tiers: flags & FLAG_TIERS != 0,
-                    });
-                }
-            }
-            std::hint::spin_loop();
-        }
-        None
-    }
-
-    /// Completes the view of a window quota's slot: its rule, and for a
-    /// sliding window the rate and previous count packed in `fill`.
-    #[cold]
-    fn window_view(&self, view: &mut QuotaSnapshot, flags: u16, fill: u64) {
-        view.window = counting_rule(flags, self.utc_offset());
-        if flags & FLAG_SLIDING != 0 {
-            (view.fill_rate, view.prev) = unpack_rate_prev(fill);
-        }
     }
 
     /// Resolves a single item for [`Table::obtain`] and
@@ -610,21 +426,21 @@ impl Table {
             let Some(key) = item.key.filter(|k| !k.is_empty()) else {
                 return Resolved::NoKey;
             };
-            let hash = key_hash.unwrap_or_else(|| self.key_secret().hash(key));
+            let hash = key_hash.unwrap_or_else(|| KeyEntries::of(self).key_secret().hash(key));
             chain.tier_key = hash;
             // SAFETY: the probe above wrote the first view.
             let view = unsafe { chain.views[0].assume_init_mut() };
-            match self.use_key(slot, hash, now) {
-                Ok(at) if self.key_into(at, view, now) => {
+            match Keys::of(self).use_key(slot, hash, now) {
+                Ok(at) if KeyEntries::of(self).key_into(at, view, now) => {
                     chain.key = at + 1;
                     chain.key_hash = hash;
                     if read.tiers {
-                        chain.key_tiers = self.key_tiers(at, hash);
+                        chain.key_tiers = KeyEntries::of(self).key_tiers(at, hash);
                     }
                 }
                 _ => {
                     chain.overflow = true;
-                    match self.key_overflow() {
+                    match KeyEntries::of(self).key_overflow() {
                         KeyOverflow::Shared => {}
                         KeyOverflow::Pass => return Resolved::OverflowPass,
                         KeyOverflow::Reject => {
@@ -681,7 +497,8 @@ impl Table {
             if chain.len == MAX_DEPTH {
                 break;
             }
-            let Some(read) = self.read_view_into(slot, |_| true, &mut chain.views[chain.len])
+            let Some(read) =
+                Slots::of(self).read_view_into(slot, |_| true, &mut chain.views[chain.len])
             else {
                 break;
             };
@@ -697,30 +514,3 @@ impl Table {
 /// mode `reject`) is told to wait: entries free as keys drain, and a
 /// sync cycle is about this long.
 const KEY_OVERFLOW_RETRY_SECS: f64 = 1.0;
-
-/// Hints the CPU to fetch the cache line holding `at` for writing.
-#[inline(always)]
-fn prefetch_for_write<T>(at: &T) {
-    prefetch_line(at, true);
-}
-
-/// Hints the CPU to fetch the cache line holding `at`: for writing (in
-/// exclusive state) or for reading (shared, so that lines every worker
-/// reads do not bounce between cores).
-#[inline(always)]
-pub(super) fn prefetch_line<T>(at: &T, write: bool) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint; it never faults and reads nothing
-    // visible to the program. SSE is baseline on x86_64.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
-        let line = (at as *const T).cast();
-        if write {
-            _mm_prefetch::<_MM_HINT_ET0>(line);
-        } else {
-            _mm_prefetch::<_MM_HINT_T0>(line);
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, write);
-}

@@ -21,6 +21,7 @@ use super::{SlotId, Table, RLX};
 use crate::core::key::KeyHash;
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::Nanos;
+use crate::table::region::keys::Keys;
 
 impl Table {
     /// Checks `name` for a request of `weight` at `now`, drawing from this
@@ -345,7 +346,7 @@ impl Table {
     pub(super) fn add_weight(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
         let slots = self.slots();
         let counters = if key != 0 {
-            self.count_key(key - 1, chain[0], key_hash, weight);
+            Keys::of(self).count_key(key - 1, chain[0], key_hash, weight);
             &chain[1..]
         } else {
             chain

@@ -22,7 +22,7 @@
 //! ([`crate::core::Counting::merge_reply`]).
 
 use super::layout::{
-    counting_rule, pack_rate_prev, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_SLIDING,
+    pack_rate_prev, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_SLIDING,
     FLAG_SOURCE_MASK, FLAG_SOURCE_SHIFT,
 };
 use super::lock::{own_pid, process_alive, SeqWrite};
@@ -31,6 +31,9 @@ use crate::core::estimate::{measure_fill_rate, measure_window_fill_rate};
 use crate::core::key::KeyHash;
 use crate::core::window::WindowLevel;
 use crate::core::{Counting, Nanos, Tally};
+use crate::table::layout::Source;
+use crate::table::layout::FOLDED;
+use crate::table::region::slots::Slots;
 use std::sync::atomic::{fence, AtomicU64};
 
 /// A collected local delta, ready to send.
@@ -64,22 +67,6 @@ impl CollectedDelta {
         }
     }
 }
-
-/// Which root's reply a counter's known level is, so that the same root's
-/// later reply replaces it (lower, after returns) where another root's is
-/// max-merged: 0 for none (a local fold, a new counter); otherwise the
-/// sync thread's name for one root process (its place in the list and a
-/// count of its restarts; see `sync::engine`).
-pub type Source = u8;
-
-/// The [`Source`] of an in-flight counter's level that this host folded
-/// its own weight into (every root, or the counter's group, silent): the
-/// next reply of any root replaces it. That root's value holds what this
-/// host owed it (sent with the same request), and the other hosts'
-/// releases meanwhile, which a max-merge would never let down (an
-/// in-flight level does not leak). No root's source: a root's has its
-/// place in the list in the low five bits, never 0.
-pub const FOLDED: Source = 0x20;
 
 /// A counter word's signed value.
 pub(super) fn signed(word: &AtomicU64) -> i64 {
@@ -183,7 +170,7 @@ impl Table {
                 continue;
             }
             send_pending(&s.pending, &s.inflight, net);
-            self.count_held(i, s, net);
+            Slots::of(self).count_held(i, s, net);
             out.push(CollectedDelta::of(i, id, 0, net));
         }
         self.collect_keys(out);
@@ -236,7 +223,7 @@ impl Table {
         if s.quota_id() != Some(id) {
             return false;
         }
-        let counting = self.slot_counting(s);
+        let counting = Slots::of(self).slot_counting(s);
         let (known, old_rate) = slot_tally(s);
         let same_root = replaces(slot_source(s), source);
         let (merged, taken) = counting.merge_reply(known, value, same_root);
@@ -266,11 +253,11 @@ impl Table {
             }
             let pending = s.pending.load(ACQ);
             let inflight = s.inflight.load(ACQ);
-            let counting = self.slot_counting(s);
+            let counting = Slots::of(self).slot_counting(s);
             let (known, rate) = slot_tally(s);
             let weight = pending.wrapping_add(inflight) as i64;
             // In flight was counted as held when it was collected.
-            self.count_held(i, s, pending as i64);
+            Slots::of(self).count_held(i, s, pending as i64);
             if weight != 0 {
                 // The level is no longer only that root's: its later, lower
                 // value must not replace this host's own weight.
@@ -299,7 +286,7 @@ impl Table {
         if s.quota_id() != Some(id) {
             return;
         }
-        let counting = self.slot_counting(s);
+        let counting = Slots::of(self).slot_counting(s);
         let (known, rate) = slot_tally(s);
         // Its own weight is in the level now: no root's value any more.
         set_slot_source(s, folded_source(s.flags.load(RLX)));
@@ -322,15 +309,6 @@ impl Table {
         self.header().counting_locally.load(ACQ) != 0
     }
 
-    /// How the quota in slot `s` counts.
-    pub(super) fn slot_counting(&self, s: &Slot) -> Counting {
-        let flags = s.flags.load(RLX);
-        Counting::of(
-            f64::from_bits(s.limit.load(RLX)),
-            counting_rule(flags, self.utc_offset()),
-        )
-    }
-
     /// One step of the key section's upkeep (the sync thread calls it
     /// every cycle): looks at `buckets` key buckets, dropping keys of
     /// deleted templates and restamping old levels (see `keys.rs`).
@@ -347,7 +325,7 @@ impl Table {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
                 let live = s.quota_id() == Some(id);
-                let counting = self.slot_counting(s);
+                let counting = Slots::of(self).slot_counting(s);
                 fence(ACQ);
                 if s.seq.load(RLX) == seq {
                     return live.then_some(counting);
@@ -381,7 +359,7 @@ impl Table {
             self.settle_key_inflight(slot, id, key, amount, true);
         } else if s.quota_id() == Some(id) {
             let moved = requeue(&s.pending, &s.inflight, amount);
-            self.count_held(slot, s, -moved);
+            Slots::of(self).count_held(slot, s, -moved);
         }
     }
 
@@ -402,7 +380,7 @@ impl Table {
             let moved = signed(&s.inflight);
             if moved != 0 {
                 let moved = requeue(&s.pending, &s.inflight, moved);
-                self.count_held(i, s, -moved);
+                Slots::of(self).count_held(i, s, -moved);
                 requeued = requeued.saturating_add(moved.unsigned_abs());
             }
         }

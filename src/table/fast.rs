@@ -22,12 +22,14 @@
 
 use std::mem::MaybeUninit;
 
-use super::keys::apply_key;
+use super::region::key_entries::apply_key;
 use super::Table;
 use crate::core::decision::passes_for_sure;
 use crate::core::key::KeyHash;
 use crate::core::quota::{weight_f64, MAX_WEIGHT};
 use crate::core::Nanos;
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::keys::Keys;
 
 /// What the fast path did with a check.
 pub(super) enum Fast {
@@ -51,18 +53,18 @@ impl Table {
         if !read.per_key || read.tiers || read.parent.is_some() || view.window.is_some() {
             return Fast::Declined(None);
         }
-        let hash = self.key_secret().hash(key);
-        let Some(at) = self.find_key_touched(slot, hash, now) else {
+        let hash = KeyEntries::of(self).key_secret().hash(key);
+        let Some(at) = Keys::of(self).find_key_touched(slot, hash, now) else {
             return Fast::Declined(Some(hash));
         };
-        let Some(entry) = self.key_at(at) else {
+        let Some(entry) = KeyEntries::of(self).key_at(at) else {
             return Fast::Declined(Some(hash));
         };
         apply_key(entry, view, now);
         if !passes_for_sure(view, weight_f64(weight), &self.estimator()) {
             return Fast::Declined(Some(hash));
         }
-        self.count_key(at, slot, hash, weight.min(MAX_WEIGHT));
+        Keys::of(self).count_key(at, slot, hash, weight.min(MAX_WEIGHT));
         self.tally_pass(slot);
         #[cfg(test)]
         FAST_PASSES.with(|n| n.set(n.get() + 1));

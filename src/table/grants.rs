@@ -11,6 +11,8 @@ use super::{Table, RLX};
 use crate::core::counter::ceil_nanos;
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::{grantable, Nanos, Wait};
+use crate::table::region::index::NameIndex;
+use crate::table::region::key_entries::KeyEntries;
 
 /// What [`Table::obtain`] granted, or what [`Table::charge`] and
 /// [`Table::settle`] counted.
@@ -175,7 +177,7 @@ impl Table {
             return 0;
         }
         let units = units.min(crate::core::quota::MAX_WEIGHT);
-        let Some(slot) = self.lookup(item.name) else {
+        let Some(slot) = NameIndex::of(self).lookup(item.name) else {
             return 0;
         };
         let mut chain = Chain::new();
@@ -189,18 +191,18 @@ impl Table {
         };
         let mut first = None;
         let mut counters = &chain.slots[..chain.len];
-        if self.is_per_key(slot) && !overflowed {
+        if KeyEntries::of(self).is_per_key(slot) && !overflowed {
             counters = &counters[1..];
             let key = item.key.filter(|k| !k.is_empty());
             let entry = key.and_then(|k| {
-                let hash = self.key_secret().hash(k);
-                self.find_key(slot, hash)
+                let hash = KeyEntries::of(self).key_secret().hash(k);
+                KeyEntries::of(self).find_key(slot, hash)
             });
             first = Some(0);
             if let (Some(at), true) = (entry, same_window(0)) {
-                if let Some(e) = self.key_at(at) {
+                if let Some(e) = KeyEntries::of(self).key_at(at) {
                     first = Some(take_back(&e.pending, units));
-                    self.mark_dirty(at, e);
+                    KeyEntries::of(self).mark_dirty(at, e);
                 }
             }
         }
@@ -304,9 +306,12 @@ impl Table {
                 now,
             );
         }
-        let outcome = match self.lookup(item.name) {
+        let outcome = match NameIndex::of(self).lookup(item.name) {
             None => Outcome::Unknown,
-            Some(slot) if self.is_per_key(slot) && item.key.is_none_or(<[u8]>::is_empty) => {
+            Some(slot)
+                if KeyEntries::of(self).is_per_key(slot)
+                    && item.key.is_none_or(<[u8]>::is_empty) =>
+            {
                 Outcome::NoKey
             }
             Some(_) => {

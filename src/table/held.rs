@@ -12,45 +12,26 @@
 //! under the writer lock; it is kept for named in-flight counters only
 //! (not yet for the keys of per-key ones).
 
-use super::counters::{set_slot_source, slot_source, store_level, Source, FOLDED};
-use super::layout::{Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
-use super::{SlotId, Table, RLX};
+use super::counters::{set_slot_source, slot_source, store_level};
+use super::layout::{Source, FOLDED};
+use super::layout::{FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
+use super::{Table, RLX};
 use crate::core::Nanos;
+use crate::table::region::index::NameIndex;
+use crate::table::region::slots::Slots;
 use crate::wire::CounterKey;
 
 impl Table {
-    /// Adds `net` (signed) to the held word of the counter in `slot` if
-    /// it is an in-flight quota's: weight that left its `pending` (or,
-    /// negative, came back to it).
-    pub(super) fn count_held(&self, slot: SlotId, s: &Slot, net: i64) {
-        if net != 0 && s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
-            self.held()[slot as usize].fetch_add(net as u64, RLX);
-        }
-    }
-
-    /// Sets the held word of `slot` (a new quota: 0; an adopted one).
-    pub(super) fn set_held(&self, slot: SlotId, held: i64) {
-        if let Some(h) = self.held().get(slot as usize) {
-            h.store(held as u64, RLX);
-        }
-    }
-
-    /// The held word of `slot` (0 for a slot out of range).
-    pub(super) fn held_word(&self, slot: SlotId) -> i64 {
-        self.held()
-            .get(slot as usize)
-            .map_or(0, |h| h.load(RLX) as i64)
-    }
-
     /// The slots this host holds of the named in-flight quota `name`:
     /// what its requests took and have not given back yet, whatever the
     /// roots know of it. `None` for a name that is not a live in-flight
     /// quota's own counter (a per-key template's slots are its keys').
     pub fn held_here(&self, name: &[u8]) -> Option<i64> {
-        let slot = self.lookup(name)?;
+        let slot = NameIndex::of(self).lookup(name)?;
         let s = self.slot(slot)?;
         live_named_in_flight(s.flags.load(RLX)).then(|| {
-            self.held_word(slot)
+            Slots::of(self)
+                .held_word(slot)
                 .wrapping_add(s.pending.load(RLX) as i64)
         })
     }
@@ -60,7 +41,7 @@ impl Table {
     pub fn held_counts(&self) -> Vec<(u64, i64)> {
         self.used_slots()
             .filter(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
-            .filter_map(|(i, s)| Some((s.quota_id()?, self.held_word(i))))
+            .filter_map(|(i, s)| Some((s.quota_id()?, Slots::of(self).held_word(i))))
             .collect()
     }
 
@@ -112,7 +93,7 @@ impl Table {
             if !s.quota_id().is_some_and(|id| shard(CounterKey::named(id))) {
                 continue;
             }
-            let own = self.held_word(i).max(0) as f64;
+            let own = Slots::of(self).held_word(i).max(0) as f64;
             set_slot_source(s, FOLDED);
             store_level(s, own, now);
             set += 1;

@@ -7,6 +7,7 @@ use super::layout::{FLAG_IN_FLIGHT, FLAG_LIVE};
 use super::outcome::{CheckItem, CheckOptions, ManyOutcome, Outcome};
 use super::Table;
 use crate::core::Nanos;
+use crate::table::region::index::NameIndex;
 
 /// A slot taken by [`Table::acquire`]: what its release needs besides the
 /// item (name and key) it was taken with.
@@ -22,7 +23,7 @@ pub struct HeldSlot {
 impl Table {
     /// True when `name` names a live in-flight quota.
     pub fn is_in_flight(&self, name: &[u8]) -> bool {
-        let Some(slot) = self.lookup(name) else {
+        let Some(slot) = NameIndex::of(self).lookup(name) else {
             return false;
         };
         self.slot(slot).is_some_and(|s| {

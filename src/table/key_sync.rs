@@ -8,22 +8,29 @@
 //! go of the key lock every [`SYNC_BATCH`] entries, so that a check making
 //! room for a new key never waits long.
 
-use std::sync::atomic::Ordering::{AcqRel, SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 
 use super::counters::{
     self, fold_weight, measure_rate, send_pending, settle_inflight, CollectedDelta,
 };
-use super::key_moves::{KeyLock, SYNC_BATCH};
-use super::keys::{
-    clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
-};
+use super::layout::Source;
 use super::layout::{
     KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS,
 };
-use super::tiers::TierLock;
-use super::{SlotId, Source, Table, ACQ, REL, RLX};
+use super::region::key_entries::{
+    clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
+};
+use super::region::key_moves::{KeyLock, SYNC_BATCH};
+use super::region::tier_section::TierLock;
+use super::{SlotId, Table, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
+use crate::table::region::key_entries::ring_entry;
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::key_moves::KeyMoves;
+use crate::table::region::keys::Keys;
+use crate::table::region::slots::Slots;
+use crate::table::region::tier_section::TierSection;
 
 /// Known levels older than this are restamped (or the entry freed, if
 /// drained) by the maintenance sweep, well within the ~26 days a packed
@@ -35,46 +42,7 @@ const RESTAMP_AFTER: Nanos = 24 * 3600 * 1_000_000_000;
 /// entry is scanned instead.
 const RING_STUCK_LIMIT: u32 = 16;
 
-/// A dirty-ring cell: the entry (plus one) with the low 32 bits of the
-/// ring position it was written for, so that a write arriving after the
-/// collector gave up on its position can never pass for the entry of a
-/// later lap (whose producer's own write would then land behind the
-/// tail and be lost).
-fn ring_cell(position: u64, at: KeyAt) -> u64 {
-    (position << 32) | (u64::from(at) + 1)
-}
-
-/// The entry a ring cell holds for `position`, if it was written for it.
-fn ring_entry(cell: u64, position: u64) -> Option<KeyAt> {
-    let at = (cell & 0xffff_ffff) as u32;
-    (at != 0 && cell >> 32 == position & 0xffff_ffff).then(|| at - 1)
-}
-
 impl Table {
-    /// Puts an entry on the dirty ring; a full ring makes the next
-    /// collection scan every entry.
-    pub(super) fn queue_key(&self, at: KeyAt) {
-        let h = self.header();
-        let ring = self.key_ring();
-        let len = ring.len() as u64;
-        loop {
-            let head = h.keys.ring.head.load(ACQ);
-            if head.wrapping_sub(h.keys.ring.tail.load(ACQ)) >= len {
-                h.keys.ring.overflow.store(1, REL);
-                return;
-            }
-            if h.keys
-                .ring
-                .head
-                .compare_exchange_weak(head, head + 1, AcqRel, RLX)
-                .is_ok()
-            {
-                ring[(head % len) as usize].store(ring_cell(head, at), REL);
-                return;
-            }
-        }
-    }
-
     /// Calls `each` with every entry queued since the last drain (or
     /// every entry, when the ring overflowed), under the key lock (let go
     /// every [`SYNC_BATCH`] entries). The writer lock is held.
@@ -82,7 +50,7 @@ impl Table {
         if self.geometry().key_buckets == 0 {
             return;
         }
-        let mut lock = self.key_lock();
+        let mut lock = KeyMoves::of(self).key_lock();
         let mut batch = 0;
         let mut each = |at: KeyAt, e: &KeyEntry, lock: &mut KeyLock| {
             batch += 1;
@@ -102,7 +70,7 @@ impl Table {
             let value = cell.load(ACQ);
             if let Some(at) = ring_entry(value, tail) {
                 cell.store(0, RLX);
-                if let Some(e) = self.key_at(at) {
+                if let Some(e) = KeyEntries::of(self).key_at(at) {
                     each(at, e, &mut lock);
                 }
             } else {
@@ -178,7 +146,8 @@ impl Table {
     pub(super) fn fold_keys(&self, now: Nanos) {
         self.drain_dirty(|_, e| {
             e.dirty.fetch_and(!DIRTY_QUEUED, SeqCst);
-            let Some(counting) = self.template_counting(e.template.load(RLX)) else {
+            let Some(counting) = KeyEntries::of(self).template_counting(e.template.load(RLX))
+            else {
                 set_key_source(e, 0);
                 return;
             };
@@ -217,11 +186,14 @@ impl Table {
         if s.quota_id() != Some(id) {
             return false;
         }
-        let _keys = self.key_lock();
-        let Some(e) = self.find_key(slot, hash).and_then(|at| self.key_at(at)) else {
+        let _keys = KeyMoves::of(self).key_lock();
+        let Some(e) = KeyEntries::of(self)
+            .find_key(slot, hash)
+            .and_then(|at| KeyEntries::of(self).key_at(at))
+        else {
             return false;
         };
-        let counting = self.slot_counting(s);
+        let counting = Slots::of(self).slot_counting(s);
         let known = key_tally(e, &counting, value.at);
         let same_root = source != 0 && key_source(e) == source;
         let (merged, taken) = counting.merge_reply(known, value, same_root);
@@ -259,11 +231,14 @@ impl Table {
         if s.quota_id() != Some(id) {
             return;
         }
-        let _keys = self.key_lock();
-        let Some(e) = self.find_key(slot, hash).and_then(|at| self.key_at(at)) else {
+        let _keys = KeyMoves::of(self).key_lock();
+        let Some(e) = KeyEntries::of(self)
+            .find_key(slot, hash)
+            .and_then(|at| KeyEntries::of(self).key_at(at))
+        else {
             return;
         };
-        let counting = self.slot_counting(s);
+        let counting = Slots::of(self).slot_counting(s);
         let known = key_tally(e, &counting, now);
         // Its own weight is in the level now: no root's value any more.
         set_key_source(e, 0);
@@ -285,14 +260,16 @@ impl Table {
         if self.slot(slot).and_then(|s| s.quota_id()) != Some(id) {
             return;
         }
-        let _keys = self.key_lock();
-        let Some(at) = self.find_key(slot, hash) else {
+        let _keys = KeyMoves::of(self).key_lock();
+        let Some(at) = KeyEntries::of(self).find_key(slot, hash) else {
             return;
         };
-        let Some(e) = self.key_at(at) else { return };
+        let Some(e) = KeyEntries::of(self).key_at(at) else {
+            return;
+        };
         if requeue {
             counters::requeue(&e.pending, &e.inflight, amount);
-            self.mark_dirty(at, e);
+            KeyEntries::of(self).mark_dirty(at, e);
         } else {
             settle_inflight(&e.inflight, amount, || {});
         }
@@ -301,7 +278,7 @@ impl Table {
     /// Hands every key's in-flight weight back to pending (a dead sync
     /// thread's, see [`Table::claim_sync`]); returns the weight moved.
     pub(super) fn requeue_all_keys(&self) -> u64 {
-        let _keys = self.key_lock();
+        let _keys = KeyMoves::of(self).key_lock();
         let mut moved = 0u64;
         for (b, bucket) in self.key_buckets().iter().enumerate() {
             for (way, e) in bucket.ways.iter().enumerate() {
@@ -309,7 +286,7 @@ impl Table {
                 if inflight != 0 {
                     counters::requeue(&e.pending, &e.inflight, inflight);
                     moved = moved.saturating_add(inflight.unsigned_abs());
-                    self.mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
+                    KeyEntries::of(self).mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
                 }
             }
         }
@@ -320,7 +297,7 @@ impl Table {
     /// writer lock is held.
     pub(super) fn drop_keys_of(&self, slot: SlotId) {
         let h = self.header();
-        let mut lock = self.key_lock();
+        let mut lock = KeyMoves::of(self).key_lock();
         for (b, bucket) in self.key_buckets().iter().enumerate() {
             if b % SYNC_BATCH == SYNC_BATCH - 1 {
                 lock.relax();
@@ -346,7 +323,7 @@ impl Table {
             return;
         }
         let h = self.header();
-        let mut lock = self.key_lock();
+        let mut lock = KeyMoves::of(self).key_lock();
         let start = h.keys.place.sweep.load(RLX) as usize % n;
         for i in 0..buckets.min(n) {
             if i % SYNC_BATCH == SYNC_BATCH - 1 {
@@ -358,12 +335,12 @@ impl Table {
                 if hash == 0 || hash == KEY_CLAIMED {
                     continue;
                 }
-                if self.key_drained(e, now) {
+                if KeyEntries::of(self).key_drained(e, now) {
                     free_entry(e, hash, h);
                     continue;
                 }
                 let template = e.template.load(RLX);
-                let Some(counting) = self.template_counting(template) else {
+                let Some(counting) = KeyEntries::of(self).template_counting(template) else {
                     continue;
                 };
                 let known = key_tally(e, &counting, now);
@@ -375,8 +352,8 @@ impl Table {
                     // check starting a penalty takes only the tier lock,
                     // and marks without the key lock); briefly, so that
                     // such a check seldom finds it busy.
-                    let tiers = self.tier_lock();
-                    if !self.tiers_hold_key(template - 1, hash) {
+                    let tiers = TierSection::of(self).tier_lock();
+                    if !TierSection::of(self).tiers_hold_key(template - 1, hash) {
                         self.clear_tier_mark(&tiers, e, hash);
                     } else if e.dirty.load(RLX) & DIRTY_TIERS_UNSURE != 0 {
                         // Its maker left it unsure (moved meanwhile):
@@ -434,17 +411,19 @@ impl Table {
                     continue;
                 }
                 let Some(slot) = slot_of(t) else { continue };
-                let Ok(at) = self.use_key(slot, hash, now) else {
+                let Ok(at) = Keys::of(self).use_key(slot, hash, now) else {
                     continue;
                 };
-                let Some(to) = self.key_at(at) else { continue };
+                let Some(to) = KeyEntries::of(self).key_at(at) else {
+                    continue;
+                };
                 to.known.store(e.known.load(RLX), RLX);
                 to.fill.store(e.fill.load(RLX), RLX);
                 to.used.store(e.used.load(RLX), RLX);
                 let unsent = e.pending.load(RLX).wrapping_add(e.inflight.load(RLX));
                 if unsent != 0 {
                     to.pending.fetch_add(unsent, SeqCst);
-                    self.mark_dirty(at, to);
+                    KeyEntries::of(self).mark_dirty(at, to);
                 }
             }
         }
@@ -465,8 +444,12 @@ fn free_entry(e: &KeyEntry, hash: u64, h: &super::layout::Header) {
 mod ring_tests {
     use super::*;
     use crate::core::Quota;
-    use crate::table::keys::init_entry;
+    use crate::table::region::key_entries::init_entry;
+    use crate::table::region::key_entries::ring_cell;
+    use crate::table::region::key_entries::KeyEntries;
+    use crate::table::region::keys::Keys;
     use crate::table::{CheckItem, CheckOptions, Outcome};
+    use std::sync::atomic::Ordering::AcqRel;
 
     fn count(t: &Table, key: &[u8]) {
         let item = CheckItem {
@@ -488,7 +471,7 @@ mod ring_tests {
     /// What `count_key` does up to the ring write, for a producer that is
     /// then descheduled: returns the position it reserved.
     fn stall_before_ring_write(t: &Table, at: KeyAt) -> u64 {
-        let e = t.key_at(at).unwrap();
+        let e = KeyEntries::of(&t).key_at(at).unwrap();
         e.pending.fetch_add(1, SeqCst);
         assert_eq!(e.dirty.fetch_or(DIRTY_QUEUED, SeqCst) & DIRTY_QUEUED, 0);
         t.header().keys.ring.head.fetch_add(1, AcqRel)
@@ -510,8 +493,12 @@ mod ring_tests {
         count(&t, b"late");
         count(&t, b"next");
         assert_eq!(collected(&t), 2);
-        let late = t.find_key(slot, t.key_secret().hash(b"late")).unwrap();
-        let next = t.find_key(slot, t.key_secret().hash(b"next")).unwrap();
+        let late = KeyEntries::of(&t)
+            .find_key(slot, t.key_secret().hash(b"late"))
+            .unwrap();
+        let next = KeyEntries::of(&t)
+            .find_key(slot, t.key_secret().hash(b"next"))
+            .unwrap();
 
         // The late producer reserves a position and stalls; the collector
         // waits RING_STUCK_LIMIT collections, then skips it and scans.
@@ -540,7 +527,14 @@ mod ring_tests {
             1,
             "the second producer's weight is collected"
         );
-        assert_eq!(t.key_at(next).unwrap().pending.load(SeqCst), 0);
+        assert_eq!(
+            KeyEntries::of(&t)
+                .key_at(next)
+                .unwrap()
+                .pending
+                .load(SeqCst),
+            0
+        );
     }
 
     /// A fresh entry is drained (equal to no entry) until its first count,
@@ -561,21 +555,28 @@ mod ring_tests {
             count(&t, k);
         }
         let fresh_hash = secret.hash(b"fresh");
-        let fresh = t.use_key(slot, fresh_hash, 0).unwrap();
+        let fresh = Keys::of(&t).use_key(slot, fresh_hash, 0).unwrap();
         // A newcomer claims the fresh entry (drained: the only one) ...
-        assert_eq!(t.claim_in(0, 0), Some(fresh));
+        assert_eq!(KeyEntries::of(&t).claim_in(0, 0), Some(fresh));
         // ... the check that made it counts now ...
-        t.count_key(fresh, slot, fresh_hash, 5);
+        Keys::of(&t).count_key(fresh, slot, fresh_hash, 5);
         // ... a collection runs before the newcomer's entry is made ...
         let mut out = Vec::new();
         t.collect_deltas(&mut out);
         assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 6 + 5, "{out:?}");
         assert!(out.iter().any(|d| (d.key, d.delta) == (0, 5)), "{out:?}");
         let newcomer = secret.hash(b"newcomer");
-        init_entry(t.key_at(fresh).unwrap(), slot, newcomer, 0, 0, false);
+        init_entry(
+            KeyEntries::of(&t).key_at(fresh).unwrap(),
+            slot,
+            newcomer,
+            0,
+            0,
+            false,
+        );
         // ... and nothing is left behind or collected twice.
         assert_eq!(collected(&t), 0);
-        assert_eq!(t.find_key(slot, newcomer), Some(fresh));
+        assert_eq!(KeyEntries::of(&t).find_key(slot, newcomer), Some(fresh));
         assert_eq!(t.key_stats().reclaimed, 1);
     }
 

@@ -460,8 +460,8 @@ fn daily_check(t: &Table, key: u64, weight: u64) -> ManyOutcome {
 fn count_of(t: &Table, key: u64) -> Option<f64> {
     let slot = t.lookup(b"daily")?;
     let hash = t.key_secret().hash(&key.to_le_bytes());
-    let at = t.find_key(slot, hash)?;
-    t.find_key(slot, hash).map(|_| at)?;
+    let at = KeyEntries::of(&t).find_key(slot, hash)?;
+    KeyEntries::of(&t).find_key(slot, hash).map(|_| at)?;
     let state = t
         .keys(Some(slot), SEC)
         .into_iter()
@@ -480,6 +480,8 @@ enum KeyOp {
     Fold,
 }
 
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::key_moves::KeyMoves;
 use proptest::strategy::Strategy as _;
 
 proptest::proptest! {
@@ -611,10 +613,11 @@ fn a_busy_key_lock_is_told_apart_from_a_full_section() {
     let full = |b: usize| {
         t.key_buckets()[b].ways.iter().all(|e| {
             let h = e.hash.load(std::sync::atomic::Ordering::Acquire);
-            h != 0 && h != layout::KEY_CLAIMED && !t.key_drained(e, now)
+            h != 0 && h != layout::KEY_CLAIMED && !KeyEntries::of(&t).key_drained(e, now)
         })
     };
-    let buckets_of = |key: u64| t.buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()));
+    let buckets_of =
+        |key: u64| KeyEntries::of(&t).buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()));
     let stuck = (half..u64::MAX)
         .find(|&k| {
             let (b1, b2) = buckets_of(k);
@@ -630,7 +633,7 @@ fn a_busy_key_lock_is_told_apart_from_a_full_section() {
     let mut pressure = crate::sync::KeyPressure::default();
     assert_eq!(pressure.check(&t), None);
     {
-        let _held = t.key_lock();
+        let _held = KeyMoves::of(&t).key_lock();
         assert!(!leaky_check(&t, roomy, now).overflow);
         let r = leaky_check(&t, stuck, now);
         assert!(r.overflow, "{r:?}");
@@ -673,7 +676,7 @@ fn entries_holding_weight(t: &Table, now: Nanos) -> u64 {
     for bucket in t.key_buckets() {
         for e in &bucket.ways {
             let hash = e.hash.load(std::sync::atomic::Ordering::Acquire);
-            if hash != 0 && hash != layout::KEY_CLAIMED && !t.key_drained(e, now) {
+            if hash != 0 && hash != layout::KEY_CLAIMED && !KeyEntries::of(&t).key_drained(e, now) {
                 held += 1;
             }
         }

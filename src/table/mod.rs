@@ -98,30 +98,38 @@ pub mod file;
 mod grants;
 mod held;
 mod in_flight;
-mod key_moves;
+
 mod key_sync;
-mod keys;
+
 mod outcome;
 pub mod region;
 mod snapshot;
 mod tiers;
 mod write;
 
-pub use counters::{CollectedDelta, Source};
+pub use counters::CollectedDelta;
 pub use grants::{Grant, Reservation};
 pub use in_flight::HeldSlot;
-pub use keys::{KeyOverflow, KeyState, KeyStats, MAX_MOVE_DEPTH};
+pub use layout::Source;
 pub use outcome::{
     Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
 };
+pub use region::key_entries::{KeyOverflow, KeyState, KeyStats};
+pub use region::key_moves::MAX_MOVE_DEPTH;
+pub use region::tier_section::{TierRead, TierReport, TierState, TierStats};
 pub use region::{geometry, layout, names};
 pub use region::{Region, SlotId, TableError};
 pub use snapshot::QuotaState;
-pub use tiers::{TierRead, TierReport, TierState, TierStats};
+
 pub use write::ApplyReport;
 
+use crate::core::key::KeySecret;
 use chain::NameHints;
 use geometry::Geometry;
+use region::index::NameIndex;
+use region::key_entries::KeyEntries;
+use region::slots::Slots;
+use region::tier_section::TierSection;
 use region::{lock, ACQ, READ_RETRIES, REL, RLX};
 
 /// A quota table over a region of memory.
@@ -317,6 +325,97 @@ impl Table {
     /// retry bound). `read` must only load from the block.
     pub fn read_status<T>(&self, read: impl Fn(&layout::SyncStatus) -> T) -> Option<T> {
         self.region.read_status(read)
+    }
+    /// Finds the live slot named `name`.
+    pub fn lookup(&self, name: &[u8]) -> Option<SlotId> {
+        NameIndex::of(&self.region).lookup(name)
+    }
+
+    /// Every live quota id with its slot.
+    pub fn slot_ids(&self) -> std::collections::HashMap<u64, SlotId> {
+        Slots::of(&self.region).slot_ids()
+    }
+
+    /// The name of the quota in `slot`, copied into `out` (`None` if the
+    /// slot holds no quota, or `out` is too short).
+    pub fn name_into<'a>(&self, slot: SlotId, out: &'a mut [u8]) -> Option<&'a [u8]> {
+        Slots::of(&self.region).name_into(slot, out)
+    }
+
+    /// The limit of the quota in `slot` in its own terms.
+    pub fn terms_of(&self, slot: SlotId) -> Option<crate::core::Terms> {
+        Slots::of(&self.region).terms_of(slot)
+    }
+    // ---- the key section's settings and listings ----------------------
+
+    /// Hashes keys with `secret` from now on, or with the built-in one
+    /// (`None`); every process sharing the region sees it. Keys already
+    /// counted under another secret keep their old hashes until they
+    /// drain.
+    pub fn set_key_secret(&self, secret: Option<KeySecret>) {
+        KeyEntries::of(&self.region).set_key_secret(secret)
+    }
+
+    /// The secret keys are hashed with (the built-in one until
+    /// [`Table::set_key_secret`]).
+    pub fn key_secret(&self) -> KeySecret {
+        KeyEntries::of(&self.region).key_secret()
+    }
+
+    /// True once a configured secret replaced the built-in one.
+    pub fn has_key_secret(&self) -> bool {
+        KeyEntries::of(&self.region).has_key_secret()
+    }
+
+    /// Sets what a check does with a key that finds no entry, for every
+    /// process sharing the region.
+    pub fn set_key_overflow(&self, mode: KeyOverflow) {
+        KeyEntries::of(&self.region).set_key_overflow(mode)
+    }
+
+    /// What a check does with a key that finds no entry.
+    pub fn key_overflow(&self) -> KeyOverflow {
+        KeyEntries::of(&self.region).key_overflow()
+    }
+
+    /// Keys the key section holds (0: per-key quotas pass uncounted).
+    pub fn key_capacity(&self) -> u64 {
+        KeyEntries::of(&self.region).key_capacity()
+    }
+
+    /// The key section's counters.
+    pub fn key_stats(&self) -> KeyStats {
+        KeyEntries::of(&self.region).key_stats()
+    }
+
+    /// Every key of the template in `template` (all templates: `None`)
+    /// with its state at `now`, as this host sees it. Reads the whole key
+    /// section: for metrics and listings, not the request path.
+    pub fn keys(&self, template: Option<SlotId>, now: crate::core::Nanos) -> Vec<KeyState> {
+        KeyEntries::of(&self.region).keys(template, now)
+    }
+
+    // ---- the tier section's listings -----------------------------------
+
+    /// Overrides and penalties the section holds (0: none).
+    pub fn tier_capacity(&self) -> u64 {
+        TierSection::of(&self.region).tier_capacity()
+    }
+
+    /// The tier section's counters.
+    pub fn tier_stats(&self) -> TierStats {
+        TierSection::of(&self.region).tier_stats()
+    }
+
+    /// What the section holds for `(quota, key)`.
+    pub fn tier(&self, quota: u64, key: crate::core::key::KeyHash) -> Option<TierRead> {
+        TierSection::of(&self.region).tier(quota, key)
+    }
+
+    /// Every override and penalty held, for listings and metrics (not the
+    /// request path).
+    pub fn tiers(&self) -> Vec<TierState> {
+        TierSection::of(&self.region).tiers()
     }
 }
 

@@ -3,16 +3,17 @@
 //! contents of another table (an nginx zone that changed size).
 
 use std::collections::HashMap;
-use std::sync::atomic::fence;
 
 use super::counters::{set_slot_source, slot_source};
-use super::layout::{Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
+use super::layout::{Slot, FLAG_IN_FLIGHT, FLAG_PER_KEY};
 use super::lock::SeqWrite;
 use super::names;
 use super::write::ApplyReport;
-use super::{SlotId, Table, ACQ, READ_RETRIES, RLX};
+use super::{SlotId, Table, ACQ, RLX};
 use crate::core::estimate::Estimator;
-use crate::core::{Nanos, Quota, Terms};
+use crate::core::{Nanos, Quota};
+use crate::table::region::index::NameIndex;
+use crate::table::region::slots::Slots;
 
 /// A quota as the table holds it, with its live state (for listings and
 /// metrics; not used on the request path).
@@ -53,7 +54,7 @@ impl Table {
         let states = old.quotas(0);
         let quotas: Vec<Quota> = states.iter().map(|s| s.quota.clone()).collect();
         let report = self.apply_quotas(&quotas);
-        let slots = self.slot_ids();
+        let slots = Slots::of(self).slot_ids();
         let guard = self.lock();
         for state in &states {
             let (Some(&slot), Some(from)) = (slots.get(&state.quota.id), old.slot(state.slot))
@@ -74,7 +75,12 @@ impl Table {
                 .store(state.pending.wrapping_add(state.inflight) as u64, RLX);
             // What was in flight is pending again here: held no longer
             // counts it (see `held.rs`).
-            self.set_held(slot, old.held_word(state.slot).wrapping_sub(state.inflight));
+            Slots::of(self).set_held(
+                slot,
+                Slots::of(old)
+                    .held_word(state.slot)
+                    .wrapping_sub(state.inflight),
+            );
             to.passed.store(state.passed, RLX);
             to.rejected.store(state.rejected, RLX);
             to.dry_run.store(state.dry_run, RLX);
@@ -91,17 +97,6 @@ impl Table {
         report
     }
 
-    /// `(quota id, slot)` of every live quota: what the sync thread maps
-    /// root replies with. Rebuild it when [`Table::generation`] changes.
-    pub fn slot_ids(&self) -> HashMap<u64, SlotId> {
-        let used = self.header().next_unused.load(ACQ) as usize;
-        self.slots()[..used]
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| Some((s.quota_id()?, i as SlotId)))
-            .collect()
-    }
-
     /// Every live quota with its live state, in slot order.
     pub fn quotas(&self, now: Nanos) -> Vec<QuotaState> {
         let estimator = self.estimator();
@@ -115,56 +110,9 @@ impl Table {
         out
     }
 
-    /// Copies the name of the quota in `slot` into `out` without
-    /// allocating; `None` if the slot is not live (or changes meanwhile)
-    /// or `out` is too short.
-    pub fn name_into<'a>(&self, slot: SlotId, out: &'a mut [u8]) -> Option<&'a [u8]> {
-        let s = self.slot(slot)?;
-        for _ in 0..READ_RETRIES {
-            let seq = s.seq.load(ACQ);
-            if seq & 1 == 0 {
-                let live = s.flags.load(RLX) & FLAG_LIVE != 0;
-                let len = s.name_len.load(RLX) as usize;
-                let words = names::name_words(self.arena(), s.name_at.load(RLX), len)?;
-                let copied = names::load_into(words, len, out);
-                fence(ACQ);
-                if s.seq.load(RLX) == seq {
-                    return if live {
-                        copied.map(|n| &out[..n])
-                    } else {
-                        None
-                    };
-                }
-            }
-            std::hint::spin_loop();
-        }
-        None
-    }
-
-    /// The terms of the quota in `slot` (its limit, window and whether it
-    /// is per key: what a log line says of it), read under its seqlock
-    /// without allocating; `None` if the slot is not live.
-    pub fn terms_of(&self, slot: SlotId) -> Option<Terms> {
-        let (view, _) = self.read_view(slot)?;
-        let flags = self.slot(slot)?.flags.load(RLX);
-        let per_key = flags & FLAG_PER_KEY != 0;
-        let in_flight = flags & FLAG_IN_FLIGHT != 0;
-        Some(Terms {
-            limit: if in_flight {
-                view.high_burst
-            } else {
-                view.limit
-            },
-            in_flight,
-            window: view.window.map(|rule| rule.window),
-            sliding: view.window.is_some_and(|rule| rule.sliding),
-            per_key,
-        })
-    }
-
     /// The live state of one quota by name.
     pub fn quota(&self, name: &[u8], now: Nanos) -> Option<QuotaState> {
-        let slot = self.lookup(name)?;
+        let slot = NameIndex::of(self).lookup(name)?;
         self.quota_state(slot, &self.slots()[slot as usize], now, &self.estimator())
     }
 
@@ -175,7 +123,7 @@ impl Table {
         now: Nanos,
         estimator: &Estimator,
     ) -> Option<QuotaState> {
-        let (view, _) = self.read_view(slot)?;
+        let (view, _) = Slots::of(self).read_view(slot)?;
         let len = s.name_len.load(RLX) as usize;
         let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
             .map(|w| names::load(w, len))?;

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use super::*;
 use crate::core::tier::{Override, Penalty, PenaltyTime, Rule};
 use crate::core::{Nanos, Quota};
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::keys::Keys;
+use crate::table::region::tier_section::TierSection;
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -317,7 +320,7 @@ fn lookups_survive_any_mix_of_inserts_and_removals() {
         let found = t.tier(7, key).map(|r| r.limit);
         assert_eq!(found, model.get(&key).copied(), "key {key}");
         if model.contains_key(&key) {
-            assert!(t.tier_filter_holds(7, key), "key {key}");
+            assert!(TierSection::of(&t).tier_filter_holds(7, key), "key {key}");
         }
     }
     assert_eq!(t.tier_stats().live as usize, model.len());
@@ -407,8 +410,8 @@ fn denied(t: &Table, key: &[u8], now: Nanos) -> bool {
 
 /// Whether the entry of `key` carries the tier mark (`None`: no entry).
 fn marked(t: &Table, key: &[u8]) -> Option<bool> {
-    let at = t.find_key(0, t.key_secret().hash(key))?;
-    Some(t.key_marked_for_tiers(at))
+    let at = KeyEntries::of(&t).find_key(0, t.key_secret().hash(key))?;
+    Some(KeyEntries::of(&t).key_marked_for_tiers(at))
 }
 
 #[test]
@@ -445,22 +448,38 @@ fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_
     let t = flagged_table(64);
     let hash = t.key_secret().hash(b"racer");
     deny(&t, b"racer", 2);
-    let (b1, _) = t.buckets_of(0, hash);
-    let at = t.claim_in(b1, 0).expect("a free entry");
-    super::keys::init_entry(t.key_at(at).unwrap(), 0, hash, 0, 0, false);
-    assert_eq!(t.key_tiers(at, hash), super::keys::KeyTiers::Unknown);
+    let (b1, _) = KeyEntries::of(&t).buckets_of(0, hash);
+    let at = KeyEntries::of(&t).claim_in(b1, 0).expect("a free entry");
+    crate::table::region::key_entries::init_entry(
+        KeyEntries::of(&t).key_at(at).unwrap(),
+        0,
+        hash,
+        0,
+        0,
+        false,
+    );
+    assert_eq!(
+        KeyEntries::of(&t).key_tiers(at, hash),
+        crate::table::region::key_entries::KeyTiers::Unknown
+    );
     assert!(denied(&t, b"racer", 0), "the filter answers meanwhile");
     // An entry made the ordinary way is sure once made: its checks trust
     // its mark, set or not.
     assert!(!denied(&t, b"plain", 0));
     let plain = t.key_secret().hash(b"plain");
-    let plain_at = t.find_key(0, plain).unwrap();
-    assert_eq!(t.key_tiers(plain_at, plain), super::keys::KeyTiers::Clear);
+    let plain_at = KeyEntries::of(&t).find_key(0, plain).unwrap();
+    assert_eq!(
+        KeyEntries::of(&t).key_tiers(plain_at, plain),
+        crate::table::region::key_entries::KeyTiers::Clear
+    );
     // The sweep settles an entry its maker left unsure (one holding
     // weight: a drained one it frees).
-    t.count_key(at, 0, hash, 1);
+    Keys::of(&t).count_key(at, 0, hash, 1);
     t.maintain_keys(1 << 20, 0);
-    assert_eq!(t.key_tiers(at, hash), super::keys::KeyTiers::Marked);
+    assert_eq!(
+        KeyEntries::of(&t).key_tiers(at, hash),
+        crate::table::region::key_entries::KeyTiers::Marked
+    );
 }
 
 #[test]
@@ -519,10 +538,10 @@ fn a_penalty_started_or_merged_marks_the_key() {
     assert_eq!(check(&t, b"api_user", Some(b"merged"), 0), Outcome::Pass);
     let hash = t.key_secret().hash(b"merged");
     let slot = 1;
-    let at = t.find_key(slot, hash).unwrap();
-    assert!(!t.key_marked_for_tiers(at));
+    let at = KeyEntries::of(&t).find_key(slot, hash).unwrap();
+    assert!(!KeyEntries::of(&t).key_marked_for_tiers(at));
     t.merge_penalties(&[Penalty(2, hash, 60 * SEC as i64)]);
-    assert!(t.key_marked_for_tiers(at));
+    assert!(KeyEntries::of(&t).key_marked_for_tiers(at));
     assert!(matches!(
         check(&t, b"api_user", Some(b"merged"), SEC),
         Outcome::Reject(Rejection {
@@ -533,8 +552,8 @@ fn a_penalty_started_or_merged_marks_the_key() {
     // Ended and swept: unmarked, and passes.
     t.sweep_tiers(120 * SEC as i64);
     t.maintain_keys(1 << 20, 120 * SEC);
-    if let Some(at) = t.find_key(slot, hash) {
-        assert!(!t.key_marked_for_tiers(at));
+    if let Some(at) = KeyEntries::of(&t).find_key(slot, hash) {
+        assert!(!KeyEntries::of(&t).key_marked_for_tiers(at));
     }
     assert_eq!(
         check(&t, b"api_user", Some(b"merged"), 120 * SEC),

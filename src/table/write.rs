@@ -2,16 +2,15 @@
 //! re-linking parents, and the slot, name and index allocation they use.
 //! Everything here runs under the writer lock.
 
-use std::sync::atomic::{fence, Ordering};
-
 use super::layout::{
-    counting_flags, index_entry, index_home, COUNTING_MASK, FLAG_LIVE, FLAG_PER_KEY,
-    FLAG_SOURCE_MASK, FLAG_TIERS, FREE_LINK, INDEX_EMPTY, INDEX_TOMBSTONE,
+    counting_flags, COUNTING_MASK, FLAG_LIVE, FLAG_PER_KEY, FLAG_SOURCE_MASK, FLAG_TIERS, FREE_LINK,
 };
 use super::lock::SeqWrite;
 use super::names;
 use super::{SlotId, Table, TableError, REL, RLX};
 use crate::core::Quota;
+use crate::table::region::index::NameIndex;
+use crate::table::region::slots::Slots;
 
 /// What [`Table::apply_quotas`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -71,7 +70,7 @@ impl Table {
             self.free_slot(slot);
         }
         if relink || report.deleted > 0 {
-            self.maybe_rebuild_index();
+            NameIndex::of(self).maybe_rebuild_index();
             self.header().generation.fetch_add(1, REL);
         }
         report
@@ -82,7 +81,7 @@ impl Table {
             name: q.name.clone(),
             error,
         })?;
-        let existing = self.lookup(q.name.as_bytes());
+        let existing = NameIndex::of(self).lookup(q.name.as_bytes());
         if let Some(slot) = existing {
             let s = &self.slots()[slot as usize];
             if s.epoch.load(RLX) >= q.epoch {
@@ -127,7 +126,7 @@ impl Table {
         let s = &self.slots()[slot as usize];
         s.name_at.store(name_at, RLX);
         self.write_quota(slot, q);
-        self.index_insert(q.name.as_bytes(), slot, name_at);
+        NameIndex::of(self).index_insert(q.name.as_bytes(), slot, name_at);
         self.header().live.fetch_add(1, RLX);
         Ok(Applied::Inserted)
     }
@@ -181,7 +180,7 @@ impl Table {
             s.parent.store(0, RLX);
             s.pending.store(0, RLX);
             s.inflight.store(0, RLX);
-            self.set_held(slot, 0);
+            Slots::of(self).set_held(slot, 0);
             s.passed.store(0, RLX);
             s.rejected.store(0, RLX);
             s.dry_run.store(0, RLX);
@@ -198,7 +197,7 @@ impl Table {
         let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
             .map(|w| names::load(w, len))
             .unwrap_or_default();
-        self.index_remove(&name, slot, s.name_at.load(RLX));
+        NameIndex::of(self).index_remove(&name, slot, s.name_at.load(RLX));
         if let Some(id) = s.quota_id() {
             self.set_quota_penalty(id, None);
         }
@@ -213,7 +212,7 @@ impl Table {
     fn relink(&self) {
         let slots = self.slots();
         let used = self.header().next_unused.load(RLX) as usize;
-        let by_id = self.slot_ids();
+        let by_id = Slots::of(self).slot_ids();
         for s in slots[..used]
             .iter()
             .filter(|s| s.flags.load(RLX) & FLAG_LIVE != 0)
@@ -285,72 +284,6 @@ impl Table {
         let head = &self.header().arena_free[k - 1];
         self.arena()[at as usize * 2].store(u64::from(head.load(RLX)), RLX);
         head.store(at + 1, RLX);
-    }
-
-    fn index_insert(&self, name: &[u8], slot: SlotId, name_at: u32) {
-        let h = self.header();
-        let index = self.index();
-        let hash = names::hash(name);
-        let mut pos = index_home(hash, index.len());
-        loop {
-            let e = index[pos].load(RLX);
-            if e == INDEX_EMPTY || e == INDEX_TOMBSTONE {
-                if e == INDEX_TOMBSTONE {
-                    h.index_tombstones.fetch_sub(1, RLX);
-                }
-                index[pos].store(index_entry(hash, slot, name_at), REL);
-                return;
-            }
-            // The index has 1.5 entries per slot, so an empty or deleted
-            // entry is always found.
-            pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
-        }
-    }
-
-    fn index_remove(&self, name: &[u8], slot: SlotId, name_at: u32) {
-        let index = self.index();
-        let hash = names::hash(name);
-        let entry = index_entry(hash, slot, name_at);
-        let mut pos = index_home(hash, index.len());
-        for _ in 0..index.len() {
-            let e = index[pos].load(RLX);
-            if e == INDEX_EMPTY {
-                return;
-            }
-            if e == entry {
-                index[pos].store(INDEX_TOMBSTONE, REL);
-                self.header().index_tombstones.fetch_add(1, RLX);
-                return;
-            }
-            pos = if pos + 1 == index.len() { 0 } else { pos + 1 };
-        }
-    }
-
-    /// Rebuilds the index when tombstones make up a sixth of it, so
-    /// misses keep ending at an empty entry soon. Lookups that miss during
-    /// the rebuild see `index_seq` move and retry.
-    fn maybe_rebuild_index(&self) {
-        let h = self.header();
-        let index = self.index();
-        if (h.index_tombstones.load(RLX) as usize) * 6 < index.len() {
-            return;
-        }
-        h.index_seq.fetch_add(1, REL);
-        fence(Ordering::SeqCst);
-        for e in index {
-            e.store(INDEX_EMPTY, RLX);
-        }
-        h.index_tombstones.store(0, RLX);
-        for (i, s) in self.used_slots() {
-            if s.flags.load(RLX) & FLAG_LIVE != 0 {
-                let len = s.name_len.load(RLX) as usize;
-                let at = s.name_at.load(RLX);
-                if let Some(w) = names::name_words(self.arena(), at, len) {
-                    self.index_insert(&names::load(w, len), i, at);
-                }
-            }
-        }
-        h.index_seq.fetch_add(1, REL);
     }
 }
 

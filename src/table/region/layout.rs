@@ -650,6 +650,22 @@ pub fn key_tick(now: u64) -> u32 {
     ((now >> 26) as u32) & 0x3fff_ffff
 }
 
+/// Which root's reply a counter's known level is, so that the same root's
+/// later reply replaces it (lower, after returns) where another root's is
+/// max-merged: 0 for none (a local fold, a new counter); otherwise the
+/// sync thread's name for one root process (its place in the list and a
+/// count of its restarts; see `sync::engine`).
+pub type Source = u8;
+
+/// The [`Source`] of an in-flight counter's level that this host folded
+/// its own weight into (every root, or the counter's group, silent): the
+/// next reply of any root replaces it. That root's value holds what this
+/// host owed it (sent with the same request), and the other hosts'
+/// releases meanwhile, which a max-merge would never let down (an
+/// in-flight level does not leak). No root's source: a root's has its
+/// place in the list in the low five bits, never 0.
+pub const FOLDED: Source = 0x20;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,11 +20,17 @@
 
 pub mod geometry;
 pub(in crate::table) mod heap;
+pub(in crate::table) mod index;
+pub(in crate::table) mod key_entries;
+pub(in crate::table) mod key_moves;
+pub(in crate::table) mod keys;
 pub mod layout;
 pub(in crate::table) mod lock;
 pub mod names;
 mod sections;
+pub(in crate::table) mod slots;
 pub(in crate::table) mod status;
+pub(in crate::table) mod tier_section;
 
 pub use sections::{Region, SlotId, TableError};
 pub(in crate::table) use sections::{ACQ, READ_RETRIES, REL, RLX};

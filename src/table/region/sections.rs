@@ -436,3 +436,40 @@ impl Region {
         }
     }
 }
+
+/// Declares a view of the region: a copyable handle named for one file's
+/// concern, whose methods are that concern's. A view reaches the sections
+/// through [`Region`] (it derefs to it), and another file's methods only
+/// through that file's view, which it must import: every call between
+/// the table's files is an import a reader can follow.
+macro_rules! region_view {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy)]
+        pub(in crate::table) struct $name<'r>(&'r $crate::table::region::Region);
+
+        impl<'r> $name<'r> {
+            /// The view of `region`.
+            #[inline(always)]
+            pub(in crate::table) fn of(region: &'r $crate::table::region::Region) -> Self {
+                Self(region)
+            }
+
+            /// The region, for what a method returns that lives in it.
+            #[allow(dead_code)]
+            #[inline(always)]
+            pub(in crate::table) fn region(&self) -> &'r $crate::table::region::Region {
+                self.0
+            }
+        }
+
+        impl std::ops::Deref for $name<'_> {
+            type Target = $crate::table::region::Region;
+            #[inline(always)]
+            fn deref(&self) -> &Self::Target {
+                self.0
+            }
+        }
+    };
+}
+pub(in crate::table) use region_view;

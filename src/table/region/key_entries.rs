@@ -1,90 +1,27 @@
-//! The counters of per-key quotas: one per (template, key hash), created
-//! by the check that first sees the key, in the key section of the region.
-//!
-//! # Placement: two buckets a key
-//!
-//! The section is bucketized cuckoo hashing. A key may live in either of
-//! two buckets its hash picks ([`KEY_WAYS`] entries each); a lookup reads
-//! both, and the misses of the two are issued together, so it costs one
-//! round of memory latency. A new key takes a free entry of either
-//! bucket, or an entry equal to no entry (below). When both buckets are
-//! full, entries are moved to their own other bucket along the shortest
-//! chain of moves (breadth first, [`MAX_MOVE_DEPTH`] steps at most) that
-//! ends at a free entry, and the key takes the entry the chain freed
-//! (`key_moves.rs`). The section so fills to well above 90% before a key
-//! finds no room (BENCHMARKS.md, "Key store fill"), where one bucket
-//! alone overflowed from half full on.
-//!
-//! # What is never lost
-//!
-//! An entry is reused for another key only when it is equal to no entry:
-//! nothing pending or in flight, its level leaked to zero (a leaky quota),
-//! nothing counted in its current window nor, sliding, in the previous
-//! one (a window quota), or its template gone. A key whose count still
-//! matters keeps its entry, however busy the section: there is no
-//! eviction of live keys, so no spray of other keys can reset a key's
-//! count. Moving an entry to its other bucket carries its whole state.
-//!
-//! # When the section is full of live keys
-//!
-//! A key that finds no room (every entry of the section it could reach
-//! holds a live count) is an overflow, counted in `overflows` and decided
-//! by the overflow mode ([`KeyOverflow`], a zone-wide setting):
-//!
-//! - `shared` (the default): it is checked against, and counted on, the
-//!   template's own counter, which every key without an entry shares
-//!   fleet-wide (it syncs as the template's named counter). Together such
-//!   keys get one key's limit: degradation toward rejecting, never toward
-//!   passing uncounted.
-//! - `reject`: it is rejected.
-//! - `pass`: it passes uncounted (the behaviour of earlier versions).
-//!
-//! A new key whose two buckets are full needs the key lock to move
-//! entries, and a check waits for it only a bounded time
-//! (`key_moves.rs`): when the holder (the sync thread, or a check making
-//! room) was descheduled (an overloaded machine), the key is an overflow
-//! for that one check, whatever the fill, counted apart in `busy` and
-//! logged as such (it says nothing about room). Its next check tries
-//! again.
-//!
-//! # Concurrency
-//!
-//! Checks take no lock: they find a key by its hash word, add to
-//! `pending`, mark the entry dirty and record its use. A new key claims a
-//! free (or drained) entry with a CAS on the hash word. Everything else
-//! that writes an entry holds the key lock (`KeyPlacement::lock`): moves,
-//! and the sync thread's collections, merges, folds and sweeps (which also
-//! hold the writer lock, taken first), so a move never races a merge. A
-//! move copies the entry, publishes the copy, retires the original and
-//! hands on whatever was added to it meanwhile; the move sequence
-//! (`KeyPlacement::moves`) lets a lookup that missed during a move look
-//! again, so a moving key is never taken for a new one. A check that
-//! counted on an entry just moved away takes its weight back and counts it
-//! where the key lives now. The rare races left (two checks inserting one
-//! new key at the same instant, a check stalled across two moves of its
-//! entry) cost at most a duplicate entry whose weight is still collected,
-//! or a few units counted on a neighbouring key: never a crash, never
-//! weight counted twice at the roots.
-//!
-//! The dirty ring lists entries with weight not yet collected
-//! (`key_sync.rs`): a check that adds to an entry not in the ring queues
-//! it; the sync thread drains the ring. A full ring sets a flag and the
-//! next collection scans every entry instead, so no weight is stranded.
+//! The key section's entries: where a key may live (its two buckets),
+//! finding its entry, claiming a free or drained one, what an entry holds
+//! (its counter, fill, source, tier mark, dirty state), the section-wide
+//! settings (secret, overflow mode) and counts, and the dirty ring a
+//! check queues an entry on. `keys.rs` places keys and counts on them;
+//! `key_moves.rs` makes room.
 
 use std::sync::atomic::{fence, Ordering::SeqCst};
 
+use super::layout::Source;
 use super::layout::{
-    key_tick, pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED,
-    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE,
-    FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
+    pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED, DIRTY_SOURCE_MASK,
+    DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED,
+    KEY_WAYS,
 };
-use super::{SlotId, Source, Table, ACQ, REL, RLX};
+use super::sections::{region_view, SlotId, ACQ, REL, RLX};
 use crate::core::key::{KeyHash, KeySecret};
 use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
+use crate::table::region::slots::Slots;
+use std::sync::atomic::Ordering::AcqRel;
 
 /// Why [`Table::make_room`] made no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum NoMove {
+pub(in crate::table) enum NoMove {
     /// The key lock was held past a check's bounded wait: whether a chain
     /// existed is unknown (the section may have had plenty of room).
     Busy,
@@ -95,7 +32,7 @@ pub(super) enum NoMove {
 
 /// What a keyed check knows of its key's tiers before it looks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum KeyTiers {
+pub(in crate::table) enum KeyTiers {
     /// The key has no entry (or the check has no key): the filter
     /// answers.
     Unknown,
@@ -105,10 +42,8 @@ pub(super) enum KeyTiers {
     Marked,
 }
 
-pub use super::key_moves::MAX_MOVE_DEPTH;
-
 /// Where a key's entry is: bucket × [`KEY_WAYS`] + way.
-pub(super) type KeyAt = u32;
+pub(in crate::table) type KeyAt = u32;
 
 /// What a check does with a key that finds no entry (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -203,18 +138,23 @@ pub struct KeyState {
 
 /// A key found no entry: every entry it could have had holds a live count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct NoRoom;
+pub(in crate::table) struct NoRoom;
 
 /// Lookups that missed while entries moved retry at most this often, then
 /// take the miss (a mover that died mid-move left the sequence odd).
 const MISS_RETRIES: u32 = 64;
 
-impl Table {
+region_view!(
+    /// The key section's entries.
+    KeyEntries
+);
+
+impl<'r> KeyEntries<'r> {
     /// Hashes keys with `secret` from now on, or with the built-in one
     /// (`None`); every process sharing the region sees it. Keys already
     /// counted under another secret keep their old hashes until they
     /// drain.
-    pub fn set_key_secret(&self, secret: Option<KeySecret>) {
+    pub(in crate::table) fn set_key_secret(&self, secret: Option<KeySecret>) {
         let c = &self.header().keys.config;
         let (k0, k1) = secret.unwrap_or_else(KeySecret::built_in).to_words();
         c.secret_set.store(0, REL);
@@ -225,19 +165,19 @@ impl Table {
 
     /// The secret keys are hashed with (the built-in one until
     /// [`Table::set_key_secret`]).
-    pub fn key_secret(&self) -> KeySecret {
+    pub(in crate::table) fn key_secret(&self) -> KeySecret {
         let c = &self.header().keys.config;
         KeySecret::from_words(c.secret[0].load(RLX), c.secret[1].load(RLX))
     }
 
     /// True once a configured secret replaced the built-in one.
-    pub fn has_key_secret(&self) -> bool {
+    pub(in crate::table) fn has_key_secret(&self) -> bool {
         self.header().keys.config.secret_set.load(ACQ) != 0
     }
 
     /// Sets what a check does with a key that finds no entry, for every
     /// process sharing the region.
-    pub fn set_key_overflow(&self, mode: KeyOverflow) {
+    pub(in crate::table) fn set_key_overflow(&self, mode: KeyOverflow) {
         self.header()
             .keys
             .config
@@ -246,17 +186,17 @@ impl Table {
     }
 
     /// What a check does with a key that finds no entry.
-    pub fn key_overflow(&self) -> KeyOverflow {
+    pub(in crate::table) fn key_overflow(&self) -> KeyOverflow {
         KeyOverflow::from_code(self.header().keys.config.overflow_mode.load(RLX))
     }
 
     /// Keys the key section holds (0: per-key quotas pass uncounted).
-    pub fn key_capacity(&self) -> u64 {
+    pub(in crate::table) fn key_capacity(&self) -> u64 {
         self.geometry().key_capacity()
     }
 
     /// The key section's counters.
-    pub fn key_stats(&self) -> KeyStats {
+    pub(in crate::table) fn key_stats(&self) -> KeyStats {
         let p = &self.header().keys.place;
         KeyStats {
             capacity: self.key_capacity(),
@@ -270,14 +210,14 @@ impl Table {
         }
     }
 
-    pub(super) fn key_at(&self, at: KeyAt) -> Option<&KeyEntry> {
-        let bucket = self.key_buckets().get(at as usize / KEY_WAYS)?;
+    pub(in crate::table) fn key_at(&self, at: KeyAt) -> Option<&'r KeyEntry> {
+        let bucket = self.region().key_buckets().get(at as usize / KEY_WAYS)?;
         bucket.ways.get(at as usize % KEY_WAYS)
     }
 
     /// The two buckets a key of `template` with `hash` may live in
     /// (distinct whenever the section has two buckets).
-    pub(super) fn buckets_of(&self, template: SlotId, hash: KeyHash) -> (usize, usize) {
+    pub(in crate::table) fn buckets_of(&self, template: SlotId, hash: KeyHash) -> (usize, usize) {
         let n = u64::from(self.geometry().key_buckets);
         let mixed = hash ^ u64::from(template + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let first = mixed.wrapping_mul(0xd6e8_feb8_6659_fd93);
@@ -292,7 +232,12 @@ impl Table {
 
     /// The way of bucket `b` holding the key, if one does.
     #[inline(always)]
-    fn scan_bucket(&self, b: usize, template: SlotId, hash: KeyHash) -> Option<KeyAt> {
+    pub(in crate::table) fn scan_bucket(
+        &self,
+        b: usize,
+        template: SlotId,
+        hash: KeyHash,
+    ) -> Option<KeyAt> {
         let bucket = &self.key_buckets()[b];
         bucket
             .ways
@@ -303,7 +248,7 @@ impl Table {
 
     /// The entry of the key `hash` of the template in slot `template`, if
     /// it has one. A miss while an entry was moving looks again.
-    pub(super) fn find_key(&self, template: SlotId, hash: KeyHash) -> Option<KeyAt> {
+    pub(in crate::table) fn find_key(&self, template: SlotId, hash: KeyHash) -> Option<KeyAt> {
         if self.geometry().key_buckets == 0 {
             return None;
         }
@@ -327,124 +272,9 @@ impl Table {
         None
     }
 
-    /// The entry of a key a check sees at `now`, made if it has none (a
-    /// free or drained entry of one of its buckets, else one freed by
-    /// moving others); its use is recorded. [`NoRoom`] when the section
-    /// has no room for it (counted in `overflows`).
-    #[inline]
-    pub(super) fn use_key(
-        &self,
-        template: SlotId,
-        hash: KeyHash,
-        now: Nanos,
-    ) -> Result<KeyAt, NoRoom> {
-        match self.find_key_touched(template, hash, now) {
-            Some(at) => Ok(at),
-            None => self.make_key(template, hash, now),
-        }
-    }
-
-    /// The entry of a key that has one, its use at `now` recorded; `None`
-    /// when the key has none (nothing made).
-    #[inline]
-    pub(super) fn find_key_touched(
-        &self,
-        template: SlotId,
-        hash: KeyHash,
-        now: Nanos,
-    ) -> Option<KeyAt> {
-        // The common case first: a known key in its first bucket, with the
-        // second bucket's lines already on their way in case it is there.
-        let buckets = self.key_buckets();
-        if buckets.is_empty() {
-            return None;
-        }
-        let (b1, b2) = self.buckets_of(template, hash);
-        prefetch(&buckets[b2]);
-        if let Some(at) = self.scan_bucket(b1, template, hash) {
-            touch(&buckets[b1].ways[at as usize % KEY_WAYS], key_tick(now));
-            return Some(at);
-        }
-        self.find_key_touched_slow(template, hash, now)
-    }
-
-    /// [`Table::find_key_touched`] past its first bucket: the second, and
-    /// a look again if entries were moving.
-    #[cold]
-    #[inline(never)]
-    fn find_key_touched_slow(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Option<KeyAt> {
-        let at = self.find_key(template, hash)?;
-        if let Some(e) = self.key_at(at) {
-            touch(e, key_tick(now));
-        }
-        Some(at)
-    }
-
-    /// Makes an entry for a key found to have none, counting an overflow
-    /// when there is no room.
-    #[cold]
-    #[inline(never)]
-    fn make_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoRoom> {
-        let placed = if self.geometry().key_buckets == 0 {
-            Err(NoMove::NoChain)
-        } else {
-            self.insert_key(template, hash, now)
-        };
-        placed.map_err(|why| {
-            let p = &self.header().keys.place;
-            p.overflows.fetch_add(1, RLX);
-            if why == NoMove::Busy {
-                p.busy.fetch_add(1, RLX);
-            }
-            NoRoom
-        })
-    }
-
-    /// Makes an entry for a key that has none. A key lock held past the
-    /// bounded wait ends the attempts at once ([`NoMove::Busy`]): its
-    /// holder was descheduled, and waiting again would only hold up the
-    /// request that much longer (the lock is held in short batches, so
-    /// this happens on a loaded machine whatever the fill: it says
-    /// nothing about room).
-    fn insert_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoMove> {
-        let (b1, b2) = self.buckets_of(template, hash);
-        for _ in 0..3 {
-            let claimed = match self.claim_in(b1, now).or_else(|| self.claim_in(b2, now)) {
-                Some(at) => Ok(at),
-                None => self.make_room(b1, b2, now),
-            };
-            let at = match claimed {
-                Ok(at) => at,
-                Err(NoMove::Busy) => return Err(NoMove::Busy),
-                Err(NoMove::NoChain) => continue,
-            };
-            let e = self.key_at(at).ok_or(NoMove::NoChain)?;
-            let tiers = self.tiers_hold_key(template, hash);
-            init_entry(e, template, hash, key_tick(now), now, tiers);
-            let p = &self.header().keys.place;
-            p.inserts.fetch_add(1, RLX);
-            let at = self.settle_duplicate(at, template, hash, (b1, b2));
-            if !tiers {
-                // Published, then asked again: an override or penalty the
-                // sync added meanwhile either finds the entry (and marks
-                // it) or is found here (see `tiers.rs`). Until then the
-                // entry is unsure, so a check of the key by another thread
-                // in between asks the filter rather than trust the
-                // missing mark.
-                fence(SeqCst);
-                if self.tiers_hold_key(template, hash) {
-                    self.mark_key_tiers(template, hash);
-                }
-                self.settle_key_tiers(template, hash);
-            }
-            return Ok(at);
-        }
-        Err(NoMove::NoChain)
-    }
-
     /// Claims a free or drained entry of bucket `b` (its hash word set to
     /// [`KEY_CLAIMED`]), if it has one.
-    pub(super) fn claim_in(&self, b: usize, now: Nanos) -> Option<KeyAt> {
+    pub(in crate::table) fn claim_in(&self, b: usize, now: Nanos) -> Option<KeyAt> {
         let bucket = &self.key_buckets()[b];
         for (way, e) in bucket.ways.iter().enumerate() {
             if e.hash.load(RLX) == 0 && e.hash.compare_exchange(0, KEY_CLAIMED, ACQ, RLX).is_ok() {
@@ -462,7 +292,7 @@ impl Table {
 
     /// Claims `e` if it holds a key equal to no entry (see
     /// [`Table::key_drained`]); counted as reclaimed.
-    pub(super) fn claim_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
+    pub(in crate::table) fn claim_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
         let hash = e.hash.load(ACQ);
         if hash == 0 || hash == KEY_CLAIMED || !self.key_drained(e, now) {
             return false;
@@ -477,54 +307,10 @@ impl Table {
         true
     }
 
-    /// After a new key's entry at `at` was published: if another entry of
-    /// the key's buckets holds the same key (two checks inserted it at
-    /// once), the one first in lookup order stays and the other is retired
-    /// into it. Returns where the key lives.
-    fn settle_duplicate(
-        &self,
-        at: KeyAt,
-        template: SlotId,
-        hash: KeyHash,
-        (b1, b2): (usize, usize),
-    ) -> KeyAt {
-        let Some(first) = self
-            .scan_bucket(b1, template, hash)
-            .or_else(|| self.scan_bucket(b2, template, hash))
-        else {
-            return at;
-        };
-        if first == at {
-            return at;
-        }
-        if let (Some(mine), Some(theirs)) = (self.key_at(at), self.key_at(first)) {
-            if mine
-                .hash
-                .compare_exchange(hash, KEY_CLAIMED, ACQ, RLX)
-                .is_ok()
-            {
-                let moved = mine.pending.swap(0, SeqCst);
-                if mine.dirty.load(SeqCst) & DIRTY_TIERS != 0 {
-                    theirs.dirty.fetch_or(DIRTY_TIERS, SeqCst);
-                }
-                clear_entry(mine);
-                mine.hash.store(0, REL);
-                let p = &self.header().keys.place;
-                p.live.fetch_sub(1, RLX);
-                p.inserts.fetch_sub(1, RLX);
-                if moved > 0 {
-                    theirs.pending.fetch_add(moved, SeqCst);
-                    self.mark_dirty(first, theirs);
-                }
-            }
-        }
-        first
-    }
-
     /// True when the entry is equal to no entry: nothing pending or in
     /// flight, and its level leaked to zero at `now` (or its windows over,
     /// or its template gone).
-    pub(super) fn key_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
+    pub(in crate::table) fn key_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
         if e.pending.load(SeqCst) != 0 || e.inflight.load(RLX) != 0 {
             return false;
         }
@@ -535,24 +321,30 @@ impl Table {
     }
 
     /// True when slot `slot` holds a live per-key template.
-    pub(super) fn is_per_key(&self, slot: SlotId) -> bool {
+    pub(in crate::table) fn is_per_key(&self, slot: SlotId) -> bool {
         self.template_counting(slot + 1).is_some()
     }
 
     /// How the keys of the live per-key template in `template` (slot + 1)
     /// count, read without its seqlock (placement, sweep and writer-side
     /// decisions only).
-    pub(super) fn template_counting(&self, template: u32) -> Option<Counting> {
+    pub(in crate::table) fn template_counting(&self, template: u32) -> Option<Counting> {
         let s = self.slot(template.checked_sub(1)?)?;
         let flags = s.flags.load(RLX);
-        (flags & FLAG_LIVE != 0 && flags & FLAG_PER_KEY != 0).then(|| self.slot_counting(s))
+        (flags & FLAG_LIVE != 0 && flags & FLAG_PER_KEY != 0)
+            .then(|| Slots::of(self).slot_counting(s))
     }
 
     /// Turns a per-key template's view (`view`, as a check read it) into
     /// the view of its key at `at`: the template's numbers with the key's
     /// own counter. False when `at` is no entry.
     #[inline]
-    pub(super) fn key_into(&self, at: KeyAt, view: &mut QuotaSnapshot, now: Nanos) -> bool {
+    pub(in crate::table) fn key_into(
+        &self,
+        at: KeyAt,
+        view: &mut QuotaSnapshot,
+        now: Nanos,
+    ) -> bool {
         match self.key_at(at) {
             Some(e) => {
                 apply_key(e, view, now);
@@ -568,7 +360,7 @@ impl Table {
     /// freed or retaken since the check found it: its mark may be another
     /// key's, or cleared with it).
     #[inline]
-    pub(super) fn key_tiers(&self, at: KeyAt, hash: KeyHash) -> KeyTiers {
+    pub(in crate::table) fn key_tiers(&self, at: KeyAt, hash: KeyHash) -> KeyTiers {
         let Some(e) = self.key_at(at) else {
             return KeyTiers::Unknown;
         };
@@ -588,7 +380,7 @@ impl Table {
 
     /// True when the key's entry at `at` carries the tier mark (tests).
     #[cfg(test)]
-    pub(super) fn key_marked_for_tiers(&self, at: KeyAt) -> bool {
+    pub(in crate::table) fn key_marked_for_tiers(&self, at: KeyAt) -> bool {
         self.key_at(at)
             .is_some_and(|e| e.dirty.load(ACQ) & DIRTY_TIERS != 0)
     }
@@ -601,7 +393,7 @@ impl Table {
     /// and marked again, so a mark is never left behind on an original
     /// whose copy is already in use; a mark that lands on an entry retaken
     /// by another key only costs that key a look in the table.
-    pub(super) fn mark_key_tiers(&self, template: SlotId, hash: KeyHash) {
+    pub(in crate::table) fn mark_key_tiers(&self, template: SlotId, hash: KeyHash) {
         let moves = &self.header().keys.place.moves;
         for _ in 0..MISS_RETRIES {
             let seq = moves.load(SeqCst);
@@ -620,84 +412,9 @@ impl Table {
         }
     }
 
-    /// Ends the unsure state ([`DIRTY_TIERS_UNSURE`]) of the entry of the
-    /// key `hash` of the template in slot `template`, wherever it is now,
-    /// once its maker has looked in the tier section again. An entry
-    /// that moved meanwhile and is missed keeps it until the sweep: a
-    /// look in the filter per check, never a missed override.
-    fn settle_key_tiers(&self, template: SlotId, hash: KeyHash) {
-        if let Some(e) = self.find_key(template, hash).and_then(|at| self.key_at(at)) {
-            if e.hash.load(ACQ) == hash {
-                e.dirty.fetch_and(!DIRTY_TIERS_UNSURE, SeqCst);
-            }
-        }
-    }
-
-    /// Counts a passed check's weight on the key `hash` of the template in
-    /// slot `template`, found at `at`, and queues it for the next
-    /// collection. If the entry moved away meanwhile, the weight follows
-    /// the key (or, should it have no entry any more, goes to the
-    /// template's own counter, as an overflow's would).
-    pub(super) fn count_key(&self, at: KeyAt, template: SlotId, hash: KeyHash, weight: u64) {
-        let Some(e) = self.key_at(at) else { return };
-        if weight == 0 {
-            return;
-        }
-        e.pending.fetch_add(weight, SeqCst);
-        if e.hash.load(SeqCst) != hash {
-            self.rehome(e, template, hash, weight);
-            return;
-        }
-        // After the add: a collector that cleared the flag before reading
-        // `pending` either saw the weight or left the flag for us to set.
-        if e.dirty.load(SeqCst) & DIRTY_QUEUED == 0 {
-            self.mark_dirty(at, e);
-        }
-    }
-
-    /// Takes back what is left of `weight` just added to `e`, which no
-    /// longer holds the key (a move forwarded what it found; whatever came
-    /// after is still there), and counts it where the key lives now.
-    #[cold]
-    #[inline(never)]
-    fn rehome(&self, e: &KeyEntry, template: SlotId, hash: KeyHash, weight: u64) {
-        let mut now_there = e.pending.load(SeqCst);
-        let taken = loop {
-            // Only what is still there as an add (a return waiting in the
-            // entry is not this check's).
-            let take = (now_there as i64).clamp(0, weight as i64) as u64;
-            if take == 0 {
-                break 0;
-            }
-            match e
-                .pending
-                .compare_exchange(now_there, now_there - take, SeqCst, SeqCst)
-            {
-                Ok(_) => break take,
-                Err(seen) => now_there = seen,
-            }
-        };
-        if taken == 0 {
-            return;
-        }
-        match self.find_key(template, hash) {
-            Some(at) => {
-                if let Some(to) = self.key_at(at) {
-                    to.pending.fetch_add(taken, SeqCst);
-                    self.mark_dirty(at, to);
-                }
-            }
-            None => {
-                if let Some(s) = self.slot(template) {
-                    s.pending.fetch_add(taken, RLX);
-                }
-            }
-        }
-    }
-
     /// Queues an entry that holds pending weight for the next collection,
     /// unless it is queued already.
-    pub(super) fn mark_dirty(&self, at: KeyAt, e: &KeyEntry) {
+    pub(in crate::table) fn mark_dirty(&self, at: KeyAt, e: &KeyEntry) {
         // After the add: a collector that cleared the flag before reading
         // `pending` either saw the weight or left the flag for us to set.
         if e.dirty.load(SeqCst) & DIRTY_QUEUED == 0
@@ -710,7 +427,7 @@ impl Table {
     /// Every key of the template in `template` (all templates: `None`)
     /// with its state at `now`, as this host sees it. Reads the whole key
     /// section: for metrics and listings, not the request path.
-    pub fn keys(&self, template: Option<SlotId>, now: Nanos) -> Vec<KeyState> {
+    pub(in crate::table) fn keys(&self, template: Option<SlotId>, now: Nanos) -> Vec<KeyState> {
         let estimator = self.estimator();
         let mut out = Vec::new();
         for bucket in self.key_buckets() {
@@ -723,7 +440,7 @@ impl Table {
                 if template.is_some_and(|want| want + 1 != t) {
                     continue;
                 }
-                let Some((view, _)) = self.read_view(t - 1) else {
+                let Some((view, _)) = Slots::of(self).read_view(t - 1) else {
                     continue;
                 };
                 let snapshot = key_view(e, &view, now);
@@ -739,11 +456,35 @@ impl Table {
         }
         out
     }
+
+    /// Puts an entry on the dirty ring; a full ring makes the next
+    /// collection scan every entry.
+    pub(in crate::table) fn queue_key(&self, at: KeyAt) {
+        let h = self.header();
+        let ring = self.key_ring();
+        let len = ring.len() as u64;
+        loop {
+            let head = h.keys.ring.head.load(ACQ);
+            if head.wrapping_sub(h.keys.ring.tail.load(ACQ)) >= len {
+                h.keys.ring.overflow.store(1, REL);
+                return;
+            }
+            if h.keys
+                .ring
+                .head
+                .compare_exchange_weak(head, head + 1, AcqRel, RLX)
+                .is_ok()
+            {
+                ring[(head % len) as usize].store(ring_cell(head, at), REL);
+                return;
+            }
+        }
+    }
 }
 
 /// Hints the CPU to fetch a bucket's three lines.
 #[inline(always)]
-fn prefetch<T>(at: &T) {
+pub(in crate::table) fn prefetch<T>(at: &T) {
     #[cfg(target_arch = "x86_64")]
     {
         let p = (at as *const T).cast::<i8>();
@@ -768,7 +509,7 @@ fn prefetch<T>(at: &T) {
 /// estimate between syncs is then not extrapolated (48 bytes an entry
 /// have room for one of the two, and the previous count is what a sliding
 /// decision cannot do without).
-pub(super) fn keeps_prev(counting: &Counting) -> bool {
+pub(in crate::table) fn keeps_prev(counting: &Counting) -> bool {
     matches!(counting, Counting::Window(rule) if rule.sliding)
 }
 
@@ -776,7 +517,11 @@ pub(super) fn keeps_prev(counting: &Counting) -> bool {
 /// whose own view is `template`: the template's numbers with the key's
 /// counter, its fill rate or (sliding) its previous window's count, and
 /// its weight not yet in a cluster value.
-fn key_view(e: &KeyEntry, template: &QuotaSnapshot, now: Nanos) -> QuotaSnapshot {
+pub(in crate::table) fn key_view(
+    e: &KeyEntry,
+    template: &QuotaSnapshot,
+    now: Nanos,
+) -> QuotaSnapshot {
     let mut view = *template;
     apply_key(e, &mut view, now);
     view
@@ -785,7 +530,7 @@ fn key_view(e: &KeyEntry, template: &QuotaSnapshot, now: Nanos) -> QuotaSnapshot
 /// Makes a per-key template's view the view of its key in entry `e` (see
 /// [`key_view`]), in place.
 #[inline(always)]
-pub(super) fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
+pub(in crate::table) fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
     // `known` first, acquiring: a merge writes `fill` before it.
     let (level, known_at) = unpack_known(e.known.load(ACQ), now);
     let fill = f64::from(f32::from_bits(e.fill.load(RLX)));
@@ -801,7 +546,7 @@ pub(super) fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: Nanos) {
 
 /// A key's counter, its packed time placed near `now` (with the previous
 /// window's count when the template slides).
-pub(super) fn key_tally(e: &KeyEntry, counting: &Counting, now: Nanos) -> Tally {
+pub(in crate::table) fn key_tally(e: &KeyEntry, counting: &Counting, now: Nanos) -> Tally {
     let (level, at) = unpack_known(e.known.load(ACQ), now);
     let prev = if keeps_prev(counting) {
         f64::from(f32::from_bits(e.fill.load(RLX)))
@@ -818,7 +563,7 @@ pub(super) fn key_tally(e: &KeyEntry, counting: &Counting, now: Nanos) -> Tally 
 /// release: a check that sees the new count sees the previous one that
 /// goes with it (one that sees the old count in an earlier window takes
 /// that count as the previous one, whatever `fill` says).
-pub(super) fn store_key_tally(e: &KeyEntry, counting: &Counting, t: Tally) {
+pub(in crate::table) fn store_key_tally(e: &KeyEntry, counting: &Counting, t: Tally) {
     let mut word = pack_known(t.level, t.at);
     if let Counting::Window(rule) = counting {
         let (_, stored) = unpack_known(word, t.at);
@@ -833,7 +578,7 @@ pub(super) fn store_key_tally(e: &KeyEntry, counting: &Counting, t: Tally) {
 }
 
 /// Records a use at `tick`: the tick, and one more use up to three.
-fn touch(e: &KeyEntry, tick: u32) {
+pub(in crate::table) fn touch(e: &KeyEntry, tick: u32) {
     let used = e.used.load(RLX);
     let next = tick << 2 | ((used & 3) + 1).min(3);
     if next != used {
@@ -849,7 +594,7 @@ fn touch(e: &KeyEntry, tick: u32) {
 /// anything there is a count that raced the claim (a check that made or
 /// found the entry just before it was taken). It is collected under the
 /// new key, not lost.
-pub(super) fn init_entry(
+pub(in crate::table) fn init_entry(
     e: &KeyEntry,
     template: SlotId,
     hash: KeyHash,
@@ -878,7 +623,7 @@ pub(super) fn init_entry(
 /// Clears an entry's state but `pending` (a count racing the clear is
 /// collected under whichever key holds the entry next) and whether it is
 /// queued in the dirty ring.
-pub(super) fn clear_entry(e: &KeyEntry) {
+pub(in crate::table) fn clear_entry(e: &KeyEntry) {
     // Releasing: a check that reads the mark cleared then sees the
     // entry's hash no longer the key's (see `key_tiers`).
     e.dirty
@@ -891,16 +636,31 @@ pub(super) fn clear_entry(e: &KeyEntry) {
 }
 
 /// The [`Source`] of a key entry's known level.
-pub(super) fn key_source(e: &KeyEntry) -> Source {
+pub(in crate::table) fn key_source(e: &KeyEntry) -> Source {
     ((e.dirty.load(RLX) & DIRTY_SOURCE_MASK) >> DIRTY_SOURCE_SHIFT) as Source
 }
 
 /// Sets the [`Source`] of a key entry's known level, leaving its
 /// [`DIRTY_QUEUED`] and [`DIRTY_TIERS`] bits (which checks set
 /// concurrently) as they are.
-pub(super) fn set_key_source(e: &KeyEntry, source: Source) {
+pub(in crate::table) fn set_key_source(e: &KeyEntry, source: Source) {
     let bits = u32::from(source) << DIRTY_SOURCE_SHIFT;
     let _ = e.dirty.fetch_update(RLX, RLX, |d| {
         (d & DIRTY_SOURCE_MASK != bits).then_some(d & !DIRTY_SOURCE_MASK | bits)
     });
+}
+
+/// A dirty-ring cell: the entry (plus one) with the low 32 bits of the
+/// ring position it was written for, so that a write arriving after the
+/// collector gave up on its position can never pass for the entry of a
+/// later lap (whose producer's own write would then land behind the
+/// tail and be lost).
+pub(in crate::table) fn ring_cell(position: u64, at: KeyAt) -> u64 {
+    (position << 32) | (u64::from(at) + 1)
+}
+
+/// The entry a ring cell holds for `position`, if it was written for it.
+pub(in crate::table) fn ring_entry(cell: u64, position: u64) -> Option<KeyAt> {
+    let at = (cell & 0xffff_ffff) as u32;
+    (at != 0 && cell >> 32 == position & 0xffff_ffff).then(|| at - 1)
 }

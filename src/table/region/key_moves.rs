@@ -19,10 +19,10 @@
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
-use super::keys::{clear_entry, key_source, set_key_source, KeyAt, NoMove};
+use super::key_entries::{clear_entry, key_source, set_key_source, KeyAt, KeyEntries, NoMove};
 use super::layout::{KeyEntry, DIRTY_TIERS, DIRTY_TIERS_UNSURE, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
-use super::{Table, ACQ, REL, RLX};
+use super::sections::{region_view, ACQ, REL, RLX};
 use crate::core::Nanos;
 use std::sync::atomic::Ordering::AcqRel;
 
@@ -54,10 +54,10 @@ const CHECK_NAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Entries the sync thread handles under one hold of the key lock before
 /// it lets a waiting check in.
-pub(super) const SYNC_BATCH: usize = 64;
+pub(in crate::table) const SYNC_BATCH: usize = 64;
 
 /// The key lock, held for the guard's life.
-pub(super) struct KeyLock<'a> {
+pub(in crate::table) struct KeyLock<'a> {
     lock: &'a AtomicU32,
     /// Checks waiting for it.
     wanted: &'a AtomicU32,
@@ -66,7 +66,7 @@ pub(super) struct KeyLock<'a> {
 impl<'a> KeyLock<'a> {
     /// Takes the lock, however long it takes (the sync thread); a lock
     /// whose holder died is taken over.
-    pub(super) fn acquire(lock: &'a AtomicU32, wanted: &'a AtomicU32) -> Self {
+    pub(in crate::table) fn acquire(lock: &'a AtomicU32, wanted: &'a AtomicU32) -> Self {
         let me = own_pid();
         let mut spins = 0u32;
         loop {
@@ -85,7 +85,7 @@ impl<'a> KeyLock<'a> {
     /// Takes the lock within `spins` tries, [`CHECK_YIELDS`] yields and
     /// [`CHECK_NAPS`] naps, or not at all (a check: it says it is waiting, so that the
     /// sync thread hands the lock over between its batches).
-    pub(super) fn try_acquire(
+    pub(in crate::table) fn try_acquire(
         lock: &'a AtomicU32,
         wanted: &'a AtomicU32,
         spins: u32,
@@ -134,7 +134,7 @@ impl<'a> KeyLock<'a> {
     /// Between two batches of the sync thread: when a check is waiting,
     /// lets it have the lock (until it took it, or a short while), then
     /// takes it back.
-    pub(super) fn relax(&mut self) {
+    pub(in crate::table) fn relax(&mut self) {
         if self.wanted.load(ACQ) == 0 {
             return;
         }
@@ -170,10 +170,15 @@ struct Node {
     hash: u64,
 }
 
-impl Table {
+region_view!(
+    /// The key lock, and the moves that make room for a new key.
+    KeyMoves
+);
+
+impl<'r> KeyMoves<'r> {
     /// The key lock of this region.
-    pub(super) fn key_lock(&self) -> KeyLock<'_> {
-        let place = &self.header().keys.place;
+    pub(in crate::table) fn key_lock(&self) -> KeyLock<'r> {
+        let place = &self.region().header().keys.place;
         KeyLock::acquire(&place.lock, &place.lock_wanted)
     }
 
@@ -181,7 +186,12 @@ impl Table {
     /// other buckets, and claims it. [`NoMove::Busy`] when the key lock
     /// was busy for too long; [`NoMove::NoChain`] when no chain of at most
     /// [`MAX_MOVE_DEPTH`] moves reaches a free entry, or a race broke it.
-    pub(super) fn make_room(&self, b1: usize, b2: usize, now: Nanos) -> Result<KeyAt, NoMove> {
+    pub(in crate::table) fn make_room(
+        &self,
+        b1: usize,
+        b2: usize,
+        now: Nanos,
+    ) -> Result<KeyAt, NoMove> {
         let place = &self.header().keys.place;
         let Some(_lock) = KeyLock::try_acquire(&place.lock, &place.lock_wanted, CHECK_SPINS) else {
             return Err(NoMove::Busy);
@@ -210,7 +220,7 @@ impl Table {
                     continue;
                 }
                 let at = node.bucket as usize * KEY_WAYS + way;
-                if hash == 0 || self.key_drained(e, now) {
+                if hash == 0 || KeyEntries::of(self).key_drained(e, now) {
                     return self
                         .move_along(&nodes, next, at as KeyAt, now)
                         .ok_or(NoMove::NoChain);
@@ -221,7 +231,7 @@ impl Table {
                 let Some(template) = e.template.load(RLX).checked_sub(1) else {
                     continue;
                 };
-                let (c1, c2) = self.buckets_of(template, hash);
+                let (c1, c2) = KeyEntries::of(self).buckets_of(template, hash);
                 let other = if c1 == node.bucket as usize { c2 } else { c1 };
                 if other == node.bucket as usize {
                     continue;
@@ -245,7 +255,7 @@ impl Table {
     /// node's parent, and so on back to one of the key's own buckets,
     /// whose freed entry is returned, claimed.
     fn move_along(&self, nodes: &[Node], end: usize, free: KeyAt, now: Nanos) -> Option<KeyAt> {
-        let e = self.key_at(free)?;
+        let e = KeyEntries::of(self).key_at(free)?;
         let claimed = match e.hash.load(ACQ) {
             0 => {
                 let ok = e.hash.compare_exchange(0, KEY_CLAIMED, ACQ, RLX).is_ok();
@@ -254,7 +264,7 @@ impl Table {
                 }
                 ok
             }
-            _ => self.claim_drained(e, now),
+            _ => KeyEntries::of(self).claim_drained(e, now),
         };
         if !claimed {
             return None;
@@ -280,7 +290,10 @@ impl Table {
     /// took it): the chain is broken, and `dest` keeps a copy of a drained
     /// key, which equals no entry.
     fn move_entry(&self, src: KeyAt, dest: KeyAt, hash: u64) -> bool {
-        let (Some(s), Some(d)) = (self.key_at(src), self.key_at(dest)) else {
+        let (Some(s), Some(d)) = (
+            KeyEntries::of(self).key_at(src),
+            KeyEntries::of(self).key_at(dest),
+        ) else {
             return false;
         };
         if s.hash.load(ACQ) != hash {
@@ -315,7 +328,7 @@ impl Table {
         let moved = s.pending.swap(0, SeqCst);
         if moved > 0 {
             d.pending.fetch_add(moved, SeqCst);
-            self.mark_dirty(dest, d);
+            KeyEntries::of(self).mark_dirty(dest, d);
         }
         clear_entry(s);
         p.relocations.fetch_add(1, RLX);
