@@ -193,8 +193,8 @@ fn charge_one(
     // SAFETY: `r` is live for this call.
     let estimate = charge.settle.then(|| unsafe { admitted(r, name, key) });
     let (counted, settled) = match estimate.flatten() {
-        Some((estimate, at)) => (table.settle(&item, estimate, at, now), true),
-        None => (table.charge(&item, now), false),
+        Some((estimate, at)) => (table.gate().settle(&item, estimate, at, now), true),
+        None => (table.gate().charge(&item, now), false),
     };
     match counted.outcome {
         Outcome::Pass if settled => ChargeStatus::Settled,

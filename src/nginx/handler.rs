@@ -223,7 +223,9 @@ impl RequestState {
                 // the pool's memory (where the names and keys live) is
                 // freed.
                 let item = unsafe { held.item() };
-                table.give_back(&item, item.weight, self.charged_at, now, false)
+                table
+                    .gate()
+                    .give_back(&item, item.weight, self.charged_at, now, false)
             })
             .sum()
     }
@@ -454,7 +456,9 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
     // check may move it too: then no name is found unknown).
     let unknown_before = unknown_log.map(|_| table.unknown_checks());
     let charged_at = crate::clock::now();
-    let result = table.check_many(items, charged_at, options, crate::host::thread_unit);
+    let result = table
+        .gate()
+        .check_many(items, charged_at, options, crate::host::thread_unit);
     if let (Some(level), Some(before), Some(names)) =
         (unknown_log, unknown_before, mcf.unknown_names())
     {
@@ -469,7 +473,9 @@ fn check(r: &mut ngx_http_request_t) -> ngx_int_t {
             // not sent yet) given back, told when its turn would have
             // been.
             for item in items {
-                table.give_back(item, item.weight, charged_at, charged_at, false);
+                table
+                    .gate()
+                    .give_back(item, item.weight, charged_at, charged_at, false);
             }
             c.hold_refused.fetch_add(1, Ordering::Relaxed);
             answer = answer.refused_hold(wait);
@@ -544,7 +550,7 @@ fn log_unknown(
     now: Nanos,
 ) {
     for item in items {
-        if table.lookup(item.name).is_some() {
+        if table.gate().lookup(item.name).is_some() {
             continue;
         }
         let Some(due) = names.note(item.name, now) else {

@@ -141,6 +141,7 @@ fn owed_of(table: &Table, d: &CollectedDelta, now: Nanos) -> (CounterKey, Owed) 
     // A slot that no longer holds the quota: the root ignores the delta
     // anyway. A key counts as its template does.
     let counting = table
+        .books()
         .counter_counting(d.slot, d.id)
         .unwrap_or(Counting::Leak(0.0));
     let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
@@ -500,10 +501,10 @@ impl SyncEngine {
         {
             return false;
         }
-        let due = table.has_unsent_penalties()
+        let due = table.books().has_unsent_penalties()
             || self
                 .early
-                .is_some_and(|early| table.unsent_beyond(early.fraction));
+                .is_some_and(|early| table.books().unsent_beyond(early.fraction));
         if due {
             self.last_early = Some(now);
         }
@@ -554,10 +555,12 @@ impl SyncEngine {
         collected.clear();
         fresh.clear();
         let mut rejected = Vec::new();
-        table.collect_deltas_and_rejections(&mut collected, &mut rejected);
+        table
+            .books()
+            .collect_deltas_and_rejections(&mut collected, &mut rejected);
         // Penalties started here go to every root (a penalty merges by
         // max, wherever it lands).
-        let started = table.take_started_penalties();
+        let started = table.books().take_started_penalties();
         let mut held: Option<Vec<Penalty>> = None;
         self.unacked.add(&collected);
         let rejected = self.rejected_since_last_cycle(rejected);
@@ -609,7 +612,7 @@ impl SyncEngine {
             if link.takes_tiers && std::mem::take(&mut link.resend_penalties) {
                 let now_utc = now as i64 + table.utc_offset();
                 link.tiers.penalties = held
-                    .get_or_insert_with(|| table.held_penalties(now_utc))
+                    .get_or_insert_with(|| table.books().held_penalties(now_utc))
                     .clone();
             }
             // Penalties take at most a quarter of a request; the rest stay
@@ -753,7 +756,7 @@ impl SyncEngine {
                     .iter()
                     .flat_map(|p| p.reply.counters.iter().map(|c| c.id))
                     .collect();
-                table.settle_omitted(source, now, |c| {
+                table.books().settle_omitted(source, now, |c| {
                     super::shard(c, groups) == group && !carried.contains(&c.id)
                 });
             }
@@ -810,7 +813,7 @@ impl SyncEngine {
         if self.all_down {
             // Limiting is cluster-wide again from this reply on.
             self.all_down = false;
-            table.set_counting_locally(false);
+            table.books().set_counting_locally(false);
             self.down_logged_at = None;
             log.push((
                 LogLevel::Info,
@@ -853,13 +856,13 @@ impl SyncEngine {
         log: &mut Vec<LogLine>,
     ) {
         if !reply.quotas.is_empty() {
-            let report = table.apply_quotas(&reply.quotas);
+            let report = table.books().apply_quotas(&reply.quotas);
             for refused in report.refused.iter().take(5) {
                 log.push((LogLevel::Error, refused.to_string()));
             }
         }
         if !reply.tiers.overrides.is_empty() {
-            let report = table.apply_overrides(&reply.tiers.overrides);
+            let report = table.books().apply_overrides(&reply.tiers.overrides);
             if report.refused > 0 {
                 log.push((
                     LogLevel::Error,
@@ -872,7 +875,7 @@ impl SyncEngine {
                 ));
             }
         }
-        table.merge_penalties(&reply.tiers.penalties);
+        table.books().merge_penalties(&reply.tiers.penalties);
         let generation = table.generation();
         if self.slots_generation != Some(generation) {
             self.slots = table.slot_ids().into_iter().collect();
@@ -924,20 +927,31 @@ impl SyncEngine {
             };
             self.recent.changed(counter, slot);
             let amount = acked.map_or(0, |a| a.1);
-            if !table.merge_counter(slot, counter.id, counter.key, value, amount, source)
+            if !table
+                .books()
+                .merge_counter(slot, counter.id, counter.key, value, amount, source)
                 && acked.is_some()
             {
                 // Its quota moved to another slot since the delta was
                 // collected: merge it where it is now.
                 if let Some(&moved) = self.slots.get(&counter.id).filter(|&&s| s != slot) {
                     self.recent.changed(counter, moved);
-                    table.merge_counter(moved, counter.id, counter.key, value, amount, source);
+                    table.books().merge_counter(
+                        moved,
+                        counter.id,
+                        counter.key,
+                        value,
+                        amount,
+                        source,
+                    );
                 }
             }
         }
         for (counter, owed) in sent.drain() {
             if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
-                table.release_inflight(slot, counter.id, counter.key, acked);
+                table
+                    .books()
+                    .release_inflight(slot, counter.id, counter.key, acked);
             }
         }
     }
@@ -964,7 +978,11 @@ impl SyncEngine {
         }
         link.restart_seen = None;
         let link = &self.links[root];
-        if table.adopt_source(|s| link.is_earlier_source(root, s), link.source(root)) > 0 {
+        if table
+            .books()
+            .adopt_source(|s| link.is_earlier_source(root, s), link.source(root))
+            > 0
+        {
             // The next reply must carry them even if the new instance's
             // count has not changed since (or is empty: left out).
             self.links[root].counter_version = 0;
@@ -995,6 +1013,7 @@ impl SyncEngine {
         let link = &self.links[root];
         let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
         table
+            .books()
             .held_counts()
             .into_iter()
             .filter_map(|(id, held)| {
@@ -1026,8 +1045,10 @@ impl SyncEngine {
         if !down && self.groups > 1 {
             self.groups_down(table, now, &mut log);
         }
-        table.maintain_keys(super::key_sweep_budget(table, self.interval), now);
-        table.sweep_tiers(now as i64 + table.utc_offset());
+        table
+            .books()
+            .maintain_keys(super::key_sweep_budget(table, self.interval), now);
+        table.books().sweep_tiers(now as i64 + table.utc_offset());
         log.extend(self.pressure.check(table));
         if down {
             // Weight admitted since this cycle began is owed to the roots
@@ -1038,8 +1059,8 @@ impl SyncEngine {
             // Weight in flight that no root will acknowledge goes back to
             // pending, then everything pending is folded in locally.
             self.abandon(table);
-            table.fold_local(now);
-            if table.holds_in_flight() {
+            table.books().fold_local(now);
+            if table.books().holds_in_flight() {
                 self.ask_all_after_fold(|_| true);
             }
             if !self.leased && now.saturating_sub(since) >= self.in_flight_lease {
@@ -1058,7 +1079,7 @@ impl SyncEngine {
             }
         }
         self.all_down = down;
-        table.set_counting_locally(down);
+        table.books().set_counting_locally(down);
         log
     }
 
@@ -1068,7 +1089,7 @@ impl SyncEngine {
     fn collect_late(&mut self, table: &Table, now: Nanos) {
         let mut late = std::mem::take(&mut self.collected);
         late.clear();
-        table.collect_deltas(&mut late);
+        table.books().collect_deltas(&mut late);
         self.unacked.add(&late);
         let groups = self.groups;
         let mut owed = std::mem::take(&mut self.fresh);
@@ -1101,7 +1122,7 @@ impl SyncEngine {
     /// counts; this host drops the other hosts' in turn).
     fn lease_locally(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
         self.leased = true;
-        let set = table.lease_locally(now, |_| true);
+        let set = table.books().lease_locally(now, |_| true);
         if set > 0 {
             log.push((
                 LogLevel::Warn,
@@ -1119,7 +1140,9 @@ impl SyncEngine {
     fn lease_group_locally(&mut self, table: &Table, g: usize, now: Nanos, log: &mut Vec<LogLine>) {
         self.group_leased[g] = true;
         let groups = self.groups;
-        let set = table.lease_locally(now, |c| super::shard(c, groups) == g);
+        let set = table
+            .books()
+            .lease_locally(now, |c| super::shard(c, groups) == g);
         if set > 0 {
             log.push((
                 LogLevel::Warn,
@@ -1151,10 +1174,12 @@ impl SyncEngine {
                 if !down[super::shard(*c, groups)] {
                     return true;
                 }
-                table.fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
+                table
+                    .books()
+                    .fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
                 false
             });
-            if table.holds_in_flight() {
+            if table.books().holds_in_flight() {
                 self.ask_all_after_fold(|g| down[g]);
             }
         }
@@ -1187,7 +1212,9 @@ impl SyncEngine {
     /// overcount leaks away like any weight.
     pub fn abandon(&mut self, table: &Table) {
         for (c, entry) in &self.unacked.by_counter {
-            table.requeue_inflight(entry.0, c.id, c.key, Unacked::net(entry));
+            table
+                .books()
+                .requeue_inflight(entry.0, c.id, c.key, Unacked::net(entry));
         }
         self.unacked = Unacked::default();
     }

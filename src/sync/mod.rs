@@ -209,7 +209,7 @@ pub struct SyncHandle {
 impl SyncHandle {
     /// Starts the sync thread for `table`.
     pub fn start(table: Arc<Table>, config: SyncConfig) -> std::io::Result<SyncHandle> {
-        let requeued = table.claim_sync();
+        let requeued = table.books().claim_sync();
         if requeued > 0 {
             (config.log)(
                 LogLevel::Info,
@@ -291,7 +291,7 @@ fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
 /// leak is applied smoothly.
 fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared) {
     let tick = config.interval.min(Duration::from_millis(100));
-    table.set_counting_locally(true);
+    table.books().set_counting_locally(true);
     let mut pressure = KeyPressure::default();
     let mut reported = std::time::Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
@@ -307,8 +307,10 @@ fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared) {
         let wait = window_wake(table, now, 0).map_or(tick, |ns| tick.min(Duration::from_nanos(ns)));
         shared.wake.wait_timeout(wait);
         let now = local_now(config.clock_skew);
-        table.fold_local(now);
-        table.maintain_keys(key_sweep_budget(table, tick.as_nanos() as Nanos), now);
+        table.books().fold_local(now);
+        table
+            .books()
+            .maintain_keys(key_sweep_budget(table, tick.as_nanos() as Nanos), now);
         if let Ok(mut m) = shared.metrics.lock() {
             m.cycles += 1;
             status::publish(table, &m);
@@ -413,7 +415,9 @@ mod tests {
     #[test]
     fn standalone_sync_leaks_admitted_weight_and_stops_promptly() {
         let table = Arc::new(Table::new_heap(8, 16));
-        table.apply_quotas(&[Quota::new(1, "q", 1000.0, 10.0, 10.0)]);
+        table
+            .books()
+            .apply_quotas(&[Quota::new(1, "q", 1000.0, 10.0, 10.0)]);
         let config = SyncConfig {
             interval: Duration::from_millis(20),
             ..SyncConfig::default()
@@ -421,16 +425,19 @@ mod tests {
         let handle = SyncHandle::start(Arc::clone(&table), config).unwrap();
         let now = crate::clock::now();
         for _ in 0..10 {
-            assert_eq!(table.check(b"q", 1, now), crate::table::Outcome::Pass);
+            assert_eq!(
+                table.gate().check(b"q", 1, now),
+                crate::table::Outcome::Pass
+            );
         }
         assert!(matches!(
-            table.check(b"q", 1, now),
+            table.gate().check(b"q", 1, now),
             crate::table::Outcome::Reject(_)
         ));
         // 1000/s drains the 10 units within ~10 ms once folded.
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(
-            table.check(b"q", 1, crate::clock::now()),
+            table.gate().check(b"q", 1, crate::clock::now()),
             crate::table::Outcome::Pass
         );
         let started = std::time::Instant::now();

@@ -19,7 +19,7 @@ fn quotas() -> Vec<Quota> {
 /// A host: its table and engine, syncing with `roots` roots.
 fn host(name: &str, roots: usize) -> (Table, SyncEngine) {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&quotas());
+    t.books().apply_quotas(&quotas());
     let urls: Vec<String> = (0..roots).map(|i| format!("http://root{i}")).collect();
     (t, SyncEngine::new(&urls, name.into(), SEC, 100, 0))
 }
@@ -92,14 +92,16 @@ fn a_return_reaches_every_host_through_every_root() {
     let (b, mut eb) = host("b", 2);
     // a admits 50; after a cycle of each, both see 50 (the roots count it
     // from when it arrives).
-    let r = a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    let r = a
+        .gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     assert_eq!(r.outcome, Outcome::Pass);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
     assert_eq!(level(&b, SEC), 50.0);
     // a gives 30 back (held requests that left): its next sync sends the
     // return to both roots, and its own view drops at once.
-    assert_eq!(a.give_back(&item(50), 30, 0, 2 * SEC, false), 30);
+    assert_eq!(a.gate().give_back(&item(50), 30, 0, 2 * SEC, false), 30);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     for o in &out {
         assert_eq!(o.request.returned.len(), 1, "{:?}", o.request);
@@ -116,7 +118,7 @@ fn a_return_reaches_every_host_through_every_root() {
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
     assert_eq!(level(&b, 2 * SEC), 19.0);
     // New weight still counts on top, at both hosts.
-    b.check(b"q", 5, 2 * SEC);
+    b.gate().check(b"q", 5, 2 * SEC);
     cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
     cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
     assert_eq!(level(&a, 3 * SEC), 23.0);
@@ -127,13 +129,14 @@ fn a_return_reaches_every_host_through_every_root() {
 fn a_restarted_roots_low_values_are_max_merged_not_taken() {
     let mut roots = roots(1);
     let (a, mut ea) = host("a", 1);
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     assert_eq!(level(&a, SEC), 50.0);
     // The root restarts: a new instance knows nothing of the 50. Its
     // values are another root's to this host, so they lose the max.
     roots[0] = SimRoot::new(&quotas(), 999, SEC, 0);
-    a.check(b"q", 1, SEC);
+    a.gate().check(b"q", 1, SEC);
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     assert_eq!(level(&a, 2 * SEC), 49.0);
     assert_eq!(roots[0].level(1, 2 * SEC), Some(1.0));
@@ -144,9 +147,10 @@ fn a_root_that_predates_returns_keeps_the_units_and_the_host_stays_strict() {
     let mut roots = roots(1);
     let (a, mut ea) = host("a", 1);
     let older = |r: &mut SyncResponse| r.takes_returns = false;
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, older);
-    a.give_back(&item(50), 30, 0, 2 * SEC, false);
+    a.gate().give_back(&item(50), 30, 0, 2 * SEC, false);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, older);
     assert!(out[0].request.returned.is_empty(), "{:?}", out[0].request);
     assert_eq!(ea.metrics().roots[0].dropped_returns, 30);
@@ -162,9 +166,10 @@ fn a_root_that_missed_an_add_and_its_return_gets_only_the_difference() {
     let mut roots = roots(2);
     let (a, mut ea) = host("a", 2);
     // Root 1 is down while a admits 50 and gives 30 of it back.
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[1], SEC, |_| {});
-    a.give_back(&item(50), 30, 0, SEC, false);
+    a.gate().give_back(&item(50), 30, 0, SEC, false);
     cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
     assert_eq!(roots[0].level(1, 2 * SEC), Some(19.0));
     // Back, it is sent the 50 less their leak and less the 30, and no
@@ -181,10 +186,11 @@ fn a_root_that_missed_an_add_and_its_return_gets_only_the_difference() {
 fn a_return_a_root_missed_is_resent_whole() {
     let mut roots = roots(2);
     let (a, mut ea) = host("a", 2);
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     // Root 1 got the 50 but is down when 30 come back.
-    a.give_back(&item(50), 30, 0, SEC, false);
+    a.gate().give_back(&item(50), 30, 0, SEC, false);
     cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
     let (s, request) = back_at_root_1(&mut ea, &a, &mut roots);
     assert_eq!(request.returned[0].delta, 30, "{request:?}");
@@ -200,7 +206,7 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
         .collect();
     let keyed_host = |name: &str| {
         let t = Table::new_heap_with_keys(8, 16, 64);
-        t.apply_quotas(std::slice::from_ref(&template));
+        t.books().apply_quotas(std::slice::from_ref(&template));
         let urls = ["http://root0".to_string(), "http://root1".to_string()];
         (t, SyncEngine::new(&urls, name.into(), SEC, 100, 0))
     };
@@ -212,11 +218,14 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
         weight: 50,
         max_wait: None,
     };
-    let r = a.check_many(&[alice], 0, CheckOptions::default(), || 0.5);
+    let r = a
+        .gate()
+        .check_many(&[alice], 0, CheckOptions::default(), || 0.5);
     assert_eq!(r.outcome, Outcome::Pass);
     // b holds an entry for alice too (it admitted one of her requests).
     let one = CheckItem { weight: 1, ..alice };
-    b.check_many(&[one], 0, CheckOptions::default(), || 0.5);
+    b.gate()
+        .check_many(&[one], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
     let hash = a.key_secret().hash(b"alice");
@@ -226,7 +235,7 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
         (k.level, k.pending, k.inflight)
     };
     assert_eq!(known(&b, SEC).0, 51.0);
-    assert_eq!(a.give_back(&alice, 30, 0, 2 * SEC, false), 30);
+    assert_eq!(a.gate().give_back(&alice, 30, 0, 2 * SEC, false), 30);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     for o in &out {
         assert_eq!(o.request.keyed_returned.len(), 1, "{:?}", o.request);
@@ -249,12 +258,14 @@ fn a_settle_below_its_estimate_after_a_sync_lowers_every_roots_counter() {
     let (a, mut ea) = host("a", 2);
     let (b, mut eb) = host("b", 2);
     // a admits an estimate of 80 and syncs it: both roots hold 80.
-    let r = a.check_many(&[item(80)], 0, CheckOptions::default(), || 0.5);
+    let r = a
+        .gate()
+        .check_many(&[item(80)], 0, CheckOptions::default(), || 0.5);
     assert_eq!(r.outcome, Outcome::Pass);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     // The request cost 20: settled after the sync, 60 go back as a return
     // and both roots lower the counter (80 from 1 s, 1 leaked, 60 back).
-    let settled = a.settle(&item(20), 80, 0, 2 * SEC);
+    let settled = a.gate().settle(&item(20), 80, 0, 2 * SEC);
     assert_eq!(settled.outcome, Outcome::Pass);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     assert!(out.iter().all(|o| o.request.returned[0].delta == 60));
@@ -272,14 +283,14 @@ fn a_charge_past_the_burst_is_a_debt_every_host_sees_up_to_the_roots_cap() {
     let (b, mut eb) = host("b", 2);
     // 150 on a burst of 100: counted whole, and b rejects even a check
     // of weight 0 once it has heard.
-    assert_eq!(a.charge(&item(150), 0).granted, 150);
+    assert_eq!(a.gate().charge(&item(150), 0).granted, 150);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
     assert_eq!(level(&b, SEC), 150.0);
-    assert!(matches!(b.check(b"q", 0, SEC), Outcome::Reject(_)));
+    assert!(matches!(b.gate().check(b"q", 0, SEC), Outcome::Reject(_)));
     // A root keeps a counter at most at 2 x high_burst + limit x 5 s
     // (the level cap against forged deltas): a debt beyond is not kept.
-    assert_eq!(a.charge(&item(200), SEC).granted, 200);
+    assert_eq!(a.gate().charge(&item(200), SEC).granted, 200);
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     for root in &roots {
         assert!(root.level(1, 2 * SEC).is_some_and(|l| l <= 205.0));
@@ -322,7 +333,7 @@ fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
     let mut hosts: Vec<(Table, SyncEngine)> = (0..3)
         .map(|i| {
             let t = Table::new_heap(8, 16);
-            t.apply_quotas(&exact);
+            t.books().apply_quotas(&exact);
             t.set_estimator(crate::core::Estimator {
                 mode: crate::core::Extrapolation::ConstantRatio { ratio: 0.0 },
                 ..Default::default()
@@ -342,7 +353,7 @@ fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
     for s in steps.iter().chain(std::iter::repeat_n(&quiet, 20)) {
         let t = &hosts[s.host].0;
         if s.units > 0 {
-            let passed = t.check_many(
+            let passed = t.gate().check_many(
                 &[item(s.units as u64)],
                 now,
                 CheckOptions::default(),
@@ -354,7 +365,7 @@ fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
             // Give back at most what this host holds.
             let back = (-s.units).min(net[s.host]) as u64;
             if back > 0 {
-                assert_eq!(t.give_back(&item(back), back, now, now, false), back);
+                assert_eq!(t.gate().give_back(&item(back), back, now, now, false), back);
                 net[s.host] -= back as i64;
             }
         }
@@ -432,7 +443,7 @@ fn slot() -> CheckItem<'static> {
 /// A host of `uploads` syncing with one root.
 fn in_flight_host(name: &str) -> (Table, SyncEngine) {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&uploads());
+    t.books().apply_quotas(&uploads());
     (
         t,
         SyncEngine::new(&["http://root0".to_string()], name.into(), SEC, 100, 0),
@@ -443,7 +454,7 @@ fn in_flight_host(name: &str) -> (Table, SyncEngine) {
 fn take(t: &Table, n: usize, now: Nanos) -> Vec<crate::table::HeldSlot> {
     (0..n)
         .map(|_| {
-            let (r, held) = t.acquire(&slot(), now, false, || 0.5);
+            let (r, held) = t.gate().acquire(&slot(), now, false, || 0.5);
             assert_eq!(r.outcome, Outcome::Pass);
             held.unwrap()
         })
@@ -455,13 +466,13 @@ fn take(t: &Table, n: usize, now: Nanos) -> Vec<crate::table::HeldSlot> {
 fn room(t: &Table, now: Nanos) -> usize {
     let mut taken = Vec::new();
     while let (Outcome::Pass, Some(held)) = {
-        let (r, held) = t.acquire(&slot(), now, false, || 0.5);
+        let (r, held) = t.gate().acquire(&slot(), now, false, || 0.5);
         (r.outcome, held)
     } {
         taken.push(held);
     }
     for held in &taken {
-        t.release(&slot(), *held, now);
+        t.gate().release(&slot(), *held, now);
     }
     taken.len()
 }
@@ -475,7 +486,7 @@ fn give_all_back(
 ) {
     for (t, _, held) in hosts.iter_mut() {
         for slot_held in held.drain(..) {
-            assert!(t.release(&slot(), slot_held, at * SEC));
+            assert!(t.gate().release(&slot(), slot_held, at * SEC));
         }
     }
     for s in at..at + 4 {
@@ -522,7 +533,7 @@ fn every_root_silent_for_the_lease_leaves_each_host_its_own_slots() {
     // a takes 3 more; b gives 4 back, during the outage.
     let a_more = take(&a, 3, 12 * SEC);
     for held in b_slots.drain(..4) {
-        assert!(b.release(&slot(), held, 12 * SEC));
+        assert!(b.gate().release(&slot(), held, 12 * SEC));
     }
     cycle(&mut ea, &a, &mut roots, &[0], 13 * SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[0], 13 * SEC, |_| {});
@@ -553,7 +564,10 @@ fn every_root_silent_for_the_lease_leaves_each_host_its_own_slots() {
     assert_eq!(uploads_level(&a, 24 * SEC), 0.0);
     assert_eq!(uploads_level(&b, 24 * SEC), 0.0);
     assert_eq!(
-        (a.held_here(b"uploads"), b.held_here(b"uploads")),
+        (
+            a.books().held_here(b"uploads"),
+            b.books().held_here(b"uploads")
+        ),
         (Some(0), Some(0))
     );
 }
@@ -612,7 +626,7 @@ proptest::proptest! {
             let t = &hosts[s.host].0;
             if s.slots > 0 {
                 for _ in 0..s.slots {
-                    let (r, taken) = t.acquire(&slot(), now, false, || 0.5);
+                    let (r, taken) = t.gate().acquire(&slot(), now, false, || 0.5);
                     if r.outcome == Outcome::Pass {
                         held[s.host].push(taken.unwrap());
                     }
@@ -620,7 +634,7 @@ proptest::proptest! {
             } else {
                 for _ in 0..(-s.slots) {
                     if let Some(taken) = held[s.host].pop() {
-                        proptest::prop_assert!(t.release(&slot(), taken, now));
+                        proptest::prop_assert!(t.gate().release(&slot(), taken, now));
                     }
                 }
             }
@@ -629,7 +643,7 @@ proptest::proptest! {
             for (h, (t, e)) in hosts.iter_mut().enumerate() {
                 cycle(e, t, &mut roots, down, now, |_| {});
                 let own = held[h].len() as i64;
-                proptest::prop_assert_eq!(t.held_here(b"uploads"), Some(own));
+                proptest::prop_assert_eq!(t.books().held_here(b"uploads"), Some(own));
                 if silent > 11 {
                     proptest::prop_assert_eq!(uploads_level(t, now), own as f64);
                 }
@@ -650,7 +664,7 @@ proptest::proptest! {
         // Everything given back.
         for (h, (t, _)) in hosts.iter().enumerate() {
             for taken in held[h].drain(..) {
-                proptest::prop_assert!(t.release(&slot(), taken, now));
+                proptest::prop_assert!(t.gate().release(&slot(), taken, now));
             }
         }
         for _ in 0..3 {
@@ -681,7 +695,7 @@ fn a_restarted_root_counts_the_slots_held_from_before_and_every_later_one() {
     // returns), b only after its first one.
     roots[0].restart(2, 2 * SEC);
     for held in a_old {
-        assert!(a.release(&slot(), held, 2 * SEC));
+        assert!(a.gate().release(&slot(), held, 2 * SEC));
     }
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
@@ -697,7 +711,7 @@ fn a_restarted_root_counts_the_slots_held_from_before_and_every_later_one() {
     assert_eq!(uploads_level(&a, 3 * SEC), 4.0);
     assert_eq!(uploads_level(&b, 3 * SEC), 7.0);
     for held in b_old {
-        assert!(b.release(&slot(), held, 3 * SEC));
+        assert!(b.gate().release(&slot(), held, 3 * SEC));
     }
     for s in 4..6 {
         cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
@@ -758,7 +772,7 @@ fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
     let urls = ["http://root0".to_string(), "http://root1".to_string()];
     let grouped = |name: &str| {
         let t = Table::new_heap(8, 16);
-        t.apply_quotas(&uploads());
+        t.books().apply_quotas(&uploads());
         let mut e = SyncEngine::new(&urls, name.into(), SEC, 100, 0);
         e.set_groups(&[0, 1]);
         (t, e)
@@ -827,7 +841,7 @@ fn restart_as_three_slots_end(
 ) {
     roots[0].restart(2, 2 * SEC);
     for slot_held in held.drain(..3) {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
+        assert!(a.gate().release(&slot(), slot_held, 2 * SEC));
     }
     for s in 2..4 {
         cycle(ea, a, roots, &[], s * SEC, |_| {});
@@ -869,7 +883,7 @@ fn a_root_restarting_twice_within_the_grace_has_its_levels_taken_as_they_are() {
     // returns of 3 slots; then the 5 held before. Its 2 lose the max
     // against the second's 5.
     for slot_held in held.drain(..3) {
-        assert!(a.release(&slot(), slot_held, 3 * SEC));
+        assert!(a.gate().release(&slot(), slot_held, 3 * SEC));
     }
     roots[0].restart(3, 4 * SEC);
     cycle(&mut ea, &a, &mut roots, &[], 4 * SEC, |_| {});
@@ -924,7 +938,7 @@ fn a_sync_thread_started_anew_finds_a_root_restarted_meanwhile() {
     restart_sync(&a, &mut ea, 2 * SEC);
     roots[0].restart(2, 2 * SEC);
     for slot_held in held.drain(..2) {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
+        assert!(a.gate().release(&slot(), slot_held, 2 * SEC));
     }
     held.extend(take(&a, 3, 2 * SEC));
     for s in 2..4 {
@@ -977,7 +991,7 @@ fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
     // them (not dropped as for a root that predates them).
     restart_sync(&a, &mut ea, 2 * SEC);
     for slot_held in held {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
+        assert!(a.gate().release(&slot(), slot_held, 2 * SEC));
     }
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     assert_eq!(roots[0].level(5, 2 * SEC).unwrap_or(0.0), 0.0);
@@ -1009,7 +1023,7 @@ fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
     // adopts the old one, and its sync thread still finds the restart.
     ea.abandon(&a);
     let bigger = Table::new_heap(16, 16);
-    bigger.adopt(&a, 2 * SEC);
+    bigger.books().adopt(a.books(), 2 * SEC);
     let mut eb = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 2 * SEC);
     eb.resume(&bigger);
     roots[0].restart(2, 2 * SEC);

@@ -95,7 +95,10 @@ impl Recent {
                 };
                 t.quiet += 1;
                 let nothing = Tally::leaky(Level::empty(at));
-                table.merge_counter(t.slot, c.id, c.key, nothing, 0, 0) && t.quiet < QUIET_CYCLES
+                table
+                    .books()
+                    .merge_counter(t.slot, c.id, c.key, nothing, 0, 0)
+                    && t.quiet < QUIET_CYCLES
             });
         }
         self.round += 1;

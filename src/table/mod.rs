@@ -88,62 +88,41 @@
 //!   quotas, window quotas with partial grants and reservations, overrides
 //!   and penalties, in-flight slots.
 
-mod chain;
-mod check;
-mod counters;
-mod fast;
+pub mod books;
 #[cfg(test)]
 mod fast_tests;
 pub mod file;
-mod grants;
-mod held;
-mod in_flight;
+pub mod gate;
 
-mod key_sync;
-
-mod outcome;
 pub mod region;
-mod snapshot;
-mod tiers;
-mod write;
 
-pub use counters::CollectedDelta;
-pub use grants::{Grant, Reservation};
-pub use in_flight::HeldSlot;
-pub use layout::Source;
-pub use outcome::{
-    Cause, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
+pub use books::{ApplyReport, Books, CollectedDelta};
+pub use gate::{
+    Cause, CheckItem, CheckOptions, Gate, Grant, Headroom, HeldSlot, ManyOutcome, Outcome,
+    Rejection, Reservation, MAX_CHECKS,
 };
+pub use layout::Source;
 pub use region::key_entries::{KeyOverflow, KeyState, KeyStats};
 pub use region::key_moves::MAX_MOVE_DEPTH;
+pub use region::listing::QuotaState;
 pub use region::tier_section::{TierRead, TierReport, TierState, TierStats};
 pub use region::{geometry, layout, names};
 pub use region::{Region, SlotId, TableError};
-pub use snapshot::QuotaState;
-
-pub use write::ApplyReport;
 
 use crate::core::key::KeySecret;
-use chain::NameHints;
+use crate::table::region::listing::Listing;
+use gate::local::Local;
 use geometry::Geometry;
-use region::index::NameIndex;
 use region::key_entries::KeyEntries;
 use region::slots::Slots;
 use region::tier_section::TierSection;
-use region::{lock, ACQ, READ_RETRIES, REL, RLX};
+use region::{ACQ, REL, RLX};
 
 /// A quota table over a region of memory.
 pub struct Table {
     region: Region,
-    /// Where names were last found (`chain.rs`), per process.
-    name_hints: NameHints,
-    /// Passed checks are counted per quota, for `sluice_metrics`; off
-    /// for a table nothing reads them from.
-    pass_tally: bool,
-    /// Single keyed checks try the fast path first (`fast.rs`); tests
-    /// turn it off to compare it with the general path.
-    #[cfg(test)]
-    fast_path: bool,
+    /// What this process keeps beside the region for its own checks.
+    local: Local,
 }
 
 impl std::ops::Deref for Table {
@@ -165,10 +144,7 @@ impl Table {
     fn over(region: Region) -> Table {
         Table {
             region,
-            name_hints: NameHints::new(),
-            pass_tally: true,
-            #[cfg(test)]
-            fast_path: true,
+            local: Local::new(),
         }
     }
 
@@ -228,8 +204,28 @@ impl Table {
     /// 4 ns of a hot keyed check, `make bench-governor`). Decisions and
     /// counters are the same.
     pub fn without_pass_tally(mut self) -> Self {
-        self.pass_tally = false;
+        self.local.pass_tally = false;
         self
+    }
+
+    /// This table with the fast path off (tests: the general path alone).
+    #[cfg(test)]
+    pub(crate) fn without_fast_path(mut self) -> Self {
+        self.local.fast_path = false;
+        self
+    }
+
+    /// The sync face: deltas collected, replies merged, local folds,
+    /// quota sets, overrides and penalties applied, held slots.
+    #[inline(always)]
+    pub fn books(&self) -> Books<'_> {
+        Books::of(&self.region)
+    }
+
+    /// The request face: checks, grants, charges, in-flight slots.
+    #[inline(always)]
+    pub fn gate(&self) -> Gate<'_> {
+        Gate::of(&self.region, &self.local)
     }
 
     /// Number of slots.
@@ -326,11 +322,6 @@ impl Table {
     pub fn read_status<T>(&self, read: impl Fn(&layout::SyncStatus) -> T) -> Option<T> {
         self.region.read_status(read)
     }
-    /// Finds the live slot named `name`.
-    pub fn lookup(&self, name: &[u8]) -> Option<SlotId> {
-        NameIndex::of(&self.region).lookup(name)
-    }
-
     /// Every live quota id with its slot.
     pub fn slot_ids(&self) -> std::collections::HashMap<u64, SlotId> {
         Slots::of(&self.region).slot_ids()
@@ -416,6 +407,16 @@ impl Table {
     /// request path).
     pub fn tiers(&self) -> Vec<TierState> {
         TierSection::of(&self.region).tiers()
+    }
+    /// Every live quota with its state at `now`, for listings and
+    /// metrics.
+    pub fn quotas(&self, now: crate::core::Nanos) -> Vec<QuotaState> {
+        Listing::of(&self.region).quotas(now)
+    }
+
+    /// The live quota named `name` with its state at `now`.
+    pub fn quota(&self, name: &[u8], now: crate::core::Nanos) -> Option<QuotaState> {
+        Listing::of(&self.region).quota(name, now)
     }
 }
 

@@ -44,7 +44,7 @@ impl Sim<'_> {
         if self.roots.is_empty() {
             // Standalone: the host is its own root.
             let h = &self.hosts[host];
-            h.table.fold_local(h.local(now));
+            h.table.books().fold_local(h.local(now));
             self.schedule_tick(host, now);
             return;
         }

@@ -64,7 +64,7 @@ impl NameIndex<'_> {
     /// True when `slot` is live and named `name`, stored at `name_at`.
     /// The name's words and the slot are independent loads, so their cache
     /// misses overlap.
-    pub(in crate::table) fn slot_is_named(&self, slot: SlotId, name_at: u32, name: &[u8]) -> bool {
+    fn slot_is_named(&self, slot: SlotId, name_at: u32, name: &[u8]) -> bool {
         let Some(s) = self.slot(slot) else {
             return false;
         };

@@ -5,6 +5,9 @@
 //! check queues an entry on. `keys.rs` places keys and counts on them;
 //! `key_moves.rs` makes room.
 
+use crate::core::key::{KeyHash, KeySecret};
+use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
+use crate::table::region::slots::Slots;
 use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::Source;
@@ -14,9 +17,6 @@ use super::layout::{
     KEY_WAYS,
 };
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
-use crate::core::key::{KeyHash, KeySecret};
-use crate::core::{Counting, Level, Nanos, QuotaSnapshot, Tally};
-use crate::table::region::slots::Slots;
 use std::sync::atomic::Ordering::AcqRel;
 
 /// Why [`Table::make_room`] made no room.
@@ -459,7 +459,7 @@ impl<'r> KeyEntries<'r> {
 
     /// Puts an entry on the dirty ring; a full ring makes the next
     /// collection scan every entry.
-    pub(in crate::table) fn queue_key(&self, at: KeyAt) {
+    fn queue_key(&self, at: KeyAt) {
         let h = self.header();
         let ring = self.key_ring();
         let len = ring.len() as u64;

@@ -17,13 +17,13 @@
 //! lock to a waiting check. A lock left by a dead process is taken over,
 //! as the writer lock's is.
 
+use crate::core::Nanos;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use super::key_entries::{clear_entry, key_source, set_key_source, KeyAt, KeyEntries, NoMove};
 use super::layout::{KeyEntry, DIRTY_TIERS, DIRTY_TIERS_UNSURE, KEY_CLAIMED, KEY_WAYS};
 use super::lock::{own_pid, process_alive};
 use super::sections::{region_view, ACQ, REL, RLX};
-use crate::core::Nanos;
 use std::sync::atomic::Ordering::AcqRel;
 
 /// Longest chain of moves a new key may cause.
@@ -85,11 +85,7 @@ impl<'a> KeyLock<'a> {
     /// Takes the lock within `spins` tries, [`CHECK_YIELDS`] yields and
     /// [`CHECK_NAPS`] naps, or not at all (a check: it says it is waiting, so that the
     /// sync thread hands the lock over between its batches).
-    pub(in crate::table) fn try_acquire(
-        lock: &'a AtomicU32,
-        wanted: &'a AtomicU32,
-        spins: u32,
-    ) -> Option<Self> {
+    fn try_acquire(lock: &'a AtomicU32, wanted: &'a AtomicU32, spins: u32) -> Option<Self> {
         let me = own_pid();
         if let Some(guard) = Self::attempt(lock, wanted, me, 0) {
             return Some(guard);

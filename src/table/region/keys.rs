@@ -71,6 +71,11 @@
 //! it; the sync thread drains the ring. A full ring sets a flag and the
 //! next collection scans every entry instead, so no weight is stranded.
 
+use crate::core::key::KeyHash;
+use crate::core::Nanos;
+use crate::table::region::key_entries::{clear_entry, init_entry, prefetch, touch};
+use crate::table::region::layout::{DIRTY_TIERS, KEY_CLAIMED, KEY_WAYS};
+use crate::table::region::REL;
 use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::key_entries::{KeyAt, KeyEntries, NoMove, NoRoom};
@@ -78,16 +83,6 @@ use super::key_moves::KeyMoves;
 use super::layout::{key_tick, KeyEntry, DIRTY_QUEUED, DIRTY_TIERS_UNSURE};
 use super::sections::{region_view, SlotId, ACQ, RLX};
 use super::tier_section::TierSection;
-use crate::core::key::KeyHash;
-use crate::core::Nanos;
-use crate::table::layout::DIRTY_TIERS;
-use crate::table::layout::KEY_CLAIMED;
-use crate::table::layout::KEY_WAYS;
-use crate::table::region::key_entries::clear_entry;
-use crate::table::region::key_entries::init_entry;
-use crate::table::region::key_entries::prefetch;
-use crate::table::region::key_entries::touch;
-use crate::table::REL;
 
 region_view!(
     /// Keys placed and counted.
@@ -140,12 +135,7 @@ impl Keys<'_> {
     /// a look again if entries were moving.
     #[cold]
     #[inline(never)]
-    pub(in crate::table) fn find_key_touched_slow(
-        &self,
-        template: SlotId,
-        hash: KeyHash,
-        now: Nanos,
-    ) -> Option<KeyAt> {
+    fn find_key_touched_slow(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Option<KeyAt> {
         let at = KeyEntries::of(self).find_key(template, hash)?;
         if let Some(e) = KeyEntries::of(self).key_at(at) {
             touch(e, key_tick(now));
@@ -157,12 +147,7 @@ impl Keys<'_> {
     /// when there is no room.
     #[cold]
     #[inline(never)]
-    pub(in crate::table) fn make_key(
-        &self,
-        template: SlotId,
-        hash: KeyHash,
-        now: Nanos,
-    ) -> Result<KeyAt, NoRoom> {
+    fn make_key(&self, template: SlotId, hash: KeyHash, now: Nanos) -> Result<KeyAt, NoRoom> {
         let placed = if self.geometry().key_buckets == 0 {
             Err(NoMove::NoChain)
         } else {
@@ -232,7 +217,7 @@ impl Keys<'_> {
     /// the key's buckets holds the same key (two checks inserted it at
     /// once), the one first in lookup order stays and the other is retired
     /// into it. Returns where the key lives.
-    pub(in crate::table) fn settle_duplicate(
+    fn settle_duplicate(
         &self,
         at: KeyAt,
         template: SlotId,
@@ -281,7 +266,7 @@ impl Keys<'_> {
     /// once its maker has looked in the tier section again. An entry
     /// that moved meanwhile and is missed keeps it until the sweep: a
     /// look in the filter per check, never a missed override.
-    pub(in crate::table) fn settle_key_tiers(&self, template: SlotId, hash: KeyHash) {
+    fn settle_key_tiers(&self, template: SlotId, hash: KeyHash) {
         if let Some(e) = KeyEntries::of(self)
             .find_key(template, hash)
             .and_then(|at| KeyEntries::of(self).key_at(at))
@@ -327,13 +312,7 @@ impl Keys<'_> {
     /// after is still there), and counts it where the key lives now.
     #[cold]
     #[inline(never)]
-    pub(in crate::table) fn rehome(
-        &self,
-        e: &KeyEntry,
-        template: SlotId,
-        hash: KeyHash,
-        weight: u64,
-    ) {
+    fn rehome(&self, e: &KeyEntry, template: SlotId, hash: KeyHash, weight: u64) {
         let mut now_there = e.pending.load(SeqCst);
         let taken = loop {
             // Only what is still there as an add (a return waiting in the

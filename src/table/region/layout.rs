@@ -44,9 +44,8 @@
 //! none of its own costs one bit test in its own entry; the filter answers
 //! for keys without an entry and for the sync thread (see `tiers.rs`).
 
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
-
 use crate::core::window::{Window, WindowRule};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");

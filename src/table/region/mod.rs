@@ -25,6 +25,7 @@ pub(in crate::table) mod key_entries;
 pub(in crate::table) mod key_moves;
 pub(in crate::table) mod keys;
 pub mod layout;
+pub(in crate::table) mod listing;
 pub(in crate::table) mod lock;
 pub mod names;
 mod sections;
@@ -32,5 +33,5 @@ pub(in crate::table) mod slots;
 pub(in crate::table) mod status;
 pub(in crate::table) mod tier_section;
 
+pub(in crate::table) use sections::{region_view, ACQ, READ_RETRIES, REL, RLX};
 pub use sections::{Region, SlotId, TableError};
-pub(in crate::table) use sections::{ACQ, READ_RETRIES, REL, RLX};

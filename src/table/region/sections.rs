@@ -5,13 +5,13 @@
 //! the bytes through [`Region`]'s accessors; none does pointer arithmetic
 //! of its own.
 
+use crate::core::estimate::Estimator;
+use crate::core::Extrapolation;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::geometry::Geometry;
 use super::heap::HeapRegion;
 use super::layout::{Header, KeyBucket, Slot, SyncStatus, TierEntry, LAYOUT_VERSION, MAGIC};
-use crate::core::estimate::Estimator;
-use crate::core::Extrapolation;
 
 pub(in crate::table) const ACQ: Ordering = Ordering::Acquire;
 pub(in crate::table) const REL: Ordering = Ordering::Release;

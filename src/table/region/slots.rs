@@ -3,6 +3,7 @@
 //! same read), its counting rule, its name and terms, and the held word
 //! beside it (this host's own net slots of an in-flight quota).
 
+use crate::core::{Counting, Level, QuotaSnapshot, Terms};
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::sync::atomic::fence;
@@ -13,7 +14,6 @@ use super::layout::{
 };
 use super::names;
 use super::sections::{region_view, SlotId, ACQ, READ_RETRIES, RLX};
-use crate::core::{Counting, Level, QuotaSnapshot, Terms};
 
 region_view!(
     /// A slot's reads, and the held word beside it.

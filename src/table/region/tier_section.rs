@@ -79,14 +79,14 @@
 //! raises the end and queues the penalty in the outbox; the sync thread
 //! sends it to the roots, which answer it to every limiter.
 
+use crate::core::key::KeyHash;
+use crate::core::tier::Rule;
 use std::sync::atomic::{fence, AtomicU32, Ordering::SeqCst};
 
 use super::key_entries::KeyEntries;
 use super::layout::{TierEntry, TIER_ALLOW, TIER_DENY, TIER_KIND, TIER_LIMIT, TIER_NONE};
 use super::lock::{own_pid, process_alive};
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
-use crate::core::key::KeyHash;
-use crate::core::tier::Rule;
 
 /// Bits a key sets in its filter block.
 pub(in crate::table) const FILTER_BITS: u32 = 6;
@@ -306,13 +306,13 @@ impl<'r> TierSection<'r> {
     }
 
     /// Where the probe for `(quota, key)` starts.
-    pub(in crate::table) fn tier_home(&self, quota: u64, key: KeyHash) -> usize {
+    fn tier_home(&self, quota: u64, key: KeyHash) -> usize {
         let n = self.geometry().tier_entries as u64;
         ((u128::from(mix(quota, key)) * u128::from(n)) >> 64) as usize
     }
 
     /// The filter block of `(quota, key)` and its bits in it (0..512).
-    pub(in crate::table) fn filter_place(&self, quota: u64, key: KeyHash) -> (usize, u64) {
+    fn filter_place(&self, quota: u64, key: KeyHash) -> (usize, u64) {
         let h = mix(quota, key)
             .rotate_left(17)
             .wrapping_mul(0xa076_1d64_78bd_642f);
@@ -338,7 +338,7 @@ impl<'r> TierSection<'r> {
     }
 
     /// Adds `(quota, key)` to filter copy `copy`.
-    pub(in crate::table) fn tier_filter_add(&self, copy: u32, quota: u64, key: KeyHash) {
+    fn tier_filter_add(&self, copy: u32, quota: u64, key: KeyHash) {
         let words = self.tier_filter(copy);
         let (block, bits) = self.filter_place(quota, key);
         let block = &words[block * 8..block * 8 + 8];

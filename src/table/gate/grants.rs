@@ -3,16 +3,25 @@
 //! wait), weight given back, and charges after the fact (count without
 //! deciding; settle an estimate).
 
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-
-use super::chain::{Chain, Resolved};
-use super::outcome::{CheckItem, Outcome, Rejection};
-use super::{Table, RLX};
+use super::local::gate_view;
 use crate::core::counter::ceil_nanos;
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::{grantable, Nanos, Wait};
 use crate::table::region::index::NameIndex;
 use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::RLX;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use super::chain::{Chain, Resolved};
+use super::check::Checker;
+use super::count::Counter;
+use super::outcome::{CheckItem, Outcome, Rejection};
+use super::read::Reader;
+
+gate_view!(
+    /// Partial grants, reservations, charges and weight given back.
+    Grants
+);
 
 /// What [`Table::obtain`] granted, or what [`Table::charge`] and
 /// [`Table::settle`] counted.
@@ -43,7 +52,35 @@ pub struct Reservation {
     pub overflow: bool,
 }
 
-impl Table {
+/// The wait [`Reservation::wait`] reports for an outcome that is not a
+/// pass: the rejection's, or none.
+fn rejection_wait(outcome: Outcome) -> Nanos {
+    match outcome {
+        Outcome::Reject(Rejection {
+            wait: Wait::Seconds(seconds),
+            ..
+        }) => ceil_nanos(seconds),
+        Outcome::Reject(_) => Nanos::MAX,
+        _ => 0,
+    }
+}
+
+/// Takes `units` back out of a counter's `pending`, which may go below
+/// zero: what it goes below is collected as a return for the roots, or
+/// (counting locally) folded into the level. Returns the units taken.
+fn take_back(pending: &AtomicU64, units: u64) -> u64 {
+    pending.fetch_sub(units, SeqCst);
+    units
+}
+
+/// What a charge or settle of an in-flight quota counts: nothing.
+const NOT_CHARGED: Grant = Grant {
+    outcome: Outcome::Unknown,
+    granted: 0,
+    overflow: false,
+};
+
+impl Grants<'_> {
     /// A partial grant: counts and returns the most units, up to
     /// `item.weight`, that the quota (or key) and all its ancestors allow
     /// with certainty now ([`crate::core::grantable`]). Granting nothing
@@ -51,10 +88,13 @@ impl Table {
     /// nothing added); an unknown
     /// name or a keyless check of a per-key quota grant nothing and say
     /// so.
-    pub fn obtain(&self, item: &CheckItem, now: Nanos) -> Grant {
+    pub(in crate::table) fn obtain(&self, item: &CheckItem, now: Nanos) -> Grant {
         let estimator = self.estimator();
         let mut chain = Chain::new();
-        let want = match self.resolve_counted(item, &mut chain, now, false, None) {
+        let want = match self
+            .view(Checker::of)
+            .resolve_counted(item, &mut chain, now, false, None)
+        {
             Ok(want) => want,
             Err(outcome) => {
                 return Grant {
@@ -67,7 +107,7 @@ impl Table {
         let (granted, depth) = grantable(chain.views(), want as f64, now, &estimator);
         if granted >= 1.0 {
             let granted = granted as u64;
-            self.commit(
+            self.view(Counter::of).commit(
                 &chain.slots[..chain.len],
                 chain.key,
                 chain.key_hash,
@@ -80,7 +120,7 @@ impl Table {
             };
         }
         let rejection = chain.rejection(depth, 1, now, &estimator);
-        self.count_rejected(&chain, false);
+        self.view(Counter::of).count_rejected(&chain, false);
         Grant {
             outcome: Outcome::Reject(rejection),
             granted: 0,
@@ -99,10 +139,18 @@ impl Table {
     /// (The one-item case of [`Table::check_many`] with `max_wait`, on its
     /// own path as [`Table::obtain`] is: the general path's bookkeeping
     /// for several items cost a reservation a fifth of its time.)
-    pub fn reserve(&self, item: &CheckItem, max_wait: Nanos, now: Nanos) -> Reservation {
+    pub(in crate::table) fn reserve(
+        &self,
+        item: &CheckItem,
+        max_wait: Nanos,
+        now: Nanos,
+    ) -> Reservation {
         let estimator = self.estimator();
         let mut chain = Chain::new();
-        let weight = match self.resolve_counted(item, &mut chain, now, false, None) {
+        let weight = match self
+            .view(Checker::of)
+            .resolve_counted(item, &mut chain, now, false, None)
+        {
             Ok(weight) => weight,
             Err(outcome) => {
                 return Reservation {
@@ -114,7 +162,12 @@ impl Table {
         };
         match chain.pace(weight, max_wait, now, &estimator) {
             Ok(wait) => {
-                self.commit(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
+                self.view(Counter::of).commit(
+                    &chain.slots[..chain.len],
+                    chain.key,
+                    chain.key_hash,
+                    weight,
+                );
                 Reservation {
                     outcome: Outcome::Pass,
                     wait,
@@ -122,7 +175,7 @@ impl Table {
                 }
             }
             Err(rejection) => {
-                self.count_rejected(&chain, false);
+                self.view(Counter::of).count_rejected(&chain, false);
                 let outcome = Outcome::Reject(rejection);
                 Reservation {
                     outcome,
@@ -132,22 +185,108 @@ impl Table {
             }
         }
     }
-}
 
-/// The wait [`Reservation::wait`] reports for an outcome that is not a
-/// pass: the rejection's, or none.
-fn rejection_wait(outcome: Outcome) -> Nanos {
-    match outcome {
-        Outcome::Reject(Rejection {
-            wait: Wait::Seconds(seconds),
-            ..
-        }) => ceil_nanos(seconds),
-        Outcome::Reject(_) => Nanos::MAX,
-        _ => 0,
+    /// Counts `item.weight` on the quota (or key) and every ancestor
+    /// without deciding anything: a charge after the response, when the
+    /// cost is known only once the request is done and there is nothing
+    /// left to reject. It counts in full even when that takes a quota
+    /// past its `high_burst` (a debt): the level rises, and later checks
+    /// are rejected until it has drained. A per-key quota's key gets an
+    /// entry as a check's would; one that finds none is counted as the
+    /// overflow mode counts a passed check (`shared`: on the template's
+    /// counter; `pass` and `reject`: nowhere, `KeyOverflow`). An unknown
+    /// name or a keyless charge of a per-key quota count nothing and say
+    /// so. Neither a pass nor a rejection is counted: a charge is not a
+    /// check. An in-flight quota counts slots held, not costs: a charge
+    /// of one would hold slots that nothing gives back, so it counts
+    /// nothing and answers `Unknown`.
+    pub(in crate::table) fn charge(&self, item: &CheckItem, now: Nanos) -> Grant {
+        if self.view(Reader::of).is_in_flight(item.name) {
+            return NOT_CHARGED;
+        }
+        let mut chain = Chain::new();
+        let counted = |outcome, granted, overflow| Grant {
+            outcome,
+            granted,
+            overflow,
+        };
+        match self.view(Reader::of).resolve(item, &mut chain, now) {
+            // A penalty or a deny bars checks, not costs already run up:
+            // the request was admitted before it, so its charge counts.
+            Resolved::Counted(..) | Resolved::Barred(_) => {
+                let weight = item.weight.min(MAX_WEIGHT);
+                self.view(Counter::of).add_weight(
+                    &chain.slots[..chain.len],
+                    chain.key,
+                    chain.key_hash,
+                    weight,
+                );
+                counted(Outcome::Pass, weight, chain.overflow)
+            }
+            Resolved::Unknown => {
+                self.header().unknown_checks.fetch_add(1, RLX);
+                counted(Outcome::Unknown, 0, false)
+            }
+            Resolved::NoKey => {
+                self.header().keys.place.keyless.fetch_add(1, RLX);
+                counted(Outcome::NoKey, 0, false)
+            }
+            Resolved::OverflowPass | Resolved::OverflowReject(_) => {
+                counted(Outcome::KeyOverflow, 0, true)
+            }
+        }
     }
-}
 
-impl Table {
+    /// Settles an estimate: a passed check of `estimate` units at
+    /// `charged_at` is to cost `item.weight` in the end. The difference
+    /// above the estimate is charged ([`Table::charge`]: counted
+    /// whatever the level); one below it is given back
+    /// ([`Table::give_back`]: uncounted if not sent yet, else a return
+    /// to the roots, never below zero, nothing to a window that ended).
+    /// `granted` is what was added (0 when units were given back). An
+    /// in-flight quota is not settled (`Unknown`, as [`Table::charge`]):
+    /// units given back would free slots still held.
+    pub(in crate::table) fn settle(
+        &self,
+        item: &CheckItem,
+        estimate: u64,
+        charged_at: Nanos,
+        now: Nanos,
+    ) -> Grant {
+        if self.view(Reader::of).is_in_flight(item.name) {
+            return NOT_CHARGED;
+        }
+        let actual = item.weight.min(MAX_WEIGHT);
+        let estimate = estimate.min(MAX_WEIGHT);
+        if actual >= estimate {
+            return self.charge(
+                &CheckItem {
+                    weight: actual - estimate,
+                    ..*item
+                },
+                now,
+            );
+        }
+        let outcome = match NameIndex::of(self).lookup(item.name) {
+            None => Outcome::Unknown,
+            Some(slot)
+                if KeyEntries::of(self).is_per_key(slot)
+                    && item.key.is_none_or(<[u8]>::is_empty) =>
+            {
+                Outcome::NoKey
+            }
+            Some(_) => {
+                self.give_back(item, estimate - actual, charged_at, now, false);
+                Outcome::Pass
+            }
+        };
+        Grant {
+            outcome,
+            granted: 0,
+            overflow: false,
+        }
+    }
+
     /// Gives `units` back to the counters a passed check of `item` counted
     /// at `charged_at`: its quota's, or, for a per-key quota, its key's
     /// (the template's own when the key was an overflow, `overflowed`),
@@ -165,7 +304,7 @@ impl Table {
     /// more (it drained meanwhile: nothing to give back) or a quota
     /// deleted meanwhile gets nothing. Returns the units given back to the
     /// first counter (the quota's or the key's).
-    pub fn give_back(
+    pub(in crate::table) fn give_back(
         &self,
         item: &CheckItem,
         units: u64,
@@ -181,7 +320,7 @@ impl Table {
             return 0;
         };
         let mut chain = Chain::new();
-        if !self.read_chain(slot, &mut chain) {
+        if !self.view(Reader::of).read_chain(slot, &mut chain) {
             return 0;
         }
         let same_window = |depth: usize| {
@@ -217,112 +356,5 @@ impl Table {
             first.get_or_insert(given);
         }
         first.unwrap_or(0)
-    }
-}
-
-/// Takes `units` back out of a counter's `pending`, which may go below
-/// zero: what it goes below is collected as a return for the roots, or
-/// (counting locally) folded into the level. Returns the units taken.
-fn take_back(pending: &AtomicU64, units: u64) -> u64 {
-    pending.fetch_sub(units, SeqCst);
-    units
-}
-
-/// What a charge or settle of an in-flight quota counts: nothing.
-const NOT_CHARGED: Grant = Grant {
-    outcome: Outcome::Unknown,
-    granted: 0,
-    overflow: false,
-};
-
-impl Table {
-    /// Counts `item.weight` on the quota (or key) and every ancestor
-    /// without deciding anything: a charge after the response, when the
-    /// cost is known only once the request is done and there is nothing
-    /// left to reject. It counts in full even when that takes a quota
-    /// past its `high_burst` (a debt): the level rises, and later checks
-    /// are rejected until it has drained. A per-key quota's key gets an
-    /// entry as a check's would; one that finds none is counted as the
-    /// overflow mode counts a passed check (`shared`: on the template's
-    /// counter; `pass` and `reject`: nowhere, `KeyOverflow`). An unknown
-    /// name or a keyless charge of a per-key quota count nothing and say
-    /// so. Neither a pass nor a rejection is counted: a charge is not a
-    /// check. An in-flight quota counts slots held, not costs: a charge
-    /// of one would hold slots that nothing gives back, so it counts
-    /// nothing and answers `Unknown`.
-    pub fn charge(&self, item: &CheckItem, now: Nanos) -> Grant {
-        if self.is_in_flight(item.name) {
-            return NOT_CHARGED;
-        }
-        let mut chain = Chain::new();
-        let counted = |outcome, granted, overflow| Grant {
-            outcome,
-            granted,
-            overflow,
-        };
-        match self.resolve(item, &mut chain, now) {
-            // A penalty or a deny bars checks, not costs already run up:
-            // the request was admitted before it, so its charge counts.
-            Resolved::Counted(..) | Resolved::Barred(_) => {
-                let weight = item.weight.min(MAX_WEIGHT);
-                self.add_weight(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
-                counted(Outcome::Pass, weight, chain.overflow)
-            }
-            Resolved::Unknown => {
-                self.header().unknown_checks.fetch_add(1, RLX);
-                counted(Outcome::Unknown, 0, false)
-            }
-            Resolved::NoKey => {
-                self.header().keys.place.keyless.fetch_add(1, RLX);
-                counted(Outcome::NoKey, 0, false)
-            }
-            Resolved::OverflowPass | Resolved::OverflowReject(_) => {
-                counted(Outcome::KeyOverflow, 0, true)
-            }
-        }
-    }
-
-    /// Settles an estimate: a passed check of `estimate` units at
-    /// `charged_at` is to cost `item.weight` in the end. The difference
-    /// above the estimate is charged ([`Table::charge`]: counted
-    /// whatever the level); one below it is given back
-    /// ([`Table::give_back`]: uncounted if not sent yet, else a return
-    /// to the roots, never below zero, nothing to a window that ended).
-    /// `granted` is what was added (0 when units were given back). An
-    /// in-flight quota is not settled (`Unknown`, as [`Table::charge`]):
-    /// units given back would free slots still held.
-    pub fn settle(&self, item: &CheckItem, estimate: u64, charged_at: Nanos, now: Nanos) -> Grant {
-        if self.is_in_flight(item.name) {
-            return NOT_CHARGED;
-        }
-        let actual = item.weight.min(MAX_WEIGHT);
-        let estimate = estimate.min(MAX_WEIGHT);
-        if actual >= estimate {
-            return self.charge(
-                &CheckItem {
-                    weight: actual - estimate,
-                    ..*item
-                },
-                now,
-            );
-        }
-        let outcome = match NameIndex::of(self).lookup(item.name) {
-            None => Outcome::Unknown,
-            Some(slot)
-                if KeyEntries::of(self).is_per_key(slot)
-                    && item.key.is_none_or(<[u8]>::is_empty) =>
-            {
-                Outcome::NoKey
-            }
-            Some(_) => {
-                self.give_back(item, estimate - actual, charged_at, now, false);
-                Outcome::Pass
-            }
-        };
-        Grant {
-            outcome,
-            granted: 0,
-            overflow: false,
-        }
     }
 }

@@ -21,118 +21,32 @@
 //! reply of the same root replaces it where another root's is max-merged
 //! ([`crate::core::Counting::merge_reply`]).
 
-use super::layout::{
-    pack_rate_prev, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_SLIDING,
-    FLAG_SOURCE_MASK, FLAG_SOURCE_SHIFT,
-};
-use super::lock::{own_pid, process_alive, SeqWrite};
-use super::{SlotId, Table, ACQ, READ_RETRIES, REL, RLX};
-use crate::core::estimate::{measure_fill_rate, measure_window_fill_rate};
 use crate::core::key::KeyHash;
-use crate::core::window::WindowLevel;
 use crate::core::{Counting, Nanos, Tally};
-use crate::table::layout::Source;
-use crate::table::layout::FOLDED;
+use crate::table::books::key_sync::KeySync;
+use crate::table::books::tally::{
+    fold_weight, folded_source, measure_rate, replaces, requeue, send_pending, set_slot_source,
+    settle_inflight, signed, slot_source, slot_tally, store_tally, CollectedDelta,
+};
+use crate::table::region::layout::{Source, FLAG_LIVE};
+use crate::table::region::lock::{own_pid, process_alive};
 use crate::table::region::slots::Slots;
-use std::sync::atomic::{fence, AtomicU64};
+use crate::table::region::{region_view, SlotId, ACQ, READ_RETRIES, REL, RLX};
+use std::sync::atomic::fence;
 
-/// A collected local delta, ready to send.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CollectedDelta {
-    /// Where the counter lives.
-    pub slot: SlotId,
-    /// Its quota id.
-    pub id: u64,
-    /// For a key of a per-key template (`slot` and `id` are the
-    /// template's), the key's hash; 0 for a quota's own counter.
-    pub key: KeyHash,
-    /// Weight moved from `pending` to `inflight`: admitted here since the
-    /// last collection, net of what was given back meanwhile.
-    pub delta: u64,
-    /// Weight given back (a negative net change: more given back than
-    /// admitted since the last collection), moved out of `inflight` the
-    /// same way; at most one of `delta` and `returned` is not 0.
-    pub returned: u64,
-}
+region_view!(
+    /// Counters: collected, merged, folded, handed back.
+    Counters
+);
 
-impl CollectedDelta {
-    /// The delta of a counter whose `net` change (signed) was collected.
-    pub fn of(slot: SlotId, id: u64, key: KeyHash, net: i64) -> Self {
-        Self {
-            slot,
-            id,
-            key,
-            delta: net.max(0) as u64,
-            returned: net.min(0).unsigned_abs(),
-        }
-    }
-}
-
-/// A counter word's signed value.
-pub(super) fn signed(word: &AtomicU64) -> i64 {
-    word.load(ACQ) as i64
-}
-
-/// Moves `net` of a counter's unsent weight from `pending` to `inflight`:
-/// an add reaches in flight before it leaves pending (a check in between
-/// sees it twice), a return leaves pending before it reaches in flight (a
-/// check in between does not see it yet). Wrapping arithmetic on the
-/// two's complement words.
-pub(super) fn send_pending(pending: &AtomicU64, inflight: &AtomicU64, net: i64) {
-    if net > 0 {
-        inflight.fetch_add(net as u64, RLX);
-        pending.fetch_sub(net as u64, RLX);
-    } else {
-        pending.fetch_sub(net as u64, RLX);
-        inflight.fetch_add(net as u64, RLX);
-    }
-}
-
-/// Takes `acked` (signed) off a counter's in flight around `store`, which
-/// writes the cluster value that includes it: an add leaves after the
-/// store, a return before it, so a check in between errs strict. A take
-/// of the same sign as what is in flight stops at zero (a stale
-/// acknowledgement cannot turn in-flight weight around); of the other
-/// sign, both an add and a return are in flight, and it is exact.
-pub(super) fn settle_inflight(inflight: &AtomicU64, acked: i64, store: impl FnOnce()) {
-    let now = inflight.load(RLX) as i64;
-    let take = if acked > 0 && now >= 0 {
-        acked.min(now)
-    } else if acked < 0 && now <= 0 {
-        acked.max(now)
-    } else {
-        acked
-    };
-    if take < 0 {
-        inflight.fetch_sub(take as u64, RLX);
-        store();
-    } else {
-        store();
-        inflight.fetch_sub(take as u64, RLX);
-    }
-}
-
-/// A counter's tally with `weight` (signed) folded in at `now`: added, or
-/// given back.
-pub(super) fn fold_weight(counting: &Counting, known: Tally, weight: i64, now: Nanos) -> Tally {
-    let window = attributed(counting, now);
-    if weight >= 0 {
-        counting
-            .add_in(known, window, now, weight as f64)
-            .unwrap_or(known)
-    } else {
-        counting.give_back_in(known, window, now, weight.unsigned_abs() as f64)
-    }
-}
-
-impl Table {
+impl Counters<'_> {
     // ---- counters ---------------------------------------------------------
 
     /// Moves every live slot's pending weight (and every queued key's) to
     /// in-flight and returns the moved amounts; what a sync sends. A weight
     /// admitted concurrently is either moved now or stays pending for the
     /// next collection, never lost or taken twice.
-    pub fn collect_deltas(&self, out: &mut Vec<CollectedDelta>) {
+    pub(in crate::table) fn collect_deltas(&self, out: &mut Vec<CollectedDelta>) {
         self.collect(out, None);
     }
 
@@ -140,7 +54,7 @@ impl Table {
     /// `(quota id, checks rejected)` for every live quota that has rejected
     /// a check since the region was made (the counts the metrics show,
     /// never reset): the sync thread sends the roots what grew.
-    pub fn collect_deltas_and_rejections(
+    pub(in crate::table) fn collect_deltas_and_rejections(
         &self,
         out: &mut Vec<CollectedDelta>,
         rejected: &mut Vec<(u64, u64)>,
@@ -148,7 +62,11 @@ impl Table {
         self.collect(out, Some(rejected));
     }
 
-    fn collect(&self, out: &mut Vec<CollectedDelta>, mut rejected: Option<&mut Vec<(u64, u64)>>) {
+    pub(in crate::table) fn collect(
+        &self,
+        out: &mut Vec<CollectedDelta>,
+        mut rejected: Option<&mut Vec<(u64, u64)>>,
+    ) {
         let _guard = self.lock();
         for (i, s) in self.used_slots() {
             let net = signed(&s.pending);
@@ -173,7 +91,7 @@ impl Table {
             Slots::of(self).count_held(i, s, net);
             out.push(CollectedDelta::of(i, id, 0, net));
         }
-        self.collect_keys(out);
+        KeySync::of(self).collect_keys(out);
     }
 
     /// True when some live quota's weight admitted here and not collected
@@ -181,7 +99,7 @@ impl Table {
     /// (`high_burst - low_burst`; with no band, any weight): the sync
     /// thread's early-sync probe. It reads every used slot's counter, so
     /// its cost grows with the table.
-    pub fn unsent_beyond(&self, fraction: f64) -> bool {
+    pub(in crate::table) fn unsent_beyond(&self, fraction: f64) -> bool {
         let used = self.header().next_unused.load(ACQ) as usize;
         self.slots()[..used].iter().any(|s| {
             let pending = s.pending.load(RLX) as i64;
@@ -201,7 +119,7 @@ impl Table {
     /// weight (signed: net of returns) off in-flight (the value includes
     /// it), and updates the others' fill rate. Returns false if the slot
     /// holds another quota now (or this host has no entry for the key).
-    pub fn merge_counter(
+    pub(in crate::table) fn merge_counter(
         &self,
         slot: SlotId,
         id: u64,
@@ -218,7 +136,7 @@ impl Table {
         }
         let _guard = self.lock();
         if key != 0 {
-            return self.merge_key(slot, id, key, value, acked, source);
+            return KeySync::of(self).merge_key(slot, id, key, value, acked, source);
         }
         if s.quota_id() != Some(id) {
             return false;
@@ -245,7 +163,7 @@ impl Table {
 
     /// Standalone mode (no roots): folds every pending and in-flight weight
     /// into the slot's own level at `now`, acting as this host's root.
-    pub fn fold_local(&self, now: Nanos) {
+    pub(in crate::table) fn fold_local(&self, now: Nanos) {
         let _guard = self.lock();
         for (i, s) in self.used_slots() {
             if s.flags.load(RLX) & FLAG_LIVE == 0 {
@@ -267,7 +185,7 @@ impl Table {
             s.pending.fetch_sub(pending, RLX);
             s.inflight.fetch_sub(inflight, RLX);
         }
-        self.fold_keys(now);
+        KeySync::of(self).fold_keys(now);
     }
 
     /// Folds `amount` of one counter's in-flight weight into its own level
@@ -276,11 +194,18 @@ impl Table {
     /// host counts it alone while the other shards stay fleet-wide.
     /// Ignored if the slot holds another quota now (or the key has no
     /// entry here).
-    pub fn fold_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64, now: Nanos) {
+    pub(in crate::table) fn fold_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+        now: Nanos,
+    ) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            self.fold_key_inflight(slot, id, key, amount, now);
+            KeySync::of(self).fold_key_inflight(slot, id, key, amount, now);
             return;
         }
         if s.quota_id() != Some(id) {
@@ -299,27 +224,27 @@ impl Table {
     /// down: the sync thread folds weight into the levels itself), for
     /// every process sharing the region: weight given back then lowers the
     /// levels ([`Table::give_back`]).
-    pub fn set_counting_locally(&self, local: bool) {
+    pub(in crate::table) fn set_counting_locally(&self, local: bool) {
         self.header().counting_locally.store(u32::from(local), REL);
     }
 
     /// True while this host counts locally (see
     /// [`Table::set_counting_locally`]).
-    pub fn counting_locally(&self) -> bool {
+    pub(in crate::table) fn counting_locally(&self) -> bool {
         self.header().counting_locally.load(ACQ) != 0
     }
 
     /// One step of the key section's upkeep (the sync thread calls it
     /// every cycle): looks at `buckets` key buckets, dropping keys of
     /// deleted templates and restamping old levels (see `keys.rs`).
-    pub fn maintain_keys(&self, buckets: usize, now: Nanos) {
+    pub(in crate::table) fn maintain_keys(&self, buckets: usize, now: Nanos) {
         let _guard = self.lock();
-        self.sweep_keys(buckets, now);
+        KeySync::of(self).sweep_keys(buckets, now);
     }
 
     /// How the quota in `slot` counts, if the slot still holds quota `id`.
     /// The sync thread keeps deltas it still owes a root by it.
-    pub fn counter_counting(&self, slot: SlotId, id: u64) -> Option<Counting> {
+    pub(in crate::table) fn counter_counting(&self, slot: SlotId, id: u64) -> Option<Counting> {
         let s = self.slot(slot)?;
         for _ in 0..READ_RETRIES {
             let seq = s.seq.load(ACQ);
@@ -339,11 +264,17 @@ impl Table {
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
     /// know the quota). Ignored if the slot holds another quota now.
-    pub fn release_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
+    pub(in crate::table) fn release_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+    ) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            self.settle_key_inflight(slot, id, key, amount, false);
+            KeySync::of(self).settle_key_inflight(slot, id, key, amount, false);
         } else if s.quota_id() == Some(id) {
             settle_inflight(&s.inflight, amount, || {});
         }
@@ -352,11 +283,17 @@ impl Table {
     /// Puts `amount` of a slot's in-flight weight back into pending: a sync
     /// thread that stops with deltas no root acknowledged hands them to the
     /// next one. Ignored if the slot holds another quota now.
-    pub fn requeue_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
+    pub(in crate::table) fn requeue_inflight(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+    ) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            self.settle_key_inflight(slot, id, key, amount, true);
+            KeySync::of(self).settle_key_inflight(slot, id, key, amount, true);
         } else if s.quota_id() == Some(id) {
             let moved = requeue(&s.pending, &s.inflight, amount);
             Slots::of(self).count_held(slot, s, -moved);
@@ -368,7 +305,7 @@ impl Table {
     /// crashed nginx worker) and nobody will acknowledge the weight it had
     /// in flight: all of it goes back to pending, to be sent again.
     /// Returns the weight requeued (adds and returns alike).
-    pub fn claim_sync(&self) -> u64 {
+    pub(in crate::table) fn claim_sync(&self) -> u64 {
         let me = own_pid();
         let previous = self.header().sync_owner.swap(me, ACQ);
         if previous == 0 || previous == me || process_alive(previous) {
@@ -384,149 +321,6 @@ impl Table {
                 requeued = requeued.saturating_add(moved.unsigned_abs());
             }
         }
-        requeued.saturating_add(self.requeue_all_keys())
-    }
-}
-
-/// Hands `amount` (signed) of in-flight weight back to pending, to be sent
-/// again: an add reaches pending first, a return leaves in flight first
-/// (a check in between errs strict). Stops at zero when `amount` has the
-/// sign of what is in flight. Returns what moved.
-pub(super) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) -> i64 {
-    let now = inflight.load(RLX) as i64;
-    let moved = if amount > 0 && now >= 0 {
-        amount.min(now)
-    } else if amount < 0 && now <= 0 {
-        amount.max(now)
-    } else {
-        amount
-    };
-    if moved > 0 {
-        pending.fetch_add(moved as u64, RLX);
-        inflight.fetch_sub(moved as u64, RLX);
-    } else {
-        inflight.fetch_sub(moved as u64, RLX);
-        pending.fetch_add(moved as u64, RLX);
-    }
-    moved
-}
-
-/// The [`Source`] of a slot's known level.
-pub(super) fn slot_source(s: &Slot) -> Source {
-    ((s.flags.load(RLX) & FLAG_SOURCE_MASK) >> FLAG_SOURCE_SHIFT) as Source
-}
-
-/// True when a reply from `source` replaces a level whose source is
-/// `known` rather than being max-merged with it: a later reply of the
-/// same root, or any root's after a fold of an in-flight counter.
-fn replaces(known: Source, source: Source) -> bool {
-    source != 0 && (known == source || known == FOLDED)
-}
-
-/// The [`Source`] a fold of this host's own weight leaves on the level of
-/// a counter whose slot has `flags`: [`FOLDED`] for an in-flight counter,
-/// none for the others (the next reply is max-merged: they leak, so a
-/// level a fold left too high drains by itself).
-fn folded_source(flags: u16) -> Source {
-    if flags & FLAG_IN_FLIGHT != 0 {
-        FOLDED
-    } else {
-        0
-    }
-}
-
-/// Sets the [`Source`] of a slot's known level (the writer lock held;
-/// checks read the flags' other bits only, so no seqlock is needed).
-pub(super) fn set_slot_source(s: &Slot, source: Source) {
-    let flags = s.flags.load(RLX);
-    let new = flags & !FLAG_SOURCE_MASK | u16::from(source) << FLAG_SOURCE_SHIFT;
-    if new != flags {
-        s.flags.store(new, RLX);
-    }
-}
-
-/// A slot's counter and the others' fill rate (the writer lock held: no
-/// seqlock needed to read).
-fn slot_tally(s: &Slot) -> (Tally, f64) {
-    let fill = s.fill_rate.load(RLX);
-    let (rate, prev) = if s.flags.load(RLX) & FLAG_SLIDING != 0 {
-        unpack_rate_prev(fill)
-    } else {
-        (f64::from_bits(fill), 0.0)
-    };
-    let tally = Tally {
-        level: f64::from_bits(s.known_level.load(RLX)),
-        prev,
-        at: s.known_at.load(RLX),
-    };
-    (tally, rate)
-}
-
-/// Sets a slot's known level to `level` at `now`, with no fill rate
-/// (the writer lock held).
-pub(super) fn store_level(s: &Slot, level: f64, now: Nanos) {
-    store_tally(s, Tally::leaky(crate::core::Level { level, at: now }), 0.0);
-}
-
-/// Writes a slot's counter and fill rate under its seqlock.
-fn store_tally(s: &Slot, t: Tally, rate: f64) {
-    // An in-flight level goes down as well as up: a trend measured while
-    // it rose would go on being extrapolated after the rise stopped (a
-    // level that does not change is not sent again), so its estimate is
-    // the known level plus this host's own changes only.
-    let rate = if s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
-        0.0
-    } else {
-        rate
-    };
-    let fill = if s.flags.load(RLX) & FLAG_SLIDING != 0 {
-        pack_rate_prev(rate, t.prev)
-    } else {
-        rate.to_bits()
-    };
-    let w = SeqWrite::begin(s);
-    s.known_level.store(t.level.to_bits(), RLX);
-    s.known_at.store(t.at, RLX);
-    s.fill_rate.store(fill, RLX);
-    drop(w);
-}
-
-/// The others' fill rate after a merge took the counter from `known` to
-/// `merged`, `own_acked` of it this host's.
-pub(super) fn measure_rate(
-    counting: &Counting,
-    known: Tally,
-    merged: Tally,
-    own_acked: f64,
-    old_rate: f64,
-) -> f64 {
-    match counting {
-        Counting::Leak(limit) => {
-            measure_fill_rate(known.level(), merged.level(), *limit, own_acked, old_rate)
-        }
-        Counting::Window(rule) => {
-            let as_window = |t: Tally| WindowLevel {
-                count: t.level,
-                prev: t.prev,
-                at: t.at,
-            };
-            measure_window_fill_rate(
-                as_window(known),
-                as_window(merged),
-                rule,
-                own_acked,
-                old_rate,
-            )
-        }
-    }
-}
-
-/// The window weight found at `now` is counted in (see
-/// [`crate::core::WindowRule::attributed_index`]); none for a leaky
-/// counter.
-pub(super) fn attributed(counting: &Counting, now: Nanos) -> Option<i64> {
-    match counting {
-        Counting::Window(rule) => Some(rule.attributed_index(now)),
-        Counting::Leak(_) => None,
+        requeued.saturating_add(KeySync::of(self).requeue_all_keys())
     }
 }

@@ -12,21 +12,25 @@
 //! under the writer lock; it is kept for named in-flight counters only
 //! (not yet for the keys of per-key ones).
 
-use super::counters::{set_slot_source, slot_source, store_level};
-use super::layout::{Source, FOLDED};
-use super::layout::{FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY};
-use super::{Table, RLX};
+use super::tally::{set_slot_source, slot_source, store_level};
 use crate::core::Nanos;
 use crate::table::region::index::NameIndex;
+use crate::table::region::layout::{Source, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY, FOLDED};
 use crate::table::region::slots::Slots;
+use crate::table::region::{region_view, RLX};
 use crate::wire::CounterKey;
 
-impl Table {
+region_view!(
+    /// What this host holds of its in-flight quotas.
+    Held
+);
+
+impl Held<'_> {
     /// The slots this host holds of the named in-flight quota `name`:
     /// what its requests took and have not given back yet, whatever the
     /// roots know of it. `None` for a name that is not a live in-flight
     /// quota's own counter (a per-key template's slots are its keys').
-    pub fn held_here(&self, name: &[u8]) -> Option<i64> {
+    pub(in crate::table) fn held_here(&self, name: &[u8]) -> Option<i64> {
         let slot = NameIndex::of(self).lookup(name)?;
         let s = self.slot(slot)?;
         live_named_in_flight(s.flags.load(RLX)).then(|| {
@@ -38,7 +42,7 @@ impl Table {
 
     /// The held word of every live named in-flight quota, by quota id
     /// (what the sync thread sends a root that restarted again).
-    pub fn held_counts(&self) -> Vec<(u64, i64)> {
+    pub(in crate::table) fn held_counts(&self) -> Vec<(u64, i64)> {
         self.used_slots()
             .filter(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
             .filter_map(|(i, s)| Some((s.quota_id()?, Slots::of(self).held_word(i))))
@@ -53,7 +57,11 @@ impl Table {
     /// or not. Max-merged, a level that never leaks would keep an earlier
     /// instance's value against every lower one. Levels with no source
     /// or [`FOLDED`] are left as they are. Returns the counters marked.
-    pub fn adopt_source(&self, earlier: impl Fn(Source) -> bool, to: Source) -> u64 {
+    pub(in crate::table) fn adopt_source(
+        &self,
+        earlier: impl Fn(Source) -> bool,
+        to: Source,
+    ) -> u64 {
         if to == 0 {
             return 0;
         }
@@ -81,7 +89,11 @@ impl Table {
     /// any root replaces it. Only counters `shard` takes (with root
     /// groups, those of the groups that are silent). Returns the counters
     /// set.
-    pub fn lease_locally(&self, now: Nanos, shard: impl Fn(CounterKey) -> bool) -> u64 {
+    pub(in crate::table) fn lease_locally(
+        &self,
+        now: Nanos,
+        shard: impl Fn(CounterKey) -> bool,
+    ) -> u64 {
         let _guard = self.lock();
         let mut set = 0u64;
         for (i, s) in self.used_slots() {
@@ -103,7 +115,7 @@ impl Table {
 
     /// True when some live named quota counts slots in flight (the sync
     /// thread then asks the roots for all their counters after a fold).
-    pub fn holds_in_flight(&self) -> bool {
+    pub(in crate::table) fn holds_in_flight(&self) -> bool {
         self.used_slots()
             .any(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
     }
@@ -119,7 +131,7 @@ impl Table {
     /// reply carrying the counter would replace it). One whose level is
     /// another root's keeps it (a max-merge with 0). Returns the counters
     /// set.
-    pub fn settle_omitted(
+    pub(in crate::table) fn settle_omitted(
         &self,
         source: Source,
         now: Nanos,

@@ -7,32 +7,25 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use super::chain::Chain;
-use super::layout::{
+use crate::core::tier::{Override, Penalty, Rule};
+use crate::table::region::layout::{
     TierEntry, FLAG_LIVE, FLAG_TIERS, TIER_ALLOW, TIER_DENY, TIER_LIMIT, TIER_NONE, TIER_OUTBOX,
     TIER_UNSENT,
 };
-use super::outcome::{Cause, Rejection};
-use super::region::key_entries::KeyTiers;
-use super::{SlotId, Table, ACQ, RLX};
-use crate::core::estimate::{estimate_level, Estimator};
-use crate::core::key::KeyHash;
-use crate::core::quota::MAX_BURST;
-use crate::core::tier::{Override, Penalty, Rule};
-use crate::core::{Nanos, Wait};
 use crate::table::region::slots::Slots;
-use crate::table::region::tier_section::read_entry;
-use crate::table::region::tier_section::write_entry;
-use crate::table::region::tier_section::TierLock;
-use crate::table::region::tier_section::TierReport;
-use crate::table::region::tier_section::TierSection;
-use crate::table::region::tier_section::CHECK_LOCK_SPINS;
+use crate::table::region::tier_section::{read_entry, write_entry, TierReport, TierSection};
+use crate::table::region::{region_view, SlotId, ACQ, RLX};
 
-impl Table {
+region_view!(
+    /// Overrides and penalties as the sync thread keeps them.
+    TierBooks
+);
+
+impl TierBooks<'_> {
     /// Applies overrides as the roots (or a quota file) give them, in
     /// epoch order: each replaces its key's override, a tombstone removes
     /// it; the templates they name are flagged for checks to look.
-    pub fn apply_overrides(&self, overrides: &[Override]) -> TierReport {
+    pub(in crate::table) fn apply_overrides(&self, overrides: &[Override]) -> TierReport {
         let mut report = TierReport::default();
         if overrides.is_empty() {
             return report;
@@ -97,14 +90,14 @@ impl Table {
         if flags & FLAG_LIVE == 0 || flags & FLAG_TIERS != 0 {
             return;
         }
-        let w = super::lock::SeqWrite::begin(s);
+        let w = crate::table::region::lock::SeqWrite::begin(s);
         s.flags.store(flags | FLAG_TIERS, RLX);
         drop(w);
     }
 
     /// Records quota `id`'s penalty length (`None`: it has none), as a
     /// quota write does (the writer lock held).
-    pub(super) fn set_quota_penalty(&self, id: u64, secs: Option<u32>) {
+    pub(in crate::table) fn set_quota_penalty(&self, id: u64, secs: Option<u32>) {
         if self.geometry().tier_entries == 0 {
             return;
         }
@@ -125,7 +118,7 @@ impl Table {
 
     /// Merges penalties from the roots: each end is kept if later than
     /// the one held. Returns how many moved an end.
-    pub fn merge_penalties(&self, penalties: &[Penalty]) -> usize {
+    pub(in crate::table) fn merge_penalties(&self, penalties: &[Penalty]) -> usize {
         if penalties.is_empty() || self.geometry().tier_entries == 0 {
             return 0;
         }
@@ -150,46 +143,16 @@ impl Table {
         moved
     }
 
-    /// Starts (or lengthens) the penalty of `(quota, key)`, the quota in
-    /// slot `slot`, until `until` (UTC nanoseconds) from the request
-    /// path, and queues it for the roots. False when the tier lock was
-    /// busy or the section full.
-    fn start_penalty(&self, slot: SlotId, quota: u64, key: KeyHash, until: i64) -> bool {
-        let t = &self.header().tiers;
-        let Some(lock) = TierLock::acquire(&t.lock, Some(CHECK_LOCK_SPINS)) else {
-            return false;
-        };
-        let Some(e) = TierSection::of(self).tier_entry_for(&lock, quota, key) else {
-            return false;
-        };
-        TierSection::of(self).mark_added(slot, key);
-        if (e.until.fetch_max(until as u64, SeqCst) as i64) >= until {
-            return true;
-        }
-        t.started.fetch_add(1, RLX);
-        if e.rule.fetch_or(TIER_UNSENT, RLX) & TIER_UNSENT == 0 {
-            let n = t.outbox_len.load(RLX) as usize;
-            if n < TIER_OUTBOX {
-                t.outbox[n][0].store(quota, RLX);
-                t.outbox[n][1].store(key, RLX);
-                t.outbox_len.store(n as u32 + 1, RLX);
-            } else {
-                t.outbox_full.store(1, RLX);
-            }
-        }
-        true
-    }
-
     /// True when a penalty started here waits to be sent (the sync
     /// thread's probe: two loads).
-    pub fn has_unsent_penalties(&self) -> bool {
+    pub(in crate::table) fn has_unsent_penalties(&self) -> bool {
         let t = &self.header().tiers;
         t.outbox_len.load(RLX) != 0 || t.outbox_full.load(RLX) != 0
     }
 
     /// The penalties started here since the last call, to send to the
     /// roots.
-    pub fn take_started_penalties(&self) -> Vec<Penalty> {
+    pub(in crate::table) fn take_started_penalties(&self) -> Vec<Penalty> {
         let t = &self.header().tiers;
         if t.outbox_len.load(RLX) == 0 && t.outbox_full.load(RLX) == 0 {
             return Vec::new();
@@ -220,7 +183,7 @@ impl Table {
 
     /// Every penalty in force at `now_utc` (for a root that restarted and
     /// knows none).
-    pub fn held_penalties(&self, now_utc: i64) -> Vec<Penalty> {
+    pub(in crate::table) fn held_penalties(&self, now_utc: i64) -> Vec<Penalty> {
         self.tier_entries()
             .iter()
             .filter_map(|e| {
@@ -236,7 +199,7 @@ impl Table {
     /// with nothing left in them (a penalty ended, an override expired, no
     /// penalty length), and rebuilds the filter once removals left as many
     /// stale bits as there are entries.
-    pub fn sweep_tiers(&self, now_utc: i64) {
+    pub(in crate::table) fn sweep_tiers(&self, now_utc: i64) {
         let t = &self.header().tiers;
         if t.live.load(RLX) == 0 && t.removed.load(RLX) == 0 {
             return;
@@ -268,132 +231,6 @@ impl Table {
         let live = t.live.load(RLX);
         if t.removed.load(RLX) > live.max(64) {
             TierSection::of(self).rebuild_tier_filter(&lock);
-        }
-    }
-
-    /// A check's chain of a flagged quota (or with one flagged among its
-    /// ancestors): applies the key's override to its view, and says the
-    /// rejection when the key is denied or the key or a quota of the
-    /// chain is under a penalty. `key` is the key's hash (0: none); what
-    /// its entry said of it is in `chain.key_tiers`.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn apply_tiers(
-        &self,
-        chain: &mut Chain,
-        key: KeyHash,
-        now: Nanos,
-    ) -> Option<Rejection> {
-        let now_utc = now as i64 + self.utc_offset();
-        for depth in 0..chain.len {
-            let slot = chain.slots[depth];
-            let Some(s) = self.slot(slot) else { continue };
-            if s.flags.load(RLX) & FLAG_TIERS == 0 {
-                continue;
-            }
-            let Some(id) = s.quota_id() else { continue };
-            let keyed = depth == 0 && key != 0;
-            if keyed {
-                let look = match chain.key_tiers {
-                    KeyTiers::Clear => false,
-                    KeyTiers::Marked => true,
-                    KeyTiers::Unknown => TierSection::of(self).tier_filter_holds(id, key),
-                };
-                if !look {
-                    continue;
-                }
-            }
-            let Some(read) = TierSection::of(self).tier(id, if keyed { key } else { 0 }) else {
-                continue;
-            };
-            let view = &chain.views()[depth];
-            let barred = |cause, wait| Rejection {
-                depth,
-                slot,
-                limit: view.limit,
-                wait,
-                key: if keyed { key } else { 0 },
-                cause,
-            };
-            if read.until > now_utc {
-                self.header().tiers.penalized.fetch_add(1, RLX);
-                let seconds = (read.until - now_utc) as f64 * 1e-9;
-                return Some(barred(Cause::Penalty, Wait::Seconds(seconds)));
-            }
-            if !keyed {
-                continue;
-            }
-            match read.kind_at(now_utc) {
-                TIER_DENY => {
-                    self.header().tiers.denied.fetch_add(1, RLX);
-                    return Some(barred(
-                        Cause::Denied,
-                        Wait::Never(crate::core::Never::Denied),
-                    ));
-                }
-                TIER_ALLOW => {
-                    let v = chain.view_mut(depth);
-                    v.low_burst = MAX_BURST;
-                    v.high_burst = MAX_BURST;
-                }
-                TIER_LIMIT => {
-                    let v = chain.view_mut(depth);
-                    v.limit = read.limit;
-                    v.low_burst = read.low_burst;
-                    v.high_burst = read.high_burst;
-                }
-                _ => {}
-            }
-        }
-        None
-    }
-
-    /// After a check of a flagged chain was rejected: when the quota that
-    /// rejected has a penalty and the request went past its high burst
-    /// (not a draw in the band), starts the penalty and makes the
-    /// rejection say so.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn maybe_penalize(
-        &self,
-        chain: &Chain,
-        key: KeyHash,
-        rejection: &mut Rejection,
-        weight: u64,
-        now: Nanos,
-        estimator: &Estimator,
-    ) {
-        let depth = rejection.depth;
-        let Some(s) = self.slot(chain.slots[depth]) else {
-            return;
-        };
-        if s.flags.load(RLX) & FLAG_TIERS == 0 {
-            return;
-        }
-        let Some(id) = s.quota_id() else { return };
-        let Some(secs) = self
-            .tier(id, 0)
-            .map(|r| r.penalty_secs)
-            .filter(|&secs| secs > 0)
-        else {
-            return;
-        };
-        let view = &chain.views()[depth];
-        let level = estimate_level(view, now, estimator);
-        let over = if weight == 0 {
-            level >= view.high_burst
-        } else {
-            level + weight as f64 > view.high_burst
-        };
-        if !over {
-            return;
-        }
-        let key = if depth == 0 { key } else { 0 };
-        let until = now as i64 + self.utc_offset() + i64::from(secs) * 1_000_000_000;
-        if self.start_penalty(chain.slots[depth], id, key, until) {
-            rejection.cause = Cause::Penalty;
-            rejection.wait = Wait::Seconds(f64::from(secs));
-            rejection.key = key;
         }
     }
 }

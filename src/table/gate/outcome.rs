@@ -4,7 +4,7 @@
 //! (`chain.rs`), the check path (`check.rs`), grants and tiers, so none
 //! of them imports another for its types.
 
-use super::SlotId;
+use crate::table::region::SlotId;
 use crate::core::key::KeyHash;
 use crate::core::quota::MAX_DEPTH;
 use crate::core::{Nanos, Room, Wait};
@@ -134,7 +134,7 @@ pub struct ManyOutcome {
 /// What a passed check of [`Table::check_many`] will count: a chain's
 /// slots and the weight.
 #[derive(Clone, Copy)]
-pub(super) struct Charge {
+pub(in crate::table) struct Charge {
     pub(super) slots: [SlotId; MAX_DEPTH],
     pub(super) len: usize,
     pub(super) key: u32,

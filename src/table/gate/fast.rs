@@ -20,32 +20,51 @@
 //! general path will record again: a key's uses only count up to three,
 //! and a key near its limit holds weight, which no eviction takes.
 
-use std::mem::MaybeUninit;
-
-use super::region::key_entries::apply_key;
-use super::Table;
 use crate::core::decision::passes_for_sure;
 use crate::core::key::KeyHash;
 use crate::core::quota::{weight_f64, MAX_WEIGHT};
 use crate::core::Nanos;
-use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::key_entries::{apply_key, KeyEntries};
 use crate::table::region::keys::Keys;
+use std::mem::MaybeUninit;
+
+use super::local::gate_view;
+
+use super::count::Counter;
+use super::read::Reader;
+
+gate_view!(
+    /// The keyed fast path.
+    FastPath
+);
 
 /// What the fast path did with a check.
-pub(super) enum Fast {
+pub(in crate::table) enum Fast {
     /// Decided and counted: the check passed.
     Passed,
     /// Not decided, nothing counted; the key's hash when it got that far.
     Declined(Option<KeyHash>),
 }
 
-impl Table {
+#[cfg(test)]
+thread_local! {
+    /// Checks this thread's fast path decided (tests: that it ran).
+    pub(in crate::table) static FAST_PASSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+impl FastPath<'_> {
     /// Checks the key `key` (not empty) of the per-key quota `name` for
     /// `weight` at `now`, if the fast path can (see the module doc).
     #[inline(always)]
-    pub(super) fn check_key_fast(&self, name: &[u8], key: &[u8], weight: u64, now: Nanos) -> Fast {
+    pub(in crate::table) fn check_key_fast(
+        &self,
+        name: &[u8],
+        key: &[u8],
+        weight: u64,
+        now: Nanos,
+    ) -> Fast {
         let mut view = MaybeUninit::uninit();
-        let Some((slot, read)) = self.find_hinted_into(name, &mut view) else {
+        let Some((slot, read)) = self.view(Reader::of).find_hinted_into(name, &mut view) else {
             return Fast::Declined(None);
         };
         // SAFETY: `find_hinted_into` wrote the view when it found the slot.
@@ -65,31 +84,9 @@ impl Table {
             return Fast::Declined(Some(hash));
         }
         Keys::of(self).count_key(at, slot, hash, weight.min(MAX_WEIGHT));
-        self.tally_pass(slot);
+        self.view(Counter::of).tally_pass(slot);
         #[cfg(test)]
         FAST_PASSES.with(|n| n.set(n.get() + 1));
         Fast::Passed
     }
-
-    /// The fast path is tried (always, but in tests that turn it off).
-    #[inline(always)]
-    pub(super) fn fast_path_on(&self) -> bool {
-        #[cfg(test)]
-        return self.fast_path;
-        #[cfg(not(test))]
-        true
-    }
-
-    /// This table with the fast path off (tests: the general path alone).
-    #[cfg(test)]
-    pub(super) fn without_fast_path(mut self) -> Self {
-        self.fast_path = false;
-        self
-    }
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Checks this thread's fast path decided (tests: that it ran).
-    pub(super) static FAST_PASSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }

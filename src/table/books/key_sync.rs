@@ -10,27 +10,29 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use super::counters::{
+use super::tally::{
     self, fold_weight, measure_rate, send_pending, settle_inflight, CollectedDelta,
 };
-use super::layout::Source;
-use super::layout::{
-    KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS,
-};
-use super::region::key_entries::{
-    clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
-};
-use super::region::key_moves::{KeyLock, SYNC_BATCH};
-use super::region::tier_section::TierLock;
-use super::{SlotId, Table, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
-use crate::table::region::key_entries::ring_entry;
-use crate::table::region::key_entries::KeyEntries;
-use crate::table::region::key_moves::KeyMoves;
+use crate::table::region::key_entries::{
+    clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
+};
+use crate::table::region::key_entries::{ring_entry, KeyEntries};
+use crate::table::region::key_moves::{KeyLock, KeyMoves, SYNC_BATCH};
 use crate::table::region::keys::Keys;
+use crate::table::region::layout::Source;
+use crate::table::region::layout::{
+    KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS,
+};
 use crate::table::region::slots::Slots;
-use crate::table::region::tier_section::TierSection;
+use crate::table::region::tier_section::{TierLock, TierSection};
+use crate::table::region::{region_view, Region, SlotId, ACQ, REL, RLX};
+
+region_view!(
+    /// The keys outside the request path.
+    KeySync
+);
 
 /// Known levels older than this are restamped (or the entry freed, if
 /// drained) by the maintenance sweep, well within the ~26 days a packed
@@ -42,7 +44,7 @@ const RESTAMP_AFTER: Nanos = 24 * 3600 * 1_000_000_000;
 /// entry is scanned instead.
 const RING_STUCK_LIMIT: u32 = 16;
 
-impl Table {
+impl KeySync<'_> {
     /// Calls `each` with every entry queued since the last drain (or
     /// every entry, when the ring overflowed), under the key lock (let go
     /// every [`SYNC_BATCH`] entries). The writer lock is held.
@@ -111,7 +113,7 @@ impl Table {
 
     /// Moves every queued key's pending weight to in flight and appends
     /// what moved to `out` (see [`Table::collect_deltas`]).
-    pub(super) fn collect_keys(&self, out: &mut Vec<CollectedDelta>) {
+    pub(in crate::table) fn collect_keys(&self, out: &mut Vec<CollectedDelta>) {
         let slots = self.slots();
         let h = self.header();
         self.drain_dirty(|_, e| {
@@ -143,7 +145,7 @@ impl Table {
 
     /// Standalone: folds every queued key's pending weight into its level
     /// at `now` (see [`Table::fold_local`]). The writer lock is held.
-    pub(super) fn fold_keys(&self, now: Nanos) {
+    pub(in crate::table) fn fold_keys(&self, now: Nanos) {
         self.drain_dirty(|_, e| {
             e.dirty.fetch_and(!DIRTY_QUEUED, SeqCst);
             let Some(counting) = KeyEntries::of(self).template_counting(e.template.load(RLX))
@@ -171,7 +173,7 @@ impl Table {
     /// `id` (see [`Table::merge_counter`]), takes `acked` off in flight and
     /// updates the fill rate. False when this host has no entry for the
     /// key (it is not tracked here; nothing to do).
-    pub(super) fn merge_key(
+    pub(in crate::table) fn merge_key(
         &self,
         slot: SlotId,
         id: u64,
@@ -219,7 +221,7 @@ impl Table {
 
     /// Folds `amount` of a key's in-flight weight into its level at `now`
     /// (see [`Table::fold_inflight`]), if its entry still holds it.
-    pub(super) fn fold_key_inflight(
+    pub(in crate::table) fn fold_key_inflight(
         &self,
         slot: SlotId,
         id: u64,
@@ -249,7 +251,7 @@ impl Table {
 
     /// Takes (`requeue`: false) or hands back to pending (true) `amount`
     /// of a key's in-flight weight, if its entry still holds it.
-    pub(super) fn settle_key_inflight(
+    pub(in crate::table) fn settle_key_inflight(
         &self,
         slot: SlotId,
         id: u64,
@@ -268,7 +270,7 @@ impl Table {
             return;
         };
         if requeue {
-            counters::requeue(&e.pending, &e.inflight, amount);
+            tally::requeue(&e.pending, &e.inflight, amount);
             KeyEntries::of(self).mark_dirty(at, e);
         } else {
             settle_inflight(&e.inflight, amount, || {});
@@ -277,14 +279,14 @@ impl Table {
 
     /// Hands every key's in-flight weight back to pending (a dead sync
     /// thread's, see [`Table::claim_sync`]); returns the weight moved.
-    pub(super) fn requeue_all_keys(&self) -> u64 {
+    pub(in crate::table) fn requeue_all_keys(&self) -> u64 {
         let _keys = KeyMoves::of(self).key_lock();
         let mut moved = 0u64;
         for (b, bucket) in self.key_buckets().iter().enumerate() {
             for (way, e) in bucket.ways.iter().enumerate() {
                 let inflight = e.inflight.load(RLX) as i64;
                 if inflight != 0 {
-                    counters::requeue(&e.pending, &e.inflight, inflight);
+                    tally::requeue(&e.pending, &e.inflight, inflight);
                     moved = moved.saturating_add(inflight.unsigned_abs());
                     KeyEntries::of(self).mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
                 }
@@ -295,7 +297,7 @@ impl Table {
 
     /// Frees every key of the template in `slot` (it was deleted). The
     /// writer lock is held.
-    pub(super) fn drop_keys_of(&self, slot: SlotId) {
+    pub(in crate::table) fn drop_keys_of(&self, slot: SlotId) {
         let h = self.header();
         let mut lock = KeyMoves::of(self).key_lock();
         for (b, bucket) in self.key_buckets().iter().enumerate() {
@@ -317,7 +319,7 @@ impl Table {
     /// level is older than a day, so packed times never wrap, and clears
     /// the tier marks of keys the tier section no longer holds anything
     /// of. The writer lock is held.
-    pub(super) fn sweep_keys(&self, buckets: usize, now: Nanos) {
+    pub(in crate::table) fn sweep_keys(&self, buckets: usize, now: Nanos) {
         let n = self.geometry().key_buckets as usize;
         if n == 0 {
             return;
@@ -395,9 +397,9 @@ impl Table {
     /// old template slot to the new one) keeps its level, fill rate and
     /// use, and its unacknowledged weight becomes pending here, to be sent
     /// again. Keys that find no entry are left behind.
-    pub(super) fn adopt_keys(
+    pub(in crate::table) fn adopt_keys(
         &self,
-        old: &Table,
+        old: &Region,
         slot_of: impl Fn(SlotId) -> Option<SlotId>,
         now: Nanos,
     ) {
@@ -431,7 +433,7 @@ impl Table {
 }
 
 /// Frees an entry that held `hash` (unless someone claimed it meanwhile).
-fn free_entry(e: &KeyEntry, hash: u64, h: &super::layout::Header) {
+fn free_entry(e: &KeyEntry, hash: u64, h: &crate::table::region::layout::Header) {
     if e.hash.compare_exchange(hash, KEY_CLAIMED, ACQ, RLX).is_ok() {
         clear_entry(e);
         e.pending.store(0, RLX);
@@ -448,6 +450,7 @@ mod ring_tests {
     use crate::table::region::key_entries::ring_cell;
     use crate::table::region::key_entries::KeyEntries;
     use crate::table::region::keys::Keys;
+    use crate::table::Table;
     use crate::table::{CheckItem, CheckOptions, Outcome};
     use std::sync::atomic::Ordering::AcqRel;
 
@@ -458,13 +461,15 @@ mod ring_tests {
             weight: 1,
             max_wait: None,
         };
-        let r = t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        let r = t
+            .gate()
+            .check_many(&[item], 0, CheckOptions::default(), || 0.5);
         assert_eq!(r.outcome, Outcome::Pass);
     }
 
     fn collected(t: &Table) -> u64 {
         let mut out = Vec::new();
-        t.collect_deltas(&mut out);
+        t.books().collect_deltas(&mut out);
         out.iter().map(|d| d.delta).sum()
     }
 
@@ -486,10 +491,11 @@ mod ring_tests {
     #[test]
     fn a_late_ring_write_is_never_taken_for_a_later_lap() {
         let t = Table::new_heap_with_keys(16, 16, 256);
-        t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+        t.books()
+            .apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
         let len = t.key_ring().len() as u64;
         assert_eq!(len, 64);
-        let slot = t.lookup(b"k").unwrap();
+        let slot = t.gate().lookup(b"k").unwrap();
         count(&t, b"late");
         count(&t, b"next");
         assert_eq!(collected(&t), 2);
@@ -546,8 +552,9 @@ mod ring_tests {
     fn a_count_racing_the_claim_of_its_fresh_entry_is_not_lost() {
         // One bucket: every key competes for it.
         let t = Table::new_heap_with_keys(16, 16, KEY_WAYS as u64);
-        t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
-        let slot = t.lookup(b"k").unwrap();
+        t.books()
+            .apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+        let slot = t.gate().lookup(b"k").unwrap();
         let secret = t.key_secret();
         // All but one way busy with weight pending: not reusable.
         for k in [b"b0", b"b1", b"b2"] {
@@ -562,7 +569,7 @@ mod ring_tests {
         Keys::of(&t).count_key(fresh, slot, fresh_hash, 5);
         // ... a collection runs before the newcomer's entry is made ...
         let mut out = Vec::new();
-        t.collect_deltas(&mut out);
+        t.books().collect_deltas(&mut out);
         assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 6 + 5, "{out:?}");
         assert!(out.iter().any(|d| (d.key, d.delta) == (0, 5)), "{out:?}");
         let newcomer = secret.hash(b"newcomer");

@@ -12,27 +12,45 @@
 //! several. Partial grants, one-item reservations and weight given back
 //! are in `grants.rs`. Nothing here takes the writer lock.
 
-use std::mem::MaybeUninit;
-
-use super::chain::{Chain, Resolved};
-use super::fast::Fast;
-use super::outcome::{Charge, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, MAX_CHECKS};
-use super::{SlotId, Table, RLX};
+use super::local::gate_view;
 use crate::core::key::KeyHash;
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::Nanos;
-use crate::table::region::keys::Keys;
+use crate::table::region::{SlotId, RLX};
+use std::mem::MaybeUninit;
 
-impl Table {
+use super::chain::{Chain, Resolved};
+use super::count::Counter;
+use super::fast::Fast;
+use super::fast::FastPath;
+use super::outcome::{Charge, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, MAX_CHECKS};
+use super::penalties::Penalties;
+use super::read::Reader;
+
+gate_view!(
+    /// The request path's checks.
+    Checker
+);
+
+impl Checker<'_> {
+    /// The fast path is tried (always, but in tests that turn it off).
+    #[inline(always)]
+    fn fast_path_on(&self) -> bool {
+        #[cfg(test)]
+        return self.local.fast_path;
+        #[cfg(not(test))]
+        true
+    }
+
     /// Checks `name` for a request of `weight` at `now`, drawing from this
     /// thread's PRNG; on pass the weight is counted in the whole chain.
-    pub fn check(&self, name: &[u8], weight: u64, now: Nanos) -> Outcome {
+    pub(in crate::table) fn check(&self, name: &[u8], weight: u64, now: Nanos) -> Outcome {
         self.check_with(name, weight, now, crate::core::rng::thread_unit)
     }
 
     /// [`Table::check`] with the random draws supplied (for tests and the
     /// simulator).
-    pub fn check_with(
+    pub(in crate::table) fn check_with(
         &self,
         name: &[u8],
         weight: u64,
@@ -52,7 +70,7 @@ impl Table {
     /// Checks the quota in slot `first`, found without a name lookup (a
     /// caller that kept the slot; the benchmarks measure the lookup apart
     /// with it). A slot that holds no quota passes as an unknown name.
-    pub fn check_slot(
+    pub(in crate::table) fn check_slot(
         &self,
         first: SlotId,
         weight: u64,
@@ -60,11 +78,11 @@ impl Table {
         draw: impl FnMut() -> f64,
     ) -> Outcome {
         let read = |_, chain: &mut Chain| {
-            if !self.read_chain(first, chain) {
+            if !self.view(Reader::of).read_chain(first, chain) {
                 return Resolved::Unknown;
             }
             if chain.tiers {
-                if let Some(barred) = self.apply_tiers(chain, 0, now) {
+                if let Some(barred) = Penalties::of(self).apply_tiers(chain, 0, now) {
                     return Resolved::Barred(barred);
                 }
             }
@@ -79,7 +97,7 @@ impl Table {
     /// and all their ancestors pass, and only then is each weight counted
     /// (check all, then commit). Unknown names are skipped. At most
     /// [`MAX_CHECKS`] items are checked; later ones are ignored.
-    pub fn check_many(
+    pub(in crate::table) fn check_many(
         &self,
         items: &[CheckItem],
         now: Nanos,
@@ -91,7 +109,8 @@ impl Table {
                 return self.check_one(item, now, options.dry_run, draw);
             }
         }
-        let read = |i: usize, chain: &mut Chain| self.resolve(&items[i], chain, now);
+        let read =
+            |i: usize, chain: &mut Chain| self.view(Reader::of).resolve(&items[i], chain, now);
         self.decide_and_count(items.len(), read, now, options, draw)
     }
 
@@ -117,7 +136,10 @@ impl Table {
         };
         let mut key_hash = None;
         if let Some(key) = item.key.filter(|k| !k.is_empty() && self.fast_path_on()) {
-            match self.check_key_fast(item.name, key, item.weight, now) {
+            match self
+                .view(FastPath::of)
+                .check_key_fast(item.name, key, item.weight, now)
+            {
                 Fast::Passed => return outcome(Outcome::Pass, None),
                 Fast::Declined(hash) => key_hash = hash,
             }
@@ -143,7 +165,12 @@ impl Table {
         let overflow = chain.overflow;
         match decided {
             Ok(()) => {
-                self.commit(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
+                self.view(Counter::of).commit(
+                    &chain.slots[..chain.len],
+                    chain.key,
+                    chain.key_hash,
+                    weight,
+                );
                 ManyOutcome {
                     overflow,
                     ..outcome(Outcome::Pass, None)
@@ -151,7 +178,7 @@ impl Table {
             }
             Err(mut rejection) => {
                 if chain.tiers && !dry_run {
-                    self.maybe_penalize(
+                    Penalties::of(self).maybe_penalize(
                         &chain,
                         chain.tier_key,
                         &mut rejection,
@@ -160,7 +187,7 @@ impl Table {
                         &estimator,
                     );
                 }
-                self.count_rejected(&chain, dry_run);
+                self.view(Counter::of).count_rejected(&chain, dry_run);
                 ManyOutcome {
                     overflow,
                     ..outcome(Outcome::Reject(rejection), Some(0))
@@ -219,7 +246,8 @@ impl Table {
                     continue;
                 }
                 Resolved::OverflowReject(rejection) => {
-                    self.count_rejected(&chain, options.dry_run);
+                    self.view(Counter::of)
+                        .count_rejected(&chain, options.dry_run);
                     let headroom = options
                         .headroom
                         .then(|| chain.headroom(i, 0, 0.0, now, &estimator));
@@ -232,7 +260,8 @@ impl Table {
                     };
                 }
                 Resolved::Barred(rejection) => {
-                    self.count_rejected(&chain, options.dry_run);
+                    self.view(Counter::of)
+                        .count_rejected(&chain, options.dry_run);
                     let headroom = options
                         .headroom
                         .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
@@ -258,7 +287,7 @@ impl Table {
             };
             if let Err(mut rejection) = decided {
                 if chain.tiers && max_wait.is_none() && !options.dry_run {
-                    self.maybe_penalize(
+                    Penalties::of(self).maybe_penalize(
                         &chain,
                         chain.tier_key,
                         &mut rejection,
@@ -267,7 +296,8 @@ impl Table {
                         &estimator,
                     );
                 }
-                self.count_rejected(&chain, options.dry_run);
+                self.view(Counter::of)
+                    .count_rejected(&chain, options.dry_run);
                 let headroom = options
                     .headroom
                     .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
@@ -291,11 +321,17 @@ impl Table {
             // SAFETY: the loop above wrote the first `known` charges.
             let charge = unsafe { charge.assume_init_ref() };
             let counted = &charge.slots[..charge.len];
-            self.commit(counted, charge.key, charge.key_hash, charge.weight);
+            self.view(Counter::of)
+                .commit(counted, charge.key, charge.key_hash, charge.weight);
         }
         let outcome = match last {
             Some(weight) => {
-                self.commit(&chain.slots[..chain.len], chain.key, chain.key_hash, weight);
+                self.view(Counter::of).commit(
+                    &chain.slots[..chain.len],
+                    chain.key,
+                    chain.key_hash,
+                    weight,
+                );
                 Outcome::Pass
             }
             None if known > 0 => Outcome::Pass,
@@ -313,47 +349,36 @@ impl Table {
         }
     }
 
-    /// Counts a rejection (or a dry-run one) on the chain's first quota.
-    pub(super) fn count_rejected(&self, chain: &Chain, dry_run: bool) {
-        let first = &self.slots()[chain.slots[0] as usize];
-        if dry_run {
-            first.dry_run.fetch_add(1, RLX);
-        } else {
-            first.rejected.fetch_add(1, RLX);
-        }
-    }
-
-    /// Counts a passed check: the weight into every counter of the chain
-    /// (the key's instead of its template's, for a keyed check), the pass
-    /// on the first quota.
-    pub(super) fn commit(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
-        self.add_weight(chain, key, key_hash, weight);
-        self.tally_pass(chain[0]);
-    }
-
-    /// Counts a passed check on the quota in `slot` (for `sluice_metrics`),
-    /// unless this table keeps no such count ([`Table::without_pass_tally`]).
-    #[inline(always)]
-    pub(super) fn tally_pass(&self, slot: SlotId) {
-        if self.pass_tally {
-            self.slots()[slot as usize].passed.fetch_add(1, RLX);
-        }
-    }
-
-    /// Adds the weight into every counter of the chain (the key's instead
-    /// of its template's, for a keyed item), counting no pass: what a
-    /// passed check and a charge ([`Table::charge`]) both count.
-    pub(super) fn add_weight(&self, chain: &[SlotId], key: u32, key_hash: KeyHash, weight: u64) {
-        let slots = self.slots();
-        let counters = if key != 0 {
-            Keys::of(self).count_key(key - 1, chain[0], key_hash, weight);
-            &chain[1..]
-        } else {
-            chain
-        };
-        if weight > 0 {
-            for &s in counters {
-                slots[s as usize].pending.fetch_add(weight, RLX);
+    /// Resolves a single item for [`Table::obtain`] and
+    /// [`Table::reserve`]: its weight (capped at [`MAX_WEIGHT`]) with its
+    /// chain read, or the outcome of an item that is not checked or is
+    /// rejected before any decision (counted as [`Table::check_many`]
+    /// counts it; `chain.overflow` set for a key that found no entry).
+    pub(in crate::table) fn resolve_counted(
+        &self,
+        item: &CheckItem,
+        chain: &mut Chain,
+        now: Nanos,
+        dry_run: bool,
+        key_hash: Option<KeyHash>,
+    ) -> Result<u64, Outcome> {
+        match self
+            .view(Reader::of)
+            .resolve_hashed(item, chain, now, key_hash)
+        {
+            Resolved::Counted(weight, _) => Ok(weight.min(MAX_WEIGHT)),
+            Resolved::Unknown => {
+                self.header().unknown_checks.fetch_add(1, RLX);
+                Err(Outcome::Unknown)
+            }
+            Resolved::NoKey => {
+                self.header().keys.place.keyless.fetch_add(1, RLX);
+                Err(Outcome::NoKey)
+            }
+            Resolved::OverflowPass => Err(Outcome::KeyOverflow),
+            Resolved::OverflowReject(rejection) | Resolved::Barred(rejection) => {
+                self.view(Counter::of).count_rejected(chain, dry_run);
+                Err(Outcome::Reject(rejection))
             }
         }
     }

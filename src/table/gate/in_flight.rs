@@ -3,11 +3,16 @@
 //! "In-flight quotas"). What a caller keeps between the two is a
 //! [`HeldSlot`].
 
-use super::layout::{FLAG_IN_FLIGHT, FLAG_LIVE};
+use super::check::Checker;
+use super::grants::Grants;
+use super::local::gate_view;
 use super::outcome::{CheckItem, CheckOptions, ManyOutcome, Outcome};
-use super::Table;
 use crate::core::Nanos;
-use crate::table::region::index::NameIndex;
+
+gate_view!(
+    /// Slots of in-flight quotas taken and given back.
+    InFlight
+);
 
 /// A slot taken by [`Table::acquire`]: what its release needs besides the
 /// item (name and key) it was taken with.
@@ -20,24 +25,13 @@ pub struct HeldSlot {
     pub overflowed: bool,
 }
 
-impl Table {
-    /// True when `name` names a live in-flight quota.
-    pub fn is_in_flight(&self, name: &[u8]) -> bool {
-        let Some(slot) = NameIndex::of(self).lookup(name) else {
-            return false;
-        };
-        self.slot(slot).is_some_and(|s| {
-            let flags = s.flags.load(std::sync::atomic::Ordering::Relaxed);
-            flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0
-        })
-    }
-
+impl InFlight<'_> {
     /// Takes a slot of the in-flight quota `item` names (its key's, for a
     /// per-key one): the decision of a check of weight 1, counted on a
     /// pass. Returns the outcome and, on a pass, the [`HeldSlot`] to give
     /// back with [`Table::release`] when the request ends. A dry run
     /// counts nothing and holds nothing. `item.weight` is ignored.
-    pub fn acquire(
+    pub(in crate::table) fn acquire(
         &self,
         item: &CheckItem,
         now: Nanos,
@@ -53,7 +47,9 @@ impl Table {
             dry_run,
             headroom: false,
         };
-        let result = self.check_many(std::slice::from_ref(&one), now, options, draw);
+        let result =
+            self.view(Checker::of)
+                .check_many(std::slice::from_ref(&one), now, options, draw);
         let held = (result.outcome == Outcome::Pass).then_some(HeldSlot {
             at: now,
             overflowed: result.overflow,
@@ -64,7 +60,9 @@ impl Table {
     /// Gives back the slot `held` that [`Table::acquire`] took for `item`
     /// (the same name and key). Returns true when a counter got it back
     /// (false: the quota, or the key's entry, is gone).
-    pub fn release(&self, item: &CheckItem, held: HeldSlot, now: Nanos) -> bool {
-        self.give_back(item, 1, held.at, now, held.overflowed) > 0
+    pub(in crate::table) fn release(&self, item: &CheckItem, held: HeldSlot, now: Nanos) -> bool {
+        self.view(Grants::of)
+            .give_back(item, 1, held.at, now, held.overflowed)
+            > 0
     }
 }

@@ -2,15 +2,21 @@
 //! re-linking parents, and the slot, name and index allocation they use.
 //! Everything here runs under the writer lock.
 
-use super::layout::{
+use crate::core::Quota;
+use crate::table::books::key_sync::KeySync;
+use crate::table::books::tiers::TierBooks;
+use crate::table::region::index::NameIndex;
+use crate::table::region::layout::{
     counting_flags, COUNTING_MASK, FLAG_LIVE, FLAG_PER_KEY, FLAG_SOURCE_MASK, FLAG_TIERS, FREE_LINK,
 };
-use super::lock::SeqWrite;
-use super::names;
-use super::{SlotId, Table, TableError, REL, RLX};
-use crate::core::Quota;
-use crate::table::region::index::NameIndex;
+use crate::table::region::lock::SeqWrite;
 use crate::table::region::slots::Slots;
+use crate::table::region::{names, region_view, SlotId, TableError, REL, RLX};
+
+region_view!(
+    /// Quota writes.
+    Writer
+);
 
 /// What [`Table::apply_quotas`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -27,12 +33,12 @@ pub struct ApplyReport {
     pub refused: Vec<TableError>,
 }
 
-impl Table {
+impl Writer<'_> {
     /// Applies quota changes from a root or a file: upserts live quotas
     /// whose epoch is newer than the table's copy, removes tombstoned ones,
     /// then re-links parents. Invalid quotas and quotas that do not fit are
     /// refused (listed in the report) and everything else still applies.
-    pub fn apply_quotas(&self, quotas: &[Quota]) -> ApplyReport {
+    pub(in crate::table) fn apply_quotas(&self, quotas: &[Quota]) -> ApplyReport {
         let _guard = self.lock();
         let mut report = ApplyReport::default();
         let mut freed = Vec::new();
@@ -95,7 +101,7 @@ impl Table {
             // keys go with it.
             if was_template && (q.deleted || !q.per_key || recounted || s.quota_id() != Some(q.id))
             {
-                self.drop_keys_of(slot);
+                KeySync::of(self).drop_keys_of(slot);
             }
             if q.deleted {
                 self.remove(slot);
@@ -147,7 +153,7 @@ impl Table {
         } else {
             0
         };
-        self.set_quota_penalty(q.id, q.penalty.map(|p| p.secs()));
+        TierBooks::of(self).set_quota_penalty(q.id, q.penalty.map(|p| p.secs()));
         let w = SeqWrite::begin(s);
         let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
         // An edit keeps the counter, and with it whose value it is.
@@ -191,7 +197,7 @@ impl Table {
         drop(w);
     }
 
-    fn remove(&self, slot: SlotId) {
+    pub(in crate::table) fn remove(&self, slot: SlotId) {
         let s = &self.slots()[slot as usize];
         let len = s.name_len.load(RLX) as usize;
         let name = names::name_words(self.arena(), s.name_at.load(RLX), len)
@@ -199,7 +205,7 @@ impl Table {
             .unwrap_or_default();
         NameIndex::of(self).index_remove(&name, slot, s.name_at.load(RLX));
         if let Some(id) = s.quota_id() {
-            self.set_quota_penalty(id, None);
+            TierBooks::of(self).set_quota_penalty(id, None);
         }
         let w = SeqWrite::begin(s);
         s.flags.store(0, RLX);
