@@ -3,11 +3,11 @@
 //!
 //! The log phase runs once a request is done, when every variable has its
 //! final value. A charge never rejects (the response is gone): it counts
-//! its weight in full, past the limit if need be ([`Table::charge`]), so
+//! its weight in full, past the limit if need be ([`crate::table::Gate::charge`]), so
 //! the debt is what later checks see. With `settle`, it counts only the
 //! difference from the weight the request's own `sluice` check of the
 //! same quota (and key) counted, giving units back when the actual cost
-//! is lower ([`Table::settle`]; see docs/DESIGN.md, "Counters that give
+//! is lower ([`crate::table::Gate::settle`]; see docs/DESIGN.md, "Counters that give
 //! units back").
 //!
 //! A request the `sluice` checks rejected is not charged: its response is

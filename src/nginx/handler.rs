@@ -16,7 +16,7 @@
 //! (nginx watches the read side with `ngx_http_test_reading`); the state's
 //! pool cleanup then removes the timer if it is still armed, counts the
 //! hold as abandoned and gives its weight back to every quota it was
-//! counted on ([`Table::give_back`]: what was not sent to the roots yet
+//! counted on ([`crate::table::Gate::give_back`]: what was not sent to the roots yet
 //! is uncounted, the rest goes to them as a return with the next sync, or
 //! is folded in while this host counts locally), as a rejected request is
 //! not counted. `sluice_wait_max` caps the requests held at once under

@@ -9,7 +9,7 @@
 //!   the quota's limit, so a root that missed it gets only what is left of
 //!   it (see [`Owed`] for why);
 //! - every collected delta is **unacknowledged** until the first root whose
-//!   reply covers it; that reply takes it off the table's `inflight`, later
+//!   reply covers it; that reply takes it off the table's `unacked`, later
 //!   roots' replies only max-merge their values;
 //! - weight given back (a collected counter whose net change is negative)
 //!   travels the same way, as a return beside the deltas, owed and
@@ -22,7 +22,7 @@
 //!   into the levels (per-host limiting) and says so once a minute; once
 //!   none answered for the in-flight lease, in-flight counters count this
 //!   host's own slots only (the lease the roots apply to this host,
-//!   applied to the others; [`Table::lease_locally`]), and the first
+//!   applied to the others; [`crate::table::Books::lease_locally`]), and the first
 //!   reply after that replaces their levels;
 //! - with root groups (see the `sync` module doc), each counter is owed
 //!   only to the roots of its shard ([`super::shard`]), "unchanged" is
@@ -336,7 +336,7 @@ pub struct SyncEngine {
     /// last answer (or, after it restarted, taken as its new instance's),
     /// so it is asked for all its counters, and its next whole answer
     /// settles the in-flight counters it leaves out
-    /// ([`Table::settle_omitted`]).
+    /// ([`crate::table::Books::settle_omitted`]).
     ask_all: Vec<bool>,
     down_logged_at: Option<Nanos>,
     cycles: u64,
@@ -878,7 +878,7 @@ impl SyncEngine {
         table.books().merge_penalties(&reply.tiers.penalties);
         let generation = table.generation();
         if self.slots_generation != Some(generation) {
-            self.slots = table.slot_ids().into_iter().collect();
+            self.slots = table.books().slot_ids().into_iter().collect();
             self.slots_generation = Some(generation);
         }
         // Looked up once: every value of the reply is moved by it.
@@ -951,7 +951,7 @@ impl SyncEngine {
             if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
                 table
                     .books()
-                    .release_inflight(slot, counter.id, counter.key, acked);
+                    .release_unacked(slot, counter.id, counter.key, acked);
             }
         }
     }
@@ -1176,7 +1176,7 @@ impl SyncEngine {
                 }
                 table
                     .books()
-                    .fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
+                    .fold_unacked(entry.0, c.id, c.key, Unacked::net(entry), now);
                 false
             });
             if table.books().holds_in_flight() {
@@ -1214,7 +1214,7 @@ impl SyncEngine {
         for (c, entry) in &self.unacked.by_counter {
             table
                 .books()
-                .requeue_inflight(entry.0, c.id, c.key, Unacked::net(entry));
+                .requeue_unacked(entry.0, c.id, c.key, Unacked::net(entry));
         }
         self.unacked = Unacked::default();
     }

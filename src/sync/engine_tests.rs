@@ -97,13 +97,13 @@ fn the_first_answer_acknowledges_and_the_second_only_merges() {
         }]
     );
     let st = t.quota(b"q", SEC).unwrap();
-    assert_eq!((st.pending, st.inflight), (0, 10));
+    assert_eq!((st.pending, st.unacked), (0, 10));
     e.finish(&t, 0, out[0].owed.clone(), &[page(30.0, SEC)], None, SEC);
-    assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 0);
+    assert_eq!(t.quota(b"q", SEC).unwrap().unacked, 0);
     assert_eq!(t.quota(b"q", SEC).unwrap().level, 30.0);
     e.finish(&t, 1, out[1].owed.clone(), &[page(25.0, SEC)], None, SEC);
     let st = t.quota(b"q", SEC).unwrap();
-    assert_eq!((st.inflight, st.level), (0, 30.0));
+    assert_eq!((st.unacked, st.level), (0, 30.0));
 }
 
 #[test]
@@ -195,10 +195,10 @@ fn a_stopping_engine_hands_unacknowledged_weight_back_to_pending() {
     t.gate().check(b"q", 4, 0);
     // Sent, never answered.
     let _out = e.begin_cycle(&t, SEC);
-    assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 4);
+    assert_eq!(t.quota(b"q", SEC).unwrap().unacked, 4);
     e.abandon(&t);
     let s = t.quota(b"q", SEC).unwrap();
-    assert_eq!((s.pending, s.inflight), (4, 0));
+    assert_eq!((s.pending, s.unacked), (4, 0));
     // The next engine sends it.
     let mut next = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
     let out = next.begin_cycle(&t, 2 * SEC);
@@ -268,7 +268,7 @@ fn with_every_root_down_the_engine_counts_locally_and_says_so_once() {
     assert_eq!(warnings, 1);
     // Folded and leaked locally: 50 units at 10/s are gone after 10 s.
     let st = t.quota(b"q", 10 * SEC).unwrap();
-    assert_eq!((st.pending, st.inflight, st.level), (0, 0, 0.0));
+    assert_eq!((st.pending, st.unacked, st.level), (0, 0, 0.0));
     // The root comes back: merged by max, and the log says so.
     let out = e.begin_cycle(&t, 20 * SEC);
     let logs = e.finish(
@@ -326,9 +326,9 @@ fn keys_go_out_grouped_by_template_and_come_back_merged() {
     e.finish(&t, 0, out[0].owed.clone(), &[reply], None, SEC);
     let keys = t.keys(None, SEC);
     let state = |h: u64| *keys.iter().find(|k| k.hash == h).unwrap();
-    assert_eq!((state(alice).level, state(alice).inflight), (10.0, 0));
+    assert_eq!((state(alice).level, state(alice).unacked), (10.0, 0));
     // Bob's unit was acknowledged without a value: released.
-    assert_eq!((state(bob).inflight, state(bob).pending), (0, 0));
+    assert_eq!((state(bob).unacked, state(bob).pending), (0, 0));
 }
 
 #[test]
@@ -458,7 +458,7 @@ fn each_counter_goes_only_to_the_roots_of_its_shard() {
     assert_ne!(cursor(0), NO_QUOTAS);
     assert_eq!(cursor(2), NO_QUOTAS);
     let st = |name: &[u8]| t.quota(name, 2 * SEC).unwrap();
-    assert_eq!((st(b"a").inflight, st(b"b").inflight), (0, 0));
+    assert_eq!((st(b"a").unacked, st(b"b").unacked), (0, 0));
     assert_eq!(e.metrics().roots[2].group, 1);
 }
 
@@ -493,7 +493,7 @@ fn a_group_down_leaves_its_shard_per_host_and_the_other_fleet_wide() {
     // Shard 0: the fleet's level. Shard 1: this host's weight folded
     // locally, nothing left in flight.
     assert_eq!(st(b"a").level, 58.0);
-    assert_eq!(st(b"b").inflight, 0);
+    assert_eq!(st(b"b").unacked, 0);
     assert!(st(b"b").level > 0.0 && st(b"b").level <= 8.0);
     // Group 1 comes back: its shard is fleet-wide again.
     let now = 5 * SEC;
@@ -705,14 +705,14 @@ fn a_resend_that_leaked_to_nothing_still_clears_in_flight_weight() {
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
     t.gate().check(b"q", 40, 0);
     cycle(&mut e, &t, SEC, |_| vec![]);
-    assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 40);
+    assert_eq!(t.quota(b"q", SEC).unwrap().unacked, 40);
     // One interval later the 40 (1000/s) are long gone: nothing to
     // send, but the root's answer covers them.
     let out = cycle(&mut e, &t, 2 * SEC, |_| vec![quiet_page(2 * SEC)]);
     assert!(out[0].request.deltas.is_empty());
     assert_eq!(out[0].owed[&CounterKey::named(1)].weight, 40);
     let st = t.quota(b"q", 2 * SEC).unwrap();
-    assert_eq!((st.pending, st.inflight), (0, 0));
+    assert_eq!((st.pending, st.unacked), (0, 0));
 }
 
 #[test]

@@ -6,13 +6,13 @@
 //! (every interval, plus up to 10% random jitter so hosts do not sync in
 //! lockstep):
 //!
-//! 1. collect the changed local deltas (`pending → inflight`, atomically);
+//! 1. collect the changed local deltas (`pending → unacked`, atomically);
 //! 2. send every root that is neither backing off nor still busy with an
 //!    earlier exchange what it is owed, all at once, each request with a
 //!    timeout below the interval;
 //! 3. apply each reply as it arrives: quotas by epoch, counters by max (in
 //!    local time, through the root's clock offset); the first reply that
-//!    includes a delta takes it off `inflight`;
+//!    includes a delta takes it off `unacked`;
 //! 4. roots that failed keep what they are owed (bounded, leaking at the
 //!    quota's limit) and are retried with capped backoff, or every cycle
 //!    while no root is up. The next cycle starts on time whatever is still
@@ -353,7 +353,7 @@ pub fn window_spread(limiter_id: &str) -> Nanos {
     })
 }
 
-/// Key buckets the upkeep sweep ([`Table::maintain_keys`]) looks at each
+/// Key buckets the upkeep sweep ([`crate::table::Books::maintain_keys`]) looks at each
 /// time it runs, every `every` nanoseconds: the whole key section about
 /// once an hour.
 pub fn key_sweep_budget(table: &Table, every: Nanos) -> usize {

@@ -112,7 +112,7 @@ fn a_return_reaches_every_host_through_every_root() {
         assert_eq!(root.level(1, 2 * SEC), Some(19.0));
     }
     let st = a.quota(b"q", 2 * SEC).unwrap();
-    assert_eq!((st.level, st.pending, st.inflight), (19.0, 0, 0));
+    assert_eq!((st.level, st.pending, st.unacked), (19.0, 0, 0));
     // b learns it from the same roots whose higher value it holds: their
     // later, lower value replaces it.
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
@@ -158,7 +158,7 @@ fn a_root_that_predates_returns_keeps_the_units_and_the_host_stays_strict() {
     // is left in flight to make it look lower.
     assert_eq!(roots[0].level(1, 2 * SEC), Some(49.0));
     let st = a.quota(b"q", 2 * SEC).unwrap();
-    assert_eq!((st.level, st.pending, st.inflight), (49.0, 0, 0));
+    assert_eq!((st.level, st.pending, st.unacked), (49.0, 0, 0));
 }
 
 #[test]
@@ -232,7 +232,7 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
     let known = |t: &Table, now| {
         let keys = t.keys(None, now);
         let k = keys.iter().find(|k| k.hash == hash).copied().unwrap();
-        (k.level, k.pending, k.inflight)
+        (k.level, k.pending, k.unacked)
     };
     assert_eq!(known(&b, SEC).0, 51.0);
     assert_eq!(a.gate().give_back(&alice, 30, 0, 2 * SEC, false), 30);
@@ -244,12 +244,12 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
     // 51 leaked for a second, less 30, at both hosts (b's estimate may add
     // its measured fill rate on top; never the 30 back).
-    let (level_b, pending_b, inflight_b) = known(&b, 2 * SEC);
+    let (level_b, pending_b, unacked_b) = known(&b, 2 * SEC);
     assert!((20.0..21.5).contains(&level_b), "{level_b}");
-    assert_eq!((pending_b, inflight_b), (0, 0));
-    let (level_a, pending_a, inflight_a) = known(&a, 2 * SEC);
+    assert_eq!((pending_b, unacked_b), (0, 0));
+    let (level_a, pending_a, unacked_a) = known(&a, 2 * SEC);
     assert!((20.0..21.5).contains(&level_a), "{level_a}");
-    assert_eq!((pending_a, inflight_a), (0, 0));
+    assert_eq!((pending_a, unacked_a), (0, 0));
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::table::Table;
 /// Publishes `m` in `table` for every process sharing it (the first
 /// [`STATUS_ROOTS`] roots).
 pub fn publish(table: &Table, m: &SyncMetrics) {
-    table.write_status(|st| {
+    table.books().write_status(|st| {
         st.cycles.store(m.cycles, Relaxed);
         let groups = m
             .groups_down
@@ -57,7 +57,7 @@ pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoo
         return;
     }
     let hash = url_hash(url);
-    table.write_status(|st| {
+    table.books().write_status(|st| {
         for (i, r) in st.root.iter().enumerate() {
             if i == index {
                 r.url_hash.store(hash, Relaxed);

@@ -165,9 +165,9 @@ fn held_here_is_the_slots_this_host_holds_whatever_was_collected_or_handed_back(
         (out[0].returned, t.books().held_here(b"uploads")),
         (1, Some(2))
     );
-    // A stopping sync thread hands what it had in flight back to pending;
+    // A stopping sync thread hands what it had unacked back to pending;
     // a new slot is not collected yet.
-    t.books().requeue_inflight(out[0].slot, 1, 0, -1);
+    t.books().requeue_unacked(out[0].slot, 1, 0, -1);
     t.gate().acquire(&named(b"uploads"), 2 * SEC, false, never);
     assert_eq!(t.books().held_here(b"uploads"), Some(3));
     // Folded locally (every root down), it stays held.
@@ -250,6 +250,42 @@ fn a_roots_reply_after_a_fold_replaces_an_in_flight_level_lower_or_not() {
     // value is max-merged again.
     assert!(t.books().merge_counter(slot, 1, 0, at(1.0, 4 * SEC), 0, 3));
     assert_eq!(t.quota(b"uploads", 4 * SEC).unwrap().level, 2.0);
+}
+
+#[test]
+fn a_roots_reply_after_a_fold_replaces_a_keys_in_flight_level_as_a_named_ones() {
+    // The same rule as the named quota's above, for a key of an in-flight
+    // per-key template: one merge, one "same root" rule (books/merge.rs).
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books().apply_quotas(&[uploads(10.0).keyed()]);
+    let slot = t.gate().lookup(b"uploads").unwrap();
+    let alice = CheckItem {
+        key: Some(b"alice"),
+        ..named(b"uploads")
+    };
+    let hash = t.key_secret().hash(b"alice");
+    let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
+    let level = |now: Nanos| t.keys(Some(slot), now)[0].level;
+    // The key needs an entry before a root's value can land in it.
+    let (r, held) = t.gate().acquire(&alice, SEC, false, never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    t.gate().release(&alice, held.unwrap(), SEC);
+    assert!(t.books().merge_counter(slot, 1, hash, at(6.0, SEC), 0, 1));
+    // Every root down: this host's slot is folded in over the 6 it knew.
+    t.gate().acquire(&alice, 2 * SEC, false, never);
+    t.books().fold_local(3 * SEC);
+    assert_eq!(level(3 * SEC), 7.0);
+    // Back, another root says 2: taken, not max-merged (a key's in-flight
+    // level does not leak either, so it would never come down).
+    assert!(t
+        .books()
+        .merge_counter(slot, 1, hash, at(2.0, 4 * SEC), 0, 2));
+    assert_eq!(level(4 * SEC), 2.0);
+    // From then on it is that root's level.
+    assert!(t
+        .books()
+        .merge_counter(slot, 1, hash, at(1.0, 4 * SEC), 0, 3));
+    assert_eq!(level(4 * SEC), 2.0);
 }
 
 #[test]

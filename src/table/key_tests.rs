@@ -139,7 +139,7 @@ fn the_raw_key_is_never_stored_only_its_hash() {
     let token = b"secret-token-3f9a1c77e2b44d0c";
     check_key(&t, token, 1, 0);
     // SAFETY: the heap table's region is `region_len` readable bytes.
-    let region = unsafe { std::slice::from_raw_parts(t.base(), t.region_len()) };
+    let region = unsafe { std::slice::from_raw_parts(t.region().base(), t.region_len()) };
     assert!(!region.windows(token.len()).any(|w| w == token));
     let hash = hash(&t, token).to_le_bytes();
     assert!(region.windows(8).any(|w| w == hash));
@@ -176,18 +176,18 @@ fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
     });
     assert!(t.books().merge_counter(slot, 2, alice, value, 3, 0));
     let state = |k: u64| *t.keys(None, SEC / 10).iter().find(|s| s.hash == k).unwrap();
-    assert_eq!((state(alice).level, state(alice).inflight), (4.0, 0));
+    assert_eq!((state(alice).level, state(alice).unacked), (4.0, 0));
     // A key this host never saw is not tracked here.
     assert!(!t.books().merge_counter(slot, 2, 12345, value, 0, 0));
     // A release and a requeue act on the right key only.
     let bob = hash(&t, b"bob");
-    t.books().requeue_inflight(slot, 2, bob, 1);
-    assert_eq!((state(bob).pending, state(bob).inflight), (1, 0));
+    t.books().requeue_unacked(slot, 2, bob, 1);
+    assert_eq!((state(bob).pending, state(bob).unacked), (1, 0));
     let mut out = Vec::new();
     t.books().collect_deltas(&mut out);
     assert_eq!(out.len(), 1);
-    t.books().release_inflight(slot, 2, bob, 1);
-    assert_eq!(state(bob).inflight, 0);
+    t.books().release_unacked(slot, 2, bob, 1);
+    assert_eq!(state(bob).unacked, 0);
 }
 
 #[test]
@@ -476,8 +476,10 @@ fn daily_check(t: &Table, key: u64, weight: u64) -> ManyOutcome {
 fn count_of(t: &Table, key: u64) -> Option<f64> {
     let slot = t.gate().lookup(b"daily")?;
     let hash = t.key_secret().hash(&key.to_le_bytes());
-    let at = KeyEntries::of(&t).find_key(slot, hash)?;
-    KeyEntries::of(&t).find_key(slot, hash).map(|_| at)?;
+    let at = KeyEntries::of(t.region()).find_key(slot, hash)?;
+    KeyEntries::of(t.region())
+        .find_key(slot, hash)
+        .map(|_| at)?;
     let state = t
         .keys(Some(slot), SEC)
         .into_iter()
@@ -490,9 +492,9 @@ fn count_of(t: &Table, key: u64) -> Option<f64> {
 enum KeyOp {
     /// A check of key `n` (of the run's keys) with a weight.
     Check(u64, u64),
-    /// A sync collection (pending to in flight).
+    /// A sync collection (pending to unacked).
     Collect,
-    /// Standalone folding (pending and in flight into the level).
+    /// Standalone folding (pending and unacked into the level).
     Fold,
 }
 
@@ -625,13 +627,14 @@ fn a_busy_key_lock_is_told_apart_from_a_full_section() {
         assert!(!leaky_check(&t, key, now).overflow);
     }
     let full = |b: usize| {
-        t.key_buckets()[b].ways.iter().all(|e| {
+        t.region().key_buckets()[b].ways.iter().all(|e| {
             let h = e.hash.load(std::sync::atomic::Ordering::Acquire);
-            h != 0 && h != layout::KEY_CLAIMED && !KeyEntries::of(&t).key_drained(e, now)
+            h != 0 && h != layout::KEY_CLAIMED && !KeyEntries::of(t.region()).key_drained(e, now)
         })
     };
-    let buckets_of =
-        |key: u64| KeyEntries::of(&t).buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()));
+    let buckets_of = |key: u64| {
+        KeyEntries::of(t.region()).buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()))
+    };
     let stuck = (half..u64::MAX)
         .find(|&k| {
             let (b1, b2) = buckets_of(k);
@@ -647,7 +650,7 @@ fn a_busy_key_lock_is_told_apart_from_a_full_section() {
     let mut pressure = crate::sync::KeyPressure::default();
     assert_eq!(pressure.check(&t), None);
     {
-        let _held = KeyMoves::of(&t).key_lock();
+        let _held = KeyMoves::of(t.region()).key_lock();
         assert!(!leaky_check(&t, roomy, now).overflow);
         let r = leaky_check(&t, stuck, now);
         assert!(r.overflow, "{r:?}");
@@ -689,10 +692,13 @@ fn leaky_check(t: &Table, key: u64, now: Nanos) -> ManyOutcome {
 /// Entries whose count still matters at `now` (not equal to no entry).
 fn entries_holding_weight(t: &Table, now: Nanos) -> u64 {
     let mut held = 0;
-    for bucket in t.key_buckets() {
+    for bucket in t.region().key_buckets() {
         for e in &bucket.ways {
             let hash = e.hash.load(std::sync::atomic::Ordering::Acquire);
-            if hash != 0 && hash != layout::KEY_CLAIMED && !KeyEntries::of(&t).key_drained(e, now) {
+            if hash != 0
+                && hash != layout::KEY_CLAIMED
+                && !KeyEntries::of(t.region()).key_drained(e, now)
+            {
                 held += 1;
             }
         }

@@ -2,91 +2,61 @@
 //!
 //! The region is fixed-size and holds no pointers (see [`layout`]), so the
 //! same bytes work as an nginx shared memory zone mapped into every worker
-//! or as a heap block behind the C ABI. Concurrency:
+//! or as a heap block behind the C ABI. A [`Table`] owns (or attaches to)
+//! the region and shows it through two faces:
 //!
-//! - **Checks** ([`Table::check`]) take no lock. They find the slot through
-//!   the index, read each quota of the chain under its seqlock (retrying a
-//!   bounded number of times, then failing open), decide (a plain check
-//!   with [`crate::core::check_chain`], a partial grant with
-//!   [`crate::core::grantable`], a paced one with
-//!   [`crate::core::reserve_wait`]), and on pass add the weight to each
-//!   slot's `pending` with one atomic add. A key of a per-key quota is
-//!   found (or placed) in the key section the same way, without a lock;
-//!   only a new key whose two buckets are full takes the key lock, for
-//!   the moves that make room (see `keys.rs`).
-//! - **Writers** (applying quotas, merging counters, collecting deltas)
-//!   hold the region's writer lock, a spin lock naming its holder's process
-//!   id so a lock left by a crashed process is taken over. Writers never do
-//!   IO while holding it.
-//! - **Deltas** move `pending → inflight` when collected and leave
-//!   `inflight` when a root's reply includes them; each move is an atomic
-//!   add/sub pair ordered so a concurrent check may briefly count a weight
-//!   twice (rejecting a little early) but never miss it, and no increment
-//!   is ever lost.
+//! - **the request face**, [`Gate`] (`table.gate()`): what nginx, the C
+//!   ABI, the simulator and any other caller on the request path may ask
+//!   (checks, partial grants, pacing, charges and their settling, weight
+//!   given back, in-flight slots). Checks take no lock: they find the
+//!   slot through this process's name hints or the index, read each
+//!   quota of the chain under its seqlock (retrying a bounded number of
+//!   times, then failing open), decide (with [`crate::core::check_chain`],
+//!   [`crate::core::grantable`] or [`crate::core::reserve_wait`]), and on
+//!   a pass add the weight to each counter's `pending` with one atomic
+//!   add. A key of a per-key quota is found (or placed) in the key section
+//!   the same way; only a new key whose two buckets are full takes the key
+//!   lock, for the moves that make room, with a bounded wait.
+//! - **the sync face**, [`Books`] (`table.books()`): what the sync thread
+//!   asks (deltas collected, the roots' values merged, local folds, quota
+//!   sets, overrides and penalties applied, held slots and their lease,
+//!   adoption of another table). Writers hold the region's writer lock, a
+//!   spin lock naming its holder's process id so a lock left by a crashed
+//!   process is taken over, and never do IO while holding it. Deltas move
+//!   `pending → unacked` when collected and leave `unacked` when a root's
+//!   reply includes them; each move is an atomic add/sub pair ordered so a
+//!   concurrent check may briefly count a weight twice (rejecting a little
+//!   early) but never miss it, and no increment is ever lost.
+//!
+//! [`Table`] itself keeps what is neither: construction, settings (key
+//! secret, overflow mode, estimator, UTC offset) and read-only listings
+//! for metrics and consoles.
 //!
 //! # Layout
 //!
-//! Every file is one concern; all of them are `impl Table` blocks reaching
-//! the same private region accessors defined here.
+//! Three folders, each a floor: `region/` at the bottom, the two faces on
+//! it, and this file on top. A file uses only files below it; a call into
+//! another file's concern goes through that file's view (a small `Copy`
+//! handle on the region), which the caller imports, so the imports show
+//! every dependency.
 //!
-//! - `mod.rs` — [`Table`], its constructors, the region accessors (header,
-//!   status block, index, slots, arena) and table-wide numbers.
-//! - `layout.rs` — the region's format: header, status block, slot and
-//!   index entry layouts, geometry.
-//! - `names.rs` — the name hash, the fingerprint the name hints key on,
-//!   and the name arena's words.
-//! - `chain.rs` — what a check reads: the name lookup through the index
-//!   (and the per-process hints that usually skip it), a quota's view
-//!   under its seqlock (with a key's counter in place of its template's),
-//!   its ancestors.
-//! - `outcome.rs` — what a check is given and answers (items, options,
-//!   outcome, rejection, headroom, the charge of a pass), shared by the
-//!   files below without their importing each other.
-//! - `check.rs` — the request path's decisions: the decide-and-count path
-//!   of plain and paced checks (one or several items) and counting a pass.
-//! - `fast.rs` — the keyed fast path: a single keyed check of a template
-//!   without parent, window or tiers, whose key has an entry and is far
-//!   from its limit, decided and counted without a chain; it declines
-//!   (counting nothing) whatever else, to `check.rs`.
-//! - `grants.rs` — the one-item paths beside it: partial grants,
-//!   reservations, weight given back (a held request whose client
-//!   left), and charges after the response (counted whatever the level:
-//!   a debt) with the settling of an estimate.
-//! - `in_flight.rs` — in-flight quotas on the request path: a slot taken
-//!   (a check of weight 1) and given back (a return of 1).
-//! - `held.rs` — what this host holds of its in-flight quotas (its own
-//!   net slots, kept in the region across sync threads), and the local
-//!   lease that limits by them alone once every root has been silent
-//!   for the in-flight lease.
-//! - `write.rs` — applying quotas by epoch, re-linking parents, slot,
-//!   name and index allocation.
-//! - `counters.rs` — collecting deltas, merging cluster values, folding
-//!   locally, in-flight weight, claiming the sync of a dead owner.
-//! - `keys.rs` — the counters of per-key quotas and their guarantees:
-//!   two candidate buckets a key (cuckoo placement), entries made on first
-//!   use and reused only once equal to no entry, the overflow modes of a
-//!   full section, counting on a key.
-//! - `key_moves.rs` — the key lock, and making room for a new key by
-//!   moving entries to their other bucket.
-//! - `key_sync.rs` — keys outside the request path: the dirty ring a sync
-//!   drains, collecting, merging, folding, in-flight weight, the upkeep
-//!   sweep, deleted templates, adopting another table's keys.
-//! - `tiers.rs` — tiers per key: overrides of a per-key template for
-//!   one key (other numbers, allow, deny) and penalties, in the tier
-//!   section behind a filter and a mark in each key's entry; applied to
-//!   a check's chain, started by a rejection at the high burst, merged
-//!   from the roots.
-//! - `snapshot.rs` — reading the table whole (listings, metrics, the id
-//!   map) and adopting another table's contents.
-//! - `status.rs` — the sync status block every process sharing the region
-//!   reads.
-//! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
-//! - `heap.rs` — the anonymous mapping behind a heap table.
+//! - `region/` — the region core: its memory and sections, format and
+//!   geometry, names, locks, the status block, slot reads, the name
+//!   index, the key section (entries, placement, moves), the tier
+//!   section, whole-table listings. Its files are listed in its module
+//!   doc.
+//! - `gate/` — the request face ([`Gate`]) and the files it hands calls
+//!   to; listed in its module doc.
+//! - `books/` — the sync face ([`Books`]) and the files it hands calls to;
+//!   listed in its module doc.
 //! - `file.rs` — quota files applied to a table (authoritative or seeds).
+//! - `mod.rs` — [`Table`]: construction, the two faces, settings and
+//!   listings.
 //! - `tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
-//!   `in_flight_tests.rs` — unit tests by subject: named quotas, per-key
-//!   quotas, window quotas with partial grants and reservations, overrides
-//!   and penalties, in-flight slots.
+//!   `in_flight_tests.rs`, `fast_tests.rs` — unit tests by subject: named
+//!   quotas, per-key quotas, window quotas with partial grants and
+//!   reservations, overrides and penalties, in-flight slots, the keyed
+//!   fast path against the general one.
 
 pub mod books;
 #[cfg(test)]
@@ -125,13 +95,6 @@ pub struct Table {
     local: Local,
 }
 
-impl std::ops::Deref for Table {
-    type Target = Region;
-    fn deref(&self) -> &Region {
-        &self.region
-    }
-}
-
 impl std::fmt::Debug for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Table")
@@ -154,13 +117,13 @@ impl Table {
         Self::new_heap_with_keys(capacity, avg_name_bytes, 0)
     }
 
-    /// [`Table::new_heap`] with room for `keys` keys of per-key quotas
+    /// [`crate::table::Table::new_heap`] with room for `keys` keys of per-key quotas
     /// (see `keys.rs`; 0: per-key quotas pass uncounted).
     pub fn new_heap_with_keys(capacity: u32, avg_name_bytes: usize, keys: u64) -> Table {
         Self::new_heap_with(capacity, avg_name_bytes, keys, 0)
     }
 
-    /// [`Table::new_heap_with_keys`] with room for `tiers` overrides and
+    /// [`crate::table::Table::new_heap_with_keys`] with room for `tiers` overrides and
     /// penalties (see `tiers.rs`; 0: none are held).
     pub fn new_heap_with(capacity: u32, avg_name_bytes: usize, keys: u64, tiers: u64) -> Table {
         let geometry = Geometry::new(capacity, avg_name_bytes)
@@ -220,6 +183,12 @@ impl Table {
     #[inline(always)]
     pub fn books(&self) -> Books<'_> {
         Books::of(&self.region)
+    }
+
+    /// The region, for the table's own tests that read its sections.
+    #[cfg(test)]
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
     }
 
     /// The request face: checks, grants, charges, in-flight slots.
@@ -309,22 +278,11 @@ impl Table {
         self.region.estimator()
     }
 
-    /// Writes the status block: `write` stores into it while readers are
-    /// held off by the block's seqlock (and other writers by the writer
-    /// lock).
-    pub fn write_status(&self, write: impl FnOnce(&layout::SyncStatus)) {
-        self.region.write_status(write)
-    }
-
     /// Reads the status block consistently: `read` runs until it ran while
     /// no write was under way (`None` if that never happened within the
     /// retry bound). `read` must only load from the block.
     pub fn read_status<T>(&self, read: impl Fn(&layout::SyncStatus) -> T) -> Option<T> {
         self.region.read_status(read)
-    }
-    /// Every live quota id with its slot.
-    pub fn slot_ids(&self) -> std::collections::HashMap<u64, SlotId> {
-        Slots::of(&self.region).slot_ids()
     }
 
     /// The name of the quota in `slot`, copied into `out` (`None` if the
@@ -348,7 +306,7 @@ impl Table {
     }
 
     /// The secret keys are hashed with (the built-in one until
-    /// [`Table::set_key_secret`]).
+    /// [`crate::table::Table::set_key_secret`]).
     pub fn key_secret(&self) -> KeySecret {
         KeyEntries::of(&self.region).key_secret()
     }

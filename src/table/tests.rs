@@ -228,7 +228,7 @@ fn tombstones_delete_and_freed_slots_and_names_are_reused() {
     assert_eq!(t.len(), 3);
     // The freed slot's id field now holds a free-list link, which must
     // not pass for any quota id.
-    let ids = t.slot_ids();
+    let ids = t.books().slot_ids();
     assert_eq!(ids.len(), 3);
     assert!(!ids.values().any(|&s| s == q2));
     assert!(!t
@@ -463,7 +463,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
         }]
     );
     let st = t.quota(b"q", 0).unwrap();
-    assert_eq!((st.pending, st.inflight, st.level), (0, 10, 10.0));
+    assert_eq!((st.pending, st.unacked, st.level), (0, 10, 10.0));
     // The root saw our 10 plus 30 from others.
     assert!(t.books().merge_counter(
         0,
@@ -477,7 +477,7 @@ fn collected_deltas_stay_counted_until_a_merge_acknowledges_them() {
         0
     ));
     let st = t.quota(b"q", SEC).unwrap();
-    assert_eq!((st.inflight, st.level), (0, 40.0));
+    assert_eq!((st.unacked, st.level), (0, 40.0));
     assert!(st.fill_rate > 0.0);
     // A value for another id (the slot was reused) is refused.
     assert!(!t.books().merge_counter(
@@ -673,7 +673,7 @@ fn concurrent_checks_writes_and_collection_lose_no_increment() {
         collected.get(&1).copied().unwrap_or(0) + parent.pending as u64,
         admitted
     );
-    assert_eq!(hot.inflight as u64, collected.get(&2).copied().unwrap_or(0));
+    assert_eq!(hot.unacked as u64, collected.get(&2).copied().unwrap_or(0));
     assert_eq!(hot.passed + hot.rejected, hot.passed);
 }
 
@@ -815,7 +815,7 @@ fn a_table_adopts_another_tables_quotas_and_counters() {
     let child = new.quota(b"child", 0).unwrap();
     assert_eq!(child.quota.parent, Some(1));
     // The cluster level, plus the 2 units admitted since and not yet sent.
-    assert_eq!((child.level, child.pending, child.inflight), (32.0, 2, 0));
+    assert_eq!((child.level, child.pending, child.unacked), (32.0, 2, 0));
     assert_eq!(child.passed, 2);
     // The chain works in the new table: the parent has the 5 + 2 units
     // admitted through the child (5 were sent, none acknowledged).
@@ -872,11 +872,11 @@ fn a_dead_sync_owners_in_flight_weight_is_sent_again() {
         libc::waitpid(child, std::ptr::null_mut(), 0);
         child as u32
     };
-    t.header().sync_owner.store(dead, RLX);
+    t.region().header().sync_owner.store(dead, RLX);
     assert_eq!(t.books().claim_sync(), 7);
     let s = t.quota(b"q", 0).unwrap();
-    assert_eq!((s.pending, s.inflight), (7, 0));
-    assert_eq!(t.header().sync_owner.load(RLX), std::process::id());
+    assert_eq!((s.pending, s.unacked), (7, 0));
+    assert_eq!(t.region().header().sync_owner.load(RLX), std::process::id());
 }
 
 #[test]
@@ -888,12 +888,12 @@ fn requeued_weight_moves_from_in_flight_to_pending() {
     let mut collected = Vec::new();
     t.books().collect_deltas(&mut collected);
     let slot = collected[0].slot;
-    t.books().requeue_inflight(slot, 1, 0, 3);
+    t.books().requeue_unacked(slot, 1, 0, 3);
     let s = t.quota(b"q", 0).unwrap();
-    assert_eq!((s.pending, s.inflight), (3, 2));
+    assert_eq!((s.pending, s.unacked), (3, 2));
     // Another quota's id in that slot: nothing moves.
-    t.books().requeue_inflight(slot, 99, 0, 2);
-    assert_eq!(t.quota(b"q", 0).unwrap().inflight, 2);
+    t.books().requeue_unacked(slot, 99, 0, 2);
+    assert_eq!(t.quota(b"q", 0).unwrap().unacked, 2);
 }
 
 /// A plain check item of `name` with `weight`.
@@ -922,13 +922,13 @@ fn weight_given_back_before_it_is_sent_is_as_if_never_admitted_up_the_chain() {
     assert_eq!(t.quota(b"parent", 0).unwrap().pending, 3);
     // Syncing with roots, what was sent already is given back to them:
     // pending goes below zero, and the next collection makes it a return
-    // (in flight, down, until a root acknowledges it).
+    // (unacked, down, until a root acknowledges it).
     let mut out = Vec::new();
     t.books().collect_deltas(&mut out);
     assert_eq!(out.iter().map(|d| d.delta).sum::<u64>(), 6);
     assert_eq!(t.gate().give_back(&item(b"child", 8), 3, 0, 0, false), 3);
     let child = t.quota(b"child", 0).unwrap();
-    assert_eq!((child.pending, child.inflight), (-3, 3));
+    assert_eq!((child.pending, child.unacked), (-3, 3));
     out.clear();
     t.books().collect_deltas(&mut out);
     assert_eq!(out.len(), 2, "{out:?}");
@@ -937,13 +937,13 @@ fn weight_given_back_before_it_is_sent_is_as_if_never_admitted_up_the_chain() {
         "{out:?}"
     );
     let child = t.quota(b"child", 0).unwrap();
-    assert_eq!((child.pending, child.inflight), (0, 0));
+    assert_eq!((child.pending, child.unacked), (0, 0));
     // Acknowledged by a root (the net of the cycle: -3), and nothing is
-    // in flight.
+    // unacked.
     let slot = out[0].slot;
     let value = Tally::leaky(Level { level: 0.0, at: 0 });
     assert!(t.books().merge_counter(slot, out[0].id, 0, value, -3, 1));
-    assert_eq!(t.quota(b"child", 0).unwrap().inflight, 0);
+    assert_eq!(t.quota(b"child", 0).unwrap().unacked, 0);
 }
 
 #[test]

@@ -333,7 +333,10 @@ fn lookups_survive_any_mix_of_inserts_and_removals() {
         let found = t.tier(7, key).map(|r| r.limit);
         assert_eq!(found, model.get(&key).copied(), "key {key}");
         if model.contains_key(&key) {
-            assert!(TierSection::of(&t).tier_filter_holds(7, key), "key {key}");
+            assert!(
+                TierSection::of(t.region()).tier_filter_holds(7, key),
+                "key {key}"
+            );
         }
     }
     assert_eq!(t.tier_stats().live as usize, model.len());
@@ -429,8 +432,8 @@ fn denied(t: &Table, key: &[u8], now: Nanos) -> bool {
 
 /// Whether the entry of `key` carries the tier mark (`None`: no entry).
 fn marked(t: &Table, key: &[u8]) -> Option<bool> {
-    let at = KeyEntries::of(&t).find_key(0, t.key_secret().hash(key))?;
-    Some(KeyEntries::of(&t).key_marked_for_tiers(at))
+    let at = KeyEntries::of(t.region()).find_key(0, t.key_secret().hash(key))?;
+    Some(KeyEntries::of(t.region()).key_marked_for_tiers(at))
 }
 
 #[test]
@@ -467,10 +470,12 @@ fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_
     let t = flagged_table(64);
     let hash = t.key_secret().hash(b"racer");
     deny(&t, b"racer", 2);
-    let (b1, _) = KeyEntries::of(&t).buckets_of(0, hash);
-    let at = KeyEntries::of(&t).claim_in(b1, 0).expect("a free entry");
+    let (b1, _) = KeyEntries::of(t.region()).buckets_of(0, hash);
+    let at = KeyEntries::of(t.region())
+        .claim_in(b1, 0)
+        .expect("a free entry");
     crate::table::region::key_entries::init_entry(
-        KeyEntries::of(&t).key_at(at).unwrap(),
+        KeyEntries::of(t.region()).key_at(at).unwrap(),
         0,
         hash,
         0,
@@ -478,7 +483,7 @@ fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_
         false,
     );
     assert_eq!(
-        KeyEntries::of(&t).key_tiers(at, hash),
+        KeyEntries::of(t.region()).key_tiers(at, hash),
         crate::table::region::key_entries::KeyTiers::Unknown
     );
     assert!(denied(&t, b"racer", 0), "the filter answers meanwhile");
@@ -486,17 +491,17 @@ fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_
     // its mark, set or not.
     assert!(!denied(&t, b"plain", 0));
     let plain = t.key_secret().hash(b"plain");
-    let plain_at = KeyEntries::of(&t).find_key(0, plain).unwrap();
+    let plain_at = KeyEntries::of(t.region()).find_key(0, plain).unwrap();
     assert_eq!(
-        KeyEntries::of(&t).key_tiers(plain_at, plain),
+        KeyEntries::of(t.region()).key_tiers(plain_at, plain),
         crate::table::region::key_entries::KeyTiers::Clear
     );
     // The sweep settles an entry its maker left unsure (one holding
     // weight: a drained one it frees).
-    Keys::of(&t).count_key(at, 0, hash, 1);
+    Keys::of(t.region()).count_key(at, 0, hash, 1);
     t.books().maintain_keys(1 << 20, 0);
     assert_eq!(
-        KeyEntries::of(&t).key_tiers(at, hash),
+        KeyEntries::of(t.region()).key_tiers(at, hash),
         crate::table::region::key_entries::KeyTiers::Marked
     );
 }
@@ -558,11 +563,11 @@ fn a_penalty_started_or_merged_marks_the_key() {
     assert_eq!(check(&t, b"api_user", Some(b"merged"), 0), Outcome::Pass);
     let hash = t.key_secret().hash(b"merged");
     let slot = 1;
-    let at = KeyEntries::of(&t).find_key(slot, hash).unwrap();
-    assert!(!KeyEntries::of(&t).key_marked_for_tiers(at));
+    let at = KeyEntries::of(t.region()).find_key(slot, hash).unwrap();
+    assert!(!KeyEntries::of(t.region()).key_marked_for_tiers(at));
     t.books()
         .merge_penalties(&[Penalty(2, hash, 60 * SEC as i64)]);
-    assert!(KeyEntries::of(&t).key_marked_for_tiers(at));
+    assert!(KeyEntries::of(t.region()).key_marked_for_tiers(at));
     assert!(matches!(
         check(&t, b"api_user", Some(b"merged"), SEC),
         Outcome::Reject(Rejection {
@@ -573,8 +578,8 @@ fn a_penalty_started_or_merged_marks_the_key() {
     // Ended and swept: unmarked, and passes.
     t.books().sweep_tiers(120 * SEC as i64);
     t.books().maintain_keys(1 << 20, 120 * SEC);
-    if let Some(at) = KeyEntries::of(&t).find_key(slot, hash) {
-        assert!(!KeyEntries::of(&t).key_marked_for_tiers(at));
+    if let Some(at) = KeyEntries::of(t.region()).find_key(slot, hash) {
+        assert!(!KeyEntries::of(t.region()).key_marked_for_tiers(at));
     }
     assert_eq!(
         check(&t, b"api_user", Some(b"merged"), 120 * SEC),

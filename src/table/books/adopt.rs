@@ -24,7 +24,7 @@ impl Adopt<'_> {
     /// acknowledged by a root, which becomes pending here so it is sent
     /// again, and what the sync thread remembered of the roots (the
     /// status block's per-root instance words). Quotas that do not fit are refused as in
-    /// [`Table::apply_quotas`].
+    /// [`crate::table::Books::apply_quotas`].
     pub(in crate::table) fn adopt(&self, old: &Region, now: Nanos) -> ApplyReport {
         self.set_estimator(old.estimator());
         let states = Listing::of(old).quotas(0);
@@ -48,14 +48,14 @@ impl Adopt<'_> {
             set_slot_source(to, slot_source(from));
             drop(w);
             to.pending
-                .store(state.pending.wrapping_add(state.inflight) as u64, RLX);
-            // What was in flight is pending again here: held no longer
+                .store(state.pending.wrapping_add(state.unacked) as u64, RLX);
+            // What was unacked is pending again here: held no longer
             // counts it (see `held.rs`).
             Slots::of(self).set_held(
                 slot,
                 Slots::of(old)
                     .held_word(state.slot)
-                    .wrapping_sub(state.inflight),
+                    .wrapping_sub(state.unacked),
             );
             to.passed.store(state.passed, RLX);
             to.rejected.store(state.rejected, RLX);

@@ -3,9 +3,9 @@
 //! no root answers, in-flight weight released or handed back, and taking
 //! over the sync of a table whose previous owner died.
 //!
-//! A counter's `pending` and `inflight` words are signed (two's
+//! A counter's `pending` and `unacked` words are signed (two's
 //! complement in the `u64` atomic): weight admitted adds to `pending`,
-//! weight given back ([`Table::give_back`]) subtracts from it. While the
+//! weight given back ([`crate::table::Gate::give_back`]) subtracts from it. While the
 //! host syncs with roots, a give-back takes back only weight not sent yet
 //! (`pending` stays at or above zero); while it counts locally (no roots,
 //! or every root down) `pending` may go below zero and the next fold
@@ -24,9 +24,10 @@
 use crate::core::key::KeyHash;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::books::key_sync::KeySync;
+use crate::table::books::merge::merge;
 use crate::table::books::tally::{
-    fold_weight, folded_source, measure_rate, replaces, requeue, send_pending, set_slot_source,
-    settle_inflight, signed, slot_source, slot_tally, store_tally, CollectedDelta,
+    fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
+    slot_source, slot_tally, store_tally, CollectedDelta,
 };
 use crate::table::region::layout::{Source, FLAG_LIVE};
 use crate::table::region::lock::{own_pid, process_alive};
@@ -50,7 +51,7 @@ impl Counters<'_> {
         self.collect(out, None);
     }
 
-    /// [`Table::collect_deltas`], and in the same pass over the slots
+    /// [`crate::table::Books::collect_deltas`], and in the same pass over the slots
     /// `(quota id, checks rejected)` for every live quota that has rejected
     /// a check since the region was made (the counts the metrics show,
     /// never reset): the sync thread sends the roots what grew.
@@ -87,7 +88,7 @@ impl Counters<'_> {
             if net == 0 {
                 continue;
             }
-            send_pending(&s.pending, &s.inflight, net);
+            send_pending(&s.pending, &s.unacked, net);
             Slots::of(self).count_held(i, s, net);
             out.push(CollectedDelta::of(i, id, 0, net));
         }
@@ -143,21 +144,21 @@ impl Counters<'_> {
         }
         let counting = Slots::of(self).slot_counting(s);
         let (known, old_rate) = slot_tally(s);
-        let same_root = replaces(slot_source(s), source);
-        let (merged, taken) = counting.merge_reply(known, value, same_root);
-        if taken {
+        let horizon = self.estimator().horizon;
+        let m = merge(
+            &counting,
+            known,
+            slot_source(s),
+            old_rate,
+            value,
+            source,
+            acked,
+            horizon,
+        );
+        if m.taken {
             set_slot_source(s, source);
         }
-        // Measure over a span of at least half an interval (a quarter of
-        // the horizon): several roots answering one cycle milliseconds
-        // apart must not turn a few units into a huge rate.
-        let span = merged.at.saturating_sub(known.at);
-        let rate = if span >= self.estimator().horizon / 4 {
-            measure_rate(&counting, known, merged, acked as f64, old_rate)
-        } else {
-            old_rate
-        };
-        settle_inflight(&s.inflight, acked, || store_tally(s, merged, rate));
+        settle_unacked(&s.unacked, acked, || store_tally(s, m.tally, m.rate));
         true
     }
 
@@ -170,10 +171,10 @@ impl Counters<'_> {
                 continue;
             }
             let pending = s.pending.load(ACQ);
-            let inflight = s.inflight.load(ACQ);
+            let unacked = s.unacked.load(ACQ);
             let counting = Slots::of(self).slot_counting(s);
             let (known, rate) = slot_tally(s);
-            let weight = pending.wrapping_add(inflight) as i64;
+            let weight = pending.wrapping_add(unacked) as i64;
             // In flight was counted as held when it was collected.
             Slots::of(self).count_held(i, s, pending as i64);
             if weight != 0 {
@@ -183,18 +184,18 @@ impl Counters<'_> {
             }
             store_tally(s, fold_weight(&counting, known, weight, now), rate);
             s.pending.fetch_sub(pending, RLX);
-            s.inflight.fetch_sub(inflight, RLX);
+            s.unacked.fetch_sub(unacked, RLX);
         }
         KeySync::of(self).fold_keys(now);
     }
 
     /// Folds `amount` of one counter's in-flight weight into its own level
-    /// at `now`, as [`Table::fold_local`] does for every counter: the
+    /// at `now`, as [`crate::table::Books::fold_local`] does for every counter: the
     /// roots of this counter's group (shard) are all unreachable, so this
     /// host counts it alone while the other shards stay fleet-wide.
     /// Ignored if the slot holds another quota now (or the key has no
     /// entry here).
-    pub(in crate::table) fn fold_inflight(
+    pub(in crate::table) fn fold_unacked(
         &self,
         slot: SlotId,
         id: u64,
@@ -205,7 +206,7 @@ impl Counters<'_> {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            KeySync::of(self).fold_key_inflight(slot, id, key, amount, now);
+            KeySync::of(self).fold_key_unacked(slot, id, key, amount, now);
             return;
         }
         if s.quota_id() != Some(id) {
@@ -215,7 +216,7 @@ impl Counters<'_> {
         let (known, rate) = slot_tally(s);
         // Its own weight is in the level now: no root's value any more.
         set_slot_source(s, folded_source(s.flags.load(RLX)));
-        settle_inflight(&s.inflight, amount, || {
+        settle_unacked(&s.unacked, amount, || {
             store_tally(s, fold_weight(&counting, known, amount, now), rate)
         });
     }
@@ -223,13 +224,13 @@ impl Counters<'_> {
     /// Says whether this host counts locally now (no roots, or every root
     /// down: the sync thread folds weight into the levels itself), for
     /// every process sharing the region: weight given back then lowers the
-    /// levels ([`Table::give_back`]).
+    /// levels ([`crate::table::Gate::give_back`]).
     pub(in crate::table) fn set_counting_locally(&self, local: bool) {
         self.header().counting_locally.store(u32::from(local), REL);
     }
 
     /// True while this host counts locally (see
-    /// [`Table::set_counting_locally`]).
+    /// [`crate::table::Books::set_counting_locally`]).
     pub(in crate::table) fn counting_locally(&self) -> bool {
         self.header().counting_locally.load(ACQ) != 0
     }
@@ -264,7 +265,7 @@ impl Counters<'_> {
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
     /// know the quota). Ignored if the slot holds another quota now.
-    pub(in crate::table) fn release_inflight(
+    pub(in crate::table) fn release_unacked(
         &self,
         slot: SlotId,
         id: u64,
@@ -274,16 +275,16 @@ impl Counters<'_> {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            KeySync::of(self).settle_key_inflight(slot, id, key, amount, false);
+            KeySync::of(self).settle_key_unacked(slot, id, key, amount, false);
         } else if s.quota_id() == Some(id) {
-            settle_inflight(&s.inflight, amount, || {});
+            settle_unacked(&s.unacked, amount, || {});
         }
     }
 
     /// Puts `amount` of a slot's in-flight weight back into pending: a sync
     /// thread that stops with deltas no root acknowledged hands them to the
     /// next one. Ignored if the slot holds another quota now.
-    pub(in crate::table) fn requeue_inflight(
+    pub(in crate::table) fn requeue_unacked(
         &self,
         slot: SlotId,
         id: u64,
@@ -293,9 +294,9 @@ impl Counters<'_> {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            KeySync::of(self).settle_key_inflight(slot, id, key, amount, true);
+            KeySync::of(self).settle_key_unacked(slot, id, key, amount, true);
         } else if s.quota_id() == Some(id) {
-            let moved = requeue(&s.pending, &s.inflight, amount);
+            let moved = requeue(&s.pending, &s.unacked, amount);
             Slots::of(self).count_held(slot, s, -moved);
         }
     }
@@ -303,7 +304,7 @@ impl Counters<'_> {
     /// Makes this process the table's sync owner (a sync thread starts).
     /// When the previous owner's process is gone, it died mid-sync (a
     /// crashed nginx worker) and nobody will acknowledge the weight it had
-    /// in flight: all of it goes back to pending, to be sent again.
+    /// unacked: all of it goes back to pending, to be sent again.
     /// Returns the weight requeued (adds and returns alike).
     pub(in crate::table) fn claim_sync(&self) -> u64 {
         let me = own_pid();
@@ -314,9 +315,9 @@ impl Counters<'_> {
         let _guard = self.lock();
         let mut requeued = 0u64;
         for (i, s) in self.used_slots() {
-            let moved = signed(&s.inflight);
+            let moved = signed(&s.unacked);
             if moved != 0 {
-                let moved = requeue(&s.pending, &s.inflight, moved);
+                let moved = requeue(&s.pending, &s.unacked, moved);
                 Slots::of(self).count_held(i, s, -moved);
                 requeued = requeued.saturating_add(moved.unsigned_abs());
             }

@@ -83,7 +83,7 @@ impl Held<'_> {
     /// lease, so each of them has dropped this host's slots, and this
     /// host drops the other hosts' in turn. Sets every in-flight
     /// counter's level to this host's own slots (its held word; the
-    /// caller has folded what was in flight), so from now on it limits
+    /// caller has folded what was unacked), so from now on it limits
     /// against its own slots only, per host, as the other kinds do with
     /// every root down. The level is marked [`FOLDED`]: the next reply of
     /// any root replaces it. Only counters `shard` takes (with root

@@ -10,8 +10,9 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
+use super::merge::merge;
 use super::tally::{
-    self, fold_weight, measure_rate, send_pending, settle_inflight, CollectedDelta,
+    self, fold_weight, folded_source, send_pending, settle_unacked, CollectedDelta,
 };
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
@@ -111,8 +112,8 @@ impl KeySync<'_> {
         }
     }
 
-    /// Moves every queued key's pending weight to in flight and appends
-    /// what moved to `out` (see [`Table::collect_deltas`]).
+    /// Moves every queued key's pending weight to unacked and appends
+    /// what moved to `out` (see [`crate::table::Books::collect_deltas`]).
     pub(in crate::table) fn collect_keys(&self, out: &mut Vec<CollectedDelta>) {
         let slots = self.slots();
         let h = self.header();
@@ -138,13 +139,13 @@ impl KeySync<'_> {
             if net == 0 {
                 return;
             }
-            send_pending(&e.pending, &e.inflight, net);
+            send_pending(&e.pending, &e.unacked, net);
             out.push(CollectedDelta::of(slot, id, hash, net));
         });
     }
 
     /// Standalone: folds every queued key's pending weight into its level
-    /// at `now` (see [`Table::fold_local`]). The writer lock is held.
+    /// at `now` (see [`crate::table::Books::fold_local`]). The writer lock is held.
     pub(in crate::table) fn fold_keys(&self, now: Nanos) {
         self.drain_dirty(|_, e| {
             e.dirty.fetch_and(!DIRTY_QUEUED, SeqCst);
@@ -154,23 +155,26 @@ impl KeySync<'_> {
                 return;
             };
             let pending = e.pending.load(SeqCst);
-            let inflight = e.inflight.load(RLX);
+            let unacked = e.unacked.load(RLX);
             let known = key_tally(e, &counting, now);
-            let weight = pending.wrapping_add(inflight) as i64;
+            let weight = pending.wrapping_add(unacked) as i64;
             if weight != 0 {
                 // As for named counters: own weight folded in, the level is
-                // no longer only its root's.
-                set_key_source(e, 0);
+                // no longer only its root's (see `merge.rs`).
+                let flags = (e.template.load(RLX).checked_sub(1))
+                    .and_then(|t| self.slot(t))
+                    .map_or(0, |s| s.flags.load(RLX));
+                set_key_source(e, folded_source(flags));
             }
             store_key_tally(e, &counting, fold_weight(&counting, known, weight, now));
             e.pending.fetch_sub(pending, RLX);
-            e.inflight.fetch_sub(inflight, RLX);
+            e.unacked.fetch_sub(unacked, RLX);
         });
     }
 
     /// Merges a cluster value (in local time) from `source` into the key
     /// `hash` of the template in `slot` if the slot still holds template
-    /// `id` (see [`Table::merge_counter`]), takes `acked` off in flight and
+    /// `id` (see [`crate::table::Books::merge_counter`]), takes `acked` off unacked and
     /// updates the fill rate. False when this host has no entry for the
     /// key (it is not tracked here; nothing to do).
     pub(in crate::table) fn merge_key(
@@ -197,31 +201,37 @@ impl KeySync<'_> {
         };
         let counting = Slots::of(self).slot_counting(s);
         let known = key_tally(e, &counting, value.at);
-        let same_root = source != 0 && key_source(e) == source;
-        let (merged, taken) = counting.merge_reply(known, value, same_root);
-        if taken {
+        let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
+        let horizon = self.estimator().horizon;
+        let m = merge(
+            &counting,
+            known,
+            key_source(e),
+            old_rate,
+            value,
+            source,
+            acked,
+            horizon,
+        );
+        if m.taken {
             set_key_source(e, source);
         }
+        // A key's `fill` word holds one of two things (see `keeps_prev`):
+        // a sliding key's keeps its previous window's count, which the
+        // tally carries; an in-flight key's is not extrapolated (see
+        // `store_tally`).
         if s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
-            // Not extrapolated: see `store_tally` in counters.rs.
             e.fill.store(0, RLX);
         } else if !keeps_prev(&counting) {
-            let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
-            let span = merged.at.saturating_sub(known.at);
-            let rate = if span >= self.estimator().horizon / 4 {
-                measure_rate(&counting, known, merged, acked as f64, old_rate)
-            } else {
-                old_rate
-            };
-            e.fill.store((rate as f32).to_bits(), RLX);
+            e.fill.store((m.rate as f32).to_bits(), RLX);
         }
-        settle_inflight(&e.inflight, acked, || store_key_tally(e, &counting, merged));
+        settle_unacked(&e.unacked, acked, || store_key_tally(e, &counting, m.tally));
         true
     }
 
     /// Folds `amount` of a key's in-flight weight into its level at `now`
-    /// (see [`Table::fold_inflight`]), if its entry still holds it.
-    pub(in crate::table) fn fold_key_inflight(
+    /// (see [`crate::table::Books::fold_unacked`]), if its entry still holds it.
+    pub(in crate::table) fn fold_key_unacked(
         &self,
         slot: SlotId,
         id: u64,
@@ -242,16 +252,17 @@ impl KeySync<'_> {
         };
         let counting = Slots::of(self).slot_counting(s);
         let known = key_tally(e, &counting, now);
-        // Its own weight is in the level now: no root's value any more.
-        set_key_source(e, 0);
-        settle_inflight(&e.inflight, amount, || {
+        // Its own weight is in the level now: no root's value any more
+        // (see `merge.rs`).
+        set_key_source(e, folded_source(s.flags.load(RLX)));
+        settle_unacked(&e.unacked, amount, || {
             store_key_tally(e, &counting, fold_weight(&counting, known, amount, now))
         });
     }
 
     /// Takes (`requeue`: false) or hands back to pending (true) `amount`
     /// of a key's in-flight weight, if its entry still holds it.
-    pub(in crate::table) fn settle_key_inflight(
+    pub(in crate::table) fn settle_key_unacked(
         &self,
         slot: SlotId,
         id: u64,
@@ -270,24 +281,24 @@ impl KeySync<'_> {
             return;
         };
         if requeue {
-            tally::requeue(&e.pending, &e.inflight, amount);
+            tally::requeue(&e.pending, &e.unacked, amount);
             KeyEntries::of(self).mark_dirty(at, e);
         } else {
-            settle_inflight(&e.inflight, amount, || {});
+            settle_unacked(&e.unacked, amount, || {});
         }
     }
 
     /// Hands every key's in-flight weight back to pending (a dead sync
-    /// thread's, see [`Table::claim_sync`]); returns the weight moved.
+    /// thread's, see [`crate::table::Books::claim_sync`]); returns the weight moved.
     pub(in crate::table) fn requeue_all_keys(&self) -> u64 {
         let _keys = KeyMoves::of(self).key_lock();
         let mut moved = 0u64;
         for (b, bucket) in self.key_buckets().iter().enumerate() {
             for (way, e) in bucket.ways.iter().enumerate() {
-                let inflight = e.inflight.load(RLX) as i64;
-                if inflight != 0 {
-                    tally::requeue(&e.pending, &e.inflight, inflight);
-                    moved = moved.saturating_add(inflight.unsigned_abs());
+                let unacked = e.unacked.load(RLX) as i64;
+                if unacked != 0 {
+                    tally::requeue(&e.pending, &e.unacked, unacked);
+                    moved = moved.saturating_add(unacked.unsigned_abs());
                     KeyEntries::of(self).mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
                 }
             }
@@ -422,7 +433,7 @@ impl KeySync<'_> {
                 to.known.store(e.known.load(RLX), RLX);
                 to.fill.store(e.fill.load(RLX), RLX);
                 to.used.store(e.used.load(RLX), RLX);
-                let unsent = e.pending.load(RLX).wrapping_add(e.inflight.load(RLX));
+                let unsent = e.pending.load(RLX).wrapping_add(e.unacked.load(RLX));
                 if unsent != 0 {
                     to.pending.fetch_add(unsent, SeqCst);
                     KeyEntries::of(self).mark_dirty(at, to);
@@ -476,10 +487,10 @@ mod ring_tests {
     /// What `count_key` does up to the ring write, for a producer that is
     /// then descheduled: returns the position it reserved.
     fn stall_before_ring_write(t: &Table, at: KeyAt) -> u64 {
-        let e = KeyEntries::of(&t).key_at(at).unwrap();
+        let e = KeyEntries::of(t.region()).key_at(at).unwrap();
         e.pending.fetch_add(1, SeqCst);
         assert_eq!(e.dirty.fetch_or(DIRTY_QUEUED, SeqCst) & DIRTY_QUEUED, 0);
-        t.header().keys.ring.head.fetch_add(1, AcqRel)
+        t.region().header().keys.ring.head.fetch_add(1, AcqRel)
     }
 
     /// The race CI caught (`concurrent_keyed_checks_and_collection_lose_no_increment`):
@@ -493,16 +504,16 @@ mod ring_tests {
         let t = Table::new_heap_with_keys(16, 16, 256);
         t.books()
             .apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
-        let len = t.key_ring().len() as u64;
+        let len = t.region().key_ring().len() as u64;
         assert_eq!(len, 64);
         let slot = t.gate().lookup(b"k").unwrap();
         count(&t, b"late");
         count(&t, b"next");
         assert_eq!(collected(&t), 2);
-        let late = KeyEntries::of(&t)
+        let late = KeyEntries::of(t.region())
             .find_key(slot, t.key_secret().hash(b"late"))
             .unwrap();
-        let next = KeyEntries::of(&t)
+        let next = KeyEntries::of(t.region())
             .find_key(slot, t.key_secret().hash(b"next"))
             .unwrap();
 
@@ -514,27 +525,27 @@ mod ring_tests {
             total += collected(&t);
         }
         assert_eq!(total, 1, "the full scan collects the stalled weight");
-        assert_eq!(t.header().keys.ring.tail.load(ACQ), p + 1);
+        assert_eq!(t.region().header().keys.ring.tail.load(ACQ), p + 1);
 
         // A lap of other entries through the ring.
-        while t.header().keys.ring.head.load(ACQ) < p + len {
+        while t.region().header().keys.ring.head.load(ACQ) < p + len {
             count(&t, b"busy");
             assert_eq!(collected(&t), 1);
         }
         // The late write lands; another producer reserves the same cell
         // and stalls before writing; a collection runs in between.
-        t.key_ring()[(p % len) as usize].store(ring_cell(p, late), REL);
+        t.region().key_ring()[(p % len) as usize].store(ring_cell(p, late), REL);
         let q = stall_before_ring_write(&t, next);
         assert_eq!(q, p + len);
         assert_eq!(collected(&t), 0);
-        t.key_ring()[(q % len) as usize].store(ring_cell(q, next), REL);
+        t.region().key_ring()[(q % len) as usize].store(ring_cell(q, next), REL);
         assert_eq!(
             collected(&t),
             1,
             "the second producer's weight is collected"
         );
         assert_eq!(
-            KeyEntries::of(&t)
+            KeyEntries::of(t.region())
                 .key_at(next)
                 .unwrap()
                 .pending
@@ -562,11 +573,11 @@ mod ring_tests {
             count(&t, k);
         }
         let fresh_hash = secret.hash(b"fresh");
-        let fresh = Keys::of(&t).use_key(slot, fresh_hash, 0).unwrap();
+        let fresh = Keys::of(t.region()).use_key(slot, fresh_hash, 0).unwrap();
         // A newcomer claims the fresh entry (drained: the only one) ...
-        assert_eq!(KeyEntries::of(&t).claim_in(0, 0), Some(fresh));
+        assert_eq!(KeyEntries::of(t.region()).claim_in(0, 0), Some(fresh));
         // ... the check that made it counts now ...
-        Keys::of(&t).count_key(fresh, slot, fresh_hash, 5);
+        Keys::of(t.region()).count_key(fresh, slot, fresh_hash, 5);
         // ... a collection runs before the newcomer's entry is made ...
         let mut out = Vec::new();
         t.books().collect_deltas(&mut out);
@@ -574,7 +585,7 @@ mod ring_tests {
         assert!(out.iter().any(|d| (d.key, d.delta) == (0, 5)), "{out:?}");
         let newcomer = secret.hash(b"newcomer");
         init_entry(
-            KeyEntries::of(&t).key_at(fresh).unwrap(),
+            KeyEntries::of(t.region()).key_at(fresh).unwrap(),
             slot,
             newcomer,
             0,
@@ -583,7 +594,10 @@ mod ring_tests {
         );
         // ... and nothing is left behind or collected twice.
         assert_eq!(collected(&t), 0);
-        assert_eq!(KeyEntries::of(&t).find_key(slot, newcomer), Some(fresh));
+        assert_eq!(
+            KeyEntries::of(t.region()).find_key(slot, newcomer),
+            Some(fresh)
+        );
         assert_eq!(t.key_stats().reclaimed, 1);
     }
 

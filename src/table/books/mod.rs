@@ -16,6 +16,8 @@
 //!   fill-rate measurement, the delta a collection hands out.
 //! - `held.rs` — what this host holds of its in-flight quotas, and the
 //!   local lease that limits by it once every root has been silent.
+//! - `merge.rs` — the one merge of a root's value into a counter, named
+//!   or a key's, and the "same root" rule.
 //! - `key_sync.rs` — keys outside the request path: the dirty ring a
 //!   collection drains, collecting, merging and folding keys, the upkeep
 //!   sweep, deleted templates, adopting another table's keys.
@@ -34,6 +36,7 @@ mod adopt;
 mod counters;
 mod held;
 mod key_sync;
+mod merge;
 pub(in crate::table) mod tally;
 mod tiers;
 mod write;
@@ -127,22 +130,22 @@ impl<'t> Books<'t> {
     /// host counts it alone while the other shards stay fleet-wide.
     /// Ignored if the slot holds another quota now (or the key has no
     /// entry here).
-    pub fn fold_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64, now: Nanos) {
-        Counters::of(self.region).fold_inflight(slot, id, key, amount, now)
+    pub fn fold_unacked(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64, now: Nanos) {
+        Counters::of(self.region).fold_unacked(slot, id, key, amount, now)
     }
 
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
     /// know the quota). Ignored if the slot holds another quota now.
-    pub fn release_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
-        Counters::of(self.region).release_inflight(slot, id, key, amount)
+    pub fn release_unacked(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
+        Counters::of(self.region).release_unacked(slot, id, key, amount)
     }
 
     /// Puts `amount` of a slot's in-flight weight back into pending: a sync
     /// thread that stops with deltas no root acknowledged hands them to the
     /// next one. Ignored if the slot holds another quota now.
-    pub fn requeue_inflight(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
-        Counters::of(self.region).requeue_inflight(slot, id, key, amount)
+    pub fn requeue_unacked(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
+        Counters::of(self.region).requeue_unacked(slot, id, key, amount)
     }
 
     /// Says whether this host counts locally now (no roots, or every root
@@ -175,7 +178,7 @@ impl<'t> Books<'t> {
     /// Makes this process the table's sync owner (a sync thread starts).
     /// When the previous owner's process is gone, it died mid-sync (a
     /// crashed nginx worker) and nobody will acknowledge the weight it had
-    /// in flight: all of it goes back to pending, to be sent again.
+    /// unacked: all of it goes back to pending, to be sent again.
     /// Returns the weight requeued (adds and returns alike).
     pub fn claim_sync(&self) -> u64 {
         Counters::of(self.region).claim_sync()
@@ -217,7 +220,7 @@ impl<'t> Books<'t> {
     /// lease, so each of them has dropped this host's slots, and this
     /// host drops the other hosts' in turn. Sets every in-flight
     /// counter's level to this host's own slots (its held word; the
-    /// caller has folded what was in flight), so from now on it limits
+    /// caller has folded what was unacked), so from now on it limits
     /// against its own slots only, per host, as the other kinds do with
     /// every root down. The level is marked [`FOLDED`]: the next reply of
     /// any root replaces it. Only counters `shard` takes (with root

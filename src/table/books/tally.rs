@@ -27,11 +27,11 @@ pub struct CollectedDelta {
     /// For a key of a per-key template (`slot` and `id` are the
     /// template's), the key's hash; 0 for a quota's own counter.
     pub key: KeyHash,
-    /// Weight moved from `pending` to `inflight`: admitted here since the
+    /// Weight moved from `pending` to `unacked`: admitted here since the
     /// last collection, net of what was given back meanwhile.
     pub delta: u64,
     /// Weight given back (a negative net change: more given back than
-    /// admitted since the last collection), moved out of `inflight` the
+    /// admitted since the last collection), moved out of `unacked` the
     /// same way; at most one of `delta` and `returned` is not 0.
     pub returned: u64,
 }
@@ -54,29 +54,29 @@ pub(in crate::table) fn signed(word: &AtomicU64) -> i64 {
     word.load(ACQ) as i64
 }
 
-/// Moves `net` of a counter's unsent weight from `pending` to `inflight`:
-/// an add reaches in flight before it leaves pending (a check in between
-/// sees it twice), a return leaves pending before it reaches in flight (a
+/// Moves `net` of a counter's unsent weight from `pending` to `unacked`:
+/// an add reaches unacked before it leaves pending (a check in between
+/// sees it twice), a return leaves pending before it reaches unacked (a
 /// check in between does not see it yet). Wrapping arithmetic on the
 /// two's complement words.
-pub(in crate::table) fn send_pending(pending: &AtomicU64, inflight: &AtomicU64, net: i64) {
+pub(in crate::table) fn send_pending(pending: &AtomicU64, unacked: &AtomicU64, net: i64) {
     if net > 0 {
-        inflight.fetch_add(net as u64, RLX);
+        unacked.fetch_add(net as u64, RLX);
         pending.fetch_sub(net as u64, RLX);
     } else {
         pending.fetch_sub(net as u64, RLX);
-        inflight.fetch_add(net as u64, RLX);
+        unacked.fetch_add(net as u64, RLX);
     }
 }
 
-/// Takes `acked` (signed) off a counter's in flight around `store`, which
+/// Takes `acked` (signed) off a counter's unacked around `store`, which
 /// writes the cluster value that includes it: an add leaves after the
 /// store, a return before it, so a check in between errs strict. A take
-/// of the same sign as what is in flight stops at zero (a stale
+/// of the same sign as what is unacked stops at zero (a stale
 /// acknowledgement cannot turn in-flight weight around); of the other
-/// sign, both an add and a return are in flight, and it is exact.
-pub(in crate::table) fn settle_inflight(inflight: &AtomicU64, acked: i64, store: impl FnOnce()) {
-    let now = inflight.load(RLX) as i64;
+/// sign, both an add and a return are unacked, and it is exact.
+pub(in crate::table) fn settle_unacked(unacked: &AtomicU64, acked: i64, store: impl FnOnce()) {
+    let now = unacked.load(RLX) as i64;
     let take = if acked > 0 && now >= 0 {
         acked.min(now)
     } else if acked < 0 && now <= 0 {
@@ -85,11 +85,11 @@ pub(in crate::table) fn settle_inflight(inflight: &AtomicU64, acked: i64, store:
         acked
     };
     if take < 0 {
-        inflight.fetch_sub(take as u64, RLX);
+        unacked.fetch_sub(take as u64, RLX);
         store();
     } else {
         store();
-        inflight.fetch_sub(take as u64, RLX);
+        unacked.fetch_sub(take as u64, RLX);
     }
 }
 
@@ -112,11 +112,11 @@ pub(in crate::table) fn fold_weight(
 }
 
 /// Hands `amount` (signed) of in-flight weight back to pending, to be sent
-/// again: an add reaches pending first, a return leaves in flight first
+/// again: an add reaches pending first, a return leaves unacked first
 /// (a check in between errs strict). Stops at zero when `amount` has the
-/// sign of what is in flight. Returns what moved.
-pub(in crate::table) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amount: i64) -> i64 {
-    let now = inflight.load(RLX) as i64;
+/// sign of what is unacked. Returns what moved.
+pub(in crate::table) fn requeue(pending: &AtomicU64, unacked: &AtomicU64, amount: i64) -> i64 {
+    let now = unacked.load(RLX) as i64;
     let moved = if amount > 0 && now >= 0 {
         amount.min(now)
     } else if amount < 0 && now <= 0 {
@@ -126,9 +126,9 @@ pub(in crate::table) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amoun
     };
     if moved > 0 {
         pending.fetch_add(moved as u64, RLX);
-        inflight.fetch_sub(moved as u64, RLX);
+        unacked.fetch_sub(moved as u64, RLX);
     } else {
-        inflight.fetch_sub(moved as u64, RLX);
+        unacked.fetch_sub(moved as u64, RLX);
         pending.fetch_add(moved as u64, RLX);
     }
     moved
@@ -137,13 +137,6 @@ pub(in crate::table) fn requeue(pending: &AtomicU64, inflight: &AtomicU64, amoun
 /// The [`Source`] of a slot's known level.
 pub(in crate::table) fn slot_source(s: &Slot) -> Source {
     ((s.flags.load(RLX) & FLAG_SOURCE_MASK) >> FLAG_SOURCE_SHIFT) as Source
-}
-
-/// True when a reply from `source` replaces a level whose source is
-/// `known` rather than being max-merged with it: a later reply of the
-/// same root, or any root's after a fold of an in-flight counter.
-pub(in crate::table) fn replaces(known: Source, source: Source) -> bool {
-    source != 0 && (known == source || known == FOLDED)
 }
 
 /// The [`Source`] a fold of this host's own weight leaves on the level of

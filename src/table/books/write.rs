@@ -18,7 +18,7 @@ region_view!(
     Writer
 );
 
-/// What [`Table::apply_quotas`] did.
+/// What [`crate::table::Books::apply_quotas`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ApplyReport {
     /// New quotas.
@@ -185,7 +185,7 @@ impl Writer<'_> {
             s.fill_rate.store(0f64.to_bits(), RLX);
             s.parent.store(0, RLX);
             s.pending.store(0, RLX);
-            s.inflight.store(0, RLX);
+            s.unacked.store(0, RLX);
             Slots::of(self).set_held(slot, 0);
             s.passed.store(0, RLX);
             s.rejected.store(0, RLX);

@@ -11,7 +11,7 @@ use crate::table::region::key_entries::KeyTiers;
 use crate::table::region::SlotId;
 use std::mem::MaybeUninit;
 
-use super::outcome::{Cause, Charge, Headroom, Rejection};
+use super::outcome::{Cause, Commit, Headroom, Rejection};
 use crate::core::{
     check_chain, reserve_wait, tightest, ChainVerdict, Nanos, QuotaSnapshot, Room, Wait,
 };
@@ -91,8 +91,8 @@ impl Chain {
         unsafe { std::slice::from_raw_parts(self.views.as_ptr().cast::<QuotaSnapshot>(), self.len) }
     }
 
-    pub(super) fn charge(&self, weight: u64) -> Charge {
-        Charge {
+    pub(super) fn commit(&self, weight: u64) -> Commit {
+        Commit {
             slots: self.slots,
             len: self.len,
             key: self.key,

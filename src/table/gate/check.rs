@@ -3,12 +3,12 @@
 //!
 //! Every plain or paced check, whatever its entry point (nginx's several
 //! checks per request, the C ABI's one, the simulator's, a benchmark's by
-//! slot), goes through one path, [`Table::decide_and_count`]: read each
+//! slot), goes through one path, `decide_and_count`: read each
 //! item's chain (`chain.rs`), decide it with [`crate::core::check_chain`]
 //! (or pace it with [`crate::core::reserve_wait`]), and only when every
 //! item passed count each one (check all, then commit). The entry points
 //! differ only in how they find a chain; a single plain item takes
-//! [`Table::check_one`], the same steps without the bookkeeping of
+//! `check_one`, the same steps without the bookkeeping of
 //! several. Partial grants, one-item reservations and weight given back
 //! are in `grants.rs`. Nothing here takes the writer lock.
 
@@ -23,7 +23,7 @@ use super::chain::{Chain, Resolved};
 use super::count::Counter;
 use super::fast::Fast;
 use super::fast::FastPath;
-use super::outcome::{Charge, CheckItem, CheckOptions, Headroom, ManyOutcome, Outcome, MAX_CHECKS};
+use super::outcome::{CheckItem, CheckOptions, Commit, Headroom, ManyOutcome, Outcome, MAX_CHECKS};
 use super::penalties::Penalties;
 use super::read::Reader;
 
@@ -48,7 +48,7 @@ impl Checker<'_> {
         self.check_with(name, weight, now, crate::core::rng::thread_unit)
     }
 
-    /// [`Table::check`] with the random draws supplied (for tests and the
+    /// [`crate::table::Gate::check`] with the random draws supplied (for tests and the
     /// simulator).
     pub(in crate::table) fn check_with(
         &self,
@@ -114,7 +114,7 @@ impl Checker<'_> {
         self.decide_and_count(items.len(), read, now, options, draw)
     }
 
-    /// [`Table::check_many`] of one plain item without headroom (the C
+    /// [`crate::table::Gate::check_many`] of one plain item without headroom (the C
     /// ABI's checks, nginx's single `sluice` directive without headers):
     /// the same reading, decision and counting, without the bookkeeping
     /// of several items (a fifth of a hot keyed check's instructions). A
@@ -213,10 +213,10 @@ impl Checker<'_> {
         mut draw: impl FnMut() -> f64,
     ) -> ManyOutcome {
         let estimator = self.estimator();
-        // Passed items but the last are kept as charges; the last one is
+        // Passed items but the last are kept as commits; the last one is
         // still in `chain` (`last`), so a request of one check copies
         // nothing.
-        let mut charges = [MaybeUninit::<Charge>::uninit(); MAX_CHECKS];
+        let mut commits = [MaybeUninit::<Commit>::uninit(); MAX_CHECKS];
         let mut known = 0;
         let mut last: Option<u64> = None;
         let mut keyless = false;
@@ -227,7 +227,7 @@ impl Checker<'_> {
         let mut chain = Chain::new();
         for i in 0..items.min(MAX_CHECKS) {
             if let Some(weight) = last.take() {
-                charges[known].write(chain.charge(weight));
+                commits[known].write(chain.commit(weight));
                 known += 1;
             }
             let (weight, max_wait) = match read(i, &mut chain) {
@@ -317,12 +317,12 @@ impl Checker<'_> {
             }
             last = Some(weight);
         }
-        for charge in &charges[..known] {
-            // SAFETY: the loop above wrote the first `known` charges.
-            let charge = unsafe { charge.assume_init_ref() };
-            let counted = &charge.slots[..charge.len];
+        for c in &commits[..known] {
+            // SAFETY: the loop above wrote the first `known` commits.
+            let c = unsafe { c.assume_init_ref() };
+            let counted = &c.slots[..c.len];
             self.view(Counter::of)
-                .commit(counted, charge.key, charge.key_hash, charge.weight);
+                .commit(counted, c.key, c.key_hash, c.weight);
         }
         let outcome = match last {
             Some(weight) => {
@@ -349,10 +349,10 @@ impl Checker<'_> {
         }
     }
 
-    /// Resolves a single item for [`Table::obtain`] and
-    /// [`Table::reserve`]: its weight (capped at [`MAX_WEIGHT`]) with its
+    /// Resolves a single item for [`crate::table::Gate::obtain`] and
+    /// [`crate::table::Gate::reserve`]: its weight (capped at [`MAX_WEIGHT`]) with its
     /// chain read, or the outcome of an item that is not checked or is
-    /// rejected before any decision (counted as [`Table::check_many`]
+    /// rejected before any decision (counted as [`crate::table::Gate::check_many`]
     /// counts it; `chain.overflow` set for a key that found no entry).
     pub(in crate::table) fn resolve_counted(
         &self,

@@ -40,7 +40,7 @@ impl Counter<'_> {
     }
 
     /// Counts a passed check on the quota in `slot` (for `sluice_metrics`),
-    /// unless this table keeps no such count ([`Table::without_pass_tally`]).
+    /// unless this table keeps no such count ([`crate::table::Table::without_pass_tally`]).
     #[inline(always)]
     pub(in crate::table) fn tally_pass(&self, slot: SlotId) {
         if self.local.pass_tally {
@@ -50,7 +50,7 @@ impl Counter<'_> {
 
     /// Adds the weight into every counter of the chain (the key's instead
     /// of its template's, for a keyed item), counting no pass: what a
-    /// passed check and a charge ([`Table::charge`]) both count.
+    /// passed check and a charge ([`crate::table::Gate::charge`]) both count.
     pub(in crate::table) fn add_weight(
         &self,
         chain: &[SlotId],

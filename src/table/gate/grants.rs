@@ -23,8 +23,8 @@ gate_view!(
     Grants
 );
 
-/// What [`Table::obtain`] granted, or what [`Table::charge`] and
-/// [`Table::settle`] counted.
+/// What [`crate::table::Gate::obtain`] granted, or what [`crate::table::Gate::charge`] and
+/// [`crate::table::Gate::settle`] counted.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grant {
     /// `Pass` when something was granted (and counted), `Reject` when
@@ -38,7 +38,7 @@ pub struct Grant {
     pub overflow: bool,
 }
 
-/// What [`Table::reserve`] decided.
+/// What [`crate::table::Gate::reserve`] decided.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reservation {
     /// `Pass` when the weight was counted (the caller waits `wait`, then
@@ -136,8 +136,8 @@ impl Grants<'_> {
     /// (a weight above a `high_burst`; a full window quota, whose next
     /// window cannot be taken in advance), nothing is counted and the
     /// rejection says how long it would have been.
-    /// (The one-item case of [`Table::check_many`] with `max_wait`, on its
-    /// own path as [`Table::obtain`] is: the general path's bookkeeping
+    /// (The one-item case of [`crate::table::Gate::check_many`] with `max_wait`, on its
+    /// own path as [`crate::table::Gate::obtain`] is: the general path's bookkeeping
     /// for several items cost a reservation a fifth of its time.)
     pub(in crate::table) fn reserve(
         &self,
@@ -239,12 +239,12 @@ impl Grants<'_> {
 
     /// Settles an estimate: a passed check of `estimate` units at
     /// `charged_at` is to cost `item.weight` in the end. The difference
-    /// above the estimate is charged ([`Table::charge`]: counted
+    /// above the estimate is charged ([`crate::table::Gate::charge`]: counted
     /// whatever the level); one below it is given back
-    /// ([`Table::give_back`]: uncounted if not sent yet, else a return
+    /// ([`crate::table::Gate::give_back`]: uncounted if not sent yet, else a return
     /// to the roots, never below zero, nothing to a window that ended).
     /// `granted` is what was added (0 when units were given back). An
-    /// in-flight quota is not settled (`Unknown`, as [`Table::charge`]):
+    /// in-flight quota is not settled (`Unknown`, as [`crate::table::Gate::charge`]):
     /// units given back would free slots still held.
     pub(in crate::table) fn settle(
         &self,

@@ -14,7 +14,7 @@ gate_view!(
     InFlight
 );
 
-/// A slot taken by [`Table::acquire`]: what its release needs besides the
+/// A slot taken by [`crate::table::Gate::acquire`]: what its release needs besides the
 /// item (name and key) it was taken with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldSlot {
@@ -29,7 +29,7 @@ impl InFlight<'_> {
     /// Takes a slot of the in-flight quota `item` names (its key's, for a
     /// per-key one): the decision of a check of weight 1, counted on a
     /// pass. Returns the outcome and, on a pass, the [`HeldSlot`] to give
-    /// back with [`Table::release`] when the request ends. A dry run
+    /// back with [`crate::table::Gate::release`] when the request ends. A dry run
     /// counts nothing and holds nothing. `item.weight` is ignored.
     pub(in crate::table) fn acquire(
         &self,
@@ -57,7 +57,7 @@ impl InFlight<'_> {
         (result, held)
     }
 
-    /// Gives back the slot `held` that [`Table::acquire`] took for `item`
+    /// Gives back the slot `held` that [`crate::table::Gate::acquire`] took for `item`
     /// (the same name and key). Returns true when a counter got it back
     /// (false: the quota, or the key's entry, is gone).
     pub(in crate::table) fn release(&self, item: &CheckItem, held: HeldSlot, now: Nanos) -> bool {

@@ -4,10 +4,10 @@
 //! (`chain.rs`), the check path (`check.rs`), grants and tiers, so none
 //! of them imports another for its types.
 
-use crate::table::region::SlotId;
 use crate::core::key::KeyHash;
 use crate::core::quota::MAX_DEPTH;
 use crate::core::{Nanos, Room, Wait};
+use crate::table::region::SlotId;
 
 /// Outcome of a check.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,7 +48,7 @@ pub enum Cause {
 pub struct Rejection {
     /// Index in the chain of the quota that rejected (0: the named one).
     pub depth: usize,
-    /// Slot of the quota that rejected (see [`Table::name_into`]).
+    /// Slot of the quota that rejected (see [`crate::table::Table::name_into`]).
     pub slot: SlotId,
     /// That quota's limit, units per second.
     pub limit: f64,
@@ -61,7 +61,7 @@ pub struct Rejection {
     pub cause: Cause,
 }
 
-/// Most quotas one [`Table::check_many`] call checks.
+/// Most quotas one [`crate::table::Gate::check_many`] call checks.
 pub const MAX_CHECKS: usize = 8;
 
 /// One quota check of a request.
@@ -84,7 +84,7 @@ pub struct CheckItem<'a> {
     pub max_wait: Option<Nanos>,
 }
 
-/// How [`Table::check_many`] checks.
+/// How [`crate::table::Gate::check_many`] checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CheckOptions {
     /// A rejection is counted as a dry-run rejection (the caller lets the
@@ -104,14 +104,14 @@ pub struct Headroom {
     pub item: usize,
     /// Index of the quota in that chain (0: the named quota).
     pub depth: usize,
-    /// Slot of the quota (see [`Table::name_into`]).
+    /// Slot of the quota (see [`crate::table::Table::name_into`]).
     pub slot: SlotId,
     /// Its room: the estimated level after this request (its weight
     /// included if it passed) against its limit and low burst.
     pub room: Room,
 }
 
-/// Outcome of [`Table::check_many`].
+/// Outcome of [`crate::table::Gate::check_many`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ManyOutcome {
     /// `Pass` if every known quota passed (and was counted), `Reject` with
@@ -131,10 +131,10 @@ pub struct ManyOutcome {
     pub overflow: bool,
 }
 
-/// What a passed check of [`Table::check_many`] will count: a chain's
+/// What a passed item of [`super::Gate::check_many`] will count: a chain's
 /// slots and the weight.
 #[derive(Clone, Copy)]
-pub(in crate::table) struct Charge {
+pub(in crate::table) struct Commit {
     pub(super) slots: [SlotId; MAX_DEPTH],
     pub(super) len: usize,
     pub(super) key: u32,

@@ -27,7 +27,7 @@ gate_view!(
 
 impl Reader<'_> {
     /// Finds the live quota named `name` and reads its view into `out`
-    /// (see [`Table::read_named_into`]): first in the slot the hint of
+    /// (see `read_named_into`): first in the slot the hint of
     /// this name's fingerprint holds, else through the index (and the
     /// hint may remember the slot for the next check of that name).
     ///
@@ -46,7 +46,7 @@ impl Reader<'_> {
         self.find_named_by_index(name, out)
     }
 
-    /// [`Table::find_named_into`] through the hint alone: `None` when the
+    /// `find_named_into` through the hint alone: `None` when the
     /// hint holds no slot of this name (the keyed fast path then leaves
     /// the check to the path that walks the index and sets the hint).
     #[inline(always)]
@@ -61,7 +61,7 @@ impl Reader<'_> {
         Some((slot, read))
     }
 
-    /// [`Table::find_named_into`] through the index, when the hint missed.
+    /// `find_named_into` through the index, when the hint missed.
     /// Out of line: kept in, it made the check's inlined body large enough
     /// that the key's lookup was no longer inlined into it (40 more
     /// instructions a hot keyed check, callgrind), while this path pays
@@ -95,7 +95,7 @@ impl Reader<'_> {
         self.resolve_hashed(item, chain, now, None)
     }
 
-    /// [`Table::resolve`] given the key's hash when the caller already has
+    /// `resolve` given the key's hash when the caller already has
     /// it (the keyed fast path that declined, `fast.rs`): a key is hashed
     /// once per check.
     #[inline(always)]

@@ -19,7 +19,7 @@ use super::layout::{
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
 use std::sync::atomic::Ordering::AcqRel;
 
-/// Why [`Table::make_room`] made no room.
+/// Why `make_room` made no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::table) enum NoMove {
     /// The key lock was held past a check's bounded wait: whether a chain
@@ -133,7 +133,7 @@ pub struct KeyState {
     /// back: below zero for a return not sent yet).
     pub pending: i64,
     /// Weight sent and not yet acknowledged (below zero for a return).
-    pub inflight: i64,
+    pub unacked: i64,
 }
 
 /// A key found no entry: every entry it could have had holds a live count.
@@ -164,7 +164,7 @@ impl<'r> KeyEntries<'r> {
     }
 
     /// The secret keys are hashed with (the built-in one until
-    /// [`Table::set_key_secret`]).
+    /// [`crate::table::Table::set_key_secret`]).
     pub(in crate::table) fn key_secret(&self) -> KeySecret {
         let c = &self.header().keys.config;
         KeySecret::from_words(c.secret[0].load(RLX), c.secret[1].load(RLX))
@@ -291,7 +291,7 @@ impl<'r> KeyEntries<'r> {
     }
 
     /// Claims `e` if it holds a key equal to no entry (see
-    /// [`Table::key_drained`]); counted as reclaimed.
+    /// `key_drained`); counted as reclaimed.
     pub(in crate::table) fn claim_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
         let hash = e.hash.load(ACQ);
         if hash == 0 || hash == KEY_CLAIMED || !self.key_drained(e, now) {
@@ -311,7 +311,7 @@ impl<'r> KeyEntries<'r> {
     /// flight, and its level leaked to zero at `now` (or its windows over,
     /// or its template gone).
     pub(in crate::table) fn key_drained(&self, e: &KeyEntry, now: Nanos) -> bool {
-        if e.pending.load(SeqCst) != 0 || e.inflight.load(RLX) != 0 {
+        if e.pending.load(SeqCst) != 0 || e.unacked.load(RLX) != 0 {
             return false;
         }
         let Some(counting) = self.template_counting(e.template.load(RLX)) else {
@@ -450,7 +450,7 @@ impl<'r> KeyEntries<'r> {
                     level: crate::core::estimate::estimate_level(&snapshot, now, &estimator),
                     fill_rate: snapshot.fill_rate,
                     pending: e.pending.load(RLX) as i64,
-                    inflight: e.inflight.load(RLX) as i64,
+                    unacked: e.unacked.load(RLX) as i64,
                 });
             }
         }
@@ -541,7 +541,7 @@ pub(in crate::table) fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: N
     };
     view.fill_rate = if sliding { 0.0 } else { fill };
     view.prev = if sliding { fill } else { 0.0 };
-    view.own_recent = e.pending.load(RLX).wrapping_add(e.inflight.load(RLX)) as i64 as f64;
+    view.own_recent = e.pending.load(RLX).wrapping_add(e.unacked.load(RLX)) as i64 as f64;
 }
 
 /// A key's counter, its packed time placed near `now` (with the previous
@@ -611,7 +611,7 @@ pub(in crate::table) fn init_entry(
         e.dirty.fetch_and(!DIRTY_TIERS, REL);
     }
     e.template.store(template + 1, RLX);
-    e.inflight.store(0, RLX);
+    e.unacked.store(0, RLX);
     e.known.store(pack_known(0.0, now), RLX);
     e.fill.store(0, RLX);
     e.used.store(tick << 2 | 1, RLX);
@@ -629,7 +629,7 @@ pub(in crate::table) fn clear_entry(e: &KeyEntry) {
     e.dirty
         .fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS | DIRTY_TIERS_UNSURE), REL);
     e.template.store(0, RLX);
-    e.inflight.store(0, RLX);
+    e.unacked.store(0, RLX);
     e.known.store(0, RLX);
     e.fill.store(0, RLX);
     e.used.store(0, RLX);

@@ -352,5 +352,5 @@ fn copy_state(s: &KeyEntry, d: &KeyEntry) {
     d.used.store(s.used.load(RLX), RLX);
     d.known.store(s.known.load(ACQ), RLX);
     d.fill.store(s.fill.load(RLX), RLX);
-    d.inflight.store(s.inflight.load(RLX), RLX);
+    d.unacked.store(s.unacked.load(RLX), RLX);
 }

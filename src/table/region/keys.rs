@@ -18,7 +18,7 @@
 //! # What is never lost
 //!
 //! An entry is reused for another key only when it is equal to no entry:
-//! nothing pending or in flight, its level leaked to zero (a leaky quota),
+//! nothing pending or unacked, its level leaked to zero (a leaky quota),
 //! nothing counted in its current window nor, sliding, in the previous
 //! one (a window quota), or its template gone. A key whose count still
 //! matters keeps its entry, however busy the section: there is no
@@ -131,7 +131,7 @@ impl Keys<'_> {
         self.find_key_touched_slow(template, hash, now)
     }
 
-    /// [`Table::find_key_touched`] past its first bucket: the second, and
+    /// `find_key_touched` past its first bucket: the second, and
     /// a look again if entries were moving.
     #[cold]
     #[inline(never)]

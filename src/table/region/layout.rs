@@ -536,7 +536,7 @@ pub struct Slot {
     /// Weight admitted here and not yet collected for a sync.
     pub pending: AtomicU64,
     /// Weight collected and sent, not yet included in `known_level`.
-    pub inflight: AtomicU64,
+    pub unacked: AtomicU64,
     /// Checks that passed (requests, not weight).
     pub passed: AtomicU64,
     /// Checks that were rejected.
@@ -586,7 +586,7 @@ pub struct KeyEntry {
     /// Weight admitted here and not yet collected for a sync.
     pub pending: AtomicU64,
     /// Weight collected and sent, not yet included in `known`.
-    pub inflight: AtomicU64,
+    pub unacked: AtomicU64,
     /// The cluster level at the last merge: see [`pack_known`].
     pub known: AtomicU64,
     /// Other hosts' measured fill rate, units/s (f32 bits).

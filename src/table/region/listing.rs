@@ -31,7 +31,7 @@ pub struct QuotaState {
     /// Weight admitted locally not yet collected.
     pub pending: i64,
     /// Weight sent and not yet acknowledged.
-    pub inflight: i64,
+    pub unacked: i64,
     /// Checks passed.
     pub passed: u64,
     /// Checks rejected.
@@ -99,7 +99,7 @@ impl Listing<'_> {
             level: crate::core::estimate::estimate_level(&view, now, estimator),
             fill_rate: view.fill_rate,
             pending: s.pending.load(RLX) as i64,
-            inflight: s.inflight.load(RLX) as i64,
+            unacked: s.unacked.load(RLX) as i64,
             passed: s.passed.load(RLX),
             rejected: s.rejected.load(RLX),
             dry_run: s.dry_run.load(RLX),

@@ -33,7 +33,7 @@ impl Slots<'_> {
         Some((unsafe { view.assume_init() }, read.parent))
     }
 
-    /// [`Table::read_view`] of the slot named `name` (stored at
+    /// `read_view` of the slot named `name` (stored at
     /// `name_at`) into `out`, comparing the name in the same seqlock read:
     /// the check path's first quota costs one read of the slot, not two.
     #[inline(always)]
@@ -101,7 +101,7 @@ impl Slots<'_> {
                     // Deltas are plain counters outside the seqlock: a
                     // check reads them after the quota, and the collector
                     // moves weight so that it is never absent from both.
-                    let own = s.pending.load(RLX).wrapping_add(s.inflight.load(RLX));
+                    let own = s.pending.load(RLX).wrapping_add(s.unacked.load(RLX));
                     view.own_recent = own as i64 as f64;
                     out.write(view);
                     return Some(SlotRead {
@@ -187,7 +187,7 @@ impl Slots<'_> {
     }
 
     /// `(quota id, slot)` of every live quota: what the sync thread maps
-    /// root replies with. Rebuild it when [`Table::generation`] changes.
+    /// root replies with. Rebuild it when [`crate::table::Books::generation`] changes.
     pub(in crate::table) fn slot_ids(&self) -> HashMap<u64, SlotId> {
         let used = self.header().next_unused.load(ACQ) as usize;
         self.slots()[..used]

@@ -16,7 +16,7 @@
 //! blocked Bloom filter: one cache line and a few bit tests, `(quota,
 //! key)` hashed to a block) before the table. A named quota with a
 //! penalty looks up its own entry. The cold path that applies what it
-//! finds is [`Table::apply_tiers`].
+//! finds is `apply_tiers`.
 //!
 //! # Keeping the marks true
 //!
