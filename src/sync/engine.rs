@@ -25,14 +25,19 @@
 //!   applied to the others; [`Table::lease_locally`]), and the first
 //!   reply after that replaces their levels;
 //! - with root groups (see the `sync` module doc), each counter is owed
-//!   only to the roots of its shard ([`super::shard`]), "unchanged" is
+//!   only to the roots of its shard ([`shard`]), "unchanged" is
 //!   vouched per group, quota changes come from one group, and a group
 //!   down folds only its shard's weight locally.
 
+use super::config::EarlySync;
 use super::ids::{CounterMap, IdMap};
 use super::link::{level_at_offset, Owed, OwedDeltas, RootLink, NO_QUOTAS};
+use super::log::{LogLevel, LogLine};
+use super::metrics::SyncMetrics;
+use super::pressure::KeyPressure;
+use super::routing::shard;
+use super::schedule::key_sweep_budget;
 use super::vouch::Recent;
-use super::{EarlySync, LogLevel, SyncMetrics};
 use crate::core::tier::Penalty;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::file::purge_seeds;
@@ -86,9 +91,6 @@ pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
 /// (with early sync off too): a penalty reaches the roots at once, and
 /// every other host within its next sync.
 pub const PENALTY_SYNCS_PER_SECOND: f64 = 4.0;
-
-/// A log line the engine wants written.
-pub type LogLine = (LogLevel, String);
 
 /// Deltas collected and sent, not yet included in any root's answer.
 #[derive(Default, Debug)]
@@ -154,7 +156,7 @@ fn of_shard(
     groups: usize,
 ) -> impl Iterator<Item = (CounterKey, Owed)> + Clone + '_ {
     owed.iter()
-        .filter(move |(c, _)| super::shard(*c, groups) == g)
+        .filter(move |(c, _)| shard(*c, groups) == g)
         .copied()
 }
 
@@ -341,7 +343,7 @@ pub struct SyncEngine {
     cycles: u64,
     early: Option<EarlySync>,
     last_early: Option<Nanos>,
-    pressure: super::KeyPressure,
+    pressure: KeyPressure,
     /// The last cycle's collected deltas, kept for their memory.
     collected: Vec<CollectedDelta>,
     /// The last cycle's new owed entries, kept for their memory.
@@ -389,7 +391,7 @@ impl SyncEngine {
             cycles: 0,
             early: None,
             last_early: None,
-            pressure: super::KeyPressure::default(),
+            pressure: KeyPressure::default(),
             collected: Vec::new(),
             fresh: Vec::new(),
             rejected_seen: None,
@@ -464,7 +466,7 @@ impl SyncEngine {
         self.links[i].group
     }
 
-    /// Sets the in-flight lease (see [`super::SyncConfig::in_flight_lease`]).
+    /// Sets the in-flight lease (see [`super::config::SyncConfig::in_flight_lease`]).
     pub fn set_in_flight_lease(&mut self, lease: Nanos) {
         self.in_flight_lease = lease;
     }
@@ -582,7 +584,7 @@ impl SyncEngine {
         let rejected_of = |g: usize| -> Vec<(u64, u64)> {
             rejected
                 .iter()
-                .filter(|(id, _)| super::shard(CounterKey::named(*id), groups) == g)
+                .filter(|(id, _)| shard(CounterKey::named(*id), groups) == g)
                 .copied()
                 .collect()
         };
@@ -754,7 +756,7 @@ impl SyncEngine {
                     .flat_map(|p| p.reply.counters.iter().map(|c| c.id))
                     .collect();
                 table.settle_omitted(source, now, |c| {
-                    super::shard(c, groups) == group && !carried.contains(&c.id)
+                    shard(c, groups) == group && !carried.contains(&c.id)
                 });
             }
             // Counters come only once the quota pages are through; then
@@ -999,7 +1001,7 @@ impl SyncEngine {
             .into_iter()
             .filter_map(|(id, held)| {
                 let c = CounterKey::named(id);
-                if super::shard(c, self.groups) != link.group {
+                if shard(c, self.groups) != link.group {
                     return None;
                 }
                 let before = i128::from(held) - net(sent, &c) - net(&link.owed, &c);
@@ -1026,7 +1028,7 @@ impl SyncEngine {
         if !down && self.groups > 1 {
             self.groups_down(table, now, &mut log);
         }
-        table.maintain_keys(super::key_sweep_budget(table, self.interval), now);
+        table.maintain_keys(key_sweep_budget(table, self.interval), now);
         table.sweep_tiers(now as i64 + table.utc_offset());
         log.extend(self.pressure.check(table));
         if down {
@@ -1119,7 +1121,7 @@ impl SyncEngine {
     fn lease_group_locally(&mut self, table: &Table, g: usize, now: Nanos, log: &mut Vec<LogLine>) {
         self.group_leased[g] = true;
         let groups = self.groups;
-        let set = table.lease_locally(now, |c| super::shard(c, groups) == g);
+        let set = table.lease_locally(now, |c| shard(c, groups) == g);
         if set > 0 {
             log.push((
                 LogLevel::Warn,
@@ -1148,7 +1150,7 @@ impl SyncEngine {
         }
         if down.iter().any(|&d| d) {
             self.unacked.by_counter.retain(|c, entry| {
-                if !down[super::shard(*c, groups)] {
+                if !down[shard(*c, groups)] {
                     return true;
                 }
                 table.fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);

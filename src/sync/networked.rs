@@ -15,9 +15,13 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+use super::config::SyncConfig;
 use super::engine::{next_page, Outgoing, Page, SyncEngine};
 use super::link::OwedDeltas;
-use super::{local_now, run_standalone, window_spread, window_wake, LogLevel, Shared, SyncConfig};
+use super::log::LogLevel;
+use super::schedule::{local_now, window_spread, window_wake};
+use super::shared::Shared;
+use super::standalone::run_standalone;
 use crate::core::rng::Rng;
 use crate::table::Table;
 use crate::wire::binary;
