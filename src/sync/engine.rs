@@ -29,7 +29,9 @@
 //!   vouched per group, quota changes come from one group, and a group
 //!   down folds only its shard's weight locally.
 
-use super::config::EarlySync;
+use super::config::{EarlySync, DEFAULT_IN_FLIGHT_LEASE};
+use super::early::EarlyCycles;
+use super::health::{others_up, Health};
 use super::ids::{CounterMap, IdMap};
 use super::link::{level_at_offset, Owed, OwedDeltas, RootLink, NO_QUOTAS};
 use super::log::{LogLevel, LogLine};
@@ -48,9 +50,6 @@ use crate::wire::{
 };
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-
-/// How often "all roots down" is repeated in the log.
-const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
 
 /// A request to send to one root, with the deltas it carries.
 #[derive(Clone, Debug)]
@@ -83,14 +82,6 @@ pub struct Page {
 /// every host has found the restart and resent its slots by then (two
 /// intervals), plus one for a host's cycle falling just after.
 const RESTART_GRACE: Nanos = 3;
-
-/// How often per interval early sync probes the table.
-pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
-
-/// Most early cycles a second that penalties started here may bring on
-/// (with early sync off too): a penalty reaches the roots at once, and
-/// every other host within its next sync.
-pub const PENALTY_SYNCS_PER_SECOND: f64 = 4.0;
 
 /// Deltas collected and sent, not yet included in any root's answer.
 #[derive(Default, Debug)]
@@ -304,13 +295,8 @@ pub struct SyncEngine {
     links: Vec<RootLink>,
     /// Number of root groups (shards), at least 1.
     groups: usize,
-    /// Per group: local time of the last answer from any of its roots.
-    group_success: Vec<Option<Nanos>>,
-    /// Per group: no root of it answered for two intervals (its shard is
-    /// limited per host).
-    group_down: Vec<bool>,
-    /// Per group: when its being down was last logged.
-    group_down_logged: Vec<Option<Nanos>>,
+    /// Roots and groups up or down, and the in-flight lease.
+    health: Health,
     unacked: Unacked,
     recent: Recent,
     slots: IdMap<SlotId>,
@@ -323,26 +309,15 @@ pub struct SyncEngine {
     /// over several cycles instead of never.
     max_request_entries: usize,
     started: Nanos,
-    last_any_success: Option<Nanos>,
-    all_down: bool,
-    /// How long every root may be silent before in-flight counters count
-    /// this host's own slots only.
-    in_flight_lease: Nanos,
-    /// The local lease was applied since the last answer of any root.
-    leased: bool,
-    /// Per group: the local lease was applied to its shard since the last
-    /// answer of any of its roots.
-    group_leased: Vec<bool>,
     /// Per root: in-flight levels of its group were folded here since its
     /// last answer (or, after it restarted, taken as its new instance's),
     /// so it is asked for all its counters, and its next whole answer
     /// settles the in-flight counters it leaves out
     /// ([`Table::settle_omitted`]).
     ask_all: Vec<bool>,
-    down_logged_at: Option<Nanos>,
     cycles: u64,
-    early: Option<EarlySync>,
-    last_early: Option<Nanos>,
+    /// When a cycle starts early.
+    early: EarlyCycles,
     pressure: KeyPressure,
     /// The last cycle's collected deltas, kept for their memory.
     collected: Vec<CollectedDelta>,
@@ -369,9 +344,7 @@ impl SyncEngine {
                 .map(|u| RootLink::new(u.trim_end_matches('/').into()))
                 .collect(),
             groups: 1,
-            group_success: vec![None],
-            group_down: vec![false],
-            group_down_logged: vec![None],
+            health: Health::new(now, interval, DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos),
             unacked: Unacked::default(),
             recent: Recent::default(),
             slots: IdMap::default(),
@@ -381,16 +354,9 @@ impl SyncEngine {
             max_owed,
             max_request_entries: MAX_DELTAS_PER_SYNC,
             started: now,
-            last_any_success: None,
-            all_down: false,
-            in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
-            leased: false,
-            group_leased: vec![false],
             ask_all: vec![false; roots.len()],
-            down_logged_at: None,
             cycles: 0,
-            early: None,
-            last_early: None,
+            early: EarlyCycles::new(interval),
             pressure: KeyPressure::default(),
             collected: Vec::new(),
             fresh: Vec::new(),
@@ -450,10 +416,7 @@ impl SyncEngine {
             link.metrics.group = g;
         }
         self.groups = self.links.iter().map(|l| l.group + 1).max().unwrap_or(1);
-        self.group_success = vec![None; self.groups];
-        self.group_down = vec![false; self.groups];
-        self.group_down_logged = vec![None; self.groups];
-        self.group_leased = vec![false; self.groups];
+        self.health.set_groups(self.groups);
     }
 
     /// Number of root groups (shards).
@@ -468,48 +431,28 @@ impl SyncEngine {
 
     /// Sets the in-flight lease (see [`super::config::SyncConfig::in_flight_lease`]).
     pub fn set_in_flight_lease(&mut self, lease: Nanos) {
-        self.in_flight_lease = lease;
+        self.health.set_in_flight_lease(lease);
     }
 
     /// Turns early sync on (or off with `None`).
     pub fn set_early_sync(&mut self, early: Option<EarlySync>) {
-        self.early = early;
+        self.early.set(early);
     }
 
     /// Time between early-sync probes, when early sync is on.
     pub fn early_probe_every(&self) -> Option<Nanos> {
-        self.early.map(|_| self.probe_every())
+        self.early.early_probe_every()
     }
 
     /// Time between the networked loop's probes: they look for penalties
     /// started here (always) and, with early sync on, for unsent weight.
     pub fn probe_every(&self) -> Nanos {
-        (self.interval / EARLY_PROBES_PER_INTERVAL).max(1)
+        self.early.probe_every()
     }
 
-    /// True when an early cycle should start now: its budget allows one
-    /// (early sync's, or [`PENALTY_SYNCS_PER_SECOND`] without it), and a
-    /// penalty started here waits to be sent, or early sync is on and
-    /// some quota's unsent local delta passed its share of the burst band.
+    /// True when an early cycle should start now (see `early.rs`).
     pub fn early_sync_due(&mut self, table: &Table, now: Nanos) -> bool {
-        let per_second = self
-            .early
-            .map_or(PENALTY_SYNCS_PER_SECOND, |e| e.max_per_second);
-        let spacing = (1e9 / per_second.max(1e-9)) as Nanos;
-        if self
-            .last_early
-            .is_some_and(|t| now.saturating_sub(t) < spacing)
-        {
-            return false;
-        }
-        let due = table.has_unsent_penalties()
-            || self
-                .early
-                .is_some_and(|early| table.unsent_beyond(early.fraction));
-        if due {
-            self.last_early = Some(now);
-        }
-        due
+        self.early.due(table, now)
     }
 
     /// The checks each quota rejected since the last cycle, as
@@ -690,11 +633,7 @@ impl SyncEngine {
         let mut log = Vec::new();
         let group = self.links[root].group;
         // Another root of the same group serves the shard meanwhile.
-        let others_up = self
-            .links
-            .iter()
-            .enumerate()
-            .any(|(i, l)| i != root && l.group == group && l.metrics.up);
+        let others_up = others_up(&self.links, root);
         let link = &mut self.links[root];
         link.busy = false;
         if pages.is_empty() {
@@ -796,29 +735,7 @@ impl SyncEngine {
             // A later page failed; the deltas were delivered with the first.
             self.links[root].failed(others_up, error);
         }
-        self.last_any_success = Some(now);
-        self.leased = false;
-        self.group_leased[group] = false;
-        self.group_success[group] = Some(now);
-        if self.group_down[group] && !self.all_down {
-            self.group_down[group] = false;
-            self.group_down_logged[group] = None;
-            log.push((
-                LogLevel::Info,
-                format!("a quota root of group {group} answers again; its shard is limited fleet-wide again"),
-            ));
-        }
-        self.group_down[group] = false;
-        if self.all_down {
-            // Limiting is cluster-wide again from this reply on.
-            self.all_down = false;
-            table.set_counting_locally(false);
-            self.down_logged_at = None;
-            log.push((
-                LogLevel::Info,
-                "a quota root answers again; cluster limiting resumed".into(),
-            ));
-        }
+        log.extend(self.health.answered(table, group, now));
         self.settle_if_all_in(table);
         log
     }
@@ -1018,12 +935,7 @@ impl SyncEngine {
     /// minute; the first answer after that ends it (and says so).
     pub fn end_cycle(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
         let mut log = Vec::new();
-        let since = self.last_any_success.unwrap_or(self.started);
-        // An exchange still under way (a long initial sync paging through
-        // quotas) has not failed yet.
-        let waiting = self.links.iter().any(|l| l.busy);
-        let down =
-            !self.links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval;
+        let down = self.health.all_silent(&self.links, now);
         self.recent.settle(table, self.groups);
         if !down && self.groups > 1 {
             self.groups_down(table, now, &mut log);
@@ -1044,22 +956,9 @@ impl SyncEngine {
             if table.holds_in_flight() {
                 self.ask_all_after_fold(|_| true);
             }
-            if !self.leased && now.saturating_sub(since) >= self.in_flight_lease {
-                self.lease_locally(table, now, &mut log);
-            }
-            if self
-                .down_logged_at
-                .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
-            {
-                self.down_logged_at = Some(now);
-                let msg = format!(
-                    "all {} quota roots unreachable; limiting with local counts only (per host)",
-                    self.links.len()
-                );
-                log.push((LogLevel::Warn, msg));
-            }
+            log.extend(self.health.all_down_at(table, self.links.len(), now));
         }
-        self.all_down = down;
+        self.health.set_all_down(down);
         table.set_counting_locally(down);
         log
     }
@@ -1098,56 +997,13 @@ impl SyncEngine {
         }
     }
 
-    /// Every root silent for the in-flight lease: in-flight counters count
-    /// this host's own slots only (the roots have dropped them from their
-    /// counts; this host drops the other hosts' in turn).
-    fn lease_locally(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
-        self.leased = true;
-        let set = table.lease_locally(now, |_| true);
-        if set > 0 {
-            log.push((
-                LogLevel::Warn,
-                format!(
-                    "every quota root silent for the in-flight lease ({} ms): {set} in-flight \
-                     counter(s) now count this host's own slots only (per host)",
-                    self.in_flight_lease / 1_000_000
-                ),
-            ));
-        }
-    }
-
-    /// Every root of group `g` silent for the in-flight lease (others
-    /// answering): the local lease for its shard only.
-    fn lease_group_locally(&mut self, table: &Table, g: usize, now: Nanos, log: &mut Vec<LogLine>) {
-        self.group_leased[g] = true;
-        let groups = self.groups;
-        let set = table.lease_locally(now, |c| shard(c, groups) == g);
-        if set > 0 {
-            log.push((
-                LogLevel::Warn,
-                format!(
-                    "every quota root of group {g} silent for the in-flight lease ({} ms): {set} \
-                     in-flight counter(s) of its shard now count this host's own slots only",
-                    self.in_flight_lease / 1_000_000
-                ),
-            ));
-        }
-    }
-
     /// With several groups and not all of them down: folds the in-flight
     /// weight of every shard whose group has not answered for two
     /// intervals into the local levels (per host), and says so once a
     /// minute per group.
     fn groups_down(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
         let groups = self.groups;
-        let mut down = vec![false; groups];
-        for (g, is_down) in down.iter_mut().enumerate() {
-            let mut roots = self.links.iter().filter(|l| l.group == g);
-            let waiting = roots.clone().any(|l| l.busy);
-            let since = self.group_success[g].unwrap_or(self.started);
-            *is_down =
-                roots.next().is_some() && !waiting && now.saturating_sub(since) > 2 * self.interval;
-        }
+        let down = self.health.silent_groups(&self.links, now);
         if down.iter().any(|&d| d) {
             self.unacked.by_counter.retain(|c, entry| {
                 if !down[shard(*c, groups)] {
@@ -1160,26 +1016,7 @@ impl SyncEngine {
                 self.ask_all_after_fold(|g| down[g]);
             }
         }
-        for (g, &is_down) in down.iter().enumerate() {
-            let since = self.group_success[g].unwrap_or(self.started);
-            if is_down && !self.group_leased[g] && now.saturating_sub(since) >= self.in_flight_lease
-            {
-                self.lease_group_locally(table, g, now, log);
-            }
-            if is_down
-                && self.group_down_logged[g].is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
-            {
-                self.group_down_logged[g] = Some(now);
-                log.push((
-                    LogLevel::Warn,
-                    format!(
-                        "every quota root of group {g} unreachable; its shard of the counters \
-                         is limited with local counts only (per host), the others fleet-wide"
-                    ),
-                ));
-            }
-            self.group_down[g] = is_down;
-        }
+        log.extend(self.health.groups_down_at(table, &down, now));
     }
 
     /// The sync thread stops: weight sent but acknowledged by no root goes
@@ -1203,19 +1040,16 @@ impl SyncEngine {
 
     /// True while no root has answered for two intervals.
     pub fn all_down(&self) -> bool {
-        self.all_down
+        self.health.all_down()
     }
 
     /// A snapshot of the metrics.
     pub fn metrics(&self) -> SyncMetrics {
         SyncMetrics {
             cycles: self.cycles,
-            all_roots_down: self.all_down,
+            all_roots_down: self.health.all_down(),
             roots: self.links.iter().map(|l| l.metrics.clone()).collect(),
-            groups_down: (0..self.groups)
-                .filter(|&g| self.group_down[g])
-                .map(|g| g as u32)
-                .collect(),
+            groups_down: self.health.groups_down(),
         }
     }
 }

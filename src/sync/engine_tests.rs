@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::core::Quota;
+use crate::sync::early::EARLY_PROBES_PER_INTERVAL;
 use crate::table::Outcome;
 use crate::wire::{CounterValue, QuotaCursor};
 

@@ -87,6 +87,9 @@
 //!   network, driven by both the networked loop and the simulator; its
 //!   tests beside it (`engine_tests.rs`, and `return_tests.rs`: weight
 //!   given back, through real root ledgers).
+//! - `health.rs` — root and group health: down after two silent
+//!   intervals (per-host limiting for their shards), the in-flight lease.
+//! - `early.rs` — when a cycle starts before its interval is up.
 //! - `vouch.rs` — what a complete reply vouches for: the recently changed
 //!   counters no root reported stood still.
 //! - `link.rs` — what a limiter knows of one root: cursor, versions,
@@ -107,7 +110,9 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod early;
 pub mod engine;
+mod health;
 pub mod ids;
 pub mod link;
 mod log;
