@@ -4,8 +4,9 @@
 use super::*;
 use crate::core::Quota;
 use crate::sync::early::EARLY_PROBES_PER_INTERVAL;
+use crate::sync::request::next_page;
 use crate::table::Outcome;
-use crate::wire::{CounterValue, QuotaCursor};
+use crate::wire::{CounterDelta, CounterKey, CounterValue, KeyDelta, QuotaCursor, SyncRequest};
 
 const SEC: Nanos = 1_000_000_000;
 

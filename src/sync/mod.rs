@@ -87,6 +87,10 @@
 //!   network, driven by both the networked loop and the simulator; its
 //!   tests beside it (`engine_tests.rs`, and `return_tests.rs`: weight
 //!   given back, through real root ledgers).
+//! - `accounting.rs` — what each root is owed, and what a reply
+//!   acknowledges of the weight sent.
+//! - `request.rs` — a cycle's request to each root ([`Outgoing`]) and the
+//!   pages that answer it ([`Page`]).
 //! - `health.rs` — root and group health: down after two silent
 //!   intervals (per-host limiting for their shards), the in-flight lease.
 //! - `early.rs` — when a cycle starts before its interval is up.
@@ -109,6 +113,7 @@
 
 #![forbid(unsafe_code)]
 
+mod accounting;
 pub mod config;
 mod early;
 pub mod engine;
@@ -120,6 +125,7 @@ mod metrics;
 #[cfg(feature = "sync")]
 mod networked;
 mod pressure;
+mod request;
 mod routing;
 mod schedule;
 mod shared;
@@ -129,11 +135,13 @@ mod thread;
 mod vouch;
 
 pub use config::{default_limiter_id, EarlySync, LogSink, SyncConfig};
+pub use engine::SyncEngine;
 pub use log::LogLevel;
 pub use metrics::{RootMetrics, SyncMetrics};
 #[cfg(feature = "sync")]
 pub use networked::ENCODING_ENV;
 pub use pressure::KeyPressure;
+pub use request::{next_page, Outgoing, Page};
 pub use routing::shard;
 pub use schedule::{key_sweep_budget, local_now, window_spread, window_wake};
 pub use thread::SyncHandle;

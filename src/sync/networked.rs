@@ -16,9 +16,10 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::config::SyncConfig;
-use super::engine::{next_page, Outgoing, Page, SyncEngine};
+use super::engine::SyncEngine;
 use super::link::OwedDeltas;
 use super::log::LogLevel;
+use super::request::{next_page, Outgoing, Page};
 use super::schedule::{local_now, window_spread, window_wake};
 use super::shared::Shared;
 use super::standalone::run_standalone;

@@ -8,6 +8,7 @@ use super::*;
 use crate::core::Quota;
 use crate::sim::root::SimRoot;
 use crate::table::{CheckItem, CheckOptions, Outcome};
+use crate::wire::{CounterKey, KeyDelta, SyncRequest};
 
 const SEC: Nanos = 1_000_000_000;
 
