@@ -14,7 +14,7 @@
 //!   folds local weight into the levels (per-host limiting), and once
 //!   none answered for the lease, in-flight counters count this host's
 //!   own slots only ([`Table::lease_locally`]);
-//! - what follows from a root found restarted (here, for now);
+//! - what follows from a root found restarted (`restart.rs`);
 //! - early cycles (`early.rs`);
 //! - a counter a root leaves out of a complete reply did not change
 //!   there: the engine tells the table so at the end of the cycle, which
@@ -32,24 +32,19 @@ use super::accounting::Accounts;
 use super::config::{EarlySync, DEFAULT_IN_FLIGHT_LEASE};
 use super::early::EarlyCycles;
 use super::health::{others_up, Health};
-use super::link::{Owed, OwedDeltas, RootLink, NO_QUOTAS};
+use super::link::{OwedDeltas, RootLink, NO_QUOTAS};
 use super::log::{LogLevel, LogLine};
 use super::metrics::SyncMetrics;
 use super::pressure::KeyPressure;
 use super::request::{Outgoing, Page, Requests};
+use super::restart::{self, Restarts};
 use super::routing::shard;
 use super::schedule::key_sweep_budget;
 use super::vouch::Recent;
 use crate::core::Nanos;
 use crate::table::file::purge_seeds;
 use crate::table::Table;
-use crate::wire::{CounterKey, SyncResponse};
-
-/// Sync intervals after a root is found restarted before its new
-/// instance's in-flight values replace those of its earlier instance:
-/// every host has found the restart and resent its slots by then (two
-/// intervals), plus one for a host's cycle falling just after.
-const RESTART_GRACE: Nanos = 3;
+use crate::wire::SyncResponse;
 
 /// The sync state of one limiter.
 #[derive(Debug)]
@@ -66,14 +61,8 @@ pub struct SyncEngine {
     requests: Requests,
     /// Roots and groups up or down, and the in-flight lease.
     health: Health,
-    /// Local time the engine started.
-    started: Nanos,
-    /// Per root: in-flight levels of its group were folded here since its
-    /// last answer (or, after it restarted, taken as its new instance's),
-    /// so it is asked for all its counters, and its next whole answer
-    /// settles the in-flight counters it leaves out
-    /// ([`Table::settle_omitted`]).
-    ask_all: Vec<bool>,
+    /// Adoption of a restarted root's new instance.
+    restarts: Restarts,
     /// When a cycle starts early.
     early: EarlyCycles,
     /// Counters that changed recently, for what complete replies vouch.
@@ -103,8 +92,7 @@ impl SyncEngine {
             accounts: Accounts::new(max_owed),
             requests: Requests::new(limiter_id),
             health: Health::new(now, interval, DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos),
-            started: now,
-            ask_all: vec![false; roots.len()],
+            restarts: Restarts::new(now, interval),
             early: EarlyCycles::new(interval),
             recent: Recent::default(),
             pressure: KeyPressure::default(),
@@ -129,22 +117,7 @@ impl SyncEngine {
     /// thread may have found one within its grace). Call before the first
     /// cycle.
     pub fn resume(&mut self, table: &Table) {
-        for (link, ask_all) in self.links.iter_mut().zip(&mut self.ask_all) {
-            if let Some(known) = super::status::remembered_root(table, &link.url) {
-                link.resume(known);
-                *ask_all = true;
-                // The earlier thread may have found a restart it had not
-                // adopted the levels of yet: a grace from now covers it.
-                link.restart_seen = Some(self.started);
-            }
-        }
-        // Each in its place in this configuration (all read first: a root
-        // that moved may have left its record where another goes now).
-        for (i, link) in self.links.iter().enumerate() {
-            if link.root_instance != 0 {
-                super::status::remember_root(table, i, &link.url, link.remembered());
-            }
-        }
+        self.restarts.resume(table, &mut self.links);
     }
 
     /// Lowers the entries one request may carry (tests: a backlog over
@@ -329,92 +302,17 @@ impl SyncEngine {
         for (k, page) in pages.iter().enumerate() {
             // Deltas went out with the first page only.
             let sent = if k == 0 { &mut owed } else { &mut nothing };
-            let instance = self.links[root].root_instance;
-            let resend = (instance != 0 && page.reply.root_instance != instance)
-                .then(|| self.held_before(table, root, sent, now));
-            let known = self.links[root].remembered();
-            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
-            let link = &self.links[root];
-            if link.remembered() != known {
-                super::status::remember_root(table, root, &link.url, link.remembered());
-            }
-            if let Some(resend) = resend {
-                let link = &mut self.links[root];
+            let link = &mut self.links[root];
+            if let Some(resend) =
+                restart::take_answer(table, root, link, page, sent, self.groups, now)
+            {
                 self.accounts.owe(link, resend, now);
-                link.restart_seen = Some(now);
             }
             self.publish_utc_offset(table);
             self.take_reply(table, root, &page.reply, sent, log);
         }
         self.links[root].reuse_owed(owed, used);
-        self.adopt_after_restart(table, root, now);
-    }
-
-    /// Once root `root` was found restarted [`RESTART_GRACE`] intervals
-    /// ago, its new instance holds every host's resent slots (each host
-    /// finds the restart at its first exchange with it, within about an
-    /// interval, and resends at its next one): the in-flight levels this
-    /// host knew from its earlier instances become the new instance's, so
-    /// its next reply replaces them, lower or not. Every earlier
-    /// instance's: a level taken from one that came and went within the
-    /// grace (restarted twice) would stay as well. Earlier, the new
-    /// instance may still lack slots not resent yet, and replacing would
-    /// be fail-open; never, the earlier value would stay (it never leaks)
-    /// against every lower one: strict for good.
-    fn adopt_after_restart(&mut self, table: &Table, root: usize, now: Nanos) {
-        let grace = RESTART_GRACE.saturating_mul(self.interval);
-        let link = &mut self.links[root];
-        let Some(seen) = link.restart_seen else {
-            return;
-        };
-        if now.saturating_sub(seen) < grace {
-            return;
-        }
-        link.restart_seen = None;
-        let link = &self.links[root];
-        if table.adopt_source(|s| link.is_earlier_source(root, s), link.source(root)) > 0 {
-            // The next reply must carry them even if the new instance's
-            // count has not changed since (or is empty: left out).
-            self.links[root].counter_version = 0;
-            self.ask_all[root] = true;
-        }
-    }
-
-    /// What root `root`, found restarted by the reply to a request that
-    /// carried `sent`, must be sent again: for each named in-flight
-    /// counter of its group, the slots this host held before what it
-    /// sent that root and still owes it. The new instance counts nothing
-    /// from before; without these, the returns of those slots would take
-    /// this host's holding there below zero and hide as many of its later
-    /// slots for as long as it syncs (fail-open). Its held word less what
-    /// the new instance counts of `sent` and of what the link still owes
-    /// is exactly that: the restarted root then holds what this host
-    /// holds. That includes units resent to an earlier restart that the
-    /// new instance got (or will): a root restarting again before a
-    /// resend was acknowledged is not sent the same slots twice. Per-key
-    /// counters keep no held word yet and are not resent.
-    fn held_before(
-        &self,
-        table: &Table,
-        root: usize,
-        sent: &OwedDeltas,
-        now: Nanos,
-    ) -> Vec<(CounterKey, Owed)> {
-        let link = &self.links[root];
-        let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
-        table
-            .held_counts()
-            .into_iter()
-            .filter_map(|(id, held)| {
-                let c = CounterKey::named(id);
-                if shard(c, self.groups) != link.group {
-                    return None;
-                }
-                let before = i128::from(held) - net(sent, &c) - net(&link.owed, &c);
-                let before = u64::try_from(before).ok().filter(|&n| n > 0)?;
-                Some((c, Owed::resent(before, now)))
-            })
-            .collect()
+        self.restarts.adopt(table, root, &mut self.links[root], now);
     }
 
     /// Takes one reply of root `root` in: its quota and tier changes, then
@@ -442,9 +340,9 @@ impl SyncEngine {
     /// settled as empty there; and whatever it left out did not change
     /// there up to its clock.
     fn whole_answer(&mut self, table: &Table, root: usize, pages: &[Page], now: Nanos) {
-        let link = &self.links[root];
+        let link = &mut self.links[root];
         let group = link.group;
-        if std::mem::take(&mut self.ask_all[root]) {
+        if std::mem::take(&mut link.ask_all) {
             // Counters the root left out are empty there. (A reply cut
             // at a page of counters leaves some for the next one,
             // which then replaces the 0: one interval's undercount.)
@@ -549,15 +447,11 @@ impl SyncEngine {
 
     /// Own weight was folded into the levels of the groups `folded` says,
     /// in-flight counters among them: their roots are asked for all their
-    /// counters at their next exchange. A reply replaces a folded
-    /// in-flight level, so it must carry even a counter nobody changed
-    /// meanwhile, and one it leaves out is empty there (the other hosts
-    /// gave back all its slots while this host could not hear).
+    /// counters at their next exchange ([`RootLink::ask_for_all_counters`]).
     fn ask_all_after_fold(&mut self, folded: impl Fn(usize) -> bool) {
-        for (link, after) in self.links.iter_mut().zip(&mut self.ask_all) {
+        for link in &mut self.links {
             if folded(link.group) {
-                link.counter_version = 0;
-                *after = true;
+                link.ask_for_all_counters();
             }
         }
     }

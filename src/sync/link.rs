@@ -295,6 +295,12 @@ pub struct RootLink {
     /// instance's values replace the in-flight levels known from its
     /// earlier ones (see `SyncEngine::finish`).
     pub restart_seen: Option<Nanos>,
+    /// In-flight levels of the root's group were folded here since its
+    /// last answer (or, after it restarted, taken as its new instance's),
+    /// so it is asked for all its counters, and its next whole answer
+    /// settles the in-flight counters it leaves out
+    /// ([`crate::table::Table::settle_omitted`]).
+    pub ask_all: bool,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -325,6 +331,7 @@ impl RootLink {
             resend_penalties: false,
             takes_tiers: false,
             restart_seen: None,
+            ask_all: false,
             metrics,
         }
     }
@@ -367,6 +374,17 @@ impl RootLink {
     pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {
         let current = self.source(index);
         current != 0 && source != current && source & 0b1_1111 == current & 0b1_1111
+    }
+
+    /// Asks the root for all its counters at the next exchange (from
+    /// counter version 0), and has its next whole answer settle the
+    /// in-flight counters it leaves out (see [`RootLink::ask_all`]): a
+    /// reply then replaces in-flight levels taken here, so it must carry
+    /// even a counter nobody changed meanwhile, and one it leaves out is
+    /// empty there.
+    pub fn ask_for_all_counters(&mut self) {
+        self.counter_version = 0;
+        self.ask_all = true;
     }
 
     /// Owes the root penalties started here, if it takes tiers (one that

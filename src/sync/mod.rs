@@ -91,6 +91,8 @@
 //!   acknowledges of the weight sent.
 //! - `request.rs` — a cycle's request to each root ([`Outgoing`]) and the
 //!   pages that answer it ([`Page`]).
+//! - `restart.rs` — a root found restarted: what it is sent again, when
+//!   its new instance's levels are adopted, what a later thread resumes.
 //! - `health.rs` — root and group health: down after two silent
 //!   intervals (per-host limiting for their shards), the in-flight lease.
 //! - `early.rs` — when a cycle starts before its interval is up.
@@ -126,6 +128,7 @@ mod metrics;
 mod networked;
 mod pressure;
 mod request;
+mod restart;
 mod routing;
 mod schedule;
 mod shared;
