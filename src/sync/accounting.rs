@@ -5,9 +5,10 @@
 //!   that root confirms it (resent after a failure, bounded); while owed
 //!   it leaks at the quota's limit, so a root that missed it gets only
 //!   what is left of it (see [`Owed`] for why);
-//! - every collected delta is **unacknowledged** until the first root
-//!   whose reply covers it; that reply takes it off the table's
-//!   `inflight`, later roots' replies only max-merge their values;
+//! - every collected delta is **unacked** (sent, acknowledged by no
+//!   root yet) until the first root whose reply covers it; that reply
+//!   takes it off the table's unacked weight, later roots' replies only
+//!   max-merge their values;
 //! - weight given back (a collected counter whose net change is negative)
 //!   travels the same way, as a return beside the deltas, owed and
 //!   acknowledged alike (see docs/DESIGN.md, "Counters that give units

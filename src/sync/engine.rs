@@ -206,7 +206,7 @@ impl SyncEngine {
         out
     }
 
-    /// Applies the outcome of one exchange with root `root`: the pages that
+    /// Takes in the outcome of one exchange with root `root`: the pages that
     /// succeeded (in order) and, if it stopped early, the error. With no
     /// page at all the root is owed `owed` again and backs off, unless no
     /// other root is up either: then it is tried every cycle, so that the
@@ -410,7 +410,7 @@ impl SyncEngine {
         log
     }
 
-    /// With several groups and not all of them down: folds the in-flight
+    /// With several groups and not all of them down: folds the unacked
     /// weight of every shard whose group has not answered for two
     /// intervals into the local levels (per host), and says so once a
     /// minute per group.
@@ -435,7 +435,7 @@ impl SyncEngine {
         // another).
         self.accounts
             .collect_late(table, &mut self.links, self.groups, now);
-        // Weight in flight that no root will acknowledge goes back to
+        // Unacked weight, which no root will acknowledge, goes back to
         // pending, then everything pending is folded in locally.
         self.abandon(table);
         table.fold_local(now);
@@ -458,7 +458,7 @@ impl SyncEngine {
 
     /// The sync thread stops: weight sent but acknowledged by no root goes
     /// back to the table's pending, so the next sync thread (after an nginx
-    /// reload, the new worker's) sends it instead of it staying in flight
+    /// reload, the new worker's) sends it instead of it staying unacked
     /// forever. A root that did get it counts it twice, once; that
     /// overcount leaks away like any weight.
     pub fn abandon(&mut self, table: &Table) {

@@ -6,13 +6,14 @@
 //! (every interval, plus up to 10% random jitter so hosts do not sync in
 //! lockstep):
 //!
-//! 1. collect the changed local deltas (`pending → inflight`, atomically);
+//! 1. collect the changed local deltas (pending → unacked, atomically:
+//!    unacked is weight sent to the roots that no reply acknowledged yet);
 //! 2. send every root that is neither backing off nor still busy with an
 //!    earlier exchange what it is owed, all at once, each request with a
 //!    timeout below the interval;
-//! 3. apply each reply as it arrives: quotas by epoch, counters by max (in
-//!    local time, through the root's clock offset); the first reply that
-//!    includes a delta takes it off `inflight`;
+//! 3. take each reply in as it arrives: quotas by epoch, counters by max
+//!    (in local time, through the root's clock offset); the first reply
+//!    that includes a delta takes it off the unacked weight;
 //! 4. roots that failed keep what they are owed (bounded, leaking at the
 //!    quota's limit) and are retried with capped backoff, or every cycle
 //!    while no root is up. The next cycle starts on time whatever is still
@@ -50,7 +51,7 @@
 //!   reply leaves out) is vouched per group: only a reply of the counter's
 //!   own group says so.
 //! - **A group down**: when no root of a group answered for two
-//!   intervals, the in-flight weight of that group's shard is folded into
+//!   intervals, the unacked weight of that group's shard is folded into
 //!   the local levels each cycle (per host, fail-open, as with every root
 //!   down) while the other shards stay fleet-wide; what the group is owed
 //!   still leaks and is resent when it is back. Once it has been silent

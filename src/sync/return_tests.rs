@@ -152,7 +152,7 @@ fn a_root_that_predates_returns_keeps_the_units_and_the_host_stays_strict() {
     assert!(out[0].request.returned.is_empty(), "{:?}", out[0].request);
     assert_eq!(ea.metrics().roots[0].dropped_returns, 30);
     // The root still holds the 30, and so does the host's view: nothing
-    // is left in flight to make it look lower.
+    // is left unacked to make it look lower.
     assert_eq!(roots[0].level(1, 2 * SEC), Some(49.0));
     let st = a.quota(b"q", 2 * SEC).unwrap();
     assert_eq!((st.level, st.pending, st.inflight), (49.0, 0, 0));
@@ -236,12 +236,12 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
     // 51 leaked for a second, less 30, at both hosts (b's estimate may add
     // its measured fill rate on top; never the 30 back).
-    let (level_b, pending_b, inflight_b) = known(&b, 2 * SEC);
+    let (level_b, pending_b, unacked_b) = known(&b, 2 * SEC);
     assert!((20.0..21.5).contains(&level_b), "{level_b}");
-    assert_eq!((pending_b, inflight_b), (0, 0));
-    let (level_a, pending_a, inflight_a) = known(&a, 2 * SEC);
+    assert_eq!((pending_b, unacked_b), (0, 0));
+    let (level_a, pending_a, unacked_a) = known(&a, 2 * SEC);
     assert!((20.0..21.5).contains(&level_a), "{level_a}");
-    assert_eq!((pending_a, inflight_a), (0, 0));
+    assert_eq!((pending_a, unacked_a), (0, 0));
 }
 
 #[test]
@@ -907,7 +907,7 @@ fn a_restarted_roots_level_is_taken_after_the_grace_even_if_it_no_longer_changes
 }
 
 /// The sync thread of `t` stops and another starts on the same region
-/// (an nginx reload): what was in flight goes back to pending, and the
+/// (an nginx reload): what was unacked goes back to pending, and the
 /// new engine takes over what the region remembers of the roots.
 fn restart_sync(t: &Table, e: &mut SyncEngine, now: Nanos) {
     e.abandon(t);

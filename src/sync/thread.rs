@@ -29,8 +29,8 @@ impl SyncHandle {
             (config.log)(
                 LogLevel::Info,
                 &format!(
-                    "the previous sync thread of this table died with {requeued} units in \
-                     flight; they are sent again"
+                    "the previous sync thread of this table died with {requeued} units \
+                     unacked; they are sent again"
                 ),
             );
         }
