@@ -539,3 +539,7 @@ mod tests;
 #[cfg(test)]
 #[path = "return_tests.rs"]
 mod return_tests;
+
+#[cfg(test)]
+#[path = "in_flight_tests.rs"]
+mod in_flight_tests;

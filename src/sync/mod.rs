@@ -84,10 +84,12 @@
 //! - `standalone.rs` — the loop without roots: local folding only.
 //! - `shared.rs` — what the thread and its owner share: stop flag,
 //!   wake-ups, latest metrics.
-//! - `engine.rs` — [`engine::SyncEngine`], the sync logic without the
-//!   network, driven by both the networked loop and the simulator; its
-//!   tests beside it (`engine_tests.rs`, and `return_tests.rs`: weight
-//!   given back, through real root ledgers).
+//! - `engine.rs` — [`SyncEngine`], the sync logic without the network,
+//!   driven by both the networked loop and the simulator, composing the
+//!   parts below; its tests beside it: `engine_tests.rs` (replies built
+//!   by hand), and through real root ledgers `return_tests.rs` (weight
+//!   given back) and `in_flight_tests.rs` (slot quotas: the lease,
+//!   restarts, a sync thread started anew).
 //! - `accounting.rs` — what each root is owed, and what a reply
 //!   acknowledges of the weight sent.
 //! - `request.rs` — a cycle's request to each root ([`Outgoing`]) and the
