@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice::core::{Nanos, Quota};
-use sluice::sync::engine::{Page, SyncEngine};
+use sluice::sync::{Page, SyncEngine};
 use sluice::table::{CheckItem, CheckOptions, Table};
 use sluice::wire::binary::{decode_request, decode_response, encode_request, encode_response};
 use sluice::wire::{CounterValue, KeyValue, KeyedValues, SyncRequest, SyncResponse};

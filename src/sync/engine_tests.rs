@@ -3,8 +3,10 @@
 
 use super::*;
 use crate::core::Quota;
+use crate::sync::early::EARLY_PROBES_PER_INTERVAL;
+use crate::sync::request::next_page;
 use crate::table::Outcome;
-use crate::wire::{CounterValue, QuotaCursor};
+use crate::wire::{CounterDelta, CounterKey, CounterValue, KeyDelta, QuotaCursor, SyncRequest};
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -491,7 +493,7 @@ fn a_group_down_leaves_its_shard_per_host_and_the_other_fleet_wide() {
     assert_eq!(e.metrics().groups_down, vec![1]);
     let st = |name: &[u8]| t.quota(name, 4 * SEC).unwrap();
     // Shard 0: the fleet's level. Shard 1: this host's weight folded
-    // locally, nothing left in flight.
+    // locally, nothing left unacked.
     assert_eq!(st(b"a").level, 58.0);
     assert_eq!(st(b"b").unacked, 0);
     assert!(st(b"b").level > 0.0 && st(b"b").level <= 8.0);
@@ -699,7 +701,7 @@ fn early_sync_is_due_when_unsent_weight_passes_its_share_of_the_band() {
 }
 
 #[test]
-fn a_resend_that_leaked_to_nothing_still_clears_in_flight_weight() {
+fn a_resend_that_leaked_to_nothing_still_clears_unacked_weight() {
     let t = table_with(1000.0);
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);

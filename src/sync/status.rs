@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{RootMetrics, SyncMetrics};
+use super::metrics::{RootMetrics, SyncMetrics};
 use crate::table::layout::STATUS_ROOTS;
 use crate::table::Table;
 
@@ -38,7 +38,7 @@ pub fn publish(table: &Table, m: &SyncMetrics) {
 
 /// What a sync thread knew of a root, remembered in the region for the
 /// next sync thread (after an nginx reload; see
-/// [`super::SyncEngine::resume`]).
+/// `SyncEngine::resume`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RememberedRoot {
     /// The root instance that last answered.
