@@ -422,6 +422,17 @@ def nginx_block_problem(block, blocks, work):
 
 # --- a quota root --------------------------------------------------------------
 
+def end(process, grace):
+    """Stops `process`: SIGTERM, then SIGKILL if it still runs after
+    `grace` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -457,9 +468,7 @@ class Root:
                     return True
             except OSError:
                 time.sleep(0.1)
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        end(self.process, 0)
         return False
 
     def cli(self, *args):
@@ -468,12 +477,7 @@ class Root:
                               capture_output=True, text=True, timeout=60)
 
     def stop(self):
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        end(self.process, 10)
         self.log.close()
 
 
