@@ -176,9 +176,11 @@ impl OverrideBook {
     }
 }
 
-/// A penalty a root holds.
+/// Where one penalty stands at the root: its end, and the version that
+/// last moved it (a register of the book, not a request's slot of an
+/// in-flight quota).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Held {
+struct PenaltyEnd {
     /// End, UTC nanoseconds.
     until: i64,
     /// The book's version when it last moved later.
@@ -201,7 +203,7 @@ pub enum PenaltyRefusal {
 #[derive(Debug, Default)]
 pub struct PenaltyBook {
     /// By `(quota, key)`.
-    held: FxHashMap<(u64, KeyHash), Held>,
+    ends: FxHashMap<(u64, KeyHash), PenaltyEnd>,
     /// By version: the change log limiters read after their version.
     log: BTreeMap<u64, (u64, KeyHash)>,
     /// Last version handed out.
@@ -239,18 +241,18 @@ impl PenaltyBook {
             return refuse(self, PenaltyRefusal::Ended);
         }
         let place = (penalty.quota(), penalty.key());
-        match self.held.get(&place) {
-            Some(held) if held.until >= until => return Ok(false),
+        match self.ends.get(&place) {
+            Some(end) if end.until >= until => return Ok(false),
             Some(_) => {}
-            None if self.held.len() >= MAX_PENALTIES => {
+            None if self.ends.len() >= MAX_PENALTIES => {
                 return refuse(self, PenaltyRefusal::Full);
             }
             None => self.started += 1,
         }
         self.version += 1;
-        if let Some(old) = self.held.insert(
+        if let Some(old) = self.ends.insert(
             place,
-            Held {
+            PenaltyEnd {
                 until,
                 version: self.version,
             },
@@ -268,8 +270,8 @@ impl PenaltyBook {
             .log
             .range((Bound::Excluded(version), Bound::Unbounded))
             .filter_map(|(_, &place)| {
-                let held = self.held.get(&place)?;
-                (held.until > now_utc).then_some(Penalty(place.0, place.1, held.until))
+                let end = self.ends.get(&place)?;
+                (end.until > now_utc).then_some(Penalty(place.0, place.1, end.until))
             })
             .collect();
         (changed, self.version)
@@ -284,10 +286,10 @@ impl PenaltyBook {
     /// quotas (deleted, or without a penalty now).
     pub fn forget_ended(&mut self, now_utc: i64, mut gone: impl FnMut(u64) -> bool) {
         let log = &mut self.log;
-        self.held.retain(|&(quota, _), held| {
-            let keep = held.until > now_utc && !gone(quota);
+        self.ends.retain(|&(quota, _), end| {
+            let keep = end.until > now_utc && !gone(quota);
             if !keep {
-                log.remove(&held.version);
+                log.remove(&end.version);
             }
             keep
         });
@@ -297,10 +299,10 @@ impl PenaltyBook {
     /// first, at most `max`.
     pub fn active(&self, now_utc: i64, max: usize) -> Vec<Penalty> {
         let mut all: Vec<Penalty> = self
-            .held
+            .ends
             .iter()
-            .filter(|(_, held)| held.until > now_utc)
-            .map(|(&(quota, key), held)| Penalty(quota, key, held.until))
+            .filter(|(_, end)| end.until > now_utc)
+            .map(|(&(quota, key), end)| Penalty(quota, key, end.until))
             .collect();
         all.sort_by(|a, b| {
             b.until()
@@ -315,8 +317,8 @@ impl PenaltyBook {
     /// Penalties in force at `now_utc` per quota.
     pub fn counts(&self, now_utc: i64) -> FxHashMap<u64, usize> {
         let mut counts = FxHashMap::default();
-        for (&(quota, _), held) in &self.held {
-            if held.until > now_utc {
+        for (&(quota, _), end) in &self.ends {
+            if end.until > now_utc {
                 *counts.entry(quota).or_default() += 1;
             }
         }
@@ -325,12 +327,12 @@ impl PenaltyBook {
 
     /// Penalties held (some may have ended since the last sweep).
     pub fn len(&self) -> usize {
-        self.held.len()
+        self.ends.len()
     }
 
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
+        self.ends.is_empty()
     }
 }
 
