@@ -12,7 +12,7 @@
 //! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
 //! | `GET /v1/overview?top=` | none / admin token | the console's data: public totals, names with the token |
 //! | `GET /ui` | none | the web console (static; its data needs the token) |
-//! | `GET /healthz` | none | readiness and database state |
+//! | `GET /healthz` | none / admin token | readiness and database state; the database's own error with the token |
 //! | `GET /metrics` | none | Prometheus text |
 //!
 //! Every error is `{"error": {"field": ..., "message": ...}}`.
