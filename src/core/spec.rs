@@ -21,6 +21,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::{Deserialize, Serialize};
 
 use super::key::KeyHash;
+use super::object::Object;
 use super::quota::{
     in_flight_as_parent, validate_chain, validate_in_flight, validate_name, validate_params,
     validate_window, InFlightShape, Quota, ValidationError,
@@ -64,7 +65,11 @@ pub struct QuotaSpec {
     /// Overrides of a per-key template's numbers for some keys (see
     /// [`super::tier`]); a quota file's only (the admin API keeps them
     /// at `/v1/quotas/{name}/overrides`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "super::object::objects",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub overrides: Vec<OverrideSpec>,
     /// At most `limit` requests at once (see
     /// [`crate::core::Quota::in_flight`]).
@@ -726,7 +731,9 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::Window => map.next_value().map(|v| window = Some(v)),
                 SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
                 SpecField::Penalty => map.next_value().map(|v| penalty = Some(v)),
-                SpecField::Overrides => map.next_value().map(|v| overrides = Some(v)),
+                SpecField::Overrides => map
+                    .next_value::<Vec<Object<OverrideSpec>>>()
+                    .map(|v| overrides = Some(v.into_iter().map(Object::into_inner).collect())),
                 SpecField::InFlight => map.next_value().map(|v| in_flight = Some(v)),
             };
             read.map_err(|e| self.noting(&name, e))?;

@@ -58,6 +58,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::core::object::Object;
 use crate::wire::SYNC_PATH;
 
 use super::connections::Connection;
@@ -187,25 +188,29 @@ async fn read_body(request: Request, state: &Arc<RootState>) -> Result<Bytes, Ap
         })
 }
 
-/// Parses JSON; on failure parses again with path tracking, so the common
-/// case pays nothing for a good error message.
+/// Parses a JSON object (a body of the admin or the sync API: an array
+/// is refused, never read by position, see [`Object`]); on failure parses
+/// again with path tracking, so the common case pays nothing for a good
+/// error message.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|_| {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        match serde_path_to_error::deserialize::<_, T>(&mut de) {
-            Ok(_) => ApiError::malformed(None, "trailing characters after the JSON value"),
-            Err(e) => {
-                let path = e.path().to_string();
-                let message = e.into_inner().to_string();
-                let field = match named_field(&message) {
-                    Some(name) if path == "." => Some(name.to_string()),
-                    Some(name) if !path.ends_with(name) => Some(format!("{path}.{name}")),
-                    _ => (path != ".").then_some(path),
-                };
-                ApiError::malformed(field, message)
+    serde_json::from_slice(bytes)
+        .map(Object::into_inner)
+        .map_err(|_| {
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            match serde_path_to_error::deserialize::<_, Object<T>>(&mut de) {
+                Ok(_) => ApiError::malformed(None, "trailing characters after the JSON value"),
+                Err(e) => {
+                    let path = e.path().to_string();
+                    let message = e.into_inner().to_string();
+                    let field = match named_field(&message) {
+                        Some(name) if path == "." => Some(name.to_string()),
+                        Some(name) if !path.ends_with(name) => Some(format!("{path}.{name}")),
+                        _ => (path != ".").then_some(path),
+                    };
+                    ApiError::malformed(field, message)
+                }
             }
-        }
-    })
+        })
 }
 
 /// The field serde names in "missing field `x`" (reported at the path of
