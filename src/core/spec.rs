@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use super::key::KeyHash;
 use super::object::Object;
 use super::quota::{
-    in_flight_as_parent, validate_chain, validate_in_flight, validate_name, validate_params,
-    validate_window, InFlightShape, Quota, ValidationError,
+    in_flight_as_parent, validate_chain, validate_kind, validate_name, validate_numbers, Kind,
+    Quota, ValidationError,
 };
 use super::tier::{parse_key_hash, OverrideSpec, PenaltyTime, Rule};
 use super::window::Window;
@@ -119,14 +119,25 @@ impl QuotaSpec {
                 ));
             }
         }
-        validate_params(self.limit, self.low(), self.high())?;
-        validate_window(self.window, self.sliding, self.limit, self.high())?;
-        validate_in_flight(self.in_flight, self)?;
+        validate_kind(
+            self.window,
+            self.sliding,
+            self.in_flight,
+            self.parent.is_some(),
+        )?;
+        validate_numbers(self.kind(), self.limit, self.low(), self.high())?;
         self.validate_overrides().map(|_| ())
     }
 
+    /// How the quota counts (what its numbers, and its overrides', may
+    /// be).
+    pub fn kind(&self) -> Kind {
+        Kind::of(self.window, self.in_flight)
+    }
+
     /// The overrides' keys and rules, checked: only a per-key template
-    /// has overrides, each names a key hash once.
+    /// has overrides, each names a key hash once, with numbers its
+    /// template's kind may have.
     pub fn validate_overrides(&self) -> Result<Vec<(KeyHash, Rule)>, ValidationError> {
         if !self.overrides.is_empty() && !self.per_key {
             return Err(ValidationError::new(
@@ -157,24 +168,11 @@ impl QuotaSpec {
                      give expiring ones through the admin API",
                 )));
             }
-            out.push((key, o.rule().map_err(at)?));
+            let rule = o.rule().map_err(at)?;
+            rule.validate_for(self.kind()).map_err(at)?;
+            out.push((key, rule));
         }
         Ok(out)
-    }
-}
-
-impl InFlightShape for QuotaSpec {
-    fn limit(&self) -> f64 {
-        self.limit
-    }
-    fn bursts(&self) -> (f64, f64) {
-        (self.low(), self.high())
-    }
-    fn has_parent(&self) -> bool {
-        self.parent.is_some()
-    }
-    fn has_window(&self) -> bool {
-        self.window.is_some()
     }
 }
 

@@ -7,6 +7,8 @@
 //! other roots cannot slip a cycle or a too-deep chain past the check, and
 //! a patch merges into the row as it is, not as some reader saw it.
 
+use std::collections::HashSet;
+
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::quota::in_flight_as_parent;
@@ -14,7 +16,7 @@ use crate::core::quota::{validate_chain, MAX_DEPTH};
 use crate::core::spec::{template_as_parent, QuotaPatch, QuotaSpec};
 use crate::core::ValidationError;
 
-use super::overrides::drop_overrides_of;
+use super::overrides::{check_overrides_fit, drop_overrides_of};
 use super::rows::{self, StoredRow};
 use super::{unix_millis, Store, StoreError};
 
@@ -188,6 +190,12 @@ impl Store {
                     children.join(", ")
                 );
                 return Err(StoreError::Conflict(ValidationError::new(field, message)));
+            }
+        }
+        if let Some(c) = current.as_ref().filter(|c| !c.deleted && c.spec.per_key) {
+            if spec.per_key && c.spec.kind() != spec.kind() {
+                check_overrides_fit(&mut tx, c.id, &spec.name, spec.kind(), &HashSet::new())
+                    .await?;
             }
         }
         let now = unix_millis();
