@@ -8,7 +8,7 @@
 //! | `GET /v1/quotas/{name}/keys?top=` | admin token | busiest keys of a per-key quota |
 //! | `GET /v1/quotas/{name}/keys/{hash}` | admin token | one key, by hash |
 //! | `GET /v1/quotas/{name}/overrides?after=&limit=` | admin token | a per-key quota's overrides, and its keys' penalties |
-//! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}/overrides/{key_hash}` | admin token | one override: read, replace, change some fields, remove |
+//! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}/overrides/{key_hash}` | admin token | one override: read, replace, change some fields, remove (`If-Match` as for quotas) |
 //! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
 //! | `GET /v1/overview?top=` | none / admin token | the console's data: public totals, names with the token |
 //! | `GET /ui` | none | the web console (static; its data needs the token) |
@@ -29,6 +29,8 @@
 //!   float noise.
 //! - `keys.rs` — the keys of a per-key quota, by hash.
 //! - `overrides.rs` — the overrides of a per-key quota's keys.
+//! - `preconditions.rs` — `If-Match` / `If-None-Match` and the `ETag`:
+//!   a quota's or an override's epoch is its version.
 //! - `overview.rs` — `GET /v1/overview`, shared by the console and
 //!   `sluice top`; `ui.rs` — the console's static files (`../ui/`).
 
@@ -39,6 +41,7 @@ mod keys;
 mod ops;
 pub mod overrides;
 pub mod overview;
+mod preconditions;
 mod quotas;
 mod round;
 mod sync;

@@ -19,7 +19,7 @@ use crate::core::tier::{parse_key_hash, Override, OverrideSpec, Rule};
 use crate::core::{ValidationError, Window};
 use crate::wire::QuotaCursor;
 
-use super::{unix_millis, Store, StoreError};
+use super::{unix_millis, Expect, Store, StoreError};
 
 /// An override as the root holds it: what limiters get, and the note
 /// that stays at the roots.
@@ -78,14 +78,16 @@ impl Store {
     }
 
     /// Creates or replaces the override of `key` on the per-key template
-    /// `template`: every field takes `spec`'s value (no expiry, no note
-    /// when it gives none). `now_ms` counts a relative expiry.
+    /// `template`, if it is as `expect` says: every field takes `spec`'s
+    /// value (no expiry, no note when it gives none). `now_ms` counts a
+    /// relative expiry.
     pub async fn put_override(
         &self,
         template: &str,
         key: KeyHash,
         spec: &OverrideSpec,
         now_ms: i64,
+        expect: &Expect,
     ) -> Result<OverrideOutcome, StoreError> {
         let rule = spec.rule().map_err(invalid)?;
         let note = spec.checked_note().map_err(invalid)?;
@@ -96,22 +98,26 @@ impl Store {
             let (quota, kind) = template_and_kind(&mut tx, template).await?;
             rule.validate_for(kind).map_err(invalid)?;
             let current = by_key(&mut tx, quota, key).await?;
+            let live = current.as_ref().filter(|c| !c.ov.deleted);
+            expect.check(&override_of(template, key), live.map(|c| c.ov.epoch))?;
             self.write_override(tx, epoch, quota, key, current, rule, note, expires)
                 .await
         })
         .await
     }
 
-    /// Changes the fields `spec` gives of the live override of `key`:
-    /// numbers merge into a `limit` override's (a bare `low_burst`
-    /// keeps the limit), `allow`/`deny` replace the rule, a `note` (empty:
-    /// none) and `expires` (`"never"`: none) replace theirs.
+    /// Changes the fields `spec` gives of the live override of `key`, if
+    /// it is as `expect` says: numbers merge into a `limit` override's (a
+    /// bare `low_burst` keeps the limit), `allow`/`deny` replace the rule,
+    /// a `note` (empty: none) and `expires` (`"never"`: none) replace
+    /// theirs.
     pub async fn patch_override(
         &self,
         template: &str,
         key: KeyHash,
         spec: &OverrideSpec,
         now_ms: i64,
+        expect: &Expect,
     ) -> Result<OverrideOutcome, StoreError> {
         check_body_key(spec, key)?;
         let note = spec.checked_note().map_err(invalid)?;
@@ -123,10 +129,7 @@ impl Store {
         self.bounded("the write", async {
             let (mut tx, epoch) = self.begin_write().await?;
             let (quota, kind) = template_and_kind(&mut tx, template).await?;
-            let current = by_key(&mut tx, quota, key)
-                .await?
-                .filter(|c| !c.ov.deleted)
-                .ok_or_else(|| no_override(template, key))?;
+            let current = live_override(&mut tx, template, quota, key, expect).await?;
             let rule = merged_rule(&current.ov.rule, spec).map_err(invalid)?;
             rule.validate_for(kind).map_err(invalid)?;
             let note = match note {
@@ -190,16 +193,18 @@ impl Store {
         })
     }
 
-    /// Removes the override of `key` on `template`, leaving a tombstone;
-    /// returns the epoch it got.
-    pub async fn delete_override(&self, template: &str, key: KeyHash) -> Result<u64, StoreError> {
+    /// Removes the override of `key` on `template`, if it is as `expect`
+    /// says, leaving a tombstone; returns the epoch it got.
+    pub async fn delete_override(
+        &self,
+        template: &str,
+        key: KeyHash,
+        expect: &Expect,
+    ) -> Result<u64, StoreError> {
         self.bounded("the delete", async {
             let (mut tx, epoch) = self.begin_write().await?;
             let quota = template_id(&mut tx, template).await?;
-            let current = by_key(&mut tx, quota, key)
-                .await?
-                .filter(|c| !c.ov.deleted)
-                .ok_or_else(|| no_override(template, key))?;
+            let current = live_override(&mut tx, template, quota, key, expect).await?;
             sqlx::query(
                 "UPDATE overrides SET deleted = 1, epoch = $1, updated_at = $2 WHERE id = $3",
             )
@@ -469,6 +474,30 @@ fn check_body_key(spec: &OverrideSpec, key: KeyHash) -> Result<(), StoreError> {
 
 fn no_override(template: &str, key: KeyHash) -> StoreError {
     StoreError::NoOverride(template.to_string(), format_hash(key))
+}
+
+/// How a precondition names an override.
+fn override_of(template: &str, key: KeyHash) -> String {
+    format!("override of key {} on {template:?}", format_hash(key))
+}
+
+/// The live override of `key` on quota `quota` (named `template`) inside
+/// the write, checked against `expect`: a 412 when it is not the version
+/// expected (or gone, when one was), a 404 when it is gone.
+async fn live_override(
+    tx: &mut Transaction<'static, Any>,
+    template: &str,
+    quota: u64,
+    key: KeyHash,
+    expect: &Expect,
+) -> Result<OverrideRow, StoreError> {
+    let what = override_of(template, key);
+    let current = by_key(tx, quota, key)
+        .await?
+        .filter(|c| !c.ov.deleted)
+        .ok_or_else(|| expect.check_missing(&what, no_override(template, key)))?;
+    expect.check(&what, Some(current.ov.epoch))?;
+    Ok(current)
 }
 
 /// The id of the live per-key template `name`, inside the write.
