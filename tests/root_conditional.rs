@@ -207,7 +207,7 @@ async fn racing_override_writes_with_one_etag_have_one_winner(db: Db) {
         .await;
     let path = format!("/v1/quotas/tier/overrides/{KEY}");
     let create = |_| async {
-        let (status, _, _) = read(&root, &path).await;
+        let (status, _, _) = read(root, &path).await;
         if status == StatusCode::NOT_FOUND {
             let (status, reply) = root
                 .admin(Method::PUT, &path, Some(json!({"limit": 5})))
