@@ -586,6 +586,25 @@ async fn overrides_and_penalties_travel_in_the_sync(db: Db) {
     );
     let cut = reply["tiers"]["penalties"][0][2].as_i64().unwrap();
     assert!(cut < now_ns + 17 * 60_000_000_000, "{reply}");
+    // /metrics counts them, and one on a quota without a penalty.
+    tier_sync(
+        &root,
+        "x",
+        &after,
+        json!({"penalties": [[template + 100, 0xcc, until]]}),
+    )
+    .await;
+    for (series, value) in [
+        ("sluice_root_penalties", 2.0),
+        ("sluice_root_penalties_started_total", 2.0),
+        ("sluice_root_penalties_evicted_total", 0.0),
+        (
+            "sluice_root_penalties_refused_total{reason=\"no_penalty\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(root.metric(series).await, Some(value), "{series}");
+    }
     // A penalty naming no quota is refused with its place.
     let (status, reply) = root
         .sync(
