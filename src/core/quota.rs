@@ -318,17 +318,13 @@ impl Quota {
                 "a quota cannot be its own parent",
             ));
         }
+        let numbers = [self.limit, self.low_burst, self.high_burst];
         validate_kind(
             self.window,
             self.sliding,
             self.in_flight,
             self.parent.is_some(),
-        )?;
-        validate_numbers(
-            Kind::of(self.window, self.in_flight),
-            self.limit,
-            self.low_burst,
-            self.high_burst,
+            numbers,
         )
     }
 
@@ -421,14 +417,18 @@ fn validate_slots(limit: f64, low_burst: f64, high_burst: f64) -> Result<(), Val
     Ok(())
 }
 
-/// Checks that a quota's settings make one kind: `sliding` needs a
-/// window; an in-flight quota has no window and no parent (a slot given
-/// back must not return rate units to a leaky ancestor).
+/// Checks that a quota's settings make one kind, and that its numbers
+/// (`[limit, low_burst, high_burst]`) are ones its kind may have
+/// ([`validate_numbers`]): `sliding` needs a window; an in-flight quota
+/// has no window and no parent (a slot given back must not return rate
+/// units to a leaky ancestor). What a quota and a quota file's entry
+/// both follow.
 pub fn validate_kind(
     window: Option<Window>,
     sliding: bool,
     in_flight: bool,
     has_parent: bool,
+    [limit, low_burst, high_burst]: [f64; 3],
 ) -> Result<(), ValidationError> {
     if sliding && window.is_none() {
         return Err(ValidationError::new(
@@ -448,7 +448,8 @@ pub fn validate_kind(
             "an in-flight quota stands alone: it cannot have a parent",
         ));
     }
-    Ok(())
+    let kind = Kind::of(window, in_flight);
+    validate_numbers(kind, limit, low_burst, high_burst)
 }
 
 /// The error for a quota placed under an in-flight quota.

@@ -23,8 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::key::KeyHash;
 use super::object::Object;
 use super::quota::{
-    in_flight_as_parent, validate_chain, validate_kind, validate_name, validate_numbers, Kind,
-    Quota, ValidationError,
+    in_flight_as_parent, validate_chain, validate_kind, validate_name, Kind, Quota, ValidationError,
 };
 use super::tier::{parse_key_hash, OverrideSpec, PenaltyTime, Rule};
 use super::window::Window;
@@ -119,13 +118,14 @@ impl QuotaSpec {
                 ));
             }
         }
+        let numbers = [self.limit, self.low(), self.high()];
         validate_kind(
             self.window,
             self.sliding,
             self.in_flight,
             self.parent.is_some(),
+            numbers,
         )?;
-        validate_numbers(self.kind(), self.limit, self.low(), self.high())?;
         self.validate_overrides().map(|_| ())
     }
 

@@ -431,21 +431,21 @@ fn render_penalties(p: &PenaltyStats, out: &mut String) {
         "Penalties held (some may have ended since the last sweep).",
     );
     let _ = writeln!(out, "sluice_root_penalties {}", p.held);
-    for (name, help, value) in [
-        (
-            "penalties_started_total",
-            "Penalties limiters started that this root first heard of.",
-            p.started,
-        ),
-        (
-            "penalties_evicted_total",
-            "Penalties dropped, the one ending soonest, to make room for one ending later.",
-            p.evicted,
-        ),
-    ] {
-        family(out, name, "counter", help);
-        let _ = writeln!(out, "sluice_root_{name} {value}");
-    }
+    counters(
+        out,
+        [
+            (
+                "penalties_started_total",
+                "Penalties limiters started that this root first heard of.",
+                p.started,
+            ),
+            (
+                "penalties_evicted_total",
+                "Penalties dropped, the one ending soonest, to make room for one ending later.",
+                p.evicted,
+            ),
+        ],
+    );
     by_reason(
         out,
         "penalties_refused_total",
@@ -616,7 +616,9 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         family(out, name, "gauge", help);
         let _ = writeln!(out, "sluice_root_{name} {value}");
     }
-    for (name, help, value) in [
+    counters(
+        out,
+        [
         (
             "keys_refused_total",
             "Key deltas ignored: max_keys keys were held, or their limiter held its max_keys_per_limiter share.",
@@ -632,10 +634,8 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "Key counters forgotten after leaking to nothing.",
             s.keys_forgotten,
         ),
-    ] {
-        family(out, name, "counter", help);
-        let _ = writeln!(out, "sluice_root_{name} {value}");
-    }
+    ],
+    );
     by_reason(
         out,
         "limiters_dropped_total",
@@ -685,6 +685,14 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// A counter family with one sample per reason: `(label, value)`.
+/// Counter families of one sample each: `(name, help, value)`.
+fn counters<const N: usize>(out: &mut String, families: [(&str, &str, u64); N]) {
+    for (name, help, value) in families {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "sluice_root_{name} {value}");
+    }
+}
+
 fn by_reason<'a>(
     out: &mut String,
     name: &str,
