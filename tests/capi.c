@@ -122,6 +122,8 @@ int main(void) {
         {"{\"sync_token\": \"two words\"}", "sync_token"},
         {"{\"extrapolation\": {\"mode\": \"constant_ratio\", \"ratio\": -1}}",
          "extrapolation.ratio"},
+        /* An object only: an array is never read field by field. */
+        {"[1, 2]", "expected a JSON object"},
     };
     for (size_t i = 0; i < sizeof BAD_CONFIGS / sizeof BAD_CONFIGS[0]; i++) {
         EXPECT(sluice_init(BAD_CONFIGS[i][0]) == SLUICE_ERROR &&
