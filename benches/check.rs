@@ -31,7 +31,7 @@ fn quota(id: u64, name: String, parent: Option<u64>) -> Quota {
 
 fn bench_table(c: &mut Criterion) {
     let t = Table::new_heap(1024, 32);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         quota(1, "s3_photos".into(), None),
         quota(2, "s3_photos_rw".into(), Some(1)),
         quota(3, "s3_photos_read".into(), Some(2)),
@@ -40,13 +40,13 @@ fn bench_table(c: &mut Criterion) {
     let now = sluice::clock::now();
     let mut g = c.benchmark_group("table");
     g.bench_function("hot_single", |b| {
-        b.iter(|| t.check(black_box(b"s3_single_read"), 1, now))
+        b.iter(|| t.gate().check(black_box(b"s3_single_read"), 1, now))
     });
     g.bench_function("hot_depth3", |b| {
-        b.iter(|| t.check(black_box(b"s3_photos_read"), 1, now))
+        b.iter(|| t.gate().check(black_box(b"s3_photos_read"), 1, now))
     });
     g.bench_function("unknown_name", |b| {
-        b.iter(|| t.check(black_box(b"s3_nobody_read"), 1, now))
+        b.iter(|| t.gate().check(black_box(b"s3_nobody_read"), 1, now))
     });
     g.finish();
 }
@@ -56,7 +56,7 @@ fn bench_kinds(c: &mut Criterion) {
     let window = |id, name: &str, sliding| {
         Quota::new(id, name, 1e15, 1e15, 1e15).windowed(Window::Minute, sliding)
     };
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         quota(1, "leaky".into(), None),
         window(2, "fixed_1m", false),
         window(3, "sliding_1m", true),
@@ -70,21 +70,26 @@ fn bench_kinds(c: &mut Criterion) {
         max_wait: None,
     };
     let mut g = c.benchmark_group("kinds");
-    g.bench_function("leaky", |b| b.iter(|| t.check(black_box(b"leaky"), 1, now)));
+    g.bench_function("leaky", |b| {
+        b.iter(|| t.gate().check(black_box(b"leaky"), 1, now))
+    });
     g.bench_function("window_fixed", |b| {
-        b.iter(|| t.check(black_box(b"fixed_1m"), 1, now))
+        b.iter(|| t.gate().check(black_box(b"fixed_1m"), 1, now))
     });
     g.bench_function("window_sliding", |b| {
-        b.iter(|| t.check(black_box(b"sliding_1m"), 1, now))
+        b.iter(|| t.gate().check(black_box(b"sliding_1m"), 1, now))
     });
     g.bench_function("window_month", |b| {
-        b.iter(|| t.check(black_box(b"month"), 1, now))
+        b.iter(|| t.gate().check(black_box(b"month"), 1, now))
     });
     g.bench_function("obtain", |b| {
-        b.iter(|| t.obtain(black_box(&item(b"leaky")), now))
+        b.iter(|| t.gate().obtain(black_box(&item(b"leaky")), now))
     });
     g.bench_function("reserve", |b| {
-        b.iter(|| t.reserve(black_box(&item(b"leaky")), 1_000_000_000, now))
+        b.iter(|| {
+            t.gate()
+                .reserve(black_box(&item(b"leaky")), 1_000_000_000, now)
+        })
     });
     g.finish();
 }
@@ -93,7 +98,7 @@ fn bench_random_1m(c: &mut Criterion) {
     const N: u64 = 1_000_000;
     let t = Table::new_heap(N as u32, 16);
     let quotas: Vec<Quota> = (1..=N).map(|i| quota(i, format!("q{i}"), None)).collect();
-    let report = t.apply_quotas(&quotas);
+    let report = t.books().apply_quotas(&quotas);
     assert_eq!(report.inserted, N as usize);
     eprintln!(
         "random_1m: region {} MiB for {} quotas = {:.1} bytes per quota",
@@ -111,7 +116,7 @@ fn bench_random_1m(c: &mut Criterion) {
     c.bench_function("table/random_1m", |b| {
         b.iter(|| {
             i = (i + 1) & (names.len() - 1);
-            t.check(black_box(&names[i]), 1, now)
+            t.gate().check(black_box(&names[i]), 1, now)
         })
     });
     // The same names built into one buffer per check: the name at that
@@ -122,24 +127,25 @@ fn bench_random_1m(c: &mut Criterion) {
             i = (i + 1) & (names.len() - 1);
             let name = &names[i];
             buf[..name.len()].copy_from_slice(name);
-            t.check(black_box(&buf[..name.len()]), 1, now)
+            t.gate().check(black_box(&buf[..name.len()]), 1, now)
         })
     });
     // The same checks by slot, with no name lookup: one round of misses
     // (the slot's two lines), the floor of any layout that finds a slot
     // from the name's hash without an index.
-    let slots: Vec<_> = names.iter().map(|n| t.lookup(n).unwrap()).collect();
+    let slots: Vec<_> = names.iter().map(|n| t.gate().lookup(n).unwrap()).collect();
     c.bench_function("table/random_1m_by_slot", |b| {
         b.iter(|| {
             i = (i + 1) & (slots.len() - 1);
-            t.check_slot(black_box(slots[i]), 1, now, sluice::core::rng::thread_unit)
+            t.gate()
+                .check_slot(black_box(slots[i]), 1, now, sluice::core::rng::thread_unit)
         })
     });
 }
 
 fn bench_contended(c: &mut Criterion) {
     let t = Arc::new(Table::new_heap(16, 32));
-    t.apply_quotas(&[quota(1, "shared".into(), None)]);
+    t.books().apply_quotas(&[quota(1, "shared".into(), None)]);
     c.bench_function("table/contended_2threads", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
@@ -148,13 +154,13 @@ fn bench_contended(c: &mut Criterion) {
                 std::thread::spawn(move || {
                     let now = sluice::clock::now();
                     for _ in 0..iters {
-                        black_box(t.check(black_box(b"shared"), 1, now));
+                        black_box(t.gate().check(black_box(b"shared"), 1, now));
                     }
                 })
             };
             let now = sluice::clock::now();
             for _ in 0..iters {
-                black_box(t.check(black_box(b"shared"), 1, now));
+                black_box(t.gate().check(black_box(b"shared"), 1, now));
             }
             other.join().unwrap();
             // Time per check as each thread sees it (both run at once).

@@ -20,7 +20,8 @@ use sluice::table::{CheckItem, CheckOptions, Table};
 /// A table whose `per_key` template never rejects.
 fn keyed_table(keys: u64) -> Table {
     let t = Table::new_heap_with_keys(16, 16, keys);
-    t.apply_quotas(&[Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
     t
 }
 
@@ -31,7 +32,9 @@ fn check(t: &Table, key: &[u8], now: u64) -> bool {
         weight: 1,
         max_wait: None,
     };
-    let r = t.check_many(&[item], now, CheckOptions::default(), || 0.5);
+    let r = t
+        .gate()
+        .check_many(&[item], now, CheckOptions::default(), || 0.5);
     r.outcome == sluice::table::Outcome::Pass
 }
 
@@ -57,7 +60,7 @@ fn daily_table(entries: u64) -> Table {
     let day = Quota::new(1, "per_key_day", 1.0, 1.0, 1.0)
         .keyed()
         .windowed(sluice::core::Window::Day, false);
-    t.apply_quotas(&[day]);
+    t.books().apply_quotas(&[day]);
     t
 }
 
@@ -81,7 +84,8 @@ fn fill_report() {
                     weight: 1,
                     max_wait: None,
                 };
-                t.check_many(&[item], now, CheckOptions::default(), || 0.5)
+                t.gate()
+                    .check_many(&[item], now, CheckOptions::default(), || 0.5)
             };
             for i in 0..offered {
                 second(i);

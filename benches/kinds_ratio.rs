@@ -67,7 +67,7 @@ fn main() {
 
     let t = Table::new_heap(1024, 32);
     let huge = 1e15;
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "leaky", huge, huge, huge),
         Quota::new(2, "fixed_1m", huge, huge, huge).windowed(Window::Minute, false),
         Quota::new(3, "sliding_1m", huge, huge, huge).windowed(Window::Minute, true),
@@ -84,7 +84,7 @@ fn main() {
         let t = &t;
         Box::new(move |n| {
             for _ in 0..n {
-                black_box(t.check(black_box(name), 1, now));
+                black_box(t.gate().check(black_box(name), 1, now));
             }
         })
     };
@@ -98,7 +98,7 @@ fn main() {
             Box::new(|n| {
                 let it = item(b"leaky");
                 for _ in 0..n {
-                    black_box(t.obtain(black_box(&it), now));
+                    black_box(t.gate().obtain(black_box(&it), now));
                 }
             }),
         ),
@@ -107,7 +107,7 @@ fn main() {
             Box::new(|n| {
                 let it = item(b"leaky");
                 for _ in 0..n {
-                    black_box(t.reserve(black_box(&it), 1_000_000_000, now));
+                    black_box(t.gate().reserve(black_box(&it), 1_000_000_000, now));
                 }
             }),
         ),

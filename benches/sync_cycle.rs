@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sluice::core::{Nanos, Quota};
-use sluice::sync::engine::{Page, SyncEngine};
+use sluice::sync::{Page, SyncEngine};
 use sluice::table::{CheckItem, CheckOptions, Table};
 use sluice::wire::binary::{decode_request, decode_response, encode_request, encode_response};
 use sluice::wire::{CounterValue, KeyValue, KeyedValues, SyncRequest, SyncResponse};
@@ -192,12 +192,12 @@ fn timed<T>(total: &mut u64, f: impl FnOnce() -> T) -> T {
 fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
     let table = if keyed {
         let t = Table::new_heap_with_keys(16, 16, 4 * sizes.changed as u64);
-        t.apply_quotas(&[quota(0).keyed()]);
+        t.books().apply_quotas(&[quota(0).keyed()]);
         t
     } else {
         let t = Table::new_heap(sizes.quotas as u32 + 16, 16);
         let quotas: Vec<Quota> = (0..sizes.quotas).map(quota).collect();
-        t.apply_quotas(&quotas);
+        t.books().apply_quotas(&quotas);
         t
     };
     let names: Vec<String> = (0..sizes.changed).map(name).collect();
@@ -227,7 +227,9 @@ fn cycle_breakdown(sizes: Size, keyed: bool, encoding: Encoding) {
                 weight: 1,
                 max_wait: None,
             };
-            table.check_many(&[item], now, CheckOptions::default(), || 0.5);
+            table
+                .gate()
+                .check_many(&[item], now, CheckOptions::default(), || 0.5);
         }
         let out = timed(&mut collect, || engine.begin_cycle(&table, now));
         let out = out.into_iter().next().expect("one root");
@@ -403,7 +405,7 @@ fn check_latencies(table: &Table, names: &[String], seconds: u64) -> Latencies {
     'outer: loop {
         for n in names {
             let start = Instant::now();
-            table.check(n.as_bytes(), 1, sluice::clock::now());
+            table.gate().check(n.as_bytes(), 1, sluice::clock::now());
             lat.record(start.elapsed().as_nanos() as u64);
         }
         if Instant::now() >= until {
@@ -455,7 +457,9 @@ fn real_thread(root: &Root, sizes: Size, encoding: Encoding, latency_secs: u64) 
     // Without syncs: a table that holds the quotas and has no sync thread.
     let without = (latency_secs > 0).then(|| {
         let quiet = Table::new_heap(sizes.quotas as u32 + 16, 16);
-        quiet.apply_quotas(&(0..sizes.quotas).map(quota).collect::<Vec<_>>());
+        quiet
+            .books()
+            .apply_quotas(&(0..sizes.quotas).map(quota).collect::<Vec<_>>());
         check_latencies(&quiet, &names, latency_secs)
     });
 

@@ -28,7 +28,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::core::rng::Rng;
 use sluice::core::tier::{Override, Rule};
 use sluice::core::Quota;
-use sluice::table::layout::Geometry;
+use sluice::table::geometry::Geometry;
 use sluice::table::{CheckItem, CheckOptions, Outcome, Table};
 
 /// Overrides held by the flagged template.
@@ -40,7 +40,7 @@ const LIVE: u64 = 1_000_000;
 /// room for 4M keys and for [`OVERRIDES`] overrides.
 fn table() -> Table {
     let t = Table::new_heap_with(16, 16, 4 * LIVE, OVERRIDES + 1);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "plain", 1e12, 1e15, 1e15).keyed(),
         Quota::new(2, "tiered", 1e12, 1e15, 1e15).keyed(),
     ]);
@@ -74,12 +74,12 @@ fn override_others(t: &Table) {
             deleted: false,
         });
         if batch.len() == batch.capacity() {
-            let report = t.apply_overrides(&batch);
+            let report = t.books().apply_overrides(&batch);
             assert_eq!(report.refused, 0, "the section holds them all");
             batch.clear();
         }
     }
-    t.apply_overrides(&batch);
+    t.books().apply_overrides(&batch);
 }
 
 fn check(t: &Table, name: &[u8], key: &[u8], now: u64) -> bool {
@@ -89,7 +89,8 @@ fn check(t: &Table, name: &[u8], key: &[u8], now: u64) -> bool {
         weight: 1,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), || 0.5)
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), || 0.5)
         .outcome
         == Outcome::Pass
 }

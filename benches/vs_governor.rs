@@ -210,7 +210,9 @@ fn bench(c: &mut Criterion) {
     // The same with the count of passed checks nginx's zone keeps for
     // `sluice_metrics` (the C ABI's table keeps none).
     let counted = sluice::table::Table::new_heap_with_keys(16, 32, 1024);
-    counted.apply_quotas(&[sluice::core::Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
+    counted
+        .books()
+        .apply_quotas(&[sluice::core::Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
     g.bench_function("sluice_table_check_counting_passes", |b| {
         b.iter(|| table_check(&counted, &hot, now))
     });
@@ -226,6 +228,7 @@ fn table_check(table: &sluice::table::Table, key: &[u8; 16], now: u64) -> sluice
         max_wait: None,
     };
     table
+        .gate()
         .check_many(
             &[item],
             now,
@@ -252,7 +255,8 @@ fn timed(iters: u64, indices: &[u64], mut check: impl FnMut(&[u8; 16]) -> i32) -
 fn sluice_table() -> (sluice::table::Table, u64) {
     let capacity = (KEYS as f64 / 0.9).ceil() as u64;
     let t = sluice::table::Table::new_heap_with_keys(16, 32, capacity).without_pass_tally();
-    t.apply_quotas(&[sluice::core::Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
+    t.books()
+        .apply_quotas(&[sluice::core::Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
     (t, sluice::clock::now())
 }
 
@@ -267,7 +271,8 @@ fn sluice_memory() -> (u64, u64, u64) {
             weight: 1,
             max_wait: None,
         };
-        t.check_many(&[item], now, sluice::table::CheckOptions::default(), || 0.5);
+        t.gate()
+            .check_many(&[item], now, sluice::table::CheckOptions::default(), || 0.5);
     }
     let g = t.geometry();
     let stats = t.key_stats();

@@ -81,26 +81,45 @@
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
 //!   no roots or all are down.
-//!   - `sync/mod.rs` — the thread, and the design of root groups (shards):
-//!     [`sync::shard`] routes each counter to one group of roots.
+//!   - `sync/mod.rs` — the folder's front: the design of root groups
+//!     (shards), its layout, and what it re-exports.
+//!   - `sync/thread.rs` — [`sync::SyncHandle`]: starts the sync thread,
+//!     picks its loop, stops it; `sync/shared.rs` — what the thread and its
+//!     owner share (stop flag, wake-ups, latest metrics).
+//!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`);
+//!     `sync/standalone.rs` — the loop without roots (local folding).
+//!   - `sync/engine.rs` — [`sync::SyncEngine`], the sync logic without the
+//!     network, shared with the simulator; it composes:
+//!     - `sync/accounting.rs` — what each root is owed (leaking while owed),
+//!       what a reply acknowledges, merging replies (by source: a root's
+//!       later value replaces its earlier one), folding and handing back
+//!       unacked weight;
+//!     - `sync/request.rs` — a cycle's requests (bounded, over several
+//!       cycles for a backlog) and the pages that answer them;
+//!     - `sync/health.rs` — roots and groups down (per-host folding of
+//!       their shards) and the local lease of in-flight quotas;
+//!     - `sync/restart.rs` — a root found restarted: slots resent, its new
+//!       instance's levels adopted after a grace, resumed after a reload;
+//!     - `sync/early.rs` — early sync;
+//!     - `sync/vouch.rs` — what a complete reply vouches for: the recently
+//!       changed counters a root left out did not change there;
+//!     - its tests: `sync/engine_tests.rs`, and through real root ledgers
+//!       `sync/return_tests.rs` (weight given back) and
+//!       `sync/in_flight_tests.rs` (slot quotas).
+//!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
+//!     deltas (leaking while owed), backoff.
 //!   - `sync/config.rs` — [`sync::SyncConfig`] and the rules every front end
 //!     checks it by (roots and their groups, interval, timeout, limiter id,
 //!     early sync, extrapolation horizon).
-//!   - `sync/engine.rs` — the sync logic without the network, shared with
-//!     the simulator: what each root is owed, acknowledgements, merging
-//!     replies (by source: a root's later value replaces its earlier one),
-//!     all-roots-down folding (and the local lease of in-flight quotas),
-//!     early sync; its tests beside it
-//!     (`sync/engine_tests.rs`, and `sync/return_tests.rs`: weight given
-//!     back, through real root ledgers).
-//!   - `sync/vouch.rs` — what a complete reply vouches for: the recently
-//!     changed counters a root left out did not change there.
-//!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
-//!     deltas (leaking while owed), backoff, metrics.
 //!   - `sync/status.rs` — the sync metrics published in the table's status
-//!     block for every process sharing it.
-//!   - `sync/ids.rs` — hash maps keyed by quota id (a multiply, not SipHash).
-//!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`).
+//!     block for every process sharing it; `sync/metrics.rs` — the metrics
+//!     themselves.
+//!   - `sync/schedule.rs` — when the thread wakes, its clock, the key
+//!     sweep's share; `sync/pressure.rs` — the key section's pressure in
+//!     the log.
+//!   - `sync/routing.rs` — [`sync::shard`], the root group of each counter;
+//!     `sync/log.rs` — log levels; `sync/ids.rs` — hash maps keyed by quota
+//!     id (a multiply, not SipHash).
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`, keyed checks, partial grants
 //!   (`sluice_obtain`), pacing (`sluice_reserve`), charges after the fact

@@ -159,6 +159,8 @@ int main(void) {
          "extrapolation.ratio"},
         {"{\"no_key\": \"deny\"}", "no_key"},
         {"{\"override_capacity\": 1000000000000}", "override_capacity"},
+        /* An object only: an array is never read field by field. */
+        {"[1, 2]", "expected a JSON object"},
     };
     for (size_t i = 0; i < sizeof BAD_CONFIGS / sizeof BAD_CONFIGS[0]; i++) {
         EXPECT(sluice_init(BAD_CONFIGS[i][0]) == SLUICE_ERROR &&

@@ -118,7 +118,7 @@ impl Host {
     fn new(quotas: &[Quota], start: Nanos) -> Host {
         let table = Table::new_heap_with_keys(64, 16, 1024);
         table.set_utc_offset(0);
-        assert!(table.apply_quotas(quotas).refused.is_empty());
+        assert!(table.books().apply_quotas(quotas).refused.is_empty());
         let rules = quotas
             .iter()
             .map(|q| q.window_rule(0).expect("a window quota"))
@@ -145,17 +145,17 @@ impl Host {
             .min()
             .unwrap();
         if boundary <= now {
-            self.table.fold_local(boundary);
+            self.table.books().fold_local(boundary);
         }
         let buckets = self.table.geometry().key_buckets as usize;
         let mut upkeep = self.last;
         while upkeep + HALF_DAY < now {
             upkeep += HALF_DAY;
-            self.table.maintain_keys(buckets, upkeep);
+            self.table.books().maintain_keys(buckets, upkeep);
         }
         let start = self.rules.iter().map(|r| r.start_of(now)).max().unwrap();
         if fold_now && now >= start + ATTRIBUTION_GRACE {
-            self.table.fold_local(now);
+            self.table.books().fold_local(now);
         }
         self.last = now;
     }
@@ -174,7 +174,7 @@ impl Host {
     fn run(&self, op: Op, key: Option<&[u8]>, now: Nanos) -> Option<u64> {
         match op {
             Op::Check(w) => {
-                let out = self.table.check_many(
+                let out = self.table.gate().check_many(
                     &[self.item(key, w)],
                     now,
                     CheckOptions::default(),
@@ -186,7 +186,7 @@ impl Host {
                     other => panic!("check: {other:?}"),
                 }
             }
-            Op::Obtain(n) => Some(self.table.obtain(&self.item(key, n), now).granted),
+            Op::Obtain(n) => Some(self.table.gate().obtain(&self.item(key, n), now).granted),
         }
     }
 }
@@ -449,7 +449,7 @@ fn a_request_before_the_wake_after_a_boundary_differs_by_seeing_the_last_window(
     assert_eq!(reference.run(Op::Obtain(5), None, early), Some(5));
     assert_eq!(host.run(Op::Obtain(5), None, early), Some(0));
     // From the wake on, the same again.
-    host.table.fold_local(start + wake);
+    host.table.books().fold_local(start + wake);
     assert_eq!(host.run(Op::Obtain(5), None, start + wake), Some(5));
 }
 
@@ -573,6 +573,7 @@ fn leaky_host(rate: u64, burst: u64) -> Table {
     let table = Table::new_heap(8, 16);
     let (rate, burst) = (rate as f64, burst as f64);
     assert!(table
+        .books()
         .apply_quotas(&[Quota::new(1, "g", rate, burst, burst)])
         .refused
         .is_empty());
@@ -653,7 +654,7 @@ fn compare_gcra(seed: u64, ops: usize, on_grid: bool, boundary: &mut Boundary) {
             let want = 1 + rng.below(burst + 2);
             let room = gcra.room(at);
             let exact = (room / t).min(want as i128) as u64;
-            let got = table.obtain(&leaky_item(want), now).granted;
+            let got = table.gate().obtain(&leaky_item(want), now).granted;
             let on_boundary = draining && room > 0 && room % t == 0 && room / t <= want as i128;
             assert!(
                 got == exact || on_boundary && got + 1 == exact,
@@ -662,7 +663,7 @@ fn compare_gcra(seed: u64, ops: usize, on_grid: bool, boundary: &mut Boundary) {
             (got, on_boundary, got != exact)
         } else if rng.chance(30) {
             let max_wait = rng.below(burst * t as u64);
-            let got = table.reserve(&leaky_item(weight), max_wait, now);
+            let got = table.gate().reserve(&leaky_item(weight), max_wait, now);
             let Some(exact) = gcra.wait(at, weight as i128) else {
                 let never =
                     matches!(got.outcome, Outcome::Reject(r) if matches!(r.wait, Wait::Never(_)));
@@ -681,7 +682,7 @@ fn compare_gcra(seed: u64, ops: usize, on_grid: bool, boundary: &mut Boundary) {
         } else {
             let margin = gcra.margin(at, weight as i128);
             let exact = if weight == 0 { margin > 0 } else { margin >= 0 };
-            let passed = table.check_with(b"g", weight, now, no_draw) == Outcome::Pass;
+            let passed = table.gate().check_with(b"g", weight, now, no_draw) == Outcome::Pass;
             let on_boundary = draining && margin == 0;
             assert!(
                 passed == exact || on_boundary,
@@ -698,7 +699,7 @@ fn compare_gcra(seed: u64, ops: usize, on_grid: bool, boundary: &mut Boundary) {
         counted += got;
         boundary.met += usize::from(on_boundary);
         boundary.differed += usize::from(differs);
-        table.fold_local(now);
+        table.books().fold_local(now);
     }
     assert!(counted > 0, "seed {seed}: nothing passed");
 }
@@ -784,19 +785,19 @@ fn standalone_folding_differs_from_gcra_by_leaking_own_weight_from_the_fold() {
     let table = leaky_host(10, 2);
     let mut gcra = Gcra::new(10, 2);
     assert!(gcra.check(0, 2));
-    assert_eq!(table.check_with(b"g", 2, 0, no_draw), Outcome::Pass);
+    assert_eq!(table.gate().check_with(b"g", 2, 0, no_draw), Outcome::Pass);
     assert!(gcra.check(100_000_000, 1));
     assert!(matches!(
-        table.check_with(b"g", 1, 100_000_000, no_draw),
+        table.gate().check_with(b"g", 1, 100_000_000, no_draw),
         Outcome::Reject(_)
     ));
-    table.fold_local(100_000_000);
+    table.books().fold_local(100_000_000);
     assert!(matches!(
-        table.check_with(b"g", 1, 150_000_000, no_draw),
+        table.gate().check_with(b"g", 1, 150_000_000, no_draw),
         Outcome::Reject(_)
     ));
     assert_eq!(
-        table.check_with(b"g", 1, 200_000_000, no_draw),
+        table.gate().check_with(b"g", 1, 200_000_000, no_draw),
         Outcome::Pass
     );
 }

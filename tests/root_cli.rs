@@ -924,5 +924,48 @@ async fn set_refuses_a_typo_follows_the_limit_with_its_bursts_and_takes_rates_wi
             && unauthorized.contains("SLUICE_ADMIN_TOKEN"),
         "{unauthorized}"
     );
+}
+
+/// The CLI names only keys a check counts: an empty key (nginx and the C
+/// ABI pass it uncounted, so an override of it could never apply) and
+/// one longer than the C ABI takes are refused with the message the C ABI
+/// gives, by every command that hashes a key, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_no_check_can_count_are_refused_before_anything_is_sent() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    stdout(
+        &quota(
+            &root,
+            &["set", "tier", "--create", "--limit", "5", "--per-key"],
+        )
+        .await,
+    );
+    let long = "k".repeat(70_000);
+    for (key, why) in [
+        ("", "key is empty"),
+        (
+            long.as_str(),
+            "key is 70000 bytes long, at most 65536 allowed",
+        ),
+    ] {
+        let commands: [&[&str]; 3] = [
+            &["override", "tier", "--key", key, "--deny"],
+            &["hash", "--key", key],
+            &["key", "tier", "--key", key],
+        ];
+        let mut messages = Vec::new();
+        for args in commands {
+            let error = failure(&quota(&root, args).await);
+            let expected = format!("sluice: invalid --key: {why}");
+            assert!(error.starts_with(&expected), "{}: {error}", args[0]);
+            messages.push(error);
+        }
+        messages.dedup();
+        assert_eq!(messages.len(), 1, "one message: {messages:?}");
+    }
+    let listed = stdout(&quota(&root, &["overrides", "tier", "--json"]).await);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["count"], 0, "{listed}");
     root.stop().await;
 }

@@ -515,6 +515,7 @@ fn a_sliding_keys_previous_count_reaches_a_limiter_that_never_saw_that_window() 
         };
         let out = l
             .table
+            .gate()
             .check_many(&[item], l.now(), CheckOptions::default(), || 0.5);
         out.outcome == Outcome::Pass
     };

@@ -29,7 +29,7 @@ const UPLOADS: CheckItem<'static> = CheckItem {
 fn take(l: &Limiter, n: usize) -> Vec<HeldSlot> {
     (0..n)
         .map(|_| {
-            let (r, held) = l.table.acquire(&UPLOADS, l.now(), false, || 0.5);
+            let (r, held) = l.table.gate().acquire(&UPLOADS, l.now(), false, || 0.5);
             assert_eq!(r.outcome, Outcome::Pass, "{:?}", l.quota("uploads"));
             held.unwrap()
         })
@@ -39,7 +39,7 @@ fn take(l: &Limiter, n: usize) -> Vec<HeldSlot> {
 /// Gives every slot of `held` back on `l`.
 fn release(l: &Limiter, held: Vec<HeldSlot>) {
     for slot in held {
-        assert!(l.table.release(&UPLOADS, slot, l.now()));
+        assert!(l.table.gate().release(&UPLOADS, slot, l.now()));
     }
 }
 
@@ -48,7 +48,7 @@ fn release(l: &Limiter, held: Vec<HeldSlot>) {
 fn room(l: &Limiter) -> usize {
     let mut taken = Vec::new();
     loop {
-        let (r, held) = l.table.acquire(&UPLOADS, l.now(), false, || 0.5);
+        let (r, held) = l.table.gate().acquire(&UPLOADS, l.now(), false, || 0.5);
         match (r.outcome, held) {
             (Outcome::Pass, Some(held)) => taken.push(held),
             _ => break,
@@ -98,7 +98,7 @@ fn a_host_admits_up_to_the_limit_less_its_own_slots_once_every_root_is_past_the_
     // Past the lease a counts its own 2 slots only: 8 more, not 9.
     wait_until("a's level drops to its own slots", || level(&a) == 2.0);
     assert_eq!(a.logged("in-flight lease"), 1);
-    assert_eq!(a.table.held_here(b"uploads"), Some(2));
+    assert_eq!(a.table.books().held_here(b"uploads"), Some(2));
     let a_more = take(&a, 8);
     assert_eq!(room(&a), 0);
     wait_until("b's level drops to its own slots", || level(&b) == 6.0);
@@ -118,7 +118,7 @@ fn a_host_admits_up_to_the_limit_less_its_own_slots_once_every_root_is_past_the_
     }));
     assert!(converged.is_ok(), "root, a, b: {seen:?}");
     assert!(!a.metrics().all_roots_down && !b.metrics().all_roots_down);
-    assert_eq!(a.table.held_here(b"uploads"), Some(10));
+    assert_eq!(a.table.books().held_here(b"uploads"), Some(10));
 
     // Every slot given back: every count comes down to nothing, none
     // stuck on a host, none counted twice.
@@ -130,7 +130,10 @@ fn a_host_admits_up_to_the_limit_less_its_own_slots_once_every_root_is_past_the_
     });
     assert_eq!(room(&a), 10);
     assert_eq!(
-        (a.table.held_here(b"uploads"), b.table.held_here(b"uploads")),
+        (
+            a.table.books().held_here(b"uploads"),
+            b.table.books().held_here(b"uploads")
+        ),
         (Some(0), Some(0))
     );
 }

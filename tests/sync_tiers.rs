@@ -38,6 +38,7 @@ fn check(l: &Limiter, name: &str, key: &str) -> Outcome {
         max_wait: None,
     };
     l.table
+        .gate()
         .check_many(&[item], l.now(), CheckOptions::default(), || 0.999_999)
         .outcome
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use sluice::core::key::{format_hash, parse_hash, KeySecret};
+use sluice::core::key::{check_named_key, format_hash, parse_hash, KeySecret};
 use sluice::core::tier::OverrideSpec;
 
 use super::client::{CliError, Client};
@@ -292,6 +292,8 @@ pub(super) async fn overrides(
 /// `key` hashed here with the secret in `secret_file` (the built-in one
 /// without), as the root and nginx name it; the key is never sent.
 fn hash_key(key: &str, secret_file: Option<&Path>) -> Result<String, CliError> {
+    check_named_key(key.as_bytes())
+        .map_err(|why| CliError::new(format!("invalid --key: {why}")))?;
     Ok(format_hash(key_secret(secret_file)?.hash(key.as_bytes())))
 }
 

@@ -25,9 +25,9 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::{Deserialize, Serialize};
 
 use super::key::KeyHash;
+use super::object::Object;
 use super::quota::{
-    in_flight_as_parent, validate_chain, validate_in_flight, validate_name, validate_params,
-    validate_window, InFlightShape, Quota, ValidationError,
+    in_flight_as_parent, validate_chain, validate_kind, validate_name, Kind, Quota, ValidationError,
 };
 use super::terms::{parse_rate, Rate, RATE_FORMS};
 use super::tier::{parse_key_hash, OverrideSpec, PenaltyTime, Rule};
@@ -72,7 +72,11 @@ pub struct QuotaSpec {
     /// Overrides of a per-key template's numbers for some keys (see
     /// [`super::tier`]); a quota file's only (the admin API keeps them
     /// at `/v1/quotas/{name}/overrides`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "super::object::objects",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub overrides: Vec<OverrideSpec>,
     /// At most `limit` requests at once (see
     /// [`crate::core::Quota::in_flight`]).
@@ -122,14 +126,26 @@ impl QuotaSpec {
                 ));
             }
         }
-        validate_params(self.limit, self.low(), self.high())?;
-        validate_window(self.window, self.sliding, self.limit, self.high())?;
-        validate_in_flight(self.in_flight, self)?;
+        let numbers = [self.limit, self.low(), self.high()];
+        validate_kind(
+            self.window,
+            self.sliding,
+            self.in_flight,
+            self.parent.is_some(),
+            numbers,
+        )?;
         self.validate_overrides().map(|_| ())
     }
 
+    /// How the quota counts (what its numbers, and its overrides', may
+    /// be).
+    pub fn kind(&self) -> Kind {
+        Kind::of(self.window, self.in_flight)
+    }
+
     /// The overrides' keys and rules, checked: only a per-key template
-    /// has overrides, each names a key hash once.
+    /// has overrides, each names a key hash once, with numbers its
+    /// template's kind may have.
     pub fn validate_overrides(&self) -> Result<Vec<(KeyHash, Rule)>, ValidationError> {
         if !self.overrides.is_empty() && !self.per_key {
             return Err(ValidationError::new(
@@ -160,24 +176,11 @@ impl QuotaSpec {
                      give expiring ones through the admin API",
                 )));
             }
-            out.push((key, o.rule().map_err(at)?));
+            let rule = o.rule().map_err(at)?;
+            rule.validate_for(self.kind()).map_err(at)?;
+            out.push((key, rule));
         }
         Ok(out)
-    }
-}
-
-impl InFlightShape for QuotaSpec {
-    fn limit(&self) -> f64 {
-        self.limit
-    }
-    fn bursts(&self) -> (f64, f64) {
-        (self.low(), self.high())
-    }
-    fn has_parent(&self) -> bool {
-        self.parent.is_some()
-    }
-    fn has_window(&self) -> bool {
-        self.window.is_some()
     }
 }
 
@@ -785,7 +788,9 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::Window => map.next_value().map(|v| window = Some(v)),
                 SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
                 SpecField::Penalty => map.next_value().map(|v| penalty = Some(v)),
-                SpecField::Overrides => map.next_value().map(|v| overrides = Some(v)),
+                SpecField::Overrides => map
+                    .next_value::<Vec<Object<OverrideSpec>>>()
+                    .map(|v| overrides = Some(v.into_iter().map(Object::into_inner).collect())),
                 SpecField::InFlight => map.next_value().map(|v| in_flight = Some(v)),
             };
             read.map_err(|e| self.noting(&name, e))?;

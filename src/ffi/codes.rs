@@ -44,5 +44,6 @@ pub const SLUICE_MAX_NAME_LEN: usize = 255;
 /// error, refused before the key is read.
 pub const SLUICE_MAX_KEY_LEN: usize = 65536;
 
-// The C ABI's name limit is the quota model's.
+// The C ABI's name limit is the quota model's, its key limit the keys'.
 const _: () = assert!(SLUICE_MAX_NAME_LEN == crate::core::quota::MAX_NAME_LEN);
+const _: () = assert!(SLUICE_MAX_KEY_LEN == crate::core::key::MAX_KEY_LEN);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::key::KeySecret;
+use crate::core::object::{optional_object, Object};
 use crate::core::quota::MAX_NAME_LEN;
 use crate::core::{Extrapolation, ValidationError};
 use crate::sync::SyncConfig;
@@ -25,8 +26,8 @@ use crate::table::KeyOverflow;
 enum RootEntry {
     /// `"http://10.0.0.1:7070"`.
     Url(String),
-    /// `{"url": "http://10.0.0.1:7070", "group": 1}`.
-    Grouped(GroupedRoot),
+    /// `{"url": "http://10.0.0.1:7070", "group": 1}` (an object only).
+    Grouped(Object<GroupedRoot>),
 }
 
 /// A root URL with its group.
@@ -42,7 +43,7 @@ impl RootEntry {
     fn split(self) -> (String, u32) {
         match self {
             RootEntry::Url(url) => (url, 0),
-            RootEntry::Grouped(g) => (g.url, g.group),
+            RootEntry::Grouped(Object(g)) => (g.url, g.group),
         }
     }
 }
@@ -79,8 +80,10 @@ struct Config {
     /// This limiter's id at the roots (default: the host name).
     limiter_id: Option<String>,
     /// How levels are extrapolated between syncs.
+    #[serde(deserialize_with = "optional_object")]
     extrapolation: Option<Extrapolation>,
     /// Sync early when a quota's unsent weight passes a share of its band.
+    #[serde(deserialize_with = "optional_object")]
     early_sync: Option<crate::sync::EarlySync>,
 }
 
@@ -137,10 +140,11 @@ impl Settings {
     /// Parses and checks `sluice_init`'s JSON (`None`: the defaults),
     /// reading the key secret file it names.
     pub fn from_json(json: Option<&str>) -> Result<Self, String> {
+        // An object only: `[1, 2]` would be read by position.
         let config: Config = match json {
-            Some(text) => {
-                serde_json::from_str(text).map_err(|e| format!("invalid config JSON: {e}"))?
-            }
+            Some(text) => serde_json::from_str::<Object<Config>>(text)
+                .map_err(|e| format!("invalid config JSON: {e}"))?
+                .into_inner(),
             None => Config::default(),
         };
         let invalid = |e: ValidationError| format!("invalid config: {}", config_field(e));
@@ -161,7 +165,7 @@ impl Settings {
             ..SyncConfig::default()
         };
         sync.validate().map_err(invalid)?;
-        crate::table::layout::check_key_capacity(config.key_capacity)
+        crate::table::geometry::check_key_capacity(config.key_capacity)
             .map_err(|why| format!("key_capacity: {why}"))?;
         let key_overflow = match config.key_overflow.as_deref() {
             None => KeyOverflow::default(),
@@ -178,7 +182,7 @@ impl Settings {
                 ))
             }
         };
-        crate::table::layout::check_tier_capacity(config.override_capacity)
+        crate::table::geometry::check_tier_capacity(config.override_capacity)
             .map_err(|why| format!("override_capacity: {why}"))?;
         let key_secret = match &config.key_secret_file {
             Some(path) => {
@@ -344,6 +348,25 @@ mod tests {
         assert_eq!(none.override_capacity, 0);
         let e = refused(r#"{"override_capacity": 1000000000000}"#);
         assert!(e.starts_with("override_capacity: "), "{e}");
+    }
+
+    #[test]
+    fn a_config_is_an_object_never_read_by_position() {
+        let object = "expected a JSON object";
+        for (bad, says) in [
+            ("[1, 2]", object),
+            ("[]", object),
+            ("7", object),
+            (r#"{"extrapolation": ["constant_ratio", 0.5]}"#, object),
+            (r#"{"early_sync": [0.5]}"#, object),
+            (r#"{"roots": [["http://a:1", 1]]}"#, "a root URL or {"),
+        ] {
+            let e = refused(bad);
+            assert!(
+                e.starts_with("invalid config JSON: ") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -103,7 +103,9 @@ pub unsafe extern "C" fn sluice_release(slot: *mut SluiceSlot) -> c_int {
             weight: 1,
             max_wait: None,
         };
-        slot.table.release(&item, slot.held, crate::clock::now());
+        slot.table
+            .gate()
+            .release(&item, slot.held, crate::clock::now());
         Ok(SLUICE_PASS)
     })
 }
@@ -137,7 +139,7 @@ unsafe fn acquire_into<'a>(
 /// Takes a slot of `name` (and `key`): the code, and the slot on a pass.
 fn acquire(name: &[u8], key: Option<&[u8]>) -> Result<(c_int, Option<SluiceSlot>), String> {
     let table = limiter::table()?;
-    if table.lookup(name).is_some() && !table.is_in_flight(name) {
+    if table.gate().lookup(name).is_some() && !table.gate().is_in_flight(name) {
         return Err(format!(
             "quota {:?} is not an in-flight quota: check it with sluice_check",
             String::from_utf8_lossy(name)
@@ -149,7 +151,10 @@ fn acquire(name: &[u8], key: Option<&[u8]>) -> Result<(c_int, Option<SluiceSlot>
         weight: 1,
         max_wait: None,
     };
-    let (result, held) = table.acquire(&item, crate::clock::now(), false, crate::host::thread_unit);
+    let (result, held) =
+        table
+            .gate()
+            .acquire(&item, crate::clock::now(), false, crate::host::thread_unit);
     let code = limiter::slot_code(result.outcome, result.overflow)?;
     let slot = held.map(|held| SluiceSlot {
         table: Arc::clone(&table),

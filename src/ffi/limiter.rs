@@ -174,7 +174,7 @@ pub(super) fn load_quotas(text: &str) -> Result<c_int, String> {
 pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_int, String> {
     let limiter = limiter()?;
     let item = check_item(name, key, weight);
-    let outcome = limiter.table.check_many(
+    let outcome = limiter.table.gate().check_many(
         &[item],
         crate::clock::now(),
         CheckOptions::default(),
@@ -189,14 +189,14 @@ pub(super) fn charge(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_i
     let limiter = limiter()?;
     not_in_flight(&limiter.table, name)?;
     let item = check_item(name, key, weight);
-    let counted = limiter.table.charge(&item, crate::clock::now());
+    let counted = limiter.table.gate().charge(&item, crate::clock::now());
     Ok(outcome_code(counted.outcome, counted.overflow))
 }
 
 /// Refuses a charge or settle of an in-flight quota: its slots are taken
 /// and given back (`sluice_acquire`, `sluice_release`), never charged.
 fn not_in_flight(table: &Table, name: &[u8]) -> Result<(), String> {
-    if table.is_in_flight(name) {
+    if table.gate().is_in_flight(name) {
         return Err(format!(
             "quota {:?} is an in-flight quota: take its slots with sluice_acquire, \
              not sluice_charge or sluice_settle",
@@ -220,7 +220,7 @@ pub(super) fn settle(
     let now = crate::clock::now();
     // The C ABI does not know when the reservation was counted: taken as
     // now, so a window quota gets units back in its current window.
-    let settled = limiter.table.settle(&item, reserved, now, now);
+    let settled = limiter.table.gate().settle(&item, reserved, now, now);
     Ok(outcome_code(settled.outcome, settled.overflow))
 }
 
@@ -232,7 +232,7 @@ pub(super) fn obtain(name: &[u8], key: Option<&[u8]>, want: u64) -> Result<(c_in
     }
     let limiter = limiter()?;
     let item = check_item(name, key, want);
-    let grant = limiter.table.obtain(&item, crate::clock::now());
+    let grant = limiter.table.gate().obtain(&item, crate::clock::now());
     Ok((
         limiter.decision_code(grant.outcome, grant.overflow),
         grant.granted,
@@ -250,7 +250,10 @@ pub(super) fn reserve(
     let limiter = limiter()?;
     let item = check_item(name, key, weight);
     let max_wait = max_wait_ms.saturating_mul(1_000_000);
-    let reservation = limiter.table.reserve(&item, max_wait, crate::clock::now());
+    let reservation = limiter
+        .table
+        .gate()
+        .reserve(&item, max_wait, crate::clock::now());
     Ok((
         limiter.decision_code(reservation.outcome, reservation.overflow),
         reservation.wait,

@@ -115,7 +115,7 @@ pub(super) fn log_unknown(
     now: Nanos,
 ) {
     for item in items {
-        if table.lookup(item.name).is_some() {
+        if table.gate().lookup(item.name).is_some() {
             continue;
         }
         let Some(due) = names.note(item.name, now) else {

@@ -3,11 +3,11 @@
 //!
 //! The log phase runs once a request is done, when every variable has its
 //! final value. A charge never rejects (the response is gone): it counts
-//! its weight in full, past the limit if need be ([`Table::charge`]), so
+//! its weight in full, past the limit if need be ([`crate::table::Gate::charge`]), so
 //! the debt is what later checks see. With `settle`, it counts only the
 //! difference from the weight the request's own `sluice` check of the
 //! same quota (and key) counted, giving units back when the actual cost
-//! is lower ([`Table::settle`]; see docs/DESIGN.md, "Counters that give
+//! is lower ([`crate::table::Gate::settle`]; see docs/DESIGN.md, "Counters that give
 //! units back").
 //!
 //! A request the `sluice` checks refused is not charged, whatever refused
@@ -197,8 +197,8 @@ fn charge_one(
     // SAFETY: `r` is live for this call.
     let estimate = charge.settle.then(|| unsafe { admitted(r, name, key) });
     let (counted, settled) = match estimate.flatten() {
-        Some((estimate, at)) => (table.settle(&item, estimate, at, now), true),
-        None => (table.charge(&item, now), false),
+        Some((estimate, at)) => (table.gate().settle(&item, estimate, at, now), true),
+        None => (table.gate().charge(&item, now), false),
     };
     match counted.outcome {
         Outcome::Pass if settled => ChargeStatus::Settled,

@@ -20,10 +20,9 @@ use super::args::{
 };
 use super::conf::{
     ChargeConf, Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight,
-    DEFAULT_METRICS_TOP,
+    DEFAULT_METRICS_TOP, DEFAULT_WAIT_MAX_SLOT, MAX_WAIT_MAX,
 };
 use super::headers::PolicyNames;
-use super::request_counters::WAIT_MAX_SLOTS;
 use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
 use super::zone_size::{
     check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MAX_OVERRIDES_SIZE, MIN_ZONE_SIZE,
@@ -711,24 +710,28 @@ directive_handler!(
     /// `sluice_wait_max <n>;` — at most `n` requests held by `wait=` at
     /// once under this directive, across every worker (the locations that
     /// inherit it share them); beyond, a request is rejected at once.
+    /// Without it, the default cap ([`WaitMax::default_for`]).
     set_wait_max,
     |cf, lcf: &mut LocConf, args| {
         let max = std::str::from_utf8(args[1])
             .ok()
             .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|t| t.parse::<u32>().ok())
-            .filter(|&n| n <= 1_000_000)
+            .filter(|&n| n <= MAX_WAIT_MAX)
             .ok_or_else(|| {
                 format!(
-                    "invalid value \"{}\": must be a number of requests from 0 to 1000000",
+                    "invalid value \"{}\": must be a number of requests from 0 to \
+                     {MAX_WAIT_MAX}",
                     text(args[1])
                 )
             })?;
         // SAFETY: nginx passes the live configuration.
         let mcf = main_conf(unsafe { &*cf })?;
-        if mcf.wait_max_slots >= WAIT_MAX_SLOTS {
+        // The last slot is the default cap's.
+        if mcf.wait_max_slots >= DEFAULT_WAIT_MAX_SLOT {
             return Err(format!(
-                "at most {WAIT_MAX_SLOTS} \"sluice_wait_max\" directives in one configuration"
+                "at most {DEFAULT_WAIT_MAX_SLOT} \"sluice_wait_max\" directives in one \
+                 configuration"
             ));
         }
         let slot = mcf.wait_max_slots;

@@ -196,7 +196,9 @@ fn decide<'a>(
     // of such checks moving is the cue to look for it (another worker's
     // check may move it too: then no name is found unknown).
     let unknown_before = unknown_log.map(|_| table.unknown_checks());
-    let result = table.check_many(items, charged_at, options, crate::host::thread_unit);
+    let result = table
+        .gate()
+        .check_many(items, charged_at, options, crate::host::thread_unit);
     if let (Some(level), Some(before), Some(names)) =
         (unknown_log, unknown_before, at.mcf.unknown_names())
     {
@@ -211,7 +213,9 @@ fn decide<'a>(
             // not sent yet) given back, told when its turn would have
             // been.
             for item in items {
-                table.give_back(item, item.weight, charged_at, charged_at, false);
+                table
+                    .gate()
+                    .give_back(item, item.weight, charged_at, charged_at, false);
             }
             c.hold_refused.fetch_add(1, Ordering::Relaxed);
             answer = answer.refused_hold(wait);

@@ -39,7 +39,7 @@ pub(super) type SlotMask = u32;
 pub(super) fn prepare(table: &Table, items: &mut [CheckItem]) -> SlotMask {
     let mut mask = 0;
     for (i, item) in items.iter_mut().enumerate() {
-        if table.is_in_flight(item.name) {
+        if table.gate().is_in_flight(item.name) {
             item.weight = 1;
             item.max_wait = None;
             mask |= 1 << i;
@@ -82,7 +82,7 @@ impl Slots {
             // SAFETY: called from the log phase or the pool's cleanup,
             // before the pool (where names and keys live) is freed.
             let item = unsafe { held.item() };
-            table.release(&item, self.held, now);
+            table.gate().release(&item, self.held, now);
         }
     }
 }

@@ -1,5 +1,7 @@
 //! What nginx sees: the module context (configuration structures and
-//! hooks), the directive table, `init_process` / `exit_process`, the
+//! hooks, the merge that gives a location the default cap on holds), the
+//! directive table, `init_module` (the default cap's number, once
+//! `worker_connections` is read), `init_process` / `exit_process`, the
 //! `ngx_module_t` and the `ngx_modules` export.
 
 use core::ffi::{c_char, c_void};
@@ -13,9 +15,9 @@ use ngx::ffi::{
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
     NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN, NGX_OK,
 };
-use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge};
 
-use super::conf::{LocConf, MainConf};
+use super::conf::{LocConf, MainConf, WaitMax, DEFAULT_WAIT_MAX_SLOT};
 use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
 use super::{charge, handler, in_flight, request_state, util, worker, zone};
@@ -58,6 +60,67 @@ impl HttpModule for Module {
             finish_main_conf(cf, mcf)
         })
     }
+
+    /// Merges a level's location configuration into the next. Where no
+    /// level gave `sluice_wait_max`, the location takes the default cap,
+    /// whose number `init_module` sets once `worker_connections` is known.
+    ///
+    /// # Safety
+    /// `cf` is the live configuration; `prev` and `conf` are distinct
+    /// `LocConf`s this module created (`create_loc_conf`).
+    unsafe extern "C" fn merge_loc_conf(
+        cf: *mut ngx_conf_t,
+        prev: *mut c_void,
+        conf: *mut c_void,
+    ) -> *mut c_char {
+        let lcf_ptr = conf.cast::<LocConf>();
+        // SAFETY: per the contract; nginx merges in one thread.
+        let (prev, lcf) = unsafe { (&*prev.cast::<LocConf>(), &mut *lcf_ptr) };
+        conf_boundary(cf, || {
+            lcf.merge(prev)
+                .map_err(|e| format!("sluice: cannot merge the configuration: {e}"))?;
+            if lcf
+                .wait_max
+                .is_none_or(|cap| cap.slot == DEFAULT_WAIT_MAX_SLOT)
+            {
+                // The number is set by `init_module`; until then, from
+                // nginx's own default of connections.
+                lcf.wait_max = Some(WaitMax::default_for(NGINX_DEFAULT_CONNECTIONS));
+                // SAFETY: `cf` is the live configuration.
+                let mcf = Module::main_conf_mut(unsafe { &*cf })
+                    .ok_or("sluice: no http configuration")?;
+                mcf.default_caps.push(lcf_ptr);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// nginx's `worker_connections` when none is given (`DEFAULT_CONNECTIONS`).
+const NGINX_DEFAULT_CONNECTIONS: usize = 512;
+
+/// `init_module`: runs once the whole configuration is read (in the
+/// master, before the workers start; again for each reload's
+/// configuration): sets the default cap on holds from one worker's
+/// `worker_connections`.
+unsafe extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the new cycle.
+    let log_to = unsafe { (*cycle).log };
+    runtime_boundary(log_to, "init_module", NGX_ERROR as ngx_int_t, || {
+        // SAFETY: as above; nginx is single-threaded here.
+        let cycle = unsafe { &*cycle };
+        let Some(mcf) = Module::main_conf(cycle) else {
+            return NGX_OK as ngx_int_t;
+        };
+        let cap = WaitMax::default_for(cycle.connection_n);
+        for &lcf in &mcf.default_caps {
+            // SAFETY: a location configuration of this cycle (its pool
+            // lives as long as the cycle), recorded by `merge_loc_conf`;
+            // nothing else reads or writes it now.
+            unsafe { (*lcf).wait_max = Some(cap) };
+        }
+        NGX_OK as ngx_int_t
+    })
 }
 
 // SAFETY: `MainConf` is the type `create_main_conf` (the trait's default,
@@ -426,6 +489,7 @@ pub(crate) static mut ngx_http_sluice_module: ngx_module_t = ngx_module_t {
     ctx: addr_of!(NGX_HTTP_SLUICE_MODULE_CTX) as *mut c_void,
     commands: addr_of_mut!(NGX_HTTP_SLUICE_COMMANDS) as *mut ngx_command_t,
     type_: NGX_HTTP_MODULE as usize,
+    init_module: Some(init_module),
     init_process: Some(init_process),
     exit_process: Some(exit_process),
     ..ngx_module_t::default()

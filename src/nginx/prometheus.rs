@@ -704,7 +704,7 @@ mod tests {
     #[test]
     fn an_in_flight_quota_shows_its_slots_held_and_its_limit_at_once() {
         let t = Table::new_heap(8, 16);
-        t.apply_quotas(&[
+        t.books().apply_quotas(&[
             Quota::new(1, "uploads", 3.0, 3.0, 3.0).in_flight_if(true),
             quota(2, "rate"),
         ]);
@@ -715,7 +715,7 @@ mod tests {
             max_wait: None,
         };
         for _ in 0..2 {
-            t.acquire(&item, 1, false, || 0.5);
+            t.gate().acquire(&item, 1, false, || 0.5);
         }
         let text = render(&t, &[], 10, 1);
         assert!(
@@ -737,12 +737,13 @@ mod tests {
     #[test]
     fn metrics_show_the_busiest_quotas_and_sum_the_rest() {
         let t = Table::new_heap(8, 16);
-        t.apply_quotas(&[quota(1, "busy"), quota(2, "quiet"), quota(3, "idle")]);
+        t.books()
+            .apply_quotas(&[quota(1, "busy"), quota(2, "quiet"), quota(3, "idle")]);
         for _ in 0..5 {
-            t.check(b"busy", 1, 0);
+            t.gate().check(b"busy", 1, 0);
         }
-        t.check(b"quiet", 1, 0);
-        t.check(b"nobody", 1, 0);
+        t.gate().check(b"quiet", 1, 0);
+        t.gate().check(b"nobody", 1, 0);
         let text = render(&t, &[], 1, 0);
         assert!(
             text.contains("sluice_checks_total{quota=\"busy\",result=\"passed\"} 2\n"),
@@ -763,17 +764,17 @@ mod tests {
         let read = Quota::new(2, "s3_photos_read", 5.0, 3.0, 3.0).with_parent(Some(1));
         let thumbs = Quota::new(3, "s3_photos_thumbs", 5.0, 2.0, 2.0).with_parent(Some(2));
         let write = Quota::new(4, "s3_photos_write", 5.0, 2.0, 2.0).with_parent(Some(1));
-        t.apply_quotas(&[
+        t.books().apply_quotas(&[
             Quota::new(1, "s3_photos", 100.0, 100.0, 100.0),
             read,
             thumbs,
             write,
         ]);
-        t.check(b"s3_photos_thumbs", 1, 0);
+        t.gate().check(b"s3_photos_thumbs", 1, 0);
         for _ in 0..5 {
-            t.check(b"s3_photos_read", 1, 0);
+            t.gate().check(b"s3_photos_read", 1, 0);
         }
-        t.check(b"s3_photos_write", 1, 0);
+        t.gate().check(b"s3_photos_write", 1, 0);
         let text = render(&t, &[], 10, 0);
         let has = |line: &str| assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
         has("sluice_checks_total{quota=\"s3_photos\",result=\"passed\"} 0");
@@ -800,7 +801,8 @@ mod tests {
     fn keys_appear_as_counts_and_by_hash_never_raw() {
         use crate::table::{CheckItem, CheckOptions};
         let t = Table::new_heap_with_keys(8, 16, 64);
-        t.apply_quotas(&[Quota::new(1, "per_user", 1.0, 10.0, 10.0).keyed()]);
+        t.books()
+            .apply_quotas(&[Quota::new(1, "per_user", 1.0, 10.0, 10.0).keyed()]);
         for (key, weight) in [(&b"token-aaa"[..], 5), (b"token-bbb", 1)] {
             let item = CheckItem {
                 name: b"per_user",
@@ -808,7 +810,8 @@ mod tests {
                 weight,
                 max_wait: None,
             };
-            t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+            t.gate()
+                .check_many(&[item], 0, CheckOptions::default(), || 0.5);
         }
         let text = render(&t, &[], 10, 0);
         assert!(text.contains("sluice_keys 2\n"), "{text}");

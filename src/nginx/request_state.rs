@@ -220,7 +220,9 @@ impl RequestState {
                 // the pool's memory (where the names and keys live) is
                 // freed.
                 let item = unsafe { held.item() };
-                table.give_back(&item, item.weight, self.charged_at, now, false)
+                table
+                    .gate()
+                    .give_back(&item, item.weight, self.charged_at, now, false)
             })
             .sum()
     }

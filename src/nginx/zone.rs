@@ -33,7 +33,7 @@ use super::zone_size::{AVG_NAME_BYTES, DEFAULT_ZONE_SIZE};
 use super::Module;
 use crate::core::Extrapolation;
 use crate::table::file::{load_set, FileRole};
-use crate::table::layout::Geometry;
+use crate::table::geometry::Geometry;
 use crate::table::Table;
 
 /// The zone's name.
@@ -143,7 +143,7 @@ fn init(zone: &mut ngx_shm_zone_t, reused: bool, log_to: *mut ngx_log_t) -> Resu
             )
         };
         if let Some(old) = previous_table(zone) {
-            let report = table.adopt(&old, crate::clock::now());
+            let report = table.books().adopt(old.books(), crate::clock::now());
             let level = if report.refused.is_empty() {
                 NGX_LOG_NOTICE
             } else {

@@ -2,7 +2,8 @@
 //! `sluice_keys` and `sluice_overrides`, their bounds, and the check `nginx -t` runs on a
 //! `sluice_zone` size. Pure: `cargo test` covers it without nginx.
 
-use crate::table::layout::{Geometry, MAX_CAPACITY};
+use crate::table::geometry::Geometry;
+use crate::table::layout::MAX_CAPACITY;
 
 /// Zone size when `sluice_zone` is not given: about 195,000 quotas with
 /// 32-byte names.
@@ -16,18 +17,18 @@ pub const MIN_ZONE_SIZE: usize = 256 << 10;
 pub const DEFAULT_KEYS_SIZE: usize = 16 << 20;
 
 /// Largest `sluice_keys`: the key section of the most keys a region holds
-/// ([`crate::table::layout::MAX_KEYS`]).
+/// ([`crate::table::geometry::MAX_KEYS`]).
 pub const MAX_KEYS_SIZE: usize =
-    crate::table::layout::MAX_KEY_BUCKETS as usize * crate::table::layout::BYTES_PER_KEY_BUCKET;
+    crate::table::geometry::MAX_KEY_BUCKETS as usize * crate::table::geometry::BYTES_PER_KEY_BUCKET;
 
 /// Bytes of the zone given to overrides and penalties when
 /// `sluice_overrides` is not set (about 50,000 of them).
 pub const DEFAULT_OVERRIDES_SIZE: usize = 4 << 20;
 
 /// Largest `sluice_overrides`: the tier section of the most overrides a
-/// region holds ([`crate::table::layout::MAX_TIERS`]).
+/// region holds ([`crate::table::geometry::MAX_TIERS`]).
 pub const MAX_OVERRIDES_SIZE: usize =
-    (crate::table::layout::MAX_TIERS * crate::table::layout::TIER_BYTES) as usize;
+    (crate::table::geometry::MAX_TIERS * crate::table::layout::TIER_BYTES) as usize;
 
 /// The average quota name length the zone's name arena is sized for.
 pub const AVG_NAME_BYTES: usize = 32;

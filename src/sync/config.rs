@@ -17,7 +17,7 @@ use crate::core::estimate::{Estimator, Extrapolation};
 use crate::core::{Nanos, ValidationError};
 use crate::table::layout::STATUS_ROOTS;
 
-use super::LogLevel;
+use super::log::LogLevel;
 
 /// Shortest sync interval.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -42,7 +42,7 @@ pub type LogSink = Arc<dyn Fn(LogLevel, &str) + Send + Sync>;
 /// second.
 ///
 /// The sync thread looks every twentieth of an interval
-/// ([`super::engine::EARLY_PROBES_PER_INTERVAL`]), reading every quota's
+/// (`EARLY_PROBES_PER_INTERVAL` in `early.rs`), reading every quota's
 /// unsent weight ([`crate::table::Table::unsent_beyond`]), so the probes
 /// cost CPU in proportion to the table. A host's delta is its share of the
 /// load: with `n` hosts sharing a quota evenly, `fraction` around `1 / n`
@@ -89,7 +89,7 @@ pub struct SyncConfig {
     pub roots: Vec<String>,
     /// The root group (shard) of each root, in the order of `roots`; empty
     /// when every root is in group 0 (one group, the default). Groups are
-    /// numbered `0..n` with no gap (see [`super::shard`]).
+    /// numbered `0..n` with no gap (see [`super::routing::shard`]).
     pub root_groups: Vec<u32>,
     /// Time between syncs (jitter adds up to 10%).
     pub interval: Duration,

@@ -2,354 +2,75 @@
 //! do with what comes back.
 //!
 //! The networked loop (`networked.rs`) and the simulator both drive this
-//! engine, so the accounting that keeps counts exact lives once:
+//! engine, so the logic that keeps counts exact lives once. The engine
+//! composes its parts, each in a file of its own:
 //!
-//! - every collected delta is **owed** to every root until that root
-//!   confirms it (resent after a failure, bounded); while owed it leaks at
-//!   the quota's limit, so a root that missed it gets only what is left of
-//!   it (see [`Owed`] for why);
-//! - every collected delta is **unacknowledged** until the first root whose
-//!   reply covers it; that reply takes it off the table's `inflight`, later
-//!   roots' replies only max-merge their values;
-//! - weight given back (a collected counter whose net change is negative)
-//!   travels the same way, as a return beside the deltas, owed and
-//!   acknowledged alike, and only to roots that take returns (see
-//!   docs/DESIGN.md, "Counters that give units back");
-//! - a counter a root leaves out of a complete reply did not change there:
-//!   the engine tells the table so at the end of the cycle, which resets the
-//!   counter's extrapolation and decays its fill rate (see `vouch.rs`);
-//! - when no root answered for two intervals the engine folds local weight
-//!   into the levels (per-host limiting) and says so once a minute; once
-//!   none answered for the in-flight lease, in-flight counters count this
-//!   host's own slots only (the lease the roots apply to this host,
-//!   applied to the others; [`Table::lease_locally`]), and the first
-//!   reply after that replaces their levels;
-//! - with root groups (see the `sync` module doc), each counter is owed
-//!   only to the roots of its shard ([`super::shard`]), "unchanged" is
-//!   vouched per group, quota changes come from one group, and a group
-//!   down folds only its shard's weight locally.
+//! - what each root is owed and what a reply acknowledges
+//!   (`accounting.rs`);
+//! - the requests a cycle sends and the pages that answer them
+//!   (`request.rs`);
+//! - the health of roots and root groups, with the in-flight lease
+//!   (`health.rs`): when no root answered for two intervals the engine
+//!   folds local weight into the levels (per-host limiting), and once
+//!   none answered for the lease, in-flight counters count this host's
+//!   own slots only ([`Table::lease_locally`]);
+//! - what follows from a root found restarted (`restart.rs`);
+//! - early cycles (`early.rs`);
+//! - a counter a root leaves out of a complete reply did not change
+//!   there: the engine tells the table so at the end of the cycle, which
+//!   resets the counter's extrapolation and decays its fill rate
+//!   (`vouch.rs`).
+//!
+//! With root groups (see the `sync` module doc), each counter is owed
+//! only to the roots of its shard ([`shard`]), "unchanged" is vouched per
+//! group, quota changes come from one group, and a group down folds only
+//! its shard's weight locally.
 
-use super::ids::{CounterMap, IdMap};
-use super::link::{level_at_offset, Owed, OwedDeltas, RootLink, NO_QUOTAS};
+use std::collections::HashSet;
+
+use super::accounting::Accounts;
+use super::config::{EarlySync, DEFAULT_IN_FLIGHT_LEASE};
+use super::early::EarlyCycles;
+use super::health::{others_up, Health};
+use super::link::{OwedDeltas, RootLink, NO_QUOTAS};
+use super::log::{LogLevel, LogLine};
+use super::metrics::SyncMetrics;
+use super::pressure::KeyPressure;
+use super::request::{Outgoing, Page, Requests};
+use super::restart::{self, Restarts};
+use super::routing::shard;
+use super::schedule::key_sweep_budget;
 use super::vouch::Recent;
-use super::{EarlySync, LogLevel, SyncMetrics};
-use crate::core::tier::Penalty;
-use crate::core::{Counting, Nanos, Tally};
+use crate::core::Nanos;
 use crate::table::file::purge_seeds;
-use crate::table::{CollectedDelta, SlotId, Table};
-use crate::wire::{
-    ClockReport, CounterDelta, CounterKey, CounterValue, KeyDelta, KeyedDeltas, QuotaCursor,
-    SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
-};
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-
-/// How often "all roots down" is repeated in the log.
-const DOWN_LOG_EVERY: Nanos = 60_000_000_000;
-
-/// A request to send to one root, with the deltas it carries.
-#[derive(Clone, Debug)]
-pub struct Outgoing {
-    /// Index of the root in the configured list.
-    pub root: usize,
-    /// The request body.
-    pub request: SyncRequest,
-    /// What `request` pays off, by quota id (entries that leaked to less
-    /// than a unit are here but not in the request); hand them back with
-    /// the outcome.
-    pub owed: OwedDeltas,
-    /// This limiter's clock offset to the root, reported with the request.
-    pub clock: Option<ClockReport>,
-}
-
-/// One successful page of an exchange with a root.
-#[derive(Clone, Debug)]
-pub struct Page {
-    /// Local time the request was sent.
-    pub sent_at: Nanos,
-    /// Local time the reply arrived.
-    pub received_at: Nanos,
-    /// The root's reply, already validated.
-    pub reply: SyncResponse,
-}
-
-/// Sync intervals after a root is found restarted before its new
-/// instance's in-flight values replace those of its earlier instance:
-/// every host has found the restart and resent its slots by then (two
-/// intervals), plus one for a host's cycle falling just after.
-const RESTART_GRACE: Nanos = 3;
-
-/// How often per interval early sync probes the table.
-pub const EARLY_PROBES_PER_INTERVAL: u64 = 20;
-
-/// Most early cycles a second that penalties started here may bring on
-/// (with early sync off too): a penalty reaches the roots at once, and
-/// every other host within its next sync.
-pub const PENALTY_SYNCS_PER_SECOND: f64 = 4.0;
-
-/// A log line the engine wants written.
-pub type LogLine = (LogLevel, String);
-
-/// Deltas collected and sent, not yet included in any root's answer.
-#[derive(Default, Debug)]
-struct Unacked {
-    /// By counter: where it lives, weight added and weight given back
-    /// that no root acknowledged yet.
-    by_counter: CounterMap<(SlotId, u64, u64)>,
-}
-
-impl Unacked {
-    fn add(&mut self, collected: &[CollectedDelta]) {
-        for d in collected {
-            let e = self
-                .by_counter
-                .entry(counter_of(d))
-                .or_insert((d.slot, 0, 0));
-            e.0 = d.slot;
-            e.1 += d.delta;
-            e.2 += d.returned;
-        }
-    }
-
-    /// Takes up to `sent` of the counter's unacknowledged weight and up to
-    /// `returned` of its unacknowledged returns (one lookup: this runs for
-    /// every counter of every reply); the net acknowledged, signed.
-    fn take(&mut self, counter: CounterKey, sent: u64, returned: u64) -> Option<(SlotId, i64)> {
-        let Entry::Occupied(mut e) = self.by_counter.entry(counter) else {
-            return None;
-        };
-        let (slot, weight, back) = e.get_mut();
-        let acked = (*weight).min(sent);
-        let acked_back = (*back).min(returned);
-        *weight -= acked;
-        *back -= acked_back;
-        let slot = *slot;
-        if *weight == 0 && *back == 0 {
-            e.remove();
-        }
-        Some((slot, acked as i64 - acked_back as i64))
-    }
-
-    /// A counter's unacknowledged net weight.
-    fn net(&(_, added, returned): &(SlotId, u64, u64)) -> i64 {
-        added as i64 - returned as i64
-    }
-}
-
-/// What a collected delta is owed to each root as, from `now` on.
-fn owed_of(table: &Table, d: &CollectedDelta, now: Nanos) -> (CounterKey, Owed) {
-    // A slot that no longer holds the quota: the root ignores the delta
-    // anyway. A key counts as its template does.
-    let counting = table
-        .counter_counting(d.slot, d.id)
-        .unwrap_or(Counting::Leak(0.0));
-    let owed = Owed::collected(d.delta, counting, now).with_returned(d.returned);
-    (counter_of(d), owed)
-}
-
-/// The entries of `owed` whose counters belong to group `g`'s shard.
-fn of_shard(
-    owed: &[(CounterKey, Owed)],
-    g: usize,
-    groups: usize,
-) -> impl Iterator<Item = (CounterKey, Owed)> + Clone + '_ {
-    owed.iter()
-        .filter(move |(c, _)| super::shard(*c, groups) == g)
-        .copied()
-}
-
-/// The counter a collected delta belongs to.
-fn counter_of(d: &CollectedDelta) -> CounterKey {
-    CounterKey {
-        id: d.id,
-        key: d.key,
-    }
-}
-
-/// The request for the next quota page after `reply`, if the root has more
-/// (no deltas: they went with the first page).
-pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncRequest> {
-    let more_quotas = reply.more_quotas && !reply.quotas.is_empty();
-    let more_overrides = reply.tiers.more_overrides && !reply.tiers.overrides.is_empty();
-    (more_quotas || more_overrides).then(|| SyncRequest {
-        limiter: previous.limiter.clone(),
-        quotas_after: reply.quotas_after,
-        counter_version: reply.counter_version,
-        root_instance: reply.root_instance,
-        tiers: TierRequest {
-            overrides_after: reply.tiers.overrides_after,
-            penalty_version: reply.tiers.penalty_version,
-            penalties: Vec::new(),
-        },
-        ..SyncRequest::default()
-    })
-}
-
-/// What `owed` comes to at `now`, as a request carries it.
-#[derive(Default)]
-struct Due {
-    /// Named deltas.
-    named: Vec<CounterDelta>,
-    /// Keys' deltas, grouped by template.
-    keyed: Vec<KeyedDeltas>,
-    /// Named returns (only for a root that takes them).
-    returned: Vec<CounterDelta>,
-    /// Keys' returns, grouped by template.
-    keyed_returned: Vec<KeyedDeltas>,
-    /// Units of returns left out: the root does not take them.
-    dropped_returns: u64,
-}
-
-impl Due {
-    /// Entries a request carrying these takes (as
-    /// [`SyncRequest::entry_count`] counts them).
-    fn entry_count(&self) -> usize {
-        use crate::wire::keyed_entries;
-        self.named.len()
-            + keyed_entries(&self.keyed)
-            + self.returned.len()
-            + keyed_entries(&self.keyed_returned)
-    }
-}
-
-/// Named deltas and keys' deltas grouped by template (and window: a
-/// group's deltas share one), from `(counter, window, amount)`.
-#[derive(Default)]
-struct Grouped {
-    named: Vec<CounterDelta>,
-    by_template: HashMap<(u64, Option<i64>), Vec<KeyDelta>>,
-}
-
-impl Grouped {
-    fn push(&mut self, c: CounterKey, window: Option<i64>, amount: u64) {
-        if c.key == 0 {
-            self.named.push(CounterDelta {
-                id: c.id,
-                delta: amount,
-                window,
-            });
-        } else {
-            self.by_template
-                .entry((c.id, window))
-                .or_default()
-                .push(KeyDelta(c.key, amount));
-        }
-    }
-
-    fn into_parts(self) -> (Vec<CounterDelta>, Vec<KeyedDeltas>) {
-        let keyed = self
-            .by_template
-            .into_iter()
-            .map(|((id, window), deltas)| KeyedDeltas { id, deltas, window })
-            .collect();
-        (self.named, keyed)
-    }
-}
-
-/// Leaves at most `budget` counters in `owed` and returns the others,
-/// which stay owed for the next cycle (a backlog larger than a root
-/// accepts in one request, after an outage or a key spray).
-fn split_owed(owed: &mut OwedDeltas, budget: usize) -> OwedDeltas {
-    let mut rest = OwedDeltas::default();
-    if owed.len() <= budget {
-        return rest;
-    }
-    let later: Vec<CounterKey> = owed.keys().skip(budget).copied().collect();
-    rest.reserve(later.len());
-    for c in later {
-        if let Some(o) = owed.remove(&c) {
-            rest.insert(c, o);
-        }
-    }
-    rest
-}
-
-/// What `owed` comes to at `now`, as a request carries it: deltas (entries
-/// that leaked to less than a unit are left out), and returns when the
-/// root takes them.
-fn due_deltas(owed: &OwedDeltas, now: Nanos, takes_returns: bool) -> Due {
-    let (mut adds, mut returns) = (Grouped::default(), Grouped::default());
-    let mut dropped_returns = 0u64;
-    for (c, o) in owed {
-        let window = o.window.map(|w| w.index);
-        let delta = o.due(now);
-        if delta > 0 {
-            adds.push(*c, window, delta);
-        }
-        let back = o.due_returned(now);
-        if back > 0 {
-            if takes_returns {
-                returns.push(*c, window, back);
-            } else {
-                dropped_returns = dropped_returns.saturating_add(back);
-            }
-        }
-    }
-    let (named, keyed) = adds.into_parts();
-    let (returned, keyed_returned) = returns.into_parts();
-    Due {
-        named,
-        keyed,
-        returned,
-        keyed_returned,
-        dropped_returns,
-    }
-}
+use crate::table::Table;
+use crate::wire::SyncResponse;
 
 /// The sync state of one limiter.
 #[derive(Debug)]
 pub struct SyncEngine {
+    /// Per root, in configuration order.
     links: Vec<RootLink>,
     /// Number of root groups (shards), at least 1.
     groups: usize,
-    /// Per group: local time of the last answer from any of its roots.
-    group_success: Vec<Option<Nanos>>,
-    /// Per group: no root of it answered for two intervals (its shard is
-    /// limited per host).
-    group_down: Vec<bool>,
-    /// Per group: when its being down was last logged.
-    group_down_logged: Vec<Option<Nanos>>,
-    unacked: Unacked,
-    recent: Recent,
-    slots: IdMap<SlotId>,
-    slots_generation: Option<u64>,
-    limiter_id: String,
+    /// Time between cycles.
     interval: Nanos,
-    max_owed: usize,
-    /// Entries one request may carry: a root refuses a request of more
-    /// than [`MAX_DELTAS_PER_SYNC`] whole, so a larger backlog goes out
-    /// over several cycles instead of never.
-    max_request_entries: usize,
-    started: Nanos,
-    last_any_success: Option<Nanos>,
-    all_down: bool,
-    /// How long every root may be silent before in-flight counters count
-    /// this host's own slots only.
-    in_flight_lease: Nanos,
-    /// The local lease was applied since the last answer of any root.
-    leased: bool,
-    /// Per group: the local lease was applied to its shard since the last
-    /// answer of any of its roots.
-    group_leased: Vec<bool>,
-    /// Per root: in-flight levels of its group were folded here since its
-    /// last answer (or, after it restarted, taken as its new instance's),
-    /// so it is asked for all its counters, and its next whole answer
-    /// settles the in-flight counters it leaves out
-    /// ([`Table::settle_omitted`]).
-    ask_all: Vec<bool>,
-    down_logged_at: Option<Nanos>,
+    /// What each root is owed, and what no root acknowledged yet.
+    accounts: Accounts,
+    /// How requests are made.
+    requests: Requests,
+    /// Roots and groups up or down, and the in-flight lease.
+    health: Health,
+    /// Adoption of a restarted root's new instance.
+    restarts: Restarts,
+    /// When a cycle starts early.
+    early: EarlyCycles,
+    /// Counters that changed recently, for what complete replies vouch.
+    recent: Recent,
+    /// The key section's pressure, said once a cycle at most.
+    pressure: KeyPressure,
+    /// Cycles begun.
     cycles: u64,
-    early: Option<EarlySync>,
-    last_early: Option<Nanos>,
-    pressure: super::KeyPressure,
-    /// The last cycle's collected deltas, kept for their memory.
-    collected: Vec<CollectedDelta>,
-    /// The last cycle's new owed entries, kept for their memory.
-    fresh: Vec<(CounterKey, Owed)>,
-    /// Each quota's rejection count as of the last cycle (`None` before
-    /// the first, which only takes the baseline: a new sync thread does
-    /// not report what an earlier one already did).
-    rejected_seen: Option<IdMap<u64>>,
 }
 
 impl SyncEngine {
@@ -367,32 +88,15 @@ impl SyncEngine {
                 .map(|u| RootLink::new(u.trim_end_matches('/').into()))
                 .collect(),
             groups: 1,
-            group_success: vec![None],
-            group_down: vec![false],
-            group_down_logged: vec![None],
-            unacked: Unacked::default(),
-            recent: Recent::default(),
-            slots: IdMap::default(),
-            slots_generation: None,
-            limiter_id,
             interval,
-            max_owed,
-            max_request_entries: MAX_DELTAS_PER_SYNC,
-            started: now,
-            last_any_success: None,
-            all_down: false,
-            in_flight_lease: super::config::DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos,
-            leased: false,
-            group_leased: vec![false],
-            ask_all: vec![false; roots.len()],
-            down_logged_at: None,
+            accounts: Accounts::new(max_owed),
+            requests: Requests::new(limiter_id),
+            health: Health::new(now, interval, DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos),
+            restarts: Restarts::new(now, interval),
+            early: EarlyCycles::new(interval),
+            recent: Recent::default(),
+            pressure: KeyPressure::default(),
             cycles: 0,
-            early: None,
-            last_early: None,
-            pressure: super::KeyPressure::default(),
-            collected: Vec::new(),
-            fresh: Vec::new(),
-            rejected_seen: None,
         }
     }
 
@@ -413,29 +117,14 @@ impl SyncEngine {
     /// thread may have found one within its grace). Call before the first
     /// cycle.
     pub fn resume(&mut self, table: &Table) {
-        for (link, ask_all) in self.links.iter_mut().zip(&mut self.ask_all) {
-            if let Some(known) = super::status::remembered_root(table, &link.url) {
-                link.resume(known);
-                *ask_all = true;
-                // The earlier thread may have found a restart it had not
-                // adopted the levels of yet: a grace from now covers it.
-                link.restart_seen = Some(self.started);
-            }
-        }
-        // Each in its place in this configuration (all read first: a root
-        // that moved may have left its record where another goes now).
-        for (i, link) in self.links.iter().enumerate() {
-            if link.root_instance != 0 {
-                super::status::remember_root(table, i, &link.url, link.remembered());
-            }
-        }
+        self.restarts.resume(table, &mut self.links);
     }
 
     /// Lowers the entries one request may carry (tests: a backlog over
     /// the bound without a million counters).
     #[cfg(test)]
     pub fn limit_request_entries(&mut self, entries: usize) {
-        self.max_request_entries = entries.max(4);
+        self.requests.limit_entries(entries);
     }
 
     /// Puts root `i` in group `groups[i]` (see the `sync` module doc on
@@ -448,10 +137,7 @@ impl SyncEngine {
             link.metrics.group = g;
         }
         self.groups = self.links.iter().map(|l| l.group + 1).max().unwrap_or(1);
-        self.group_success = vec![None; self.groups];
-        self.group_down = vec![false; self.groups];
-        self.group_down_logged = vec![None; self.groups];
-        self.group_leased = vec![false; self.groups];
+        self.health.set_groups(self.groups);
     }
 
     /// Number of root groups (shards).
@@ -464,77 +150,31 @@ impl SyncEngine {
         self.links[i].group
     }
 
-    /// Sets the in-flight lease (see [`super::SyncConfig::in_flight_lease`]).
+    /// Sets the in-flight lease (see
+    /// [`super::config::SyncConfig::in_flight_lease`]).
     pub fn set_in_flight_lease(&mut self, lease: Nanos) {
-        self.in_flight_lease = lease;
+        self.health.set_in_flight_lease(lease);
     }
 
     /// Turns early sync on (or off with `None`).
     pub fn set_early_sync(&mut self, early: Option<EarlySync>) {
-        self.early = early;
+        self.early.set(early);
     }
 
     /// Time between early-sync probes, when early sync is on.
     pub fn early_probe_every(&self) -> Option<Nanos> {
-        self.early.map(|_| self.probe_every())
+        self.early.early_probe_every()
     }
 
     /// Time between the networked loop's probes: they look for penalties
     /// started here (always) and, with early sync on, for unsent weight.
     pub fn probe_every(&self) -> Nanos {
-        (self.interval / EARLY_PROBES_PER_INTERVAL).max(1)
+        self.early.probe_every()
     }
 
-    /// True when an early cycle should start now: its budget allows one
-    /// (early sync's, or [`PENALTY_SYNCS_PER_SECOND`] without it), and a
-    /// penalty started here waits to be sent, or early sync is on and
-    /// some quota's unsent local delta passed its share of the burst band.
+    /// True when an early cycle should start now (see `early.rs`).
     pub fn early_sync_due(&mut self, table: &Table, now: Nanos) -> bool {
-        let per_second = self
-            .early
-            .map_or(PENALTY_SYNCS_PER_SECOND, |e| e.max_per_second);
-        let spacing = (1e9 / per_second.max(1e-9)) as Nanos;
-        if self
-            .last_early
-            .is_some_and(|t| now.saturating_sub(t) < spacing)
-        {
-            return false;
-        }
-        let due = table.has_unsent_penalties()
-            || self
-                .early
-                .is_some_and(|early| table.unsent_beyond(early.fraction));
-        if due {
-            self.last_early = Some(now);
-        }
-        due
-    }
-
-    /// The checks each quota rejected since the last cycle, as
-    /// `[id, count]` for the requests of this one, from the table's
-    /// running `totals` (statistics: a root not sent to this cycle misses
-    /// them).
-    fn rejected_since_last_cycle(&mut self, totals: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-        let first = self.rejected_seen.is_none();
-        let seen = self.rejected_seen.get_or_insert_with(IdMap::default);
-        let mut grown = Vec::new();
-        let mut next = IdMap::default();
-        next.reserve(totals.len());
-        for (id, total) in totals {
-            let before = seen.get(&id).copied().unwrap_or(0);
-            // Smaller than before: the quota's slot was made anew.
-            let new = if total < before {
-                total
-            } else {
-                total - before
-            };
-            if !first && new > 0 {
-                grown.push((id, new));
-            }
-            next.insert(id, total);
-        }
-        *seen = next;
-        grown
+        self.early.due(table, now)
     }
 
     /// The base URL of root `i`.
@@ -548,130 +188,25 @@ impl SyncEngine {
     /// back to [`SyncEngine::finish`], whenever it ends.
     pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
         self.cycles += 1;
-        // The cycle's buffers keep their memory from cycle to cycle.
-        let mut collected = std::mem::take(&mut self.collected);
-        let mut fresh = std::mem::take(&mut self.fresh);
-        collected.clear();
-        fresh.clear();
-        let mut rejected = Vec::new();
-        table.collect_deltas_and_rejections(&mut collected, &mut rejected);
+        let rejected = self.accounts.collect(table, now);
         // Penalties started here go to every root (a penalty merges by
         // max, wherever it lands).
-        let started = table.take_started_penalties();
-        let mut held: Option<Vec<Penalty>> = None;
-        self.unacked.add(&collected);
-        let rejected = self.rejected_since_last_cycle(rejected);
-        fresh.extend(collected.iter().map(|d| owed_of(table, d, now)));
-        // With no root of a group up, backoff only delays finding the
-        // first one back.
-        let groups = self.groups;
-        let mut group_up = vec![false; groups];
-        for l in self.links.iter().filter(|l| l.metrics.up) {
-            group_up[l.group] = true;
-        }
-        // Quota changes come from the lowest group with a root up; the
-        // others' links take the furthest cursor of any other group.
-        let quota_group = (groups > 1)
-            .then(|| group_up.iter().position(|&up| up))
-            .flatten();
-        let mut furthest = vec![QuotaCursor::default(); groups];
-        for l in &self.links {
-            furthest[l.group] = furthest[l.group].max(l.cursor);
-        }
-        let fresh_of = |g: usize| of_shard(&fresh, g, groups);
-        let rejected_of = |g: usize| -> Vec<(u64, u64)> {
-            rejected
-                .iter()
-                .filter(|(id, _)| super::shard(CounterKey::named(*id), groups) == g)
-                .copied()
-                .collect()
-        };
+        let started = table.books().take_started_penalties();
+        let rejected = self.requests.rejected_since_last_cycle(rejected);
+        self.accounts
+            .owe_collected(&mut self.links, self.groups, now);
+        let mut plan = self.requests.plan(&self.links, self.groups, rejected);
         let mut out = Vec::new();
         for (root, link) in self.links.iter_mut().enumerate() {
-            let g = link.group;
-            link.owe(fresh_of(g), self.max_owed, now);
             link.owe_penalties(&started);
-            if link.busy {
-                continue;
+            if plan.asks(link) {
+                out.push(plan.request(table, root, link, now));
             }
-            if link.skip > 0 && group_up[g] {
-                link.skip -= 1;
-                continue;
-            }
-            link.busy = true;
-            let mut owed = std::mem::take(&mut link.owed);
-            let mut rejected = if groups > 1 {
-                rejected_of(g)
-            } else {
-                rejected.clone()
-            };
-            rejected.truncate(self.max_request_entries / 2);
-            if link.takes_tiers && std::mem::take(&mut link.resend_penalties) {
-                let now_utc = now as i64 + table.utc_offset();
-                link.tiers.penalties = held
-                    .get_or_insert_with(|| table.held_penalties(now_utc))
-                    .clone();
-            }
-            // Penalties take at most a quarter of a request; the rest stay
-            // owed for the next cycle.
-            let mut penalties = std::mem::take(&mut link.tiers.penalties);
-            if penalties.len() > self.max_request_entries / 4 {
-                link.tiers.penalties = penalties.split_off(self.max_request_entries / 4);
-            }
-            link.penalties_sent = penalties;
-            let room = self.max_request_entries - rejected.len() - link.penalties_sent.len();
-            let mut due = due_deltas(&owed, now, link.takes_returns);
-            if due.entry_count() > room {
-                // Each owed counter takes at most four entries (an add and
-                // a return, each perhaps opening its key template's group).
-                link.owed = split_owed(&mut owed, room / 4);
-                due = due_deltas(&owed, now, link.takes_returns);
-            }
-            link.metrics.dropped_returns = link
-                .metrics
-                .dropped_returns
-                .saturating_add(due.dropped_returns);
-            let others = furthest
-                .iter()
-                .enumerate()
-                .filter(|&(other, _)| other != g)
-                .map(|(_, &c)| c)
-                .max()
-                .unwrap_or_default();
-            link.cursor = link.cursor.max(others);
-            let quotas_after = match quota_group {
-                Some(q) if q != g => NO_QUOTAS,
-                _ => link.cursor,
-            };
-            let tiers = TierRequest {
-                penalties: link.penalties_sent.clone(),
-                ..link.tiers.clone()
-            };
-            let request = SyncRequest {
-                tiers,
-                limiter: self.limiter_id.clone(),
-                quotas_after,
-                counter_version: link.counter_version,
-                root_instance: link.root_instance,
-                deltas: due.named,
-                keyed: due.keyed,
-                rejected,
-                returned: due.returned,
-                keyed_returned: due.keyed_returned,
-            };
-            out.push(Outgoing {
-                root,
-                request,
-                owed,
-                clock: link.clock_report(),
-            });
         }
-        self.collected = collected;
-        self.fresh = fresh;
         out
     }
 
-    /// Applies the outcome of one exchange with root `root`: the pages that
+    /// Takes in the outcome of one exchange with root `root`: the pages that
     /// succeeded (in order) and, if it stopped early, the error. With no
     /// page at all the root is owed `owed` again and backs off, unless no
     /// other root is up either: then it is tried every cycle, so that the
@@ -685,140 +220,148 @@ impl SyncEngine {
         error: Option<String>,
         now: Nanos,
     ) -> Vec<LogLine> {
-        let mut log = Vec::new();
-        let group = self.links[root].group;
         // Another root of the same group serves the shard meanwhile.
-        let others_up = self
-            .links
-            .iter()
-            .enumerate()
-            .any(|(i, l)| i != root && l.group == group && l.metrics.up);
-        let link = &mut self.links[root];
-        link.busy = false;
+        let others_up = others_up(&self.links, root);
+        self.links[root].busy = false;
         if pages.is_empty() {
-            // Log a root's failure when it was up, or the first time for a
-            // root that never answered; not at every retry of a dead one.
-            let was_up = link.metrics.up || (link.metrics.syncs == 0 && link.metrics.errors == 0);
-            let error = error.unwrap_or_else(|| "no reply".into());
-            link.owe(owed.into_iter(), self.max_owed, now);
-            if was_up {
-                log.push((
-                    LogLevel::Warn,
-                    format!("quota root {} unreachable: {error}", link.url),
-                ));
-            }
-            link.failed(others_up, error);
-            self.settle_if_all_in(table);
-            return log;
+            return self.failed(table, root, owed, others_up, error, now);
         }
+        let mut log = Vec::new();
+        let link = &self.links[root];
         if !link.metrics.up && link.metrics.errors > 0 {
             log.push((
                 LogLevel::Info,
                 format!("quota root {} reachable again", link.url),
             ));
         }
-        let mut owed = owed;
-        let used = owed.len();
-        let mut nothing = OwedDeltas::default();
-        for (k, page) in pages.iter().enumerate() {
-            // Deltas went out with the first page only.
-            let sent = if k == 0 { &mut owed } else { &mut nothing };
-            let instance = self.links[root].root_instance;
-            let resend = (instance != 0 && page.reply.root_instance != instance)
-                .then(|| self.held_before(table, root, sent, now));
-            let known = self.links[root].remembered();
-            self.links[root].succeeded(page.sent_at, page.received_at, &page.reply);
-            let link = &self.links[root];
-            if link.remembered() != known {
-                super::status::remember_root(table, root, &link.url, link.remembered());
-            }
-            if let Some(resend) = resend {
-                let link = &mut self.links[root];
-                link.owe(resend.into_iter(), self.max_owed, now);
-                link.restart_seen = Some(now);
-            }
-            self.publish_utc_offset(table);
-            self.apply(table, root, &page.reply, sent, &mut log);
-        }
-        self.links[root].reuse_owed(owed, used);
-        self.adopt_after_restart(table, root, now);
-        if let Some(last) = pages.last().filter(|p| !p.reply.more_quotas) {
-            if std::mem::take(&mut self.ask_all[root]) {
-                // Counters the root left out are empty there. (A reply cut
-                // at a page of counters leaves some for the next one,
-                // which then replaces the 0: one interval's undercount.)
-                let groups = self.groups;
-                let source = self.links[root].source(root);
-                let carried: std::collections::HashSet<u64> = pages
-                    .iter()
-                    .flat_map(|p| p.reply.counters.iter().map(|c| c.id))
-                    .collect();
-                table.settle_omitted(source, now, |c| {
-                    super::shard(c, groups) == group && !carried.contains(&c.id)
-                });
-            }
-            // Counters come only once the quota pages are through; then
-            // whatever this root left out did not change there.
-            let at = self.links[root]
-                .to_local(&CounterValue {
-                    id: 0,
-                    level: 0.0,
-                    prev: 0.0,
-                    at: last.reply.root_time,
-                })
-                .at;
-            self.recent.vouch(group, at);
+        self.take_pages(table, root, owed, pages, now, &mut log);
+        let last = pages.last().filter(|p| !p.reply.more_quotas);
+        if last.is_some() {
+            self.whole_answer(table, root, pages, now);
         }
         // A reply to a request for no quotas (another group gives them)
         // says nothing about the quota set.
-        if pages
-            .last()
-            .is_some_and(|p| !p.reply.more_quotas && p.reply.quotas_after != NO_QUOTAS)
-            && table.holds_seeds()
-        {
-            // A root's whole quota set is in: from now on the roots' quotas
-            // are the set, and seeds from a file no root knows go.
-            let report = purge_seeds(table);
-            if report.deleted > 0 {
-                log.push((
-                    LogLevel::Info,
-                    format!(
-                        "a quota root answered; {} seed quota(s) from the quota file no root \
-                         knows were removed",
-                        report.deleted
-                    ),
-                ));
-            }
+        if last.is_some_and(|p| p.reply.quotas_after != NO_QUOTAS) && table.holds_seeds() {
+            log.extend(purge_unknown_seeds(table));
         }
         if let Some(error) = error {
             // A later page failed; the deltas were delivered with the first.
             self.links[root].failed(others_up, error);
         }
-        self.last_any_success = Some(now);
-        self.leased = false;
-        self.group_leased[group] = false;
-        self.group_success[group] = Some(now);
-        if self.group_down[group] && !self.all_down {
-            self.group_down[group] = false;
-            self.group_down_logged[group] = None;
-            log.push((
-                LogLevel::Info,
-                format!("a quota root of group {group} answers again; its shard is limited fleet-wide again"),
-            ));
-        }
-        self.group_down[group] = false;
-        if self.all_down {
-            // Limiting is cluster-wide again from this reply on.
-            self.all_down = false;
-            table.set_counting_locally(false);
-            self.down_logged_at = None;
-            log.push((
-                LogLevel::Info,
-                "a quota root answers again; cluster limiting resumed".into(),
-            ));
-        }
+        log.extend(self.health.answered(table, self.links[root].group, now));
         self.settle_if_all_in(table);
         log
+    }
+
+    /// An exchange with root `root` that brought no page: the root is owed
+    /// `owed` again and backs off when `others_up`; its failure is logged
+    /// when it was up, or the first time for a root that never answered,
+    /// not at every retry of a dead one.
+    fn failed(
+        &mut self,
+        table: &Table,
+        root: usize,
+        owed: OwedDeltas,
+        others_up: bool,
+        error: Option<String>,
+        now: Nanos,
+    ) -> Vec<LogLine> {
+        let mut log = Vec::new();
+        let link = &mut self.links[root];
+        let was_up = link.metrics.up || (link.metrics.syncs == 0 && link.metrics.errors == 0);
+        let error = error.unwrap_or_else(|| "no reply".into());
+        self.accounts.owe(link, owed, now);
+        if was_up {
+            log.push((
+                LogLevel::Warn,
+                format!("quota root {} unreachable: {error}", link.url),
+            ));
+        }
+        link.failed(others_up, error);
+        self.settle_if_all_in(table);
+        log
+    }
+
+    /// Takes the `pages` root `root` answered in, in order, the first for
+    /// the request that carried `owed`: what each says of the root (a
+    /// restart found: slots to resend), its clock, its quota and tier
+    /// changes, its counters. Then the request's map is kept for the next
+    /// cycle's debts, and a restarted root's instance adopted once its
+    /// grace is over.
+    fn take_pages(
+        &mut self,
+        table: &Table,
+        root: usize,
+        mut owed: OwedDeltas,
+        pages: &[Page],
+        now: Nanos,
+        log: &mut Vec<LogLine>,
+    ) {
+        let used = owed.len();
+        let mut nothing = OwedDeltas::default();
+        for (k, page) in pages.iter().enumerate() {
+            // Deltas went out with the first page only.
+            let sent = if k == 0 { &mut owed } else { &mut nothing };
+            let link = &mut self.links[root];
+            if let Some(resend) =
+                restart::take_answer(table, root, link, page, sent, self.groups, now)
+            {
+                self.accounts.owe(link, resend, now);
+            }
+            self.publish_utc_offset(table);
+            self.take_reply(table, root, &page.reply, sent, log);
+        }
+        self.links[root].reuse_owed(owed, used);
+        self.restarts.adopt(table, root, &mut self.links[root], now);
+    }
+
+    /// Takes one reply of root `root` in: its quota and tier changes, then
+    /// its counters, merged; what it covers of `sent` is acknowledged,
+    /// and so is what it leaves out (the root has it).
+    fn take_reply(
+        &mut self,
+        table: &Table,
+        root: usize,
+        reply: &SyncResponse,
+        sent: &mut OwedDeltas,
+        log: &mut Vec<LogLine>,
+    ) {
+        log.extend(take_changes(table, reply));
+        // Looked up once: every value of the reply is moved by it.
+        let offset = self.links[root].offset();
+        let source = self.links[root].source(root);
+        self.accounts
+            .take_counters(table, reply, offset, source, sent, &mut self.recent);
+        self.accounts.release_unanswered(table, sent);
+    }
+
+    /// Root `root` answered whole (`pages`, its quota pages through):
+    /// when it was asked for all its counters, those it left out are
+    /// settled as empty there; and whatever it left out did not change
+    /// there up to its clock.
+    fn whole_answer(&mut self, table: &Table, root: usize, pages: &[Page], now: Nanos) {
+        let link = &mut self.links[root];
+        let group = link.group;
+        if std::mem::take(&mut link.ask_all) {
+            // Counters the root left out are empty there. (A reply cut
+            // at a page of counters leaves some for the next one,
+            // which then replaces the 0: one interval's undercount.)
+            let groups = self.groups;
+            let source = link.source(root);
+            let carried: HashSet<u64> = pages
+                .iter()
+                .flat_map(|p| p.reply.counters.iter().map(|c| c.id))
+                .collect();
+            table.books().settle_omitted(source, now, |c| {
+                shard(c, groups) == group && !carried.contains(&c.id)
+            });
+        }
+        // Counters come only once the quota pages are through; then
+        // whatever this root left out did not change there.
+        if let Some(last) = pages.last() {
+            let at = link.level_to_local(0.0, last.reply.root_time).at;
+            self.recent.vouch(group, at);
+        }
     }
 
     /// Gives the table the UTC offset window quotas place their windows
@@ -844,172 +387,6 @@ impl SyncEngine {
         }
     }
 
-    fn apply(
-        &mut self,
-        table: &Table,
-        root: usize,
-        reply: &SyncResponse,
-        sent: &mut OwedDeltas,
-        log: &mut Vec<LogLine>,
-    ) {
-        if !reply.quotas.is_empty() {
-            let report = table.apply_quotas(&reply.quotas);
-            for refused in report.refused.iter().take(5) {
-                log.push((LogLevel::Error, refused.to_string()));
-            }
-        }
-        if !reply.tiers.overrides.is_empty() {
-            let report = table.apply_overrides(&reply.tiers.overrides);
-            if report.refused > 0 {
-                log.push((
-                    LogLevel::Error,
-                    format!(
-                        "{} override(s) refused: the tier section is full ({} held; give it \
-                         room: sluice_overrides in nginx, override_capacity in sluice_init's \
-                         JSON and the bindings' options)",
-                        report.refused,
-                        table.tier_capacity()
-                    ),
-                ));
-            }
-        }
-        table.merge_penalties(&reply.tiers.penalties);
-        let generation = table.generation();
-        if self.slots_generation != Some(generation) {
-            self.slots = table.slot_ids().into_iter().collect();
-            self.slots_generation = Some(generation);
-        }
-        // Looked up once: every value of the reply is moved by it.
-        let offset = self.links[root].offset();
-        let source = self.links[root].source(root);
-        let keyed = reply.keyed.iter().flat_map(|group| {
-            group.values.iter().enumerate().map(move |(i, v)| {
-                let counter = CounterKey {
-                    id: group.id,
-                    key: v.0,
-                };
-                let local = Tally {
-                    prev: group.prev_of(i),
-                    ..Tally::leaky(level_at_offset(offset, v.1, v.2))
-                };
-                (counter, local)
-            })
-        });
-        let values = reply
-            .counters
-            .iter()
-            .map(|c| {
-                let local = Tally {
-                    prev: c.prev,
-                    ..Tally::leaky(level_at_offset(offset, c.level, c.at))
-                };
-                (CounterKey::named(c.id), local)
-            })
-            .chain(keyed);
-        for (counter, value) in values {
-            // What this reply covers of the weight sent leaves `sent`;
-            // what is left there afterwards the root did not answer for.
-            // The whole collected weight is acknowledged, leaked or not:
-            // what leaked away is no longer part of any level.
-            let acked = sent
-                .remove(&counter)
-                .and_then(|s| self.unacked.take(counter, s.weight, s.returned));
-            // A counter this host sent says where it lives (one lookup
-            // less per counter).
-            let slot = match acked {
-                Some((slot, _)) => slot,
-                None => match self.slots.get(&counter.id) {
-                    Some(&slot) => slot,
-                    None => continue,
-                },
-            };
-            self.recent.changed(counter, slot);
-            let amount = acked.map_or(0, |a| a.1);
-            if !table.merge_counter(slot, counter.id, counter.key, value, amount, source)
-                && acked.is_some()
-            {
-                // Its quota moved to another slot since the delta was
-                // collected: merge it where it is now.
-                if let Some(&moved) = self.slots.get(&counter.id).filter(|&&s| s != slot) {
-                    self.recent.changed(counter, moved);
-                    table.merge_counter(moved, counter.id, counter.key, value, amount, source);
-                }
-            }
-        }
-        for (counter, owed) in sent.drain() {
-            if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
-                table.release_inflight(slot, counter.id, counter.key, acked);
-            }
-        }
-    }
-
-    /// Once root `root` was found restarted [`RESTART_GRACE`] intervals
-    /// ago, its new instance holds every host's resent slots (each host
-    /// finds the restart at its first exchange with it, within about an
-    /// interval, and resends at its next one): the in-flight levels this
-    /// host knew from its earlier instances become the new instance's, so
-    /// its next reply replaces them, lower or not. Every earlier
-    /// instance's: a level taken from one that came and went within the
-    /// grace (restarted twice) would stay as well. Earlier, the new
-    /// instance may still lack slots not resent yet, and replacing would
-    /// be fail-open; never, the earlier value would stay (it never leaks)
-    /// against every lower one: strict for good.
-    fn adopt_after_restart(&mut self, table: &Table, root: usize, now: Nanos) {
-        let grace = RESTART_GRACE.saturating_mul(self.interval);
-        let link = &mut self.links[root];
-        let Some(seen) = link.restart_seen else {
-            return;
-        };
-        if now.saturating_sub(seen) < grace {
-            return;
-        }
-        link.restart_seen = None;
-        let link = &self.links[root];
-        if table.adopt_source(|s| link.is_earlier_source(root, s), link.source(root)) > 0 {
-            // The next reply must carry them even if the new instance's
-            // count has not changed since (or is empty: left out).
-            self.links[root].counter_version = 0;
-            self.ask_all[root] = true;
-        }
-    }
-
-    /// What root `root`, found restarted by the reply to a request that
-    /// carried `sent`, must be sent again: for each named in-flight
-    /// counter of its group, the slots this host held before what it
-    /// sent that root and still owes it. The new instance counts nothing
-    /// from before; without these, the returns of those slots would take
-    /// this host's holding there below zero and hide as many of its later
-    /// slots for as long as it syncs (fail-open). Its held word less what
-    /// the new instance counts of `sent` and of what the link still owes
-    /// is exactly that: the restarted root then holds what this host
-    /// holds. That includes units resent to an earlier restart that the
-    /// new instance got (or will): a root restarting again before a
-    /// resend was acknowledged is not sent the same slots twice. Per-key
-    /// counters keep no held word yet and are not resent.
-    fn held_before(
-        &self,
-        table: &Table,
-        root: usize,
-        sent: &OwedDeltas,
-        now: Nanos,
-    ) -> Vec<(CounterKey, Owed)> {
-        let link = &self.links[root];
-        let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
-        table
-            .held_counts()
-            .into_iter()
-            .filter_map(|(id, held)| {
-                let c = CounterKey::named(id);
-                if super::shard(c, self.groups) != link.group {
-                    return None;
-                }
-                let before = i128::from(held) - net(sent, &c) - net(&link.owed, &c);
-                let before = u64::try_from(before).ok().filter(|&n| n > 0)?;
-                Some((c, Owed::resent(before, now)))
-            })
-            .collect()
-    }
-
     /// Ends a cycle (call it before the next [`SyncEngine::begin_cycle`]).
     /// Settles unchanged counters if a slow root kept that from happening
     /// earlier. When no root answered for two intervals, folds local weight
@@ -1017,180 +394,77 @@ impl SyncEngine {
     /// minute; the first answer after that ends it (and says so).
     pub fn end_cycle(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
         let mut log = Vec::new();
-        let since = self.last_any_success.unwrap_or(self.started);
-        // An exchange still under way (a long initial sync paging through
-        // quotas) has not failed yet.
-        let waiting = self.links.iter().any(|l| l.busy);
-        let down =
-            !self.links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval;
+        let down = self.health.all_silent(&self.links, now);
         self.recent.settle(table, self.groups);
         if !down && self.groups > 1 {
-            self.groups_down(table, now, &mut log);
+            log.extend(self.fold_groups_down(table, now));
         }
-        table.maintain_keys(super::key_sweep_budget(table, self.interval), now);
-        table.sweep_tiers(now as i64 + table.utc_offset());
+        table
+            .books()
+            .maintain_keys(key_sweep_budget(table, self.interval), now);
+        table.books().sweep_tiers(now as i64 + table.utc_offset());
         log.extend(self.pressure.check(table));
         if down {
-            // Weight admitted since this cycle began is owed to the roots
-            // too, or they would never count it (an in-flight slot taken
-            // now must reach them, or its release would later cancel
-            // another).
-            self.collect_late(table, now);
-            // Weight in flight that no root will acknowledge goes back to
-            // pending, then everything pending is folded in locally.
-            self.abandon(table);
-            table.fold_local(now);
-            if table.holds_in_flight() {
-                self.ask_all_after_fold(|_| true);
-            }
-            if !self.leased && now.saturating_sub(since) >= self.in_flight_lease {
-                self.lease_locally(table, now, &mut log);
-            }
-            if self
-                .down_logged_at
-                .is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
-            {
-                self.down_logged_at = Some(now);
-                let msg = format!(
-                    "all {} quota roots unreachable; limiting with local counts only (per host)",
-                    self.links.len()
-                );
-                log.push((LogLevel::Warn, msg));
-            }
+            log.extend(self.fold_all(table, now));
         }
-        self.all_down = down;
-        table.set_counting_locally(down);
+        self.health.set_all_down(down);
+        table.books().set_counting_locally(down);
         log
     }
 
-    /// Collects what was admitted since the cycle began and owes it to
-    /// every root of its shard, as [`SyncEngine::begin_cycle`] does,
-    /// without sending it: the fold that follows takes it locally.
-    fn collect_late(&mut self, table: &Table, now: Nanos) {
-        let mut late = std::mem::take(&mut self.collected);
-        late.clear();
-        table.collect_deltas(&mut late);
-        self.unacked.add(&late);
-        let groups = self.groups;
-        let mut owed = std::mem::take(&mut self.fresh);
-        owed.clear();
-        owed.extend(late.iter().map(|d| owed_of(table, d, now)));
-        for link in &mut self.links {
-            link.owe(of_shard(&owed, link.group, groups), self.max_owed, now);
+    /// With several groups and not all of them down: folds the unacked
+    /// weight of every shard whose group has not answered for two
+    /// intervals into the local levels (per host), and says so once a
+    /// minute per group.
+    fn fold_groups_down(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
+        let down = self.health.silent_groups(&self.links, now);
+        if down.iter().any(|&d| d) {
+            let groups = self.groups;
+            self.accounts.fold(table, |c| down[shard(c, groups)], now);
+            if table.books().holds_in_flight() {
+                self.ask_all_after_fold(|g| down[g]);
+            }
         }
-        self.collected = late;
-        self.fresh = owed;
+        self.health.groups_down_at(table, &down, now)
+    }
+
+    /// Every root down: what was collected and what is pending is folded
+    /// into the local levels, and the roots are owed it.
+    fn fold_all(&mut self, table: &Table, now: Nanos) -> Vec<LogLine> {
+        // Weight admitted since this cycle began is owed to the roots
+        // too, or they would never count it (an in-flight slot taken
+        // now must reach them, or its release would later cancel
+        // another).
+        self.accounts
+            .collect_late(table, &mut self.links, self.groups, now);
+        // Unacked weight, which no root will acknowledge, goes back to
+        // pending, then everything pending is folded in locally.
+        self.abandon(table);
+        table.books().fold_local(now);
+        if table.books().holds_in_flight() {
+            self.ask_all_after_fold(|_| true);
+        }
+        self.health.all_down_at(table, self.links.len(), now)
     }
 
     /// Own weight was folded into the levels of the groups `folded` says,
     /// in-flight counters among them: their roots are asked for all their
-    /// counters at their next exchange. A reply replaces a folded
-    /// in-flight level, so it must carry even a counter nobody changed
-    /// meanwhile, and one it leaves out is empty there (the other hosts
-    /// gave back all its slots while this host could not hear).
+    /// counters at their next exchange ([`RootLink::ask_for_all_counters`]).
     fn ask_all_after_fold(&mut self, folded: impl Fn(usize) -> bool) {
-        for (link, after) in self.links.iter_mut().zip(&mut self.ask_all) {
+        for link in &mut self.links {
             if folded(link.group) {
-                link.counter_version = 0;
-                *after = true;
+                link.ask_for_all_counters();
             }
-        }
-    }
-
-    /// Every root silent for the in-flight lease: in-flight counters count
-    /// this host's own slots only (the roots have dropped them from their
-    /// counts; this host drops the other hosts' in turn).
-    fn lease_locally(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
-        self.leased = true;
-        let set = table.lease_locally(now, |_| true);
-        if set > 0 {
-            log.push((
-                LogLevel::Warn,
-                format!(
-                    "every quota root silent for the in-flight lease ({} ms): {set} in-flight \
-                     counter(s) now count this host's own slots only (per host)",
-                    self.in_flight_lease / 1_000_000
-                ),
-            ));
-        }
-    }
-
-    /// Every root of group `g` silent for the in-flight lease (others
-    /// answering): the local lease for its shard only.
-    fn lease_group_locally(&mut self, table: &Table, g: usize, now: Nanos, log: &mut Vec<LogLine>) {
-        self.group_leased[g] = true;
-        let groups = self.groups;
-        let set = table.lease_locally(now, |c| super::shard(c, groups) == g);
-        if set > 0 {
-            log.push((
-                LogLevel::Warn,
-                format!(
-                    "every quota root of group {g} silent for the in-flight lease ({} ms): {set} \
-                     in-flight counter(s) of its shard now count this host's own slots only",
-                    self.in_flight_lease / 1_000_000
-                ),
-            ));
-        }
-    }
-
-    /// With several groups and not all of them down: folds the in-flight
-    /// weight of every shard whose group has not answered for two
-    /// intervals into the local levels (per host), and says so once a
-    /// minute per group.
-    fn groups_down(&mut self, table: &Table, now: Nanos, log: &mut Vec<LogLine>) {
-        let groups = self.groups;
-        let mut down = vec![false; groups];
-        for (g, is_down) in down.iter_mut().enumerate() {
-            let mut roots = self.links.iter().filter(|l| l.group == g);
-            let waiting = roots.clone().any(|l| l.busy);
-            let since = self.group_success[g].unwrap_or(self.started);
-            *is_down =
-                roots.next().is_some() && !waiting && now.saturating_sub(since) > 2 * self.interval;
-        }
-        if down.iter().any(|&d| d) {
-            self.unacked.by_counter.retain(|c, entry| {
-                if !down[super::shard(*c, groups)] {
-                    return true;
-                }
-                table.fold_inflight(entry.0, c.id, c.key, Unacked::net(entry), now);
-                false
-            });
-            if table.holds_in_flight() {
-                self.ask_all_after_fold(|g| down[g]);
-            }
-        }
-        for (g, &is_down) in down.iter().enumerate() {
-            let since = self.group_success[g].unwrap_or(self.started);
-            if is_down && !self.group_leased[g] && now.saturating_sub(since) >= self.in_flight_lease
-            {
-                self.lease_group_locally(table, g, now, log);
-            }
-            if is_down
-                && self.group_down_logged[g].is_none_or(|t| now.saturating_sub(t) >= DOWN_LOG_EVERY)
-            {
-                self.group_down_logged[g] = Some(now);
-                log.push((
-                    LogLevel::Warn,
-                    format!(
-                        "every quota root of group {g} unreachable; its shard of the counters \
-                         is limited with local counts only (per host), the others fleet-wide"
-                    ),
-                ));
-            }
-            self.group_down[g] = is_down;
         }
     }
 
     /// The sync thread stops: weight sent but acknowledged by no root goes
     /// back to the table's pending, so the next sync thread (after an nginx
-    /// reload, the new worker's) sends it instead of it staying in flight
+    /// reload, the new worker's) sends it instead of it staying unacked
     /// forever. A root that did get it counts it twice, once; that
     /// overcount leaks away like any weight.
     pub fn abandon(&mut self, table: &Table) {
-        for (c, entry) in &self.unacked.by_counter {
-            table.requeue_inflight(entry.0, c.id, c.key, Unacked::net(entry));
-        }
-        self.unacked = Unacked::default();
+        self.accounts.abandon(table);
     }
 
     /// Counts request and reply bytes for root `root`.
@@ -1202,21 +476,63 @@ impl SyncEngine {
 
     /// True while no root has answered for two intervals.
     pub fn all_down(&self) -> bool {
-        self.all_down
+        self.health.all_down()
     }
 
     /// A snapshot of the metrics.
     pub fn metrics(&self) -> SyncMetrics {
         SyncMetrics {
             cycles: self.cycles,
-            all_roots_down: self.all_down,
+            all_roots_down: self.health.all_down(),
             roots: self.links.iter().map(|l| l.metrics.clone()).collect(),
-            groups_down: (0..self.groups)
-                .filter(|&g| self.group_down[g])
-                .map(|g| g as u32)
-                .collect(),
+            groups_down: self.health.groups_down(),
         }
     }
+}
+
+/// Takes the quota and tier changes of `reply` into `table`: quotas by
+/// epoch, overrides, penalties by max. What the table refuses is logged.
+fn take_changes(table: &Table, reply: &SyncResponse) -> Vec<LogLine> {
+    let mut log = Vec::new();
+    if !reply.quotas.is_empty() {
+        let report = table.books().apply_quotas(&reply.quotas);
+        for refused in report.refused.iter().take(5) {
+            log.push((LogLevel::Error, refused.to_string()));
+        }
+    }
+    if !reply.tiers.overrides.is_empty() {
+        let report = table.books().apply_overrides(&reply.tiers.overrides);
+        if report.refused > 0 {
+            log.push((
+                LogLevel::Error,
+                format!(
+                    "{} override(s) refused: the tier section is full ({} held; give it \
+                     room: sluice_overrides in nginx, override_capacity in sluice_init's \
+                     JSON and the bindings' options)",
+                    report.refused,
+                    table.tier_capacity()
+                ),
+            ));
+        }
+    }
+    table.books().merge_penalties(&reply.tiers.penalties);
+    log
+}
+
+/// A root's whole quota set is in: from now on the roots' quotas are the
+/// set, and seeds from a file no root knows go.
+fn purge_unknown_seeds(table: &Table) -> Option<LogLine> {
+    let report = purge_seeds(table);
+    (report.deleted > 0).then(|| {
+        (
+            LogLevel::Info,
+            format!(
+                "a quota root answered; {} seed quota(s) from the quota file no root \
+                 knows were removed",
+                report.deleted
+            ),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -1226,3 +542,7 @@ mod tests;
 #[cfg(test)]
 #[path = "return_tests.rs"]
 mod return_tests;
+
+#[cfg(test)]
+#[path = "in_flight_tests.rs"]
+mod in_flight_tests;

@@ -3,8 +3,10 @@
 
 use super::*;
 use crate::core::Quota;
+use crate::sync::early::EARLY_PROBES_PER_INTERVAL;
+use crate::sync::request::next_page;
 use crate::table::Outcome;
-use crate::wire::{CounterValue, QuotaCursor};
+use crate::wire::{CounterDelta, CounterKey, CounterValue, KeyDelta, QuotaCursor, SyncRequest};
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -15,7 +17,8 @@ fn table() -> Table {
 /// A table with quota `q` (id 1) leaking at `limit`.
 fn table_with(limit: f64) -> Table {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[Quota::new(1, "q", limit, 100.0, 100.0)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "q", limit, 100.0, 100.0)]);
     t
 }
 
@@ -83,7 +86,7 @@ fn the_first_answer_acknowledges_and_the_second_only_merges() {
     let roots = ["http://a".to_string(), "http://b".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
     for _ in 0..5 {
-        assert_eq!(t.check(b"q", 2, 0), Outcome::Pass);
+        assert_eq!(t.gate().check(b"q", 2, 0), Outcome::Pass);
     }
     let out = e.begin_cycle(&t, SEC);
     assert_eq!(out.len(), 2);
@@ -96,20 +99,20 @@ fn the_first_answer_acknowledges_and_the_second_only_merges() {
         }]
     );
     let st = t.quota(b"q", SEC).unwrap();
-    assert_eq!((st.pending, st.inflight), (0, 10));
+    assert_eq!((st.pending, st.unacked), (0, 10));
     e.finish(&t, 0, out[0].owed.clone(), &[page(30.0, SEC)], None, SEC);
-    assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 0);
+    assert_eq!(t.quota(b"q", SEC).unwrap().unacked, 0);
     assert_eq!(t.quota(b"q", SEC).unwrap().level, 30.0);
     e.finish(&t, 1, out[1].owed.clone(), &[page(25.0, SEC)], None, SEC);
     let st = t.quota(b"q", SEC).unwrap();
-    assert_eq!((st.inflight, st.level), (0, 30.0));
+    assert_eq!((st.unacked, st.level), (0, 30.0));
 }
 
 #[test]
 fn a_counter_whose_quota_moved_slots_since_collection_is_merged_where_it_is_now() {
     let t = table();
     let mut e = SyncEngine::new(&["http://a".to_string()], "h".into(), SEC, 100, 0);
-    assert_eq!(t.check(b"q", 4, 0), Outcome::Pass);
+    assert_eq!(t.gate().check(b"q", 4, 0), Outcome::Pass);
     let out = e.begin_cycle(&t, SEC);
     // The reply renames quota 1: its old slot goes, a new one holds it.
     let mut page = page(30.0, SEC);
@@ -127,8 +130,8 @@ fn rejections_since_the_last_cycle_go_to_every_root() {
     let t = table_with(0.0);
     let roots = ["http://a".to_string(), "http://b".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    assert_eq!(t.check(b"q", 100, 0), Outcome::Pass);
-    assert_ne!(t.check(b"q", 1, 0), Outcome::Pass);
+    assert_eq!(t.gate().check(b"q", 100, 0), Outcome::Pass);
+    assert_ne!(t.gate().check(b"q", 1, 0), Outcome::Pass);
     // The first cycle takes the baseline: an earlier sync thread (of a
     // worker that died) already reported what the zone holds.
     let out = e.begin_cycle(&t, SEC);
@@ -137,7 +140,7 @@ fn rejections_since_the_last_cycle_go_to_every_root() {
         e.finish(&t, o.root, o.owed, &[page(100.0, SEC)], None, SEC);
     }
     for _ in 0..3 {
-        assert_ne!(t.check(b"q", 1, SEC), Outcome::Pass);
+        assert_ne!(t.gate().check(b"q", 1, SEC), Outcome::Pass);
     }
     let out = e.begin_cycle(&t, 2 * SEC);
     assert_eq!(out.len(), 2);
@@ -156,12 +159,12 @@ fn a_failed_root_is_owed_its_deltas_and_gets_them_next_time() {
     let t = table_with(0.0);
     let roots = ["http://a".to_string(), "http://b".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 4, 0);
+    t.gate().check(b"q", 4, 0);
     let out = e.begin_cycle(&t, SEC);
     e.finish(&t, 0, out[0].owed.clone(), &[page(4.0, SEC)], None, SEC);
     let logs = e.finish(&t, 1, out[1].owed.clone(), &[], Some("refused".into()), SEC);
     assert_eq!(logs.len(), 1);
-    t.check(b"q", 3, 0);
+    t.gate().check(b"q", 3, 0);
     // b backs off one interval; at 2 s it is due again with 4 + 3.
     let out = e.begin_cycle(&t, 2 * SEC);
     let to_b = out.iter().find(|o| o.root == 1).unwrap();
@@ -191,13 +194,13 @@ fn a_stopping_engine_hands_unacknowledged_weight_back_to_pending() {
     let t = table_with(0.0);
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 4, 0);
+    t.gate().check(b"q", 4, 0);
     // Sent, never answered.
     let _out = e.begin_cycle(&t, SEC);
-    assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 4);
+    assert_eq!(t.quota(b"q", SEC).unwrap().unacked, 4);
     e.abandon(&t);
     let s = t.quota(b"q", SEC).unwrap();
-    assert_eq!((s.pending, s.inflight), (4, 0));
+    assert_eq!((s.pending, s.unacked), (4, 0));
     // The next engine sends it.
     let mut next = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
     let out = next.begin_cycle(&t, 2 * SEC);
@@ -250,7 +253,7 @@ fn with_every_root_down_the_engine_counts_locally_and_says_so_once() {
     let t = table();
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 50, 0);
+    t.gate().check(b"q", 50, 0);
     let mut warnings = 0;
     for s in 1..=10 {
         let now = s * SEC;
@@ -267,7 +270,7 @@ fn with_every_root_down_the_engine_counts_locally_and_says_so_once() {
     assert_eq!(warnings, 1);
     // Folded and leaked locally: 50 units at 10/s are gone after 10 s.
     let st = t.quota(b"q", 10 * SEC).unwrap();
-    assert_eq!((st.pending, st.inflight, st.level), (0, 0, 0.0));
+    assert_eq!((st.pending, st.unacked, st.level), (0, 0, 0.0));
     // The root comes back: merged by max, and the log says so.
     let out = e.begin_cycle(&t, 20 * SEC);
     let logs = e.finish(
@@ -292,7 +295,8 @@ fn keys_go_out_grouped_by_template_and_come_back_merged() {
     use crate::table::{CheckItem, CheckOptions};
     use crate::wire::{KeyValue, KeyedValues};
     let t = Table::new_heap_with_keys(8, 16, 64);
-    t.apply_quotas(&[Quota::new(3, "per_user", 10.0, 100.0, 100.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(3, "per_user", 10.0, 100.0, 100.0).keyed()]);
     for (key, weight) in [(&b"alice"[..], 4), (b"bob", 1)] {
         let item = CheckItem {
             name: b"per_user",
@@ -300,7 +304,8 @@ fn keys_go_out_grouped_by_template_and_come_back_merged() {
             weight,
             max_wait: None,
         };
-        t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        t.gate()
+            .check_many(&[item], 0, CheckOptions::default(), || 0.5);
     }
     let (alice, bob) = (t.key_secret().hash(b"alice"), t.key_secret().hash(b"bob"));
     let roots = ["http://a".to_string()];
@@ -323,16 +328,17 @@ fn keys_go_out_grouped_by_template_and_come_back_merged() {
     e.finish(&t, 0, out[0].owed.clone(), &[reply], None, SEC);
     let keys = t.keys(None, SEC);
     let state = |h: u64| *keys.iter().find(|k| k.hash == h).unwrap();
-    assert_eq!((state(alice).level, state(alice).inflight), (10.0, 0));
+    assert_eq!((state(alice).level, state(alice).unacked), (10.0, 0));
     // Bob's unit was acknowledged without a value: released.
-    assert_eq!((state(bob).inflight, state(bob).pending), (0, 0));
+    assert_eq!((state(bob).unacked, state(bob).pending), (0, 0));
 }
 
 #[test]
 fn a_backlog_larger_than_a_request_goes_out_over_several_cycles() {
     use crate::table::{CheckItem, CheckOptions};
     let t = Table::new_heap_with_keys(8, 16, 256);
-    t.apply_quotas(&[Quota::new(3, "per_user", 0.0, 1e6, 1e6).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(3, "per_user", 0.0, 1e6, 1e6).keyed()]);
     let keys: Vec<String> = (0..50).map(|i| format!("user-{i}")).collect();
     for key in &keys {
         let item = CheckItem {
@@ -341,7 +347,8 @@ fn a_backlog_larger_than_a_request_goes_out_over_several_cycles() {
             weight: 2,
             max_wait: None,
         };
-        t.check_many(&[item], 0, CheckOptions::default(), || 0.5);
+        t.gate()
+            .check_many(&[item], 0, CheckOptions::default(), || 0.5);
     }
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 1000, 0);
@@ -376,7 +383,7 @@ fn two_shard_table() -> (Table, u64, u64) {
         .find(|&&i| crate::sync::shard(CounterKey::named(i), 2) == 1)
         .unwrap();
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(a, "a", 10.0, 100.0, 100.0),
         Quota::new(b, "b", 10.0, 100.0, 100.0),
     ]);
@@ -420,8 +427,8 @@ fn each_counter_goes_only_to_the_roots_of_its_shard() {
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
     e.set_groups(&[0, 0, 1]);
     assert_eq!(e.groups(), 2);
-    t.check(b"a", 3, 0);
-    t.check(b"b", 5, 0);
+    t.gate().check(b"a", 3, 0);
+    t.gate().check(b"b", 5, 0);
     let out = cycle(&mut e, &t, SEC, |r| {
         vec![if r == 2 {
             page_of(&[(b, 5.0)], SEC)
@@ -453,7 +460,7 @@ fn each_counter_goes_only_to_the_roots_of_its_shard() {
     assert_ne!(cursor(0), NO_QUOTAS);
     assert_eq!(cursor(2), NO_QUOTAS);
     let st = |name: &[u8]| t.quota(name, 2 * SEC).unwrap();
-    assert_eq!((st(b"a").inflight, st(b"b").inflight), (0, 0));
+    assert_eq!((st(b"a").unacked, st(b"b").unacked), (0, 0));
     assert_eq!(e.metrics().roots[2].group, 1);
 }
 
@@ -466,8 +473,8 @@ fn a_group_down_leaves_its_shard_per_host_and_the_other_fleet_wide() {
     let mut warned = 0;
     for s in 1..=4 {
         let now = s * SEC;
-        t.check(b"a", 2, now);
-        t.check(b"b", 2, now);
+        t.gate().check(b"a", 2, now);
+        t.gate().check(b"b", 2, now);
         let out = e.begin_cycle(&t, now);
         for o in out {
             if o.root == 0 {
@@ -486,9 +493,9 @@ fn a_group_down_leaves_its_shard_per_host_and_the_other_fleet_wide() {
     assert_eq!(e.metrics().groups_down, vec![1]);
     let st = |name: &[u8]| t.quota(name, 4 * SEC).unwrap();
     // Shard 0: the fleet's level. Shard 1: this host's weight folded
-    // locally, nothing left in flight.
+    // locally, nothing left unacked.
     assert_eq!(st(b"a").level, 58.0);
-    assert_eq!(st(b"b").inflight, 0);
+    assert_eq!(st(b"b").unacked, 0);
     assert!(st(b"b").level > 0.0 && st(b"b").level <= 8.0);
     // Group 1 comes back: its shard is fleet-wide again.
     let now = 5 * SEC;
@@ -534,7 +541,7 @@ fn deltas_owed_to_a_failed_root_leak_at_the_limit_until_resent() {
     let t = table();
     let roots = ["http://a".to_string(), "http://b".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 40, 0);
+    t.gate().check(b"q", 40, 0);
     // a takes the 40; b fails and backs off one interval.
     cycle(&mut e, &t, SEC, |r| {
         if r == 0 {
@@ -543,7 +550,7 @@ fn deltas_owed_to_a_failed_root_leak_at_the_limit_until_resent() {
             vec![]
         }
     });
-    t.check(b"q", 5, 0);
+    t.gate().check(b"q", 5, 0);
     let out = cycle(&mut e, &t, 3 * SEC, |_| vec![page(45.0, 3 * SEC)]);
     // Two seconds at 10/s took 20 off the 40 owed to b; the fresh 5
     // goes to both in full.
@@ -570,12 +577,12 @@ fn a_root_back_after_a_long_outage_gets_fresh_deltas_but_no_backlog() {
     let t = table();
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 50, 0);
+    t.gate().check(b"q", 50, 0);
     for s in 1..24 {
         cycle(&mut e, &t, s * SEC, |_| vec![]);
     }
     assert!(e.all_down());
-    t.check(b"q", 3, 24 * SEC);
+    t.gate().check(b"q", 3, 24 * SEC);
     let out = cycle(&mut e, &t, 24 * SEC, |_| vec![page(3.0, 24 * SEC)]);
     // The 50 collected at 1 s leaked away long ago (10/s).
     assert_eq!(
@@ -624,12 +631,12 @@ fn a_root_still_answering_is_left_out_of_later_cycles() {
     let t = table_with(0.0);
     let roots = ["http://a".to_string(), "http://b".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 4, 0);
+    t.gate().check(b"q", 4, 0);
     let first = e.begin_cycle(&t, SEC);
     e.finish(&t, 0, first[0].owed.clone(), &[page(4.0, SEC)], None, SEC);
     e.end_cycle(&t, SEC);
     // b has not answered; the next cycles ask only a, and owe b more.
-    t.check(b"q", 3, 0);
+    t.gate().check(b"q", 3, 0);
     for s in 2..=4 {
         let out = e.begin_cycle(&t, s * SEC);
         assert_eq!(out.iter().map(|o| o.root).collect::<Vec<_>>(), vec![0]);
@@ -668,10 +675,11 @@ fn a_root_still_answering_is_left_out_of_later_cycles() {
 fn early_sync_is_due_when_unsent_weight_passes_its_share_of_the_band() {
     // Band 100..300: a tenth of it is 20 units.
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[Quota::new(1, "q", 10.0, 100.0, 300.0)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "q", 10.0, 100.0, 300.0)]);
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 25, 0);
+    t.gate().check(b"q", 25, 0);
     assert!(!e.early_sync_due(&t, SEC), "off by default");
     assert_eq!(e.early_probe_every(), None);
     e.set_early_sync(Some(EarlySync {
@@ -683,30 +691,30 @@ fn early_sync_is_due_when_unsent_weight_passes_its_share_of_the_band() {
     // At most two a second: not again within half a second, even
     // with more weight waiting.
     e.begin_cycle(&t, SEC);
-    t.check(b"q", 25, 0);
+    t.gate().check(b"q", 25, 0);
     assert!(!e.early_sync_due(&t, SEC + SEC / 4));
     assert!(e.early_sync_due(&t, SEC + SEC / 2));
     // Once sent, the weight no longer calls for one.
     e.begin_cycle(&t, SEC + SEC / 2);
-    t.check(b"q", 19, 0);
+    t.gate().check(b"q", 19, 0);
     assert!(!e.early_sync_due(&t, 3 * SEC));
 }
 
 #[test]
-fn a_resend_that_leaked_to_nothing_still_clears_in_flight_weight() {
+fn a_resend_that_leaked_to_nothing_still_clears_unacked_weight() {
     let t = table_with(1000.0);
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 40, 0);
+    t.gate().check(b"q", 40, 0);
     cycle(&mut e, &t, SEC, |_| vec![]);
-    assert_eq!(t.quota(b"q", SEC).unwrap().inflight, 40);
+    assert_eq!(t.quota(b"q", SEC).unwrap().unacked, 40);
     // One interval later the 40 (1000/s) are long gone: nothing to
     // send, but the root's answer covers them.
     let out = cycle(&mut e, &t, 2 * SEC, |_| vec![quiet_page(2 * SEC)]);
     assert!(out[0].request.deltas.is_empty());
     assert_eq!(out[0].owed[&CounterKey::named(1)].weight, 40);
     let st = t.quota(b"q", 2 * SEC).unwrap();
-    assert_eq!((st.pending, st.inflight), (0, 0));
+    assert_eq!((st.pending, st.unacked), (0, 0));
 }
 
 #[test]
@@ -716,7 +724,7 @@ fn a_repeated_request_after_a_lost_reply_counts_only_what_has_not_leaked() {
     let t = table_with(60.0);
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
-    t.check(b"q", 100, 0);
+    t.gate().check(b"q", 100, 0);
     cycle(&mut e, &t, SEC, |_| vec![]);
     let out = cycle(&mut e, &t, 2 * SEC, |_| vec![page(100.0, 2 * SEC)]);
     assert_eq!(
@@ -764,9 +772,10 @@ fn penalties_go_to_a_root_that_takes_tiers_a_quarter_of_a_request_at_a_time() {
     use crate::core::tier::PenaltyTime;
     let t = Table::new_heap_with(8, 16, 256, 256);
     let fifteen = Some(PenaltyTime::parse("15m").unwrap());
-    t.apply_quotas(&[Quota::new(1, "login", 0.0, 1.0, 1.0)
-        .keyed()
-        .penalized(fifteen)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "login", 0.0, 1.0, 1.0)
+            .keyed()
+            .penalized(fifteen)]);
     // 30 keys each rejected at the high burst: 30 penalties.
     for k in 0..30u32 {
         let key = k.to_le_bytes();
@@ -777,7 +786,8 @@ fn penalties_go_to_a_root_that_takes_tiers_a_quarter_of_a_request_at_a_time() {
                 weight: 1,
                 max_wait: None,
             };
-            t.check_many(&[item], 0, crate::table::CheckOptions::default(), || 0.5);
+            t.gate()
+                .check_many(&[item], 0, crate::table::CheckOptions::default(), || 0.5);
         }
     }
     assert_eq!(t.tier_stats().started, 30);
@@ -814,23 +824,23 @@ fn penalties_go_to_a_root_that_takes_tiers_a_quarter_of_a_request_at_a_time() {
 fn a_penalty_started_here_brings_on_an_early_cycle_with_early_sync_off() {
     use crate::core::tier::PenaltyTime;
     let t = Table::new_heap_with(8, 16, 0, 64);
-    t.apply_quotas(&[
-        Quota::new(1, "login", 0.0, 2.0, 2.0).penalized(Some(PenaltyTime::parse("15m").unwrap()))
-    ]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "login", 0.0, 2.0, 2.0)
+            .penalized(Some(PenaltyTime::parse("15m").unwrap()))]);
     let roots = ["http://a".to_string()];
     let mut e = SyncEngine::new(&roots, "h".into(), SEC, 100, 0);
     assert_eq!(e.probe_every(), SEC / EARLY_PROBES_PER_INTERVAL);
     assert!(!e.early_sync_due(&t, SEC), "nothing to send");
     // Two pass, the third reaches the high burst: a penalty starts.
     for _ in 0..3 {
-        t.check(b"login", 1, 0);
+        t.gate().check(b"login", 1, 0);
     }
-    assert!(t.has_unsent_penalties());
+    assert!(t.books().has_unsent_penalties());
     assert!(e.early_sync_due(&t, SEC));
     // At most PENALTY_SYNCS_PER_SECOND: not again at once.
     assert!(!e.early_sync_due(&t, SEC + 1));
     // Once the cycle took it, nothing is due.
     e.begin_cycle(&t, SEC);
-    assert!(!t.has_unsent_penalties());
+    assert!(!t.books().has_unsent_penalties());
     assert!(!e.early_sync_due(&t, 3 * SEC));
 }

@@ -7,11 +7,11 @@
 //!
 //! What costs is memory: at 100k changed counters each map is megabytes,
 //! and a hash that scatters consecutive ids makes every lookup a cache
-//! miss (measured: half of a reply's apply waited on one map's buckets).
+//! miss (measured: half of taking a reply in waited on one map's buckets).
 //! So a named counter's hash keeps its id's low bits as the bucket:
 //! consecutive ids sit in consecutive buckets, a map iterates in about id
 //! order, the request carries deltas in that order, the root answers in
-//! the order it applied them, and the next cycle's lookups walk each map
+//! the order it counted them, and the next cycle's lookups walk each map
 //! front to back. The id's higher bits are folded in so that ids in
 //! power-of-two strides still spread, and the top seven bits (hashbrown's
 //! tag) come from a multiply so that neighbours are told apart without

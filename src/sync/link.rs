@@ -5,8 +5,9 @@
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
-use serde::Serialize;
-
+use super::ids::CounterMap;
+use super::metrics::RootMetrics;
+use super::status::RememberedRoot;
 use crate::core::tier::Penalty;
 use crate::core::{Counting, Level, Nanos};
 use crate::table::Source;
@@ -106,7 +107,7 @@ impl Owed {
     }
 
     /// `units` a restarted root must count again (slots this host held
-    /// there before the restart, see [`super::SyncEngine::finish`]): sent
+    /// there before the restart, see `SyncEngine::finish`): sent
     /// as adds, without a leak (only in-flight counters are resent, and
     /// they do not leak), and acknowledging no collected weight (`weight`
     /// 0: they were collected, and acknowledged, long ago).
@@ -239,7 +240,7 @@ pub const NO_QUOTAS: QuotaCursor = QuotaCursor {
 };
 
 /// What a root is owed, by counter.
-pub type OwedDeltas = super::ids::CounterMap<Owed>;
+pub type OwedDeltas = CounterMap<Owed>;
 
 /// Per-root state kept by the sync thread.
 #[derive(Debug)]
@@ -294,42 +295,14 @@ pub struct RootLink {
     /// instance's values replace the in-flight levels known from its
     /// earlier ones (see `SyncEngine::finish`).
     pub restart_seen: Option<Nanos>,
+    /// In-flight levels of the root's group were folded here since its
+    /// last answer (or, after it restarted, taken as its new instance's),
+    /// so it is asked for all its counters, and its next whole answer
+    /// settles the in-flight counters it leaves out
+    /// ([`crate::table::Table::settle_omitted`]).
+    pub ask_all: bool,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
-}
-
-/// Sync metrics of one root.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct RootMetrics {
-    /// The root's URL.
-    pub url: String,
-    /// The root's group (shard).
-    pub group: u32,
-    /// True when the last attempt succeeded.
-    pub up: bool,
-    /// Local monotonic time of the last success (ns; 0: never).
-    pub last_success: Nanos,
-    /// Successful syncs.
-    pub syncs: u64,
-    /// Failed syncs (connection, timeout, HTTP status, malformed reply).
-    pub errors: u64,
-    /// Last error, for humans.
-    pub last_error: String,
-    /// Last round trip, nanoseconds.
-    pub round_trip: u64,
-    /// Clock offset in use: root time minus local time, nanoseconds.
-    pub clock_offset: i64,
-    /// Request bytes sent.
-    pub bytes_sent: u64,
-    /// Response bytes received.
-    pub bytes_received: u64,
-    /// Owed delta entries dropped because the root stayed away too long
-    /// (only when `max_owed` distinct counters are owed, none of them
-    /// leaked to nothing yet).
-    pub dropped_deltas: u64,
-    /// Units given back that were not sent because the root does not take
-    /// returns (it predates them): it keeps those units, erring strict.
-    pub dropped_returns: u64,
 }
 
 impl RootLink {
@@ -358,6 +331,7 @@ impl RootLink {
             resend_penalties: false,
             takes_tiers: false,
             restart_seen: None,
+            ask_all: false,
             metrics,
         }
     }
@@ -376,8 +350,8 @@ impl RootLink {
 
     /// What a later sync thread should know of this root (see
     /// [`RootLink::resume`]).
-    pub fn remembered(&self) -> super::status::RememberedRoot {
-        super::status::RememberedRoot {
+    pub fn remembered(&self) -> RememberedRoot {
+        RememberedRoot {
             instance: self.root_instance,
             restarts: self.restarts,
             takes_returns: self.takes_returns,
@@ -389,7 +363,7 @@ impl RootLink {
     /// returns. A reply of another instance is then a restart, the levels
     /// taken from the same one keep their source, and returns are sent
     /// from the first request on.
-    pub fn resume(&mut self, known: super::status::RememberedRoot) {
+    pub fn resume(&mut self, known: RememberedRoot) {
         self.root_instance = known.instance;
         self.restarts = known.restarts;
         self.takes_returns = known.takes_returns;
@@ -400,6 +374,17 @@ impl RootLink {
     pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {
         let current = self.source(index);
         current != 0 && source != current && source & 0b1_1111 == current & 0b1_1111
+    }
+
+    /// Asks the root for all its counters at the next exchange (from
+    /// counter version 0), and has its next whole answer settle the
+    /// in-flight counters it leaves out (see [`RootLink::ask_all`]): a
+    /// reply then replaces in-flight levels taken here, so it must carry
+    /// even a counter nobody changed meanwhile, and one it leaves out is
+    /// empty there.
+    pub fn ask_for_all_counters(&mut self) {
+        self.counter_version = 0;
+        self.ask_all = true;
     }
 
     /// Owes the root penalties started here, if it takes tiers (one that

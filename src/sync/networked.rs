@@ -4,7 +4,7 @@
 //! Syncs go in the binary encoding ([`crate::wire::binary`]) to every root
 //! that takes it. A root that answers a binary request 415 or 400 (one
 //! that predates it refuses the body as malformed JSON: nothing was
-//! applied either way) is asked again in JSON at once, and in JSON from
+//! taken in either way) is asked again in JSON at once, and in JSON from
 //! then on, until it restarts (a new instance may have been upgraded).
 //! `SLUICE_SYNC_ENCODING=json` in the environment makes every sync JSON.
 
@@ -15,9 +15,14 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use super::engine::{next_page, Outgoing, Page, SyncEngine};
+use super::config::SyncConfig;
+use super::engine::SyncEngine;
 use super::link::OwedDeltas;
-use super::{local_now, run_standalone, window_spread, window_wake, LogLevel, Shared, SyncConfig};
+use super::log::LogLevel;
+use super::request::{next_page, Outgoing, Page};
+use super::schedule::{local_now, window_spread, window_wake};
+use super::shared::Shared;
+use super::standalone::run_standalone;
 use crate::core::rng::Rng;
 use crate::table::Table;
 use crate::wire::binary;
@@ -135,7 +140,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     // How each root is talked to (absent: the initial encoding).
     let initial = Encoding::initial();
     let mut encodings: HashMap<usize, Encoding> = HashMap::new();
-    // Applies the outcome of one finished exchange task.
+    // Takes in the outcome of one finished exchange task.
     let finish_exchange = |joined: Result<(tokio::task::Id, Exchange), tokio::task::JoinError>,
                            engine: &mut SyncEngine,
                            task_roots: &mut HashMap<tokio::task::Id, usize>,
@@ -184,7 +189,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
             wait = wait.min(Duration::from_nanos(ns));
         }
         let next_cycle = tokio::time::Instant::now() + wait;
-        // Replies are applied as they arrive.
+        // Replies are taken in as they arrive.
         loop {
             tokio::select! {
                 Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
@@ -236,7 +241,7 @@ struct Exchange {
 /// Why a post failed.
 enum PostError {
     /// The root refused a binary body (415, or 400 from a root that
-    /// predates the binary encoding): nothing was applied, ask again in
+    /// predates the binary encoding): nothing was taken in, ask again in
     /// JSON.
     Binary(String),
     /// Anything else.
@@ -392,7 +397,7 @@ fn decode_reply(bytes: &[u8], binary_reply: bool) -> Result<SyncResponse, String
     Ok(reply)
 }
 
-/// A reply is applied whole or not at all: every number must be sane and
+/// A reply is taken in whole or not at all: every number must be sane and
 /// the quotas in log order ([`SyncResponse::validate`]).
 fn validate(reply: &SyncResponse) -> Result<(), String> {
     reply

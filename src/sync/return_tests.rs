@@ -8,6 +8,7 @@ use super::*;
 use crate::core::Quota;
 use crate::sim::root::SimRoot;
 use crate::table::{CheckItem, CheckOptions, Outcome};
+use crate::wire::{KeyDelta, SyncRequest};
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -19,7 +20,7 @@ fn quotas() -> Vec<Quota> {
 /// A host: its table and engine, syncing with `roots` roots.
 fn host(name: &str, roots: usize) -> (Table, SyncEngine) {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&quotas());
+    t.books().apply_quotas(&quotas());
     let urls: Vec<String> = (0..roots).map(|i| format!("http://root{i}")).collect();
     (t, SyncEngine::new(&urls, name.into(), SEC, 100, 0))
 }
@@ -36,7 +37,7 @@ fn item(weight: u64) -> CheckItem<'static> {
 /// One cycle of a host at `now`: each root asked answers through its
 /// ledger unless it is `down` (then the exchange fails). `edit` may change
 /// a reply on its way (an older root's). Returns the requests sent.
-fn cycle(
+pub(super) fn cycle(
     e: &mut SyncEngine,
     t: &Table,
     roots: &mut [SimRoot],
@@ -92,14 +93,16 @@ fn a_return_reaches_every_host_through_every_root() {
     let (b, mut eb) = host("b", 2);
     // a admits 50; after a cycle of each, both see 50 (the roots count it
     // from when it arrives).
-    let r = a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    let r = a
+        .gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     assert_eq!(r.outcome, Outcome::Pass);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
     assert_eq!(level(&b, SEC), 50.0);
     // a gives 30 back (held requests that left): its next sync sends the
     // return to both roots, and its own view drops at once.
-    assert_eq!(a.give_back(&item(50), 30, 0, 2 * SEC, false), 30);
+    assert_eq!(a.gate().give_back(&item(50), 30, 0, 2 * SEC, false), 30);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     for o in &out {
         assert_eq!(o.request.returned.len(), 1, "{:?}", o.request);
@@ -110,13 +113,13 @@ fn a_return_reaches_every_host_through_every_root() {
         assert_eq!(root.level(1, 2 * SEC), Some(19.0));
     }
     let st = a.quota(b"q", 2 * SEC).unwrap();
-    assert_eq!((st.level, st.pending, st.inflight), (19.0, 0, 0));
+    assert_eq!((st.level, st.pending, st.unacked), (19.0, 0, 0));
     // b learns it from the same roots whose higher value it holds: their
     // later, lower value replaces it.
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
     assert_eq!(level(&b, 2 * SEC), 19.0);
     // New weight still counts on top, at both hosts.
-    b.check(b"q", 5, 2 * SEC);
+    b.gate().check(b"q", 5, 2 * SEC);
     cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
     cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
     assert_eq!(level(&a, 3 * SEC), 23.0);
@@ -127,13 +130,14 @@ fn a_return_reaches_every_host_through_every_root() {
 fn a_restarted_roots_low_values_are_max_merged_not_taken() {
     let mut roots = roots(1);
     let (a, mut ea) = host("a", 1);
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     assert_eq!(level(&a, SEC), 50.0);
     // The root restarts: a new instance knows nothing of the 50. Its
     // values are another root's to this host, so they lose the max.
     roots[0] = SimRoot::new(&quotas(), 999, SEC, 0);
-    a.check(b"q", 1, SEC);
+    a.gate().check(b"q", 1, SEC);
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     assert_eq!(level(&a, 2 * SEC), 49.0);
     assert_eq!(roots[0].level(1, 2 * SEC), Some(1.0));
@@ -144,17 +148,18 @@ fn a_root_that_predates_returns_keeps_the_units_and_the_host_stays_strict() {
     let mut roots = roots(1);
     let (a, mut ea) = host("a", 1);
     let older = |r: &mut SyncResponse| r.takes_returns = false;
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, older);
-    a.give_back(&item(50), 30, 0, 2 * SEC, false);
+    a.gate().give_back(&item(50), 30, 0, 2 * SEC, false);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, older);
     assert!(out[0].request.returned.is_empty(), "{:?}", out[0].request);
     assert_eq!(ea.metrics().roots[0].dropped_returns, 30);
     // The root still holds the 30, and so does the host's view: nothing
-    // is left in flight to make it look lower.
+    // is left unacked to make it look lower.
     assert_eq!(roots[0].level(1, 2 * SEC), Some(49.0));
     let st = a.quota(b"q", 2 * SEC).unwrap();
-    assert_eq!((st.level, st.pending, st.inflight), (49.0, 0, 0));
+    assert_eq!((st.level, st.pending, st.unacked), (49.0, 0, 0));
 }
 
 #[test]
@@ -162,9 +167,10 @@ fn a_root_that_missed_an_add_and_its_return_gets_only_the_difference() {
     let mut roots = roots(2);
     let (a, mut ea) = host("a", 2);
     // Root 1 is down while a admits 50 and gives 30 of it back.
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[1], SEC, |_| {});
-    a.give_back(&item(50), 30, 0, SEC, false);
+    a.gate().give_back(&item(50), 30, 0, SEC, false);
     cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
     assert_eq!(roots[0].level(1, 2 * SEC), Some(19.0));
     // Back, it is sent the 50 less their leak and less the 30, and no
@@ -181,10 +187,11 @@ fn a_root_that_missed_an_add_and_its_return_gets_only_the_difference() {
 fn a_return_a_root_missed_is_resent_whole() {
     let mut roots = roots(2);
     let (a, mut ea) = host("a", 2);
-    a.check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
+    a.gate()
+        .check_many(&[item(50)], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     // Root 1 got the 50 but is down when 30 come back.
-    a.give_back(&item(50), 30, 0, SEC, false);
+    a.gate().give_back(&item(50), 30, 0, SEC, false);
     cycle(&mut ea, &a, &mut roots, &[1], 2 * SEC, |_| {});
     let (s, request) = back_at_root_1(&mut ea, &a, &mut roots);
     assert_eq!(request.returned[0].delta, 30, "{request:?}");
@@ -200,7 +207,7 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
         .collect();
     let keyed_host = |name: &str| {
         let t = Table::new_heap_with_keys(8, 16, 64);
-        t.apply_quotas(std::slice::from_ref(&template));
+        t.books().apply_quotas(std::slice::from_ref(&template));
         let urls = ["http://root0".to_string(), "http://root1".to_string()];
         (t, SyncEngine::new(&urls, name.into(), SEC, 100, 0))
     };
@@ -212,21 +219,24 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
         weight: 50,
         max_wait: None,
     };
-    let r = a.check_many(&[alice], 0, CheckOptions::default(), || 0.5);
+    let r = a
+        .gate()
+        .check_many(&[alice], 0, CheckOptions::default(), || 0.5);
     assert_eq!(r.outcome, Outcome::Pass);
     // b holds an entry for alice too (it admitted one of her requests).
     let one = CheckItem { weight: 1, ..alice };
-    b.check_many(&[one], 0, CheckOptions::default(), || 0.5);
+    b.gate()
+        .check_many(&[one], 0, CheckOptions::default(), || 0.5);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
     let hash = a.key_secret().hash(b"alice");
     let known = |t: &Table, now| {
         let keys = t.keys(None, now);
         let k = keys.iter().find(|k| k.hash == hash).copied().unwrap();
-        (k.level, k.pending, k.inflight)
+        (k.level, k.pending, k.unacked)
     };
     assert_eq!(known(&b, SEC).0, 51.0);
-    assert_eq!(a.give_back(&alice, 30, 0, 2 * SEC, false), 30);
+    assert_eq!(a.gate().give_back(&alice, 30, 0, 2 * SEC, false), 30);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     for o in &out {
         assert_eq!(o.request.keyed_returned.len(), 1, "{:?}", o.request);
@@ -235,12 +245,12 @@ fn a_keys_return_reaches_the_other_host_through_both_roots() {
     cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
     // 51 leaked for a second, less 30, at both hosts (b's estimate may add
     // its measured fill rate on top; never the 30 back).
-    let (level_b, pending_b, inflight_b) = known(&b, 2 * SEC);
+    let (level_b, pending_b, unacked_b) = known(&b, 2 * SEC);
     assert!((20.0..21.5).contains(&level_b), "{level_b}");
-    assert_eq!((pending_b, inflight_b), (0, 0));
-    let (level_a, pending_a, inflight_a) = known(&a, 2 * SEC);
+    assert_eq!((pending_b, unacked_b), (0, 0));
+    let (level_a, pending_a, unacked_a) = known(&a, 2 * SEC);
     assert!((20.0..21.5).contains(&level_a), "{level_a}");
-    assert_eq!((pending_a, inflight_a), (0, 0));
+    assert_eq!((pending_a, unacked_a), (0, 0));
 }
 
 #[test]
@@ -249,12 +259,14 @@ fn a_settle_below_its_estimate_after_a_sync_lowers_every_roots_counter() {
     let (a, mut ea) = host("a", 2);
     let (b, mut eb) = host("b", 2);
     // a admits an estimate of 80 and syncs it: both roots hold 80.
-    let r = a.check_many(&[item(80)], 0, CheckOptions::default(), || 0.5);
+    let r = a
+        .gate()
+        .check_many(&[item(80)], 0, CheckOptions::default(), || 0.5);
     assert_eq!(r.outcome, Outcome::Pass);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     // The request cost 20: settled after the sync, 60 go back as a return
     // and both roots lower the counter (80 from 1 s, 1 leaked, 60 back).
-    let settled = a.settle(&item(20), 80, 0, 2 * SEC);
+    let settled = a.gate().settle(&item(20), 80, 0, 2 * SEC);
     assert_eq!(settled.outcome, Outcome::Pass);
     let out = cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     assert!(out.iter().all(|o| o.request.returned[0].delta == 60));
@@ -272,14 +284,14 @@ fn a_charge_past_the_burst_is_a_debt_every_host_sees_up_to_the_roots_cap() {
     let (b, mut eb) = host("b", 2);
     // 150 on a burst of 100: counted whole, and b rejects even a check
     // of weight 0 once it has heard.
-    assert_eq!(a.charge(&item(150), 0).granted, 150);
+    assert_eq!(a.gate().charge(&item(150), 0).granted, 150);
     cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
     cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
     assert_eq!(level(&b, SEC), 150.0);
-    assert!(matches!(b.check(b"q", 0, SEC), Outcome::Reject(_)));
+    assert!(matches!(b.gate().check(b"q", 0, SEC), Outcome::Reject(_)));
     // A root keeps a counter at most at 2 x high_burst + limit x 5 s
     // (the level cap against forged deltas): a debt beyond is not kept.
-    assert_eq!(a.charge(&item(200), SEC).granted, 200);
+    assert_eq!(a.gate().charge(&item(200), SEC).granted, 200);
     cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
     for root in &roots {
         assert!(root.level(1, 2 * SEC).is_some_and(|l| l <= 205.0));
@@ -322,7 +334,7 @@ fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
     let mut hosts: Vec<(Table, SyncEngine)> = (0..3)
         .map(|i| {
             let t = Table::new_heap(8, 16);
-            t.apply_quotas(&exact);
+            t.books().apply_quotas(&exact);
             t.set_estimator(crate::core::Estimator {
                 mode: crate::core::Extrapolation::ConstantRatio { ratio: 0.0 },
                 ..Default::default()
@@ -342,7 +354,7 @@ fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
     for s in steps.iter().chain(std::iter::repeat_n(&quiet, 20)) {
         let t = &hosts[s.host].0;
         if s.units > 0 {
-            let passed = t.check_many(
+            let passed = t.gate().check_many(
                 &[item(s.units as u64)],
                 now,
                 CheckOptions::default(),
@@ -354,7 +366,7 @@ fn run_steps(steps: &[Step]) -> (i64, Vec<f64>, Vec<f64>) {
             // Give back at most what this host holds.
             let back = (-s.units).min(net[s.host]) as u64;
             if back > 0 {
-                assert_eq!(t.give_back(&item(back), back, now, now, false), back);
+                assert_eq!(t.gate().give_back(&item(back), back, now, now, false), back);
                 net[s.host] -= back as i64;
             }
         }
@@ -413,608 +425,4 @@ proptest::proptest! {
             proptest::prop_assert!(*level >= net as f64, "net {} hosts {:?}", net, hosts);
         }
     }
-}
-
-/// Quota `uploads` (id 5): 10 slots at once.
-fn uploads() -> Vec<Quota> {
-    vec![Quota::new(5, "uploads", 10.0, 10.0, 10.0).in_flight_if(true)]
-}
-
-fn slot() -> CheckItem<'static> {
-    CheckItem {
-        name: b"uploads",
-        key: None,
-        weight: 1,
-        max_wait: None,
-    }
-}
-
-/// A host of `uploads` syncing with one root.
-fn in_flight_host(name: &str) -> (Table, SyncEngine) {
-    let t = Table::new_heap(8, 16);
-    t.apply_quotas(&uploads());
-    (
-        t,
-        SyncEngine::new(&["http://root0".to_string()], name.into(), SEC, 100, 0),
-    )
-}
-
-/// Takes `n` slots at `now`; the slots taken (each must pass).
-fn take(t: &Table, n: usize, now: Nanos) -> Vec<crate::table::HeldSlot> {
-    (0..n)
-        .map(|_| {
-            let (r, held) = t.acquire(&slot(), now, false, || 0.5);
-            assert_eq!(r.outcome, Outcome::Pass);
-            held.unwrap()
-        })
-        .collect()
-}
-
-/// Slots a host may still take at `now` (taking them, then giving them
-/// back before any sync).
-fn room(t: &Table, now: Nanos) -> usize {
-    let mut taken = Vec::new();
-    while let (Outcome::Pass, Some(held)) = {
-        let (r, held) = t.acquire(&slot(), now, false, || 0.5);
-        (r.outcome, held)
-    } {
-        taken.push(held);
-    }
-    for held in &taken {
-        t.release(&slot(), *held, now);
-    }
-    taken.len()
-}
-
-/// Each host gives every slot it holds back at second `at`, then every
-/// host runs four cycles, one a second, with every root up.
-fn give_all_back(
-    hosts: &mut [(&Table, &mut SyncEngine, Vec<crate::table::HeldSlot>)],
-    roots: &mut [SimRoot],
-    at: u64,
-) {
-    for (t, _, held) in hosts.iter_mut() {
-        for slot_held in held.drain(..) {
-            assert!(t.release(&slot(), slot_held, at * SEC));
-        }
-    }
-    for s in at..at + 4 {
-        for (t, e, _) in hosts.iter_mut() {
-            cycle(e, t, roots, &[], s * SEC, |_| {});
-        }
-    }
-}
-
-fn uploads_level(t: &Table, now: Nanos) -> f64 {
-    t.quota(b"uploads", now).unwrap().level
-}
-
-#[test]
-fn every_root_silent_for_the_lease_leaves_each_host_its_own_slots() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let (b, mut eb) = in_flight_host("b");
-    let mut b_slots = take(&b, 6, 0);
-    let a_slots = take(&a, 2, 0);
-    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
-    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
-    assert_eq!((uploads_level(&a, SEC), uploads_level(&b, SEC)), (8.0, 8.0));
-    assert_eq!(room(&a, SEC), 2);
-    // The root dies. Until the lease, a keeps counting b's 6 (their
-    // releases cannot reach it): strict.
-    roots[0].kill();
-    for s in 2..11 {
-        cycle(&mut ea, &a, &mut roots, &[0], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[0], s * SEC, |_| {});
-        assert_eq!(room(&a, s * SEC), 2, "at {s} s");
-    }
-    // Past the lease (10 s of silence), each host counts its own slots
-    // only: a may take the limit less its own 2.
-    for s in 11..13 {
-        cycle(&mut ea, &a, &mut roots, &[0], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[0], s * SEC, |_| {});
-    }
-    assert!(ea.all_down());
-    assert_eq!(uploads_level(&a, 12 * SEC), 2.0);
-    assert_eq!(room(&a, 12 * SEC), 8);
-    assert_eq!(uploads_level(&b, 12 * SEC), 6.0);
-    // a takes 3 more; b gives 4 back, during the outage.
-    let a_more = take(&a, 3, 12 * SEC);
-    for held in b_slots.drain(..4) {
-        assert!(b.release(&slot(), held, 12 * SEC));
-    }
-    cycle(&mut ea, &a, &mut roots, &[0], 13 * SEC, |_| {});
-    cycle(&mut eb, &b, &mut roots, &[0], 13 * SEC, |_| {});
-    assert_eq!(
-        (uploads_level(&a, 13 * SEC), uploads_level(&b, 13 * SEC)),
-        (5.0, 2.0)
-    );
-    // The root restarts knowing nothing: each host sends it what it owed
-    // since the outage (a's 3 slots, b's 4 returns) and then, finding it
-    // restarted, what it held there before (a's 2, b's 6), so the root
-    // counts every slot held: a's 5 and b's 2. Both hosts take its view,
-    // as it is.
-    roots[0].restart(2, 14 * SEC);
-    for s in 14..20 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
-    }
-    let root = roots[0].level(5, 20 * SEC).unwrap();
-    assert_eq!(root, 7.0);
-    assert_eq!(uploads_level(&a, 20 * SEC), root);
-    assert_eq!(uploads_level(&b, 20 * SEC), root);
-    // Everything given back: every count comes down to nothing, at the
-    // root and at both hosts (no slot stuck, none counted twice).
-    let a_slots = a_slots.into_iter().chain(a_more).collect();
-    let mut hosts = [(&a, &mut ea, a_slots), (&b, &mut eb, b_slots)];
-    give_all_back(&mut hosts, &mut roots, 20);
-    assert_eq!(roots[0].level(5, 24 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(uploads_level(&a, 24 * SEC), 0.0);
-    assert_eq!(uploads_level(&b, 24 * SEC), 0.0);
-    assert_eq!(
-        (a.held_here(b"uploads"), b.held_here(b"uploads")),
-        (Some(0), Some(0))
-    );
-}
-
-/// One step of the in-flight property: a host takes or gives back slots,
-/// then both hosts run a cycle; the root may be unreachable for both.
-#[derive(Clone, Debug)]
-struct SlotStep {
-    host: usize,
-    /// Slots taken (at most what the host may), or given back (negative).
-    slots: i64,
-    /// The root is unreachable this cycle.
-    down: bool,
-}
-
-fn slot_steps() -> impl proptest::strategy::Strategy<Value = Vec<SlotStep>> {
-    use proptest::prelude::*;
-    // Outages come in runs (a long one outlasts the lease).
-    let step = (0..2usize, -4i64..5, 0..3u8);
-    proptest::collection::vec((step, 0..25usize), 1..8).prop_map(|runs| {
-        let mut steps = Vec::new();
-        for ((host, slots, kind), len) in runs {
-            for i in 0..len.max(1) {
-                steps.push(SlotStep {
-                    host: (host + i) % 2,
-                    slots: if i % 3 == 0 { slots } else { 0 },
-                    down: kind == 0,
-                });
-            }
-        }
-        steps
-    })
-}
-
-proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
-
-    /// The local lease, on any interleaving of slots taken and given back
-    /// with the root unreachable (briefly, and past the lease: it then
-    /// drops both hosts' slots itself): a host past the lease reads its
-    /// own slots exactly; once the root is back, both hosts read the
-    /// root's level; and once every slot is given back, every count is 0
-    /// (no slot stuck, none counted twice). (A root that restarts loses
-    /// what it counted: see `every_root_silent_for_the_lease_leaves_each_
-    /// host_its_own_slots` and docs/DESIGN.md.)
-    #[test]
-    fn in_flight_counts_through_outages_past_the_lease_come_back_to_the_roots(
-        steps in slot_steps()
-    ) {
-        let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-        let mut hosts = [in_flight_host("a"), in_flight_host("b")];
-        let mut held: [Vec<crate::table::HeldSlot>; 2] = [Vec::new(), Vec::new()];
-        let mut now = SEC;
-        let mut silent = 0;
-        for s in &steps {
-            let t = &hosts[s.host].0;
-            if s.slots > 0 {
-                for _ in 0..s.slots {
-                    let (r, taken) = t.acquire(&slot(), now, false, || 0.5);
-                    if r.outcome == Outcome::Pass {
-                        held[s.host].push(taken.unwrap());
-                    }
-                }
-            } else {
-                for _ in 0..(-s.slots) {
-                    if let Some(taken) = held[s.host].pop() {
-                        proptest::prop_assert!(t.release(&slot(), taken, now));
-                    }
-                }
-            }
-            silent = if s.down { silent + 1 } else { 0 };
-            let down: &[usize] = if s.down { &[0] } else { &[] };
-            for (h, (t, e)) in hosts.iter_mut().enumerate() {
-                cycle(e, t, &mut roots, down, now, |_| {});
-                let own = held[h].len() as i64;
-                proptest::prop_assert_eq!(t.held_here(b"uploads"), Some(own));
-                if silent > 11 {
-                    proptest::prop_assert_eq!(uploads_level(t, now), own as f64);
-                }
-            }
-            now += SEC;
-        }
-        // Back for good: both hosts read the root's view.
-        for _ in 0..3 {
-            for (t, e) in hosts.iter_mut() {
-                cycle(e, t, &mut roots, &[], now, |_| {});
-            }
-            now += SEC;
-        }
-        let root = roots[0].level(5, now).unwrap_or(0.0);
-        for (t, _) in &hosts {
-            proptest::prop_assert_eq!(uploads_level(t, now), root);
-        }
-        // Everything given back.
-        for (h, (t, _)) in hosts.iter().enumerate() {
-            for taken in held[h].drain(..) {
-                proptest::prop_assert!(t.release(&slot(), taken, now));
-            }
-        }
-        for _ in 0..3 {
-            for (t, e) in hosts.iter_mut() {
-                cycle(e, t, &mut roots, &[], now, |_| {});
-            }
-            now += SEC;
-        }
-        proptest::prop_assert_eq!(roots[0].level(5, now).unwrap_or(0.0), 0.0);
-        for (t, _) in &hosts {
-            proptest::prop_assert_eq!(uploads_level(t, now), 0.0);
-        }
-    }
-}
-
-#[test]
-fn a_restarted_root_counts_the_slots_held_from_before_and_every_later_one() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let (b, mut eb) = in_flight_host("b");
-    let a_old = take(&a, 4, 0);
-    let b_old = take(&b, 3, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
-    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
-    assert_eq!(roots[0].level(5, SEC), Some(7.0));
-    // The root restarts knowing nothing. a gives its slots back before
-    // its first exchange with the new instance (that request carries the
-    // returns), b only after its first one.
-    roots[0].restart(2, 2 * SEC);
-    for held in a_old {
-        assert!(a.release(&slot(), held, 2 * SEC));
-    }
-    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
-    cycle(&mut eb, &b, &mut roots, &[], 2 * SEC, |_| {});
-    // Each host sends the new instance what it held there before: the
-    // root counts b's 3 again, and a's returns leave it nothing there
-    // (not -4).
-    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
-    cycle(&mut eb, &b, &mut roots, &[], 3 * SEC, |_| {});
-    assert_eq!(roots[0].level(5, 3 * SEC), Some(3.0));
-    // Within the grace the hosts keep the earlier instance's values (a
-    // read 4 there, b 7), max-merged: the new one could still lack
-    // another host's slots. Strict, never below the root.
-    assert_eq!(uploads_level(&a, 3 * SEC), 4.0);
-    assert_eq!(uploads_level(&b, 3 * SEC), 7.0);
-    for held in b_old {
-        assert!(b.release(&slot(), held, 3 * SEC));
-    }
-    for s in 4..6 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 5 * SEC).unwrap_or(0.0), 0.0);
-    // Later slots all count at the root: none is hidden by returns of
-    // slots the new instance never counted.
-    let a_new = take(&a, 2, 6 * SEC);
-    let b_new = take(&b, 3, 6 * SEC);
-    for s in 6..8 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 8 * SEC), Some(5.0));
-    // Three intervals after the restart, the hosts take the new
-    // instance's values as they are (not max-merged with the earlier
-    // instance's 7, which would never come down).
-    assert_eq!(uploads_level(&a, 8 * SEC), 5.0);
-    assert_eq!(uploads_level(&b, 8 * SEC), 5.0);
-    assert_eq!(room(&a, 8 * SEC), 5);
-    let mut hosts = [(&a, &mut ea, a_new), (&b, &mut eb, b_new)];
-    give_all_back(&mut hosts, &mut roots, 8);
-    assert_eq!(roots[0].level(5, 12 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(uploads_level(&a, 12 * SEC), 0.0);
-    assert_eq!(uploads_level(&b, 12 * SEC), 0.0);
-}
-
-#[test]
-fn slots_taken_while_every_root_is_down_reach_the_roots_whenever_in_the_cycle() {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
-    let mut held = Vec::new();
-    for s in 2..6 {
-        // Taken after the cycle's collection: the fold at its end takes
-        // them locally, and they must still be owed to the root.
-        let out = ea.begin_cycle(&a, s * SEC);
-        held.extend(take(&a, 1, s * SEC));
-        for o in out {
-            ea.finish(&a, o.root, o.owed, &[], Some("down".into()), s * SEC);
-        }
-        ea.end_cycle(&a, s * SEC);
-    }
-    assert!(ea.all_down());
-    assert_eq!(uploads_level(&a, 6 * SEC), 4.0);
-    cycle(&mut ea, &a, &mut roots, &[], 6 * SEC, |_| {});
-    assert_eq!(roots[0].level(5, 6 * SEC), Some(4.0));
-    assert_eq!(uploads_level(&a, 6 * SEC), 4.0);
-}
-
-#[test]
-fn a_group_silent_for_the_lease_leaves_its_shard_at_this_hosts_own_slots() {
-    // Two groups of one root each; `uploads` lives in one of them.
-    let mut roots: Vec<SimRoot> = (0..2)
-        .map(|i| SimRoot::new(&uploads(), 1 + i, 0, 0))
-        .collect();
-    let urls = ["http://root0".to_string(), "http://root1".to_string()];
-    let grouped = |name: &str| {
-        let t = Table::new_heap(8, 16);
-        t.apply_quotas(&uploads());
-        let mut e = SyncEngine::new(&urls, name.into(), SEC, 100, 0);
-        e.set_groups(&[0, 1]);
-        (t, e)
-    };
-    let (a, mut ea) = grouped("a");
-    let (b, mut eb) = grouped("b");
-    let home = crate::sync::shard(CounterKey::named(5), 2);
-    let b_slots = take(&b, 6, 0);
-    let a_slots = take(&a, 2, 0);
-    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
-    cycle(&mut eb, &b, &mut roots, &[], SEC, |_| {});
-    assert_eq!(uploads_level(&a, SEC), 8.0);
-    // The group holding `uploads` goes silent; the other still answers.
-    for s in 2..11 {
-        cycle(&mut ea, &a, &mut roots, &[home], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[home], s * SEC, |_| {});
-        assert_eq!(room(&a, s * SEC), 2, "at {s} s");
-    }
-    for s in 11..13 {
-        cycle(&mut ea, &a, &mut roots, &[home], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[home], s * SEC, |_| {});
-    }
-    assert!(!ea.all_down());
-    assert_eq!(ea.metrics().groups_down, vec![home as u32]);
-    assert_eq!(uploads_level(&a, 12 * SEC), 2.0);
-    assert_eq!(room(&a, 12 * SEC), 8);
-    // Back: both hosts read that root's level, and everything given back
-    // brings every count to 0.
-    for s in 13..18 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-        cycle(&mut eb, &b, &mut roots, &[], s * SEC, |_| {});
-    }
-    let root = roots[home].level(5, 18 * SEC).unwrap_or(0.0);
-    assert_eq!(
-        (uploads_level(&a, 18 * SEC), uploads_level(&b, 18 * SEC)),
-        (root, root)
-    );
-    let mut hosts = [(&a, &mut ea, a_slots), (&b, &mut eb, b_slots)];
-    give_all_back(&mut hosts, &mut roots, 18);
-    assert_eq!(roots[home].level(5, 22 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(
-        (uploads_level(&a, 22 * SEC), uploads_level(&b, 22 * SEC)),
-        (0.0, 0.0)
-    );
-}
-
-/// One root, and host `a` holding `n` slots, sent to the root in a
-/// cycle at 1 s.
-fn a_holding(n: usize) -> (Vec<SimRoot>, Table, SyncEngine, Vec<crate::table::HeldSlot>) {
-    let mut roots = vec![SimRoot::new(&uploads(), 1, 0, 0)];
-    let (a, mut ea) = in_flight_host("a");
-    let held = take(&a, n, 0);
-    cycle(&mut ea, &a, &mut roots, &[], SEC, |_| {});
-    (roots, a, ea, held)
-}
-
-/// The root restarts at 2 s as 3 of the slots `a` holds end: the new
-/// instance gets their returns, then (after cycles at 2 and 3 s) the
-/// slots held before; it counts the one left.
-fn restart_as_three_slots_end(
-    a: &Table,
-    ea: &mut SyncEngine,
-    roots: &mut [SimRoot],
-    held: &mut Vec<crate::table::HeldSlot>,
-) {
-    roots[0].restart(2, 2 * SEC);
-    for slot_held in held.drain(..3) {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
-    }
-    for s in 2..4 {
-        cycle(ea, a, roots, &[], s * SEC, |_| {});
-    }
-}
-
-#[test]
-fn a_root_restarting_again_before_the_resend_lands_counts_the_slots_once() {
-    let (mut roots, a, mut ea, held) = a_holding(4);
-    assert_eq!(roots[0].level(5, SEC), Some(4.0));
-    // Found restarted, the root is owed a's 4 again; it goes down before
-    // they reach it, and comes back as a third instance, which the
-    // exchange carrying them finds restarted once more.
-    roots[0].restart(2, 2 * SEC);
-    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
-    cycle(&mut ea, &a, &mut roots, &[0], 3 * SEC, |_| {});
-    roots[0].restart(3, 4 * SEC);
-    for s in 4..7 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    // The resend it carried counts them: they are not owed a third time.
-    assert_eq!(roots[0].level(5, 7 * SEC), Some(4.0));
-    let mut hosts = [(&a, &mut ea, held)];
-    give_all_back(&mut hosts, &mut roots, 7);
-    assert_eq!(roots[0].level(5, 11 * SEC).unwrap_or(0.0), 0.0);
-}
-
-#[test]
-fn a_root_restarting_twice_within_the_grace_has_its_levels_taken_as_they_are() {
-    let (mut roots, a, mut ea, mut held) = a_holding(2);
-    roots[0].restart(2, 2 * SEC);
-    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
-    // The second instance's level wins the max over the first's (3 more
-    // slots): the host's level now carries the second instance's source.
-    held.extend(take(&a, 3, 2 * SEC));
-    cycle(&mut ea, &a, &mut roots, &[], 3 * SEC, |_| {});
-    assert_eq!(roots[0].level(5, 3 * SEC), Some(5.0));
-    // A third instance, within the grace of the second, is first sent
-    // returns of 3 slots; then the 5 held before. Its 2 lose the max
-    // against the second's 5.
-    for slot_held in held.drain(..3) {
-        assert!(a.release(&slot(), slot_held, 3 * SEC));
-    }
-    roots[0].restart(3, 4 * SEC);
-    cycle(&mut ea, &a, &mut roots, &[], 4 * SEC, |_| {});
-    cycle(&mut ea, &a, &mut roots, &[], 5 * SEC, |_| {});
-    assert_eq!(roots[0].level(5, 5 * SEC), Some(2.0));
-    assert_eq!(uploads_level(&a, 5 * SEC), 5.0);
-    // Everything given back: past the grace the host takes the third
-    // instance's 0, not the second's 5 for good.
-    let mut hosts = [(&a, &mut ea, held)];
-    give_all_back(&mut hosts, &mut roots, 6);
-    for s in 10..12 {
-        cycle(hosts[0].1, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 12 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(uploads_level(&a, 12 * SEC), 0.0);
-}
-
-#[test]
-fn a_restarted_roots_level_is_taken_after_the_grace_even_if_it_no_longer_changes() {
-    let (mut roots, a, mut ea, mut held) = a_holding(4);
-    // 3 slots end as the root restarts: the new instance gets their
-    // returns, then the 4 held before; it counts 1, and the host keeps
-    // the earlier instance's 4 within the grace.
-    restart_as_three_slots_end(&a, &mut ea, &mut roots, &mut held);
-    assert_eq!(roots[0].level(5, 4 * SEC), Some(1.0));
-    assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
-    // Past the grace the host takes the root's 1, which has not changed
-    // there since.
-    for s in 4..8 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(uploads_level(&a, 8 * SEC), 1.0);
-    assert_eq!(room(&a, 8 * SEC), 9);
-}
-
-/// The sync thread of `t` stops and another starts on the same region
-/// (an nginx reload): what was in flight goes back to pending, and the
-/// new engine takes over what the region remembers of the roots.
-fn restart_sync(t: &Table, e: &mut SyncEngine, now: Nanos) {
-    e.abandon(t);
-    *e = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, now);
-    e.resume(t);
-}
-
-#[test]
-fn a_sync_thread_started_anew_finds_a_root_restarted_meanwhile() {
-    let (mut roots, a, mut ea, mut held) = a_holding(4);
-    // An nginx reload while the root restarts: the new sync thread has
-    // never talked to the root, and still sends it the 4 held from
-    // before (its returns of 2 would otherwise leave it nothing, and hide
-    // 2 later slots).
-    restart_sync(&a, &mut ea, 2 * SEC);
-    roots[0].restart(2, 2 * SEC);
-    for slot_held in held.drain(..2) {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
-    }
-    held.extend(take(&a, 3, 2 * SEC));
-    for s in 2..4 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 4 * SEC), Some(5.0));
-    // Everything given back: the root counts 0, and past the grace so
-    // does the host (the earlier instance's level is not kept for good).
-    let mut hosts = [(&a, &mut ea, held)];
-    give_all_back(&mut hosts, &mut roots, 4);
-    assert_eq!(roots[0].level(5, 8 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(uploads_level(&a, 8 * SEC), 0.0);
-}
-
-#[test]
-fn a_sync_thread_started_anew_sends_a_root_that_did_not_restart_nothing_again() {
-    let (mut roots, a, mut ea, held) = a_holding(4);
-    restart_sync(&a, &mut ea, 2 * SEC);
-    for s in 2..4 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
-    assert_eq!(uploads_level(&a, 4 * SEC), 4.0);
-    let mut hosts = [(&a, &mut ea, held)];
-    give_all_back(&mut hosts, &mut roots, 4);
-    assert_eq!(roots[0].level(5, 8 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(uploads_level(&a, 8 * SEC), 0.0);
-}
-
-#[test]
-fn a_sync_thread_started_anew_takes_the_levels_of_a_root_that_restarted_before() {
-    let (mut roots, a, mut ea, held) = a_holding(4);
-    roots[0].restart(2, 2 * SEC);
-    for s in 2..6 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    // The levels known are the second instance's; a new sync thread's
-    // replies from it replace them as the earlier thread's did.
-    restart_sync(&a, &mut ea, 6 * SEC);
-    let mut hosts = [(&a, &mut ea, held)];
-    give_all_back(&mut hosts, &mut roots, 6);
-    assert_eq!(roots[0].level(5, 10 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(uploads_level(&a, 10 * SEC), 0.0);
-}
-
-#[test]
-fn slots_given_back_before_a_new_sync_threads_first_exchange_reach_the_root() {
-    let (mut roots, a, mut ea, held) = a_holding(4);
-    // Its first request carries the returns: the root is known to take
-    // them (not dropped as for a root that predates them).
-    restart_sync(&a, &mut ea, 2 * SEC);
-    for slot_held in held {
-        assert!(a.release(&slot(), slot_held, 2 * SEC));
-    }
-    cycle(&mut ea, &a, &mut roots, &[], 2 * SEC, |_| {});
-    assert_eq!(roots[0].level(5, 2 * SEC).unwrap_or(0.0), 0.0);
-    assert_eq!(ea.metrics().roots[0].dropped_returns, 0);
-    // The root left the emptied counter out of its answer of every
-    // counter: the host reads 0 too.
-    assert_eq!(uploads_level(&a, 2 * SEC), 0.0);
-}
-
-#[test]
-fn a_sync_thread_started_anew_within_a_restarts_grace_still_takes_the_new_instances_level() {
-    let (mut roots, a, mut ea, mut held) = a_holding(4);
-    // As the root restarts 3 slots end: its new instance counts 1, the
-    // host keeps the earlier instance's 4 within the grace, and its sync
-    // thread starts anew before the grace is over.
-    restart_as_three_slots_end(&a, &mut ea, &mut roots, &mut held);
-    restart_sync(&a, &mut ea, 4 * SEC);
-    for s in 4..9 {
-        cycle(&mut ea, &a, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 9 * SEC), Some(1.0));
-    assert_eq!(uploads_level(&a, 9 * SEC), 1.0);
-}
-
-#[test]
-fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
-    let (mut roots, a, mut ea, _held) = a_holding(4);
-    // A reload with a larger zone while the root restarts: the new zone
-    // adopts the old one, and its sync thread still finds the restart.
-    ea.abandon(&a);
-    let bigger = Table::new_heap(16, 16);
-    bigger.adopt(&a, 2 * SEC);
-    let mut eb = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 2 * SEC);
-    eb.resume(&bigger);
-    roots[0].restart(2, 2 * SEC);
-    for s in 2..4 {
-        cycle(&mut eb, &bigger, &mut roots, &[], s * SEC, |_| {});
-    }
-    assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
 }

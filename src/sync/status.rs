@@ -4,14 +4,14 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{RootMetrics, SyncMetrics};
+use super::metrics::{RootMetrics, SyncMetrics};
 use crate::table::layout::STATUS_ROOTS;
 use crate::table::Table;
 
 /// Publishes `m` in `table` for every process sharing it (the first
 /// [`STATUS_ROOTS`] roots).
 pub fn publish(table: &Table, m: &SyncMetrics) {
-    table.write_status(|st| {
+    table.books().write_status(|st| {
         st.cycles.store(m.cycles, Relaxed);
         let groups = m
             .groups_down
@@ -38,7 +38,7 @@ pub fn publish(table: &Table, m: &SyncMetrics) {
 
 /// What a sync thread knew of a root, remembered in the region for the
 /// next sync thread (after an nginx reload; see
-/// [`super::SyncEngine::resume`]).
+/// `SyncEngine::resume`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RememberedRoot {
     /// The root instance that last answered.
@@ -57,7 +57,7 @@ pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoo
         return;
     }
     let hash = url_hash(url);
-    table.write_status(|st| {
+    table.books().write_status(|st| {
         for (i, r) in st.root.iter().enumerate() {
             if i == index {
                 r.url_hash.store(hash, Relaxed);

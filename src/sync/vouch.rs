@@ -9,6 +9,7 @@ use crate::table::{SlotId, Table};
 use crate::wire::CounterKey;
 
 use super::ids::CounterMap;
+use super::routing::shard;
 
 /// Cycles a counter stays in [`Recent`] without changing: by then its fill
 /// rate has been halved this many times (to 1/65536 of what it was).
@@ -89,13 +90,16 @@ impl Recent {
                 if t.reported == round {
                     return true;
                 }
-                let Some(at) = until.get(super::shard(*c, groups)).copied().flatten() else {
+                let Some(at) = until.get(shard(*c, groups)).copied().flatten() else {
                     // Nobody vouched for its shard: kept as it is.
                     return true;
                 };
                 t.quiet += 1;
                 let nothing = Tally::leaky(Level::empty(at));
-                table.merge_counter(t.slot, c.id, c.key, nothing, 0, 0) && t.quiet < QUIET_CYCLES
+                table
+                    .books()
+                    .merge_counter(t.slot, c.id, c.key, nothing, 0, 0)
+                    && t.quiet < QUIET_CYCLES
             });
         }
         self.round += 1;

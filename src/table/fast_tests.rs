@@ -1,7 +1,7 @@
 //! The keyed fast path (`fast.rs`) against the general path: the same
 //! outcomes and the same counts, whatever it declines.
 
-use super::fast::FAST_PASSES;
+use super::gate::fast::FAST_PASSES;
 use super::*;
 use crate::core::rng::Rng;
 use crate::core::{Nanos, Quota, Window};
@@ -14,7 +14,7 @@ const MS: Nanos = 1_000_000;
 fn table(fast: bool) -> Table {
     let t = Table::new_heap_with_keys(16, 16, 64);
     let t = if fast { t } else { t.without_fast_path() };
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "plain", 20.0, 6.0, 10.0).keyed(),
         Quota::new(2, "parent", 50.0, 40.0, 40.0),
         Quota::new(3, "child", 20.0, 6.0, 10.0)
@@ -34,7 +34,8 @@ fn check(t: &Table, name: &[u8], key: &[u8], weight: u64, now: Nanos, rng: &mut 
         weight,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), || rng.next_unit())
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), || rng.next_unit())
         .outcome
 }
 
@@ -124,7 +125,8 @@ fn a_known_key_far_from_its_limit_is_decided_on_the_fast_path() {
 #[test]
 fn a_table_without_the_pass_tally_counts_the_same_but_no_passes() {
     let t = Table::new_heap_with_keys(16, 16, 64).without_pass_tally();
-    t.apply_quotas(&[Quota::new(1, "plain", 20.0, 6.0, 6.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "plain", 20.0, 6.0, 6.0).keyed()]);
     let mut rng = Rng::new(1);
     for _ in 0..6 {
         assert_eq!(check(&t, b"plain", b"a", 1, 0, &mut rng), Outcome::Pass);

@@ -18,12 +18,12 @@
 //! the template's overrides (the file replaces them all); a seed file's
 //! are not applied (the roots' come with the roots' quotas).
 
-use std::collections::{HashMap, HashSet};
-
-use super::{ApplyReport, Table};
 use crate::core::spec::QuotaSet;
 use crate::core::tier::{Override, Rule};
 use crate::core::Quota;
+use std::collections::{HashMap, HashSet};
+
+use super::{ApplyReport, Table};
 
 /// Lowest id given to a seed quota.
 pub const SEED_ID_BASE: u64 = 1 << 60;
@@ -121,8 +121,8 @@ pub fn load_set(table: &Table, set: &QuotaSet, role: FileRole) -> ApplyReport {
             changes.extend(inserts);
         }
     }
-    let report = table.apply_quotas(&changes);
-    table.apply_overrides(&overrides);
+    let report = table.books().apply_quotas(&changes);
+    table.books().apply_overrides(&overrides);
     report
 }
 
@@ -187,7 +187,7 @@ pub fn purge_seeds(table: &Table) -> ApplyReport {
     if seeds.is_empty() {
         return ApplyReport::default();
     }
-    table.apply_quotas(&seeds)
+    table.books().apply_quotas(&seeds)
 }
 
 /// True when a held seed counts as the file's quota does: same numbers,
@@ -226,7 +226,7 @@ mod tests {
             FileRole::Authoritative,
         );
         let a = id_of(&t, "a");
-        assert_eq!(t.check(b"a", 3, 0), Outcome::Pass);
+        assert_eq!(t.gate().check(b"a", 3, 0), Outcome::Pass);
         let report = load_set(
             &t,
             &set(r#"[{"name":"c","limit":1},{"name":"a","limit":2,"low_burst":5}]"#),
@@ -263,7 +263,10 @@ mod tests {
             };
             (0..10)
                 .filter(|_| {
-                    t.check_many(&[item], 0, Default::default(), || 0.5).outcome == Outcome::Pass
+                    t.gate()
+                        .check_many(&[item], 0, Default::default(), || 0.5)
+                        .outcome
+                        == Outcome::Pass
                 })
                 .count()
         };
@@ -292,7 +295,7 @@ mod tests {
             FileRole::Seed,
         );
         assert!(id_of(&t, "a") >= SEED_ID_BASE);
-        t.apply_quotas(&[Quota::new(7, "a", 9.0, 9.0, 9.0)]);
+        t.books().apply_quotas(&[Quota::new(7, "a", 9.0, 9.0, 9.0)]);
         assert_eq!(id_of(&t, "a"), 7);
         // Loading the seeds again (nginx reload) leaves the root's copy.
         load_set(
@@ -314,8 +317,8 @@ mod tests {
             &set(r#"[{"name":"a","limit":1,"low_burst":9},{"name":"b","limit":1,"low_burst":9}]"#),
             FileRole::Seed,
         );
-        assert_eq!(t.check(b"a", 2, 0), Outcome::Pass);
-        assert_eq!(t.check(b"b", 2, 0), Outcome::Pass);
+        assert_eq!(t.gate().check(b"a", 2, 0), Outcome::Pass);
+        assert_eq!(t.gate().check(b"b", 2, 0), Outcome::Pass);
         load_set(
             &t,
             &set(r#"[{"name":"a","limit":1,"low_burst":9},{"name":"b","limit":5,"low_burst":9}]"#),
@@ -336,7 +339,7 @@ mod tests {
             format!(r#"[{{"name":"a","limit":9,"low_burst":9,"high_burst":9{extra}}}]"#)
         };
         load_set(&t, &set(&a_in("")), FileRole::Seed);
-        assert_eq!(t.check(b"a", 2, 0), Outcome::Pass);
+        assert_eq!(t.gate().check(b"a", 2, 0), Outcome::Pass);
         load_set(&t, &set(&a_in(r#","window":"1m""#)), FileRole::Seed);
         let a = t.quota(b"a", 0).unwrap();
         assert_eq!((a.quota.window, a.pending), (Some(Window::Minute), 0));

@@ -26,29 +26,35 @@ fn uploads(limit: f64) -> Quota {
 #[test]
 fn three_slots_take_three_requests_and_a_release_lets_the_fourth_in() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(3.0)]);
-    assert!(t.is_in_flight(b"uploads") && !t.is_in_flight(b"nobody"));
+    t.books().apply_quotas(&[uploads(3.0)]);
+    assert!(t.gate().is_in_flight(b"uploads") && !t.gate().is_in_flight(b"nobody"));
     let mut held = Vec::new();
     for _ in 0..3 {
-        let (r, slot) = t.acquire(&named(b"uploads"), SEC, false, never);
+        let (r, slot) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
         assert_eq!(r.outcome, Outcome::Pass);
         held.push(slot.unwrap());
     }
     // An hour later the three are still held: a slot does not leak.
-    let (r, slot) = t.acquire(&named(b"uploads"), 3600 * SEC, false, never);
+    let (r, slot) = t
+        .gate()
+        .acquire(&named(b"uploads"), 3600 * SEC, false, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)) && slot.is_none());
-    assert!(t.release(&named(b"uploads"), held.pop().unwrap(), 3600 * SEC));
-    let (r, _) = t.acquire(&named(b"uploads"), 3600 * SEC, false, never);
+    assert!(t
+        .gate()
+        .release(&named(b"uploads"), held.pop().unwrap(), 3600 * SEC));
+    let (r, _) = t
+        .gate()
+        .acquire(&named(b"uploads"), 3600 * SEC, false, never);
     assert_eq!(r.outcome, Outcome::Pass);
 }
 
 #[test]
 fn a_dry_run_holds_nothing() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(1.0)]);
-    let (r, slot) = t.acquire(&named(b"uploads"), SEC, false, never);
+    t.books().apply_quotas(&[uploads(1.0)]);
+    let (r, slot) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
     assert_eq!((r.outcome, slot.is_some()), (Outcome::Pass, true));
-    let (r, slot) = t.acquire(&named(b"uploads"), SEC, true, never);
+    let (r, slot) = t.gate().acquire(&named(b"uploads"), SEC, true, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)) && slot.is_none());
     assert_eq!(t.quota(b"uploads", SEC).unwrap().dry_run, 1);
 }
@@ -56,62 +62,62 @@ fn a_dry_run_holds_nothing() {
 #[test]
 fn a_request_that_starts_and_ends_between_syncs_never_leaves_the_host() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(3.0)]);
-    let (_, slot) = t.acquire(&named(b"uploads"), SEC, false, never);
-    t.release(&named(b"uploads"), slot.unwrap(), 2 * SEC);
+    t.books().apply_quotas(&[uploads(3.0)]);
+    let (_, slot) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
+    t.gate().release(&named(b"uploads"), slot.unwrap(), 2 * SEC);
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     assert!(out.is_empty(), "{out:?}");
 }
 
 #[test]
 fn a_slot_released_after_its_sync_travels_as_a_return() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(3.0)]);
-    let (_, slot) = t.acquire(&named(b"uploads"), SEC, false, never);
+    t.books().apply_quotas(&[uploads(3.0)]);
+    let (_, slot) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     assert_eq!((out[0].delta, out[0].returned), (1, 0));
-    t.release(&named(b"uploads"), slot.unwrap(), 2 * SEC);
+    t.gate().release(&named(b"uploads"), slot.unwrap(), 2 * SEC);
     out.clear();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     assert_eq!((out[0].delta, out[0].returned), (0, 1));
 }
 
 #[test]
 fn a_keys_slots_are_its_own() {
     let t = Table::new_heap_with_keys(8, 16, 64);
-    t.apply_quotas(&[uploads(1.0).keyed()]);
+    t.books().apply_quotas(&[uploads(1.0).keyed()]);
     let keyed = |key: &'static [u8]| CheckItem {
         key: Some(key),
         ..named(b"uploads")
     };
-    let (a, held) = t.acquire(&keyed(b"alice"), SEC, false, never);
-    let (b, _) = t.acquire(&keyed(b"bob"), SEC, false, never);
+    let (a, held) = t.gate().acquire(&keyed(b"alice"), SEC, false, never);
+    let (b, _) = t.gate().acquire(&keyed(b"bob"), SEC, false, never);
     assert_eq!((a.outcome, b.outcome), (Outcome::Pass, Outcome::Pass));
-    let (again, _) = t.acquire(&keyed(b"alice"), SEC, false, never);
+    let (again, _) = t.gate().acquire(&keyed(b"alice"), SEC, false, never);
     assert!(matches!(again.outcome, Outcome::Reject(_)));
-    t.release(&keyed(b"alice"), held.unwrap(), 2 * SEC);
-    let (again, _) = t.acquire(&keyed(b"alice"), 2 * SEC, false, never);
+    t.gate().release(&keyed(b"alice"), held.unwrap(), 2 * SEC);
+    let (again, _) = t.gate().acquire(&keyed(b"alice"), 2 * SEC, false, never);
     assert_eq!(again.outcome, Outcome::Pass);
 }
 
 #[test]
 fn the_table_shows_an_in_flight_quota_with_its_limit() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(7.0)]);
+    t.books().apply_quotas(&[uploads(7.0)]);
     let q = t.quota(b"uploads", SEC).unwrap().quota;
     assert!(q.in_flight);
     assert_eq!((q.limit, q.low_burst, q.high_burst), (7.0, 7.0, 7.0));
-    let terms = t.terms_of(t.lookup(b"uploads").unwrap()).unwrap();
+    let terms = t.terms_of(t.gate().lookup(b"uploads").unwrap()).unwrap();
     assert_eq!(terms.to_string(), "7 at once");
 }
 
 #[test]
 fn a_charge_or_settle_of_an_in_flight_quota_counts_nothing() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(2.0)]);
-    let (_, slot) = t.acquire(&named(b"uploads"), SEC, false, never);
+    t.books().apply_quotas(&[uploads(2.0)]);
+    let (_, slot) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
     assert!(slot.is_some());
     let five = CheckItem {
         weight: 5,
@@ -119,46 +125,55 @@ fn a_charge_or_settle_of_an_in_flight_quota_counts_nothing() {
     };
     // A charge would hold slots nobody gives back; a settle below its
     // estimate would free the slot still held.
-    assert_eq!(t.charge(&five, SEC).outcome, Outcome::Unknown);
+    assert_eq!(t.gate().charge(&five, SEC).outcome, Outcome::Unknown);
     assert_eq!(
-        t.settle(&named(b"uploads"), 5, SEC, SEC).outcome,
+        t.gate().settle(&named(b"uploads"), 5, SEC, SEC).outcome,
         Outcome::Unknown
     );
     let level = t.quota(b"uploads", SEC).unwrap().level;
     assert_eq!(level, 1.0);
-    let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
+    let (r, _) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
     assert_eq!(r.outcome, Outcome::Pass);
-    let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
+    let (r, _) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)));
 }
 
 #[test]
 fn held_here_is_the_slots_this_host_holds_whatever_was_collected_or_handed_back() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(10.0)]);
+    t.books().apply_quotas(&[uploads(10.0)]);
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(t.acquire(&named(b"uploads"), SEC, false, never).1.unwrap());
+        held.push(
+            t.gate()
+                .acquire(&named(b"uploads"), SEC, false, never)
+                .1
+                .unwrap(),
+        );
     }
-    assert_eq!(t.held_here(b"uploads"), Some(3));
+    assert_eq!(t.books().held_here(b"uploads"), Some(3));
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
-    assert_eq!(t.held_here(b"uploads"), Some(3));
+    t.books().collect_deltas(&mut out);
+    assert_eq!(t.books().held_here(b"uploads"), Some(3));
     // A release after the collection, collected as a return.
-    t.release(&named(b"uploads"), held.pop().unwrap(), 2 * SEC);
-    assert_eq!(t.held_here(b"uploads"), Some(2));
+    t.gate()
+        .release(&named(b"uploads"), held.pop().unwrap(), 2 * SEC);
+    assert_eq!(t.books().held_here(b"uploads"), Some(2));
     out.clear();
-    t.collect_deltas(&mut out);
-    assert_eq!((out[0].returned, t.held_here(b"uploads")), (1, Some(2)));
-    // A stopping sync thread hands what it had in flight back to pending;
+    t.books().collect_deltas(&mut out);
+    assert_eq!(
+        (out[0].returned, t.books().held_here(b"uploads")),
+        (1, Some(2))
+    );
+    // A stopping sync thread hands what it had unacked back to pending;
     // a new slot is not collected yet.
-    t.requeue_inflight(out[0].slot, 1, 0, -1);
-    t.acquire(&named(b"uploads"), 2 * SEC, false, never);
-    assert_eq!(t.held_here(b"uploads"), Some(3));
+    t.books().requeue_unacked(out[0].slot, 1, 0, -1);
+    t.gate().acquire(&named(b"uploads"), 2 * SEC, false, never);
+    assert_eq!(t.books().held_here(b"uploads"), Some(3));
     // Folded locally (every root down), it stays held.
-    t.fold_local(3 * SEC);
-    assert_eq!(t.held_here(b"uploads"), Some(3));
-    assert_eq!(t.held_here(b"nobody"), None);
+    t.books().fold_local(3 * SEC);
+    assert_eq!(t.books().held_here(b"uploads"), Some(3));
+    assert_eq!(t.books().held_here(b"nobody"), None);
 }
 
 #[test]
@@ -168,92 +183,132 @@ fn held_counts_are_the_collected_slots_of_each_named_in_flight_quota() {
         per_key: true,
         ..Quota::new(3, "per_client", 5.0, 5.0, 5.0).in_flight_if(true)
     };
-    t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0), keyed]);
+    t.books()
+        .apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0), keyed]);
     for _ in 0..2 {
-        t.acquire(&named(b"uploads"), SEC, false, never);
+        t.gate().acquire(&named(b"uploads"), SEC, false, never);
     }
-    t.check(b"rate", 1, SEC);
+    t.gate().check(b"rate", 1, SEC);
     // Not collected yet: still this host's `pending`, not its held word.
-    assert_eq!(t.held_counts(), vec![(1, 0)]);
-    t.collect_deltas(&mut Vec::new());
+    assert_eq!(t.books().held_counts(), vec![(1, 0)]);
+    t.books().collect_deltas(&mut Vec::new());
     // Only the named in-flight quota: not the rate, not the template.
-    assert_eq!(t.held_counts(), vec![(1, 2)]);
+    assert_eq!(t.books().held_counts(), vec![(1, 2)]);
 }
 
 #[test]
 fn the_local_lease_leaves_the_level_at_this_hosts_own_slots() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0)]);
+    t.books()
+        .apply_quotas(&[uploads(10.0), Quota::new(2, "rate", 1.0, 5.0, 5.0)]);
     for _ in 0..2 {
-        t.acquire(&named(b"uploads"), SEC, false, never);
+        t.gate().acquire(&named(b"uploads"), SEC, false, never);
     }
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     // A root says 9: the other hosts hold 7 of them.
-    let slot = t.lookup(b"uploads").unwrap();
+    let slot = t.gate().lookup(b"uploads").unwrap();
     let nine = crate::core::Tally::leaky(crate::core::Level {
         level: 9.0,
         at: SEC,
     });
-    assert!(t.merge_counter(slot, 1, 0, nine, 2, 1));
+    assert!(t.books().merge_counter(slot, 1, 0, nine, 2, 1));
     assert_eq!(t.quota(b"uploads", SEC).unwrap().level, 9.0);
-    let (r, _) = t.acquire(&named(b"uploads"), SEC, false, never);
+    let (r, _) = t.gate().acquire(&named(b"uploads"), SEC, false, never);
     assert_eq!(r.outcome, Outcome::Pass);
     // Every root silent for the lease: the others' 7 are dropped, this
     // host's 3 stay.
-    t.fold_local(11 * SEC);
-    assert_eq!(t.lease_locally(11 * SEC, |_| true), 1);
+    t.books().fold_local(11 * SEC);
+    assert_eq!(t.books().lease_locally(11 * SEC, |_| true), 1);
     assert_eq!(t.quota(b"uploads", 11 * SEC).unwrap().level, 3.0);
     // Up to the limit with its own slots only: 7 more, not one beyond.
     for _ in 0..7 {
-        let (r, _) = t.acquire(&named(b"uploads"), 11 * SEC, false, never);
+        let (r, _) = t.gate().acquire(&named(b"uploads"), 11 * SEC, false, never);
         assert_eq!(r.outcome, Outcome::Pass);
     }
-    let (r, _) = t.acquire(&named(b"uploads"), 11 * SEC, false, never);
+    let (r, _) = t.gate().acquire(&named(b"uploads"), 11 * SEC, false, never);
     assert!(matches!(r.outcome, Outcome::Reject(_)));
 }
 
 #[test]
 fn a_roots_reply_after_a_fold_replaces_an_in_flight_level_lower_or_not() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[uploads(10.0)]);
-    let slot = t.lookup(b"uploads").unwrap();
+    t.books().apply_quotas(&[uploads(10.0)]);
+    let slot = t.gate().lookup(b"uploads").unwrap();
     let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
-    assert!(t.merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
+    assert!(t.books().merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
     // Every root down: this host's slot is folded in over the 6 it knew.
-    t.acquire(&named(b"uploads"), 2 * SEC, false, never);
-    t.fold_local(3 * SEC);
+    t.gate().acquire(&named(b"uploads"), 2 * SEC, false, never);
+    t.books().fold_local(3 * SEC);
     assert_eq!(t.quota(b"uploads", 3 * SEC).unwrap().level, 7.0);
     // Back, another root says 2 (the other hosts released meanwhile; it
     // holds this host's slot, sent with the request): taken, not
     // max-merged, or the level would never come down.
-    assert!(t.merge_counter(slot, 1, 0, at(2.0, 4 * SEC), 0, 2));
+    assert!(t.books().merge_counter(slot, 1, 0, at(2.0, 4 * SEC), 0, 2));
     assert_eq!(t.quota(b"uploads", 4 * SEC).unwrap().level, 2.0);
     // From then on it is that root's level: another root's lower, older
     // value is max-merged again.
-    assert!(t.merge_counter(slot, 1, 0, at(1.0, 4 * SEC), 0, 3));
+    assert!(t.books().merge_counter(slot, 1, 0, at(1.0, 4 * SEC), 0, 3));
     assert_eq!(t.quota(b"uploads", 4 * SEC).unwrap().level, 2.0);
+}
+
+#[test]
+fn a_roots_reply_after_a_fold_replaces_a_keys_in_flight_level_as_a_named_ones() {
+    // The same rule as the named quota's above, for a key of an in-flight
+    // per-key template: one merge, one "same root" rule (books/merge.rs).
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books().apply_quotas(&[uploads(10.0).keyed()]);
+    let slot = t.gate().lookup(b"uploads").unwrap();
+    let alice = CheckItem {
+        key: Some(b"alice"),
+        ..named(b"uploads")
+    };
+    let hash = t.key_secret().hash(b"alice");
+    let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
+    let level = |now: Nanos| t.keys(Some(slot), now)[0].level;
+    // The key needs an entry before a root's value can land in it.
+    let (r, held) = t.gate().acquire(&alice, SEC, false, never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    t.gate().release(&alice, held.unwrap(), SEC);
+    assert!(t.books().merge_counter(slot, 1, hash, at(6.0, SEC), 0, 1));
+    // Every root down: this host's slot is folded in over the 6 it knew.
+    t.gate().acquire(&alice, 2 * SEC, false, never);
+    t.books().fold_local(3 * SEC);
+    assert_eq!(level(3 * SEC), 7.0);
+    // Back, another root says 2: taken, not max-merged (a key's in-flight
+    // level does not leak either, so it would never come down).
+    assert!(t
+        .books()
+        .merge_counter(slot, 1, hash, at(2.0, 4 * SEC), 0, 2));
+    assert_eq!(level(4 * SEC), 2.0);
+    // From then on it is that root's level.
+    assert!(t
+        .books()
+        .merge_counter(slot, 1, hash, at(1.0, 4 * SEC), 0, 3));
+    assert_eq!(level(4 * SEC), 2.0);
 }
 
 #[test]
 fn a_zone_that_changed_size_keeps_which_roots_reply_an_in_flight_level_is() {
     let old = Table::new_heap(8, 16);
-    old.apply_quotas(&[uploads(10.0)]);
+    old.books().apply_quotas(&[uploads(10.0)]);
     let at = |level: f64, at: Nanos| crate::core::Tally::leaky(crate::core::Level { level, at });
-    let slot = old.lookup(b"uploads").unwrap();
-    assert!(old.merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
+    let slot = old.gate().lookup(b"uploads").unwrap();
+    assert!(old.books().merge_counter(slot, 1, 0, at(6.0, SEC), 0, 1));
     let new = Table::new_heap(16, 16);
-    new.adopt(&old, SEC);
+    new.books().adopt(old.books(), SEC);
     // The same root's later, lower value replaces it there too.
-    let slot = new.lookup(b"uploads").unwrap();
-    assert!(new.merge_counter(slot, 1, 0, at(2.0, 2 * SEC), 0, 1));
+    let slot = new.gate().lookup(b"uploads").unwrap();
+    assert!(new
+        .books()
+        .merge_counter(slot, 1, 0, at(2.0, 2 * SEC), 0, 1));
     assert_eq!(new.quota(b"uploads", 2 * SEC).unwrap().level, 2.0);
 }
 
 #[test]
 fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
     // An nginx reload attaches new workers to the same zone.
-    let len = crate::table::layout::Geometry::new(8, 16).region_len();
+    let len = crate::table::geometry::Geometry::new(8, 16).region_len();
     let mut region = vec![0u128; len.div_ceil(16) + 4];
     let base = region.as_mut_ptr().cast::<u8>();
     // SAFETY: the offset to the next 64-byte line is within the 64 spare
@@ -261,13 +316,13 @@ fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
     let base = unsafe { base.add(base.align_offset(64)) };
     // SAFETY: `region` is zeroed, outlives both tables, and is aligned.
     let first = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
-    first.apply_quotas(&[uploads(10.0)]);
-    first.acquire(&named(b"uploads"), SEC, false, never);
-    first.acquire(&named(b"uploads"), SEC, false, never);
+    first.books().apply_quotas(&[uploads(10.0)]);
+    first.gate().acquire(&named(b"uploads"), SEC, false, never);
+    first.gate().acquire(&named(b"uploads"), SEC, false, never);
     let mut out = Vec::new();
-    first.collect_deltas(&mut out);
+    first.books().collect_deltas(&mut out);
     drop(first);
     // SAFETY: as above.
     let second = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
-    assert_eq!(second.held_here(b"uploads"), Some(2));
+    assert_eq!(second.books().held_here(b"uploads"), Some(2));
 }

@@ -1,12 +1,14 @@
 //! The key section: per-key quotas counted per key, collected, merged,
 //! evicted and dropped.
 
+use crate::core::key::KeySecret;
+use crate::core::{Level, Nanos, Quota, Tally};
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::key_moves::KeyMoves;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::*;
-use crate::core::key::KeySecret;
-use crate::core::{Level, Nanos, Quota, Tally};
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -18,7 +20,7 @@ fn never() -> f64 {
 /// burst 5).
 fn keyed_table(keys: u64) -> Table {
     let t = Table::new_heap_with_keys(16, 16, keys);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "api", 1000.0, 1000.0, 1000.0),
         Quota::new(2, "api_user", 10.0, 5.0, 5.0)
             .with_parent(Some(1))
@@ -34,7 +36,8 @@ fn check_key(t: &Table, key: &[u8], weight: u64, now: Nanos) -> Outcome {
         weight,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), never)
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), never)
         .outcome
 }
 
@@ -74,7 +77,8 @@ fn each_key_has_its_own_counter_and_the_parent_counts_them_all() {
 #[test]
 fn a_parent_that_rejects_stops_every_key() {
     let t = keyed_table(256);
-    t.apply_quotas(&[Quota::new(1, "api", 100.0, 100.0, 100.0).at_epoch(9)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "api", 100.0, 100.0, 100.0).at_epoch(9)]);
     let mut passed = 0;
     for i in 0..200u32 {
         if check_key(&t, &i.to_le_bytes(), 1, 0) == Outcome::Pass {
@@ -87,7 +91,7 @@ fn a_parent_that_rejects_stops_every_key() {
 #[test]
 fn no_key_or_an_empty_key_is_not_checked_and_not_counted() {
     let t = keyed_table(64);
-    assert_eq!(t.check(b"api_user", 1, 0), Outcome::NoKey);
+    assert_eq!(t.gate().check(b"api_user", 1, 0), Outcome::NoKey);
     assert_eq!(check_key(&t, b"", 1, 0), Outcome::NoKey);
     assert_eq!(t.key_stats().keyless, 2);
     assert_eq!(t.quota(b"api", 0).unwrap().pending, 0);
@@ -99,7 +103,9 @@ fn no_key_or_an_empty_key_is_not_checked_and_not_counted() {
         weight: 2,
         max_wait: None,
     };
-    let plain = t.check_many(&[item], 0, CheckOptions::default(), never);
+    let plain = t
+        .gate()
+        .check_many(&[item], 0, CheckOptions::default(), never);
     assert_eq!(plain.outcome, Outcome::Pass);
     assert_eq!(t.quota(b"api", 0).unwrap().pending, 2);
 }
@@ -133,7 +139,7 @@ fn the_raw_key_is_never_stored_only_its_hash() {
     let token = b"secret-token-3f9a1c77e2b44d0c";
     check_key(&t, token, 1, 0);
     // SAFETY: the heap table's region is `region_len` readable bytes.
-    let region = unsafe { std::slice::from_raw_parts(t.base, t.region_len()) };
+    let region = unsafe { std::slice::from_raw_parts(t.region().base(), t.region_len()) };
     assert!(!region.windows(token.len()).any(|w| w == token));
     let hash = hash(&t, token).to_le_bytes();
     assert!(region.windows(8).any(|w| w == hash));
@@ -145,7 +151,7 @@ fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
     check_key(&t, b"alice", 3, 0);
     check_key(&t, b"bob", 1, 0);
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     out.sort_by_key(|d| (d.key != 0, d.delta));
     let keyed: Vec<(u64, u64, u64)> = out
         .iter()
@@ -160,7 +166,7 @@ fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
     let slot = out.iter().find(|d| d.key != 0).unwrap().slot;
     // Nothing new: the next collection has no keys.
     let mut again = Vec::new();
-    t.collect_deltas(&mut again);
+    t.books().collect_deltas(&mut again);
     assert!(again.is_empty());
     // The cluster says alice is at 4 (others added 1); her 3 are acked.
     let alice = hash(&t, b"alice");
@@ -168,20 +174,20 @@ fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
         level: 4.0,
         at: SEC / 10,
     });
-    assert!(t.merge_counter(slot, 2, alice, value, 3, 0));
+    assert!(t.books().merge_counter(slot, 2, alice, value, 3, 0));
     let state = |k: u64| *t.keys(None, SEC / 10).iter().find(|s| s.hash == k).unwrap();
-    assert_eq!((state(alice).level, state(alice).inflight), (4.0, 0));
+    assert_eq!((state(alice).level, state(alice).unacked), (4.0, 0));
     // A key this host never saw is not tracked here.
-    assert!(!t.merge_counter(slot, 2, 12345, value, 0, 0));
+    assert!(!t.books().merge_counter(slot, 2, 12345, value, 0, 0));
     // A release and a requeue act on the right key only.
     let bob = hash(&t, b"bob");
-    t.requeue_inflight(slot, 2, bob, 1);
-    assert_eq!((state(bob).pending, state(bob).inflight), (1, 0));
+    t.books().requeue_unacked(slot, 2, bob, 1);
+    assert_eq!((state(bob).pending, state(bob).unacked), (1, 0));
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     assert_eq!(out.len(), 1);
-    t.release_inflight(slot, 2, bob, 1);
-    assert_eq!(state(bob).inflight, 0);
+    t.books().release_unacked(slot, 2, bob, 1);
+    assert_eq!(state(bob).unacked, 0);
 }
 
 #[test]
@@ -191,7 +197,7 @@ fn a_full_dirty_ring_falls_back_to_scanning_every_key() {
     let ring = t.geometry().key_ring;
     assert_eq!(ring, 512);
     let n = ring + 100;
-    let template = t.lookup(b"api_user").unwrap();
+    let template = t.gate().lookup(b"api_user").unwrap();
     for i in 0..n {
         let item = CheckItem {
             name: b"api_user",
@@ -199,10 +205,11 @@ fn a_full_dirty_ring_falls_back_to_scanning_every_key() {
             weight: 1,
             max_wait: None,
         };
-        t.check_many(&[item], 0, CheckOptions::default(), never);
+        t.gate()
+            .check_many(&[item], 0, CheckOptions::default(), never);
     }
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     let keyed: u64 = out.iter().filter(|d| d.key != 0).map(|d| d.delta).sum();
     // Every key counted is collected.
     assert_eq!(t.key_stats().overflows, 0);
@@ -216,7 +223,7 @@ fn standalone_folding_leaks_keys_like_quotas() {
     for _ in 0..5 {
         check_key(&t, b"k", 1, 0);
     }
-    t.fold_local(0);
+    t.books().fold_local(0);
     let k = t.keys(None, 0)[0];
     assert_eq!((k.level, k.pending), (5.0, 0));
     // Half a second at 10/s drains the five.
@@ -231,7 +238,8 @@ fn check_key_fully(t: &Table, key: &[u8], weight: u64, now: Nanos) -> ManyOutcom
         weight,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), never)
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), never)
 }
 
 #[test]
@@ -242,13 +250,13 @@ fn a_flood_of_new_keys_never_takes_the_place_of_a_key_whose_count_matters() {
         check_key(&t, busy, 1, 0);
         check_key(&t, busy, 1, 0);
     }
-    t.fold_local(0);
+    t.books().fold_local(0);
     // 150 ms of a new key every millisecond, each drained after 100 ms.
     let end = 150 * 1_000_000;
     for i in 0..150u32 {
         let now = u64::from(i) * 1_000_000;
         check_key(&t, &i.to_le_bytes(), 1, now);
-        t.fold_local(now);
+        t.books().fold_local(now);
     }
     // The busy keys' levels still count (2 each, leaking at 10/s): they
     // kept their entries.
@@ -286,7 +294,7 @@ fn a_newcomer_to_a_full_section_shares_the_templates_counter_until_an_entry_drai
     assert_eq!(template.pending, 5);
     assert_eq!(t.key_stats().overflows, 6);
     // Much later every key has drained: the newcomer takes one's place.
-    t.fold_local(0);
+    t.books().fold_local(0);
     let r = check_key_fully(&t, b"new", 1, 100 * SEC);
     assert_eq!((r.outcome, r.overflow), (Outcome::Pass, false));
     assert_eq!(t.key_stats().reclaimed, 1);
@@ -323,13 +331,15 @@ fn the_overflow_modes_reject_or_pass_a_key_without_an_entry() {
 fn deleting_a_template_drops_its_keys_and_editing_it_changes_every_key() {
     let t = keyed_table(64);
     check_key(&t, b"a", 5, 0);
-    t.apply_quotas(&[Quota::new(2, "api_user", 10.0, 50.0, 50.0)
-        .with_parent(Some(1))
-        .keyed()
-        .at_epoch(5)]);
+    t.books()
+        .apply_quotas(&[Quota::new(2, "api_user", 10.0, 50.0, 50.0)
+            .with_parent(Some(1))
+            .keyed()
+            .at_epoch(5)]);
     // The new burst applies to the existing key at once.
     assert_eq!(check_key(&t, b"a", 10, 0), Outcome::Pass);
-    t.apply_quotas(&[Quota::tombstone(2, "api_user", 6)]);
+    t.books()
+        .apply_quotas(&[Quota::tombstone(2, "api_user", 6)]);
     assert_eq!(t.key_stats().live, 0);
     assert!(t.keys(None, 0).is_empty());
 }
@@ -338,22 +348,24 @@ fn deleting_a_template_drops_its_keys_and_editing_it_changes_every_key() {
 fn the_upkeep_sweep_drops_orphans_and_restamps_old_levels() {
     let t = keyed_table(64);
     check_key(&t, b"a", 5, 0);
-    t.fold_local(0);
+    t.books().fold_local(0);
     // Two days later the drained key is dropped by the sweep.
     let later = 2 * 24 * 3600 * SEC;
-    t.maintain_keys(16, later);
+    t.books().maintain_keys(16, later);
     assert_eq!(t.key_stats().live, 0);
     // A key of a template with limit 0 never drains: it is restamped.
-    t.apply_quotas(&[Quota::new(3, "frozen", 0.0, 5.0, 5.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(3, "frozen", 0.0, 5.0, 5.0).keyed()]);
     let item = CheckItem {
         name: b"frozen",
         key: Some(b"x"),
         weight: 3,
         max_wait: None,
     };
-    t.check_many(&[item], 0, CheckOptions::default(), never);
-    t.fold_local(0);
-    t.maintain_keys(16, later);
+    t.gate()
+        .check_many(&[item], 0, CheckOptions::default(), never);
+    t.books().fold_local(0);
+    t.books().maintain_keys(16, later);
     let x = t.keys(None, later)[0];
     assert_eq!(x.level, 3.0);
     assert_eq!(t.key_stats().live, 1);
@@ -363,10 +375,10 @@ fn the_upkeep_sweep_drops_orphans_and_restamps_old_levels() {
 fn a_table_adopts_another_tables_keys() {
     let old = keyed_table(64);
     check_key(&old, b"a", 2, 0);
-    old.fold_local(0);
+    old.books().fold_local(0);
     check_key(&old, b"a", 1, 0);
     let new = Table::new_heap_with_keys(32, 16, 256);
-    new.adopt(&old, 0);
+    new.books().adopt(old.books(), 0);
     let a = new.keys(None, 0)[0];
     assert_eq!((a.hash, a.level, a.pending), (hash(&old, b"a"), 3.0, 1));
 }
@@ -386,7 +398,8 @@ fn known_levels_pack_into_a_word_near_now() {
 #[test]
 fn concurrent_keyed_checks_and_collection_lose_no_increment() {
     let t = Arc::new(Table::new_heap_with_keys(16, 16, 1 << 16));
-    t.apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(2, "k", 1e9, 1e12, 1e12).keyed()]);
     let stop = Arc::new(AtomicBool::new(false));
     let checkers: Vec<_> = (0..2)
         .map(|w| {
@@ -401,7 +414,9 @@ fn concurrent_keyed_checks_and_collection_lose_no_increment() {
                         weight: 1,
                         max_wait: None,
                     };
-                    let r = t.check_many(&[item], 0, CheckOptions::default(), never);
+                    let r = t
+                        .gate()
+                        .check_many(&[item], 0, CheckOptions::default(), never);
                     if r.outcome == Outcome::Pass {
                         passed += 1;
                     }
@@ -417,7 +432,7 @@ fn concurrent_keyed_checks_and_collection_lose_no_increment() {
             let mut total = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let mut out = Vec::new();
-                t.collect_deltas(&mut out);
+                t.books().collect_deltas(&mut out);
                 total += out.iter().map(|d| d.delta).sum::<u64>();
             }
             total
@@ -427,7 +442,7 @@ fn concurrent_keyed_checks_and_collection_lose_no_increment() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut total = collector.join().unwrap();
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     total += out.iter().map(|d| d.delta).sum::<u64>();
     assert_eq!(t.key_stats().overflows, 0);
     assert_eq!(passed, 100_000, "{:?}", t.key_stats());
@@ -441,7 +456,7 @@ fn daily_keys(entries: u64) -> Table {
     let day = Quota::new(2, "daily", 1e9, 1e9, 1e9)
         .keyed()
         .windowed(crate::core::Window::Day, false);
-    t.apply_quotas(&[day]);
+    t.books().apply_quotas(&[day]);
     t
 }
 
@@ -452,16 +467,19 @@ fn daily_check(t: &Table, key: u64, weight: u64) -> ManyOutcome {
         weight,
         max_wait: None,
     };
-    t.check_many(&[item], SEC, CheckOptions::default(), never)
+    t.gate()
+        .check_many(&[item], SEC, CheckOptions::default(), never)
 }
 
 /// A key's whole count as this host knows it: the cluster count plus its
 /// unsent and unacknowledged weight.
 fn count_of(t: &Table, key: u64) -> Option<f64> {
-    let slot = t.lookup(b"daily")?;
+    let slot = t.gate().lookup(b"daily")?;
     let hash = t.key_secret().hash(&key.to_le_bytes());
-    let at = t.find_key(slot, hash)?;
-    t.find_key(slot, hash).map(|_| at)?;
+    let at = KeyEntries::of(t.region()).find_key(slot, hash)?;
+    KeyEntries::of(t.region())
+        .find_key(slot, hash)
+        .map(|_| at)?;
     let state = t
         .keys(Some(slot), SEC)
         .into_iter()
@@ -474,9 +492,9 @@ fn count_of(t: &Table, key: u64) -> Option<f64> {
 enum KeyOp {
     /// A check of key `n` (of the run's keys) with a weight.
     Check(u64, u64),
-    /// A sync collection (pending to in flight).
+    /// A sync collection (pending to unacked).
     Collect,
-    /// Standalone folding (pending and in flight into the level).
+    /// Standalone folding (pending and unacked into the level).
     Fold,
 }
 
@@ -519,9 +537,9 @@ proptest::proptest! {
                 }
                 KeyOp::Collect => {
                     let mut out = Vec::new();
-                    t.collect_deltas(&mut out);
+                    t.books().collect_deltas(&mut out);
                 }
-                KeyOp::Fold => t.fold_local(SEC),
+                KeyOp::Fold => t.books().fold_local(SEC),
             }
         }
         prop_assert_eq!(t.key_stats().overflows, 0);
@@ -565,7 +583,7 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
             let mut total = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let mut out = Vec::new();
-                t.collect_deltas(&mut out);
+                t.books().collect_deltas(&mut out);
                 total += out.iter().map(|d| d.delta).sum::<u64>();
             }
             total
@@ -586,7 +604,7 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
         assert!(!r.overflow, "key {key}: {r:?} {:?}", t.key_stats());
     }
     let mut out = Vec::new();
-    t.collect_deltas(&mut out);
+    t.books().collect_deltas(&mut out);
     total += out.iter().map(|d| d.delta).sum::<u64>();
     let stats = t.key_stats();
     assert_eq!(stats.live, 2 * per_thread, "{stats:?}");
@@ -602,19 +620,21 @@ fn concurrent_new_keys_fill_a_section_to_ninety_percent_without_losing_one() {
 #[test]
 fn a_busy_key_lock_is_told_apart_from_a_full_section() {
     let t = leaky_keys(1 << 10);
-    let slot = t.lookup(b"leaky").unwrap();
+    let slot = t.gate().lookup(b"leaky").unwrap();
     let now = SEC;
     let half = t.key_capacity() / 2;
     for key in 0..half {
         assert!(!leaky_check(&t, key, now).overflow);
     }
     let full = |b: usize| {
-        t.key_buckets()[b].ways.iter().all(|e| {
+        t.region().key_buckets()[b].ways.iter().all(|e| {
             let h = e.hash.load(std::sync::atomic::Ordering::Acquire);
-            h != 0 && h != layout::KEY_CLAIMED && !t.key_drained(e, now)
+            h != 0 && h != layout::KEY_CLAIMED && !KeyEntries::of(t.region()).key_drained(e, now)
         })
     };
-    let buckets_of = |key: u64| t.buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()));
+    let buckets_of = |key: u64| {
+        KeyEntries::of(t.region()).buckets_of(slot, t.key_secret().hash(&key.to_le_bytes()))
+    };
     let stuck = (half..u64::MAX)
         .find(|&k| {
             let (b1, b2) = buckets_of(k);
@@ -630,7 +650,7 @@ fn a_busy_key_lock_is_told_apart_from_a_full_section() {
     let mut pressure = crate::sync::KeyPressure::default();
     assert_eq!(pressure.check(&t), None);
     {
-        let _held = t.key_lock();
+        let _held = KeyMoves::of(t.region()).key_lock();
         assert!(!leaky_check(&t, roomy, now).overflow);
         let r = leaky_check(&t, stuck, now);
         assert!(r.overflow, "{r:?}");
@@ -653,7 +673,8 @@ fn a_busy_key_lock_is_told_apart_from_a_full_section() {
 /// key checked once drains a second after its weight is folded in.
 fn leaky_keys(entries: u64) -> Table {
     let t = Table::new_heap_with_keys(16, 16, entries);
-    t.apply_quotas(&[Quota::new(2, "leaky", 1.0, 1e9, 1e9).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(2, "leaky", 1.0, 1e9, 1e9).keyed()]);
     t
 }
 
@@ -664,16 +685,20 @@ fn leaky_check(t: &Table, key: u64, now: Nanos) -> ManyOutcome {
         weight: 1,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), never)
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), never)
 }
 
 /// Entries whose count still matters at `now` (not equal to no entry).
 fn entries_holding_weight(t: &Table, now: Nanos) -> u64 {
     let mut held = 0;
-    for bucket in t.key_buckets() {
+    for bucket in t.region().key_buckets() {
         for e in &bucket.ways {
             let hash = e.hash.load(std::sync::atomic::Ordering::Acquire);
-            if hash != 0 && hash != layout::KEY_CLAIMED && !t.key_drained(e, now) {
+            if hash != 0
+                && hash != layout::KEY_CLAIMED
+                && !KeyEntries::of(t.region()).key_drained(e, now)
+            {
                 held += 1;
             }
         }
@@ -713,10 +738,10 @@ fn keys_that_drain_are_swept_and_come_back_never_overflow_below_ninety_percent()
                 }
                 let later = now + keys;
                 assert_eq!(entries_holding_weight(&t, later), keys);
-                t.fold_local(later);
+                t.books().fold_local(later);
                 // Drained ten seconds on: a share of the section is swept.
                 if let Some(share) = buckets.checked_div(sweep_share) {
-                    t.maintain_keys(share, now + 9 * SEC);
+                    t.books().maintain_keys(share, now + 9 * SEC);
                 }
             }
             let stats = t.key_stats();

@@ -2,11 +2,14 @@
 //! penalties started, enforced, sent and merged, and the table's
 //! lookups through removals and filter rebuilds.
 
+use crate::core::tier::{Override, Penalty, PenaltyTime, Rule};
+use crate::core::{Nanos, Quota};
+use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::keys::Keys;
+use crate::table::region::tier_section::TierSection;
 use std::collections::HashMap;
 
 use super::*;
-use crate::core::tier::{Override, Penalty, PenaltyTime, Rule};
-use crate::core::{Nanos, Quota};
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -18,7 +21,7 @@ fn never() -> f64 {
 /// and `login` (1/s, burst 2) with a 15-minute penalty.
 fn tiered_table() -> Table {
     let t = Table::new_heap_with(16, 16, 256, 256);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "api", 1000.0, 1000.0, 1000.0),
         Quota::new(2, "api_user", 1.0, 3.0, 3.0)
             .with_parent(Some(1))
@@ -31,11 +34,12 @@ fn tiered_table() -> Table {
 /// [`tiered_table`] with `api_user` given a one-minute penalty per key.
 fn penalized_keys_table() -> Table {
     let t = tiered_table();
-    t.apply_quotas(&[Quota::new(2, "api_user", 1.0, 3.0, 3.0)
-        .with_parent(Some(1))
-        .keyed()
-        .penalized(Some(PenaltyTime::parse("1m").unwrap()))
-        .at_epoch(2)]);
+    t.books()
+        .apply_quotas(&[Quota::new(2, "api_user", 1.0, 3.0, 3.0)
+            .with_parent(Some(1))
+            .keyed()
+            .penalized(Some(PenaltyTime::parse("1m").unwrap()))
+            .at_epoch(2)]);
     t
 }
 
@@ -46,7 +50,8 @@ fn check(t: &Table, name: &[u8], key: Option<&[u8]>, now: Nanos) -> Outcome {
         weight: 1,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), never)
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), never)
         .outcome
 }
 
@@ -77,14 +82,19 @@ fn an_override_gives_one_key_other_numbers_and_leaves_the_others_alone() {
         low_burst: 10.0,
         high_burst: 10.0,
     };
-    assert_eq!(t.apply_overrides(&[over(1, 2, paid, limit, 5)]).applied, 1);
+    assert_eq!(
+        t.books()
+            .apply_overrides(&[over(1, 2, paid, limit, 5)])
+            .applied,
+        1
+    );
     assert_eq!(passes(&t, b"api_user", Some(b"paid"), 20, 0), 10);
     assert_eq!(passes(&t, b"api_user", Some(b"free"), 20, 0), 3);
-    t.fold_local(0);
+    t.books().fold_local(0);
     // Removed: the template's numbers again, from the next check on.
     let mut gone = over(1, 2, paid, limit, 6);
     gone.deleted = true;
-    assert_eq!(t.apply_overrides(&[gone]).removed, 1);
+    assert_eq!(t.books().apply_overrides(&[gone]).removed, 1);
     assert_eq!(passes(&t, b"api_user", Some(b"paid"), 5, 20 * SEC), 3);
     assert_eq!(
         t.tier_stats().live,
@@ -97,7 +107,8 @@ fn an_override_gives_one_key_other_numbers_and_leaves_the_others_alone() {
 fn an_allowed_key_is_never_rejected_and_still_counted() {
     let t = tiered_table();
     let partner = t.key_secret().hash(b"partner");
-    t.apply_overrides(&[over(1, 2, partner, Rule::Allow, 5)]);
+    t.books()
+        .apply_overrides(&[over(1, 2, partner, Rule::Allow, 5)]);
     assert_eq!(passes(&t, b"api_user", Some(b"partner"), 500, 0), 500);
     let api = t.quota(b"api", 0).unwrap();
     assert_eq!(api.pending, 500, "its weight counts on the parent");
@@ -109,7 +120,8 @@ fn an_allowed_key_is_never_rejected_and_still_counted() {
 fn a_denied_key_is_always_rejected_uncounted_and_says_why() {
     let t = tiered_table();
     let stolen = t.key_secret().hash(b"stolen");
-    t.apply_overrides(&[over(1, 2, stolen, Rule::Deny, 5)]);
+    t.books()
+        .apply_overrides(&[over(1, 2, stolen, Rule::Deny, 5)]);
     match check(&t, b"api_user", Some(b"stolen"), 0) {
         Outcome::Reject(r) => {
             assert_eq!((r.cause, r.key, r.depth), (Cause::Denied, stolen, 0));
@@ -122,7 +134,7 @@ fn a_denied_key_is_always_rejected_uncounted_and_says_why() {
     // An expired deny no longer applies (the table's clock is UTC here).
     let mut expiring = over(1, 2, stolen, Rule::Deny, 6);
     expiring.expires_ms = Some(10_000);
-    t.apply_overrides(&[expiring]);
+    t.books().apply_overrides(&[expiring]);
     assert!(matches!(
         check(&t, b"api_user", Some(b"stolen"), 9 * SEC),
         Outcome::Reject(_)
@@ -144,7 +156,7 @@ fn a_rejection_at_the_high_burst_starts_a_penalty_that_bars_until_it_ends() {
         }
         other => panic!("{other:?}"),
     }
-    t.fold_local(0);
+    t.books().fold_local(0);
     // The bucket drained long ago; the penalty still bars.
     match check(&t, b"login", None, 600 * SEC) {
         Outcome::Reject(r) => {
@@ -158,18 +170,18 @@ fn a_rejection_at_the_high_burst_starts_a_penalty_that_bars_until_it_ends() {
     assert_eq!((stats.started, stats.penalized), (1, 1));
     // Sent once.
     assert_eq!(
-        t.take_started_penalties(),
+        t.books().take_started_penalties(),
         [Penalty(3, 0, 900 * SEC as i64)]
     );
-    assert_eq!(t.take_started_penalties(), []);
+    assert_eq!(t.books().take_started_penalties(), []);
 }
 
 #[test]
 fn a_draw_in_the_band_starts_no_penalty() {
     let t = Table::new_heap_with(16, 16, 0, 64);
-    t.apply_quotas(&[
-        Quota::new(1, "login", 1.0, 1.0, 10.0).penalized(Some(PenaltyTime::parse("1m").unwrap()))
-    ]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "login", 1.0, 1.0, 10.0)
+            .penalized(Some(PenaltyTime::parse("1m").unwrap()))]);
     let always = || 0.0;
     let item = CheckItem {
         name: b"login",
@@ -177,9 +189,11 @@ fn a_draw_in_the_band_starts_no_penalty() {
         weight: 1,
         max_wait: None,
     };
-    t.check_many(&[item], 0, CheckOptions::default(), never);
+    t.gate()
+        .check_many(&[item], 0, CheckOptions::default(), never);
     // Level 1 of a band 1..10: a draw of 0 rejects, without a penalty.
     match t
+        .gate()
         .check_many(&[item], 0, CheckOptions::default(), always)
         .outcome
     {
@@ -193,7 +207,7 @@ fn a_draw_in_the_band_starts_no_penalty() {
 fn a_key_penalty_bars_that_key_only_and_merges_from_the_roots_by_max() {
     let t = penalized_keys_table();
     assert_eq!(passes(&t, b"api_user", Some(b"bot"), 4, 0), 3);
-    t.fold_local(0);
+    t.books().fold_local(0);
     assert!(matches!(
         check(&t, b"api_user", Some(b"bot"), 30 * SEC),
         Outcome::Reject(Rejection {
@@ -207,7 +221,7 @@ fn a_key_penalty_bars_that_key_only_and_merges_from_the_roots_by_max() {
     );
     let bot = t.key_secret().hash(b"bot");
     assert_eq!(
-        t.take_started_penalties(),
+        t.books().take_started_penalties(),
         [Penalty(2, bot, 60 * SEC as i64)]
     );
     // Another host's longer penalty of another key arrives by sync.
@@ -217,7 +231,7 @@ fn a_key_penalty_bars_that_key_only_and_merges_from_the_roots_by_max() {
         Penalty(2, bot, 10 * SEC as i64),
     ];
     assert_eq!(
-        t.merge_penalties(&merged),
+        t.books().merge_penalties(&merged),
         1,
         "an earlier end changes nothing"
     );
@@ -233,22 +247,22 @@ fn a_key_penalty_bars_that_key_only_and_merges_from_the_roots_by_max() {
         Outcome::Pass
     );
     assert!(
-        t.take_started_penalties().is_empty(),
+        t.books().take_started_penalties().is_empty(),
         "merged ones are not resent"
     );
     assert_eq!(
-        t.held_penalties(100 * SEC as i64),
+        t.books().held_penalties(100 * SEC as i64),
         [Penalty(2, other, 200 * SEC as i64)]
     );
     // Ended penalties leave the section.
-    t.sweep_tiers(300 * SEC as i64);
+    t.books().sweep_tiers(300 * SEC as i64);
     assert_eq!(t.tiers().len(), 2, "the two quotas' penalty lengths");
 }
 
 #[test]
 fn a_parent_under_a_penalty_bars_its_children() {
     let t = Table::new_heap_with(16, 16, 0, 64);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "site", 1.0, 1.0, 1.0).penalized(Some(PenaltyTime::parse("1m").unwrap())),
         Quota::new(2, "page", 100.0, 100.0, 100.0).with_parent(Some(1)),
     ]);
@@ -272,14 +286,15 @@ fn a_dry_run_starts_no_penalty() {
         weight: 5,
         max_wait: None,
     };
-    t.check_many(&[item], 0, options, never);
+    t.gate().check_many(&[item], 0, options, never);
     assert_eq!(t.tier_stats().started, 0);
 }
 
 #[test]
 fn lookups_survive_any_mix_of_inserts_and_removals() {
     let t = Table::new_heap_with(16, 16, 0, 200);
-    t.apply_quotas(&[Quota::new(7, "t", 1.0, 1.0, 1.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(7, "t", 1.0, 1.0, 1.0).keyed()]);
     let mut model: HashMap<u64, f64> = HashMap::new();
     let mut rng = crate::core::rng::Rng::new(42);
     for epoch in 1..3000u64 {
@@ -292,7 +307,7 @@ fn lookups_survive_any_mix_of_inserts_and_removals() {
             let victim = if present { key } else { victim };
             let mut o = over(epoch, 7, victim, Rule::Deny, epoch);
             o.deleted = true;
-            t.apply_overrides(&[o]);
+            t.books().apply_overrides(&[o]);
             model.remove(&victim);
         } else {
             let limit = epoch as f64;
@@ -302,22 +317,26 @@ fn lookups_survive_any_mix_of_inserts_and_removals() {
                 high_burst: limit,
             };
             assert_eq!(
-                t.apply_overrides(&[over(epoch, 7, key, rule, epoch)])
+                t.books()
+                    .apply_overrides(&[over(epoch, 7, key, rule, epoch)])
                     .refused,
                 0
             );
             model.insert(key, limit);
         }
         if epoch % 500 == 0 {
-            t.sweep_tiers(0);
+            t.books().sweep_tiers(0);
         }
     }
-    t.sweep_tiers(0);
+    t.books().sweep_tiers(0);
     for key in 1..=300 {
         let found = t.tier(7, key).map(|r| r.limit);
         assert_eq!(found, model.get(&key).copied(), "key {key}");
         if model.contains_key(&key) {
-            assert!(t.tier_filter_holds(7, key), "key {key}");
+            assert!(
+                TierSection::of(t.region()).tier_filter_holds(7, key),
+                "key {key}"
+            );
         }
     }
     assert_eq!(t.tier_stats().live as usize, model.len());
@@ -326,9 +345,10 @@ fn lookups_survive_any_mix_of_inserts_and_removals() {
 #[test]
 fn a_full_section_refuses_and_keeps_what_it_has() {
     let t = Table::new_heap_with(16, 16, 0, 64);
-    t.apply_quotas(&[Quota::new(7, "t", 1.0, 1.0, 1.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(7, "t", 1.0, 1.0, 1.0).keyed()]);
     let overrides: Vec<Override> = (1..=100).map(|k| over(k, 7, k, Rule::Allow, k)).collect();
-    let report = t.apply_overrides(&overrides);
+    let report = t.books().apply_overrides(&overrides);
     assert_eq!(report.applied as u64, t.tier_capacity());
     assert_eq!(report.refused as u64, 100 - t.tier_capacity());
     assert!(t.tier(7, 1).is_some());
@@ -338,16 +358,18 @@ fn a_full_section_refuses_and_keeps_what_it_has() {
 #[test]
 fn a_table_without_a_tier_section_ignores_tiers() {
     let t = Table::new_heap_with(16, 16, 64, 0);
-    t.apply_quotas(&[
-        Quota::new(1, "login", 1.0, 1.0, 1.0).penalized(Some(PenaltyTime::parse("1m").unwrap()))
-    ]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "login", 1.0, 1.0, 1.0)
+            .penalized(Some(PenaltyTime::parse("1m").unwrap()))]);
     assert_eq!(
-        t.apply_overrides(&[over(1, 1, 5, Rule::Deny, 2)]).refused,
+        t.books()
+            .apply_overrides(&[over(1, 1, 5, Rule::Deny, 2)])
+            .refused,
         1
     );
     assert_eq!(passes(&t, b"login", None, 3, 0), 1);
-    t.fold_local(0);
-    assert_eq!(t.merge_penalties(&[Penalty(1, 0, i64::MAX)]), 0);
+    t.books().fold_local(0);
+    assert_eq!(t.books().merge_penalties(&[Penalty(1, 0, i64::MAX)]), 0);
     assert_eq!(passes(&t, b"login", None, 3, 10 * SEC), 1);
 }
 
@@ -363,7 +385,7 @@ fn a_charge_under_a_penalty_still_counts() {
         weight: 5,
         max_wait: None,
     };
-    let grant = t.charge(&item, SEC);
+    let grant = t.gate().charge(&item, SEC);
     assert_eq!((grant.outcome, grant.granted), (Outcome::Pass, 5));
 }
 
@@ -373,16 +395,19 @@ fn a_charge_under_a_penalty_still_counts() {
 /// flagged for tiers by an override of a key never checked.
 fn flagged_table(keys: u64) -> Table {
     let t = Table::new_heap_with(16, 16, keys, 256);
-    t.apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);
     let elsewhere = t.key_secret().hash(b"never checked");
-    t.apply_overrides(&[over(1, 7, elsewhere, Rule::Allow, 1)]);
+    t.books()
+        .apply_overrides(&[over(1, 7, elsewhere, Rule::Allow, 1)]);
     t
 }
 
 fn deny(t: &Table, key: &[u8], epoch: u64) {
     let hash = t.key_secret().hash(key);
     assert_eq!(
-        t.apply_overrides(&[over(epoch, 7, hash, Rule::Deny, epoch)])
+        t.books()
+            .apply_overrides(&[over(epoch, 7, hash, Rule::Deny, epoch)])
             .applied,
         1
     );
@@ -391,7 +416,7 @@ fn deny(t: &Table, key: &[u8], epoch: u64) {
 fn undeny(t: &Table, key: &[u8], epoch: u64) {
     let mut o = over(epoch, 7, t.key_secret().hash(key), Rule::Deny, epoch);
     o.deleted = true;
-    t.apply_overrides(&[o]);
+    t.books().apply_overrides(&[o]);
 }
 
 fn denied(t: &Table, key: &[u8], now: Nanos) -> bool {
@@ -407,8 +432,8 @@ fn denied(t: &Table, key: &[u8], now: Nanos) -> bool {
 
 /// Whether the entry of `key` carries the tier mark (`None`: no entry).
 fn marked(t: &Table, key: &[u8]) -> Option<bool> {
-    let at = t.find_key(0, t.key_secret().hash(key))?;
-    Some(t.key_marked_for_tiers(at))
+    let at = KeyEntries::of(t.region()).find_key(0, t.key_secret().hash(key))?;
+    Some(KeyEntries::of(t.region()).key_marked_for_tiers(at))
 }
 
 #[test]
@@ -427,7 +452,7 @@ fn a_key_checked_before_its_override_takes_it_from_its_next_check() {
         low_burst: 2.0,
         high_burst: 2.0,
     };
-    t.apply_overrides(&[over(3, 7, paid, limit, 3)]);
+    t.books().apply_overrides(&[over(3, 7, paid, limit, 3)]);
     assert_eq!(
         passes(&t, b"t", Some(b"paid"), 10, 0),
         1,
@@ -445,28 +470,47 @@ fn a_key_entry_made_while_its_override_arrives_is_unsure_until_its_maker_looked_
     let t = flagged_table(64);
     let hash = t.key_secret().hash(b"racer");
     deny(&t, b"racer", 2);
-    let (b1, _) = t.buckets_of(0, hash);
-    let at = t.claim_in(b1, 0).expect("a free entry");
-    super::keys::init_entry(t.key_at(at).unwrap(), 0, hash, 0, 0, false);
-    assert_eq!(t.key_tiers(at, hash), super::keys::KeyTiers::Unknown);
+    let (b1, _) = KeyEntries::of(t.region()).buckets_of(0, hash);
+    let at = KeyEntries::of(t.region())
+        .claim_in(b1, 0)
+        .expect("a free entry");
+    crate::table::region::key_entries::init_entry(
+        KeyEntries::of(t.region()).key_at(at).unwrap(),
+        0,
+        hash,
+        0,
+        0,
+        false,
+    );
+    assert_eq!(
+        KeyEntries::of(t.region()).key_tiers(at, hash),
+        crate::table::region::key_entries::KeyTiers::Unknown
+    );
     assert!(denied(&t, b"racer", 0), "the filter answers meanwhile");
     // An entry made the ordinary way is sure once made: its checks trust
     // its mark, set or not.
     assert!(!denied(&t, b"plain", 0));
     let plain = t.key_secret().hash(b"plain");
-    let plain_at = t.find_key(0, plain).unwrap();
-    assert_eq!(t.key_tiers(plain_at, plain), super::keys::KeyTiers::Clear);
+    let plain_at = KeyEntries::of(t.region()).find_key(0, plain).unwrap();
+    assert_eq!(
+        KeyEntries::of(t.region()).key_tiers(plain_at, plain),
+        crate::table::region::key_entries::KeyTiers::Clear
+    );
     // The sweep settles an entry its maker left unsure (one holding
     // weight: a drained one it frees).
-    t.count_key(at, 0, hash, 1);
-    t.maintain_keys(1 << 20, 0);
-    assert_eq!(t.key_tiers(at, hash), super::keys::KeyTiers::Marked);
+    Keys::of(t.region()).count_key(at, 0, hash, 1);
+    t.books().maintain_keys(1 << 20, 0);
+    assert_eq!(
+        KeyEntries::of(t.region()).key_tiers(at, hash),
+        crate::table::region::key_entries::KeyTiers::Marked
+    );
 }
 
 #[test]
 fn the_first_override_of_a_template_reaches_its_keys_checked_before() {
     let t = Table::new_heap_with(16, 16, 64, 256);
-    t.apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);
+    t.books()
+        .apply_quotas(&[Quota::new(7, "t", 1000.0, 1000.0, 1000.0).keyed()]);
     assert!(!denied(&t, b"early", 0));
     deny(&t, b"early", 1);
     assert!(denied(&t, b"early", 0));
@@ -480,13 +524,13 @@ fn a_removed_override_stops_at_the_next_check_and_the_sweep_clears_the_mark() {
     undeny(&t, b"k", 3);
     assert!(!denied(&t, b"k", 0), "the mark only makes it look");
     assert_eq!(marked(&t, b"k"), Some(true));
-    t.maintain_keys(1 << 20, 0);
+    t.books().maintain_keys(1 << 20, 0);
     assert_eq!(marked(&t, b"k"), Some(false), "nothing left of the key");
     assert!(!denied(&t, b"k", 0));
     deny(&t, b"k", 4);
     assert!(denied(&t, b"k", 0), "marked again when it comes back");
     // The sweep leaves a key the section still holds marked.
-    t.maintain_keys(1 << 20, 0);
+    t.books().maintain_keys(1 << 20, 0);
     assert!(denied(&t, b"k", 0));
 }
 
@@ -500,16 +544,16 @@ fn a_key_idle_through_many_changes_sees_the_last_one() {
             deny(&t, b"idle", base + 2 * i);
             undeny(&t, b"idle", base + 2 * i + 1);
             if i % 97 == 0 {
-                t.maintain_keys(1 << 20, 0);
-                t.sweep_tiers(0);
+                t.books().maintain_keys(1 << 20, 0);
+                t.books().sweep_tiers(0);
             }
         }
         assert!(!denied(&t, b"idle", 0));
         deny(&t, b"idle", base + 5_000);
         assert!(denied(&t, b"idle", 0));
         undeny(&t, b"idle", base + 5_001);
-        t.sweep_tiers(0);
-        t.maintain_keys(1 << 20, 0);
+        t.books().sweep_tiers(0);
+        t.books().maintain_keys(1 << 20, 0);
     }
 }
 
@@ -519,10 +563,11 @@ fn a_penalty_started_or_merged_marks_the_key() {
     assert_eq!(check(&t, b"api_user", Some(b"merged"), 0), Outcome::Pass);
     let hash = t.key_secret().hash(b"merged");
     let slot = 1;
-    let at = t.find_key(slot, hash).unwrap();
-    assert!(!t.key_marked_for_tiers(at));
-    t.merge_penalties(&[Penalty(2, hash, 60 * SEC as i64)]);
-    assert!(t.key_marked_for_tiers(at));
+    let at = KeyEntries::of(t.region()).find_key(slot, hash).unwrap();
+    assert!(!KeyEntries::of(t.region()).key_marked_for_tiers(at));
+    t.books()
+        .merge_penalties(&[Penalty(2, hash, 60 * SEC as i64)]);
+    assert!(KeyEntries::of(t.region()).key_marked_for_tiers(at));
     assert!(matches!(
         check(&t, b"api_user", Some(b"merged"), SEC),
         Outcome::Reject(Rejection {
@@ -531,10 +576,10 @@ fn a_penalty_started_or_merged_marks_the_key() {
         })
     ));
     // Ended and swept: unmarked, and passes.
-    t.sweep_tiers(120 * SEC as i64);
-    t.maintain_keys(1 << 20, 120 * SEC);
-    if let Some(at) = t.find_key(slot, hash) {
-        assert!(!t.key_marked_for_tiers(at));
+    t.books().sweep_tiers(120 * SEC as i64);
+    t.books().maintain_keys(1 << 20, 120 * SEC);
+    if let Some(at) = KeyEntries::of(t.region()).find_key(slot, hash) {
+        assert!(!KeyEntries::of(t.region()).key_marked_for_tiers(at));
     }
     assert_eq!(
         check(&t, b"api_user", Some(b"merged"), 120 * SEC),
@@ -563,12 +608,12 @@ fn marks_follow_keys_through_moves_reuse_and_sweeps() {
                 undeny(&t, key.as_bytes(), epoch);
                 model.remove(&key);
             }
-            2 => t.maintain_keys(3, now),
-            3 => t.sweep_tiers(now as i64 + t.utc_offset()),
+            2 => t.books().maintain_keys(3, now),
+            3 => t.books().sweep_tiers(now as i64 + t.utc_offset()),
             4 => {
                 // Time for levels to drain, so entries are retaken.
                 now += 10 * SEC;
-                t.fold_local(now);
+                t.books().fold_local(now);
             }
             _ => assert_eq!(
                 denied(&t, key.as_bytes(), now),
@@ -632,8 +677,8 @@ fn a_deny_applied_before_a_check_is_never_missed_under_concurrency() {
             }
             if r % 7 == 0 {
                 let now = clock.load(SeqCst);
-                t.maintain_keys(8, now);
-                t.sweep_tiers(now as i64 + t.utc_offset());
+                t.books().maintain_keys(8, now);
+                t.books().sweep_tiers(now as i64 + t.utc_offset());
             }
             // Every round is checked at least once.
             while checked.load(SeqCst) < r {

@@ -14,12 +14,13 @@ fn never() -> f64 {
 /// A table (UTC offset 0: its clock is UTC) with `q`, 5 per 10 s window.
 fn window_table(sliding: bool) -> Table {
     let t = Table::new_heap_with_keys(8, 16, 64);
-    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).windowed(Window::TenSeconds, sliding)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).windowed(Window::TenSeconds, sliding)]);
     t
 }
 
 fn passes(t: &Table, name: &[u8], weight: u64, now: Nanos) -> bool {
-    t.check_with(name, weight, now, never) == Outcome::Pass
+    t.gate().check_with(name, weight, now, never) == Outcome::Pass
 }
 
 #[test]
@@ -30,10 +31,10 @@ fn a_fixed_window_admits_its_limit_and_starts_over_at_the_boundary() {
         assert!(passes(&t, b"q", 1, SEC + i * SEC / 10), "request {i}");
     }
     assert!(!passes(&t, b"q", 1, 2 * SEC));
-    t.fold_local(3 * SEC);
+    t.books().fold_local(3 * SEC);
     assert!(!passes(&t, b"q", 1, 9 * SEC));
     // Nothing leaked: 8 s later it is still full; the next window is empty.
-    t.fold_local(10 * SEC + SEC / 2);
+    t.books().fold_local(10 * SEC + SEC / 2);
     assert!(passes(&t, b"q", 5, 10 * SEC + SEC / 2));
     assert!(!passes(&t, b"q", 1, 11 * SEC));
 }
@@ -43,7 +44,7 @@ fn weight_folded_just_after_a_boundary_counts_in_the_window_before() {
     let t = window_table(false);
     assert!(passes(&t, b"q", 5, 9 * SEC));
     // The sync thread wakes a few ms after the boundary.
-    t.fold_local(10 * SEC + 3_000_000);
+    t.books().fold_local(10 * SEC + 3_000_000);
     let state = t.quota(b"q", 10 * SEC + 4_000_000).unwrap();
     assert_eq!(state.level, 0.0, "the new window starts empty");
     assert!(passes(&t, b"q", 5, 10 * SEC + 4_000_000));
@@ -53,11 +54,11 @@ fn weight_folded_just_after_a_boundary_counts_in_the_window_before() {
 fn a_sliding_window_weighs_the_previous_window() {
     let t = window_table(true);
     assert!(passes(&t, b"q", 4, 5 * SEC));
-    t.fold_local(6 * SEC);
+    t.books().fold_local(6 * SEC);
     // 2.5 s into the next window, 3/4 of the 4 still count: 3 + 2 > 5.
     assert!(!passes(&t, b"q", 3, 12 * SEC + SEC / 2));
     assert!(passes(&t, b"q", 2, 12 * SEC + SEC / 2));
-    t.fold_local(13 * SEC);
+    t.books().fold_local(13 * SEC);
     let state = t.quota(b"q", 15 * SEC).unwrap();
     assert!(
         (state.level - (2.0 + 4.0 * 0.5)).abs() < 1e-6,
@@ -69,17 +70,17 @@ fn a_sliding_window_weighs_the_previous_window() {
 #[test]
 fn a_root_value_merges_by_window() {
     let t = window_table(false);
-    let slot = t.lookup(b"q").unwrap();
+    let slot = t.gate().lookup(b"q").unwrap();
     assert!(passes(&t, b"q", 1, SEC));
     let mut deltas = Vec::new();
-    t.collect_deltas(&mut deltas);
+    t.books().collect_deltas(&mut deltas);
     // The fleet counted 3 in this window, our 1 included.
     let value = Tally {
         level: 3.0,
         prev: 0.0,
         at: 2 * SEC,
     };
-    assert!(t.merge_counter(slot, 1, 0, value, 1, 0));
+    assert!(t.books().merge_counter(slot, 1, 0, value, 1, 0));
     // The fleet's 3, and the others' weight that had not reached the root
     // yet (their measured rate over a quarter of the horizon).
     let level = t.quota(b"q", 2 * SEC).unwrap().level;
@@ -89,9 +90,9 @@ fn a_root_value_merges_by_window() {
     assert!(passes(&t, b"q", 1, 2 * SEC));
     assert!(!passes(&t, b"q", 1, 2 * SEC));
     // In the next window, a late value of the last one changes nothing.
-    t.fold_local(10 * SEC + 2_000_000);
+    t.books().fold_local(10 * SEC + 2_000_000);
     assert!(passes(&t, b"q", 2, 12 * SEC));
-    t.fold_local(12 * SEC);
+    t.books().fold_local(12 * SEC);
     let before = t.quota(b"q", 12 * SEC).unwrap().level;
     assert!(before >= 2.0, "{before}");
     let old = Tally {
@@ -99,7 +100,7 @@ fn a_root_value_merges_by_window() {
         prev: 0.0,
         at: 5 * SEC,
     };
-    assert!(t.merge_counter(slot, 1, 0, old, 0, 0));
+    assert!(t.books().merge_counter(slot, 1, 0, old, 0, 0));
     assert_eq!(t.quota(b"q", 12 * SEC).unwrap().level, before);
 }
 
@@ -107,18 +108,19 @@ fn a_root_value_merges_by_window() {
 fn a_quota_that_changes_how_it_counts_starts_over() {
     let t = window_table(false);
     assert!(passes(&t, b"q", 5, SEC));
-    t.fold_local(SEC);
-    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0)
+    t.books().fold_local(SEC);
+    t.books().apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0)
         .windowed(Window::TenSeconds, false)
         .at_epoch(2)]);
     assert_eq!(t.quota(b"q", SEC).unwrap().level, 5.0, "same window: kept");
-    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0)
+    t.books().apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0)
         .windowed(Window::Minute, false)
         .at_epoch(3)]);
     assert_eq!(t.quota(b"q", SEC).unwrap().level, 0.0, "another window");
     assert!(passes(&t, b"q", 5, SEC));
-    t.fold_local(SEC);
-    t.apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).at_epoch(4)]);
+    t.books().fold_local(SEC);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).at_epoch(4)]);
     assert_eq!(t.quota(b"q", SEC).unwrap().level, 0.0, "leaky now");
 }
 
@@ -128,9 +130,9 @@ fn the_utc_offset_places_the_windows() {
     // Local 0 is UTC 8 s: the window ends at local 2 s.
     t.set_utc_offset(8 * SEC as i64);
     assert!(passes(&t, b"q", 5, SEC));
-    t.fold_local(SEC);
+    t.books().fold_local(SEC);
     assert!(!passes(&t, b"q", 1, SEC + SEC / 2));
-    t.fold_local(2 * SEC + SEC / 10);
+    t.books().fold_local(2 * SEC + SEC / 10);
     assert!(passes(&t, b"q", 1, 2 * SEC + SEC / 10));
     assert_eq!(t.windows_used(), vec![Window::TenSeconds]);
 }
@@ -138,27 +140,28 @@ fn the_utc_offset_places_the_windows() {
 #[test]
 fn keys_of_a_window_template_count_per_window() {
     let t = Table::new_heap_with_keys(8, 16, 64);
-    t.apply_quotas(&[Quota::new(1, "per_user", 3.0, 3.0, 3.0)
-        .keyed()
-        .windowed(Window::Minute, false)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_user", 3.0, 3.0, 3.0)
+            .keyed()
+            .windowed(Window::Minute, false)]);
     let check = |key: &[u8], now| check_key(&t, b"per_user", key, 1, now);
     for i in 0..3 {
         assert_eq!(check(b"alice", SEC + i), Outcome::Pass);
     }
     assert!(matches!(check(b"alice", 2 * SEC), Outcome::Reject(_)));
     assert_eq!(check(b"bob", 2 * SEC), Outcome::Pass);
-    t.fold_local(30 * SEC);
+    t.books().fold_local(30 * SEC);
     assert!(matches!(check(b"alice", 59 * SEC), Outcome::Reject(_)));
-    t.fold_local(60 * SEC + 2_000_000);
+    t.books().fold_local(60 * SEC + 2_000_000);
     assert_eq!(check(b"alice", 61 * SEC), Outcome::Pass);
     // A root's value for the key, in this window.
-    let slot = t.lookup(b"per_user").unwrap();
+    let slot = t.gate().lookup(b"per_user").unwrap();
     let alice = t.key_secret().hash(b"alice");
     let value = Tally::leaky(Level {
         level: 3.0,
         at: 61 * SEC,
     });
-    assert!(t.merge_counter(slot, 1, alice, value, 0, 0));
+    assert!(t.books().merge_counter(slot, 1, alice, value, 0, 0));
     assert!(matches!(check(b"alice", 62 * SEC), Outcome::Reject(_)));
     // Drained once its window is over: its entry can be reused.
     assert!(t.keys(Some(slot), 125 * SEC).iter().all(|k| k.level <= 1.0));
@@ -172,7 +175,8 @@ fn check_key(t: &Table, name: &[u8], key: &[u8], weight: u64, now: Nanos) -> Out
         weight,
         max_wait: None,
     };
-    t.check_many(&[item], now, CheckOptions::default(), never)
+    t.gate()
+        .check_many(&[item], now, CheckOptions::default(), never)
         .outcome
 }
 
@@ -180,9 +184,10 @@ fn check_key(t: &Table, name: &[u8], key: &[u8], weight: u64, now: Nanos) -> Out
 /// window, and a check of one of its keys.
 fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
     let t = Table::new_heap_with_keys(8, 16, 64);
-    t.apply_quotas(&[Quota::new(1, "per_token", 4.0, 4.0, 4.0)
-        .keyed()
-        .windowed(Window::TenSeconds, true)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_token", 4.0, 4.0, 4.0)
+            .keyed()
+            .windowed(Window::TenSeconds, true)]);
     (t, |t: &Table, key: &[u8], weight, now| {
         check_key(t, b"per_token", key, weight, now)
     })
@@ -192,7 +197,7 @@ fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
 fn keys_of_a_sliding_template_weigh_their_previous_window() {
     let (t, check) = sliding_keys();
     assert_eq!(check(&t, b"alice", 4, 5 * SEC), Outcome::Pass);
-    t.fold_local(6 * SEC);
+    t.books().fold_local(6 * SEC);
     // 2.5 s into the next window, 3/4 of alice's 4 still count: 3 + 2 > 4.
     let later = 12 * SEC + SEC / 2;
     assert!(matches!(check(&t, b"alice", 2, later), Outcome::Reject(_)));
@@ -200,8 +205,8 @@ fn keys_of_a_sliding_template_weigh_their_previous_window() {
     // Each key on its own counter.
     assert_eq!(check(&t, b"bob", 4, later), Outcome::Pass);
     // Folded into the new window, alice's 4 stay her previous count.
-    t.fold_local(13 * SEC);
-    let slot = t.lookup(b"per_token").unwrap();
+    t.books().fold_local(13 * SEC);
+    let slot = t.gate().lookup(b"per_token").unwrap();
     let alice = t.key_secret().hash(b"alice");
     let level = |now| {
         t.keys(Some(slot), now)
@@ -219,7 +224,7 @@ fn keys_of_a_sliding_template_weigh_their_previous_window() {
 #[test]
 fn a_sliding_keys_root_value_brings_its_previous_count() {
     let (t, check) = sliding_keys();
-    let slot = t.lookup(b"per_token").unwrap();
+    let slot = t.gate().lookup(b"per_token").unwrap();
     let alice = t.key_secret().hash(b"alice");
     assert_eq!(check(&t, b"alice", 1, 11 * SEC), Outcome::Pass);
     // The fleet: 1 in this window (ours), 4 in the last one.
@@ -229,8 +234,8 @@ fn a_sliding_keys_root_value_brings_its_previous_count() {
         at: 11 * SEC,
     };
     let mut deltas = Vec::new();
-    t.collect_deltas(&mut deltas);
-    assert!(t.merge_counter(slot, 1, alice, value, 1, 0));
+    t.books().collect_deltas(&mut deltas);
+    assert!(t.books().merge_counter(slot, 1, alice, value, 1, 0));
     // At 12 s, 4 x 0.8 + 1 = 4.2 > 4: full; at 18 s, 4 x 0.2 + 1 = 1.8.
     assert!(matches!(
         check(&t, b"alice", 1, 12 * SEC),
@@ -246,7 +251,7 @@ fn a_sliding_keys_root_value_brings_its_previous_count() {
             prev,
             at,
         };
-        assert!(t.merge_counter(slot, 1, carol, value, 0, 0));
+        assert!(t.books().merge_counter(slot, 1, carol, value, 0, 0));
     }
     // At 15 s: 1 + 4 x 1/2 + 2 > 4 (with the smaller one, 3.5 would pass).
     assert!(matches!(
@@ -266,7 +271,9 @@ fn a_window_rejection_waits_for_the_window_end() {
         weight: 1,
         max_wait: None,
     };
-    let out = t.check_many(&[item], 4 * SEC, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&[item], 4 * SEC, CheckOptions::default(), never);
     let Outcome::Reject(rejection) = out.outcome else {
         panic!("{out:?}")
     };
@@ -285,43 +292,47 @@ fn item(name: &[u8], weight: u64) -> CheckItem<'_> {
 #[test]
 fn obtain_grants_what_the_whole_chain_allows_and_counts_it() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "parent", 100.0, 8.0, 8.0),
         Quota::new(2, "child", 100.0, 20.0, 30.0).with_parent(Some(1)),
     ]);
-    let grant = t.obtain(&item(b"child", 5), 0);
+    let grant = t.gate().obtain(&item(b"child", 5), 0);
     assert_eq!((grant.outcome, grant.granted), (Outcome::Pass, 5));
     // The parent has 3 left.
-    let grant = t.obtain(&item(b"child", 10), 0);
+    let grant = t.gate().obtain(&item(b"child", 10), 0);
     assert_eq!((grant.outcome, grant.granted), (Outcome::Pass, 3));
-    let grant = t.obtain(&item(b"child", 10), 0);
+    let grant = t.gate().obtain(&item(b"child", 10), 0);
     let Outcome::Reject(rejection) = grant.outcome else {
         panic!("{grant:?}")
     };
     assert_eq!((grant.granted, rejection.depth), (0, 1));
     assert_eq!(t.quota(b"child", 0).unwrap().rejected, 1);
     assert_eq!(t.quota(b"parent", 0).unwrap().pending, 8);
-    assert_eq!(t.obtain(&item(b"nothing", 1), 0).outcome, Outcome::Unknown);
+    assert_eq!(
+        t.gate().obtain(&item(b"nothing", 1), 0).outcome,
+        Outcome::Unknown
+    );
 }
 
 #[test]
 fn obtain_on_a_window_quota_takes_the_rest_of_the_window() {
     let t = window_table(false);
-    assert_eq!(t.obtain(&item(b"q", 3), SEC).granted, 3);
-    assert_eq!(t.obtain(&item(b"q", 3), SEC).granted, 2);
-    assert_eq!(t.obtain(&item(b"q", 3), SEC).granted, 0);
-    t.fold_local(10 * SEC + 2_000_000);
-    assert_eq!(t.obtain(&item(b"q", 30), 11 * SEC).granted, 5);
+    assert_eq!(t.gate().obtain(&item(b"q", 3), SEC).granted, 3);
+    assert_eq!(t.gate().obtain(&item(b"q", 3), SEC).granted, 2);
+    assert_eq!(t.gate().obtain(&item(b"q", 3), SEC).granted, 0);
+    t.books().fold_local(10 * SEC + 2_000_000);
+    assert_eq!(t.gate().obtain(&item(b"q", 30), 11 * SEC).granted, 5);
 }
 
 #[test]
 fn reserve_counts_now_and_spaces_requests_at_the_limit() {
     let t = Table::new_heap(8, 16);
     // 10/s, a burst of 2 passes at once.
-    t.apply_quotas(&[Quota::new(1, "paced", 10.0, 2.0, 2.0)]);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "paced", 10.0, 2.0, 2.0)]);
     let waits: Vec<Nanos> = (0..6)
         .map(|_| {
-            let r = t.reserve(&item(b"paced", 1), SEC, 0);
+            let r = t.gate().reserve(&item(b"paced", 1), SEC, 0);
             assert_eq!(r.outcome, Outcome::Pass);
             r.wait
         })
@@ -330,7 +341,7 @@ fn reserve_counts_now_and_spaces_requests_at_the_limit() {
     let ms: Vec<u64> = waits.iter().map(|w| w / 1_000_000).collect();
     assert_eq!(ms, [0, 0, 100, 200, 300, 400]);
     // One that would wait past max_wait is refused, uncounted.
-    let r = t.reserve(&item(b"paced", 1), 400_000_000, 0);
+    let r = t.gate().reserve(&item(b"paced", 1), 400_000_000, 0);
     let Outcome::Reject(rejection) = r.outcome else {
         panic!("{r:?}")
     };
@@ -338,14 +349,17 @@ fn reserve_counts_now_and_spaces_requests_at_the_limit() {
     assert_eq!(rejection.wait, crate::core::Wait::Seconds(0.5));
     assert_eq!(t.quota(b"paced", 0).unwrap().pending, 6);
     // Above high_burst: never.
-    assert_eq!(t.reserve(&item(b"paced", 3), SEC, 0).wait, Nanos::MAX);
+    assert_eq!(
+        t.gate().reserve(&item(b"paced", 3), SEC, 0).wait,
+        Nanos::MAX
+    );
 }
 
 #[test]
 fn reserve_cannot_take_a_full_windows_next_window() {
     let t = window_table(false);
-    assert_eq!(t.reserve(&item(b"q", 5), SEC, SEC).wait, 0);
-    let r = t.reserve(&item(b"q", 1), 60 * SEC, 2 * SEC);
+    assert_eq!(t.gate().reserve(&item(b"q", 5), SEC, SEC).wait, 0);
+    let r = t.gate().reserve(&item(b"q", 1), 60 * SEC, 2 * SEC);
     assert!(matches!(r.outcome, Outcome::Reject(_)));
     assert_eq!(r.wait, 8 * SEC);
 }
@@ -353,7 +367,7 @@ fn reserve_cannot_take_a_full_windows_next_window() {
 #[test]
 fn a_paced_item_and_a_plain_one_pass_together_or_not_at_all() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "plain", 100.0, 1.0, 1.0),
         Quota::new(2, "paced", 10.0, 1.0, 1.0),
     ]);
@@ -366,12 +380,18 @@ fn a_paced_item_and_a_plain_one_pass_together_or_not_at_all() {
             },
         ]
     };
-    let out = t.check_many(&items(0), 0, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&items(0), 0, CheckOptions::default(), never);
     assert_eq!((out.outcome, out.wait), (Outcome::Pass, 0));
-    let out = t.check_many(&items(1), 0, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&items(1), 0, CheckOptions::default(), never);
     assert_eq!((out.outcome, out.wait), (Outcome::Pass, 100_000_000));
     // The plain quota is full now: nothing is counted on the paced one.
-    let out = t.check_many(&items(1), 0, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&items(1), 0, CheckOptions::default(), never);
     assert!(matches!(out.outcome, Outcome::Reject(_)));
     assert_eq!(t.quota(b"paced", 0).unwrap().pending, 2);
 }
@@ -379,7 +399,7 @@ fn a_paced_item_and_a_plain_one_pass_together_or_not_at_all() {
 #[test]
 fn a_delayed_pass_names_the_item_with_the_longest_wait() {
     let t = Table::new_heap(8, 16);
-    t.apply_quotas(&[
+    t.books().apply_quotas(&[
         Quota::new(1, "fast", 10.0, 1.0, 1.0),
         Quota::new(2, "slow", 2.0, 1.0, 1.0),
     ]);
@@ -388,10 +408,14 @@ fn a_delayed_pass_names_the_item_with_the_longest_wait() {
         ..item(name, 1)
     };
     let items = [paced(b"fast".as_slice()), paced(b"slow".as_slice())];
-    let out = t.check_many(&items, 0, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&items, 0, CheckOptions::default(), never);
     assert_eq!((out.outcome, out.wait, out.item), (Outcome::Pass, 0, None));
     // Both full now: "fast" drains in 0.1 s, "slow" in 0.5 s.
-    let out = t.check_many(&items, 0, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&items, 0, CheckOptions::default(), never);
     assert_eq!(
         (out.outcome, out.wait, out.item),
         (Outcome::Pass, SEC / 2, Some(1))
@@ -404,7 +428,9 @@ fn a_delayed_pass_names_the_item_with_the_longest_wait() {
             ..item(b"slow", 1)
         },
     ];
-    let out = t.check_many(&tight, 0, CheckOptions::default(), never);
+    let out = t
+        .gate()
+        .check_many(&tight, 0, CheckOptions::default(), never);
     assert!(matches!(out.outcome, Outcome::Reject(_)));
     assert_eq!((out.item, out.wait), (Some(1), 0));
 }
@@ -417,7 +443,7 @@ fn a_window_quota_is_listed_and_adopted_with_its_window_and_terms() {
         (listed.window, listed.sliding),
         (Some(Window::TenSeconds), true)
     );
-    let slot = old.lookup(b"q").unwrap();
+    let slot = old.gate().lookup(b"q").unwrap();
     assert_eq!(
         old.terms_of(slot).map(|t| t.to_string()).as_deref(),
         Some("5 / 10s sliding")
@@ -425,7 +451,7 @@ fn a_window_quota_is_listed_and_adopted_with_its_window_and_terms() {
     // A zone that changes size adopts the quotas as they are: a window
     // quota stays one.
     let new = Table::new_heap_with_keys(16, 16, 64);
-    assert_eq!(new.adopt(&old, 0).inserted, 1);
+    assert_eq!(new.books().adopt(old.books(), 0).inserted, 1);
     let adopted = new.quota(b"q", 0).unwrap().quota;
     assert_eq!(
         (adopted.window, adopted.sliding),

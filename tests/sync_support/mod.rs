@@ -319,7 +319,7 @@ impl Limiter {
     /// Checks one request of `weight` on `name`; true if it may pass.
     pub fn check(&self, name: &str, weight: u64) -> bool {
         !matches!(
-            self.table.check(name.as_bytes(), weight, self.now()),
+            self.table.gate().check(name.as_bytes(), weight, self.now()),
             Outcome::Reject(_)
         )
     }

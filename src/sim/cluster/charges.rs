@@ -48,6 +48,7 @@ impl Sim<'_> {
         let local = h.local(now);
         let result = h
             .table
+            .gate()
             .check_many(&[item], local, CheckOptions::default(), || {
                 h.rng.next_unit()
             });
@@ -93,6 +94,7 @@ impl Sim<'_> {
             max_wait: None,
         };
         h.table
+            .gate()
             .settle(&item, done.estimate, done.charged_at, h.local(now));
     }
 }

@@ -62,7 +62,7 @@ impl Sim<'_> {
         } else {
             self.quotas.clone()
         };
-        table.apply_quotas(&quotas);
+        table.books().apply_quotas(&quotas);
         table.set_estimator(self.estimator);
         // The host's own idea of UTC until a root tells it (exact here).
         table.set_utc_offset(-((CLOCK_BASE as i64) + clock_offset));

@@ -173,7 +173,9 @@ impl Sim<'_> {
             max_wait: spec.pace.map(|p| millis(p.max_wait_ms)),
         };
         let Host { table, rng, .. } = h;
-        let result = table.check_many(&[item], local, CheckOptions::default(), || rng.next_unit());
+        let result = table
+            .gate()
+            .check_many(&[item], local, CheckOptions::default(), || rng.next_unit());
         let admitted = !matches!(result.outcome, Outcome::Reject(_));
         if let (true, Some([min, max])) = (admitted, spec.hold_seconds) {
             let seconds = min + (max - min) * self.load_rng.next_unit();
@@ -283,7 +285,7 @@ impl Sim<'_> {
             weight: 1,
             max_wait: None,
         };
-        h.table.release(&item, held, h.local(now));
+        h.table.gate().release(&item, held, h.local(now));
         if let Some(n) = self.held.get_mut(&(host, q)) {
             *n = n.saturating_sub(1);
         }

@@ -6,8 +6,8 @@ use super::queue::Event;
 use super::{millis, Sim, CLOCK_BASE};
 use crate::core::Nanos;
 use crate::sync::config::default_timeout;
-use crate::sync::engine::Page;
 use crate::sync::link::OwedDeltas;
+use crate::sync::Page;
 use crate::wire::{SyncRequest, SyncResponse};
 
 /// A sync exchange between a host and a root.
@@ -44,7 +44,7 @@ impl Sim<'_> {
         if self.roots.is_empty() {
             // Standalone: the host is its own root.
             let h = &self.hosts[host];
-            h.table.fold_local(h.local(now));
+            h.table.books().fold_local(h.local(now));
             self.schedule_tick(host, now);
             return;
         }

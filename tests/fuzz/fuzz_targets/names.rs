@@ -111,7 +111,7 @@ fuzz_target!(|input: Input| {
             .enumerate()
             .map(|(i, n)| Quota::new(i as u64 + 1, n.as_str(), 10.0, 20.0, 40.0))
             .collect();
-        let report = table.apply_quotas(&quotas);
+        let report = table.books().apply_quotas(&quotas);
         assert!(
             report.refused.is_empty() && report.inserted == valid.len(),
             "{report:?}"
@@ -119,11 +119,14 @@ fuzz_target!(|input: Input| {
         let kept: HashSet<&str> = valid.iter().map(String::as_str).collect();
         let mut out = [0u8; 256];
         for n in &valid {
-            let slot = table.lookup(n.as_bytes()).expect("inserted name found");
+            let slot = table
+                .gate()
+                .lookup(n.as_bytes())
+                .expect("inserted name found");
             assert_eq!(table.name_into(slot, &mut out), Some(n.as_bytes()));
         }
         for (name, _, weight) in &input.checks {
-            let outcome = table.check(name, *weight, 1_000);
+            let outcome = table.gate().check(name, *weight, 1_000);
             let known = std::str::from_utf8(name).is_ok_and(|n| kept.contains(n));
             assert_eq!(outcome == Outcome::Unknown, !known, "{name:?}: {outcome:?}");
         }

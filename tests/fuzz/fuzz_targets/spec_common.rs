@@ -116,7 +116,7 @@ pub fn check_specs(text: &str, parsed: Result<Vec<QuotaSpec>, ParseError>) {
             (state.quota.low_burst, state.quota.high_burst),
             (q.low_burst, q.high_burst)
         );
-        let outcome = table.check(q.name.as_bytes(), 1, 1);
+        let outcome = table.gate().check(q.name.as_bytes(), 1, 1);
         if q.per_key {
             assert_eq!(outcome, Outcome::NoKey, "{}", q.name);
         } else {

@@ -107,7 +107,7 @@ struct MQuota {
     level: f64,
     at: Nanos,
     pending: u64,
-    inflight: u64,
+    unacked: u64,
     passed: u64,
     rejected: u64,
 }
@@ -166,7 +166,7 @@ impl Model {
         let dt = seconds(q.at, self.now);
         let horizon = self.horizon as f64 * SECS_PER_NANO;
         let others = self.ratio * q.limit * dt.min(horizon);
-        (q.level + others - q.limit * dt).max(0.0) + (q.pending + q.inflight) as f64
+        (q.level + others - q.limit * dt).max(0.0) + (q.pending + q.unacked) as f64
     }
 
     fn apply(&mut self, changes: &[Change]) -> (Vec<Quota>, usize) {
@@ -227,7 +227,7 @@ impl Model {
                             m.high = q.high_burst;
                             m.epoch = epoch;
                             if fresh {
-                                (m.level, m.at, m.pending, m.inflight) = (0.0, 0, 0, 0);
+                                (m.level, m.at, m.pending, m.unacked) = (0.0, 0, 0, 0);
                                 (m.passed, m.rejected) = (0, 0);
                             }
                         }
@@ -245,7 +245,7 @@ impl Model {
                                     level: 0.0,
                                     at: 0,
                                     pending: 0,
-                                    inflight: 0,
+                                    unacked: 0,
                                     passed: 0,
                                     rejected: 0,
                                 },
@@ -297,8 +297,8 @@ fn compare(table: &Table, model: &Model) {
             "{name}"
         );
         assert_eq!(
-            (s.pending, s.inflight),
-            (m.pending as i64, m.inflight as i64),
+            (s.pending, s.unacked),
+            (m.pending as i64, m.unacked as i64),
             "{name}"
         );
         assert_eq!((s.passed, s.rejected), (m.passed, m.rejected), "{name}");
@@ -328,7 +328,7 @@ fuzz_target!(|input: Input| {
         match op {
             Op::Apply(changes) => {
                 let (batch, full) = model.apply(changes);
-                let report = table.apply_quotas(&batch);
+                let report = table.books().apply_quotas(&batch);
                 let refused_full = report
                     .refused
                     .iter()
@@ -397,9 +397,12 @@ fuzz_target!(|input: Input| {
                     })
                     .collect();
                 let mut table_used = 0;
-                let got = table.check_many(&check, model.now, CheckOptions::default(), || {
-                    draw_from(draws, &mut table_used)
-                });
+                let got =
+                    table
+                        .gate()
+                        .check_many(&check, model.now, CheckOptions::default(), || {
+                            draw_from(draws, &mut table_used)
+                        });
                 assert_eq!(table_used, used, "draws taken");
                 match verdict {
                     Some((item, depth)) => {
@@ -430,7 +433,7 @@ fuzz_target!(|input: Input| {
                     weight: u64::from(*want),
                     max_wait: None,
                 };
-                let got = table.obtain(&item, model.now);
+                let got = table.gate().obtain(&item, model.now);
                 if !model.quotas.contains_key(name) {
                     assert_eq!((got.outcome, got.granted), (Outcome::Unknown, 0));
                     continue;
@@ -464,14 +467,14 @@ fuzz_target!(|input: Input| {
             Op::Advance(ms) => model.now += u64::from(*ms) * MS,
             Op::Collect => {
                 let mut out: Vec<CollectedDelta> = Vec::new();
-                table.collect_deltas(&mut out);
+                table.books().collect_deltas(&mut out);
                 let mut got: Vec<(u64, u64)> = out.iter().map(|d| (d.id, d.delta)).collect();
                 got.sort_unstable();
                 let mut want = Vec::new();
                 for q in model.quotas.values_mut() {
                     if q.pending > 0 {
                         want.push((q.id, q.pending));
-                        q.inflight += q.pending;
+                        q.unacked += q.pending;
                         q.pending = 0;
                     }
                 }
@@ -486,7 +489,7 @@ fuzz_target!(|input: Input| {
                 stale_id,
             } => {
                 let name = NAMES[*name as usize % NAMES.len()];
-                let Some(slot) = table.lookup(name.as_bytes()) else {
+                let Some(slot) = table.gate().lookup(name.as_bytes()) else {
                     assert!(!model.quotas.contains_key(name));
                     continue;
                 };
@@ -503,7 +506,9 @@ fuzz_target!(|input: Input| {
                 // Source 0: no root's own level, so every value is max-merged as
                 // the model does (a root's later value replacing its earlier
                 // one is the sync engine's property tests' subject).
-                let merged = table.merge_counter(slot, id, 0, value, i64::from(*acked), 0);
+                let merged = table
+                    .books()
+                    .merge_counter(slot, id, 0, value, i64::from(*acked), 0);
                 assert_eq!(merged, !*stale_id);
                 if merged {
                     // Both views leaked to the later time; the larger
@@ -512,16 +517,16 @@ fuzz_target!(|input: Input| {
                     let (a, _) = leaked(m.level, m.at, m.limit, later);
                     let (b, _) = leaked(value.level, at, m.limit, later);
                     (m.level, m.at) = (a.max(b), later);
-                    m.inflight -= u64::from(*acked).min(m.inflight);
+                    m.unacked -= u64::from(*acked).min(m.unacked);
                 }
             }
             Op::Fold => {
-                table.fold_local(model.now);
+                table.books().fold_local(model.now);
                 let now = model.now;
                 for q in model.quotas.values_mut() {
                     let (level, at) = leaked(q.level, q.at, q.limit, now);
-                    (q.level, q.at) = (level + (q.pending + q.inflight) as f64, at);
-                    (q.pending, q.inflight) = (0, 0);
+                    (q.level, q.at) = (level + (q.pending + q.unacked) as f64, at);
+                    (q.pending, q.unacked) = (0, 0);
                 }
             }
         }

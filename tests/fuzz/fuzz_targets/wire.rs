@@ -99,11 +99,11 @@ fn apply(reply: &SyncResponse) {
     // merged into the slots that hold their quotas. Nothing a valid reply
     // says may break the table.
     let table = Table::new_heap(64, 32);
-    let report = table.apply_quotas(&reply.quotas);
+    let report = table.books().apply_quotas(&reply.quotas);
     let handled =
         report.inserted + report.updated + report.deleted + report.stale + report.refused.len();
     assert_eq!(handled, reply.quotas.len(), "{report:?}");
-    let slots = table.slot_ids();
+    let slots = table.books().slot_ids();
     for c in &reply.counters {
         if let Some(&slot) = slots.get(&c.id) {
             let value = Tally {
@@ -111,11 +111,14 @@ fn apply(reply: &SyncResponse) {
                 prev: c.prev,
                 at: c.at,
             };
-            assert!(table.merge_counter(slot, c.id, 0, value, 0, 0), "{c:?}");
+            assert!(
+                table.books().merge_counter(slot, c.id, 0, value, 0, 0),
+                "{c:?}"
+            );
         }
     }
     for q in reply.quotas.iter().take(16) {
-        let outcome = table.check(q.name.as_bytes(), 1, reply.root_time);
+        let outcome = table.gate().check(q.name.as_bytes(), 1, reply.root_time);
         if table.quota(q.name.as_bytes(), 0).is_some() {
             assert!(!matches!(outcome, Outcome::Unknown), "{}", q.name);
         }

@@ -1,0 +1,417 @@
+//! A cycle's requests to the roots, and the pages that answer them.
+//!
+//! Each cycle asks every root that is neither backing off nor still busy
+//! with an earlier exchange. A request carries what the root is owed as
+//! it stands at the time (leaked; returns only to a root that takes
+//! them), within what one request may hold: a root refuses a request of
+//! more than [`MAX_DELTAS_PER_SYNC`] entries whole, so a larger backlog
+//! goes out over several cycles. Beside the weight go the rejections
+//! counted since the last cycle, the penalties started here, and the
+//! cursors of the quota log and the counters: quota changes come from one
+//! group only (the lowest with a root up), the others are asked for none
+//! ([`NO_QUOTAS`]).
+
+use std::collections::HashMap;
+
+use super::ids::IdMap;
+use super::link::{OwedDeltas, RootLink, NO_QUOTAS};
+use super::routing::shard;
+use crate::core::tier::Penalty;
+use crate::core::Nanos;
+use crate::table::Table;
+use crate::wire::{
+    keyed_entries, ClockReport, CounterDelta, CounterKey, KeyDelta, KeyedDeltas, QuotaCursor,
+    SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
+};
+
+/// A request to send to one root, with the deltas it carries.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    /// Index of the root in the configured list.
+    pub root: usize,
+    /// The request body.
+    pub request: SyncRequest,
+    /// What `request` pays off, by quota id (entries that leaked to less
+    /// than a unit are here but not in the request); hand them back with
+    /// the outcome.
+    pub owed: OwedDeltas,
+    /// This limiter's clock offset to the root, reported with the request.
+    pub clock: Option<ClockReport>,
+}
+
+/// One successful page of an exchange with a root.
+#[derive(Clone, Debug)]
+pub struct Page {
+    /// Local time the request was sent.
+    pub sent_at: Nanos,
+    /// Local time the reply arrived.
+    pub received_at: Nanos,
+    /// The root's reply, already validated.
+    pub reply: SyncResponse,
+}
+
+/// The request for the next quota page after `reply`, if the root has more
+/// (no deltas: they went with the first page).
+pub fn next_page(previous: &SyncRequest, reply: &SyncResponse) -> Option<SyncRequest> {
+    let more_quotas = reply.more_quotas && !reply.quotas.is_empty();
+    let more_overrides = reply.tiers.more_overrides && !reply.tiers.overrides.is_empty();
+    (more_quotas || more_overrides).then(|| SyncRequest {
+        limiter: previous.limiter.clone(),
+        quotas_after: reply.quotas_after,
+        counter_version: reply.counter_version,
+        root_instance: reply.root_instance,
+        tiers: TierRequest {
+            overrides_after: reply.tiers.overrides_after,
+            penalty_version: reply.tiers.penalty_version,
+            penalties: Vec::new(),
+        },
+        ..SyncRequest::default()
+    })
+}
+
+/// What `owed` comes to at `now`, as a request carries it.
+#[derive(Default)]
+struct Due {
+    /// Named deltas.
+    named: Vec<CounterDelta>,
+    /// Keys' deltas, grouped by template.
+    keyed: Vec<KeyedDeltas>,
+    /// Named returns (only for a root that takes them).
+    returned: Vec<CounterDelta>,
+    /// Keys' returns, grouped by template.
+    keyed_returned: Vec<KeyedDeltas>,
+    /// Units of returns left out: the root does not take them.
+    dropped_returns: u64,
+}
+
+impl Due {
+    /// Entries a request carrying these takes (as
+    /// [`SyncRequest::entry_count`] counts them).
+    fn entry_count(&self) -> usize {
+        self.named.len()
+            + keyed_entries(&self.keyed)
+            + self.returned.len()
+            + keyed_entries(&self.keyed_returned)
+    }
+}
+
+/// Named deltas and keys' deltas grouped by template (and window: a
+/// group's deltas share one), from `(counter, window, amount)`.
+#[derive(Default)]
+struct Grouped {
+    named: Vec<CounterDelta>,
+    by_template: HashMap<(u64, Option<i64>), Vec<KeyDelta>>,
+}
+
+impl Grouped {
+    fn push(&mut self, c: CounterKey, window: Option<i64>, amount: u64) {
+        if c.key == 0 {
+            self.named.push(CounterDelta {
+                id: c.id,
+                delta: amount,
+                window,
+            });
+        } else {
+            self.by_template
+                .entry((c.id, window))
+                .or_default()
+                .push(KeyDelta(c.key, amount));
+        }
+    }
+
+    fn into_parts(self) -> (Vec<CounterDelta>, Vec<KeyedDeltas>) {
+        let keyed = self
+            .by_template
+            .into_iter()
+            .map(|((id, window), deltas)| KeyedDeltas { id, deltas, window })
+            .collect();
+        (self.named, keyed)
+    }
+}
+
+/// Leaves at most `budget` counters in `owed` and returns the others,
+/// which stay owed for the next cycle (a backlog larger than a root
+/// accepts in one request, after an outage or a key spray).
+fn split_owed(owed: &mut OwedDeltas, budget: usize) -> OwedDeltas {
+    let mut rest = OwedDeltas::default();
+    if owed.len() <= budget {
+        return rest;
+    }
+    let later: Vec<CounterKey> = owed.keys().skip(budget).copied().collect();
+    rest.reserve(later.len());
+    for c in later {
+        if let Some(o) = owed.remove(&c) {
+            rest.insert(c, o);
+        }
+    }
+    rest
+}
+
+/// What `owed` comes to at `now`, as a request carries it: deltas (entries
+/// that leaked to less than a unit are left out), and returns when the
+/// root takes them.
+fn due_deltas(owed: &OwedDeltas, now: Nanos, takes_returns: bool) -> Due {
+    let (mut adds, mut returns) = (Grouped::default(), Grouped::default());
+    let mut dropped_returns = 0u64;
+    for (c, o) in owed {
+        let window = o.window.map(|w| w.index);
+        let delta = o.due(now);
+        if delta > 0 {
+            adds.push(*c, window, delta);
+        }
+        let back = o.due_returned(now);
+        if back > 0 {
+            if takes_returns {
+                returns.push(*c, window, back);
+            } else {
+                dropped_returns = dropped_returns.saturating_add(back);
+            }
+        }
+    }
+    let (named, keyed) = adds.into_parts();
+    let (returned, keyed_returned) = returns.into_parts();
+    Due {
+        named,
+        keyed,
+        returned,
+        keyed_returned,
+        dropped_returns,
+    }
+}
+
+/// How this limiter's requests are made, and the rejections its last
+/// cycle reported.
+#[derive(Debug)]
+pub(super) struct Requests {
+    /// This limiter's id, in every request.
+    limiter_id: String,
+    /// Entries one request may carry: a root refuses a request of more
+    /// than [`MAX_DELTAS_PER_SYNC`] whole, so a larger backlog goes out
+    /// over several cycles instead of never.
+    max_entries: usize,
+    /// Each quota's rejection count as of the last cycle (`None` before
+    /// the first, which only takes the baseline: a new sync thread does
+    /// not report what an earlier one already did).
+    rejected_seen: Option<IdMap<u64>>,
+}
+
+impl Requests {
+    /// Requests of limiter `limiter_id`, of the most entries a root takes.
+    pub(super) fn new(limiter_id: String) -> Self {
+        Self {
+            limiter_id,
+            max_entries: MAX_DELTAS_PER_SYNC,
+            rejected_seen: None,
+        }
+    }
+
+    /// Lowers the entries one request may carry (tests: a backlog over
+    /// the bound without a million counters).
+    #[cfg(test)]
+    pub(super) fn limit_entries(&mut self, entries: usize) {
+        self.max_entries = entries.max(4);
+    }
+
+    /// The checks each quota rejected since the last cycle, as
+    /// `[id, count]` for the requests of this one, from the table's
+    /// running `totals` (statistics: a root not sent to this cycle misses
+    /// them).
+    pub(super) fn rejected_since_last_cycle(&mut self, totals: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+        let first = self.rejected_seen.is_none();
+        let seen = self.rejected_seen.get_or_insert_with(IdMap::default);
+        let mut grown = Vec::new();
+        let mut next = IdMap::default();
+        next.reserve(totals.len());
+        for (id, total) in totals {
+            let before = seen.get(&id).copied().unwrap_or(0);
+            // Smaller than before: the quota's slot was made anew.
+            let new = if total < before {
+                total
+            } else {
+                total - before
+            };
+            if !first && new > 0 {
+                grown.push((id, new));
+            }
+            next.insert(id, total);
+        }
+        *seen = next;
+        grown
+    }
+
+    /// The plan of a cycle over `links` (in `groups` groups) whose
+    /// requests report `rejected`.
+    pub(super) fn plan(
+        &self,
+        links: &[RootLink],
+        groups: usize,
+        rejected: Vec<(u64, u64)>,
+    ) -> CyclePlan<'_> {
+        // With no root of a group up, backoff only delays finding the
+        // first one back.
+        let mut group_up = vec![false; groups];
+        for l in links.iter().filter(|l| l.metrics.up) {
+            group_up[l.group] = true;
+        }
+        // Quota changes come from the lowest group with a root up; the
+        // others' links take the furthest cursor of any other group.
+        let quota_group = (groups > 1)
+            .then(|| group_up.iter().position(|&up| up))
+            .flatten();
+        let mut furthest = vec![QuotaCursor::default(); groups];
+        for l in links {
+            furthest[l.group] = furthest[l.group].max(l.cursor);
+        }
+        CyclePlan {
+            requests: self,
+            groups,
+            group_up,
+            quota_group,
+            furthest,
+            rejected,
+            held: None,
+        }
+    }
+}
+
+/// What the requests of one cycle share.
+pub(super) struct CyclePlan<'a> {
+    /// How requests are made.
+    requests: &'a Requests,
+    /// Number of root groups.
+    groups: usize,
+    /// Per group: a root of it is up.
+    group_up: Vec<bool>,
+    /// The group quota changes come from (`None` with one group: every
+    /// root gives them).
+    quota_group: Option<usize>,
+    /// Per group: the furthest quota cursor of its roots.
+    furthest: Vec<QuotaCursor>,
+    /// Rejections since the last cycle.
+    rejected: Vec<(u64, u64)>,
+    /// Every penalty held, read once for the roots that are sent them all.
+    held: Option<Vec<Penalty>>,
+}
+
+impl CyclePlan<'_> {
+    /// True when the root of `link` is asked this cycle (it is then busy
+    /// until its exchange ends): not while an earlier exchange is under
+    /// way, nor while it backs off and another root of its group is up.
+    pub(super) fn asks(&self, link: &mut RootLink) -> bool {
+        if link.busy {
+            return false;
+        }
+        if link.skip > 0 && self.group_up[link.group] {
+            link.skip -= 1;
+            return false;
+        }
+        link.busy = true;
+        true
+    }
+
+    /// The request to root `root` (`link`) at `now`, with what it pays
+    /// off; what does not fit stays owed.
+    pub(super) fn request(
+        &mut self,
+        table: &Table,
+        root: usize,
+        link: &mut RootLink,
+        now: Nanos,
+    ) -> Outgoing {
+        let max_entries = self.requests.max_entries;
+        let mut owed = std::mem::take(&mut link.owed);
+        let rejected = self.rejected_of(link.group);
+        self.penalties_for(table, link, now);
+        let room = max_entries - rejected.len() - link.penalties_sent.len();
+        let mut due = due_deltas(&owed, now, link.takes_returns);
+        if due.entry_count() > room {
+            // Each owed counter takes at most four entries (an add and
+            // a return, each perhaps opening its key template's group).
+            link.owed = split_owed(&mut owed, room / 4);
+            due = due_deltas(&owed, now, link.takes_returns);
+        }
+        link.metrics.dropped_returns = link
+            .metrics
+            .dropped_returns
+            .saturating_add(due.dropped_returns);
+        let quotas_after = self.quota_cursor(link);
+        let tiers = TierRequest {
+            penalties: link.penalties_sent.clone(),
+            ..link.tiers.clone()
+        };
+        let request = SyncRequest {
+            tiers,
+            limiter: self.requests.limiter_id.clone(),
+            quotas_after,
+            counter_version: link.counter_version,
+            root_instance: link.root_instance,
+            deltas: due.named,
+            keyed: due.keyed,
+            rejected,
+            returned: due.returned,
+            keyed_returned: due.keyed_returned,
+        };
+        Outgoing {
+            root,
+            request,
+            owed,
+            clock: link.clock_report(),
+        }
+    }
+
+    /// The rejections a root of group `g` is sent: those of its shard, at
+    /// most half a request.
+    fn rejected_of(&self, g: usize) -> Vec<(u64, u64)> {
+        let mut rejected = if self.groups > 1 {
+            self.rejected
+                .iter()
+                .filter(|(id, _)| shard(CounterKey::named(*id), self.groups) == g)
+                .copied()
+                .collect()
+        } else {
+            self.rejected.clone()
+        };
+        rejected.truncate(self.requests.max_entries / 2);
+        rejected
+    }
+
+    /// Chooses the penalties `link`'s request carries (into
+    /// `penalties_sent`): every penalty held when the root is to be sent
+    /// them all, else those it is owed; at most a quarter of a request,
+    /// the rest stay owed for the next cycle.
+    fn penalties_for(&mut self, table: &Table, link: &mut RootLink, now: Nanos) {
+        if link.takes_tiers && std::mem::take(&mut link.resend_penalties) {
+            let now_utc = now as i64 + table.utc_offset();
+            link.tiers.penalties = self
+                .held
+                .get_or_insert_with(|| table.books().held_penalties(now_utc))
+                .clone();
+        }
+        let quarter = self.requests.max_entries / 4;
+        let mut penalties = std::mem::take(&mut link.tiers.penalties);
+        if penalties.len() > quarter {
+            link.tiers.penalties = penalties.split_off(quarter);
+        }
+        link.penalties_sent = penalties;
+    }
+
+    /// The quota cursor `link`'s request carries: its own, moved up to the
+    /// furthest of any other group, or [`NO_QUOTAS`] when another group
+    /// gives quota changes.
+    fn quota_cursor(&self, link: &mut RootLink) -> QuotaCursor {
+        let g = link.group;
+        let others = self
+            .furthest
+            .iter()
+            .enumerate()
+            .filter(|&(other, _)| other != g)
+            .map(|(_, &c)| c)
+            .max()
+            .unwrap_or_default();
+        link.cursor = link.cursor.max(others);
+        match self.quota_group {
+            Some(q) if q != g => NO_QUOTAS,
+            _ => link.cursor,
+        }
+    }
+}

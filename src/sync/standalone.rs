@@ -1,0 +1,46 @@
+//! The sync loop without roots: this host is its own root. It folds local
+//! weight into the levels (so the leak is applied smoothly), sweeps keys
+//! and reports key pressure; nothing goes over the network. The tokio loop
+//! falls back to it when it cannot start.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::config::SyncConfig;
+use super::pressure::KeyPressure;
+use super::schedule::{key_sweep_budget, local_now, window_wake};
+use super::shared::Shared;
+use super::status;
+use crate::core::Nanos;
+use crate::table::Table;
+
+/// No roots: this host is its own root. Folds every 100 ms at most, so the
+/// leak is applied smoothly.
+pub(super) fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared) {
+    let tick = config.interval.min(Duration::from_millis(100));
+    table.books().set_counting_locally(true);
+    let mut pressure = KeyPressure::default();
+    let mut reported = Instant::now();
+    while !shared.stop.load(Ordering::Acquire) {
+        if reported.elapsed() >= config.interval {
+            reported = Instant::now();
+            if let Some((level, line)) = pressure.check(table) {
+                (config.log)(level, &line);
+            }
+        }
+        let now = local_now(config.clock_skew);
+        // Fold just after each window boundary too, so weight lands in its
+        // window.
+        let wait = window_wake(table, now, 0).map_or(tick, |ns| tick.min(Duration::from_nanos(ns)));
+        shared.wake.wait_timeout(wait);
+        let now = local_now(config.clock_skew);
+        table.books().fold_local(now);
+        table
+            .books()
+            .maintain_keys(key_sweep_budget(table, tick.as_nanos() as Nanos), now);
+        if let Ok(mut m) = shared.metrics.lock() {
+            m.cycles += 1;
+            status::publish(table, &m);
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The counters' life outside the request path: collecting local deltas
+//! for a sync, merging cluster values back, folding weight locally when
+//! no root answers, in-flight weight released or handed back, and taking
+//! over the sync of a table whose previous owner died.
+//!
+//! A counter's `pending` and `unacked` words are signed (two's
+//! complement in the `u64` atomic): weight admitted adds to `pending`,
+//! weight given back ([`crate::table::Gate::give_back`]) subtracts from it. While the
+//! host syncs with roots, a give-back takes back only weight not sent yet
+//! (`pending` stays at or above zero); while it counts locally (no roots,
+//! or every root down) `pending` may go below zero and the next fold
+//! lowers the level by it (see docs/DESIGN.md, "Counters that give units
+//! back"). Every move between the two words is ordered so that a check in
+//! between errs strict.
+//!
+//! While the host syncs, a counter whose net change is negative is
+//! collected as a return and travels to the roots. A root lowers its
+//! counter by it, and its reply's lower value must not lose against the
+//! higher one this host merged before: each counter remembers the
+//! [`Source`] of its known level (which root's reply it is), and a later
+//! reply of the same root replaces it where another root's is max-merged
+//! ([`crate::core::Counting::merge_reply`]).
+
+use crate::core::key::KeyHash;
+use crate::core::{Counting, Nanos, Tally};
+use crate::table::books::key_sync::KeySync;
+use crate::table::books::merge::merge;
+use crate::table::books::tally::{
+    fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
+    slot_source, slot_tally, store_tally, CollectedDelta,
+};
+use crate::table::region::layout::{Source, FLAG_LIVE};
+use crate::table::region::lock::{own_pid, process_alive};
+use crate::table::region::slots::Slots;
+use crate::table::region::{region_view, SlotId, ACQ, READ_RETRIES, REL, RLX};
+use std::sync::atomic::fence;
+
+region_view!(
+    /// Counters: collected, merged, folded, handed back.
+    Counters
+);
+
+impl Counters<'_> {
+    // ---- counters ---------------------------------------------------------
+
+    /// Moves every live slot's pending weight (and every queued key's) to
+    /// in-flight and returns the moved amounts; what a sync sends. A weight
+    /// admitted concurrently is either moved now or stays pending for the
+    /// next collection, never lost or taken twice.
+    pub(in crate::table) fn collect_deltas(&self, out: &mut Vec<CollectedDelta>) {
+        self.collect(out, None);
+    }
+
+    /// [`crate::table::Books::collect_deltas`], and in the same pass over the slots
+    /// `(quota id, checks rejected)` for every live quota that has rejected
+    /// a check since the region was made (the counts the metrics show,
+    /// never reset): the sync thread sends the roots what grew.
+    pub(in crate::table) fn collect_deltas_and_rejections(
+        &self,
+        out: &mut Vec<CollectedDelta>,
+        rejected: &mut Vec<(u64, u64)>,
+    ) {
+        self.collect(out, Some(rejected));
+    }
+
+    pub(in crate::table) fn collect(
+        &self,
+        out: &mut Vec<CollectedDelta>,
+        mut rejected: Option<&mut Vec<(u64, u64)>>,
+    ) {
+        let _guard = self.lock();
+        for (i, s) in self.used_slots() {
+            let net = signed(&s.pending);
+            let rejections = rejected.as_ref().map_or(0, |_| s.rejected.load(RLX));
+            if (net == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            let id = s.id.load(RLX);
+            if rejections != 0 {
+                if let Some(rejected) = rejected.as_mut() {
+                    rejected.push((id, rejections));
+                }
+            }
+            // A return is collected even while every root is down, as an
+            // add is: the fold lowers the level here (the sync thread hands
+            // unacknowledged weight back first), and it stays owed to the
+            // roots, which hold the adds it cancels.
+            if net == 0 {
+                continue;
+            }
+            send_pending(&s.pending, &s.unacked, net);
+            Slots::of(self).count_held(i, s, net);
+            out.push(CollectedDelta::of(i, id, 0, net));
+        }
+        KeySync::of(self).collect_keys(out);
+    }
+
+    /// True when some live quota's weight admitted here and not collected
+    /// yet (`pending`) has reached `fraction` of its burst band
+    /// (`high_burst - low_burst`; with no band, any weight): the sync
+    /// thread's early-sync probe. It reads every used slot's counter, so
+    /// its cost grows with the table.
+    pub(in crate::table) fn unsent_beyond(&self, fraction: f64) -> bool {
+        let used = self.header().next_unused.load(ACQ) as usize;
+        self.slots()[..used].iter().any(|s| {
+            let pending = s.pending.load(RLX) as i64;
+            if pending <= 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
+                return false;
+            }
+            let band =
+                f64::from_bits(s.high_burst.load(RLX)) - f64::from_bits(s.low_burst.load(RLX));
+            pending as f64 >= fraction * band
+        })
+    }
+
+    /// Merges a cluster counter value (already in local time) from root
+    /// `source` into the slot if it still holds quota `id` (or into its
+    /// key `key`, when not 0): it replaces the known level if that is the
+    /// same root's earlier value, else the larger counts. Takes `acked`
+    /// weight (signed: net of returns) off in-flight (the value includes
+    /// it), and updates the others' fill rate. Returns false if the slot
+    /// holds another quota now (or this host has no entry for the key).
+    pub(in crate::table) fn merge_counter(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        value: Tally,
+        acked: i64,
+        source: Source,
+    ) -> bool {
+        let Some(s) = self.slot(slot) else {
+            return false;
+        };
+        if !value.is_valid() {
+            return false;
+        }
+        let _guard = self.lock();
+        if key != 0 {
+            return KeySync::of(self).merge_key(slot, id, key, value, acked, source);
+        }
+        if s.quota_id() != Some(id) {
+            return false;
+        }
+        let counting = Slots::of(self).slot_counting(s);
+        let (known, old_rate) = slot_tally(s);
+        let horizon = self.estimator().horizon;
+        let m = merge(
+            &counting,
+            known,
+            slot_source(s),
+            old_rate,
+            value,
+            source,
+            acked,
+            horizon,
+        );
+        if m.taken {
+            set_slot_source(s, source);
+        }
+        settle_unacked(&s.unacked, acked, || store_tally(s, m.tally, m.rate));
+        true
+    }
+
+    /// Standalone mode (no roots): folds every pending and in-flight weight
+    /// into the slot's own level at `now`, acting as this host's root.
+    pub(in crate::table) fn fold_local(&self, now: Nanos) {
+        let _guard = self.lock();
+        for (i, s) in self.used_slots() {
+            if s.flags.load(RLX) & FLAG_LIVE == 0 {
+                continue;
+            }
+            let pending = s.pending.load(ACQ);
+            let unacked = s.unacked.load(ACQ);
+            let counting = Slots::of(self).slot_counting(s);
+            let (known, rate) = slot_tally(s);
+            let weight = pending.wrapping_add(unacked) as i64;
+            // In flight was counted as held when it was collected.
+            Slots::of(self).count_held(i, s, pending as i64);
+            if weight != 0 {
+                // The level is no longer only that root's: its later, lower
+                // value must not replace this host's own weight.
+                set_slot_source(s, folded_source(s.flags.load(RLX)));
+            }
+            store_tally(s, fold_weight(&counting, known, weight, now), rate);
+            s.pending.fetch_sub(pending, RLX);
+            s.unacked.fetch_sub(unacked, RLX);
+        }
+        KeySync::of(self).fold_keys(now);
+    }
+
+    /// Folds `amount` of one counter's in-flight weight into its own level
+    /// at `now`, as [`crate::table::Books::fold_local`] does for every counter: the
+    /// roots of this counter's group (shard) are all unreachable, so this
+    /// host counts it alone while the other shards stay fleet-wide.
+    /// Ignored if the slot holds another quota now (or the key has no
+    /// entry here).
+    pub(in crate::table) fn fold_unacked(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+        now: Nanos,
+    ) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if key != 0 {
+            KeySync::of(self).fold_key_unacked(slot, id, key, amount, now);
+            return;
+        }
+        if s.quota_id() != Some(id) {
+            return;
+        }
+        let counting = Slots::of(self).slot_counting(s);
+        let (known, rate) = slot_tally(s);
+        // Its own weight is in the level now: no root's value any more.
+        set_slot_source(s, folded_source(s.flags.load(RLX)));
+        settle_unacked(&s.unacked, amount, || {
+            store_tally(s, fold_weight(&counting, known, amount, now), rate)
+        });
+    }
+
+    /// Says whether this host counts locally now (no roots, or every root
+    /// down: the sync thread folds weight into the levels itself), for
+    /// every process sharing the region: weight given back then lowers the
+    /// levels ([`crate::table::Gate::give_back`]).
+    pub(in crate::table) fn set_counting_locally(&self, local: bool) {
+        self.header().counting_locally.store(u32::from(local), REL);
+    }
+
+    /// True while this host counts locally (see
+    /// [`crate::table::Books::set_counting_locally`]).
+    pub(in crate::table) fn counting_locally(&self) -> bool {
+        self.header().counting_locally.load(ACQ) != 0
+    }
+
+    /// One step of the key section's upkeep (the sync thread calls it
+    /// every cycle): looks at `buckets` key buckets, dropping keys of
+    /// deleted templates and restamping old levels (see `keys.rs`).
+    pub(in crate::table) fn maintain_keys(&self, buckets: usize, now: Nanos) {
+        let _guard = self.lock();
+        KeySync::of(self).sweep_keys(buckets, now);
+    }
+
+    /// How the quota in `slot` counts, if the slot still holds quota `id`.
+    /// The sync thread keeps deltas it still owes a root by it.
+    pub(in crate::table) fn counter_counting(&self, slot: SlotId, id: u64) -> Option<Counting> {
+        let s = self.slot(slot)?;
+        for _ in 0..READ_RETRIES {
+            let seq = s.seq.load(ACQ);
+            if seq & 1 == 0 {
+                let live = s.quota_id() == Some(id);
+                let counting = Slots::of(self).slot_counting(s);
+                fence(ACQ);
+                if s.seq.load(RLX) == seq {
+                    return live.then_some(counting);
+                }
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Takes `amount` off a slot's in-flight weight without a counter value:
+    /// a root acknowledged the delta but sent no value for it (it does not
+    /// know the quota). Ignored if the slot holds another quota now.
+    pub(in crate::table) fn release_unacked(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+    ) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if key != 0 {
+            KeySync::of(self).settle_key_unacked(slot, id, key, amount, false);
+        } else if s.quota_id() == Some(id) {
+            settle_unacked(&s.unacked, amount, || {});
+        }
+    }
+
+    /// Puts `amount` of a slot's in-flight weight back into pending: a sync
+    /// thread that stops with deltas no root acknowledged hands them to the
+    /// next one. Ignored if the slot holds another quota now.
+    pub(in crate::table) fn requeue_unacked(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+    ) {
+        let Some(s) = self.slot(slot) else { return };
+        let _guard = self.lock();
+        if key != 0 {
+            KeySync::of(self).settle_key_unacked(slot, id, key, amount, true);
+        } else if s.quota_id() == Some(id) {
+            let moved = requeue(&s.pending, &s.unacked, amount);
+            Slots::of(self).count_held(slot, s, -moved);
+        }
+    }
+
+    /// Makes this process the table's sync owner (a sync thread starts).
+    /// When the previous owner's process is gone, it died mid-sync (a
+    /// crashed nginx worker) and nobody will acknowledge the weight it had
+    /// unacked: all of it goes back to pending, to be sent again.
+    /// Returns the weight requeued (adds and returns alike).
+    pub(in crate::table) fn claim_sync(&self) -> u64 {
+        let me = own_pid();
+        let previous = self.header().sync_owner.swap(me, ACQ);
+        if previous == 0 || previous == me || process_alive(previous) {
+            return 0;
+        }
+        let _guard = self.lock();
+        let mut requeued = 0u64;
+        for (i, s) in self.used_slots() {
+            let moved = signed(&s.unacked);
+            if moved != 0 {
+                let moved = requeue(&s.pending, &s.unacked, moved);
+                Slots::of(self).count_held(i, s, -moved);
+                requeued = requeued.saturating_add(moved.unsigned_abs());
+            }
+        }
+        requeued.saturating_add(KeySync::of(self).requeue_all_keys())
+    }
+}

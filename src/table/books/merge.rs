@@ -1,0 +1,90 @@
+//! The one merge of a root's value into a counter, a named quota's or a
+//! key's: which value wins, which root's the counter's level is from then
+//! on, and the other hosts' fill rate measured across the merge. The
+//! callers only read the counter they hold and store what this returns.
+//!
+//! The "same root" rule (docs/DESIGN.md, "Counters that give units
+//! back"): a reply replaces the known level, lower or not, when the known
+//! level is that root's own earlier value ([`Source`] equal), or when it
+//! is a level this host folded its own weight into while the counter's
+//! roots were silent and the counter does not leak ([`FOLDED`], an
+//! in-flight counter's, named or a key's): the first reply after the
+//! fold holds what this host sent with the same request. Any other reply
+//! is max-merged.
+
+use super::tally::measure_rate;
+use crate::core::{Counting, Nanos, Tally};
+use crate::table::region::layout::{Source, FOLDED};
+
+/// What a merge makes of a counter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(in crate::table) struct Merged {
+    /// The counter's tally after the merge.
+    pub(in crate::table) tally: Tally,
+    /// The root's value was taken: the counter's source is that root's now.
+    pub(in crate::table) taken: bool,
+    /// The other hosts' fill rate to keep (the old one over too short a
+    /// span).
+    pub(in crate::table) rate: f64,
+}
+
+/// True when a reply of `source` replaces a level known from `known`
+/// rather than being max-merged with it (see the module doc).
+pub(in crate::table) fn replaces(known: Source, source: Source) -> bool {
+    source != 0 && (known == source || known == FOLDED)
+}
+
+/// Merges `value`, a reply of root `source` that acknowledges `acked` of
+/// this host's weight, into a counter known as `known` (from
+/// `known_source`, with the fill rate `old_rate`). The rate is measured
+/// over a span of at least a quarter of the extrapolation `horizon` (half
+/// an interval): several roots answering one cycle milliseconds apart
+/// must not turn a few units into a huge rate.
+pub(in crate::table) fn merge(
+    counting: &Counting,
+    known: Tally,
+    known_source: Source,
+    old_rate: f64,
+    value: Tally,
+    source: Source,
+    acked: i64,
+    horizon: Nanos,
+) -> Merged {
+    let (tally, taken) = counting.merge_reply(known, value, replaces(known_source, source));
+    let span = tally.at.saturating_sub(known.at);
+    let rate = if span >= horizon / 4 {
+        measure_rate(counting, known, tally, acked as f64, old_rate)
+    } else {
+        old_rate
+    };
+    Merged { tally, taken, rate }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Level;
+
+    fn at(level: f64, at: Nanos) -> Tally {
+        Tally::leaky(Level { level, at })
+    }
+
+    #[test]
+    fn the_same_root_or_a_fold_is_replaced_and_another_root_is_max_merged() {
+        assert!(replaces(3, 3));
+        assert!(replaces(FOLDED, 3));
+        assert!(!replaces(2, 3));
+        assert!(!replaces(0, 3));
+        assert!(!replaces(3, 0), "a local fold never replaces");
+    }
+
+    #[test]
+    fn a_lower_reply_wins_only_where_it_replaces() {
+        let counting = Counting::Leak(0.0);
+        let known = at(5.0, 1_000);
+        let m = merge(&counting, known, 1, 0.0, at(2.0, 2_000), 1, 0, 0);
+        assert_eq!((m.tally.level, m.taken), (2.0, true));
+        let m = merge(&counting, known, 1, 0.0, at(2.0, 2_000), 2, 0, 0);
+        assert_eq!(m.tally.level, 5.0);
+    }
+}

@@ -1,0 +1,37 @@
+//! The region core: the table's bytes and what gives them shape, with no
+//! decision in it. Both faces of the table (the request face in `gate/`,
+//! the sync face in `books/`) stand on it.
+//!
+//! # Layout
+//!
+//! - `sections.rs` — [`Region`]: a heap mapping or lent memory (an nginx
+//!   zone), formatted or attached to, and the accessors that turn its
+//!   offsets into sections; table-wide numbers and settings.
+//! - `layout.rs` — the format: header, status block, slot, index entry,
+//!   key entry and tier entry layouts, their flags and packings.
+//! - `geometry.rs` — where each section starts for a given size, and the
+//!   ceilings of the key and tier sections.
+//! - `names.rs` — the name hash, the fingerprint the name hints key on,
+//!   and the name arena's words.
+//! - `heap.rs` — the anonymous mapping behind a heap region.
+//! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
+//! - `status.rs` — the sync status block, written and read under its own
+//!   seqlock.
+
+pub mod geometry;
+pub(in crate::table) mod heap;
+pub(in crate::table) mod index;
+pub(in crate::table) mod key_entries;
+pub(in crate::table) mod key_moves;
+pub(in crate::table) mod keys;
+pub mod layout;
+pub(in crate::table) mod listing;
+pub(in crate::table) mod lock;
+pub mod names;
+mod sections;
+pub(in crate::table) mod slots;
+pub(in crate::table) mod status;
+pub(in crate::table) mod tier_section;
+
+pub(in crate::table) use sections::{region_view, ACQ, READ_RETRIES, REL, RLX};
+pub use sections::{Region, SlotId, TableError};

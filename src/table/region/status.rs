@@ -1,0 +1,65 @@
+//! The sync status block: a region of plain atomics ([`SyncStatus`]) the
+//! sync thread writes and every process sharing the region reads. The
+//! table only guards it (a seqlock under the writer lock); what the
+//! fields mean is the sync side's business (`crate::sync::status`).
+
+use std::sync::atomic::fence;
+
+use super::layout::SyncStatus;
+use super::sections::{Region, ACQ, READ_RETRIES, REL, RLX};
+
+impl Region {
+    /// Writes the status block: `write` stores into it while readers are
+    /// held off by the block's seqlock (and other writers by the writer
+    /// lock).
+    pub(in crate::table) fn write_status(&self, write: impl FnOnce(&SyncStatus)) {
+        let st = self.status();
+        let _guard = self.lock();
+        let seq = st.seq.load(RLX);
+        st.seq.store(seq.wrapping_add(1) | 1, RLX);
+        fence(REL);
+        write(st);
+        st.seq.store((seq.wrapping_add(1) | 1).wrapping_add(1), REL);
+    }
+
+    /// Takes over the per-root words the sync thread keeps for the next
+    /// one (`url_hash`, `instance`, `restarts`, `takes_returns`) from
+    /// `old` (an nginx zone that changed size); the metrics start anew.
+    pub(in crate::table) fn adopt_remembered_roots(&self, old: &Region) {
+        let Some(words) = old.read_status(|st| {
+            st.root.each_ref().map(|r| {
+                [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns].map(|w| w.load(RLX))
+            })
+        }) else {
+            return;
+        };
+        self.write_status(|st| {
+            for (r, w) in st.root.iter().zip(words) {
+                let to = [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns];
+                for (to, w) in to.into_iter().zip(w) {
+                    to.store(w, RLX);
+                }
+            }
+        });
+    }
+
+    /// Reads the status block consistently: `read` runs until it ran while
+    /// no write was under way (`None` if that never happened within the
+    /// retry bound). `read` must only load from the block.
+    pub(in crate::table) fn read_status<T>(&self, read: impl Fn(&SyncStatus) -> T) -> Option<T> {
+        let st = self.status();
+        for _ in 0..READ_RETRIES {
+            let seq = st.seq.load(ACQ);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let value = read(st);
+            fence(ACQ);
+            if st.seq.load(RLX) == seq {
+                return Some(value);
+            }
+        }
+        None
+    }
+}
