@@ -527,6 +527,12 @@ type RootMetrics struct {
 	// DroppedReturns counts units given back and not sent because the
 	// root predates returns (it keeps them).
 	DroppedReturns uint64 `json:"dropped_returns"`
+	// Unconfirmed counts numbered requests whose exchanges failed: each
+	// goes again with the next request, and the root applies it once.
+	Unconfirmed uint64 `json:"unconfirmed"`
+	// UnconfirmedMerged counts the times the two oldest were carried as
+	// one (64 failed in a row).
+	UnconfirmedMerged uint64 `json:"unconfirmed_merged"`
 }
 
 // UnmarshalJSON reads the library's seconds and milliseconds into

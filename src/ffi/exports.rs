@@ -450,7 +450,8 @@ pub extern "C" fn sluice_quota_count() -> c_int {
 /// `last_error`, `round_trip_ms` (the last sync's round trip) and
 /// `clock_offset_ms` (the root's clock minus this host's), both in
 /// milliseconds to the microsecond, `bytes_sent`, `bytes_received`,
-/// `dropped_deltas`, `dropped_returns`.
+/// `dropped_deltas`, `dropped_returns`, `unconfirmed`,
+/// `unconfirmed_merged`.
 #[no_mangle]
 pub extern "C" fn sluice_sync_metrics_json() -> *mut c_char {
     boundary_string(limiter::sync_metrics_json)

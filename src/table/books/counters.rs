@@ -24,7 +24,7 @@
 use crate::core::key::KeyHash;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::books::key_sync::KeySync;
-use crate::table::books::merge::merge;
+use crate::table::books::merge::{merge, Known};
 use crate::table::books::tally::{
     fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
     slot_source, slot_tally, store_tally, CollectedDelta,
@@ -145,16 +145,12 @@ impl Counters<'_> {
         let counting = Slots::of(self).slot_counting(s);
         let (known, old_rate) = slot_tally(s);
         let horizon = self.estimator().horizon;
-        let m = merge(
-            &counting,
-            known,
-            slot_source(s),
-            old_rate,
-            value,
-            source,
-            acked,
-            horizon,
-        );
+        let known = Known {
+            tally: known,
+            source: slot_source(s),
+            rate: old_rate,
+        };
+        let m = merge(&counting, known, (value, source), acked, horizon);
         if m.taken {
             set_slot_source(s, source);
         }

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use super::merge::merge;
+use super::merge::{merge, Known};
 use super::tally::{
     self, fold_weight, folded_source, send_pending, settle_unacked, CollectedDelta,
 };
@@ -203,16 +203,12 @@ impl KeySync<'_> {
         let known = key_tally(e, &counting, value.at);
         let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
         let horizon = self.estimator().horizon;
-        let m = merge(
-            &counting,
-            known,
-            key_source(e),
-            old_rate,
-            value,
-            source,
-            acked,
-            horizon,
-        );
+        let known = Known {
+            tally: known,
+            source: key_source(e),
+            rate: old_rate,
+        };
+        let m = merge(&counting, known, (value, source), acked, horizon);
         if m.taken {
             set_key_source(e, source);
         }
