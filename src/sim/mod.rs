@@ -11,6 +11,8 @@
 //! (TOML) describes the fleet, the failures and what to measure; a run
 //! writes a per-second CSV, an SVG plot and a summary table.
 //!
+//! # Layout
+//!
 //! - `scenario.rs` — scenario files: parsing and checks.
 //! - `cluster/` — the event loop (`mod.rs`: a run, the true level and the
 //!   samples) and its concerns, a file each: the event queue, the hosts,
