@@ -51,7 +51,7 @@
 //!     for one key (numbers, `allow`, `deny`) and their validation,
 //!     penalty lengths and penalties (`[quota, key, until]`), as the
 //!     root, the wire and the table share them.
-//!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
+//!   - `core/spec/` — quota files (JSON; TOML through the same serde
 //!     visitor, feature `toml`) parsed with errors that name the quota,
 //!     field and line, and checked as a whole set; `core/object.rs` —
 //!     what people write as an object is read as an object only (a JSON
