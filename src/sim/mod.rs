@@ -13,7 +13,8 @@
 //!
 //! # Layout
 //!
-//! - `scenario.rs` — scenario files: parsing and checks.
+//! - `scenario/` — scenario files: parsing and checks; the load a
+//!   scenario offers in `scenario/load.rs`.
 //! - `cluster/` — the event loop (`mod.rs`: a run, the true level and the
 //!   samples) and its concerns, a file each: the event queue, the hosts,
 //!   the network, the ideal limiter and the load (with requests that hold
