@@ -267,8 +267,9 @@ fmt: ## rustfmt the crate
 fmt-check: ## fail if rustfmt would change anything
 	$(CARGO) fmt --all -- --check
 
-clippy: $(STAMPS)/nginx-configured ## clippy, default features and the nginx feature
+clippy: $(STAMPS)/nginx-configured ## clippy (default features and the nginx feature) and rustdoc's links, warnings as errors
 	$(CARGO) clippy --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib
 	NGINX_SOURCE_DIR=$(NGINX_SRC) NGINX_BUILD_DIR=$(NGINX_OBJ) \
 	CARGO_TARGET_DIR=$(MODULE_TARGET_DIR) \
 		$(CARGO) clippy --release --no-default-features --features nginx --lib -- -D warnings

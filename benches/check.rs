@@ -184,24 +184,24 @@ fn bench_c_abi(c: &mut Criterion) {
         assert_eq!(sluice_load_quotas_json(quotas.as_ptr()), 0);
     }
     let mut g = c.benchmark_group("c_abi");
-    // SAFETY: NUL-terminated literals.
     g.bench_function("hot_single", |b| {
+        // SAFETY: a NUL-terminated literal.
         b.iter(|| unsafe { check_by_name(black_box(c"s3_single_read".as_ptr()), 1) })
     });
-    // SAFETY: as above.
     g.bench_function("hot_depth3", |b| {
+        // SAFETY: a NUL-terminated literal.
         b.iter(|| unsafe { check_by_name(black_box(c"s3_photos_read".as_ptr()), 1) })
     });
     let name = b"s3_single_read";
     let mut out = 0u64;
-    // SAFETY: `name` is readable for its length; `out` is a valid u64.
     g.bench_function("obtain", |b| {
+        // SAFETY: `name` is readable for its length; `out` is a valid u64.
         b.iter(|| unsafe {
             sluice_obtain(black_box(name.as_ptr().cast()), name.len(), 4, &mut out)
         })
     });
-    // SAFETY: as above.
     g.bench_function("reserve", |b| {
+        // SAFETY: `name` is readable for its length; `out` is a valid u64.
         b.iter(|| unsafe {
             sluice_reserve(
                 black_box(name.as_ptr().cast()),

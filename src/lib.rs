@@ -51,9 +51,11 @@
 //!     for one key (numbers, `allow`, `deny`) and their validation,
 //!     penalty lengths and penalties (`[quota, key, until]`), as the
 //!     root, the wire and the table share them.
-//!   - `core/spec.rs` — quota files (JSON; TOML through the same serde
+//!   - `core/spec/` — quota files (JSON; TOML through the same serde
 //!     visitor, feature `toml`) parsed with errors that name the quota,
-//!     field and line, and checked as a whole set.
+//!     field and line, and checked as a whole set; `core/object.rs` —
+//!     what people write as an object is read as an object only (a JSON
+//!     array or number where an object belongs is an error naming it).
 //! - [`clock`] — the monotonic clock the shells (C ABI, nginx, sync) read.
 //! - [`host`] — what the shells ask the OS about this host: its name (the
 //!   default limiter id), random seeds (the decision's per-thread
@@ -66,60 +68,22 @@
 //!   overrides and penalties a sync carries (cursors, pages, versions).
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
-//!   offsets instead of pointers). Its files, one concern each, are listed
-//!   in its module doc: the region (`mod.rs`, `layout.rs`, `names.rs`,
-//!   `heap.rs`), the check path (`outcome.rs`, `check.rs`, with the keyed
-//!   fast path in `fast.rs`), writes (`write.rs`), counters
-//!   (`counters.rs`), the keys of per-key quotas (`keys.rs`), overrides and
-//!   penalties (`tiers.rs`), in-flight slots taken and given back
-//!   (`in_flight.rs`) and the slots this host holds, with the local lease
-//!   that limits by them when every root is silent (`held.rs`), whole-table
-//!   reads and adoption (`snapshot.rs`), the status block (`status.rs`),
-//!   locks (`lock.rs`), quota files (`file.rs`); its tests by subject
-//!   (`tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
-//!   `in_flight_tests.rs`, `fast_tests.rs`).
+//!   offsets instead of pointers), in three floors: the region core
+//!   (`table/region/`: memory, format, names, index, keys, tiers, locks,
+//!   status), the request face on it (`table/gate/`, [`table::Gate`]:
+//!   check, charge, settle, acquire and release, wait and grant) and the
+//!   sync face beside it (`table/books/`, [`table::Books`]: collect deltas,
+//!   merge replies, write quotas, tiers and penalties, adopt a restarted
+//!   root's levels); `table/mod.rs` holds [`table::Table`], which hands
+//!   out the two faces. Each folder's module doc lists its files.
 //! - [`sync`] — the limiter's sync thread: deltas out to every root, counters
 //!   (max-merged) and quota changes back; standalone folding when there are
-//!   no roots or all are down.
-//!   - `sync/mod.rs` — the folder's front: the design of root groups
-//!     (shards), its layout, and what it re-exports.
-//!   - `sync/thread.rs` — [`sync::SyncHandle`]: starts the sync thread,
-//!     picks its loop, stops it; `sync/shared.rs` — what the thread and its
-//!     owner share (stop flag, wake-ups, latest metrics).
-//!   - `sync/networked.rs` — the tokio + reqwest loop (feature `sync`);
-//!     `sync/standalone.rs` — the loop without roots (local folding).
-//!   - `sync/engine.rs` — [`sync::SyncEngine`], the sync logic without the
-//!     network, shared with the simulator; it composes:
-//!     - `sync/accounting.rs` — what each root is owed (leaking while owed),
-//!       what a reply acknowledges, merging replies (by source: a root's
-//!       later value replaces its earlier one), folding and handing back
-//!       unacked weight;
-//!     - `sync/request.rs` — a cycle's requests (bounded, over several
-//!       cycles for a backlog) and the pages that answer them;
-//!     - `sync/health.rs` — roots and groups down (per-host folding of
-//!       their shards) and the local lease of in-flight quotas;
-//!     - `sync/restart.rs` — a root found restarted: slots resent, its new
-//!       instance's levels adopted after a grace, resumed after a reload;
-//!     - `sync/early.rs` — early sync;
-//!     - `sync/vouch.rs` — what a complete reply vouches for: the recently
-//!       changed counters a root left out did not change there;
-//!     - its tests: `sync/engine_tests.rs`, and through real root ledgers
-//!       `sync/return_tests.rs` (weight given back) and
-//!       `sync/in_flight_tests.rs` (slot quotas).
-//!   - `sync/link.rs` — per-root state: cursor, versions, clock offset, owed
-//!     deltas (leaking while owed), backoff.
-//!   - `sync/config.rs` — [`sync::SyncConfig`] and the rules every front end
-//!     checks it by (roots and their groups, interval, timeout, limiter id,
-//!     early sync, extrapolation horizon).
-//!   - `sync/status.rs` — the sync metrics published in the table's status
-//!     block for every process sharing it; `sync/metrics.rs` — the metrics
-//!     themselves.
-//!   - `sync/schedule.rs` — when the thread wakes, its clock, the key
-//!     sweep's share; `sync/pressure.rs` — the key section's pressure in
-//!     the log.
-//!   - `sync/routing.rs` — [`sync::shard`], the root group of each counter;
-//!     `sync/log.rs` — log levels; `sync/ids.rs` — hash maps keyed by quota
-//!     id (a multiply, not SipHash).
+//!   no roots or all are down. `sync/engine.rs` ([`sync::SyncEngine`], the
+//!   sync logic without the network, shared with the simulator) composes
+//!   the accounting of owed and acknowledged weight, a cycle's requests,
+//!   root and group health, restart adoption and early sync, each in a
+//!   file of its own; `sync/networked.rs` is the tokio + reqwest loop.
+//!   `sync/mod.rs` lists every file.
 //! - [`ffi`] — the C ABI (`include/sluice.h`): a process-wide limiter with
 //!   `check_by_name(name, weight)`, keyed checks, partial grants
 //!   (`sluice_obtain`), pacing (`sluice_reserve`), charges after the fact
@@ -141,7 +105,7 @@
 //!   counts), and the in-flight slots each limiter holds with their lease
 //!   (`root/in_flight.rs`, its tests in `root/in_flight_tests.rs`)
 //!   (feature `root`).
-//! - `sim` — the cluster simulator behind `sluice sim`: simulated hosts
+//! - `sim/` — the cluster simulator behind `sluice sim`: simulated hosts
 //!   each running a real table and sync engine, simulated roots (the root's
 //!   own ledger) and network, root groups, per-second CSV, SVG plots and
 //!   accuracy numbers (feature `sim`); `benches/capacity/` holds the root

@@ -39,6 +39,7 @@ fn shrank(bytes: usize) {
 // counting touches only this thread's cells.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `alloc`, passed on unchanged.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             grew(layout.size());
@@ -47,11 +48,14 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        // SAFETY: `p` came from this allocator, that is from `System`,
+        // with `layout` (the caller's contract).
         unsafe { System.dealloc(p, layout) };
         shrank(layout.size());
     }
 
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as `dealloc`, and `new_size` is the caller's valid size.
         let q = unsafe { System.realloc(p, layout, new_size) };
         if !q.is_null() {
             // Both, for a moment.

@@ -4,6 +4,8 @@
 //! Tables by default, the root's JSON with `--json`; on failure one line
 //! `sluice: <reason>` on stderr and exit status 1.
 //!
+//! # Layout
+//!
 //! - `client.rs` — HTTP requests and error lines.
 //! - `output.rs` — tables and number formatting.
 //! - `quota.rs` — `list`, `get`, `set`, `delete`: quotas one at a time.

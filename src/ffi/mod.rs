@@ -6,6 +6,8 @@
 //! `SLUICE_ERROR` with a message, it never unwinds into C. Every pointer
 //! argument may be NULL.
 //!
+//! # Layout
+//!
 //! - `exports.rs` — the exported functions;
 //! - `in_flight.rs` — the exports of in-flight quotas: a slot acquired
 //!   and released;

@@ -77,6 +77,11 @@ struct ChargeMark {
 
 /// Marks the pool cleanup entry that holds a [`ChargeMark`]; nothing to
 /// free.
+///
+/// # Safety
+///
+/// nginx calls it when the request's pool is destroyed; it reads nothing
+/// (its address marks a request already charged).
 unsafe extern "C" fn mark_cleanup(_data: *mut c_void) {}
 
 /// The main request's charge mark, if it was charged.
@@ -94,6 +99,10 @@ unsafe fn find_mark<'a>(r: *const ngx_http_request_t) -> Option<&'a mut ChargeMa
 }
 
 /// The log-phase handler nginx calls.
+///
+/// # Safety
+///
+/// nginx calls it in the log phase with a live request.
 unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx passes the request being logged, valid for the call.
     let log_to = unsafe { (*(*r).connection).log };
@@ -228,6 +237,11 @@ fn log_invalid_weight(r: &mut ngx_http_request_t, lcf: &LocConf, quota: &[u8], v
 
 /// The `$sluice_charge_status` variable's get handler: what the request's
 /// charges did (not found before the log phase, or without charges).
+///
+/// # Safety
+///
+/// nginx calls it as it calls every variable getter: with a live request
+/// and the value to fill.
 pub(crate) unsafe extern "C" fn charge_status_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,

@@ -43,16 +43,21 @@ use crate::table::MAX_CHECKS;
 macro_rules! directive_handler {
     ($(#[$doc:meta])* $name:ident, |$cf:ident, $conf:ident: &mut $ty:ty, $args:ident| $body:block) => {
         $(#[$doc])*
+        /// # Safety
+        ///
+        /// nginx calls it while it parses the configuration, with the live
+        /// `ngx_conf_t`, the command, and the configuration structure of the
+        /// level the directive is registered at.
         pub(crate) unsafe extern "C" fn $name(
             $cf: *mut ngx_conf_t,
             _cmd: *mut ngx_command_t,
             conf: *mut std::ffi::c_void,
         ) -> *mut c_char {
             conf_boundary($cf, || {
-                // SAFETY: nginx passes the live configuration and the
-                // structure this directive is registered for (main or
-                // location, matching `$ty`).
                 let ($conf, $args): (&mut $ty, Vec<&[u8]>) =
+                    // SAFETY: nginx passes the live configuration and the
+                    // structure this directive is registered for (main or
+                    // location, matching `$ty`).
                     unsafe { (&mut *conf.cast::<$ty>(), directive_args(&*$cf)) };
                 $body
             })

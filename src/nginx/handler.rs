@@ -29,6 +29,10 @@ use crate::core::Nanos;
 use crate::table::{CheckItem, CheckOptions, HeldSlot, Outcome, Table, MAX_CHECKS};
 
 /// The access-phase handler nginx calls.
+///
+/// # Safety
+///
+/// nginx calls it in the access phase with a live request.
 pub(crate) unsafe extern "C" fn access_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx passes the request being processed, valid for the call.
     let log_to = unsafe { (*(*r).connection).log };

@@ -129,6 +129,11 @@ pub(super) fn hold(
 }
 
 /// The pool cleanup of [`Slots`]: gives back what the log phase did not.
+///
+/// # Safety
+///
+/// nginx calls it once, when the request's pool is destroyed, with `data`
+/// the slots this module registered with the pool cleanup.
 unsafe extern "C" fn slots_cleanup(data: *mut c_void) {
     // SAFETY: nginx passes the entry's data, written by `hold`.
     if let Some(slots) = unsafe { data.cast::<Slots>().as_mut() } {
@@ -159,6 +164,10 @@ unsafe fn find_slots<'a>(r: *const ngx_http_request_t) -> Option<&'a mut Slots> 
 }
 
 /// The log-phase handler: the request ended, its slots go back.
+///
+/// # Safety
+///
+/// nginx calls it in the log phase with a live request.
 unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx passes the request being logged, valid for the call.
     let log_to = unsafe { (*(*r).connection).log };

@@ -26,6 +26,10 @@ pub(crate) fn install(cf: *mut ngx_conf_t) -> Result<(), String> {
     Ok(())
 }
 
+/// # Safety
+///
+/// nginx calls it as the content handler of a `sluice_metrics` location,
+/// with a live request.
 unsafe extern "C" fn metrics_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx passes the request being processed.
     let log_to = unsafe { (*(*r).connection).log };

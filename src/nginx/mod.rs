@@ -13,6 +13,8 @@
 //!
 //! Pure:
 //!
+//! # Layout
+//!
 //! - `args.rs` — directive arguments (sizes, times and `wait=`, flags,
 //!   weights and `empty=`, early sync), weights from variables (a value
 //!   that is no number is an error, never a free pass), `$sluice_status`

@@ -35,11 +35,17 @@ impl HttpModule for Module {
         unsafe { &*addr_of!(ngx_http_sluice_module) }
     }
 
+    /// # Safety
+    ///
+    /// nginx calls it once per configuration parse with the live configuration.
     unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         let ok = conf_boundary(cf, || add_variables(cf));
         status_of(ok)
     }
 
+    /// # Safety
+    ///
+    /// nginx calls it once per configuration parse with the live configuration.
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         let ok = conf_boundary(cf, || {
             install_access_handler(cf)?;
@@ -53,6 +59,10 @@ impl HttpModule for Module {
         status_of(ok)
     }
 
+    /// # Safety
+    ///
+    /// nginx calls it once per configuration parse with the live configuration
+    /// and the main configuration structure this module created.
     unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
         conf_boundary_at(cf, || {
             // SAFETY: nginx passes our MainConf, created by create_main_conf.
@@ -103,6 +113,10 @@ const NGINX_DEFAULT_CONNECTIONS: usize = 512;
 /// master, before the workers start; again for each reload's
 /// configuration): sets the default cap on holds from one worker's
 /// `worker_connections`.
+///
+/// # Safety
+///
+/// nginx calls it in the master, once per cycle, with the new cycle.
 unsafe extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the new cycle.
     let log_to = unsafe { (*cycle).log };
@@ -260,6 +274,10 @@ fn check_literal_names(
     Ok(())
 }
 
+/// # Safety
+///
+/// nginx calls it in each worker (or the single process) with the running
+/// cycle.
 unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the worker's cycle.
     let log_to = unsafe { (*cycle).log };
@@ -284,6 +302,10 @@ unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     })
 }
 
+/// # Safety
+///
+/// nginx calls it in each worker (or the single process) with the running
+/// cycle, as the process exits.
 unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     // SAFETY: nginx passes the worker's cycle.
     let log_to = unsafe { (*cycle).log };

@@ -233,6 +233,11 @@ impl RequestState {
 /// nginx ended it, has its timer removed and its hold counted as
 /// abandoned. nginx runs pool cleanups before it frees the pool's memory
 /// and before it closes the connection.
+///
+/// # Safety
+///
+/// nginx calls it once, when the request's pool is destroyed, with `data`
+/// the request state this module registered with the pool cleanup.
 unsafe extern "C" fn state_cleanup(data: *mut c_void) {
     // SAFETY: nginx passes the entry's data, a RequestState written by
     // `state` and alive until the pool's memory is freed after this.
@@ -413,6 +418,11 @@ pub(super) fn hold(
 /// The write event handler of a held request: nginx calls it when the
 /// timer fires (the event is no longer `delayed`), or when the socket
 /// became writable before (it keeps waiting).
+///
+/// # Safety
+///
+/// nginx calls it with the live main request whose `wait=` timer fired,
+/// valid for the call.
 unsafe extern "C" fn delay_handler(r: *mut ngx_http_request_t) {
     // SAFETY: nginx passes the live request; its connection and events
     // are live with it.
@@ -445,6 +455,11 @@ unsafe extern "C" fn delay_handler(r: *mut ngx_http_request_t) {
 }
 
 /// The `$sluice_status` variable's get handler.
+///
+/// # Safety
+///
+/// nginx calls it as it calls every variable getter: with a live request
+/// and the value to fill.
 pub(crate) unsafe extern "C" fn status_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,

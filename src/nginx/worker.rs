@@ -189,6 +189,10 @@ fn arm_timer(cycle: &mut ngx_cycle_t) -> Result<(), String> {
     Ok(())
 }
 
+/// # Safety
+///
+/// nginx calls it on the worker's event loop with the timer event this
+/// module armed.
 unsafe extern "C" fn on_timer(ev: *mut ngx_event_t) {
     // SAFETY: nginx passes the event armed in `arm_timer`.
     let log_to = unsafe { (*ev).log };

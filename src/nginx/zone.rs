@@ -95,6 +95,11 @@ pub(crate) fn add(cf: *mut ngx_conf_t, mcf: &mut MainConf) -> Result<(), String>
 
 /// nginx's zone init callback: `data` is the previous cycle's zone data
 /// when nginx reuses the zone as it is (same size), null for a new zone.
+///
+/// # Safety
+///
+/// nginx calls it once per cycle with the zone this module added and, on
+/// a reload, the previous cycle's data for it (NULL the first time).
 unsafe extern "C" fn init_zone(zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
     // SAFETY: nginx passes a live zone whose `shm.log` is the cycle's log.
     let (zone, log_to) = unsafe { (&mut *zone, (*zone).shm.log) };

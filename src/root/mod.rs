@@ -27,7 +27,8 @@
 //! - `reload.rs` — the periodic reload from the database.
 //! - `health.rs` — readiness, database state, rate-limited outage logs.
 //! - `in_flight.rs` — the slots each limiter holds of the in-flight counters
-//!   and their lease (docs/DESIGN.md, "In-flight quotas").
+//!   and their lease (docs/DESIGN.md, "In-flight quotas"); its tests
+//!   through the ledger in `in_flight_tests.rs`.
 //! - `ledger.rs` — the in-memory state and the sync step, pure, time passed
 //!   in:
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;

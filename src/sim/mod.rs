@@ -11,7 +11,10 @@
 //! (TOML) describes the fleet, the failures and what to measure; a run
 //! writes a per-second CSV, an SVG plot and a summary table.
 //!
-//! - `scenario.rs` — scenario files: parsing and checks.
+//! # Layout
+//!
+//! - `scenario/` — scenario files: parsing and checks; the load a
+//!   scenario offers in `scenario/load.rs`.
 //! - `cluster/` — the event loop (`mod.rs`: a run, the true level and the
 //!   samples) and its concerns, a file each: the event queue, the hosts,
 //!   the network, the ideal limiter and the load (with requests that hold

@@ -43,7 +43,7 @@ pub type LogSink = Arc<dyn Fn(LogLevel, &str) + Send + Sync>;
 ///
 /// The sync thread looks every twentieth of an interval
 /// (`EARLY_PROBES_PER_INTERVAL` in `early.rs`), reading every quota's
-/// unsent weight ([`crate::table::Table::unsent_beyond`]), so the probes
+/// unsent weight ([`crate::table::Books::unsent_beyond`]), so the probes
 /// cost CPU in proportion to the table. A host's delta is its share of the
 /// load: with `n` hosts sharing a quota evenly, `fraction` around `1 / n`
 /// makes hosts sync early when the load climbs well above what the band

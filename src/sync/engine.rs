@@ -13,7 +13,7 @@
 //!   (`health.rs`): when no root answered for two intervals the engine
 //!   folds local weight into the levels (per-host limiting), and once
 //!   none answered for the lease, in-flight counters count this host's
-//!   own slots only ([`Table::lease_locally`]);
+//!   own slots only ([`crate::table::Books::lease_locally`]);
 //! - what follows from a root found restarted (`restart.rs`);
 //! - early cycles (`early.rs`);
 //! - a counter a root leaves out of a complete reply did not change

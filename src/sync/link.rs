@@ -299,7 +299,7 @@ pub struct RootLink {
     /// last answer (or, after it restarted, taken as its new instance's),
     /// so it is asked for all its counters, and its next whole answer
     /// settles the in-flight counters it leaves out
-    /// ([`crate::table::Table::settle_omitted`]).
+    /// ([`crate::table::Books::settle_omitted`]).
     pub ask_all: bool,
     /// The root's last answer said it takes sequences: requests to it are
     /// numbered ([`crate::wire::Sequence`]), and one whose exchange failed

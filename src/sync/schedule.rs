@@ -43,7 +43,7 @@ pub fn window_spread(limiter_id: &str) -> Nanos {
     })
 }
 
-/// Key buckets the upkeep sweep ([`Table::maintain_keys`]) looks at each
+/// Key buckets the upkeep sweep ([`crate::table::Books::maintain_keys`]) looks at each
 /// time it runs, every `every` nanoseconds: the whole key section about
 /// once an hour.
 pub fn key_sweep_budget(table: &Table, every: Nanos) -> usize {

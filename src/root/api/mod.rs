@@ -20,6 +20,8 @@
 //! A request's token is checked from its headers first; only then does
 //! it read its body and take a slot (`admission.rs`).
 //!
+//! # Layout
+//!
 //! - `admission.rs` — what a request may hold: body memory, upload
 //!   pace, slots, syncs in flight per limiter.
 //! - `error.rs` — the error reply.

@@ -191,7 +191,7 @@ pub struct Totals {
     #[serde(serialize_with = "crate::root::api::round::significant")]
     pub rejected_per_second: f64,
     /// Ranked quotas (per-key ones included) whose `rejected_rate` is not
-    /// 0 (at least [`super::view::LEAST_REJECTED_RATE`]): 0 exactly when
+    /// 0 (at least `LEAST_REJECTED_RATE`, 0.01): 0 exactly when
     /// `rejected_per_second` is.
     pub quotas_rejecting: usize,
     /// Ranked quotas whose level now rejects every check (a per-key

@@ -32,6 +32,9 @@
 //! cannot crowd out other limiters' keys (see `keys.rs`).
 //!
 //! The book's files, one concern each:
+//!
+//! # Layout
+//!
 //! - `mod.rs` — the counters: a slot per counter, adding a delta, views;
 //! - `versions.rs` — the version clock shared by shards and the list in
 //!   version order: what changed since a version, newest first;

@@ -66,7 +66,7 @@ pub struct CounterRule {
     /// The highest level (a window quota: the highest count of one window)
     /// the counter keeps; more is cut off. `f64::INFINITY`: no cap.
     pub cap: f64,
-    /// The allowance each limiter has on it (see [`super::trust`]).
+    /// The allowance each limiter has on it (see [`crate::root::trust`]).
     pub allowance: AllowanceShape,
 }
 

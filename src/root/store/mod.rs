@@ -20,6 +20,8 @@
 //! **Watch.** Every write commits only into the database the root loaded
 //! and will read again, or is answered 503: see `watch.rs`.
 //!
+//! # Layout
+//!
 //! - `migrations.rs` — the schema, embedded per backend.
 //! - `write.rs` — single-quota writes: put (create or replace), patch
 //!   (merge some fields) and delete, with `If-Match`-style expectations.

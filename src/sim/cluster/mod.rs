@@ -1,5 +1,6 @@
-//! The simulated fleet: hosts that each own a real [`Table`] and a real
-//! [`SyncEngine`], simulated roots, a simulated network, and one event
+//! The simulated fleet: hosts that each own a real
+//! [`Table`](crate::table::Table) and a real
+//! [`SyncEngine`](crate::sync::SyncEngine), simulated roots, a simulated network, and one event
 //! queue in simulated time.
 //!
 //! Everything is driven by a single queue of timed events, ordered by time
@@ -17,6 +18,8 @@
 //! true time) and an **ideal limiter** (one central bucket deciding every
 //! request with the same rule and no sync delay), which tells what part of
 //! an error is the sync's and what part is the burst band's own.
+//!
+//! # Layout
 //!
 //! Its files, by concern: the event queue (`queue.rs`), the hosts and
 //! their sync cycles' timing (`hosts.rs`), the network between hosts and

@@ -151,7 +151,7 @@ impl<'t> Books<'t> {
     /// Says whether this host counts locally now (no roots, or every root
     /// down: the sync thread folds weight into the levels itself), for
     /// every process sharing the region: weight given back then lowers the
-    /// levels ([`Books::give_back`]).
+    /// levels ([`crate::table::Gate::give_back`]).
     pub fn set_counting_locally(&self, local: bool) {
         Counters::of(self.region).set_counting_locally(local)
     }
@@ -211,7 +211,7 @@ impl<'t> Books<'t> {
     /// level unchanged, so that instance's next reply replaces it, lower
     /// or not. Max-merged, a level that never leaks would keep an earlier
     /// instance's value against every lower one. Levels with no source
-    /// or [`FOLDED`] are left as they are. Returns the counters marked.
+    /// or [`FOLDED`](crate::table::layout::FOLDED) are left as they are. Returns the counters marked.
     pub fn adopt_source(&self, earlier: impl Fn(Source) -> bool, to: Source) -> u64 {
         Held::of(self.region).adopt_source(earlier, to)
     }
@@ -222,7 +222,7 @@ impl<'t> Books<'t> {
     /// counter's level to this host's own slots (its held word; the
     /// caller has folded what was unacked), so from now on it limits
     /// against its own slots only, per host, as the other kinds do with
-    /// every root down. The level is marked [`FOLDED`]: the next reply of
+    /// every root down. The level is marked [`FOLDED`](crate::table::layout::FOLDED): the next reply of
     /// any root replaces it. Only counters `shard` takes (with root
     /// groups, those of the groups that are silent). Returns the counters
     /// set.
@@ -235,7 +235,7 @@ impl<'t> Books<'t> {
     /// out. A root sends every counter that is not empty, so it holds
     /// nothing of those: not even slots this host folded in (it dropped
     /// them by its lease, and the returns sent since went to them). An
-    /// in-flight counter among them whose level is [`FOLDED`] or that
+    /// in-flight counter among them whose level is [`FOLDED`](crate::table::layout::FOLDED) or that
     /// root's own takes that root's 0, at `now`: left as it is it would
     /// never come down (an in-flight level does not leak, and only a
     /// reply carrying the counter would replace it). One whose level is

@@ -74,7 +74,7 @@ pub struct CheckItem<'a> {
     /// all ([`Outcome::NoKey`]); a key given for a plain quota is ignored.
     pub key: Option<&'a [u8]>,
     /// Units counted if the request passes (0: check without counting;
-    /// above [`MAX_WEIGHT`] counts as [`MAX_WEIGHT`]).
+    /// above [`MAX_WEIGHT`](crate::core::quota::MAX_WEIGHT) counts as [`MAX_WEIGHT`](crate::core::quota::MAX_WEIGHT)).
     pub weight: u64,
     /// Pace instead of checking: the item is counted now if the wait
     /// until its quotas have room for it ([`crate::core::reserve_wait`])

@@ -239,7 +239,7 @@ pub struct Header {
     /// table (0: none yet).
     pub sync_owner: AtomicU32,
     /// 1 while the sync thread counts locally (no roots, or every root
-    /// down): see [`crate::table::Table::set_counting_locally`].
+    /// down): see [`crate::table::Books::set_counting_locally`].
     pub counting_locally: AtomicU32,
     /// 1 while seed quotas from a file may be in the table (see
     /// `file.rs`): the sync thread purges them once a root has answered.

@@ -17,6 +17,18 @@
 //! - `lock.rs` — the writer lock, the seqlock write, process-id helpers.
 //! - `status.rs` — the sync status block, written and read under its own
 //!   seqlock.
+//! - `slots.rs` — a slot as the other files read it: its quota under the
+//!   seqlock, its counter, its flags.
+//! - `index.rs` — the name index: open addressing from a name's hash to
+//!   its slot, lookups and inserts.
+//! - `keys.rs` — the counters of per-key quotas, one per (template, key
+//!   hash): found, created, read; `key_entries.rs` — the key section's
+//!   entries (a key's two buckets, its counter word, the overflow
+//!   counter); `key_moves.rs` — making room for a key whose two buckets
+//!   are full (moving entries, evicting drained ones).
+//! - `tier_section.rs` — overrides and penalties per key in the region.
+//! - `listing.rs` — the table read whole: every quota with its live state
+//!   (listings, snapshots, the busiest quotas).
 
 pub mod geometry;
 pub(in crate::table) mod heap;
