@@ -120,6 +120,14 @@ impl SyncEngine {
         self.restarts.resume(table, &mut self.links);
     }
 
+    /// Root `root` refused this exchange's numbered request as malformed in
+    /// every encoding: it predates numbered requests (a rollback), so it
+    /// took nothing in. It is sent unnumbered requests, the unconfirmed
+    /// ones' weight among them, until a reply says it takes sequences.
+    pub fn refused_numbered(&mut self, root: usize) {
+        self.links[root].takes_sequence = false;
+    }
+
     /// Gives this sync thread the id `incarnation` in its numbered
     /// requests instead of a random one (the simulator's hosts, tests).
     pub fn set_incarnation(&mut self, incarnation: u64) {

@@ -88,11 +88,13 @@
 //!   driven by both the networked loop and the simulator, composing the
 //!   parts below; its tests beside it: `engine_tests.rs` (replies built
 //!   by hand), and through real root ledgers `return_tests.rs` (weight
-//!   given back) and `in_flight_tests.rs` (slot quotas: the lease,
-//!   restarts, a sync thread started anew).
+//!   given back), `in_flight_tests.rs` (slot quotas: the lease,
+//!   restarts, a sync thread started anew) and `exact_tests.rs` (lost
+//!   replies, copies and late copies counted once).
 //! - `accounting.rs` — what each root is owed, and what a reply
 //!   acknowledges of the weight sent.
-//! - `request.rs` — a cycle's request to each root ([`Outgoing`]) and the
+//! - `request.rs` — a cycle's request to each root ([`Outgoing`]), numbered
+//!   with the unconfirmed earlier ones it carries again, and the
 //!   pages that answer it ([`Page`]).
 //! - `restart.rs` — a root found restarted: what it is sent again, when
 //!   its new instance's levels are adopted, what a later thread resumes.

@@ -154,6 +154,9 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                     encodings.insert(ex.root, ex.encoding);
                 }
                 engine.count_bytes(ex.root, ex.bytes_sent, ex.bytes_received);
+                if ex.refused_numbered {
+                    engine.refused_numbered(ex.root);
+                }
                 log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
             }
             Err(e) => {
@@ -236,6 +239,10 @@ struct Exchange {
     bytes_received: u64,
     /// How to talk to the root next time.
     encoding: Encoding,
+    /// The root refused the numbered request as malformed in every
+    /// encoding (400 or 415): it predates numbered requests (rolled back),
+    /// and took nothing in.
+    refused_numbered: bool,
 }
 
 /// Why a post failed.
@@ -244,6 +251,8 @@ enum PostError {
     /// predates the binary encoding): nothing was taken in, ask again in
     /// JSON.
     Binary(String),
+    /// A JSON body refused as malformed (400 or 415).
+    Refused(String),
     /// Anything else.
     Other(String),
 }
@@ -272,6 +281,7 @@ async fn exchange(
         bytes_sent: 0,
         bytes_received: 0,
         encoding,
+        refused_numbered: false,
     };
     let mut request = Some(request);
     let mut pages = 0;
@@ -302,6 +312,10 @@ async fn exchange(
                     received_at,
                     reply,
                 });
+            }
+            Err(PostError::Refused(e)) => {
+                ex.refused_numbered = pages == 0 && req.sequence.is_some();
+                ex.error = Some(e);
             }
             Err(PostError::Binary(e) | PostError::Other(e)) => ex.error = Some(e),
         }
@@ -369,10 +383,10 @@ async fn post(
         let error = format!("HTTP {status}: {text}");
         let refused = status == reqwest::StatusCode::UNSUPPORTED_MEDIA_TYPE
             || status == reqwest::StatusCode::BAD_REQUEST;
-        return Err(if binary && refused {
-            PostError::Binary(error)
-        } else {
-            other(error)
+        return Err(match (binary, refused) {
+            (true, true) => PostError::Binary(error),
+            (false, true) => PostError::Refused(error),
+            _ => other(error),
         });
     }
     decode_reply(&bytes, binary_reply).map_err(other)

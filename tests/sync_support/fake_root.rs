@@ -1,7 +1,9 @@
 //! A root that misbehaves on purpose: it answers `POST /v1/sync` with
 //! garbage, with HTTP 500, or not at all; or a proxy in front of a real
 //! root that refuses binary sync bodies, as a root older than the binary
-//! encoding does.
+//! encoding does; or a proxy whose [`Versioned`] mode, changed while it
+//! runs, makes the real root behind it look like one that predates
+//! numbered requests, or loses its replies.
 //!
 //! Plain threads and blocking sockets: one thread accepts, one thread per
 //! connection reads a request and answers it (then closes, so the client
@@ -9,7 +11,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -32,6 +34,27 @@ pub enum Misbehaviour {
         root: SocketAddr,
         refuse: Option<u16>,
     },
+    /// Forwards every request to the real root at `root` as
+    /// [`FakeRoot::mode`] says at the time (the [`Versioned`] modes).
+    Versioned { root: SocketAddr },
+}
+
+/// The modes of a [`Misbehaviour::Versioned`] proxy.
+pub struct Versioned;
+
+impl Versioned {
+    /// Everything goes through.
+    pub const CURRENT: u8 = 0;
+    /// The root predates numbered requests (binary request format 4,
+    /// reply format 5): a request for reply format 5 is answered in
+    /// format 4, which has no `takes_sequence` flag, as such a root
+    /// answers the newest format it has; a numbered request is refused
+    /// as it refuses it (415 for the binary format it does not know, 400
+    /// for JSON with a field it does not know).
+    pub const PREDATES_SEQUENCES: u8 = 1;
+    /// Requests reach the root, which applies them; its replies are lost
+    /// (the connection is closed without an answer).
+    pub const REPLIES_LOST: u8 = 2;
 }
 
 /// Quota names the garbage replies carry; a limiter must never hold one.
@@ -45,6 +68,11 @@ pub struct FakeRoot {
     pub requests: Arc<AtomicUsize>,
     /// Of those, requests with a binary body.
     pub binary: Arc<AtomicUsize>,
+    /// Of those, numbered requests (binary format 4, or JSON with a
+    /// `sequence`).
+    pub numbered: Arc<AtomicUsize>,
+    /// The [`Versioned`] mode of a versioned proxy.
+    pub mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
 }
@@ -57,25 +85,31 @@ impl FakeRoot {
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicUsize::new(0));
         let binary = Arc::new(AtomicUsize::new(0));
-        let (s, r, b) = (
-            Arc::clone(&stop),
-            Arc::clone(&requests),
-            Arc::clone(&binary),
-        );
+        let numbered = Arc::new(AtomicUsize::new(0));
+        let mode = Arc::new(AtomicU8::new(Versioned::CURRENT));
+        let seen = Seen {
+            requests: Arc::clone(&requests),
+            binary: Arc::clone(&binary),
+            numbered: Arc::clone(&numbered),
+            mode: Arc::clone(&mode),
+            stop: Arc::clone(&stop),
+        };
         let accept = std::thread::spawn(move || {
             for stream in listener.incoming() {
-                if s.load(Ordering::Acquire) {
+                if seen.stop.load(Ordering::Acquire) {
                     return;
                 }
                 let Ok(stream) = stream else { continue };
-                let (s, r, b) = (Arc::clone(&s), Arc::clone(&r), Arc::clone(&b));
-                std::thread::spawn(move || serve(stream, how, &r, &b, &s));
+                let seen = seen.clone();
+                std::thread::spawn(move || serve(stream, how, &seen));
             }
         });
         Self {
             url,
             requests,
             binary,
+            numbered,
+            mode,
             stop,
             accept: Some(accept),
         }
@@ -93,28 +127,76 @@ impl Drop for FakeRoot {
     }
 }
 
+/// What the connections of one fake root count and share.
+#[derive(Clone)]
+struct Seen {
+    requests: Arc<AtomicUsize>,
+    binary: Arc<AtomicUsize>,
+    numbered: Arc<AtomicUsize>,
+    mode: Arc<AtomicU8>,
+    stop: Arc<AtomicBool>,
+}
+
 /// Reads one request (headers and a `content-length` body) and answers
 /// it. The `n`th request of a garbage root gets the `n`th kind of garbage.
-fn serve(
-    mut stream: TcpStream,
-    how: Misbehaviour,
-    requests: &AtomicUsize,
-    binary: &AtomicUsize,
-    stop: &AtomicBool,
-) {
+fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
+    let stop = &*seen.stop;
     let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
-    let Some(request) = read_request(&mut stream, stop) else {
+    let Some(mut request) = read_request(&mut stream, stop) else {
         return;
     };
-    let n = requests.fetch_add(1, Ordering::AcqRel);
+    let n = seen.requests.fetch_add(1, Ordering::AcqRel);
     let end = find(&request, b"\r\n\r\n").unwrap_or(0);
     let is_binary = String::from_utf8_lossy(&request[..end])
         .to_ascii_lowercase()
         .contains("content-type: application/x-sluice-sync");
     if is_binary {
-        binary.fetch_add(1, Ordering::AcqRel);
+        seen.binary.fetch_add(1, Ordering::AcqRel);
+    }
+    let body = &request[(end + 4).min(request.len())..];
+    let numbered = if is_binary {
+        // The format's version is the body's fourth byte.
+        body.get(3) == Some(&4)
+    } else {
+        find(body, b"\"sequence\"").is_some()
+    };
+    if numbered {
+        seen.numbered.fetch_add(1, Ordering::AcqRel);
     }
     let reply = match how {
+        Misbehaviour::Versioned { root } => {
+            match seen.mode.load(Ordering::Acquire) {
+                Versioned::PREDATES_SEQUENCES if numbered => {
+                    let (status, message) = if is_binary {
+                        (
+                            "415 Unsupported Media Type",
+                            "unsupported binary request version 4",
+                        )
+                    } else {
+                        ("400 Bad Request", "unknown field `sequence`")
+                    };
+                    let body = format!(r#"{{"error": {{"field": null, "message": "{message}"}}}}"#);
+                    let _ = stream.write_all(response(status, &body).as_bytes());
+                    return;
+                }
+                Versioned::PREDATES_SEQUENCES => {
+                    let head =
+                        String::from_utf8_lossy(&request[..end]).replace("version=5", "version=4");
+                    let mut older = head.into_bytes();
+                    older.extend_from_slice(&request[end..]);
+                    request = older;
+                }
+                _ => {}
+            }
+            let reply = forward(root, &request);
+            if seen.mode.load(Ordering::Acquire) == Versioned::REPLIES_LOST {
+                return;
+            }
+            if let Some(reply) = reply {
+                let _ = stream.write_all(&reply);
+            }
+            return;
+        }
         Misbehaviour::Proxy { refuse, .. } if is_binary && refuse.is_some() => response(
             &format!("{} Refused", refuse.unwrap()),
             r#"{"error": {"field": null, "message": "expected value at line 1 column 1"}}"#,
