@@ -346,8 +346,8 @@ int sluice_quota_count(void);
 // `last_error`, `round_trip_ms` (the last sync's round trip) and
 // `clock_offset_ms` (the root's clock minus this host's), both in
 // milliseconds to the microsecond, `bytes_sent`, `bytes_received`,
-// `dropped_deltas`, `dropped_returns`, `unconfirmed` (numbered requests
-// whose exchanges failed, sent again and applied once), `unconfirmed_merged`.
+// `dropped_deltas`, `dropped_returns`, `unconfirmed`,
+// `unconfirmed_merged`.
 char *sluice_sync_metrics_json(void);
 
 // Frees a string returned by sluice (NULL is ignored).
