@@ -374,8 +374,19 @@ fn render_tiers(
     for (name, help, value) in [
         (
             "sluice_overrides_refused_total",
-            "Overrides and penalties refused: the tier section was full.",
+            "Overrides refused: the tier section was full of overrides.",
             s.refused,
+        ),
+        (
+            "sluice_penalties_refused_total",
+            "Penalties refused: the penalties' share of the tier section (half) was full of \
+             penalties ending later.",
+            s.penalties_refused,
+        ),
+        (
+            "sluice_penalties_evicted_total",
+            "Penalties that gave way, ending first, to a later penalty or to an override.",
+            s.penalties_evicted,
         ),
         (
             "sluice_penalties_started_total",

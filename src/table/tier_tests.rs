@@ -691,3 +691,97 @@ fn a_deny_applied_before_a_check_is_never_missed_under_concurrency() {
     assert_eq!(*missed.lock().unwrap(), [0u64; 0], "{stats:?}");
     assert!(stats.relocations + stats.reclaimed > 0, "{stats:?}");
 }
+
+#[test]
+fn a_check_decided_on_the_shared_overflow_counter_starts_no_penalty() {
+    // Room for a few keys; `api_user` has a one-minute penalty per key.
+    let t = Table::new_heap_with(16, 16, 4, 256);
+    t.books().apply_quotas(&[
+        Quota::new(1, "api", 1000.0, 1000.0, 1000.0),
+        Quota::new(2, "api_user", 1.0, 3.0, 3.0)
+            .with_parent(Some(1))
+            .keyed()
+            .penalized(Some(PenaltyTime::parse("1m").unwrap())),
+    ]);
+    let full = |key: &[u8]| {
+        let item = CheckItem {
+            name: b"api_user",
+            key: Some(key),
+            weight: 1,
+            max_wait: None,
+        };
+        t.gate()
+            .check_many(&[item], 0, CheckOptions::default(), never)
+    };
+    // Fresh keys until the key section is full: from then on each fresh
+    // key is decided on the template's own counter, which stands for
+    // every key without an entry (the `shared` overflow mode) and soon
+    // rejects them past its high burst.
+    let (mut overflowed, mut rejected) = (0, 0);
+    for k in 0..200u32 {
+        let r = full(&k.to_le_bytes());
+        if !r.overflow {
+            continue;
+        }
+        overflowed += 1;
+        if let Outcome::Reject(rejection) = r.outcome {
+            rejected += 1;
+            assert_ne!(rejection.cause, Cause::Penalty, "key {k}");
+        }
+    }
+    assert!(
+        overflowed > 100 && rejected > 100,
+        "{overflowed} {rejected}"
+    );
+    assert_eq!(t.tier_stats().started, 0);
+    assert!(t.books().take_started_penalties().is_empty());
+    // A key with an entry of its own still earns its penalty.
+    let own = 0u32.to_le_bytes();
+    while !matches!(full(&own).outcome, Outcome::Reject(_)) {}
+    assert_eq!(t.tier_stats().started, 1);
+}
+
+#[test]
+fn penalties_take_at_most_half_the_section_ending_first_giving_way() {
+    let t = Table::new_heap_with(16, 16, 0, 64);
+    t.books()
+        .apply_quotas(&[Quota::new(7, "t", 1.0, 1.0, 1.0).keyed()]);
+    let cap = t.tier_capacity();
+    let half = cap / 2;
+    // Penalties from the roots, key k ending at k seconds: once half the
+    // section holds penalties, each later one takes the place of the one
+    // ending first.
+    let ending = |k: u64| Penalty(7, k, (k * SEC) as i64);
+    let all: Vec<Penalty> = (1..=cap).map(ending).collect();
+    t.books().merge_penalties(&all);
+    let s = t.tier_stats();
+    assert_eq!(
+        (s.live, s.penalties_evicted, s.penalties_refused),
+        (half, cap - half, 0)
+    );
+    let held = t.books().held_penalties(0);
+    assert_eq!(held.len() as u64, half);
+    assert!(held.iter().all(|p| p.key() > cap - half), "{held:?}");
+    // One ending before every penalty held is refused.
+    t.books().merge_penalties(&[ending(cap + 1000)]);
+    t.books()
+        .merge_penalties(&[Penalty(7, cap + 1, SEC as i64 / 2)]);
+    let s = t.tier_stats();
+    assert_eq!(
+        (s.live, s.penalties_evicted, s.penalties_refused),
+        (half, cap - half + 1, 1)
+    );
+    // Overrides: all `cap` have room, each penalty giving way in turn.
+    let overrides: Vec<Override> = (1..=cap)
+        .map(|k| over(k, 7, 10_000 + k, Rule::Deny, k))
+        .collect();
+    let report = t.books().apply_overrides(&overrides);
+    assert_eq!((report.applied as u64, report.refused), (cap, 0));
+    assert!(t.books().held_penalties(0).is_empty());
+    // Past that the section is full of overrides: the next is refused.
+    let report = t
+        .books()
+        .apply_overrides(&[over(cap + 1, 7, 20_000, Rule::Deny, cap + 1)]);
+    assert_eq!(report.refused, 1);
+    assert_eq!(t.tier_stats().refused, 1);
+}

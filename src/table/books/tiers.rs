@@ -13,7 +13,9 @@ use crate::table::region::layout::{
     TIER_UNSENT,
 };
 use crate::table::region::slots::Slots;
-use crate::table::region::tier_section::{read_entry, write_entry, TierReport, TierSection};
+use crate::table::region::tier_section::{
+    read_entry, write_entry, EntryFor, TierReport, TierSection,
+};
 use crate::table::region::{region_view, SlotId, ACQ, RLX};
 
 region_view!(
@@ -49,7 +51,9 @@ impl TierBooks<'_> {
                 }
                 continue;
             }
-            let Some(e) = TierSection::of(self).tier_entry_for(&lock, o.quota, o.key) else {
+            let Some(e) =
+                TierSection::of(self).tier_entry_for(&lock, o.quota, o.key, EntryFor::Rule)
+            else {
                 report.refused += 1;
                 continue;
             };
@@ -104,7 +108,8 @@ impl TierBooks<'_> {
         let lock = TierSection::of(self).tier_lock();
         match secs {
             Some(secs) => {
-                if let Some(e) = TierSection::of(self).tier_entry_for(&lock, id, 0) {
+                if let Some(e) = TierSection::of(self).tier_entry_for(&lock, id, 0, EntryFor::Rule)
+                {
                     write_entry(e, |e| e.penalty_secs.store(secs, RLX));
                 }
             }
@@ -130,7 +135,9 @@ impl TierBooks<'_> {
             .then(|| Slots::of(self).slot_ids());
         let mut moved = 0;
         for p in penalties.iter().filter(|p| p.until() > 0) {
-            let Some(e) = TierSection::of(self).tier_entry_for(&lock, p.quota(), p.key()) else {
+            let made_for = EntryFor::Penalty { until: p.until() };
+            let Some(e) = TierSection::of(self).tier_entry_for(&lock, p.quota(), p.key(), made_for)
+            else {
                 continue;
             };
             if (e.until.fetch_max(p.until() as u64, SeqCst) as i64) < p.until() {

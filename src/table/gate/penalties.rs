@@ -14,7 +14,7 @@ use crate::table::region::key_entries::KeyTiers;
 use crate::table::region::layout::{
     FLAG_TIERS, TIER_ALLOW, TIER_DENY, TIER_LIMIT, TIER_OUTBOX, TIER_UNSENT,
 };
-use crate::table::region::tier_section::{TierLock, TierSection, CHECK_LOCK_SPINS};
+use crate::table::region::tier_section::{EntryFor, TierLock, TierSection, CHECK_LOCK_SPINS};
 use crate::table::region::{region_view, SlotId, RLX};
 use std::sync::atomic::Ordering::SeqCst;
 
@@ -117,6 +117,11 @@ impl Penalties<'_> {
         estimator: &Estimator,
     ) {
         let depth = rejection.depth;
+        if depth == 0 && chain.overflow {
+            // Decided on the template's own counter, which stands for
+            // every key that found no entry: nothing this key did.
+            return;
+        }
         let Some(s) = self.slot(chain.slots[depth]) else {
             return;
         };
@@ -159,7 +164,8 @@ impl Penalties<'_> {
         let Some(lock) = TierLock::acquire(&t.lock, Some(CHECK_LOCK_SPINS)) else {
             return false;
         };
-        let Some(e) = TierSection::of(self).tier_entry_for(&lock, quota, key) else {
+        let made_for = EntryFor::Penalty { until };
+        let Some(e) = TierSection::of(self).tier_entry_for(&lock, quota, key, made_for) else {
             return false;
         };
         TierSection::of(self).mark_added(slot, key);

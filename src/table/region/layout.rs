@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 14;
+pub const LAYOUT_VERSION: u32 = 15;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -286,8 +286,13 @@ pub struct TierHeader {
     pub live: AtomicU64,
     /// Entries removed since the filter in use was built (its stale bits).
     pub removed: AtomicU64,
-    /// Overrides and penalties refused: the table was full.
+    /// Overrides and quotas' penalty lengths refused: the table was full
+    /// of them.
     pub refused: AtomicU64,
+    /// Penalties refused: their share was full of penalties ending later.
+    pub penalties_refused: AtomicU64,
+    /// Penalties that gave way to a later penalty or an override.
+    pub penalties_evicted: AtomicU64,
     /// Penalties this host started.
     pub started: AtomicU64,
     /// Checks rejected by a `deny` override.

@@ -78,6 +78,17 @@
 //! `max`: a check that rejects at the high burst of a quota with a penalty
 //! raises the end and queues the penalty in the outbox; the sync thread
 //! sends it to the roots, which answer it to every limiter.
+//!
+//! Penalties come only from what a key did, and they cannot crowd out
+//! overrides: entries that hold only a penalty (no override, no quota's
+//! penalty length) may take at most half the section
+//! ([`PENALTY_SHARE`]). A penalty beyond that share, or one that finds
+//! the section full, takes the place of the penalty ending first if that
+//! one ends sooner, else it is refused (both counted); an override or a
+//! quota's penalty length that finds the section full takes the place of
+//! the penalty ending first, so an admin's override always has room
+//! while any penalty holds some. The count of such entries is taken by a
+//! pass over the section only when it is at least half full.
 
 use crate::core::key::KeyHash;
 use crate::core::tier::Rule;
@@ -128,6 +139,21 @@ impl TierRead {
     }
 }
 
+/// Part of the section that entries holding only a penalty may take:
+/// one in `PENALTY_SHARE`.
+pub(in crate::table) const PENALTY_SHARE: u64 = 2;
+
+/// What an entry of the section is made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::table) enum EntryFor {
+    /// A penalty ending at `until` (UTC nanoseconds): within the
+    /// penalties' share, taking the place of one that ends sooner.
+    Penalty { until: i64 },
+    /// An override or a quota's penalty length: the penalty ending first
+    /// gives way when the section is full.
+    Rule,
+}
+
 /// What the tier section holds and did, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierStats {
@@ -135,8 +161,15 @@ pub struct TierStats {
     pub capacity: u64,
     /// Entries in use (overrides, penalties, quotas' penalty lengths).
     pub live: u64,
-    /// Overrides and penalties refused: the section was full.
+    /// Overrides and quotas' penalty lengths refused: the section was full
+    /// of them.
     pub refused: u64,
+    /// Penalties refused: the penalties' share (or the section) was full
+    /// of penalties ending later.
+    pub penalties_refused: u64,
+    /// Penalties that gave way, ending first, to a later penalty or to an
+    /// override.
+    pub penalties_evicted: u64,
     /// Penalties this host started.
     pub started: u64,
     /// Checks rejected by a `deny` override.
@@ -294,6 +327,8 @@ impl<'r> TierSection<'r> {
             capacity: self.tier_capacity(),
             live: t.live.load(RLX),
             refused: t.refused.load(RLX),
+            penalties_refused: t.penalties_refused.load(RLX),
+            penalties_evicted: t.penalties_evicted.load(RLX),
             started: t.started.load(RLX),
             denied: t.denied.load(RLX),
             penalized: t.penalized.load(RLX),
@@ -419,21 +454,26 @@ impl<'r> TierSection<'r> {
         KeyEntries::of(self).mark_key_tiers(template, key);
     }
 
-    /// The entry of `(quota, key)`, made if there is none (the tier lock
-    /// held); `None` when the section is full (counted).
+    /// The entry of `(quota, key)`, made for `made_for` if there is none
+    /// (the tier lock held); `None` when there is no room (counted): see
+    /// "Penalties" in the module doc.
     pub(in crate::table) fn tier_entry_for(
         &self,
-        _lock: &TierLock,
+        lock: &TierLock,
         quota: u64,
         key: KeyHash,
+        made_for: EntryFor,
     ) -> Option<&'r TierEntry> {
         if let Some(e) = self.find_tier(quota, key) {
             return Some(e);
         }
         let entries = self.region().tier_entries();
         let t = &self.header().tiers;
-        if entries.is_empty() || t.live.load(RLX) >= self.tier_capacity() {
+        if entries.is_empty() {
             t.refused.fetch_add(1, RLX);
+            return None;
+        }
+        if !self.make_room(lock, made_for) {
             return None;
         }
         let mut at = self.tier_home(quota, key);
@@ -456,6 +496,67 @@ impl<'r> TierSection<'r> {
         e.quota.store(quota, REL);
         t.live.fetch_add(1, RLX);
         Some(e)
+    }
+
+    /// Whether an entry made for `made_for` has room, making it by
+    /// removing the penalty ending first where the rules say (the tier
+    /// lock held); a refusal is counted.
+    fn make_room(&self, lock: &TierLock, made_for: EntryFor) -> bool {
+        let t = &self.header().tiers;
+        let capacity = self.tier_capacity();
+        let share = (capacity / PENALTY_SHARE).max(1);
+        let live = t.live.load(RLX);
+        let full = live >= capacity;
+        let penalty = matches!(made_for, EntryFor::Penalty { .. });
+        if !(full || penalty && live >= share) {
+            return true;
+        }
+        let (penalties, first) = self.penalty_entries();
+        if !full && penalties < share {
+            return true;
+        }
+        let gives_way = match (made_for, first) {
+            (EntryFor::Penalty { until }, Some((_, end))) => end < until,
+            (EntryFor::Rule, Some(_)) => true,
+            (_, None) => false,
+        };
+        match first {
+            Some((at, _)) if gives_way => {
+                self.remove_tier_at(lock, at);
+                t.penalties_evicted.fetch_add(1, RLX);
+                true
+            }
+            _ => {
+                let refused = match made_for {
+                    EntryFor::Penalty { .. } => &t.penalties_refused,
+                    EntryFor::Rule => &t.refused,
+                };
+                refused.fetch_add(1, RLX);
+                false
+            }
+        }
+    }
+
+    /// The entries that hold only a penalty (no override, no quota's
+    /// penalty length), counted, and the one ending first with its end
+    /// (a pass over the section).
+    fn penalty_entries(&self) -> (u64, Option<(usize, i64)>) {
+        let mut count = 0;
+        let mut first: Option<(usize, i64)> = None;
+        for (at, e) in self.tier_entries().iter().enumerate() {
+            if e.quota.load(RLX) == 0
+                || e.rule.load(RLX) & TIER_KIND != TIER_NONE
+                || e.penalty_secs.load(RLX) != 0
+            {
+                continue;
+            }
+            let until = e.until.load(RLX) as i64;
+            count += 1;
+            if first.is_none_or(|(_, end)| until < end) {
+                first = Some((at, until));
+            }
+        }
+        (count, first)
     }
 
     /// Removes the entry at `at` (the tier lock held), shifting back the
