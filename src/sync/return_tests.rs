@@ -426,3 +426,53 @@ proptest::proptest! {
         }
     }
 }
+
+/// Issue 34, case 3: holds a root cannot apply. A host holds 300
+/// requests on a 1/s quota (nginx's `wait=`: each counts its turn when it
+/// is made); its root keeps what its level cap lets through. The clients
+/// leave, and the 300 come back as a return that the root applies down to
+/// zero and no further. The part it could not apply is not other hosts'
+/// fill: the host's estimate stays at the root's level (it climbed to 87
+/// above it, a fill rate of 98/s, when it was read so) and an honest
+/// request then waits no turn.
+#[test]
+fn a_return_the_root_clips_is_not_read_as_other_hosts_fill() {
+    let paced = vec![Quota::new(1, "q", 1.0, 1.0, 1.0)];
+    let mut roots = vec![SimRoot::new(&paced, 100, 0, 0)];
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&paced);
+    let mut e = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 0);
+    let hold = CheckItem {
+        max_wait: Some(3600 * SEC),
+        ..item(1)
+    };
+    let mut now = SEC;
+    cycle(&mut e, &t, &mut roots, &[], now, |_| {});
+    for _ in 0..300 {
+        let r = t.gate().reserve(&hold, 3600 * SEC, now);
+        assert_eq!(r.outcome, Outcome::Pass);
+    }
+    now += SEC;
+    cycle(&mut e, &t, &mut roots, &[], now, |_| {});
+    let kept = roots[0].level(1, now).unwrap();
+    assert!(kept < 300.0, "the root keeps no more than its cap: {kept}");
+    now += SEC / 2;
+    assert_eq!(t.gate().give_back(&hold, 300, now, now, false), 300);
+    let mut worst: f64 = 0.0;
+    for _ in 0..8 {
+        now += SEC;
+        cycle(&mut e, &t, &mut roots, &[], now, |_| {});
+        assert_eq!(roots[0].level(1, now), Some(0.0));
+        for tenth in 0..10 {
+            worst = worst.max(level(&t, now + tenth * SEC / 10));
+        }
+    }
+    let st = t.quota(b"q", now).unwrap();
+    assert!(
+        worst <= 1.0,
+        "estimate above the root's level of 0 by {worst} (fill rate {})",
+        st.fill_rate
+    );
+    let honest = t.gate().reserve(&hold, 3600 * SEC, now + SEC / 2);
+    assert_eq!((honest.outcome, honest.wait), (Outcome::Pass, 0));
+}

@@ -21,10 +21,11 @@
 //! reply of the same root replaces it where another root's is max-merged
 //! ([`crate::core::Counting::merge_reply`]).
 
+use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::books::key_sync::KeySync;
-use crate::table::books::merge::merge;
+use crate::table::books::merge::{merge, Known};
 use crate::table::books::tally::{
     fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
     slot_source, slot_tally, store_tally, CollectedDelta,
@@ -117,16 +118,18 @@ impl Counters<'_> {
     /// `source` into the slot if it still holds quota `id` (or into its
     /// key `key`, when not 0): it replaces the known level if that is the
     /// same root's earlier value, else the larger counts. Takes `acked`
-    /// weight (signed: net of returns) off in-flight (the value includes
-    /// it), and updates the others' fill rate. Returns false if the slot
-    /// holds another quota now (or this host has no entry for the key).
+    /// weight (its net: added less given back) off in-flight (the value
+    /// includes it), and updates the others' fill rate: what the value
+    /// holds beyond this host's weight, its returns stopped at zero as the
+    /// root stops them. Returns false if the slot holds another quota now
+    /// (or this host has no entry for the key).
     pub(in crate::table) fn merge_counter(
         &self,
         slot: SlotId,
         id: u64,
         key: KeyHash,
         value: Tally,
-        acked: i64,
+        acked: Acked,
         source: Source,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
@@ -145,20 +148,16 @@ impl Counters<'_> {
         let counting = Slots::of(self).slot_counting(s);
         let (known, old_rate) = slot_tally(s);
         let horizon = self.estimator().horizon;
-        let m = merge(
-            &counting,
-            known,
-            slot_source(s),
-            old_rate,
-            value,
-            source,
-            acked,
-            horizon,
-        );
+        let known = Known {
+            tally: known,
+            source: slot_source(s),
+            rate: old_rate,
+        };
+        let m = merge(&counting, known, (value, source), acked, horizon);
         if m.taken {
             set_slot_source(s, source);
         }
-        settle_unacked(&s.unacked, acked, || store_tally(s, m.tally, m.rate));
+        settle_unacked(&s.unacked, acked.net(), || store_tally(s, m.tally, m.rate));
         true
     }
 

@@ -10,10 +10,11 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use super::merge::merge;
+use super::merge::{merge, Known};
 use super::tally::{
     self, fold_weight, folded_source, send_pending, settle_unacked, CollectedDelta,
 };
+use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
 use crate::table::region::key_entries::{
@@ -183,7 +184,7 @@ impl KeySync<'_> {
         id: u64,
         hash: KeyHash,
         value: Tally,
-        acked: i64,
+        acked: Acked,
         source: Source,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
@@ -203,16 +204,12 @@ impl KeySync<'_> {
         let known = key_tally(e, &counting, value.at);
         let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
         let horizon = self.estimator().horizon;
-        let m = merge(
-            &counting,
-            known,
-            key_source(e),
-            old_rate,
-            value,
-            source,
-            acked,
-            horizon,
-        );
+        let known = Known {
+            tally: known,
+            source: key_source(e),
+            rate: old_rate,
+        };
+        let m = merge(&counting, known, (value, source), acked, horizon);
         if m.taken {
             set_key_source(e, source);
         }
@@ -225,7 +222,9 @@ impl KeySync<'_> {
         } else if !keeps_prev(&counting) {
             e.fill.store((m.rate as f32).to_bits(), RLX);
         }
-        settle_unacked(&e.unacked, acked, || store_key_tally(e, &counting, m.tally));
+        settle_unacked(&e.unacked, acked.net(), || {
+            store_key_tally(e, &counting, m.tally)
+        });
         true
     }
 

@@ -13,6 +13,7 @@
 //! is max-merged.
 
 use super::tally::measure_rate;
+use crate::core::estimate::Acked;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::region::layout::{Source, FOLDED};
 
@@ -28,6 +29,17 @@ pub(in crate::table) struct Merged {
     pub(in crate::table) rate: f64,
 }
 
+/// A counter as a merge finds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(in crate::table) struct Known {
+    /// Its tally.
+    pub(in crate::table) tally: Tally,
+    /// Which root's value it is ([`Source`]).
+    pub(in crate::table) source: Source,
+    /// The other hosts' fill rate measured so far.
+    pub(in crate::table) rate: f64,
+}
+
 /// True when a reply of `source` replaces a level known from `known`
 /// rather than being max-merged with it (see the module doc).
 pub(in crate::table) fn replaces(known: Source, source: Source) -> bool {
@@ -35,27 +47,26 @@ pub(in crate::table) fn replaces(known: Source, source: Source) -> bool {
 }
 
 /// Merges `value`, a reply of root `source` that acknowledges `acked` of
-/// this host's weight, into a counter known as `known` (from
-/// `known_source`, with the fill rate `old_rate`). The rate is measured
-/// over a span of at least a quarter of the extrapolation `horizon` (half
-/// an interval): several roots answering one cycle milliseconds apart
-/// must not turn a few units into a huge rate.
+/// this host's weight (added and given back), into a counter counting so
+/// and found as `known`.
+///
+/// The rate is measured over a span of at least a quarter of the
+/// extrapolation `horizon` (half an interval): several roots answering
+/// one cycle milliseconds apart must not turn a few units into a huge
+/// rate.
 pub(in crate::table) fn merge(
     counting: &Counting,
-    known: Tally,
-    known_source: Source,
-    old_rate: f64,
-    value: Tally,
-    source: Source,
-    acked: i64,
+    known: Known,
+    (value, source): (Tally, Source),
+    acked: Acked,
     horizon: Nanos,
 ) -> Merged {
-    let (tally, taken) = counting.merge_reply(known, value, replaces(known_source, source));
-    let span = tally.at.saturating_sub(known.at);
+    let (tally, taken) = counting.merge_reply(known.tally, value, replaces(known.source, source));
+    let span = tally.at.saturating_sub(known.tally.at);
     let rate = if span >= horizon / 4 {
-        measure_rate(counting, known, tally, acked as f64, old_rate)
+        measure_rate(counting, known.tally, tally, acked, known.rate)
     } else {
-        old_rate
+        known.rate
     };
     Merged { tally, taken, rate }
 }
@@ -81,10 +92,15 @@ mod tests {
     #[test]
     fn a_lower_reply_wins_only_where_it_replaces() {
         let counting = Counting::Leak(0.0);
-        let known = at(5.0, 1_000);
-        let m = merge(&counting, known, 1, 0.0, at(2.0, 2_000), 1, 0, 0);
+        let known = Known {
+            tally: at(5.0, 1_000),
+            source: 1,
+            rate: 0.0,
+        };
+        let none = Acked::default();
+        let m = merge(&counting, known, (at(2.0, 2_000), 1), none, 0);
         assert_eq!((m.tally.level, m.taken), (2.0, true));
-        let m = merge(&counting, known, 1, 0.0, at(2.0, 2_000), 2, 0, 0);
+        let m = merge(&counting, known, (at(2.0, 2_000), 2), none, 0);
         assert_eq!(m.tally.level, 5.0);
     }
 }
