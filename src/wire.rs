@@ -218,6 +218,62 @@ fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
 
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
+}
+
+/// Where a request stands in its limiter's stream of requests to one root
+/// process: the limiter's incarnation (a random id each sync thread
+/// draws when it starts) and the request's number in it. A root that
+/// takes sequences ([`SyncResponse::takes_sequence`]) applies the weight
+/// of each `(incarnation, seq)` once: a request it already applied (its
+/// reply was lost, and the limiter sent it again) is answered without its
+/// weight counted a second time (docs/DESIGN.md, "Exactly once").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sequence {
+    /// The sending sync thread's random id (never 0).
+    pub incarnation: u64,
+    /// The request's number from that thread to this root, from 1 up; a
+    /// request sent again keeps its number.
+    pub seq: u64,
+}
+
+/// The weight of an earlier numbered request, carried again inside a
+/// later one: that request's exchange failed, so the root may have
+/// applied it (its reply lost) or not. A root applies the parts of a
+/// request in order, each only if it has not applied its number yet, then
+/// the request's own weight under [`SyncRequest::sequence`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replay {
+    /// The earlier request's number (same incarnation as the request's).
+    pub seq: u64,
+    /// Its named deltas, leaked to the time they go again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deltas: Vec<CounterDelta>,
+    /// Its keys' deltas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyed: Vec<KeyedDeltas>,
+    /// Its named returns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub returned: Vec<CounterDelta>,
+    /// Its keys' returns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyed_returned: Vec<KeyedDeltas>,
+}
+
+impl Replay {
+    /// Entries it takes of [`MAX_DELTAS_PER_SYNC`]: one for the part,
+    /// and its deltas and returns as a request's count.
+    pub fn entry_count(&self) -> usize {
+        1 + self.deltas.len()
+            + keyed_entries(&self.keyed)
+            + self.returned.len()
+            + keyed_entries(&self.keyed_returned)
+    }
+}
+
 /// A limiter's sync request to one root.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -265,6 +321,17 @@ pub struct SyncRequest {
     /// ([`SyncResponse::takes_tiers`]): an older root refuses the field.
     #[serde(default, skip_serializing_if = "TierRequest::is_empty")]
     pub tiers: TierRequest,
+    /// The request's place in its limiter's stream to this root, sent only
+    /// to a root whose replies say it takes sequences
+    /// ([`SyncResponse::takes_sequence`]): an older root refuses the field.
+    /// Without it a root applies the request's weight whatever came before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<Sequence>,
+    /// Earlier numbered requests of the same incarnation whose exchanges
+    /// failed, in increasing order of their numbers, all below the
+    /// request's own: applied first, each once (see [`Replay`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replay: Vec<Replay>,
 }
 
 impl SyncRequest {
@@ -278,6 +345,7 @@ impl SyncRequest {
             + self.returned.len()
             + keyed_entries(&self.keyed_returned)
             + self.tiers.penalties.len()
+            + self.replay.iter().map(Replay::entry_count).sum::<usize>()
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
@@ -293,6 +361,44 @@ impl SyncRequest {
         check_keyed("keyed", &self.keyed)?;
         check_named("returned", &self.returned)?;
         check_keyed("keyed_returned", &self.keyed_returned)?;
+        let mut below = self.sequence.map(|s| s.seq);
+        for (i, part) in self.replay.iter().enumerate().rev() {
+            // Increasing numbers, all below the request's own: a root
+            // takes each number up to the last it applied as applied.
+            match below {
+                Some(next) if part.seq < next && part.seq > 0 => below = Some(part.seq),
+                Some(_) => {
+                    return Err(WireError::new(
+                        format!("replay[{i}].seq"),
+                        "earlier requests go in increasing order, from 1, below the request's own number",
+                    ))
+                }
+                None => {
+                    return Err(WireError::new(
+                        "replay",
+                        "earlier requests go only with a numbered request (sequence)",
+                    ))
+                }
+            }
+            check_named(&format!("replay[{i}].deltas"), &part.deltas)?;
+            check_keyed(&format!("replay[{i}].keyed"), &part.keyed)?;
+            check_named(&format!("replay[{i}].returned"), &part.returned)?;
+            check_keyed(&format!("replay[{i}].keyed_returned"), &part.keyed_returned)?;
+        }
+        if let Some(s) = self.sequence {
+            if s.incarnation == 0 {
+                return Err(WireError::new(
+                    "sequence.incarnation",
+                    "0 names no incarnation",
+                ));
+            }
+            if s.seq == 0 {
+                return Err(WireError::new(
+                    "sequence.seq",
+                    "requests are numbered from 1",
+                ));
+            }
+        }
         self.tiers.check()
     }
 }
@@ -450,6 +556,18 @@ pub struct SyncResponse {
     /// (one that predates tiers refuses the field).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub takes_tiers: bool,
+    /// The root takes sequences ([`SyncRequest::sequence`]): it applies
+    /// the weight of each numbered request of a limiter once, however
+    /// often it is sent. A limiter numbers its requests only to a root
+    /// that says so (one that predates sequences refuses the field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_sequence: bool,
+    /// To a numbered request: the highest number of its sync thread the
+    /// root has applied, the request's parts included. A limiter takes
+    /// every request it still holds unconfirmed up to it as applied (the
+    /// root's counts in this reply include them). 0 otherwise.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub applied_through: u64,
     /// Overrides after the request's cursor and penalties changed since
     /// its version (see [`tiers`]); left out when empty.
     #[serde(default, skip_serializing_if = "TierReply::is_empty")]

@@ -961,7 +961,7 @@ async fn apply_type_errors_name_the_quota_the_field_and_the_line() {
     assert_eq!(reply["error"]["quota"], json!("b"), "{reply}");
     let message = reply["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("expected f64 at line 3, column"),
+        message.contains("invalid rate \"ten\"") && message.contains("at line 3, column"),
         "{reply}"
     );
     assert!(!message.contains("untagged"), "{reply}");

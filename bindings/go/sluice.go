@@ -179,8 +179,11 @@ var ErrClosed = errors.New("sluice: the limiter is closed")
 
 // Config is the JSON object sluice_init takes: roots, sync_interval_ms,
 // sync_timeout_ms, sync_token, limiter_id, capacity, avg_name_bytes,
-// extrapolation, early_sync (include/sluice.h). The library validates it
-// and names a bad key in the error.
+// extrapolation, early_sync, key_overflow, no_key, override_capacity
+// (include/sluice.h). "no_key": "reject" makes a check of a per-key quota
+// without a key Reject (the default, "pass", is NoKey, uncounted, as
+// nginx's limit_req). The library validates it and names a bad key in
+// the error.
 type Config map[string]any
 
 // Limiter is the process-wide limiter of libsluice.
@@ -524,6 +527,12 @@ type RootMetrics struct {
 	// DroppedReturns counts units given back and not sent because the
 	// root predates returns (it keeps them).
 	DroppedReturns uint64 `json:"dropped_returns"`
+	// Unconfirmed counts numbered requests whose exchanges failed: each
+	// goes again with the next request, and the root applies it once.
+	Unconfirmed uint64 `json:"unconfirmed"`
+	// UnconfirmedMerged counts the times the two oldest were carried as
+	// one (64 failed in a row).
+	UnconfirmedMerged uint64 `json:"unconfirmed_merged"`
 }
 
 // UnmarshalJSON reads the library's seconds and milliseconds into

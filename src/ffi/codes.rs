@@ -6,13 +6,15 @@ use std::ffi::c_int;
 /// The request may pass: every quota in its chain had room; the weight was
 /// counted.
 pub const SLUICE_PASS: c_int = 0;
-/// The request is over a quota (its own or an ancestor's); nothing was
-/// counted.
+/// The request is over a quota (its own or an ancestor's), or, with
+/// `no_key` `"reject"` in `sluice_init`'s JSON, a per-key quota was checked
+/// without a key; nothing was counted.
 pub const SLUICE_REJECT: c_int = 1;
 /// No quota has this name: the request passes and is not counted.
 pub const SLUICE_UNKNOWN: c_int = 2;
 /// The quota is per-key and the check gave no key (or an empty one): the
-/// request passes and is not counted.
+/// request passes and is not counted (the default `no_key` `"pass"`; with
+/// `"reject"` a check answers `SLUICE_REJECT` instead).
 pub const SLUICE_NO_KEY: c_int = 3;
 /// The quota is per-key and its key found no entry: every entry of the
 /// key section it could have had holds a key whose count still matters

@@ -63,6 +63,11 @@ struct Config {
     /// What a check does with a key that finds no entry: `shared`,
     /// `reject` or `pass`.
     key_overflow: Option<String>,
+    /// What a check of a per-key quota without a key does: `pass` (the
+    /// default) or `reject`.
+    no_key: Option<String>,
+    /// Overrides of per-key templates' keys and penalties the table holds.
+    override_capacity: u64,
     /// Quota roots: URLs (group 0), or `{"url": ..., "group": n}`; none
     /// for standalone.
     roots: Vec<RootEntry>,
@@ -90,6 +95,8 @@ impl Default for Config {
             key_capacity: 100_000,
             key_secret_file: None,
             key_overflow: None,
+            no_key: None,
+            override_capacity: DEFAULT_OVERRIDE_CAPACITY,
             roots: Vec::new(),
             sync_interval_ms: 1000,
             sync_timeout_ms: None,
@@ -100,6 +107,10 @@ impl Default for Config {
         }
     }
 }
+
+/// `override_capacity` when not given: room for ten thousand overrides
+/// and penalties (about 1 MiB).
+pub(super) const DEFAULT_OVERRIDE_CAPACITY: u64 = 10_000;
 
 /// A checked configuration: what the limiter is built from.
 #[derive(Debug)]
@@ -114,6 +125,11 @@ pub(super) struct Settings {
     pub key_secret: Option<KeySecret>,
     /// What a check does with a key that finds no entry.
     pub key_overflow: KeyOverflow,
+    /// A check of a per-key quota without a key is rejected (`no_key`
+    /// `reject`), not passed uncounted.
+    pub no_key_rejects: bool,
+    /// Overrides and penalties the table holds.
+    pub override_capacity: u64,
     /// How levels are extrapolated between syncs.
     pub extrapolation: Extrapolation,
     /// The sync thread's configuration, validated.
@@ -157,6 +173,17 @@ impl Settings {
                 format!("key_overflow: {word:?} is not one of \"shared\", \"reject\", \"pass\"")
             })?,
         };
+        let no_key_rejects = match config.no_key.as_deref() {
+            None | Some("pass") => false,
+            Some("reject") => true,
+            Some(word) => {
+                return Err(format!(
+                    "no_key: {word:?} is not one of \"pass\", \"reject\""
+                ))
+            }
+        };
+        crate::table::geometry::check_tier_capacity(config.override_capacity)
+            .map_err(|why| format!("override_capacity: {why}"))?;
         let key_secret = match &config.key_secret_file {
             Some(path) => {
                 let contents =
@@ -174,6 +201,8 @@ impl Settings {
             key_capacity: config.key_capacity,
             key_secret,
             key_overflow,
+            no_key_rejects,
+            override_capacity: config.override_capacity,
             extrapolation,
             sync,
         })
@@ -298,6 +327,27 @@ mod tests {
             assert!(e.starts_with("invalid config: sync_token: "), "{bad}: {e}");
         }
         assert!(Settings::from_json(Some(r#"{"sync_token": "s3cr3t-T0ken"}"#)).is_ok());
+    }
+
+    #[test]
+    fn a_missing_key_passes_unless_no_key_says_reject() {
+        assert!(!Settings::from_json(None).unwrap().no_key_rejects);
+        let pass = Settings::from_json(Some(r#"{"no_key": "pass"}"#)).unwrap();
+        assert!(!pass.no_key_rejects);
+        let reject = Settings::from_json(Some(r#"{"no_key": "reject"}"#)).unwrap();
+        assert!(reject.no_key_rejects);
+        let e = refused(r#"{"no_key": "deny"}"#);
+        assert!(e.starts_with("no_key: \"deny\" is not one of"), "{e}");
+    }
+
+    #[test]
+    fn overrides_have_room_unless_told_otherwise() {
+        let settings = Settings::from_json(None).unwrap();
+        assert_eq!(settings.override_capacity, DEFAULT_OVERRIDE_CAPACITY);
+        let none = Settings::from_json(Some(r#"{"override_capacity": 0}"#)).unwrap();
+        assert_eq!(none.override_capacity, 0);
+        let e = refused(r#"{"override_capacity": 1000000000000}"#);
+        assert!(e.starts_with("override_capacity: "), "{e}");
     }
 
     #[test]

@@ -48,6 +48,8 @@ struct RootStatus {
     bytes_received: u64,
     dropped_deltas: u64,
     dropped_returns: u64,
+    unconfirmed: u64,
+    unconfirmed_merged: u64,
 }
 
 impl SyncStatus {
@@ -82,6 +84,8 @@ impl RootStatus {
             bytes_received: r.bytes_received,
             dropped_deltas: r.dropped_deltas,
             dropped_returns: r.dropped_returns,
+            unconfirmed: r.unconfirmed,
+            unconfirmed_merged: r.unconfirmed_merged,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ngx::ffi::{ngx_http_complex_value_t, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_WARN};
 use ngx::http::{Merge, MergeConfigError};
 
-use super::args::EmptyWeight;
+use super::args::{EmptyWeight, NoKey};
 use super::headers::PolicyNames;
 use super::request_counters::{RequestCounters, WAIT_MAX_SLOTS};
 use super::unknown_names::UnknownNames;
@@ -54,6 +54,10 @@ pub(crate) struct MainConf {
     pub group_lines: Vec<(u32, ConfPosition)>,
     /// `sluice_quotas`.
     pub quotas: Option<QuotaFile>,
+    /// The quota names `sluice` and `sluice_charge` directives give as
+    /// literals, and where: checked against `sluice_quotas` once the
+    /// `http` block is read.
+    pub literal_names: Vec<(String, ConfPosition)>,
     /// `sluice_sync_interval`, milliseconds.
     pub sync_interval_ms: Option<u64>,
     /// `sluice_sync_timeout`, milliseconds.
@@ -179,12 +183,14 @@ pub(crate) struct Check {
     /// `wait=`: pace instead of rejecting a request whose turn comes
     /// within this many nanoseconds (`None`: a plain check).
     pub max_wait: Option<u64>,
+    /// `no_key=`: what an empty key does (`pass` unless given).
+    pub no_key: NoKey,
 }
 
 /// One `sluice_charge <name> [key=...] weight=... [if=...] [settle]`
 /// directive: a weight counted after the response (see `charge.rs`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Charge {
+pub(crate) struct ChargeConf {
     /// The quota name, a complex value (variables allowed).
     pub name: *const ngx_http_complex_value_t,
     /// `key=`: the key of a per-key quota.
@@ -213,7 +219,7 @@ pub(crate) struct LocConf {
     /// `sluice off`.
     pub checks: Option<Vec<Check>>,
     /// `sluice_charge` directives; `None` inherits the enclosing level's.
-    pub charges: Option<Vec<Charge>>,
+    pub charges: Option<Vec<ChargeConf>>,
     /// `sluice_status`.
     pub status: Option<ngx_uint_t>,
     /// `sluice_deny_status`: the status of a request whose key an

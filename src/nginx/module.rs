@@ -13,14 +13,14 @@ use ngx::ffi::{
     ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
     NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge};
 
 use super::conf::{LocConf, MainConf, WaitMax, DEFAULT_WAIT_MAX_SLOT};
 use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
-use super::{charge, handler, inflight, util, worker, zone};
+use super::{charge, handler, in_flight, request_state, util, worker, zone};
 
 /// Type through which the `ngx` crate reaches this module's configuration
 /// and provides the configuration callbacks.
@@ -45,10 +45,10 @@ impl HttpModule for Module {
             install_access_handler(cf)?;
             // Charges first among the log handlers (`charge.rs`), so the
             // access log sees `$sluice_charge_status`; in-flight slots go
-            // back in the log phase too (`inflight.rs`), whether or not
+            // back in the log phase too (`in_flight.rs`), whether or not
             // anything was charged.
             charge::install(cf)?;
-            inflight::install_log_handler(cf)
+            in_flight::install_log_handler(cf)
         });
         status_of(ok)
     }
@@ -145,7 +145,7 @@ fn status_of(verdict: *mut c_char) -> ngx_int_t {
 }
 
 fn add_variables(cf: *mut ngx_conf_t) -> Result<(), String> {
-    add_variable(cf, c"sluice_status", handler::status_variable)?;
+    add_variable(cf, c"sluice_status", request_state::status_variable)?;
     add_variable(cf, c"sluice_charge_status", charge::charge_status_variable)
 }
 
@@ -215,8 +215,47 @@ fn finish_main_conf(
             .map(|(_, at)| at.clone());
         (format!("sluice: invalid sync configuration: {e}"), at)
     })?;
+    check_literal_names(cf, mcf)?;
     if mcf.used {
         zone::add(cf, mcf).map_err(|message| (message, None))?;
+    }
+    Ok(())
+}
+
+/// Catches a misspelled quota name before a request does: a literal name
+/// of a `sluice` or `sluice_charge` directive that no quota of
+/// `sluice_quotas` has is an error at its line when there are no roots
+/// (nothing else could define it: its checks would pass uncounted), and a
+/// warning with roots (their quotas may have it).
+fn check_literal_names(
+    cf: *mut ngx_conf_t,
+    mcf: &MainConf,
+) -> Result<(), (String, Option<ConfPosition>)> {
+    let Some(file) = &mcf.quotas else {
+        return Ok(());
+    };
+    let mut warned: Vec<&str> = Vec::new();
+    for (name, at) in &mcf.literal_names {
+        if file.set.quotas.iter().any(|q| q.name == *name) || warned.contains(&name.as_str()) {
+            continue;
+        }
+        let missing = format!("no quota is named \"{name}\" in \"{}\"", file.path);
+        if mcf.roots.is_empty() {
+            return Err((
+                format!(
+                    "{missing}: without sluice_root nothing else defines it, and its checks \
+                     would pass uncounted"
+                ),
+                Some(at.clone()),
+            ));
+        }
+        util::conf_log_at(
+            cf,
+            NGX_LOG_WARN as ngx_uint_t,
+            at,
+            &format!("{missing}: its checks pass uncounted unless a root has it"),
+        );
+        warned.push(name);
     }
     Ok(())
 }

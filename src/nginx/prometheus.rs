@@ -463,7 +463,7 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
         "Root groups none of whose roots answered for two intervals (their shards are limited per host).",
         m.groups_down.len() as f64,
     );
-    let series: [RootSeries; 8] = [
+    let series: [RootSeries; 10] = [
         (
             "sluice_sync_root_up",
             "gauge",
@@ -517,6 +517,18 @@ fn render_sync(out: &mut String, m: &SyncMetrics, roots: &[String], now: Nanos) 
             "counter",
             "Units given back and not sent: the root predates returns and keeps them.",
             |r, _| r.dropped_returns as f64,
+        ),
+        (
+            "sluice_sync_root_unconfirmed",
+            "gauge",
+            "Numbered requests whose exchanges failed: each goes again with the next, and the root applies it once.",
+            |r, _| r.unconfirmed as f64,
+        ),
+        (
+            "sluice_sync_root_unconfirmed_merged_total",
+            "counter",
+            "Times the two oldest unconfirmed requests were carried as one (64 failed in a row).",
+            |r, _| r.unconfirmed_merged as f64,
         ),
     ];
     for (name, kind, help, value) in series {

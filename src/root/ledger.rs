@@ -9,7 +9,7 @@
 
 use crate::core::tier::{Override, Rule};
 use crate::core::{Nanos, Quota};
-use crate::wire::{CounterKey, SyncRequest, SyncResponse, TierReply};
+use crate::wire::{CounterKey, Sequence, SyncRequest, SyncResponse, TierReply};
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
@@ -65,6 +65,16 @@ fn counter_deltas<'a>(
     named.chain(keyed)
 }
 
+/// One part of a sync's weight: its deltas, returns and rejection counts.
+#[derive(Clone, Copy)]
+struct Weight<'a> {
+    deltas: &'a [crate::wire::CounterDelta],
+    keyed: &'a [crate::wire::KeyedDeltas],
+    returned: &'a [crate::wire::CounterDelta],
+    keyed_returned: &'a [crate::wire::KeyedDeltas],
+    rejected: &'a [(u64, u64)],
+}
+
 /// What one sync did and what goes back to the limiter.
 #[derive(Clone, Debug, Default)]
 pub struct SyncStep {
@@ -89,6 +99,13 @@ pub struct SyncStep {
     /// Overrides after the limiter's cursor, penalties changed since its
     /// version.
     pub tiers: TierReply,
+    /// Numbered parts of the request (replayed ones, or its own) applied
+    /// before: their weight, returns and rejections were not counted
+    /// again.
+    pub duplicates: u32,
+    /// The highest number of the request's sync thread applied here, this
+    /// request's parts included (0 for an unnumbered request).
+    pub applied_through: u64,
 }
 
 impl SyncStep {
@@ -112,6 +129,8 @@ impl SyncStep {
             counter_version: self.counters.version,
             takes_returns: true,
             takes_tiers: true,
+            takes_sequence: true,
+            applied_through: self.applied_through,
             tiers: self.tiers,
         }
     }
@@ -347,11 +366,84 @@ impl Ledger {
             .limiters()
             .touch_since(&request.limiter, now, FREE_SECONDS);
         let caller = (number, since);
-        let limiter = Some(number);
+        // Numbered parts applied before (a reply lost, and the limiter
+        // sent them again) are answered, their weight not counted again
+        // (docs/DESIGN.md, "Exactly once"). Each number is recorded
+        // before its part is applied, so that two copies arriving
+        // together count once. The parts go in order: an earlier
+        // request's add before a later one's return of it.
         let mut step = SyncStep::default();
-        let parts = self.by_shard(counter_deltas(&request.deltas, &request.keyed));
-        let returns = self.by_shard(counter_deltas(&request.returned, &request.keyed_returned));
-        let (rejections, cut) = plausible_rejections(&request.rejected, since);
+        let numbered = |seq| {
+            request.sequence.map(|s| Sequence {
+                incarnation: s.incarnation,
+                seq,
+            })
+        };
+        for part in &request.replay {
+            if self.limiters().admit(number, numbered(part.seq)) {
+                let weight = Weight {
+                    deltas: &part.deltas,
+                    keyed: &part.keyed,
+                    returned: &part.returned,
+                    keyed_returned: &part.keyed_returned,
+                    rejected: &[],
+                };
+                self.apply_weight(caller, weight, now, &mut step);
+            } else {
+                step.duplicates += 1;
+            }
+        }
+        if self.limiters().admit(number, request.sequence) {
+            let weight = Weight {
+                deltas: &request.deltas,
+                keyed: &request.keyed,
+                returned: &request.returned,
+                keyed_returned: &request.keyed_returned,
+                rejected: &request.rejected,
+            };
+            self.apply_weight(caller, weight, now, &mut step);
+        } else {
+            step.duplicates += 1;
+        }
+        if let Some(s) = request.sequence {
+            step.applied_through = self.limiters().applied_through(number, s.incarnation);
+        }
+        if step.clipped > 0 {
+            self.limiters()
+                .clipped(number, step.clipped as u64, step.clipped_weight, now);
+        }
+        let quotas = self.quotas_read();
+        step.quotas = quotas.page_after(request.quotas_after, paging.quotas);
+        step.tiers = self.tiers_step(request, &quotas, instance, now, step.quotas.more, paging);
+        drop(quotas);
+        let since = self.counters_since(request, instance);
+        step.counters = if step.quotas.more {
+            ChangedCounters {
+                counters: Vec::new(),
+                keyed: Vec::new(),
+                version: since,
+            }
+        } else {
+            self.counters.changed_since(since, paging.counters, now)
+        };
+        step
+    }
+
+    /// Applies one part of a sync's weight (a replayed earlier request's,
+    /// or the request's own) from limiter `caller` (its number and the
+    /// seconds since its previous sync), counting what it did in `step`.
+    fn apply_weight(
+        &self,
+        (number, since): (u32, f64),
+        weight: Weight<'_>,
+        now: Nanos,
+        step: &mut SyncStep,
+    ) {
+        let caller = (number, since);
+        let limiter = Some(number);
+        let parts = self.by_shard(counter_deltas(weight.deltas, weight.keyed));
+        let returns = self.by_shard(counter_deltas(weight.returned, weight.keyed_returned));
+        let (rejections, cut) = plausible_rejections(weight.rejected, since);
         step.rejections_clipped = cut;
         let mut rejected: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.counters.shard_count()];
         for &(id, count) in &rejections {
@@ -461,24 +553,6 @@ impl Ledger {
             }
         }
         drop(overrides);
-        if step.clipped > 0 {
-            self.limiters()
-                .clipped(number, step.clipped as u64, step.clipped_weight, now);
-        }
-        step.quotas = quotas.page_after(request.quotas_after, paging.quotas);
-        step.tiers = self.tiers_step(request, &quotas, instance, now, step.quotas.more, paging);
-        drop(quotas);
-        let since = self.counters_since(request, instance);
-        step.counters = if step.quotas.more {
-            ChangedCounters {
-                counters: Vec::new(),
-                keyed: Vec::new(),
-                version: since,
-            }
-        } else {
-            self.counters.changed_since(since, paging.counters, now)
-        };
-        step
     }
 
     /// Takes the in-flight slots of every limiter past its lease (not

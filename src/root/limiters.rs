@@ -80,6 +80,60 @@ pub struct LimiterInfo {
     pub clipped_weight: f64,
     /// Root time of its last clipped delta.
     pub last_clipped: Option<Nanos>,
+    /// The numbered requests of its sync threads this root applied.
+    pub applied: Applied,
+    /// Requests it sent again that this root had applied already: their
+    /// weight was not counted a second time.
+    pub duplicates: u64,
+}
+
+/// Sync threads (incarnations) of one limiter whose numbered requests a
+/// root remembers: the current one and those before it, for an nginx
+/// reload whose old thread still syncs beside the new one.
+pub const INCARNATIONS_KEPT: usize = 4;
+
+/// The numbered requests ([`crate::wire::Sequence`]) of one limiter this
+/// root applied: for each of its last [`INCARNATIONS_KEPT`] sync threads,
+/// the highest number applied, most recently used first. A thread sends
+/// its requests to a root one at a time and a request sent again keeps
+/// its number, so a number at or below the highest applied was applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// `(incarnation, highest seq applied)`; incarnation 0: free.
+    threads: [(u64, u64); INCARNATIONS_KEPT],
+}
+
+impl Applied {
+    /// True when the request numbered `s` has not been applied yet, and
+    /// records it as applied: the caller applies it now. A thread not
+    /// among the kept ones takes the place of the least recently used.
+    pub fn admit(&mut self, s: crate::wire::Sequence) -> bool {
+        let at = self
+            .threads
+            .iter()
+            .position(|&(inc, _)| inc == s.incarnation)
+            .unwrap_or(INCARNATIONS_KEPT - 1);
+        let (inc, applied) = self.threads[at];
+        let fresh = inc != s.incarnation || s.seq > applied;
+        let highest = if inc == s.incarnation {
+            applied.max(s.seq)
+        } else {
+            s.seq
+        };
+        // Most recently used first.
+        self.threads.copy_within(0..at, 1);
+        self.threads[0] = (s.incarnation, highest);
+        fresh
+    }
+
+    /// The highest number applied of `incarnation`'s requests (0: none,
+    /// or a thread no longer kept).
+    pub fn highest(&self, incarnation: u64) -> u64 {
+        self.threads
+            .iter()
+            .find(|&&(inc, _)| inc == incarnation && inc != 0)
+            .map_or(0, |&(_, seq)| seq)
+    }
 }
 
 /// Registry of limiters by id.
@@ -152,6 +206,8 @@ impl Limiters {
                         clipped: 0,
                         clipped_weight: 0.0,
                         last_clipped: None,
+                        applied: Applied::default(),
+                        duplicates: 0,
                     },
                 );
                 self.by_last_sync.insert((now, number));
@@ -231,6 +287,30 @@ impl Limiters {
             info.clipped_weight += weight;
             info.last_clipped = Some(now);
         }
+    }
+
+    /// True when limiter `number`'s request numbered `sequence` is to be
+    /// applied (not applied before; see [`Applied::admit`]); a request
+    /// sent again is counted in its `duplicates`. A request without a
+    /// number (a limiter that predates them, or a root it does not know
+    /// takes them) is always applied.
+    pub fn admit(&mut self, number: u32, sequence: Option<crate::wire::Sequence>) -> bool {
+        let (Some(s), Some(info)) = (sequence, self.list.get_mut(&number)) else {
+            return true;
+        };
+        let fresh = info.applied.admit(s);
+        if !fresh {
+            info.duplicates += 1;
+        }
+        fresh
+    }
+
+    /// The highest number limiter `number` applied of the requests of its
+    /// sync thread `incarnation` (0: none known).
+    pub fn applied_through(&self, number: u32, incarnation: u64) -> u64 {
+        self.list
+            .get(&number)
+            .map_or(0, |info| info.applied.highest(incarnation))
     }
 
     /// Keeps the clock offset `name` reported with its sync.
@@ -365,5 +445,34 @@ mod tests {
         // A counter's record of weight `a` sent is not shown as `f`'s.
         assert!(limiters.seen(f, SEC).is_none());
         assert_eq!(&*limiters.seen(f, 6 * SEC).unwrap().name, "f");
+    }
+
+    #[test]
+    fn a_numbered_request_is_applied_once_per_incarnation_whatever_arrives_twice() {
+        use crate::wire::Sequence;
+        let s = |incarnation, seq| Some(Sequence { incarnation, seq });
+        let mut l = Limiters::default();
+        let n = l.touch("h", 0);
+        assert!(l.admit(n, s(7, 1)) && l.admit(n, s(7, 2)));
+        // Sent again, or a late copy of an earlier one: not again.
+        assert!(!l.admit(n, s(7, 2)) && !l.admit(n, s(7, 1)));
+        assert_eq!(l.get(n).unwrap().duplicates, 2);
+        // A new thread numbers from 1 of its own; the old one still counts
+        // its own numbers beside it.
+        assert!(l.admit(n, s(8, 1)) && !l.admit(n, s(8, 1)));
+        assert!(l.admit(n, s(7, 3)) && !l.admit(n, s(7, 3)));
+        // Unnumbered (an older limiter): applied every time.
+        assert!(l.admit(n, None) && l.admit(n, None));
+        // Four threads are remembered; a fifth takes the place of the one
+        // heard from least recently.
+        for inc in 9..=11 {
+            assert!(l.admit(n, s(inc, 1)));
+        }
+        assert!(!l.admit(n, s(11, 1)) && !l.admit(n, s(10, 1)) && !l.admit(n, s(9, 1)));
+        assert!(l.admit(n, s(8, 2)));
+        assert!(
+            l.admit(n, s(7, 1)),
+            "7 was forgotten: its numbers apply again"
+        );
     }
 }

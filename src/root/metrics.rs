@@ -183,6 +183,9 @@ pub struct Metrics {
     weight_returned: AtomicU64,
     /// Rejections cut from syncs' counts.
     rejections_clipped: AtomicU64,
+    /// Numbered sync parts sent again that this root had applied (their
+    /// weight not counted twice).
+    sync_duplicates: AtomicU64,
     /// Quotas sent in sync replies.
     quotas_sent: AtomicU64,
     /// Counters sent in sync replies.
@@ -265,6 +268,13 @@ impl Metrics {
     pub fn returned(&self, weight: f64) {
         self.weight_returned
             .fetch_add(weight.min(u64::MAX as f64) as u64, Ordering::Relaxed);
+    }
+
+    /// Counts numbered parts of a sync (a request's own weight, or an
+    /// earlier request's sent again) this root had applied already.
+    pub fn duplicates(&self, parts: u32) {
+        self.sync_duplicates
+            .fetch_add(u64::from(parts), Ordering::Relaxed);
     }
 
     /// Counts rejections cut from a sync's counts.
@@ -351,6 +361,12 @@ impl Metrics {
                 "sync_rejections_clipped_total",
                 "Rejection counts cut to what their limiter could have rejected.",
                 &self.rejections_clipped,
+            ),
+            (
+                "sync_duplicates_total",
+                "Numbered sync parts sent again (a reply lost) that this root had applied: \
+                 their weight was not counted twice.",
+                &self.sync_duplicates,
             ),
             (
                 "sync_quotas_sent_total",

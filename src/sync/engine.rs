@@ -90,7 +90,7 @@ impl SyncEngine {
             groups: 1,
             interval,
             accounts: Accounts::new(max_owed),
-            requests: Requests::new(limiter_id),
+            requests: Requests::new(limiter_id, crate::host::random_seed()),
             health: Health::new(now, interval, DEFAULT_IN_FLIGHT_LEASE.as_nanos() as Nanos),
             restarts: Restarts::new(now, interval),
             early: EarlyCycles::new(interval),
@@ -118,6 +118,12 @@ impl SyncEngine {
     /// cycle.
     pub fn resume(&mut self, table: &Table) {
         self.restarts.resume(table, &mut self.links);
+    }
+
+    /// Gives this sync thread the id `incarnation` in its numbered
+    /// requests instead of a random one (the simulator's hosts, tests).
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        self.requests.set_incarnation(incarnation);
     }
 
     /// Lowers the entries one request may carry (tests: a backlog over
@@ -227,6 +233,10 @@ impl SyncEngine {
             return self.failed(table, root, owed, others_up, error, now);
         }
         let mut log = Vec::new();
+        // Its first page answered the request: numbered, it and the
+        // earlier ones it carried are applied, each once.
+        let mut owed = owed;
+        self.links[root].confirmed(&mut owed, pages[0].reply.applied_through);
         let link = &self.links[root];
         if !link.metrics.up && link.metrics.errors > 0 {
             log.push((
@@ -270,7 +280,13 @@ impl SyncEngine {
         let link = &mut self.links[root];
         let was_up = link.metrics.up || (link.metrics.syncs == 0 && link.metrics.errors == 0);
         let error = error.unwrap_or_else(|| "no reply".into());
-        self.accounts.owe(link, owed, now);
+        if link.numbered_exchange() {
+            // The root may have applied it (a reply lost): it goes again
+            // under its number, and the root applies it once.
+            link.unconfirmed_after_failure(owed);
+        } else {
+            self.accounts.owe(link, owed, now);
+        }
         if was_up {
             log.push((
                 LogLevel::Warn,
@@ -506,8 +522,9 @@ fn take_changes(table: &Table, reply: &SyncResponse) -> Vec<LogLine> {
             log.push((
                 LogLevel::Error,
                 format!(
-                    "{} override(s) refused: the tier section is full ({} held; raise \
-                     sluice_overrides)",
+                    "{} override(s) refused: the tier section is full ({} held; give it \
+                     room: sluice_overrides in nginx, override_capacity in sluice_init's \
+                     JSON and the bindings' options)",
                     report.refused,
                     table.tier_capacity()
                 ),
@@ -545,3 +562,7 @@ mod return_tests;
 #[cfg(test)]
 #[path = "in_flight_tests.rs"]
 mod in_flight_tests;
+
+#[cfg(test)]
+#[path = "exact_tests.rs"]
+mod exact_tests;

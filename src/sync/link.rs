@@ -301,11 +301,104 @@ pub struct RootLink {
     /// settles the in-flight counters it leaves out
     /// ([`crate::table::Table::settle_omitted`]).
     pub ask_all: bool,
+    /// The root's last answer said it takes sequences: requests to it are
+    /// numbered ([`crate::wire::Sequence`]), and one whose exchange failed
+    /// is sent again under its number, which the root applies once.
+    pub takes_sequence: bool,
+    /// The number the next new request to this root takes.
+    pub next_seq: u64,
+    /// The number of the request under way, when it is numbered.
+    pub sending: Option<u64>,
+    /// The earlier requests the one under way carries again (taken from
+    /// `unconfirmed` while it is under way).
+    pub sending_replay: Vec<Unconfirmed>,
+    /// Numbered requests whose exchanges failed, oldest first: the root
+    /// may have applied each (a reply lost) or not. Every request to the
+    /// root carries them again, each under its number, before its own
+    /// weight; the root applies each once.
+    pub unconfirmed: Vec<Unconfirmed>,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
 
+/// Most earlier requests a request carries again: past it (a root that
+/// took no reply home for this many exchanges in a row) the two oldest
+/// are carried as one, under the later number, which a root that applied
+/// exactly the older of the two counts twice.
+pub const MOST_UNCONFIRMED: usize = 64;
+
+/// A numbered request whose exchange failed (see
+/// [`RootLink::unconfirmed`]).
+#[derive(Clone, Debug)]
+pub struct Unconfirmed {
+    /// Its number.
+    pub seq: u64,
+    /// What it paid off: sent again, leaked to the time it goes.
+    pub owed: OwedDeltas,
+}
+
+/// Adds `from` to `into`, counter by counter.
+fn merge_owed(into: &mut OwedDeltas, from: OwedDeltas) {
+    for (c, o) in from {
+        into.entry(c).and_modify(|e| *e = e.combine(o)).or_insert(o);
+    }
+}
+
 impl RootLink {
+    /// The request under way is numbered, or carries numbered earlier
+    /// ones: if its exchange fails, they stay unconfirmed rather than
+    /// owed.
+    pub fn numbered_exchange(&self) -> bool {
+        self.sending.is_some() || !self.sending_replay.is_empty()
+    }
+
+    /// The numbered exchange under way failed: its request's own weight
+    /// (`owed`, under `sending`) and the earlier requests it carried
+    /// again stay unconfirmed, before those it left for later. Past
+    /// [`MOST_UNCONFIRMED`] the two oldest are carried as one.
+    pub fn unconfirmed_after_failure(&mut self, owed: OwedDeltas) {
+        let mut parts = std::mem::take(&mut self.sending_replay);
+        parts.append(&mut self.unconfirmed);
+        if let Some(seq) = self.sending.take() {
+            parts.push(Unconfirmed { seq, owed });
+        } else {
+            self.owe_again(owed);
+        }
+        while parts.len() > MOST_UNCONFIRMED {
+            let older = parts.remove(0);
+            merge_owed(&mut parts[0].owed, older.owed);
+            self.metrics.unconfirmed_merged += 1;
+        }
+        self.unconfirmed = parts;
+        self.metrics.unconfirmed = self.unconfirmed.len() as u64;
+    }
+
+    /// The exchange under way was answered: what it paid off is `owed`
+    /// and what the earlier requests it carried again paid off, together
+    /// (what the reply acknowledges). The root has applied every request
+    /// numbered up to `applied_through` (its reply says so, and its counts
+    /// include them): those still unconfirmed are acknowledged too.
+    pub fn confirmed(&mut self, owed: &mut OwedDeltas, applied_through: u64) {
+        self.sending = None;
+        for part in std::mem::take(&mut self.sending_replay) {
+            merge_owed(owed, part.owed);
+        }
+        while self
+            .unconfirmed
+            .first()
+            .is_some_and(|u| u.seq <= applied_through)
+        {
+            merge_owed(owed, self.unconfirmed.remove(0).owed);
+        }
+        self.metrics.unconfirmed = self.unconfirmed.len() as u64;
+    }
+
+    /// Owes `owed` to the root again, whatever the bound on what it is
+    /// owed (weight that was sent once, and fitted then).
+    pub fn owe_again(&mut self, owed: OwedDeltas) {
+        merge_owed(&mut self.owed, owed);
+    }
+
     /// A link to a root never synced with.
     pub fn new(url: String) -> Self {
         let metrics = RootMetrics {
@@ -332,6 +425,11 @@ impl RootLink {
             takes_tiers: false,
             restart_seen: None,
             ask_all: false,
+            takes_sequence: false,
+            next_seq: 1,
+            sending: None,
+            sending_replay: Vec::new(),
+            unconfirmed: Vec::new(),
             metrics,
         }
     }
@@ -355,6 +453,7 @@ impl RootLink {
             instance: self.root_instance,
             restarts: self.restarts,
             takes_returns: self.takes_returns,
+            takes_sequence: self.takes_sequence,
         }
     }
 
@@ -367,6 +466,7 @@ impl RootLink {
         self.root_instance = known.instance;
         self.restarts = known.restarts;
         self.takes_returns = known.takes_returns;
+        self.takes_sequence = known.takes_sequence;
     }
 
     /// True when `source` is one of an earlier instance of the root at
@@ -496,6 +596,7 @@ impl RootLink {
         self.counter_version = reply.counter_version;
         self.root_instance = reply.root_instance;
         self.takes_returns = reply.takes_returns;
+        self.takes_sequence = reply.takes_sequence;
         self.failures = 0;
         self.skip = 0;
         self.metrics.up = true;

@@ -55,4 +55,11 @@ pub struct RootMetrics {
     /// Units given back that were not sent because the root does not take
     /// returns (it predates them): it keeps those units, erring strict.
     pub dropped_returns: u64,
+    /// Numbered requests whose exchanges failed, now: each goes again
+    /// with the next request, and the root applies it once.
+    pub unconfirmed: u64,
+    /// Times the two oldest unconfirmed requests were carried as one
+    /// (past `MOST_UNCONFIRMED`): a root that had applied exactly the
+    /// older counts its weight twice.
+    pub unconfirmed_merged: u64,
 }

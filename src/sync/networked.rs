@@ -382,7 +382,7 @@ async fn post(
 /// previous-window counts, the flags that say the root takes returns and
 /// tiers, the tiers section; a root that predates it answers an older
 /// format), or JSON from a root that cannot write binary.
-const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=4, application/json;q=0.5";
+const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=5, application/json;q=0.5";
 
 /// Decodes and validates a reply body, binary or JSON by its content
 /// type: a reply that fails either is dropped whole (the limiter keeps

@@ -21,7 +21,7 @@ use crate::core::Nanos;
 use crate::table::Table;
 use crate::wire::{
     keyed_entries, ClockReport, CounterDelta, CounterKey, KeyDelta, KeyedDeltas, QuotaCursor,
-    SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
+    Replay, Sequence, SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
 };
 
 /// A request to send to one root, with the deltas it carries.
@@ -185,6 +185,9 @@ fn due_deltas(owed: &OwedDeltas, now: Nanos, takes_returns: bool) -> Due {
 pub(super) struct Requests {
     /// This limiter's id, in every request.
     limiter_id: String,
+    /// This sync thread's random id, in every numbered request
+    /// ([`Sequence`]).
+    incarnation: u64,
     /// Entries one request may carry: a root refuses a request of more
     /// than [`MAX_DELTAS_PER_SYNC`] whole, so a larger backlog goes out
     /// over several cycles instead of never.
@@ -196,13 +199,21 @@ pub(super) struct Requests {
 }
 
 impl Requests {
-    /// Requests of limiter `limiter_id`, of the most entries a root takes.
-    pub(super) fn new(limiter_id: String) -> Self {
+    /// Requests of limiter `limiter_id`'s sync thread `incarnation` (not
+    /// 0), of the most entries a root takes.
+    pub(super) fn new(limiter_id: String, incarnation: u64) -> Self {
         Self {
             limiter_id,
+            incarnation: incarnation.max(1),
             max_entries: MAX_DELTAS_PER_SYNC,
             rejected_seen: None,
         }
+    }
+
+    /// Gives this sync thread another id (the simulator's hosts, tests:
+    /// ids that do not depend on the system's randomness).
+    pub(super) fn set_incarnation(&mut self, incarnation: u64) {
+        self.incarnation = incarnation.max(1);
     }
 
     /// Lowers the entries one request may carry (tests: a backlog over
@@ -310,7 +321,12 @@ impl CyclePlan<'_> {
     }
 
     /// The request to root `root` (`link`) at `now`, with what it pays
-    /// off; what does not fit stays owed.
+    /// off; what does not fit stays owed. To a root that takes sequences
+    /// the request is numbered, and the numbered requests whose exchanges
+    /// failed go with it, oldest first, each under its number (see
+    /// [`RootLink::unconfirmed`]): the root applies each once. When they
+    /// fill a request, it carries them only (the oldest that fit, the
+    /// last of them as its own weight), and this cycle's weight waits.
     pub(super) fn request(
         &mut self,
         table: &Table,
@@ -319,10 +335,26 @@ impl CyclePlan<'_> {
         now: Nanos,
     ) -> Outgoing {
         let max_entries = self.requests.max_entries;
+        if !link.takes_sequence && !link.unconfirmed.is_empty() {
+            // The root no longer says it takes sequences: what the
+            // failed requests paid off is owed as anything else.
+            for u in std::mem::take(&mut link.unconfirmed) {
+                link.owe_again(u.owed);
+            }
+        }
+        let (replay, replay_entries) = self.replay(link, now);
+        if !link.unconfirmed.is_empty() {
+            // Earlier requests alone fill this one.
+            return self.replay_only(root, link, replay);
+        }
         let mut owed = std::mem::take(&mut link.owed);
         let rejected = self.rejected_of(link.group);
         self.penalties_for(table, link, now);
-        let room = max_entries - rejected.len() - link.penalties_sent.len();
+        // A numbered request keeps one entry free: sent again later as a
+        // part of another, it takes one more.
+        let numbered = usize::from(link.takes_sequence);
+        let room = max_entries
+            .saturating_sub(rejected.len() + link.penalties_sent.len() + replay_entries + numbered);
         let mut due = due_deltas(&owed, now, link.takes_returns);
         if due.entry_count() > room {
             // Each owed counter takes at most four entries (an add and
@@ -334,12 +366,101 @@ impl CyclePlan<'_> {
             .metrics
             .dropped_returns
             .saturating_add(due.dropped_returns);
+        let seq = link.takes_sequence.then(|| {
+            let seq = link.next_seq;
+            link.next_seq += 1;
+            seq
+        });
+        link.sending = seq;
+        let penalties = link.penalties_sent.clone();
+        let mut request = self.body(link, due, rejected, penalties, seq);
+        request.replay = replay;
+        Outgoing {
+            root,
+            request,
+            owed,
+            clock: link.clock_report(),
+        }
+    }
+
+    /// Moves the oldest of `link`'s unconfirmed requests that fit half a
+    /// request into `sending_replay`, and returns them as the request
+    /// carries them (a part that leaked to nothing is not sent, but stays
+    /// with the exchange, which acknowledges it), with the entries they
+    /// take.
+    fn replay(&self, link: &mut RootLink, now: Nanos) -> (Vec<Replay>, usize) {
+        let budget = self.requests.max_entries / 2;
+        let (mut parts, mut entries) = (Vec::new(), 0usize);
+        while let Some(u) = link.unconfirmed.first() {
+            let due = due_deltas(&u.owed, now, link.takes_returns);
+            let part = Replay {
+                seq: u.seq,
+                deltas: due.named,
+                keyed: due.keyed,
+                returned: due.returned,
+                keyed_returned: due.keyed_returned,
+            };
+            let n = part.entry_count();
+            if n > 1 && entries + n > budget && !parts.is_empty() {
+                break;
+            }
+            link.metrics.dropped_returns = link
+                .metrics
+                .dropped_returns
+                .saturating_add(due.dropped_returns);
+            link.sending_replay.push(link.unconfirmed.remove(0));
+            if n > 1 {
+                entries += n;
+                parts.push(part);
+            }
+        }
+        (parts, entries)
+    }
+
+    /// A request to `link`'s root that carries earlier requests only
+    /// (`replay`): the last of them as its own weight, under its number.
+    fn replay_only(&self, root: usize, link: &mut RootLink, mut replay: Vec<Replay>) -> Outgoing {
+        link.sending = None;
+        // Under the number of the last part with weight: the root takes
+        // every number up to it as applied.
+        let own = replay.pop().unwrap_or_else(|| Replay {
+            seq: link.sending_replay.last().map_or(0, |u| u.seq),
+            ..Replay::default()
+        });
+        let seq = own.seq;
+        let due = Due {
+            named: own.deltas,
+            keyed: own.keyed,
+            returned: own.returned,
+            keyed_returned: own.keyed_returned,
+            dropped_returns: 0,
+        };
+        let mut request = self.body(link, due, Vec::new(), Vec::new(), Some(seq));
+        request.replay = replay;
+        Outgoing {
+            root,
+            request,
+            owed: OwedDeltas::default(),
+            clock: link.clock_report(),
+        }
+    }
+
+    /// A request to `link`'s root carrying `due`, `rejected` and
+    /// `penalties`, numbered `seq` when it is.
+    fn body(
+        &self,
+        link: &mut RootLink,
+        due: Due,
+        rejected: Vec<(u64, u64)>,
+        penalties: Vec<Penalty>,
+        seq: Option<u64>,
+    ) -> SyncRequest {
         let quotas_after = self.quota_cursor(link);
         let tiers = TierRequest {
-            penalties: link.penalties_sent.clone(),
+            penalties,
             ..link.tiers.clone()
         };
-        let request = SyncRequest {
+        SyncRequest {
             tiers,
             limiter: self.requests.limiter_id.clone(),
             quotas_after,
@@ -350,12 +471,11 @@ impl CyclePlan<'_> {
             rejected,
             returned: due.returned,
             keyed_returned: due.keyed_returned,
-        };
-        Outgoing {
-            root,
-            request,
-            owed,
-            clock: link.clock_report(),
+            sequence: seq.map(|seq| Sequence {
+                incarnation: self.requests.incarnation,
+                seq,
+            }),
+            replay: Vec::new(),
         }
     }
 

@@ -32,6 +32,8 @@ pub fn publish(table: &Table, m: &SyncMetrics) {
             slot.bytes_received.store(r.bytes_received, Relaxed);
             slot.dropped_deltas.store(r.dropped_deltas, Relaxed);
             slot.dropped_returns.store(r.dropped_returns, Relaxed);
+            slot.unconfirmed.store(r.unconfirmed, Relaxed);
+            slot.unconfirmed_merged.store(r.unconfirmed_merged, Relaxed);
         }
     });
 }
@@ -47,7 +49,13 @@ pub struct RememberedRoot {
     pub restarts: u8,
     /// Its last answer said it takes returns.
     pub takes_returns: bool,
+    /// Its last answer said it takes sequences.
+    pub takes_sequence: bool,
 }
+
+/// Bits of a remembered root's `takes` word.
+const TAKES_RETURNS: u64 = 1;
+const TAKES_SEQUENCE: u64 = 2;
 
 /// Remembers in `table` what is known of the root at `index` in the
 /// configuration (`url`). Only the first [`STATUS_ROOTS`] roots are
@@ -63,8 +71,13 @@ pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoo
                 r.url_hash.store(hash, Relaxed);
                 r.instance.store(root.instance, Relaxed);
                 r.restarts.store(u64::from(root.restarts), Relaxed);
-                r.takes_returns
-                    .store(u64::from(root.takes_returns), Relaxed);
+                let takes = if root.takes_returns { TAKES_RETURNS } else { 0 }
+                    | if root.takes_sequence {
+                        TAKES_SEQUENCE
+                    } else {
+                        0
+                    };
+                r.takes.store(takes, Relaxed);
             } else if r.url_hash.load(Relaxed) == hash {
                 // The root moved in the configuration: its old place
                 // must not be found later, stale.
@@ -85,7 +98,8 @@ pub fn remembered_root(table: &Table, url: &str) -> Option<RememberedRoot> {
                 .map(|r| RememberedRoot {
                     instance: r.instance.load(Relaxed),
                     restarts: r.restarts.load(Relaxed) as u8,
-                    takes_returns: r.takes_returns.load(Relaxed) != 0,
+                    takes_returns: r.takes.load(Relaxed) & TAKES_RETURNS != 0,
+                    takes_sequence: r.takes.load(Relaxed) & TAKES_SEQUENCE != 0,
                 })
         })
         .flatten()
@@ -120,6 +134,8 @@ pub fn published(table: &Table) -> SyncMetrics {
                     bytes_received: r.bytes_received.load(Relaxed),
                     dropped_deltas: r.dropped_deltas.load(Relaxed),
                     dropped_returns: r.dropped_returns.load(Relaxed),
+                    unconfirmed: r.unconfirmed.load(Relaxed),
+                    unconfirmed_merged: r.unconfirmed_merged.load(Relaxed),
                 })
                 .collect();
             let down = st.down.load(Relaxed);
@@ -166,6 +182,7 @@ mod tests {
             instance,
             restarts,
             takes_returns: true,
+            takes_sequence: restarts % 2 == 0,
         };
         assert_eq!(remembered_root(&t, "http://a"), None);
         remember_root(&t, 0, "http://a", known(7, 2));

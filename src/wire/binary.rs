@@ -58,11 +58,18 @@
 //! answers an older one, which a newer limiter still reads; a limiter
 //! that predates it never asks.
 //!
-//! Request format 3 ([`BINARY_REQUEST_VERSION`]) is format 2 plus the
-//! tiers section: the limiter's override cursor, penalty version and the
-//! penalties it started ([`super::tiers`]). It is sent only to a root
-//! whose replies say it takes tiers. The tiers section, in a request or a
-//! reply, is a length-prefixed JSON object (empty when it says nothing):
+//! Request format 3 ([`BINARY_TIERS_REQUEST_VERSION`]) is format 2 plus
+//! the tiers section: the limiter's override cursor, penalty version and
+//! the penalties it started ([`super::tiers`]). It is sent only to a root
+//! whose replies say it takes tiers. Request format 4
+//! ([`BINARY_REQUEST_VERSION`]) is format 3 plus the request's number
+//! ([`super::Sequence`]: the incarnation as 8 bytes, the number as a
+//! varint), sent only to a root whose replies say it takes sequences:
+//! reply format 5 ([`BINARY_REPLY_VERSION`], `version=5`) is format 4
+//! whose flags may have bit 2 (the root takes sequences), and after the
+//! tiers section a last varint: the highest number the root applied of
+//! the request's sync thread ([`SyncResponse::applied_through`]). The
+//! tiers section, in a request or a reply, is a length-prefixed JSON object (empty when it says nothing):
 //! overrides change rarely and penalties are few, so a compact encoding
 //! would buy little and cost a second one to keep in step with serde.
 
@@ -70,8 +77,8 @@ use crate::core::Quota;
 
 use super::{
     too_many_entries, CounterDelta, CounterValue, KeyDelta, KeyValue, KeyedDeltas, KeyedValues,
-    QuotaCursor, SyncRequest, SyncResponse, TierReply, TierRequest, WireError, MAX_DELTAS_PER_SYNC,
-    MAX_LIMITER_ID_LEN,
+    QuotaCursor, Replay, Sequence, SyncRequest, SyncResponse, TierReply, TierRequest, WireError,
+    MAX_DELTAS_PER_SYNC, MAX_LIMITER_ID_LEN,
 };
 
 /// Content type of a binary sync body (request or reply).
@@ -84,9 +91,12 @@ pub const BINARY_VERSION: u8 = 1;
 /// The request format that adds returns.
 pub const BINARY_RETURNS_VERSION: u8 = 2;
 
-/// The newest request format: [`BINARY_RETURNS_VERSION`]'s with the tiers
-/// section.
-pub const BINARY_REQUEST_VERSION: u8 = 3;
+/// The request format that adds the tiers section.
+pub const BINARY_TIERS_REQUEST_VERSION: u8 = 3;
+
+/// The newest request format: [`BINARY_TIERS_REQUEST_VERSION`]'s with the
+/// request's sequence ([`super::Sequence`]).
+pub const BINARY_REQUEST_VERSION: u8 = 4;
 
 /// The reply format that adds keyed groups' previous-window counts.
 pub const BINARY_PREV_VERSION: u8 = 2;
@@ -94,15 +104,21 @@ pub const BINARY_PREV_VERSION: u8 = 2;
 /// The reply format that adds flags (the root takes returns).
 pub const BINARY_FLAGS_VERSION: u8 = 3;
 
-/// The newest reply format: [`BINARY_FLAGS_VERSION`]'s with the tiers
-/// section.
-pub const BINARY_REPLY_VERSION: u8 = 4;
+/// The reply format that adds the tiers section.
+pub const BINARY_TIERS_REPLY_VERSION: u8 = 4;
+
+/// The newest reply format: [`BINARY_TIERS_REPLY_VERSION`]'s, whose flags
+/// may also say the root takes sequences.
+pub const BINARY_REPLY_VERSION: u8 = 5;
 
 /// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
 const TAKES_RETURNS: u64 = 1;
 
 /// Reply flag: the root takes tiers ([`SyncResponse::takes_tiers`]).
 const TAKES_TIERS: u64 = 2;
+
+/// Reply flag: the root takes sequences ([`SyncResponse::takes_sequence`]).
+const TAKES_SEQUENCE: u64 = 4;
 
 /// The header's first two bytes.
 const MAGIC: [u8; 2] = *b"SL";
@@ -127,7 +143,7 @@ pub enum BinaryError {
 }
 
 /// Encodes a request: format 1, 2 when it gives weight back, 3 when it
-/// carries tiers.
+/// carries tiers, 4 when it is numbered.
 pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
     let tiers = super::tiers::encode_section(&request.tiers);
     let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
@@ -138,8 +154,10 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    let version = if !tiers.is_empty() {
+    let version = if request.sequence.is_some() {
         BINARY_REQUEST_VERSION
+    } else if !tiers.is_empty() {
+        BINARY_TIERS_REQUEST_VERSION
     } else if request.has_returns() {
         BINARY_RETURNS_VERSION
     } else {
@@ -162,8 +180,22 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
         w.named(&request.returned);
         w.keyed(&request.keyed_returned);
     }
-    if version >= BINARY_REQUEST_VERSION {
+    if version >= BINARY_TIERS_REQUEST_VERSION {
         w.bytes(&tiers);
+    }
+    if version >= BINARY_REQUEST_VERSION {
+        // Always present in format 4: a numbered request is its reason.
+        let sequence = request.sequence.unwrap_or_default();
+        w.fixed(sequence.incarnation);
+        w.varint(sequence.seq);
+        w.varint(request.replay.len() as u64);
+        for part in &request.replay {
+            w.varint(part.seq);
+            w.named(&part.deltas);
+            w.keyed(&part.keyed);
+            w.named(&part.returned);
+            w.keyed(&part.keyed_returned);
+        }
     }
     w.0
 }
@@ -194,7 +226,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     } else {
         (Vec::new(), Vec::new())
     };
-    let tiers = if version >= BINARY_REQUEST_VERSION {
+    let tiers = if version >= BINARY_TIERS_REQUEST_VERSION {
         // A penalty takes at least 7 bytes of JSON (`[1,0,1]`): the most
         // the section could hold counts against the entries left before
         // it is decoded.
@@ -206,6 +238,27 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         super::tiers::decode_section(section)?
     } else {
         TierRequest::default()
+    };
+    let (sequence, replay) = if version >= BINARY_REQUEST_VERSION {
+        let sequence = Sequence {
+            incarnation: r.fixed(|| "sequence.incarnation".into())?,
+            seq: r.varint("sequence.seq")?,
+        };
+        // A part is at least 5 bytes (its number and four empty lists).
+        let n = r.entries(5, || "replay".into())?;
+        let mut replay = Vec::with_capacity(n);
+        for i in 0..n {
+            replay.push(Replay {
+                seq: r.varint_or(|| format!("replay[{i}].seq"))?,
+                deltas: r.named(&format!("replay[{i}].deltas"))?,
+                keyed: r.keyed(&format!("replay[{i}].keyed"))?,
+                returned: r.named(&format!("replay[{i}].returned"))?,
+                keyed_returned: r.keyed(&format!("replay[{i}].keyed_returned"))?,
+            });
+        }
+        (Some(sequence), replay)
+    } else {
+        (None, Vec::new())
     };
     r.end()?;
     Ok(SyncRequest {
@@ -219,6 +272,8 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         returned,
         keyed_returned,
         tiers,
+        sequence,
+        replay,
     })
 }
 
@@ -286,7 +341,7 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         }
     }
     if version >= BINARY_FLAGS_VERSION {
-        let tiers = version >= BINARY_REPLY_VERSION;
+        let tiers = version >= BINARY_TIERS_REPLY_VERSION;
         let mut flags = 0;
         if reply.takes_returns {
             flags |= TAKES_RETURNS;
@@ -294,9 +349,15 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         if tiers && reply.takes_tiers {
             flags |= TAKES_TIERS;
         }
+        if version >= BINARY_REPLY_VERSION && reply.takes_sequence {
+            flags |= TAKES_SEQUENCE;
+        }
         w.varint(flags);
         if tiers {
             w.bytes(&super::tiers::encode_section(&reply.tiers));
+        }
+        if version >= BINARY_REPLY_VERSION {
+            w.varint(reply.applied_through);
         }
     }
     Ok(w.0)
@@ -383,6 +444,8 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         0
     };
     let known = if version >= BINARY_REPLY_VERSION {
+        TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE
+    } else if version >= BINARY_TIERS_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS
     } else {
         TAKES_RETURNS
@@ -390,15 +453,22 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     if flags & !known != 0 {
         return Err(WireError::new("flags", format!("unknown flags {flags:#x}")).into());
     }
-    let tiers = if version >= BINARY_REPLY_VERSION {
+    let tiers = if version >= BINARY_TIERS_REPLY_VERSION {
         super::tiers::decode_section(r.slice(|| "tiers".into(), usize::MAX)?)?
     } else {
         TierReply::default()
+    };
+    let applied_through = if version >= BINARY_REPLY_VERSION {
+        r.varint("applied_through")?
+    } else {
+        0
     };
     r.end()?;
     Ok(SyncResponse {
         takes_returns: flags & TAKES_RETURNS != 0,
         takes_tiers: flags & TAKES_TIERS != 0,
+        takes_sequence: flags & TAKES_SEQUENCE != 0,
+        applied_through,
         root_instance,
         root_time,
         root_utc,
@@ -928,7 +998,7 @@ mod tests {
         r.tiers.overrides_after = QuotaCursor { epoch: 5, id: 2 };
         r.tiers.penalty_version = 6;
         let body = encode_request(&r);
-        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(body[3], BINARY_TIERS_REQUEST_VERSION);
         assert_eq!(decode_request(&body).unwrap(), r);
         let both = SyncRequest {
             tiers: r.tiers.clone(),
@@ -938,17 +1008,20 @@ mod tests {
         // The reply: format 4 carries them and the flag; format 3 neither
         // (a limiter that asked for 3 predates tiers).
         let reply = tiered_reply();
-        let v4 = encode_response(&reply).unwrap();
-        assert_eq!(v4[3], BINARY_REPLY_VERSION);
+        let v4 = encode_response_as(&reply, BINARY_TIERS_REPLY_VERSION).unwrap();
+        assert_eq!(v4[3], BINARY_TIERS_REPLY_VERSION);
         assert_eq!(decode_response(&v4).unwrap(), reply);
         let v3 = decode_response(&encode_response_as(&reply, BINARY_FLAGS_VERSION).unwrap());
         let v3 = v3.unwrap();
         assert!(v3.tiers.is_empty() && !v3.takes_tiers);
         assert_eq!(v3.counters, reply.counters);
-        // Without tiers, format 4 costs a byte (the empty section) over 3.
+        // Without tiers, format 4 costs a byte (the empty section) over 3,
+        // and format 5 one more (no request applied).
         let plain = self::reply();
         let v3 = encode_response_as(&plain, BINARY_FLAGS_VERSION).unwrap();
-        assert_eq!(encode_response(&plain).unwrap().len(), v3.len() + 1);
+        let plain4 = encode_response_as(&plain, BINARY_TIERS_REPLY_VERSION).unwrap();
+        assert_eq!(plain4.len(), v3.len() + 1);
+        assert_eq!(encode_response(&plain).unwrap().len(), v3.len() + 2);
         // Truncations are named, and a broken section names "tiers".
         for n in 0..body.len() {
             assert!(
@@ -967,6 +1040,61 @@ mod tests {
         broken[last] = b'!';
         let e = decode_response(&broken).unwrap_err().to_string();
         assert!(e.contains("tiers"), "{e}");
+    }
+
+    #[test]
+    fn a_numbered_request_is_format_4_and_reads_back_with_its_number() {
+        let r = SyncRequest {
+            sequence: Some(Sequence {
+                incarnation: u64::MAX - 3,
+                seq: 77,
+            }),
+            ..returning_request()
+        };
+        let body = encode_request(&r);
+        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(decode_request(&body).unwrap(), r);
+        // An unnumbered request keeps the format a root before sequences
+        // reads.
+        assert_eq!(
+            encode_request(&returning_request())[3],
+            BINARY_RETURNS_VERSION
+        );
+        for n in 0..body.len() {
+            assert!(
+                matches!(decode_request(&body[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn reply_format_5_says_whether_the_root_takes_sequences_and_older_ones_never_do() {
+        for takes_sequence in [true, false] {
+            let r = SyncResponse {
+                takes_sequence,
+                applied_through: if takes_sequence { 300 } else { 0 },
+                ..tiered_reply()
+            };
+            let body = encode_response(&r).unwrap();
+            assert_eq!(body[3], BINARY_REPLY_VERSION);
+            assert_eq!(decode_response(&body).unwrap(), r);
+            // To a limiter that asked for format 4 (it predates
+            // sequences) the flag is never set, nor the number sent: it
+            // would refuse them.
+            let v4 = encode_response_as(&r, BINARY_TIERS_REPLY_VERSION).unwrap();
+            let v4 = decode_response(&v4).unwrap();
+            assert!(!v4.takes_sequence && v4.applied_through == 0);
+            for n in 0..body.len() {
+                assert!(decode_response(&body[..n]).is_err(), "{n}");
+            }
+        }
+        let mut v4 = encode_response_as(&reply(), BINARY_TIERS_REPLY_VERSION).unwrap();
+        // The flags sit before the (empty) tiers section.
+        let flags = v4.len() - 2;
+        v4[flags] |= TAKES_SEQUENCE as u8;
+        let e = decode_response(&v4).unwrap_err().to_string();
+        assert!(e.contains("flags") && e.contains("unknown"), "{e}");
     }
 
     #[test]
@@ -1188,6 +1316,7 @@ mod tests {
             prop::collection::vec(delta, 0..20),
             prop::collection::vec(group, 0..4),
             prop::collection::vec(any::<(u64, u64)>(), 0..4),
+            prop::option::of(any::<(u64, u64)>()),
         )
             .prop_map(
                 |(
@@ -1196,6 +1325,7 @@ mod tests {
                     deltas,
                     keyed,
                     rejected,
+                    sequence,
                 )| {
                     SyncRequest {
                         limiter,
@@ -1205,6 +1335,7 @@ mod tests {
                         deltas,
                         keyed,
                         rejected,
+                        sequence: sequence.map(|(incarnation, seq)| Sequence { incarnation, seq }),
                         ..Default::default()
                     }
                 },

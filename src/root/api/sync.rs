@@ -108,6 +108,9 @@ pub async fn sync(
     if step.rejections_clipped > 0 {
         state.metrics.rejections_clipped(step.rejections_clipped);
     }
+    if step.duplicates > 0 {
+        state.metrics.duplicates(step.duplicates);
+    }
     if step.returned_weight > 0.0 {
         state.metrics.returned(step.returned_weight);
     }

@@ -70,9 +70,12 @@ impl Sim<'_> {
             .map(|r| format!("sim://root{r}"))
             .collect();
         let local = (CLOCK_BASE + now).saturating_add_signed(clock_offset);
+        let mut engine = SyncEngine::new(&urls, format!("host{i}"), interval, 1_000_000, local);
+        // Numbered requests' incarnations from the seed, not the system.
+        engine.set_incarnation(self.options.seed.wrapping_mul(1_000_003) ^ (i as u64 + 1));
         let host = Host {
             table,
-            engine: SyncEngine::new(&urls, format!("host{i}"), interval, 1_000_000, local),
+            engine,
             rng: stream(self.options.seed, 1000 + i as u64),
             clock_offset,
             interval,

@@ -478,8 +478,15 @@ pub struct RootStatus {
     pub instance: AtomicU64,
     /// The restarts of the root seen by sync threads so far.
     pub restarts: AtomicU64,
-    /// 1 when the root's last answer said it takes returns.
-    pub takes_returns: AtomicU64,
+    /// What the root's last answer said it takes, as bits the sync side
+    /// defines (`crate::sync::status`): returns, sequences.
+    pub takes: AtomicU64,
+    /// Numbered requests to the root whose exchanges failed, now. In what
+    /// was padding up to the line's end, so zero in a region an older
+    /// version made.
+    pub unconfirmed: AtomicU64,
+    /// Times two unconfirmed requests were carried as one (ditto).
+    pub unconfirmed_merged: AtomicU64,
 }
 
 /// What the sync thread publishes for every process sharing the region

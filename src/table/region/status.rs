@@ -23,19 +23,19 @@ impl Region {
     }
 
     /// Takes over the per-root words the sync thread keeps for the next
-    /// one (`url_hash`, `instance`, `restarts`, `takes_returns`) from
+    /// one (`url_hash`, `instance`, `restarts`, `takes`) from
     /// `old` (an nginx zone that changed size); the metrics start anew.
     pub(in crate::table) fn adopt_remembered_roots(&self, old: &Region) {
         let Some(words) = old.read_status(|st| {
-            st.root.each_ref().map(|r| {
-                [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns].map(|w| w.load(RLX))
-            })
+            st.root
+                .each_ref()
+                .map(|r| [&r.url_hash, &r.instance, &r.restarts, &r.takes].map(|w| w.load(RLX)))
         }) else {
             return;
         };
         self.write_status(|st| {
             for (r, w) in st.root.iter().zip(words) {
-                let to = [&r.url_hash, &r.instance, &r.restarts, &r.takes_returns];
+                let to = [&r.url_hash, &r.instance, &r.restarts, &r.takes];
                 for (to, w) in to.into_iter().zip(w) {
                     to.store(w, RLX);
                 }
