@@ -186,6 +186,57 @@ GET /p/index.html
 
 
 
+=== TEST 4c: holds the root could not keep, given back, are not read as other hosts' traffic
+A 1/s quota at the root (burst 1, so the root keeps its level at most at
+7); 60 requests are held (turns up to a minute away), then their clients
+leave. The root kept 7 of the 60 and stops their return at 0. nginx must
+not read the 53 it could not take back as other hosts' fill: its
+estimate stays at the root's 0 over the next 2 s (it rose to 10.8 when
+it did), and a held request that follows is served without a wait.
+--- http_config
+sluice_root $TEST_NGINX_ROOT_URL;
+sluice_sync_interval 200ms;
+--- config
+location /w/ { alias html/; sluice paced_back wait=1h; add_header X-Sluice $sluice_status always; }
+location = /metrics { sluice_metrics; }
+--- init
+main::put_quota($main::Root, 'paced_back', { limit => 1, low_burst => 1, high_burst => 1 });
+sleep 1.5;
+my $port = Test::Nginx::Socket::server_port();
+my $level = sub {
+    my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/paced_back');
+    return $status == 200 ? $quota->{level} // 0 : -1;
+};
+my @socks = map {
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 5)
+        or die "connect: $!";
+    print $s "GET /w/index.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    $s;
+} 1 .. 60;
+Test::More::ok(SluiceTest::wait_until(sub { $level->() >= 5 }, 2),
+    'the held requests reached the root, up to its cap (level ' . $level->() . ')');
+close $_ for @socks;
+Test::More::ok(SluiceTest::wait_until(sub { $level->() == 0 }, 2),
+    'their return took it to 0 (level ' . $level->() . ')');
+my $estimate = 0;
+for (1 .. 40) {
+    my $l = SluiceTest::metric_value($port, '/metrics', 'sluice_quota_level{quota="paced_back"}');
+    $estimate = $l if defined $l && $l > $estimate;
+    select(undef, undef, undef, 0.05);
+}
+Test::More::cmp_ok($estimate, '<=', 1, "nginx's estimate stayed at the root's 0 (at most $estimate)");
+Test::More::is($level->(), 0, 'and nothing reached the root meanwhile');
+--- request
+GET /w/index.html
+--- response_headers
+X-Sluice: PASSED
+--- error_code: 200
+--- no_error_log
+[alert]
+[crit]
+
+
+
 === TEST 5: seeds from the quota file are removed once a root answers
 --- http_config
 sluice_root $TEST_NGINX_ROOT_URL;
