@@ -237,6 +237,62 @@ X-Sluice: PASSED
 
 
 
+=== TEST 4d: estimates settled at nothing after a sync give the quota back whole
+A quota of 10 that never leaks, at the root. Nine requests estimated at
+1 each are sent slowly (limit_rate), so each is counted and synced
+before its response ends and settles at 0: the nine come back as a
+return. Exactly 10 plain requests then pass, here and at the root: the
+returned units neither cost the quota nor the room of the adds that
+follow at the root (they did, and nginx admitted a burst every sync).
+--- http_config
+sluice_root $TEST_NGINX_ROOT_URL;
+sluice_sync_interval 200ms;
+--- config
+location /s/ {
+    alias html/;
+    limit_rate 1k;
+    sluice settled_back;
+    sluice_charge settled_back weight=0 settle;
+}
+location /p/ { alias html/; sluice settled_back; }
+--- user_files eval
+">>> slow.bin\n" . ('x' x 1500) . "\n"
+--- init
+main::put_quota($main::Root, 'settled_back', { limit => 0, low_burst => 10, high_burst => 10 });
+sleep 1.5;
+my $port = Test::Nginx::Socket::server_port();
+my @socks = map {
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 10)
+        or die "connect: $!";
+    print $s "GET /s/slow.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    $s;
+} 1 .. 9;
+my $served = 0;
+for my $s (@socks) {
+    my $reply = do { local $/; <$s> } // '';
+    $served++ if $reply =~ m{^HTTP/1\.1 200};
+    close $s;
+}
+Test::More::is($served, 9, 'the nine estimates were served');
+sleep 1;
+my $passed = 0;
+for (1 .. 30) {
+    my $r = SluiceTest::http_request('GET', "http://127.0.0.1:$port/p/index.html");
+    $passed++ if $r->{status} == 200;
+    select(undef, undef, undef, 0.1);
+}
+Test::More::is($passed, 10, 'then 10 of 30 plain requests passed over 3 s');
+my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/settled_back');
+Test::More::is($quota->{level}, 10, 'and the root holds those 10');
+--- request
+GET /p/index.html
+--- error_code: 429
+--- no_error_log
+[alert]
+[crit]
+
+
+
 === TEST 5: seeds from the quota file are removed once a root answers
 --- http_config
 sluice_root $TEST_NGINX_ROOT_URL;
