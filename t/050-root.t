@@ -13,7 +13,6 @@ use FindBin ();
 use lib "$FindBin::Bin/helpers";
 use File::Temp ();
 use HTTP::Tiny;
-use IO::Socket::INET;
 use JSON::PP ();
 use SluiceTest qw(start_root stop_root root_call free_port);
 
@@ -74,6 +73,13 @@ sub other_limiter_sends {
     my ($sync) = root_call($root, 'POST', '/v1/sync',
         { limiter => 'another-host', deltas => [{ id => $quota->{id}, delta => $delta }] });
     Test::More::is($sync, 200, "the other limiter's sync was accepted");
+}
+
+# A quota's level at a root (-1 when the root does not answer for it).
+sub root_level {
+    my ($root, $name) = @_;
+    my ($status, $quota) = root_call($root, 'GET', "/v1/quotas/$name");
+    return $status == 200 ? $quota->{level} // 0 : -1;
 }
 
 __DATA__
@@ -158,17 +164,9 @@ location /p/ { alias html/; sluice held_back; }
 main::put_quota($main::Root, 'held_back', { limit => 10, low_burst => 1, high_burst => 1 });
 sleep 1.5;
 my $port = Test::Nginx::Socket::server_port();
-my $level = sub {
-    my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/held_back');
-    return $status == 200 ? $quota->{level} // 0 : -1;
-};
+my $level = sub { main::root_level($main::Root, 'held_back') };
 SluiceTest::http_request('GET', "http://127.0.0.1:$port/p/index.html");
-my @socks = map {
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 5)
-        or die "connect: $!";
-    print $s "GET /w/index.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    $s;
-} 1 .. 40;
+my @socks = SluiceTest::send_and_keep($port, '/w/index.html', 40);
 Test::More::ok(SluiceTest::wait_until(sub { $level->() >= 30 }, 2),
     'the held requests reached the root (level ' . $level->() . ')');
 close $_ for @socks;
@@ -203,16 +201,8 @@ location = /metrics { sluice_metrics; }
 main::put_quota($main::Root, 'paced_back', { limit => 1, low_burst => 1, high_burst => 1 });
 sleep 1.5;
 my $port = Test::Nginx::Socket::server_port();
-my $level = sub {
-    my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/paced_back');
-    return $status == 200 ? $quota->{level} // 0 : -1;
-};
-my @socks = map {
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 5)
-        or die "connect: $!";
-    print $s "GET /w/index.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    $s;
-} 1 .. 60;
+my $level = sub { main::root_level($main::Root, 'paced_back') };
+my @socks = SluiceTest::send_and_keep($port, '/w/index.html', 60);
 Test::More::ok(SluiceTest::wait_until(sub { $level->() >= 5 }, 2),
     'the held requests reached the root, up to its cap (level ' . $level->() . ')');
 close $_ for @socks;
@@ -261,12 +251,7 @@ location /p/ { alias html/; sluice settled_back; }
 main::put_quota($main::Root, 'settled_back', { limit => 0, low_burst => 10, high_burst => 10 });
 sleep 1.5;
 my $port = Test::Nginx::Socket::server_port();
-my @socks = map {
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 10)
-        or die "connect: $!";
-    print $s "GET /s/slow.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    $s;
-} 1 .. 9;
+my @socks = SluiceTest::send_and_keep($port, '/s/slow.bin', 9);
 my $served = 0;
 for my $s (@socks) {
     my $reply = do { local $/; <$s> } // '';
@@ -282,8 +267,7 @@ for (1 .. 30) {
     select(undef, undef, undef, 0.1);
 }
 Test::More::is($passed, 10, 'then 10 of 30 plain requests passed over 3 s');
-my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/settled_back');
-Test::More::is($quota->{level}, 10, 'and the root holds those 10');
+Test::More::is(main::root_level($main::Root, 'settled_back'), 10, 'and the root holds those 10');
 --- request
 GET /p/index.html
 --- error_code: 429
