@@ -13,7 +13,6 @@ use FindBin ();
 use lib "$FindBin::Bin/helpers";
 use File::Temp ();
 use HTTP::Tiny;
-use IO::Socket::INET;
 use JSON::PP ();
 use SluiceTest qw(start_root stop_root root_call free_port);
 
@@ -74,6 +73,13 @@ sub other_limiter_sends {
     my ($sync) = root_call($root, 'POST', '/v1/sync',
         { limiter => 'another-host', deltas => [{ id => $quota->{id}, delta => $delta }] });
     Test::More::is($sync, 200, "the other limiter's sync was accepted");
+}
+
+# A quota's level at a root (-1 when the root does not answer for it).
+sub root_level {
+    my ($root, $name) = @_;
+    my ($status, $quota) = root_call($root, 'GET', "/v1/quotas/$name");
+    return $status == 200 ? $quota->{level} // 0 : -1;
 }
 
 __DATA__
@@ -158,17 +164,9 @@ location /p/ { alias html/; sluice held_back; }
 main::put_quota($main::Root, 'held_back', { limit => 10, low_burst => 1, high_burst => 1 });
 sleep 1.5;
 my $port = Test::Nginx::Socket::server_port();
-my $level = sub {
-    my ($status, $quota) = SluiceTest::root_call($main::Root, 'GET', '/v1/quotas/held_back');
-    return $status == 200 ? $quota->{level} // 0 : -1;
-};
+my $level = sub { main::root_level($main::Root, 'held_back') };
 SluiceTest::http_request('GET', "http://127.0.0.1:$port/p/index.html");
-my @socks = map {
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 5)
-        or die "connect: $!";
-    print $s "GET /w/index.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    $s;
-} 1 .. 40;
+my @socks = SluiceTest::send_and_keep($port, '/w/index.html', 40);
 Test::More::ok(SluiceTest::wait_until(sub { $level->() >= 30 }, 2),
     'the held requests reached the root (level ' . $level->() . ')');
 close $_ for @socks;
@@ -180,6 +178,99 @@ sleep 0.5;
 --- request
 GET /p/index.html
 --- error_code: 200
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 4c: holds the root could not keep, given back, are not read as other hosts' traffic
+A 1/s quota at the root (burst 1, so the root keeps its level at most at
+7); 60 requests are held (turns up to a minute away), then their clients
+leave. The root kept 7 of the 60 and stops their return at 0. nginx must
+not read the 53 it could not take back as other hosts' fill: its
+estimate stays at the root's 0 over the next 2 s (it rose to 10.8 when
+it did), and a held request that follows is served without a wait.
+--- http_config
+sluice_root $TEST_NGINX_ROOT_URL;
+sluice_sync_interval 200ms;
+--- config
+location /w/ { alias html/; sluice paced_back wait=1h; add_header X-Sluice $sluice_status always; }
+location = /metrics { sluice_metrics; }
+--- init
+main::put_quota($main::Root, 'paced_back', { limit => 1, low_burst => 1, high_burst => 1 });
+sleep 1.5;
+my $port = Test::Nginx::Socket::server_port();
+my $level = sub { main::root_level($main::Root, 'paced_back') };
+my @socks = SluiceTest::send_and_keep($port, '/w/index.html', 60);
+Test::More::ok(SluiceTest::wait_until(sub { $level->() >= 5 }, 2),
+    'the held requests reached the root, up to its cap (level ' . $level->() . ')');
+close $_ for @socks;
+Test::More::ok(SluiceTest::wait_until(sub { $level->() == 0 }, 2),
+    'their return took it to 0 (level ' . $level->() . ')');
+my $estimate = 0;
+for (1 .. 40) {
+    my $l = SluiceTest::metric_value($port, '/metrics', 'sluice_quota_level{quota="paced_back"}');
+    $estimate = $l if defined $l && $l > $estimate;
+    select(undef, undef, undef, 0.05);
+}
+Test::More::cmp_ok($estimate, '<=', 1, "nginx's estimate stayed at the root's 0 (at most $estimate)");
+Test::More::is($level->(), 0, 'and nothing reached the root meanwhile');
+--- request
+GET /w/index.html
+--- response_headers
+X-Sluice: PASSED
+--- error_code: 200
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 4d: estimates settled at nothing after a sync give the quota back whole
+A quota of 10 that never leaks, at the root. Nine requests estimated at
+1 each are sent slowly (limit_rate), so each is counted and synced
+before its response ends and settles at 0: the nine come back as a
+return. Exactly 10 plain requests then pass, here and at the root: the
+returned units neither cost the quota nor the room of the adds that
+follow at the root (they did, and nginx admitted a burst every sync).
+--- http_config
+sluice_root $TEST_NGINX_ROOT_URL;
+sluice_sync_interval 200ms;
+--- config
+location /s/ {
+    alias html/;
+    limit_rate 1k;
+    sluice settled_back;
+    sluice_charge settled_back weight=0 settle;
+}
+location /p/ { alias html/; sluice settled_back; }
+--- user_files eval
+">>> slow.bin\n" . ('x' x 1500) . "\n"
+--- init
+main::put_quota($main::Root, 'settled_back', { limit => 0, low_burst => 10, high_burst => 10 });
+sleep 1.5;
+my $port = Test::Nginx::Socket::server_port();
+my @socks = SluiceTest::send_and_keep($port, '/s/slow.bin', 9);
+my $served = 0;
+for my $s (@socks) {
+    my $reply = do { local $/; <$s> } // '';
+    $served++ if $reply =~ m{^HTTP/1\.1 200};
+    close $s;
+}
+Test::More::is($served, 9, 'the nine estimates were served');
+sleep 1;
+my $passed = 0;
+for (1 .. 30) {
+    my $r = SluiceTest::http_request('GET', "http://127.0.0.1:$port/p/index.html");
+    $passed++ if $r->{status} == 200;
+    select(undef, undef, undef, 0.1);
+}
+Test::More::is($passed, 10, 'then 10 of 30 plain requests passed over 3 s');
+Test::More::is(main::root_level($main::Root, 'settled_back'), 10, 'and the root holds those 10');
+--- request
+GET /p/index.html
+--- error_code: 429
 --- no_error_log
 [alert]
 [crit]

@@ -89,15 +89,7 @@ sub burst {
 
 # Opens $n connections, sends GET $path on each, and returns the sockets
 # without reading (the caller closes them).
-sub send_and_keep {
-    my ($path, $n) = @_;
-    return map {
-        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => port(), Timeout => 5)
-            or die "connect: $!";
-        print $s "GET $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-        $s;
-    } 1 .. $n;
-}
+sub send_and_keep { SluiceTest::send_and_keep(port(), @_) }
 
 sub get { SluiceTest::http_request('GET', 'http://127.0.0.1:' . port() . $_[0]) }
 

@@ -182,6 +182,45 @@ pub fn estimate_window(
     estimate
 }
 
+/// This host's weight that a root's reply acknowledges (the cluster value
+/// it carries newly includes it): what it added, and what it gave back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Acked {
+    /// Weight added (deltas).
+    pub added: u64,
+    /// Weight given back (returns).
+    pub returned: u64,
+}
+
+impl Acked {
+    /// A net change, all one way: added, or given back when below zero.
+    pub fn of_net(net: i64) -> Self {
+        Self {
+            added: net.max(0) as u64,
+            returned: net.min(0).unsigned_abs(),
+        }
+    }
+
+    /// Added less given back, saturating.
+    pub fn net(self) -> i64 {
+        let signed = |w: u64| i64::try_from(w).unwrap_or(i64::MAX);
+        signed(self.added).saturating_sub(signed(self.returned))
+    }
+
+    /// What a level (a count) of `before` becomes with this weight alone,
+    /// as a root applies it: the returns first, stopped at zero (a root
+    /// lowers a counter no further), then the adds.
+    pub fn applied_to(self, before: f64) -> f64 {
+        (before - self.returned as f64).max(0.0) + self.added as f64
+    }
+}
+
+impl From<i64> for Acked {
+    fn from(net: i64) -> Self {
+        Self::of_net(net)
+    }
+}
+
 /// Updates the others' fill rate of a window quota from two consecutive
 /// cluster counts (the window counterpart of [`measure_fill_rate`]):
 /// measured within one window; across a boundary the old rate stays.
@@ -189,39 +228,37 @@ pub fn measure_window_fill_rate(
     prev: WindowLevel,
     next: WindowLevel,
     rule: &WindowRule,
-    own_acked: f64,
+    own: Acked,
     prev_rate: f64,
 ) -> f64 {
     let dt = seconds_between(prev.at, next.at);
     if dt <= 0.0 || rule.index_at(prev.at) != rule.index_at(next.at) {
         return prev_rate;
     }
-    let added_by_others = (next.count - prev.count - own_acked).max(0.0);
+    let added_by_others = (next.count - own.applied_to(prev.count)).max(0.0);
     let rate = added_by_others / dt;
     FILL_RATE_SMOOTHING * rate + (1.0 - FILL_RATE_SMOOTHING) * prev_rate
 }
 
 /// Updates the others' fill rate from two consecutive cluster levels.
 ///
-/// `own_acked` is the weight this host sent that `next` newly includes, so
-/// it is subtracted: the host knows its own load exactly and only guesses
-/// the others'. What the fleet added between the two is
+/// `own` is the weight this host sent that `next` newly includes, so it
+/// is taken out: the host knows its own load exactly and only guesses the
+/// others'. What the fleet added between the two is
 /// `next.level - max(0, prev.level - limit * dt)`: exact when the bucket did
-/// not run dry in between, a lower bound when it did. Returns `prev_rate`
-/// when `next` is not later than `prev`.
-pub fn measure_fill_rate(
-    prev: Level,
-    next: Level,
-    limit: f64,
-    own_acked: f64,
-    prev_rate: f64,
-) -> f64 {
+/// not run dry in between, a lower bound when it did. This host's returns
+/// lowered that level at most to zero, as the root stopped them there
+/// ([`Acked::applied_to`]): a return the root could not apply in full (the
+/// units had leaked, or its adds were cut to the level cap) is not read
+/// as the others' fill. Returns `prev_rate` when `next` is not later than
+/// `prev`.
+pub fn measure_fill_rate(prev: Level, next: Level, limit: f64, own: Acked, prev_rate: f64) -> f64 {
     let dt = seconds_between(prev.at, next.at);
     if dt <= 0.0 {
         return prev_rate;
     }
     let drained = prev.leaked(limit, next.at).level;
-    let added_by_others = (next.level - drained - own_acked).max(0.0);
+    let added_by_others = (next.level - own.applied_to(drained)).max(0.0);
     let rate = added_by_others / dt;
     FILL_RATE_SMOOTHING * rate + (1.0 - FILL_RATE_SMOOTHING) * prev_rate
 }
@@ -316,8 +353,46 @@ mod tests {
         };
         // Leak 100, so the fleet added 150; 30 was ours: others 120/s.
         // Smoothed with the previous 40/s: 80/s.
-        assert_eq!(measure_fill_rate(prev, next, 100.0, 30.0, 40.0), 80.0);
-        assert_eq!(measure_fill_rate(next, prev, 100.0, 30.0, 40.0), 40.0);
+        let ours = Acked::of_net(30);
+        assert_eq!(measure_fill_rate(prev, next, 100.0, ours, 40.0), 80.0);
+        assert_eq!(measure_fill_rate(next, prev, 100.0, ours, 40.0), 40.0);
+    }
+
+    /// Issue 34, case 3: what this host gave back lowers the level only
+    /// to zero, as the root applies it; the rest of a return is not the
+    /// others' fill.
+    #[test]
+    fn a_return_stopped_at_zero_is_not_the_others_fill() {
+        let prev = Level { level: 10.0, at: 0 };
+        let at_one = |level| Level { level, at: SEC };
+        // 10 leak to 9 in a second; 300 given back take that to 0.
+        let back = Acked {
+            added: 0,
+            returned: 300,
+        };
+        assert_eq!(measure_fill_rate(prev, at_one(0.0), 1.0, back, 0.0), 0.0);
+        // 5 added in the same sync count from 0, after the return.
+        let both = Acked {
+            added: 5,
+            returned: 300,
+        };
+        assert_eq!(measure_fill_rate(prev, at_one(5.0), 1.0, both, 0.0), 0.0);
+        // What the others added on top is still read: 4 in a second.
+        assert_eq!(measure_fill_rate(prev, at_one(9.0), 1.0, both, 0.0), 2.0);
+        // The same for a window's count.
+        let rule = WindowRule {
+            window: crate::core::Window::TenSeconds,
+            sliding: false,
+            utc_offset: 0,
+        };
+        let count = |count, at| WindowLevel {
+            count,
+            prev: 0.0,
+            at,
+        };
+        let rate =
+            measure_window_fill_rate(count(10.0, SEC), count(5.0, 2 * SEC), &rule, both, 0.0);
+        assert_eq!(rate, 0.0);
     }
 
     /// A host syncing every second while the rest of the fleet adds
@@ -352,7 +427,7 @@ mod tests {
                     samples += 1.0;
                 }
             }
-            rate = measure_fill_rate(known, truth, limit, 0.0, rate);
+            rate = measure_fill_rate(known, truth, limit, Acked::default(), rate);
             known = truth;
         }
         error / samples
@@ -470,12 +545,18 @@ mod tests {
             at: 3 * SEC,
         };
         // 30 added in 2 s, 10 of it ours: 10/s, smoothed with 0.
-        assert_eq!(measure_window_fill_rate(a, b, &rule, 10.0, 0.0), 5.0);
+        assert_eq!(
+            measure_window_fill_rate(a, b, &rule, Acked::of_net(10), 0.0),
+            5.0
+        );
         let c = WindowLevel {
             count: 1.0,
             prev: 40.0,
             at: 11 * SEC,
         };
-        assert_eq!(measure_window_fill_rate(b, c, &rule, 0.0, 7.0), 7.0);
+        assert_eq!(
+            measure_window_fill_rate(b, c, &rule, Acked::default(), 7.0),
+            7.0
+        );
     }
 }

@@ -465,16 +465,18 @@ impl Ledger {
             shard.book.reserve((part.len() + returns.len()) as u64);
             // Returns first: one taken before an add of the same sync stops
             // at zero, so the order can only leave the level higher. A
-            // return spends the limiter's allowance as an add does: one
-            // limiter moves a counter down no faster than it could have
-            // filled it (see `trust.rs`).
+            // return draws on the limiter's allowance for returns, which
+            // its adds refill, and gives the allowance its adds draw on
+            // back: one limiter moves a counter down by no more than it
+            // added and one allowance, and an honest return never costs
+            // the room of the adds that follow (see `trust.rs`).
             for &(counter, delta) in returns {
                 let in_flight = in_flight_limit(&quotas, counter);
                 let (allowances, held) = (&mut shard.allowances, &shard.held);
                 let allow = |shape: &AllowanceShape| match in_flight {
                     // A limiter gives back only the slots it holds here.
                     Some(_) => held.return_effect(number, counter, delta.weight),
-                    None => allowances.admit(caller, counter, shape, delta.weight, now),
+                    None => allowances.give_back(caller, counter, shape, delta.weight, now),
                 };
                 let given = shard.book.give_back(counter, delta, now, allow);
                 if in_flight.is_some() {
@@ -1242,7 +1244,7 @@ mod tests {
     }
 
     #[test]
-    fn returns_lower_a_counter_within_the_limiters_allowance_and_never_below_zero() {
+    fn returns_lower_a_counter_by_what_the_limiter_added_and_an_allowance_never_below_zero() {
         let ledger = Ledger::default();
         // limit 10, high_burst 200: allowance 500 per limiter, refilling
         // at 20/s.
@@ -1266,14 +1268,14 @@ mod tests {
         assert_eq!(level_of(&step, 1), Some(140.0));
         let reply = step.into_response(INSTANCE, SEC, 0);
         assert!(reply.takes_returns);
-        // A liar returning far more than it added moves the counter down
-        // only as far as its allowance (500 less the 250 it used, plus a
-        // second's refill), and never below zero; the cut is counted for
-        // it.
+        // A liar returning far more than it added gives back what it
+        // added and one allowance at most: its net on the counter (150
+        // added, 20 refilled in the second, 100 back) and 500. The
+        // counter stops at zero; the cut is counted for it.
         let step = give_back("a", 1, 1 << 40, SEC);
         assert_eq!(step.clipped, 1);
         assert_eq!(ledger.counters.view(1, SEC).unwrap().level, 0.0);
-        assert!(step.returned_weight <= 500.0, "{}", step.returned_weight);
+        assert_eq!(step.returned_weight, 30.0 + 500.0);
         assert_eq!(ledger.limiters().get(0).unwrap().clipped, 1);
         // A return to a counter the root does not hold lowers nothing.
         let step = give_back("b", 2, 10, SEC);
@@ -1290,6 +1292,52 @@ mod tests {
         };
         let step = ledger.sync(&both, INSTANCE, SEC, PAGING);
         assert_eq!(level_of(&step, 1), Some(40.0));
+    }
+
+    /// Issue 34, case 2, at the ledger: nine units that came back leave
+    /// the limiter room for the ten a burst of 10 holds, cycle after
+    /// cycle, with nothing clipped.
+    #[test]
+    fn an_honest_return_leaves_the_next_adds_whole() {
+        let ledger = Ledger::default();
+        // Burst 10, no leak: an allowance of 20 that never refills.
+        ledger.load(
+            vec![Quota::new(1, "burst10", 0.0, 10.0, 10.0).at_epoch(1)],
+            0,
+        );
+        for round in 0..5 {
+            let now = round * 2 * SEC;
+            ledger.sync(&request("a", 0, &[(1, 9)]), INSTANCE, now, PAGING);
+            let back = SyncRequest {
+                returned: vec![CounterDelta {
+                    id: 1,
+                    delta: 9,
+                    window: None,
+                }],
+                ..request("a", 0, &[])
+            };
+            let step = ledger.sync(&back, INSTANCE, now + SEC / 2, PAGING);
+            assert_eq!((step.returned_weight, step.clipped), (9.0, 0), "{round}");
+            let level = ledger.counters.view(1, now + SEC / 2).unwrap().level;
+            assert_eq!(level, 0.0);
+            let step = ledger.sync(&request("a", 0, &[(1, 10)]), INSTANCE, now + SEC, PAGING);
+            assert_eq!(
+                (step.clipped, level_of(&step, 1)),
+                (0, Some(10.0)),
+                "{round}"
+            );
+            // The ten settle at nothing: the quota is empty again.
+            let back = SyncRequest {
+                returned: vec![CounterDelta {
+                    id: 1,
+                    delta: 10,
+                    window: None,
+                }],
+                ..request("a", 0, &[])
+            };
+            ledger.sync(&back, INSTANCE, now + SEC, PAGING);
+        }
+        assert_eq!(ledger.limiters().get(0).unwrap().clipped, 0);
     }
 
     #[test]

@@ -39,15 +39,27 @@
 //!   per second (a window quota: capacity `2 * high_burst + rate * 1 s`,
 //!   refilling at `2 * limit` per window: reservations never reach into
 //!   a later window). What a delta asks beyond the allowance is
-//!   clipped (not added) and counted for that limiter. An edit of the
-//!   quota gives every limiter a full allowance again. An allowance back
-//!   at full is the same as none, so the root forgets those every reload
-//!   tick; and a delta no larger than what refilled since the limiter's
-//!   last sync (at most [`FREE_SECONDS`] of it) creates none, so steady
-//!   traffic costs no state and only bursts are held until they refill
-//!   (the bound loosens by at most one second of refill per burst). At
-//!   most [`MAX_ALLOWANCES`] are held, and a delta past that is checked
-//!   against a full allowance (one sync's worth) without memory.
+//!   clipped (not added) and counted for that limiter.
+//!
+//!   A return ([`Allowances::give_back`]) is units given back, not an
+//!   add: the allowance holds the limiter's net on the counter (added
+//!   less given back, leaking back to zero), an add has room up to
+//!   `capacity` above zero and a return up to `capacity` below it. So a
+//!   return gives its limiter's adds their room back (the units were not
+//!   admitted after all: nine checks settled at nothing leave a burst of
+//!   ten whole), and one limiter lowers a counter by no more than what it
+//!   added and one allowance beyond (the refill included), as it raises
+//!   it by no more than one allowance beyond what it gave back.
+//!
+//!   An edit of the quota gives every limiter a full allowance again. An
+//!   allowance back at full (a net of zero) is the same as none, so the
+//!   root forgets those every reload tick; and a delta or a return no
+//!   larger than what refilled since the limiter's last sync (at most
+//!   [`FREE_SECONDS`] of it) creates none, so steady traffic costs no
+//!   state and only bursts are held until they refill (the bound loosens
+//!   by at most one second of refill per burst). At most
+//!   [`MAX_ALLOWANCES`] are held, and a delta or a return past that is
+//!   checked against a full allowance (one sync's worth) without memory.
 //!
 //! A sync's rejection counts (statistics for the overview, which no
 //! decision reads) are bounded the same way: all of one sync's together
@@ -133,13 +145,34 @@ pub fn counter_rule(quota: &Quota, utc_offset: i64, cap_seconds: f64, now: Nanos
     }
 }
 
-/// One limiter's allowance on one counter: what it used, leaking back at
-/// `rate`.
+/// Which way a weight moves a counter: an add (a delta) or a return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Weight added (a delta).
+    Add,
+    /// Weight given back (a return).
+    Return,
+}
+
+impl Direction {
+    /// The sign of the weight on a limiter's net.
+    fn sign(self) -> f64 {
+        match self {
+            Direction::Add => 1.0,
+            Direction::Return => -1.0,
+        }
+    }
+}
+
+/// One limiter's allowance on one counter: what it added less what it
+/// gave back, leaking back to zero at `rate`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Allowance {
-    /// Weight taken and not yet refilled, at `at`.
-    used: f64,
-    /// Root time of `used`.
+    /// Weight added less weight given back, not yet refilled, at `at`:
+    /// above zero the room its adds used, below it the room its returns
+    /// used beyond what it added.
+    net: f64,
+    /// Root time of `net`.
     at: Nanos,
     /// Refill rate, units per second.
     rate: f64,
@@ -149,9 +182,13 @@ struct Allowance {
 }
 
 impl Allowance {
-    fn used_at(&self, now: Nanos) -> f64 {
-        let elapsed = now.saturating_sub(self.at) as f64 * SECS_PER_NANO;
-        (self.used - self.rate * elapsed).max(0.0)
+    fn net_at(&self, now: Nanos) -> f64 {
+        let refilled = self.rate * now.saturating_sub(self.at) as f64 * SECS_PER_NANO;
+        if self.net > 0.0 {
+            (self.net - refilled).max(0.0)
+        } else {
+            (self.net + refilled).min(0.0)
+        }
     }
 }
 
@@ -206,9 +243,39 @@ impl Allowances {
     /// How much of `delta` limiter `limiter` (its registry number and the
     /// seconds since its previous sync) may add to `counter`, whose
     /// allowances are shaped `shape`, at `now`; takes that much from its
-    /// allowance.
+    /// allowance (room for returns of it, too).
     pub fn admit(
         &mut self,
+        limiter: (u32, f64),
+        counter: CounterKey,
+        shape: &AllowanceShape,
+        delta: f64,
+        now: Nanos,
+    ) -> f64 {
+        self.draw(Direction::Add, limiter, counter, shape, delta, now)
+    }
+
+    /// How much of `delta` limiter `limiter` may give back to `counter`
+    /// at `now`, as [`Allowances::admit`] for a return: what it added,
+    /// and at most one allowance beyond. What it gives back is room for
+    /// its adds again: units given back were not admitted.
+    pub fn give_back(
+        &mut self,
+        limiter: (u32, f64),
+        counter: CounterKey,
+        shape: &AllowanceShape,
+        delta: f64,
+        now: Nanos,
+    ) -> f64 {
+        self.draw(Direction::Return, limiter, counter, shape, delta, now)
+    }
+
+    /// Grants what the allowance has room for of `delta` in `direction`
+    /// (capacity less the limiter's net in that direction) and moves the
+    /// net by it.
+    fn draw(
+        &mut self,
+        direction: Direction,
         limiter: (u32, f64),
         counter: CounterKey,
         shape: &AllowanceShape,
@@ -231,7 +298,7 @@ impl Allowances {
             return delta;
         }
         let fresh = Allowance {
-            used: 0.0,
+            net: 0.0,
             at: now,
             rate,
             epoch,
@@ -241,14 +308,15 @@ impl Allowances {
             return delta.min(capacity);
         }
         let entry = self.held.entry((limiter, counter)).or_insert(fresh);
-        let used = if entry.epoch == epoch {
-            entry.used_at(now)
+        let net = if entry.epoch == epoch {
+            entry.net_at(now)
         } else {
             0.0
         };
-        let granted = delta.min((capacity - used).max(0.0));
+        let sign = direction.sign();
+        let granted = delta.min((capacity - sign * net).max(0.0));
         *entry = Allowance {
-            used: used + granted,
+            net: net + sign * granted,
             ..fresh
         };
         granted
@@ -258,7 +326,7 @@ impl Allowances {
     /// none); returns how many.
     pub fn forget_refilled(&mut self, now: Nanos) -> usize {
         let before = self.held.len();
-        self.held.retain(|_, a| a.used_at(now) > 0.0);
+        self.held.retain(|_, a| a.net_at(now) != 0.0);
         // A burst of new limiters leaves a large, mostly empty table.
         if self.held.capacity() > 4 * self.held.len() + 4096 {
             self.held.shrink_to_fit();
@@ -340,6 +408,35 @@ mod tests {
             a.admit((0, 0.0), c, &shape(&edited, 0, 1.0, SEC), 1e9, SEC),
             60.0
         );
+    }
+
+    /// Issue 34, case 2, at the allowance: nine units added and given
+    /// back leave the limiter its whole allowance for the adds that
+    /// follow, however often; returns beyond what the limiter added are
+    /// cut to one allowance.
+    #[test]
+    fn returns_give_the_adds_their_room_back_and_are_bounded_by_the_adds() {
+        let mut a = Allowances::default();
+        // Burst 10, no leak: capacity 2 * 10 = 20, refilling nothing.
+        let q = leaky(0.0, 10.0);
+        let (c, s) = (CounterKey::named(1), shape(&q, 0, 5.0, 0));
+        assert_eq!(a.admit((0, 1.0), c, &s, 9.0, 0), 9.0);
+        assert_eq!(a.give_back((0, 1.0), c, &s, 9.0, SEC), 9.0);
+        for round in 0..5 {
+            assert_eq!(a.admit((0, 1.0), c, &s, 20.0, SEC), 20.0, "{round}");
+            assert_eq!(a.give_back((0, 1.0), c, &s, 20.0, SEC), 20.0, "{round}");
+        }
+        // All given back: the pair is back at full and forgotten.
+        assert_eq!(a.forget_refilled(SEC), 1);
+        // Another limiter that added nothing gives back one allowance at
+        // most; after that only what it adds.
+        assert_eq!(a.give_back((1, 1.0), c, &s, 1e9, SEC), 20.0);
+        assert_eq!(a.give_back((1, 1.0), c, &s, 1e9, SEC), 0.0);
+        assert_eq!(a.admit((1, 1.0), c, &s, 5.0, SEC), 5.0);
+        assert_eq!(a.give_back((1, 1.0), c, &s, 1e9, SEC), 5.0);
+        // What it gave back beyond its adds is room for adds again: its
+        // net (40 added less 20 given back) stays within one allowance.
+        assert_eq!(a.admit((1, 1.0), c, &s, 1e9, SEC), 40.0);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::ids::{CounterMap, IdMap};
 use super::link::{level_at_offset, Owed, OwedDeltas, RootLink};
 use super::routing::shard;
 use super::vouch::Recent;
+use crate::core::estimate::Acked;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::{CollectedDelta, SlotId, Source, Table};
 use crate::wire::{CounterKey, SyncResponse};
@@ -49,8 +50,8 @@ impl Unacked {
 
     /// Takes up to `sent` of the counter's unacknowledged weight and up to
     /// `returned` of its unacknowledged returns (one lookup: this runs for
-    /// every counter of every reply); the net acknowledged, signed.
-    fn take(&mut self, counter: CounterKey, sent: u64, returned: u64) -> Option<(SlotId, i64)> {
+    /// every counter of every reply); what that acknowledges of each.
+    fn take(&mut self, counter: CounterKey, sent: u64, returned: u64) -> Option<(SlotId, Acked)> {
         let Entry::Occupied(mut e) = self.by_counter.entry(counter) else {
             return None;
         };
@@ -63,7 +64,13 @@ impl Unacked {
         if *weight == 0 && *back == 0 {
             e.remove();
         }
-        Some((slot, acked as i64 - acked_back as i64))
+        Some((
+            slot,
+            Acked {
+                added: acked,
+                returned: acked_back,
+            },
+        ))
     }
 
     /// A counter's unacknowledged net weight.
@@ -231,7 +238,7 @@ impl Accounts {
                 },
             };
             recent.changed(counter, slot);
-            let amount = acked.map_or(0, |a| a.1);
+            let amount = acked.map_or(Acked::default(), |a| a.1);
             if !table
                 .books()
                 .merge_counter(slot, counter.id, counter.key, value, amount, source)
@@ -262,7 +269,7 @@ impl Accounts {
             if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
                 table
                     .books()
-                    .release_unacked(slot, counter.id, counter.key, acked);
+                    .release_unacked(slot, counter.id, counter.key, acked.net());
             }
         }
     }

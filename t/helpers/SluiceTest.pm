@@ -150,6 +150,20 @@ sub http_request {
     return { status => $status, headers => \%headers, content => $content // '' };
 }
 
+# Sends $n requests for $path to nginx on 127.0.0.1:$port, each on a
+# connection of its own, without reading the replies: returns the
+# sockets, so that the caller keeps the clients there or closes them
+# (clients that leave).
+sub send_and_keep {
+    my ($port, $path, $n) = @_;
+    return map {
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port, Timeout => 10)
+            or die "connect: $!";
+        print $s "GET $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        $s;
+    } 1 .. $n;
+}
+
 # One series of the Prometheus text nginx on 127.0.0.1:$port serves at
 # $path, as a number (undef when absent).
 sub metric_value {

@@ -21,6 +21,7 @@
 //! reply of the same root replaces it where another root's is max-merged
 //! ([`crate::core::Counting::merge_reply`]).
 
+use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::books::key_sync::KeySync;
@@ -117,16 +118,18 @@ impl Counters<'_> {
     /// `source` into the slot if it still holds quota `id` (or into its
     /// key `key`, when not 0): it replaces the known level if that is the
     /// same root's earlier value, else the larger counts. Takes `acked`
-    /// weight (signed: net of returns) off in-flight (the value includes
-    /// it), and updates the others' fill rate. Returns false if the slot
-    /// holds another quota now (or this host has no entry for the key).
+    /// weight (its net: added less given back) off in-flight (the value
+    /// includes it), and updates the others' fill rate: what the value
+    /// holds beyond this host's weight, its returns stopped at zero as the
+    /// root stops them. Returns false if the slot holds another quota now
+    /// (or this host has no entry for the key).
     pub(in crate::table) fn merge_counter(
         &self,
         slot: SlotId,
         id: u64,
         key: KeyHash,
         value: Tally,
-        acked: i64,
+        acked: Acked,
         source: Source,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
@@ -154,7 +157,7 @@ impl Counters<'_> {
         if m.taken {
             set_slot_source(s, source);
         }
-        settle_unacked(&s.unacked, acked, || store_tally(s, m.tally, m.rate));
+        settle_unacked(&s.unacked, acked.net(), || store_tally(s, m.tally, m.rate));
         true
     }
 

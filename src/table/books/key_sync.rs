@@ -14,6 +14,7 @@ use super::merge::{merge, Known};
 use super::tally::{
     self, fold_weight, folded_source, send_pending, settle_unacked, CollectedDelta,
 };
+use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
 use crate::table::region::key_entries::{
@@ -183,7 +184,7 @@ impl KeySync<'_> {
         id: u64,
         hash: KeyHash,
         value: Tally,
-        acked: i64,
+        acked: Acked,
         source: Source,
     ) -> bool {
         let Some(s) = self.slot(slot) else {
@@ -221,7 +222,9 @@ impl KeySync<'_> {
         } else if !keeps_prev(&counting) {
             e.fill.store((m.rate as f32).to_bits(), RLX);
         }
-        settle_unacked(&e.unacked, acked, || store_key_tally(e, &counting, m.tally));
+        settle_unacked(&e.unacked, acked.net(), || {
+            store_key_tally(e, &counting, m.tally)
+        });
         true
     }
 

@@ -13,6 +13,7 @@
 //! is max-merged.
 
 use super::tally::measure_rate;
+use crate::core::estimate::Acked;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::region::layout::{Source, FOLDED};
 
@@ -46,22 +47,28 @@ pub(in crate::table) fn replaces(known: Source, source: Source) -> bool {
 }
 
 /// Merges `value`, a reply of root `source` that acknowledges `acked` of
-/// this host's weight, into a counter counting so and found as `known`.
+/// this host's weight (added and given back), into a counter counting so
+/// and found as `known`.
+///
 /// The rate is measured over a span of at least a quarter of the
 /// extrapolation `horizon` (half an interval): several roots answering
 /// one cycle milliseconds apart must not turn a few units into a huge
-/// rate.
+/// rate. The host's own weight in the merged level is what the reply
+/// acknowledges when its value is taken; when the known level wins the
+/// max, none of it (that level is another root's older value), so a
+/// return the reply acknowledges is not read as the others' fill.
 pub(in crate::table) fn merge(
     counting: &Counting,
     known: Known,
     (value, source): (Tally, Source),
-    acked: i64,
+    acked: Acked,
     horizon: Nanos,
 ) -> Merged {
     let (tally, taken) = counting.merge_reply(known.tally, value, replaces(known.source, source));
     let span = tally.at.saturating_sub(known.tally.at);
     let rate = if span >= horizon / 4 {
-        measure_rate(counting, known.tally, tally, acked as f64, known.rate)
+        let own = if taken { acked } else { Acked::default() };
+        measure_rate(counting, known.tally, tally, own, known.rate)
     } else {
         known.rate
     };
@@ -94,9 +101,39 @@ mod tests {
             source: 1,
             rate: 0.0,
         };
-        let m = merge(&counting, known, (at(2.0, 2_000), 1), 0, 0);
+        let none = Acked::default();
+        let m = merge(&counting, known, (at(2.0, 2_000), 1), none, 0);
         assert_eq!((m.tally.level, m.taken), (2.0, true));
-        let m = merge(&counting, known, (at(2.0, 2_000), 2), 0, 0);
+        let m = merge(&counting, known, (at(2.0, 2_000), 2), none, 0);
         assert_eq!(m.tally.level, 5.0);
+    }
+
+    /// Issue 34, case 3, with two roots: the first to answer after a
+    /// return acknowledges it, but its value loses the max to the other
+    /// root's earlier, higher one. That level does not hold the return,
+    /// so the return is not read as the others' fill (it was: a fill
+    /// rate of 0.5/s from 1 unit given back).
+    #[test]
+    fn a_return_acknowledged_with_a_value_that_loses_the_max_is_no_fill() {
+        let counting = Counting::Leak(2.0);
+        // 4 from root 2 at 3 s; root 1 answers 1 at 4 s (4 leaked to 2,
+        // less the 1 given back).
+        let known = Known {
+            tally: at(4.0, 3_000_000_000),
+            source: 2,
+            rate: 0.0,
+        };
+        let back = Acked {
+            added: 0,
+            returned: 1,
+        };
+        let m = merge(
+            &counting,
+            known,
+            (at(1.0, 4_000_000_000), 1),
+            back,
+            2_000_000_000,
+        );
+        assert_eq!((m.tally.level, m.taken, m.rate), (2.0, false, 0.0));
     }
 }

@@ -41,6 +41,7 @@ pub(in crate::table) mod tally;
 mod tiers;
 mod write;
 
+use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::tier::{Override, Penalty};
 use crate::core::{Counting, Nanos, Quota, Tally};
@@ -103,19 +104,20 @@ impl<'t> Books<'t> {
     /// `source` into the slot if it still holds quota `id` (or into its
     /// key `key`, when not 0): it replaces the known level if that is the
     /// same root's earlier value, else the larger counts. Takes `acked`
-    /// weight (signed: net of returns) off in-flight (the value includes
-    /// it), and updates the others' fill rate. Returns false if the slot
-    /// holds another quota now (or this host has no entry for the key).
+    /// weight (added and given back; a net number is all one way) off
+    /// in-flight (the value includes it), and updates the others' fill
+    /// rate. Returns false if the slot holds another quota now (or this
+    /// host has no entry for the key).
     pub fn merge_counter(
         &self,
         slot: SlotId,
         id: u64,
         key: KeyHash,
         value: Tally,
-        acked: i64,
+        acked: impl Into<Acked>,
         source: Source,
     ) -> bool {
-        Counters::of(self.region).merge_counter(slot, id, key, value, acked, source)
+        Counters::of(self.region).merge_counter(slot, id, key, value, acked.into(), source)
     }
 
     /// Standalone mode (no roots): folds every pending and in-flight weight

@@ -4,7 +4,7 @@
 //! measuring the other hosts' fill rate, and the delta a collection
 //! hands the sync thread ([`CollectedDelta`]).
 
-use crate::core::estimate::{measure_fill_rate, measure_window_fill_rate};
+use crate::core::estimate::{measure_fill_rate, measure_window_fill_rate, Acked};
 use crate::core::key::KeyHash;
 use crate::core::window::WindowLevel;
 use crate::core::{Counting, Nanos, Tally};
@@ -208,17 +208,17 @@ pub(in crate::table) fn store_tally(s: &Slot, t: Tally, rate: f64) {
 }
 
 /// The others' fill rate after a merge took the counter from `known` to
-/// `merged`, `own_acked` of it this host's.
+/// `merged`, `own` of it this host's (added and given back).
 pub(in crate::table) fn measure_rate(
     counting: &Counting,
     known: Tally,
     merged: Tally,
-    own_acked: f64,
+    own: Acked,
     old_rate: f64,
 ) -> f64 {
     match counting {
         Counting::Leak(limit) => {
-            measure_fill_rate(known.level(), merged.level(), *limit, own_acked, old_rate)
+            measure_fill_rate(known.level(), merged.level(), *limit, own, old_rate)
         }
         Counting::Window(rule) => {
             let as_window = |t: Tally| WindowLevel {
@@ -226,13 +226,7 @@ pub(in crate::table) fn measure_rate(
                 prev: t.prev,
                 at: t.at,
             };
-            measure_window_fill_rate(
-                as_window(known),
-                as_window(merged),
-                rule,
-                own_acked,
-                old_rate,
-            )
+            measure_window_fill_rate(as_window(known), as_window(merged), rule, own, old_rate)
         }
     }
 }
