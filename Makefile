@@ -192,7 +192,7 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: deps test-cargo test-capi test-nginx test-cluster test-demo test-bindings test-packaging test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, make run's stop, bindings, packaging, fuzz targets, short fault cases
+test: deps test-cargo test-capi test-nginx test-cluster test-demo test-bindings test-packaging test-docs test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, make run's stop, bindings, packaging, the docs' examples, fuzz targets, short fault cases
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
@@ -420,6 +420,16 @@ bench-bindings: lib $(PY_VENV_STAMP) ## a check's cost from C, Python, LuaJIT an
 
 test-packaging: nginx module $(PY_VENV_STAMP) ## the Dockerfile and deploy/docker-compose.yml agree with the Makefile; what each deps target installs; the README names nothing outside the repository
 	$(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/packaging.py
+
+# ---------------------------------------------------------------------------
+# The documents' examples: every ```nginx block of README.md and docs/*.md
+# through our nginx -t, every quota file in them applied to a real root,
+# every relative link followed (tests/docs.py; standard library only).
+
+.PHONY: test-docs
+
+test-docs: nginx module bin ## README.md and docs/: nginx examples through nginx -t, quota files applied to a real root, relative links followed (~5 s)
+	$(PYTHON) tests/docs.py
 
 # ---------------------------------------------------------------------------
 # Fuzzing (tests/fuzz): libFuzzer through cargo-fuzz, on the stable
