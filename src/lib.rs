@@ -170,3 +170,6 @@ pub mod root;
 
 #[cfg(feature = "sim")]
 pub mod sim;
+
+#[cfg(feature = "rls")]
+pub mod rls;
