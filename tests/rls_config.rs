@@ -281,3 +281,26 @@ fn a_period_without_a_window_says_which_exist() {
     load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, units: 10, requests_per_unit: 1}\n")
         .unwrap();
 }
+
+/// Scalars YAML reads as booleans or numbers are strings as written where
+/// a string goes, as Go's YAML hands them to envoyproxy/ratelimit.
+#[test]
+fn keys_and_values_that_look_like_booleans_or_numbers_keep_their_text() {
+    let text = "domain: d
+descriptors:
+  - key: y
+    value: 1.10
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: on
+    value: 010
+    shadow_mode: yes
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+    let config = load(text).unwrap();
+    let root = &config.domains["d"].root;
+    let y = root.find("y", "1.10").expect("key 'y', value '1.10'");
+    assert_eq!(y.full_key, "d.y_1.10");
+    let on = root.find("on", "010").expect("key 'on', value '010'");
+    assert!(on.shadow_mode);
+    assert!(root.find("true", "1.1").is_none());
+}

@@ -488,7 +488,7 @@ impl<'a> Fields<'a> {
     fn flag(&self, name: &str) -> Result<bool, ConfigError> {
         match self.get(name) {
             None | Some(Node::Null) => Ok(false),
-            Some(Node::Bool(b)) => Ok(*b),
+            Some(Node::Bool(b, _)) => Ok(*b),
             // YAML 1.1's booleans, which envoyproxy/ratelimit's parser takes.
             Some(Node::Str(s))
                 if matches!(s.as_str(), "yes" | "Yes" | "YES" | "on" | "On" | "ON") =>
@@ -507,9 +507,9 @@ impl<'a> Fields<'a> {
     fn uint32(&self, name: &str) -> Result<Option<u32>, ConfigError> {
         match self.get(name) {
             None | Some(Node::Null) => Ok(None),
-            Some(Node::Int(i)) => u32::try_from(*i)
+            Some(node @ Node::Int(i, _)) => u32::try_from(*i)
                 .map(Some)
-                .map_err(|_| self.type_error(name, &Node::Int(*i), "uint32")),
+                .map_err(|_| self.type_error(name, node, "uint32")),
             Some(node) => Err(self.type_error(name, node, "uint32")),
         }
     }
@@ -517,8 +517,8 @@ impl<'a> Fields<'a> {
     fn number(&self, name: &str) -> Result<Option<f64>, ConfigError> {
         match self.get(name) {
             None | Some(Node::Null) => Ok(None),
-            Some(Node::Int(i)) if *i >= 0 => Ok(Some(*i as f64)),
-            Some(Node::Float(f)) if *f >= 0.0 && f.is_finite() => Ok(Some(*f)),
+            Some(Node::Int(i, _)) if *i >= 0 => Ok(Some(*i as f64)),
+            Some(Node::Float(f, _)) if *f >= 0.0 && f.is_finite() => Ok(Some(*f)),
             Some(node) => Err(self.type_error(name, node, "a number of requests")),
         }
     }

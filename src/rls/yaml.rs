@@ -4,23 +4,29 @@
 //! of through a derive's generic messages.
 //!
 //! Parsing is serde-saphyr's (panic-free, with its own limits on depth
-//! and aliases); this file only keeps what it visits.
+//! and aliases); this file only keeps what it visits. A scalar that YAML
+//! reads as a boolean or a number keeps its text as written, since a
+//! string field takes the text (`value: 1.10` is "1.10", `key: y` is "y",
+//! as Go's YAML gives them to envoyproxy/ratelimit).
 
+use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
 
 /// One YAML value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Node {
     /// `~`, `null` or nothing.
     Null,
-    /// `true` or `false`.
-    Bool(bool),
-    /// An integer that fits in 64 bits.
-    Int(i128),
-    /// A number with a fraction or an exponent.
-    Float(f64),
+    /// A boolean (YAML 1.1's spellings: `true`, `yes`, `on`, `y`...), with
+    /// its text.
+    Bool(bool, String),
+    /// An integer, with its text.
+    Int(i128, String),
+    /// A number with a fraction or an exponent, with its text.
+    Float(f64, String),
     /// A string.
     Str(String),
     /// A list.
@@ -35,7 +41,10 @@ impl Node {
         if text.trim().is_empty() {
             return Ok(Node::Null);
         }
-        serde_saphyr::from_str::<Node>(text).map_err(|e| e.to_string())
+        SOURCE.with(|source| *source.borrow_mut() = text.to_string());
+        let parsed = serde_saphyr::from_str::<Node>(text).map_err(|e| e.to_string());
+        SOURCE.with(|source| source.borrow_mut().clear());
+        parsed
     }
 
     /// A scalar as the text a string field takes (YAML's `value: 50` is
@@ -43,9 +52,7 @@ impl Node {
     pub fn as_text(&self) -> Option<String> {
         match self {
             Node::Str(s) => Some(s.clone()),
-            Node::Int(i) => Some(i.to_string()),
-            Node::Float(f) => Some(f.to_string()),
-            Node::Bool(b) => Some(b.to_string()),
+            Node::Int(_, text) | Node::Float(_, text) | Node::Bool(_, text) => Some(text.clone()),
             Node::Null => Some(String::new()),
             Node::Seq(_) | Node::Map(_) => None,
         }
@@ -55,9 +62,9 @@ impl Node {
     pub fn kind(&self) -> &'static str {
         match self {
             Node::Null => "null",
-            Node::Bool(_) => "a boolean",
-            Node::Int(_) => "an integer",
-            Node::Float(_) => "a number",
+            Node::Bool(..) => "a boolean",
+            Node::Int(..) => "an integer",
+            Node::Float(..) => "a number",
             Node::Str(_) => "a string",
             Node::Seq(_) => "a list",
             Node::Map(_) => "a map",
@@ -69,11 +76,11 @@ impl Node {
         use serde_json::Value;
         match self {
             Node::Null => Value::Null,
-            Node::Bool(b) => Value::Bool(*b),
-            Node::Int(i) => i64::try_from(*i)
+            Node::Bool(b, _) => Value::Bool(*b),
+            Node::Int(i, _) => i64::try_from(*i)
                 .map(Value::from)
                 .unwrap_or_else(|_| Value::from(*i as f64)),
-            Node::Float(f) => serde_json::Number::from_f64(*f)
+            Node::Float(f, _) => serde_json::Number::from_f64(*f)
                 .map(Value::Number)
                 .unwrap_or(Value::Null),
             Node::Str(s) => Value::String(s.clone()),
@@ -97,6 +104,39 @@ impl fmt::Display for Node {
     }
 }
 
+thread_local! {
+    /// The text being parsed, for the text of scalars.
+    static SOURCE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// `node` with a boolean or number's text taken from the source where it
+/// was defined (an alias's anchor).
+fn with_source_text(spanned: Spanned<Node>) -> Node {
+    let span = spanned.defined.span();
+    let text = |text: &mut String| {
+        let (Some(at), Some(len)) = (span.byte_offset(), span.byte_len()) else {
+            return;
+        };
+        SOURCE.with(|source| {
+            let source = source.borrow();
+            let (Ok(at), Ok(len)) = (usize::try_from(at), usize::try_from(len)) else {
+                return;
+            };
+            if let Some(written) = at.checked_add(len).and_then(|end| source.get(at..end)) {
+                if !written.is_empty() {
+                    *text = written.to_string();
+                }
+            }
+        })
+    };
+    let mut node = spanned.value;
+    match &mut node {
+        Node::Bool(_, t) | Node::Int(_, t) | Node::Float(_, t) => text(t),
+        _ => {}
+    }
+    node
+}
+
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Node, D::Error> {
         deserializer.deserialize_any(NodeVisitor)
@@ -113,29 +153,29 @@ impl<'de> Visitor<'de> for NodeVisitor {
     }
 
     fn visit_bool<E>(self, v: bool) -> Result<Node, E> {
-        Ok(Node::Bool(v))
+        Ok(Node::Bool(v, v.to_string()))
     }
 
     fn visit_i64<E>(self, v: i64) -> Result<Node, E> {
-        Ok(Node::Int(v.into()))
+        Ok(Node::Int(v.into(), v.to_string()))
     }
 
     fn visit_u64<E>(self, v: u64) -> Result<Node, E> {
-        Ok(Node::Int(v.into()))
+        Ok(Node::Int(v.into(), v.to_string()))
     }
 
     fn visit_i128<E>(self, v: i128) -> Result<Node, E> {
-        Ok(Node::Int(v))
+        Ok(Node::Int(v, v.to_string()))
     }
 
     fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Node, E> {
         i128::try_from(v)
-            .map(Node::Int)
+            .map(|i| Node::Int(i, v.to_string()))
             .map_err(|_| E::custom("integer too large"))
     }
 
     fn visit_f64<E>(self, v: f64) -> Result<Node, E> {
-        Ok(Node::Float(v))
+        Ok(Node::Float(v, v.to_string()))
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Node, E> {
@@ -160,16 +200,16 @@ impl<'de> Visitor<'de> for NodeVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element::<Node>()? {
-            items.push(item);
+        while let Some(item) = seq.next_element::<Spanned<Node>>()? {
+            items.push(with_source_text(item));
         }
         Ok(Node::Seq(items))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
         let mut entries = Vec::new();
-        while let Some((k, v)) = map.next_entry::<Node, Node>()? {
-            entries.push((k, v));
+        while let Some((k, v)) = map.next_entry::<Spanned<Node>, Spanned<Node>>()? {
+            entries.push((with_source_text(k), with_source_text(v)));
         }
         Ok(Node::Map(entries))
     }
@@ -185,18 +225,35 @@ mod tests {
         assert_eq!(
             node,
             Node::Map(vec![
-                (Node::Str("b".into()), Node::Int(1)),
+                (Node::Str("b".into()), Node::Int(1, "1".into())),
                 (
                     Node::Str("a".into()),
                     Node::Seq(vec![
                         Node::Str("x".into()),
-                        Node::Float(2.5),
-                        Node::Bool(true),
+                        Node::Float(2.5, "2.5".into()),
+                        Node::Bool(true, "true".into()),
                         Node::Null
                     ])
                 ),
             ])
         );
+    }
+
+    #[test]
+    fn booleans_and_numbers_keep_their_text() {
+        let node = Node::parse("a: y\nb: 1.10\nc: 0x1F\nd: &n 010\ne: *n\nf: [on, 1e3]\n").unwrap();
+        let Node::Map(entries) = node else {
+            panic!("a map");
+        };
+        let texts: Vec<String> = entries[..5].iter().map(|(_, v)| v.to_string()).collect();
+        assert_eq!(texts, ["y", "1.10", "0x1F", "010", "010"]);
+        let Node::Seq(items) = &entries[5].1 else {
+            panic!("a list");
+        };
+        let texts: Vec<String> = items.iter().map(Node::to_string).collect();
+        assert_eq!(texts, ["on", "1e3"]);
+        assert!(matches!(entries[0].1, Node::Bool(true, _)));
+        assert!(matches!(entries[1].1, Node::Float(..)));
     }
 
     #[test]
