@@ -18,7 +18,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::metrics::Stats;
 use super::quotas::{quotas_of, LimitQuota};
 use super::yaml::Node;
 
@@ -184,7 +186,7 @@ impl Value {
 }
 
 /// One descriptor of the tree.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Descriptor {
     /// The entry's key.
     pub key: String,
@@ -215,10 +217,13 @@ pub struct Descriptor {
     /// The composite key as envoyproxy/ratelimit writes it
     /// (`domain.key_value.key`): errors, logs, metrics.
     pub full_key: String,
+    /// Its decisions, counted under `full_key` (carried over from the
+    /// configuration a reload replaces).
+    pub stats: Arc<Stats>,
 }
 
 /// The descriptors at one depth, with what matching needs.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Level {
     /// In file order.
     pub descriptors: Vec<Descriptor>,
@@ -258,7 +263,7 @@ pub fn glob(pattern: &str, value: &str) -> bool {
 }
 
 /// One domain, from one file.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Domain {
     /// The domain.
     pub name: String,
@@ -269,7 +274,7 @@ pub struct Domain {
 }
 
 /// A loaded configuration: every domain.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Config {
     /// By name.
     pub domains: HashMap<String, Domain>,
@@ -309,6 +314,32 @@ impl Config {
         Config::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())))
     }
 
+    /// Every descriptor's counters, as `((domain, full key), stats)`.
+    pub fn stats(&self) -> Vec<((String, String), Arc<Stats>)> {
+        let mut out = Vec::new();
+        for domain in self.domains.values() {
+            let mut path = Vec::new();
+            walk_all(&domain.root, &mut path, &mut |p| {
+                if let Some(d) = p.last() {
+                    out.push((
+                        (domain.name.clone(), d.full_key.clone()),
+                        Arc::clone(&d.stats),
+                    ));
+                }
+            });
+        }
+        out
+    }
+
+    /// Takes over the counters of `old`'s descriptors of the same full
+    /// key, so a reload does not reset them.
+    pub fn adopt_stats(&mut self, old: &Config) {
+        let old: HashMap<(String, String), Arc<Stats>> = old.stats().into_iter().collect();
+        for domain in self.domains.values_mut() {
+            adopt_level(&domain.name, &mut domain.root, &old);
+        }
+    }
+
     /// Every limit with the path of descriptors leading to it, domain by
     /// domain in name order, each tree in file order.
     pub fn limits(&self) -> Vec<(&Domain, Vec<&Descriptor>)> {
@@ -322,6 +353,28 @@ impl Config {
             });
         }
         out
+    }
+}
+
+fn adopt_level(domain: &str, level: &mut Level, old: &HashMap<(String, String), Arc<Stats>>) {
+    for d in &mut level.descriptors {
+        if let Some(stats) = old.get(&(domain.to_string(), d.full_key.clone())) {
+            d.stats = Arc::clone(stats);
+        }
+        adopt_level(domain, &mut d.children, old);
+    }
+}
+
+fn walk_all<'a>(
+    level: &'a Level,
+    path: &mut Vec<&'a Descriptor>,
+    each: &mut dyn FnMut(&[&'a Descriptor]),
+) {
+    for d in &level.descriptors {
+        path.push(d);
+        each(path);
+        walk_all(&d.children, path, each);
+        path.pop();
     }
 }
 
@@ -621,6 +674,7 @@ fn load_level(
             share_threshold: fields.flag("share_threshold")?,
             metadata: fields.get("metadata").map(Node::to_json),
             full_key,
+            stats: Arc::default(),
         };
         let varies = at.varies || super::quotas::value_varies(&descriptor);
         at.path
