@@ -258,7 +258,7 @@ bench-accuracy: ## simulate the standard scenarios: table into BENCHMARKS.md, pl
 		$(sort $(wildcard benches/scenarios/*.toml)) --both-modes \
 		--seeds $(ACCURACY_SEEDS) --svg-dir benches/accuracy --markdown BENCHMARKS.md
 
-run: deps-run nginx module bin ## build nginx, the module and the binary, start a quota root and nginx (S3 example) on 127.0.0.1; Ctrl-C stops
+run: deps-run nginx module bin lib ## build nginx, the module, the binary and libsluice.so for the bindings, start a quota root and nginx (S3 example) on 127.0.0.1; Ctrl-C stops
 	nginx-conf/demo.sh
 
 fmt: ## rustfmt the crate

@@ -240,7 +240,7 @@ stop_nginx b
 # (e) and (f): a live root.
 root_pid=$(start_root "$root_port" "$dir/root/live.db")
 # Leaks 1 unit/s with room for 1e12: its level at the root counts requests.
-"$sluice" quota set synced --limit 1 --low-burst 1e12 --high-burst 2e12 --root "$root_url" >/dev/null
+"$sluice" quota set synced --create --limit 1 --low-burst 1e12 --high-burst 2e12 --root "$root_url" >/dev/null
 start_nginx a "sluice_root $root_url; sluice_sync_interval 200ms;" 1.5
 for r in $(seq "$rounds"); do
     record "synced" "$(measure a /sluice_synced)"

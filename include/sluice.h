@@ -13,15 +13,17 @@
 // counted.
 #define SLUICE_PASS 0
 
-// The request is over a quota (its own or an ancestor's); nothing was
-// counted.
+// The request is over a quota (its own or an ancestor's), or, with
+// `no_key` `"reject"` in `sluice_init`'s JSON, a per-key quota was checked
+// without a key; nothing was counted.
 #define SLUICE_REJECT 1
 
 // No quota has this name: the request passes and is not counted.
 #define SLUICE_UNKNOWN 2
 
 // The quota is per-key and the check gave no key (or an empty one): the
-// request passes and is not counted.
+// request passes and is not counted (the default `no_key` `"pass"`; with
+// `"reject"` a check answers `SLUICE_REJECT` instead).
 #define SLUICE_NO_KEY 3
 
 // The quota is per-key and its key found no entry: every entry of the
@@ -74,7 +76,18 @@ extern "C" {
 // check does with a key that finds no entry, the key section being full
 // of live keys: `"shared"`, the default, checks and counts it on the
 // quota's own counter, shared by all such keys; `"reject"` rejects it;
-// `"pass"` lets it through uncounted), `sync_interval_ms` (100 to
+// `"pass"` lets it through uncounted), `no_key` (what a check of a
+// per-key quota without a key, or with an empty one, does: `"pass"`, the
+// default, as nginx's `limit_req` skips a request whose key is empty,
+// answers `SLUICE_NO_KEY`, uncounted; `"reject"` answers `SLUICE_REJECT`
+// to `sluice_check_key`, `sluice_obtain_key`, `sluice_reserve_key` and
+// `sluice_acquire_key`, nothing counted, so a client cannot escape a
+// per-key limit by leaving its key out; charges and settles are not
+// decisions and still answer `SLUICE_NO_KEY`), `override_capacity`
+// (overrides of per-key templates' keys and penalties the table holds,
+// default 10000, 0 for none, at most 2^28; about 100 bytes each: a quota
+// set or a root's overrides beyond it are refused, and the refusal names
+// this key), `sync_interval_ms` (100 to
 // 3600000, default 1000), `extrapolation` (`{"mode": "adaptive"}`, the
 // default, or `{"mode": "constant_ratio", "ratio": 1.0}`, a ratio of 0
 // or more), `roots` (at most 16 quota root base URLs, e.g.

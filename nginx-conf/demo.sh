@@ -138,6 +138,7 @@ Try:
   $sluice quota set s3_photos_read --limit 1 --low-burst 1 --high-burst 2 --root $root_url
   $sluice top --root $root_url                                # busiest quotas, limiters (Ctrl-C)
   console: $root_url/ui                                 # the root's web console, in a browser
+  bindings: SLUICE_LIBRARY=\$PWD/target/release/libsluice.so (built by make run, or make lib)
   tail -f run/logs/s3-access.log
 
 Ctrl-C stops nginx and the root."

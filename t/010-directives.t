@@ -431,7 +431,7 @@ qr/invalid value "top=many": top must be 0 to 100000 in .*nginx\.conf:\d+/
 
 === TEST 32: too many arguments is nginx's own error
 --- config
-location /t { sluice a key=$arg_k weight=$arg_w empty=0 wait=1s extra; }
+location /t { sluice a key=$arg_k no_key=reject weight=$arg_w empty=0 wait=1s extra; }
 --- must_die
 --- error_log eval
 qr/invalid number of arguments in "sluice" directive in .*nginx\.conf:\d+/
@@ -487,7 +487,7 @@ sluice_quotas ../html/q.json;
 ]}
 --- must_die
 --- error_log eval
-qr/\[emerg\] .*invalid quota file ".*q\.json": quotas\[1\]\.limit \(quota "b"\): invalid type: string "ten", expected f64 at line 3, column \d+ in .*nginx\.conf:\d+/
+qr/\[emerg\] .*invalid quota file ".*q\.json": quotas\[1\]\.limit \(quota "b"\): invalid rate "ten": expected a number, or a rate such as 10\/m, 100\/h or 5\/s \(10r\/m as nginx writes it\) at line 3, column \d+ in .*nginx\.conf:\d+/
 
 
 
@@ -599,3 +599,68 @@ sluice_quotas ../html/q.json;
 --- error_log eval
 qr/\[emerg\] .*do not fit in zone "sluice" \(first: .*\); set "sluice_zone" above the default 32m for "sluice_quotas" in .*nginx\.conf:\d+/
 
+
+
+
+=== TEST 47: a literal quota name missing from sluice_quotas fails nginx -t at its line when there is no root
+--- http_config
+sluice_zone 1m;
+sluice_quotas ../html/q.json;
+--- config
+location /a { sluice api_key_minute; }
+location /b { sluice api_key_mnute; }
+--- user_files
+>>> q.json
+{"quotas": [{"name": "api_key_minute", "limit": 1}]}
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*no quota is named "api_key_mnute" in ".*q\.json": without sluice_root nothing else defines it, and its checks would pass uncounted in .*nginx\.conf:\d+/
+
+
+
+=== TEST 48: ...and of sluice_charge too
+--- http_config
+sluice_zone 1m;
+sluice_quotas ../html/q.json;
+--- config
+location /a { sluice_charge api_bytes weight=$bytes_sent; }
+--- user_files
+>>> q.json
+{"quotas": [{"name": "api_key_minute", "limit": 1}]}
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*no quota is named "api_bytes" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 49: with a root, a literal name missing from sluice_quotas is a warning at its line (the root may have it)
+--- http_config
+sluice_zone 1m;
+sluice_quotas ../html/q.json;
+sluice_root http://127.0.0.1:1;
+--- config
+location /a { sluice api_key_mnute; }
+location = /q.json { root html; }
+--- user_files
+>>> q.json
+{"quotas": [{"name": "api_key_minute", "limit": 1}]}
+--- request
+GET /q.json
+--- error_code: 200
+--- error_log eval
+qr/\[warn\] .*no quota is named "api_key_mnute" in ".*q\.json": its checks pass uncounted unless a root has it in .*nginx\.conf:\d+/
+
+
+
+=== TEST 50: a name with variables is not checked at configuration time
+--- http_config
+sluice_zone 1m;
+sluice_quotas ../html/q.json;
+--- config
+location = /q.json { root html; sluice api_$arg_plan; }
+--- user_files
+>>> q.json
+{"quotas": [{"name": "api_key_minute", "limit": 1}]}
+--- request
+GET /q.json?plan=key_minute
+--- error_code: 200

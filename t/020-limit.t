@@ -126,7 +126,9 @@ GET /index.html
 === TEST 8: $sluice_status is UNKNOWN when no quota has the name
 --- config
 access_log logs/access.log sluice;
-location / { root html; sluice no_such_quota; }
+# A name with a variable is looked up per request ($arg_none is empty); a
+# literal one missing from sluice_quotas fails nginx -t (010-directives.t).
+location / { root html; sluice no_such_quota$arg_none; }
 --- request
 GET /index.html
 --- access_log
@@ -279,7 +281,7 @@ location /take/ { alias html/; sluice frozen_one; }
 
 === TEST 19: unknown names pass
 --- config
-location / { root html; sluice no_such_quota; }
+location / { root html; sluice no_such_quota$arg_none; }
 --- request eval
 ["GET /index.html", "GET /index.html", "GET /index.html"]
 --- error_code eval
@@ -291,10 +293,12 @@ limiting requests
 
 === TEST 19a: an unknown name is logged at warn the first time, with the name
 --- config
-location / { root html; sluice s3_phtos_read; }
+# Names with a variable ($arg_none is empty): a literal name missing from
+# sluice_quotas fails nginx -t (010-directives.t).
+location / { root html; sluice s3_phtos_read$arg_none; }
 location /made/ { alias html/; sluice made_$arg_n; }
-location /quiet/ { alias html/; sluice s3_phtos_write; sluice_unknown_log off; }
-location /both/ { alias html/; sluice three; sluice s3_videos_read; }
+location /quiet/ { alias html/; sluice s3_phtos_write$arg_none; sluice_unknown_log off; }
+location /both/ { alias html/; sluice three; sluice s3_videos_read$arg_none; }
 location /plain/ { alias html/; }
 --- request
 GET /index.html

@@ -88,4 +88,4 @@ main::reload_nginx(server_root());
 GET /q/index.html
 --- error_code: 429
 --- error_log eval
-qr/\[emerg\] .*invalid quota file ".*quotas\.json": quotas\[0\]\.limit \(quota "q"\): invalid type: string "none", expected f64 at line 1, column \d+ in .*nginx\.conf:\d+/
+qr/\[emerg\] .*invalid quota file ".*quotas\.json": quotas\[0\]\.limit \(quota "q"\): invalid rate "none": expected a number, or a rate such as 10\/m, 100\/h or 5\/s \(10r\/m as nginx writes it\) at line 1, column \d+ in .*nginx\.conf:\d+/

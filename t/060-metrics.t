@@ -33,7 +33,7 @@ __DATA__
 --- config
 location /busy/ { alias html/; sluice busy; }
 location /dry/ { alias html/; sluice dry; sluice_dry_run on; }
-location /unknown/ { alias html/; sluice nobody_has_this; }
+location /unknown/ { alias html/; sluice nobody_has_this$arg_none; }
 location = /metrics { sluice_metrics; }
 --- request eval
 ["GET /busy/index.html", "GET /busy/index.html", "GET /busy/index.html",

@@ -89,6 +89,49 @@ location / {
 
 
 
+=== TEST 2b: no_key=reject refuses a request without its key with sluice_status, says NO_KEY, counts nothing
+--- config
+location / {
+    root html;
+    sluice per_ip key=$http_x_token no_key=reject;
+    add_header X-Sluice $sluice_status always;
+}
+location /pass/ { alias html/; sluice per_ip key=$http_x_token no_key=pass; }
+location /missing/ { alias html/; sluice per_ip key=$http_x_token no_key=reject; sluice_status 401; }
+location = /m { sluice_metrics; }
+--- request eval
+["GET /index.html", "GET /index.html", "GET /pass/index.html", "GET /missing/index.html",
+ "GET /index.html", "GET /m"]
+--- more_headers eval
+["", "X-Token: t1", "", "", "X-Token: t1", ""]
+--- error_code eval
+[429, 200, 200, 401, 200, 200]
+--- response_headers eval
+["X-Sluice: NO_KEY", "X-Sluice: PASSED", "", "", "X-Sluice: PASSED", ""]
+--- response_body_like eval
+[qr/429/, qr/./, qr/./, qr/401/, qr/./,
+ qr/sluice_checks_total\{quota="per_ip",result="passed"\} 2\n/]
+
+
+
+=== TEST 2c: no_key=reject in dry run lets the request through as REJECTED_DRY_RUN
+--- config
+location / {
+    root html;
+    sluice_dry_run on;
+    sluice per_ip key=$http_x_token no_key=reject;
+    add_header X-Sluice $sluice_status always;
+}
+--- request
+GET /index.html
+--- error_code: 200
+--- response_headers
+X-Sluice: REJECTED_DRY_RUN
+--- error_log eval
+qr/\[error\] .*sluice: limiting requests, dry run, for quota "per_ip": the request has no key \(its key= value is empty, and no_key=reject\)/
+
+
+
 === TEST 3: a key from a query argument
 --- config
 location / { root html; sluice per_ip key=$arg_user; }
@@ -364,6 +407,28 @@ location / { sluice per_ip key=$arg_a key=$arg_b; }
 --- must_die
 --- error_log eval
 qr/duplicate parameter "key=[^"]*" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 16b: no_key= takes pass or reject, and needs key=
+--- http_config
+sluice_zone 1m;
+--- config
+location /a { sluice per_ip key=$arg_a no_key=deny; }
+--- must_die
+--- error_log eval
+qr/invalid value "no_key=deny": no_key= must be "pass" or "reject" in .*nginx\.conf:\d+/
+
+
+
+=== TEST 16c: no_key= without key= is refused
+--- http_config
+sluice_zone 1m;
+--- config
+location /a { sluice per_ip no_key=reject; }
+--- must_die
+--- error_log eval
+qr/"no_key=" needs "key=", e\.g\. key=\$http_x_api_token no_key=reject in .*nginx\.conf:\d+/
 
 
 

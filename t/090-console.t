@@ -301,4 +301,14 @@ is($browser->js(q{return document.querySelector('#keys tr[data-key] td').textCon
 is($browser->js(q{return document.body.innerText.includes('alice-secret-token')}),
     JSON::PP::false, '... and the key itself is nowhere on the page');
 
+# --- The token from the address's fragment ---------------------------------
+$browser->click('#token-forget');
+ok($browser->wait_for(q{document.getElementById('auth-status').textContent.includes('Public view')}),
+    'forgetting the token goes back to the public view');
+$browser->get('about:blank');
+$browser->get("$root->{url}/ui#token=$Token");
+ok($browser->wait_for(q{document.querySelector('#tree li[data-quota="s3_photos_read"]')}),
+    'a token in the fragment (/ui#token=...) opens the admin view');
+is($browser->js(q{return location.hash}), '', '... and is taken out of the address bar');
+
 done_testing();

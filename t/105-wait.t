@@ -547,7 +547,7 @@ qr/\[emerg\] .*duplicate parameter "wait=2s" in .*nginx\.conf:\d+/
 
 === TEST 18: every parameter together is accepted
 --- config
-location / { root html; sluice no_such key=$arg_k weight=$arg_w empty=0 wait=1s; add_header X-Sluice $sluice_status always; }
+location / { root html; sluice no_such$arg_none key=$arg_k no_key=pass weight=$arg_w empty=0 wait=1s; add_header X-Sluice $sluice_status always; }
 --- request
 GET /index.html?k=a&w=1
 --- response_headers
@@ -557,7 +557,7 @@ X-Sluice: UNKNOWN
 
 === TEST 19: one parameter more is nginx's own error
 --- config
-location / { sluice a key=$arg_k weight=$arg_w empty=0 wait=1s wait=1s; }
+location / { sluice a key=$arg_k no_key=pass weight=$arg_w empty=0 wait=1s wait=1s; }
 --- must_die
 --- error_log eval
 qr/\[emerg\] .*invalid number of arguments in "sluice" directive in .*nginx\.conf:\d+/

@@ -16,8 +16,19 @@ use FindBin ();
 use lib "$FindBin::Bin/helpers";
 use SluiceTest ();
 
-our $Quotas = <<'JSON';
+# The key "stolen" (hashed with the built-in secret, as the CLI does) is
+# denied by an override of the per-key template "tenants".
+our $Stolen = do {
+    my $bin = SluiceTest::sluice_bin();
+    my $hash = `$bin quota hash --key stolen`;
+    chomp $hash;
+    $hash;
+};
+
+our $Quotas = <<"JSON";
 {"quotas": [
+  {"name": "tenants", "limit": 0, "low_burst": 100, "high_burst": 100, "per_key": true,
+   "overrides": [{"key_hash": "$Stolen", "deny": true}]},
   {"name": "bytes", "limit": 0, "low_burst": 5000, "high_burst": 5000},
   {"name": "tokens", "limit": 0, "low_burst": 1000, "high_burst": 1000},
   {"name": "failed", "limit": 0, "low_burst": 3, "high_burst": 3},
@@ -90,6 +101,53 @@ b
 [429, 429, 200]
 --- access_log
 /big.bin 429 REJECTED SKIPPED
+
+
+
+=== TEST 1b2: a request a deny override refuses (403) is not charged either
+--- config
+access_log logs/access.log charge;
+location / {
+    root html;
+    # The refusal is the 3 KB file: two would put "bytes" over 5000.
+    error_page 403 /big.bin;
+    sluice tenants key=$http_x_tenant;
+    sluice_charge bytes weight=$bytes_sent;
+}
+location = /b { root html; sluice bytes weight=0; }
+--- user_files
+>>> b
+b
+--- request eval
+["GET /big.bin", "GET /big.bin", "GET /b"]
+--- more_headers eval
+["X-Tenant: stolen", "X-Tenant: stolen", ""]
+--- error_code eval
+[403, 403, 200]
+--- access_log
+/big.bin 403 DENIED SKIPPED
+
+
+
+=== TEST 1b3: a request without the key no_key=reject needs is refused (429 NO_KEY), not charged
+--- config
+access_log logs/access.log charge;
+location / {
+    root html;
+    error_page 429 /big.bin;
+    sluice tenants key=$http_x_tenant no_key=reject;
+    sluice_charge bytes weight=$bytes_sent;
+}
+location = /b { root html; sluice bytes weight=0; }
+--- user_files
+>>> b
+b
+--- request eval
+["GET /big.bin", "GET /big.bin", "GET /b"]
+--- error_code eval
+[429, 429, 200]
+--- access_log
+/big.bin 429 NO_KEY SKIPPED
 
 
 

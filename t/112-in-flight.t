@@ -161,6 +161,39 @@ sluice_in_flight_slots\{quota="uploads"\} 0
 
 
 
+=== TEST 2b: an in-flight rejection is logged as every slot held, not as one that can never pass
+--- config eval: $main::Slow
+--- init
+my @held = main::hold_open('/slow/big.bin', 3);
+my @r = main::at_once('/slow/big.bin', 1);
+Test::More::is($r[0]{status}, 429, 'a fourth is rejected while they hold them');
+close $_ for @held;
+Test::More::ok(main::all_back('uploads'), 'the closed clients gave their slots back');
+--- request
+GET /metrics
+--- error_log eval
+qr/sluice: limiting requests by quota "uploads" \(limit 3 at once, weight 1\): 3 at once, all held, client:/
+--- no_error_log
+can never pass
+
+
+
+=== TEST 2c: an in-flight quota claims no reset: no RateLimit fields for it (a rate quota has them)
+--- config
+sluice_headers on;
+location /one/ { alias html/; sluice uploads; }
+location /rate/ { alias html/; sluice bytes; }
+--- request eval
+["GET /one/index.html", "GET /rate/index.html"]
+--- error_code eval
+[200, 200]
+--- raw_response_headers_unlike eval
+[qr/RateLimit/i, qr/^$/]
+--- raw_response_headers_like eval
+[qr/^HTTP/, qr/\r\nRateLimit-Policy: "bytes";q=1;w=1\r\n/]
+
+
+
 === TEST 3: an upstream error gives the slot back, and an internal redirect charges once
 --- config
 location /broken { sluice uploads; proxy_pass http://127.0.0.1:1; }

@@ -78,6 +78,19 @@ sleep 1.5;
 [429, 403]
 --- response_headers eval
 ["X-Status: REJECTED", "X-Status: DENIED"]
+--- error_log eval
+qr/sluice: limiting requests by quota "per_token" key [0-9a-f]{16} \(limit 0 \/s per key, weight 1\): an override denies the key,/
+
+
+
+=== TEST 1c: a key over its override is logged with the override's numbers and the template's
+--- request
+GET /k/index.html
+--- more_headers
+X-Token: t-paid
+--- error_code: 429
+--- error_log eval
+qr/sluice: limiting requests by quota "per_token" key [0-9a-f]{16} \(limit 0 \/s per key, burst 10, by the key's override; the template's is 0 \/s per key, burst 3, weight 1\): it can never pass, the quota.s limit is 0/
 
 
 
@@ -128,6 +141,17 @@ sleep 1.5;
 [200, 200, 429, 429, 200]
 --- response_headers_like eval
 ["", "", "Retry-After: (89\\d|900)", "Retry-After: (89\\d|900)", ""]
+
+
+
+=== TEST 4b: a request barred by a penalty is logged as the penalty's, with the time it has left
+--- request
+GET /login
+--- more_headers
+X-Token: mallory
+--- error_code: 429
+--- error_log eval
+qr/sluice: limiting requests by quota "login" key [0-9a-f]{16} \(limit 0 \/s per key, weight 1\): a penalty bars the key for (89\d|900) s more,/
 
 
 

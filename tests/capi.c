@@ -44,6 +44,41 @@ static const char *QUOTAS =
     "  \"per_key\": true}"
     "]}";
 
+/* A missing key is a choice (`no_key`), and overrides are held (a
+ * table has room for them unless `override_capacity` is 0); its own
+ * limiter. The key "stolen" hashes to 7e4ad326f01febd5 with the built-in
+ * secret (`sluice quota hash --key stolen`). */
+static void no_key_and_override_tests(void) {
+    EXPECT(sluice_init("{\"no_key\": \"reject\"}") == SLUICE_PASS, "no_key reject: init");
+    EXPECT(sluice_load_quotas_json(
+               "{\"quotas\": [{\"name\": \"per_user\", \"limit\": 1, \"low_burst\": 3,"
+               " \"per_key\": true, \"overrides\": [{\"key_hash\": \"7e4ad326f01febd5\","
+               " \"deny\": true}]}]}") == SLUICE_PASS,
+           "a template with a deny override loads");
+    EXPECT(sluice_check_key("per_user", 8, "", 0, 1) == SLUICE_REJECT &&
+               sluice_check_key("per_user", 8, NULL, 0, 1) == SLUICE_REJECT &&
+               check_by_name("per_user", 1) == SLUICE_REJECT,
+           "a check without a key is rejected");
+    uint64_t granted = 9, wait_ns = 0;
+    EXPECT(sluice_obtain_key("per_user", 8, "", 0, 2, &granted) == SLUICE_REJECT && granted == 0,
+           "so is a grant");
+    EXPECT(sluice_reserve_key("per_user", 8, "", 0, 1, 1000, &wait_ns) == SLUICE_REJECT,
+           "and a reservation");
+    EXPECT(sluice_charge_key("per_user", 8, "", 0, 1) == SLUICE_NO_KEY,
+           "a charge is no decision: still SLUICE_NO_KEY, nothing counted");
+    EXPECT(sluice_check_key("per_user", 8, "alice", 5, 1) == SLUICE_PASS, "a key passes");
+    EXPECT(sluice_check_key("per_user", 8, "stolen", 6, 1) == SLUICE_REJECT,
+           "the override denies its key: the table has room for overrides");
+    sluice_shutdown();
+    EXPECT(sluice_init("{\"no_key\": \"pass\"}") == SLUICE_PASS, "no_key pass: init");
+    EXPECT(sluice_load_quotas_json("[{\"name\": \"per_user\", \"limit\": 1, \"per_key\": true}]") ==
+               SLUICE_PASS,
+           "a template loads");
+    EXPECT(sluice_check_key("per_user", 8, "", 0, 1) == SLUICE_NO_KEY,
+           "a check without a key passes uncounted, as by default");
+    sluice_shutdown();
+}
+
 /* In-flight quotas: a slot acquired, held, released; self-contained (its
  * own limiter), so it runs last. */
 static void in_flight_tests(void) {
@@ -122,6 +157,10 @@ int main(void) {
         {"{\"sync_token\": \"two words\"}", "sync_token"},
         {"{\"extrapolation\": {\"mode\": \"constant_ratio\", \"ratio\": -1}}",
          "extrapolation.ratio"},
+        {"{\"no_key\": \"deny\"}", "no_key"},
+        {"{\"override_capacity\": 1000000000000}", "override_capacity"},
+        /* An object only: an array is never read field by field. */
+        {"[1, 2]", "expected a JSON object"},
     };
     for (size_t i = 0; i < sizeof BAD_CONFIGS / sizeof BAD_CONFIGS[0]; i++) {
         EXPECT(sluice_init(BAD_CONFIGS[i][0]) == SLUICE_ERROR &&
@@ -353,6 +392,7 @@ int main(void) {
     sluice_free_string(metrics);
     sluice_shutdown();
 
+    no_key_and_override_tests();
     in_flight_tests();
 
     printf("capi: %d passed, %d failed\n", passes, failures);

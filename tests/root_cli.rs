@@ -55,12 +55,13 @@ async fn set_get_list_and_delete_print_tables_or_json() {
     let db = Db::sqlite();
     let root = TestRoot::start(config_with_tokens(&db)).await;
     assert_eq!(
-        stdout(&quota(&root, &["set", "a", "--limit", "10"]).await),
+        stdout(&quota(&root, &["set", "a", "--create", "--limit", "10"]).await),
         "created a (epoch 1)\n"
     );
     let b = [
         "set",
         "b",
+        "--create",
         "--limit",
         "5",
         "--parent",
@@ -253,7 +254,9 @@ async fn failures_exit_non_zero_with_one_line() {
     let root = TestRoot::start(config_with_tokens(&db)).await;
     let wrong = failure(&quota(&root, &["--token", "wrong", "list"]).await);
     assert!(wrong.contains("401"), "{wrong}");
-    assert!(failure(&quota(&root, &["set", "new"]).await).contains("--limit is required"));
+    assert!(
+        failure(&quota(&root, &["set", "new", "--create"]).await).contains("--limit is required")
+    );
     assert!(failure(&quota(&root, &["set", "x", "--limit", "-1"]).await).contains("limit"));
 
     let dir = tempfile::tempdir().unwrap();
@@ -288,10 +291,11 @@ async fn failures_exit_non_zero_with_one_line() {
 async fn set_changes_only_the_flags_given() {
     let db = Db::sqlite();
     let root = TestRoot::start(config_with_tokens(&db)).await;
-    stdout(&quota(&root, &["set", "s3_photos", "--limit", "100"]).await);
+    stdout(&quota(&root, &["set", "s3_photos", "--create", "--limit", "100"]).await);
     let create = [
         "set",
         "per_client",
+        "--create",
         "--limit",
         "5",
         "--low-burst",
@@ -366,7 +370,7 @@ async fn set_changes_only_the_flags_given() {
 async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
     let db = Db::sqlite();
     let root = TestRoot::start(config_with_tokens(&db)).await;
-    stdout(&quota(&root, &["set", "q", "--limit", "10"]).await);
+    stdout(&quota(&root, &["set", "q", "--create", "--limit", "10"]).await);
     for (flag, value) in [
         ("--high-burst", "inf"),
         ("--high-burst", "NaN"),
@@ -415,7 +419,7 @@ async fn bad_numbers_names_and_files_fail_with_one_clear_line() {
     .unwrap();
     let error = failure(&quota(&root, &["apply", "-f", json_file.to_str().unwrap()]).await);
     assert!(
-        error.contains("bad.json: quotas[1].limit (quota \"b\"): invalid type")
+        error.contains("bad.json: quotas[1].limit (quota \"b\"): invalid rate \"ten\"")
             && error.contains("at line 3, column"),
         "{error}"
     );
@@ -711,6 +715,7 @@ async fn override_hashes_the_key_locally_and_overrides_lists() {
             &[
                 "set",
                 "api_user",
+                "--create",
                 "--limit",
                 "15",
                 "--per-key",
@@ -831,5 +836,136 @@ async fn override_hashes_the_key_locally_and_overrides_lists() {
         .await,
     );
     assert!(plain.contains("404"), "{plain}");
+    root.stop().await;
+}
+
+/// The first hour's traps: a misspelled name made a new quota, a new
+/// limit was refused for the bursts the old one had given the quota, a
+/// root without its scheme said "relative URL without a base", a missing
+/// token a bare 401, and "10 a minute" had to be written 0.16667.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_refuses_a_typo_follows_the_limit_with_its_bursts_and_takes_rates_with_units() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    let window = [
+        "set",
+        "api_key_minute",
+        "--create",
+        "--limit",
+        "10",
+        "--window",
+        "1m",
+    ];
+    assert!(stdout(&quota(&root, &window).await).starts_with("created api_key_minute"));
+
+    // A typo is not a new quota.
+    let typo = failure(&quota(&root, &["set", "api_key_mnute", "--limit", "5"]).await);
+    assert!(
+        typo.contains("no quota is named \"api_key_mnute\"") && typo.contains("--create"),
+        "{typo}"
+    );
+    assert_eq!(root.get("api_key_mnute").await.0, StatusCode::NOT_FOUND);
+
+    // The bursts the old limit gave it follow the new one (a window
+    // quota's bursts must lie within its limit).
+    assert!(
+        stdout(&quota(&root, &["set", "api_key_minute", "--limit", "5"]).await)
+            .starts_with("updated api_key_minute")
+    );
+    let q = root.get("api_key_minute").await.1;
+    assert_eq!(
+        (&q["limit"], &q["low_burst"], &q["high_burst"]),
+        (&json!(5.0), &json!(5.0), &json!(5.0)),
+        "{q}"
+    );
+
+    // Rates with units, shown in their unit.
+    let per_minute = ["set", "slow", "--create", "--limit", "10/m", "--per-key"];
+    stdout(&quota(&root, &per_minute).await);
+    let hourly = ["set", "hourly", "--create", "--limit", "100r/h"];
+    stdout(&quota(&root, &hourly).await);
+    let shown = stdout(&quota(&root, &["get", "slow"]).await);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("limit") && l.ends_with("10 /m per key")),
+        "{shown}"
+    );
+    let list = stdout(&quota(&root, &["list", "--prefix", "hourly"]).await);
+    assert!(list.contains("100 /h"), "{list}");
+    let q = root.get("slow").await.1;
+    assert!(
+        (q["limit"].as_f64().unwrap() - 10.0 / 60.0).abs() < 1e-12,
+        "{q}"
+    );
+    let bad = failure(&quota(&root, &["set", "slow", "--limit", "10/d"]).await);
+    assert!(bad.contains("invalid rate \"10/d\""), "{bad}");
+    let windowed = ["set", "api_key_minute", "--limit", "10/m", "--window", "1m"];
+    let error = failure(&quota(&root, &windowed).await);
+    assert!(error.contains("leaky bucket's"), "{error}");
+
+    // A root without its scheme, and a root without the token.
+    let mut command = Command::new(SLUICE);
+    command.args(["quota", "--root", "127.0.0.1:7070", "list"]);
+    let no_scheme = failure(&output(command).await);
+    assert!(
+        no_scheme.contains("--root http://127.0.0.1:7070"),
+        "{no_scheme}"
+    );
+    let mut command = Command::new(SLUICE);
+    command.args(["quota", "--root", &root.url, "list"]);
+    command
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .env_remove("SLUICE_ADMIN_TOKEN_FILE");
+    let unauthorized = failure(&output(command).await);
+    assert!(
+        unauthorized.contains("401")
+            && unauthorized.contains("--token")
+            && unauthorized.contains("SLUICE_ADMIN_TOKEN"),
+        "{unauthorized}"
+    );
+}
+
+/// The CLI names only keys a check counts: an empty key (nginx and the C
+/// ABI pass it uncounted, so an override of it could never apply) and
+/// one longer than the C ABI takes are refused with the message the C ABI
+/// gives, by every command that hashes a key, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_no_check_can_count_are_refused_before_anything_is_sent() {
+    let db = Db::sqlite();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    stdout(
+        &quota(
+            &root,
+            &["set", "tier", "--create", "--limit", "5", "--per-key"],
+        )
+        .await,
+    );
+    let long = "k".repeat(70_000);
+    for (key, why) in [
+        ("", "key is empty"),
+        (
+            long.as_str(),
+            "key is 70000 bytes long, at most 65536 allowed",
+        ),
+    ] {
+        let commands: [&[&str]; 3] = [
+            &["override", "tier", "--key", key, "--deny"],
+            &["hash", "--key", key],
+            &["key", "tier", "--key", key],
+        ];
+        let mut messages = Vec::new();
+        for args in commands {
+            let error = failure(&quota(&root, args).await);
+            let expected = format!("sluice: invalid --key: {why}");
+            assert!(error.starts_with(&expected), "{}: {error}", args[0]);
+            messages.push(error);
+        }
+        messages.dedup();
+        assert_eq!(messages.len(), 1, "one message: {messages:?}");
+    }
+    let listed = stdout(&quota(&root, &["overrides", "tier", "--json"]).await);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["count"], 0, "{listed}");
     root.stop().await;
 }

@@ -23,7 +23,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use root_support::{config, eventually, quota, Db, Limiter, PgCluster, TestRoot};
+use root_support::{
+    config, config_with_tokens, eventually, quota, Db, Limiter, PgCluster, TestRoot, ADMIN_TOKEN,
+};
 
 async fn health(root: &TestRoot) -> (StatusCode, serde_json::Value) {
     root.request(Method::GET, "/healthz", None, None).await
@@ -452,6 +454,51 @@ async fn a_deleted_sqlite_file_is_noticed_and_no_write_is_acknowledged_into_it()
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!path.exists(), "no empty database appears in its place");
     assert_eq!(root.get("q").await.0, StatusCode::OK);
+    root.stop().await;
+}
+
+/// `/healthz` is public: without the token it says the root is degraded
+/// and why in general words, never the database's own error, which names
+/// the file; the admin token shows that too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_without_the_token_says_why_without_naming_the_file() {
+    let (dir, path, db) = sqlite_db();
+    let root = TestRoot::start(config_with_tokens(&db)).await;
+    root.put("q", json!({"limit": 5})).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(with_suffix(&path, suffix));
+    }
+    let admin = || root.request(Method::GET, "/healthz", Some(ADMIN_TOKEN), None);
+    eventually("the root refuses writes", || async {
+        admin().await.1["db_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("was deleted"))
+    })
+    .await;
+    let (status, detail) = admin().await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let where_it_was = dir.path().display().to_string();
+    assert!(
+        detail["db_error"].as_str().unwrap().contains(&where_it_was),
+        "the admin sees the file: {detail}"
+    );
+
+    let (status, public) = health(&root).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        (&public["status"], &public["db"], &public["writable"]),
+        (&json!("degraded"), &json!("read_only"), &json!(false))
+    );
+    let reason = public["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("takes no writes"), "{public}");
+    assert!(public.get("db_error").is_none(), "{public}");
+    assert!(!public.to_string().contains(&where_it_was), "{public}");
+    assert_eq!(detail["reason"], public["reason"]);
+
+    let (status, _) = root
+        .request(Method::GET, "/healthz", Some("wrong"), None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     root.stop().await;
 }
 

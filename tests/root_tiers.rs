@@ -21,6 +21,8 @@ on_both_backends!(
     a_penalty_is_a_quota_field,
     a_quota_file_carries_overrides,
     overrides_and_penalties_travel_in_the_sync,
+    an_override_follows_the_number_rules_of_its_templates_kind,
+    a_template_changes_kind_only_when_its_overrides_fit_the_new_one,
 );
 
 const KEY: &str = "00000000000000aa";
@@ -584,6 +586,25 @@ async fn overrides_and_penalties_travel_in_the_sync(db: Db) {
     );
     let cut = reply["tiers"]["penalties"][0][2].as_i64().unwrap();
     assert!(cut < now_ns + 17 * 60_000_000_000, "{reply}");
+    // /metrics counts them, and one on a quota without a penalty.
+    tier_sync(
+        &root,
+        "x",
+        &after,
+        json!({"penalties": [[template + 100, 0xcc, until]]}),
+    )
+    .await;
+    for (series, value) in [
+        ("sluice_root_penalties", 2.0),
+        ("sluice_root_penalties_started_total", 2.0),
+        ("sluice_root_penalties_evicted_total", 0.0),
+        (
+            "sluice_root_penalties_refused_total{reason=\"no_penalty\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(root.metric(series).await, Some(value), "{series}");
+    }
     // A penalty naming no quota is refused with its place.
     let (status, reply) = root
         .sync(
@@ -593,5 +614,155 @@ async fn overrides_and_penalties_travel_in_the_sync(db: Db) {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
     assert_eq!(field(&reply), Some("tiers.penalties[0]"), "{reply}");
+    root.stop().await;
+}
+
+/// An override's numbers follow the rules of its template's kind, with
+/// the quota API's own error: an in-flight template's key gets a whole
+/// number of slots and no band, a window template's key a band within
+/// its limit.
+async fn an_override_follows_the_number_rules_of_its_templates_kind(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    root.put(
+        "kslots",
+        json!({"limit": 2, "per_key": true, "in_flight": true}),
+    )
+    .await;
+    root.put(
+        "kdaily",
+        json!({"limit": 100, "per_key": true, "window": "1d"}),
+    )
+    .await;
+    let write = |method: Method, template: &'static str, body: Value| {
+        let root = &root;
+        async move {
+            let path = format!("/v1/quotas/{template}/overrides/{KEY}");
+            root.admin(method, &path, Some(body)).await
+        }
+    };
+    let cases = [
+        (
+            "kslots",
+            json!({"limit": 2, "low_burst": 2, "high_burst": 9}),
+            "high_burst",
+        ),
+        ("kslots", json!({"limit": 2.5}), "limit"),
+        ("kslots", json!({"limit": 0}), "limit"),
+        (
+            "kdaily",
+            json!({"limit": 100, "high_burst": 150}),
+            "high_burst",
+        ),
+    ];
+    for (template, body, wrong) in cases {
+        let (status, reply) = write(Method::PUT, template, body.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{template} {body}: {reply}"
+        );
+        assert_eq!(field(&reply), Some(wrong), "{template} {body}: {reply}");
+        // The quota API refuses the same numbers with the same words.
+        let mut quota = body.clone();
+        quota["per_key"] = json!(true);
+        if template == "kslots" {
+            quota["in_flight"] = json!(true);
+        } else {
+            quota["window"] = json!("1d");
+        }
+        let (status, same) = root
+            .admin(Method::PUT, "/v1/quotas/twin", Some(quota))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{same}");
+        assert_eq!(reply["error"], same["error"], "{template} {body}");
+    }
+    assert_eq!(
+        root.get("kslots/overrides").await.1["count"],
+        0,
+        "nothing was written"
+    );
+
+    // Numbers that fit are taken; a patch that leaves them is refused.
+    let (status, reply) = write(Method::PUT, "kslots", json!({"limit": 5})).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert_eq!(
+        (
+            &reply["override"]["low_burst"],
+            &reply["override"]["high_burst"]
+        ),
+        (&json!(5.0), &json!(5.0))
+    );
+    let (status, reply) = write(Method::PATCH, "kslots", json!({"high_burst": 9})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert_eq!(field(&reply), Some("high_burst"));
+    let (_, kept) = root
+        .admin(
+            Method::GET,
+            &format!("/v1/quotas/kslots/overrides/{KEY}"),
+            None,
+        )
+        .await;
+    assert_eq!(kept["high_burst"], 5.0, "{kept}");
+    let (status, reply) = write(
+        Method::PUT,
+        "kdaily",
+        json!({"limit": 500, "low_burst": 400}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    root.stop().await;
+}
+
+/// A template that would become another kind is refused (409) while one
+/// of its overrides has numbers the new kind cannot have, through a
+/// single write and through a quota file; once the override fits, or the
+/// file replaces it, the change goes through.
+async fn a_template_changes_kind_only_when_its_overrides_fit_the_new_one(db: Db) {
+    let root = TestRoot::start(config(&db)).await;
+    template(&root).await;
+    let (status, reply) = put_override(&root, KEY, json!({"limit": 2, "high_burst": 9})).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let (status, reply) = put_override(&root, OTHER, json!({"deny": true})).await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    let (status, reply) = root
+        .admin(
+            Method::PATCH,
+            "/v1/quotas/api_user",
+            Some(json!({"in_flight": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reply}");
+    assert_eq!(field(&reply), Some("overrides"));
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(KEY) && message.contains("high_burst"),
+        "{message}"
+    );
+    let file = |overrides: Value| {
+        json!([{"name": "api_user", "limit": 15, "per_key": true, "window": "1m",
+                "overrides": overrides}])
+    };
+    let (status, reply) = root
+        .admin(Method::POST, "/v1/apply", Some(file(json!([]))))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reply}");
+    assert_eq!(root.get("api_user").await.1["kind"], "leaky", "unchanged");
+
+    // The file replaces the override with numbers that fit: it applies.
+    let fitting = json!([{"key_hash": KEY, "limit": 10}]);
+    let (status, reply) = root
+        .admin(Method::POST, "/v1/apply", Some(file(fitting)))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(root.get("api_user").await.1["kind"], "window");
+    // A fitting override lets a single write through too.
+    let (status, reply) = root
+        .admin(
+            Method::PATCH,
+            "/v1/quotas/api_user",
+            Some(json!({"window": null, "in_flight": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
     root.stop().await;
 }

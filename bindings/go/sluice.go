@@ -179,8 +179,11 @@ var ErrClosed = errors.New("sluice: the limiter is closed")
 
 // Config is the JSON object sluice_init takes: roots, sync_interval_ms,
 // sync_timeout_ms, sync_token, limiter_id, capacity, avg_name_bytes,
-// extrapolation, early_sync (include/sluice.h). The library validates it
-// and names a bad key in the error.
+// extrapolation, early_sync, key_overflow, no_key, override_capacity
+// (include/sluice.h). "no_key": "reject" makes a check of a per-key quota
+// without a key Reject (the default, "pass", is NoKey, uncounted, as
+// nginx's limit_req). The library validates it and names a bad key in
+// the error.
 type Config map[string]any
 
 // Limiter is the process-wide limiter of libsluice.

@@ -363,3 +363,36 @@ func TestAStandaloneLimiterIsReadyAtOnce(t *testing.T) {
 		t.Fatalf("closed: %v, want ErrClosed", err)
 	}
 }
+
+// A missing key is a choice: "pass" (the default) or "reject"; a deny
+// override of a quota file is held. The key "stolen" hashes to
+// 7e4ad326f01febd5 with the built-in secret.
+func TestAMissingKeyPassesUnlessNoKeySaysReject(t *testing.T) {
+	const perToken = `[{"name": "per_token", "limit": 0.001, "low_burst": 3, "per_key": true,
+  "overrides": [{"key_hash": "7e4ad326f01febd5", "deny": true}]}]`
+	for _, c := range []struct {
+		config        Config
+		noKey, stolen Result
+	}{
+		{Config{"capacity": 100}, NoKey, Reject},
+		{Config{"capacity": 100, "no_key": "reject"}, Reject, Reject},
+	} {
+		lim, err := New(c.config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lim.LoadQuotas(perToken); err != nil {
+			t.Fatal(err)
+		}
+		empty, _ := lim.CheckKey("per_token", "", 1)
+		stolen, _ := lim.CheckKey("per_token", "stolen", 1)
+		alice, _ := lim.CheckKey("per_token", "alice", 1)
+		lim.Close()
+		if empty != c.noKey || stolen != c.stolen || alice != Pass {
+			t.Fatalf("%v: empty %v, stolen %v, alice %v", c.config, empty, stolen, alice)
+		}
+	}
+	if _, err := New(Config{"no_key": "sometimes"}); err == nil || !strings.Contains(err.Error(), "no_key") {
+		t.Fatalf("a bad no_key: %v", err)
+	}
+}

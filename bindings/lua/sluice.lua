@@ -122,7 +122,10 @@ end
 
 -- Starts the process-wide limiter. `config` (JSON text or a table; nil for
 -- defaults) has the keys sluice_init takes: roots, sync_interval_ms,
--- sync_timeout_ms, sync_token, limiter_id, capacity, ... (include/sluice.h).
+-- sync_timeout_ms, sync_token, limiter_id, capacity, no_key,
+-- override_capacity, ... (include/sluice.h). no_key = "reject" makes a
+-- check of a per-key quota without a key "REJECT" (the default, "pass",
+-- is "NO_KEY", uncounted, as nginx's limit_req).
 function _M.init(config)
     local text, err = json_text(config, "config")
     if err then

@@ -239,6 +239,24 @@ is(table.concat(overflows, " "), "KEY_OVERFLOW KEY_OVERFLOW REJECT",
     "keys without room share the quota's counter, and say so")
 sluice.shutdown()
 
+-- A missing key is a choice: "pass" (the default) or "reject"; a deny
+-- override of a quota file is held. The key "stolen" hashes to
+-- 7e4ad326f01febd5 with the built-in secret.
+local per_token = { quotas = { { name = "per_token", limit = 0.001, low_burst = 3, per_key = true,
+    overrides = { { key_hash = "7e4ad326f01febd5", deny = true } } } } }
+ok(sluice.init({ capacity = 100 }), "init with no_key left out")
+ok(sluice.load_quotas(per_token), "load a per-key quota with an override")
+is(sluice.check_key("per_token", "", 1), "NO_KEY", "an empty key passes uncounted by default")
+is(sluice.check_key("per_token", "stolen", 1), "REJECT", "the deny override is held")
+sluice.shutdown()
+ok(sluice.init({ capacity = 100, no_key = "reject" }), "init with no_key = reject")
+ok(sluice.load_quotas(per_token), "load it again")
+is(sluice.check_key("per_token", "", 1), "REJECT", "an empty key is rejected")
+is(sluice.check_key("per_token", "alice", 1), "PASS", "a key passes")
+sluice.shutdown()
+res, err = sluice.init({ no_key = "sometimes" })
+ok(res == nil and err:find("no_key", 1, true), "a bad no_key is refused: " .. tostring(err))
+
 -- A standalone limiter is ready at once.
 ok(sluice.init({ capacity = 100 }), "init standalone")
 is(sluice.wait_ready(0), true, "a standalone limiter is ready at once")
@@ -294,7 +312,7 @@ local address, pid = start_root("127.0.0.1:0")
 local url = "http://" .. address
 local put = false
 for _ = 1, 200 do
-    put = sh(string.format("%s quota --root %s set ready_q --limit 0.001 --low-burst 2 "
+    put = sh(string.format("%s quota --root %s set ready_q --create --limit 0.001 --low-burst 2 "
         .. "--high-burst 2", bin, url))
     if put then break end
     pause()

@@ -49,11 +49,21 @@ pub struct Reply {
 impl Client {
     /// A client for the root at `base`.
     pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, CliError> {
-        let mut base = Url::parse(base)
-            .map_err(|e| CliError::new(format!("invalid --root URL {base:?}: {e}")))?;
+        let mut base = Url::parse(base).map_err(|e| {
+            let hint = if base.contains("://") {
+                String::new()
+            } else {
+                format!(" (add the scheme: --root http://{base})")
+            };
+            CliError::new(format!("invalid --root URL {base:?}: {e}{hint}"))
+        })?;
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
+            // "127.0.0.1:7070" parses as the scheme "127.0.0.1"; "localhost:7070"
+            // as "localhost".
             return Err(CliError::new(format!(
-                "--root must be an http:// URL, not {base}"
+                "--root must be an http:// URL, not {base} (add the scheme: --root \
+                 http://{})",
+                base.as_str().trim_start_matches("http://")
             )));
         }
         if !base.path().ends_with('/') {
@@ -149,8 +159,18 @@ impl Client {
         if status.is_success() {
             return Ok(Reply { status, body });
         }
+        let mut message = error_line(status, &body, &bytes);
+        if status == StatusCode::UNAUTHORIZED {
+            message.push_str(if self.token.is_some() {
+                " (the root refused this admin token: check --token, SLUICE_ADMIN_TOKEN or \
+                 --token-file)"
+            } else {
+                " (the root needs its admin token: give --token, or set SLUICE_ADMIN_TOKEN or \
+                 --token-file)"
+            });
+        }
         Err(CliError {
-            message: error_line(status, &body, &bytes),
+            message,
             status: Some(status),
         })
     }
@@ -244,5 +264,20 @@ mod tests {
     fn only_http_roots_are_accepted() {
         assert!(Client::new("ftp://h", None, Duration::from_secs(1)).is_err());
         assert!(Client::new("not a url", None, Duration::from_secs(1)).is_err());
+    }
+
+    /// The issue's case: `--root 127.0.0.1:7070` said only "relative URL
+    /// without a base".
+    #[test]
+    fn a_root_without_its_scheme_is_told_to_add_it() {
+        for root in ["127.0.0.1:7070", "localhost:7070", "root.example"] {
+            let error = Client::new(root, None, Duration::from_secs(1)).unwrap_err();
+            assert!(
+                error
+                    .message
+                    .contains(&format!("add the scheme: --root http://{root}")),
+                "{root}: {error}"
+            );
+        }
     }
 }

@@ -184,13 +184,12 @@ pub fn render(root: &str, ov: &Value) -> String {
             .unwrap_or_default()
     ));
     out.push_str(&format!(
-        "quotas {} ({} with a counter)  limiters {} active, {} seen  syncs {}/s  admitted {}/s  rejected {}/s  rejecting {} quotas ({} full)\n",
+        "quotas {} ({} with a counter)  limiters {} active, {} seen  syncs {}/s  rejected {}/s  rejecting {} quotas ({} full)\n",
         number(&t["quotas"]),
         number(&t["counters"]),
         number(&t["limiters_active"]),
         number(&t["limiters_seen"]),
         number(&t["syncs_per_second"]),
-        number(&t["admitted_per_second"]),
         number(&t["rejected_per_second"]),
         number(&t["quotas_rejecting"]),
         number(&t["quotas_full"]),
@@ -365,7 +364,7 @@ mod tests {
             "db": {"backend": "sqlite", "up": true, "down_seconds": null, "reload_age_seconds": 0.5,
                    "failures": 0, "epoch": 7},
             "totals": {"quotas": 6, "counters": 4, "limiters_seen": 2, "limiters_active": 1,
-                       "syncs_per_second": 5.0, "admitted_per_second": 88.126,
+                       "syncs_per_second": 5.0,
                        "rejected_per_second": 3.25,
                        "quotas_rejecting": 1, "quotas_full": 0},
             "sampled": {"age_seconds": 0.1, "rate_window_seconds": 1.0,
@@ -384,7 +383,7 @@ mod tests {
         let expected = "\
 sluice root http://r:7070/  ok  v0.1.0  instance 00000000000000ab
 db sqlite up, epoch 7, reloaded 0.5 s ago, 0 failures
-quotas 6 (4 with a counter)  limiters 1 active, 2 seen  syncs 5/s  admitted 88.13/s  rejected 3.25/s  rejecting 1 quotas (0 full)
+quotas 6 (4 with a counter)  limiters 1 active, 2 seen  syncs 5/s  rejected 3.25/s  rejecting 1 quotas (0 full)
 
 QUOTA           PARENT     LEVEL  HIGH  FULL%  FILL/S  LIMIT  REJECT%  REJ/S
 s3_photos_read  s3_photos  22.09    30  73.63   13.85  15 /s    53.63   3.25

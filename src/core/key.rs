@@ -150,6 +150,38 @@ fn sip_round(v: &mut [u64; 4]) {
     v[2] = v[2].rotate_left(32);
 }
 
+/// Longest key a check takes, in bytes (the C ABI's
+/// `SLUICE_MAX_KEY_LEN`): a key is hashed whole on every check, and a
+/// longer one is taken for a caller's bug.
+pub const MAX_KEY_LEN: usize = 65536;
+
+/// Checks the length of a key given to a check: at most [`MAX_KEY_LEN`]
+/// bytes. The empty key passes here: a check given it passes uncounted
+/// (`NO_KEY`).
+pub fn check_key_len(len: usize) -> Result<(), String> {
+    if len > MAX_KEY_LEN {
+        return Err(format!(
+            "key is {len} bytes long, at most {MAX_KEY_LEN} allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a key an operator names (to hash it, to override it): one that
+/// a check can count. Not empty (nginx and the C ABI pass a request with
+/// an empty key uncounted, as `NO_KEY`, so nothing said of it could ever
+/// apply) and within [`check_key_len`].
+pub fn check_named_key(key: &[u8]) -> Result<(), String> {
+    if key.is_empty() {
+        return Err(
+            "key is empty: a request with an empty key is not counted (NO_KEY), \
+                    so no override or hash of it can ever apply"
+                .to_string(),
+        );
+    }
+    check_key_len(key.len())
+}
+
 /// A key hash as operators see it: 16 lowercase hex digits.
 pub fn format_hash(hash: KeyHash) -> String {
     format!("{hash:016x}")
@@ -167,6 +199,18 @@ pub fn parse_hash(text: &str) -> Option<KeyHash> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_named_key_is_one_a_check_counts() {
+        assert!(check_named_key(b"bob").is_ok());
+        assert!(check_named_key(&[b'k'; MAX_KEY_LEN]).is_ok());
+        let empty = check_named_key(b"").unwrap_err();
+        assert!(empty.starts_with("key is empty"), "{empty}");
+        let long = check_named_key(&[b'k'; MAX_KEY_LEN + 1]).unwrap_err();
+        assert_eq!(long, check_key_len(MAX_KEY_LEN + 1).unwrap_err());
+        assert_eq!(long, "key is 65537 bytes long, at most 65536 allowed");
+        assert!(check_key_len(0).is_ok(), "a check's empty key is NO_KEY");
+    }
 
     #[test]
     fn one_secret_hashes_a_key_the_same_everywhere_and_others_differ() {

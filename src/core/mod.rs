@@ -11,6 +11,7 @@ pub mod counter;
 pub mod decision;
 pub mod estimate;
 pub mod key;
+pub mod object;
 pub mod quota;
 pub mod rng;
 pub mod snapshot;

@@ -318,37 +318,45 @@ impl Quota {
                 "a quota cannot be its own parent",
             ));
         }
-        validate_params(self.limit, self.low_burst, self.high_burst)?;
-        validate_window(self.window, self.sliding, self.limit, self.high_burst)?;
-        validate_in_flight(self.in_flight, self)
+        let numbers = [self.limit, self.low_burst, self.high_burst];
+        validate_kind(
+            self.window,
+            self.sliding,
+            self.in_flight,
+            self.parent.is_some(),
+            numbers,
+        )
+    }
+
+    /// How the quota counts (what its numbers may be).
+    pub fn kind(&self) -> Kind {
+        Kind::of(self.window, self.in_flight)
     }
 }
 
-/// What [`validate_in_flight`] reads of a quota: its numbers and the
-/// other kinds it could clash with.
-pub trait InFlightShape {
-    /// `limit`.
-    fn limit(&self) -> f64;
-    /// `(low_burst, high_burst)` with defaults applied.
-    fn bursts(&self) -> (f64, f64);
-    /// Has a parent.
-    fn has_parent(&self) -> bool;
-    /// Counts in a window.
-    fn has_window(&self) -> bool;
+/// How a quota counts, as far as its numbers go: the rules on `limit`,
+/// `low_burst` and `high_burst` differ by it ([`validate_numbers`]), and
+/// the override of a key of a per-key template follows its template's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A leaky bucket: any band.
+    Leaky,
+    /// Counts `limit` units per window: the band lies within the limit.
+    Window(Window),
+    /// At most `limit` requests at once: whole slots, no band.
+    InFlight,
 }
 
-impl InFlightShape for Quota {
-    fn limit(&self) -> f64 {
-        self.limit
-    }
-    fn bursts(&self) -> (f64, f64) {
-        (self.low_burst, self.high_burst)
-    }
-    fn has_parent(&self) -> bool {
-        self.parent.is_some()
-    }
-    fn has_window(&self) -> bool {
-        self.window.is_some()
+impl Kind {
+    /// The kind of a quota with these settings (an in-flight quota with a
+    /// window is refused by [`validate_kind`]; its numbers are an
+    /// in-flight quota's).
+    pub fn of(window: Option<Window>, in_flight: bool) -> Self {
+        match window {
+            _ if in_flight => Self::InFlight,
+            Some(window) => Self::Window(window),
+            None => Self::Leaky,
+        }
     }
 }
 
@@ -356,15 +364,36 @@ impl InFlightShape for Quota {
 /// far above any fleet's (and exact in every level and allowance).
 pub const MAX_IN_FLIGHT: f64 = 1e12;
 
-/// Checks an in-flight quota (nothing when `in_flight` is false): a
-/// whole `limit` of 1 to [`MAX_IN_FLIGHT`] slots, bursts equal to it (a
-/// slot is free or not: no band), no window and no parent (a slot given
-/// back must not return rate units to a leaky ancestor).
-pub fn validate_in_flight(in_flight: bool, q: &impl InFlightShape) -> Result<(), ValidationError> {
-    if !in_flight {
-        return Ok(());
+/// Checks the three numbers of a quota of kind `kind`, or of an override
+/// of one of its keys: the one rule both follow. Every kind takes
+/// [`validate_params`]; a window quota's band lies within its limit (units
+/// per window: a level above it could never be reached); an in-flight
+/// quota's limit is a whole number of slots, 1 to [`MAX_IN_FLIGHT`], and
+/// its bursts are its limit (a slot is free or not: no band).
+pub fn validate_numbers(
+    kind: Kind,
+    limit: f64,
+    low_burst: f64,
+    high_burst: f64,
+) -> Result<(), ValidationError> {
+    validate_params(limit, low_burst, high_burst)?;
+    match kind {
+        Kind::Leaky => Ok(()),
+        Kind::Window(window) if high_burst > limit => Err(ValidationError::new(
+            "high_burst",
+            format!(
+                "{high_burst} is above the limit {limit}: a {} window quota counts at most \
+                 its limit per window, so its burst band must lie within it",
+                window.name()
+            ),
+        )),
+        Kind::Window(_) => Ok(()),
+        Kind::InFlight => validate_slots(limit, low_burst, high_burst),
     }
-    let limit = q.limit();
+}
+
+/// The numbers of an in-flight quota: whole slots, bursts at the limit.
+fn validate_slots(limit: f64, low_burst: f64, high_burst: f64) -> Result<(), ValidationError> {
     if limit < 1.0 || limit.fract() != 0.0 || limit > MAX_IN_FLIGHT {
         return Err(ValidationError::new(
             "limit",
@@ -374,8 +403,7 @@ pub fn validate_in_flight(in_flight: bool, q: &impl InFlightShape) -> Result<(),
             ),
         ));
     }
-    let (low, high) = q.bursts();
-    for (field, burst) in [("low_burst", low), ("high_burst", high)] {
+    for (field, burst) in [("low_burst", low_burst), ("high_burst", high_burst)] {
         if burst != limit {
             return Err(ValidationError::new(
                 field,
@@ -386,19 +414,42 @@ pub fn validate_in_flight(in_flight: bool, q: &impl InFlightShape) -> Result<(),
             ));
         }
     }
-    if q.has_window() {
+    Ok(())
+}
+
+/// Checks that a quota's settings make one kind, and that its numbers
+/// (`[limit, low_burst, high_burst]`) are ones its kind may have
+/// ([`validate_numbers`]): `sliding` needs a window; an in-flight quota
+/// has no window and no parent (a slot given back must not return rate
+/// units to a leaky ancestor). What a quota and a quota file's entry
+/// both follow.
+pub fn validate_kind(
+    window: Option<Window>,
+    sliding: bool,
+    in_flight: bool,
+    has_parent: bool,
+    [limit, low_burst, high_burst]: [f64; 3],
+) -> Result<(), ValidationError> {
+    if sliding && window.is_none() {
+        return Err(ValidationError::new(
+            "sliding",
+            "needs a window (\"window\": \"1m\", ...)",
+        ));
+    }
+    if in_flight && window.is_some() {
         return Err(ValidationError::new(
             "in_flight",
             "an in-flight quota counts requests at once, not in a window: drop \"window\"",
         ));
     }
-    if q.has_parent() {
+    if in_flight && has_parent {
         return Err(ValidationError::new(
             "in_flight",
             "an in-flight quota stands alone: it cannot have a parent",
         ));
     }
-    Ok(())
+    let kind = Kind::of(window, in_flight);
+    validate_numbers(kind, limit, low_burst, high_burst)
 }
 
 /// The error for a quota placed under an in-flight quota.
@@ -407,37 +458,6 @@ pub fn in_flight_as_parent(parent: &str) -> ValidationError {
         "parent",
         format!("{parent:?} is an in-flight quota, which cannot be a parent"),
     )
-}
-
-/// Checks a quota's window settings: `sliding` needs a window; a window
-/// quota's burst band lies within its limit (units per window: a level
-/// above it could never be reached).
-pub fn validate_window(
-    window: Option<Window>,
-    sliding: bool,
-    limit: f64,
-    high_burst: f64,
-) -> Result<(), ValidationError> {
-    let Some(window) = window else {
-        if sliding {
-            return Err(ValidationError::new(
-                "sliding",
-                "needs a window (\"window\": \"1m\", ...)",
-            ));
-        }
-        return Ok(());
-    };
-    if high_burst > limit {
-        return Err(ValidationError::new(
-            "high_burst",
-            format!(
-                "{high_burst} is above the limit {limit}: a {} window quota counts at most \
-                 its limit per window, so its burst band must lie within it",
-                window.name()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Checks that following `parent_of` from `start` ends within

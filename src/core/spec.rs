@@ -13,6 +13,10 @@
 //!
 //! A bare JSON array of quotas is accepted too. `high_burst` defaults to
 //! `low_burst`, and `low_burst` to `limit` (one second of traffic).
+//!
+//! A leaky bucket's `limit` may be written with its unit, as nginx writes
+//! `rate=10r/m`: `"limit": "10/m"`, `"100/h"`, `"5/s"` (the `r` optional);
+//! it is kept as units per second.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -21,10 +25,11 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::{Deserialize, Serialize};
 
 use super::key::KeyHash;
+use super::object::Object;
 use super::quota::{
-    in_flight_as_parent, validate_chain, validate_in_flight, validate_name, validate_params,
-    validate_window, InFlightShape, Quota, ValidationError,
+    in_flight_as_parent, validate_chain, validate_kind, validate_name, Kind, Quota, ValidationError,
 };
+use super::terms::{parse_rate, Rate, RATE_FORMS};
 use super::tier::{parse_key_hash, OverrideSpec, PenaltyTime, Rule};
 use super::window::Window;
 
@@ -40,7 +45,10 @@ pub struct QuotaSpec {
     /// Name of the parent quota, if any.
     #[serde(default)]
     pub parent: Option<String>,
-    /// Leak rate, units per second.
+    /// Leak rate, units per second: a number, or a rate with its unit
+    /// (`"10/m"`, `"100/h"`, `"5/s"`; see [`parse_rate`]). A window
+    /// quota's is units per window, an in-flight quota's slots.
+    #[serde(deserialize_with = "written_rate")]
     pub limit: f64,
     /// Level up to which everything passes (default: `limit`).
     #[serde(default)]
@@ -64,7 +72,11 @@ pub struct QuotaSpec {
     /// Overrides of a per-key template's numbers for some keys (see
     /// [`super::tier`]); a quota file's only (the admin API keeps them
     /// at `/v1/quotas/{name}/overrides`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "super::object::objects",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub overrides: Vec<OverrideSpec>,
     /// At most `limit` requests at once (see
     /// [`crate::core::Quota::in_flight`]).
@@ -114,14 +126,26 @@ impl QuotaSpec {
                 ));
             }
         }
-        validate_params(self.limit, self.low(), self.high())?;
-        validate_window(self.window, self.sliding, self.limit, self.high())?;
-        validate_in_flight(self.in_flight, self)?;
+        let numbers = [self.limit, self.low(), self.high()];
+        validate_kind(
+            self.window,
+            self.sliding,
+            self.in_flight,
+            self.parent.is_some(),
+            numbers,
+        )?;
         self.validate_overrides().map(|_| ())
     }
 
+    /// How the quota counts (what its numbers, and its overrides', may
+    /// be).
+    pub fn kind(&self) -> Kind {
+        Kind::of(self.window, self.in_flight)
+    }
+
     /// The overrides' keys and rules, checked: only a per-key template
-    /// has overrides, each names a key hash once.
+    /// has overrides, each names a key hash once, with numbers its
+    /// template's kind may have.
     pub fn validate_overrides(&self) -> Result<Vec<(KeyHash, Rule)>, ValidationError> {
         if !self.overrides.is_empty() && !self.per_key {
             return Err(ValidationError::new(
@@ -152,24 +176,11 @@ impl QuotaSpec {
                      give expiring ones through the admin API",
                 )));
             }
-            out.push((key, o.rule().map_err(at)?));
+            let rule = o.rule().map_err(at)?;
+            rule.validate_for(self.kind()).map_err(at)?;
+            out.push((key, rule));
         }
         Ok(out)
-    }
-}
-
-impl InFlightShape for QuotaSpec {
-    fn limit(&self) -> f64 {
-        self.limit
-    }
-    fn bursts(&self) -> (f64, f64) {
-        (self.low(), self.high())
-    }
-    fn has_parent(&self) -> bool {
-        self.parent.is_some()
-    }
-    fn has_window(&self) -> bool {
-        self.window.is_some()
     }
 }
 
@@ -196,10 +207,11 @@ pub struct QuotaPatch {
         skip_serializing_if = "Option::is_none"
     )]
     pub parent: Option<Option<String>>,
-    /// Leak rate (or units per window).
+    /// Leak rate (or units per window): a number or a rate with its unit,
+    /// as [`QuotaSpec::limit`].
     #[serde(
         default,
-        deserialize_with = "not_null",
+        deserialize_with = "not_null_rate",
         skip_serializing_if = "Option::is_none"
     )]
     pub limit: Option<f64>,
@@ -319,6 +331,56 @@ where
     T: Deserialize<'de>,
 {
     T::deserialize(de).map(Some)
+}
+
+/// A limit as written ([`parse_rate`]): a number, or a string such as
+/// `"10/m"`; units per second.
+fn written_rate<'de, D: Deserializer<'de>>(de: D) -> Result<f64, D::Error> {
+    Written::deserialize(de).map(|w| w.0.per_second)
+}
+
+/// [`written_rate`] for a field that may be absent but not `null`.
+fn not_null_rate<'de, D: Deserializer<'de>>(de: D) -> Result<Option<f64>, D::Error> {
+    written_rate(de).map(Some)
+}
+
+/// A limit as written in JSON or TOML: a number, or a rate with its unit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Written(Rate);
+
+impl<'de> Deserialize<'de> for Written {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        de.deserialize_any(WrittenVisitor)
+    }
+}
+
+struct WrittenVisitor;
+
+impl Visitor<'_> for WrittenVisitor {
+    type Value = Written;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(RATE_FORMS)
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Written, E> {
+        Ok(Written(Rate {
+            per_second: v,
+            unit: None,
+        }))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Written, E> {
+        self.visit_f64(v as f64)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Written, E> {
+        self.visit_f64(v as f64)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Written, E> {
+        parse_rate(v).map(Written).map_err(E::custom)
+    }
 }
 
 /// Parses a JSON quota file (wrapped or bare) without checking the quotas,
@@ -684,7 +746,7 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut name: Option<String> = None;
         let mut parent: Option<Option<String>> = None;
-        let mut limit: Option<f64> = None;
+        let mut limit: Option<Written> = None;
         let mut low_burst: Option<Option<f64>> = None;
         let mut high_burst: Option<Option<f64>> = None;
         let mut per_key: Option<bool> = None;
@@ -726,15 +788,35 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
                 SpecField::Window => map.next_value().map(|v| window = Some(v)),
                 SpecField::Sliding => map.next_value().map(|v| sliding = Some(v)),
                 SpecField::Penalty => map.next_value().map(|v| penalty = Some(v)),
-                SpecField::Overrides => map.next_value().map(|v| overrides = Some(v)),
+                SpecField::Overrides => map
+                    .next_value::<Vec<Object<OverrideSpec>>>()
+                    .map(|v| overrides = Some(v.into_iter().map(Object::into_inner).collect())),
                 SpecField::InFlight => map.next_value().map(|v| in_flight = Some(v)),
             };
             read.map_err(|e| self.noting(&name, e))?;
         }
-        let Some(limit) = limit else {
+        let Some(Written(limit)) = limit else {
             self.place.borrow_mut().field = Some("limit");
             return Err(self.noting(&name, de::Error::missing_field("limit")));
         };
+        let window = window.flatten();
+        let in_flight = in_flight.unwrap_or(false);
+        if let (Some(unit), true) = (limit.unit, window.is_some() || in_flight) {
+            self.place.borrow_mut().field = Some("limit");
+            let what = if in_flight {
+                "an in-flight quota's limit is a number of requests at once"
+            } else {
+                "a window quota's limit is a count per window (\"limit\": 10, \"window\": \"1m\")"
+            };
+            return Err(self.noting(
+                &name,
+                de::Error::custom(format!(
+                    "a rate per {} is a leaky bucket's; {what}: give a number",
+                    unit.letter()
+                )),
+            ));
+        }
+        let limit = limit.per_second;
         Ok(QuotaSpec {
             name: name.unwrap_or_default(),
             parent: parent.flatten(),
@@ -742,11 +824,11 @@ impl<'de> Visitor<'de> for SpecSeed<'_> {
             low_burst: low_burst.flatten(),
             high_burst: high_burst.flatten(),
             per_key: per_key.unwrap_or(false),
-            window: window.flatten(),
+            window,
             sliding: sliding.unwrap_or(false),
             penalty: penalty.flatten(),
             overrides: overrides.unwrap_or_default(),
-            in_flight: in_flight.unwrap_or(false),
+            in_flight,
         })
     }
 }
@@ -1046,8 +1128,8 @@ mod tests {
         assert_eq!((e.place.line, e.place.column), (Some(3), Some(30)));
         assert_eq!(
             e.to_string(),
-            "quotas[1].limit (quota \"b\"): invalid type: string \"ten\", expected f64 \
-             at line 3, column 30"
+            "quotas[1].limit (quota \"b\"): invalid rate \"ten\": expected a number, or a \
+             rate such as 10/m, 100/h or 5/s (10r/m as nginx writes it) at line 3, column 30"
         );
         // Bare lists, a field before the name, and a missing field.
         let e = parse_error(r#"[{"high_burst": true, "name": "c", "limit": 1}]"#);
@@ -1156,6 +1238,40 @@ mod tests {
         let empty: QuotaPatch = serde_json::from_str("{}").unwrap();
         assert!(empty.is_empty());
         assert_eq!(empty.applied_to(&current), current);
+    }
+
+    #[test]
+    fn a_limit_is_a_number_or_a_rate_with_its_unit() {
+        let set = QuotaSet::from_json(
+            r#"[{"name": "a", "limit": "10/m"}, {"name": "b", "limit": "100r/h"},
+                {"name": "c", "limit": "5/s"}, {"name": "d", "limit": 0.5}]"#,
+        )
+        .unwrap();
+        let limits: Vec<f64> = set.quotas.iter().map(|q| q.limit).collect();
+        assert_eq!(limits, [10.0 / 60.0, 100.0 / 3600.0, 5.0, 0.5]);
+        // The low burst defaults to the limit: a tenth of a unit for 10/m.
+        assert_eq!(set.quotas[0].low(), 10.0 / 60.0);
+        let patch: QuotaPatch = serde_json::from_str(r#"{"limit": "6/m"}"#).unwrap();
+        assert_eq!(patch.limit, Some(0.1));
+        let spec: QuotaSpec = serde_json::from_str(r#"{"name": "x", "limit": "2/h"}"#).unwrap();
+        assert_eq!(spec.limit, 2.0 / 3600.0);
+        for (text, said) in [
+            (
+                r#"[{"name": "a", "limit": "10/d"}]"#,
+                "invalid rate \"10/d\"",
+            ),
+            (
+                r#"[{"name": "a", "limit": "10/m", "window": "1m"}]"#,
+                "quotas[0].limit (quota \"a\"): a rate per m is a leaky bucket's; a window",
+            ),
+            (
+                r#"[{"name": "a", "limit": "3/s", "in_flight": true}]"#,
+                "a rate per s is a leaky bucket's; an in-flight quota's limit",
+            ),
+        ] {
+            let error = QuotaSet::from_json(text).unwrap_err().to_string();
+            assert!(error.contains(said), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -19,6 +19,13 @@
 //! A leaky rate is written `/s` with no space and the windows name their
 //! span, so a 1-second window (`5 / 1s window`) never reads as a leak of
 //! 5 a second (`5 /s`).
+//!
+//! A leaky rate is also written as people give it ([`Rate`]): `10/m`,
+//! `100/h`, `5/s` (nginx's `rate=10r/m`, the `r` optional) in quota files
+//! and the CLI. The quota keeps units per second, not the unit it was
+//! given in, so a slow leak is shown per minute or per hour when that
+//! makes it a whole number (`10 /m`, not `0.166667 /s`): a rate given in
+//! whole units of a minute or an hour reads back as it was written.
 
 use std::fmt;
 
@@ -90,12 +97,114 @@ fn span(window: Window) -> &'static str {
     }
 }
 
+/// A leaky rate's unit as people write it: `/s`, `/m` or `/h`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateUnit {
+    /// Per second.
+    Second,
+    /// Per minute.
+    Minute,
+    /// Per hour.
+    Hour,
+}
+
+impl RateUnit {
+    /// Seconds in one of it.
+    pub fn seconds(self) -> f64 {
+        match self {
+            RateUnit::Second => 1.0,
+            RateUnit::Minute => 60.0,
+            RateUnit::Hour => 3600.0,
+        }
+    }
+
+    /// As written after the slash: `s`, `m` or `h`.
+    pub fn letter(self) -> &'static str {
+        match self {
+            RateUnit::Second => "s",
+            RateUnit::Minute => "m",
+            RateUnit::Hour => "h",
+        }
+    }
+
+    /// The unit a leak of `per_second` reads best in: per second from 1
+    /// a second up or when it is a short decimal (`0.5`, `0.001`), else
+    /// per minute or per hour when that makes it a whole number (what
+    /// `10/m` or `3/h` became: `0.1666...` a second), else per second.
+    pub fn for_leak(per_second: f64) -> Self {
+        let whole = |n: f64| (n - n.round()).abs() <= 1e-9 * n.max(1.0);
+        if per_second >= 1.0
+            || per_second <= 0.0
+            || !per_second.is_finite()
+            || whole(per_second * 1000.0)
+        {
+            return RateUnit::Second;
+        }
+        [RateUnit::Minute, RateUnit::Hour]
+            .into_iter()
+            .find(|unit| whole(per_second * unit.seconds()))
+            .unwrap_or(RateUnit::Second)
+    }
+}
+
+/// A limit as written: a number, or a leaky rate with its unit (`10/m`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rate {
+    /// Units per second (for a bare number: the number).
+    pub per_second: f64,
+    /// The unit it was written with; `None` for a bare number.
+    pub unit: Option<RateUnit>,
+}
+
+/// What [`parse_rate`] accepts, for messages.
+pub const RATE_FORMS: &str = "a number, or a rate such as 10/m, 100/h or 5/s (10r/m as nginx \
+                              writes it)";
+
+/// Parses a limit as people write it: `10/m`, `100/h`, `5/s` (the `r` of
+/// nginx's `10r/m` optional), or a bare number. The number is finite and
+/// not negative; the range is checked with the quota.
+pub fn parse_rate(text: &str) -> Result<Rate, String> {
+    let text = text.trim();
+    let invalid = || format!("invalid rate \"{text}\": expected {RATE_FORMS}");
+    let (number, unit) = match text.split_once('/') {
+        None => (text, None),
+        Some((number, unit)) => {
+            let unit = match unit {
+                "s" | "sec" => RateUnit::Second,
+                "m" | "min" => RateUnit::Minute,
+                "h" | "hour" => RateUnit::Hour,
+                _ => return Err(invalid()),
+            };
+            (number.strip_suffix('r').unwrap_or(number), Some(unit))
+        }
+    };
+    // Only digits and a point: no sign, exponent, "inf" or "NaN".
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(invalid());
+    }
+    let n: f64 = number.parse().map_err(|_| invalid())?;
+    Ok(Rate {
+        per_second: n / unit.map_or(1.0, RateUnit::seconds),
+        unit,
+    })
+}
+
 impl fmt::Display for Terms {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let limit = self.limit;
         match self.window {
             None if self.in_flight => write!(f, "{limit} at once")?,
-            None => write!(f, "{limit} /s")?,
+            None => {
+                let unit = RateUnit::for_leak(limit);
+                let n = limit * unit.seconds();
+                // Whole units of a minute or an hour read as written.
+                let n = if unit == RateUnit::Second {
+                    n
+                } else {
+                    n.round()
+                };
+                write!(f, "{n} /{}", unit.letter())?;
+            }
             Some(window) => {
                 write!(f, "{limit} / {}", span(window))?;
                 if self.sliding {
@@ -137,6 +246,46 @@ mod tests {
             "100 at once per key"
         );
         assert_eq!(Terms::of(&q).kind(), "in_flight");
+    }
+
+    #[test]
+    fn rates_parse_with_their_unit_as_nginx_writes_them() {
+        let rate = |t: &str| parse_rate(t).map(|r| (r.per_second, r.unit));
+        assert_eq!(rate("5/s"), Ok((5.0, Some(RateUnit::Second))));
+        assert_eq!(rate("10/m"), Ok((10.0 / 60.0, Some(RateUnit::Minute))));
+        assert_eq!(rate("10r/m"), Ok((10.0 / 60.0, Some(RateUnit::Minute))));
+        assert_eq!(rate("100/h"), Ok((100.0 / 3600.0, Some(RateUnit::Hour))));
+        assert_eq!(rate("2.5"), Ok((2.5, None)));
+        assert_eq!(rate(" 7/min "), Ok((7.0 / 60.0, Some(RateUnit::Minute))));
+        for bad in [
+            "", "/m", "10/d", "10/", "-1/s", "1e3/s", "inf", "NaN/s", "10 /m", "x/m", "10rr/m",
+        ] {
+            let error = parse_rate(bad).unwrap_err();
+            assert!(error.contains("10/m"), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_slow_leak_reads_in_the_unit_it_was_given_in() {
+        let leak = |t: &str| terms(parse_rate(t).unwrap().per_second, None, false, false);
+        assert_eq!(leak("10/m"), "10 /m");
+        assert_eq!(leak("100/h"), "100 /h");
+        assert_eq!(leak("5/s"), "5 /s");
+        assert_eq!(leak("1/m"), "1 /m");
+        assert_eq!(leak("7/h"), "7 /h");
+        // Only a slow leak that is no short decimal a second changes unit:
+        // 120/m is 2 a second, 30/m half of one.
+        assert_eq!(leak("120/m"), "2 /s");
+        assert_eq!(leak("30/m"), "0.5 /s");
+        assert_eq!(leak("36/h"), "0.01 /s");
+        // Not a whole number of any unit: per second, as stored.
+        assert_eq!(terms(0.3337, None, false, false), "0.3337 /s");
+        assert_eq!(terms(0.0, None, false, false), "0 /s");
+        assert_eq!(
+            terms(10.0 / 60.0, None, false, true),
+            "10 /m per key",
+            "the issue's 0.16667 /s per key"
+        );
     }
 
     #[test]

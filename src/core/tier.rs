@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::key::{format_hash, parse_hash, KeyHash};
 pub use super::quota::{format_seconds, parse_seconds, PenaltyTime, MAX_PENALTY_SECS};
-use super::quota::{validate_params, ValidationError, MAX_QUOTA_ID};
+use super::quota::{validate_numbers, validate_params, Kind, ValidationError, MAX_QUOTA_ID};
 use super::window::{civil_from_days, days_from_civil};
 
 /// Longest override note, in bytes.
@@ -49,6 +49,21 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Checks the rule's numbers as a quota of `kind` (its template's) has
+    /// them checked: an override of an in-flight template's key gives it
+    /// another whole number of slots, one of a window template's key keeps
+    /// its band within its limit.
+    pub fn validate_for(&self, kind: Kind) -> Result<(), ValidationError> {
+        match *self {
+            Self::Limit {
+                limit,
+                low_burst,
+                high_burst,
+            } => validate_numbers(kind, limit, low_burst, high_burst),
+            Self::Allow | Self::Deny => Ok(()),
+        }
+    }
+
     /// The rule's word: `limit`, `allow` or `deny`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -385,6 +400,37 @@ impl Penalty {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_override_rule_follows_its_templates_kind() {
+        let rule = |limit, low_burst, high_burst| Rule::Limit {
+            limit,
+            low_burst,
+            high_burst,
+        };
+        let band = rule(2.0, 2.0, 9.0);
+        assert!(band.validate_for(Kind::Leaky).is_ok());
+        assert_eq!(
+            band.validate_for(Kind::InFlight).unwrap_err().field,
+            "high_burst"
+        );
+        let window = Kind::Window(super::super::window::Window::Day);
+        assert_eq!(band.validate_for(window).unwrap_err().field, "high_burst");
+        assert!(rule(5.0, 5.0, 5.0).validate_for(Kind::InFlight).is_ok());
+        assert_eq!(
+            rule(2.5, 2.5, 2.5)
+                .validate_for(Kind::InFlight)
+                .unwrap_err()
+                .field,
+            "limit"
+        );
+        assert!(Rule::Deny.validate_for(Kind::InFlight).is_ok());
+        // A quota file's overrides are checked so too.
+        let file = r#"[{"name": "k", "limit": 2, "per_key": true, "in_flight": true,
+            "overrides": [{"key_hash": "00000000000000aa", "limit": 2, "high_burst": 9}]}]"#;
+        let error = super::super::spec::QuotaSet::from_json(file).unwrap_err();
+        assert!(error.to_string().contains("overrides"), "{error}");
+    }
 
     #[test]
     fn penalties_read_durations_and_seconds_and_print_the_shortest_form() {

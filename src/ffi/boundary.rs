@@ -166,6 +166,8 @@ pub(super) unsafe fn name_and_key<'a>(
     let key = if key.is_null() && key_len == 0 {
         &[][..]
     } else {
+        // The one rule on a key's length (the CLI follows it too).
+        crate::core::key::check_key_len(key_len)?;
         // SAFETY: per the contract.
         unsafe { c_bytes(key, key_len, SLUICE_MAX_KEY_LEN, "key") }?
     };

@@ -6,13 +6,15 @@ use std::ffi::c_int;
 /// The request may pass: every quota in its chain had room; the weight was
 /// counted.
 pub const SLUICE_PASS: c_int = 0;
-/// The request is over a quota (its own or an ancestor's); nothing was
-/// counted.
+/// The request is over a quota (its own or an ancestor's), or, with
+/// `no_key` `"reject"` in `sluice_init`'s JSON, a per-key quota was checked
+/// without a key; nothing was counted.
 pub const SLUICE_REJECT: c_int = 1;
 /// No quota has this name: the request passes and is not counted.
 pub const SLUICE_UNKNOWN: c_int = 2;
 /// The quota is per-key and the check gave no key (or an empty one): the
-/// request passes and is not counted.
+/// request passes and is not counted (the default `no_key` `"pass"`; with
+/// `"reject"` a check answers `SLUICE_REJECT` instead).
 pub const SLUICE_NO_KEY: c_int = 3;
 /// The quota is per-key and its key found no entry: every entry of the
 /// key section it could have had holds a key whose count still matters
@@ -42,5 +44,6 @@ pub const SLUICE_MAX_NAME_LEN: usize = 255;
 /// error, refused before the key is read.
 pub const SLUICE_MAX_KEY_LEN: usize = 65536;
 
-// The C ABI's name limit is the quota model's.
+// The C ABI's name limit is the quota model's, its key limit the keys'.
 const _: () = assert!(SLUICE_MAX_NAME_LEN == crate::core::quota::MAX_NAME_LEN);
+const _: () = assert!(SLUICE_MAX_KEY_LEN == crate::core::key::MAX_KEY_LEN);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::key::KeySecret;
+use crate::core::object::{optional_object, Object};
 use crate::core::quota::MAX_NAME_LEN;
 use crate::core::{Extrapolation, ValidationError};
 use crate::sync::SyncConfig;
@@ -25,8 +26,8 @@ use crate::table::KeyOverflow;
 enum RootEntry {
     /// `"http://10.0.0.1:7070"`.
     Url(String),
-    /// `{"url": "http://10.0.0.1:7070", "group": 1}`.
-    Grouped(GroupedRoot),
+    /// `{"url": "http://10.0.0.1:7070", "group": 1}` (an object only).
+    Grouped(Object<GroupedRoot>),
 }
 
 /// A root URL with its group.
@@ -42,7 +43,7 @@ impl RootEntry {
     fn split(self) -> (String, u32) {
         match self {
             RootEntry::Url(url) => (url, 0),
-            RootEntry::Grouped(g) => (g.url, g.group),
+            RootEntry::Grouped(Object(g)) => (g.url, g.group),
         }
     }
 }
@@ -62,6 +63,11 @@ struct Config {
     /// What a check does with a key that finds no entry: `shared`,
     /// `reject` or `pass`.
     key_overflow: Option<String>,
+    /// What a check of a per-key quota without a key does: `pass` (the
+    /// default) or `reject`.
+    no_key: Option<String>,
+    /// Overrides of per-key templates' keys and penalties the table holds.
+    override_capacity: u64,
     /// Quota roots: URLs (group 0), or `{"url": ..., "group": n}`; none
     /// for standalone.
     roots: Vec<RootEntry>,
@@ -74,8 +80,10 @@ struct Config {
     /// This limiter's id at the roots (default: the host name).
     limiter_id: Option<String>,
     /// How levels are extrapolated between syncs.
+    #[serde(deserialize_with = "optional_object")]
     extrapolation: Option<Extrapolation>,
     /// Sync early when a quota's unsent weight passes a share of its band.
+    #[serde(deserialize_with = "optional_object")]
     early_sync: Option<crate::sync::EarlySync>,
 }
 
@@ -87,6 +95,8 @@ impl Default for Config {
             key_capacity: 100_000,
             key_secret_file: None,
             key_overflow: None,
+            no_key: None,
+            override_capacity: DEFAULT_OVERRIDE_CAPACITY,
             roots: Vec::new(),
             sync_interval_ms: 1000,
             sync_timeout_ms: None,
@@ -97,6 +107,10 @@ impl Default for Config {
         }
     }
 }
+
+/// `override_capacity` when not given: room for ten thousand overrides
+/// and penalties (about 1 MiB).
+pub(super) const DEFAULT_OVERRIDE_CAPACITY: u64 = 10_000;
 
 /// A checked configuration: what the limiter is built from.
 #[derive(Debug)]
@@ -111,6 +125,11 @@ pub(super) struct Settings {
     pub key_secret: Option<KeySecret>,
     /// What a check does with a key that finds no entry.
     pub key_overflow: KeyOverflow,
+    /// A check of a per-key quota without a key is rejected (`no_key`
+    /// `reject`), not passed uncounted.
+    pub no_key_rejects: bool,
+    /// Overrides and penalties the table holds.
+    pub override_capacity: u64,
     /// How levels are extrapolated between syncs.
     pub extrapolation: Extrapolation,
     /// The sync thread's configuration, validated.
@@ -121,10 +140,11 @@ impl Settings {
     /// Parses and checks `sluice_init`'s JSON (`None`: the defaults),
     /// reading the key secret file it names.
     pub fn from_json(json: Option<&str>) -> Result<Self, String> {
+        // An object only: `[1, 2]` would be read by position.
         let config: Config = match json {
-            Some(text) => {
-                serde_json::from_str(text).map_err(|e| format!("invalid config JSON: {e}"))?
-            }
+            Some(text) => serde_json::from_str::<Object<Config>>(text)
+                .map_err(|e| format!("invalid config JSON: {e}"))?
+                .into_inner(),
             None => Config::default(),
         };
         let invalid = |e: ValidationError| format!("invalid config: {}", config_field(e));
@@ -153,6 +173,17 @@ impl Settings {
                 format!("key_overflow: {word:?} is not one of \"shared\", \"reject\", \"pass\"")
             })?,
         };
+        let no_key_rejects = match config.no_key.as_deref() {
+            None | Some("pass") => false,
+            Some("reject") => true,
+            Some(word) => {
+                return Err(format!(
+                    "no_key: {word:?} is not one of \"pass\", \"reject\""
+                ))
+            }
+        };
+        crate::table::geometry::check_tier_capacity(config.override_capacity)
+            .map_err(|why| format!("override_capacity: {why}"))?;
         let key_secret = match &config.key_secret_file {
             Some(path) => {
                 let contents =
@@ -170,6 +201,8 @@ impl Settings {
             key_capacity: config.key_capacity,
             key_secret,
             key_overflow,
+            no_key_rejects,
+            override_capacity: config.override_capacity,
             extrapolation,
             sync,
         })
@@ -294,6 +327,46 @@ mod tests {
             assert!(e.starts_with("invalid config: sync_token: "), "{bad}: {e}");
         }
         assert!(Settings::from_json(Some(r#"{"sync_token": "s3cr3t-T0ken"}"#)).is_ok());
+    }
+
+    #[test]
+    fn a_missing_key_passes_unless_no_key_says_reject() {
+        assert!(!Settings::from_json(None).unwrap().no_key_rejects);
+        let pass = Settings::from_json(Some(r#"{"no_key": "pass"}"#)).unwrap();
+        assert!(!pass.no_key_rejects);
+        let reject = Settings::from_json(Some(r#"{"no_key": "reject"}"#)).unwrap();
+        assert!(reject.no_key_rejects);
+        let e = refused(r#"{"no_key": "deny"}"#);
+        assert!(e.starts_with("no_key: \"deny\" is not one of"), "{e}");
+    }
+
+    #[test]
+    fn overrides_have_room_unless_told_otherwise() {
+        let settings = Settings::from_json(None).unwrap();
+        assert_eq!(settings.override_capacity, DEFAULT_OVERRIDE_CAPACITY);
+        let none = Settings::from_json(Some(r#"{"override_capacity": 0}"#)).unwrap();
+        assert_eq!(none.override_capacity, 0);
+        let e = refused(r#"{"override_capacity": 1000000000000}"#);
+        assert!(e.starts_with("override_capacity: "), "{e}");
+    }
+
+    #[test]
+    fn a_config_is_an_object_never_read_by_position() {
+        let object = "expected a JSON object";
+        for (bad, says) in [
+            ("[1, 2]", object),
+            ("[]", object),
+            ("7", object),
+            (r#"{"extrapolation": ["constant_ratio", 0.5]}"#, object),
+            (r#"{"early_sync": [0.5]}"#, object),
+            (r#"{"roots": [["http://a:1", 1]]}"#, "a root URL or {"),
+        ] {
+            let e = refused(bad);
+            assert!(
+                e.starts_with("invalid config JSON: ") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::boundary::{boundary, c_name, name_and_key};
 use super::codes::SLUICE_PASS;
-use super::limiter::{self, outcome_code};
+use super::limiter;
 use crate::table::{CheckItem, HeldSlot, Table};
 
 /// A slot of an in-flight quota taken by `sluice_acquire`: opaque, owned
@@ -155,7 +155,7 @@ fn acquire(name: &[u8], key: Option<&[u8]>) -> Result<(c_int, Option<SluiceSlot>
         table
             .gate()
             .acquire(&item, crate::clock::now(), false, crate::host::thread_unit);
-    let code = outcome_code(result.outcome, result.overflow);
+    let code = limiter::slot_code(result.outcome, result.overflow)?;
     let slot = held.map(|held| SluiceSlot {
         table: Arc::clone(&table),
         name: name.into(),

@@ -36,6 +36,21 @@ struct Limiter {
     /// A root's whole quota set has arrived (or there are no roots): the
     /// table holds the fleet's quotas. Never goes back.
     ready: AtomicBool,
+    /// `no_key` `reject`: a check of a per-key quota without a key is
+    /// rejected instead of passing uncounted.
+    no_key_rejects: bool,
+}
+
+impl Limiter {
+    /// The C code of a decision (a check, grant, reservation or slot):
+    /// [`outcome_code`], with a missing key rejected when `no_key` says
+    /// so (nothing was counted either way).
+    fn decision_code(&self, outcome: Outcome, overflow: bool) -> c_int {
+        match outcome_code(outcome, overflow) {
+            SLUICE_NO_KEY if self.no_key_rejects => SLUICE_REJECT,
+            code => code,
+        }
+    }
 }
 
 impl Limiter {
@@ -84,10 +99,11 @@ pub(super) fn init(config_json: Option<&str>) -> Result<c_int, String> {
     }
     // No count of passed checks: nothing in the library reads it.
     let table = Arc::new(
-        Table::new_heap_with_keys(
+        Table::new_heap_with(
             settings.capacity,
             settings.avg_name_bytes,
             settings.key_capacity,
+            settings.override_capacity,
         )
         .without_pass_tally(),
     );
@@ -108,6 +124,7 @@ pub(super) fn init(config_json: Option<&str>) -> Result<c_int, String> {
         has_roots,
         sync: Mutex::new(Some(sync)),
         ready: AtomicBool::new(!has_roots),
+        no_key_rejects: settings.no_key_rejects,
     });
     LIMITER.store(Box::into_raw(limiter), Ordering::Release);
     Ok(SLUICE_PASS)
@@ -163,7 +180,7 @@ pub(super) fn check(name: &[u8], key: Option<&[u8]>, weight: u64) -> Result<c_in
         CheckOptions::default(),
         crate::host::thread_unit,
     );
-    Ok(outcome_code(outcome.outcome, outcome.overflow))
+    Ok(limiter.decision_code(outcome.outcome, outcome.overflow))
 }
 
 /// Counts `weight` on quota `name` (and a key of it) whatever its level:
@@ -216,7 +233,10 @@ pub(super) fn obtain(name: &[u8], key: Option<&[u8]>, want: u64) -> Result<(c_in
     let limiter = limiter()?;
     let item = check_item(name, key, want);
     let grant = limiter.table.gate().obtain(&item, crate::clock::now());
-    Ok((outcome_code(grant.outcome, grant.overflow), grant.granted))
+    Ok((
+        limiter.decision_code(grant.outcome, grant.overflow),
+        grant.granted,
+    ))
 }
 
 /// A pacing reservation of `weight`: the outcome and the wait in
@@ -235,7 +255,7 @@ pub(super) fn reserve(
         .gate()
         .reserve(&item, max_wait, crate::clock::now());
     Ok((
-        outcome_code(reservation.outcome, reservation.overflow),
+        limiter.decision_code(reservation.outcome, reservation.overflow),
         reservation.wait,
     ))
 }
@@ -271,6 +291,12 @@ pub(super) fn wait_ready(timeout_ms: u64) -> Result<c_int, String> {
 /// The limiter's table (for a slot, which keeps it alive).
 pub(super) fn table() -> Result<Arc<Table>, String> {
     Ok(Arc::clone(&limiter()?.table))
+}
+
+/// The C code of a slot taken (or not): as a check's, a missing key
+/// rejected when `no_key` says so.
+pub(super) fn slot_code(outcome: Outcome, overflow: bool) -> Result<c_int, String> {
+    Ok(limiter()?.decision_code(outcome, overflow))
 }
 
 /// Number of quotas loaded.

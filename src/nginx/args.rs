@@ -231,6 +231,10 @@ pub enum RequestStatus {
     KeyOverflow = 8,
     /// An override denies the key: answered with `sluice_deny_status`.
     Denied = 9,
+    /// A check with `no_key=reject` had an empty key: answered with
+    /// `sluice_status`, nothing checked or counted. `$sluice_status` says
+    /// `NO_KEY`, as for a keyless request let through.
+    NoKeyRejected = 10,
 }
 
 impl RequestStatus {
@@ -247,7 +251,44 @@ impl RequestStatus {
             RequestStatus::DelayedDryRun => "DELAYED_DRY_RUN",
             RequestStatus::KeyOverflow => "KEY_OVERFLOW",
             RequestStatus::Denied => "DENIED",
+            RequestStatus::NoKeyRejected => "NO_KEY",
         }
+    }
+
+    /// The request was refused (not let through by dry run): its response
+    /// is sluice's own answer, and a `sluice_charge` after it charges
+    /// nothing (its bytes would only deepen the debt that refused it, and
+    /// a flood of refusals could keep a quota shut).
+    pub fn refused(self) -> bool {
+        matches!(
+            self,
+            RequestStatus::Rejected | RequestStatus::Denied | RequestStatus::NoKeyRejected
+        )
+    }
+}
+
+/// What a check does with a request whose key is empty (the header or
+/// variable it comes from is missing): the `no_key=` parameter of
+/// `sluice <name> key=... no_key=pass|reject`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NoKey {
+    /// The check is skipped: the request goes on, not counted on the
+    /// per-key quota (`$sluice_status` `NO_KEY`). The default, as
+    /// `limit_req` skips a request whose key is empty.
+    #[default]
+    Pass,
+    /// The request is answered with `sluice_status`, nothing counted
+    /// (`$sluice_status` `NO_KEY`): a per-key limit a client cannot
+    /// escape by leaving its key out.
+    Reject,
+}
+
+/// Parses the value of `no_key=`: `pass` or `reject`.
+pub fn parse_no_key(arg: &[u8]) -> Result<NoKey, String> {
+    match arg {
+        b"pass" => Ok(NoKey::Pass),
+        b"reject" => Ok(NoKey::Reject),
+        _ => Err("must be \"pass\" or \"reject\"".into()),
     }
 }
 
@@ -266,7 +307,7 @@ pub enum Then {
 }
 
 /// How the access handler answers a check: the decision part of its
-/// work, which `handler.rs` only applies (and logs).
+/// work, which `answer.rs` only applies (and logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Answer {
     /// What `$sluice_status` says.
@@ -482,6 +523,40 @@ mod tests {
         assert_eq!(wait_timer_ms(1_000_000), 1);
         assert_eq!(wait_timer_ms(1_000_001), 2);
         assert_eq!(wait_timer_ms(0), 0);
+    }
+
+    #[test]
+    fn refused_requests_are_the_rejected_the_denied_and_the_keyless_rejected() {
+        use RequestStatus::*;
+        for status in [Rejected, Denied, NoKeyRejected] {
+            assert!(status.refused(), "{status:?}");
+        }
+        for status in [
+            Unchecked,
+            Passed,
+            RejectedDryRun,
+            Unknown,
+            NoKey,
+            Delayed,
+            DelayedDryRun,
+            KeyOverflow,
+        ] {
+            assert!(!status.refused(), "{status:?}");
+        }
+        assert_eq!(NoKeyRejected.as_str(), "NO_KEY");
+    }
+
+    #[test]
+    fn no_key_is_pass_or_reject_and_passes_by_default() {
+        assert_eq!(parse_no_key(b"pass"), Ok(NoKey::Pass));
+        assert_eq!(parse_no_key(b"reject"), Ok(NoKey::Reject));
+        assert_eq!(NoKey::default(), NoKey::Pass);
+        for bad in [&b""[..], b"deny", b"Reject", b"0"] {
+            assert!(
+                parse_no_key(bad).unwrap_err().contains("\"pass\""),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -10,13 +10,15 @@
 //! is lower ([`crate::table::Gate::settle`]; see docs/DESIGN.md, "Counters that give
 //! units back").
 //!
-//! A request the `sluice` checks rejected is not charged: its response is
+//! A request the `sluice` checks refused is not charged, whatever refused
+//! it (a quota, a deny override, a weight that is no number, a missing
+//! key with `no_key=reject`, `sluice_wait_max`): its response is
 //! sluice's own refusal (a 429's bytes would only deepen the debt that
 //! refused it, and a flood of refusals could keep a quota shut).
 //!
 //! A request is charged once: only the main request (a subrequest logged
 //! with `log_subrequest on` is not), and a mark kept in the main
-//! request's pool (a cleanup entry, as `handler.rs` keeps its state)
+//! request's pool (a cleanup entry, as `request_state.rs` keeps its state)
 //! says it was, with the status `$sluice_charge_status` shows.
 //!
 //! This file registers its own log-phase handler ([`install`]) beside
@@ -31,10 +33,12 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
+use super::answer::ShownWeight;
 use super::charge_args::{charge_condition, charge_weight, ChargeStatus};
-use super::conf::{Charge, LocConf, Weight};
-use super::handler::{admitted, evaluate, rejected, MAX_LOGGED_WEIGHT};
+use super::conf::{ChargeConf, LocConf, Weight};
+use super::handler::evaluate;
 use super::request_counters::RequestCounters;
+use super::request_state::{admitted, rejected};
 use super::util::{cleanup_data, log, runtime_boundary, set_variable, text};
 use super::Module;
 use crate::core::Nanos;
@@ -154,7 +158,7 @@ fn charge_one(
     lcf: &LocConf,
     table: &Table,
     counters: Option<&RequestCounters>,
-    charge: &Charge,
+    charge: &ChargeConf,
     now: Nanos,
 ) -> ChargeStatus {
     if let Some(condition) = charge.condition {
@@ -208,19 +212,14 @@ fn charge_one(
 /// Logs a charge whose weight is no number (at `sluice_log_level`).
 fn log_invalid_weight(r: &mut ngx_http_request_t, lcf: &LocConf, quota: &[u8], value: &[u8]) {
     let quota = text(quota);
-    let shown = text(&value[..value.len().min(MAX_LOGGED_WEIGHT)]);
-    let cut = if value.len() > MAX_LOGGED_WEIGHT {
-        "..."
-    } else {
-        ""
-    };
+    let shown = ShownWeight(value);
     // SAFETY: the request's log; nginx appends client and request.
     unsafe {
         log(
             lcf.log_level(),
             (*r.connection).log,
             format_args!(
-                "sluice: nothing charged to quota \"{quota}\": weight \"{shown}{cut}\" is not a \
+                "sluice: nothing charged to quota \"{quota}\": weight \"{shown}\" is not a \
                  non-negative integer"
             ),
         )

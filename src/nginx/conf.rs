@@ -9,9 +9,9 @@ use std::time::Duration;
 use ngx::ffi::{ngx_http_complex_value_t, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_WARN};
 use ngx::http::{Merge, MergeConfigError};
 
-use super::args::EmptyWeight;
+use super::args::{EmptyWeight, NoKey};
 use super::headers::PolicyNames;
-use super::request_counters::RequestCounters;
+use super::request_counters::{RequestCounters, WAIT_MAX_SLOTS};
 use super::unknown_names::UnknownNames;
 use super::util::ConfPosition;
 use super::zone_size::{DEFAULT_KEYS_SIZE, DEFAULT_OVERRIDES_SIZE};
@@ -54,6 +54,10 @@ pub(crate) struct MainConf {
     pub group_lines: Vec<(u32, ConfPosition)>,
     /// `sluice_quotas`.
     pub quotas: Option<QuotaFile>,
+    /// The quota names `sluice` and `sluice_charge` directives give as
+    /// literals, and where: checked against `sluice_quotas` once the
+    /// `http` block is read.
+    pub literal_names: Vec<(String, ConfPosition)>,
     /// `sluice_sync_interval`, milliseconds.
     pub sync_interval_ms: Option<u64>,
     /// `sluice_sync_timeout`, milliseconds.
@@ -80,6 +84,12 @@ pub(crate) struct MainConf {
     pub used: bool,
     /// `sluice_wait_max` directives read so far (each takes the next slot).
     pub wait_max_slots: usize,
+    /// The location configurations that have the default cap on holds
+    /// (no `sluice_wait_max` at any level): its number comes from
+    /// `worker_connections`, which nginx has read only once the whole
+    /// configuration is (the `events` block may follow `http`), so
+    /// `init_module` sets it in each ([`WaitMax::default_for`]).
+    pub default_caps: Vec<*mut LocConf>,
     /// The shared zone this cycle uses (null until `init_main_conf`).
     pub zone: *mut ngx_shm_zone_t,
     /// The table in the zone, once the zone is initialised.
@@ -173,12 +183,14 @@ pub(crate) struct Check {
     /// `wait=`: pace instead of rejecting a request whose turn comes
     /// within this many nanoseconds (`None`: a plain check).
     pub max_wait: Option<u64>,
+    /// `no_key=`: what an empty key does (`pass` unless given).
+    pub no_key: NoKey,
 }
 
 /// One `sluice_charge <name> [key=...] weight=... [if=...] [settle]`
 /// directive: a weight counted after the response (see `charge.rs`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Charge {
+pub(crate) struct ChargeConf {
     /// The quota name, a complex value (variables allowed).
     pub name: *const ngx_http_complex_value_t,
     /// `key=`: the key of a per-key quota.
@@ -207,7 +219,7 @@ pub(crate) struct LocConf {
     /// `sluice off`.
     pub checks: Option<Vec<Check>>,
     /// `sluice_charge` directives; `None` inherits the enclosing level's.
-    pub charges: Option<Vec<Charge>>,
+    pub charges: Option<Vec<ChargeConf>>,
     /// `sluice_status`.
     pub status: Option<ngx_uint_t>,
     /// `sluice_deny_status`: the status of a request whose key an
@@ -228,7 +240,8 @@ pub(crate) struct LocConf {
     /// `sluice_wait_coalesce`, in milliseconds (0: off).
     pub wait_coalesce: Option<u64>,
     /// `sluice_wait_max`: at most this many requests held under the
-    /// directive, and its slot in the zone's counts.
+    /// directive, and its slot in the zone's counts; after the merge, the
+    /// default cap where no level gave one.
     pub wait_max: Option<WaitMax>,
     /// `sluice_metrics` (this location only, not inherited).
     pub metrics: Option<MetricsConf>,
@@ -239,12 +252,36 @@ pub(crate) struct LocConf {
 /// A `sluice_wait_max` directive: its cap, and the slot of the zone's
 /// counts ([`super::request_counters::RequestCounters::held_by_cap`]) the
 /// requests held under it share (the locations that inherit it too).
+/// Locations with none of their own share the default cap
+/// ([`WaitMax::default_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WaitMax {
     /// Most requests held at once.
     pub max: u32,
     /// Its slot.
     pub slot: usize,
+}
+
+/// The slot of the zone's hold counts the default cap uses: the last, so
+/// `sluice_wait_max` directives take the others.
+pub(crate) const DEFAULT_WAIT_MAX_SLOT: usize = WAIT_MAX_SLOTS - 1;
+
+/// Largest cap `sluice_wait_max` takes, and the default cap's too.
+pub(crate) const MAX_WAIT_MAX: u32 = 1_000_000;
+
+impl WaitMax {
+    /// The cap of the locations that set none: half of one worker's
+    /// `worker_connections`, every worker's holds together, so held
+    /// requests never take more than half of the connections of even a
+    /// worker that holds them all, and the others (other locations,
+    /// requests that are not held) keep the rest. At least 1.
+    pub fn default_for(worker_connections: usize) -> Self {
+        let half = (worker_connections / 2).clamp(1, MAX_WAIT_MAX as usize);
+        Self {
+            max: half as u32,
+            slot: DEFAULT_WAIT_MAX_SLOT,
+        }
+    }
 }
 
 impl LocConf {

@@ -15,14 +15,14 @@ use ngx::ffi::{
 use ngx::http::HttpModuleMainConf;
 
 use super::args::{
-    parse_empty_weight, parse_flag, parse_size, parse_time_ms, parse_wait, parse_wait_coalesce,
-    parse_weight, EmptyWeight,
+    parse_empty_weight, parse_flag, parse_no_key, parse_size, parse_time_ms, parse_wait,
+    parse_wait_coalesce, parse_weight, EmptyWeight,
 };
 use super::conf::{
-    Charge, Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight, DEFAULT_METRICS_TOP,
+    ChargeConf, Check, LocConf, MainConf, MetricsConf, QuotaFile, WaitMax, Weight,
+    DEFAULT_METRICS_TOP, DEFAULT_WAIT_MAX_SLOT, MAX_WAIT_MAX,
 };
 use super::headers::PolicyNames;
-use super::request_counters::WAIT_MAX_SLOTS;
 use super::util::{bytes, conf_boundary, directive_args, text, ConfPosition};
 use super::zone_size::{
     check_zone_size, largest_useful_size, MAX_KEYS_SIZE, MAX_OVERRIDES_SIZE, MIN_ZONE_SIZE,
@@ -310,8 +310,9 @@ directive_handler!(
 // ---- location-level directives ------------------------------------------
 
 directive_handler!(
-    /// `sluice <name> [key=<value>] [weight=<number|$variable>
-    /// [empty=reject|<n>]] [wait=<time>];` or `sluice off;`
+    /// `sluice <name> [key=<value> [no_key=pass|reject]]
+    /// [weight=<number|$variable> [empty=reject|<n>]] [wait=<time>];` or
+    /// `sluice off;`
     set_check,
     |cf, lcf: &mut LocConf, args| {
         // SAFETY: `cf` is the live configuration.
@@ -329,9 +330,9 @@ directive_handler!(
         if lcf.off {
             return Err(combined.into());
         }
-        // nginx has no TAKE1..5: the name and up to four parameters,
+        // nginx has no TAKE1..6: the name and up to five parameters,
         // refused in nginx's own words beyond that.
-        if args.len() > 6 {
+        if args.len() > 7 {
             return Err("invalid number of arguments in \"sluice\" directive".into());
         }
         let checks = lcf.checks.get_or_insert_with(Vec::new);
@@ -341,13 +342,19 @@ directive_handler!(
             ));
         }
         let name = compile_name(cf, args[1])?;
+        note_literal_name(cf, name)?;
         let mut weight = None;
         let mut key = None;
         let mut empty = None;
         let mut wait = None;
+        let mut no_key = None;
         for arg in &args[2..] {
             if let Some(value) = arg.strip_prefix(b"weight=") {
                 param_once(&mut weight, compile_weight(cf, value)?, arg)?;
+            } else if let Some(value) = arg.strip_prefix(b"no_key=") {
+                let n = parse_no_key(value)
+                    .map_err(|why| format!("invalid value \"{}\": no_key= {why}", text(arg)))?;
+                param_once(&mut no_key, n, arg)?;
             } else if let Some(value) = arg.strip_prefix(b"empty=") {
                 let e = parse_empty_weight(value)
                     .map_err(|why| format!("invalid value \"{}\": empty= {why}", text(arg)))?;
@@ -370,6 +377,9 @@ directive_handler!(
             }
             _ => {}
         }
+        if no_key.is_some() && key.is_none() {
+            return Err("\"no_key=\" needs \"key=\", e.g. key=$http_x_api_token no_key=reject".into());
+        }
         if is_literal(name)
             && key.is_none()
             && checks
@@ -383,10 +393,26 @@ directive_handler!(
             key,
             weight,
             max_wait: wait.flatten(),
+            no_key: no_key.unwrap_or_default(),
         });
         Ok(())
     }
 );
+
+/// Remembers a literal quota name and where it was given, to check it
+/// against `sluice_quotas` once the `http` block is read.
+fn note_literal_name(
+    cf: *mut ngx_conf_t,
+    name: *const ngx_http_complex_value_t,
+) -> Result<(), String> {
+    let Some(literal) = literal_of(name) else {
+        return Ok(());
+    };
+    // SAFETY: `cf` is the live configuration of the directive being read.
+    let (mcf, at) = unsafe { (main_conf(&*cf)?, ConfPosition::of(&*cf)) };
+    mcf.literal_names.push((text(literal).into_owned(), at));
+    Ok(())
+}
 
 /// A directive's quota name: a complex value; a literal one must be a
 /// valid quota name.
@@ -446,6 +472,7 @@ directive_handler!(
             ));
         }
         let name = compile_name(cf, args[1])?;
+        note_literal_name(cf, name)?;
         let mut weight = None;
         let mut key = None;
         let mut condition = None;
@@ -472,7 +499,7 @@ directive_handler!(
         let weight = weight.ok_or(
             "\"sluice_charge\" needs \"weight=\", e.g. weight=$bytes_sent",
         )?;
-        lcf.charges.get_or_insert_with(Vec::new).push(Charge {
+        lcf.charges.get_or_insert_with(Vec::new).push(ChargeConf {
             name,
             key,
             weight,
@@ -683,24 +710,28 @@ directive_handler!(
     /// `sluice_wait_max <n>;` — at most `n` requests held by `wait=` at
     /// once under this directive, across every worker (the locations that
     /// inherit it share them); beyond, a request is rejected at once.
+    /// Without it, the default cap ([`WaitMax::default_for`]).
     set_wait_max,
     |cf, lcf: &mut LocConf, args| {
         let max = std::str::from_utf8(args[1])
             .ok()
             .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|t| t.parse::<u32>().ok())
-            .filter(|&n| n <= 1_000_000)
+            .filter(|&n| n <= MAX_WAIT_MAX)
             .ok_or_else(|| {
                 format!(
-                    "invalid value \"{}\": must be a number of requests from 0 to 1000000",
+                    "invalid value \"{}\": must be a number of requests from 0 to \
+                     {MAX_WAIT_MAX}",
                     text(args[1])
                 )
             })?;
         // SAFETY: nginx passes the live configuration.
         let mcf = main_conf(unsafe { &*cf })?;
-        if mcf.wait_max_slots >= WAIT_MAX_SLOTS {
+        // The last slot is the default cap's.
+        if mcf.wait_max_slots >= DEFAULT_WAIT_MAX_SLOT {
             return Err(format!(
-                "at most {WAIT_MAX_SLOTS} \"sluice_wait_max\" directives in one configuration"
+                "at most {DEFAULT_WAIT_MAX_SLOT} \"sluice_wait_max\" directives in one \
+                 configuration"
             ));
         }
         let slot = mcf.wait_max_slots;

@@ -18,7 +18,7 @@ pub(super) struct HeldItem {
     key: *const u8,
     key_len: usize,
     /// What a give-back returns (0 for an in-flight slot, which goes back
-    /// in the log phase instead: see `inflight.rs`).
+    /// in the log phase instead: see `in_flight.rs`).
     pub(super) weight: u64,
 }
 

@@ -28,6 +28,9 @@
 //!   variable (empty charges nothing), `$sluice_charge_status`.
 //! - `headers.rs` — `Retry-After` (only when waiting can help) and the
 //!   `RateLimit` header values.
+//! - `rejection_line.rs` — a rejection's log line: the quota, the limit
+//!   that applied (a key's override's), and what decided (an override, a
+//!   penalty, every in-flight slot held).
 //! - `prometheus.rs` — the Prometheus text of a limiter (table totals,
 //!   busiest quotas, weight errors, unpassable rejections, sync state per
 //!   root).
@@ -42,14 +45,18 @@
 //! - `zone.rs` — the shared memory zone holding the table and the request
 //!   counters: creation, reuse across reloads, adoption on a size change,
 //!   quota files.
-//! - `handler.rs` — the access-phase check, `wait=` holds (an nginx
-//!   timer per held request) and `$sluice_status`.
+//! - `handler.rs` — the access-phase check: the checks' arguments, the
+//!   decision, what outlives the access phase.
+//! - `answer.rs` — the answer to a decided check: log lines, request
+//!   counts, `RateLimit` headers, the status or the hold.
+//! - `request_state.rs` — the main request's state in its pool, `wait=`
+//!   holds (an nginx timer per held request) and `$sluice_status`.
 //! - `charge.rs` — `sluice_charge`: the log-phase handler that charges
 //!   (and settles) after the response, once per main request, and
 //!   `$sluice_charge_status`.
 //! - `held_item.rs` — a check kept past the access phase (a hold's, a
 //!   slot's), to give its weight back from.
-//! - `inflight.rs` — in-flight quotas: the slots a request took, given
+//! - `in_flight.rs` — in-flight quotas: the slots a request took, given
 //!   back by a log-phase handler when it ends.
 //! - `metrics.rs` — the `sluice_metrics` content handler.
 //! - `worker.rs` — the one sync thread per nginx (worker 0) and its log.
@@ -59,10 +66,13 @@ pub mod args;
 pub mod charge_args;
 pub mod headers;
 pub mod prometheus;
+pub mod rejection_line;
 pub mod request_counters;
 pub mod unknown_names;
 pub mod zone_size;
 
+#[cfg(feature = "nginx")]
+mod answer;
 #[cfg(feature = "nginx")]
 mod charge;
 #[cfg(feature = "nginx")]
@@ -74,11 +84,13 @@ mod handler;
 #[cfg(feature = "nginx")]
 mod held_item;
 #[cfg(feature = "nginx")]
-mod inflight;
+mod in_flight;
 #[cfg(feature = "nginx")]
 mod metrics;
 #[cfg(feature = "nginx")]
 mod module;
+#[cfg(feature = "nginx")]
+mod request_state;
 #[cfg(feature = "nginx")]
 mod util;
 #[cfg(feature = "nginx")]

@@ -1,5 +1,7 @@
 //! What nginx sees: the module context (configuration structures and
-//! hooks), the directive table, `init_process` / `exit_process`, the
+//! hooks, the merge that gives a location the default cap on holds), the
+//! directive table, `init_module` (the default cap's number, once
+//! `worker_connections` is read), `init_process` / `exit_process`, the
 //! `ngx_module_t` and the `ngx_modules` export.
 
 use core::ffi::{c_char, c_void};
@@ -11,14 +13,14 @@ use ngx::ffi::{
     ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_NOARGS,
     NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN, NGX_OK,
 };
-use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge};
 
-use super::conf::{LocConf, MainConf};
+use super::conf::{LocConf, MainConf, WaitMax, DEFAULT_WAIT_MAX_SLOT};
 use super::directives;
 use super::util::{conf_boundary, conf_boundary_at, runtime_boundary, ConfPosition};
-use super::{charge, handler, inflight, util, worker, zone};
+use super::{charge, handler, in_flight, request_state, util, worker, zone};
 
 /// Type through which the `ngx` crate reaches this module's configuration
 /// and provides the configuration callbacks.
@@ -43,10 +45,10 @@ impl HttpModule for Module {
             install_access_handler(cf)?;
             // Charges first among the log handlers (`charge.rs`), so the
             // access log sees `$sluice_charge_status`; in-flight slots go
-            // back in the log phase too (`inflight.rs`), whether or not
+            // back in the log phase too (`in_flight.rs`), whether or not
             // anything was charged.
             charge::install(cf)?;
-            inflight::install_log_handler(cf)
+            in_flight::install_log_handler(cf)
         });
         status_of(ok)
     }
@@ -58,6 +60,67 @@ impl HttpModule for Module {
             finish_main_conf(cf, mcf)
         })
     }
+
+    /// Merges a level's location configuration into the next. Where no
+    /// level gave `sluice_wait_max`, the location takes the default cap,
+    /// whose number `init_module` sets once `worker_connections` is known.
+    ///
+    /// # Safety
+    /// `cf` is the live configuration; `prev` and `conf` are distinct
+    /// `LocConf`s this module created (`create_loc_conf`).
+    unsafe extern "C" fn merge_loc_conf(
+        cf: *mut ngx_conf_t,
+        prev: *mut c_void,
+        conf: *mut c_void,
+    ) -> *mut c_char {
+        let lcf_ptr = conf.cast::<LocConf>();
+        // SAFETY: per the contract; nginx merges in one thread.
+        let (prev, lcf) = unsafe { (&*prev.cast::<LocConf>(), &mut *lcf_ptr) };
+        conf_boundary(cf, || {
+            lcf.merge(prev)
+                .map_err(|e| format!("sluice: cannot merge the configuration: {e}"))?;
+            if lcf
+                .wait_max
+                .is_none_or(|cap| cap.slot == DEFAULT_WAIT_MAX_SLOT)
+            {
+                // The number is set by `init_module`; until then, from
+                // nginx's own default of connections.
+                lcf.wait_max = Some(WaitMax::default_for(NGINX_DEFAULT_CONNECTIONS));
+                // SAFETY: `cf` is the live configuration.
+                let mcf = Module::main_conf_mut(unsafe { &*cf })
+                    .ok_or("sluice: no http configuration")?;
+                mcf.default_caps.push(lcf_ptr);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// nginx's `worker_connections` when none is given (`DEFAULT_CONNECTIONS`).
+const NGINX_DEFAULT_CONNECTIONS: usize = 512;
+
+/// `init_module`: runs once the whole configuration is read (in the
+/// master, before the workers start; again for each reload's
+/// configuration): sets the default cap on holds from one worker's
+/// `worker_connections`.
+unsafe extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the new cycle.
+    let log_to = unsafe { (*cycle).log };
+    runtime_boundary(log_to, "init_module", NGX_ERROR as ngx_int_t, || {
+        // SAFETY: as above; nginx is single-threaded here.
+        let cycle = unsafe { &*cycle };
+        let Some(mcf) = Module::main_conf(cycle) else {
+            return NGX_OK as ngx_int_t;
+        };
+        let cap = WaitMax::default_for(cycle.connection_n);
+        for &lcf in &mcf.default_caps {
+            // SAFETY: a location configuration of this cycle (its pool
+            // lives as long as the cycle), recorded by `merge_loc_conf`;
+            // nothing else reads or writes it now.
+            unsafe { (*lcf).wait_max = Some(cap) };
+        }
+        NGX_OK as ngx_int_t
+    })
 }
 
 // SAFETY: `MainConf` is the type `create_main_conf` (the trait's default,
@@ -82,7 +145,7 @@ fn status_of(verdict: *mut c_char) -> ngx_int_t {
 }
 
 fn add_variables(cf: *mut ngx_conf_t) -> Result<(), String> {
-    add_variable(cf, c"sluice_status", handler::status_variable)?;
+    add_variable(cf, c"sluice_status", request_state::status_variable)?;
     add_variable(cf, c"sluice_charge_status", charge::charge_status_variable)
 }
 
@@ -152,8 +215,47 @@ fn finish_main_conf(
             .map(|(_, at)| at.clone());
         (format!("sluice: invalid sync configuration: {e}"), at)
     })?;
+    check_literal_names(cf, mcf)?;
     if mcf.used {
         zone::add(cf, mcf).map_err(|message| (message, None))?;
+    }
+    Ok(())
+}
+
+/// Catches a misspelled quota name before a request does: a literal name
+/// of a `sluice` or `sluice_charge` directive that no quota of
+/// `sluice_quotas` has is an error at its line when there are no roots
+/// (nothing else could define it: its checks would pass uncounted), and a
+/// warning with roots (their quotas may have it).
+fn check_literal_names(
+    cf: *mut ngx_conf_t,
+    mcf: &MainConf,
+) -> Result<(), (String, Option<ConfPosition>)> {
+    let Some(file) = &mcf.quotas else {
+        return Ok(());
+    };
+    let mut warned: Vec<&str> = Vec::new();
+    for (name, at) in &mcf.literal_names {
+        if file.set.quotas.iter().any(|q| q.name == *name) || warned.contains(&name.as_str()) {
+            continue;
+        }
+        let missing = format!("no quota is named \"{name}\" in \"{}\"", file.path);
+        if mcf.roots.is_empty() {
+            return Err((
+                format!(
+                    "{missing}: without sluice_root nothing else defines it, and its checks \
+                     would pass uncounted"
+                ),
+                Some(at.clone()),
+            ));
+        }
+        util::conf_log_at(
+            cf,
+            NGX_LOG_WARN as ngx_uint_t,
+            at,
+            &format!("{missing}: its checks pass uncounted unless a root has it"),
+        );
+        warned.push(name);
     }
     Ok(())
 }
@@ -387,6 +489,7 @@ pub(crate) static mut ngx_http_sluice_module: ngx_module_t = ngx_module_t {
     ctx: addr_of!(NGX_HTTP_SLUICE_MODULE_CTX) as *mut c_void,
     commands: addr_of_mut!(NGX_HTTP_SLUICE_COMMANDS) as *mut ngx_command_t,
     type_: NGX_HTTP_MODULE as usize,
+    init_module: Some(init_module),
     init_process: Some(init_process),
     exit_process: Some(exit_process),
     ..ngx_module_t::default()

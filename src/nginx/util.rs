@@ -137,6 +137,18 @@ impl ConfPosition {
 /// Logs a configuration error at `emerg` as [`conf_error`] does, but with
 /// the file and line `at` instead of where the parser is now.
 pub(crate) fn conf_error_at(cf: *mut ngx_conf_t, at: &ConfPosition, message: &str) {
+    conf_log_at(cf, NGX_LOG_EMERG as ngx_uint_t, at, message);
+}
+
+/// Logs `message` about the configuration at `level` with the file and
+/// line `at` (nginx's "in file:line" suffix), as nginx logs a directive's
+/// warning.
+pub(crate) fn conf_log_at(
+    cf: *mut ngx_conf_t,
+    level: ngx_uint_t,
+    at: &ConfPosition,
+    message: &str,
+) {
     // SAFETY: nginx passes a live configuration; its current file's name
     // and line are swapped for `at`'s (which outlives the call) while the
     // message is logged, then put back.
@@ -147,7 +159,7 @@ pub(crate) fn conf_error_at(cf: *mut ngx_conf_t, at: &ConfPosition, message: &st
             (*cf).conf_file
         };
         if file.is_null() || at.file.is_empty() {
-            conf_error(cf, message);
+            ngx::ngx_conf_log_error!(level, cf, "{}", message);
             return;
         }
         let (name, line) = ((*file).file.name, (*file).line);
@@ -156,7 +168,7 @@ pub(crate) fn conf_error_at(cf: *mut ngx_conf_t, at: &ConfPosition, message: &st
             data: at.file.as_ptr().cast_mut(),
         };
         (*file).line = at.line;
-        conf_error(cf, message);
+        ngx::ngx_conf_log_error!(level, cf, "{}", message);
         (*file).file.name = name;
         (*file).line = line;
     }

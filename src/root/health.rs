@@ -62,6 +62,28 @@ impl HealthSnapshot {
         }
     }
 
+    /// Why the root is not `ok`, in words that name no file, host or
+    /// database error (what anyone may read); `None` when it is.
+    pub fn reason(&self) -> Option<&'static str> {
+        if !self.ready {
+            return Some(if self.db_up {
+                "the quotas have not been loaded yet"
+            } else {
+                "the quotas have not been loaded yet: the database cannot be reached"
+            });
+        }
+        match (self.db_up, self.db_writable) {
+            (true, true) => None,
+            (false, _) => {
+                Some("the database cannot be reached: serving the quotas already loaded, read-only")
+            }
+            (true, false) => Some(
+                "the database takes no writes (read-only, or not the database this root \
+                 loaded): serving the quotas already loaded, read-only",
+            ),
+        }
+    }
+
     /// The database as `/healthz` names its state: `up`, `down` or
     /// `read_only`.
     pub fn db_state(&self) -> &'static str {
@@ -257,6 +279,22 @@ mod tests {
         assert!(snap.db_up && snap.ready && snap.db_error.is_none());
         assert!(snap.since_reload.is_some());
         assert_eq!(snap.status(), "ok");
+    }
+
+    #[test]
+    fn the_public_reason_names_the_state_not_the_error() {
+        let health = Health::default();
+        health.db_failed("unable to open database file: /srv/secret/q.db");
+        let reason = health.snapshot().reason().unwrap();
+        assert!(reason.contains("not been loaded") && reason.contains("cannot be reached"));
+        health.reloaded();
+        assert_eq!(health.snapshot().reason(), None);
+        health.db_read_only("the database file /srv/secret/q.db was deleted");
+        let reason = health.snapshot().reason().unwrap();
+        assert!(reason.contains("takes no writes") && !reason.contains("/srv"));
+        health.db_failed("connection to 10.0.0.7:5432 refused");
+        let reason = health.snapshot().reason().unwrap();
+        assert!(reason.contains("cannot be reached") && !reason.contains("10.0.0.7"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::connections::{CloseReason, ConnectionStats, Refusal};
 use super::health::HealthSnapshot;
 use super::ledger::LedgerStats;
 use super::limiters::Dropped;
+use super::tier_book::{PenaltyRefusal, PenaltyStats};
 
 /// Outcome of a sync request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,6 +223,8 @@ pub struct Scrape {
     pub limiter_tokens: Option<usize>,
     /// Rereads of the tokens file that took and that failed.
     pub token_reloads: (u64, u64),
+    /// The penalties limiters started, as the root holds them.
+    pub penalties: PenaltyStats,
 }
 
 /// Most per-limiter series of clipped deltas on `/metrics`.
@@ -413,8 +416,42 @@ impl Metrics {
         render_state(scrape, &mut out);
         render_trust(scrape, &mut out);
         render_connections(&scrape.connections, &mut out);
+        render_penalties(&scrape.penalties, &mut out);
         out
     }
+}
+
+/// The penalties a root holds, and those it refused or evicted (at most
+/// [`super::tier_book::MAX_PENALTIES`] are held).
+fn render_penalties(p: &PenaltyStats, out: &mut String) {
+    family(
+        out,
+        "penalties",
+        "gauge",
+        "Penalties held (some may have ended since the last sweep).",
+    );
+    let _ = writeln!(out, "sluice_root_penalties {}", p.held);
+    counters(
+        out,
+        [
+            (
+                "penalties_started_total",
+                "Penalties limiters started that this root first heard of.",
+                p.started,
+            ),
+            (
+                "penalties_evicted_total",
+                "Penalties dropped, the one ending soonest, to make room for one ending later.",
+                p.evicted,
+            ),
+        ],
+    );
+    by_reason(
+        out,
+        "penalties_refused_total",
+        "Penalties refused: no live quota with a penalty, ended already, or full of penalties ending no sooner.",
+        PenaltyRefusal::ALL.map(|r| (r.label(), p.refused[r as usize])),
+    );
 }
 
 fn render_trust(scrape: &Scrape, out: &mut String) {
@@ -579,7 +616,9 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         family(out, name, "gauge", help);
         let _ = writeln!(out, "sluice_root_{name} {value}");
     }
-    for (name, help, value) in [
+    counters(
+        out,
+        [
         (
             "keys_refused_total",
             "Key deltas ignored: max_keys keys were held, or their limiter held its max_keys_per_limiter share.",
@@ -595,10 +634,8 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "Key counters forgotten after leaking to nothing.",
             s.keys_forgotten,
         ),
-    ] {
-        family(out, name, "counter", help);
-        let _ = writeln!(out, "sluice_root_{name} {value}");
-    }
+    ],
+    );
     by_reason(
         out,
         "limiters_dropped_total",
@@ -648,6 +685,14 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// A counter family with one sample per reason: `(label, value)`.
+/// Counter families of one sample each: `(name, help, value)`.
+fn counters<const N: usize>(out: &mut String, families: [(&str, &str, u64); N]) {
+    for (name, help, value) in families {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "sluice_root_{name} {value}");
+    }
+}
+
 fn by_reason<'a>(
     out: &mut String,
     name: &str,
@@ -700,6 +745,12 @@ mod tests {
             clipped: vec![("web\"1".into(), 4, 1e6)],
             limiter_tokens: Some(2),
             token_reloads: (1, 0),
+            penalties: PenaltyStats {
+                held: 5,
+                started: 6,
+                refused: [0, 0, 2],
+                evicted: 1,
+            },
         }
     }
 
@@ -737,6 +788,11 @@ mod tests {
             "sluice_root_limiters_dropped_total{reason=\"full\"} 0",
             "sluice_root_limiter_tokens_reloads_total{result=\"ok\"} 1",
             "sluice_root_syncs_total{result=\"forbidden\"} 0",
+            "sluice_root_penalties 5",
+            "sluice_root_penalties_started_total 6",
+            "sluice_root_penalties_evicted_total 1",
+            "sluice_root_penalties_refused_total{reason=\"full\"} 2",
+            "sluice_root_penalties_refused_total{reason=\"no_penalty\"} 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -409,6 +409,7 @@ impl RootState {
                 .as_ref()
                 .map(|_| self.credentials.limiters()),
             token_reloads: self.credentials.reloads(),
+            penalties: self.ledger().penalties().stats(),
         }
     }
 }

@@ -13,7 +13,10 @@
 //!   still hold them (every limiter resends the penalties it holds to a
 //!   root of a new instance). What a limiter may claim is bounded
 //!   ([`PenaltyBook::admit`]): a live quota with a penalty, no longer
-//!   than the penalty from now, at most [`MAX_PENALTIES`] at once.
+//!   than the penalty from now, at most [`MAX_PENALTIES`] at once; when
+//!   that many are held, the one ending soonest gives way to one that
+//!   ends later (it is evicted), and one that would end no later is
+//!   refused. `/metrics` counts both.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -28,8 +31,8 @@ use crate::wire::QuotaCursor;
 
 use super::store::OverrideRow;
 
-/// Most penalties a root holds at once; one more is refused (and
-/// counted) until some end.
+/// Most penalties a root holds at once: one more takes the place of the
+/// one ending soonest, or is refused (see [`PenaltyBook::admit`]).
 pub const MAX_PENALTIES: usize = 1_000_000;
 
 /// How far past `now + penalty` a claimed end may lie (clock skew between
@@ -176,9 +179,11 @@ impl OverrideBook {
     }
 }
 
-/// A penalty a root holds.
+/// Where one penalty stands at the root: its end, and the version that
+/// last moved it (a register of the book, not a request's slot of an
+/// in-flight quota).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Held {
+struct PenaltyEnd {
     /// End, UTC nanoseconds.
     until: i64,
     /// The book's version when it last moved later.
@@ -193,30 +198,95 @@ pub enum PenaltyRefusal {
     NoPenalty,
     /// It ended already.
     Ended,
-    /// [`MAX_PENALTIES`] are held.
+    /// The book is full of penalties that end no sooner.
     Full,
 }
 
+impl PenaltyRefusal {
+    /// Every reason, in counting order.
+    pub const ALL: [Self; 3] = [Self::NoPenalty, Self::Ended, Self::Full];
+
+    /// Its `reason` label on `/metrics`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NoPenalty => "no_penalty",
+            Self::Ended => "ended",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// What `/metrics` shows of the penalties a root holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PenaltyStats {
+    /// Penalties held (some may have ended since the last sweep).
+    pub held: usize,
+    /// Penalties started (first heard of) since the root started.
+    pub started: u64,
+    /// Penalties refused, by [`PenaltyRefusal`].
+    pub refused: [u64; 3],
+    /// Penalties evicted to make room for one ending later.
+    pub evicted: u64,
+}
+
 /// The penalties a root holds: max-registers with a version each.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PenaltyBook {
     /// By `(quota, key)`.
-    held: FxHashMap<(u64, KeyHash), Held>,
+    ends: FxHashMap<(u64, KeyHash), PenaltyEnd>,
+    /// By `(end, quota, key)`: which ends soonest.
+    by_end: BTreeSet<(i64, u64, KeyHash)>,
     /// By version: the change log limiters read after their version.
     log: BTreeMap<u64, (u64, KeyHash)>,
     /// Last version handed out.
     version: u64,
+    /// Most penalties held at once.
+    max: usize,
     /// Penalties started (first heard of) since the root started.
     pub started: u64,
     /// Penalties refused, by [`PenaltyRefusal`] (no penalty, ended, full).
     pub refused: [u64; 3],
+    /// Penalties evicted to make room for one ending later.
+    pub evicted: u64,
+}
+
+impl Default for PenaltyBook {
+    fn default() -> Self {
+        Self::with_max(MAX_PENALTIES)
+    }
 }
 
 impl PenaltyBook {
+    /// An empty book holding at most `max` penalties.
+    pub fn with_max(max: usize) -> Self {
+        Self {
+            ends: FxHashMap::default(),
+            by_end: BTreeSet::new(),
+            log: BTreeMap::new(),
+            version: 0,
+            max,
+            started: 0,
+            refused: [0; 3],
+            evicted: 0,
+        }
+    }
+
+    /// What `/metrics` shows.
+    pub fn stats(&self) -> PenaltyStats {
+        PenaltyStats {
+            held: self.ends.len(),
+            started: self.started,
+            refused: self.refused,
+            evicted: self.evicted,
+        }
+    }
+
     /// Takes a penalty a limiter sent at root time `now_utc` (UTC
     /// nanoseconds), for `quota` as the root holds it: its end cut to
-    /// `now + penalty + slack`; kept if later than the one held.
-    /// Returns whether it moved the end later.
+    /// `now + penalty + slack`; kept if later than the one held. A new
+    /// one in a full book takes the place of the one ending soonest if it
+    /// ends later, and is refused otherwise. Returns whether it moved the
+    /// end later.
     pub fn admit(
         &mut self,
         penalty: Penalty,
@@ -239,26 +309,43 @@ impl PenaltyBook {
             return refuse(self, PenaltyRefusal::Ended);
         }
         let place = (penalty.quota(), penalty.key());
-        match self.held.get(&place) {
-            Some(held) if held.until >= until => return Ok(false),
+        match self.ends.get(&place) {
+            Some(end) if end.until >= until => return Ok(false),
             Some(_) => {}
-            None if self.held.len() >= MAX_PENALTIES => {
-                return refuse(self, PenaltyRefusal::Full);
+            None if self.ends.len() >= self.max => {
+                match self.by_end.first() {
+                    Some(&(soonest, quota, key)) if soonest < until => {
+                        self.remove((quota, key));
+                        self.evicted += 1;
+                    }
+                    _ => return refuse(self, PenaltyRefusal::Full),
+                }
+                self.started += 1;
             }
             None => self.started += 1,
         }
         self.version += 1;
-        if let Some(old) = self.held.insert(
+        if let Some(old) = self.ends.insert(
             place,
-            Held {
+            PenaltyEnd {
                 until,
                 version: self.version,
             },
         ) {
             self.log.remove(&old.version);
+            self.by_end.remove(&(old.until, place.0, place.1));
         }
         self.log.insert(self.version, place);
+        self.by_end.insert((until, place.0, place.1));
         Ok(true)
+    }
+
+    /// Drops the penalty at `place` from every index.
+    fn remove(&mut self, place: (u64, KeyHash)) {
+        if let Some(end) = self.ends.remove(&place) {
+            self.log.remove(&end.version);
+            self.by_end.remove(&(end.until, place.0, place.1));
+        }
     }
 
     /// The penalties that moved since `version` and have not ended at
@@ -268,8 +355,8 @@ impl PenaltyBook {
             .log
             .range((Bound::Excluded(version), Bound::Unbounded))
             .filter_map(|(_, &place)| {
-                let held = self.held.get(&place)?;
-                (held.until > now_utc).then_some(Penalty(place.0, place.1, held.until))
+                let end = self.ends.get(&place)?;
+                (end.until > now_utc).then_some(Penalty(place.0, place.1, end.until))
             })
             .collect();
         (changed, self.version)
@@ -283,11 +370,12 @@ impl PenaltyBook {
     /// Forgets penalties that ended by `now_utc`, and those of `gone`
     /// quotas (deleted, or without a penalty now).
     pub fn forget_ended(&mut self, now_utc: i64, mut gone: impl FnMut(u64) -> bool) {
-        let log = &mut self.log;
-        self.held.retain(|&(quota, _), held| {
-            let keep = held.until > now_utc && !gone(quota);
+        let (log, by_end) = (&mut self.log, &mut self.by_end);
+        self.ends.retain(|&(quota, key), end| {
+            let keep = end.until > now_utc && !gone(quota);
             if !keep {
-                log.remove(&held.version);
+                log.remove(&end.version);
+                by_end.remove(&(end.until, quota, key));
             }
             keep
         });
@@ -297,10 +385,10 @@ impl PenaltyBook {
     /// first, at most `max`.
     pub fn active(&self, now_utc: i64, max: usize) -> Vec<Penalty> {
         let mut all: Vec<Penalty> = self
-            .held
+            .ends
             .iter()
-            .filter(|(_, held)| held.until > now_utc)
-            .map(|(&(quota, key), held)| Penalty(quota, key, held.until))
+            .filter(|(_, end)| end.until > now_utc)
+            .map(|(&(quota, key), end)| Penalty(quota, key, end.until))
             .collect();
         all.sort_by(|a, b| {
             b.until()
@@ -315,8 +403,8 @@ impl PenaltyBook {
     /// Penalties in force at `now_utc` per quota.
     pub fn counts(&self, now_utc: i64) -> FxHashMap<u64, usize> {
         let mut counts = FxHashMap::default();
-        for (&(quota, _), held) in &self.held {
-            if held.until > now_utc {
+        for (&(quota, _), end) in &self.ends {
+            if end.until > now_utc {
                 *counts.entry(quota).or_default() += 1;
             }
         }
@@ -325,12 +413,12 @@ impl PenaltyBook {
 
     /// Penalties held (some may have ended since the last sweep).
     pub fn len(&self) -> usize {
-        self.held.len()
+        self.ends.len()
     }
 
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
+        self.ends.is_empty()
     }
 }
 
@@ -444,5 +532,63 @@ mod tests {
             [Penalty(1, 0, now + 60 * SEC + PENALTY_SLACK_NS)]
         );
         assert_eq!(book.refused, [4, 1, 0]);
+    }
+
+    #[test]
+    fn a_full_book_evicts_the_penalty_ending_soonest_for_one_ending_later() {
+        let mut book = PenaltyBook::with_max(2);
+        let q = penalized(1, true);
+        let now = 1000 * SEC;
+        for (key, secs) in [(1, 10), (2, 20)] {
+            assert_eq!(
+                book.admit(Penalty(1, key, now + secs * SEC), Some(&q), now),
+                Ok(true)
+            );
+        }
+        // No later than the soonest: refused, nothing moves.
+        assert_eq!(
+            book.admit(Penalty(1, 3, now + 10 * SEC), Some(&q), now),
+            Err(PenaltyRefusal::Full)
+        );
+        // Later: the one ending soonest (key 1) gives way.
+        assert_eq!(
+            book.admit(Penalty(1, 3, now + 30 * SEC), Some(&q), now),
+            Ok(true)
+        );
+        let held: Vec<u64> = book.active(now, 10).iter().map(|p| p.key()).collect();
+        assert_eq!(held, [3, 2]);
+        assert_eq!(
+            book.stats(),
+            PenaltyStats {
+                held: 2,
+                started: 3,
+                refused: [0, 0, 1],
+                evicted: 1
+            }
+        );
+        // A held penalty moving later keeps its place; the soonest is now
+        // key 2 (20 s), so a 25 s one evicts it.
+        assert_eq!(
+            book.admit(Penalty(1, 3, now + 40 * SEC), Some(&q), now),
+            Ok(true)
+        );
+        assert_eq!(
+            book.admit(Penalty(1, 4, now + 25 * SEC), Some(&q), now),
+            Ok(true)
+        );
+        let held: Vec<u64> = book.active(now, 10).iter().map(|p| p.key()).collect();
+        assert_eq!(held, [3, 4]);
+        assert_eq!(book.evicted, 2);
+        // An evicted penalty is not in the change log any more.
+        let keys: Vec<u64> = book
+            .changed_since(0, now)
+            .0
+            .iter()
+            .map(|p| p.key())
+            .collect();
+        assert_eq!(keys.len(), 2);
+        assert!(!keys.contains(&1) && !keys.contains(&2));
+        book.forget_ended(now + 41 * SEC, |_| false);
+        assert!(book.is_empty() && book.by_end.is_empty() && book.log.is_empty());
     }
 }

@@ -506,8 +506,9 @@ fn take_changes(table: &Table, reply: &SyncResponse) -> Vec<LogLine> {
             log.push((
                 LogLevel::Error,
                 format!(
-                    "{} override(s) refused: the tier section is full ({} held; raise \
-                     sluice_overrides)",
+                    "{} override(s) refused: the tier section is full ({} held; give it \
+                     room: sluice_overrides in nginx, override_capacity in sluice_init's \
+                     JSON and the bindings' options)",
                     report.refused,
                     table.tier_capacity()
                 ),

@@ -40,12 +40,16 @@ def create_quota(root, name, rate, burst, token=None):
         return json.loads(response.read())
 
 
-def sender(root, quota, index, messages, max_wait, sync_interval_ms, ready, go, results):
+def sender(root, quota, index, messages, max_wait, sync_interval_ms, sync_token, ready, go,
+           results):
     """One worker process: its own limiter, its share of the messages."""
     import sluice  # in the child: each process loads its own limiter
 
+    # A root started with --sync-token-file answers only limiters that send
+    # its sync token (the option is left out for a root without one).
+    options = {"sync_token": sync_token} if sync_token else {}
     with sluice.Limiter(roots=[root], limiter_id=f"paced-sender-{index}",
-                        sync_interval_ms=sync_interval_ms, capacity=1000) as limiter:
+                        sync_interval_ms=sync_interval_ms, capacity=1000, **options) as limiter:
         deadline = time.monotonic() + 30
         while limiter.check(quota, 0) is sluice.Decision.UNKNOWN:
             if time.monotonic() > deadline:
@@ -72,17 +76,19 @@ def sender(root, quota, index, messages, max_wait, sync_interval_ms, ready, go, 
         results.put((index, sent, refused))
 
 
-def run(root, quota, processes=4, messages=25, max_wait=1.0, sync_interval_ms=100, timeout=120):
+def run(root, quota, processes=4, messages=25, max_wait=1.0, sync_interval_ms=100, timeout=120,
+        sync_token=None):
     """Runs ``processes`` senders of ``messages`` each against ``root`` and
     returns what happened: ``sent`` (every send time, sorted), ``per_process``
     (counts), ``refused`` (reservations refused and retried), ``elapsed``
     (first send to last, seconds) and ``rate`` (sends after the first, per
-    second of that span)."""
+    second of that span). ``sync_token`` is the roots' sync token, if they
+    require one."""
     ctx = multiprocessing.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     workers = [
         ctx.Process(target=sender, args=(root, quota, i, messages, max_wait, sync_interval_ms,
-                                         ready, go, results))
+                                         sync_token, ready, go, results))
         for i in range(processes)
     ]
     for w in workers:
@@ -135,6 +141,9 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=20, help="messages a second, fleet-wide")
     parser.add_argument("--burst", type=float, default=2, help="messages sent at once when idle")
     parser.add_argument("--token", help="the root's admin token, for --create")
+    parser.add_argument("--sync-token-file",
+                        help="a file holding the roots' sync token (a root started with "
+                             "--sync-token-file wants it)")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--messages", type=int, default=25, help="per process")
     parser.add_argument("--max-wait", type=float, default=1.0,
@@ -143,8 +152,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.create:
         create_quota(args.root, args.quota, args.rate, args.burst, args.token)
+    sync_token = None
+    if args.sync_token_file:
+        with open(args.sync_token_file) as f:
+            sync_token = f.read().strip()
     result = run(args.root, args.quota, args.processes, args.messages, args.max_wait,
-                 args.sync_interval_ms)
+                 args.sync_interval_ms, sync_token=sync_token)
     start = result["sent"][0]
     per_second = {}
     for t in result["sent"]:

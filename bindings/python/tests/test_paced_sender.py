@@ -35,3 +35,20 @@ def test_the_example_runs_from_the_command_line(root, capsys):
                               "--messages", "5"]) == 0
     out = capsys.readouterr().out
     assert "10 messages from 2 processes" in out, out
+
+
+def test_the_example_sends_the_roots_sync_token(tmp_path):
+    # A root that wants a sync token answers only limiters that send it:
+    # the example passes sync_token to every process's Limiter.
+    from conftest import Root
+
+    (tmp_path / "sync.token").write_text("paced-sender-sync-token\n")
+    root = Root(tmp_path, "--sync-token-file", str(tmp_path / "sync.token"))
+    try:
+        paced_sender.create_quota(root.url, "tokened", rate=50, burst=5)
+        result = paced_sender.run(root.url, "tokened", processes=2, messages=5,
+                                  sync_interval_ms=100, timeout=60,
+                                  sync_token="paced-sender-sync-token")
+        assert len(result["sent"]) == 10
+    finally:
+        root.stop()

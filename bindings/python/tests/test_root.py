@@ -184,3 +184,17 @@ def test_a_root_requiring_a_sync_token_refuses_a_limiter_without_it(tmp_path):
             wait_until(lambda: first_root(lim).get("syncs", 0) >= 1, what="a sync")
     finally:
         secured.stop()
+
+
+def test_overrides_beyond_the_tables_room_name_the_option_that_gives_it(root, capfd):
+    # The case: the log said "raise sluice_overrides", a setting a
+    # limiter of the C ABI or a binding does not have.
+    root.put_quota("per_token", limit=1, per_key=True)
+    for i in range(100):
+        status, body = root.call("PUT", f"/v1/quotas/per_token/overrides/{i + 1:016x}",
+                                 {"deny": True})
+        assert status in (200, 201), (status, body)
+    with sluice.Limiter(roots=[root.url], override_capacity=1, **FAST) as lim:
+        assert lim.wait_ready(10)
+        wait_until(lambda: "override_capacity" in capfd.readouterr().err or None,
+                   what="the refusal in the log")

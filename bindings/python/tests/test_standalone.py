@@ -200,3 +200,36 @@ def test_a_missing_library_is_reported_with_the_variable_to_set():
     assert "LibraryNotFound" in child.stderr
     assert "/nonexistent/libsluice.so: no such file" in child.stderr
     assert "SLUICE_LIBRARY" in child.stderr
+
+
+def test_a_decision_prints_as_its_name_not_its_code(limiter):
+    # The case: print(limiter.check(...)) showed "2".
+    decision = limiter.check("no_such_quota")
+    assert str(decision) == "Decision.UNKNOWN"
+    assert f"{decision}" == "Decision.UNKNOWN"
+    assert f"{decision:d}" == "2"
+    assert decision == 2 and int(decision) == 2
+
+
+def test_a_missing_key_passes_by_default_and_is_rejected_with_no_key_reject():
+    per_key = [{"name": "per_token", "limit": 0.001, "low_burst": 3, "per_key": True}]
+    with sluice.Limiter(capacity=100) as lim:
+        lim.load_quotas(per_key)
+        assert lim.check("per_token") is Decision.NO_KEY
+    with sluice.Limiter(capacity=100, no_key="reject") as lim:
+        lim.load_quotas(per_key)
+        assert lim.check("per_token") is Decision.REJECT
+        assert lim.check("per_token", key="") is Decision.REJECT
+        assert lim.check("per_token", key="t1") is Decision.PASS
+    with pytest.raises(SluiceError, match="no_key"):
+        sluice.Limiter(no_key="sometimes")
+
+
+def test_a_deny_override_of_a_quota_file_is_held():
+    # The key "stolen" hashes to 7e4ad326f01febd5 with the built-in secret.
+    quotas = [{"name": "per_token", "limit": 0.001, "low_burst": 3, "per_key": True,
+               "overrides": [{"key_hash": "7e4ad326f01febd5", "deny": True}]}]
+    with sluice.Limiter(capacity=100) as lim:
+        lim.load_quotas(quotas)
+        assert lim.check("per_token", key="stolen") is Decision.REJECT
+        assert lim.check("per_token", key="alice") is Decision.PASS

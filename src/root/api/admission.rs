@@ -11,7 +11,7 @@
 //!    arrived), not by what its `Content-Length` announces, so a body
 //!    that trickles holds what it sent, not what it promised. Before decoding,
 //!    a sync is charged [`DECODED_BYTES_PER_ENTRY`] for each entry its
-//!    body can hold (counted without decoding: see `sync.rs`). A charge
+//!    body can hold (counted without decoding: see `sync.rs`). A share
 //!    that does not fit waits at most [`MEMORY_WAIT`] for others to
 //!    finish, then the request gets 503: nobody waits long while holding
 //!    memory, so partly read bodies cannot block each other for good.
@@ -167,9 +167,9 @@ impl Admission {
         }
     }
 
-    /// A new, empty charge on the body memory budget.
-    fn charge(&self) -> Arc<Charge> {
-        Arc::new(Charge {
+    /// A new, empty share of the body memory budget.
+    fn body_memory(&self) -> Arc<BodyMemory> {
+        Arc::new(BodyMemory {
             memory: Arc::clone(&self.memory),
             total_kib: kib(self.limits.total),
             kib: AtomicU32::new(0),
@@ -177,8 +177,8 @@ impl Admission {
     }
 
     /// Reads the body of `request` under the budget and the pace, and
-    /// puts it back whole, charged to `charge`.
-    async fn read_body(&self, request: Request, charge: &Charge) -> Result<Request, ApiError> {
+    /// puts it back whole, its buffer held by `memory`.
+    async fn read_body(&self, request: Request, memory: &BodyMemory) -> Result<Request, ApiError> {
         let limit = self.route_limit(&request);
         let declared = declared_length(request.headers());
         if declared.is_some_and(|n| n > limit) {
@@ -212,10 +212,10 @@ impl Admission {
                 let grown = (2 * bytes.capacity())
                     .min(declared.unwrap_or(usize::MAX))
                     .max(needed);
-                let owed = grown.saturating_sub(charge.bytes());
+                let owed = grown.saturating_sub(memory.bytes());
                 if owed > 0 {
                     let waited = Instant::now();
-                    charge.grow(owed).await?;
+                    memory.grow(owed).await?;
                     // Waiting for memory is not the sender's fault.
                     deadline += waited.elapsed();
                 }
@@ -247,19 +247,21 @@ fn too_large(limit: usize) -> ApiError {
     ))
 }
 
-/// Memory a request holds from the budget; all of it is given back when
-/// the last handle is dropped.
+/// Memory a request's body (and what a sync decodes it to) holds from
+/// the root's body memory budget; all of it is given back when the last
+/// handle is dropped. Bytes of the root's memory, not a request's weight
+/// on a quota (the table's charges).
 #[derive(Debug)]
-pub struct Charge {
+pub struct BodyMemory {
     memory: Arc<Semaphore>,
-    /// The whole budget, KiB: no charge grows beyond it, so every charge
-    /// can be met once the others are done.
+    /// The whole budget, KiB: no request's share grows beyond it, so
+    /// every share can be met once the others are done.
     total_kib: u32,
     /// KiB held.
     kib: AtomicU32,
 }
 
-impl Charge {
+impl BodyMemory {
     /// Bytes held (in whole KiB).
     pub fn bytes(&self) -> usize {
         self.kib.load(Ordering::Relaxed) as usize * 1024
@@ -287,7 +289,7 @@ impl Charge {
     }
 }
 
-impl Drop for Charge {
+impl Drop for BodyMemory {
     fn drop(&mut self) {
         let kib = *self.kib.get_mut();
         if kib > 0 {
@@ -439,18 +441,18 @@ pub async fn count_sync(
 
 /// Reads the request's body under the memory budget and the pace, then
 /// takes a slot and runs the handler. The handler finds the request's
-/// [`Charge`] in its extensions (a sync grows it before decoding).
+/// [`BodyMemory`] in its extensions (a sync grows it before decoding).
 pub async fn admit(
     State(admission): State<Arc<Admission>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let charge = admission.charge();
-    let mut request = match admission.read_body(request, &charge).await {
+    let memory = admission.body_memory();
+    let mut request = match admission.read_body(request, &memory).await {
         Ok(request) => request,
         Err(e) => return closing(e),
     };
-    request.extensions_mut().insert(Arc::clone(&charge));
+    request.extensions_mut().insert(Arc::clone(&memory));
     in_slot(&admission.slots, request, next).await
 }
 
@@ -579,7 +581,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_charge_waits_for_memory_then_gives_up_and_gives_back_on_drop() {
+    async fn body_memory_waits_for_the_budget_then_gives_up_and_gives_back_on_drop() {
         let config = RootConfig {
             body_limits: BodyLimits {
                 total: 8 << 10,
@@ -588,13 +590,13 @@ mod tests {
             ..RootConfig::default()
         };
         let admission = Admission::new(&config);
-        let first = admission.charge();
+        let first = admission.body_memory();
         first.grow(6 << 10).await.unwrap();
         assert_eq!((first.bytes(), admission.memory_held()), (6 << 10, 6 << 10));
-        let second = admission.charge();
+        let second = admission.body_memory();
         second.grow(2 << 10).await.unwrap();
         // Full: a third waits MEMORY_WAIT, then 503.
-        let third = admission.charge();
+        let third = admission.body_memory();
         let refused = third.grow(1).await.unwrap_err();
         assert_eq!(refused.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
         // Memory given back while it waits is taken.
@@ -603,9 +605,9 @@ mod tests {
         drop(first);
         let third = waiting.await.unwrap().unwrap();
         assert_eq!(admission.memory_held(), 6 << 10);
-        // No charge grows past the whole budget, so one alone always can.
+        // No share grows past the whole budget, so one alone always can.
         drop((second, third));
-        let alone = admission.charge();
+        let alone = admission.body_memory();
         alone.grow(1 << 30).await.unwrap();
         assert_eq!(alone.bytes(), 8 << 10);
         drop(alone);

@@ -8,11 +8,11 @@
 //! | `GET /v1/quotas/{name}/keys?top=` | admin token | busiest keys of a per-key quota |
 //! | `GET /v1/quotas/{name}/keys/{hash}` | admin token | one key, by hash |
 //! | `GET /v1/quotas/{name}/overrides?after=&limit=` | admin token | a per-key quota's overrides, and its keys' penalties |
-//! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}/overrides/{key_hash}` | admin token | one override: read, replace, change some fields, remove |
+//! | `GET/PUT/PATCH/DELETE /v1/quotas/{name}/overrides/{key_hash}` | admin token | one override: read, replace, change some fields, remove (`If-Match` as for quotas) |
 //! | `POST /v1/apply?dry_run=&prune=` | admin token | a whole quota set |
 //! | `GET /v1/overview?top=` | none / admin token | the console's data: public totals, names with the token |
 //! | `GET /ui` | none | the web console (static; its data needs the token) |
-//! | `GET /healthz` | none | readiness and database state |
+//! | `GET /healthz` | none / admin token | readiness and database state; the database's own error with the token |
 //! | `GET /metrics` | none | Prometheus text |
 //!
 //! Every error is `{"error": {"field": ..., "message": ...}}`.
@@ -29,6 +29,8 @@
 //!   float noise.
 //! - `keys.rs` — the keys of a per-key quota, by hash.
 //! - `overrides.rs` — the overrides of a per-key quota's keys.
+//! - `preconditions.rs` — `If-Match` / `If-None-Match` and the `ETag`:
+//!   a quota's or an override's epoch is its version.
 //! - `overview.rs` — `GET /v1/overview`, shared by the console and
 //!   `sluice top`; `ui.rs` — the console's static files (`../ui/`).
 
@@ -39,6 +41,7 @@ mod keys;
 mod ops;
 pub mod overrides;
 pub mod overview;
+mod preconditions;
 mod quotas;
 mod round;
 mod sync;
@@ -58,6 +61,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::core::object::Object;
 use crate::wire::SYNC_PATH;
 
 use super::connections::Connection;
@@ -187,25 +191,29 @@ async fn read_body(request: Request, state: &Arc<RootState>) -> Result<Bytes, Ap
         })
 }
 
-/// Parses JSON; on failure parses again with path tracking, so the common
-/// case pays nothing for a good error message.
+/// Parses a JSON object (a body of the admin or the sync API: an array
+/// is refused, never read by position, see [`Object`]); on failure parses
+/// again with path tracking, so the common case pays nothing for a good
+/// error message.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|_| {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        match serde_path_to_error::deserialize::<_, T>(&mut de) {
-            Ok(_) => ApiError::malformed(None, "trailing characters after the JSON value"),
-            Err(e) => {
-                let path = e.path().to_string();
-                let message = e.into_inner().to_string();
-                let field = match named_field(&message) {
-                    Some(name) if path == "." => Some(name.to_string()),
-                    Some(name) if !path.ends_with(name) => Some(format!("{path}.{name}")),
-                    _ => (path != ".").then_some(path),
-                };
-                ApiError::malformed(field, message)
+    serde_json::from_slice(bytes)
+        .map(Object::into_inner)
+        .map_err(|_| {
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            match serde_path_to_error::deserialize::<_, Object<T>>(&mut de) {
+                Ok(_) => ApiError::malformed(None, "trailing characters after the JSON value"),
+                Err(e) => {
+                    let path = e.path().to_string();
+                    let message = e.into_inner().to_string();
+                    let field = match named_field(&message) {
+                        Some(name) if path == "." => Some(name.to_string()),
+                        Some(name) if !path.ends_with(name) => Some(format!("{path}.{name}")),
+                        _ => (path != ".").then_some(path),
+                    };
+                    ApiError::malformed(field, message)
+                }
             }
-        }
-    })
+        })
 }
 
 /// The field serde names in "missing field `x`" (reported at the path of

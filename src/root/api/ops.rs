@@ -25,7 +25,13 @@ struct HealthReply {
     db: &'static str,
     /// Admin writes are accepted.
     writable: bool,
-    /// Why the database is down or takes no writes.
+    /// Why the status is not `ok`, naming no path, host or database
+    /// error: what a probe without the token may read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    /// The database's own error while it is down, or why it takes no
+    /// writes (it may name a file or a host): with the admin token only
+    /// (or on a root without one).
     #[serde(skip_serializing_if = "Option::is_none")]
     db_error: Option<String>,
     /// Seconds since the database went down, while it is.
@@ -43,8 +49,14 @@ struct HealthReply {
 
 /// `GET /healthz`: 200 when everything works; 503 before quotas are
 /// loaded, and while the database is down or takes no writes (syncs are
-/// still served then: `ready` says so).
-pub async fn healthz(State(state): State<Arc<RootState>>) -> Response {
+/// still served then: `ready` says so). Without the admin token the reply
+/// says why in general words (`reason`); the database's own error, which
+/// may name a file or a host, needs the token (a wrong one is a 401, as
+/// on `/metrics`).
+pub async fn healthz(State(state): State<Arc<RootState>>, headers: HeaderMap) -> Response {
+    let Some(access) = overview::access(&state, &headers) else {
+        return super::unauthorized("admin");
+    };
     let health = state.health.snapshot();
     let stats = state.ledger().stats();
     let status = health.status();
@@ -53,7 +65,8 @@ pub async fn healthz(State(state): State<Arc<RootState>>) -> Response {
         ready: health.ready,
         db: health.db_state(),
         writable: status == "ok",
-        db_error: health.db_error,
+        reason: health.reason(),
+        db_error: health.db_error.filter(|_| access == Access::Admin),
         db_down_secs: health.down_for,
         backend: state.store.backend().name(),
         instance: format!("{:016x}", state.instance),

@@ -8,6 +8,9 @@
 //!   override: read, create or replace whole ([`OverrideSpec`]: `limit`
 //!   with optional bursts, `"allow": true` or `"deny": true`, and an
 //!   optional `note` and `expires`), change the fields given, remove.
+//!   An override's epoch is its version, as a quota's is: `GET` sends it
+//!   as the `ETag`, and writes take `If-Match` and `If-None-Match: *`
+//!   (`preconditions.rs`).
 //!
 //! Writes go to the database like quota writes (an epoch each) and reach
 //! limiters through the sync.
@@ -16,7 +19,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +30,7 @@ use crate::root::state::RootState;
 use crate::root::store::{OverrideOutcome, OverrideRow};
 
 use super::keys::template_id;
+use super::preconditions::{expectation, with_etag};
 use super::{json_response, ApiError, JsonBody};
 
 /// Overrides listed when `limit` is not given.
@@ -198,19 +202,22 @@ pub async fn get(
             format_hash(key)
         ))
     })?;
-    Ok(json_response(StatusCode::OK, &OverrideView::of(&row)))
+    let view = OverrideView::of(&row);
+    Ok(with_etag(json_response(StatusCode::OK, &view), view.epoch))
 }
 
 /// `PUT /v1/quotas/{name}/overrides/{key_hash}`: create or replace whole.
 pub async fn put(
     State(state): State<Arc<RootState>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
     JsonBody(spec): JsonBody<OverrideSpec>,
 ) -> Result<Response, ApiError> {
     let (name, key) = place(path)?;
+    let expect = expectation(&headers)?;
     let now_ms = state.utc_ms();
     let outcome = state
-        .write(state.store.put_override(&name, key, &spec, now_ms))
+        .write(state.store.put_override(&name, key, &spec, now_ms, &expect))
         .await?;
     Ok(written(name, outcome))
 }
@@ -220,12 +227,18 @@ pub async fn put(
 pub async fn patch(
     State(state): State<Arc<RootState>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
     JsonBody(spec): JsonBody<OverrideSpec>,
 ) -> Result<Response, ApiError> {
     let (name, key) = place(path)?;
+    let expect = expectation(&headers)?;
     let now_ms = state.utc_ms();
     let outcome = state
-        .write(state.store.patch_override(&name, key, &spec, now_ms))
+        .write(
+            state
+                .store
+                .patch_override(&name, key, &spec, now_ms, &expect),
+        )
         .await?;
     Ok(written(name, outcome))
 }
@@ -234,9 +247,13 @@ pub async fn patch(
 pub async fn delete(
     State(state): State<Arc<RootState>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (name, key) = place(path)?;
-    let epoch = state.write(state.store.delete_override(&name, key)).await?;
+    let expect = expectation(&headers)?;
+    let epoch = state
+        .write(state.store.delete_override(&name, key, &expect))
+        .await?;
     tracing::info!(
         quota = name,
         key = format_hash(key),

@@ -184,12 +184,6 @@ pub struct Totals {
     /// Syncs per second between the last two samples (null for the first).
     #[serde(serialize_with = "crate::root::api::round::significant_opt")]
     pub syncs_per_second: Option<f64>,
-    /// Units admitted per second, each unit once: summed over the ranked
-    /// top-level quotas (a unit counts on its quota and every ancestor, so
-    /// the top of its tree sees it once), a top-level per-key quota's
-    /// over its keys.
-    #[serde(serialize_with = "crate::root::api::round::significant")]
-    pub admitted_per_second: f64,
     /// Checks rejected per second as the limiters report them, summed over
     /// the ranked quotas' `rejected_rate` (a rejection counts on the quota
     /// the request named, a per-key quota's on the quota, so each counts
@@ -482,9 +476,6 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
         if idle {
             continue;
         }
-        if quota.parent.is_none() {
-            out.totals.admitted_per_second += fill_rate;
-        }
         ranked.push(Rank {
             rejected_rate,
             share,
@@ -505,13 +496,10 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
         }
     }
     for (&id, (rank, _)) in &mut templates {
-        let Some(quota) = ledger.quotas.get(id) else {
+        if ledger.quotas.get(id).is_none() {
             continue;
-        };
-        rank.id = id;
-        if quota.parent.is_none() {
-            out.totals.admitted_per_second += rank.fill_rate;
         }
+        rank.id = id;
         if rank.level >= IDLE_LEVEL
             || rank.fill_rate >= IDLE_RATE
             || rank.rejected_rate >= IDLE_RATE
@@ -824,6 +812,43 @@ mod tests {
         }
     }
 
+    /// The case: "admitted units per second" added bytes to
+    /// requests, and counted a request once per tree it was checked in.
+    /// Each quota's fill rate is in its own units, on its own row; no total
+    /// adds them.
+    #[test]
+    fn no_total_adds_one_quotas_units_to_anothers() {
+        let mut ledger = ledger_with(&[
+            (1, "requests", None, 100.0, 100.0, 100.0),
+            (2, "bytes", None, 1e6, 1e6, 1e6),
+        ]);
+        // Each request counts 1 on "requests" and its 385 bytes on "bytes".
+        for s in 0..5 {
+            send(&mut ledger, "a", &[(1, 10), (2, 3850)], s * SEC);
+        }
+        let sample = sample(&ledger, 5 * SEC);
+        let fill = |name: &str| {
+            sample
+                .quotas
+                .iter()
+                .find(|q| q.quota.name == name)
+                .map_or(0.0, |q| q.quota.fill_rate)
+        };
+        let (requests, bytes) = (fill("requests"), fill("bytes"));
+        assert!(
+            requests > 0.0 && bytes > 100.0 * requests,
+            "{requests} {bytes}"
+        );
+        let totals = serde_json::to_value(&sample.totals).unwrap();
+        for (field, value) in totals.as_object().unwrap() {
+            let v = value.as_f64().unwrap_or(0.0);
+            assert!(
+                (v - (requests + bytes)).abs() > 0.01 * bytes,
+                "{field} = {v} adds requests ({requests}/s) to bytes ({bytes}/s)"
+            );
+        }
+    }
+
     #[test]
     fn the_busiest_come_first_rejecting_then_full_then_fast() {
         let mut ledger = ledger_with(&[
@@ -852,13 +877,6 @@ mod tests {
         // Full, but no limiter reported a rejection.
         assert_eq!(sample.totals.quotas_rejecting, 0);
         assert_eq!(sample.totals.rejected_per_second, 0.0);
-        // Each unit once: `parent` holds what its children admitted.
-        let parent = sample
-            .quotas
-            .iter()
-            .find(|q| q.quota.name == "parent")
-            .unwrap();
-        assert_eq!(sample.totals.admitted_per_second, parent.quota.fill_rate);
         assert!(
             sample.quotas[2].quota.fill_rate > 100.0,
             "{:?}",
@@ -1042,18 +1060,12 @@ mod tests {
         let api = &sample.quotas[1];
         assert!(per_user.quota.rejected_rate > api.quota.rejected_rate);
         assert!(api.quota.rejected_rate > 0.0 && api.keys.is_none());
-        // The totals add up: two quotas rejecting, their rates summed; the
-        // units admitted once each, at the tops of the trees (api holds
-        // per_user's; solo is a tree of its own).
+        // The totals add up: two quotas rejecting, their rates summed.
         let t = &sample.totals;
         assert_eq!(t.quotas_rejecting, 2);
         assert_eq!(
             t.rejected_per_second,
             per_user.quota.rejected_rate + api.quota.rejected_rate
-        );
-        assert_eq!(
-            t.admitted_per_second,
-            api.quota.fill_rate + sample.quotas[2].quota.fill_rate
         );
         assert_eq!((t.counters, t.keys), (1, 3));
         // The keys, by hash, with their template's terms.

@@ -15,15 +15,16 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
 use crate::core::quota::{validate_name, validate_name_prefix};
 use crate::core::spec::{QuotaPatch, QuotaSpec};
 use crate::root::state::RootState;
-use crate::root::store::{Expect, PutOutcome};
+use crate::root::store::PutOutcome;
 
+use super::preconditions::{expectation, with_etag};
 use super::view::{view, QuotaView};
 use super::{json_response, ApiError, JsonBody};
 
@@ -109,54 +110,7 @@ pub async fn get(
     require_ready(&state)?;
     let view = lookup(&state, &name)
         .ok_or_else(|| ApiError::not_found(format!("no quota named {name:?}")))?;
-    let mut response = json_response(StatusCode::OK, &view);
-    if let Ok(tag) = HeaderValue::from_str(&format!("\"{}\"", view.epoch)) {
-        response.headers_mut().insert(header::ETAG, tag);
-    }
-    Ok(response)
-}
-
-/// What a write expects of the quota, from `If-Match` (`*` or the
-/// quota's epochs as entity tags, `"12"`) and `If-None-Match: *`.
-fn expectation(headers: &HeaderMap) -> Result<Expect, ApiError> {
-    let text = |name: &header::HeaderName| -> Result<Option<&str>, ApiError> {
-        headers
-            .get(name)
-            .map(|v| v.to_str().map(str::trim))
-            .transpose()
-            .map_err(|_| ApiError::invalid(name.as_str(), "not text"))
-    };
-    match (text(&header::IF_MATCH)?, text(&header::IF_NONE_MATCH)?) {
-        (None, None) => Ok(Expect::Anything),
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            "If-None-Match",
-            "give If-Match or If-None-Match, not both",
-        )),
-        (None, Some("*")) => Ok(Expect::Absent),
-        (None, Some(_)) => Err(ApiError::invalid(
-            "If-None-Match",
-            "only * is understood: write only if the quota does not exist",
-        )),
-        (Some("*"), None) => Ok(Expect::Exists),
-        (Some(tags), None) => {
-            let epochs: Option<Vec<u64>> = tags
-                .split(',')
-                .map(|tag| {
-                    let tag = tag.trim();
-                    tag.strip_prefix('"')?.strip_suffix('"')?.parse().ok()
-                })
-                .collect();
-            epochs.map(Expect::Epoch).ok_or_else(|| {
-                ApiError::invalid(
-                    "If-Match",
-                    format!(
-                        "{tags:?} is not a quota's ETag: give its epoch in quotes, \"12\" (from \
-                         the ETag of a GET or the epoch of a reply), or *"
-                    ),
-                )
-            })
-        }
-    }
+    Ok(with_etag(json_response(StatusCode::OK, &view), view.epoch))
 }
 
 /// The reply of a put or patch that did `outcome` to `name`.

@@ -37,7 +37,7 @@ use crate::root::ledger::SyncPaging;
 use crate::root::metrics::SyncResult;
 use crate::root::state::RootState;
 
-use super::admission::{Charge, SyncTicket, DECODED_BYTES_PER_ENTRY};
+use super::admission::{BodyMemory, SyncTicket, DECODED_BYTES_PER_ENTRY};
 use super::{json_bytes, parse_json, read_body, ApiError};
 
 /// Handles one sync.
@@ -51,14 +51,14 @@ pub async fn sync(
         .and_then(|v| ClockReport::parse(v.to_str().ok()?));
     let caller = body.extensions().get::<Caller>().cloned();
     let ticket = body.extensions().get::<Arc<SyncTicket>>().cloned();
-    let charge = body.extensions().get::<Arc<Charge>>().cloned();
+    let memory = body.extensions().get::<Arc<BodyMemory>>().cloned();
     let format = Formats::of(body.headers());
     let body = read_body(body, &state).await?;
     // The middleware always sets them; a route without them admits nobody.
-    let (Some(caller), Some(ticket), Some(charge)) = (caller, ticket, charge) else {
+    let (Some(caller), Some(ticket), Some(memory)) = (caller, ticket, memory) else {
         return Err(ApiError::internal("sync without credentials or admission"));
     };
-    charge
+    memory
         .grow(format.entries_at_most(&body)? * DECODED_BYTES_PER_ENTRY)
         .await?;
     // Timed from here: parsing is part of the work, the upload is not.

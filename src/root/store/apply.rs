@@ -10,15 +10,18 @@
 //! a smaller id than its new children and exists when they are inserted),
 //! then updates and revivals, then deletions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 use sqlx::{Any, Transaction};
 
+use crate::core::key::KeyHash;
 use crate::core::spec::{QuotaSet, QuotaSpec, SpecError};
 use crate::core::Window;
 
-use super::overrides::{drop_overrides_of, overrides_to_write, write_overrides};
+use super::overrides::{
+    check_overrides_fit, drop_overrides_of, overrides_to_write, write_overrides,
+};
 use super::rows::{self, StoredRow};
 use super::{unix_millis, Store, StoreError};
 
@@ -117,6 +120,7 @@ impl Store {
         let depths = validate_merged(merged)?;
         let mut diff = diff(&set, &existing, options.prune, &depths);
         let overrides = overrides_to_write(&mut tx, &set, &existing).await?;
+        check_kept_overrides(&mut tx, &set, &existing).await?;
         diff.overrides = overrides.iter().map(|o| o.label.clone()).collect();
         if options.dry_run || diff.is_empty() {
             tx.rollback().await?;
@@ -130,6 +134,34 @@ impl Store {
             epoch: Some(epoch),
         })
     }
+}
+
+/// Checks, for each template of `set` that changes kind, that the
+/// overrides it keeps (those the set does not list) fit the new kind.
+async fn check_kept_overrides(
+    tx: &mut Transaction<'static, Any>,
+    set: &[QuotaSpec],
+    existing: &HashMap<String, StoredRow>,
+) -> Result<(), StoreError> {
+    for spec in set.iter().filter(|s| s.per_key) {
+        let Some(row) = existing.get(&spec.name) else {
+            continue;
+        };
+        if row.deleted || !row.spec.per_key || row.spec.kind() == spec.kind() {
+            continue;
+        }
+        let listed: HashSet<KeyHash> = spec
+            .validate_overrides()
+            .map_err(|error| StoreError::Invalid {
+                quota: Some(spec.name.clone()),
+                error,
+            })?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        check_overrides_fit(tx, row.id, &spec.name, spec.kind(), &listed).await?;
+    }
+    Ok(())
 }
 
 /// Checks what needs no database: each quota on its own, unique names,

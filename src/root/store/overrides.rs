@@ -8,15 +8,18 @@
 //! tombstone with a new epoch; deleting a template (or making it a plain
 //! quota) tombstones its overrides in the same transaction.
 
+use std::collections::HashSet;
+
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::key::{format_hash, KeyHash};
+use crate::core::quota::Kind;
 use crate::core::tier::{parse_key_hash, Override, OverrideSpec, Rule};
-use crate::core::ValidationError;
+use crate::core::{ValidationError, Window};
 use crate::wire::QuotaCursor;
 
-use super::{unix_millis, Store, StoreError};
+use super::{unix_millis, Expect, Store, StoreError};
 
 /// An override as the root holds it: what limiters get, and the note
 /// that stays at the roots.
@@ -75,14 +78,16 @@ impl Store {
     }
 
     /// Creates or replaces the override of `key` on the per-key template
-    /// `template`: every field takes `spec`'s value (no expiry, no note
-    /// when it gives none). `now_ms` counts a relative expiry.
+    /// `template`, if it is as `expect` says: every field takes `spec`'s
+    /// value (no expiry, no note when it gives none). `now_ms` counts a
+    /// relative expiry.
     pub async fn put_override(
         &self,
         template: &str,
         key: KeyHash,
         spec: &OverrideSpec,
         now_ms: i64,
+        expect: &Expect,
     ) -> Result<OverrideOutcome, StoreError> {
         let rule = spec.rule().map_err(invalid)?;
         let note = spec.checked_note().map_err(invalid)?;
@@ -90,24 +95,29 @@ impl Store {
         check_body_key(spec, key)?;
         self.bounded("the write", async {
             let (mut tx, epoch) = self.begin_write().await?;
-            let quota = template_id(&mut tx, template).await?;
+            let (quota, kind) = template_and_kind(&mut tx, template).await?;
+            rule.validate_for(kind).map_err(invalid)?;
             let current = by_key(&mut tx, quota, key).await?;
+            let live = current.as_ref().filter(|c| !c.ov.deleted);
+            expect.check(&override_of(template, key), live.map(|c| c.ov.epoch))?;
             self.write_override(tx, epoch, quota, key, current, rule, note, expires)
                 .await
         })
         .await
     }
 
-    /// Changes the fields `spec` gives of the live override of `key`:
-    /// numbers merge into a `limit` override's (a bare `low_burst`
-    /// keeps the limit), `allow`/`deny` replace the rule, a `note` (empty:
-    /// none) and `expires` (`"never"`: none) replace theirs.
+    /// Changes the fields `spec` gives of the live override of `key`, if
+    /// it is as `expect` says: numbers merge into a `limit` override's (a
+    /// bare `low_burst` keeps the limit), `allow`/`deny` replace the rule,
+    /// a `note` (empty: none) and `expires` (`"never"`: none) replace
+    /// theirs.
     pub async fn patch_override(
         &self,
         template: &str,
         key: KeyHash,
         spec: &OverrideSpec,
         now_ms: i64,
+        expect: &Expect,
     ) -> Result<OverrideOutcome, StoreError> {
         check_body_key(spec, key)?;
         let note = spec.checked_note().map_err(invalid)?;
@@ -118,12 +128,10 @@ impl Store {
         };
         self.bounded("the write", async {
             let (mut tx, epoch) = self.begin_write().await?;
-            let quota = template_id(&mut tx, template).await?;
-            let current = by_key(&mut tx, quota, key)
-                .await?
-                .filter(|c| !c.ov.deleted)
-                .ok_or_else(|| no_override(template, key))?;
+            let (quota, kind) = template_and_kind(&mut tx, template).await?;
+            let current = live_override(&mut tx, template, quota, key, expect).await?;
             let rule = merged_rule(&current.ov.rule, spec).map_err(invalid)?;
+            rule.validate_for(kind).map_err(invalid)?;
             let note = match note {
                 Some(text) if text.is_empty() => None,
                 Some(text) => Some(text),
@@ -185,16 +193,18 @@ impl Store {
         })
     }
 
-    /// Removes the override of `key` on `template`, leaving a tombstone;
-    /// returns the epoch it got.
-    pub async fn delete_override(&self, template: &str, key: KeyHash) -> Result<u64, StoreError> {
+    /// Removes the override of `key` on `template`, if it is as `expect`
+    /// says, leaving a tombstone; returns the epoch it got.
+    pub async fn delete_override(
+        &self,
+        template: &str,
+        key: KeyHash,
+        expect: &Expect,
+    ) -> Result<u64, StoreError> {
         self.bounded("the delete", async {
             let (mut tx, epoch) = self.begin_write().await?;
             let quota = template_id(&mut tx, template).await?;
-            let current = by_key(&mut tx, quota, key)
-                .await?
-                .filter(|c| !c.ov.deleted)
-                .ok_or_else(|| no_override(template, key))?;
+            let current = live_override(&mut tx, template, quota, key, expect).await?;
             sqlx::query(
                 "UPDATE overrides SET deleted = 1, epoch = $1, updated_at = $2 WHERE id = $3",
             )
@@ -265,6 +275,46 @@ pub(super) struct FileOverride {
     rule: Rule,
     /// `template/key_hash`, for the apply's report.
     pub(super) label: String,
+}
+
+/// Checks that the live overrides of template `id` (named `name`) have
+/// numbers a quota of `kind` may have, before the template becomes one:
+/// a conflict names the first key whose override does not, unless the
+/// same write replaces it (`replaced`).
+pub(super) async fn check_overrides_fit(
+    tx: &mut Transaction<'static, Any>,
+    id: u64,
+    name: &str,
+    kind: Kind,
+    replaced: &HashSet<KeyHash>,
+) -> Result<(), StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM overrides WHERE quota = $1 AND deleted = 0");
+    let rows = sqlx::query(&sql)
+        .bind(id as i64)
+        .fetch_all(&mut **tx)
+        .await?;
+    for row in &rows {
+        let Ok(row) = override_from_row(row)? else {
+            continue; // a hand-edited row the reload skips anyway
+        };
+        if replaced.contains(&row.ov.key) {
+            continue;
+        }
+        if let Err(e) = row.ov.rule.validate_for(kind) {
+            let message = format!(
+                "the override of key {} on {name:?} has numbers this kind of quota cannot \
+                 have ({}: {}); change or remove the override first",
+                format_hash(row.ov.key),
+                e.field,
+                e.message
+            );
+            return Err(StoreError::Conflict(ValidationError::new(
+                "overrides",
+                message,
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The overrides `set`'s templates list that are new or differ from the
@@ -426,12 +476,47 @@ fn no_override(template: &str, key: KeyHash) -> StoreError {
     StoreError::NoOverride(template.to_string(), format_hash(key))
 }
 
+/// How a precondition names an override.
+fn override_of(template: &str, key: KeyHash) -> String {
+    format!("override of key {} on {template:?}", format_hash(key))
+}
+
+/// The live override of `key` on quota `quota` (named `template`) inside
+/// the write, checked against `expect`: a 412 when it is not the version
+/// expected (or gone, when one was), a 404 when it is gone.
+async fn live_override(
+    tx: &mut Transaction<'static, Any>,
+    template: &str,
+    quota: u64,
+    key: KeyHash,
+    expect: &Expect,
+) -> Result<OverrideRow, StoreError> {
+    let what = override_of(template, key);
+    let current = by_key(tx, quota, key)
+        .await?
+        .filter(|c| !c.ov.deleted)
+        .ok_or_else(|| expect.check_missing(&what, no_override(template, key)))?;
+    expect.check(&what, Some(current.ov.epoch))?;
+    Ok(current)
+}
+
 /// The id of the live per-key template `name`, inside the write.
 async fn template_id(tx: &mut Transaction<'static, Any>, name: &str) -> Result<u64, StoreError> {
-    let row = sqlx::query("SELECT id, per_key FROM quotas WHERE name = $1 AND deleted = 0")
-        .bind(name)
-        .fetch_optional(&mut **tx)
-        .await?;
+    template_and_kind(tx, name).await.map(|(id, _)| id)
+}
+
+/// The id and kind of the live per-key template `name`, inside the write:
+/// its overrides' numbers follow its kind's rules.
+async fn template_and_kind(
+    tx: &mut Transaction<'static, Any>,
+    name: &str,
+) -> Result<(u64, Kind), StoreError> {
+    let row = sqlx::query(
+        "SELECT id, per_key, count_window, in_flight FROM quotas WHERE name = $1 AND deleted = 0",
+    )
+    .bind(name)
+    .fetch_optional(&mut **tx)
+    .await?;
     let Some(row) = row else {
         return Err(StoreError::NotFound(name.to_string()));
     };
@@ -444,7 +529,15 @@ async fn template_id(tx: &mut Transaction<'static, Any>, name: &str) -> Result<u
             ),
         )));
     }
-    Ok(row.try_get::<i64, _>(0)? as u64)
+    let window: Option<String> = row.try_get(2)?;
+    let window = match window.as_deref() {
+        None => None,
+        Some(text) => Some(Window::parse(text).ok_or_else(|| {
+            StoreError::Internal(format!("quota {name:?} has an unknown window {text:?}"))
+        })?),
+    };
+    let kind = Kind::of(window, row.try_get::<i64, _>(3)? != 0);
+    Ok((row.try_get::<i64, _>(0)? as u64, kind))
 }
 
 /// The override row of `key` on quota `quota`, live or a tombstone.

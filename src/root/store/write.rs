@@ -7,6 +7,8 @@
 //! other roots cannot slip a cycle or a too-deep chain past the check, and
 //! a patch merges into the row as it is, not as some reader saw it.
 
+use std::collections::HashSet;
+
 use sqlx::{Any, Row, Transaction};
 
 use crate::core::quota::in_flight_as_parent;
@@ -14,7 +16,7 @@ use crate::core::quota::{validate_chain, MAX_DEPTH};
 use crate::core::spec::{template_as_parent, QuotaPatch, QuotaSpec};
 use crate::core::ValidationError;
 
-use super::overrides::drop_overrides_of;
+use super::overrides::{check_overrides_fit, drop_overrides_of};
 use super::rows::{self, StoredRow};
 use super::{unix_millis, Store, StoreError};
 
@@ -61,8 +63,11 @@ pub enum Expect {
 }
 
 impl Expect {
-    /// Checks the quota's current state: `Some(epoch)` for a live quota.
-    fn check(&self, name: &str, live: Option<u64>) -> Result<(), StoreError> {
+    /// Checks `what` (`quota "q"`, `the override of key ... on "t"`) as
+    /// the write finds it inside its transaction: `Some(epoch)` when it
+    /// exists (live). Of writers that read one version, the first to
+    /// commit moves the epoch, and the others fail here.
+    pub(super) fn check(&self, what: &str, live: Option<u64>) -> Result<(), StoreError> {
         let met = match (self, live) {
             (Self::Anything, _) | (Self::Exists, Some(_)) | (Self::Absent, None) => true,
             (Self::Epoch(epochs), Some(epoch)) => epochs.contains(&epoch),
@@ -76,21 +81,32 @@ impl Expect {
             None => "it does not exist".to_string(),
         };
         let (field, wanted) = match self {
-            Self::Absent => ("If-None-Match", "no quota".to_string()),
+            Self::Absent => ("If-None-Match", format!("no {what}")),
             Self::Epoch(epochs) => {
                 let epochs: Vec<String> = epochs.iter().map(u64::to_string).collect();
-                ("If-Match", format!("epoch {}", epochs.join(" or ")))
+                (
+                    "If-Match",
+                    format!("{what} at epoch {}", epochs.join(" or ")),
+                )
             }
-            _ => ("If-Match", "an existing quota".to_string()),
+            _ => ("If-Match", format!("an existing {what}")),
         };
         Err(StoreError::Precondition(ValidationError::new(
             field,
-            format!(
-                "expected {wanted} named {name:?}, but {now}: it changed since it was read; \
-                 read it again"
-            ),
+            format!("expected {wanted}, but {now}: it changed since it was read; read it again"),
         )))
     }
+
+    /// Checks a write to what does not exist: a 412 when a version was
+    /// expected, else `missing` (a 404).
+    pub(super) fn check_missing(&self, what: &str, missing: StoreError) -> StoreError {
+        self.check(what, None).err().unwrap_or(missing)
+    }
+}
+
+/// How a precondition names a quota.
+fn quota_named(name: &str) -> String {
+    format!("quota named {name:?}")
 }
 
 impl Store {
@@ -124,7 +140,7 @@ impl Store {
         let (mut tx, epoch) = self.begin_write().await?;
         let current = rows::by_name(&mut tx, &spec.name).await?;
         let live = current.as_ref().filter(|c| !c.deleted).map(|c| c.epoch);
-        expect.check(&spec.name, live)?;
+        expect.check(&quota_named(&spec.name), live)?;
         self.write_spec(tx, epoch, spec, current).await
     }
 
@@ -147,11 +163,12 @@ impl Store {
         expect: &Expect,
     ) -> Result<PutOutcome, StoreError> {
         let (mut tx, epoch) = self.begin_write().await?;
+        let what = quota_named(name);
         let current = rows::by_name(&mut tx, name)
             .await?
             .filter(|c| !c.deleted)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
-        expect.check(name, Some(current.epoch))?;
+            .ok_or_else(|| expect.check_missing(&what, StoreError::NotFound(name.to_string())))?;
+        expect.check(&what, Some(current.epoch))?;
         let spec = patch.applied_to(&current.spec);
         spec.validate()
             .map_err(|error| StoreError::Invalid { quota: None, error })?;
@@ -188,6 +205,12 @@ impl Store {
                     children.join(", ")
                 );
                 return Err(StoreError::Conflict(ValidationError::new(field, message)));
+            }
+        }
+        if let Some(c) = current.as_ref().filter(|c| !c.deleted && c.spec.per_key) {
+            if spec.per_key && c.spec.kind() != spec.kind() {
+                check_overrides_fit(&mut tx, c.id, &spec.name, spec.kind(), &HashSet::new())
+                    .await?;
             }
         }
         let now = unix_millis();
@@ -234,11 +257,12 @@ impl Store {
 
     async fn delete_now(&self, name: &str, expect: &Expect) -> Result<Written, StoreError> {
         let (mut tx, epoch) = self.begin_write().await?;
+        let what = quota_named(name);
         let current = rows::by_name(&mut tx, name).await?;
         let Some(current) = current.filter(|c| !c.deleted) else {
-            return Err(StoreError::NotFound(name.to_string()));
+            return Err(expect.check_missing(&what, StoreError::NotFound(name.to_string())));
         };
-        expect.check(name, Some(current.epoch))?;
+        expect.check(&what, Some(current.epoch))?;
         let children = live_children(&mut tx, current.id).await?;
         if !children.is_empty() {
             let message = format!(

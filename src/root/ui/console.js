@@ -7,7 +7,8 @@
 //
 // Names and ids come from the network, so the page is built with DOM
 // nodes and text only. The token lives in this tab's session storage and
-// travels as a bearer header.
+// travels as a bearer header; it is typed in the form, or given in the
+// address's fragment (`/ui#token=...`), which is then cleared.
 'use strict';
 
 (() => {
@@ -203,15 +204,12 @@
     setNumber('total-limiters', t.limiters_active);
     $('total-limiters-seen').textContent = `${fmt(t.limiters_seen)} since start`;
     setNumber('total-syncs', t.syncs_per_second);
-    setNumber('total-admitted', t.admitted_per_second);
     setNumber('total-rejected', t.rejected_per_second);
     setNumber('total-rejecting', t.quotas_rejecting);
     $('total-full').textContent = `with rejections; ${fmt(t.quotas_full)} full now`;
     record('syncs', t.syncs_per_second);
-    record('admitted', t.admitted_per_second);
     record('rejected', t.rejected_per_second);
     $('chart-syncs').replaceChildren(chart(values('syncs'), [], 300, 40));
-    $('chart-admitted').replaceChildren(chart(values('admitted'), [], 300, 40));
     $('chart-rejected').replaceChildren(chart(values('rejected'), [], 300, 40));
   }
 
@@ -636,8 +634,26 @@
     }, state.period);
   }
 
+  /**
+   * A token given in the address's fragment (`/ui#token=...`: a fragment
+   * never reaches the server or its logs), taken as if it were typed in
+   * the form, then taken out of the address bar and the history.
+   */
+  function tokenFromFragment() {
+    const token = (new URLSearchParams(location.hash.slice(1)).get('token') || '').trim();
+    if (!token) return false;
+    state.token = token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    history.replaceState(null, '', location.pathname + location.search);
+    return true;
+  }
+
   function start() {
     $('token').value = '';
+    tokenFromFragment();
+    window.addEventListener('hashchange', () => {
+      if (tokenFromFragment()) refresh();
+    });
     $('token-form').addEventListener('submit', (event) => {
       event.preventDefault();
       state.token = $('token').value.trim();

@@ -38,6 +38,15 @@ class Decision(enum.IntEnum):
         """True unless the request was rejected (unknown names pass)."""
         return self is not Decision.REJECT
 
+    def __str__(self):
+        # An IntEnum prints as its number ("2") since Python 3.11; a
+        # decision reads as its name.
+        return f"Decision.{self.name}"
+
+    def __format__(self, spec):
+        # f"{decision}" is its name; a numeric format ("{:d}") its code.
+        return str(self) if not spec else format(self.value, spec)
+
     def __bool__(self):
         # `if limiter.check(...)` reads as "if allowed"; without this,
         # PASS (0) would be falsy.
@@ -168,8 +177,12 @@ class Limiter:
     keyword options are merged into the JSON object ``sluice_init`` takes
     (``roots``, ``sync_interval_ms``, ``sync_timeout_ms``, ``sync_token``,
     ``limiter_id``, ``capacity``, ``avg_name_bytes``, ``extrapolation``,
-    ``early_sync``; see include/sluice.h). The library validates it; a bad
-    field raises ``SluiceError`` naming the key.
+    ``early_sync``, ``key_overflow``, ``no_key``, ``override_capacity``;
+    see include/sluice.h). ``no_key="reject"`` makes a check of a per-key
+    quota without a key ``Decision.REJECT`` (the default ``"pass"`` is
+    ``Decision.NO_KEY``, uncounted, as nginx's ``limit_req`` does). The
+    library validates it; a bad field raises ``SluiceError`` naming the
+    key.
 
     Use it as a context manager, or call ``close()``: that stops the sync
     thread, and only then can another ``Limiter`` start.
@@ -232,7 +245,8 @@ class Limiter:
         ``key`` (str or bytes) checks that key's own counter of a per-key
         quota (``sluice_check_key``; hashed at once, never kept); a
         per-key quota checked without a key, or with an empty one, is
-        ``Decision.NO_KEY`` (passes, uncounted).
+        ``Decision.NO_KEY`` (passes, uncounted), or ``Decision.REJECT``
+        with ``no_key="reject"``.
         Never blocks. Raises ``SluiceError`` when the library cannot
         decide (the limiter is closed, an internal error); the C ABI's
         advice for that case is to let the request pass.
