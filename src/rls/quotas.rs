@@ -24,6 +24,7 @@
 
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
+use std::path::Path;
 
 use crate::core::quota::MAX_NAME_LEN;
 use crate::core::spec::QuotaSpec;
@@ -198,6 +199,20 @@ impl Config {
         }
         specs
     }
+}
+
+/// The quota specs of envoyproxy/ratelimit's configuration at `path` (a
+/// `.yaml` or `.yml` file, or a directory of them), as `sluice quota
+/// apply -f` sends them to a root; `None` for any other path.
+pub fn specs_of_path(path: &Path) -> Option<Result<Vec<QuotaSpec>, ConfigError>> {
+    let yaml = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+    if !yaml && !path.is_dir() {
+        return None;
+    }
+    Some(Config::load(path).map(|config| config.quota_specs()))
 }
 
 /// The quotas of a descriptor's limits, given its path; a limit that

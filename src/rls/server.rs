@@ -53,7 +53,8 @@ pub struct RlsArgs {
     /// Time between syncs, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub sync_interval_ms: u64,
-    /// This limiter's id at the roots [default: the host name].
+    /// This limiter's id at the roots [default: the host name and the
+    /// gRPC port, `host:8081`].
     #[arg(long)]
     pub limiter_id: Option<String>,
     /// The fleet's key secret (the same file as nginx's
@@ -193,9 +194,12 @@ fn settings(args: &RlsArgs) -> Result<Settings, String> {
         validate_token(&token).map_err(|e| format!("--sync-token-file {}: {e}", path.display()))?;
         sync.token = Some(token);
     }
-    if let Some(id) = &args.limiter_id {
-        sync.limiter_id = id.clone();
-    }
+    // Two `sluice rls` on one host (a pod's sidecars, tests) must not
+    // share an id at the roots: the default adds the gRPC port.
+    sync.limiter_id = match &args.limiter_id {
+        Some(id) => id.clone(),
+        None => format!("{}:{}", sync.limiter_id, grpc.port()),
+    };
     sync.validate().map_err(|e| e.to_string())?;
     let key_secret = match &args.key_secret_file {
         None => None,
