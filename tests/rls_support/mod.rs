@@ -1,0 +1,173 @@
+//! Shared harness of the `rls_*` process tests: a `sluice rls` process on
+//! free loopback ports, a gRPC client's one-descriptor question, files
+//! written whole.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::Channel;
+
+/// Longest a test waits for something that should happen soon.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The `sluice` binary.
+pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A port nothing listens on (bound, then let go).
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A `sluice rls` process, killed when dropped.
+pub struct Rls {
+    /// The process.
+    pub child: Child,
+    /// `http://127.0.0.1:PORT` of its gRPC side.
+    pub grpc: String,
+    /// `127.0.0.1:PORT` of its HTTP side.
+    pub http: String,
+}
+
+impl Rls {
+    /// Starts `sluice rls` on free ports with `args`, and waits until its
+    /// gRPC port answers.
+    pub async fn start(config: &Path, args: &[&str]) -> Rls {
+        let (grpc, http) = (free_port(), free_port());
+        let child = Command::new(SLUICE)
+            .arg("rls")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{grpc}"))
+            .arg("--http")
+            .arg(format!("127.0.0.1:{http}"))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sluice rls");
+        let rls = Rls {
+            child,
+            grpc: format!("http://127.0.0.1:{grpc}"),
+            http: format!("127.0.0.1:{http}"),
+        };
+        let deadline = Instant::now() + PATIENCE;
+        while RateLimitServiceClient::connect(rls.grpc.clone())
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "sluice rls never listened");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        rls
+    }
+
+    /// A client of its gRPC side.
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(self.grpc.clone())
+            .await
+            .expect("connect")
+    }
+
+    /// `/metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        http_get(&self.http, "/metrics").await
+    }
+}
+
+impl Drop for Rls {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.1 GET's body.
+pub async fn http_get(host: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// One descriptor `(key, value)` of `domain`, `hits` hits (0: a check
+/// that counts nothing).
+pub async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    key: &str,
+    value: &str,
+    hits: u64,
+) -> DescriptorStatus {
+    let descriptor = RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: value.into(),
+        }],
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..Default::default()
+    };
+    let response = client
+        .should_rate_limit(RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![descriptor],
+            hits_addend: 0,
+        })
+        .await
+        .expect("an answer")
+        .into_inner();
+    response.statuses[0].clone()
+}
+
+/// OK (else OVER_LIMIT).
+pub fn ok(status: &DescriptorStatus) -> bool {
+    status.code == Code::Ok as i32
+}
+
+/// Writes `dir/name` whole at once (a temporary file renamed), so a
+/// watcher never reads half of it.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    let temporary = dir.join(format!(".{name}.new"));
+    std::fs::write(&temporary, text).expect("write");
+    std::fs::rename(&temporary, &path).expect("rename");
+    path
+}
+
+/// Runs `command` to its end off the runtime.
+pub async fn run(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("run sluice"))
+        .await
+        .unwrap()
+}
+
+/// Waits while fewer than `margin` seconds are left in this UTC hour, so
+/// that a test's hits fall in one window.
+pub async fn away_from_the_hour_end(margin: f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let left = 3600.0 - now % 3600.0;
+    if left < margin {
+        tokio::time::sleep(Duration::from_secs_f64(left + 0.1)).await;
+    }
+}
