@@ -2,6 +2,8 @@
 //! raises, each naming the file and the problem, and files written for it
 //! loaded unchanged.
 
+mod rls_support;
+
 use sluice::rls::config::{Config, ConfigError, Unit, Value};
 
 fn load(text: &str) -> Result<Config, ConfigError> {
@@ -303,4 +305,16 @@ descriptors:
     let on = root.find("on", "010").expect("key 'on', value '010'");
     assert!(on.shadow_mode);
     assert!(root.find("true", "1.1").is_none());
+}
+
+/// Every ratelimit file docs/envoy.md shows loads (its Envoy bootstrap is
+/// validated by a real Envoy in tests/rls_envoy.rs).
+#[test]
+fn the_yaml_files_of_docs_envoy_md_load() {
+    let blocks = rls_support::yaml_blocks(include_str!("../docs/envoy.md"), "domain:");
+    assert!(blocks.len() >= 2, "the YAML blocks were not found");
+    for block in blocks {
+        let config = load(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        assert!(!config.quota_specs().is_empty(), "{block}");
+    }
 }

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use rls_support::{ask, away_from_the_hour_end, free_port, run, write, Rls, PATIENCE, SLUICE};
+use rls_support::{
+    ask, away_from_the_hour_end, free_port, run, write, yaml_blocks, Rls, PATIENCE, SLUICE,
+};
 use root_support::{config_with_tokens, eventually, Db, TestRoot, ADMIN_TOKEN, SYNC_TOKEN};
 
 /// The limits Envoy's descriptors meet.
@@ -306,4 +308,25 @@ async fn two_envoys_each_with_its_own_rls_behind_one_root_hold_one_limit() {
     })
     .await;
     root.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Envoy: make test-envoy"]
+async fn the_envoy_bootstrap_of_docs_envoy_md_validates() {
+    let binary = std::env::var("SLUICE_ENVOY").expect("SLUICE_ENVOY names Envoy's binary");
+    let blocks = yaml_blocks(include_str!("../docs/envoy.md"), "static_resources:");
+    assert_eq!(blocks.len(), 1, "the bootstrap was not found");
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "bootstrap.yaml", blocks[0]);
+    let mut command = Command::new(binary);
+    command
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(&file);
+    let output = run(command).await;
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -171,3 +171,14 @@ pub async fn away_from_the_hour_end(margin: f64) {
         tokio::time::sleep(Duration::from_secs_f64(left + 0.1)).await;
     }
 }
+
+/// The ```yaml blocks of a Markdown text whose first line starts with
+/// `prefix`.
+pub fn yaml_blocks<'a>(markdown: &'a str, prefix: &str) -> Vec<&'a str> {
+    markdown
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\n```").map(|(block, _)| block))
+        .filter(|block| block.starts_with(prefix))
+        .collect()
+}
