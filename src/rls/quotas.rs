@@ -31,6 +31,7 @@ use crate::core::spec::QuotaSpec;
 use crate::core::Window;
 
 use super::config::{Config, ConfigError, Descriptor, Limit, Unit, Value};
+use super::yaml::Node;
 
 /// How a limit's quota counts, for what an answer says of it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -203,16 +204,36 @@ impl Config {
 
 /// The quota specs of envoyproxy/ratelimit's configuration at `path` (a
 /// `.yaml` or `.yml` file, or a directory of them), as `sluice quota
-/// apply -f` sends them to a root; `None` for any other path.
+/// apply -f` sends them to a root; `None` for any other path, and for a
+/// YAML file shaped as a sluice quota file (a top-level `quotas` and no
+/// `domain`), which the quota file reader refuses with its own words.
 pub fn specs_of_path(path: &Path) -> Option<Result<Vec<QuotaSpec>, ConfigError>> {
     let yaml = path
         .extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-    if !yaml && !path.is_dir() {
+    if path.is_dir() {
+        return Some(Config::load(path).map(|config| config.quota_specs()));
+    }
+    if !yaml || looks_like_a_quota_file(path) {
         return None;
     }
     Some(Config::load(path).map(|config| config.quota_specs()))
+}
+
+/// A YAML file whose top level has `quotas` and no `domain`.
+fn looks_like_a_quota_file(path: &Path) -> bool {
+    let Ok(Node::Map(top)) = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Node::parse(&text))
+    else {
+        return false;
+    };
+    let has = |name: &str| {
+        top.iter()
+            .any(|(k, _)| matches!(k, Node::Str(s) if s == name))
+    };
+    has("quotas") && !has("domain")
 }
 
 /// The quotas of a descriptor's limits, given its path; a limit that
