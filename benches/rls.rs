@@ -31,7 +31,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::Channel;
 
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+#[path = "../tests/rls_support/mod.rs"]
+mod rls_support;
+
+use rls_support::{envoy_bootstrap, envoy_listener, envoy_route, free_port, Envoy, SLUICE};
 
 const LIMITS: &str = "domain: bench
 descriptors:
@@ -50,13 +53,6 @@ fn env_number(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// A child process killed when dropped.
@@ -233,109 +229,6 @@ async fn start_rls(config: &Path) -> (Process, String) {
     (Process(child), url)
 }
 
-/// Envoy's bootstrap: listener `limited` with the rate limit filter
-/// (generic_key) and listener `plain` without, both to a backend listener
-/// of the same Envoy answering 200.
-fn envoy_bootstrap(limited: u16, plain: u16, backend: u16, admin: u16, rls: u16) -> String {
-    let listener = |name: &str, port: u16, limit: bool| {
-        let rate_limits = if limit {
-            "\n                  rate_limits: [{actions: [{generic_key: {descriptor_value: bench}}]}]"
-        } else {
-            ""
-        };
-        let filter = if limit {
-            "
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: bench
-              failure_mode_deny: true
-              timeout: 1s
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {envoy_grpc: {cluster_name: rls}}"
-        } else {
-            ""
-        };
-        format!(
-            "  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: {name}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: [\"*\"]
-              routes:
-              - match: {{prefix: /}}
-                route:
-                  cluster: backend{rate_limits}
-          http_filters:{filter}
-          - name: envoy.filters.http.router
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"
-        )
-    };
-    let cluster = |name: &str, port: u16, http2: bool| {
-        let options = if http2 {
-            "
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}"
-        } else {
-            ""
-        };
-        format!(
-            "  - name: {name}
-    type: STATIC
-    connect_timeout: 0.25s{options}
-    load_assignment:
-      cluster_name: {name}
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
-"
-        )
-    };
-    format!(
-        "admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-{}{}  - name: backend
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: backend
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: [\"*\"]
-              routes:
-              - match: {{prefix: /}}
-                direct_response: {{status: 200, body: {{inline_string: ok}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-{}{}",
-        listener("limited", limited, true),
-        listener("plain", plain, false),
-        cluster("backend", backend, false),
-        cluster("rls", rls, true),
-    )
-}
-
 /// wrk's requests a second and p99 (milliseconds) against `url`.
 fn wrk(url: &str, seconds: u64, connections: u64) -> (f64, f64) {
     let output = Command::new("taskset")
@@ -384,38 +277,23 @@ fn median(values: &mut [f64]) -> f64 {
 
 async fn through_envoy(envoy: &Path, rls_port: u16, dir: &Path, seconds: u64, rounds: u64) {
     let (limited, plain, backend, admin) = (free_port(), free_port(), free_port(), free_port());
+    let route = |limit: bool| {
+        let action = "{generic_key: {descriptor_value: bench}}";
+        envoy_route("/", limit.then_some(action))
+    };
+    let listeners = [
+        envoy_listener("limited", limited, &route(true), Some(("bench", true))),
+        envoy_listener("plain", plain, &route(false), None),
+    ];
     let config: PathBuf = dir.join("envoy.yaml");
     std::fs::write(
         &config,
-        envoy_bootstrap(limited, plain, backend, admin, rls_port),
+        envoy_bootstrap(admin, &listeners, backend, rls_port),
     )
     .unwrap();
-    let child = Command::new("taskset")
-        .args(["-c", "0"])
-        .arg(envoy)
-        .arg("-c")
-        .arg(&config)
-        .args([
-            "--concurrency",
-            "1",
-            "--disable-hot-restart",
-            "--log-level",
-            "error",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start envoy");
-    let _envoy = Process(child);
-    let ready = format!("http://127.0.0.1:{admin}/ready");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !reqwest::get(&ready)
-        .await
-        .is_ok_and(|a| a.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "envoy did not start");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut command = Command::new("taskset");
+    command.args(["-c", "0"]).arg(envoy);
+    let _envoy = Envoy::start(command, &config, admin, dir.join("envoy.log")).await;
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         with.push(wrk(&format!("http://127.0.0.1:{limited}/"), seconds, 16));

@@ -12,14 +12,12 @@
 mod rls_support;
 mod root_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use reqwest::StatusCode;
+use std::path::Path;
+use std::process::Command;
 
 use rls_support::{
-    ask, away_from_the_hour_end, free_port, run, write, yaml_blocks, Rls, PATIENCE, SLUICE,
+    ask, away_from_the_hour_end, envoy_bootstrap, envoy_listener, envoy_route, free_port, run,
+    write, yaml_blocks, Envoy, Rls, SLUICE,
 };
 use root_support::{config_with_tokens, eventually, Db, TestRoot, ADMIN_TOKEN, SYNC_TOKEN};
 
@@ -38,170 +36,39 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 4}
 ";
 
-/// An Envoy process, killed when dropped.
-struct Envoy {
-    child: Child,
+/// Envoy in front of one `sluice rls`, and where it listens.
+struct Front {
+    _envoy: Envoy,
     /// `http://127.0.0.1:PORT` of its listener.
     url: String,
-    log: PathBuf,
 }
 
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Envoy's bootstrap: a listener whose routes each carry one rate limit
-/// action and lead to a second listener of the same Envoy that answers
-/// 200 (the rate limit filter only runs on routes to a cluster), the
-/// filter calling `sluice rls` on `rls_port` over HTTP/2.
-fn bootstrap(listen: u16, admin: u16, backend: u16, rls_port: u16) -> String {
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: main
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: main
-          use_remote_address: true
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: /generic}}
-                route:
-                  cluster: backend
-                  rate_limits: [{{actions: [{{generic_key: {{descriptor_value: gk}}}}]}}]
-              - match: {{prefix: /fleet}}
-                route:
-                  cluster: backend
-                  rate_limits: [{{actions: [{{generic_key: {{descriptor_value: fleet}}}}]}}]
-              - match: {{prefix: /header}}
-                route:
-                  cluster: backend
-                  rate_limits: [{{actions: [{{request_headers: {{header_name: x-user, descriptor_key: user}}}}]}}]
-              - match: {{prefix: /address}}
-                route:
-                  cluster: backend
-                  rate_limits: [{{actions: [{{remote_address: {{}}}}]}}]
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: envoy-test
-              failure_mode_deny: false
-              timeout: 1s
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {{envoy_grpc: {{cluster_name: rls}}}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  - name: backend
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: backend
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: /}}
-                direct_response: {{status: 200, body: {{inline_string: ok}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: backend
-    type: STATIC
-    connect_timeout: 0.25s
-    load_assignment:
-      cluster_name: backend
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {backend}}}}}}}
-  - name: rls
-    type: STATIC
-    connect_timeout: 0.25s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: rls
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls_port}}}}}}}
-"#
-    )
-}
-
-impl Envoy {
-    /// Starts Envoy in `dir` in front of the `sluice rls` at `rls`, and
-    /// waits until its admin side says it is ready.
-    async fn start(dir: &Path, name: &str, rls: &Rls) -> Envoy {
+impl Front {
+    /// Starts Envoy in `dir` in front of the `sluice rls` at `rls`: one
+    /// listener whose routes each carry one rate limit action.
+    async fn start(dir: &Path, name: &str, rls: &Rls) -> Front {
         let binary = std::env::var("SLUICE_ENVOY")
             .expect("SLUICE_ENVOY names Envoy's binary: run these through make test-envoy");
         let (listen, admin, backend) = (free_port(), free_port(), free_port());
         let rls_port: u16 = rls.grpc.rsplit(':').next().unwrap().parse().unwrap();
-        let config = write(
-            dir,
-            &format!("{name}.yaml"),
-            &bootstrap(listen, admin, backend, rls_port),
-        );
+        let routes = [
+            envoy_route("/generic", Some("{generic_key: {descriptor_value: gk}}")),
+            envoy_route("/fleet", Some("{generic_key: {descriptor_value: fleet}}")),
+            envoy_route(
+                "/header",
+                Some("{request_headers: {header_name: x-user, descriptor_key: user}}"),
+            ),
+            envoy_route("/address", Some("{remote_address: {}}")),
+        ]
+        .concat();
+        let listener = envoy_listener("main", listen, &routes, Some(("envoy-test", false)));
+        let bootstrap = envoy_bootstrap(admin, &[listener], backend, rls_port);
+        let config = write(dir, &format!("{name}.yaml"), &bootstrap);
         let log = dir.join(format!("{name}.log"));
-        let child = Command::new(binary)
-            .arg("-c")
-            .arg(&config)
-            .args([
-                "--concurrency",
-                "1",
-                "--disable-hot-restart",
-                "--log-level",
-                "warn",
-            ])
-            .arg("--log-path")
-            .arg(&log)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start envoy");
-        let mut envoy = Envoy {
-            child,
+        Front {
+            _envoy: Envoy::start(Command::new(binary), &config, admin, log).await,
             url: format!("http://127.0.0.1:{listen}"),
-            log,
-        };
-        let ready = format!("http://127.0.0.1:{admin}/ready");
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let answer = client.get(&ready).send().await;
-            if answer.is_ok_and(|a| a.status() == StatusCode::OK) {
-                break;
-            }
-            let exited = envoy.child.try_wait().ok().flatten();
-            assert!(
-                exited.is_none() && Instant::now() < deadline,
-                "envoy not ready ({exited:?}); its log: {}",
-                std::fs::read_to_string(&envoy.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        envoy
     }
 
     /// GETs `path` with `headers`: the status and whether Envoy's rate
@@ -218,7 +85,7 @@ impl Envoy {
 }
 
 /// `n` GETs of `path`: their statuses.
-async fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+async fn statuses(envoy: &Front, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(envoy.get(path, headers).await.0);
@@ -232,7 +99,7 @@ async fn each_route_action_past_its_limit_is_a_429_marked_by_envoy() {
     let dir = tempfile::tempdir().unwrap();
     let limits = write(dir.path(), "limits.yaml", LIMITS);
     let rls = Rls::start(&limits, &[]).await;
-    let envoy = Envoy::start(dir.path(), "envoy", &rls).await;
+    let envoy = Front::start(dir.path(), "envoy", &rls).await;
     away_from_the_hour_end(60.0).await;
 
     // generic_key: 3 an hour.
@@ -282,8 +149,8 @@ async fn two_envoys_each_with_its_own_rls_behind_one_root_hold_one_limit() {
         Rls::start(&limits, &flags).await,
         Rls::start(&limits, &flags).await,
     );
-    let a = Envoy::start(dir.path(), "a", &rls_a).await;
-    let b = Envoy::start(dir.path(), "b", &rls_b).await;
+    let a = Front::start(dir.path(), "a", &rls_a).await;
+    let b = Front::start(dir.path(), "b", &rls_b).await;
     away_from_the_hour_end(60.0).await;
 
     // 10 an hour across both: 6 through A, then B has 4 left.

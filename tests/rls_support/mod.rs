@@ -182,3 +182,155 @@ pub fn yaml_blocks<'a>(markdown: &'a str, prefix: &str) -> Vec<&'a str> {
         .filter(|block| block.starts_with(prefix))
         .collect()
 }
+
+/// A listener of an Envoy bootstrap on 127.0.0.1:`port`: HTTP, with
+/// `routes` (the YAML items of its one virtual host's routes, indented
+/// for it) and, when `rate_limit` names one `(domain, failure_mode_deny)`,
+/// the rate limit filter calling cluster `rls` before the router.
+pub fn envoy_listener(
+    name: &str,
+    port: u16,
+    routes: &str,
+    rate_limit: Option<(&str, bool)>,
+) -> String {
+    let filter = match rate_limit {
+        None => String::new(),
+        Some((domain, deny)) => format!(
+            "
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              failure_mode_deny: {deny}
+              timeout: 1s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: rls}}}}"
+        ),
+    };
+    format!(
+        "  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          use_remote_address: true
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: [\"*\"]
+              routes:
+{routes}          http_filters:{filter}
+          - name: envoy.filters.http.router
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"
+    )
+}
+
+/// A route of [`envoy_listener`]: `prefix` to cluster `backend`, with one
+/// rate limit made of `actions` (YAML flow items), or none.
+pub fn envoy_route(prefix: &str, actions: Option<&str>) -> String {
+    let limits = actions
+        .map(|a| format!("\n                  rate_limits: [{{actions: [{a}]}}]"))
+        .unwrap_or_default();
+    format!(
+        "              - match: {{prefix: {prefix}}}
+                route:
+                  cluster: backend{limits}
+"
+    )
+}
+
+/// A whole bootstrap: admin on `admin`; `listeners`; the listener
+/// `backend` on `backend`, answering 200 itself (the rate limit filter
+/// runs only on routes to a cluster), and its cluster; the cluster `rls`
+/// (HTTP/2) to `sluice rls` on `rls`.
+pub fn envoy_bootstrap(admin: u16, listeners: &[String], backend: u16, rls: u16) -> String {
+    let answer = "              - match: {prefix: /}
+                direct_response: {status: 200, body: {inline_string: ok}}
+";
+    let cluster = |name: &str, port: u16, options: &str| {
+        format!(
+            "  - name: {name}
+    type: STATIC
+    connect_timeout: 0.25s{options}
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
+"
+        )
+    };
+    let http2 = "
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}";
+    format!(
+        "admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+{}{}  clusters:
+{}{}",
+        listeners.concat(),
+        envoy_listener("backend", backend, answer, None),
+        cluster("backend", backend, ""),
+        cluster("rls", rls, http2),
+    )
+}
+
+/// An Envoy process, killed when dropped.
+pub struct Envoy {
+    /// The process.
+    pub child: Child,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    /// Runs `command` (Envoy's binary, maybe behind `taskset`) with the
+    /// bootstrap `config`, one worker and its log in `log`, and waits
+    /// until its admin side on `admin` says it is ready.
+    pub async fn start(mut command: Command, config: &Path, admin: u16, log: PathBuf) -> Envoy {
+        let child = command
+            .arg("-c")
+            .arg(config)
+            .args(["--concurrency", "1", "--disable-hot-restart"])
+            .args(["--log-level", "warn", "--log-path"])
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start envoy");
+        let mut envoy = Envoy { child, log };
+        let ready = format!("http://127.0.0.1:{admin}/ready");
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let answer = client.get(&ready).send().await;
+            if answer.is_ok_and(|a| a.status().is_success()) {
+                return envoy;
+            }
+            let exited = envoy.child.try_wait().ok().flatten();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "envoy not ready ({exited:?}); its log: {}",
+                std::fs::read_to_string(&envoy.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
