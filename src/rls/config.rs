@@ -319,7 +319,7 @@ impl Config {
         let mut out = Vec::new();
         for domain in self.domains.values() {
             let mut path = Vec::new();
-            walk_all(&domain.root, &mut path, &mut |p| {
+            walk(&domain.root, &mut path, &mut |p| {
                 if let Some(d) = p.last() {
                     out.push((
                         (domain.name.clone(), d.full_key.clone()),
@@ -349,7 +349,9 @@ impl Config {
         for domain in domains {
             let mut path = Vec::new();
             walk(&domain.root, &mut path, &mut |p| {
-                out.push((domain, p.to_vec()))
+                if p.last().is_some_and(|d| !d.limits.is_empty()) {
+                    out.push((domain, p.to_vec()))
+                }
             });
         }
         out
@@ -365,19 +367,8 @@ fn adopt_level(domain: &str, level: &mut Level, old: &HashMap<(String, String), 
     }
 }
 
-fn walk_all<'a>(
-    level: &'a Level,
-    path: &mut Vec<&'a Descriptor>,
-    each: &mut dyn FnMut(&[&'a Descriptor]),
-) {
-    for d in &level.descriptors {
-        path.push(d);
-        each(path);
-        walk_all(&d.children, path, each);
-        path.pop();
-    }
-}
-
+/// Calls `each` with the path to every descriptor below `level`, in file
+/// order, parents first.
 fn walk<'a>(
     level: &'a Level,
     path: &mut Vec<&'a Descriptor>,
@@ -385,9 +376,7 @@ fn walk<'a>(
 ) {
     for d in &level.descriptors {
         path.push(d);
-        if !d.limits.is_empty() {
-            each(path);
-        }
+        each(path);
         walk(&d.children, path, each);
         path.pop();
     }
