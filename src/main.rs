@@ -75,7 +75,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "rls")]
         Command::Rls(rls) => {
             init_logging(args.log_format, "info");
-            sluice::rls::server::run(&rls)
+            sluice::rls::server::run(&rls, shutdown_signal())
         }
         #[cfg(feature = "sim")]
         Command::Sim(sim) => match sluice::sim::run(&sim) {

@@ -174,7 +174,7 @@ async fn a_bad_configuration_stops_startup_with_the_file_and_the_problem() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_takes_a_good_file_and_keeps_the_last_good_one_over_a_bad_one() {
+async fn reloads_take_a_good_file_keep_the_last_good_one_over_a_bad_one_and_sigterm_stops() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config");
     std::fs::create_dir(&config).unwrap();
@@ -228,4 +228,21 @@ async fn a_reload_takes_a_good_file_and_keeps_the_last_good_one_over_a_bad_one()
             .contains("sluice_rls_config_loads_total{result=\"ok\"} 2")
     })
     .await;
+
+    // SIGTERM stops it cleanly.
+    let mut rls = rls;
+    let status = Command::new("kill")
+        .args(["-TERM", &rls.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exited = tokio::task::spawn_blocking(move || {
+        let status = rls.child.wait();
+        (rls, status)
+    })
+    .await
+    .unwrap()
+    .1
+    .unwrap();
+    assert!(exited.success(), "{exited:?}");
 }

@@ -222,9 +222,13 @@ fn settings(args: &RlsArgs) -> Result<Settings, String> {
     })
 }
 
-/// Runs `sluice rls` until SIGINT or SIGTERM. A bad configuration or flag
-/// stops it before it serves, with exit code 2.
-pub fn run(args: &RlsArgs) -> ExitCode {
+/// Runs `sluice rls` until `shutdown` completes (the binary's: SIGINT or
+/// SIGTERM). A bad configuration or flag stops it before it serves, with
+/// exit code 2.
+pub fn run(
+    args: &RlsArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> ExitCode {
     let settings = match settings(args) {
         Ok(settings) => settings,
         Err(error) => {
@@ -242,7 +246,7 @@ pub fn run(args: &RlsArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(start(args, settings)) {
+    match runtime.block_on(start(args, settings, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("sluice rls: {error}");
@@ -251,7 +255,11 @@ pub fn run(args: &RlsArgs) -> ExitCode {
     }
 }
 
-async fn start(args: &RlsArgs, settings: Settings) -> Result<(), String> {
+async fn start(
+    args: &RlsArgs,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let has_roots = !settings.sync.roots.is_empty();
     let table = Arc::new(Table::new_heap_with(args.capacity, 64, args.keys, 0));
     table.set_key_secret(settings.key_secret);
@@ -293,7 +301,7 @@ async fn start(args: &RlsArgs, settings: Settings) -> Result<(), String> {
         settings.config_path,
         Duration::from_millis(args.reload_interval_ms.max(10)),
     ));
-    let result = serve(Arc::clone(&server), grpc, http, crate_shutdown()).await;
+    let result = serve(Arc::clone(&server), grpc, http, shutdown).await;
     reload.abort();
     server.stop();
     result
@@ -409,22 +417,5 @@ pub fn reload(server: &Server, path: &Path) {
                 "configuration not reloaded: keeping the last good one"
             );
         }
-    }
-}
-
-/// Completes on SIGINT or SIGTERM.
-async fn crate_shutdown() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let terminate = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = terminate => tracing::info!("SIGTERM received"),
     }
 }
