@@ -1,6 +1,8 @@
 //! `sluice rls` through a real gRPC client (tonic, RLS v3): every
-//! semantic envoyproxy/ratelimit defines, one test each, against a server
-//! on a loopback port deciding on a real table with its sync thread.
+//! semantic envoyproxy/ratelimit defines, one test each, and sluice's own
+//! keys (several limits, sliding and N-unit windows, the leaky bucket),
+//! against a server on a loopback port deciding on a real table with its
+//! sync thread.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -704,4 +706,109 @@ async fn the_grpc_health_service_says_serving() {
         answer.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
+}
+
+// sluice's own keys (docs/envoy.md, "sluice's own keys").
+
+#[tokio::test]
+async fn rate_limits_hold_a_burst_and_a_sustained_limit_on_one_key_the_tighter_answering() {
+    let mut rls = start(
+        "domain: d
+descriptors:
+  - key: burst
+    rate_limits:
+      - {unit: hour, requests_per_unit: 3, name: hourly}
+      - {unit: day, requests_per_unit: 5, name: daily}
+  - key: sustained
+    rate_limits:
+      - {unit: hour, requests_per_unit: 5, name: hourly}
+      - {unit: day, requests_per_unit: 2, name: daily}
+",
+    )
+    .await;
+    away_from_window_end(86_400.0, 5.0).await;
+    let name = |s: &DescriptorStatus| s.current_limit.as_ref().unwrap().name.clone();
+    for expected_remaining in [2, 1, 0] {
+        let status = rls.one("d", &[("burst", "k")]).await;
+        assert!(ok(&status));
+        assert_eq!(
+            (status.limit_remaining, name(&status)),
+            (expected_remaining, "hourly".to_string())
+        );
+    }
+    let fourth = rls.one("d", &[("burst", "k")]).await;
+    assert!(over(&fourth) && name(&fourth) == "hourly", "{fourth:?}");
+    assert!(ok(&rls.one("d", &[("sustained", "k")]).await));
+    assert!(ok(&rls.one("d", &[("sustained", "k")]).await));
+    let third = rls.one("d", &[("sustained", "k")]).await;
+    assert!(over(&third) && name(&third) == "daily", "{third:?}");
+}
+
+#[tokio::test]
+async fn a_sliding_window_counts_the_last_window_across_its_edge_where_a_fixed_one_resets() {
+    let mut rls = start(
+        "domain: d
+descriptors:
+  - key: sliding
+    rate_limit: {unit: second, units: 10, requests_per_unit: 2, sliding: true}
+  - key: fixed
+    rate_limit: {unit: second, units: 10, requests_per_unit: 2}
+",
+    )
+    .await;
+    // Two hits in the last part of a 10 s window, then one just after
+    // its end: the sliding count is at least 2 x 0.7 + 1 > 2 there.
+    let into = utc_secs() % 10.0;
+    if into < 6.0 {
+        tokio::time::sleep(Duration::from_secs_f64(6.0 - into)).await;
+    } else if into > 8.0 {
+        tokio::time::sleep(Duration::from_secs_f64(16.0 - into)).await;
+    }
+    let both = || {
+        vec![
+            descriptor(&[("sliding", "k")]),
+            descriptor(&[("fixed", "k")]),
+        ]
+    };
+    for _ in 0..2 {
+        let response = rls.ask("d", both(), 0).await;
+        assert!(ok(&response.statuses[0]) && ok(&response.statuses[1]));
+    }
+    let fixed = rls.one("d", &[("fixed", "k")]).await;
+    assert!(over(&fixed));
+    assert!(fixed.duration_until_reset.unwrap().seconds <= 4);
+    let left = 10.0 - utc_secs() % 10.0;
+    tokio::time::sleep(Duration::from_secs_f64(left + 0.05)).await;
+    let response = rls.ask("d", both(), 0).await;
+    assert!(
+        over(&response.statuses[0]),
+        "sliding: the last window still counts"
+    );
+    assert!(ok(&response.statuses[1]), "fixed: a new window");
+}
+
+#[tokio::test]
+async fn a_leaky_limit_refuses_from_its_burst_and_resets_when_empty() {
+    let mut rls = start(
+        "domain: d
+descriptors:
+  - key: login
+    rate_limit: {unit: second, requests_per_unit: 1, leaky: true, low_burst: 3, high_burst: 3}
+",
+    )
+    .await;
+    for _ in 0..3 {
+        assert!(ok(&rls.one("d", &[("login", "ann")]).await));
+    }
+    let fourth = rls.one("d", &[("login", "ann")]).await;
+    assert!(over(&fourth));
+    let limit = fourth.current_limit.unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Second as i32)
+    );
+    // Four counted at one a second: empty in about four seconds.
+    let reset = fourth.duration_until_reset.unwrap().seconds;
+    assert!((3..=5).contains(&reset), "{reset}");
+    assert!(ok(&rls.one("d", &[("login", "bob")]).await), "per key");
 }
