@@ -105,14 +105,18 @@
 //!   counts), and the in-flight slots each limiter holds with their lease
 //!   (`root/in_flight.rs`, its tests in `root/in_flight_tests.rs`)
 //!   (feature `root`).
+//! - `rls/` — `sluice rls`, an Envoy rate limit service (RLS v3 over gRPC)
+//!   deciding on a table like nginx's, configured with
+//!   envoyproxy/ratelimit's YAML (feature `rls`); its files in its module
+//!   doc.
 //! - `sim/` — the cluster simulator behind `sluice sim`: simulated hosts
 //!   each running a real table and sync engine, simulated roots (the root's
 //!   own ledger) and network, root groups, per-second CSV, SVG plots and
 //!   accuracy numbers (feature `sim`); `benches/capacity/` holds the root
 //!   groups capacity scenario.
 //! - `main.rs` and `cli/` — the `sluice` binary: `sluice root`, the admin
-//!   CLI `sluice quota ...`, `sluice top` and `sluice sim` (feature
-//!   `root`).
+//!   CLI `sluice quota ...`, `sluice top`, `sluice sim` and `sluice rls`
+//!   (feature `root`).
 //!
 //! Outside `src/`, `tests/fuzz/` holds the coverage-guided fuzz targets
 //! (cargo-fuzz, its own crate): quota files, the sync wire, nginx
