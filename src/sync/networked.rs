@@ -378,11 +378,13 @@ async fn post(
     decode_reply(&bytes, binary_reply).map_err(other)
 }
 
-/// What a binary request accepts: binary in reply format 4 (keys'
-/// previous-window counts, the flags that say the root takes returns and
-/// tiers, the tiers section; a root that predates it answers an older
-/// format), or JSON from a root that cannot write binary.
-const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=5, application/json;q=0.5";
+/// What a binary request accepts: binary in reply format 6 (keys'
+/// previous-window counts, the flags that say the root takes returns,
+/// tiers and sequences, the tiers section, how far the root applied the
+/// sync thread's requests, the keys the root refused; a root that
+/// predates it answers an older format), or JSON from a root that cannot
+/// write binary.
+const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=6, application/json;q=0.5";
 
 /// Decodes and validates a reply body, binary or JSON by its content
 /// type: a reply that fails either is dropped whole (the limiter keeps
