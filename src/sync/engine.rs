@@ -573,3 +573,7 @@ mod exact_tests;
 #[cfg(test)]
 #[path = "key_share_tests.rs"]
 mod key_share_tests;
+
+#[cfg(test)]
+#[path = "clock_tests.rs"]
+mod clock_tests;
