@@ -1,8 +1,10 @@
 //! The engine under a stepped monotonic clock (issue 34, case 7): a step
-//! moves the roots' values by the new offset at the next reply.
+//! forward is no outage, and a step back moves the roots' values by the
+//! new offset at the next reply.
 
 use super::*;
 use crate::core::Quota;
+use crate::table::Outcome;
 use crate::wire::{CounterValue, QuotaCursor};
 
 const SEC: Nanos = 1_000_000_000;
@@ -55,6 +57,44 @@ fn cycle(
     }
     log.extend(e.end_cycle(t, local));
     (sent, log)
+}
+
+fn admit(t: &Table, weight: u64, now: Nanos) {
+    assert_eq!(t.gate().check(b"q", weight, now), Outcome::Pass);
+}
+
+/// The clock jumps 30 s forward between two cycles (a frozen VM, a
+/// stepped clock): the cycle that ends at once has asked no root since,
+/// so it is no outage (before, it folded this host's weight into its own
+/// levels, counted locally and said every root was unreachable). The
+/// weight admitted before the jump goes with the next request.
+#[test]
+fn a_step_forward_is_no_outage() {
+    let t = table();
+    let mut e = SyncEngine::new(&["http://a".to_string()], "h".into(), SEC, 100, 0);
+    cycle(&mut e, &t, SEC, 100 * SEC, 0.0);
+    admit(&t, 5, SEC + SEC / 2);
+    // The loop's timer fires at once after the jump; the cycle ends, the
+    // next begins.
+    let jumped = 31 * SEC + SEC / 2;
+    let mut log = e.end_cycle(&t, jumped);
+    let (sent, more) = cycle(&mut e, &t, jumped, 101 * SEC + SEC / 2, 5.0);
+    log.extend(more);
+    assert!(log.is_empty(), "{log:?}");
+    assert_eq!(sent, 5);
+    // The roots still are down when asked in vain for two intervals.
+    let mut log = Vec::new();
+    for s in 33..37 {
+        for o in e.begin_cycle(&t, s * SEC) {
+            log.extend(e.finish(&t, o.root, o.owed, &[], Some("down".into()), s * SEC));
+        }
+        log.extend(e.end_cycle(&t, s * SEC));
+    }
+    assert!(
+        log.iter()
+            .any(|(_, l)| l.contains("unreachable; limiting with local counts")),
+        "{log:?}"
+    );
 }
 
 /// The clock steps 30 s back: the root's next value is placed by the new
