@@ -180,24 +180,23 @@ fn converge_after_step(offset: &str) -> Option<Converged> {
     None
 }
 
-#[test]
-fn a_limiter_whose_clock_steps_back_30_s_converges_within_a_few_syncs() {
-    let c = converge_after_step("-30s").expect("converged within the patience");
-    eprintln!(
-        "a step back of 30 s: converged after {} syncs, {:?}",
-        c.syncs, c.took
-    );
+/// Steps the child's clocks by `offset` (`what` it is, for the output)
+/// and checks that the root held what it admitted within
+/// [`WITHIN_SYNCS`] of its syncs.
+fn converges_within_a_few_syncs(offset: &str, what: &str) {
+    let c = converge_after_step(offset).expect("converged within the patience");
+    eprintln!("{what}: converged after {} syncs, {:?}", c.syncs, c.took);
     assert!(c.syncs <= WITHIN_SYNCS, "{c:?}");
 }
 
 #[test]
+fn a_limiter_whose_clock_steps_back_30_s_converges_within_a_few_syncs() {
+    converges_within_a_few_syncs("-30s", "a step back of 30 s");
+}
+
+#[test]
 fn a_limiter_whose_clock_steps_forward_30_s_converges_within_a_few_syncs() {
-    let c = converge_after_step("+30s").expect("converged within the patience");
-    eprintln!(
-        "a step forward of 30 s: converged after {} syncs, {:?}",
-        c.syncs, c.took
-    );
-    assert!(c.syncs <= WITHIN_SYNCS, "{c:?}");
+    converges_within_a_few_syncs("+30s", "a step forward of 30 s");
 }
 
 /// The child half of the tests above (run by them, with libfaketime

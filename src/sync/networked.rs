@@ -281,24 +281,16 @@ async fn run_loop(
             // under way is cut short (sent again, each numbered request
             // applied once), and the loop starts over on a new runtime.
             exchanges.abort_all();
-            while let Some(joined) = exchanges.join_next_with_id().await {
-                finish_exchange(
-                    joined,
-                    engine,
-                    &mut task_roots,
-                    &mut owed_of,
-                    &mut encodings,
-                );
-            }
         }
         log(engine.end_cycle(table, now()));
         publish(engine, table, shared);
         if ended != Ended::Stopped {
-            return ended;
+            break;
         }
     }
-    // Exchanges under way finish first (each within the request timeout),
-    // so what they carried is acknowledged, not handed on and sent twice.
+    // Exchanges under way when the thread stops finish first (each within
+    // the request timeout), so what they carried is acknowledged, not
+    // handed on and sent twice; those cut short go again.
     while let Some(joined) = exchanges.join_next_with_id().await {
         finish_exchange(
             joined,
@@ -308,7 +300,7 @@ async fn run_loop(
             &mut encodings,
         );
     }
-    Ended::Stopped
+    ended
 }
 
 /// Waits until `watch` says the clock went back (never without one).

@@ -188,17 +188,8 @@ impl KeySync<'_> {
         acked: i64,
         source: Source,
     ) -> bool {
-        let Some(s) = self.slot(slot) else {
-            return false;
-        };
-        if s.quota_id() != Some(id) {
-            return false;
-        }
-        let _keys = KeyMoves::of(self).key_lock();
-        let Some(e) = KeyEntries::of(self)
-            .find_key(slot, hash)
-            .and_then(|at| KeyEntries::of(self).key_at(at))
-        else {
+        let keys = KeyMoves::of(self).key_lock();
+        let Some((s, e)) = self.template_key(&keys, slot, id, hash) else {
             return false;
         };
         let counting = Slots::of(self).slot_counting(s);
@@ -240,15 +231,8 @@ impl KeySync<'_> {
         amount: i64,
         now: Nanos,
     ) {
-        let Some(s) = self.slot(slot) else { return };
-        if s.quota_id() != Some(id) {
-            return;
-        }
-        let _keys = KeyMoves::of(self).key_lock();
-        let Some(e) = KeyEntries::of(self)
-            .find_key(slot, hash)
-            .and_then(|at| KeyEntries::of(self).key_at(at))
-        else {
+        let keys = KeyMoves::of(self).key_lock();
+        let Some((s, e)) = self.template_key(&keys, slot, id, hash) else {
             return;
         };
         let counting = Slots::of(self).slot_counting(s);
@@ -274,14 +258,8 @@ impl KeySync<'_> {
         amount: i64,
         now: Nanos,
     ) -> bool {
-        let Some(s) = self.slot(slot).filter(|s| s.quota_id() == Some(id)) else {
-            return false;
-        };
-        let _keys = KeyMoves::of(self).key_lock();
-        let Some(e) = KeyEntries::of(self)
-            .find_key(slot, hash)
-            .and_then(|at| KeyEntries::of(self).key_at(at))
-        else {
+        let keys = KeyMoves::of(self).key_lock();
+        let Some((s, e)) = self.template_key(&keys, slot, id, hash) else {
             return false;
         };
         self.fold_refused(s, e, amount, now);
@@ -329,6 +307,24 @@ impl KeySync<'_> {
         } else {
             settle_unacked(&e.unacked, amount, || {});
         }
+    }
+
+    /// The slot of template `id` at `slot` and the entry of its key
+    /// `hash`, while the slot holds the template and the key has an entry
+    /// (the key lock held: `_keys`).
+    fn template_key(
+        &self,
+        _keys: &KeyLock,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+    ) -> Option<(&Slot, &KeyEntry)> {
+        let s = self.slot(slot).filter(|s| s.quota_id() == Some(id))?;
+        let entries = KeyEntries::of(self);
+        let e = entries
+            .find_key(slot, hash)
+            .and_then(|at| entries.key_at(at))?;
+        Some((s, e))
     }
 
     /// Folds `amount` (signed) of the in-flight weight of a key of the

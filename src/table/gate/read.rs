@@ -156,14 +156,7 @@ impl Reader<'_> {
                         KeyOverflow::Pass => return Resolved::OverflowPass,
                         KeyOverflow::Reject => {
                             chain.key_hash = hash;
-                            return Resolved::OverflowReject(Rejection {
-                                depth: 0,
-                                slot,
-                                limit: view.limit,
-                                wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
-                                key: hash,
-                                cause: Cause::Limit,
-                            });
+                            return overflow_reject(view, slot, hash);
                         }
                     }
                 }
@@ -216,14 +209,7 @@ impl Reader<'_> {
                 }
                 None
             }
-            KeyOverflow::Reject => Some(Resolved::OverflowReject(Rejection {
-                depth: 0,
-                slot,
-                limit: view.limit,
-                wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
-                key: hash,
-                cause: Cause::Limit,
-            })),
+            KeyOverflow::Reject => Some(overflow_reject(view, slot, hash)),
             KeyOverflow::Pass => None,
         }
     }
@@ -272,4 +258,19 @@ impl Reader<'_> {
             flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0
         })
     }
+}
+
+/// Overflow mode `reject`'s answer to a check of key `hash` of the
+/// template in `slot` (`view` its view): rejected, to retry after
+/// [`KEY_OVERFLOW_RETRY_SECS`].
+#[cold]
+fn overflow_reject(view: &QuotaSnapshot, slot: SlotId, hash: KeyHash) -> Resolved {
+    Resolved::OverflowReject(Rejection {
+        depth: 0,
+        slot,
+        limit: view.limit,
+        wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
+        key: hash,
+        cause: Cause::Limit,
+    })
 }
