@@ -186,6 +186,42 @@ impl KeyedValues {
     }
 }
 
+/// Keys of one per-key template whose deltas a root made no counter for
+/// (see [`SyncResponse::refused`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedKeys {
+    /// The template's quota id.
+    pub id: u64,
+    /// The keys' hashes.
+    pub keys: Vec<u64>,
+}
+
+impl RefusedKeys {
+    /// `keys` (none of them named: `key` is never 0) grouped by template,
+    /// in template order.
+    pub fn by_template(mut keys: Vec<CounterKey>) -> Vec<RefusedKeys> {
+        keys.sort_unstable();
+        let mut groups: Vec<RefusedKeys> = Vec::new();
+        for k in keys {
+            match groups.last_mut() {
+                Some(g) if g.id == k.id => g.keys.push(k.key),
+                _ => groups.push(RefusedKeys {
+                    id: k.id,
+                    keys: vec![k.key],
+                }),
+            }
+        }
+        groups
+    }
+
+    /// The keys of every group, as counters.
+    pub fn counters(groups: &[RefusedKeys]) -> impl Iterator<Item = CounterKey> + '_ {
+        groups
+            .iter()
+            .flat_map(|g| g.keys.iter().map(move |&key| CounterKey { id: g.id, key }))
+    }
+}
+
 /// One key's cluster value, sent as `[hash, level, at]` (`at` in the
 /// root's clock, as for [`CounterValue`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -572,6 +608,15 @@ pub struct SyncResponse {
     /// its version (see [`tiers`]); left out when empty.
     #[serde(default, skip_serializing_if = "TierReply::is_empty")]
     pub tiers: TierReply,
+    /// Keys of the request whose deltas the root made no counter for: the
+    /// limiter holds its share of the root's keys (`max_keys_per_limiter`),
+    /// or the root holds `max_keys`. Nothing of them was counted there;
+    /// the limiter keeps their counts itself (see docs/DESIGN.md, "Keys a
+    /// root will not hold"). Left out when empty: a limiter that predates
+    /// it ignores it in JSON, and the binary encoding carries it only to
+    /// a limiter that asks for format 6.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedKeys>,
 }
 
 impl SyncResponse {
@@ -619,6 +664,14 @@ impl SyncResponse {
                         "a key of quota {} has previous count {}",
                         group.id, group.prev[i]
                     ),
+                ));
+            }
+        }
+        for (g, group) in self.refused.iter().enumerate() {
+            if let Some(i) = group.keys.iter().position(|&k| k == 0) {
+                return Err(WireError::new(
+                    format!("refused[{g}].keys[{i}]"),
+                    "0 is no key hash",
                 ));
             }
         }
@@ -774,6 +827,37 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(e.field, "keyed[0].prev");
+    }
+
+    #[test]
+    fn refused_keys_are_grouped_by_template_checked_and_left_out_of_json_when_none() {
+        let key = |id, key| CounterKey { id, key };
+        let groups = RefusedKeys::by_template(vec![key(9, 3), key(2, 5), key(9, 1)]);
+        assert_eq!(
+            groups,
+            vec![
+                RefusedKeys {
+                    id: 2,
+                    keys: vec![5]
+                },
+                RefusedKeys {
+                    id: 9,
+                    keys: vec![1, 3]
+                },
+            ]
+        );
+        let back: Vec<CounterKey> = RefusedKeys::counters(&groups).collect();
+        assert_eq!(back, vec![key(2, 5), key(9, 1), key(9, 3)]);
+        // A reply that refused nothing reads as before: no field.
+        let mut reply = keyed_reply(vec![KeyValue(9, 2.0, 5)], vec![1.0]);
+        let json = serde_json::to_value(&reply).unwrap();
+        assert!(json.get("refused").is_none(), "{json}");
+        reply.refused = groups;
+        let json = serde_json::to_string(&reply).unwrap();
+        assert_eq!(serde_json::from_str::<SyncResponse>(&json).unwrap(), reply);
+        // A key hash of 0 is no key.
+        reply.refused[1].keys.push(0);
+        assert_eq!(reply.validate().unwrap_err().field, "refused[1].keys[2]");
     }
 
     #[test]

@@ -314,6 +314,13 @@ fn render_keys(
             s.busy,
         ),
         (
+            "sluice_key_refused_total",
+            "Keys a quota root refused to hold, once per reply (this limiter holds its \
+             max_keys_per_limiter share there): they keep their counts here and are checked \
+             as sluice_key_overflow says besides.",
+            s.refused,
+        ),
+        (
             "sluice_keyless_checks_total",
             "Checks of a per-key quota without a key (not checked, not counted).",
             s.keyless,

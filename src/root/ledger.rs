@@ -9,11 +9,13 @@
 
 use crate::core::tier::{Override, Rule};
 use crate::core::{Nanos, Quota};
-use crate::wire::{CounterKey, Sequence, SyncRequest, SyncResponse, TierReply};
+use crate::wire::{CounterKey, RefusedKeys, Sequence, SyncRequest, SyncResponse, TierReply};
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use super::counter_book::{AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits};
+use super::counter_book::{
+    AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits, Uncounted,
+};
 use super::counter_shards::{Counters, CountersView};
 use super::in_flight::lease_expired;
 use super::limiters::Limiters;
@@ -106,6 +108,10 @@ pub struct SyncStep {
     /// The highest number of the request's sync thread applied here, this
     /// request's parts included (0 for an unnumbered request).
     pub applied_through: u64,
+    /// Keys whose deltas made no counter: the limiter holds its share of
+    /// the root's keys, or the root holds `max_keys` (see
+    /// [`SyncResponse::refused`]).
+    pub refused: Vec<CounterKey>,
 }
 
 impl SyncStep {
@@ -132,6 +138,7 @@ impl SyncStep {
             takes_sequence: true,
             applied_through: self.applied_through,
             tiers: self.tiers,
+            refused: RefusedKeys::by_template(self.refused),
         }
     }
 }
@@ -523,8 +530,13 @@ impl Ledger {
                     .book
                     .add_allowed(counter, delta, now, limiter, rule_of, allow)
                 {
-                    None => step.ignored += 1,
-                    Some(added) => {
+                    Err(why) => {
+                        step.ignored += 1;
+                        if why == Uncounted::KeyRefused {
+                            step.refused.push(counter);
+                        }
+                    }
+                    Ok(added) => {
                         let added = match taken {
                             Some(taken) => {
                                 shard.held.add(number, counter, taken);

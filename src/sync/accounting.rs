@@ -24,7 +24,7 @@ use super::vouch::Recent;
 use crate::core::estimate::Acked;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::{CollectedDelta, SlotId, Source, Table};
-use crate::wire::{CounterKey, SyncResponse};
+use crate::wire::{CounterKey, RefusedKeys, SyncResponse};
 use std::collections::hash_map::Entry;
 
 /// Deltas collected and sent, not yet included in any root's answer.
@@ -261,15 +261,41 @@ impl Accounts {
         }
     }
 
+    /// The keys `reply` says its root refused to hold (see
+    /// [`SyncResponse::refused`]): what it acknowledges of the weight sent
+    /// for them leaves `sent` and is kept by the keys themselves, folded
+    /// into their levels at `now` ([`crate::table::Books::refuse_key`]),
+    /// since no root counted it. A key whose weight another root already
+    /// acknowledged is held there and stays as it is.
+    pub(super) fn take_refused(
+        &mut self,
+        table: &Table,
+        reply: &SyncResponse,
+        sent: &mut OwedDeltas,
+        now: Nanos,
+    ) {
+        for counter in RefusedKeys::counters(&reply.refused) {
+            let acked = sent
+                .remove(&counter)
+                .and_then(|s| self.unacked.take(counter, s.weight, s.returned));
+            if let Some((slot, amount)) = acked {
+                table
+                    .books()
+                    .refuse_key(slot, counter.id, counter.key, amount.net(), now);
+            }
+        }
+    }
+
     /// What a reply left of `sent` (counters it did not answer for) is
     /// acknowledged all the same: the root has it, and the table's
-    /// unacknowledged weight is released.
-    pub(super) fn release_unanswered(&mut self, table: &Table, sent: &mut OwedDeltas) {
+    /// unacknowledged weight is released (a key a root refused before
+    /// folds it at `now`: no root has it).
+    pub(super) fn release_unanswered(&mut self, table: &Table, sent: &mut OwedDeltas, now: Nanos) {
         for (counter, owed) in sent.drain() {
             if let Some((slot, acked)) = self.unacked.take(counter, owed.weight, owed.returned) {
                 table
                     .books()
-                    .release_unacked(slot, counter.id, counter.key, acked.net());
+                    .release_unacked(slot, counter.id, counter.key, acked.net(), now);
             }
         }
     }

@@ -333,7 +333,7 @@ impl SyncEngine {
                 self.accounts.owe(link, resend, now);
             }
             self.publish_utc_offset(table);
-            self.take_reply(table, root, &page.reply, sent, log);
+            self.take_reply(table, root, &page.reply, sent, now, log);
         }
         self.links[root].reuse_owed(owed, used);
         self.restarts.adopt(table, root, &mut self.links[root], now);
@@ -341,13 +341,15 @@ impl SyncEngine {
 
     /// Takes one reply of root `root` in: its quota and tier changes, then
     /// its counters, merged; what it covers of `sent` is acknowledged,
-    /// and so is what it leaves out (the root has it).
+    /// what it refused is kept by the keys themselves (at `now`), and
+    /// what it leaves out is acknowledged too (the root has it).
     fn take_reply(
         &mut self,
         table: &Table,
         root: usize,
         reply: &SyncResponse,
         sent: &mut OwedDeltas,
+        now: Nanos,
         log: &mut Vec<LogLine>,
     ) {
         log.extend(take_changes(table, reply));
@@ -356,7 +358,8 @@ impl SyncEngine {
         let source = self.links[root].source(root);
         self.accounts
             .take_counters(table, reply, offset, source, sent, &mut self.recent);
-        self.accounts.release_unanswered(table, sent);
+        self.accounts.take_refused(table, reply, sent, now);
+        self.accounts.release_unanswered(table, sent, now);
     }
 
     /// Root `root` answered whole (`pages`, its quota pages through):
@@ -574,3 +577,11 @@ mod in_flight_tests;
 #[cfg(test)]
 #[path = "exact_tests.rs"]
 mod exact_tests;
+
+#[cfg(test)]
+#[path = "key_share_tests.rs"]
+mod key_share_tests;
+
+#[cfg(test)]
+#[path = "clock_tests.rs"]
+mod clock_tests;

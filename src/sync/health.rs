@@ -1,8 +1,10 @@
 //! Root and group health, with the in-flight lease.
 //!
 //! A root group is down when none of its roots answered for two
-//! intervals: its shard is limited per host, fail-open, while the other
-//! shards stay fleet-wide. Every root down is the same thing for every
+//! intervals, each asked in vain since its last answer (a host that was
+//! paused, or whose clock stepped forward, has not asked yet): its shard
+//! is limited per host, fail-open, while the other shards stay
+//! fleet-wide. Every root down is the same thing for every
 //! shard ("all roots down"): the engine folds local weight into the
 //! levels and the table counts locally. Each is said in the log once a
 //! minute, and its end once.
@@ -132,12 +134,15 @@ impl Health {
     }
 
     /// True when at `now` no root of `links` answered for two intervals
-    /// (none configured: never). An exchange still under way (a long
-    /// initial sync paging through quotas) has not failed yet.
+    /// (none configured: never) and each failed since it last answered.
+    /// An exchange still under way (a long initial sync paging through
+    /// quotas) has not failed yet; and two intervals without an answer,
+    /// by this host's clock, say nothing of roots it has not asked since:
+    /// a host paused, or whose clock stepped forward, has no news of them
+    /// (it asks them at once, and their answers count).
     pub(super) fn all_silent(&self, links: &[RootLink], now: Nanos) -> bool {
         let since = self.last_any_success.unwrap_or(self.started);
-        let waiting = links.iter().any(|l| l.busy);
-        !links.is_empty() && !waiting && now.saturating_sub(since) > 2 * self.interval
+        silent(links.iter(), since, now, self.interval)
     }
 
     /// Every root down at `now` (`roots` of them), local weight folded:
@@ -173,11 +178,9 @@ impl Health {
     pub(super) fn silent_groups(&self, links: &[RootLink], now: Nanos) -> Vec<bool> {
         let mut down = vec![false; self.groups.len()];
         for (g, is_down) in down.iter_mut().enumerate() {
-            let mut roots = links.iter().filter(|l| l.group == g);
-            let waiting = roots.clone().any(|l| l.busy);
+            let roots = links.iter().filter(|l| l.group == g);
             let since = self.groups[g].success.unwrap_or(self.started);
-            *is_down =
-                roots.next().is_some() && !waiting && now.saturating_sub(since) > 2 * self.interval;
+            *is_down = silent(roots, since, now, self.interval);
         }
         down
     }
@@ -255,6 +258,20 @@ impl Health {
             ));
         }
     }
+}
+
+/// True when `roots` (some) said nothing for two intervals since `since`
+/// by `now`, none is still under way and each failed since it last
+/// answered (see [`Health::all_silent`]).
+fn silent<'a>(
+    roots: impl Iterator<Item = &'a RootLink> + Clone,
+    since: Nanos,
+    now: Nanos,
+    interval: Nanos,
+) -> bool {
+    let mut roots = roots;
+    let asked_in_vain = roots.clone().all(|l| !l.busy && l.failures > 0);
+    roots.next().is_some() && asked_in_vain && now.saturating_sub(since) > 2 * interval
 }
 
 /// True when a root of the same group as root `root` is up: it serves the

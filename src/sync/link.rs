@@ -20,6 +20,12 @@ pub const MAX_OWED_PENALTIES: usize = 65_536;
 /// Round-trip samples kept for the clock offset.
 const OFFSET_SAMPLES: usize = 8;
 
+/// How far two clock samples may disagree beyond their round trips before
+/// one of the clocks is taken to have stepped (see
+/// [`RootLink::clock_stepped`]): the coarse clocks' ticks and their drift
+/// over the samples kept.
+const OFFSET_SLACK: u64 = 20_000_000;
+
 /// Weight a root has not received yet for one counter.
 ///
 /// A root adds every delta at the moment it receives it:
@@ -572,6 +578,10 @@ impl RootLink {
             if self.root_instance != 0 {
                 self.restarts = self.restarts.wrapping_add(1);
             }
+        } else if self.clock_stepped(rtt, offset) {
+            // One of the two clocks stepped: the samples before tell of
+            // clocks that are no more.
+            self.samples.clear();
         }
         if self.samples.len() == OFFSET_SAMPLES {
             self.samples.pop_front();
@@ -625,6 +635,25 @@ impl RootLink {
         self.metrics.up = false;
         self.metrics.errors += 1;
         self.metrics.last_error = error;
+    }
+
+    /// True when a sample (`rtt`, `offset`) cannot be of the clocks the
+    /// kept samples are of: the root read its clock within each round
+    /// trip, so the true offset lies within half a round trip of each
+    /// sample's, and two samples of the same clocks differ by at most half
+    /// their round trips together ([`OFFSET_SLACK`] more for the coarse
+    /// clock's ticks and drift). One that differs by more tells of a step
+    /// (this host's monotonic clock, or the root's), which would otherwise
+    /// stand until every sample before it had gone: up to
+    /// [`OFFSET_SAMPLES`] syncs with every root value moved by the step.
+    fn clock_stepped(&self, rtt: u64, offset: i64) -> bool {
+        self.samples
+            .iter()
+            .min_by_key(|(rtt, _)| *rtt)
+            .is_some_and(|&(best_rtt, best)| {
+                let bound = (rtt.saturating_add(best_rtt) / 2).saturating_add(OFFSET_SLACK);
+                offset.abs_diff(best) > bound
+            })
     }
 
     /// Root time minus local time, from the quickest recent round trip.
@@ -720,6 +749,29 @@ mod tests {
         l.succeeded(1000, 1010, &reply(5005, 1));
         l.succeeded(2000, 2100, &reply(102_050, 2));
         assert_eq!(l.offset(), 100_000);
+    }
+
+    #[test]
+    fn a_clock_step_forgets_the_samples_taken_before_it() {
+        const SEC: u64 = 1_000_000_000;
+        const MS: u64 = 1_000_000;
+        // The root's clock is 4 s ahead of real time: its reply of real
+        // time `t` s and `us` microseconds.
+        let root = |t: u64, us: u64| reply((t + 4) * SEC + us * 1000, 1);
+        let mut l = RootLink::new("r".into());
+        // A quick exchange, then a slower one of the same clocks: kept.
+        l.succeeded(100 * SEC, 100 * SEC + MS, &root(100, 500));
+        l.succeeded(101 * SEC, 101 * SEC + 40 * MS, &root(101, 30_000));
+        assert_eq!(l.offset(), 4 * SEC as i64);
+        // This host's clock stepped back 30 s: its next reply says the
+        // root is 34 s ahead, and that is the offset at once (the quicker
+        // sample before the step would have stood for 8 syncs).
+        l.succeeded(72 * SEC, 72 * SEC + 10 * MS, &root(102, 5000));
+        assert_eq!(l.offset(), 34 * SEC as i64);
+        // Then forward 60 s: the root is 26 s behind.
+        l.succeeded(133 * SEC, 133 * SEC + 10 * MS, &root(103, 5000));
+        assert_eq!(l.offset(), -26 * SEC as i64);
+        assert_eq!(l.restarts, 0, "no restart of the root");
     }
 
     #[test]

@@ -111,6 +111,8 @@
 //!   by.
 //! - `schedule.rs` — when the thread wakes (window boundaries, spread per
 //!   host), its clock, the key sweep's share per run.
+//! - `clock_watch.rs` — a thread that says when the monotonic clock went
+//!   back, so that the networked loop starts over on it.
 //! - `pressure.rs` — [`KeyPressure`]: the key section's pressure, said
 //!   once an interval.
 //! - `metrics.rs` — [`SyncMetrics`] and [`RootMetrics`].
@@ -121,6 +123,8 @@
 #![forbid(unsafe_code)]
 
 mod accounting;
+#[cfg(feature = "sync")]
+mod clock_watch;
 pub mod config;
 mod early;
 pub mod engine;

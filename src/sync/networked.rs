@@ -7,6 +7,9 @@
 //! taken in either way) is asked again in JSON at once, and in JSON from
 //! then on, until it restarts (a new instance may have been upgraded).
 //! `SLUICE_SYNC_ENCODING=json` in the environment makes every sync JSON.
+//!
+//! When the monotonic clock goes back, the loop starts over on a new
+//! runtime and client, the engine kept (see `clock_watch.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -15,6 +18,7 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+use super::clock_watch::ClockWatch;
 use super::config::SyncConfig;
 use super::engine::SyncEngine;
 use super::link::OwedDeltas;
@@ -78,47 +82,100 @@ impl Encoding {
 }
 
 pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let client = reqwest::Client::builder()
-        .timeout(config.request_timeout())
-        .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
-        .build();
-    match (runtime, client) {
-        (Ok(runtime), Ok(client)) => runtime.block_on(run_loop(&table, &config, &shared, client)),
-        (Err(e), _) => {
-            (config.log)(
-                LogLevel::Error,
-                &format!("cannot start the sync runtime: {e}; standalone"),
-            );
-            run_standalone(&table, &config, &shared);
-        }
-        (_, Err(e)) => {
-            (config.log)(
-                LogLevel::Error,
-                &format!("cannot build the HTTP client: {e}; standalone"),
-            );
-            run_standalone(&table, &config, &shared);
-        }
-    }
-}
-
-async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: reqwest::Client) {
-    let now = || local_now(config.clock_skew);
-    let interval = config.interval;
+    let skew = config.clock_skew;
     let mut engine = SyncEngine::new(
         &config.roots,
         config.limiter_id.clone(),
-        interval.as_nanos() as u64,
+        config.interval.as_nanos() as u64,
         config.max_owed,
-        now(),
+        local_now(skew),
     );
     engine.set_groups(&config.groups());
-    engine.resume(table);
+    engine.resume(&table);
     engine.set_early_sync(config.early_sync);
     engine
         .set_in_flight_lease(u64::try_from(config.in_flight_lease.as_nanos()).unwrap_or(u64::MAX));
+    let watch = match ClockWatch::start(move || local_now(skew)) {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            (config.log)(
+                LogLevel::Warn,
+                &format!(
+                    "cannot start the clock watch: {e}; a step back of the monotonic clock \
+                     stops the syncs until the clock is back where it was"
+                ),
+            );
+            None
+        }
+    };
+    loop {
+        // A runtime (and a client on it) per run of the loop: one that
+        // starts over after the clock went back counts its timers from
+        // the clock as it is now (see `clock_watch.rs`).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        let client = reqwest::Client::builder()
+            .timeout(config.request_timeout())
+            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+            .build();
+        let error = match (runtime, client) {
+            (Ok(runtime), Ok(client)) => {
+                let run = run_loop(
+                    &table,
+                    &config,
+                    &shared,
+                    client,
+                    &mut engine,
+                    watch.as_ref(),
+                );
+                match runtime.block_on(run) {
+                    Ended::Stopped => break,
+                    Ended::ClockBack(by) => {
+                        (config.log)(
+                            LogLevel::Warn,
+                            &format!(
+                                "the monotonic clock went back {} ms: the sync loop starts \
+                                 over on it (exchanges under way are sent again)",
+                                by / 1_000_000
+                            ),
+                        );
+                        continue;
+                    }
+                }
+            }
+            (Err(e), _) => format!("cannot start the sync runtime: {e}; standalone"),
+            (_, Err(e)) => format!("cannot build the HTTP client: {e}; standalone"),
+        };
+        (config.log)(LogLevel::Error, &error);
+        engine.abandon(&table);
+        run_standalone(&table, &config, &shared);
+        return;
+    }
+    engine.abandon(&table);
+}
+
+/// Why [`run_loop`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// The thread was asked to stop; every exchange under way finished.
+    Stopped,
+    /// The monotonic clock went back by this many nanoseconds: the loop
+    /// is to start over on a new runtime. Exchanges under way were cut
+    /// short and count as failed (their weight goes again).
+    ClockBack(u64),
+}
+
+async fn run_loop(
+    table: &Table,
+    config: &SyncConfig,
+    shared: &Shared,
+    client: reqwest::Client,
+    engine: &mut SyncEngine,
+    watch: Option<&ClockWatch>,
+) -> Ended {
+    let now = || local_now(config.clock_skew);
+    let interval = config.interval;
     // How often the loop looks at the table for an early cycle (penalties
     // started here; unsent weight with early sync on).
     let mut probe = tokio::time::interval(Duration::from_nanos(engine.probe_every()));
@@ -135,8 +192,11 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     // busy) until its exchange ends, and delays no one.
     let mut exchanges = JoinSet::new();
     // Which root each task talks to, so that even a task that panicked
-    // ends its root's exchange.
+    // or was cut short ends its root's exchange.
     let mut task_roots = HashMap::new();
+    // What each root's exchange under way pays off (one at a time per
+    // root), handed back to the engine with its outcome, whatever it is.
+    let mut owed_of: HashMap<usize, OwedDeltas> = HashMap::new();
     // How each root is talked to (absent: the initial encoding).
     let initial = Encoding::initial();
     let mut encodings: HashMap<usize, Encoding> = HashMap::new();
@@ -144,6 +204,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
     let finish_exchange = |joined: Result<(tokio::task::Id, Exchange), tokio::task::JoinError>,
                            engine: &mut SyncEngine,
                            task_roots: &mut HashMap<tokio::task::Id, usize>,
+                           owed_of: &mut HashMap<usize, OwedDeltas>,
                            encodings: &mut HashMap<usize, Encoding>| {
         match joined {
             Ok((task, ex)) => {
@@ -157,22 +218,29 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                 if ex.refused_numbered {
                     engine.refused_numbered(ex.root);
                 }
-                log(engine.finish(table, ex.root, ex.owed, &ex.pages, ex.error, now()));
+                let owed = owed_of.remove(&ex.root).unwrap_or_default();
+                log(engine.finish(table, ex.root, owed, &ex.pages, ex.error, now()));
             }
             Err(e) => {
-                (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
+                let error = if e.is_cancelled() {
+                    "cut short: the clock went back".to_string()
+                } else {
+                    (config.log)(LogLevel::Error, &format!("sync task failed: {e}"));
+                    format!("sync task failed: {e}")
+                };
                 if let Some(root) = task_roots.remove(&e.id()) {
-                    let error = Some(format!("sync task failed: {e}"));
-                    let owed = OwedDeltas::default();
-                    log(engine.finish(table, root, owed, &[], error, now()));
+                    let owed = owed_of.remove(&root).unwrap_or_default();
+                    log(engine.finish(table, root, owed, &[], Some(error), now()));
                 }
             }
         }
         publish(engine, table, shared);
     };
+    let mut ended = Ended::Stopped;
     while !shared.stop.load(Ordering::Acquire) {
-        for out in engine.begin_cycle(table, now()) {
+        for mut out in engine.begin_cycle(table, now()) {
             let root = out.root;
+            owed_of.insert(root, std::mem::take(&mut out.owed));
             let url = format!("{}{SYNC_PATH}", engine.root_url(root));
             let client = client.clone();
             let token = config.token.clone();
@@ -183,7 +251,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
             });
             task_roots.insert(task.id(), root);
         }
-        publish(&engine, table, shared);
+        publish(engine, table, shared);
         let jitter = interval.mul_f64(0.1 * rng.next_unit());
         let mut wait = interval + jitter;
         // A cycle just after each window boundary: the weight collected
@@ -196,7 +264,7 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
         loop {
             tokio::select! {
                 Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
-                    finish_exchange(joined, &mut engine, &mut task_roots, &mut encodings);
+                    finish_exchange(joined, engine, &mut task_roots, &mut owed_of, &mut encodings);
                 }
                 _ = tokio::time::sleep_until(next_cycle) => break,
                 _ = probe.tick() => {
@@ -205,17 +273,45 @@ async fn run_loop(table: &Table, config: &SyncConfig, shared: &Shared, client: r
                     }
                 }
                 _ = shared.async_wake.notified() => break,
+                by = stepped_back(watch) => {
+                    ended = Ended::ClockBack(by);
+                    break;
+                }
             }
         }
+        if ended != Ended::Stopped {
+            // Every timer of this runtime is off by the step: what is
+            // under way is cut short (sent again, each numbered request
+            // applied once), and the loop starts over on a new runtime.
+            exchanges.abort_all();
+        }
         log(engine.end_cycle(table, now()));
-        publish(&engine, table, shared);
+        publish(engine, table, shared);
+        if ended != Ended::Stopped {
+            break;
+        }
     }
-    // Exchanges under way finish first (each within the request timeout),
-    // so what they carried is acknowledged, not handed on and sent twice.
+    // Exchanges under way when the thread stops finish first (each within
+    // the request timeout), so what they carried is acknowledged, not
+    // handed on and sent twice; those cut short go again.
     while let Some(joined) = exchanges.join_next_with_id().await {
-        finish_exchange(joined, &mut engine, &mut task_roots, &mut encodings);
+        finish_exchange(
+            joined,
+            engine,
+            &mut task_roots,
+            &mut owed_of,
+            &mut encodings,
+        );
     }
-    engine.abandon(table);
+    ended
+}
+
+/// Waits until `watch` says the clock went back (never without one).
+async fn stepped_back(watch: Option<&ClockWatch>) -> u64 {
+    match watch {
+        Some(watch) => watch.stepped_back().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Makes the engine's metrics visible to the owner and, through the
@@ -232,7 +328,6 @@ fn publish(engine: &SyncEngine, table: &Table, shared: &Shared) {
 /// What one exchange with a root produced.
 struct Exchange {
     root: usize,
-    owed: OwedDeltas,
     pages: Vec<Page>,
     error: Option<String>,
     bytes_sent: u64,
@@ -270,12 +365,11 @@ async fn exchange(
     let Outgoing {
         root,
         request,
-        owed,
         clock,
+        ..
     } = out;
     let mut ex = Exchange {
         root,
-        owed,
         pages: Vec::new(),
         error: None,
         bytes_sent: 0,
@@ -392,11 +486,13 @@ async fn post(
     decode_reply(&bytes, binary_reply).map_err(other)
 }
 
-/// What a binary request accepts: binary in reply format 4 (keys'
-/// previous-window counts, the flags that say the root takes returns and
-/// tiers, the tiers section; a root that predates it answers an older
-/// format), or JSON from a root that cannot write binary.
-const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=5, application/json;q=0.5";
+/// What a binary request accepts: binary in reply format 6 (keys'
+/// previous-window counts, the flags that say the root takes returns,
+/// tiers and sequences, the tiers section, how far the root applied the
+/// sync thread's requests, the keys the root refused; a root that
+/// predates it answers an older format), or JSON from a root that cannot
+/// write binary.
+const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=6, application/json;q=0.5";
 
 /// Decodes and validates a reply body, binary or JSON by its content
 /// type: a reply that fails either is dropped whole (the limiter keeps

@@ -13,14 +13,17 @@ pub struct KeyPressure {
 }
 
 impl KeyPressure {
-    /// A warning when keys found no entry since the last call.
+    /// A warning when keys found no entry, or a root refused keys, since
+    /// the last call.
     pub fn check(&mut self, table: &Table) -> Option<LogLine> {
         let now = table.key_stats();
         let overflows = now.overflows.saturating_sub(self.last.overflows);
         let busy = now.busy.saturating_sub(self.last.busy).min(overflows);
+        let refused = now.refused.saturating_sub(self.last.refused);
         self.last = now;
-        (overflows > 0).then(|| {
-            let decided = match table.key_overflow() {
+        (overflows > 0 || refused > 0).then(|| {
+            let mode = table.key_overflow();
+            let decided = match mode {
                 KeyOverflow::Shared => "checked on their template's shared overflow counter",
                 KeyOverflow::Reject => "rejected",
                 KeyOverflow::Pass => "passed uncounted",
@@ -44,6 +47,21 @@ impl KeyPressure {
                      the sync thread or a check making room, was descheduled: the machine \
                      is overloaded) and were {decided} ({} of {} entries hold keys)",
                     now.live, now.capacity
+                ));
+            }
+            if refused > 0 {
+                let checked = match mode {
+                    KeyOverflow::Shared => {
+                        "checked on their own counts here and on their template's shared \
+                         overflow counter"
+                    }
+                    KeyOverflow::Reject => "rejected (their counts kept here)",
+                    KeyOverflow::Pass => "checked on their own counts here only",
+                };
+                parts.push(format!(
+                    "keys refused: a quota root refused to hold {refused} key(s) since the \
+                     last report (this limiter holds its max_keys_per_limiter share of that \
+                     root's keys, or the root holds max_keys); they are {checked}"
                 ));
             }
             (LogLevel::Warn, parts.join("; "))

@@ -186,7 +186,7 @@ fn deltas_of_keys_are_collected_by_hash_merged_back_and_acknowledged() {
     let mut out = Vec::new();
     t.books().collect_deltas(&mut out);
     assert_eq!(out.len(), 1);
-    t.books().release_unacked(slot, 2, bob, 1);
+    t.books().release_unacked(slot, 2, bob, 1, 0);
     assert_eq!(state(bob).unacked, 0);
 }
 

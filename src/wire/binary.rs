@@ -65,10 +65,14 @@
 //! ([`BINARY_REQUEST_VERSION`]) is format 3 plus the request's number
 //! ([`super::Sequence`]: the incarnation as 8 bytes, the number as a
 //! varint), sent only to a root whose replies say it takes sequences:
-//! reply format 5 ([`BINARY_REPLY_VERSION`], `version=5`) is format 4
-//! whose flags may have bit 2 (the root takes sequences), and after the
-//! tiers section a last varint: the highest number the root applied of
-//! the request's sync thread ([`SyncResponse::applied_through`]). The
+//! reply format 5 ([`BINARY_SEQUENCE_REPLY_VERSION`], `version=5`) is
+//! format 4 whose flags may have bit 2 (the root takes sequences), and
+//! after the tiers section a varint: the highest number the root applied
+//! of the request's sync thread ([`SyncResponse::applied_through`]).
+//! Reply format 6 ([`BINARY_REPLY_VERSION`], `version=6`) is format 5
+//! plus, last, the keys the root refused to hold
+//! ([`SyncResponse::refused`]): a count of templates, and per template
+//! its id, a count of keys and the keys' hashes (8 bytes each). The
 //! tiers section, in a request or a reply, is a length-prefixed JSON object (empty when it says nothing):
 //! overrides change rarely and penalties are few, so a compact encoding
 //! would buy little and cost a second one to keep in step with serde.
@@ -77,8 +81,8 @@ use crate::core::Quota;
 
 use super::{
     too_many_entries, CounterDelta, CounterValue, KeyDelta, KeyValue, KeyedDeltas, KeyedValues,
-    QuotaCursor, Replay, Sequence, SyncRequest, SyncResponse, TierReply, TierRequest, WireError,
-    MAX_DELTAS_PER_SYNC, MAX_LIMITER_ID_LEN,
+    QuotaCursor, RefusedKeys, Replay, Sequence, SyncRequest, SyncResponse, TierReply, TierRequest,
+    WireError, MAX_DELTAS_PER_SYNC, MAX_LIMITER_ID_LEN,
 };
 
 /// Content type of a binary sync body (request or reply).
@@ -107,9 +111,13 @@ pub const BINARY_FLAGS_VERSION: u8 = 3;
 /// The reply format that adds the tiers section.
 pub const BINARY_TIERS_REPLY_VERSION: u8 = 4;
 
-/// The newest reply format: [`BINARY_TIERS_REPLY_VERSION`]'s, whose flags
-/// may also say the root takes sequences.
-pub const BINARY_REPLY_VERSION: u8 = 5;
+/// The reply format whose flags may also say the root takes sequences,
+/// with how far it applied them.
+pub const BINARY_SEQUENCE_REPLY_VERSION: u8 = 5;
+
+/// The newest reply format: [`BINARY_SEQUENCE_REPLY_VERSION`]'s with the
+/// keys the root refused to hold.
+pub const BINARY_REPLY_VERSION: u8 = 6;
 
 /// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
 const TAKES_RETURNS: u64 = 1;
@@ -289,8 +297,9 @@ pub fn encode_response(reply: &SyncResponse) -> Result<Vec<u8>, WireError> {
 /// Encodes a reply in format `version` (at most
 /// [`BINARY_REPLY_VERSION`]): [`BINARY_VERSION`] leaves the keyed groups'
 /// previous-window counts out, [`BINARY_PREV_VERSION`] the flags,
-/// [`BINARY_FLAGS_VERSION`] the tiers (for a limiter that did not ask for
-/// more).
+/// [`BINARY_FLAGS_VERSION`] the tiers, [`BINARY_TIERS_REPLY_VERSION`]
+/// the sequence, [`BINARY_SEQUENCE_REPLY_VERSION`] the keys refused (for
+/// a limiter that did not ask for more).
 pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, WireError> {
     let version = version.clamp(BINARY_VERSION, BINARY_REPLY_VERSION);
     let quotas = if reply.quotas.is_empty() {
@@ -349,15 +358,25 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         if tiers && reply.takes_tiers {
             flags |= TAKES_TIERS;
         }
-        if version >= BINARY_REPLY_VERSION && reply.takes_sequence {
+        if version >= BINARY_SEQUENCE_REPLY_VERSION && reply.takes_sequence {
             flags |= TAKES_SEQUENCE;
         }
         w.varint(flags);
         if tiers {
             w.bytes(&super::tiers::encode_section(&reply.tiers));
         }
-        if version >= BINARY_REPLY_VERSION {
+        if version >= BINARY_SEQUENCE_REPLY_VERSION {
             w.varint(reply.applied_through);
+        }
+    }
+    if version >= BINARY_REPLY_VERSION {
+        w.varint(reply.refused.len() as u64);
+        for group in &reply.refused {
+            w.varint(group.id);
+            w.varint(group.keys.len() as u64);
+            for &key in &group.keys {
+                w.fixed(key);
+            }
         }
     }
     Ok(w.0)
@@ -443,7 +462,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     } else {
         0
     };
-    let known = if version >= BINARY_REPLY_VERSION {
+    let known = if version >= BINARY_SEQUENCE_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE
     } else if version >= BINARY_TIERS_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS
@@ -458,11 +477,26 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     } else {
         TierReply::default()
     };
-    let applied_through = if version >= BINARY_REPLY_VERSION {
+    let applied_through = if version >= BINARY_SEQUENCE_REPLY_VERSION {
         r.varint("applied_through")?
     } else {
         0
     };
+    let mut refused = Vec::new();
+    if version >= BINARY_REPLY_VERSION {
+        // A group is at least 2 bytes (id, count), a key 8.
+        let groups = r.count(2, || "refused".into())?;
+        refused.reserve(groups);
+        for g in 0..groups {
+            let id = r.varint_or(|| format!("refused[{g}].id"))?;
+            let n = r.count(8, || format!("refused[{g}].keys"))?;
+            let mut keys = Vec::with_capacity(n);
+            for i in 0..n {
+                keys.push(r.fixed(|| format!("refused[{g}].keys[{i}]"))?);
+            }
+            refused.push(RefusedKeys { id, keys });
+        }
+    }
     r.end()?;
     Ok(SyncResponse {
         takes_returns: flags & TAKES_RETURNS != 0,
@@ -478,6 +512,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         counters,
         keyed,
         counter_version,
+        refused,
         tiers,
     })
 }
@@ -1021,7 +1056,8 @@ mod tests {
         let v3 = encode_response_as(&plain, BINARY_FLAGS_VERSION).unwrap();
         let plain4 = encode_response_as(&plain, BINARY_TIERS_REPLY_VERSION).unwrap();
         assert_eq!(plain4.len(), v3.len() + 1);
-        assert_eq!(encode_response(&plain).unwrap().len(), v3.len() + 2);
+        let plain5 = encode_response_as(&plain, BINARY_SEQUENCE_REPLY_VERSION).unwrap();
+        assert_eq!(plain5.len(), v3.len() + 2);
         // Truncations are named, and a broken section names "tiers".
         for n in 0..body.len() {
             assert!(
@@ -1076,8 +1112,8 @@ mod tests {
                 applied_through: if takes_sequence { 300 } else { 0 },
                 ..tiered_reply()
             };
-            let body = encode_response(&r).unwrap();
-            assert_eq!(body[3], BINARY_REPLY_VERSION);
+            let body = encode_response_as(&r, BINARY_SEQUENCE_REPLY_VERSION).unwrap();
+            assert_eq!(body[3], BINARY_SEQUENCE_REPLY_VERSION);
             assert_eq!(decode_response(&body).unwrap(), r);
             // To a limiter that asked for format 4 (it predates
             // sequences) the flag is never set, nor the number sent: it
@@ -1095,6 +1131,63 @@ mod tests {
         v4[flags] |= TAKES_SEQUENCE as u8;
         let e = decode_response(&v4).unwrap_err().to_string();
         assert!(e.contains("flags") && e.contains("unknown"), "{e}");
+    }
+
+    #[test]
+    fn refused_keys_travel_in_reply_format_6_only() {
+        let mut reply = self::reply();
+        reply.takes_sequence = true;
+        reply.applied_through = 7;
+        reply.refused = vec![
+            RefusedKeys {
+                id: 5,
+                keys: vec![77, u64::MAX],
+            },
+            RefusedKeys {
+                id: 9,
+                keys: vec![1],
+            },
+        ];
+        let v6 = encode_response(&reply).unwrap();
+        assert_eq!(v6[3], BINARY_REPLY_VERSION);
+        assert_eq!(decode_response(&v6).unwrap(), reply);
+        // A limiter that asked for format 5 predates them: left out, the
+        // rest as it was.
+        let v5 = encode_response_as(&reply, BINARY_SEQUENCE_REPLY_VERSION).unwrap();
+        assert_eq!(v5[3], BINARY_SEQUENCE_REPLY_VERSION);
+        let v5 = decode_response(&v5).unwrap();
+        assert!(v5.refused.is_empty());
+        assert_eq!(
+            (v5.keyed, v5.takes_sequence, v5.applied_through),
+            (reply.keyed.clone(), true, 7)
+        );
+        // Nothing refused costs a byte over format 5.
+        let plain = self::reply();
+        assert_eq!(
+            encode_response(&plain).unwrap().len(),
+            encode_response_as(&plain, BINARY_SEQUENCE_REPLY_VERSION)
+                .unwrap()
+                .len()
+                + 1
+        );
+        // Every truncation is refused, naming the section.
+        for n in 0..v6.len() {
+            assert!(
+                matches!(decode_response(&v6[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+        let e = decode_response(&v6[..v6.len() - 3])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refused[1].keys"), "{e}");
+        // A count larger than the body could hold is refused before any
+        // allocation.
+        let mut huge = encode_response(&plain).unwrap();
+        huge.pop();
+        huge.extend([0x80, 0x80, 0x80, 0x80, 0x08]);
+        let e = decode_response(&huge).unwrap_err().to_string();
+        assert!(e.contains("refused"), "{e}");
     }
 
     #[test]

@@ -284,6 +284,16 @@ impl Limiter {
     ) -> Self {
         // Room for a few keys, for the tests of per-key quotas.
         let table = Arc::new(Table::new_heap_with(capacity, 16, 1024, 1024));
+        Self::start_on(id, roots, table, adjust)
+    }
+
+    /// [`Limiter::start_with`] over `table`.
+    pub fn start_on(
+        id: &str,
+        roots: &[&str],
+        table: Arc<Table>,
+        adjust: impl FnOnce(&mut SyncConfig),
+    ) -> Self {
         table.set_estimator(Estimator {
             mode: Extrapolation::Adaptive,
             horizon: 2 * INTERVAL.as_nanos() as u64,

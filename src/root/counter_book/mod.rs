@@ -90,6 +90,18 @@ pub struct Delta {
     pub window: Option<i64>,
 }
 
+/// Why a delta counted nowhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uncounted {
+    /// No counter takes it: an unknown or deleted quota, or window
+    /// weight too old to matter.
+    Ignored,
+    /// A key the book would not make a counter for: its limiter holds its
+    /// share of keys, or the book holds `max_keys` that none may give way
+    /// to it (see `keys.rs`). The limiter keeps the key's count itself.
+    KeyRefused,
+}
+
 /// One counter and its place in the version list.
 #[derive(Clone, Debug)]
 struct Slot {
@@ -269,7 +281,7 @@ impl CounterBook {
     {
         let weight = delta.weight;
         self.add_allowed(counter, delta, now, limiter, counting_of, |_| weight)
-            .is_some()
+            .is_ok()
     }
 
     /// Gives `delta`'s weight back to `counter` at `now` (a limiter's
@@ -314,8 +326,8 @@ impl CounterBook {
     /// [`Self::add_counter`], with the weight cut to what `allow` grants
     /// of it given the counter's allowance shape (looked up with the
     /// counter, so a sync costs one lookup a delta). Returns the weight
-    /// added (0 when `allow` granted none: nothing changes), or `None`
-    /// when the delta counts nowhere (an unknown quota, a window too old).
+    /// added (0 when `allow` granted none: nothing changes), or why the
+    /// delta counts nowhere ([`Uncounted`]).
     pub fn add_allowed<F, G>(
         &mut self,
         counter: CounterKey,
@@ -324,7 +336,7 @@ impl CounterBook {
         limiter: Option<u32>,
         counting_of: F,
         allow: G,
-    ) -> Option<f64>
+    ) -> Result<f64, Uncounted>
     where
         F: FnOnce() -> Option<CounterRule>,
         G: FnOnce(&AllowanceShape) -> f64,
@@ -334,7 +346,7 @@ impl CounterBook {
             None => match counting_of() {
                 Some(_) if counter.key != 0 && !self.admit_key(limiter, now) => {
                     self.keys_refused += 1;
-                    return None;
+                    return Err(Uncounted::KeyRefused);
                 }
                 Some(rule) => {
                     let index = self.create(counter, rule, now);
@@ -343,17 +355,18 @@ impl CounterBook {
                     }
                     index
                 }
-                None => return None,
+                None => return Err(Uncounted::Ignored),
             },
         };
         delta.weight = allow(&self.slots[index as usize].allowance).min(delta.weight);
         if delta.weight <= 0.0 {
-            return Some(0.0);
+            return Ok(0.0);
         }
         let slot = &self.slots[index as usize];
         let mut tally = slot
             .counting
-            .add_in(slot.tally, delta.window, now, delta.weight)?;
+            .add_in(slot.tally, delta.window, now, delta.weight)
+            .ok_or(Uncounted::Ignored)?;
         if tally.level > slot.cap || tally.prev > slot.cap {
             tally.level = tally.level.min(slot.cap);
             tally.prev = tally.prev.min(slot.cap);
@@ -371,7 +384,7 @@ impl CounterBook {
         }
         self.unlink(index);
         self.push_newest(index);
-        Some(weight)
+        Ok(weight)
     }
 
     /// Records `count` checks of quota `id` rejected by a limiter, for the

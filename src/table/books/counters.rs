@@ -263,21 +263,38 @@ impl Counters<'_> {
 
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
-    /// know the quota). Ignored if the slot holds another quota now.
+    /// know the quota). A key a root refused folds it into its level at
+    /// `now` instead. Ignored if the slot holds another quota now.
     pub(in crate::table) fn release_unacked(
         &self,
         slot: SlotId,
         id: u64,
         key: KeyHash,
         amount: i64,
+        now: Nanos,
     ) {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            KeySync::of(self).settle_key_unacked(slot, id, key, amount, false);
+            KeySync::of(self).settle_key_unacked(slot, id, key, amount, false, now);
         } else if s.quota_id() == Some(id) {
             settle_unacked(&s.unacked, amount, || {});
         }
+    }
+
+    /// A root made no counter for the key `key` of the template in `slot`
+    /// (see [`crate::table::Books::refuse_key`]); false when the key has
+    /// no entry here (or the slot holds another quota now).
+    pub(in crate::table) fn refuse_key(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        amount: i64,
+        now: Nanos,
+    ) -> bool {
+        let _guard = self.lock();
+        KeySync::of(self).refuse_key(slot, id, key, amount, now)
     }
 
     /// Puts `amount` of a slot's in-flight weight back into pending: a sync
@@ -293,7 +310,7 @@ impl Counters<'_> {
         let Some(s) = self.slot(slot) else { return };
         let _guard = self.lock();
         if key != 0 {
-            KeySync::of(self).settle_key_unacked(slot, id, key, amount, true);
+            KeySync::of(self).settle_key_unacked(slot, id, key, amount, true, 0);
         } else if s.quota_id() == Some(id) {
             let moved = requeue(&s.pending, &s.unacked, amount);
             Slots::of(self).count_held(slot, s, -moved);

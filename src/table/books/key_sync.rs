@@ -17,6 +17,7 @@ use super::tally::{
 use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
+use crate::table::region::key_entries::KeyOverflow;
 use crate::table::region::key_entries::{
     clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
 };
@@ -25,7 +26,8 @@ use crate::table::region::key_moves::{KeyLock, KeyMoves, SYNC_BATCH};
 use crate::table::region::keys::Keys;
 use crate::table::region::layout::Source;
 use crate::table::region::layout::{
-    KeyEntry, DIRTY_QUEUED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT, KEY_CLAIMED, KEY_WAYS,
+    KeyEntry, Slot, DIRTY_QUEUED, DIRTY_REFUSED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT,
+    KEY_CLAIMED, KEY_WAYS,
 };
 use crate::table::region::slots::Slots;
 use crate::table::region::tier_section::{TierLock, TierSection};
@@ -187,17 +189,8 @@ impl KeySync<'_> {
         acked: Acked,
         source: Source,
     ) -> bool {
-        let Some(s) = self.slot(slot) else {
-            return false;
-        };
-        if s.quota_id() != Some(id) {
-            return false;
-        }
-        let _keys = KeyMoves::of(self).key_lock();
-        let Some(e) = KeyEntries::of(self)
-            .find_key(slot, hash)
-            .and_then(|at| KeyEntries::of(self).key_at(at))
-        else {
+        let keys = KeyMoves::of(self).key_lock();
+        let Some((s, e)) = self.template_key(&keys, slot, id, hash) else {
             return false;
         };
         let counting = Slots::of(self).slot_counting(s);
@@ -213,6 +206,9 @@ impl KeySync<'_> {
         if m.taken {
             set_key_source(e, source);
         }
+        // A root holds the key now (another host made it there, or this
+        // host's share had room again): its count is fleet-wide again.
+        e.dirty.fetch_and(!DIRTY_REFUSED, SeqCst);
         // A key's `fill` word holds one of two things (see `keeps_prev`):
         // a sliding key's keeps its previous window's count, which the
         // tally carries; an in-flight key's is not extrapolated (see
@@ -238,15 +234,8 @@ impl KeySync<'_> {
         amount: i64,
         now: Nanos,
     ) {
-        let Some(s) = self.slot(slot) else { return };
-        if s.quota_id() != Some(id) {
-            return;
-        }
-        let _keys = KeyMoves::of(self).key_lock();
-        let Some(e) = KeyEntries::of(self)
-            .find_key(slot, hash)
-            .and_then(|at| KeyEntries::of(self).key_at(at))
-        else {
+        let keys = KeyMoves::of(self).key_lock();
+        let Some((s, e)) = self.template_key(&keys, slot, id, hash) else {
             return;
         };
         let counting = Slots::of(self).slot_counting(s);
@@ -259,8 +248,38 @@ impl KeySync<'_> {
         });
     }
 
+    /// A root made no counter for the key `hash` of the template in
+    /// `slot` (see [`crate::table::Books::refuse_key`]): folds `amount`
+    /// (signed) of its in-flight weight into its own level at `now`,
+    /// marks it refused, and with overflow mode `shared` counts it on the
+    /// template's own counter too. False when the key has no entry here.
+    pub(in crate::table) fn refuse_key(
+        &self,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+        amount: i64,
+        now: Nanos,
+    ) -> bool {
+        let keys = KeyMoves::of(self).key_lock();
+        let Some((s, e)) = self.template_key(&keys, slot, id, hash) else {
+            return false;
+        };
+        self.fold_refused(s, e, amount, now);
+        e.dirty.fetch_or(DIRTY_REFUSED, SeqCst);
+        self.header().keys.place.refused.fetch_add(1, RLX);
+        // Net of what the request gave back of the key: a return of
+        // weight an earlier refusal put on the template leaves it there.
+        self.share_refused(s, amount);
+        true
+    }
+
     /// Takes (`requeue`: false) or hands back to pending (true) `amount`
-    /// of a key's in-flight weight, if its entry still holds it.
+    /// of a key's in-flight weight, if its entry still holds it. Taken
+    /// from a key a root refused, it is folded into the key's level at
+    /// `now` instead (no root counted it: see [`DIRTY_REFUSED`]), and
+    /// what it gives back leaves the template's own counter too with
+    /// overflow mode `shared` (where its adds went).
     pub(in crate::table) fn settle_key_unacked(
         &self,
         slot: SlotId,
@@ -268,10 +287,11 @@ impl KeySync<'_> {
         hash: KeyHash,
         amount: i64,
         requeue: bool,
+        now: Nanos,
     ) {
-        if self.slot(slot).and_then(|s| s.quota_id()) != Some(id) {
+        let Some(s) = self.slot(slot).filter(|s| s.quota_id() == Some(id)) else {
             return;
-        }
+        };
         let _keys = KeyMoves::of(self).key_lock();
         let Some(at) = KeyEntries::of(self).find_key(slot, hash) else {
             return;
@@ -282,8 +302,55 @@ impl KeySync<'_> {
         if requeue {
             tally::requeue(&e.pending, &e.unacked, amount);
             KeyEntries::of(self).mark_dirty(at, e);
+        } else if e.dirty.load(SeqCst) & DIRTY_REFUSED != 0 {
+            self.fold_refused(s, e, amount, now);
+            if amount < 0 {
+                self.share_refused(s, amount);
+            }
         } else {
             settle_unacked(&e.unacked, amount, || {});
+        }
+    }
+
+    /// The slot of template `id` at `slot` and the entry of its key
+    /// `hash`, while the slot holds the template and the key has an entry
+    /// (the key lock held: `_keys`).
+    fn template_key(
+        &self,
+        _keys: &KeyLock,
+        slot: SlotId,
+        id: u64,
+        hash: KeyHash,
+    ) -> Option<(&Slot, &KeyEntry)> {
+        let s = self.slot(slot).filter(|s| s.quota_id() == Some(id))?;
+        let entries = KeyEntries::of(self);
+        let e = entries
+            .find_key(slot, hash)
+            .and_then(|at| entries.key_at(at))?;
+        Some((s, e))
+    }
+
+    /// Folds `amount` (signed) of the in-flight weight of a key of the
+    /// template in `s` into its level at `now`: no root counted it, and
+    /// the key keeps its count here (the key lock held).
+    fn fold_refused(&self, s: &Slot, e: &KeyEntry, amount: i64, now: Nanos) {
+        let counting = Slots::of(self).slot_counting(s);
+        let known = key_tally(e, &counting, now);
+        // Its own weight is in the level: no root's value any more.
+        set_key_source(e, folded_source(s.flags.load(RLX)));
+        settle_unacked(&e.unacked, amount, || {
+            store_key_tally(e, &counting, fold_weight(&counting, known, amount, now))
+        });
+    }
+
+    /// With overflow mode `shared`, moves `amount` (signed) of a refused
+    /// key's weight onto its template's own counter, which every key
+    /// without a counter (here or at the roots) shares fleet-wide: it is
+    /// sent to the roots as the template's, whose level every check of a
+    /// refused key is held to besides the key's own.
+    fn share_refused(&self, s: &Slot, amount: i64) {
+        if KeyEntries::of(self).key_overflow() == KeyOverflow::Shared {
+            s.pending.fetch_add(amount as u64, RLX);
         }
     }
 
@@ -432,6 +499,7 @@ impl KeySync<'_> {
                 to.known.store(e.known.load(RLX), RLX);
                 to.fill.store(e.fill.load(RLX), RLX);
                 to.used.store(e.used.load(RLX), RLX);
+                to.dirty.fetch_or(e.dirty.load(RLX) & DIRTY_REFUSED, SeqCst);
                 let unsent = e.pending.load(RLX).wrapping_add(e.unacked.load(RLX));
                 if unsent != 0 {
                     to.pending.fetch_add(unsent, SeqCst);

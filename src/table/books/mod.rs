@@ -138,9 +138,27 @@ impl<'t> Books<'t> {
 
     /// Takes `amount` off a slot's in-flight weight without a counter value:
     /// a root acknowledged the delta but sent no value for it (it does not
-    /// know the quota). Ignored if the slot holds another quota now.
-    pub fn release_unacked(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64) {
-        Counters::of(self.region).release_unacked(slot, id, key, amount)
+    /// know the quota). A key a root refused folds it into its level at
+    /// `now` instead (no root counted it). Ignored if the slot holds
+    /// another quota now.
+    pub fn release_unacked(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64, now: Nanos) {
+        Counters::of(self.region).release_unacked(slot, id, key, amount, now)
+    }
+
+    /// A root made no counter for the key `key` of the template in `slot`
+    /// (this limiter holds its share of that root's keys, or the root
+    /// holds `max_keys`; see docs/DESIGN.md, "Keys a root will not
+    /// hold"): the key keeps its count here. `amount` (signed), the
+    /// weight the refusal acknowledged, is folded into the key's level at
+    /// `now` (never released, as a key the root held would be), and the
+    /// key is marked refused: what no root counts of it from now on is
+    /// folded too, a check of it applies the overflow mode besides its
+    /// own count, and with mode `shared` what it adds is counted on the
+    /// template's own counter as well, which the roots hold. A root's
+    /// value of the key ends the mark. False when the key has no entry
+    /// here (or the slot holds another quota now).
+    pub fn refuse_key(&self, slot: SlotId, id: u64, key: KeyHash, amount: i64, now: Nanos) -> bool {
+        Counters::of(self.region).refuse_key(slot, id, key, amount, now)
     }
 
     /// Puts `amount` of a slot's in-flight weight back into pending: a sync

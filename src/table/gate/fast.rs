@@ -15,7 +15,8 @@
 //!
 //! Declined: a name not in its hint yet, a template with a parent, a
 //! window or tiers, a key without an entry (it is made, or overflows, on
-//! the general path), and a key that might be near its limit. A declined
+//! the general path), a key a root refused to hold (the overflow mode
+//! decides it too), and a key that might be near its limit. A declined
 //! check of a key it found has recorded one use of the key more than the
 //! general path will record again: a key's uses only count up to three,
 //! and a key near its limit holds weight, which no eviction takes.
@@ -26,6 +27,8 @@ use crate::core::quota::{weight_f64, MAX_WEIGHT};
 use crate::core::Nanos;
 use crate::table::region::key_entries::{apply_key, KeyEntries};
 use crate::table::region::keys::Keys;
+use crate::table::region::layout::DIRTY_REFUSED;
+use crate::table::region::RLX;
 use std::mem::MaybeUninit;
 
 use super::local::gate_view;
@@ -79,6 +82,9 @@ impl FastPath<'_> {
         let Some(entry) = KeyEntries::of(self).key_at(at) else {
             return Fast::Declined(Some(hash));
         };
+        if entry.dirty.load(RLX) & DIRTY_REFUSED != 0 {
+            return Fast::Declined(Some(hash));
+        }
         apply_key(entry, view, now);
         if !passes_for_sure(view, weight_f64(weight), &self.estimator()) {
             return Fast::Declined(Some(hash));

@@ -3,6 +3,7 @@
 //! into the check's chain (with, for a per-key quota, its key's counter
 //! in place of the template's), then its ancestors.
 
+use crate::core::estimate::estimate_level;
 use crate::core::key::KeyHash;
 use crate::core::quota::MAX_DEPTH;
 use crate::core::Nanos;
@@ -127,12 +128,25 @@ impl Reader<'_> {
             chain.tier_key = hash;
             // SAFETY: the probe above wrote the first view.
             let view = unsafe { chain.views[0].assume_init_mut() };
-            match Keys::of(self).use_key(slot, hash, now) {
-                Ok(at) if KeyEntries::of(self).key_into(at, view, now) => {
+            let found = Keys::of(self).use_key(slot, hash, now).ok();
+            // A key a root refused to hold is held to the overflow mode
+            // too: the template's own counter is kept before the key's
+            // takes its place in the view.
+            let template = found
+                .filter(|&at| KeyEntries::of(self).key_refused(at))
+                .map(|_| *view);
+            match found {
+                Some(at) if KeyEntries::of(self).key_into(at, view, now) => {
                     chain.key = at + 1;
                     chain.key_hash = hash;
                     if read.tiers {
                         chain.key_tiers = KeyEntries::of(self).key_tiers(at, hash);
+                    }
+                    if let Some(template) = template {
+                        if let Some(rejected) = self.refused_key(view, &template, slot, hash, now) {
+                            chain.overflow = true;
+                            return rejected;
+                        }
                     }
                 }
                 _ => {
@@ -142,14 +156,7 @@ impl Reader<'_> {
                         KeyOverflow::Pass => return Resolved::OverflowPass,
                         KeyOverflow::Reject => {
                             chain.key_hash = hash;
-                            return Resolved::OverflowReject(Rejection {
-                                depth: 0,
-                                slot,
-                                limit: view.limit,
-                                wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
-                                key: hash,
-                                cause: Cause::Limit,
-                            });
+                            return overflow_reject(view, slot, hash);
                         }
                     }
                 }
@@ -170,6 +177,41 @@ impl Reader<'_> {
             }
         }
         Resolved::Counted(item.weight, item.max_wait)
+    }
+
+    /// A check of a key a root refused to hold (see
+    /// [`crate::table::Books::refuse_key`]), whose `view` holds its own
+    /// count: besides it, the overflow mode decides. `shared` holds it to
+    /// its template's own counter (`template`, which every key without a
+    /// counter at the roots shares fleet-wide) as well: the higher of the
+    /// two estimates stands in the view; `reject` rejects it (returned);
+    /// `pass` leaves it to its own count, which the roots' share never
+    /// frees it from.
+    #[cold]
+    #[inline(never)]
+    fn refused_key(
+        &self,
+        view: &mut QuotaSnapshot,
+        template: &QuotaSnapshot,
+        slot: SlotId,
+        hash: KeyHash,
+        now: Nanos,
+    ) -> Option<Resolved> {
+        match KeyEntries::of(self).key_overflow() {
+            KeyOverflow::Shared => {
+                let estimator = self.estimator();
+                let shared = estimate_level(template, now, &estimator);
+                if shared > estimate_level(view, now, &estimator) {
+                    view.known = template.known;
+                    view.fill_rate = template.fill_rate;
+                    view.own_recent = template.own_recent;
+                    view.prev = template.prev;
+                }
+                None
+            }
+            KeyOverflow::Reject => Some(overflow_reject(view, slot, hash)),
+            KeyOverflow::Pass => None,
+        }
     }
 
     /// Reads a quota and its ancestors into `chain`; false if the quota
@@ -216,4 +258,19 @@ impl Reader<'_> {
             flags & FLAG_LIVE != 0 && flags & FLAG_IN_FLIGHT != 0
         })
     }
+}
+
+/// Overflow mode `reject`'s answer to a check of key `hash` of the
+/// template in `slot` (`view` its view): rejected, to retry after
+/// [`KEY_OVERFLOW_RETRY_SECS`].
+#[cold]
+fn overflow_reject(view: &QuotaSnapshot, slot: SlotId, hash: KeyHash) -> Resolved {
+    Resolved::OverflowReject(Rejection {
+        depth: 0,
+        slot,
+        limit: view.limit,
+        wait: Wait::Seconds(KEY_OVERFLOW_RETRY_SECS),
+        key: hash,
+        cause: Cause::Limit,
+    })
 }

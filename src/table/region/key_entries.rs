@@ -12,9 +12,9 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::Source;
 use super::layout::{
-    pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED, DIRTY_SOURCE_MASK,
-    DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED,
-    KEY_WAYS,
+    pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED, DIRTY_REFUSED,
+    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE,
+    FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
 };
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
 use std::sync::atomic::Ordering::AcqRel;
@@ -115,6 +115,10 @@ pub struct KeyStats {
     pub busy: u64,
     /// Checks of a per-key quota without a key (not checked, not counted).
     pub keyless: u64,
+    /// Keys a root refused to hold, once per reply that refused each:
+    /// they keep their counts here and are checked as the overflow mode
+    /// says besides.
+    pub refused: u64,
 }
 
 /// One key's counter as listings and metrics show it.
@@ -207,6 +211,7 @@ impl<'r> KeyEntries<'r> {
             overflows: p.overflows.load(RLX),
             busy: p.busy.load(RLX),
             keyless: p.keyless.load(RLX),
+            refused: p.refused.load(RLX),
         }
     }
 
@@ -376,6 +381,14 @@ impl<'r> KeyEntries<'r> {
         } else {
             KeyTiers::Clear
         }
+    }
+
+    /// True when a root refused to hold the key of the entry at `at`
+    /// ([`DIRTY_REFUSED`]): one load in the entry a check reads anyway.
+    #[inline]
+    pub(in crate::table) fn key_refused(&self, at: KeyAt) -> bool {
+        self.key_at(at)
+            .is_some_and(|e| e.dirty.load(RLX) & DIRTY_REFUSED != 0)
     }
 
     /// True when the key's entry at `at` carries the tier mark (tests).
@@ -610,6 +623,9 @@ pub(in crate::table) fn init_entry(
         e.dirty.fetch_or(DIRTY_TIERS_UNSURE, REL);
         e.dirty.fetch_and(!DIRTY_TIERS, REL);
     }
+    // A new key: no root refused it yet (a reclaimed entry may carry its
+    // old key's mark).
+    e.dirty.fetch_and(!DIRTY_REFUSED, REL);
     e.template.store(template + 1, RLX);
     e.unacked.store(0, RLX);
     e.known.store(pack_known(0.0, now), RLX);
@@ -626,8 +642,10 @@ pub(in crate::table) fn init_entry(
 pub(in crate::table) fn clear_entry(e: &KeyEntry) {
     // Releasing: a check that reads the mark cleared then sees the
     // entry's hash no longer the key's (see `key_tiers`).
-    e.dirty
-        .fetch_and(!(DIRTY_SOURCE_MASK | DIRTY_TIERS | DIRTY_TIERS_UNSURE), REL);
+    e.dirty.fetch_and(
+        !(DIRTY_SOURCE_MASK | DIRTY_TIERS | DIRTY_TIERS_UNSURE | DIRTY_REFUSED),
+        REL,
+    );
     e.template.store(0, RLX);
     e.unacked.store(0, RLX);
     e.known.store(0, RLX);

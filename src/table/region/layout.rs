@@ -136,6 +136,15 @@ pub const DIRTY_TIERS: u32 = 2;
 /// check treats the key as unmarked-unknown (filter and table). Cleared
 /// by the maker after that look, or by the sweep or a clear.
 pub const DIRTY_TIERS_UNSURE: u32 = 4;
+/// Key entry `dirty` bit: a root refused to hold the key (this limiter
+/// holds its share of the root's keys, or the root holds `max_keys`), so
+/// the key keeps its count here: weight no root counted is folded into
+/// `known`, never released or replaced by the lack of a reply, and a
+/// check of it applies the overflow mode besides its own count (see
+/// docs/DESIGN.md, "Keys a root will not hold"). Set by the sync thread
+/// from a reply that refused it; cleared by a reply holding a value of
+/// the key, and with the entry. Moves carry it.
+pub const DIRTY_REFUSED: u32 = 8;
 /// Key entry `dirty`: the [`crate::table::Source`] of `known` in bits
 /// 8..16 (beside [`DIRTY_QUEUED`]: one word, so an entry stays 48 bytes).
 pub const DIRTY_SOURCE_SHIFT: u32 = 8;
@@ -446,6 +455,9 @@ pub struct KeyPlacement {
     /// was padding up to the line's end, so zero in a region an older
     /// version made.
     pub busy: AtomicU64,
+    /// Keys a root refused to hold, counted once per reply that refused
+    /// each ([`DIRTY_REFUSED`]). In what was padding, as `busy`.
+    pub refused: AtomicU64,
 }
 
 /// Roots whose sync state the region can publish.
