@@ -89,8 +89,10 @@
 //!   parts below; its tests beside it: `engine_tests.rs` (replies built
 //!   by hand), and through real root ledgers `return_tests.rs` (weight
 //!   given back), `in_flight_tests.rs` (slot quotas: the lease,
-//!   restarts, a sync thread started anew) and `exact_tests.rs` (lost
-//!   replies, copies and late copies counted once).
+//!   restarts, a sync thread started anew), `exact_tests.rs` (lost
+//!   replies, copies and late copies counted once), `key_share_tests.rs`
+//!   (keys a root refused to hold keep their count) and `clock_tests.rs`
+//!   (the monotonic clock stepped back or forward).
 //! - `accounting.rs` — what each root is owed, and what a reply
 //!   acknowledges of the weight sent.
 //! - `request.rs` — a cycle's request to each root ([`Outgoing`]), numbered

@@ -33,7 +33,7 @@ use crate::table::books::tally::{
 use crate::table::region::layout::{Source, FLAG_LIVE};
 use crate::table::region::lock::{own_pid, process_alive};
 use crate::table::region::slots::Slots;
-use crate::table::region::{region_view, SlotId, ACQ, READ_RETRIES, REL, RLX};
+use crate::table::region::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, REL, RLX};
 use std::sync::atomic::fence;
 
 region_view!(
@@ -246,7 +246,7 @@ impl Counters<'_> {
     /// The sync thread keeps deltas it still owes a root by it.
     pub(in crate::table) fn counter_counting(&self, slot: SlotId, id: u64) -> Option<Counting> {
         let s = self.slot(slot)?;
-        for _ in 0..READ_RETRIES {
+        for attempt in 0..READ_ATTEMPTS {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
                 let live = s.quota_id() == Some(id);
@@ -256,7 +256,7 @@ impl Counters<'_> {
                     return live.then_some(counting);
                 }
             }
-            std::hint::spin_loop();
+            read_pause(attempt);
         }
         None
     }

@@ -9,7 +9,7 @@ use super::layout::{
     entry_matches, entry_parts, index_entry, index_home, FLAG_LIVE, INDEX_EMPTY, INDEX_TOMBSTONE,
 };
 use super::names;
-use super::sections::{region_view, SlotId, ACQ, READ_RETRIES, REL, RLX};
+use super::sections::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, REL, RLX};
 use super::slots::prefetch_for_write;
 
 region_view!(
@@ -36,7 +36,7 @@ impl NameIndex<'_> {
         let h = self.header();
         let index = self.index();
         let hash = names::hash(name);
-        for _ in 0..READ_RETRIES {
+        for attempt in 0..READ_ATTEMPTS {
             let seq = h.index_seq.load(ACQ);
             let mut pos = index_home(hash, index.len());
             for _ in 0..index.len() {
@@ -56,7 +56,7 @@ impl NameIndex<'_> {
             if seq & 1 == 0 && h.index_seq.load(ACQ) == seq {
                 return None;
             }
-            std::hint::spin_loop();
+            read_pause(attempt);
         }
         None
     }
@@ -74,7 +74,7 @@ impl NameIndex<'_> {
         // The check will add to line B next: start fetching it now, beside
         // line A and the name, instead of after them.
         prefetch_for_write(&s.pending);
-        for _ in 0..READ_RETRIES {
+        for attempt in 0..READ_ATTEMPTS {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
                 let same = names::equals(words, name)
@@ -86,7 +86,7 @@ impl NameIndex<'_> {
                     return same;
                 }
             }
-            std::hint::spin_loop();
+            read_pause(attempt);
         }
         false
     }

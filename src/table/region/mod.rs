@@ -45,5 +45,5 @@ pub(in crate::table) mod slots;
 pub(in crate::table) mod status;
 pub(in crate::table) mod tier_section;
 
-pub(in crate::table) use sections::{region_view, ACQ, READ_RETRIES, REL, RLX};
+pub(in crate::table) use sections::{read_pause, region_view, ACQ, READ_ATTEMPTS, REL, RLX};
 pub use sections::{Region, SlotId, TableError};

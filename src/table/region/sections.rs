@@ -17,8 +17,27 @@ pub(in crate::table) const ACQ: Ordering = Ordering::Acquire;
 pub(in crate::table) const REL: Ordering = Ordering::Release;
 pub(in crate::table) const RLX: Ordering = Ordering::Relaxed;
 
-/// Seqlock read attempts before a check gives up and fails open.
+/// Seqlock read attempts that spin before a reader yields its CPU.
 pub(in crate::table) const READ_RETRIES: u32 = 1000;
+
+/// Seqlock read attempts in all, before a check gives up and fails open:
+/// past [`READ_RETRIES`] each follows a yield of the CPU. A writer
+/// descheduled mid-write (a loaded host, two cores) finishes only once it
+/// runs again; spinning alone, a reader gave up within microseconds and a
+/// known quota read as unknown (`vs_governor`'s million keys, one check
+/// in a few hundred thousand).
+pub(in crate::table) const READ_ATTEMPTS: u32 = READ_RETRIES + 10_000;
+
+/// The pause after failed seqlock read attempt `attempt`: a spin at
+/// first, then a yield of the CPU.
+#[inline]
+pub(in crate::table) fn read_pause(attempt: u32) {
+    if attempt < READ_RETRIES {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
 
 /// A slot number in the table.
 pub type SlotId = u32;

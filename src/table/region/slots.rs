@@ -13,7 +13,7 @@ use super::layout::{
     FLAG_TIERS, FLAG_WINDOW_MASK,
 };
 use super::names;
-use super::sections::{region_view, SlotId, ACQ, READ_RETRIES, RLX};
+use super::sections::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, RLX};
 
 region_view!(
     /// A slot's reads, and the held word beside it.
@@ -70,7 +70,7 @@ impl Slots<'_> {
         out: &mut MaybeUninit<QuotaSnapshot>,
     ) -> Option<SlotRead> {
         let s = self.slot(slot)?;
-        for _ in 0..READ_RETRIES {
+        for attempt in 0..READ_ATTEMPTS {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
                 let flags = s.flags.load(RLX);
@@ -111,7 +111,7 @@ impl Slots<'_> {
                     });
                 }
             }
-            std::hint::spin_loop();
+            read_pause(attempt);
         }
         None
     }
@@ -144,7 +144,7 @@ impl Slots<'_> {
         out: &'a mut [u8],
     ) -> Option<&'a [u8]> {
         let s = self.slot(slot)?;
-        for _ in 0..READ_RETRIES {
+        for attempt in 0..READ_ATTEMPTS {
             let seq = s.seq.load(ACQ);
             if seq & 1 == 0 {
                 let live = s.flags.load(RLX) & FLAG_LIVE != 0;
@@ -160,7 +160,7 @@ impl Slots<'_> {
                     };
                 }
             }
-            std::hint::spin_loop();
+            read_pause(attempt);
         }
         None
     }

@@ -6,7 +6,7 @@
 use std::sync::atomic::fence;
 
 use super::layout::SyncStatus;
-use super::sections::{Region, ACQ, READ_RETRIES, REL, RLX};
+use super::sections::{read_pause, Region, ACQ, READ_ATTEMPTS, REL, RLX};
 
 impl Region {
     /// Writes the status block: `write` stores into it while readers are
@@ -48,10 +48,10 @@ impl Region {
     /// retry bound). `read` must only load from the block.
     pub(in crate::table) fn read_status<T>(&self, read: impl Fn(&SyncStatus) -> T) -> Option<T> {
         let st = self.status();
-        for _ in 0..READ_RETRIES {
+        for attempt in 0..READ_ATTEMPTS {
             let seq = st.seq.load(ACQ);
             if seq & 1 == 1 {
-                std::hint::spin_loop();
+                read_pause(attempt);
                 continue;
             }
             let value = read(st);

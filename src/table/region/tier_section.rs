@@ -97,16 +97,13 @@ use std::sync::atomic::{fence, AtomicU32, Ordering::SeqCst};
 use super::key_entries::KeyEntries;
 use super::layout::{TierEntry, TIER_ALLOW, TIER_DENY, TIER_KIND, TIER_LIMIT, TIER_NONE};
 use super::lock::{own_pid, process_alive};
-use super::sections::{region_view, SlotId, ACQ, REL, RLX};
+use super::sections::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, REL, RLX};
 
 /// Bits a key sets in its filter block.
 pub(in crate::table) const FILTER_BITS: u32 = 6;
 
 /// Lookups that missed while entries moved retry at most this often.
 pub(in crate::table) const MISS_RETRIES: u32 = 64;
-
-/// Seqlock read attempts of one entry before a check takes it as absent.
-pub(in crate::table) const READ_RETRIES: u32 = 1000;
 
 /// An override, penalty or penalty length as a check reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -273,7 +270,7 @@ pub(in crate::table) fn write_entry(e: &TierEntry, write: impl FnOnce(&TierEntry
 /// Reads an entry's fields under its seqlock; `None` if it never
 /// stabilised.
 pub(in crate::table) fn read_entry(e: &TierEntry) -> Option<TierRead> {
-    for _ in 0..READ_RETRIES {
+    for attempt in 0..READ_ATTEMPTS {
         let seq = e.seq.load(ACQ);
         if seq & 1 == 0 {
             let read = TierRead {
@@ -290,7 +287,7 @@ pub(in crate::table) fn read_entry(e: &TierEntry) -> Option<TierRead> {
                 return Some(read);
             }
         }
-        std::hint::spin_loop();
+        read_pause(attempt);
     }
     None
 }
