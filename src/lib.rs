@@ -64,7 +64,9 @@
 //!   checks (a request as a root accepts it, a reply as a limiter does),
 //!   used by both the root and the limiter's sync thread; `wire/binary.rs`
 //!   — their compact binary encoding (content type
-//!   `application/x-sluice-sync`, next to JSON); `wire/tiers.rs` — the
+//!   `application/x-sluice-sync`, next to JSON), its versions, header and
+//!   byte-level writer and reader in `wire/binary/codec.rs`;
+//!   `wire/tiers.rs` — the
 //!   overrides and penalties a sync carries (cursors, pages, versions).
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
