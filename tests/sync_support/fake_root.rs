@@ -180,8 +180,7 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
                     return;
                 }
                 Versioned::PREDATES_SEQUENCES => {
-                    let head =
-                        String::from_utf8_lossy(&request[..end]).replace("version=5", "version=4");
+                    let head = older_accept(&String::from_utf8_lossy(&request[..end]));
                     let mut older = head.into_bytes();
                     older.extend_from_slice(&request[end..]);
                     request = older;
@@ -235,6 +234,21 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
         }
     };
     let _ = stream.write_all(reply.as_bytes());
+}
+
+/// `head` (a request's headers) asking for binary replies of format 4 at
+/// most, as a limiter that predates numbered requests does: any newer
+/// `version=N` it accepts becomes `version=4`.
+fn older_accept(head: &str) -> String {
+    const PARAM: &str = "x-sluice-sync;version=";
+    let Some(at) = head.find(PARAM).map(|at| at + PARAM.len()) else {
+        return head.to_string();
+    };
+    let digits = head[at..].chars().take_while(char::is_ascii_digit).count();
+    match head[at..at + digits].parse::<u32>() {
+        Ok(n) if n > 4 => format!("{}4{}", &head[..at], &head[at + digits..]),
+        _ => head.to_string(),
+    }
 }
 
 /// Sends `request` to `root` and returns its reply, marked
