@@ -17,7 +17,7 @@ use serde_json::Value as Json;
 
 use super::config::Unit;
 use super::decide::{Entry, Request, RequestDescriptor, Response};
-use super::server::Server;
+use super::state::Server;
 
 /// The routes.
 pub fn router(server: Arc<Server>) -> Router {

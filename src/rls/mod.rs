@@ -15,6 +15,8 @@
 //!   envoyproxy/ratelimit's semantics.
 //! - `grpc.rs` — RLS v3 over gRPC (protobuf in and out).
 //! - `http.rs` — `/healthcheck`, `POST /json`, `/metrics`.
+//! - `state.rs` — what a running server holds and its servers share:
+//!   the engine, the sync thread, their Prometheus text.
 //! - `server.rs` — the process: flags, table, sync thread, servers,
 //!   configuration reloads.
 
@@ -25,4 +27,5 @@ pub mod http;
 pub mod metrics;
 pub mod quotas;
 pub mod server;
+pub mod state;
 pub mod yaml;

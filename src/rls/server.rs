@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use super::config::{config_files, Config};
 use super::decide::Engine;
 use super::grpc::Service;
-use super::metrics::prometheus;
+pub use super::state::Server;
 use crate::sync::config::{parse_root_url, validate_token};
 use crate::sync::{LogLevel, SyncConfig, SyncHandle};
 use crate::table::Table;
@@ -77,52 +77,6 @@ pub struct RlsArgs {
     /// milliseconds (SIGHUP reloads at once).
     #[arg(long, default_value_t = 1000)]
     pub reload_interval_ms: u64,
-}
-
-/// What a running `sluice rls` holds.
-pub struct Server {
-    /// The decision engine.
-    pub engine: Arc<Engine>,
-    /// The sync thread.
-    sync: Mutex<Option<SyncHandle>>,
-    /// Roots are configured.
-    has_roots: bool,
-}
-
-impl Server {
-    /// A server over `engine`, with its sync thread (none: tests).
-    pub fn new(engine: Arc<Engine>, sync: Option<SyncHandle>, has_roots: bool) -> Server {
-        Server {
-            engine,
-            sync: Mutex::new(sync),
-            has_roots,
-        }
-    }
-
-    /// The Prometheus text of the decisions and the sync.
-    pub fn prometheus(&self) -> String {
-        let sync = self
-            .sync
-            .lock()
-            .ok()
-            .and_then(|s| s.as_ref().map(SyncHandle::metrics))
-            .unwrap_or_default();
-        prometheus(
-            &self.engine.configured_stats(),
-            &self.engine.detailed,
-            &self.engine.requests,
-            &sync,
-            self.has_roots,
-            self.engine.table().len(),
-        )
-    }
-
-    /// Stops the sync thread.
-    pub fn stop(&self) {
-        if let Some(sync) = self.sync.lock().ok().and_then(|mut s| s.take()) {
-            sync.stop();
-        }
-    }
 }
 
 fn env_address(host: &str, port: &str, default_port: u16) -> String {
