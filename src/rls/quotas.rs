@@ -15,12 +15,11 @@
 //!   on its own: a per-key template, keyed by the request's values of
 //!   those descriptors (joined by U+001F when there are several).
 //! - **Counting.** `requests_per_unit` per `unit` is a window quota of
-//!   that unit where sluice has the window (second, minute, hour, day:
-//!   the same epoch-aligned windows; week and month: sluice's Monday
-//!   weeks and calendar months, docs/envoy.md says how they differ), and
-//!   for a year a leaky bucket of `requests_per_unit` per 365 days with a
-//!   burst of `requests_per_unit`. sluice's extensions: `sliding`, `units:
-//!   N` (where a window of N units exists), `leaky` with its band.
+//!   that unit, aligned to the Unix epoch as envoyproxy/ratelimit's:
+//!   second, minute, hour and day in `1s` ... `1d`, a week in
+//!   `epoch_week` (604,800 s from the epoch), a month in `30d`, a year
+//!   in `365d`. sluice's extensions: `sliding`, `units: N` (where N units
+//!   make one of those windows), `leaky` with its band.
 
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
@@ -119,16 +118,20 @@ pub fn value_varies(d: &Descriptor) -> bool {
     }
 }
 
-/// The window of `units` × `unit`, where sluice has one.
+/// The window of `units` × `unit`, where sluice has one: each of these
+/// windows starts when the Unix time divides by its length, as
+/// envoyproxy/ratelimit's windows of any unit do (a week from Thursday
+/// 00:00 UTC, a month of 30 days, a year of 365).
 fn window_of(unit: Unit, units: u32) -> Option<Window> {
-    Some(match (unit, units) {
-        (Unit::Second, 1) => Window::Second,
-        (Unit::Second, 10) => Window::TenSeconds,
-        (Unit::Second, 60) | (Unit::Minute, 1) => Window::Minute,
-        (Unit::Minute, 60) | (Unit::Hour, 1) => Window::Hour,
-        (Unit::Hour, 24) | (Unit::Day, 1) => Window::Day,
-        (Unit::Day, 7) | (Unit::Week, 1) => Window::Week,
-        (Unit::Month, 1) => Window::Month,
+    Some(match unit.seconds() * u64::from(units) {
+        1 => Window::Second,
+        10 => Window::TenSeconds,
+        60 => Window::Minute,
+        3_600 => Window::Hour,
+        86_400 => Window::Day,
+        604_800 => Window::EpochWeek,
+        2_592_000 => Window::Days30,
+        31_536_000 => Window::Days365,
         _ => return None,
     })
 }
@@ -139,8 +142,8 @@ pub fn counting_of(limit: &Limit) -> Result<Counting, String> {
         return Ok(Counting::Unlimited);
     };
     let ext = limit.extension;
-    let period = unit.seconds() as f64 * f64::from(ext.units);
     if ext.leaky {
+        let period = unit.seconds() as f64 * f64::from(ext.units);
         return Ok(Counting::Leaky {
             rate: f64::from(limit.requests_per_unit) / period,
         });
@@ -150,14 +153,10 @@ pub fn counting_of(limit: &Limit) -> Result<Counting, String> {
             window,
             sliding: ext.sliding,
         }),
-        // envoyproxy/ratelimit's year: no window that long here.
-        None if unit == Unit::Year && ext.units == 1 && !ext.sliding => Ok(Counting::Leaky {
-            rate: f64::from(limit.requests_per_unit) / period,
-        }),
         None => Err(format!(
-            "no window of {} x {}: windows of 10 seconds and of 1 second, minute, hour, day, \
-             week and month exist (`units` may express them, as 60 seconds); any other period \
-             is a leaky bucket (`leaky: true`)",
+            "no window of {} x {}: windows of 1 and 10 seconds, a minute, an hour, a day, a \
+             week, 30 days and 365 days exist (`units` may express them, as 60 seconds or 7 \
+             days); any other period is a leaky bucket (`leaky: true`)",
             ext.units,
             unit.name().to_ascii_lowercase()
         )),
@@ -295,6 +294,73 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert!(crate::core::quota::validate_name(&a).is_ok());
+    }
+
+    /// Every unit, and every period of N units that is one of the
+    /// epoch-aligned windows, counts in that window; other periods have
+    /// none.
+    #[test]
+    fn units_count_in_the_epoch_aligned_window_of_their_length() {
+        let cases = [
+            (Unit::Second, 1, Some(Window::Second)),
+            (Unit::Second, 10, Some(Window::TenSeconds)),
+            (Unit::Second, 60, Some(Window::Minute)),
+            (Unit::Minute, 1, Some(Window::Minute)),
+            (Unit::Minute, 60, Some(Window::Hour)),
+            (Unit::Hour, 24, Some(Window::Day)),
+            (Unit::Day, 1, Some(Window::Day)),
+            (Unit::Week, 1, Some(Window::EpochWeek)),
+            (Unit::Day, 7, Some(Window::EpochWeek)),
+            (Unit::Second, 604_800, Some(Window::EpochWeek)),
+            (Unit::Month, 1, Some(Window::Days30)),
+            (Unit::Day, 30, Some(Window::Days30)),
+            (Unit::Year, 1, Some(Window::Days365)),
+            (Unit::Day, 365, Some(Window::Days365)),
+            (Unit::Minute, 5, None),
+            (Unit::Week, 2, None),
+            (Unit::Month, 12, None),
+            (Unit::Year, 2, None),
+        ];
+        for (unit, units, window) in cases {
+            assert_eq!(window_of(unit, units), window, "{units} x {unit:?}");
+        }
+    }
+
+    /// A year is a window like the others now, sliding too: no leaky
+    /// bucket unless the file asks for one.
+    #[test]
+    fn a_year_is_a_window_of_365_days() {
+        let limit = |sliding, leaky| Limit {
+            requests_per_unit: 2,
+            unit: Some(Unit::Year),
+            unlimited: false,
+            name: String::new(),
+            replaces: Vec::new(),
+            extension: super::super::config::Extension {
+                sliding,
+                units: 1,
+                leaky,
+                ..Default::default()
+            },
+        };
+        assert_eq!(
+            counting_of(&limit(false, false)),
+            Ok(Counting::Window {
+                window: Window::Days365,
+                sliding: false
+            })
+        );
+        assert_eq!(
+            counting_of(&limit(true, false)),
+            Ok(Counting::Window {
+                window: Window::Days365,
+                sliding: true
+            })
+        );
+        assert!(matches!(
+            counting_of(&limit(false, true)),
+            Ok(Counting::Leaky { .. })
+        ));
     }
 
     #[test]
