@@ -5,7 +5,8 @@
 mod rls_support;
 
 use sluice::core::Window;
-use sluice::rls::config::{Config, ConfigError, Unit, Value};
+use sluice::rls::config::{Config, ConfigError, Value};
+use sluice::rls::limit::Unit;
 
 fn load(text: &str) -> Result<Config, ConfigError> {
     Config::from_texts([("limits.yaml", text)])

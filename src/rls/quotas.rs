@@ -23,14 +23,12 @@
 
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
-use std::path::Path;
 
 use crate::core::quota::MAX_NAME_LEN;
 use crate::core::spec::QuotaSpec;
 use crate::core::Window;
 
-use super::config::{Config, ConfigError, Descriptor, Limit, Unit, Value};
-use super::yaml::Node;
+use super::limit::{Limit, Unit};
 
 /// How a limit's quota counts, for what an answer says of it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -108,16 +106,6 @@ fn push_part(name: &mut String, part: &str, exact: &mut bool) {
     }
 }
 
-/// True when the descriptor's request value picks the counter: no value,
-/// or a pattern whose matches do not share one.
-pub fn value_varies(d: &Descriptor) -> bool {
-    match d.value {
-        Value::Any => true,
-        Value::Pattern(_) => !d.share_threshold,
-        Value::Exact(_) => false,
-    }
-}
-
 /// The window of `units` × `unit`, where sluice has one: each of these
 /// windows starts when the Unix time divides by its length, as
 /// envoyproxy/ratelimit's windows of any unit do (a week from Thursday
@@ -186,82 +174,28 @@ pub fn spec_of(quota: &LimitQuota, limit: &Limit) -> Option<QuotaSpec> {
     }
 }
 
-impl Config {
-    /// Every limit's quota spec (unlimited ones have none), domain by
-    /// domain: what `sluice rls` loads and `sluice quota apply` sends.
-    pub fn quota_specs(&self) -> Vec<QuotaSpec> {
-        let mut specs = Vec::new();
-        for (_, path) in self.limits() {
-            let Some(last) = path.last() else { continue };
-            for (limit, quota) in last.limits.iter().zip(&last.quotas) {
-                specs.extend(spec_of(quota, limit));
-            }
-        }
-        specs
-    }
-}
-
-/// The quota specs of envoyproxy/ratelimit's configuration at `path` (a
-/// `.yaml` or `.yml` file, or a directory of them), as `sluice quota
-/// apply -f` sends them to a root; `None` for any other path, and for a
-/// YAML file shaped as a sluice quota file (a top-level `quotas` and no
-/// `domain`), which the quota file reader refuses with its own words.
-pub fn specs_of_path(path: &Path) -> Option<Result<Vec<QuotaSpec>, ConfigError>> {
-    let yaml = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-    if path.is_dir() {
-        return Some(Config::load(path).map(|config| config.quota_specs()));
-    }
-    if !yaml || looks_like_a_quota_file(path) {
-        return None;
-    }
-    Some(Config::load(path).map(|config| config.quota_specs()))
-}
-
-/// A YAML file whose top level has `quotas` and no `domain`.
-fn looks_like_a_quota_file(path: &Path) -> bool {
-    let Ok(Node::Map(top)) = std::fs::read_to_string(path)
-        .map_err(|e| e.to_string())
-        .and_then(|text| Node::parse(&text))
-    else {
-        return false;
-    };
-    let has = |name: &str| {
-        top.iter()
-            .any(|(k, _)| matches!(k, Node::Str(s) if s == name))
-    };
-    has("quotas") && !has("domain")
-}
-
 /// The quotas of a descriptor's limits, given its path; a limit that
-/// cannot count is the file's error.
+/// cannot count is the file's error (the problem, which the loader names
+/// the file with).
 pub(super) fn quotas_of(
-    file: &str,
     domain: &str,
     path: &[(&str, &str)],
     varies: bool,
     limits: &[Limit],
-) -> Result<Vec<LimitQuota>, ConfigError> {
+) -> Result<Vec<LimitQuota>, String> {
     limits
         .iter()
         .enumerate()
         .map(|(i, limit)| {
-            let counting = counting_of(limit).map_err(|problem| ConfigError {
-                file: file.to_string(),
-                problem,
-            })?;
+            let counting = counting_of(limit)?;
             let quota = LimitQuota {
                 name: quota_name(domain, path, i),
                 per_key: varies,
                 counting,
             };
             if let Some(spec) = spec_of(&quota, limit) {
-                spec.validate().map_err(|e| ConfigError {
-                    file: file.to_string(),
-                    problem: format!("limit of '{}': {e}", quota.name),
-                })?;
+                spec.validate()
+                    .map_err(|e| format!("limit of '{}': {e}", quota.name))?;
             }
             Ok(quota)
         })
@@ -336,7 +270,7 @@ mod tests {
             unlimited: false,
             name: String::new(),
             replaces: Vec::new(),
-            extension: super::super::config::Extension {
+            extension: super::super::limit::Extension {
                 sliding,
                 units: 1,
                 leaky,
