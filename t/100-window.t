@@ -267,6 +267,8 @@ GET /key/index.html?t=dave
 === TEST 8: every window name loads
 --- config
 location / { root html; sluice m; }
+location /y/ { alias html/; sluice y; }
+location /ew/ { alias html/; sluice ew; }
 --- user_files
 >>> quotas.json
 {"quotas": [
@@ -276,12 +278,16 @@ location / { root html; sluice m; }
   {"name": "h", "limit": 5, "low_burst": 5, "high_burst": 5, "window": "1h"},
   {"name": "d", "limit": 5, "low_burst": 5, "high_burst": 5, "window": "1d"},
   {"name": "w", "limit": 5, "low_burst": 5, "high_burst": 5, "window": "7d"},
-  {"name": "m", "limit": 1, "low_burst": 1, "high_burst": 1, "window": "month"}
+  {"name": "m", "limit": 1, "low_burst": 1, "high_burst": 1, "window": "month"},
+  {"name": "ew", "limit": 1, "window": "epoch_week", "sliding": true},
+  {"name": "td", "limit": 5, "window": "30d"},
+  {"name": "y", "limit": 1, "window": "365d"}
 ]}
 --- request eval
-["GET /index.html", "GET /index.html"]
+["GET /index.html", "GET /index.html", "GET /y/index.html", "GET /y/index.html",
+ "GET /ew/index.html", "GET /ew/index.html"]
 --- error_code eval
-[200, 429]
+[200, 429, 200, 429, 200, 429]
 
 
 

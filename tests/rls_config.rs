@@ -4,7 +4,9 @@
 
 mod rls_support;
 
-use sluice::rls::config::{Config, ConfigError, Unit, Value};
+use sluice::core::Window;
+use sluice::rls::config::{Config, ConfigError, Value};
+use sluice::rls::limit::Unit;
 
 fn load(text: &str) -> Result<Config, ConfigError> {
     Config::from_texts([("limits.yaml", text)])
@@ -242,8 +244,17 @@ descriptors:
     let b = service.children.find("user", "user-b").unwrap();
     assert_eq!(b.limits[0].replaces, ["specific"]);
     assert!(service.children.find("user", "user-a").unwrap().shadow_mode);
-    // Every limit with a count became a valid quota.
-    assert_eq!(config.quota_specs().len(), 8);
+    // Every limit with a count became a valid quota; week, month and
+    // year count in the epoch-aligned windows of their length.
+    let specs = config.quota_specs();
+    assert_eq!(specs.len(), 8);
+    let window_of = |name: &str| specs.iter().find(|s| s.name == name).unwrap().window;
+    assert_eq!(
+        window_of("rls.edge.service.user:user-b"),
+        Some(Window::EpochWeek)
+    );
+    assert_eq!(window_of("rls.edge.tier:7"), Some(Window::Days30));
+    assert_eq!(window_of("rls.edge.plan"), Some(Window::Days365));
 }
 
 #[test]

@@ -622,41 +622,106 @@ async fn response_headers_name_the_tightest_descriptor() {
     );
 }
 
+/// envoyproxy/ratelimit's week, month and year: 604,800 s, 30 days and
+/// 365 days, each starting when the Unix time divides by its length.
+const EPOCH_UNITS: [(&str, f64); 3] = [
+    ("week", 604_800.0),
+    ("month", 2_592_000.0),
+    ("year", 31_536_000.0),
+];
+
 #[tokio::test]
-async fn week_month_and_year_count_as_documented() {
+async fn week_month_and_year_reset_when_the_epoch_time_divides_by_their_length() {
     let mut rls = start(
         "domain: d
 descriptors:
-  - key: w
+  - key: week
     rate_limit: {unit: week, requests_per_unit: 1}
-  - key: m
+  - key: month
     rate_limit: {unit: month, requests_per_unit: 1}
-  - key: y
-    rate_limit: {unit: year, requests_per_unit: 2}
+  - key: year
+    rate_limit: {unit: YEAR, requests_per_unit: 2}
 ",
     )
     .await;
     away_from_window_end(86_400.0, 5.0).await;
-    let now = utc_secs();
-    let week = rls.one("d", &[("w", "1")]).await;
-    // sluice's week starts Monday 00:00 UTC (the epoch was a Thursday).
-    let monday = (now + 3.0 * 86_400.0) % 604_800.0;
-    let expected = (604_800.0 - monday).ceil();
-    let reset = week.duration_until_reset.unwrap().seconds as f64;
-    assert!(
-        (reset - expected).abs() <= 1.0,
-        "week reset {reset}, expected {expected}"
-    );
-    assert!(over(&rls.one("d", &[("w", "1")]).await));
-    // A calendar month: the reset is at most 31 days away.
-    let month = rls.one("d", &[("m", "1")]).await;
-    assert!(month.duration_until_reset.unwrap().seconds <= 31 * 86_400);
-    // A year is a leaky bucket of 2 per 365 days with a burst of 2.
-    assert!(ok(&rls.one("d", &[("y", "1")]).await));
-    assert!(ok(&rls.one("d", &[("y", "1")]).await));
-    let third = rls.one("d", &[("y", "1")]).await;
+    for (unit, length) in EPOCH_UNITS {
+        let now = utc_secs();
+        let status = rls.one("d", &[(unit, "1")]).await;
+        assert!(ok(&status), "{unit}");
+        let expected = (length - now % length).ceil();
+        let reset = status.duration_until_reset.unwrap().seconds as f64;
+        assert!(
+            (reset - expected).abs() <= 1.0,
+            "{unit}: reset in {reset} s, expected {expected}"
+        );
+    }
+    // Fixed windows counted as envoyproxy/ratelimit counts them: over
+    // once the count after the hit passes requests_per_unit.
+    assert!(over(&rls.one("d", &[("week", "1")]).await));
+    assert!(over(&rls.one("d", &[("month", "1")]).await));
+    assert!(ok(&rls.one("d", &[("year", "1")]).await));
+    let third = rls.one("d", &[("year", "1")]).await;
     assert!(over(&third));
     assert_eq!(third.current_limit.unwrap().unit, Unit::Year as i32);
+}
+
+/// The same at known times, on the engine with the table's clock set to
+/// UTC: at epoch second `length × k + 1,000` each resets in `length −
+/// 1,000` seconds, and a count made there is gone at `length × (k + 1)`.
+#[test]
+fn at_a_known_time_each_epoch_unit_resets_at_its_next_multiple() {
+    use sluice::rls::decide::{Entry as DecideEntry, Request, RequestDescriptor};
+    for (unit, length) in EPOCH_UNITS {
+        let yaml =
+            format!("domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {{unit: {unit}, requests_per_unit: 1}}\n");
+        let config = Config::from_texts([("test.yaml", yaml.as_str())]).unwrap();
+        // The table's clock is UTC, and moves only forward (a fresh
+        // table per unit). An exact value: one named quota, whose counter
+        // keeps its time whole (a key's packed time spans ~26 days, kept
+        // fresh by the sync thread's sweep, which this test has not).
+        let table = Arc::new(Table::new_heap_with(1024, 64, 10_000, 0));
+        table.set_utc_offset(0);
+        let engine = Engine::new(Arc::clone(&table), config, false, false).unwrap();
+        let ask = |secs: i64| {
+            let request = Request {
+                domain: "d".into(),
+                descriptors: vec![RequestDescriptor {
+                    entries: vec![DecideEntry {
+                        key: "k".into(),
+                        value: "v".into(),
+                    }],
+                    ..Default::default()
+                }],
+                hits_addend: 1,
+            };
+            let now = secs as u64 * 1_000_000_000;
+            let status = engine.should_rate_limit(&request, now).unwrap().statuses[0].clone();
+            // What the sync thread does after each check when counting
+            // alone.
+            table.books().fold_local(now);
+            status
+        };
+        let length = length as i64;
+        let k = 2_000_000_000 / length + 3;
+        let first = ask(length * k + 1_000);
+        assert!(!first.over, "{unit}");
+        assert_eq!(
+            first.duration_until_reset,
+            Some(length as u64 - 1_000),
+            "{unit}"
+        );
+        let second = ask(length * (k + 1) - 1);
+        assert!(second.over, "{unit}: the same window");
+        assert_eq!(second.duration_until_reset, Some(1), "{unit}");
+        let next = ask(length * (k + 1) + 20);
+        assert!(!next.over, "{unit}: a new window");
+        assert_eq!(
+            next.duration_until_reset,
+            Some(length as u64 - 20),
+            "{unit}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -196,6 +196,26 @@ async fn window_quotas_are_stored_changed_and_checked(db: Db) {
         (&reply["quota"]["sliding"], &reply["quota"]["per_key"]),
         (&json!(true), &json!(true))
     );
+    // envoyproxy/ratelimit's week, month and year, fixed and sliding, kept
+    // by the database (its CHECK on windows takes them) and read back.
+    for (name, window, sliding) in [
+        ("epoch_weekly", "epoch_week", false),
+        ("thirty_days", "30d", true),
+        ("yearly", "365d", false),
+    ] {
+        let (status, reply) = root
+            .admin(
+                Method::PUT,
+                &format!("/v1/quotas/{name}"),
+                Some(json!({"limit": 10, "window": window, "sliding": sliding})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+        let (status, read) = root.get(name).await;
+        assert_eq!(status, StatusCode::OK, "{read}");
+        assert_eq!(read["window"], window, "{read}");
+        assert_eq!(read.get("sliding").is_some(), sliding, "{read}");
+    }
     let (status, _) = root
         .admin(
             Method::PUT,

@@ -59,7 +59,7 @@ pub(super) async fn apply(
 /// line (the root checks the values).
 fn read_quota_file(file: &Path) -> Result<Vec<u8>, CliError> {
     #[cfg(feature = "rls")]
-    if let Some(specs) = sluice::rls::quotas::specs_of_path(file) {
+    if let Some(specs) = sluice::rls::config::specs_of_path(file) {
         let specs = specs.map_err(CliError::new)?;
         return serde_json::to_vec(&json!({ "quotas": specs })).map_err(CliError::new);
     }

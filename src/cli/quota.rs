@@ -68,7 +68,9 @@ pub(super) struct SetArgs {
     #[arg(long)]
     shared: bool,
     /// Count `--limit` units per UTC-aligned window instead of leaking:
-    /// 1s, 10s, 1m, 1h, 1d, 7d or month; `none` makes the quota a leaky
+    /// 1s, 10s, 1m, 1h, 1d, 7d (from Monday), month (calendar), or
+    /// epoch_week, 30d, 365d (from the Unix epoch, as envoyproxy/ratelimit
+    /// counts its week, month and year); `none` makes the quota a leaky
     /// bucket again.
     #[arg(long, value_parser = parse_window_flag)]
     window: Option<OrNone<Window>>,
@@ -613,6 +615,9 @@ mod tests {
         .into_patch();
         assert_eq!(patch.sliding, Some(true), "the root says why not");
         assert!(parse_window_flag("month").is_ok() && parse_window_flag("none").is_ok());
+        for name in ["epoch_week", "30d", "365d"] {
+            assert!(parse_window_flag(name).is_ok(), "{name}");
+        }
         assert!(parse_window_flag("2m").unwrap_err().contains("1s, 10s, 1m"));
     }
 

@@ -3,7 +3,7 @@
 
 use super::estimate::{estimate_level, estimate_window, Estimator};
 use super::snapshot::QuotaSnapshot;
-use super::{Nanos, SECS_PER_NANO};
+use super::Nanos;
 
 /// Outcome of checking one quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,7 +181,10 @@ impl Room {
             return room;
         };
         let estimate = estimate_window(quota, rule, now, estimator);
-        let secs = |ns: i64| ns as f64 * SECS_PER_NANO;
+        // Divided, not multiplied by 1e-9 (which is inexact): a window
+        // ending in whole seconds is whole seconds away, so a reset
+        // rounded up is not one second late (31,535,000 s, not 31,535,001).
+        let secs = |ns: i64| ns as f64 / 1e9;
         let at = estimate.at;
         room.level = estimate.level() + added;
         room.window = Some(WindowRoom {

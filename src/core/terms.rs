@@ -73,8 +73,9 @@ impl Terms {
     }
 
     /// The span the limit is counted over, as the terms name it: `s` for
-    /// a leak, `at_once` for an in-flight quota, else the window (`1s`, `10s`, `min`, `hour`, `day`, `week`,
-    /// `month`).
+    /// a leak, `at_once` for an in-flight quota, else the window (`1s`,
+    /// `10s`, `min`, `hour`, `day`, `week`, `month`, `epoch_week`, `30d`,
+    /// `365d`).
     pub fn per(&self) -> &'static str {
         match self.window {
             None if self.in_flight => "at_once",
@@ -94,6 +95,11 @@ fn span(window: Window) -> &'static str {
         Window::Day => "day",
         Window::Week => "week",
         Window::Month => "month",
+        // envoyproxy/ratelimit's week, month and year: by their names, so
+        // none reads as a calendar one.
+        Window::EpochWeek => "epoch_week",
+        Window::Days30 => "30d",
+        Window::Days365 => "365d",
     }
 }
 
@@ -305,6 +311,9 @@ mod tests {
             (Window::Day, "5 / day"),
             (Window::Week, "5 / week"),
             (Window::Month, "5 / month"),
+            (Window::EpochWeek, "5 / epoch_week"),
+            (Window::Days30, "5 / 30d"),
+            (Window::Days365, "5 / 365d"),
         ];
         for (window, expected) in cases {
             assert_eq!(terms(5.0, Some(window), false, false), expected);

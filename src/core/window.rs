@@ -10,7 +10,11 @@
 //!
 //! Windows are aligned to UTC so every host and root agrees on the window
 //! index: `1s`, `10s`, `1m`, `1h` and `1d` from the Unix epoch, `7d` from
-//! Monday 00:00 UTC, `month` on calendar months. Times in the core are a
+//! Monday 00:00 UTC, `month` on calendar months; and, as
+//! envoyproxy/ratelimit counts its week, month and year, `epoch_week`,
+//! `30d` and `365d`: 604,800 s, 30 days and 365 days from the epoch (a
+//! Thursday; leap days are not skipped, so `365d` drifts from the
+//! calendar year by a day every four years). Times in the core are a
 //! monotonic clock's nanoseconds; a caller turns them into UTC with an
 //! offset (`utc = now + utc_offset`) that the sync thread measures against
 //! the roots' clocks, so hosts whose own clocks are off still agree.
@@ -53,22 +57,36 @@ pub enum Window {
     /// One calendar month (UTC).
     #[serde(rename = "month")]
     Month,
+    /// 604,800 seconds from the epoch: a week starting Thursday 00:00
+    /// UTC, envoyproxy/ratelimit's week.
+    #[serde(rename = "epoch_week")]
+    EpochWeek,
+    /// 30 days from the epoch, envoyproxy/ratelimit's month.
+    #[serde(rename = "30d")]
+    Days30,
+    /// 365 days from the epoch, envoyproxy/ratelimit's year.
+    #[serde(rename = "365d")]
+    Days365,
 }
 
 impl Window {
-    /// Every window, in order of length.
-    pub const ALL: [Window; 7] = [
+    /// Every window, in order of length (the Monday week before the epoch
+    /// week, calendar months around `30d`).
+    pub const ALL: [Window; 10] = [
         Window::Second,
         Window::TenSeconds,
         Window::Minute,
         Window::Hour,
         Window::Day,
         Window::Week,
+        Window::EpochWeek,
+        Window::Days30,
         Window::Month,
+        Window::Days365,
     ];
 
     /// The name in quota files: `1s`, `10s`, `1m`, `1h`, `1d`, `7d`,
-    /// `month`.
+    /// `epoch_week`, `30d`, `month`, `365d`.
     pub fn name(self) -> &'static str {
         match self {
             Window::Second => "1s",
@@ -78,6 +96,9 @@ impl Window {
             Window::Day => "1d",
             Window::Week => "7d",
             Window::Month => "month",
+            Window::EpochWeek => "epoch_week",
+            Window::Days30 => "30d",
+            Window::Days365 => "365d",
         }
     }
 
@@ -86,14 +107,28 @@ impl Window {
         Window::ALL.into_iter().find(|w| w.name() == name)
     }
 
-    /// A small number naming the window (1..=7), for a table slot's flags.
+    /// A small number naming the window (1..=10), for a table slot's
+    /// flags. Fixed per window, not its place in [`Window::ALL`]: the
+    /// windows added later took the next numbers.
     pub fn code(self) -> u16 {
-        Window::ALL.iter().position(|&w| w == self).unwrap_or(0) as u16 + 1
+        match self {
+            Window::Second => 1,
+            Window::TenSeconds => 2,
+            Window::Minute => 3,
+            Window::Hour => 4,
+            Window::Day => 5,
+            Window::Week => 6,
+            Window::Month => 7,
+            Window::EpochWeek => 8,
+            Window::Days30 => 9,
+            Window::Days365 => 10,
+        }
     }
 
-    /// The window of [`Window::code`] `code` (0: none).
+    /// The window of [`Window::code`] `code` (0, or a code no window has:
+    /// none).
     pub fn from_code(code: u16) -> Option<Window> {
-        Window::ALL.get(usize::from(code).checked_sub(1)?).copied()
+        Window::ALL.into_iter().find(|w| w.code() == code)
     }
 
     /// Length of a fixed-length window, nanoseconds (`None` for months).
@@ -104,7 +139,9 @@ impl Window {
             Window::Minute => Some(60 * SEC),
             Window::Hour => Some(3600 * SEC),
             Window::Day => Some(DAY),
-            Window::Week => Some(7 * DAY),
+            Window::Week | Window::EpochWeek => Some(7 * DAY),
+            Window::Days30 => Some(30 * DAY),
+            Window::Days365 => Some(365 * DAY),
             Window::Month => None,
         }
     }
@@ -124,6 +161,9 @@ impl Window {
             Window::Day => utc.div_euclid(DAY),
             // The epoch was a Thursday: weeks start three days later.
             Window::Week => (utc + 3 * DAY).div_euclid(7 * DAY),
+            Window::EpochWeek => utc.div_euclid(7 * DAY),
+            Window::Days30 => utc.div_euclid(30 * DAY),
+            Window::Days365 => utc.div_euclid(365 * DAY),
             Window::Month => month_of_day(utc.div_euclid(DAY)),
         }
     }
@@ -147,7 +187,9 @@ impl Window {
             Window::Minute => 1.0 / (60 * SEC) as f64,
             Window::Hour => 1.0 / (3600 * SEC) as f64,
             Window::Day => 1.0 / DAY as f64,
-            Window::Week => 1.0 / (7 * DAY) as f64,
+            Window::Week | Window::EpochWeek => 1.0 / (7 * DAY) as f64,
+            Window::Days30 => 1.0 / (30 * DAY) as f64,
+            Window::Days365 => 1.0 / (365 * DAY) as f64,
             Window::Month => 1.0 / length as f64,
         }
     }
@@ -597,7 +639,145 @@ mod tests {
         }
         assert_eq!(Window::parse("2m"), None);
         assert_eq!(Window::from_code(0), None);
-        assert_eq!(Window::from_code(8), None);
+        assert_eq!(Window::from_code(11), None);
+    }
+
+    /// The codes of the first seven windows are in tables and shared
+    /// memory already formatted: they never move.
+    #[test]
+    fn the_first_windows_keep_their_codes() {
+        let kept = [
+            (Window::Second, 1),
+            (Window::TenSeconds, 2),
+            (Window::Minute, 3),
+            (Window::Hour, 4),
+            (Window::Day, 5),
+            (Window::Week, 6),
+            (Window::Month, 7),
+        ];
+        for (w, code) in kept {
+            assert_eq!(w.code(), code, "{w:?}");
+        }
+        let mut codes: Vec<u16> = Window::ALL.iter().map(|w| w.code()).collect();
+        codes.sort();
+        assert_eq!(codes, (1..=10).collect::<Vec<u16>>());
+    }
+
+    /// envoyproxy/ratelimit's units: the epoch week, 30 days, 365 days.
+    const EPOCH_ALIGNED: [(Window, i64); 3] = [
+        (Window::EpochWeek, 604_800),
+        (Window::Days30, 2_592_000),
+        (Window::Days365, 31_536_000),
+    ];
+
+    #[test]
+    fn epoch_aligned_windows_start_at_the_epoch_and_have_one_length() {
+        for (w, secs) in EPOCH_ALIGNED {
+            let len = secs * SEC;
+            assert_eq!(w.index(0), 0, "{w:?}");
+            assert_eq!(w.start(0), 0, "{w:?}");
+            assert_eq!(w.index(len - 1), 0, "{w:?}");
+            assert_eq!(w.index(len), 1, "{w:?}");
+            assert_eq!(w.start(1), len, "{w:?}");
+            // Before the epoch: the window ending at it is -1.
+            assert_eq!(w.index(-1), -1, "{w:?}");
+            assert_eq!(w.start(-1), -len, "{w:?}");
+            assert_eq!(w.index(-len), -1, "{w:?}");
+            assert_eq!(w.index(-len - 1), -2, "{w:?}");
+            // Up to about 270 years from the epoch (the i64 range is 292).
+            for i in [-3, -1, 0, 1, 29, 100_000 * 86_400 / secs] {
+                assert_eq!(w.length(i), len, "{w:?} {i}");
+            }
+        }
+    }
+
+    /// The epoch week starts on Thursdays, three days before the Monday
+    /// week's start; `30d` and `365d` are not calendar months and years.
+    #[test]
+    fn epoch_aligned_windows_are_not_the_calendars() {
+        // 2026-11-19 is a Thursday.
+        let t = utc(2026, 11, 21, 8, 0, 0);
+        let w = Window::EpochWeek;
+        assert_eq!(w.start(w.index(t)), utc(2026, 11, 19, 0, 0, 0));
+        assert_eq!(
+            Window::Week.start(Window::Week.index(t)),
+            utc(2026, 11, 16, 0, 0, 0)
+        );
+        // 1970-01-31 is in the first 30 days' window's successor.
+        assert_eq!(Window::Days30.index(utc(1970, 1, 31, 0, 0, 0)), 1);
+        assert_eq!(Window::Month.index(utc(1970, 1, 31, 0, 0, 0)), 0);
+        // 1972 was a leap year: its 31 December starts 1973's 365 days.
+        assert_eq!(
+            Window::Days365.start(Window::Days365.index(utc(1973, 1, 1, 0, 0, 0))),
+            utc(1972, 12, 31, 0, 0, 0)
+        );
+    }
+
+    /// Each epoch-aligned window is plain division by its length,
+    /// wherever the time falls (random times across the i64 range,
+    /// negative ones too, and the times around each boundary).
+    #[test]
+    fn epoch_aligned_windows_agree_with_division_by_their_length() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut times = vec![0, 1, -1, i64::MIN + 1, i64::MAX - 1];
+        for _ in 0..20_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            // Half over the whole range, half within ±100 years.
+            let t = x as i64;
+            times.push(if x >> 63 == 0 {
+                t
+            } else {
+                t % (100 * 365 * DAY)
+            });
+        }
+        for (w, secs) in EPOCH_ALIGNED {
+            let len = secs * SEC;
+            let mut all = times.clone();
+            for k in -5..5 {
+                all.extend([k * len - 1, k * len, k * len + 1]);
+            }
+            for t in all {
+                let i = t.div_euclid(len);
+                assert_eq!(w.index(t), i, "{w:?} at {t}");
+                if let Some(start) = i.checked_mul(len) {
+                    assert_eq!(w.start(i), start, "{w:?} at {t}");
+                    assert!(w.start(i) <= t, "{w:?} at {t}");
+                }
+                let rule = WindowRule {
+                    window: w,
+                    sliding: false,
+                    utc_offset: 0,
+                };
+                if t >= 0 && t < i64::MAX - len {
+                    let l = rule.locate(t as Nanos);
+                    assert_eq!((l.index, l.elapsed, l.length), (i, t.rem_euclid(len), len));
+                    assert_eq!(l.to_end(), len - t.rem_euclid(len));
+                }
+            }
+        }
+    }
+
+    /// envoyproxy/ratelimit's reset: at epoch second 604,800 × k + 1,000
+    /// the week has 603,800 s left; likewise the 30 and 365 days.
+    #[test]
+    fn an_epoch_aligned_window_resets_when_the_epoch_divides_by_its_length() {
+        for (w, secs) in EPOCH_ALIGNED {
+            let rule = WindowRule {
+                window: w,
+                sliding: true,
+                utc_offset: 0,
+            };
+            for k in [1, 7, 2_000 / (secs / 86_400) + 3] {
+                let now = ((secs * k + 1_000) * SEC) as Nanos;
+                let l = rule.locate(now);
+                assert_eq!(l.to_end(), (secs - 1_000) * SEC, "{w:?} k={k}");
+                assert_eq!(rule.end_of(now), ((k + 1) * secs * SEC) as Nanos);
+                // A sliding count weighs the previous window by what is
+                // left of it.
+                let weight = 1.0 - 1_000.0 / secs as f64;
+                assert!((l.prev_weight() - weight).abs() < 1e-9, "{w:?}");
+            }
+        }
     }
 
     const RULE: WindowRule = WindowRule {

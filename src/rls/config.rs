@@ -20,8 +20,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::core::spec::QuotaSpec;
+
+use super::limit::{Extension, Limit, Unit};
 use super::metrics::Stats;
-use super::quotas::{quotas_of, LimitQuota};
+use super::quotas::{quotas_of, spec_of, LimitQuota};
 use super::yaml::Node;
 
 /// Keys envoyproxy/ratelimit knows.
@@ -64,103 +67,6 @@ pub struct ConfigError {
     pub file: String,
     /// What is wrong, in envoyproxy/ratelimit's words where it has them.
     pub problem: String,
-}
-
-/// The unit of a limit, as envoyproxy/ratelimit names them (any case in
-/// a file).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Unit {
-    /// One second.
-    Second,
-    /// One minute.
-    Minute,
-    /// One hour.
-    Hour,
-    /// One day.
-    Day,
-    /// One week.
-    Week,
-    /// One month.
-    Month,
-    /// One year.
-    Year,
-}
-
-impl Unit {
-    /// The unit named `name`, in any case (`UNKNOWN` is none).
-    pub fn parse(name: &str) -> Option<Unit> {
-        Some(match name.to_ascii_uppercase().as_str() {
-            "SECOND" => Unit::Second,
-            "MINUTE" => Unit::Minute,
-            "HOUR" => Unit::Hour,
-            "DAY" => Unit::Day,
-            "WEEK" => Unit::Week,
-            "MONTH" => Unit::Month,
-            "YEAR" => Unit::Year,
-            _ => return None,
-        })
-    }
-
-    /// The name RLS v3 gives it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Second => "SECOND",
-            Unit::Minute => "MINUTE",
-            Unit::Hour => "HOUR",
-            Unit::Day => "DAY",
-            Unit::Week => "WEEK",
-            Unit::Month => "MONTH",
-            Unit::Year => "YEAR",
-        }
-    }
-
-    /// Seconds in one unit, as envoyproxy/ratelimit counts them (a month
-    /// is 30 days, a year 365).
-    pub fn seconds(self) -> u64 {
-        match self {
-            Unit::Second => 1,
-            Unit::Minute => 60,
-            Unit::Hour => 3600,
-            Unit::Day => 86_400,
-            Unit::Week => 604_800,
-            Unit::Month => 2_592_000,
-            Unit::Year => 31_536_000,
-        }
-    }
-}
-
-/// How a limit counts beyond envoyproxy/ratelimit's fixed window: sluice's
-/// extensions.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Extension {
-    /// `sliding: true`: a sliding window of the unit.
-    pub sliding: bool,
-    /// `units: N`: `requests_per_unit` per N units (1: the plain unit).
-    pub units: u32,
-    /// `leaky: true`: a leaky bucket draining `requests_per_unit` per
-    /// `units` units, with its band.
-    pub leaky: bool,
-    /// The leaky bucket's `low_burst` (requests; default the limit).
-    pub low_burst: Option<f64>,
-    /// The leaky bucket's `high_burst` (requests; default `low_burst`).
-    pub high_burst: Option<f64>,
-}
-
-/// One `rate_limit` block.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Limit {
-    /// Requests per unit (0: every request is over).
-    pub requests_per_unit: u32,
-    /// The unit (`None` only when `unlimited`).
-    pub unit: Option<Unit>,
-    /// Never limits: answers OK with 2^32-1 remaining.
-    pub unlimited: bool,
-    /// The limit's `name`, which `replaces` of other limits refer to.
-    pub name: String,
-    /// Names of limits this one replaces when both match one request.
-    pub replaces: Vec<String>,
-    /// sluice's extensions.
-    pub extension: Extension,
 }
 
 /// A descriptor's `value`: none (any value), an exact value, or a
@@ -220,6 +126,18 @@ pub struct Descriptor {
     /// Its decisions, counted under `full_key` (carried over from the
     /// configuration a reload replaces).
     pub stats: Arc<Stats>,
+}
+
+impl Descriptor {
+    /// True when the request's value picks the counter: no value, or a
+    /// pattern whose matches do not share one.
+    pub fn value_varies(&self) -> bool {
+        match self.value {
+            Value::Any => true,
+            Value::Pattern(_) => !self.share_threshold,
+            Value::Exact(_) => false,
+        }
+    }
 }
 
 /// The descriptors at one depth, with what matching needs.
@@ -356,6 +274,19 @@ impl Config {
         }
         out
     }
+
+    /// Every limit's quota spec (unlimited ones have none), domain by
+    /// domain: what `sluice rls` loads and `sluice quota apply` sends.
+    pub fn quota_specs(&self) -> Vec<QuotaSpec> {
+        let mut specs = Vec::new();
+        for (_, path) in self.limits() {
+            let Some(last) = path.last() else { continue };
+            for (limit, quota) in last.limits.iter().zip(&last.quotas) {
+                specs.extend(spec_of(quota, limit));
+            }
+        }
+        specs
+    }
 }
 
 fn adopt_level(domain: &str, level: &mut Level, old: &HashMap<(String, String), Arc<Stats>>) {
@@ -403,6 +334,40 @@ pub fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// The quota specs of envoyproxy/ratelimit's configuration at `path` (a
+/// `.yaml` or `.yml` file, or a directory of them), as `sluice quota
+/// apply -f` sends them to a root; `None` for any other path, and for a
+/// YAML file shaped as a sluice quota file (a top-level `quotas` and no
+/// `domain`), which the quota file reader refuses with its own words.
+pub fn specs_of_path(path: &Path) -> Option<Result<Vec<QuotaSpec>, ConfigError>> {
+    let yaml = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+    if path.is_dir() {
+        return Some(Config::load(path).map(|config| config.quota_specs()));
+    }
+    if !yaml || looks_like_a_quota_file(path) {
+        return None;
+    }
+    Some(Config::load(path).map(|config| config.quota_specs()))
+}
+
+/// A YAML file whose top level has `quotas` and no `domain`.
+fn looks_like_a_quota_file(path: &Path) -> bool {
+    let Ok(Node::Map(top)) = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Node::parse(&text))
+    else {
+        return false;
+    };
+    let has = |name: &str| {
+        top.iter()
+            .any(|(k, _)| matches!(k, Node::Str(s) if s == name))
+    };
+    has("quotas") && !has("domain")
 }
 
 fn error(file: &str, problem: impl Into<String>) -> ConfigError {
@@ -665,7 +630,7 @@ fn load_level(
             full_key,
             stats: Arc::default(),
         };
-        let varies = at.varies || super::quotas::value_varies(&descriptor);
+        let varies = at.varies || descriptor.value_varies();
         at.path
             .push((descriptor.key.clone(), descriptor.value.text().to_string()));
         let path: Vec<(&str, &str)> = at
@@ -673,7 +638,8 @@ fn load_level(
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        descriptor.quotas = quotas_of(file, at.domain, &path, varies, &descriptor.limits)?;
+        descriptor.quotas = quotas_of(at.domain, &path, varies, &descriptor.limits)
+            .map_err(|problem| error(file, problem))?;
         let outer = std::mem::replace(&mut at.varies, varies);
         let loaded = load_level(
             at,

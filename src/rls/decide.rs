@@ -40,9 +40,10 @@ use crate::core::{Nanos, Room};
 use crate::table::file::{load_set, FileRole};
 use crate::table::{CheckItem, CheckOptions, Outcome, Table};
 
-use super::config::{Config, Descriptor, Limit, Unit, Value};
+use super::config::{Config, Descriptor, Value};
+use super::limit::{Extension, Limit, Unit};
 use super::metrics::{DetailedStats, RequestStats, Stats};
-use super::quotas::{counting_of, quota_name, spec_of, value_varies, Counting, LimitQuota};
+use super::quotas::{counting_of, quota_name, spec_of, Counting, LimitQuota};
 
 /// One entry of a request descriptor.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -444,7 +445,7 @@ impl Engine {
             unlimited: false,
             name: String::new(),
             replaces: Vec::new(),
-            extension: super::config::Extension {
+            extension: Extension {
                 units: 1,
                 ..Default::default()
             },
@@ -619,7 +620,7 @@ fn reset_seconds(room: &Room) -> u64 {
 /// that pick the counter, joined by U+001F.
 fn per_key_key(path: &[(&Descriptor, &Entry)]) -> Vec<u8> {
     let mut key = Vec::new();
-    for (_, entry) in path.iter().filter(|(d, _)| value_varies(d)) {
+    for (_, entry) in path.iter().filter(|(d, _)| d.value_varies()) {
         if !key.is_empty() {
             key.push(0x1f);
         }

@@ -14,8 +14,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 
-use super::config::Unit;
 use super::decide::{Engine, Entry, Request, RequestDescriptor, Response};
+use super::limit::Unit;
 
 /// The unit of a request-supplied limit (`envoy.type.v3.RateLimitUnit`,
 /// which has no week; `UNKNOWN`: not a limit).

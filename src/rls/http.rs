@@ -15,8 +15,8 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use super::config::Unit;
 use super::decide::{Entry, Request, RequestDescriptor, Response};
+use super::limit::Unit;
 use super::state::Server;
 
 /// The routes.

@@ -5,10 +5,13 @@
 //! # Layout
 //!
 //! - `yaml.rs` — a YAML document as a plain tree.
-//! - `config.rs` — the configuration: files, domains, descriptor trees,
-//!   every load error envoyproxy/ratelimit raises.
+//! - `limit.rs` — one `rate_limit` block as plain data: its unit, numbers
+//!   and sluice's extensions.
 //! - `quotas.rs` — each limit as a sluice quota: its name, key and way of
 //!   counting.
+//! - `config.rs` — the configuration: files, domains, descriptor trees
+//!   with their limits' quotas, every load error envoyproxy/ratelimit
+//!   raises; the quota specs a file gives `sluice quota apply -f`.
 //! - `metrics.rs` — decisions by domain, descriptor and code; Prometheus
 //!   text.
 //! - `decide.rs` — a request answered from the table with
@@ -24,6 +27,7 @@ pub mod config;
 pub mod decide;
 pub mod grpc;
 pub mod http;
+pub mod limit;
 pub mod metrics;
 pub mod quotas;
 pub mod server;

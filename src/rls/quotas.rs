@@ -15,23 +15,20 @@
 //!   on its own: a per-key template, keyed by the request's values of
 //!   those descriptors (joined by U+001F when there are several).
 //! - **Counting.** `requests_per_unit` per `unit` is a window quota of
-//!   that unit where sluice has the window (second, minute, hour, day:
-//!   the same epoch-aligned windows; week and month: sluice's Monday
-//!   weeks and calendar months, docs/envoy.md says how they differ), and
-//!   for a year a leaky bucket of `requests_per_unit` per 365 days with a
-//!   burst of `requests_per_unit`. sluice's extensions: `sliding`, `units:
-//!   N` (where a window of N units exists), `leaky` with its band.
+//!   that unit, aligned to the Unix epoch as envoyproxy/ratelimit's:
+//!   second, minute, hour and day in `1s` ... `1d`, a week in
+//!   `epoch_week` (604,800 s from the epoch), a month in `30d`, a year
+//!   in `365d`. sluice's extensions: `sliding`, `units: N` (where N units
+//!   make one of those windows), `leaky` with its band.
 
 use siphasher::sip::SipHasher13;
 use std::hash::Hasher;
-use std::path::Path;
 
 use crate::core::quota::MAX_NAME_LEN;
 use crate::core::spec::QuotaSpec;
 use crate::core::Window;
 
-use super::config::{Config, ConfigError, Descriptor, Limit, Unit, Value};
-use super::yaml::Node;
+use super::limit::{Limit, Unit};
 
 /// How a limit's quota counts, for what an answer says of it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,26 +106,20 @@ fn push_part(name: &mut String, part: &str, exact: &mut bool) {
     }
 }
 
-/// True when the descriptor's request value picks the counter: no value,
-/// or a pattern whose matches do not share one.
-pub fn value_varies(d: &Descriptor) -> bool {
-    match d.value {
-        Value::Any => true,
-        Value::Pattern(_) => !d.share_threshold,
-        Value::Exact(_) => false,
-    }
-}
-
-/// The window of `units` × `unit`, where sluice has one.
+/// The window of `units` × `unit`, where sluice has one: each of these
+/// windows starts when the Unix time divides by its length, as
+/// envoyproxy/ratelimit's windows of any unit do (a week from Thursday
+/// 00:00 UTC, a month of 30 days, a year of 365).
 fn window_of(unit: Unit, units: u32) -> Option<Window> {
-    Some(match (unit, units) {
-        (Unit::Second, 1) => Window::Second,
-        (Unit::Second, 10) => Window::TenSeconds,
-        (Unit::Second, 60) | (Unit::Minute, 1) => Window::Minute,
-        (Unit::Minute, 60) | (Unit::Hour, 1) => Window::Hour,
-        (Unit::Hour, 24) | (Unit::Day, 1) => Window::Day,
-        (Unit::Day, 7) | (Unit::Week, 1) => Window::Week,
-        (Unit::Month, 1) => Window::Month,
+    Some(match unit.seconds() * u64::from(units) {
+        1 => Window::Second,
+        10 => Window::TenSeconds,
+        60 => Window::Minute,
+        3_600 => Window::Hour,
+        86_400 => Window::Day,
+        604_800 => Window::EpochWeek,
+        2_592_000 => Window::Days30,
+        31_536_000 => Window::Days365,
         _ => return None,
     })
 }
@@ -139,8 +130,8 @@ pub fn counting_of(limit: &Limit) -> Result<Counting, String> {
         return Ok(Counting::Unlimited);
     };
     let ext = limit.extension;
-    let period = unit.seconds() as f64 * f64::from(ext.units);
     if ext.leaky {
+        let period = unit.seconds() as f64 * f64::from(ext.units);
         return Ok(Counting::Leaky {
             rate: f64::from(limit.requests_per_unit) / period,
         });
@@ -150,14 +141,10 @@ pub fn counting_of(limit: &Limit) -> Result<Counting, String> {
             window,
             sliding: ext.sliding,
         }),
-        // envoyproxy/ratelimit's year: no window that long here.
-        None if unit == Unit::Year && ext.units == 1 && !ext.sliding => Ok(Counting::Leaky {
-            rate: f64::from(limit.requests_per_unit) / period,
-        }),
         None => Err(format!(
-            "no window of {} x {}: windows of 10 seconds and of 1 second, minute, hour, day, \
-             week and month exist (`units` may express them, as 60 seconds); any other period \
-             is a leaky bucket (`leaky: true`)",
+            "no window of {} x {}: windows of 1 and 10 seconds, a minute, an hour, a day, a \
+             week, 30 days and 365 days exist (`units` may express them, as 60 seconds or 7 \
+             days); any other period is a leaky bucket (`leaky: true`)",
             ext.units,
             unit.name().to_ascii_lowercase()
         )),
@@ -187,82 +174,28 @@ pub fn spec_of(quota: &LimitQuota, limit: &Limit) -> Option<QuotaSpec> {
     }
 }
 
-impl Config {
-    /// Every limit's quota spec (unlimited ones have none), domain by
-    /// domain: what `sluice rls` loads and `sluice quota apply` sends.
-    pub fn quota_specs(&self) -> Vec<QuotaSpec> {
-        let mut specs = Vec::new();
-        for (_, path) in self.limits() {
-            let Some(last) = path.last() else { continue };
-            for (limit, quota) in last.limits.iter().zip(&last.quotas) {
-                specs.extend(spec_of(quota, limit));
-            }
-        }
-        specs
-    }
-}
-
-/// The quota specs of envoyproxy/ratelimit's configuration at `path` (a
-/// `.yaml` or `.yml` file, or a directory of them), as `sluice quota
-/// apply -f` sends them to a root; `None` for any other path, and for a
-/// YAML file shaped as a sluice quota file (a top-level `quotas` and no
-/// `domain`), which the quota file reader refuses with its own words.
-pub fn specs_of_path(path: &Path) -> Option<Result<Vec<QuotaSpec>, ConfigError>> {
-    let yaml = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-    if path.is_dir() {
-        return Some(Config::load(path).map(|config| config.quota_specs()));
-    }
-    if !yaml || looks_like_a_quota_file(path) {
-        return None;
-    }
-    Some(Config::load(path).map(|config| config.quota_specs()))
-}
-
-/// A YAML file whose top level has `quotas` and no `domain`.
-fn looks_like_a_quota_file(path: &Path) -> bool {
-    let Ok(Node::Map(top)) = std::fs::read_to_string(path)
-        .map_err(|e| e.to_string())
-        .and_then(|text| Node::parse(&text))
-    else {
-        return false;
-    };
-    let has = |name: &str| {
-        top.iter()
-            .any(|(k, _)| matches!(k, Node::Str(s) if s == name))
-    };
-    has("quotas") && !has("domain")
-}
-
 /// The quotas of a descriptor's limits, given its path; a limit that
-/// cannot count is the file's error.
+/// cannot count is the file's error (the problem, which the loader names
+/// the file with).
 pub(super) fn quotas_of(
-    file: &str,
     domain: &str,
     path: &[(&str, &str)],
     varies: bool,
     limits: &[Limit],
-) -> Result<Vec<LimitQuota>, ConfigError> {
+) -> Result<Vec<LimitQuota>, String> {
     limits
         .iter()
         .enumerate()
         .map(|(i, limit)| {
-            let counting = counting_of(limit).map_err(|problem| ConfigError {
-                file: file.to_string(),
-                problem,
-            })?;
+            let counting = counting_of(limit)?;
             let quota = LimitQuota {
                 name: quota_name(domain, path, i),
                 per_key: varies,
                 counting,
             };
             if let Some(spec) = spec_of(&quota, limit) {
-                spec.validate().map_err(|e| ConfigError {
-                    file: file.to_string(),
-                    problem: format!("limit of '{}': {e}", quota.name),
-                })?;
+                spec.validate()
+                    .map_err(|e| format!("limit of '{}': {e}", quota.name))?;
             }
             Ok(quota)
         })
@@ -295,6 +228,73 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert!(crate::core::quota::validate_name(&a).is_ok());
+    }
+
+    /// Every unit, and every period of N units that is one of the
+    /// epoch-aligned windows, counts in that window; other periods have
+    /// none.
+    #[test]
+    fn units_count_in_the_epoch_aligned_window_of_their_length() {
+        let cases = [
+            (Unit::Second, 1, Some(Window::Second)),
+            (Unit::Second, 10, Some(Window::TenSeconds)),
+            (Unit::Second, 60, Some(Window::Minute)),
+            (Unit::Minute, 1, Some(Window::Minute)),
+            (Unit::Minute, 60, Some(Window::Hour)),
+            (Unit::Hour, 24, Some(Window::Day)),
+            (Unit::Day, 1, Some(Window::Day)),
+            (Unit::Week, 1, Some(Window::EpochWeek)),
+            (Unit::Day, 7, Some(Window::EpochWeek)),
+            (Unit::Second, 604_800, Some(Window::EpochWeek)),
+            (Unit::Month, 1, Some(Window::Days30)),
+            (Unit::Day, 30, Some(Window::Days30)),
+            (Unit::Year, 1, Some(Window::Days365)),
+            (Unit::Day, 365, Some(Window::Days365)),
+            (Unit::Minute, 5, None),
+            (Unit::Week, 2, None),
+            (Unit::Month, 12, None),
+            (Unit::Year, 2, None),
+        ];
+        for (unit, units, window) in cases {
+            assert_eq!(window_of(unit, units), window, "{units} x {unit:?}");
+        }
+    }
+
+    /// A year is a window like the others now, sliding too: no leaky
+    /// bucket unless the file asks for one.
+    #[test]
+    fn a_year_is_a_window_of_365_days() {
+        let limit = |sliding, leaky| Limit {
+            requests_per_unit: 2,
+            unit: Some(Unit::Year),
+            unlimited: false,
+            name: String::new(),
+            replaces: Vec::new(),
+            extension: super::super::limit::Extension {
+                sliding,
+                units: 1,
+                leaky,
+                ..Default::default()
+            },
+        };
+        assert_eq!(
+            counting_of(&limit(false, false)),
+            Ok(Counting::Window {
+                window: Window::Days365,
+                sliding: false
+            })
+        );
+        assert_eq!(
+            counting_of(&limit(true, false)),
+            Ok(Counting::Window {
+                window: Window::Days365,
+                sliding: true
+            })
+        );
+        assert!(matches!(
+            counting_of(&limit(false, true)),
+            Ok(Counting::Leaky { .. })
+        ));
     }
 
     #[test]

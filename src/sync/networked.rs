@@ -592,6 +592,34 @@ mod tests {
             .contains("counters[0]"));
     }
 
+    /// The epoch-aligned windows travel by name, in either encoding; a
+    /// window this build does not know (as `30d` is to a limiter that
+    /// predates it) drops the reply whole, the name in the reason: the
+    /// limiter keeps its last good state and counts as if that root were
+    /// down, and never panics.
+    #[test]
+    fn a_reply_with_a_window_this_build_does_not_know_is_dropped_whole() {
+        let quota = Quota::new(1, "monthly", 5.0, 5.0, 5.0)
+            .windowed(crate::core::Window::Days30, true)
+            .at_epoch(1);
+        let good = reply(vec![quota], vec![]);
+        let binary = binary::encode_response(&good).unwrap();
+        let json = serde_json::to_vec(&good).unwrap();
+        for (bytes, is_binary) in [(&binary, true), (&json, false)] {
+            let decoded = decode_reply(bytes, is_binary).unwrap();
+            assert_eq!(decoded.quotas[0].window, Some(crate::core::Window::Days30));
+            // Same length, so the binary frame stays whole.
+            let at = bytes
+                .windows(5)
+                .position(|w| w == b"\"30d\"")
+                .expect("the window by name");
+            let mut unknown = bytes.to_vec();
+            unknown[at..at + 5].copy_from_slice(b"\"14d\"");
+            let e = decode_reply(&unknown, is_binary).unwrap_err();
+            assert!(e.contains("14d"), "{e}");
+        }
+    }
+
     #[test]
     fn replies_with_bad_numbers_are_rejected_whole() {
         let bad_level = reply(

@@ -458,3 +458,51 @@ fn a_window_quota_is_listed_and_adopted_with_its_window_and_terms() {
         (Some(Window::TenSeconds), true)
     );
 }
+
+/// Every window, fixed and sliding, is stored in a slot's flags and read
+/// back as it was given (the epoch-aligned ones took codes past the first
+/// seven, in a wider field).
+#[test]
+fn every_window_is_stored_and_listed_as_given() {
+    for window in Window::ALL {
+        for sliding in [false, true] {
+            let t = Table::new_heap_with_keys(8, 16, 64);
+            t.books()
+                .apply_quotas(&[Quota::new(1, "q", 5.0, 5.0, 5.0).windowed(window, sliding)]);
+            assert!(passes(&t, b"q", 1, SEC));
+            let listed = t.quota(b"q", SEC).unwrap().quota;
+            assert_eq!((listed.window, listed.sliding), (Some(window), sliding));
+            assert_eq!(t.windows_used(), vec![window]);
+            // Another quota beside it keeps its own way of counting.
+            t.books()
+                .apply_quotas(&[Quota::new(2, "leaky", 5.0, 5.0, 5.0).in_flight_if(true)]);
+            let other = t.quota(b"leaky", SEC).unwrap().quota;
+            assert_eq!((other.window, other.in_flight), (None, true));
+        }
+    }
+}
+
+/// A week of epoch time starts over when the epoch time divides by
+/// 604,800 s (a Thursday), not on Monday as `7d` does.
+#[test]
+fn an_epoch_week_starts_over_when_the_epoch_divides_by_its_length() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books().apply_quotas(&[
+        Quota::new(1, "epoch", 5.0, 5.0, 5.0).windowed(Window::EpochWeek, false),
+        Quota::new(2, "monday", 5.0, 5.0, 5.0).windowed(Window::Week, false),
+    ]);
+    let week = 604_800 * SEC;
+    // Week 3 of the epoch, ends at 4 x 604,800 s; Monday weeks end three
+    // days later (4 days into the epoch week).
+    let before = 4 * week - SEC;
+    assert!(passes(&t, b"epoch", 5, before));
+    assert!(passes(&t, b"monday", 5, before));
+    t.books().fold_local(before);
+    assert!(!passes(&t, b"epoch", 1, before + SEC / 2));
+    let after = 4 * week + 20_000_000;
+    t.books().fold_local(after);
+    assert_eq!(t.quota(b"epoch", after).unwrap().level, 0.0);
+    assert_eq!(t.quota(b"monday", after).unwrap().level, 5.0);
+    assert!(passes(&t, b"epoch", 5, after));
+    assert!(!passes(&t, b"monday", 1, after));
+}

@@ -9,8 +9,7 @@ use crate::core::key::KeyHash;
 use crate::core::window::WindowLevel;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::region::layout::{
-    pack_rate_prev, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_SLIDING, FLAG_SOURCE_MASK,
-    FLAG_SOURCE_SHIFT,
+    pack_rate_prev, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_SLIDING,
 };
 use crate::table::region::layout::{Source, FOLDED};
 use crate::table::region::lock::SeqWrite;
@@ -136,7 +135,7 @@ pub(in crate::table) fn requeue(pending: &AtomicU64, unacked: &AtomicU64, amount
 
 /// The [`Source`] of a slot's known level.
 pub(in crate::table) fn slot_source(s: &Slot) -> Source {
-    ((s.flags.load(RLX) & FLAG_SOURCE_MASK) >> FLAG_SOURCE_SHIFT) as Source
+    s.source.load(RLX)
 }
 
 /// The [`Source`] a fold of this host's own weight leaves on the level of
@@ -152,12 +151,10 @@ pub(in crate::table) fn folded_source(flags: u16) -> Source {
 }
 
 /// Sets the [`Source`] of a slot's known level (the writer lock held;
-/// checks read the flags' other bits only, so no seqlock is needed).
+/// checks never read it, so no seqlock is needed).
 pub(in crate::table) fn set_slot_source(s: &Slot, source: Source) {
-    let flags = s.flags.load(RLX);
-    let new = flags & !FLAG_SOURCE_MASK | u16::from(source) << FLAG_SOURCE_SHIFT;
-    if new != flags {
-        s.flags.store(new, RLX);
+    if s.source.load(RLX) != source {
+        s.source.store(source, RLX);
     }
 }
 

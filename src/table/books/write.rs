@@ -7,7 +7,7 @@ use crate::table::books::key_sync::KeySync;
 use crate::table::books::tiers::TierBooks;
 use crate::table::region::index::NameIndex;
 use crate::table::region::layout::{
-    counting_flags, COUNTING_MASK, FLAG_LIVE, FLAG_PER_KEY, FLAG_SOURCE_MASK, FLAG_TIERS, FREE_LINK,
+    counting_flags, COUNTING_MASK, FLAG_LIVE, FLAG_PER_KEY, FLAG_TIERS, FREE_LINK,
 };
 use crate::table::region::lock::SeqWrite;
 use crate::table::region::slots::Slots;
@@ -156,14 +156,7 @@ impl Writer<'_> {
         TierBooks::of(self).set_quota_penalty(q.id, q.penalty.map(|p| p.secs()));
         let w = SeqWrite::begin(s);
         let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
-        // An edit keeps the counter, and with it whose value it is.
-        let source = if fresh {
-            0
-        } else {
-            old_flags & FLAG_SOURCE_MASK
-        };
-        s.flags
-            .store(FLAG_LIVE | per_key | counting | tiers | source, RLX);
+        s.flags.store(FLAG_LIVE | per_key | counting | tiers, RLX);
         if let Some(window) = q.window {
             self.header()
                 .windows_used
@@ -174,8 +167,10 @@ impl Writer<'_> {
         s.limit.store(q.leak().to_bits(), RLX);
         s.low_burst.store(q.low_burst.to_bits(), RLX);
         s.high_burst.store(q.high_burst.to_bits(), RLX);
+        // An edit keeps the counter, and with it whose value it is.
         if fresh {
-            s.name_len.store(q.name.len() as u16, RLX);
+            s.source.store(0, RLX);
+            s.name_len.store(q.name.len() as u8, RLX);
             if let Some(words) = names::name_words(self.arena(), s.name_at.load(RLX), q.name.len())
             {
                 names::store(words, q.name.as_bytes());

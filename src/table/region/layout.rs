@@ -45,12 +45,12 @@
 //! for keys without an entry and for the sync thread (see `tiers.rs`).
 
 use crate::core::window::{Window, WindowRule};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 15;
+pub const LAYOUT_VERSION: u32 = 16;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -94,31 +94,28 @@ pub const FLAG_LIVE: u16 = 1;
 /// Slot flag: the quota is a per-key template (its keys' counters live in
 /// the key section; the slot's own counter stays empty).
 pub const FLAG_PER_KEY: u16 = 2;
-/// Slot flags: a window quota's [`Window::code`] (1..=7) in three bits
+/// Slot flags: a window quota's [`Window::code`] (1..=10) in four bits
 /// from this one; 0 for a leaky bucket. A window quota's `known_level` is
 /// the count of the window holding `known_at`.
 pub const FLAG_WINDOW_SHIFT: u16 = 2;
 /// The bits of [`FLAG_WINDOW_SHIFT`].
-pub const FLAG_WINDOW_MASK: u16 = 0b111 << FLAG_WINDOW_SHIFT;
+pub const FLAG_WINDOW_MASK: u16 = 0b1111 << FLAG_WINDOW_SHIFT;
 /// Slot flag: the window slides; `fill_rate` then packs the others' rate
 /// and the previous window's count as two `f32`s ([`pack_rate_prev`]).
-pub const FLAG_SLIDING: u16 = 1 << 5;
+pub const FLAG_SLIDING: u16 = 1 << 6;
 /// Slot flag: the quota has a penalty, or (a per-key template) some of
 /// its keys have overrides: a check looks in the tier section. Never set
 /// for other quotas, so their checks pay one bit test.
-pub const FLAG_TIERS: u16 = 1 << 6;
+pub const FLAG_TIERS: u16 = 1 << 7;
 /// Slot flag: an in-flight quota (slots held, no leak: the slot's `limit`
 /// word is its leak, 0, and its bursts are its limit; see
 /// [`crate::core::Quota::leak`]).
-pub const FLAG_IN_FLIGHT: u16 = 1 << 7;
+pub const FLAG_IN_FLIGHT: u16 = 1 << 8;
 /// The flag bits saying how a quota counts: a change of any of them
 /// starts its counter over.
 pub const COUNTING_MASK: u16 = FLAG_WINDOW_MASK | FLAG_SLIDING | FLAG_IN_FLIGHT;
-/// Slot flags: the [`crate::table::Source`] of `known_level` (which
-/// root's reply it is) in the high byte.
-pub const FLAG_SOURCE_SHIFT: u16 = 8;
-/// The bits of [`FLAG_SOURCE_SHIFT`].
-pub const FLAG_SOURCE_MASK: u16 = 0xff << FLAG_SOURCE_SHIFT;
+
+const _: () = assert!(FLAG_WINDOW_MASK >> FLAG_WINDOW_SHIFT >= 10);
 
 /// Key entry `dirty` bit: the entry sits in the dirty ring.
 pub const DIRTY_QUEUED: u32 = 1;
@@ -533,11 +530,15 @@ pub struct Slot {
     /// Seqlock: odd while a writer changes line A (or the name).
     pub seq: AtomicU32,
     /// [`FLAG_LIVE`], [`FLAG_PER_KEY`], the window code,
-    /// [`FLAG_SLIDING`] and the known level's source
-    /// ([`FLAG_SOURCE_MASK`]); 0 when free.
+    /// [`FLAG_SLIDING`], [`FLAG_TIERS`] and [`FLAG_IN_FLIGHT`]; 0 when
+    /// free.
     pub flags: AtomicU16,
     /// Name length in bytes (at most 255).
-    pub name_len: AtomicU16,
+    pub name_len: AtomicU8,
+    /// The [`Source`] of `known_level` (which root's reply it is). Only
+    /// the sync thread and the writer change it, the writer lock held;
+    /// checks never read it.
+    pub source: AtomicU8,
     /// Parent's slot + 1; 0 for none.
     pub parent: AtomicU32,
     /// First granule of the name in the arena.
