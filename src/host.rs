@@ -64,6 +64,61 @@ pub fn thread_unit() -> f64 {
     crate::core::rng::thread_unit_seeded(random_seed)
 }
 
+/// The start time of process `pid`, in clock ticks since boot (field 22
+/// of `/proc/<pid>/stat`), and whether it is a zombie (dead, not reaped
+/// yet); `None` when it cannot be read (no such process, or no /proc).
+fn process_start(pid: u32) -> Option<(u64, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces:
+    // the fields after it start at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let zombie = fields.next()? == "Z";
+    // Field 3 (the state) was the first after ')'; field 22 is 19 later.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((start, zombie))
+}
+
+/// An identity of process `pid` started at `start` ticks: the pid in the
+/// low 32 bits, the start time's low 31 bits above (a pid the system
+/// reuses for a later process is another identity). Never 0 (no process
+/// has pid 0) nor all ones.
+pub fn identity_of(pid: u32, start: u64) -> u64 {
+    (start & 0x7fff_ffff) << 32 | u64::from(pid)
+}
+
+/// This process's identity ([`identity_of`]), or 0 when its start time
+/// cannot be read (then it records nothing it holds).
+pub fn process_identity() -> u64 {
+    let pid = std::process::id();
+    process_start(pid).map_or(0, |(start, _)| identity_of(pid, start))
+}
+
+/// False when the process `identity` names ([`identity_of`]) is dead: no
+/// process has its pid, that process is a zombie, or it started at
+/// another time (the pid was reused). True when it runs, or when this
+/// cannot tell (a process of another user whose /proc entry is hidden).
+pub fn process_alive(identity: u64) -> bool {
+    let pid = identity as u32;
+    let Ok(signed) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if signed <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; it only checks that `pid` exists.
+    let rc = unsafe { libc::kill(signed, 0) };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    match process_start(pid) {
+        Some((start, zombie)) => !zombie && identity_of(pid, start) == identity,
+        // It exists (kill found it) but its start time is hidden, or it
+        // ended meanwhile: the next sweep tells.
+        None => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +136,32 @@ mod tests {
     #[test]
     fn a_host_has_a_name() {
         assert!(name().is_some_and(|n| !n.is_empty()));
+    }
+
+    #[test]
+    fn this_process_is_alive_under_its_identity_and_not_under_another_start_time() {
+        let me = process_identity();
+        assert_ne!(me, 0);
+        assert_eq!(me as u32, std::process::id());
+        assert!(process_alive(me));
+        // The same pid with another start time: the pid was reused.
+        let reused = me ^ (1 << 32);
+        assert!(!process_alive(reused));
+    }
+
+    #[test]
+    fn a_process_that_exited_is_dead_whether_reaped_or_a_zombie() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let (start, _) = process_start(pid).expect("the child's start time");
+        let identity = identity_of(pid, start);
+        // Not reaped yet: a zombie once it has exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while process_alive(identity) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!process_alive(identity), "an exited child is dead");
+        child.wait().unwrap();
+        assert!(!process_alive(identity), "and so once reaped");
     }
 }

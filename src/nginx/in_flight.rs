@@ -16,10 +16,16 @@
 //! abandoned gives that check's weight back with the hold; its slots are
 //! not part of the hold's weight ([`exclude_from_hold`]) and go back here.
 //!
+//! Each slot is also recorded in the zone with this worker's identity
+//! ([`set_owner`], at `init_process`): a worker killed with its requests
+//! never runs their log phase or cleanup, and the sync thread gives back
+//! the slots recorded for a dead process instead (`table/region/holds.rs`).
+//!
 //! Installed by [`install_log_handler`], one line in `module.rs`'s
 //! postconfiguration beside the access handler.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ngx::ffi::{
     ngx_conf_t, ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_request_t, ngx_int_t,
@@ -30,6 +36,18 @@ use super::held_item::HeldItem;
 use super::util::{add_phase_handler, runtime_boundary};
 use crate::core::Nanos;
 use crate::table::{CheckItem, HeldSlot, Table, MAX_CHECKS};
+
+/// This process's identity ([`crate::host::process_identity`]), which the
+/// slots its requests take are recorded with; 0 until `init_process` (the
+/// master never serves requests).
+static OWNER: AtomicU64 = AtomicU64::new(0);
+
+/// Names this process as the holder of the slots its requests take from
+/// now on: called at `init_process`, after the fork (a worker must not
+/// pass for its master, nor for a sibling).
+pub(super) fn set_owner() {
+    OWNER.store(crate::host::process_identity(), Ordering::Relaxed);
+}
 
 /// The checks of a request that take in-flight slots, one bit per item.
 pub(super) type SlotMask = u32;
@@ -67,6 +85,10 @@ struct Slots {
     held: HeldSlot,
     /// The checks that took them (names and keys in the request's pool).
     items: [HeldItem; MAX_CHECKS],
+    /// Each slot's hold record in the zone (0: not recorded).
+    records: [u32; MAX_CHECKS],
+    /// The process the records name.
+    owner: u64,
     count: usize,
 }
 
@@ -78,11 +100,13 @@ impl Slots {
         let Some(table) = (unsafe { self.table.as_ref() }) else {
             return;
         };
-        for held in &self.items[..count] {
+        for (held, &record) in self.items[..count].iter().zip(&self.records) {
             // SAFETY: called from the log phase or the pool's cleanup,
             // before the pool (where names and keys live) is freed.
             let item = unsafe { held.item() };
-            table.gate().release(&item, self.held, now);
+            table
+                .gate()
+                .release_recorded(&item, self.held, record, self.owner, now);
         }
     }
 }
@@ -101,15 +125,19 @@ pub(super) fn hold(
     if mask == 0 {
         return true;
     }
+    let owner = OWNER.load(Ordering::Relaxed);
     let mut slots = Slots {
         table,
         held,
         items: [HeldItem::NONE; MAX_CHECKS],
+        records: [0; MAX_CHECKS],
+        owner,
         count: 0,
     };
     for (i, item) in items.iter().enumerate().take(MAX_CHECKS) {
         if mask & (1 << i) != 0 {
             slots.items[slots.count] = HeldItem::of(item);
+            slots.records[slots.count] = table.gate().record_slot(item, held, owner);
             slots.count += 1;
         }
     }

@@ -44,6 +44,20 @@ pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String
         "Quotas refused because the table was full.",
         table.refused_quotas() as f64,
     );
+    let holds = table.hold_stats();
+    counter(
+        &mut out,
+        "sluice_in_flight_reclaimed_total",
+        "In-flight slots given back because the worker holding them died.",
+        holds.reclaimed as f64,
+    );
+    counter(
+        &mut out,
+        "sluice_in_flight_unrecorded_total",
+        "In-flight slots taken while every hold record was in use: not given back \
+         should their worker die.",
+        holds.unrecorded as f64,
+    );
     gauge(
         &mut out,
         "sluice_quota_epoch",

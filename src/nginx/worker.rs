@@ -100,6 +100,7 @@ fn runs_sync() -> bool {
 
 /// `init_process`: starts the sync thread in worker 0.
 pub(crate) fn start(cycle: &mut ngx_cycle_t) -> Result<(), String> {
+    super::in_flight::set_owner();
     if !runs_sync() {
         return Ok(());
     }

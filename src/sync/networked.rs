@@ -238,6 +238,7 @@ async fn run_loop(
     };
     let mut ended = Ended::Stopped;
     while !shared.stop.load(Ordering::Acquire) {
+        super::standalone::reclaim_abandoned(table, now(), config);
         for mut out in engine.begin_cycle(table, now()) {
             let root = out.root;
             owed_of.insert(root, std::mem::take(&mut out.owed));

@@ -34,6 +34,7 @@ pub(super) fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared
         let wait = window_wake(table, now, 0).map_or(tick, |ns| tick.min(Duration::from_nanos(ns)));
         shared.wake.wait_timeout(wait);
         let now = local_now(config.clock_skew);
+        reclaim_abandoned(table, now, config);
         table.books().fold_local(now);
         table
             .books()
@@ -42,5 +43,19 @@ pub(super) fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared
             m.cycles += 1;
             status::publish(table, &m);
         }
+    }
+}
+
+/// Gives back the in-flight slots of processes that died holding them (a
+/// worker killed with its requests), as releases: standalone they leave
+/// the level at the next fold, with roots they go back to each root as
+/// returns with this cycle's requests. Logs how many, when any.
+pub(super) fn reclaim_abandoned(table: &Table, now: Nanos, config: &SyncConfig) {
+    let given = table.reclaim_abandoned_slots(now, crate::host::process_alive);
+    if given > 0 {
+        (config.log)(
+            super::log::LogLevel::Warn,
+            &format!("gave back {given} in-flight slot(s) held by processes that died"),
+        );
     }
 }

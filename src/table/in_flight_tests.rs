@@ -326,3 +326,123 @@ fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
     let second = unsafe { Table::from_raw(base, len, 16, 0, 0, false) }.unwrap();
     assert_eq!(second.books().held_here(b"uploads"), Some(2));
 }
+
+/// Two processes' identities, as the hold records name them.
+const LIVE: u64 = 0x11_0000_0001;
+const DEAD: u64 = 0x22_0000_0002;
+
+#[test]
+fn the_slots_of_a_process_that_died_are_given_back_and_a_live_ones_kept() {
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&[uploads(2.0)]);
+    let item = named(b"uploads");
+    for owner in [LIVE, DEAD] {
+        let (r, held) = t.gate().acquire(&item, SEC, false, never);
+        assert_eq!(r.outcome, Outcome::Pass);
+        assert_ne!(t.gate().record_slot(&item, held.unwrap(), owner), 0);
+    }
+    let (r, _) = t.gate().acquire(&item, 2 * SEC, false, never);
+    assert!(matches!(r.outcome, Outcome::Reject(_)), "both slots held");
+    let given = t.reclaim_abandoned_slots(3 * SEC, |owner| owner == LIVE);
+    assert_eq!(given, 1);
+    assert_eq!(t.books().held_here(b"uploads"), Some(1));
+    let (r, _) = t.gate().acquire(&item, 3 * SEC, false, never);
+    assert_eq!(r.outcome, Outcome::Pass, "the dead process's slot is free");
+    // Swept again: nothing more (the record went with its slot).
+    assert_eq!(t.reclaim_abandoned_slots(4 * SEC, |owner| owner == LIVE), 0);
+    let stats = t.hold_stats();
+    assert_eq!((stats.live, stats.reclaimed), (1, 1));
+}
+
+#[test]
+fn a_slot_released_by_its_process_is_not_given_back_again_when_it_dies() {
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&[uploads(2.0)]);
+    let item = named(b"uploads");
+    let (_, held) = t.gate().acquire(&item, SEC, false, never);
+    let held = held.unwrap();
+    let record = t.gate().record_slot(&item, held, DEAD);
+    assert!(t
+        .gate()
+        .release_recorded(&item, held, record, DEAD, 2 * SEC));
+    assert_eq!(t.reclaim_abandoned_slots(3 * SEC, |_| false), 0);
+    assert_eq!(t.books().held_here(b"uploads"), Some(0));
+    assert_eq!(t.hold_stats().live, 0);
+}
+
+#[test]
+fn a_slot_reclaimed_after_its_sync_travels_as_a_return() {
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&[uploads(3.0)]);
+    let item = named(b"uploads");
+    let (_, held) = t.gate().acquire(&item, SEC, false, never);
+    t.gate().record_slot(&item, held.unwrap(), DEAD);
+    let mut out = Vec::new();
+    t.books().collect_deltas(&mut out);
+    assert_eq!((out[0].delta, out[0].returned), (1, 0));
+    assert_eq!(t.reclaim_abandoned_slots(2 * SEC, |_| false), 1);
+    out.clear();
+    t.books().collect_deltas(&mut out);
+    assert_eq!((out[0].delta, out[0].returned), (0, 1));
+}
+
+#[test]
+fn a_dead_processs_key_slot_goes_back_to_its_key() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books().apply_quotas(&[uploads(1.0).keyed()]);
+    let keyed = |key: &'static [u8]| CheckItem {
+        key: Some(key),
+        ..named(b"uploads")
+    };
+    for key in [&b"alice"[..], b"bob"] {
+        let (r, held) = t.gate().acquire(&keyed(key), SEC, false, never);
+        assert_eq!(r.outcome, Outcome::Pass);
+        let owner = if key == b"alice" { DEAD } else { LIVE };
+        assert_ne!(t.gate().record_slot(&keyed(key), held.unwrap(), owner), 0);
+    }
+    assert_eq!(t.reclaim_abandoned_slots(2 * SEC, |owner| owner == LIVE), 1);
+    let (alice, _) = t.gate().acquire(&keyed(b"alice"), 2 * SEC, false, never);
+    let (bob, _) = t.gate().acquire(&keyed(b"bob"), 2 * SEC, false, never);
+    assert_eq!(alice.outcome, Outcome::Pass, "alice's slot came back");
+    assert!(
+        matches!(bob.outcome, Outcome::Reject(_)),
+        "bob's is still held"
+    );
+}
+
+#[test]
+fn a_record_of_a_quota_deleted_and_its_slot_reused_gives_nothing_to_the_new_one() {
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&[uploads(1.0)]);
+    let item = named(b"uploads");
+    let (_, held) = t.gate().acquire(&item, SEC, false, never);
+    t.gate().record_slot(&item, held.unwrap(), DEAD);
+    t.books()
+        .apply_quotas(&[Quota::tombstone(1, "uploads", uploads(1.0).epoch + 1)]);
+    let other = Quota::new(2, "other", 2.0, 2.0, 2.0).in_flight_if(true);
+    t.books().apply_quotas(&[other]);
+    assert!(t.gate().lookup(b"uploads").is_none());
+    let (r, _) = t.gate().acquire(&named(b"other"), SEC, false, never);
+    assert_eq!(r.outcome, Outcome::Pass);
+    t.reclaim_abandoned_slots(2 * SEC, |_| false);
+    assert_eq!(t.books().held_here(b"other"), Some(1));
+}
+
+#[test]
+fn a_full_record_section_counts_the_slot_unrecorded_and_the_request_goes_on() {
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&[uploads(1e6)]);
+    let item = named(b"uploads");
+    let records = t.hold_stats().records;
+    let mut recorded = 0;
+    for i in 0..records + 10 {
+        let (r, held) = t.gate().acquire(&item, SEC + i, false, never);
+        assert_eq!(r.outcome, Outcome::Pass);
+        if t.gate().record_slot(&item, held.unwrap(), LIVE) != 0 {
+            recorded += 1;
+        }
+    }
+    let stats = t.hold_stats();
+    assert!(recorded <= records && stats.unrecorded >= 10, "{stats:?}");
+    assert_eq!(stats.live + stats.unrecorded, records + 10);
+}

@@ -72,6 +72,7 @@ pub use gate::{
     Rejection, Reservation, MAX_CHECKS,
 };
 pub use layout::Source;
+pub use region::holds::HoldStats;
 pub use region::key_entries::{KeyOverflow, KeyState, KeyStats};
 pub use region::key_moves::MAX_MOVE_DEPTH;
 pub use region::listing::QuotaState;
@@ -83,6 +84,7 @@ use crate::core::key::KeySecret;
 use crate::table::region::listing::Listing;
 use gate::local::Local;
 use geometry::Geometry;
+use region::holds::Holds;
 use region::key_entries::KeyEntries;
 use region::slots::Slots;
 use region::tier_section::TierSection;
@@ -128,7 +130,8 @@ impl Table {
     pub fn new_heap_with(capacity: u32, avg_name_bytes: usize, keys: u64, tiers: u64) -> Table {
         let geometry = Geometry::new(capacity, avg_name_bytes)
             .with_keys(keys)
-            .with_tiers(tiers);
+            .with_tiers(tiers)
+            .with_holds(geometry::HEAP_HOLD_RECORDS);
         Self::over(Region::new_heap(geometry))
     }
 
@@ -349,6 +352,28 @@ impl Table {
     /// Overrides and penalties the section holds (0: none).
     pub fn tier_capacity(&self) -> u64 {
         TierSection::of(&self.region).tier_capacity()
+    }
+
+    /// The hold records' counters: in use, unrecorded slots, slots given
+    /// back for dead processes.
+    pub fn hold_stats(&self) -> HoldStats {
+        Holds::of(&self.region).stats()
+    }
+
+    /// Gives back every in-flight slot recorded for a process that
+    /// `alive` says is dead ([`crate::host::process_alive`]; asked once
+    /// per process), through the path a release takes: a slot sent to the
+    /// roots goes back to them as a return. The sync thread calls it each
+    /// cycle. Returns the slots given back.
+    pub fn reclaim_abandoned_slots(
+        &self,
+        now: crate::core::Nanos,
+        alive: impl FnMut(u64) -> bool,
+    ) -> u64 {
+        let gate = self.gate();
+        Holds::of(&self.region).reclaim(alive, |slot| {
+            gate.release_abandoned(slot, now);
+        })
     }
 
     /// The tier section's counters.

@@ -5,11 +5,12 @@
 
 use super::local::gate_view;
 use crate::core::counter::ceil_nanos;
+use crate::core::key::KeyHash;
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::{grantable, Nanos, Wait};
 use crate::table::region::index::NameIndex;
 use crate::table::region::key_entries::KeyEntries;
-use crate::table::region::RLX;
+use crate::table::region::{SlotId, RLX};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use super::chain::{Chain, Resolved};
@@ -315,10 +316,30 @@ impl Grants<'_> {
         if units == 0 {
             return 0;
         }
-        let units = units.min(crate::core::quota::MAX_WEIGHT);
         let Some(slot) = NameIndex::of(self).lookup(item.name) else {
             return 0;
         };
+        let keyed = KeyEntries::of(self).is_per_key(slot) && !overflowed;
+        let key = item
+            .key
+            .filter(|k| keyed && !k.is_empty())
+            .map(|k| KeyEntries::of(self).key_secret().hash(k));
+        self.give_back_to(slot, key, units, charged_at, now, overflowed)
+    }
+
+    /// [`Grants::give_back`] to the quota in `slot` and, for a per-key
+    /// one, its key of hash `key` (the template's own counter when
+    /// `overflowed`; none when `key` is `None`).
+    pub(in crate::table) fn give_back_to(
+        &self,
+        slot: SlotId,
+        key: Option<KeyHash>,
+        units: u64,
+        charged_at: Nanos,
+        now: Nanos,
+        overflowed: bool,
+    ) -> u64 {
+        let units = units.min(crate::core::quota::MAX_WEIGHT);
         let mut chain = Chain::new();
         if !self.view(Reader::of).read_chain(slot, &mut chain) {
             return 0;
@@ -332,11 +353,7 @@ impl Grants<'_> {
         let mut counters = &chain.slots[..chain.len];
         if KeyEntries::of(self).is_per_key(slot) && !overflowed {
             counters = &counters[1..];
-            let key = item.key.filter(|k| !k.is_empty());
-            let entry = key.and_then(|k| {
-                let hash = KeyEntries::of(self).key_secret().hash(k);
-                KeyEntries::of(self).find_key(slot, hash)
-            });
+            let entry = key.and_then(|hash| KeyEntries::of(self).find_key(slot, hash));
             first = Some(0);
             if let (Some(at), true) = (entry, same_window(0)) {
                 if let Some(e) = KeyEntries::of(self).key_at(at) {

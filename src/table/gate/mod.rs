@@ -239,6 +239,40 @@ impl<'t> Gate<'t> {
         self.view(InFlight::of).release(item, held, now)
     }
 
+    /// Records that process `owner` (its [`crate::host::process_identity`])
+    /// holds the slot `held` of `item`, taken by a passed check, so that
+    /// the sync thread gives it back should that process die holding it
+    /// ([`crate::table::Table::reclaim_abandoned_slots`]). Returns the record's number for
+    /// [`Gate::release_recorded`]; 0 when nothing was recorded (`owner` 0,
+    /// an unknown quota, or every record along the probe in use: counted
+    /// as unrecorded, the request goes on).
+    pub fn record_slot(&self, item: &CheckItem, held: HeldSlot, owner: u64) -> u32 {
+        self.view(InFlight::of).record(item, held, owner)
+    }
+
+    /// [`Gate::release`] of a slot [`Gate::record_slot`] recorded as
+    /// `record` for `owner`: frees the record, then gives the slot back.
+    pub fn release_recorded(
+        &self,
+        item: &CheckItem,
+        held: HeldSlot,
+        record: u32,
+        owner: u64,
+        now: Nanos,
+    ) -> bool {
+        self.view(InFlight::of)
+            .release_recorded(item, held, record, owner, now)
+    }
+
+    /// Gives back a slot that a dead process held, as its record names it.
+    pub(in crate::table) fn release_abandoned(
+        &self,
+        slot: crate::table::region::holds::Abandoned,
+        now: Nanos,
+    ) -> bool {
+        self.view(InFlight::of).release_abandoned(slot, now)
+    }
+
     /// True when `name` names a live in-flight quota.
     pub fn is_in_flight(&self, name: &[u8]) -> bool {
         self.view(Reader::of).is_in_flight(name)

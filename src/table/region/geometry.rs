@@ -3,8 +3,8 @@
 //! that fits a zone, and the ceilings of the key and tier sections.
 
 use super::layout::{
-    Header, KeyBucket, KeyEntry, Slot, SyncStatus, TierEntry, GRANULE, KEY_WAYS, MAX_CAPACITY,
-    TIER_BYTES,
+    Header, HoldRecord, KeyBucket, KeyEntry, Slot, SyncStatus, TierEntry, GRANULE, KEY_WAYS,
+    MAX_CAPACITY, TIER_BYTES,
 };
 
 /// Rounds `n` up to a multiple of 64.
@@ -29,6 +29,24 @@ pub struct Geometry {
     pub tier_entries: u32,
     /// 64-byte blocks of one copy of the tier filter.
     pub tier_filter_blocks: u32,
+    /// Hold records: in-flight slots recorded with the process holding
+    /// them (see `holds.rs`).
+    pub hold_records: u32,
+}
+
+/// Most hold records a region has: in-flight slots held at once on one
+/// host and recorded with their process (1 MiB of records).
+pub const MAX_HOLD_RECORDS: u32 = 32768;
+
+/// Hold records of a table on the heap (the C ABI's, tests').
+pub const HEAP_HOLD_RECORDS: u32 = 256;
+
+/// Hold records for a quota table of `bytes` (a region's bytes besides
+/// its key and tier sections: `sluice_zone`'s size): one per KiB (3% of
+/// them), at most [`MAX_HOLD_RECORDS`] (a 1 MiB table records 1,024 slots
+/// held at once; one of 32 MiB or more, 32,768).
+pub fn hold_records_for(bytes: usize) -> u32 {
+    (bytes >> 10).min(MAX_HOLD_RECORDS as usize) as u32
 }
 
 /// Most keys a region holds: 2^30 (48 GiB of entries), the one ceiling
@@ -90,7 +108,21 @@ impl Geometry {
             key_ring: 0,
             tier_entries: 0,
             tier_filter_blocks: 0,
+            hold_records: 0,
         }
+    }
+
+    /// The same geometry with `records` hold records.
+    pub fn with_holds(self, records: u32) -> Self {
+        Self {
+            hold_records: records.min(MAX_HOLD_RECORDS),
+            ..self
+        }
+    }
+
+    /// Offset of hold record 0.
+    pub fn holds_offset(&self) -> usize {
+        line_up(self.tier_filter_offset() + self.tier_filter_blocks as usize * 64 * 2)
     }
 
     /// The same geometry with room for `overrides` overrides and
@@ -211,7 +243,7 @@ impl Geometry {
 
     /// Total bytes of a region with this geometry.
     pub fn region_len(&self) -> usize {
-        self.tier_filter_offset() + self.tier_filter_blocks as usize * 64 * 2
+        self.holds_offset() + self.hold_records as usize * std::mem::size_of::<HoldRecord>()
     }
 
     /// The largest geometry that fits `bytes` with `key_bytes` of them
@@ -236,13 +268,16 @@ impl Geometry {
         let buckets = key_bytes / BYTES_PER_KEY_BUCKET;
         let keys = buckets as u64 * KEY_WAYS as u64;
         let tiers = tier_bytes as u64 / TIER_BYTES;
+        let holds = hold_records_for(bytes.saturating_sub(key_bytes + tier_bytes));
         let sections = Self::new(1, avg_name_bytes)
             .with_keys(keys)
-            .with_tiers(tiers);
+            .with_tiers(tiers)
+            .with_holds(holds);
         let sections_len = sections.region_len() - sections.key_ring_offset();
         let g = Self::fitting(bytes.checked_sub(sections_len)?, avg_name_bytes)?
             .with_keys(keys)
-            .with_tiers(tiers);
+            .with_tiers(tiers)
+            .with_holds(holds);
         (g.region_len() <= bytes).then_some(g)
     }
 }
@@ -275,7 +310,7 @@ mod tests {
             let g = Geometry::fitting_with_keys(total, 32, keys)
                 .unwrap_or_else(|| panic!("{mib} MiB of keys do not fit"));
             assert!(g.region_len() <= total);
-            let section = g.region_len() - g.key_ring_offset();
+            let section = g.holds_offset() - g.key_ring_offset();
             assert!(section <= keys + 128, "{mib} MiB: section {section}");
             assert!(g.capacity > 1000, "{mib} MiB: {g:?}");
         }
@@ -288,7 +323,7 @@ mod tests {
             let total = (1 << 20) + (16 << 20) + tiers;
             let g = Geometry::fitting_with(total, 32, 16 << 20, tiers).unwrap();
             assert!(g.region_len() <= total);
-            let section = g.region_len() - g.tier_entries_offset();
+            let section = g.holds_offset() - g.tier_entries_offset();
             assert!(section <= tiers + 128, "{mib} MiB: section {section}");
             assert!(
                 g.tier_capacity() * TIER_BYTES >= (tiers as u64) * 9 / 10,
@@ -312,5 +347,16 @@ mod tests {
             assert!(g.capacity as usize * 10 >= ideal * 7, "{bytes}: {g:?}");
         }
         assert!(Geometry::fitting(100, 32).is_none());
+    }
+
+    #[test]
+    fn a_zone_has_a_hold_record_per_kib_up_to_the_most() {
+        let g = Geometry::fitting_with(1 << 20, 32, 0, 0).unwrap();
+        assert_eq!(g.hold_records, 1024);
+        assert!(g.region_len() <= 1 << 20);
+        let g = Geometry::fitting_with((32 << 20) + (20 << 20), 32, 16 << 20, 4 << 20).unwrap();
+        assert_eq!(g.hold_records, MAX_HOLD_RECORDS);
+        assert_eq!(g.holds_offset() % 64, 0);
+        assert!(g.region_len() <= 52 << 20);
     }
 }

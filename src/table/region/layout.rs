@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | held: [u64; capacity]| arena | key ring | key buckets | tiers | tier  |
-//! |        |            |                 |                         |                      |       |          |             |       | filter|
-//! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | held: [u64; capacity]| arena | key ring | key buckets | tiers | tier  | hold    |
+//! |        |            |                 |                         |                      |       |          |             |       | filter| records |
+//! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+---------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -43,6 +43,13 @@
 //! may hold anything of the key, so a key of a template with overrides but
 //! none of its own costs one bit test in its own entry; the filter answers
 //! for keys without an entry and for the sync thread (see `tiers.rs`).
+//!
+//! The hold records say which process holds which in-flight slots
+//! ([`HoldRecord`], 32 bytes each): a request that takes a slot claims
+//! one, naming its process (pid and start time) and the counter, and
+//! frees it when it gives the slot back. The sync thread gives back the
+//! slots of records whose process died (see `holds.rs`), so a worker
+//! killed with its requests does not keep their slots for ever.
 
 use crate::core::window::{Window, WindowRule};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -263,7 +270,57 @@ pub struct Header {
     pub windows_used: AtomicU32,
     /// The tier section's shared words (see [`TierHeader`]).
     pub tiers: TierHeader,
+    /// The hold records' shared words (see [`HoldHeader`]).
+    pub holds: HoldHeader,
 }
+
+/// The hold records' shared words.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub struct HoldHeader {
+    /// Hold records in the region (0: none; slots are then not recorded).
+    pub records: AtomicU32,
+    /// Records claimed and not freed (the sweep skips an empty section).
+    pub live: AtomicU64,
+    /// Slots taken that found no free record (the section was full): not
+    /// recorded, so not given back should their process die.
+    pub unrecorded: AtomicU64,
+    /// Slots given back because the process holding them died.
+    pub reclaimed: AtomicU64,
+}
+
+/// [`HoldRecord::owner`] of a record being given back by a sweep: no
+/// process is its owner (a process identity never has all bits set), and
+/// no other sweep or claim takes it.
+pub const HOLD_RECLAIMING: u64 = u64::MAX;
+
+/// [`HoldRecord::state`] bit: the fields are written (a record whose
+/// owner died before it set this holds no slot that was recorded).
+pub const HOLD_READY: u32 = 1;
+/// [`HoldRecord::state`] bit: the slot was taken on a per-key template's
+/// own counter (its key found no entry), not the key's.
+pub const HOLD_OVERFLOWED: u32 = 2;
+
+/// One in-flight slot held by a live process: 32 bytes.
+#[repr(C)]
+#[derive(Default)]
+pub struct HoldRecord {
+    /// The holding process's identity (pid in the low 32 bits, the low
+    /// 31 bits of its start time above), 0 when free, or
+    /// [`HOLD_RECLAIMING`].
+    pub owner: AtomicU64,
+    /// The id of the quota whose slot it is (a slot reused by another
+    /// quota is not given back to).
+    pub quota: AtomicU64,
+    /// The key's hash, for a per-key quota's key (0: none).
+    pub key: AtomicU64,
+    /// The quota's slot.
+    pub slot: AtomicU32,
+    /// [`HOLD_READY`] and [`HOLD_OVERFLOWED`].
+    pub state: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<HoldRecord>() == 32);
 
 /// Penalties a check can queue for the sync thread before it must scan
 /// the tier section for them.

@@ -27,11 +27,14 @@
 //!   counter); `key_moves.rs` — making room for a key whose two buckets
 //!   are full (moving entries, evicting drained ones).
 //! - `tier_section.rs` — overrides and penalties per key in the region.
+//! - `holds.rs` — hold records: which process holds which in-flight
+//!   slots, claimed, freed, and taken over from a dead process.
 //! - `listing.rs` — the table read whole: every quota with its live state
 //!   (listings, snapshots, the busiest quotas).
 
 pub mod geometry;
 pub(in crate::table) mod heap;
+pub(in crate::table) mod holds;
 pub(in crate::table) mod index;
 pub(in crate::table) mod key_entries;
 pub(in crate::table) mod key_moves;

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::geometry::Geometry;
 use super::heap::HeapRegion;
-use super::layout::{Header, KeyBucket, Slot, SyncStatus, TierEntry, LAYOUT_VERSION, MAGIC};
+use super::layout::{
+    Header, HoldRecord, KeyBucket, Slot, SyncStatus, TierEntry, LAYOUT_VERSION, MAGIC,
+};
 
 pub(in crate::table) const ACQ: Ordering = Ordering::Acquire;
 pub(in crate::table) const REL: Ordering = Ordering::Release;
@@ -105,6 +107,7 @@ struct Offsets {
     key_buckets: usize,
     tier_entries: usize,
     tier_filter: usize,
+    holds: usize,
 }
 
 impl Offsets {
@@ -117,6 +120,7 @@ impl Offsets {
             key_buckets: g.key_buckets_offset(),
             tier_entries: g.tier_entries_offset(),
             tier_filter: g.tier_filter_offset(),
+            holds: g.holds_offset(),
         }
     }
 }
@@ -205,6 +209,7 @@ impl Region {
             key_ring: header.keys.config.ring_len.load(RLX),
             tier_entries: header.tiers.entries.load(RLX),
             tier_filter_blocks: header.tiers.filter_blocks.load(RLX),
+            hold_records: header.holds.records.load(RLX),
         };
         if found.region_len() > len {
             return Err(TableError::Incompatible(
@@ -230,6 +235,7 @@ impl Region {
         h.keys.config.ring_len.store(g.key_ring, RLX);
         h.tiers.entries.store(g.tier_entries, RLX);
         h.tiers.filter_blocks.store(g.tier_filter_blocks, RLX);
+        h.holds.records.store(g.hold_records, RLX);
         let (k0, k1) = crate::core::key::KeySecret::built_in().to_words();
         h.keys.config.secret[0].store(k0, RLX);
         h.keys.config.secret[1].store(k1, RLX);
@@ -361,6 +367,18 @@ impl Region {
                     .add(self.offsets.tier_filter + (copy as usize & 1) * words * 8)
                     .cast::<AtomicU64>(),
                 words,
+            )
+        }
+    }
+
+    /// The hold records (see `holds.rs`).
+    pub(in crate::table) fn hold_records(&self) -> &[HoldRecord] {
+        // SAFETY: `hold_records` records start at their offset, 64-byte
+        // aligned, inside the region; HoldRecord is all atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(self.offsets.holds).cast::<HoldRecord>(),
+                self.geometry().hold_records as usize,
             )
         }
     }
