@@ -75,7 +75,10 @@ fn main() -> ExitCode {
         #[cfg(feature = "rls")]
         Command::Rls(rls) => {
             init_logging(args.log_format, "info");
-            sluice::rls::server::run(&rls, shutdown_signal())
+            use sluice::rls::server::{settings, start};
+            serve("sluice rls", settings(&rls), |settings| {
+                start(&rls, settings, shutdown_signal())
+            })
         }
         #[cfg(feature = "sim")]
         Command::Sim(sim) => match sluice::sim::run(&sim) {
@@ -124,10 +127,26 @@ fn init_logging(format: LogFormat, default: &str) {
 }
 
 fn run_root(args: &RootArgs) -> ExitCode {
-    let config = match RootConfig::load(args) {
+    serve("sluice root", RootConfig::load(args), |config| async {
+        sluice::root::bind_and_run(config, shutdown_signal())
+            .await
+            .inspect_err(|error| tracing::error!(%error, "quota root failed"))
+    })
+}
+
+/// Runs a server (`start`, given its configuration `loaded`) on a
+/// multi-thread runtime until it ends. Exit code 2 for a bad
+/// configuration or flag (nothing served), 1 for a runtime that does not
+/// start or a server that fails.
+fn serve<C, E: std::fmt::Display, F: std::future::Future<Output = Result<(), E>>>(
+    program: &str,
+    loaded: Result<C, impl std::fmt::Display>,
+    start: impl FnOnce(C) -> F,
+) -> ExitCode {
+    let config = match loaded {
         Ok(config) => config,
         Err(error) => {
-            eprintln!("sluice root: {error}");
+            eprintln!("{program}: {error}");
             return ExitCode::from(2);
         }
     };
@@ -137,15 +156,14 @@ fn run_root(args: &RootArgs) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("sluice root: cannot start the runtime: {error}");
+            eprintln!("{program}: cannot start the runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(sluice::root::bind_and_run(config, shutdown_signal())) {
+    match runtime.block_on(start(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!(%error, "quota root failed");
-            eprintln!("sluice root: {error}");
+            eprintln!("{program}: {error}");
             ExitCode::FAILURE
         }
     }

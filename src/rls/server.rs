@@ -9,7 +9,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -96,8 +95,8 @@ fn config_path(args: &RlsArgs) -> PathBuf {
     Path::new(&root).join(sub).join("config")
 }
 
-/// Everything checked before anything starts.
-struct Settings {
+/// Everything checked before anything starts ([`settings`]).
+pub struct Settings {
     grpc: SocketAddr,
     http: Option<SocketAddr>,
     config_path: PathBuf,
@@ -106,7 +105,9 @@ struct Settings {
     key_secret: Option<crate::core::key::KeySecret>,
 }
 
-fn settings(args: &RlsArgs) -> Result<Settings, String> {
+/// The flags and the configuration they name, checked: the error says
+/// which is wrong (the process then exits with code 2, serving nothing).
+pub fn settings(args: &RlsArgs) -> Result<Settings, String> {
     let parse = |what: &str, text: &str| -> Result<SocketAddr, String> {
         text.parse()
             .map_err(|e| format!("--{what} {text:?}: not an address (host:port): {e}"))
@@ -176,40 +177,10 @@ fn settings(args: &RlsArgs) -> Result<Settings, String> {
     })
 }
 
-/// Runs `sluice rls` until `shutdown` completes (the binary's: SIGINT or
-/// SIGTERM). A bad configuration or flag stops it before it serves, with
-/// exit code 2.
-pub fn run(
-    args: &RlsArgs,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> ExitCode {
-    let settings = match settings(args) {
-        Ok(settings) => settings,
-        Err(error) => {
-            eprintln!("sluice rls: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("sluice rls: cannot start the runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(start(args, settings, shutdown)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("sluice rls: {error}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn start(
+/// Runs `sluice rls` with `settings` (from [`settings`]) until
+/// `shutdown` completes (the binary's: SIGINT or SIGTERM); on the
+/// caller's runtime.
+pub async fn start(
     args: &RlsArgs,
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,

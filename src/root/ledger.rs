@@ -16,7 +16,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use super::counter_book::{
     AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits, Uncounted,
 };
-use super::counter_shards::{Counters, CountersView};
+use super::counter_shards::{CounterSizes, Counters, CountersView};
 use super::in_flight::lease_expired;
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
@@ -150,21 +150,8 @@ pub struct LedgerStats {
     pub quotas: usize,
     /// Tombstones held.
     pub tombstones: usize,
-    /// Counters in memory.
-    pub counters: usize,
-    /// Of them, keys of per-key templates.
-    pub keys: usize,
-    /// Key deltas ignored: `max_keys` keys were held, or their limiter
-    /// held its share.
-    pub keys_refused: u64,
-    /// Key counters forgotten to make room for a limiter within its share.
-    pub keys_displaced: u64,
-    /// Key counters forgotten after draining.
-    pub keys_forgotten: u64,
-    /// Counter updates cut to the level cap.
-    pub levels_capped: u64,
-    /// Limiter allowances held (limiter and counter pairs not at full).
-    pub allowances: usize,
+    /// The counters' sizes and what they refused, summed over the shards.
+    pub sizes: CounterSizes,
     /// Epoch of the last quota or override loaded.
     pub epoch: u64,
     /// Last counter version handed out.
@@ -241,17 +228,10 @@ pub struct LedgerView<'a> {
 impl LedgerView<'_> {
     /// Sizes for metrics and health.
     pub fn stats(&self) -> LedgerStats {
-        let sizes = self.counters.sizes();
         LedgerStats {
             quotas: self.quotas.live(),
             tombstones: self.quotas.tombstones(),
-            counters: sizes.counters,
-            keys: sizes.keys,
-            keys_refused: sizes.keys_refused,
-            keys_displaced: sizes.keys_displaced,
-            keys_forgotten: sizes.keys_forgotten,
-            levels_capped: sizes.levels_capped,
-            allowances: sizes.allowances,
+            sizes: self.counters.sizes(),
             epoch: self.quotas.cursor().epoch.max(self.override_epoch),
             counter_version: self.counters.version(),
             limiters: self.limiters.len(),
@@ -1240,7 +1220,7 @@ mod tests {
         assert_eq!(level_of(&a, 1), Some(450.0));
         let b = ledger.sync(&request("b", 0, &[(1, 100)]), INSTANCE, 0, PAGING);
         assert_eq!((b.clipped, level_of(&b, 1)), (0, Some(450.0)));
-        assert_eq!(ledger.stats().levels_capped, 2);
+        assert_eq!(ledger.stats().sizes.levels_capped, 2);
         {
             let limiters = ledger.limiters();
             let info = limiters.get(0).unwrap();

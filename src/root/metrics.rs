@@ -478,14 +478,14 @@ fn render_trust(scrape: &Scrape, out: &mut String) {
         "counter",
         "Counter updates cut to the quota's level cap.",
     );
-    sample(out, "levels_capped_total", "", s.levels_capped);
+    sample(out, "levels_capped_total", "", s.sizes.levels_capped);
     family(
         out,
         "allowances",
         "gauge",
         "Limiter allowances held (limiter and counter pairs not back at full).",
     );
-    sample(out, "allowances", "", s.allowances as u64);
+    sample(out, "allowances", "", s.sizes.allowances as u64);
     family(
         out,
         "limiter_deltas_clipped_total",
@@ -579,11 +579,11 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "Deleted quotas held as tombstones.",
             s.tombstones as f64,
         ),
-        ("counters", "Counters in memory.", s.counters as f64),
+        ("counters", "Counters in memory.", s.sizes.counters as f64),
         (
             "keys",
             "Counters of keys of per-key quotas in memory (part of counters).",
-            s.keys as f64,
+            s.sizes.keys as f64,
         ),
         (
             "quota_epoch",
@@ -638,17 +638,17 @@ fn render_state(scrape: &Scrape, out: &mut String) {
         (
             "keys_refused_total",
             "Key deltas ignored: max_keys keys were held, or their limiter held its max_keys_per_limiter share.",
-            s.keys_refused,
+            s.sizes.keys_refused,
         ),
         (
             "keys_displaced_total",
             "Key counters forgotten to make room for a limiter within its share, from the limiter holding the most.",
-            s.keys_displaced,
+            s.sizes.keys_displaced,
         ),
         (
             "keys_forgotten_total",
             "Key counters forgotten after leaking to nothing.",
-            s.keys_forgotten,
+            s.sizes.keys_forgotten,
         ),
     ],
     );

@@ -218,6 +218,20 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         })
 }
 
+/// A listing's page size: `given`, or `default` when none; 1 to `max`,
+/// or a 400 naming `limit`.
+pub(crate) fn page_size(
+    given: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    let limit = given.unwrap_or(default);
+    if !(1..=max).contains(&limit) {
+        return Err(ApiError::invalid("limit", format!("must be 1 to {max}")));
+    }
+    Ok(limit)
+}
+
 /// The field serde names in "missing field `x`" (reported at the path of
 /// the enclosing object) and "unknown field `x`".
 pub(crate) fn named_field(message: &str) -> Option<&str> {

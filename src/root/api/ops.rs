@@ -72,7 +72,7 @@ pub async fn healthz(State(state): State<Arc<RootState>>, headers: HeaderMap) ->
         instance: format!("{:016x}", state.instance),
         epoch: stats.epoch,
         quotas: stats.quotas,
-        counters: stats.counters,
+        counters: stats.sizes.counters,
     };
     let code = if status == "ok" {
         StatusCode::OK

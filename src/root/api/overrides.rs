@@ -141,13 +141,7 @@ pub async fn list(
     let Path(name) = path.map_err(|e| ApiError::invalid("name", e.body_text()))?;
     validate_name(&name)?;
     let Query(query) = query.map_err(|e| ApiError::malformed(None, e.body_text()))?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be 1 to {MAX_LIST_LIMIT}"),
-        ));
-    }
+    let limit = super::page_size(query.limit, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)?;
     let after = match query.after.as_deref() {
         Some(text) => parse_key_hash(text).map_err(|e| ApiError::invalid("after", e.message))?,
         None => 0,

@@ -559,8 +559,8 @@ pub fn sample(ledger: &Ledger, now: Nanos) -> Sample {
     out.keys = keys;
     let stats = ledger.stats();
     out.totals.quotas = stats.quotas;
-    out.totals.counters = stats.counters.saturating_sub(stats.keys);
-    out.totals.keys = stats.keys;
+    out.totals.counters = stats.sizes.counters.saturating_sub(stats.sizes.keys);
+    out.totals.keys = stats.sizes.keys;
     out.totals.limiters_seen = stats.limiters;
     let active_since = now.saturating_sub(ACTIVE_WINDOW);
     // Ranked as (last sync, index): comparing names would chase a pointer

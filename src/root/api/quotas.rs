@@ -154,13 +154,7 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::malformed(None, e.body_text()))?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be 1 to {MAX_LIST_LIMIT}"),
-        ));
-    }
+    let limit = super::page_size(query.limit, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)?;
     validate_name_prefix(&query.prefix).map_err(|e| ApiError::invalid("prefix", e.message))?;
     require_ready(&state)?;
     let now = state.now();

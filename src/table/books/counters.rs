@@ -30,7 +30,7 @@ use crate::table::books::tally::{
     fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
     slot_source, slot_tally, store_tally, CollectedDelta,
 };
-use crate::table::region::layout::{Source, FLAG_LIVE};
+use crate::table::region::layout::{Slot, Source, FLAG_LIVE};
 use crate::table::region::lock::{own_pid, process_alive};
 use crate::table::region::slots::Slots;
 use crate::table::region::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, REL, RLX};
@@ -132,19 +132,21 @@ impl Counters<'_> {
         acked: Acked,
         source: Source,
     ) -> bool {
-        let Some(s) = self.slot(slot) else {
-            return false;
-        };
         if !value.is_valid() {
             return false;
         }
-        let _guard = self.lock();
-        if key != 0 {
-            return KeySync::of(self).merge_key(slot, id, key, value, acked, source);
-        }
-        if s.quota_id() != Some(id) {
-            return false;
-        }
+        self.on_counter(
+            slot,
+            id,
+            key,
+            |keys| keys.merge_key(slot, id, key, value, acked, source),
+            |s| self.merge_slot(s, value, acked, source),
+        )
+        .unwrap_or(false)
+    }
+
+    /// [`Counters::merge_counter`] for a named counter: `s` holds the quota.
+    fn merge_slot(&self, s: &Slot, value: Tally, acked: Acked, source: Source) -> bool {
         let counting = Slots::of(self).slot_counting(s);
         let (known, old_rate) = slot_tally(s);
         let horizon = self.estimator().horizon;
@@ -202,22 +204,41 @@ impl Counters<'_> {
         amount: i64,
         now: Nanos,
     ) {
-        let Some(s) = self.slot(slot) else { return };
+        self.on_counter(
+            slot,
+            id,
+            key,
+            |keys| keys.fold_key_unacked(slot, id, key, amount, now),
+            |s| {
+                let counting = Slots::of(self).slot_counting(s);
+                let (known, rate) = slot_tally(s);
+                // Its own weight is in the level now: no root's value any more.
+                set_slot_source(s, folded_source(s.flags.load(RLX)));
+                settle_unacked(&s.unacked, amount, || {
+                    store_tally(s, fold_weight(&counting, known, amount, now), rate)
+                });
+            },
+        );
+    }
+
+    /// Under the writer's lock, `on_key` for a key of the template in
+    /// `slot` (`key` not 0), else `on_slot` with the slot when it still
+    /// holds quota `id`; None when it does not (or there is no such slot).
+    fn on_counter<R>(
+        &self,
+        slot: SlotId,
+        id: u64,
+        key: KeyHash,
+        on_key: impl FnOnce(KeySync<'_>) -> R,
+        on_slot: impl FnOnce(&Slot) -> R,
+    ) -> Option<R> {
+        let s = self.slot(slot)?;
         let _guard = self.lock();
         if key != 0 {
-            KeySync::of(self).fold_key_unacked(slot, id, key, amount, now);
-            return;
+            Some(on_key(KeySync::of(self)))
+        } else {
+            (s.quota_id() == Some(id)).then(|| on_slot(s))
         }
-        if s.quota_id() != Some(id) {
-            return;
-        }
-        let counting = Slots::of(self).slot_counting(s);
-        let (known, rate) = slot_tally(s);
-        // Its own weight is in the level now: no root's value any more.
-        set_slot_source(s, folded_source(s.flags.load(RLX)));
-        settle_unacked(&s.unacked, amount, || {
-            store_tally(s, fold_weight(&counting, known, amount, now), rate)
-        });
     }
 
     /// Says whether this host counts locally now (no roots, or every root
@@ -273,13 +294,13 @@ impl Counters<'_> {
         amount: i64,
         now: Nanos,
     ) {
-        let Some(s) = self.slot(slot) else { return };
-        let _guard = self.lock();
-        if key != 0 {
-            KeySync::of(self).settle_key_unacked(slot, id, key, amount, false, now);
-        } else if s.quota_id() == Some(id) {
-            settle_unacked(&s.unacked, amount, || {});
-        }
+        self.on_counter(
+            slot,
+            id,
+            key,
+            |keys| keys.settle_key_unacked(slot, id, key, amount, false, now),
+            |s| settle_unacked(&s.unacked, amount, || {}),
+        );
     }
 
     /// A root made no counter for the key `key` of the template in `slot`
@@ -307,14 +328,16 @@ impl Counters<'_> {
         key: KeyHash,
         amount: i64,
     ) {
-        let Some(s) = self.slot(slot) else { return };
-        let _guard = self.lock();
-        if key != 0 {
-            KeySync::of(self).settle_key_unacked(slot, id, key, amount, true, 0);
-        } else if s.quota_id() == Some(id) {
-            let moved = requeue(&s.pending, &s.unacked, amount);
-            Slots::of(self).count_held(slot, s, -moved);
-        }
+        self.on_counter(
+            slot,
+            id,
+            key,
+            |keys| keys.settle_key_unacked(slot, id, key, amount, true, 0),
+            |s| {
+                let moved = requeue(&s.pending, &s.unacked, amount);
+                Slots::of(self).count_held(slot, s, -moved);
+            },
+        );
     }
 
     /// Makes this process the table's sync owner (a sync thread starts).

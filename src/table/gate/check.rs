@@ -13,6 +13,7 @@
 //! are in `grants.rs`. Nothing here takes the writer lock.
 
 use super::local::gate_view;
+use crate::core::estimate::Estimator;
 use crate::core::key::KeyHash;
 use crate::core::quota::MAX_WEIGHT;
 use crate::core::Nanos;
@@ -23,7 +24,9 @@ use super::chain::{Chain, Resolved};
 use super::count::Counter;
 use super::fast::Fast;
 use super::fast::FastPath;
-use super::outcome::{CheckItem, CheckOptions, Commit, Headroom, ManyOutcome, Outcome, MAX_CHECKS};
+use super::outcome::{
+    CheckItem, CheckOptions, Commit, Headroom, ManyOutcome, Outcome, Rejection, MAX_CHECKS,
+};
 use super::penalties::Penalties;
 use super::read::Reader;
 
@@ -177,15 +180,8 @@ impl Checker<'_> {
                 }
             }
             Err(mut rejection) => {
-                if chain.tiers && !dry_run {
-                    Penalties::of(self).maybe_penalize(
-                        &chain,
-                        chain.tier_key,
-                        &mut rejection,
-                        weight,
-                        now,
-                        &estimator,
-                    );
+                if !dry_run {
+                    self.penalize(&chain, &mut rejection, weight, now, &estimator);
                 }
                 self.view(Counter::of).count_rejected(&chain, dry_run);
                 ManyOutcome {
@@ -225,6 +221,21 @@ impl Checker<'_> {
         let mut wait: Nanos = 0;
         let mut wait_item: Option<usize> = None;
         let mut chain = Chain::new();
+        // A rejection of item `i` (its chain read): counted, nothing else.
+        let rejected = |chain: &Chain, i: usize, rejection: Rejection, overflow: bool| {
+            self.view(Counter::of)
+                .count_rejected(chain, options.dry_run);
+            let headroom = options
+                .headroom
+                .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
+            ManyOutcome {
+                outcome: Outcome::Reject(rejection),
+                item: Some(i),
+                headroom,
+                wait: 0,
+                overflow,
+            }
+        };
         for i in 0..items.min(MAX_CHECKS) {
             if let Some(weight) = last.take() {
                 commits[known].write(chain.commit(weight));
@@ -246,32 +257,10 @@ impl Checker<'_> {
                     continue;
                 }
                 Resolved::OverflowReject(rejection) => {
-                    self.view(Counter::of)
-                        .count_rejected(&chain, options.dry_run);
-                    let headroom = options
-                        .headroom
-                        .then(|| chain.headroom(i, 0, 0.0, now, &estimator));
-                    return ManyOutcome {
-                        outcome: Outcome::Reject(rejection),
-                        item: Some(i),
-                        headroom,
-                        wait: 0,
-                        overflow: true,
-                    };
+                    return rejected(&chain, i, rejection, true);
                 }
                 Resolved::Barred(rejection) => {
-                    self.view(Counter::of)
-                        .count_rejected(&chain, options.dry_run);
-                    let headroom = options
-                        .headroom
-                        .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
-                    return ManyOutcome {
-                        outcome: Outcome::Reject(rejection),
-                        item: Some(i),
-                        headroom,
-                        wait: 0,
-                        overflow: overflow || chain.overflow,
-                    };
+                    return rejected(&chain, i, rejection, overflow || chain.overflow);
                 }
             };
             overflow |= chain.overflow;
@@ -286,28 +275,10 @@ impl Checker<'_> {
                 }),
             };
             if let Err(mut rejection) = decided {
-                if chain.tiers && max_wait.is_none() && !options.dry_run {
-                    Penalties::of(self).maybe_penalize(
-                        &chain,
-                        chain.tier_key,
-                        &mut rejection,
-                        weight,
-                        now,
-                        &estimator,
-                    );
+                if max_wait.is_none() && !options.dry_run {
+                    self.penalize(&chain, &mut rejection, weight, now, &estimator);
                 }
-                self.view(Counter::of)
-                    .count_rejected(&chain, options.dry_run);
-                let headroom = options
-                    .headroom
-                    .then(|| chain.headroom(i, rejection.depth, 0.0, now, &estimator));
-                return ManyOutcome {
-                    outcome: Outcome::Reject(rejection),
-                    item: Some(i),
-                    headroom,
-                    wait: 0,
-                    overflow,
-                };
+                return rejected(&chain, i, rejection, overflow);
             }
             if options.headroom {
                 let h = chain.tightest(i, weight as f64, now, &estimator);
@@ -346,6 +317,28 @@ impl Checker<'_> {
             headroom,
             wait: if passed { wait } else { 0 },
             overflow,
+        }
+    }
+
+    /// A check rejected on `chain` may start a penalty (a template with
+    /// tiers: see `penalties.rs`).
+    fn penalize(
+        &self,
+        chain: &Chain,
+        rejection: &mut Rejection,
+        weight: u64,
+        now: Nanos,
+        estimator: &Estimator,
+    ) {
+        if chain.tiers {
+            Penalties::of(self).maybe_penalize(
+                chain,
+                chain.tier_key,
+                rejection,
+                weight,
+                now,
+                estimator,
+            );
         }
     }
 
