@@ -156,7 +156,7 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
     let body = &request[(end + 4).min(request.len())..];
     let numbered = if is_binary {
         // The format's version is the body's fourth byte.
-        body.get(3) == Some(&4)
+        body.get(3).is_some_and(|&v| v >= 4)
     } else {
         find(body, b"\"sequence\"").is_some()
     };
