@@ -876,3 +876,31 @@ proptest::proptest! {
         proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), 0.0);
     }
 }
+
+#[test]
+fn a_sync_thread_started_anew_finds_a_restart_of_a_root_past_the_16th() {
+    // 20 roots (one group): the region remembers every one of them.
+    let urls: Vec<String> = (0..20).map(|i| format!("http://root{i}")).collect();
+    let mut roots: Vec<SimRoot> = (0..20)
+        .map(|i| SimRoot::new(&uploads(), 1 + i, 0, 0))
+        .collect();
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&uploads());
+    let mut e = SyncEngine::new(&urls, "a".into(), SEC, 100, 0);
+    let _held = take(&t, 3, 0);
+    cycle(&mut e, &t, &mut roots, &[], SEC, |_| {});
+    // An nginx reload while the 20th root restarts: the new sync thread
+    // finds it restarted (a new source for its values, and the grace),
+    // where it once knew only the first 16 roots.
+    e.abandon(&t);
+    e = SyncEngine::new(&urls, "a".into(), SEC, 100, 2 * SEC);
+    e.resume(&t);
+    roots[19].restart(100, 2 * SEC);
+    for s in 2..4 {
+        cycle(&mut e, &t, &mut roots, &[], s * SEC, |_| {});
+    }
+    let m = e.metrics();
+    assert_eq!(m.roots[19].restarts, 1);
+    assert_eq!(m.roots[15].restarts + m.roots[16].restarts, 0);
+    assert_eq!(roots[19].level(5, 3 * SEC), Some(3.0));
+}

@@ -456,13 +456,14 @@ impl RootLink {
     }
 
     /// The [`Source`] this root's values are merged as, for the root at
-    /// `index` in the list: the index (plus one, below 32) and the count
-    /// of its restarts (three bits), so that a restarted root's values,
-    /// which start again from the floor, are max-merged like another
-    /// root's. 0 (max-merged always) past the 31st root.
+    /// `index` in the list: the index (plus one, below 64: every root a
+    /// limiter may have) and the count of its restarts (two bits), so that
+    /// a restarted root's values, which start again from the floor, are
+    /// max-merged like another root's. 0 (max-merged always) past the
+    /// 63rd root.
     pub fn source(&self, index: usize) -> Source {
         match u8::try_from(index + 1) {
-            Ok(n) if n < 32 => n | (self.restarts & 0b111) << 5,
+            Ok(n) if n < 64 => n | (self.restarts & 0b11) << 6,
             _ => 0,
         }
     }
@@ -520,7 +521,7 @@ impl RootLink {
     /// `index`: its index, another count of restarts.
     pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {
         let current = self.source(index);
-        current != 0 && source != current && source & 0b1_1111 == current & 0b1_1111
+        current != 0 && source != current && source & 0b11_1111 == current & 0b11_1111
     }
 
     /// Asks the root for all its counters at the next exchange (from

@@ -209,6 +209,15 @@ mod tests {
         assert_eq!(remembered_root(&t, "http://a"), Some(known(8, 3)));
         remember_root(&t, 2, "http://c", known(1, 0));
         assert_eq!(remembered_root(&t, "http://a"), None);
+        // Every root a limiter may have is kept, the last too (past the
+        // 16th, once the limit, nothing was).
+        for i in 0..STATUS_ROOTS {
+            remember_root(&t, i, &format!("http://r{i}"), known(i as u64 + 1, 0));
+        }
+        for i in [16, 40, STATUS_ROOTS - 1] {
+            let url = format!("http://r{i}");
+            assert_eq!(remembered_root(&t, &url), Some(known(i as u64 + 1, 0)));
+        }
         // Past the block's roots nothing is kept.
         remember_root(&t, STATUS_ROOTS, "http://z", known(1, 0));
         assert_eq!(remembered_root(&t, "http://z"), None);
