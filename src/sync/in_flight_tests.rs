@@ -6,6 +6,7 @@
 //! thread started anew (an nginx reload) takes over what the region
 //! remembers of its roots.
 
+use super::exact_tests::{exchange, Fate};
 use super::return_tests::cycle;
 use super::*;
 use crate::core::Quota;
@@ -622,6 +623,17 @@ fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
     assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
 }
 
+/// One cycle of each host at second `s` through two root processes
+/// behind one URL: the first host's request reaches `pair[s % 2]`, the
+/// second's the other.
+fn in_turn(hosts: [(&Table, &mut SyncEngine); 2], pair: &mut [SimRoot; 2], s: u64) {
+    let first = (s % 2) as usize;
+    for (i, (t, e)) in hosts.into_iter().enumerate() {
+        let process = std::slice::from_mut(&mut pair[(first + i) % 2]);
+        cycle(e, t, process, &[], s * SEC, |_| {});
+    }
+}
+
 /// Two root processes behind one URL (a load balancer) answer host `a`'s
 /// requests in turn, host `b`'s the other way round, while slots come and
 /// go: each process holds every slot (both take held slots, absolute),
@@ -656,23 +668,7 @@ fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_foun
             }
             _ => {}
         }
-        let p = (s % 2) as usize;
-        cycle(
-            &mut ea,
-            &a,
-            std::slice::from_mut(&mut pair[p]),
-            &[],
-            now,
-            |_| {},
-        );
-        cycle(
-            &mut eb,
-            &b,
-            std::slice::from_mut(&mut pair[1 - p]),
-            &[],
-            now,
-            |_| {},
-        );
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
         if s % 2 == 1 {
             let want = (a_held.len() + b_held.len()) as f64;
             for (i, process) in pair.iter().enumerate() {
@@ -695,23 +691,7 @@ fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_foun
         assert!(b.gate().release(&slot(), held, 17 * SEC));
     }
     for s in 17..=20u64 {
-        let p = (s % 2) as usize;
-        cycle(
-            &mut ea,
-            &a,
-            std::slice::from_mut(&mut pair[p]),
-            &[],
-            s * SEC,
-            |_| {},
-        );
-        cycle(
-            &mut eb,
-            &b,
-            std::slice::from_mut(&mut pair[1 - p]),
-            &[],
-            s * SEC,
-            |_| {},
-        );
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
     }
     for process in &pair {
         assert_eq!(process.level(5, 20 * SEC).unwrap_or(0.0), 0.0);
@@ -722,17 +702,11 @@ fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_foun
 
 /// What becomes of one host's sync in [`held_steps`].
 #[derive(Clone, Copy, Debug)]
-enum Fate {
-    /// The root answers.
-    Answered,
-    /// The request never reaches the root.
-    RequestLost,
-    /// The root applies it; its reply is lost.
-    ReplyLost,
-    /// The root applies it twice (a relay's retry), then answers.
-    Twice,
-    /// The root applies it, and the sync thread dies before it reads the
-    /// reply: another starts on the same region.
+enum Trouble {
+    /// The exchange meets this fate.
+    Exchange(Fate),
+    /// The root applies the request, and the sync thread dies before it
+    /// reads the reply: another starts on the same region.
     ThreadDies,
 }
 
@@ -742,7 +716,7 @@ enum Fate {
 struct HeldStep {
     host: usize,
     slots: i64,
-    fate: Fate,
+    fate: Trouble,
     root_restarts: bool,
 }
 
@@ -752,11 +726,11 @@ const NAMES: [&str; 2] = ["a", "b"];
 fn held_steps() -> impl proptest::strategy::Strategy<Value = Vec<HeldStep>> {
     use proptest::prelude::*;
     let fate = prop_oneof![
-        3 => Just(Fate::Answered),
-        1 => Just(Fate::RequestLost),
-        2 => Just(Fate::ReplyLost),
-        1 => Just(Fate::Twice),
-        1 => Just(Fate::ThreadDies),
+        3 => Just(Trouble::Exchange(Fate::Answered)),
+        1 => Just(Trouble::Exchange(Fate::RequestLost)),
+        2 => Just(Trouble::Exchange(Fate::ReplyLost)),
+        1 => Just(Trouble::Exchange(Fate::Twice)),
+        1 => Just(Trouble::ThreadDies),
     ];
     let step = (0..2usize, -3i64..4, fate, proptest::bool::weighted(0.08));
     proptest::collection::vec(step, 1..40).prop_map(|steps| {
@@ -773,44 +747,24 @@ fn held_steps() -> impl proptest::strategy::Strategy<Value = Vec<HeldStep>> {
 }
 
 /// One sync of host `name`'s `e` on `t` with root `r` at `now`, meeting
-/// `fate`; a thread that dies is replaced by a new one on the same region.
+/// `trouble`; a thread that dies is replaced by a new one on the same
+/// region.
 fn sync_meeting(
     (name, e, t): (&str, &mut SyncEngine, &Table),
     r: &mut SimRoot,
-    fate: Fate,
+    trouble: Trouble,
     now: Nanos,
 ) {
-    for o in e.begin_cycle(t, now) {
-        let reply = match fate {
-            Fate::RequestLost => None,
-            Fate::ReplyLost | Fate::ThreadDies => {
-                r.sync(&o.request, now);
-                None
-            }
-            Fate::Answered => Some(r.sync(&o.request, now)),
-            Fate::Twice => {
-                r.sync(&o.request, now);
-                Some(r.sync(&o.request, now))
-            }
-        };
-        if matches!(fate, Fate::ThreadDies) {
-            e.abandon(t);
-            *e = SyncEngine::new(&["http://root0".to_string()], name.into(), SEC, 100, now);
-            e.resume(t);
-            return;
+    let Trouble::Exchange(fate) = trouble else {
+        for o in e.begin_cycle(t, now) {
+            r.sync(&o.request, now);
         }
-        let pages: Vec<Page> = reply
-            .into_iter()
-            .map(|reply| Page {
-                sent_at: now,
-                received_at: now,
-                reply,
-            })
-            .collect();
-        let error = pages.is_empty().then(|| "lost".to_string());
-        e.finish(t, o.root, o.owed, &pages, error, now);
-    }
-    e.end_cycle(t, now);
+        e.abandon(t);
+        *e = SyncEngine::new(&["http://root0".to_string()], name.into(), SEC, 100, now);
+        e.resume(t);
+        return;
+    };
+    exchange(e, t, r, fate, now, &mut Vec::new());
 }
 
 proptest::proptest! {
@@ -835,7 +789,7 @@ proptest::proptest! {
         // slots (its first request, knowing nothing of the root, is not
         // numbered: one that predates them would refuse it).
         for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Fate::Answered, now);
+            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
         }
         for s in &steps {
             if s.root_restarts {
@@ -860,7 +814,7 @@ proptest::proptest! {
             now += SEC / 4;
         }
         for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Fate::Answered, now);
+            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
         }
         let want = (held[0].len() + held[1].len()) as f64;
         proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), want);
@@ -871,7 +825,7 @@ proptest::proptest! {
         }
         now += SEC;
         for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Fate::Answered, now);
+            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
         }
         proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), 0.0);
     }

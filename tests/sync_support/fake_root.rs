@@ -191,29 +191,11 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
         Misbehaviour::Versioned { root } => {
             match seen.mode.load(Ordering::Acquire) {
                 Versioned::PREDATES_SEQUENCES if numbered => {
-                    let (status, message) = if is_binary {
-                        (
-                            "415 Unsupported Media Type",
-                            "unsupported binary request version 4",
-                        )
-                    } else {
-                        ("400 Bad Request", "unknown field `sequence`")
-                    };
-                    let body = format!(r#"{{"error": {{"field": null, "message": "{message}"}}}}"#);
-                    let _ = stream.write_all(response(status, &body).as_bytes());
+                    refuse_as_older(&mut stream, is_binary, 4, "sequence");
                     return;
                 }
                 Versioned::PREDATES_HELD if reports_held => {
-                    let (status, message) = if is_binary {
-                        (
-                            "415 Unsupported Media Type",
-                            "unsupported binary request version 5",
-                        )
-                    } else {
-                        ("400 Bad Request", "unknown field `held`")
-                    };
-                    let body = format!(r#"{{"error": {{"field": null, "message": "{message}"}}}}"#);
-                    let _ = stream.write_all(response(status, &body).as_bytes());
+                    refuse_as_older(&mut stream, is_binary, 5, "held");
                     return;
                 }
                 Versioned::PREDATES_HELD => {
@@ -287,6 +269,22 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
         }
     };
     let _ = stream.write_all(reply.as_bytes());
+}
+
+/// Refuses a request as a root that predates binary request format
+/// `version` and the JSON field `field` refuses it: 415 for the binary
+/// format it does not know, 400 for JSON with a field it does not know.
+fn refuse_as_older(stream: &mut TcpStream, is_binary: bool, version: u8, field: &str) {
+    let (status, message) = if is_binary {
+        (
+            "415 Unsupported Media Type",
+            format!("unsupported binary request version {version}"),
+        )
+    } else {
+        ("400 Bad Request", format!("unknown field `{field}`"))
+    };
+    let body = format!(r#"{{"error": {{"field": null, "message": "{message}"}}}}"#);
+    let _ = stream.write_all(response(status, &body).as_bytes());
 }
 
 /// `head` (a request's headers) asking for binary replies of format
