@@ -368,6 +368,18 @@ pub struct SyncRequest {
     /// request's own: applied first, each once (see [`Replay`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replay: Vec<Replay>,
+    /// The slots this limiter holds, absolute, as `[quota id, slots]` for
+    /// every named in-flight quota of the root's group it knows, in
+    /// increasing order of id: the root sets what it counts of this
+    /// limiter there to it (at most its allowance) and takes none of the
+    /// request's adds and returns of those counters, so a lost reply, a
+    /// resend or a restart can neither double nor drop a slot (see
+    /// docs/DESIGN.md, "In-flight quotas"). Only in a numbered request,
+    /// applied only when its number is new; sent only to a root whose
+    /// replies say it takes them ([`SyncResponse::takes_held`]): an older
+    /// root refuses the field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<(u64, u64)>,
 }
 
 impl SyncRequest {
@@ -382,6 +394,7 @@ impl SyncRequest {
             + keyed_entries(&self.keyed_returned)
             + self.tiers.penalties.len()
             + self.replay.iter().map(Replay::entry_count).sum::<usize>()
+            + self.held.len()
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
@@ -420,6 +433,24 @@ impl SyncRequest {
             check_keyed(&format!("replay[{i}].keyed"), &part.keyed)?;
             check_named(&format!("replay[{i}].returned"), &part.returned)?;
             check_keyed(&format!("replay[{i}].keyed_returned"), &part.keyed_returned)?;
+        }
+        if !self.held.is_empty() && self.sequence.is_none() {
+            return Err(WireError::new(
+                "held",
+                "held slots go only with a numbered request (sequence)",
+            ));
+        }
+        if let Some(i) = (1..self.held.len()).find(|&i| self.held[i - 1].0 >= self.held[i].0) {
+            return Err(WireError::new(
+                format!("held[{i}]"),
+                "held slots go in increasing order of quota id, each once",
+            ));
+        }
+        if let Some(i) = self.held.iter().position(|&(_, n)| n > MAX_DELTA) {
+            return Err(WireError::new(
+                format!("held[{i}]"),
+                format!("{} is larger than {MAX_DELTA}", self.held[i].1),
+            ));
         }
         if let Some(s) = self.sequence {
             if s.incarnation == 0 {
@@ -604,6 +635,11 @@ pub struct SyncResponse {
     /// root's counts in this reply include them). 0 otherwise.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub applied_through: u64,
+    /// The root takes held slots in absolute form ([`SyncRequest::held`]):
+    /// a limiter reports them only to a root that says so (one that
+    /// predates them refuses the field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_held: bool,
     /// Overrides after the request's cursor and penalties changed since
     /// its version (see [`tiers`]); left out when empty.
     #[serde(default, skip_serializing_if = "TierReply::is_empty")]

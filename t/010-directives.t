@@ -521,7 +521,7 @@ sluice_root http://127.0.0.1:7070 group=one;
 --- config
 --- must_die
 --- error_log eval
-qr/invalid group "one" \(0 to 15\) in .*nginx\.conf:\d+/
+qr/invalid group "one" \(0 to 62\) in .*nginx\.conf:\d+/
 
 
 

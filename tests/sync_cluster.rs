@@ -315,7 +315,9 @@ fn a_misbehaving_root_is_ignored_and_the_other_root_still_applies(how: Misbehavi
         Misbehaviour::Garbage => "malformed reply",
         Misbehaviour::ServerError => "HTTP 500",
         Misbehaviour::Hang => "timed out",
-        Misbehaviour::Proxy { .. } | Misbehaviour::Versioned { .. } => {
+        Misbehaviour::Proxy { .. }
+        | Misbehaviour::Versioned { .. }
+        | Misbehaviour::Alternate { .. } => {
             unreachable!("a proxy to a real root is not bad")
         }
     };

@@ -3,15 +3,20 @@
 //! host cannot hear the other hosts' releases; once the roots' lease has
 //! passed (they drop this host's slots), it drops the other hosts' in
 //! turn and limits by its own slots only. A root back replaces that view
-//! and the hosts converge on it.
+//! and the hosts converge on it. Two root processes behind one URL each
+//! count every slot, and neither is taken for a restart at every switch.
+//! Held slots through a rolling upgrade of the root.
 
 mod sync_support;
 
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice::table::{CheckItem, HeldSlot, Outcome};
-use sync_support::{wait_until, Db, Limiter, Root};
+use sync_support::fake_root::{FakeRoot, Misbehaviour, Versioned};
+use sync_support::{quota, wait_until, Db, Limiter, Root};
 
 /// The roots' and the limiters' lease: long enough that a host is seen
 /// counting the other hosts' slots after every root went silent, before
@@ -136,4 +141,149 @@ fn a_host_admits_up_to_the_limit_less_its_own_slots_once_every_root_is_past_the_
         ),
         (Some(0), Some(0))
     );
+}
+
+fn addr(root: &Root) -> SocketAddr {
+    root.url.trim_start_matches("http://").parse().unwrap()
+}
+
+/// Checks 2 units of `api` on `l` every 20 ms for `seconds`; the units
+/// admitted.
+fn load(l: &Limiter, seconds: f64) -> u64 {
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut admitted = 0;
+    while Instant::now() < end {
+        if l.check("api", 2) {
+            admitted += 2;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    admitted
+}
+
+/// Waits until `l` has synced `n` more times.
+fn syncs(l: &Limiter, n: u64) {
+    let from = l.syncs(0);
+    wait_until("more syncs", || l.syncs(0) >= from + n);
+}
+
+#[test]
+fn two_root_processes_behind_one_url_each_count_every_slot_and_no_restart_is_found() {
+    let db = Db::new();
+    let r0 = Root::start(&db, "root0");
+    r0.put("uploads", json!({"limit": 10, "in_flight": true}));
+    // A day's count far from its limit: a root's level is exactly the
+    // weight it counted.
+    let mut api = quota(1e9, 1e9, 1e9, None);
+    api["window"] = "1d".into();
+    r0.put("api", api);
+    // Started after the quotas were written: it reads them as it starts.
+    let r1 = Root::start(&db, "root1");
+    let relay = FakeRoot::start(Misbehaviour::Alternate {
+        roots: [addr(&r0), addr(&r1)],
+    });
+    let l = Limiter::start("host0", &[relay.url.as_str()], 0);
+    wait_until("the limiter holds the quotas", || {
+        l.quota("uploads").is_some() && l.quota("api").is_some()
+    });
+
+    // Slots come and go while the two processes answer in turn.
+    let mut held = take(&l, 4);
+    let mut admitted = load(&l, 1.0);
+    release(&l, held.drain(..3).collect());
+    held.extend(take(&l, 5));
+    admitted += load(&l, 1.0);
+    // Each process holds every slot (each request tells whichever answers
+    // what the host holds), and the day's count is split between them,
+    // each unit counted once.
+    let want = held.len() as f64;
+    let mut seen = (0.0, 0.0, 0.0);
+    let exact = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until("each process counts every slot", || {
+            let api = |r: &Root| r.get("api")["level"].as_f64().unwrap_or(0.0);
+            seen = (root_level(&r0), root_level(&r1), api(&r0) + api(&r1));
+            seen == (want, want, admitted as f64)
+        })
+    }));
+    assert!(exact.is_ok(), "{want} held, {admitted} admitted: {seen:?}");
+    syncs(&l, 4);
+    assert_eq!((root_level(&r0), root_level(&r1)), (want, want));
+    // The first reply of the second process cannot be told from a
+    // restart; every later turn is a switch.
+    let m = &l.metrics().roots[0];
+    assert!(m.restarts <= 1, "{m:?}");
+    assert!(m.switches >= 5, "{m:?}");
+    assert_eq!(level(&l), want);
+
+    release(&l, held);
+    wait_until("every count back to 0", || {
+        root_level(&r0) == 0.0 && root_level(&r1) == 0.0 && level(&l) == 0.0
+    });
+    assert_eq!(room(&l), 10);
+}
+
+#[test]
+fn held_slots_reach_a_root_upgraded_under_a_limiter_then_rolled_back_exactly() {
+    let db = Db::new();
+    let root = Root::start(&db, "root");
+    root.put("uploads", json!({"limit": 50, "in_flight": true}));
+    let proxy = FakeRoot::start(Misbehaviour::Versioned { root: addr(&root) });
+    proxy
+        .mode
+        .store(Versioned::PREDATES_HELD, Ordering::Release);
+    let l = Limiter::start("host0", &[proxy.url.as_str()], 0);
+    wait_until("the limiter holds the quota", || {
+        l.quota("uploads").is_some()
+    });
+    let counts = |held: &[HeldSlot]| {
+        let want = held.len() as f64;
+        wait_until("the root counts the slots held", || {
+            root_level(&root) == want
+        });
+        syncs(&l, 4);
+        assert_eq!(root_level(&root), want);
+    };
+
+    // A root that predates held slots: numbered requests, slots counted
+    // as adds and returns.
+    let mut held = take(&l, 5);
+    counts(&held);
+    assert!(proxy.numbered.load(Ordering::Acquire) > 0);
+    assert_eq!(proxy.held.load(Ordering::Acquire), 0);
+
+    // Upgraded: its replies say it takes them, and every numbered request
+    // carries them from then on.
+    proxy.mode.store(Versioned::CURRENT, Ordering::Release);
+    wait_until("held slots reported", || {
+        proxy.held.load(Ordering::Acquire) >= 3
+    });
+    release(&l, held.drain(..2).collect());
+    held.extend(take(&l, 4));
+    counts(&held);
+
+    // Replies lost for 2 s while slots come and go: every request reached
+    // the root, and none counts a slot twice.
+    proxy.mode.store(Versioned::REPLIES_LOST, Ordering::Release);
+    for _ in 0..4 {
+        held.extend(take(&l, 2));
+        release(&l, held.drain(..1).collect());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    proxy.mode.store(Versioned::CURRENT, Ordering::Release);
+    counts(&held);
+
+    // Rolled back: it refuses the next request that reports them, and
+    // the limiter goes on without; nothing lost, nothing doubled.
+    proxy
+        .mode
+        .store(Versioned::PREDATES_HELD, Ordering::Release);
+    syncs(&l, 3);
+    let reported = proxy.held.load(Ordering::Acquire);
+    release(&l, held.drain(..3).collect());
+    held.extend(take(&l, 1));
+    counts(&held);
+    assert_eq!(proxy.held.load(Ordering::Acquire), reported);
+
+    release(&l, held);
+    wait_until("every slot given back", || root_level(&root) == 0.0);
 }

@@ -100,6 +100,20 @@ impl Held {
         self.put(limiter, counter, h);
     }
 
+    /// Records that `limiter` holds exactly `slots` on `counter` (what it
+    /// reported, absolute: see `Ledger::sync`): returns that overtook
+    /// their adds and slots the lease forgave are settled by it.
+    pub fn set(&mut self, limiter: u32, counter: CounterKey, slots: f64) {
+        self.put(
+            limiter,
+            counter,
+            Holding {
+                net: slots,
+                forgiven: 0.0,
+            },
+        );
+    }
+
     /// By how much the counter drops when `limiter` gives `weight` slots
     /// back on `counter`: at most what it holds there, after the slots
     /// its lease dropped.

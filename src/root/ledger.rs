@@ -17,7 +17,7 @@ use super::counter_book::{
     AllowanceShape, ChangedCounters, CounterRule, Delta, KeyLimits, Uncounted,
 };
 use super::counter_shards::{CounterSizes, Counters, CountersView};
-use super::in_flight::lease_expired;
+use super::in_flight::{lease_expired, HELD_BURSTS};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 use super::store::OverrideRow;
@@ -42,6 +42,15 @@ fn in_flight_limit(quotas: &QuotaBook, counter: CounterKey) -> Option<f64> {
         .counting_quota(counter.id, counter.key != 0)
         .filter(|q| q.in_flight)
         .map(|q| q.high_burst)
+}
+
+/// True when `counter` is a named one whose slots the request reports in
+/// `held` (sorted by id, as [`SyncRequest::check`] requires).
+fn reported(held: &[(u64, u64)], counter: CounterKey) -> bool {
+    counter.key == 0
+        && held
+            .binary_search_by_key(&counter.id, |&(id, _)| id)
+            .is_ok()
 }
 
 fn counter_deltas<'a>(
@@ -70,6 +79,10 @@ fn counter_deltas<'a>(
 /// One part of a sync's weight: its deltas, returns and rejection counts.
 #[derive(Clone, Copy)]
 struct Weight<'a> {
+    /// The request's held slots ([`SyncRequest::held`]): the adds and
+    /// returns of those counters are not taken, the held count covers
+    /// them.
+    held: &'a [(u64, u64)],
     deltas: &'a [crate::wire::CounterDelta],
     keyed: &'a [crate::wire::KeyedDeltas],
     returned: &'a [crate::wire::CounterDelta],
@@ -136,6 +149,7 @@ impl SyncStep {
             takes_returns: true,
             takes_tiers: true,
             takes_sequence: true,
+            takes_held: true,
             applied_through: self.applied_through,
             tiers: self.tiers,
             refused: RefusedKeys::by_template(self.refused),
@@ -369,6 +383,7 @@ impl Ledger {
         for part in &request.replay {
             if self.limiters().admit(number, numbered(part.seq)) {
                 let weight = Weight {
+                    held: &request.held,
                     deltas: &part.deltas,
                     keyed: &part.keyed,
                     returned: &part.returned,
@@ -381,7 +396,14 @@ impl Ledger {
             }
         }
         if self.limiters().admit(number, request.sequence) {
+            // The slots the limiter holds, absolute, as of this request:
+            // set, not added, so a copy of a request, a resent one, or
+            // one that reaches another process behind the same URL or a
+            // restarted root counts each slot once. Only from a request
+            // whose number is new: an older one's count may be stale.
+            self.apply_held(number, &request.held, now, &mut step);
             let weight = Weight {
+                held: &request.held,
                 deltas: &request.deltas,
                 keyed: &request.keyed,
                 returned: &request.returned,
@@ -459,6 +481,9 @@ impl Ledger {
             // the room of the adds that follow (see `trust.rs`).
             for &(counter, delta) in returns {
                 let in_flight = in_flight_limit(&quotas, counter);
+                if in_flight.is_some() && reported(weight.held, counter) {
+                    continue;
+                }
                 let (allowances, held) = (&mut shard.allowances, &shard.held);
                 let allow = |shape: &AllowanceShape| match in_flight {
                     // A limiter gives back only the slots it holds here.
@@ -495,6 +520,9 @@ impl Ledger {
                     })
                 };
                 let in_flight = in_flight_limit(&quotas, counter);
+                if in_flight.is_some() && reported(weight.held, counter) {
+                    continue;
+                }
                 // An in-flight add beyond a limiter's room is clipped; the
                 // rest raises the counter by what it adds to the slots
                 // the limiter holds (less, while returns that overtook it
@@ -545,6 +573,62 @@ impl Ledger {
             }
         }
         drop(overrides);
+    }
+
+    /// Sets what limiter `number` holds of each named in-flight counter in
+    /// `held` to the slots it reports there (at most [`HELD_BURSTS`] of
+    /// the quota's `high_burst`, as an add is clipped), moving the
+    /// counter by the difference. A quota that is not an in-flight one
+    /// here is passed over.
+    fn apply_held(&self, number: u32, held: &[(u64, u64)], now: Nanos, step: &mut SyncStep) {
+        if held.is_empty() {
+            return;
+        }
+        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
+        let quotas = self.quotas_read();
+        for &(id, slots) in held {
+            let counter = CounterKey::named(id);
+            let Some(limit) = in_flight_limit(&quotas, counter) else {
+                continue;
+            };
+            let target = (slots as f64).min(HELD_BURSTS * limit);
+            if target < slots as f64 {
+                step.clipped += 1;
+                step.clipped_weight += slots as f64 - target;
+            }
+            let mut guard = self.counters.lock(self.counters.shard_of(counter));
+            let shard = &mut *guard;
+            let change = target - shard.held.of(number, counter);
+            let delta = |weight: f64| Delta {
+                weight,
+                window: None,
+            };
+            if change > 0.0 {
+                let rule_of = || {
+                    let quota = quotas.counting_quota(id, false)?;
+                    Some(counter_rule(quota, utc_offset, cap_seconds, now))
+                };
+                let added = shard.book.add_allowed(
+                    counter,
+                    delta(change),
+                    now,
+                    Some(number),
+                    rule_of,
+                    |_| change,
+                );
+                if added.is_err() {
+                    step.ignored += 1;
+                    continue;
+                }
+                step.applied += 1;
+            } else if change < 0.0 {
+                step.returned_weight += shard
+                    .book
+                    .give_back(counter, delta(-change), now, |_| -change)
+                    .unwrap_or(0.0);
+            }
+            shard.held.set(number, counter, target);
+        }
     }
 
     /// Takes the in-flight slots of every limiter past its lease (not

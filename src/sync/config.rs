@@ -23,8 +23,10 @@ use super::log::LogLevel;
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest sync interval.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
-/// Most quota roots one limiter syncs with (the table publishes the state
-/// of this many).
+/// Most quota roots one limiter syncs with (the table publishes, and
+/// remembers across an nginx reload, the state of this many, and a
+/// counter's source names one of them). Root groups are numbered below
+/// it too.
 pub const MAX_ROOTS: usize = STATUS_ROOTS;
 pub use crate::wire::{validate_limiter_id, MAX_LIMITER_ID_LEN};
 /// Most early syncs a second.
@@ -416,7 +418,7 @@ mod tests {
             ),
             (
                 SyncConfig {
-                    roots: (0..17).map(|i| format!("http://r{i}")).collect(),
+                    roots: (0..=MAX_ROOTS).map(|i| format!("http://r{i}")).collect(),
                     ..config()
                 },
                 "roots",
@@ -499,6 +501,17 @@ mod tests {
     }
 
     #[test]
+    fn a_limiter_takes_up_to_63_roots() {
+        let roots = |n: usize| SyncConfig {
+            roots: (0..n).map(|i| format!("http://10.0.0.{i}:7070")).collect(),
+            ..config()
+        };
+        assert!(roots(MAX_ROOTS).validate().is_ok());
+        let err = roots(MAX_ROOTS + 1).validate().unwrap_err();
+        assert!(err.to_string().contains("at most 63"), "{err}");
+    }
+
+    #[test]
     fn groups_are_numbered_from_zero_with_no_gap() {
         assert!(validate_groups(&[0, 1, 1, 0, 2]).is_ok());
         assert!(validate_groups(&[]).is_ok());
@@ -508,6 +521,10 @@ mod tests {
             "{err}"
         );
         assert!(validate_groups(&[0, 16]).is_err());
+        let every: Vec<u32> = (0..MAX_ROOTS as u32).collect();
+        assert!(validate_groups(&every).is_ok());
+        let past: Vec<u32> = (0..=MAX_ROOTS as u32).collect();
+        assert!(validate_groups(&past).is_err());
         let c = SyncConfig {
             roots: vec!["http://a".into(), "http://b".into()],
             root_groups: vec![1, 0],
@@ -518,7 +535,8 @@ mod tests {
         assert_eq!(config().groups(), vec![0]);
         assert_eq!(parse_group_arg(b"group=3"), Some(Ok(3)));
         assert!(parse_group_arg(b"group=x").unwrap().is_err());
-        assert!(parse_group_arg(b"group=16").unwrap().is_err());
+        assert_eq!(parse_group_arg(b"group=62"), Some(Ok(62)));
+        assert!(parse_group_arg(b"group=63").unwrap().is_err());
         assert_eq!(parse_group_arg(b"http://a"), None);
     }
 

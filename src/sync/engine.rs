@@ -126,6 +126,7 @@ impl SyncEngine {
     /// ones' weight among them, until a reply says it takes sequences.
     pub fn refused_numbered(&mut self, root: usize) {
         self.links[root].takes_sequence = false;
+        self.links[root].takes_held = false;
     }
 
     /// Gives this sync thread the id `incarnation` in its numbered

@@ -49,7 +49,7 @@ fn admit(t: &Table, weight: u64, now: Nanos) {
 
 /// What becomes of one exchange.
 #[derive(Clone, Copy, Debug)]
-enum Fate {
+pub(super) enum Fate {
     /// The root answers.
     Answered,
     /// The request never reaches the root.
@@ -63,7 +63,7 @@ enum Fate {
 
 /// One cycle of `e` on `t` with its one root, the exchange meeting
 /// `fate`; the request is kept in `sent` (for late copies).
-fn exchange(
+pub(super) fn exchange(
     e: &mut SyncEngine,
     t: &Table,
     r: &mut SimRoot,

@@ -6,6 +6,7 @@
 //! thread started anew (an nginx reload) takes over what the region
 //! remembers of its roots.
 
+use super::exact_tests::{exchange, Fate};
 use super::return_tests::cycle;
 use super::*;
 use crate::core::Quota;
@@ -620,4 +621,240 @@ fn a_zone_that_changed_size_keeps_what_the_sync_thread_knew_of_its_roots() {
         cycle(&mut eb, &bigger, &mut roots, &[], s * SEC, |_| {});
     }
     assert_eq!(roots[0].level(5, 4 * SEC), Some(4.0));
+}
+
+/// One cycle of each host at second `s` through two root processes
+/// behind one URL: the first host's request reaches `pair[s % 2]`, the
+/// second's the other.
+fn in_turn(hosts: [(&Table, &mut SyncEngine); 2], pair: &mut [SimRoot; 2], s: u64) {
+    let first = (s % 2) as usize;
+    for (i, (t, e)) in hosts.into_iter().enumerate() {
+        let process = std::slice::from_mut(&mut pair[(first + i) % 2]);
+        cycle(e, t, process, &[], s * SEC, |_| {});
+    }
+}
+
+/// Two root processes behind one URL (a load balancer) answer host `a`'s
+/// requests in turn, host `b`'s the other way round, while slots come and
+/// go: each process holds every slot (both take held slots, absolute),
+/// and only the first reply of the second process is taken for a
+/// restart.
+#[test]
+fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_found() {
+    let mut pair = [
+        SimRoot::new(&uploads(), 1, 0, 0),
+        SimRoot::new(&uploads(), 2, 0, 0),
+    ];
+    let (a, mut ea) = in_flight_host("a");
+    let (b, mut eb) = in_flight_host("b");
+    let (mut a_held, mut b_held) = (Vec::new(), Vec::new());
+    for s in 1..=16u64 {
+        let now = s * SEC;
+        // Slots change before even seconds only: after an odd second both
+        // processes have heard of every change from both hosts.
+        match s % 8 {
+            2 => a_held.extend(take(&a, 3, now)),
+            4 => {
+                b_held.extend(take(&b, 2, now));
+                for held in a_held.drain(..2) {
+                    assert!(a.gate().release(&slot(), held, now));
+                }
+            }
+            6 => {
+                a_held.extend(take(&a, 1, now));
+                for held in b_held.drain(..1) {
+                    assert!(b.gate().release(&slot(), held, now));
+                }
+            }
+            _ => {}
+        }
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
+        if s % 2 == 1 {
+            let want = (a_held.len() + b_held.len()) as f64;
+            for (i, process) in pair.iter().enumerate() {
+                let got = process.level(5, now).unwrap_or(0.0);
+                assert_eq!(got, want, "process {i} after {s} s");
+            }
+        }
+    }
+    // The first reply of the second process looks like a restart (it
+    // cannot be told from one); every later turn is a switch.
+    for e in [&ea, &eb] {
+        let m = &e.metrics().roots[0];
+        assert_eq!((m.restarts, m.switches), (1, 14));
+    }
+    // Every slot given back: both processes come down to nothing.
+    for held in a_held.drain(..) {
+        assert!(a.gate().release(&slot(), held, 17 * SEC));
+    }
+    for held in b_held.drain(..) {
+        assert!(b.gate().release(&slot(), held, 17 * SEC));
+    }
+    for s in 17..=20u64 {
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
+    }
+    for process in &pair {
+        assert_eq!(process.level(5, 20 * SEC).unwrap_or(0.0), 0.0);
+    }
+    assert_eq!(uploads_level(&a, 20 * SEC), 0.0);
+    assert_eq!(room(&a, 20 * SEC), 10);
+}
+
+/// What becomes of one host's sync in [`held_steps`].
+#[derive(Clone, Copy, Debug)]
+enum Trouble {
+    /// The exchange meets this fate.
+    Exchange(Fate),
+    /// The root applies the request, and the sync thread dies before it
+    /// reads the reply: another starts on the same region.
+    ThreadDies,
+}
+
+/// One step of [`held_steps`]: host `host` takes (`slots` > 0) or gives
+/// back slots, then syncs, meeting `fate`; or the root restarts.
+#[derive(Clone, Copy, Debug)]
+struct HeldStep {
+    host: usize,
+    slots: i64,
+    fate: Trouble,
+    root_restarts: bool,
+}
+
+/// The hosts of [`held_steps`].
+const NAMES: [&str; 2] = ["a", "b"];
+
+fn held_steps() -> impl proptest::strategy::Strategy<Value = Vec<HeldStep>> {
+    use proptest::prelude::*;
+    let fate = prop_oneof![
+        3 => Just(Trouble::Exchange(Fate::Answered)),
+        1 => Just(Trouble::Exchange(Fate::RequestLost)),
+        2 => Just(Trouble::Exchange(Fate::ReplyLost)),
+        1 => Just(Trouble::Exchange(Fate::Twice)),
+        1 => Just(Trouble::ThreadDies),
+    ];
+    let step = (0..2usize, -3i64..4, fate, proptest::bool::weighted(0.08));
+    proptest::collection::vec(step, 1..40).prop_map(|steps| {
+        steps
+            .into_iter()
+            .map(|(host, slots, fate, root_restarts)| HeldStep {
+                host,
+                slots,
+                fate,
+                root_restarts,
+            })
+            .collect()
+    })
+}
+
+/// One sync of host `name`'s `e` on `t` with root `r` at `now`, meeting
+/// `trouble`; a thread that dies is replaced by a new one on the same
+/// region.
+fn sync_meeting(
+    (name, e, t): (&str, &mut SyncEngine, &Table),
+    r: &mut SimRoot,
+    trouble: Trouble,
+    now: Nanos,
+) {
+    let Trouble::Exchange(fate) = trouble else {
+        for o in e.begin_cycle(t, now) {
+            r.sync(&o.request, now);
+        }
+        e.abandon(t);
+        *e = SyncEngine::new(&["http://root0".to_string()], name.into(), SEC, 100, now);
+        e.resume(t);
+        return;
+    };
+    exchange(e, t, r, fate, now, &mut Vec::new());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// Held slots reach the root in absolute form: on any interleaving of
+    /// slots taken and given back with requests lost, replies lost,
+    /// requests applied twice, sync threads dying between the root
+    /// applying a request and the reply, and root restarts, one answered
+    /// sync of each host later the root counts exactly the slots held,
+    /// and 0 once every slot is given back.
+    #[test]
+    fn the_root_counts_exactly_the_slots_held_one_sync_after_any_trouble(
+        steps in held_steps()
+    ) {
+        let mut root = SimRoot::new(&uploads(), 1, 0, 0);
+        let mut hosts = NAMES.map(in_flight_host);
+        let mut held: [Vec<crate::table::HeldSlot>; 2] = [Vec::new(), Vec::new()];
+        let mut now = SEC;
+        let mut instance = 1;
+        // Each host learns that the root takes numbered requests and held
+        // slots (its first request, knowing nothing of the root, is not
+        // numbered: one that predates them would refuse it).
+        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
+            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
+        }
+        for s in &steps {
+            if s.root_restarts {
+                instance += 1;
+                root.restart(instance, now);
+            }
+            let (t, e) = &mut hosts[s.host];
+            if s.slots > 0 {
+                for _ in 0..s.slots {
+                    let (r, taken) = t.gate().acquire(&slot(), now, false, || 0.5);
+                    if r.outcome == Outcome::Pass {
+                        held[s.host].push(taken.unwrap());
+                    }
+                }
+            }
+            for _ in 0..(-s.slots) {
+                if let Some(taken) = held[s.host].pop() {
+                    proptest::prop_assert!(t.gate().release(&slot(), taken, now));
+                }
+            }
+            sync_meeting((NAMES[s.host], e, t), &mut root, s.fate, now);
+            now += SEC / 4;
+        }
+        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
+            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
+        }
+        let want = (held[0].len() + held[1].len()) as f64;
+        proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), want);
+        for (h, (t, _)) in hosts.iter().enumerate() {
+            for taken in held[h].drain(..) {
+                proptest::prop_assert!(t.gate().release(&slot(), taken, now));
+            }
+        }
+        now += SEC;
+        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
+            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
+        }
+        proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), 0.0);
+    }
+}
+
+#[test]
+fn a_sync_thread_started_anew_finds_a_restart_of_a_root_past_the_16th() {
+    // 20 roots (one group): the region remembers every one of them.
+    let urls: Vec<String> = (0..20).map(|i| format!("http://root{i}")).collect();
+    let mut roots: Vec<SimRoot> = (0..20)
+        .map(|i| SimRoot::new(&uploads(), 1 + i, 0, 0))
+        .collect();
+    let t = Table::new_heap(8, 16);
+    t.books().apply_quotas(&uploads());
+    let mut e = SyncEngine::new(&urls, "a".into(), SEC, 100, 0);
+    let _held = take(&t, 3, 0);
+    cycle(&mut e, &t, &mut roots, &[], SEC, |_| {});
+    // An nginx reload while the 20th root restarts: the new sync thread
+    // finds it restarted (a new source for its values, and the grace),
+    // where it once knew only the first 16 roots.
+    e.abandon(&t);
+    e = SyncEngine::new(&urls, "a".into(), SEC, 100, 2 * SEC);
+    e.resume(&t);
+    roots[19].restart(100, 2 * SEC);
+    for s in 2..4 {
+        cycle(&mut e, &t, &mut roots, &[], s * SEC, |_| {});
+    }
+    let m = e.metrics();
+    assert_eq!(m.roots[19].restarts, 1);
+    assert_eq!(m.roots[15].restarts + m.roots[16].restarts, 0);
+    assert_eq!(roots[19].level(5, 3 * SEC), Some(3.0));
 }

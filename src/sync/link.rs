@@ -296,6 +296,11 @@ pub struct RootLink {
     /// The root's last reply said it takes tiers: the request carries
     /// them (to a root that predates tiers, nothing is sent or owed).
     pub takes_tiers: bool,
+    /// Instances of the root that answered at its URL lately, other than
+    /// the current one, oldest first (at most [`KNOWN_INSTANCES`]): two
+    /// processes behind one URL (a load balancer) answer in turn, and a
+    /// reply from one of these is a switch back, not a restart.
+    pub others: Vec<u64>,
     /// The root was last found restarted at this local time: once every
     /// host has had time to resend its slots there, the current
     /// instance's values replace the in-flight levels known from its
@@ -311,6 +316,10 @@ pub struct RootLink {
     /// numbered ([`crate::wire::Sequence`]), and one whose exchange failed
     /// is sent again under its number, which the root applies once.
     pub takes_sequence: bool,
+    /// The root's last answer said it takes held slots in absolute form:
+    /// numbered requests to it carry them ([`crate::wire::SyncRequest::held`]),
+    /// and it needs no slots sent again when another instance answers.
+    pub takes_held: bool,
     /// The number the next new request to this root takes.
     pub next_seq: u64,
     /// The number of the request under way, when it is numbered.
@@ -326,6 +335,10 @@ pub struct RootLink {
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
+
+/// Most instances of a root remembered besides the current one
+/// ([`RootLink::others`]): processes behind one URL answering in turn.
+pub const KNOWN_INSTANCES: usize = 4;
 
 /// Most earlier requests a request carries again: past it (a root that
 /// took no reply home for this many exchanges in a row) the two oldest
@@ -429,9 +442,11 @@ impl RootLink {
             penalties_sent: Vec::new(),
             resend_penalties: false,
             takes_tiers: false,
+            others: Vec::new(),
             restart_seen: None,
             ask_all: false,
             takes_sequence: false,
+            takes_held: false,
             next_seq: 1,
             sending: None,
             sending_replay: Vec::new(),
@@ -441,15 +456,40 @@ impl RootLink {
     }
 
     /// The [`Source`] this root's values are merged as, for the root at
-    /// `index` in the list: the index (plus one, below 32) and the count
-    /// of its restarts (three bits), so that a restarted root's values,
-    /// which start again from the floor, are max-merged like another
-    /// root's. 0 (max-merged always) past the 31st root.
+    /// `index` in the list: the index (plus one, below 64: every root a
+    /// limiter may have) and the count of its restarts (two bits), so that
+    /// a restarted root's values, which start again from the floor, are
+    /// max-merged like another root's. 0 (max-merged always) past the
+    /// 63rd root.
     pub fn source(&self, index: usize) -> Source {
         match u8::try_from(index + 1) {
-            Ok(n) if n < 32 => n | (self.restarts & 0b111) << 5,
+            Ok(n) if n < 64 => n | (self.restarts & 0b11) << 6,
             _ => 0,
         }
+    }
+
+    /// The root was found restarted (a reply of an instance not seen
+    /// lately): its values, which start again from the floor, take a new
+    /// [`Source`].
+    pub fn found_restart(&mut self) {
+        self.restarts = self.restarts.wrapping_add(1);
+        self.metrics.restarts += 1;
+    }
+
+    /// A reply came from `instance`, another than the current one: true
+    /// when it answered at this URL lately (a switch between processes
+    /// behind it, not a restart). The current one is remembered among the
+    /// others; past [`KNOWN_INSTANCES`] the oldest is forgotten (a reply
+    /// from it would be a restart).
+    pub fn switch_to(&mut self, instance: u64) -> bool {
+        let known = self.others.contains(&instance);
+        let current = self.root_instance;
+        self.others.retain(|&o| o != instance && o != current);
+        if self.others.len() == KNOWN_INSTANCES {
+            self.others.remove(0);
+        }
+        self.others.push(current);
+        known
     }
 
     /// What a later sync thread should know of this root (see
@@ -460,6 +500,7 @@ impl RootLink {
             restarts: self.restarts,
             takes_returns: self.takes_returns,
             takes_sequence: self.takes_sequence,
+            takes_held: self.takes_held,
         }
     }
 
@@ -473,13 +514,14 @@ impl RootLink {
         self.restarts = known.restarts;
         self.takes_returns = known.takes_returns;
         self.takes_sequence = known.takes_sequence;
+        self.takes_held = known.takes_held;
     }
 
     /// True when `source` is one of an earlier instance of the root at
     /// `index`: its index, another count of restarts.
     pub fn is_earlier_source(&self, index: usize, source: Source) -> bool {
         let current = self.source(index);
-        current != 0 && source != current && source & 0b1_1111 == current & 0b1_1111
+        current != 0 && source != current && source & 0b11_1111 == current & 0b11_1111
     }
 
     /// Asks the root for all its counters at the next exchange (from
@@ -572,12 +614,9 @@ impl RootLink {
         let mid = sent + rtt / 2;
         let offset = reply.root_time as i64 - mid as i64;
         if reply.root_instance != self.root_instance {
-            // A restarted root has another clock, and counts from the
-            // floor again.
+            // Another instance (restarted, or another process behind the
+            // URL) has another clock.
             self.samples.clear();
-            if self.root_instance != 0 {
-                self.restarts = self.restarts.wrapping_add(1);
-            }
         } else if self.clock_stepped(rtt, offset) {
             // One of the two clocks stepped: the samples before tell of
             // clocks that are no more.
@@ -607,6 +646,7 @@ impl RootLink {
         self.root_instance = reply.root_instance;
         self.takes_returns = reply.takes_returns;
         self.takes_sequence = reply.takes_sequence;
+        self.takes_held = reply.takes_held;
         self.failures = 0;
         self.skip = 0;
         self.metrics.up = true;

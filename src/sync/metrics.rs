@@ -62,4 +62,11 @@ pub struct RootMetrics {
     /// (past `MOST_UNCONFIRMED`): a root that had applied exactly the
     /// older counts its weight twice.
     pub unconfirmed_merged: u64,
+    /// Times a reply came from an instance of the root not seen at its
+    /// URL lately (a restart, or the first reply of another process
+    /// behind the URL): this host's slots are sent to it again.
+    pub restarts: u64,
+    /// Times a reply came from an instance seen at the URL lately, after
+    /// one of another (two processes behind one URL): not a restart.
+    pub switches: u64,
 }

@@ -345,7 +345,9 @@ impl CyclePlan<'_> {
         let (replay, replay_entries) = self.replay(link, now);
         if !link.unconfirmed.is_empty() {
             // Earlier requests alone fill this one.
-            return self.replay_only(root, link, replay);
+            let mut out = self.replay_only(root, link, replay);
+            out.request.held = self.held(table, link);
+            return out;
         }
         let mut owed = std::mem::take(&mut link.owed);
         let rejected = self.rejected_of(link.group);
@@ -375,12 +377,34 @@ impl CyclePlan<'_> {
         let penalties = link.penalties_sent.clone();
         let mut request = self.body(link, due, rejected, penalties, seq);
         request.replay = replay;
+        request.held = self.held(table, link);
         Outgoing {
             root,
             request,
             owed,
             clock: link.clock_report(),
         }
+    }
+
+    /// The slots this host holds, absolute, per named in-flight quota of
+    /// `link`'s group, for a numbered request to a root that takes them
+    /// (see [`SyncRequest::held`]); none otherwise. Its held word: the
+    /// slots that left `pending`, sent or still owed, which the root
+    /// counts of this host once it has them all.
+    fn held(&self, table: &Table, link: &RootLink) -> Vec<(u64, u64)> {
+        if !(link.takes_held && link.takes_sequence) {
+            return Vec::new();
+        }
+        let mut held: Vec<(u64, u64)> = table
+            .books()
+            .held_counts()
+            .into_iter()
+            .filter(|&(id, _)| shard(CounterKey::named(id), self.groups) == link.group)
+            .map(|(id, n)| (id, u64::try_from(n).unwrap_or(0)))
+            .collect();
+        held.sort_unstable_by_key(|&(id, _)| id);
+        held.dedup_by_key(|&mut (id, _)| id);
+        held
     }
 
     /// Moves the oldest of `link`'s unconfirmed requests that fit half a
@@ -476,6 +500,7 @@ impl CyclePlan<'_> {
                 seq,
             }),
             replay: Vec::new(),
+            held: Vec::new(),
         }
     }
 

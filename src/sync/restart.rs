@@ -15,6 +15,17 @@
 //!   that a sync thread started after an nginx reload finds a restart that
 //!   happened meanwhile, and one found by the earlier thread is still
 //!   adopted ([`resume`]).
+//!
+//! Two root processes behind one URL (a load balancer, a Kubernetes
+//! Service) answer in turn. A reply from an instance that answered there
+//! lately ([`RootLink::others`]) is a *switch*, not a restart: no grace,
+//! no new source, nothing sent again. A root that takes held slots gets
+//! this host's, absolute, in every numbered request, whichever process
+//! answers it; one that predates them cannot be told apart from its
+//! twin, and each process counts the slots sent to it.
+//!
+//! A root that takes held slots needs no resend after a restart either:
+//! the next numbered request carries them.
 
 use super::link::{Owed, OwedDeltas, RootLink};
 use super::request::Page;
@@ -105,9 +116,12 @@ impl Restarts {
 /// Takes `page`, answered by root `root` (`link`) to a request that
 /// carried `sent`, into the link, and remembers in `table` what changed of
 /// the root for a later sync thread. When the page comes from another
-/// instance than the last one (the root restarted), starts the grace and
-/// returns what the root must be sent again ([`held_before`]); `groups`
-/// is the number of root groups.
+/// instance than the last one, and one that did not answer at this URL
+/// lately (the root restarted), starts the grace and returns what the
+/// root must be sent again ([`held_before`]; nothing to a root that takes
+/// held slots, which every numbered request carries); `groups` is the
+/// number of root groups. One that did answer lately is another process
+/// behind the same URL answering in turn: not a restart.
 pub(super) fn take_answer(
     table: &Table,
     root: usize,
@@ -118,15 +132,30 @@ pub(super) fn take_answer(
     now: Nanos,
 ) -> Option<Vec<(CounterKey, Owed)>> {
     let instance = link.root_instance;
-    let resend = (instance != 0 && page.reply.root_instance != instance)
-        .then(|| held_before(table, link, sent, groups, now));
+    let answered = page.reply.root_instance;
+    let mut resend = None;
+    if instance != 0 && answered != instance {
+        if link.switch_to(answered) {
+            link.metrics.switches += 1;
+            // Asked with the other process's cursor, it answers with
+            // every counter it holds that is not empty: one it leaves
+            // out is empty there.
+            link.ask_all = true;
+        } else {
+            link.found_restart();
+            link.restart_seen = Some(now);
+            let absolute = page.reply.takes_held && page.reply.takes_sequence;
+            resend = Some(if absolute {
+                Vec::new()
+            } else {
+                held_before(table, link, sent, groups, now)
+            });
+        }
+    }
     let known = link.remembered();
     link.succeeded(page.sent_at, page.received_at, &page.reply);
     if link.remembered() != known {
         remember_root(table, root, &link.url, link.remembered());
-    }
-    if resend.is_some() {
-        link.restart_seen = Some(now);
     }
     resend
 }

@@ -51,11 +51,14 @@ pub struct RememberedRoot {
     pub takes_returns: bool,
     /// Its last answer said it takes sequences.
     pub takes_sequence: bool,
+    /// Its last answer said it takes held slots.
+    pub takes_held: bool,
 }
 
 /// Bits of a remembered root's `takes` word.
 const TAKES_RETURNS: u64 = 1;
 const TAKES_SEQUENCE: u64 = 2;
+const TAKES_HELD: u64 = 4;
 
 /// Remembers in `table` what is known of the root at `index` in the
 /// configuration (`url`). Only the first [`STATUS_ROOTS`] roots are
@@ -76,7 +79,8 @@ pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoo
                         TAKES_SEQUENCE
                     } else {
                         0
-                    };
+                    }
+                    | if root.takes_held { TAKES_HELD } else { 0 };
                 r.takes.store(takes, Relaxed);
             } else if r.url_hash.load(Relaxed) == hash {
                 // The root moved in the configuration: its old place
@@ -100,6 +104,7 @@ pub fn remembered_root(table: &Table, url: &str) -> Option<RememberedRoot> {
                     restarts: r.restarts.load(Relaxed) as u8,
                     takes_returns: r.takes.load(Relaxed) & TAKES_RETURNS != 0,
                     takes_sequence: r.takes.load(Relaxed) & TAKES_SEQUENCE != 0,
+                    takes_held: r.takes.load(Relaxed) & TAKES_HELD != 0,
                 })
         })
         .flatten()
@@ -136,6 +141,8 @@ pub fn published(table: &Table) -> SyncMetrics {
                     dropped_returns: r.dropped_returns.load(Relaxed),
                     unconfirmed: r.unconfirmed.load(Relaxed),
                     unconfirmed_merged: r.unconfirmed_merged.load(Relaxed),
+                    // Not published in the region: the sync thread's own.
+                    ..RootMetrics::default()
                 })
                 .collect();
             let down = st.down.load(Relaxed);
@@ -183,6 +190,7 @@ mod tests {
             restarts,
             takes_returns: true,
             takes_sequence: restarts % 2 == 0,
+            takes_held: restarts % 2 == 0,
         };
         assert_eq!(remembered_root(&t, "http://a"), None);
         remember_root(&t, 0, "http://a", known(7, 2));
@@ -201,6 +209,15 @@ mod tests {
         assert_eq!(remembered_root(&t, "http://a"), Some(known(8, 3)));
         remember_root(&t, 2, "http://c", known(1, 0));
         assert_eq!(remembered_root(&t, "http://a"), None);
+        // Every root a limiter may have is kept, the last too (past the
+        // 16th, once the limit, nothing was).
+        for i in 0..STATUS_ROOTS {
+            remember_root(&t, i, &format!("http://r{i}"), known(i as u64 + 1, 0));
+        }
+        for i in [16, 40, STATUS_ROOTS - 1] {
+            let url = format!("http://r{i}");
+            assert_eq!(remembered_root(&t, &url), Some(known(i as u64 + 1, 0)));
+        }
         // Past the block's roots nothing is kept.
         remember_root(&t, STATUS_ROOTS, "http://z", known(1, 0));
         assert_eq!(remembered_root(&t, "http://z"), None);

@@ -62,17 +62,25 @@
 //! the tiers section: the limiter's override cursor, penalty version and
 //! the penalties it started ([`super::tiers`]). It is sent only to a root
 //! whose replies say it takes tiers. Request format 4
-//! ([`BINARY_REQUEST_VERSION`]) is format 3 plus the request's number
+//! ([`BINARY_SEQUENCE_REQUEST_VERSION`]) is format 3 plus the request's number
 //! ([`super::Sequence`]: the incarnation as 8 bytes, the number as a
 //! varint), sent only to a root whose replies say it takes sequences:
 //! reply format 5 ([`BINARY_SEQUENCE_REPLY_VERSION`], `version=5`) is
 //! format 4 whose flags may have bit 2 (the root takes sequences), and
 //! after the tiers section a varint: the highest number the root applied
 //! of the request's sync thread ([`SyncResponse::applied_through`]).
-//! Reply format 6 ([`BINARY_REPLY_VERSION`], `version=6`) is format 5
+//! Reply format 6 ([`BINARY_REFUSED_REPLY_VERSION`], `version=6`) is format 5
 //! plus, last, the keys the root refused to hold
 //! ([`SyncResponse::refused`]): a count of templates, and per template
-//! its id, a count of keys and the keys' hashes (8 bytes each). The
+//! its id, a count of keys and the keys' hashes (8 bytes each).
+//!
+//! Request format 5 ([`BINARY_REQUEST_VERSION`]) is format 4 plus, last,
+//! the slots the limiter holds ([`SyncRequest::held`]): a count, then per
+//! named in-flight quota its id and its slots, as varints. It is sent
+//! only to a root whose replies say it takes them: reply format 7
+//! ([`BINARY_REPLY_VERSION`], `version=7`) is format 6 whose flags may
+//! have bit 3 (the root takes held slots); an older limiter never asks
+//! for it, and reads no flag it does not know. The
 //! tiers section, in a request or a reply, is a length-prefixed JSON object (empty when it says nothing):
 //! overrides change rarely and penalties are few, so a compact encoding
 //! would buy little and cost a second one to keep in step with serde.
@@ -88,18 +96,18 @@ use super::{
 mod codec;
 
 use codec::{
-    unzigzag, zigzag, Reader, Writer, KIND_REPLY, KIND_REQUEST, TAKES_RETURNS, TAKES_SEQUENCE,
-    TAKES_TIERS,
+    unzigzag, zigzag, Reader, Writer, KIND_REPLY, KIND_REQUEST, TAKES_HELD, TAKES_RETURNS,
+    TAKES_SEQUENCE, TAKES_TIERS,
 };
 pub use codec::{
     BinaryError, BINARY_CONTENT_TYPE, BINARY_FLAGS_VERSION, BINARY_PREV_VERSION,
-    BINARY_REPLY_VERSION, BINARY_REQUEST_VERSION, BINARY_RETURNS_VERSION,
-    BINARY_SEQUENCE_REPLY_VERSION, BINARY_TIERS_REPLY_VERSION, BINARY_TIERS_REQUEST_VERSION,
-    BINARY_VERSION,
+    BINARY_REFUSED_REPLY_VERSION, BINARY_REPLY_VERSION, BINARY_REQUEST_VERSION,
+    BINARY_RETURNS_VERSION, BINARY_SEQUENCE_REPLY_VERSION, BINARY_SEQUENCE_REQUEST_VERSION,
+    BINARY_TIERS_REPLY_VERSION, BINARY_TIERS_REQUEST_VERSION, BINARY_VERSION,
 };
 
 /// Encodes a request: format 1, 2 when it gives weight back, 3 when it
-/// carries tiers, 4 when it is numbered.
+/// carries tiers, 4 when it is numbered, 5 when it reports held slots.
 pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
     let tiers = super::tiers::encode_section(&request.tiers);
     let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
@@ -110,8 +118,10 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    let version = if request.sequence.is_some() {
+    let version = if !request.held.is_empty() {
         BINARY_REQUEST_VERSION
+    } else if request.sequence.is_some() {
+        BINARY_SEQUENCE_REQUEST_VERSION
     } else if !tiers.is_empty() {
         BINARY_TIERS_REQUEST_VERSION
     } else if request.has_returns() {
@@ -139,7 +149,7 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
     if version >= BINARY_TIERS_REQUEST_VERSION {
         w.bytes(&tiers);
     }
-    if version >= BINARY_REQUEST_VERSION {
+    if version >= BINARY_SEQUENCE_REQUEST_VERSION {
         // Always present in format 4: a numbered request is its reason.
         let sequence = request.sequence.unwrap_or_default();
         w.fixed(sequence.incarnation);
@@ -151,6 +161,13 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             w.keyed(&part.keyed);
             w.named(&part.returned);
             w.keyed(&part.keyed_returned);
+        }
+    }
+    if version >= BINARY_REQUEST_VERSION {
+        w.varint(request.held.len() as u64);
+        for &(id, slots) in &request.held {
+            w.varint(id);
+            w.varint(slots);
         }
     }
     w.0
@@ -195,7 +212,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     } else {
         TierRequest::default()
     };
-    let (sequence, replay) = if version >= BINARY_REQUEST_VERSION {
+    let (sequence, replay) = if version >= BINARY_SEQUENCE_REQUEST_VERSION {
         let sequence = Sequence {
             incarnation: r.fixed(|| "sequence.incarnation".into())?,
             seq: r.varint("sequence.seq")?,
@@ -216,6 +233,16 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     } else {
         (None, Vec::new())
     };
+    let mut held = Vec::new();
+    if version >= BINARY_REQUEST_VERSION {
+        // An entry is at least 2 bytes (id, slots).
+        let n = r.entries(2, || "held".into())?;
+        held.reserve(n);
+        for i in 0..n {
+            let id = r.varint_or(|| format!("held[{i}]"))?;
+            held.push((id, r.varint_or(|| format!("held[{i}]"))?));
+        }
+    }
     r.end()?;
     Ok(SyncRequest {
         limiter,
@@ -230,6 +257,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         tiers,
         sequence,
         replay,
+        held,
     })
 }
 
@@ -309,6 +337,9 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         if version >= BINARY_SEQUENCE_REPLY_VERSION && reply.takes_sequence {
             flags |= TAKES_SEQUENCE;
         }
+        if version >= BINARY_REPLY_VERSION && reply.takes_held {
+            flags |= TAKES_HELD;
+        }
         w.varint(flags);
         if tiers {
             w.bytes(&super::tiers::encode_section(&reply.tiers));
@@ -317,7 +348,7 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
             w.varint(reply.applied_through);
         }
     }
-    if version >= BINARY_REPLY_VERSION {
+    if version >= BINARY_REFUSED_REPLY_VERSION {
         w.varint(reply.refused.len() as u64);
         for group in &reply.refused {
             w.varint(group.id);
@@ -410,7 +441,9 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     } else {
         0
     };
-    let known = if version >= BINARY_SEQUENCE_REPLY_VERSION {
+    let known = if version >= BINARY_REPLY_VERSION {
+        TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD
+    } else if version >= BINARY_SEQUENCE_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE
     } else if version >= BINARY_TIERS_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS
@@ -431,7 +464,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         0
     };
     let mut refused = Vec::new();
-    if version >= BINARY_REPLY_VERSION {
+    if version >= BINARY_REFUSED_REPLY_VERSION {
         // A group is at least 2 bytes (id, count), a key 8.
         let groups = r.count(2, || "refused".into())?;
         refused.reserve(groups);
@@ -450,6 +483,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         takes_returns: flags & TAKES_RETURNS != 0,
         takes_tiers: flags & TAKES_TIERS != 0,
         takes_sequence: flags & TAKES_SEQUENCE != 0,
+        takes_held: flags & TAKES_HELD != 0,
         applied_through,
         root_instance,
         root_time,
@@ -704,7 +738,7 @@ mod tests {
             ..returning_request()
         };
         let body = encode_request(&r);
-        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(body[3], BINARY_SEQUENCE_REQUEST_VERSION);
         assert_eq!(decode_request(&body).unwrap(), r);
         // An unnumbered request keeps the format a root before sequences
         // reads.
@@ -718,6 +752,74 @@ mod tests {
                 "{n}"
             );
         }
+    }
+
+    #[test]
+    fn a_request_with_held_slots_is_format_5_and_reads_back_with_them() {
+        let r = SyncRequest {
+            sequence: Some(Sequence {
+                incarnation: 9,
+                seq: 3,
+            }),
+            held: vec![(4, 0), (7, 12), (1 << 40, 3)],
+            ..returning_request()
+        };
+        let body = encode_request(&r);
+        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(decode_request(&body).unwrap(), r);
+        for n in 0..body.len() {
+            assert!(
+                matches!(decode_request(&body[..n]), Err(BinaryError::Malformed(_))),
+                "{n}"
+            );
+        }
+        // Held slots out of order, or without a number, are refused whole.
+        let plain = SyncRequest {
+            limiter: "h".into(),
+            ..r.clone()
+        };
+        let plain = SyncRequest {
+            deltas: Vec::new(),
+            returned: Vec::new(),
+            keyed: Vec::new(),
+            keyed_returned: Vec::new(),
+            ..plain
+        };
+        assert_eq!(plain.check(), Ok(()));
+        let unordered = SyncRequest {
+            held: vec![(7, 1), (4, 1)],
+            ..plain.clone()
+        };
+        let e = unordered.check().unwrap_err();
+        assert_eq!(e.field, "held[1]");
+        let unnumbered = SyncRequest {
+            sequence: None,
+            ..plain
+        };
+        assert!(unnumbered.check().is_err());
+    }
+
+    #[test]
+    fn reply_format_7_says_whether_the_root_takes_held_slots_and_older_ones_never_do() {
+        let r = SyncResponse {
+            takes_sequence: true,
+            takes_held: true,
+            applied_through: 5,
+            ..tiered_reply()
+        };
+        let body = encode_response_as(&r, BINARY_REPLY_VERSION).unwrap();
+        assert_eq!(body[3], BINARY_REPLY_VERSION);
+        assert!(decode_response(&body).unwrap().takes_held);
+        // To a limiter that asked for format 6 (it predates held slots)
+        // the flag is never set: it would refuse it as unknown.
+        let v6 = encode_response_as(&r, BINARY_REFUSED_REPLY_VERSION).unwrap();
+        let read = decode_response(&v6).unwrap();
+        assert!(!read.takes_held && read.takes_sequence);
+        // Format 7 is format 6 with one more flag: read as format 6, the
+        // flag is unknown, and the reply refused.
+        let mut as_v6 = body.clone();
+        as_v6[3] = BINARY_REFUSED_REPLY_VERSION;
+        assert!(decode_response(&as_v6).is_err());
     }
 
     #[test]

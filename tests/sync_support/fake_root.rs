@@ -37,6 +37,9 @@ pub enum Misbehaviour {
     /// Forwards every request to the real root at `root` as
     /// [`FakeRoot::mode`] says at the time (the [`Versioned`] modes).
     Versioned { root: SocketAddr },
+    /// Forwards the `n`th sync request to `roots[n % 2]`: two root
+    /// processes behind one URL (a load balancer) answering in turn.
+    Alternate { roots: [SocketAddr; 2] },
 }
 
 /// The modes of a [`Misbehaviour::Versioned`] proxy.
@@ -55,6 +58,12 @@ impl Versioned {
     /// Requests reach the root, which applies them; its replies are lost
     /// (the connection is closed without an answer).
     pub const REPLIES_LOST: u8 = 2;
+    /// The root predates held slots (request format 5, reply format 7):
+    /// a request for reply format 7 is answered in format 6, whose flags
+    /// cannot say it takes them (nor can a JSON reply), and a request
+    /// that reports them is refused as such a root refuses it (415 for
+    /// the binary format, 400 for JSON with a field it does not know).
+    pub const PREDATES_HELD: u8 = 3;
 }
 
 /// Quota names the garbage replies carry; a limiter must never hold one.
@@ -71,6 +80,9 @@ pub struct FakeRoot {
     /// Of those, numbered requests (binary format 4, or JSON with a
     /// `sequence`).
     pub numbered: Arc<AtomicUsize>,
+    /// Of those, requests that report held slots (binary format 5, or
+    /// JSON with `held`).
+    pub held: Arc<AtomicUsize>,
     /// The [`Versioned`] mode of a versioned proxy.
     pub mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
@@ -86,11 +98,13 @@ impl FakeRoot {
         let requests = Arc::new(AtomicUsize::new(0));
         let binary = Arc::new(AtomicUsize::new(0));
         let numbered = Arc::new(AtomicUsize::new(0));
+        let held = Arc::new(AtomicUsize::new(0));
         let mode = Arc::new(AtomicU8::new(Versioned::CURRENT));
         let seen = Seen {
             requests: Arc::clone(&requests),
             binary: Arc::clone(&binary),
             numbered: Arc::clone(&numbered),
+            held: Arc::clone(&held),
             mode: Arc::clone(&mode),
             stop: Arc::clone(&stop),
         };
@@ -109,6 +123,7 @@ impl FakeRoot {
             requests,
             binary,
             numbered,
+            held,
             mode,
             stop,
             accept: Some(accept),
@@ -133,6 +148,7 @@ struct Seen {
     requests: Arc<AtomicUsize>,
     binary: Arc<AtomicUsize>,
     numbered: Arc<AtomicUsize>,
+    held: Arc<AtomicUsize>,
     mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
 }
@@ -156,40 +172,53 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
     let body = &request[(end + 4).min(request.len())..];
     let numbered = if is_binary {
         // The format's version is the body's fourth byte.
-        body.get(3) == Some(&4)
+        body.get(3).is_some_and(|&v| v >= 4)
     } else {
         find(body, b"\"sequence\"").is_some()
     };
     if numbered {
         seen.numbered.fetch_add(1, Ordering::AcqRel);
     }
+    let reports_held = if is_binary {
+        body.get(3) == Some(&5)
+    } else {
+        find(body, b"\"held\"").is_some()
+    };
+    if reports_held {
+        seen.held.fetch_add(1, Ordering::AcqRel);
+    }
     let reply = match how {
         Misbehaviour::Versioned { root } => {
             match seen.mode.load(Ordering::Acquire) {
                 Versioned::PREDATES_SEQUENCES if numbered => {
-                    let (status, message) = if is_binary {
-                        (
-                            "415 Unsupported Media Type",
-                            "unsupported binary request version 4",
-                        )
-                    } else {
-                        ("400 Bad Request", "unknown field `sequence`")
-                    };
-                    let body = format!(r#"{{"error": {{"field": null, "message": "{message}"}}}}"#);
-                    let _ = stream.write_all(response(status, &body).as_bytes());
+                    refuse_as_older(&mut stream, is_binary, 4, "sequence");
                     return;
                 }
+                Versioned::PREDATES_HELD if reports_held => {
+                    refuse_as_older(&mut stream, is_binary, 5, "held");
+                    return;
+                }
+                Versioned::PREDATES_HELD => {
+                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 6);
+                    let mut older = head.into_bytes();
+                    older.extend_from_slice(&request[end..]);
+                    request = older;
+                }
                 Versioned::PREDATES_SEQUENCES => {
-                    let head = older_accept(&String::from_utf8_lossy(&request[..end]));
+                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 4);
                     let mut older = head.into_bytes();
                     older.extend_from_slice(&request[end..]);
                     request = older;
                 }
                 _ => {}
             }
-            let reply = forward(root, &request);
-            if seen.mode.load(Ordering::Acquire) == Versioned::REPLIES_LOST {
+            let mut reply = forward(root, &request);
+            let mode = seen.mode.load(Ordering::Acquire);
+            if mode == Versioned::REPLIES_LOST {
                 return;
+            }
+            if mode == Versioned::PREDATES_HELD {
+                reply = reply.map(|r| without_json_field(&r, "\"takes_held\":true"));
             }
             if let Some(reply) = reply {
                 let _ = stream.write_all(&reply);
@@ -200,6 +229,12 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
             &format!("{} Refused", refuse.unwrap()),
             r#"{"error": {"field": null, "message": "expected value at line 1 column 1"}}"#,
         ),
+        Misbehaviour::Alternate { roots } => {
+            if let Some(reply) = forward(roots[n % 2], &request) {
+                let _ = stream.write_all(&reply);
+            }
+            return;
+        }
         Misbehaviour::Proxy { root, .. } => {
             if let Some(reply) = forward(root, &request) {
                 let _ = stream.write_all(&reply);
@@ -236,19 +271,63 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
     let _ = stream.write_all(reply.as_bytes());
 }
 
-/// `head` (a request's headers) asking for binary replies of format 4 at
-/// most, as a limiter that predates numbered requests does: any newer
-/// `version=N` it accepts becomes `version=4`.
-fn older_accept(head: &str) -> String {
+/// Refuses a request as a root that predates binary request format
+/// `version` and the JSON field `field` refuses it: 415 for the binary
+/// format it does not know, 400 for JSON with a field it does not know.
+fn refuse_as_older(stream: &mut TcpStream, is_binary: bool, version: u8, field: &str) {
+    let (status, message) = if is_binary {
+        (
+            "415 Unsupported Media Type",
+            format!("unsupported binary request version {version}"),
+        )
+    } else {
+        ("400 Bad Request", format!("unknown field `{field}`"))
+    };
+    let body = format!(r#"{{"error": {{"field": null, "message": "{message}"}}}}"#);
+    let _ = stream.write_all(response(status, &body).as_bytes());
+}
+
+/// `head` (a request's headers) asking for binary replies of format
+/// `most` at most, as a limiter that predates a newer one does: any newer
+/// `version=N` it accepts becomes `version=<most>`.
+fn older_accept(head: &str, most: u32) -> String {
     const PARAM: &str = "x-sluice-sync;version=";
     let Some(at) = head.find(PARAM).map(|at| at + PARAM.len()) else {
         return head.to_string();
     };
     let digits = head[at..].chars().take_while(char::is_ascii_digit).count();
     match head[at..at + digits].parse::<u32>() {
-        Ok(n) if n > 4 => format!("{}4{}", &head[..at], &head[at + digits..]),
+        Ok(n) if n > most => format!("{}{most}{}", &head[..at], &head[at + digits..]),
         _ => head.to_string(),
     }
+}
+
+/// `reply` (an HTTP response) without `field` in its JSON body (with its
+/// comma), its `content-length` set to match: a root that predates the
+/// field. A binary body is left alone (its format was capped before).
+fn without_json_field(reply: &[u8], field: &str) -> Vec<u8> {
+    let Some(end) = find(reply, b"\r\n\r\n") else {
+        return reply.to_vec();
+    };
+    let body = String::from_utf8_lossy(&reply[end + 4..]).into_owned();
+    if !body.contains(field) {
+        return reply.to_vec();
+    }
+    let body = body
+        .replace(&format!(",{field}"), "")
+        .replace(&format!("{field},"), "")
+        .replace(field, "");
+    let head: Vec<String> = String::from_utf8_lossy(&reply[..end])
+        .lines()
+        .map(|l| {
+            if l.to_ascii_lowercase().starts_with("content-length:") {
+                format!("content-length: {}", body.len())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
 }
 
 /// Sends `request` to `root` and returns its reply, marked

@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 16;
+pub const LAYOUT_VERSION: u32 = 17;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -514,8 +514,10 @@ pub struct KeyPlacement {
     pub refused: AtomicU64,
 }
 
-/// Roots whose sync state the region can publish.
-pub const STATUS_ROOTS: usize = 16;
+/// Roots whose sync state the region can publish and remember across an
+/// nginx reload: every root a limiter may have (a [`Source`] names one of
+/// 63). 63 x 128 bytes.
+pub const STATUS_ROOTS: usize = 63;
 
 /// Sync state of one root, as published by the sync thread.
 #[repr(C, align(64))]
@@ -563,7 +565,6 @@ pub struct RootStatus {
 /// What the sync thread publishes for every process sharing the region
 /// (nginx workers other than the one running sync serve the metrics too).
 #[repr(C, align(64))]
-#[derive(Default)]
 pub struct SyncStatus {
     /// Seqlock over the whole block.
     pub seq: AtomicU32,
@@ -577,6 +578,18 @@ pub struct SyncStatus {
     pub down: AtomicU64,
     /// Per-root state, in configuration order.
     pub root: [RootStatus; STATUS_ROOTS],
+}
+
+impl Default for SyncStatus {
+    fn default() -> Self {
+        Self {
+            seq: AtomicU32::new(0),
+            roots: AtomicU32::new(0),
+            cycles: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            root: std::array::from_fn(|_| RootStatus::default()),
+        }
+    }
 }
 
 /// One quota and its counter: 128 bytes, two cache lines.
@@ -734,8 +747,9 @@ pub fn key_tick(now: u64) -> u32 {
 /// Which root's reply a counter's known level is, so that the same root's
 /// later reply replaces it (lower, after returns) where another root's is
 /// max-merged: 0 for none (a local fold, a new counter); otherwise the
-/// sync thread's name for one root process (its place in the list and a
-/// count of its restarts; see `sync::engine`).
+/// sync thread's name for one root process (its place in the list plus
+/// one in the low six bits, a count of its restarts in the top two; see
+/// `sync::link`).
 pub type Source = u8;
 
 /// The [`Source`] of an in-flight counter's level that this host folded
@@ -744,8 +758,8 @@ pub type Source = u8;
 /// host owed it (sent with the same request), and the other hosts'
 /// releases meanwhile, which a max-merge would never let down (an
 /// in-flight level does not leak). No root's source: a root's has its
-/// place in the list in the low five bits, never 0.
-pub const FOLDED: Source = 0x20;
+/// place in the list in the low six bits, never 0.
+pub const FOLDED: Source = 0x40;
 
 #[cfg(test)]
 mod tests {

@@ -20,9 +20,13 @@ pub const BINARY_RETURNS_VERSION: u8 = 2;
 /// The request format that adds the tiers section.
 pub const BINARY_TIERS_REQUEST_VERSION: u8 = 3;
 
-/// The newest request format: [`BINARY_TIERS_REQUEST_VERSION`]'s with the
-/// request's sequence ([`super::Sequence`]).
-pub const BINARY_REQUEST_VERSION: u8 = 4;
+/// The request format that adds the request's sequence
+/// ([`super::Sequence`]).
+pub const BINARY_SEQUENCE_REQUEST_VERSION: u8 = 4;
+
+/// The newest request format: [`BINARY_SEQUENCE_REQUEST_VERSION`]'s with
+/// the slots the limiter holds ([`super::SyncRequest::held`]).
+pub const BINARY_REQUEST_VERSION: u8 = 5;
 
 /// The reply format that adds keyed groups' previous-window counts.
 pub const BINARY_PREV_VERSION: u8 = 2;
@@ -37,9 +41,12 @@ pub const BINARY_TIERS_REPLY_VERSION: u8 = 4;
 /// with how far it applied them.
 pub const BINARY_SEQUENCE_REPLY_VERSION: u8 = 5;
 
-/// The newest reply format: [`BINARY_SEQUENCE_REPLY_VERSION`]'s with the
-/// keys the root refused to hold.
-pub const BINARY_REPLY_VERSION: u8 = 6;
+/// The reply format that adds the keys the root refused to hold.
+pub const BINARY_REFUSED_REPLY_VERSION: u8 = 6;
+
+/// The newest reply format: [`BINARY_REFUSED_REPLY_VERSION`]'s whose
+/// flags may also say the root takes held slots.
+pub const BINARY_REPLY_VERSION: u8 = 7;
 
 /// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
 pub(super) const TAKES_RETURNS: u64 = 1;
@@ -49,6 +56,9 @@ pub(super) const TAKES_TIERS: u64 = 2;
 
 /// Reply flag: the root takes sequences ([`SyncResponse::takes_sequence`]).
 pub(super) const TAKES_SEQUENCE: u64 = 4;
+
+/// Reply flag: the root takes held slots ([`SyncResponse::takes_held`]).
+pub(super) const TAKES_HELD: u64 = 8;
 
 /// The header's first two bytes.
 pub(super) const MAGIC: [u8; 2] = *b"SL";
