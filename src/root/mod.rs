@@ -29,7 +29,7 @@
 //! - `in_flight.rs` — the slots each limiter holds of the in-flight counters
 //!   and their lease (docs/DESIGN.md, "In-flight quotas"); its tests
 //!   through the ledger in `in_flight_tests.rs`.
-//! - `ledger.rs` — the in-memory state and the sync step, pure, time passed
+//! - `ledger/` — the in-memory state and the sync step, pure, time passed
 //!   in:
 //!   - `quota_book.rs` — quotas by id, by `(epoch, id)` and by name;
 //!   - `counter_book/` — counters with their version-ordered list
