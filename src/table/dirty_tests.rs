@@ -16,10 +16,14 @@ fn never() -> f64 {
 }
 
 fn item(name: &[u8]) -> CheckItem<'_> {
+    weighted(name, 1)
+}
+
+fn weighted(name: &[u8], weight: u64) -> CheckItem<'_> {
     CheckItem {
         name,
         key: None,
-        weight: 1,
+        weight,
         max_wait: None,
     }
 }
@@ -91,10 +95,7 @@ fn a_check_after_a_collection_queues_again_and_one_slot_is_queued_once() {
 #[test]
 fn a_charge_queues_its_quota() {
     let t = drained(&[wide(1, "q")]);
-    let charged = CheckItem {
-        weight: 4,
-        ..item(b"q")
-    };
+    let charged = weighted(b"q", 4);
     t.gate().charge(&charged, SEC);
     assert_eq!(collect_ring_only(&t), vec![(0, 4)]);
 }
@@ -118,10 +119,7 @@ fn a_rejection_queues_its_quota_for_its_count() {
 #[test]
 fn a_return_after_a_collection_queues_its_quota() {
     let t = drained(&[wide(1, "q")]);
-    let three = CheckItem {
-        weight: 3,
-        ..item(b"q")
-    };
+    let three = weighted(b"q", 3);
     t.gate().charge(&three, SEC);
     assert_eq!(collect_ring_only(&t), vec![(0, 3)]);
     // Settled lower than charged: two units back, from a collected
@@ -131,10 +129,7 @@ fn a_return_after_a_collection_queues_its_quota() {
     // A settle does the same.
     t.gate().settle(&three, 3, SEC, SEC);
     t.books().collect_deltas(&mut Vec::new());
-    let one = CheckItem {
-        weight: 1,
-        ..item(b"q")
-    };
+    let one = weighted(b"q", 1);
     t.gate().settle(&one, 3, SEC, SEC);
     assert_eq!(collect_ring_only(&t), vec![(0, -2)]);
 }
@@ -182,16 +177,10 @@ fn a_dead_sync_owners_weight_is_collected_again() {
     t.books().collect_deltas(&mut Vec::new());
     t.gate().check(b"q", 7, SEC);
     assert_eq!(collect_ring_only(&t), vec![(0, 7)]);
-    // SAFETY: the child exits at once.
-    let dead = unsafe {
-        let child = libc::fork();
-        if child == 0 {
-            libc::_exit(0);
-        }
-        libc::waitpid(child, std::ptr::null_mut(), 0);
-        child as u32
-    };
-    t.region().header().sync_owner.store(dead, Relaxed);
+    t.region()
+        .header()
+        .sync_owner
+        .store(super::tests::dead_pid(), Relaxed);
     assert_eq!(t.books().claim_sync(), 7);
     // The claim asks for a scan (a new sync thread's rejection
     // baseline); the requeue queued the slot besides.
