@@ -10,9 +10,9 @@
 //! holds the collector up for [`RING_STUCK_LIMIT`] collections, then is
 //! skipped, and that collection scans too.
 //!
-//! The slot ring also holds the marking of named quotas (`mark_slot`): a
-//! check's add that finds `pending` at zero, a rejection, and every other
-//! change of `pending` from zero (returns, requeues) queue the slot.
+//! [`DirtySlots`] marks named quotas: a check's add that finds `pending`
+//! at zero, a rejection, and every other change of `pending` from zero
+//! (returns, requeues, adopted weight) queue the slot.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering::AcqRel, Ordering::SeqCst};
 
