@@ -231,8 +231,8 @@ impl Requests {
         let first = self.rejected_seen.is_none();
         let seen = self.rejected_seen.get_or_insert_with(IdMap::default);
         let mut grown = Vec::new();
-        let mut next = IdMap::default();
-        next.reserve(totals.len());
+        // Only the quotas whose counts changed are listed (the table's
+        // dirty ring): the others keep what was seen of them.
         for (id, total) in totals {
             let before = seen.get(&id).copied().unwrap_or(0);
             // Smaller than before: the quota's slot was made anew.
@@ -244,9 +244,8 @@ impl Requests {
             if !first && new > 0 {
                 grown.push((id, new));
             }
-            next.insert(id, total);
+            seen.insert(id, total);
         }
-        *seen = next;
         grown
     }
 

@@ -53,12 +53,15 @@
 //! - `mod.rs` — [`Table`]: construction, the two faces, settings and
 //!   listings.
 //! - `tests.rs`, `key_tests.rs`, `window_tests.rs`, `tier_tests.rs`,
-//!   `in_flight_tests.rs`, `fast_tests.rs` — unit tests by subject: named
-//!   quotas, per-key quotas, window quotas with partial grants and
-//!   reservations, overrides and penalties, in-flight slots, the keyed
-//!   fast path against the general one.
+//!   `in_flight_tests.rs`, `fast_tests.rs`, `dirty_tests.rs` — unit tests
+//!   by subject: named quotas, per-key quotas, window quotas with partial
+//!   grants and reservations, overrides and penalties, in-flight slots,
+//!   the keyed fast path against the general one, the named quotas'
+//!   dirty ring.
 
 pub mod books;
+#[cfg(test)]
+mod dirty_tests;
 #[cfg(test)]
 mod fast_tests;
 pub mod file;

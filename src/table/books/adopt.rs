@@ -8,6 +8,7 @@ use crate::table::books::tally::{set_slot_source, slot_source};
 use crate::table::books::write::{ApplyReport, Writer};
 use crate::table::region::listing::Listing;
 use crate::table::region::lock::SeqWrite;
+use crate::table::region::ring::DirtySlots;
 use crate::table::region::slots::Slots;
 use crate::table::region::{region_view, Region, SlotId, RLX};
 use std::collections::HashMap;
@@ -60,6 +61,8 @@ impl Adopt<'_> {
             to.passed.store(state.passed, RLX);
             to.rejected.store(state.rejected, RLX);
             to.dry_run.store(state.dry_run, RLX);
+            // Collected from the ring like weight a check added.
+            DirtySlots::of(self).mark(slot);
         }
         let old_ids: HashMap<SlotId, u64> = states.iter().map(|s| (s.slot, s.quota.id)).collect();
         KeySync::of(self).adopt_keys(

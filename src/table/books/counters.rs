@@ -32,9 +32,10 @@ use crate::table::books::tally::{
 };
 use crate::table::region::layout::{Slot, Source, FLAG_LIVE};
 use crate::table::region::lock::{own_pid, process_alive};
+use crate::table::region::ring::DirtySlots;
 use crate::table::region::slots::Slots;
 use crate::table::region::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, REL, RLX};
-use std::sync::atomic::fence;
+use std::sync::atomic::{fence, Ordering::SeqCst};
 
 region_view!(
     /// Counters: collected, merged, folded, handed back.
@@ -64,46 +65,71 @@ impl Counters<'_> {
         self.collect(out, Some(rejected));
     }
 
+    /// Collects the slots queued in the dirty ring (every used slot when
+    /// it overflowed, or a position in it was skipped), then the keys.
     pub(in crate::table) fn collect(
         &self,
         out: &mut Vec<CollectedDelta>,
         mut rejected: Option<&mut Vec<(u64, u64)>>,
     ) {
         let _guard = self.lock();
-        for (i, s) in self.used_slots() {
-            let net = signed(&s.pending);
-            let rejections = rejected.as_ref().map_or(0, |_| s.rejected.load(RLX));
-            if (net == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
-                continue;
+        let dirty = DirtySlots::of(self);
+        let mut each = |i: SlotId| self.collect_slot(i, out, rejected.as_deref_mut());
+        if dirty.ring().drain(&mut each) {
+            for i in 0..self.header().next_unused.load(RLX) {
+                each(i);
             }
-            let id = s.id.load(RLX);
-            if rejections != 0 {
-                if let Some(rejected) = rejected.as_mut() {
-                    rejected.push((id, rejections));
-                }
-            }
-            // A return is collected even while every root is down, as an
-            // add is: the fold lowers the level here (the sync thread hands
-            // unacknowledged weight back first), and it stays owed to the
-            // roots, which hold the adds it cancels.
-            if net == 0 {
-                continue;
-            }
-            send_pending(&s.pending, &s.unacked, net);
-            Slots::of(self).count_held(i, s, net);
-            out.push(CollectedDelta::of(i, id, 0, net));
         }
         KeySync::of(self).collect_keys(out);
+    }
+
+    /// Collects one slot's pending weight (and its rejection count): its
+    /// queued flag cleared first, so that a check changing it after the
+    /// read queues it again; what a check added between the read and the
+    /// move stays pending, queued again here.
+    fn collect_slot(
+        &self,
+        i: SlotId,
+        out: &mut Vec<CollectedDelta>,
+        rejected: Option<&mut Vec<(u64, u64)>>,
+    ) {
+        let Some(s) = self.slot(i) else { return };
+        let dirty = DirtySlots::of(self);
+        dirty.unmark(i);
+        let net = signed(&s.pending);
+        let rejections = rejected.as_ref().map_or(0, |_| s.rejected.load(SeqCst));
+        if (net == 0 && rejections == 0) || s.flags.load(RLX) & FLAG_LIVE == 0 {
+            return;
+        }
+        let id = s.id.load(RLX);
+        if rejections != 0 {
+            if let Some(rejected) = rejected {
+                rejected.push((id, rejections));
+            }
+        }
+        // A return is collected even while every root is down, as an
+        // add is: the fold lowers the level here (the sync thread hands
+        // unacknowledged weight back first), and it stays owed to the
+        // roots, which hold the adds it cancels.
+        if net == 0 {
+            return;
+        }
+        send_pending(&s.pending, &s.unacked, net);
+        Slots::of(self).count_held(i, s, net);
+        out.push(CollectedDelta::of(i, id, 0, net));
+        fence(SeqCst);
+        if s.pending.load(RLX) != 0 {
+            dirty.mark(i);
+        }
     }
 
     /// True when some live quota's weight admitted here and not collected
     /// yet (`pending`) has reached `fraction` of its burst band
     /// (`high_burst - low_burst`; with no band, any weight): the sync
-    /// thread's early-sync probe. It reads every used slot's counter, so
-    /// its cost grows with the table.
+    /// thread's early-sync probe. It reads the slots queued in the dirty
+    /// ring (every used slot only when the ring overflowed).
     pub(in crate::table) fn unsent_beyond(&self, fraction: f64) -> bool {
-        let used = self.header().next_unused.load(ACQ) as usize;
-        self.slots()[..used].iter().any(|s| {
+        let beyond = |s: &Slot| {
             let pending = s.pending.load(RLX) as i64;
             if pending <= 0 || s.flags.load(RLX) & FLAG_LIVE == 0 {
                 return false;
@@ -111,7 +137,16 @@ impl Counters<'_> {
             let band =
                 f64::from_bits(s.high_burst.load(RLX)) - f64::from_bits(s.low_burst.load(RLX));
             pending as f64 >= fraction * band
-        })
+        };
+        let mut found = false;
+        let whole = DirtySlots::of(self).ring().peek(|i| {
+            found = found || self.slot(i).is_some_and(beyond);
+        });
+        if found || whole {
+            return found;
+        }
+        let used = self.header().next_unused.load(ACQ) as usize;
+        self.slots()[..used].iter().any(beyond)
     }
 
     /// Merges a cluster counter value (already in local time) from root
@@ -184,7 +219,11 @@ impl Counters<'_> {
                 set_slot_source(s, folded_source(s.flags.load(RLX)));
             }
             store_tally(s, fold_weight(&counting, known, weight, now), rate);
-            s.pending.fetch_sub(pending, RLX);
+            // Weight admitted since the read stays pending: queued, as
+            // its check saw it added to weight not collected yet.
+            if s.pending.fetch_sub(pending, RLX) != pending {
+                DirtySlots::of(self).mark(i);
+            }
             s.unacked.fetch_sub(unacked, RLX);
         }
         KeySync::of(self).fold_keys(now);
@@ -336,6 +375,7 @@ impl Counters<'_> {
             |s| {
                 let moved = requeue(&s.pending, &s.unacked, amount);
                 Slots::of(self).count_held(slot, s, -moved);
+                DirtySlots::of(self).mark(slot);
             },
         );
     }
@@ -346,6 +386,10 @@ impl Counters<'_> {
     /// unacked: all of it goes back to pending, to be sent again.
     /// Returns the weight requeued (adds and returns alike).
     pub(in crate::table) fn claim_sync(&self) -> u64 {
+        // The new sync thread's first collection reads every slot: its
+        // rejection counts start from every quota's, not only the queued
+        // ones'.
+        DirtySlots::of(self).ring().scan_next();
         let me = own_pid();
         let previous = self.header().sync_owner.swap(me, ACQ);
         if previous == 0 || previous == me || process_alive(previous) {
@@ -358,6 +402,7 @@ impl Counters<'_> {
             if moved != 0 {
                 let moved = requeue(&s.pending, &s.unacked, moved);
                 Slots::of(self).count_held(i, s, -moved);
+                DirtySlots::of(self).mark(i);
                 requeued = requeued.saturating_add(moved.unsigned_abs());
             }
         }

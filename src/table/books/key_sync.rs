@@ -17,11 +17,11 @@ use super::tally::{
 use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Nanos, Tally};
+use crate::table::region::key_entries::KeyEntries;
 use crate::table::region::key_entries::KeyOverflow;
 use crate::table::region::key_entries::{
     clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
 };
-use crate::table::region::key_entries::{ring_entry, KeyEntries};
 use crate::table::region::key_moves::{KeyLock, KeyMoves, SYNC_BATCH};
 use crate::table::region::keys::Keys;
 use crate::table::region::layout::Source;
@@ -29,6 +29,7 @@ use crate::table::region::layout::{
     KeyEntry, Slot, DIRTY_QUEUED, DIRTY_REFUSED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_IN_FLIGHT,
     KEY_CLAIMED, KEY_WAYS,
 };
+use crate::table::region::ring::DirtySlots;
 use crate::table::region::slots::Slots;
 use crate::table::region::tier_section::{TierLock, TierSection};
 use crate::table::region::{region_view, Region, SlotId, ACQ, REL, RLX};
@@ -42,11 +43,6 @@ region_view!(
 /// drained) by the maintenance sweep, well within the ~26 days a packed
 /// time can span.
 const RESTAMP_AFTER: Nanos = 24 * 3600 * 1_000_000_000;
-
-/// Collections a reserved but unwritten ring position may hold up the
-/// collector before it is skipped (its producer died mid-write) and every
-/// entry is scanned instead.
-const RING_STUCK_LIMIT: u32 = 16;
 
 impl KeySync<'_> {
     /// Calls `each` with every entry queued since the last drain (or
@@ -65,38 +61,12 @@ impl KeySync<'_> {
             }
             each(at, e);
         };
-        let h = self.header();
-        let ring = self.key_ring();
-        let len = ring.len() as u64;
-        let head = h.keys.ring.head.load(ACQ);
-        let mut tail = h.keys.ring.tail.load(RLX);
-        let mut stuck = false;
-        while tail != head {
-            let cell = &ring[(tail % len) as usize];
-            let value = cell.load(ACQ);
-            if let Some(at) = ring_entry(value, tail) {
-                cell.store(0, RLX);
-                if let Some(e) = KeyEntries::of(self).key_at(at) {
-                    each(at, e, &mut lock);
-                }
-            } else {
-                // Reserved, not written yet (or holding a late write for
-                // an earlier lap): wait for the writer, unless it has held
-                // the ring up for too long (it died, or was descheduled
-                // that long). Its key is then found by the full scan
-                // below; its late write carries its own position, so it
-                // is never taken for a later lap's entry.
-                let waited = h.keys.ring.stuck.fetch_add(1, RLX) + 1;
-                if waited < RING_STUCK_LIMIT {
-                    break;
-                }
-                stuck = true;
+        let scan = KeyEntries::of(self).ring().drain(|at| {
+            if let Some(e) = KeyEntries::of(self).key_at(at) {
+                each(at, e, &mut lock);
             }
-            h.keys.ring.stuck.store(0, RLX);
-            tail = tail.wrapping_add(1);
-        }
-        h.keys.ring.tail.store(tail, REL);
-        if h.keys.ring.overflow.swap(0, ACQ) != 0 || stuck {
+        });
+        if scan {
             for (b, bucket) in self.key_buckets().iter().enumerate() {
                 // Counted in buckets too, not only in entries handled: a
                 // scan finding little pending (the flag set for one raced
@@ -107,7 +77,10 @@ impl KeySync<'_> {
                     lock.relax();
                 }
                 for (way, e) in bucket.ways.iter().enumerate() {
-                    if e.pending.load(RLX) != 0 {
+                    // A queued entry back at zero too: its flag, set when
+                    // the ring was full, must be cleared, or no check
+                    // would queue it again.
+                    if e.pending.load(RLX) != 0 || e.dirty.load(RLX) & DIRTY_QUEUED != 0 {
                         each((b * KEY_WAYS + way) as KeyAt, e, &mut lock);
                     }
                 }
@@ -270,7 +243,7 @@ impl KeySync<'_> {
         self.header().keys.place.refused.fetch_add(1, RLX);
         // Net of what the request gave back of the key: a return of
         // weight an earlier refusal put on the template leaves it there.
-        self.share_refused(s, amount);
+        self.share_refused(slot, s, amount);
         true
     }
 
@@ -305,7 +278,7 @@ impl KeySync<'_> {
         } else if e.dirty.load(SeqCst) & DIRTY_REFUSED != 0 {
             self.fold_refused(s, e, amount, now);
             if amount < 0 {
-                self.share_refused(s, amount);
+                self.share_refused(slot, s, amount);
             }
         } else {
             settle_unacked(&e.unacked, amount, || {});
@@ -348,9 +321,10 @@ impl KeySync<'_> {
     /// without a counter (here or at the roots) shares fleet-wide: it is
     /// sent to the roots as the template's, whose level every check of a
     /// refused key is held to besides the key's own.
-    fn share_refused(&self, s: &Slot, amount: i64) {
+    fn share_refused(&self, slot: SlotId, s: &Slot, amount: i64) {
         if KeyEntries::of(self).key_overflow() == KeyOverflow::Shared {
             s.pending.fetch_add(amount as u64, RLX);
+            DirtySlots::of(self).mark(slot);
         }
     }
 
@@ -525,9 +499,9 @@ mod ring_tests {
     use super::*;
     use crate::core::Quota;
     use crate::table::region::key_entries::init_entry;
-    use crate::table::region::key_entries::ring_cell;
     use crate::table::region::key_entries::KeyEntries;
     use crate::table::region::keys::Keys;
+    use crate::table::region::ring::{ring_cell, ring_entry, RING_STUCK_LIMIT};
     use crate::table::Table;
     use crate::table::{CheckItem, CheckOptions, Outcome};
     use std::sync::atomic::Ordering::AcqRel;

@@ -95,7 +95,7 @@ impl TierBooks<'_> {
             return;
         }
         let w = crate::table::region::lock::SeqWrite::begin(s);
-        s.flags.store(flags | FLAG_TIERS, RLX);
+        s.flags.fetch_or(FLAG_TIERS, RLX);
         drop(w);
     }
 

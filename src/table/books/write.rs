@@ -156,7 +156,7 @@ impl Writer<'_> {
         TierBooks::of(self).set_quota_penalty(q.id, q.penalty.map(|p| p.secs()));
         let w = SeqWrite::begin(s);
         let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
-        s.flags.store(FLAG_LIVE | per_key | counting | tiers, RLX);
+        Slots::of(self).set_flags(s, FLAG_LIVE | per_key | counting | tiers);
         if let Some(window) = q.window {
             self.header()
                 .windows_used
@@ -203,7 +203,7 @@ impl Writer<'_> {
             TierBooks::of(self).set_quota_penalty(id, None);
         }
         let w = SeqWrite::begin(s);
-        s.flags.store(0, RLX);
+        Slots::of(self).set_flags(s, 0);
         drop(w);
         self.free_name(s.name_at.load(RLX), len);
         self.header().live.fetch_sub(1, RLX);

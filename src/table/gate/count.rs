@@ -7,7 +7,10 @@ use super::chain::Chain;
 use super::local::gate_view;
 use crate::core::key::KeyHash;
 use crate::table::region::keys::Keys;
+use crate::table::region::layout::FLAG_QUEUED;
+use crate::table::region::ring::DirtySlots;
 use crate::table::region::{SlotId, RLX};
+use std::sync::atomic::Ordering::SeqCst;
 
 gate_view!(
     /// What a decided check counts.
@@ -15,13 +18,18 @@ gate_view!(
 );
 
 impl Counter<'_> {
-    /// Counts a rejection (or a dry-run one) on the chain's first quota.
+    /// Counts a rejection (or a dry-run one) on the chain's first quota;
+    /// a rejection queues the quota for the next collection, which sends
+    /// the count, unless it is queued already.
     pub(in crate::table) fn count_rejected(&self, chain: &Chain, dry_run: bool) {
         let first = &self.slots()[chain.slots[0] as usize];
         if dry_run {
             first.dry_run.fetch_add(1, RLX);
         } else {
-            first.rejected.fetch_add(1, RLX);
+            first.rejected.fetch_add(1, SeqCst);
+            if first.flags.load(RLX) & FLAG_QUEUED == 0 {
+                DirtySlots::of(self).mark(chain.slots[0]);
+            }
         }
     }
 
@@ -67,7 +75,11 @@ impl Counter<'_> {
         };
         if weight > 0 {
             for &s in counters {
-                slots[s as usize].pending.fetch_add(weight, RLX);
+                // The first weight since the counter was collected queues
+                // it for the next collection.
+                if slots[s as usize].pending.fetch_add(weight, RLX) == 0 {
+                    DirtySlots::of(self).mark(s);
+                }
             }
         }
     }

@@ -10,6 +10,7 @@ use crate::core::quota::MAX_WEIGHT;
 use crate::core::{grantable, Nanos, Wait};
 use crate::table::region::index::NameIndex;
 use crate::table::region::key_entries::KeyEntries;
+use crate::table::region::ring::DirtySlots;
 use crate::table::region::{SlotId, RLX};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
@@ -366,7 +367,12 @@ impl Grants<'_> {
         let slots = self.slots();
         for (i, &s) in counters.iter().enumerate() {
             let given = if same_window(skipped + i) {
-                take_back(&slots[s as usize].pending, units)
+                // From zero: the return is the counter's first change
+                // since it was collected, which queues it.
+                if slots[s as usize].pending.fetch_sub(units, SeqCst) == 0 {
+                    DirtySlots::of(self).mark(s);
+                }
+                units
             } else {
                 0
             };

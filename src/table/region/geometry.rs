@@ -192,7 +192,7 @@ impl Geometry {
     /// The largest geometry that fits `bytes` for the given average name.
     pub fn fitting(bytes: usize, avg_name_bytes: usize) -> Option<Self> {
         let per_name = avg_name_bytes.div_ceil(GRANULE).max(1) * GRANULE;
-        let per_quota = std::mem::size_of::<Slot>() + 8 + 12 + per_name;
+        let per_quota = std::mem::size_of::<Slot>() + 8 + 1 + 12 + per_name;
         let fixed = Self::index_offset() + 64 * 4;
         let mut capacity =
             (bytes.checked_sub(fixed)? / per_quota).min(MAX_CAPACITY as usize) as u32;
@@ -226,9 +226,21 @@ impl Geometry {
         line_up(self.slots_offset() + self.capacity as usize * std::mem::size_of::<Slot>())
     }
 
+    /// Cells of the named quotas' dirty ring: one per eight slots, at
+    /// least 64 (more changed quotas than that in one cycle, and a scan
+    /// of every slot costs little more than the ring would).
+    pub fn slot_ring(&self) -> u32 {
+        (self.capacity / 8).max(64)
+    }
+
+    /// Offset of the named quotas' dirty ring.
+    pub fn slot_ring_offset(&self) -> usize {
+        line_up(self.held_offset() + self.capacity as usize * 8)
+    }
+
     /// Offset of the arena.
     pub fn arena_offset(&self) -> usize {
-        line_up(self.held_offset() + self.capacity as usize * 8)
+        line_up(self.slot_ring_offset() + self.slot_ring() as usize * 8)
     }
 
     /// Offset of the dirty ring.
@@ -295,7 +307,9 @@ mod tests {
         assert_eq!(g.slots_offset() % 64, 0);
         assert!(g.slots_offset() >= Geometry::index_offset() + 1504 * 8);
         assert!(g.held_offset() >= g.slots_offset() + 1000 * 128);
-        assert!(g.arena_offset() >= g.held_offset() + 1000 * 8);
+        assert!(g.slot_ring_offset() >= g.held_offset() + 1000 * 8);
+        assert_eq!(g.slot_ring_offset() % 64, 0);
+        assert!(g.arena_offset() >= g.slot_ring_offset() + 125 * 8);
         assert!(g.region_len() >= g.arena_offset() + 2000 * GRANULE);
     }
 
@@ -343,7 +357,7 @@ mod tests {
             let g = Geometry::fitting(bytes, 32).unwrap();
             assert!(g.region_len() <= bytes);
             // At least 80% of what an ideal packing would hold.
-            let ideal = bytes / (128 + 8 + 12 + 32);
+            let ideal = bytes / (128 + 8 + 1 + 12 + 32);
             assert!(g.capacity as usize * 10 >= ideal * 7, "{bytes}: {g:?}");
         }
         assert!(Geometry::fitting(100, 32).is_none());

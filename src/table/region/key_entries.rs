@@ -16,8 +16,8 @@ use super::layout::{
     DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE,
     FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
 };
+use super::ring::Ring;
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
-use std::sync::atomic::Ordering::AcqRel;
 
 /// Why `make_room` made no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -470,28 +470,19 @@ impl<'r> KeyEntries<'r> {
         out
     }
 
+    /// The key section's dirty ring.
+    pub(in crate::table) fn ring(&self) -> Ring<'r> {
+        let region = self.region();
+        Ring {
+            head: &region.header().keys.ring,
+            cells: region.key_ring(),
+        }
+    }
+
     /// Puts an entry on the dirty ring; a full ring makes the next
     /// collection scan every entry.
     fn queue_key(&self, at: KeyAt) {
-        let h = self.header();
-        let ring = self.key_ring();
-        let len = ring.len() as u64;
-        loop {
-            let head = h.keys.ring.head.load(ACQ);
-            if head.wrapping_sub(h.keys.ring.tail.load(ACQ)) >= len {
-                h.keys.ring.overflow.store(1, REL);
-                return;
-            }
-            if h.keys
-                .ring
-                .head
-                .compare_exchange_weak(head, head + 1, AcqRel, RLX)
-                .is_ok()
-            {
-                ring[(head % len) as usize].store(ring_cell(head, at), REL);
-                return;
-            }
-        }
+        self.ring().push(at);
     }
 }
 
@@ -666,19 +657,4 @@ pub(in crate::table) fn set_key_source(e: &KeyEntry, source: Source) {
     let _ = e.dirty.fetch_update(RLX, RLX, |d| {
         (d & DIRTY_SOURCE_MASK != bits).then_some(d & !DIRTY_SOURCE_MASK | bits)
     });
-}
-
-/// A dirty-ring cell: the entry (plus one) with the low 32 bits of the
-/// ring position it was written for, so that a write arriving after the
-/// collector gave up on its position can never pass for the entry of a
-/// later lap (whose producer's own write would then land behind the
-/// tail and be lost).
-pub(in crate::table) fn ring_cell(position: u64, at: KeyAt) -> u64 {
-    (position << 32) | (u64::from(at) + 1)
-}
-
-/// The entry a ring cell holds for `position`, if it was written for it.
-pub(in crate::table) fn ring_entry(cell: u64, position: u64) -> Option<KeyAt> {
-    let at = (cell & 0xffff_ffff) as u32;
-    (at != 0 && cell >> 32 == position & 0xffff_ffff).then(|| at - 1)
 }

@@ -81,6 +81,7 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 use super::key_entries::{KeyAt, KeyEntries, NoMove, NoRoom};
 use super::key_moves::KeyMoves;
 use super::layout::{key_tick, KeyEntry, DIRTY_QUEUED, DIRTY_TIERS_UNSURE};
+use super::ring::DirtySlots;
 use super::sections::{region_view, SlotId, ACQ, RLX};
 use super::tier_section::TierSection;
 
@@ -341,7 +342,9 @@ impl Keys<'_> {
             }
             None => {
                 if let Some(s) = self.slot(template) {
-                    s.pending.fetch_add(taken, RLX);
+                    if s.pending.fetch_add(taken, RLX) == 0 {
+                        DirtySlots::of(self).mark(template);
+                    }
                 }
             }
         }

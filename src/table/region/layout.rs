@@ -1,10 +1,10 @@
 //! The table region's format: a header, an index, slots, a name arena.
 //!
 //! ```text
-//! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+
-//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | held: [u64; capacity]| arena | key ring | key buckets | tiers | tier  | hold    |
-//! |        |            |                 |                         |                      |       |          |             |       | filter| records |
-//! +--------+------------+-----------------+-------------------------+----------------------+-------+----------+-------------+-------+-------+---------+
+//! +--------+------------+-----------------+-------------------------+-----------------------+-----------+-------+----------+-------------+-------+--------+---------+
+//! | Header | SyncStatus | index: [u64; N] | slots: [Slot; capacity] | held: [u64; capacity] | slot ring | arena | key ring | key buckets | tiers | tier   | hold    |
+//! |        |            |                 |                         |                       |           |       |          |             |       | filter | records |
+//! +--------+------------+-----------------+-------------------------+-----------------------+-----------+-------+----------+-------------+-------+--------+---------+
 //! ```
 //!
 //! Everything is an atomic integer at a fixed offset from the region's
@@ -25,6 +25,10 @@
 //! slot is two full cache lines): for an in-flight quota, this host's own
 //! net slots that left `pending` (see `held.rs`). Only the sync thread
 //! writes it, so checks never touch it.
+//!
+//! The slot ring is the named quotas' dirty ring: the slots whose
+//! `pending` (or rejection count) changed since the last collection, each
+//! once ([`FLAG_QUEUED`]), one cell per eight slots (see `ring.rs`).
 //!
 //! The key section holds the counters of per-key quotas: [`KeyBucket`]s of
 //! [`KEY_WAYS`] 48-byte [`KeyEntry`]s (three cache lines a bucket), a key
@@ -118,6 +122,10 @@ pub const FLAG_TIERS: u16 = 1 << 7;
 /// word is its leak, 0, and its bursts are its limit; see
 /// [`crate::core::Quota::leak`]).
 pub const FLAG_IN_FLIGHT: u16 = 1 << 8;
+/// Slot flag: the slot sits in the named quotas' dirty ring (see
+/// `ring.rs`): set by whoever queues it, cleared only by the collector.
+/// Writers of the other flags keep it as it is.
+pub const FLAG_QUEUED: u16 = 1 << 9;
 /// The flag bits saying how a quota counts: a change of any of them
 /// starts its counter over.
 pub const COUNTING_MASK: u16 = FLAG_WINDOW_MASK | FLAG_SLIDING | FLAG_IN_FLIGHT;
@@ -272,6 +280,8 @@ pub struct Header {
     pub tiers: TierHeader,
     /// The hold records' shared words (see [`HoldHeader`]).
     pub holds: HoldHeader,
+    /// The named quotas' dirty ring's positions (see `ring.rs`).
+    pub slot_ring: RingHead,
 }
 
 /// The hold records' shared words.
@@ -434,7 +444,7 @@ pub struct KeyHeader {
     /// Read by every keyed check.
     pub config: KeyConfig,
     /// The dirty ring's positions.
-    pub ring: KeyRingHead,
+    pub ring: RingHead,
     /// Placement: the mover lock, the move sequence, counters.
     pub place: KeyPlacement,
 }
@@ -456,16 +466,17 @@ pub struct KeyConfig {
     pub secret: [AtomicU64; 2],
 }
 
-/// The dirty ring's positions (line 2 of [`KeyHeader`]).
+/// A dirty ring's positions (line 2 of [`KeyHeader`] for keys; a line of
+/// the [`Header`] for named quotas).
 #[repr(C, align(64))]
 #[derive(Default)]
-pub struct KeyRingHead {
+pub struct RingHead {
     /// Next position producers (checks) write.
     pub head: AtomicU64,
     /// Next position the collector reads.
     pub tail: AtomicU64,
-    /// Set when a key could not be queued (ring full): the next
-    /// collection scans every key instead.
+    /// Set when a counter could not be queued (ring full): the next
+    /// collection scans every counter instead.
     pub overflow: AtomicU32,
     /// Collections the ring's next position has stayed reserved but
     /// unwritten.
@@ -600,8 +611,8 @@ pub struct Slot {
     /// Seqlock: odd while a writer changes line A (or the name).
     pub seq: AtomicU32,
     /// [`FLAG_LIVE`], [`FLAG_PER_KEY`], the window code,
-    /// [`FLAG_SLIDING`], [`FLAG_TIERS`] and [`FLAG_IN_FLIGHT`]; 0 when
-    /// free.
+    /// [`FLAG_SLIDING`], [`FLAG_TIERS`] and [`FLAG_IN_FLIGHT`] (0 when
+    /// free), and [`FLAG_QUEUED`].
     pub flags: AtomicU16,
     /// Name length in bytes (at most 255).
     pub name_len: AtomicU8,

@@ -26,6 +26,9 @@
 //!   entries (a key's two buckets, its counter word, the overflow
 //!   counter); `key_moves.rs` — making room for a key whose two buckets
 //!   are full (moving entries, evicting drained ones).
+//! - `ring.rs` — dirty rings (keys', named quotas'): the counters with
+//!   weight not collected yet, queued by checks, drained by a sync; the
+//!   marking of named quotas.
 //! - `tier_section.rs` — overrides and penalties per key in the region.
 //! - `holds.rs` — hold records: which process holds which in-flight
 //!   slots, claimed, freed, and taken over from a dead process.
@@ -43,6 +46,7 @@ pub mod layout;
 pub(in crate::table) mod listing;
 pub(in crate::table) mod lock;
 pub mod names;
+pub(in crate::table) mod ring;
 mod sections;
 pub(in crate::table) mod slots;
 pub(in crate::table) mod status;

@@ -102,6 +102,7 @@ pub struct Region {
 struct Offsets {
     slots: usize,
     held: usize,
+    slot_ring: usize,
     arena: usize,
     key_ring: usize,
     key_buckets: usize,
@@ -115,6 +116,7 @@ impl Offsets {
         Self {
             slots: g.slots_offset(),
             held: g.held_offset(),
+            slot_ring: g.slot_ring_offset(),
             arena: g.arena_offset(),
             key_ring: g.key_ring_offset(),
             key_buckets: g.key_buckets_offset(),
@@ -304,6 +306,19 @@ impl Region {
             std::slice::from_raw_parts(
                 self.base.add(self.offsets.held).cast::<AtomicU64>(),
                 self.geometry().capacity as usize,
+            )
+        }
+    }
+
+    /// The named quotas' dirty ring (see `ring.rs`).
+    pub(in crate::table) fn slot_ring(&self) -> &[AtomicU64] {
+        // SAFETY: `slot_ring()` u64 atomics start at the ring offset
+        // (64-byte aligned), inside the region (Geometry::region_len
+        // covers them).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(self.offsets.slot_ring).cast::<AtomicU64>(),
+                self.geometry().slot_ring() as usize,
             )
         }
     }

@@ -9,8 +9,8 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::fence;
 
 use super::layout::{
-    counting_rule, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY, FLAG_SLIDING,
-    FLAG_TIERS, FLAG_WINDOW_MASK,
+    counting_rule, unpack_rate_prev, Slot, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY, FLAG_QUEUED,
+    FLAG_SLIDING, FLAG_TIERS, FLAG_WINDOW_MASK,
 };
 use super::names;
 use super::sections::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, RLX};
@@ -211,6 +211,15 @@ impl Slots<'_> {
         if let Some(h) = self.held().get(slot as usize) {
             h.store(held as u64, RLX);
         }
+    }
+
+    /// Sets a slot's flags to `flags` (the writer lock held), keeping
+    /// [`FLAG_QUEUED`] as it is: checks set it concurrently, and the slot
+    /// stays in the dirty ring whatever quota it holds.
+    pub(in crate::table) fn set_flags(&self, s: &Slot, flags: u16) {
+        let _ = s.flags.fetch_update(RLX, RLX, |old| {
+            Some(flags & !FLAG_QUEUED | old & FLAG_QUEUED)
+        });
     }
 
     /// The held word of `slot` (0 for a slot out of range).
