@@ -20,10 +20,16 @@
 -- ARGV[2]  the weight or the amount wanted (a non-negative integer)
 -- ARGV[3]  now, whole UTC seconds since the Unix epoch
 -- ARGV[4 + 2(i-1)], ARGV[5 + 2(i-1)]  level i's window ("1s", "10s",
---          "1m", "1h", "1d", "7d", "month") and threshold
+--          "1m", "1h", "1d", "7d", "month", "epoch_week", "30d", "365d")
+--          and threshold
 -- Returns the units counted (check: the weight, or -1 when rejected).
 
-local FIXED = { ["1s"] = 1, ["10s"] = 10, ["1m"] = 60, ["1h"] = 3600, ["1d"] = 86400 }
+-- Fixed lengths from the epoch: envoyproxy/ratelimit's week (a
+-- Thursday start), 30-day month and 365-day year among them.
+local FIXED = {
+    ["1s"] = 1, ["10s"] = 10, ["1m"] = 60, ["1h"] = 3600, ["1d"] = 86400,
+    ["epoch_week"] = 604800, ["30d"] = 2592000, ["365d"] = 31536000,
+}
 
 local function leap(y)
     return (y % 4 == 0 and y % 100 ~= 0) or y % 400 == 0
