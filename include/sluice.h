@@ -90,7 +90,7 @@ extern "C" {
 // this key), `sync_interval_ms` (100 to
 // 3600000, default 1000), `extrapolation` (`{"mode": "adaptive"}`, the
 // default, or `{"mode": "constant_ratio", "ratio": 1.0}`, a ratio of 0
-// or more), `roots` (at most 16 quota root base URLs, e.g.
+// or more), `roots` (at most 63 quota root base URLs, e.g.
 // `["http://10.0.0.1:7070"]`; none: standalone, counting locally; with
 // root groups, an entry is `{"url": "http://10.0.0.2:7070", "group": 1}`,
 // groups numbered from 0 with no gap, a bare URL being in group 0),
