@@ -280,6 +280,7 @@ impl Requests {
             furthest,
             rejected,
             held: None,
+            held_slots: None,
         }
     }
 }
@@ -301,6 +302,10 @@ pub(super) struct CyclePlan<'a> {
     rejected: Vec<(u64, u64)>,
     /// Every penalty held, read once for the roots that are sent them all.
     held: Option<Vec<Penalty>>,
+    /// The slots held per named in-flight quota, by quota id, sorted: read
+    /// once for the roots that take them (after the cycle's collection
+    /// nothing moves them until the next one).
+    held_slots: Option<Vec<(u64, u64)>>,
 }
 
 impl CyclePlan<'_> {
@@ -390,20 +395,26 @@ impl CyclePlan<'_> {
     /// (see [`SyncRequest::held`]); none otherwise. Its held word: the
     /// slots that left `pending`, sent or still owed, which the root
     /// counts of this host once it has them all.
-    fn held(&self, table: &Table, link: &RootLink) -> Vec<(u64, u64)> {
+    fn held(&mut self, table: &Table, link: &RootLink) -> Vec<(u64, u64)> {
         if !(link.takes_held && link.takes_sequence) {
             return Vec::new();
         }
-        let mut held: Vec<(u64, u64)> = table
-            .books()
-            .held_counts()
-            .into_iter()
-            .filter(|&(id, _)| shard(CounterKey::named(id), self.groups) == link.group)
-            .map(|(id, n)| (id, u64::try_from(n).unwrap_or(0)))
-            .collect();
-        held.sort_unstable_by_key(|&(id, _)| id);
-        held.dedup_by_key(|&mut (id, _)| id);
-        held
+        let groups = self.groups;
+        let all = self.held_slots.get_or_insert_with(|| {
+            let mut all: Vec<(u64, u64)> = table
+                .books()
+                .held_counts()
+                .into_iter()
+                .map(|(id, n)| (id, u64::try_from(n).unwrap_or(0)))
+                .collect();
+            all.sort_unstable_by_key(|&(id, _)| id);
+            all.dedup_by_key(|&mut (id, _)| id);
+            all
+        });
+        all.iter()
+            .copied()
+            .filter(|&(id, _)| shard(CounterKey::named(id), groups) == link.group)
+            .collect()
     }
 
     /// Moves the oldest of `link`'s unconfirmed requests that fit half a
