@@ -4,7 +4,16 @@
 //!   and 64 `ShouldRateLimit` calls in flight (closed loop) for
 //!   `RLS_SECONDS` each: p50, p99 and calls a second.
 //! - **At 10,000 decisions a second** (open loop: a call issued every
-//!   100 µs by a pacing thread, whatever the answers): p50 and p99.
+//!   100 µs whatever the answers, on a timerfd the client's one runtime
+//!   thread waits on, each call timed from when it was due):
+//!   `RLS_ROUNDS` rounds, p50 and p99 each, the median p99.
+//! - **The floor**: every latency measurement is repeated, in the same
+//!   run, against a tonic RLS server that answers OK at once (no table,
+//!   no matching) on the same runtime and CPU, so what gRPC and the
+//!   machine cost is measured beside what `sluice rls` costs.
+//! - **The machine's stalls**: a thread spinning on the client's CPU for
+//!   2 s counts the gaps of over 200 µs between its clock reads (time the
+//!   hypervisor or other work took from that CPU).
 //! - **Decisions per core**: the server is pinned to CPU 0
 //!   (`taskset`), the client to the other CPUs; the 64-stream run's calls
 //!   are divided by the CPU seconds the server spent (`/proc/PID/stat`),
@@ -15,6 +24,10 @@
 //!   one Envoy (`--concurrency 1`) with two listeners to one backend, one
 //!   with the rate limit filter calling `sluice rls`, one without;
 //!   `RLS_ROUNDS` interleaved rounds, medians.
+//!
+//! The client is one current-thread runtime: issuing, pacing and answers
+//! take turns on one thread, so no handoff between client threads is
+//! counted as the server's latency.
 //!
 //! Each call is one descriptor, `remote_address` over 10,000 addresses: a
 //! per-key limit (4 billion a second, so nothing is refused and every
@@ -132,37 +145,101 @@ async fn closed_loop(channel: &Channel, streams: usize, seconds: u64) -> Vec<Dur
     all
 }
 
-/// `per_second` calls issued evenly (a pacing thread sleeps between
-/// them) for `seconds`, each timed from its issue.
+/// A periodic timer (Linux timerfd) the client's runtime waits on like a
+/// socket: calls are issued on the thread that takes their answers, with
+/// no handoff from a pacing thread and no busy loop.
+struct Ticker {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    /// Just before the timer was armed: its expiries are never earlier
+    /// than `start` plus whole periods.
+    start: Instant,
+}
+
+impl Ticker {
+    fn every(gap: Duration) -> Ticker {
+        use std::os::fd::FromRawFd;
+        let start = Instant::now();
+        // SAFETY: plain system calls on a descriptor this function owns;
+        // `spec` outlives the call that reads it.
+        let fd = unsafe {
+            // Wake at the due time, not up to 50 µs after it.
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0);
+            let fd = libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            );
+            assert!(fd >= 0, "timerfd_create");
+            let every = libc::timespec {
+                tv_sec: gap.as_secs() as libc::time_t,
+                tv_nsec: gap.subsec_nanos() as libc::c_long,
+            };
+            let spec = libc::itimerspec {
+                it_interval: every,
+                it_value: every,
+            };
+            assert_eq!(libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()), 0);
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        // SAFETY: `fd` is open and owned by what is registered, which
+        // keeps it until dropped.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        };
+        Ticker {
+            fd: fd.map_err(|e| e.to_string()).expect("register the timer"),
+            start,
+        }
+    }
+
+    /// Waits for the next expiry: how many periods passed.
+    async fn tick(&self) -> u64 {
+        use std::os::fd::AsRawFd;
+        loop {
+            let mut ready = self.fd.readable().await.expect("timer");
+            let mut count = 0u64;
+            // SAFETY: reads 8 bytes into `count`, which has 8.
+            let read = unsafe {
+                libc::read(
+                    self.fd.get_ref().as_raw_fd(),
+                    (&raw mut count).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+            if read == 8 {
+                return count;
+            }
+            ready.clear_ready();
+        }
+    }
+}
+
+/// `per_second` calls issued evenly for `seconds`, each timed from the
+/// moment it was due, so a client that falls behind shows it as latency.
 async fn open_loop(channel: &Channel, per_second: u32, seconds: u64) -> Vec<Duration> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let runtime = tokio::runtime::Handle::current();
-    let channel = channel.clone();
     let total = u64::from(per_second) * seconds;
     let gap = Duration::from_secs(1) / per_second;
-    let pacer = std::thread::spawn(move || {
-        let start = Instant::now();
-        for i in 0..total {
-            let due = start + gap * i as u32;
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
+    let ticker = Ticker::every(gap);
+    let start = ticker.start;
+    let mut calls = Vec::with_capacity(total as usize);
+    let mut issued = 0u64;
+    while issued < total {
+        let due_now = issued + ticker.tick().await;
+        while issued < due_now.min(total) {
+            issued += 1;
+            let due = start + gap * issued as u32;
             let mut client = RateLimitServiceClient::new(channel.clone());
-            let tx = tx.clone();
-            let call = request(i as u32 % ADDRESSES);
-            runtime.spawn(async move {
-                let started = Instant::now();
+            let call = request(issued as u32 % ADDRESSES);
+            calls.push(tokio::spawn(async move {
                 let answer = client.should_rate_limit(call).await;
-                let _ = tx.send((started.elapsed(), answer.is_ok()));
-            });
+                assert!(answer.is_ok(), "{answer:?}");
+                due.elapsed()
+            }));
         }
-    });
-    let mut all = Vec::new();
-    while let Some((latency, ok)) = rx.recv().await {
-        assert!(ok);
-        all.push(latency);
     }
-    pacer.join().expect("pacer");
+    let mut all = Vec::with_capacity(calls.len());
+    for call in calls {
+        all.push(call.await.expect("call"));
+    }
     all.sort();
     all
 }
@@ -319,7 +396,103 @@ async fn through_envoy(envoy: &Path, rls_port: u16, dir: &Path, seconds: u64, ro
     );
 }
 
+/// Gaps of over 200 µs between two clock reads of a thread that does
+/// nothing else for `length`: how often, in all and the longest. Time the
+/// machine (its hypervisor, its other work) took from this CPU, which any
+/// server and client lose too.
+fn stalls(length: Duration) -> (usize, Duration, Duration) {
+    let end = Instant::now() + length;
+    let (mut count, mut total, mut longest) = (0, Duration::ZERO, Duration::ZERO);
+    let mut last = Instant::now();
+    while last < end {
+        let now = Instant::now();
+        let gap = now - last;
+        if gap > Duration::from_micros(200) {
+            count += 1;
+            total += gap;
+            longest = longest.max(gap);
+        }
+        last = now;
+    }
+    (count, total, longest)
+}
+
+/// The floor: an RLS service that answers OK at once, with no table and
+/// no matching, on one thread. What gRPC and the machine cost alone.
+struct Floor;
+
+#[tonic::async_trait]
+impl envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService
+    for Floor
+{
+    async fn should_rate_limit(
+        &self,
+        _request: tonic::Request<RateLimitRequest>,
+    ) -> Result<
+        tonic::Response<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// `rls --floor PORT`: serves [`Floor`] until killed, on the runtime
+/// `sluice rls` has (tokio's multi-thread one, a worker per CPU it may
+/// use: one under `taskset -c 0`).
+fn serve_floor(port: u16) {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind");
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        // On a worker, as `sluice rls` serves.
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RateLimitServiceServer::new(Floor))
+                .serve_with_incoming(incoming),
+        )
+        .await
+        .expect("floor server")
+        .expect("floor server");
+    });
+}
+
+/// Starts the floor server on CPU 0: the process and its URL.
+async fn start_floor() -> (Process, String) {
+    let port = free_port();
+    let child = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(std::env::current_exe().expect("this bench"))
+        .args(["--floor", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the floor server");
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while RateLimitServiceClient::connect(url.clone()).await.is_err() {
+        assert!(Instant::now() < deadline, "the floor server did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (Process(child), url)
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--floor") {
+        let port = args
+            .get(at + 1)
+            .and_then(|p| p.parse().ok())
+            .expect("--floor PORT");
+        serve_floor(port);
+        return;
+    }
     // `cargo bench` passes `--bench`; `cargo test --all-targets` (make
     // test-cargo) runs this without it, where a minute of load has no
     // place.
@@ -338,8 +511,8 @@ fn main() {
             .stdout(Stdio::null())
             .status();
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One client thread: calls, answers and pacing take turns on it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
@@ -356,32 +529,64 @@ fn main() {
             .expect("connect");
         // Warm up: every address's key made.
         closed_loop(&channel, 16, 1).await;
-        println!("| ShouldRateLimit, tonic client, 1 connection | calls/s | p50 µs | p99 µs |");
-        println!("|---|---:|---:|---:|");
+        let (_floor, floor_url) = start_floor().await;
+        let floor = Channel::from_shared(floor_url)
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        closed_loop(&floor, 16, 1).await;
+        println!(
+            "| ShouldRateLimit, tonic client, 1 connection | sluice rls calls/s | p50 µs | p99 µs | floor calls/s | p50 µs | p99 µs |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        let row = |what: &str, ours: &[Duration], theirs: &[Duration], seconds: u64| {
+            println!(
+                "| {what} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                ours.len() as f64 / seconds as f64,
+                quantile(ours, 0.5),
+                quantile(ours, 0.99),
+                theirs.len() as f64 / seconds as f64,
+                quantile(theirs, 0.5),
+                quantile(theirs, 0.99)
+            );
+        };
         let mut per_core = f64::NAN;
         for streams in [1usize, 16, 64] {
             let cpu_before = cpu_seconds(pid);
             let latencies = closed_loop(&channel, streams, seconds).await;
             let cpu = cpu_seconds(pid) - cpu_before;
-            let calls = latencies.len() as f64;
-            println!(
-                "| {streams} in flight | {:.0} | {:.0} | {:.0} |",
-                calls / seconds as f64,
-                quantile(&latencies, 0.5),
-                quantile(&latencies, 0.99)
-            );
             if streams == 64 && cpu > 0.0 {
-                per_core = calls / cpu;
+                per_core = latencies.len() as f64 / cpu;
             }
+            let floor_latencies = closed_loop(&floor, streams, seconds).await;
+            row(&format!("{streams} in flight"), &latencies, &floor_latencies, seconds);
         }
-        let latencies = open_loop(&channel, 10_000, seconds).await;
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            let latencies = open_loop(&channel, 10_000, seconds).await;
+            let floor_latencies = open_loop(&floor, 10_000, seconds).await;
+            row(
+                &format!("10,000 a second, paced, round {round}"),
+                &latencies,
+                &floor_latencies,
+                seconds,
+            );
+            ours.push(quantile(&latencies, 0.99));
+            theirs.push(quantile(&floor_latencies, 0.99));
+        }
         println!(
-            "| 10,000 a second, paced (open loop) | {:.0} | {:.0} | {:.0} |",
-            latencies.len() as f64 / seconds as f64,
-            quantile(&latencies, 0.5),
-            quantile(&latencies, 0.99)
+            "\nAt 10,000 a second, median p99 of {rounds} rounds: sluice rls {:.0} µs, the floor {:.0} µs.",
+            median(&mut ours),
+            median(&mut theirs)
         );
         println!("\nDecisions per CPU second of the server (64 in flight): {per_core:.0}");
+        let (count, total, longest) = stalls(Duration::from_secs(2));
+        println!(
+            "\nThe machine's own stalls: a busy thread on the client's CPU saw {count} gaps over 200 µs in 2 s, {:.1} ms in all, the longest {:.2} ms.",
+            total.as_secs_f64() * 1e3,
+            longest.as_secs_f64() * 1e3
+        );
         let (rate, alone) = engine_alone(&config, seconds);
         println!(
             "\nThe decision alone (no gRPC), one thread: {rate:.0} a second, p50 {:.2} µs, p99 {:.2} µs",
