@@ -700,6 +700,46 @@ fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_foun
     assert_eq!(room(&a, 20 * SEC), 10);
 }
 
+/// Two root processes behind one URL, and an nginx reload: the new sync
+/// thread takes over the instances the old one had seen answer there, so
+/// neither process's next reply is taken for a restart, and the slots stay
+/// counted once at each.
+#[test]
+fn after_a_reload_two_processes_behind_one_url_are_still_switches() {
+    let mut pair = [
+        SimRoot::new(&uploads(), 1, 0, 0),
+        SimRoot::new(&uploads(), 2, 0, 0),
+    ];
+    let (a, mut ea) = in_flight_host("a");
+    let (b, mut eb) = in_flight_host("b");
+    let held = take(&a, 3, SEC);
+    for s in 1..=4u64 {
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
+    }
+    assert_eq!(ea.metrics().roots[0].restarts, 1);
+    // The reload: a new sync thread on the same region.
+    ea.abandon(&a);
+    let mut ea = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 5 * SEC);
+    ea.resume(&a);
+    for s in 5..=10u64 {
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
+    }
+    let m = &ea.metrics().roots[0];
+    assert_eq!((m.restarts, m.switches), (0, 6), "the new thread's turns");
+    for (i, process) in pair.iter().enumerate() {
+        assert_eq!(process.level(5, 10 * SEC), Some(3.0), "process {i}");
+    }
+    for slot_held in held {
+        assert!(a.gate().release(&slot(), slot_held, 11 * SEC));
+    }
+    for s in 11..=13u64 {
+        in_turn([(&a, &mut ea), (&b, &mut eb)], &mut pair, s);
+    }
+    for process in &pair {
+        assert_eq!(process.level(5, 13 * SEC).unwrap_or(0.0), 0.0);
+    }
+}
+
 /// What becomes of one host's sync in [`held_steps`].
 #[derive(Clone, Copy, Debug)]
 enum Trouble {

@@ -338,7 +338,8 @@ pub struct RootLink {
 
 /// Most instances of a root remembered besides the current one
 /// ([`RootLink::others`]): processes behind one URL answering in turn.
-pub const KNOWN_INSTANCES: usize = 4;
+/// The region remembers as many for the next sync thread.
+pub const KNOWN_INSTANCES: usize = crate::table::layout::REMEMBERED_INSTANCES;
 
 /// Most earlier requests a request carries again: past it (a root that
 /// took no reply home for this many exchanges in a row) the two oldest
@@ -501,16 +502,19 @@ impl RootLink {
             takes_returns: self.takes_returns,
             takes_sequence: self.takes_sequence,
             takes_held: self.takes_held,
+            others: std::array::from_fn(|i| self.others.get(i).copied().unwrap_or(0)),
         }
     }
 
     /// Takes over what an earlier sync thread knew of this root: the
-    /// instance that last answered, the restarts it saw, whether it takes
-    /// returns. A reply of another instance is then a restart, the levels
-    /// taken from the same one keep their source, and returns are sent
-    /// from the first request on.
+    /// instance that last answered and the others that answered at its
+    /// URL lately, the restarts it saw, whether it takes returns. A reply
+    /// of an instance among neither is then a restart, the levels taken
+    /// from the same one keep their source, and returns are sent from the
+    /// first request on.
     pub fn resume(&mut self, known: RememberedRoot) {
         self.root_instance = known.instance;
+        self.others = known.others.into_iter().filter(|&o| o != 0).collect();
         self.restarts = known.restarts;
         self.takes_returns = known.takes_returns;
         self.takes_sequence = known.takes_sequence;

@@ -18,8 +18,11 @@
 //!
 //! Two root processes behind one URL (a load balancer, a Kubernetes
 //! Service) answer in turn. A reply from an instance that answered there
-//! lately ([`RootLink::others`]) is a *switch*, not a restart: no grace,
-//! no new source, nothing sent again. A root that takes held slots gets
+//! lately ([`RootLink::others`], remembered across a reload in the
+//! region) is a *switch*, not a restart: no grace, no new source,
+//! nothing sent again. The first reply of an instance never seen is a
+//! restart, whether it restarted or ran beside the other all along: it
+//! holds none of this host's units either way. A root that takes held slots gets
 //! this host's, absolute, in every numbered request, whichever process
 //! answers it; one that predates them cannot be told apart from its
 //! twin, and each process counts the slots sent to it.

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::metrics::{RootMetrics, SyncMetrics};
-use crate::table::layout::STATUS_ROOTS;
+use crate::table::layout::{REMEMBERED_INSTANCES, STATUS_ROOTS};
 use crate::table::Table;
 
 /// Publishes `m` in `table` for every process sharing it (the first
@@ -53,6 +53,9 @@ pub struct RememberedRoot {
     pub takes_sequence: bool,
     /// Its last answer said it takes held slots.
     pub takes_held: bool,
+    /// Other instances that answered at its URL lately, oldest first (0:
+    /// none; see `RootLink::others`).
+    pub others: [u64; REMEMBERED_INSTANCES],
 }
 
 /// Bits of a remembered root's `takes` word.
@@ -82,6 +85,9 @@ pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoo
                     }
                     | if root.takes_held { TAKES_HELD } else { 0 };
                 r.takes.store(takes, Relaxed);
+                for (to, &other) in r.others.iter().zip(&root.others) {
+                    to.store(other, Relaxed);
+                }
             } else if r.url_hash.load(Relaxed) == hash {
                 // The root moved in the configuration: its old place
                 // must not be found later, stale.
@@ -105,6 +111,7 @@ pub fn remembered_root(table: &Table, url: &str) -> Option<RememberedRoot> {
                     takes_returns: r.takes.load(Relaxed) & TAKES_RETURNS != 0,
                     takes_sequence: r.takes.load(Relaxed) & TAKES_SEQUENCE != 0,
                     takes_held: r.takes.load(Relaxed) & TAKES_HELD != 0,
+                    others: r.others.each_ref().map(|o| o.load(Relaxed)),
                 })
         })
         .flatten()
@@ -191,6 +198,7 @@ mod tests {
             takes_returns: true,
             takes_sequence: restarts % 2 == 0,
             takes_held: restarts % 2 == 0,
+            others: [instance + 100, instance + 200, 0, 0],
         };
         assert_eq!(remembered_root(&t, "http://a"), None);
         remember_root(&t, 0, "http://a", known(7, 2));

@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 17;
+pub const LAYOUT_VERSION: u32 = 18;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -527,8 +527,12 @@ pub struct KeyPlacement {
 
 /// Roots whose sync state the region can publish and remember across an
 /// nginx reload: every root a limiter may have (a [`Source`] names one of
-/// 63). 63 x 128 bytes.
+/// 63). 63 x 192 bytes.
 pub const STATUS_ROOTS: usize = 63;
+
+/// Instances of one root remembered besides the one that last answered
+/// ([`RootStatus::others`]): processes behind one URL answering in turn.
+pub const REMEMBERED_INSTANCES: usize = 4;
 
 /// Sync state of one root, as published by the sync thread.
 #[repr(C, align(64))]
@@ -571,6 +575,11 @@ pub struct RootStatus {
     pub unconfirmed: AtomicU64,
     /// Times two unconfirmed requests were carried as one (ditto).
     pub unconfirmed_merged: AtomicU64,
+    /// Other instances that answered at the root's URL lately, oldest
+    /// first (0: none), remembered with `instance` for the next sync
+    /// thread: a reply from one of them after a reload is a switch
+    /// between processes behind the URL, not a restart.
+    pub others: [AtomicU64; REMEMBERED_INSTANCES],
 }
 
 /// What the sync thread publishes for every process sharing the region

@@ -3,9 +3,9 @@
 //! table only guards it (a seqlock under the writer lock); what the
 //! fields mean is the sync side's business (`crate::sync::status`).
 
-use std::sync::atomic::fence;
+use std::sync::atomic::{fence, AtomicU64};
 
-use super::layout::SyncStatus;
+use super::layout::{RootStatus, SyncStatus, REMEMBERED_INSTANCES};
 use super::sections::{read_pause, Region, ACQ, READ_ATTEMPTS, REL, RLX};
 
 impl Region {
@@ -23,20 +23,19 @@ impl Region {
     }
 
     /// Takes over the per-root words the sync thread keeps for the next
-    /// one (`url_hash`, `instance`, `restarts`, `takes`) from
+    /// one (`url_hash`, `instance`, `restarts`, `takes`, `others`) from
     /// `old` (an nginx zone that changed size); the metrics start anew.
     pub(in crate::table) fn adopt_remembered_roots(&self, old: &Region) {
         let Some(words) = old.read_status(|st| {
             st.root
                 .each_ref()
-                .map(|r| [&r.url_hash, &r.instance, &r.restarts, &r.takes].map(|w| w.load(RLX)))
+                .map(|r| remembered_words(r).map(|w| w.load(RLX)))
         }) else {
             return;
         };
         self.write_status(|st| {
             for (r, w) in st.root.iter().zip(words) {
-                let to = [&r.url_hash, &r.instance, &r.restarts, &r.takes];
-                for (to, w) in to.into_iter().zip(w) {
+                for (to, w) in remembered_words(r).into_iter().zip(w) {
                     to.store(w, RLX);
                 }
             }
@@ -62,4 +61,15 @@ impl Region {
         }
         None
     }
+}
+
+/// The words of a root's status that a later sync thread takes over.
+fn remembered_words(r: &RootStatus) -> [&AtomicU64; 4 + REMEMBERED_INSTANCES] {
+    let first = [&r.url_hash, &r.instance, &r.restarts, &r.takes];
+    std::array::from_fn(|i| {
+        first
+            .get(i)
+            .copied()
+            .unwrap_or_else(|| &r.others[i - first.len()])
+    })
 }
