@@ -288,19 +288,27 @@ fn engine_alone(config: &Path, seconds: u64) -> (f64, Vec<Duration>) {
 /// URL, once it answers.
 async fn start_rls(config: &Path) -> (Process, String) {
     let port = free_port();
-    let child = Command::new("taskset")
+    let mut command = Command::new("taskset");
+    command
         .args(["-c", "0", SLUICE, "rls", "--http", "off", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--config")
-        .arg(config)
+        .arg(config);
+    start_on(command, port, "sluice rls (taskset from util-linux)").await
+}
+
+/// Starts `command` (a server on CPU 0 that will listen on `port`): the
+/// process and its URL, once it answers `ShouldRateLimit`.
+async fn start_on(mut command: Command, port: u16, what: &str) -> (Process, String) {
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("start sluice rls (taskset from util-linux)");
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
     let url = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while RateLimitServiceClient::connect(url.clone()).await.is_err() {
-        assert!(Instant::now() < deadline, "sluice rls did not start");
+        assert!(Instant::now() < deadline, "{what} did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     (Process(child), url)
@@ -466,21 +474,12 @@ fn serve_floor(port: u16) {
 /// Starts the floor server on CPU 0: the process and its URL.
 async fn start_floor() -> (Process, String) {
     let port = free_port();
-    let child = Command::new("taskset")
+    let mut command = Command::new("taskset");
+    command
         .args(["-c", "0"])
         .arg(std::env::current_exe().expect("this bench"))
-        .args(["--floor", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the floor server");
-    let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while RateLimitServiceClient::connect(url.clone()).await.is_err() {
-        assert!(Instant::now() < deadline, "the floor server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (Process(child), url)
+        .args(["--floor", &port.to_string()]);
+    start_on(command, port, "the floor server").await
 }
 
 fn main() {
