@@ -172,9 +172,54 @@ impl Held {
 }
 
 /// True when a limiter last heard from at `last_sync` (`None`: forgotten)
-/// is past a lease of `lease` nanoseconds at `now`.
-pub fn lease_expired(last_sync: Option<Nanos>, lease: Nanos, now: Nanos) -> bool {
-    last_sync.is_none_or(|at| now.saturating_sub(at) > lease)
+/// is past a lease of `lease` nanoseconds at `now`, counted from
+/// `awake_since` at the earliest (see [`Wakefulness`]).
+pub fn lease_expired(
+    last_sync: Option<Nanos>,
+    lease: Nanos,
+    now: Nanos,
+    awake_since: Nanos,
+) -> bool {
+    last_sync.is_none_or(|at| now.saturating_sub(at.max(awake_since)) > lease)
+}
+
+/// When the root last woke from a stall of its own, as the lease sweep
+/// sees it: a root stopped (SIGSTOP, a paused VM) or starved of CPU for
+/// longer than its sweep's period did not hear its limiters meanwhile
+/// because it was not listening, not because they were silent (their
+/// requests waited in its queue). Leases then run from when it woke, so
+/// such a stall forgives no limiter's slots; a limiter that is really
+/// gone loses them one lease after the wake.
+#[derive(Clone, Copy, Debug)]
+pub struct Wakefulness {
+    /// The sweep's period.
+    every: Nanos,
+    /// The sweep's last look.
+    last: Nanos,
+    /// The end of the last stall seen (0: none).
+    awake_since: Nanos,
+}
+
+impl Wakefulness {
+    /// For a sweep every `every` nanoseconds, started at `now`.
+    pub fn new(every: Nanos, now: Nanos) -> Self {
+        Self {
+            every,
+            last: now,
+            awake_since: 0,
+        }
+    }
+
+    /// The sweep looks at `now`: the time leases run from at the
+    /// earliest. A look later than twice the period since the last one is
+    /// a stall of the root's own, ending now.
+    pub fn look(&mut self, now: Nanos) -> Nanos {
+        if now.saturating_sub(self.last) > self.every.saturating_mul(2) {
+            self.awake_since = now;
+        }
+        self.last = self.last.max(now);
+        self.awake_since
+    }
 }
 
 #[cfg(test)]
@@ -182,6 +227,25 @@ mod tests {
     use super::*;
 
     const C: CounterKey = CounterKey::named(7);
+
+    #[test]
+    fn a_stall_of_the_root_itself_restarts_every_lease_from_its_end() {
+        const S: Nanos = 1_000_000_000;
+        let mut awake = Wakefulness::new(2 * S, 0);
+        // On time, or a little late: no stall.
+        assert_eq!(awake.look(2 * S), 0);
+        assert_eq!(awake.look(5 * S), 0);
+        // Stopped from 5 s to 17 s: leases run from 17 s.
+        assert_eq!(awake.look(17 * S), 17 * S);
+        assert_eq!(awake.look(19 * S), 17 * S);
+        // A limiter last heard at 4 s with a lease of 10 s: not expired
+        // when the root wakes, expired a lease after.
+        assert!(!lease_expired(Some(4 * S), 10 * S, 17 * S, 17 * S));
+        assert!(!lease_expired(Some(4 * S), 10 * S, 27 * S, 17 * S));
+        assert!(lease_expired(Some(4 * S), 10 * S, 27 * S + 1, 17 * S));
+        // Without the stall it had expired at 14 s.
+        assert!(lease_expired(Some(4 * S), 10 * S, 14 * S + 1, 0));
+    }
 
     #[test]
     fn a_return_gives_back_at_most_what_its_limiter_holds() {
@@ -246,10 +310,10 @@ mod tests {
 
     #[test]
     fn the_lease_runs_from_the_last_sync() {
-        assert!(!lease_expired(Some(100), 50, 150));
-        assert!(lease_expired(Some(100), 50, 151));
+        assert!(!lease_expired(Some(100), 50, 150, 0));
+        assert!(lease_expired(Some(100), 50, 151, 0));
         assert!(
-            lease_expired(None, 50, 0),
+            lease_expired(None, 50, 0, 0),
             "a forgotten limiter holds nothing"
         );
     }

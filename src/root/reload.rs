@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use super::in_flight::Wakefulness;
 use super::shutdown::Shutdown;
 use super::state::RootState;
 
@@ -33,15 +34,25 @@ pub async fn run(state: Arc<RootState>, mut shutdown: Shutdown) {
 
 /// Takes the in-flight slots of limiters past their lease off the
 /// counters, four times a lease, until shutdown: a task of its own, so a
-/// slow database reload never delays it.
+/// slow database reload never delays it. A stall of the root itself
+/// (stopped, paused, starved) longer than two of its periods starts every
+/// lease again from its end ([`Wakefulness`]).
 pub async fn expire_leases(state: Arc<RootState>, mut shutdown: Shutdown) {
     let every = (state.config.in_flight_lease / 4).max(std::time::Duration::from_millis(50));
+    let mut awake = Wakefulness::new(every.as_nanos() as crate::core::Nanos, state.now());
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.wait() => break,
         }
-        let dropped = state.ledger().expire_leases(state.now());
+        let now = state.now();
+        let awake_since = awake.look(now);
+        if awake_since == now {
+            tracing::warn!(
+                "this root was stalled (stopped or starved) for more than two lease sweeps: every in-flight lease runs again from now"
+            );
+        }
+        let dropped = state.ledger().expire_leases_awake(now, awake_since);
         if dropped > 0.0 {
             tracing::info!(
                 slots = dropped,

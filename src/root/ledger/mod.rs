@@ -642,6 +642,13 @@ impl Ledger {
     /// counters; returns the slots dropped. The root calls it a few times
     /// per lease; it costs a look at each shard's holders.
     pub fn expire_leases(&self, now: Nanos) -> f64 {
+        self.expire_leases_awake(now, 0)
+    }
+
+    /// [`Self::expire_leases`] with leases run from `awake_since` at the
+    /// earliest: the end of the root's own last stall
+    /// ([`crate::root::in_flight::Wakefulness`]).
+    pub fn expire_leases_awake(&self, now: Nanos, awake_since: Nanos) -> f64 {
         let mut holders: Vec<u32> = Vec::new();
         for index in 0..self.counters.shard_count() {
             holders.extend(self.counters.lock(index).held.holders());
@@ -661,7 +668,7 @@ impl Ledger {
                 if last.is_none() {
                     gone.push(l);
                 }
-                if lease_expired(last, self.in_flight_lease, now) {
+                if lease_expired(last, self.in_flight_lease, now, awake_since) {
                     expired.push(l);
                 }
             }
