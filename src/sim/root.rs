@@ -133,6 +133,12 @@ impl SimRoot {
         }
     }
 
+    /// The level of `counter` (a key's too) at root time `now`, as this
+    /// root knows it.
+    pub fn counter_level(&self, counter: crate::wire::CounterKey, now: Nanos) -> Option<f64> {
+        Some(self.ledger.counters.view_counter(counter, now)?.level)
+    }
+
     /// The level of quota `id` at root time `now`, as this root knows it.
     pub fn level(&self, id: u64, now: Nanos) -> Option<f64> {
         Some(self.ledger.counters.view(id, now)?.level)

@@ -740,6 +740,69 @@ fn after_a_reload_two_processes_behind_one_url_are_still_switches() {
     }
 }
 
+/// A root restarts while a host holds slots of a key of a per-key
+/// in-flight quota, recorded as its requests' are (hold records): the
+/// new instance is sent them again, counts them, and comes down to 0
+/// when they are given back. Before, it was sent nothing and the returns
+/// of those slots hid as many later ones there (the fault suite's
+/// `root-restarts`: 0 of 6).
+#[test]
+fn a_restarted_root_is_sent_a_keys_slots_again() {
+    let quotas = vec![Quota::new(6, "per_upload", 10.0, 10.0, 10.0)
+        .keyed()
+        .in_flight_if(true)];
+    let item = CheckItem {
+        name: b"per_upload",
+        key: Some(b"tenant-a"),
+        weight: 1,
+        max_wait: None,
+    };
+    let mut roots = vec![SimRoot::new(&quotas, 1, 0, 0)];
+    let t = Table::new_heap_with_keys(8, 16, 1024);
+    t.books().apply_quotas(&quotas);
+    let mut e = SyncEngine::new(&["http://root0".to_string()], "a".into(), SEC, 100, 0);
+    let owner = 4242;
+    let mut held = Vec::new();
+    let take = |t: &Table, n: usize, now: Nanos, held: &mut Vec<_>| {
+        for _ in 0..n {
+            let (r, slot_held) = t.gate().acquire(&item, now, false, || 0.5);
+            assert_eq!(r.outcome, Outcome::Pass);
+            let slot_held = slot_held.unwrap();
+            let record = t.gate().record_slot(&item, slot_held, owner);
+            assert_ne!(record, 0);
+            held.push((slot_held, record));
+        }
+    };
+    take(&t, 4, SEC, &mut held);
+    for s in 1..4 {
+        cycle(&mut e, &t, &mut roots, &[], s * SEC, |_| {});
+    }
+    let key = CounterKey {
+        id: 6,
+        key: t.key_secret().hash(b"tenant-a"),
+    };
+    assert_eq!(roots[0].counter_level(key, 4 * SEC), Some(4.0));
+    roots[0].restart(2, 4 * SEC);
+    take(&t, 1, 4 * SEC, &mut held);
+    for s in 4..8 {
+        cycle(&mut e, &t, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(
+        roots[0].counter_level(key, 8 * SEC),
+        Some(5.0),
+        "the new instance holds the 4 slots from before and the one after"
+    );
+    for (slot_held, record) in held.drain(..) {
+        assert!(t
+            .gate()
+            .release_recorded(&item, slot_held, record, owner, 8 * SEC));
+    }
+    for s in 8..11 {
+        cycle(&mut e, &t, &mut roots, &[], s * SEC, |_| {});
+    }
+    assert_eq!(roots[0].counter_level(key, 11 * SEC).unwrap_or(0.0), 0.0);
+}
+
 /// What becomes of one host's sync in [`held_steps`].
 #[derive(Clone, Copy, Debug)]
 enum Trouble {

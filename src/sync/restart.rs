@@ -148,11 +148,14 @@ pub(super) fn take_answer(
             link.found_restart();
             link.restart_seen = Some(now);
             let absolute = page.reply.takes_held && page.reply.takes_sequence;
-            resend = Some(if absolute {
+            let mut again = if absolute {
                 Vec::new()
             } else {
                 held_before(table, link, sent, groups, now)
-            });
+            };
+            // Keys' slots go as adds and returns to every root: sent again.
+            again.extend(keys_held_before(table, link, sent, groups, now));
+            resend = Some(again);
         }
     }
     let known = link.remembered();
@@ -161,6 +164,24 @@ pub(super) fn take_answer(
         remember_root(table, root, &link.url, link.remembered());
     }
     resend
+}
+
+/// [`held_before`] for the keys of per-key in-flight quotas: the slots
+/// this host's requests hold of each key of the root's group (as the
+/// hold records count them), less what the new instance counts of `sent`
+/// and what the link still owes it. Without them, as for named counters,
+/// the returns of those slots would hide as many later ones there
+/// (fail-open: a restarted root read 0 of 6 held slots in the fault
+/// suite's `root-restarts`). Also to a root that takes held counts
+/// absolute: a key's are not in them.
+fn keys_held_before(
+    table: &Table,
+    link: &RootLink,
+    sent: &OwedDeltas,
+    groups: usize,
+    now: Nanos,
+) -> Vec<(CounterKey, Owed)> {
+    owed_again(link, sent, groups, now, table.books().held_key_counts())
 }
 
 /// What the root of `link`, found restarted by the reply to a request
@@ -174,8 +195,8 @@ pub(super) fn take_answer(
 /// that: the restarted root then holds what this host holds. That
 /// includes units resent to an earlier restart that the new instance got
 /// (or will): a root restarting again before a resend was acknowledged is
-/// not sent the same slots twice. Per-key counters keep no held word yet
-/// and are not resent.
+/// not sent the same slots twice. Per-key counters keep no held word:
+/// [`keys_held_before`] counts their slots from the hold records.
 fn held_before(
     table: &Table,
     link: &RootLink,
@@ -183,13 +204,27 @@ fn held_before(
     groups: usize,
     now: Nanos,
 ) -> Vec<(CounterKey, Owed)> {
-    let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
-    table
-        .books()
-        .held_counts()
+    let named = table.books().held_counts();
+    let held = named
         .into_iter()
-        .filter_map(|(id, held)| {
-            let c = CounterKey::named(id);
+        .map(|(id, held)| (CounterKey::named(id), held));
+    owed_again(link, sent, groups, now, held)
+}
+
+/// Of `held` (what this host holds of each counter beyond its next
+/// collection), what the restarted root of `link` lacks: less what its
+/// new instance counts of `sent` and what the link still owes it, for
+/// the counters of its group.
+fn owed_again(
+    link: &RootLink,
+    sent: &OwedDeltas,
+    groups: usize,
+    now: Nanos,
+    held: impl IntoIterator<Item = (CounterKey, i64)>,
+) -> Vec<(CounterKey, Owed)> {
+    let net = |owed: &OwedDeltas, c: &CounterKey| owed.get(c).map_or(0, Owed::counted_net);
+    held.into_iter()
+        .filter_map(|(c, held)| {
             if shard(c, groups) != link.group {
                 return None;
             }

@@ -25,10 +25,9 @@ Every host also keeps a few requests open to a slow location that checks
 two in-flight quotas (`hold.py`): `slots` and `slots_key` (per key, one
 key all hosts share). Through the fault each request is closed after 1 to
 4 s and another opened; once the load ends they stay open, and every
-root's level of `slots` must come to the number of requests open across
+root's level of both must come to the number of requests open across
 the hosts (the clients' own count) within IN_FLIGHT_EXACT seconds: slots
 held exactly, whatever the fault did to the syncs that carried them.
-`slots_key` is reported beside it (see `in_flight_key_exact`).
 
 A case is: a fresh cluster (new database, roots, nginx; the namespaces and
 the relay stay), WARM seconds of load, the fault, AFTER seconds of load,
@@ -905,9 +904,9 @@ CASES = [
     ("lost-replies-30s", asymmetric, 30, {}),
     # The root stopped past the in-flight lease (10 s) does not take
     # its own stall for its limiters' silence (`Wakefulness`): before,
-    # it forgot their slots when it woke, and per-key slots, which are
+    # it forgot their slots when it woke, and per-key slots, which were
     # not sent again, read 3-5 of 6 there.
-    ("sigstop-10s", sigstop, 10, {"in_flight_key_exact": True}),
+    ("sigstop-10s", sigstop, 10, {}),
     ("lossy-link", lossy_link, 10, {}),
     ("stall-10s", stall, 10, {}),
     # The real-world form of a forward clock step (below): when h1 wakes
@@ -1039,12 +1038,10 @@ def run_case(cluster, name, fault, seconds, options):
         "converge_s": None if converge is None else round(max(converge, 0.0), 1),
         "in_flight": in_flight,
         # Per-key in-flight slots go to the roots as adds and returns, not
-        # yet as absolute held counts (docs/not-done.md): a restarted root
-        # is not sent them again, and a root stopped past the in-flight
-        # lease forgets a limiter's and is not sent them again either, so
-        # `slots_key` may read low there. Reported in every case; required
-        # exact only where a case says so.
-        "in_flight_key_exact": options.get("in_flight_key_exact", False),
+        # as absolute held counts (docs/not-done.md); a restarted root is
+        # sent them again from the hold records. Required exact unless a
+        # case says otherwise.
+        "in_flight_key_exact": options.get("in_flight_key_exact", True),
     }
     if "clock_offsets" in ctx:
         row["clock_offsets"] = ctx["clock_offsets"]

@@ -218,6 +218,19 @@ impl<'t> Books<'t> {
         Held::of(self.region).held_counts()
     }
 
+    /// The slots this host's requests hold of each key of its per-key
+    /// in-flight quotas beyond what its next collection sends, as the hold
+    /// records count them (see `region/holds.rs`): what a restarted root
+    /// is sent again. A slot taken or given back while this reads, or one
+    /// no record was free for, is missed.
+    pub fn held_key_counts(&self) -> Vec<(CounterKey, i64)> {
+        crate::table::region::holds::Holds::of(self.region)
+            .held_keys()
+            .into_iter()
+            .map(|(id, key, held)| (CounterKey { id, key }, held))
+            .collect()
+    }
+
     /// True when some live named quota counts slots in flight (the sync
     /// thread then asks the roots for all their counters after a fold).
     pub fn holds_in_flight(&self) -> bool {
