@@ -261,6 +261,69 @@ fn a_sliding_keys_root_value_brings_its_previous_count() {
     assert_eq!(check(&t, b"carol", 1, 15 * SEC), Outcome::Pass);
 }
 
+/// Issue 38, item 4: a key of a sliding per-key template is extrapolated
+/// between syncs at the other hosts' fill rate, as a named sliding quota
+/// with the same counter is (its rate kept in 16 bits: within 0.4%).
+#[test]
+fn a_sliding_key_is_extrapolated_between_syncs_like_a_named_sliding_quota() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books().apply_quotas(&[
+        Quota::new(1, "per_token", 100.0, 100.0, 100.0)
+            .keyed()
+            .windowed(Window::TenSeconds, true),
+        Quota::new(2, "named", 100.0, 100.0, 100.0).windowed(Window::TenSeconds, true),
+    ]);
+    let key_slot = t.gate().lookup(b"per_token").unwrap();
+    let named_slot = t.gate().lookup(b"named").unwrap();
+    let alice = t.key_secret().hash(b"alice");
+    assert_eq!(check_key(&t, b"per_token", b"alice", 0, 0), Outcome::Pass);
+    // Two replies of root 1 a second apart: the others added 10 in the
+    // window's first second and 20 in its second; 40 counted in the
+    // window before.
+    for (count, at) in [(10.0, SEC), (30.0, 2 * SEC)] {
+        let value = Tally {
+            level: count,
+            prev: 40.0,
+            at,
+        };
+        assert!(t.books().merge_counter(key_slot, 1, alice, value, 0, 1));
+        assert!(t.books().merge_counter(named_slot, 2, 0, value, 0, 1));
+    }
+    let key = t.keys(Some(key_slot), 3 * SEC)[0];
+    // 10/s, then 20/s, smoothed: 12.5/s.
+    assert!((key.fill_rate - 12.5).abs() <= 12.5 * 0.004, "{key:?}");
+    let named = t
+        .quotas(3 * SEC)
+        .into_iter()
+        .find(|q| q.slot == named_slot)
+        .unwrap()
+        .level;
+    // At 3 s: 30 known, 12.5/s of others from 1.5 s (a quarter of the 2 s
+    // horizon before the known count) to now, 40 x 0.7 of the last window.
+    let want = 30.0 + 12.5 * 1.5 + 40.0 * 0.7;
+    assert!((named - want).abs() < 1e-6, "named {named}");
+    assert!((key.level - want).abs() <= 0.1, "key {}", key.level);
+    // Not extrapolated, 30 + 28 + 30 would pass: the others' 18.75
+    // reject it.
+    assert!(matches!(
+        check_key(&t, b"per_token", b"alice", 30, 3 * SEC),
+        Outcome::Reject(_)
+    ));
+    assert!(matches!(
+        t.gate().check_with(b"named", 30, 3 * SEC, never),
+        Outcome::Reject(_)
+    ));
+    assert_eq!(
+        check_key(&t, b"per_token", b"alice", 20, 3 * SEC),
+        Outcome::Pass
+    );
+    // At 10 s the last window counts whole: its 30, the others' 31.25
+    // from 1.5 s up to the horizon (4 s), and this host's 20 in the new
+    // one.
+    let key = t.keys(Some(key_slot), 10 * SEC)[0];
+    assert!((key.level - 81.25).abs() <= 0.1, "{key:?}");
+}
+
 #[test]
 fn a_window_rejection_waits_for_the_window_end() {
     let t = window_table(false);
