@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 18;
+pub const LAYOUT_VERSION: u32 = 19;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -307,6 +307,8 @@ pub struct Header {
     /// [`Window::code`] `code`: the sync thread wakes at those windows'
     /// boundaries (never cleared: a spare wake-up costs little).
     pub windows_used: AtomicU32,
+    /// The live named in-flight quotas (see [`InFlightList`]).
+    pub in_flight: InFlightList,
     /// The tier section's shared words (see [`TierHeader`]).
     pub tiers: TierHeader,
     /// The hold records' shared words (see [`HoldHeader`]).
@@ -314,6 +316,30 @@ pub struct Header {
     /// The named quotas' dirty ring's positions (see `ring.rs`).
     pub slot_ring: RingHead,
 }
+
+/// Named in-flight quotas [`InFlightList`] lists by slot; with more, the
+/// sync side walks every slot for them.
+pub const IN_FLIGHT_LISTED: usize = 12;
+
+/// The live named in-flight quotas, so that what the sync thread does
+/// with them each cycle (the held counts a root takes) costs those
+/// quotas, not every slot, and nothing in a table without any. Written
+/// by quota writes only (the writer lock held); read without it, each
+/// listed slot checked for what it holds.
+#[repr(C)]
+#[derive(Default)]
+pub struct InFlightList {
+    /// How many live named in-flight quotas there are.
+    pub count: AtomicU32,
+    /// While `count` is at most [`IN_FLIGHT_LISTED`], the first `count`
+    /// words are their slots + 1, in no order.
+    pub slots: [AtomicU32; IN_FLIGHT_LISTED],
+}
+
+// In the bytes the header's tier words left free after the window words:
+// the header keeps its size.
+const _: () =
+    assert!(std::mem::offset_of!(Header, tiers) - std::mem::offset_of!(Header, utc_offset) == 64);
 
 /// The hold records' shared words.
 #[repr(C, align(64))]
