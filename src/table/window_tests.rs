@@ -324,6 +324,55 @@ fn a_sliding_key_is_extrapolated_between_syncs_like_a_named_sliding_quota() {
     assert!((key.level - 81.25).abs() <= 0.1, "{key:?}");
 }
 
+/// A sliding key's fill rate lives in its entry's `dirty` word: entries
+/// moved to make room keep their keys' rates, and new keys start without
+/// one.
+#[test]
+fn a_sliding_keys_fill_rate_follows_it_through_moves() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_token", 1e6, 1e6, 1e6)
+            .keyed()
+            .windowed(Window::TenSeconds, true)]);
+    let slot = t.gate().lookup(b"per_token").unwrap();
+    let key = |i: u32| format!("key {i}").into_bytes();
+    for i in 0..40 {
+        assert_eq!(check_key(&t, b"per_token", &key(i), 0, 0), Outcome::Pass);
+        let hash = t.key_secret().hash(&key(i));
+        // Each key its own rate: 10 (i + 1) a second, then 20 (i + 1).
+        for (count, at) in [(10.0, SEC), (30.0, 2 * SEC)] {
+            let value = Tally {
+                level: count * f64::from(i + 1),
+                prev: 0.0,
+                at,
+            };
+            assert!(t.books().merge_counter(slot, 1, hash, value, 0, 1));
+        }
+    }
+    let rates = |now| -> std::collections::HashMap<u64, f64> {
+        t.keys(Some(slot), now)
+            .iter()
+            .map(|k| (k.hash, k.fill_rate))
+            .collect()
+    };
+    let before = rates(2 * SEC);
+    assert_eq!(before.len(), 40);
+    assert!(before.values().all(|&r| r > 0.0), "{before:?}");
+    let moved = t.key_stats().relocations;
+    for i in 40..62 {
+        check_key(&t, b"per_token", &key(i), 1, 2 * SEC);
+    }
+    assert!(t.key_stats().relocations > moved, "{:?}", t.key_stats());
+    let after = rates(2 * SEC);
+    for (hash, rate) in &before {
+        assert_eq!(after.get(hash), Some(rate), "key {hash:x}");
+    }
+    for i in 40..62 {
+        let hash = t.key_secret().hash(&key(i));
+        assert!(after.get(&hash).is_none_or(|&r| r == 0.0), "key {i}");
+    }
+}
+
 #[test]
 fn a_window_rejection_waits_for_the_window_end() {
     let t = window_table(false);
