@@ -180,14 +180,21 @@ fn check_key(t: &Table, name: &[u8], key: &[u8], weight: u64, now: Nanos) -> Out
         .outcome
 }
 
+/// A table with room for 64 keys and `per_token`, a per-key quota of
+/// `limit` per sliding 10 s window.
+fn sliding_per_token(limit: f64) -> Table {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_token", limit, limit, limit)
+            .keyed()
+            .windowed(Window::TenSeconds, true)]);
+    t
+}
+
 /// A table with `per_token`, a per-key quota of 4 per sliding 10 s
 /// window, and a check of one of its keys.
 fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
-    let t = Table::new_heap_with_keys(8, 16, 64);
-    t.books()
-        .apply_quotas(&[Quota::new(1, "per_token", 4.0, 4.0, 4.0)
-            .keyed()
-            .windowed(Window::TenSeconds, true)]);
+    let t = sliding_per_token(4.0);
     (t, |t: &Table, key: &[u8], weight, now| {
         check_key(t, b"per_token", key, weight, now)
     })
@@ -329,11 +336,7 @@ fn a_sliding_key_is_extrapolated_between_syncs_like_a_named_sliding_quota() {
 /// one.
 #[test]
 fn a_sliding_keys_fill_rate_follows_it_through_moves() {
-    let t = Table::new_heap_with_keys(8, 16, 64);
-    t.books()
-        .apply_quotas(&[Quota::new(1, "per_token", 1e6, 1e6, 1e6)
-            .keyed()
-            .windowed(Window::TenSeconds, true)]);
+    let t = sliding_per_token(1e6);
     let slot = t.gate().lookup(b"per_token").unwrap();
     let key = |i: u32| format!("key {i}").into_bytes();
     for i in 0..40 {
