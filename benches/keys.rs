@@ -2,6 +2,9 @@
 //! key section. Results go to BENCHMARKS.md (`make bench-keys`).
 //!
 //! - `keys/hot_key`: one key, always in cache;
+//! - `keys/hot_key_sliding`: the same with a sliding 1 min window (not
+//!   the fast path: its entry's previous window's count and fill rate
+//!   are read);
 //! - `keys/first_seen`: a key never seen before, its insert included;
 //! - `keys/random_10m`: a random key among 10,000,000 live keys (cache and
 //!   TLB misses), beside `dram/chase`, one dependent DRAM miss measured in
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sluice::core::rng::Rng;
-use sluice::core::Quota;
+use sluice::core::{Quota, Window};
 use sluice::table::{CheckItem, CheckOptions, Table};
 
 /// A table whose `per_key` template never rejects.
@@ -22,6 +25,17 @@ fn keyed_table(keys: u64) -> Table {
     let t = Table::new_heap_with_keys(16, 16, keys);
     t.books()
         .apply_quotas(&[Quota::new(1, "per_key", 1e12, 1e15, 1e15).keyed()]);
+    t
+}
+
+/// A table whose `per_key` template counts in a sliding minute and never
+/// rejects.
+fn sliding_keyed_table() -> Table {
+    let t = Table::new_heap_with_keys(16, 16, 1 << 16);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_key", 1e12, 1e12, 1e12)
+            .keyed()
+            .windowed(Window::Minute, true)]);
     t
 }
 
@@ -155,6 +169,10 @@ fn bench_keys(c: &mut Criterion) {
     let hot = keyed_table(1 << 16);
     g.bench_function("hot_key", |b| {
         b.iter(|| check(&hot, black_box(b"a-user-token-0001"), now))
+    });
+    let sliding = sliding_keyed_table();
+    g.bench_function("hot_key_sliding", |b| {
+        b.iter(|| check(&sliding, black_box(b"a-user-token-0001"), now))
     });
     // New keys until a section of 4M entries is a quarter full, then a
     // fresh section (outside the timing).

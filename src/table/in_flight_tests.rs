@@ -196,6 +196,86 @@ fn held_counts_are_the_collected_slots_of_each_named_in_flight_quota() {
     assert_eq!(t.books().held_counts(), vec![(1, 2)]);
 }
 
+/// Walks of every slot for named in-flight quotas so far on this thread.
+fn walks() -> u64 {
+    books::IN_FLIGHT_WALKS.with(|n| n.get())
+}
+
+/// Everything the sync thread does with the named in-flight quotas each
+/// cycle or on a root's word, on a table of 1,000 other quotas: none of
+/// it walks their slots.
+#[test]
+fn a_table_without_in_flight_quotas_does_not_walk_its_slots_for_them() {
+    let t = Table::new_heap(1024, 16);
+    let quotas: Vec<Quota> = (1..=1000)
+        .map(|id| Quota::new(id, format!("q{id}"), 1.0, 5.0, 5.0).keyed_if(id % 2 == 0))
+        .collect();
+    t.books().apply_quotas(&quotas);
+    let before = walks();
+    assert_eq!(t.books().held_counts(), vec![]);
+    assert!(!t.books().holds_in_flight());
+    assert_eq!(t.books().lease_locally(SEC, |_| true), 0);
+    assert_eq!(t.books().settle_omitted(1, SEC, |_| true), 0);
+    assert_eq!(t.books().adopt_source(|_| true, 2), 0);
+    // With a few, what they hold, still without a walk.
+    t.books().apply_quotas(&[
+        uploads(3.0).at_epoch(2),
+        Quota::new(1001, "downloads", 2.0, 2.0, 2.0).in_flight_if(true),
+    ]);
+    assert!(t.books().holds_in_flight());
+    t.gate().acquire(&named(b"downloads"), SEC, false, never);
+    t.books().collect_deltas(&mut Vec::new());
+    assert_eq!(t.books().held_counts(), vec![(1, 0), (1001, 1)]);
+    assert_eq!(walks(), before);
+}
+
+/// Random inserts, edits (to and from in-flight, per-key or not) and
+/// deletes of 40 quotas, more of them in flight at times than the header
+/// lists: after each write the named in-flight quotas the sync side finds
+/// are the model's, and it walks every slot only while there are more
+/// than the list holds.
+#[test]
+fn the_named_in_flight_quotas_are_found_through_writes_past_the_list() {
+    use crate::table::region::layout::IN_FLIGHT_LISTED;
+    use std::collections::{BTreeMap, BTreeSet};
+    let t = Table::new_heap(64, 16);
+    let mut rng = crate::core::rng::Rng::new(38);
+    let mut live: BTreeMap<u64, (bool, bool)> = BTreeMap::new();
+    let mut crossed = [false, false];
+    for epoch in 1..3_000u64 {
+        let id = 1 + rng.next_u64() % 40;
+        let name = format!("q{id}");
+        let quota = if live.contains_key(&id) && rng.next_u64() % 4 == 0 {
+            live.remove(&id);
+            Quota::tombstone(id, name, epoch)
+        } else {
+            // Mostly in flight, so the count goes past the list and back.
+            let in_flight = rng.next_u64() % 8 != 0;
+            let per_key = rng.next_u64() % 8 == 0;
+            live.insert(id, (in_flight, per_key));
+            Quota::new(id, name, 3.0, 3.0, 3.0)
+                .in_flight_if(in_flight)
+                .keyed_if(per_key)
+                .at_epoch(epoch)
+        };
+        assert_eq!(t.books().apply_quotas(&[quota]).refused, vec![]);
+        let want: BTreeSet<u64> = live
+            .iter()
+            .filter(|(_, &(in_flight, per_key))| in_flight && !per_key)
+            .map(|(&id, _)| id)
+            .collect();
+        let before = walks();
+        let found: BTreeSet<u64> = t.books().held_counts().iter().map(|&(id, _)| id).collect();
+        assert_eq!(found, want, "epoch {epoch}");
+        assert_eq!(t.books().holds_in_flight(), !want.is_empty());
+        let walked = walks() - before;
+        let listed = want.len() <= IN_FLIGHT_LISTED;
+        assert_eq!(walked, u64::from(!listed), "epoch {epoch}: {}", want.len());
+        crossed[usize::from(listed)] = true;
+    }
+    assert_eq!(crossed, [true, true], "past the list and within it");
+}
+
 #[test]
 fn the_local_lease_leaves_the_level_at_this_hosts_own_slots() {
     let t = Table::new_heap(8, 16);

@@ -180,14 +180,21 @@ fn check_key(t: &Table, name: &[u8], key: &[u8], weight: u64, now: Nanos) -> Out
         .outcome
 }
 
+/// A table with room for 64 keys and `per_token`, a per-key quota of
+/// `limit` per sliding 10 s window.
+fn sliding_per_token(limit: f64) -> Table {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books()
+        .apply_quotas(&[Quota::new(1, "per_token", limit, limit, limit)
+            .keyed()
+            .windowed(Window::TenSeconds, true)]);
+    t
+}
+
 /// A table with `per_token`, a per-key quota of 4 per sliding 10 s
 /// window, and a check of one of its keys.
 fn sliding_keys() -> (Table, impl Fn(&Table, &[u8], u64, Nanos) -> Outcome) {
-    let t = Table::new_heap_with_keys(8, 16, 64);
-    t.books()
-        .apply_quotas(&[Quota::new(1, "per_token", 4.0, 4.0, 4.0)
-            .keyed()
-            .windowed(Window::TenSeconds, true)]);
+    let t = sliding_per_token(4.0);
     (t, |t: &Table, key: &[u8], weight, now| {
         check_key(t, b"per_token", key, weight, now)
     })
@@ -259,6 +266,114 @@ fn a_sliding_keys_root_value_brings_its_previous_count() {
         Outcome::Reject(_)
     ));
     assert_eq!(check(&t, b"carol", 1, 15 * SEC), Outcome::Pass);
+}
+
+/// Issue 38, item 4: a key of a sliding per-key template is extrapolated
+/// between syncs at the other hosts' fill rate, as a named sliding quota
+/// with the same counter is (its rate kept in 16 bits: within 0.4%).
+#[test]
+fn a_sliding_key_is_extrapolated_between_syncs_like_a_named_sliding_quota() {
+    let t = Table::new_heap_with_keys(8, 16, 64);
+    t.books().apply_quotas(&[
+        Quota::new(1, "per_token", 100.0, 100.0, 100.0)
+            .keyed()
+            .windowed(Window::TenSeconds, true),
+        Quota::new(2, "named", 100.0, 100.0, 100.0).windowed(Window::TenSeconds, true),
+    ]);
+    let key_slot = t.gate().lookup(b"per_token").unwrap();
+    let named_slot = t.gate().lookup(b"named").unwrap();
+    let alice = t.key_secret().hash(b"alice");
+    assert_eq!(check_key(&t, b"per_token", b"alice", 0, 0), Outcome::Pass);
+    // Two replies of root 1 a second apart: the others added 10 in the
+    // window's first second and 20 in its second; 40 counted in the
+    // window before.
+    for (count, at) in [(10.0, SEC), (30.0, 2 * SEC)] {
+        let value = Tally {
+            level: count,
+            prev: 40.0,
+            at,
+        };
+        assert!(t.books().merge_counter(key_slot, 1, alice, value, 0, 1));
+        assert!(t.books().merge_counter(named_slot, 2, 0, value, 0, 1));
+    }
+    let key = t.keys(Some(key_slot), 3 * SEC)[0];
+    // 10/s, then 20/s, smoothed: 12.5/s.
+    assert!((key.fill_rate - 12.5).abs() <= 12.5 * 0.004, "{key:?}");
+    let named = t
+        .quotas(3 * SEC)
+        .into_iter()
+        .find(|q| q.slot == named_slot)
+        .unwrap()
+        .level;
+    // At 3 s: 30 known, 12.5/s of others from 1.5 s (a quarter of the 2 s
+    // horizon before the known count) to now, 40 x 0.7 of the last window.
+    let want = 30.0 + 12.5 * 1.5 + 40.0 * 0.7;
+    assert!((named - want).abs() < 1e-6, "named {named}");
+    assert!((key.level - want).abs() <= 0.1, "key {}", key.level);
+    // Not extrapolated, 30 + 28 + 30 would pass: the others' 18.75
+    // reject it.
+    assert!(matches!(
+        check_key(&t, b"per_token", b"alice", 30, 3 * SEC),
+        Outcome::Reject(_)
+    ));
+    assert!(matches!(
+        t.gate().check_with(b"named", 30, 3 * SEC, never),
+        Outcome::Reject(_)
+    ));
+    assert_eq!(
+        check_key(&t, b"per_token", b"alice", 20, 3 * SEC),
+        Outcome::Pass
+    );
+    // At 10 s the last window counts whole: its 30, the others' 31.25
+    // from 1.5 s up to the horizon (4 s), and this host's 20 in the new
+    // one.
+    let key = t.keys(Some(key_slot), 10 * SEC)[0];
+    assert!((key.level - 81.25).abs() <= 0.1, "{key:?}");
+}
+
+/// A sliding key's fill rate lives in its entry's `dirty` word: entries
+/// moved to make room keep their keys' rates, and new keys start without
+/// one.
+#[test]
+fn a_sliding_keys_fill_rate_follows_it_through_moves() {
+    let t = sliding_per_token(1e6);
+    let slot = t.gate().lookup(b"per_token").unwrap();
+    let key = |i: u32| format!("key {i}").into_bytes();
+    for i in 0..40 {
+        assert_eq!(check_key(&t, b"per_token", &key(i), 0, 0), Outcome::Pass);
+        let hash = t.key_secret().hash(&key(i));
+        // Each key its own rate: 10 (i + 1) a second, then 20 (i + 1).
+        for (count, at) in [(10.0, SEC), (30.0, 2 * SEC)] {
+            let value = Tally {
+                level: count * f64::from(i + 1),
+                prev: 0.0,
+                at,
+            };
+            assert!(t.books().merge_counter(slot, 1, hash, value, 0, 1));
+        }
+    }
+    let rates = |now| -> std::collections::HashMap<u64, f64> {
+        t.keys(Some(slot), now)
+            .iter()
+            .map(|k| (k.hash, k.fill_rate))
+            .collect()
+    };
+    let before = rates(2 * SEC);
+    assert_eq!(before.len(), 40);
+    assert!(before.values().all(|&r| r > 0.0), "{before:?}");
+    let moved = t.key_stats().relocations;
+    for i in 40..62 {
+        check_key(&t, b"per_token", &key(i), 1, 2 * SEC);
+    }
+    assert!(t.key_stats().relocations > moved, "{:?}", t.key_stats());
+    let after = rates(2 * SEC);
+    for (hash, rate) in &before {
+        assert_eq!(after.get(hash), Some(rate), "key {hash:x}");
+    }
+    for i in 40..62 {
+        let hash = t.key_secret().hash(&key(i));
+        assert!(after.get(&hash).is_none_or(|&r| r == 0.0), "key {i}");
+    }
 }
 
 #[test]

@@ -11,13 +11,20 @@
 //! requests still give their slots back. Only the sync thread writes it,
 //! under the writer lock; it is kept for named in-flight counters only
 //! (not yet for the keys of per-key ones).
+//!
+//! The quotas this walks are found through the header's list of named
+//! in-flight slots ([`InFlightList`]), which quota writes keep: a table
+//! without in-flight quotas pays nothing each cycle, one with a few pays
+//! for those; past [`IN_FLIGHT_LISTED`] of them every slot is walked.
 
 use super::tally::{set_slot_source, slot_source, store_level};
 use crate::core::Nanos;
 use crate::table::region::index::NameIndex;
-use crate::table::region::layout::{Source, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY, FOLDED};
+use crate::table::region::layout::{
+    InFlightList, Slot, Source, FLAG_IN_FLIGHT, FLAG_LIVE, FLAG_PER_KEY, FOLDED, IN_FLIGHT_LISTED,
+};
 use crate::table::region::slots::Slots;
-use crate::table::region::{region_view, RLX};
+use crate::table::region::{region_view, SlotId, ACQ, REL, RLX};
 use crate::wire::CounterKey;
 
 region_view!(
@@ -43,8 +50,8 @@ impl Held<'_> {
     /// The held word of every live named in-flight quota, by quota id
     /// (what the sync thread sends a root that restarted again).
     pub(in crate::table) fn held_counts(&self) -> Vec<(u64, i64)> {
-        self.used_slots()
-            .filter(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
+        self.in_flight_slots()
+            .into_iter()
             .filter_map(|(i, s)| Some((s.quota_id()?, Slots::of(self).held_word(i))))
             .collect()
     }
@@ -67,10 +74,9 @@ impl Held<'_> {
         }
         let _guard = self.lock();
         let mut set = 0u64;
-        for (_, s) in self.used_slots() {
+        for (_, s) in self.in_flight_slots() {
             let from = slot_source(s);
-            if !named_in_flight(s.flags.load(RLX)) || from == 0 || from == FOLDED || !earlier(from)
-            {
+            if from == 0 || from == FOLDED || !earlier(from) {
                 continue;
             }
             set_slot_source(s, to);
@@ -96,12 +102,9 @@ impl Held<'_> {
     ) -> u64 {
         let _guard = self.lock();
         let mut set = 0u64;
-        for (i, s) in self.used_slots() {
-            // A key's slots are not kept per host yet: its level stays the
-            // last cluster view plus this host's changes (strict).
-            if !live_named_in_flight(s.flags.load(RLX)) {
-                continue;
-            }
+        // A key's slots are not kept per host yet: its level stays the
+        // last cluster view plus this host's changes (strict).
+        for (i, s) in self.in_flight_slots() {
             if !s.quota_id().is_some_and(|id| shard(CounterKey::named(id))) {
                 continue;
             }
@@ -116,8 +119,7 @@ impl Held<'_> {
     /// True when some live named quota counts slots in flight (the sync
     /// thread then asks the roots for all their counters after a fold).
     pub(in crate::table) fn holds_in_flight(&self) -> bool {
-        self.used_slots()
-            .any(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
+        self.header().in_flight.count.load(ACQ) != 0
     }
 
     /// A root (`source`) answered whole a request for all its counters,
@@ -139,11 +141,9 @@ impl Held<'_> {
     ) -> u64 {
         let _guard = self.lock();
         let mut set = 0u64;
-        for (_, s) in self.used_slots() {
+        for (_, s) in self.in_flight_slots() {
             let known = slot_source(s);
-            if !named_in_flight(s.flags.load(RLX))
-                || (known != FOLDED && (source == 0 || known != source))
-            {
+            if known != FOLDED && (source == 0 || known != source) {
                 continue;
             }
             let Some(id) = s.quota_id() else { continue };
@@ -156,6 +156,83 @@ impl Held<'_> {
         }
         set
     }
+}
+
+impl Held<'_> {
+    /// The live named in-flight quotas' slots: the listed ones, or with
+    /// more than the list holds, every used slot's that is one.
+    fn in_flight_slots(&self) -> Vec<(SlotId, &Slot)> {
+        let list = &self.header().in_flight;
+        let count = list.count.load(ACQ) as usize;
+        if count > IN_FLIGHT_LISTED {
+            #[cfg(test)]
+            WALKS.with(|n| n.set(n.get() + 1));
+            return self
+                .used_slots()
+                .filter(|(_, s)| live_named_in_flight(s.flags.load(RLX)))
+                .collect();
+        }
+        let mut out: Vec<(SlotId, &Slot)> = list.slots[..count]
+            .iter()
+            .filter_map(|w| {
+                let slot = w.load(RLX).checked_sub(1)?;
+                let s = self.slot(slot)?;
+                live_named_in_flight(s.flags.load(RLX)).then_some((slot, s))
+            })
+            .collect();
+        // A write moving a slot within the list shows it twice meanwhile.
+        out.sort_unstable_by_key(|&(slot, _)| slot);
+        out.dedup_by_key(|&mut (slot, _)| slot);
+        out
+    }
+
+    /// Keeps the list of named in-flight quotas ([`InFlightList`]) true
+    /// after a quota write took `slot`'s flags from `was` to `is` (the
+    /// writer lock held).
+    pub(in crate::table) fn note_flags(&self, slot: SlotId, was: u16, is: u16) {
+        let (before, after) = (live_named_in_flight(was), live_named_in_flight(is));
+        if before == after {
+            return;
+        }
+        let list = &self.header().in_flight;
+        let count = list.count.load(RLX) as usize;
+        if after {
+            if let Some(w) = list.slots.get(count) {
+                w.store(slot + 1, RLX);
+            }
+            list.count.store(count as u32 + 1, REL);
+            return;
+        }
+        let count = count.saturating_sub(1);
+        if count == IN_FLIGHT_LISTED {
+            // Back within the list: made again while readers still walk.
+            self.relist(list);
+        } else if count < IN_FLIGHT_LISTED {
+            // The last listed slot takes the leaving one's word.
+            let last = list.slots[count].load(RLX);
+            if let Some(w) = list.slots[..count].iter().find(|w| w.load(RLX) == slot + 1) {
+                w.store(last, RLX);
+            }
+        }
+        list.count.store(count as u32, REL);
+    }
+
+    /// Lists every live named in-flight quota (their flags written).
+    fn relist(&self, list: &InFlightList) {
+        let listed = self
+            .used_slots()
+            .filter(|(_, s)| live_named_in_flight(s.flags.load(RLX)));
+        for (w, (slot, _)) in list.slots.iter().zip(listed) {
+            w.store(slot + 1, RLX);
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Walks of every slot for named in-flight quotas on this thread
+    /// (tests: a table with few or none does not walk).
+    pub(in crate::table) static WALKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// A slot's `flags` say it is an in-flight quota's own counter (not a

@@ -20,7 +20,8 @@ use crate::core::{Nanos, Tally};
 use crate::table::region::key_entries::KeyEntries;
 use crate::table::region::key_entries::KeyOverflow;
 use crate::table::region::key_entries::{
-    clear_entry, keeps_prev, key_source, key_tally, set_key_source, store_key_tally, KeyAt,
+    clear_entry, key_rate, key_source, key_tally, set_key_rate_bits, set_key_source,
+    store_key_rate, store_key_tally, KeyAt,
 };
 use crate::table::region::key_moves::{KeyLock, KeyMoves, SYNC_BATCH};
 use crate::table::region::keys::Keys;
@@ -168,7 +169,7 @@ impl KeySync<'_> {
         };
         let counting = Slots::of(self).slot_counting(s);
         let known = key_tally(e, &counting, value.at);
-        let old_rate = f64::from(f32::from_bits(e.fill.load(RLX)));
+        let old_rate = key_rate(e, &counting);
         let horizon = self.estimator().horizon;
         let known = Known {
             tally: known,
@@ -182,15 +183,9 @@ impl KeySync<'_> {
         // A root holds the key now (another host made it there, or this
         // host's share had room again): its count is fleet-wide again.
         e.dirty.fetch_and(!DIRTY_REFUSED, SeqCst);
-        // A key's `fill` word holds one of two things (see `keeps_prev`):
-        // a sliding key's keeps its previous window's count, which the
-        // tally carries; an in-flight key's is not extrapolated (see
-        // `store_tally`).
-        if s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
-            e.fill.store(0, RLX);
-        } else if !keeps_prev(&counting) {
-            e.fill.store((m.rate as f32).to_bits(), RLX);
-        }
+        // An in-flight key is not extrapolated (see `store_tally`).
+        let in_flight = s.flags.load(RLX) & FLAG_IN_FLIGHT != 0;
+        store_key_rate(e, &counting, if in_flight { 0.0 } else { m.rate });
         settle_unacked(&e.unacked, acked.net(), || {
             store_key_tally(e, &counting, m.tally)
         });
@@ -474,6 +469,7 @@ impl KeySync<'_> {
                 to.fill.store(e.fill.load(RLX), RLX);
                 to.used.store(e.used.load(RLX), RLX);
                 to.dirty.fetch_or(e.dirty.load(RLX) & DIRTY_REFUSED, SeqCst);
+                set_key_rate_bits(to, e.dirty.load(RLX));
                 let unsent = e.pending.load(RLX).wrapping_add(e.unacked.load(RLX));
                 if unsent != 0 {
                     to.pending.fetch_add(unsent, SeqCst);

@@ -58,6 +58,9 @@ use write::Writer;
 pub use tally::CollectedDelta;
 pub use write::ApplyReport;
 
+#[cfg(test)]
+pub(in crate::table) use held::WALKS as IN_FLIGHT_WALKS;
+
 /// The sync face of a table (see the module doc). Made by
 /// `Table::books`; it borrows the table and costs nothing to make.
 #[derive(Clone, Copy)]

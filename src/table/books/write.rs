@@ -3,6 +3,7 @@
 //! Everything here runs under the writer lock.
 
 use crate::core::Quota;
+use crate::table::books::held::Held;
 use crate::table::books::key_sync::KeySync;
 use crate::table::books::tiers::TierBooks;
 use crate::table::region::index::NameIndex;
@@ -156,7 +157,9 @@ impl Writer<'_> {
         TierBooks::of(self).set_quota_penalty(q.id, q.penalty.map(|p| p.secs()));
         let w = SeqWrite::begin(s);
         let per_key = if q.per_key { FLAG_PER_KEY } else { 0 };
-        Slots::of(self).set_flags(s, FLAG_LIVE | per_key | counting | tiers);
+        let flags = FLAG_LIVE | per_key | counting | tiers;
+        Slots::of(self).set_flags(s, flags);
+        Held::of(self).note_flags(slot, old_flags, flags);
         if let Some(window) = q.window {
             self.header()
                 .windows_used
@@ -203,7 +206,9 @@ impl Writer<'_> {
             TierBooks::of(self).set_quota_penalty(id, None);
         }
         let w = SeqWrite::begin(s);
+        let old_flags = s.flags.load(RLX);
         Slots::of(self).set_flags(s, 0);
+        Held::of(self).note_flags(slot, old_flags, 0);
         drop(w);
         self.free_name(s.name_at.load(RLX), len);
         self.header().live.fetch_sub(1, RLX);

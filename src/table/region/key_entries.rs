@@ -12,9 +12,9 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 
 use super::layout::Source;
 use super::layout::{
-    pack_known, pack_known_floor, unpack_known, KeyEntry, DIRTY_QUEUED, DIRTY_REFUSED,
-    DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT, DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE,
-    FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
+    pack_key_rate, pack_known, pack_known_floor, unpack_key_rate, unpack_known, KeyEntry,
+    DIRTY_QUEUED, DIRTY_RATE_MASK, DIRTY_REFUSED, DIRTY_SOURCE_MASK, DIRTY_SOURCE_SHIFT,
+    DIRTY_TIERS, DIRTY_TIERS_UNSURE, FLAG_LIVE, FLAG_PER_KEY, KEY_CLAIMED, KEY_WAYS,
 };
 use super::ring::Ring;
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
@@ -509,17 +509,48 @@ pub(in crate::table) fn prefetch<T>(at: &T) {
 
 /// True when the keys of a template counting so keep their previous
 /// window's count (a sliding window): an entry's `fill` word holds it, as
-/// an `f32`, instead of the other hosts' fill rate. A sliding key's
-/// estimate between syncs is then not extrapolated (48 bytes an entry
-/// have room for one of the two, and the previous count is what a sliding
-/// decision cannot do without).
+/// an `f32`, and the other hosts' fill rate moves to the top 16 bits of
+/// its `dirty` word ([`DIRTY_RATE_MASK`]), so a sliding key is
+/// extrapolated between syncs as a named sliding quota is, in 48 bytes.
 pub(in crate::table) fn keeps_prev(counting: &Counting) -> bool {
     matches!(counting, Counting::Window(rule) if rule.sliding)
 }
 
+/// The other hosts' fill rate of the key in entry `e` of a template
+/// counting so (the sync thread's side: its `fill` word, or a sliding
+/// key's [`DIRTY_RATE_MASK`]).
+pub(in crate::table) fn key_rate(e: &KeyEntry, counting: &Counting) -> f64 {
+    if keeps_prev(counting) {
+        unpack_key_rate(e.dirty.load(RLX))
+    } else {
+        f64::from(f32::from_bits(e.fill.load(RLX)))
+    }
+}
+
+/// Stores the other hosts' fill rate of the key in entry `e` of a
+/// template counting so (see [`key_rate`]); before the counter it was
+/// measured with ([`store_key_tally`], releasing), so a check that sees
+/// the new count sees its rate. The sync thread only.
+pub(in crate::table) fn store_key_rate(e: &KeyEntry, counting: &Counting, rate: f64) {
+    if keeps_prev(counting) {
+        set_key_rate_bits(e, pack_key_rate(rate));
+    } else {
+        e.fill.store((rate as f32).to_bits(), RLX);
+    }
+}
+
+/// Sets the [`DIRTY_RATE_MASK`] bits of `e` to `bits`, leaving the other
+/// bits of `dirty` (which checks set concurrently) as they are.
+pub(in crate::table) fn set_key_rate_bits(e: &KeyEntry, bits: u32) {
+    let bits = bits & DIRTY_RATE_MASK;
+    let _ = e.dirty.fetch_update(RLX, RLX, |d| {
+        (d & DIRTY_RATE_MASK != bits).then_some(d & !DIRTY_RATE_MASK | bits)
+    });
+}
+
 /// The check-time view of the key in entry `e` of a per-key template
 /// whose own view is `template`: the template's numbers with the key's
-/// counter, its fill rate or (sliding) its previous window's count, and
+/// counter, its fill rate, (sliding) its previous window's count, and
 /// its weight not yet in a cluster value.
 pub(in crate::table) fn key_view(
     e: &KeyEntry,
@@ -543,8 +574,13 @@ pub(in crate::table) fn apply_key(e: &KeyEntry, view: &mut QuotaSnapshot, now: N
         level,
         at: known_at,
     };
-    view.fill_rate = if sliding { 0.0 } else { fill };
-    view.prev = if sliding { fill } else { 0.0 };
+    if sliding {
+        view.fill_rate = unpack_key_rate(e.dirty.load(RLX));
+        view.prev = fill;
+    } else {
+        view.fill_rate = fill;
+        view.prev = 0.0;
+    }
     view.own_recent = e.pending.load(RLX).wrapping_add(e.unacked.load(RLX)) as i64 as f64;
 }
 
@@ -614,9 +650,9 @@ pub(in crate::table) fn init_entry(
         e.dirty.fetch_or(DIRTY_TIERS_UNSURE, REL);
         e.dirty.fetch_and(!DIRTY_TIERS, REL);
     }
-    // A new key: no root refused it yet (a reclaimed entry may carry its
-    // old key's mark).
-    e.dirty.fetch_and(!DIRTY_REFUSED, REL);
+    // A new key: no root refused it yet, and no rate is measured (a
+    // reclaimed entry may carry its old key's).
+    e.dirty.fetch_and(!(DIRTY_REFUSED | DIRTY_RATE_MASK), REL);
     e.template.store(template + 1, RLX);
     e.unacked.store(0, RLX);
     e.known.store(pack_known(0.0, now), RLX);
@@ -634,7 +670,7 @@ pub(in crate::table) fn clear_entry(e: &KeyEntry) {
     // Releasing: a check that reads the mark cleared then sees the
     // entry's hash no longer the key's (see `key_tiers`).
     e.dirty.fetch_and(
-        !(DIRTY_SOURCE_MASK | DIRTY_TIERS | DIRTY_TIERS_UNSURE | DIRTY_REFUSED),
+        !(DIRTY_SOURCE_MASK | DIRTY_TIERS | DIRTY_TIERS_UNSURE | DIRTY_REFUSED | DIRTY_RATE_MASK),
         REL,
     );
     e.template.store(0, RLX);

@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use super::key_entries::{clear_entry, key_source, set_key_source, KeyAt, KeyEntries, NoMove};
 use super::layout::{
-    KeyEntry, DIRTY_REFUSED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, KEY_CLAIMED, KEY_WAYS,
+    KeyEntry, DIRTY_RATE_MASK, DIRTY_REFUSED, DIRTY_TIERS, DIRTY_TIERS_UNSURE, KEY_CLAIMED,
+    KEY_WAYS,
 };
 use super::lock::{own_pid, process_alive};
 use super::sections::{region_view, ACQ, REL, RLX};
@@ -345,8 +346,9 @@ impl<'r> KeyMoves<'r> {
 /// the move) and whether it is queued in the dirty ring.
 fn copy_state(s: &KeyEntry, d: &KeyEntry) {
     set_key_source(d, key_source(s));
-    // Exactly: `d` may be a drained entry still marked for its old key.
-    let marks = DIRTY_TIERS | DIRTY_TIERS_UNSURE | DIRTY_REFUSED;
+    // Exactly: `d` may be a drained entry still marked for its old key
+    // (or holding its rate).
+    let marks = DIRTY_TIERS | DIRTY_TIERS_UNSURE | DIRTY_REFUSED | DIRTY_RATE_MASK;
     let carried = s.dirty.load(SeqCst) & marks;
     d.dirty.fetch_or(carried, RLX);
     d.dirty.fetch_and(!(marks & !carried), RLX);

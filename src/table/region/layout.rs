@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 18;
+pub const LAYOUT_VERSION: u32 = 20;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -162,6 +162,37 @@ pub const DIRTY_REFUSED: u32 = 8;
 pub const DIRTY_SOURCE_SHIFT: u32 = 8;
 /// The bits of [`DIRTY_SOURCE_SHIFT`].
 pub const DIRTY_SOURCE_MASK: u32 = 0xff << DIRTY_SOURCE_SHIFT;
+/// Key entry `dirty`: a sliding window key's other hosts' fill rate in
+/// bits 16..32 ([`pack_key_rate`]), its `fill` word holding the previous
+/// window's count. Written by the sync thread only, before `known`.
+pub const DIRTY_RATE_SHIFT: u32 = 16;
+/// The bits of [`DIRTY_RATE_SHIFT`].
+pub const DIRTY_RATE_MASK: u32 = 0xffff << DIRTY_RATE_SHIFT;
+
+/// The largest fill rate [`pack_key_rate`] keeps (units/s); a larger
+/// one is kept as this, whose 16 bits stay finite.
+pub const MAX_KEY_RATE: f64 = 1e30;
+
+/// A sliding key's fill rate (units/s) in 16 bits, for [`DIRTY_RATE_MASK`]:
+/// the `f32`'s exponent and its top 8 bits of mantissa (its sign is
+/// always 0), rounded up, so a rate is kept within 0.4% and never below
+/// itself (an estimate errs high). Not a number, or below 0: 0.
+pub fn pack_key_rate(rate: f64) -> u32 {
+    let rate = if rate > 0.0 {
+        rate.min(MAX_KEY_RATE)
+    } else {
+        0.0
+    };
+    let bits = (rate as f32).to_bits();
+    // Below 0x7f80_0000 (finite, not negative): no carry into bit 31.
+    (bits + (1 << 15) - 1) >> 15 << DIRTY_RATE_SHIFT
+}
+
+/// The fill rate [`pack_key_rate`] put in a `dirty` word.
+#[inline(always)]
+pub fn unpack_key_rate(dirty: u32) -> f64 {
+    f64::from(f32::from_bits((dirty >> DIRTY_RATE_SHIFT) << 15))
+}
 
 /// The flag bits saying how `q` counts ([`COUNTING_MASK`]).
 pub fn counting_flags(q: &crate::core::Quota) -> u16 {
@@ -276,6 +307,8 @@ pub struct Header {
     /// [`Window::code`] `code`: the sync thread wakes at those windows'
     /// boundaries (never cleared: a spare wake-up costs little).
     pub windows_used: AtomicU32,
+    /// The live named in-flight quotas (see [`InFlightList`]).
+    pub in_flight: InFlightList,
     /// The tier section's shared words (see [`TierHeader`]).
     pub tiers: TierHeader,
     /// The hold records' shared words (see [`HoldHeader`]).
@@ -283,6 +316,30 @@ pub struct Header {
     /// The named quotas' dirty ring's positions (see `ring.rs`).
     pub slot_ring: RingHead,
 }
+
+/// Named in-flight quotas [`InFlightList`] lists by slot; with more, the
+/// sync side walks every slot for them.
+pub const IN_FLIGHT_LISTED: usize = 12;
+
+/// The live named in-flight quotas, so that what the sync thread does
+/// with them each cycle (the held counts a root takes) costs those
+/// quotas, not every slot, and nothing in a table without any. Written
+/// by quota writes only (the writer lock held); read without it, each
+/// listed slot checked for what it holds.
+#[repr(C)]
+#[derive(Default)]
+pub struct InFlightList {
+    /// How many live named in-flight quotas there are.
+    pub count: AtomicU32,
+    /// While `count` is at most [`IN_FLIGHT_LISTED`], the first `count`
+    /// words are their slots + 1, in no order.
+    pub slots: [AtomicU32; IN_FLIGHT_LISTED],
+}
+
+// In the bytes the header's tier words left free after the window words:
+// the header keeps its size.
+const _: () =
+    assert!(std::mem::offset_of!(Header, tiers) - std::mem::offset_of!(Header, utc_offset) == 64);
 
 /// The hold records' shared words.
 #[repr(C, align(64))]
@@ -704,11 +761,14 @@ pub struct KeyEntry {
     pub unacked: AtomicU64,
     /// The cluster level at the last merge: see [`pack_known`].
     pub known: AtomicU64,
-    /// Other hosts' measured fill rate, units/s (f32 bits).
+    /// Other hosts' measured fill rate, units/s (f32 bits); a sliding
+    /// window key's previous window's count instead, its rate then in
+    /// [`DIRTY_RATE_MASK`].
     pub fill: AtomicU32,
     /// [`DIRTY_QUEUED`] while the entry sits in the dirty ring,
     /// [`DIRTY_TIERS`] while the tier section may hold something of the
-    /// key; the known level's source in [`DIRTY_SOURCE_MASK`].
+    /// key; the known level's source in [`DIRTY_SOURCE_MASK`], a sliding
+    /// key's fill rate in [`DIRTY_RATE_MASK`].
     pub dirty: AtomicU32,
 }
 
@@ -797,5 +857,32 @@ mod tests {
         assert!(!entry_matches(INDEX_EMPTY, 0));
         assert!(!entry_matches(INDEX_TOMBSTONE, u64::MAX));
         assert!(index_home(u64::MAX, 1504) < 1504);
+    }
+
+    #[test]
+    fn a_key_rate_in_16_bits_is_within_half_a_percent_and_never_below_itself() {
+        let mut rate = 1e-6;
+        while rate < 1e29 {
+            let word = pack_key_rate(rate);
+            assert_eq!(word & !DIRTY_RATE_MASK, 0, "{rate}");
+            let back = unpack_key_rate(word | DIRTY_SOURCE_MASK | DIRTY_REFUSED);
+            assert!(back >= rate * (1.0 - 1e-7), "{rate} read back {back}");
+            assert!(back <= rate * 1.004, "{rate} read back {back}");
+            rate *= 1.37;
+        }
+        // Whole numbers up to 256 are exact.
+        for n in 0..=256 {
+            assert_eq!(unpack_key_rate(pack_key_rate(f64::from(n))), f64::from(n));
+        }
+        for none in [0.0, -3.0, f64::NAN, f64::NEG_INFINITY] {
+            assert_eq!(pack_key_rate(none), 0, "{none}");
+        }
+        for huge in [1e31, f64::MAX, f64::INFINITY] {
+            let back = unpack_key_rate(pack_key_rate(huge));
+            assert!(
+                back.is_finite() && back >= MAX_KEY_RATE * 0.999,
+                "{huge}: {back}"
+            );
+        }
     }
 }
