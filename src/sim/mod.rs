@@ -326,6 +326,18 @@ pub fn groups_summary(r: &RunResult) -> String {
             ratios.len()
         );
     }
+    let (bytes, own, requests) = r.series.root_work.iter().fold((0, 0, 0), |a, w| {
+        (a.0 + w.reply_bytes, a.1 + w.own_bytes, a.2 + w.requests)
+    });
+    if requests > 0 {
+        let _ = writeln!(
+            out,
+            "   reply bytes per sync (binary): {:.0}, of the host's own counters {:.0}: {:.2}x",
+            bytes as f64 / requests as f64,
+            own as f64 / requests as f64,
+            bytes as f64 / own.max(1) as f64
+        );
+    }
     for (i, w) in r.series.root_work.iter().enumerate() {
         let per_request = w.received as f64 / w.requests.max(1) as f64;
         let _ = writeln!(

@@ -48,6 +48,13 @@ pub struct SimRoot {
     pub requests: u64,
     /// Counter values sent back in replies (named and keyed).
     pub replied: u64,
+    /// Bytes of those replies, encoded by the real binary encoder.
+    pub reply_bytes: u64,
+    /// Bytes of replies of the same named counters and, once each, every
+    /// key the asking host holds of the root's group (see `count_bytes`).
+    pub own_bytes: u64,
+    /// The keys each host sent deltas for, by limiter id.
+    held: rustc_hash::FxHashMap<String, rustc_hash::FxHashSet<crate::wire::CounterKey>>,
 }
 
 impl SimRoot {
@@ -73,6 +80,9 @@ impl SimRoot {
             foreign: 0,
             requests: 0,
             replied: 0,
+            reply_bytes: 0,
+            own_bytes: 0,
+            held: Default::default(),
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
@@ -86,6 +96,12 @@ impl SimRoot {
         self.level_cap_seconds = seconds;
         self.ledger.level_cap_seconds = seconds;
         self
+    }
+
+    /// Answers by interest (the real root's way) or with every changed
+    /// counter (a root before interest).
+    pub fn set_interest(&mut self, on: bool) {
+        self.ledger.by_interest = on;
     }
 
     /// Stops answering; the counters are gone (roots keep them in memory
@@ -129,8 +145,42 @@ impl SimRoot {
         Ledger {
             utc_offset: self.utc_offset,
             level_cap_seconds: self.level_cap_seconds,
+            by_interest: self.ledger.by_interest,
             ..Ledger::default()
         }
+    }
+
+    /// Counts the bytes of `response` to `request` in the binary
+    /// encoding, and of a reply of the same named counters carrying each
+    /// key the asking host holds of this root's group (every key it sent
+    /// deltas for so far) once: its own counters, as if each changed.
+    fn count_bytes(&mut self, request: &SyncRequest, response: &SyncResponse) {
+        use crate::wire::binary::encode_response;
+        use crate::wire::{CounterKey, KeyValue, KeyedValues, RefusedKeys};
+        let size = |r: &SyncResponse| encode_response(r).map_or(0, |b| b.len() as u64);
+        self.reply_bytes += size(response);
+        let held = self.held.entry(request.limiter.clone()).or_default();
+        for group in &request.keyed {
+            held.extend(group.deltas.iter().map(|d| CounterKey {
+                id: group.id,
+                key: d.0,
+            }));
+        }
+        // Values half a second old, as a changed key's typically is.
+        let at = response.root_time.saturating_sub(500_000_000);
+        let keyed = RefusedKeys::by_template(held.iter().copied().collect())
+            .into_iter()
+            .map(|g| KeyedValues {
+                id: g.id,
+                values: g.keys.iter().map(|&k| KeyValue(k, 1.0, at)).collect(),
+                prev: Vec::new(),
+            })
+            .collect();
+        let own = SyncResponse {
+            keyed,
+            ..response.clone()
+        };
+        self.own_bytes += size(&own);
     }
 
     /// The level of quota `id` at root time `now`, as this root knows it.
@@ -147,6 +197,7 @@ impl SimRoot {
         let response = step.into_response(self.instance, now, self.ledger.utc_offset);
         let keyed: usize = response.keyed.iter().map(|k| k.values.len()).sum();
         self.replied += (response.counters.len() + keyed) as u64;
+        self.count_bytes(request, &response);
         // As the real root's reload task does every second, a slice at a
         // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);
@@ -155,6 +206,7 @@ impl SimRoot {
         self.ledger.expire_leases(now);
         if now.saturating_sub(self.swept_at) >= 1_000_000_000 {
             self.ledger.counters.forget_refilled(now);
+            self.ledger.counters.forget_idle_interest(now);
             self.swept_at = now;
         }
         response

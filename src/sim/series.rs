@@ -136,6 +136,12 @@ pub struct RootWork {
     pub requests: u64,
     /// Counter values sent back in replies.
     pub replied: u64,
+    /// Bytes of those replies in the binary encoding.
+    pub reply_bytes: u64,
+    /// Bytes of replies of the same named counters carrying, once each,
+    /// every key the asking host holds of the root's group (its own
+    /// counters).
+    pub own_bytes: u64,
 }
 
 /// Traffic of each key of one keyed load, per second.
