@@ -1,0 +1,256 @@
+//! Replies by interest against a real `sluice root` process (docs/DESIGN.md,
+//! "Replies by interest"): a host is sent the named counters and the keys
+//! it holds, never another host's keys, and every count stays exact.
+//!
+//! The first test speaks the protocol by hand (JSON over HTTP), so that
+//! each reply can be read whole; the second runs two real limiters (a
+//! table and its sync thread each) and looks at what their tables hold.
+
+mod sync_support;
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use sluice::table::{CheckItem, CheckOptions, Outcome, Table};
+use sync_support::{http, wait_until, Db, Limiter, Root};
+
+/// A host speaking the sync protocol by hand: its cursor and numbers.
+struct Host {
+    id: &'static str,
+    incarnation: u64,
+    seq: u64,
+    version: u64,
+    instance: u64,
+    quotas_after: Value,
+}
+
+impl Host {
+    fn new(id: &'static str, incarnation: u64) -> Self {
+        Self {
+            id,
+            incarnation,
+            seq: 0,
+            version: 0,
+            instance: 0,
+            quotas_after: json!({"epoch": 0, "id": 0}),
+        }
+    }
+
+    /// One numbered sync with `named` deltas `(id, weight)`, `keyed`
+    /// deltas `(key, weight)` of template `template`, and an interest list
+    /// (`(full, keys)`); returns the reply after taking its cursors.
+    fn sync(
+        &mut self,
+        root: &Root,
+        named: &[(u64, u64)],
+        (template, keyed): (u64, &[(u64, u64)]),
+        interest: Option<(bool, &[u64])>,
+    ) -> Value {
+        self.seq += 1;
+        let mut request = json!({
+            "limiter": self.id,
+            "quotas_after": self.quotas_after,
+            "counter_version": self.version,
+            "root_instance": self.instance,
+            "deltas": named.iter().map(|&(id, d)| json!({"id": id, "delta": d})).collect::<Vec<_>>(),
+            "sequence": {"incarnation": self.incarnation, "seq": self.seq},
+        });
+        if !keyed.is_empty() {
+            let deltas: Vec<Value> = keyed.iter().map(|&(k, d)| json!([k, d])).collect();
+            request["keyed"] = json!([{"id": template, "deltas": deltas}]);
+        }
+        if let Some((full, keys)) = interest {
+            request["interest"] = json!({"full": full, "keys": [{"id": template, "keys": keys}]});
+        }
+        let (status, reply) = http(&root.url, "POST", "/v1/sync", Some(&request)).unwrap();
+        assert_eq!(status, 200, "{reply}");
+        self.version = reply["counter_version"].as_u64().unwrap();
+        self.instance = reply["root_instance"].as_u64().unwrap();
+        self.quotas_after = reply["quotas_after"].clone();
+        reply
+    }
+}
+
+/// The reply's keys of template `id` as `key -> level`.
+fn keys(reply: &Value, id: u64) -> Vec<(u64, f64)> {
+    let mut out: Vec<(u64, f64)> = reply["keyed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["id"] == id)
+        .flat_map(|g| g["values"].as_array().unwrap().iter())
+        .map(|v| (v[0].as_u64().unwrap(), v[1].as_f64().unwrap()))
+        .collect();
+    out.sort_by_key(|&(k, _)| k);
+    out
+}
+
+fn named(reply: &Value, id: u64) -> Option<f64> {
+    reply["counters"]
+        .as_array()?
+        .iter()
+        .find(|c| c["id"] == id)
+        .and_then(|c| c["level"].as_f64())
+}
+
+fn id_of(reply: &Value, name: &str) -> u64 {
+    reply["quotas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == name)
+        .and_then(|q| q["id"].as_u64())
+        .unwrap()
+}
+
+#[test]
+fn a_host_is_sent_its_own_keys_and_the_named_counters_with_exact_counts() {
+    let db = Db::new();
+    let root = Root::start(&db, "root");
+    // No leak: a level is exactly the weight counted.
+    root.put(
+        "api",
+        json!({"limit": 0, "low_burst": 1e6, "high_burst": 1e6}),
+    );
+    root.put(
+        "per_user",
+        json!({"limit": 0, "low_burst": 1e6, "high_burst": 1e6, "per_key": true, "parent": "api"}),
+    );
+    let (mut a, mut b) = (Host::new("host-a", 11), Host::new("host-b", 22));
+    let first = a.sync(&root, &[], (0, &[]), None);
+    b.sync(&root, &[], (0, &[]), None);
+    let (api, user) = (id_of(&first, "api"), id_of(&first, "per_user"));
+    // Before its list the root knows nothing of a host: it asks for it,
+    // and sends every changed counter meanwhile.
+    assert_eq!(first["takes_interest"], true);
+    assert_eq!(first["wants_interest"], true);
+    a.sync(&root, &[(api, 5)], (user, &[(0xa1, 5)]), None);
+    let reply = b.sync(&root, &[(api, 3)], (user, &[(0xb1, 3)]), None);
+    assert_eq!(keys(&reply, user), [(0xa1, 5.0), (0xb1, 3.0)]);
+    // The whole lists: the root stops asking.
+    let reply = a.sync(&root, &[], (user, &[]), Some((true, &[0xa1])));
+    assert_eq!(reply.get("wants_interest"), None, "{reply}");
+    let reply = b.sync(&root, &[], (user, &[]), Some((true, &[0xb1])));
+    assert_eq!(reply.get("wants_interest"), None, "{reply}");
+    // B changes its key and the named counter; A its key.
+    b.sync(&root, &[(api, 2)], (user, &[(0xb1, 2)]), None);
+    let reply = a.sync(&root, &[(api, 1)], (user, &[(0xa1, 1)]), None);
+    assert_eq!(keys(&reply, user), [(0xa1, 6.0)], "{reply}");
+    assert_eq!(named(&reply, api), Some(11.0));
+    let reply = b.sync(&root, &[], (user, &[]), None);
+    assert_eq!(keys(&reply, user), [], "{reply}");
+    assert_eq!(named(&reply, api), Some(11.0));
+    // A key A starts to hold is sent at once, though it last changed
+    // before A's cursor.
+    let reply = a.sync(&root, &[], (user, &[]), Some((false, &[0xb1])));
+    assert_eq!(keys(&reply, user), [(0xb1, 5.0)], "{reply}");
+    // From then on, B's changes to it reach A; A's own key did not move.
+    b.sync(&root, &[], (user, &[(0xb1, 4)]), None);
+    let reply = a.sync(&root, &[], (user, &[]), None);
+    assert_eq!(keys(&reply, user), [(0xb1, 9.0)], "{reply}");
+    // A whole list without 0xb1 lets it go again.
+    a.sync(&root, &[], (user, &[]), Some((true, &[0xa1])));
+    b.sync(&root, &[], (user, &[(0xb1, 1)]), None);
+    let reply = a.sync(&root, &[], (user, &[]), None);
+    assert_eq!(keys(&reply, user), [], "{reply}");
+    // The root shows what it records: A's key and B's.
+    let metric = |name: &str| {
+        let addr = root.url.trim_start_matches("http://");
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        use std::io::{Read, Write};
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert_eq!(metric("sluice_root_interest_keys"), 2.0);
+    assert_eq!(metric("sluice_root_interest_overflowed"), 0.0);
+    // A restarted root knows nothing of A: it asks again and sends all.
+    let mut root = root;
+    root.restart();
+    let reply = a.sync(&root, &[], (user, &[(0xa1, 1)]), None);
+    assert_eq!(reply["wants_interest"], true);
+}
+
+/// One check of weight 1 of `key` on `name` at `l`; true if it passed.
+fn check_key(l: &Limiter, name: &str, key: &str) -> bool {
+    let item = CheckItem {
+        name: name.as_bytes(),
+        key: Some(key.as_bytes()),
+        weight: 1,
+        max_wait: None,
+    };
+    let r = l
+        .table
+        .gate()
+        .check_many(&[item], l.now(), CheckOptions::default(), || 0.5);
+    r.outcome == Outcome::Pass
+}
+
+/// Bytes `l` received from its root so far.
+fn received(l: &Limiter) -> u64 {
+    l.metrics().roots[0].bytes_received
+}
+
+#[test]
+fn a_limiter_is_not_sent_the_keys_of_another_and_shares_the_count_of_a_common_one() {
+    let db = Db::new();
+    let root = Root::start(&db, "root");
+    // No leak: the common key's count is what both admitted.
+    root.put(
+        "per_user",
+        json!({"limit": 0, "low_burst": 100, "high_burst": 100, "per_key": true}),
+    );
+    let start = |id| {
+        // The built-in key secret on both: a key has one hash fleet-wide.
+        let table = Arc::new(Table::new_heap_with(64, 16, 1024, 1024));
+        let l = Limiter::start_on(id, &[root.url.as_str()], table, |_| {});
+        wait_until("the limiter holds the quota", || {
+            l.quota("per_user").is_some()
+        });
+        l
+    };
+    let (a, b) = (start("host-a"), start("host-b"));
+    // Both use one key, 60 each: more than its burst of 100 together.
+    let mut passed = 0;
+    for _ in 0..60 {
+        passed += u32::from(check_key(&a, "per_user", "common"));
+        passed += u32::from(check_key(&b, "per_user", "common"));
+    }
+    assert!(passed >= 100, "{passed} of 120 passed before any sync");
+    let syncs = |l: &Limiter, n| {
+        let from = l.syncs(0);
+        wait_until("more syncs", || l.syncs(0) >= from + n);
+    };
+    syncs(&a, 4);
+    syncs(&b, 4);
+    // B makes 400 keys of its own: A is sent none of them (20 bytes each
+    // in the binary encoding, 8,000 in all).
+    let before = received(&a);
+    for i in 0..400 {
+        assert!(check_key(&b, "per_user", &format!("b{i}")));
+    }
+    syncs(&b, 2);
+    syncs(&a, 3);
+    let got = received(&a) - before;
+    assert!(got < 3000, "A received {got} bytes while B made 400 keys");
+    // The common key is both's: each saw the other's count, and the limit
+    // holds (its burst is full, nothing more passes).
+    assert!(!check_key(&a, "per_user", "common"));
+    assert!(!check_key(&b, "per_user", "common"));
+    let (_, top) = http(&root.url, "GET", "/v1/quotas/per_user/keys?top=1", None).unwrap();
+    assert_eq!(top["keys_held"], 401, "{top}");
+    assert_eq!(top["keys"][0]["level"], f64::from(passed), "{top}");
+}
