@@ -254,3 +254,96 @@ fn a_limiter_is_not_sent_the_keys_of_another_and_shares_the_count_of_a_common_on
     assert_eq!(top["keys_held"], 401, "{top}");
     assert_eq!(top["keys"][0]["level"], f64::from(passed), "{top}");
 }
+
+/// Checks `n` keys `{prefix}{i}` once each and `common` `n` times at `l`.
+fn touch(l: &Limiter, prefix: &str, n: usize) {
+    for i in 0..n {
+        assert!(check_key(l, "per_user", &format!("{prefix}{i}")));
+        assert!(check_key(l, "per_user", "common"));
+    }
+}
+
+/// A rolling upgrade through a proxy that makes the root look as one that
+/// predates interest (`Versioned::PREDATES_INTEREST`), then current, then
+/// rolled back; a second limiter syncs with the root directly. Counts are
+/// exact throughout, and only the current root spares the first limiter
+/// the second's keys.
+#[test]
+fn a_root_upgraded_to_interest_under_a_limiter_then_rolled_back_counts_every_unit_once() {
+    use std::net::SocketAddr;
+    use std::sync::atomic::Ordering;
+    use sync_support::fake_root::{FakeRoot, Misbehaviour, Versioned};
+
+    let db = Db::new();
+    let root = Root::start(&db, "root");
+    root.put(
+        "per_user",
+        json!({"limit": 0, "low_burst": 1e6, "high_burst": 1e6, "per_key": true}),
+    );
+    let addr: SocketAddr = root.url.trim_start_matches("http://").parse().unwrap();
+    let proxy = FakeRoot::start(Misbehaviour::Versioned { root: addr });
+    proxy
+        .mode
+        .store(Versioned::PREDATES_INTEREST, Ordering::Release);
+    let start = |id, url: &str| {
+        let table = Arc::new(Table::new_heap_with(64, 16, 4096, 1024));
+        let l = Limiter::start_on(id, &[url], table, |_| {});
+        wait_until("the limiter holds the quota", || {
+            l.quota("per_user").is_some()
+        });
+        l
+    };
+    let (a, b) = (start("host-a", &proxy.url), start("host-b", &root.url));
+    let syncs = |l: &Limiter, n| {
+        let from = l.syncs(0);
+        wait_until("more syncs", || l.syncs(0) >= from + n);
+    };
+    // B's 300 new keys while A syncs three times: the bytes A receives.
+    let keys_of_b = |prefix: &str| {
+        let before = received(&a);
+        touch(&b, prefix, 300);
+        syncs(&b, 2);
+        syncs(&a, 3);
+        received(&a) - before
+    };
+    let (_, top) = http(&root.url, "GET", "/v1/quotas/per_user/keys?top=1", None).unwrap();
+    assert_eq!(top["keys_held"], 0);
+    let common = |expected: usize| {
+        let (_, top) = http(&root.url, "GET", "/v1/quotas/per_user/keys?top=1", None).unwrap();
+        assert_eq!(top["keys"][0]["level"], expected as f64, "{top}");
+    };
+
+    // An older root: no list is sent, and A is sent B's keys.
+    touch(&a, "a", 10);
+    syncs(&a, 2);
+    let old = keys_of_b("b");
+    assert_eq!(proxy.interest.load(Ordering::Acquire), 0);
+    assert!(old > 5000, "A received {old} bytes of B's 300 keys");
+    common(310);
+
+    // Upgraded: it asks for A's list, A sends it, and B's keys stay away.
+    proxy.mode.store(Versioned::CURRENT, Ordering::Release);
+    wait_until("a list", || proxy.interest.load(Ordering::Acquire) >= 1);
+    touch(&a, "a", 10);
+    syncs(&a, 2);
+    let new = keys_of_b("c");
+    assert!(new < 3000, "A received {new} bytes of B's 300 keys");
+    common(620);
+
+    // Rolled back: no list goes, nothing is refused, counts stay exact.
+    proxy
+        .mode
+        .store(Versioned::PREDATES_INTEREST, Ordering::Release);
+    let (lists, errors) = (
+        proxy.interest.load(Ordering::Acquire),
+        a.metrics().roots[0].errors,
+    );
+    touch(&a, "d", 10);
+    syncs(&a, 4);
+    keys_of_b("e");
+    assert_eq!(proxy.interest.load(Ordering::Acquire), lists);
+    assert_eq!(a.metrics().roots[0].errors, errors);
+    common(930);
+    let (_, top) = http(&root.url, "GET", "/v1/quotas/per_user/keys?top=1", None).unwrap();
+    assert_eq!(top["keys_held"], 10 + 10 + 300 * 3 + 1, "{top}");
+}

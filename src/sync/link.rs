@@ -320,16 +320,10 @@ pub struct RootLink {
     /// numbered requests to it carry them ([`crate::wire::SyncRequest::held`]),
     /// and it needs no slots sent again when another instance answers.
     pub takes_held: bool,
-    /// The root's last answer said it answers by interest: numbered
-    /// requests to it carry this host's whole list of keys when it asks
-    /// for it and every [`crate::wire::interest::REFRESH_SECONDS`].
-    pub takes_interest: bool,
-    /// The root's last answer asked for the whole list.
-    pub wants_interest: bool,
-    /// Local time the next whole list is due.
-    pub interest_due: Nanos,
-    /// The request under way carries the whole list.
-    pub interest_sending: bool,
+    /// What the root knows of the keys this host holds, and what it is
+    /// told next (to a root that answers by interest; numbered requests
+    /// only).
+    pub interest: super::interest::LinkInterest,
     /// The number the next new request to this root takes.
     pub next_seq: u64,
     /// The number of the request under way, when it is numbered.
@@ -457,10 +451,7 @@ impl RootLink {
             ask_all: false,
             takes_sequence: false,
             takes_held: false,
-            takes_interest: false,
-            wants_interest: false,
-            interest_due: 0,
-            interest_sending: false,
+            interest: Default::default(),
             next_seq: 1,
             sending: None,
             sending_replay: Vec::new(),
@@ -661,12 +652,7 @@ impl RootLink {
         self.takes_returns = reply.takes_returns;
         self.takes_sequence = reply.takes_sequence;
         self.takes_held = reply.takes_held;
-        self.takes_interest = reply.takes_interest;
-        self.wants_interest = reply.wants_interest;
-        if std::mem::take(&mut self.interest_sending) {
-            self.interest_due =
-                received.saturating_add(crate::wire::interest::REFRESH_SECONDS * 1_000_000_000);
-        }
+        self.interest.succeeded(reply, received);
         self.failures = 0;
         self.skip = 0;
         self.metrics.up = true;
@@ -686,8 +672,7 @@ impl RootLink {
     pub fn failed(&mut self, back_off: bool, error: String) {
         let unsent = std::mem::take(&mut self.penalties_sent);
         self.tiers.penalties.extend(unsent);
-        // The list is sent again with the next request.
-        self.interest_sending = false;
+        self.interest.failed();
         self.failures = self.failures.saturating_add(1);
         self.skip = if back_off {
             (1u32 << self.failures.saturating_sub(1).min(3)) - 1

@@ -21,9 +21,30 @@ use crate::core::Nanos;
 use crate::table::Table;
 use crate::wire::{
     keyed_entries, ClockReport, CounterDelta, CounterKey, Interest, KeyDelta, KeyedDeltas,
-    QuotaCursor, RefusedKeys, Replay, Sequence, SyncRequest, SyncResponse, TierRequest,
-    MAX_DELTAS_PER_SYNC,
+    QuotaCursor, Replay, Sequence, SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
 };
+
+/// Every key `table` holds at `now`, as counters (its template's quota id
+/// and its hash), sorted.
+fn held_keys(table: &Table, now: Nanos) -> Vec<CounterKey> {
+    let templates: HashMap<_, u64> = table
+        .books()
+        .slot_ids()
+        .into_iter()
+        .map(|(id, slot)| (slot, id))
+        .collect();
+    let mut all: Vec<CounterKey> = table
+        .keys(None, now)
+        .into_iter()
+        .filter_map(|k| {
+            let id = *templates.get(&k.template)?;
+            Some(CounterKey { id, key: k.hash })
+        })
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
 
 /// A request to send to one root, with the deltas it carries.
 #[derive(Clone, Debug)]
@@ -309,7 +330,7 @@ pub(super) struct CyclePlan<'a> {
     /// nothing moves them until the next one).
     held_slots: Option<Vec<(u64, u64)>>,
     /// Every key the table holds, as counters, sorted: read once for the
-    /// roots that are sent their whole interest list this cycle.
+    /// roots that are sent a list of them this cycle.
     interest: Option<Vec<CounterKey>>,
 }
 
@@ -432,51 +453,28 @@ impl CyclePlan<'_> {
             .collect()
     }
 
-    /// The whole list of keys this host holds of `link`'s group, for a
-    /// numbered request to a root that answers by interest when it asks
-    /// for it or [`crate::wire::interest::REFRESH_SECONDS`] after the last one it took (see
-    /// [`crate::wire::interest`]); none otherwise. Its keys and
-    /// templates take at most half a request: a table holding more keys
-    /// than that (far more than a root's share of a limiter) leaves the
-    /// rest out, which the root learns from their deltas.
+    /// The keys this host holds of `link`'s group, for a numbered request
+    /// to a root that answers by interest, when a list is due (see
+    /// [`super::interest`]); none otherwise. Its keys take at most a
+    /// quarter of a request: a table holding more keys than that (far
+    /// more than a root's share of a limiter) leaves the rest out, which
+    /// the root learns from their deltas.
     fn interest(&mut self, table: &Table, link: &mut RootLink, now: Nanos) -> Option<Interest> {
-        if !(link.takes_interest && link.takes_sequence) {
-            return None;
-        }
-        if !link.wants_interest && now < link.interest_due {
+        if !link.takes_sequence {
             return None;
         }
         let groups = self.groups;
-        let all = self.interest.get_or_insert_with(|| {
-            let templates: HashMap<_, u64> = table
-                .books()
-                .slot_ids()
-                .into_iter()
-                .map(|(id, slot)| (slot, id))
-                .collect();
-            let mut all: Vec<CounterKey> = table
-                .keys(None, now)
-                .into_iter()
-                .filter_map(|k| {
-                    let id = *templates.get(&k.template)?;
-                    Some(CounterKey { id, key: k.hash })
-                })
-                .collect();
-            all.sort_unstable();
-            all.dedup();
-            all
-        });
-        let mine: Vec<CounterKey> = all
-            .iter()
-            .copied()
-            .filter(|&k| shard(k, groups) == link.group)
-            .take(self.requests.max_entries / 4)
-            .collect();
-        link.interest_sending = true;
-        Some(Interest {
-            full: true,
-            keys: RefusedKeys::by_template(mine),
-        })
+        let cached = &mut self.interest;
+        let mine = || {
+            let all = cached.get_or_insert_with(|| held_keys(table, now));
+            all.iter()
+                .copied()
+                .filter(|&k| shard(k, groups) == link.group)
+                .collect()
+        };
+        let stamp = super::interest::key_stamp(table);
+        let most = self.requests.max_entries / 4;
+        link.interest.next(now, stamp, most, mine)
     }
 
     /// Moves the oldest of `link`'s unconfirmed requests that fit half a
