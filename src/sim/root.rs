@@ -48,14 +48,29 @@ pub struct SimRoot {
     pub requests: u64,
     /// Counter values sent back in replies (named and keyed).
     pub replied: u64,
-    /// Bytes of those replies, encoded by the real binary encoder.
+    /// Bytes of those replies from each host's [`STEADY_SYNC`]th sync on,
+    /// encoded by the real binary encoder.
     pub reply_bytes: u64,
     /// Bytes of replies of the same named counters and, once each, every
-    /// key the asking host holds of the root's group (see `count_bytes`).
+    /// key the asking host holds of the root's group (see `count_bytes`),
+    /// from each host's [`STEADY_SYNC`]th sync on.
     pub own_bytes: u64,
-    /// The keys each host sent deltas for, by limiter id.
-    held: rustc_hash::FxHashMap<String, rustc_hash::FxHashSet<crate::wire::CounterKey>>,
+    /// Bytes of the replies before (a host's first list not yet taken).
+    pub first_bytes: u64,
+    /// Replies from each host's [`STEADY_SYNC`]th sync on.
+    pub steady_requests: u64,
+    /// Time spent in the ledger's sync step and building replies (the
+    /// root's work per sync; the simulator is one thread, so about its
+    /// CPU), nanoseconds.
+    pub busy_ns: u64,
+    /// Each host's syncs and the keys it sent deltas for, by limiter id.
+    held: rustc_hash::FxHashMap<String, (u32, rustc_hash::FxHashSet<crate::wire::CounterKey>)>,
 }
+
+/// Replies are measured from a host's this many-th sync with a root on:
+/// the first tells it the root answers by interest, the second carries
+/// its list, the third is answered by it.
+pub const STEADY_SYNC: u32 = 3;
 
 impl SimRoot {
     /// A running root serving `quotas`, started at root time `now`, whose
@@ -82,6 +97,9 @@ impl SimRoot {
             replied: 0,
             reply_bytes: 0,
             own_bytes: 0,
+            first_bytes: 0,
+            steady_requests: 0,
+            busy_ns: 0,
             held: Default::default(),
         };
         root.ledger.utc_offset = utc_offset;
@@ -158,14 +176,20 @@ impl SimRoot {
         use crate::wire::binary::encode_response;
         use crate::wire::{CounterKey, KeyValue, KeyedValues, RefusedKeys};
         let size = |r: &SyncResponse| encode_response(r).map_or(0, |b| b.len() as u64);
-        self.reply_bytes += size(response);
-        let held = self.held.entry(request.limiter.clone()).or_default();
+        let (syncs, held) = self.held.entry(request.limiter.clone()).or_default();
+        *syncs += 1;
         for group in &request.keyed {
             held.extend(group.deltas.iter().map(|d| CounterKey {
                 id: group.id,
                 key: d.0,
             }));
         }
+        if *syncs < STEADY_SYNC {
+            self.first_bytes += size(response);
+            return;
+        }
+        self.steady_requests += 1;
+        self.reply_bytes += size(response);
         // Values half a second old, as a changed key's typically is.
         let at = response.root_time.saturating_sub(500_000_000);
         let keyed = RefusedKeys::by_template(held.iter().copied().collect())
@@ -192,9 +216,11 @@ impl SimRoot {
     /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
         self.count_work(request);
+        let started = std::time::Instant::now();
         let step = self.ledger.sync(request, self.instance, now, self.paging);
         self.clipped += step.clipped as u64;
         let response = step.into_response(self.instance, now, self.ledger.utc_offset);
+        self.busy_ns += started.elapsed().as_nanos() as u64;
         let keyed: usize = response.keyed.iter().map(|k| k.values.len()).sum();
         self.replied += (response.counters.len() + keyed) as u64;
         self.count_bytes(request, &response);

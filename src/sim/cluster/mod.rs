@@ -88,6 +88,9 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
             replied: r.replied,
             reply_bytes: r.reply_bytes,
             own_bytes: r.own_bytes,
+            first_bytes: r.first_bytes,
+            steady_requests: r.steady_requests,
+            busy_ns: r.busy_ns,
         })
         .collect();
     sim.series
