@@ -836,6 +836,74 @@ mod tests {
     }
 
     #[test]
+    fn an_interest_list_is_request_format_6_and_reads_back_whole_or_added() {
+        for full in [true, false] {
+            let r = SyncRequest {
+                sequence: Some(Sequence {
+                    incarnation: 9,
+                    seq: 3,
+                }),
+                held: vec![(4, 1)],
+                interest: Some(crate::wire::Interest {
+                    full,
+                    keys: vec![RefusedKeys {
+                        id: 7,
+                        keys: vec![1, u64::MAX],
+                    }],
+                }),
+                ..returning_request()
+            };
+            let body = encode_request(&r);
+            assert_eq!(body[3], BINARY_REQUEST_VERSION);
+            assert_eq!(decode_request(&body).unwrap(), r);
+            for n in 0..body.len() {
+                assert!(decode_request(&body[..n]).is_err(), "{n}");
+            }
+        }
+        // Without a list, a request keeps the format an older root reads.
+        let plain = SyncRequest {
+            sequence: Some(Sequence {
+                incarnation: 9,
+                seq: 3,
+            }),
+            held: vec![(4, 1)],
+            ..returning_request()
+        };
+        assert_eq!(encode_request(&plain)[3], BINARY_HELD_REQUEST_VERSION);
+        // An unnumbered list is refused whole.
+        let unnumbered = SyncRequest {
+            limiter: "h".into(),
+            interest: Some(crate::wire::Interest::default()),
+            ..SyncRequest::default()
+        };
+        assert_eq!(unnumbered.check().unwrap_err().field, "interest");
+    }
+
+    #[test]
+    fn reply_format_8_says_whether_the_root_answers_by_interest_and_older_ones_never_do() {
+        let r = SyncResponse {
+            takes_sequence: true,
+            takes_held: true,
+            takes_interest: true,
+            wants_interest: true,
+            applied_through: 5,
+            ..tiered_reply()
+        };
+        let body = encode_response(&r).unwrap();
+        assert_eq!(body[3], BINARY_REPLY_VERSION);
+        let read = decode_response(&body).unwrap();
+        assert!(read.takes_interest && read.wants_interest && read.takes_held);
+        // To a limiter that asked for format 7 neither flag is set.
+        let v7 = decode_response(&encode_response_as(&r, BINARY_HELD_REPLY_VERSION).unwrap());
+        let v7 = v7.unwrap();
+        assert!(!v7.takes_interest && !v7.wants_interest && v7.takes_held);
+        // Format 8 read as format 7: the flags are unknown, refused.
+        let mut as_v7 = body.clone();
+        as_v7[3] = BINARY_HELD_REPLY_VERSION;
+        assert!(decode_response(&as_v7).is_err());
+    }
+
+    #[test]
     fn reply_format_7_says_whether_the_root_takes_held_slots_and_older_ones_never_do() {
         let r = SyncResponse {
             takes_sequence: true,
