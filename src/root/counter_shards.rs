@@ -610,6 +610,73 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_by_interest_carries_named_counters_and_the_askers_keys_and_a_key_listed_anew() {
+        let counters = Counters::new(4, KeyLimits::unbounded());
+        let key = |k| CounterKey { id: 9, key: k };
+        let add_key = |k| {
+            let counter = key(k);
+            let mut shard = counters.lock(counters.shard_of(counter));
+            let delta = super::super::counter_book::Delta {
+                weight: 1.0,
+                window: None,
+            };
+            shard
+                .book
+                .add_counter(counter, delta, 0, None, || Some(Counting::Leak(0.0).into()));
+        };
+        let by_shard = |keys: &[CounterKey]| {
+            let mut out = vec![Vec::new(); counters.shard_count()];
+            for &k in keys {
+                out[counters.shard_of(k)].push(k);
+            }
+            out
+        };
+        let keys_of = |c: &ChangedCounters| -> Vec<u64> {
+            c.keyed
+                .iter()
+                .flat_map(|g| g.values.iter().map(|v| v.0))
+                .collect()
+        };
+        for k in 1..=6 {
+            add_key(k);
+        }
+        add(&counters, 1, 1.0);
+        let (none, sent) = (by_shard(&[]), by_shard(&[]));
+        let asker = |full, listed| Asker {
+            limiter: 5,
+            full,
+            listed,
+            sent: &sent,
+        };
+        // No record: everything, and the reply asks for the list.
+        let (all, known) = counters.changed_for(0, 100, 0, Some(asker(false, &none)));
+        assert_eq!((keys_of(&all).len(), known), (6, false));
+        // The whole list (keys 2 and 4): only they and the named counter,
+        // and both go at once though the cursor is past their changes.
+        let listed = by_shard(&[key(2), key(4)]);
+        let (mine, known) = counters.changed_for(all.version, 100, 0, Some(asker(true, &listed)));
+        assert!(known);
+        let mut got = keys_of(&mine);
+        got.sort_unstable();
+        assert_eq!(got, [2, 4]);
+        // Every key changes again: the reply carries the named counter
+        // and the asker's keys only.
+        for k in 1..=6 {
+            add_key(k);
+        }
+        add(&counters, 1, 1.0);
+        let (next, _) = counters.changed_for(mine.version, 100, 0, Some(asker(false, &none)));
+        let mut got = keys_of(&next);
+        got.sort_unstable();
+        assert_eq!((got, ids(&next)), (vec![2, 4], vec![1]));
+        // A root that does not answer by interest sends them all.
+        assert_eq!(
+            keys_of(&counters.changed_since(mine.version, 100, 0)).len(),
+            6
+        );
+    }
+
+    #[test]
     fn max_keys_holds_across_shards() {
         let counters = Counters::new(8, KeyLimits::new(3, Some(100)));
         let mut added = 0;
