@@ -16,7 +16,7 @@
 //! A list counts as known to the root once a reply to its request came
 //! back; a failed exchange leaves it to the next cycle.
 
-use rustc_hash::FxHashSet;
+use std::collections::HashSet;
 
 use crate::core::Nanos;
 use crate::table::Table;
@@ -34,7 +34,7 @@ pub struct LinkInterest {
     due: Nanos,
     /// The keys the root took from lists (keys learned from deltas are
     /// not tracked: listing one again costs its 8 bytes once).
-    known: FxHashSet<CounterKey>,
+    known: HashSet<CounterKey>,
     /// The key section's count of new entries when the root last took a
     /// list.
     stamp: u64,
