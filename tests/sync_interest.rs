@@ -154,27 +154,7 @@ fn a_host_is_sent_its_own_keys_and_the_named_counters_with_exact_counts() {
     let reply = a.sync(&root, &[], (user, &[]), None);
     assert_eq!(keys(&reply, user), [], "{reply}");
     // The root shows what it records: A's key and B's.
-    let metric = |name: &str| {
-        let addr = root.url.trim_start_matches("http://");
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        use std::io::{Read, Write};
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{name} ")))
-            .unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<f64>()
-            .unwrap()
-    };
+    let metric = |name: &str| metric(&root, name);
     assert_eq!(metric("sluice_root_interest_keys"), 2.0);
     assert_eq!(metric("sluice_root_interest_overflowed"), 0.0);
     // A restarted root knows nothing of A: it asks again and sends all.
@@ -182,6 +162,56 @@ fn a_host_is_sent_its_own_keys_and_the_named_counters_with_exact_counts() {
     root.restart();
     let reply = a.sync(&root, &[], (user, &[(0xa1, 1)]), None);
     assert_eq!(reply["wants_interest"], true);
+}
+
+/// The value of the root's metric `name` (a series without labels).
+fn metric(root: &Root, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let addr = root.url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
+    line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the scrape"))
+}
+
+#[test]
+fn a_host_listing_more_keys_than_its_share_is_sent_every_counter_and_counted() {
+    let db = Db::new();
+    // A share of 16 keys: 4 shards or more take at least 2 each.
+    let config = db.dir().join("root.toml");
+    std::fs::write(&config, "sync_interest_per_limiter = 16\n").unwrap();
+    let root = Root::start_with(&db, "root", &["--config", config.to_str().unwrap()]);
+    root.put(
+        "per_user",
+        json!({"limit": 0, "low_burst": 1e6, "high_burst": 1e6, "per_key": true}),
+    );
+    let (mut a, mut b) = (Host::new("host-a", 11), Host::new("host-b", 22));
+    let first = a.sync(&root, &[], (0, &[]), None);
+    b.sync(&root, &[], (0, &[]), None);
+    let user = id_of(&first, "per_user");
+    // A claims 1,000 keys: past its share in every shard.
+    let claimed: Vec<u64> = (1..=1000).collect();
+    a.sync(&root, &[], (user, &[]), Some((true, &claimed)));
+    b.sync(&root, &[], (user, &[]), Some((true, &[0xb1])));
+    assert!(metric(&root, "sluice_root_interest_overflowed") >= 1.0);
+    assert!(metric(&root, "sluice_root_interest_overflows_total") >= 1.0);
+    assert!(metric(&root, "sluice_root_interest_keys") <= 16.0 + 1.0);
+    // Its record let go of its keys: it is sent every changed key, as
+    // before interest; B, within its share, only its own.
+    b.sync(&root, &[], (user, &[(0xb1, 2), (0xb2, 3)]), None);
+    let reply = a.sync(&root, &[], (user, &[]), None);
+    assert_eq!(keys(&reply, user), [(0xb1, 2.0), (0xb2, 3.0)], "{reply}");
+    let reply = b.sync(&root, &[], (user, &[(0xb1, 1)]), None);
+    assert_eq!(keys(&reply, user), [(0xb1, 3.0)], "{reply}");
+    let reply = a.sync(&root, &[], (user, &[(5, 1)]), None);
+    assert_eq!(keys(&reply, user), [(5, 1.0), (0xb1, 3.0)], "{reply}");
 }
 
 /// One check of weight 1 of `key` on `name` at `l`; true if it passed.
