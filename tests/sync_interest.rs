@@ -11,7 +11,7 @@ mod sync_support;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use sluice::table::{CheckItem, CheckOptions, Outcome, Table};
+use sluice::table::Table;
 use sync_support::{http, wait_until, Db, Limiter, Root};
 
 /// A host speaking the sync protocol by hand: its cursor and numbers.
@@ -214,19 +214,22 @@ fn a_host_listing_more_keys_than_its_share_is_sent_every_counter_and_counted() {
     assert_eq!(keys(&reply, user), [(5, 1.0), (0xb1, 3.0)], "{reply}");
 }
 
-/// One check of weight 1 of `key` on `name` at `l`; true if it passed.
-fn check_key(l: &Limiter, name: &str, key: &str) -> bool {
-    let item = CheckItem {
-        name: name.as_bytes(),
-        key: Some(key.as_bytes()),
-        weight: 1,
-        max_wait: None,
-    };
-    let r = l
-        .table
-        .gate()
-        .check_many(&[item], l.now(), CheckOptions::default(), || 0.5);
-    r.outcome == Outcome::Pass
+/// A limiter syncing with `url`, with room for `keys` keys, once it
+/// holds `per_user`. Every limiter uses the built-in key secret: a key
+/// has one hash fleet-wide.
+fn start(id: &str, url: &str, keys: u64) -> Limiter {
+    let table = Arc::new(Table::new_heap_with(64, 16, keys, 1024));
+    let l = Limiter::start_on(id, &[url], table, |_| {});
+    wait_until("the limiter holds the quota", || {
+        l.quota("per_user").is_some()
+    });
+    l
+}
+
+/// Waits until `l` synced `n` more times.
+fn syncs(l: &Limiter, n: u64) {
+    let from = l.syncs(0);
+    wait_until("more syncs", || l.syncs(0) >= from + n);
 }
 
 /// Bytes `l` received from its root so far.
@@ -243,34 +246,24 @@ fn a_limiter_is_not_sent_the_keys_of_another_and_shares_the_count_of_a_common_on
         "per_user",
         json!({"limit": 0, "low_burst": 100, "high_burst": 100, "per_key": true}),
     );
-    let start = |id| {
-        // The built-in key secret on both: a key has one hash fleet-wide.
-        let table = Arc::new(Table::new_heap_with(64, 16, 1024, 1024));
-        let l = Limiter::start_on(id, &[root.url.as_str()], table, |_| {});
-        wait_until("the limiter holds the quota", || {
-            l.quota("per_user").is_some()
-        });
-        l
-    };
-    let (a, b) = (start("host-a"), start("host-b"));
+    let (a, b) = (
+        start("host-a", &root.url, 1024),
+        start("host-b", &root.url, 1024),
+    );
     // Both use one key, 60 each: more than its burst of 100 together.
     let mut passed = 0;
     for _ in 0..60 {
-        passed += u32::from(check_key(&a, "per_user", "common"));
-        passed += u32::from(check_key(&b, "per_user", "common"));
+        passed += u32::from(a.check_key("per_user", "common"));
+        passed += u32::from(b.check_key("per_user", "common"));
     }
     assert!(passed >= 100, "{passed} of 120 passed before any sync");
-    let syncs = |l: &Limiter, n| {
-        let from = l.syncs(0);
-        wait_until("more syncs", || l.syncs(0) >= from + n);
-    };
     syncs(&a, 4);
     syncs(&b, 4);
     // B makes 400 keys of its own: A is sent none of them (20 bytes each
     // in the binary encoding, 8,000 in all).
     let before = received(&a);
     for i in 0..400 {
-        assert!(check_key(&b, "per_user", &format!("b{i}")));
+        assert!(b.check_key("per_user", &format!("b{i}")));
     }
     syncs(&b, 2);
     syncs(&a, 3);
@@ -278,8 +271,8 @@ fn a_limiter_is_not_sent_the_keys_of_another_and_shares_the_count_of_a_common_on
     assert!(got < 3000, "A received {got} bytes while B made 400 keys");
     // The common key is both's: each saw the other's count, and the limit
     // holds (its burst is full, nothing more passes).
-    assert!(!check_key(&a, "per_user", "common"));
-    assert!(!check_key(&b, "per_user", "common"));
+    assert!(!a.check_key("per_user", "common"));
+    assert!(!b.check_key("per_user", "common"));
     let (_, top) = http(&root.url, "GET", "/v1/quotas/per_user/keys?top=1", None).unwrap();
     assert_eq!(top["keys_held"], 401, "{top}");
     assert_eq!(top["keys"][0]["level"], f64::from(passed), "{top}");
@@ -288,8 +281,8 @@ fn a_limiter_is_not_sent_the_keys_of_another_and_shares_the_count_of_a_common_on
 /// Checks `n` keys `{prefix}{i}` once each and `common` `n` times at `l`.
 fn touch(l: &Limiter, prefix: &str, n: usize) {
     for i in 0..n {
-        assert!(check_key(l, "per_user", &format!("{prefix}{i}")));
-        assert!(check_key(l, "per_user", "common"));
+        assert!(l.check_key("per_user", &format!("{prefix}{i}")));
+        assert!(l.check_key("per_user", "common"));
     }
 }
 
@@ -315,19 +308,10 @@ fn a_root_upgraded_to_interest_under_a_limiter_then_rolled_back_counts_every_uni
     proxy
         .mode
         .store(Versioned::PREDATES_INTEREST, Ordering::Release);
-    let start = |id, url: &str| {
-        let table = Arc::new(Table::new_heap_with(64, 16, 4096, 1024));
-        let l = Limiter::start_on(id, &[url], table, |_| {});
-        wait_until("the limiter holds the quota", || {
-            l.quota("per_user").is_some()
-        });
-        l
-    };
-    let (a, b) = (start("host-a", &proxy.url), start("host-b", &root.url));
-    let syncs = |l: &Limiter, n| {
-        let from = l.syncs(0);
-        wait_until("more syncs", || l.syncs(0) >= from + n);
-    };
+    let (a, b) = (
+        start("host-a", &proxy.url, 4096),
+        start("host-b", &root.url, 4096),
+    );
     // B's 300 new keys while A syncs three times: the bytes A receives.
     let keys_of_b = |prefix: &str| {
         let before = received(&a);

@@ -221,24 +221,20 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
                     refuse_as_older(&mut stream, is_binary, 6, "interest");
                     return;
                 }
-                Versioned::PREDATES_INTEREST => {
-                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 7);
-                    let mut older = head.into_bytes();
-                    older.extend_from_slice(&request[end..]);
-                    request = older;
-                }
                 Versioned::PREDATES_HELD if reports_held => {
                     refuse_as_older(&mut stream, is_binary, 5, "held");
                     return;
                 }
-                Versioned::PREDATES_HELD => {
-                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 6);
-                    let mut older = head.into_bytes();
-                    older.extend_from_slice(&request[end..]);
-                    request = older;
-                }
-                Versioned::PREDATES_SEQUENCES => {
-                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 4);
+                mode @ (Versioned::PREDATES_SEQUENCES
+                | Versioned::PREDATES_HELD
+                | Versioned::PREDATES_INTEREST) => {
+                    // The newest reply format such a root writes.
+                    let most = match mode {
+                        Versioned::PREDATES_SEQUENCES => 4,
+                        Versioned::PREDATES_HELD => 6,
+                        _ => 7,
+                    };
+                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), most);
                     let mut older = head.into_bytes();
                     older.extend_from_slice(&request[end..]);
                     request = older;
