@@ -67,7 +67,9 @@
 //!   `application/x-sluice-sync`, next to JSON), its versions, header and
 //!   byte-level writer and reader in `wire/binary/codec.rs`;
 //!   `wire/tiers.rs` — the
-//!   overrides and penalties a sync carries (cursors, pages, versions).
+//!   overrides and penalties a sync carries (cursors, pages, versions);
+//!   `wire/interest.rs` — the keys a limiter holds, told to a root that
+//!   answers by interest.
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers), in three floors: the region core

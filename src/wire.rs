@@ -21,9 +21,11 @@
 use serde::{Deserialize, Serialize};
 
 pub mod binary;
+pub mod interest;
 pub mod tiers;
 
 pub use binary::{BinaryError, BINARY_CONTENT_TYPE, BINARY_VERSION};
+pub use interest::Interest;
 pub use tiers::{TierReply, TierRequest};
 
 use crate::core::quota::MAX_BURST;
@@ -380,6 +382,13 @@ pub struct SyncRequest {
     /// root refuses the field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<(u64, u64)>,
+    /// The keys this limiter holds of the root's group, or keys to add to
+    /// what the root knows it holds (see [`interest`]). Only in a
+    /// numbered request; sent only to a root whose replies say it answers
+    /// by interest ([`SyncResponse::takes_interest`]): an older root
+    /// refuses the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interest: Option<Interest>,
 }
 
 impl SyncRequest {
@@ -395,6 +404,7 @@ impl SyncRequest {
             + self.tiers.penalties.len()
             + self.replay.iter().map(Replay::entry_count).sum::<usize>()
             + self.held.len()
+            + self.interest.as_ref().map_or(0, Interest::entry_count)
     }
 
     /// Checks a decoded request as a whole, as a root does before applying
@@ -439,6 +449,15 @@ impl SyncRequest {
                 "held",
                 "held slots go only with a numbered request (sequence)",
             ));
+        }
+        if self.interest.is_some() && self.sequence.is_none() {
+            return Err(WireError::new(
+                "interest",
+                "an interest list goes only with a numbered request (sequence)",
+            ));
+        }
+        if let Some(interest) = &self.interest {
+            interest.check()?;
         }
         if let Some(i) = (1..self.held.len()).find(|&i| self.held[i - 1].0 >= self.held[i].0) {
             return Err(WireError::new(
@@ -640,6 +659,18 @@ pub struct SyncResponse {
     /// predates them refuses the field).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub takes_held: bool,
+    /// The root answers by interest: of the keys' counters, it sends only
+    /// those the limiter holds (it learns them from the deltas and from
+    /// [`SyncRequest::interest`], which a limiter sends only to a root
+    /// that says so). A limiter that predates it ignores it in JSON, and
+    /// the binary encoding carries it only to one that asks for format 8.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_interest: bool,
+    /// The root knows nothing of what the limiter holds (it restarted, or
+    /// forgot the limiter) and sends it every changed counter until the
+    /// limiter sends its whole list ([`interest::Interest::full`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wants_interest: bool,
     /// Overrides after the request's cursor and penalties changed since
     /// its version (see [`tiers`]); left out when empty.
     #[serde(default, skip_serializing_if = "TierReply::is_empty")]

@@ -13,7 +13,7 @@ mod sync_support;
 use std::sync::Arc;
 
 use serde_json::json;
-use sluice::table::{CheckItem, CheckOptions, KeyOverflow, Outcome, Table};
+use sluice::table::{KeyOverflow, Table};
 use sync_support::{wait_until, Db, Limiter, Root};
 
 /// The root's `max_keys_per_limiter`.
@@ -56,21 +56,6 @@ fn setup(db: &Db, quotas: &[(&str, serde_json::Value)], mode: KeyOverflow) -> (R
     (root, limiter)
 }
 
-/// One check of weight 1 of `key` on template `name`; true if it passed.
-fn check_key(l: &Limiter, name: &str, key: &str) -> bool {
-    let item = CheckItem {
-        name: name.as_bytes(),
-        key: Some(key.as_bytes()),
-        weight: 1,
-        max_wait: None,
-    };
-    let r = l
-        .table
-        .gate()
-        .check_many(&[item], l.now(), CheckOptions::default(), || 0.5);
-    r.outcome == Outcome::Pass
-}
-
 /// Waits until the limiter has synced twice more: whatever it counted
 /// before went out and a reply to it came back.
 fn two_syncs(l: &Limiter) {
@@ -83,7 +68,7 @@ fn two_syncs(l: &Limiter) {
 /// the rest.
 fn spray(l: &Limiter, name: &str, prefix: &str, n: usize) {
     for i in 0..n {
-        check_key(l, name, &format!("{prefix}{i}"));
+        l.check_key(name, &format!("{prefix}{i}"));
     }
     two_syncs(l);
 }
@@ -93,7 +78,7 @@ fn spray(l: &Limiter, name: &str, prefix: &str, n: usize) {
 fn offer_key(l: &Limiter, name: &str, key: &str, batches: usize, per_batch: usize) -> usize {
     let mut passed = 0;
     for _ in 0..batches {
-        passed += (0..per_batch).filter(|_| check_key(l, name, key)).count();
+        passed += (0..per_batch).filter(|_| l.check_key(name, key)).count();
         two_syncs(l);
     }
     passed

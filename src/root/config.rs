@@ -29,6 +29,8 @@
 //! sync_page_counters = 100000
 //! max_keys = 2000000                 # key counters of per-key quotas held at once
 //! max_keys_per_limiter = 500000      # key counters one limiter may make (default max_keys / 4)
+//! sync_interest_per_limiter = 1048576  # keys a root records one limiter holds (replies by interest)
+//! sync_interest_total = 50000000     # keys it records every limiter holds, together
 //! level_cap_seconds = 5.0            # a leaky counter's cap: 2 high_bursts + limit * this
 //! max_limiters = 100000              # limiter ids the registry holds (console, quota views)
 //! limiter_expiry = "1h"              # a limiter id not heard from this long is forgotten
@@ -108,6 +110,8 @@ struct RootFile {
     sync_page_counters: Option<usize>,
     max_keys: Option<usize>,
     max_keys_per_limiter: Option<usize>,
+    sync_interest_per_limiter: Option<usize>,
+    sync_interest_total: Option<usize>,
     level_cap_seconds: Option<f64>,
     max_limiters: Option<usize>,
     limiter_expiry: Option<String>,
@@ -211,6 +215,11 @@ pub struct RootConfig {
     /// keys hold at most this many places. `None`: a quarter of
     /// `max_keys`.
     pub max_keys_per_limiter: Option<usize>,
+    /// Most keys the root records that one limiter holds, and all
+    /// limiters together, to answer each with its own keys' counters
+    /// only (see [`super::interest`]); past them a limiter is sent every
+    /// changed counter.
+    pub interest: super::interest::InterestLimits,
     /// A leaky counter is kept at most at `2 * high_burst + limit *` this
     /// many seconds (see [`super::trust`]).
     pub level_cap_seconds: f64,
@@ -252,6 +261,7 @@ impl Default for RootConfig {
             sync_page_counters: 100_000,
             max_keys: 2_000_000,
             max_keys_per_limiter: None,
+            interest: super::interest::InterestLimits::default(),
             level_cap_seconds: super::trust::DEFAULT_CAP_SECONDS,
             max_limiters: super::limiters::DEFAULT_MAX_LIMITERS,
             limiter_expiry: super::limiters::DEFAULT_EXPIRY,
@@ -306,6 +316,8 @@ impl RootConfig {
             sync_page_counters,
             max_keys,
             max_keys_per_limiter,
+            sync_interest_per_limiter,
+            sync_interest_total,
             level_cap_seconds,
             max_limiters,
             limiter_expiry,
@@ -363,6 +375,8 @@ impl RootConfig {
         if max_keys_per_limiter.is_some() {
             self.max_keys_per_limiter = max_keys_per_limiter;
         }
+        set(&mut self.interest.per_limiter, sync_interest_per_limiter);
+        set(&mut self.interest.total, sync_interest_total);
         set(&mut self.level_cap_seconds, level_cap_seconds);
         set(&mut self.max_limiters, max_limiters);
         if limiter_tokens_file.is_some() {
@@ -448,6 +462,8 @@ impl RootConfig {
         positive("sync_page_quotas", self.sync_page_quotas)?;
         positive("sync_page_counters", self.sync_page_counters)?;
         positive("max_keys", self.max_keys)?;
+        positive("sync_interest_per_limiter", self.interest.per_limiter)?;
+        positive("sync_interest_total", self.interest.total)?;
         if let Some(share) = self.max_keys_per_limiter {
             positive("max_keys_per_limiter", share)?;
             if share > self.max_keys {

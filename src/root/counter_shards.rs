@@ -29,6 +29,7 @@ use super::counter_book::{
     busiest_first, BookClock, ChangedCounters, ChangedEntry, CounterBook, CounterRule, CounterView,
     KeyLimits, TemplateRejections,
 };
+use super::interest::{Interest, InterestLimits, InterestSizes, Told};
 use super::trust::{Allowances, MAX_ALLOWANCES};
 
 /// One shard: its counters and the allowances limiters hold on them.
@@ -43,6 +44,35 @@ pub struct Shard {
     /// Rejection rates of the per-key templates whose named counter would
     /// live in this shard.
     pub templates: TemplateRejections,
+    /// The keys of this shard each limiter holds.
+    pub interest: Interest,
+}
+
+/// A limiter asking for a reply by interest: its number, and what its
+/// request tells of its keys, by shard (see [`Counters::changed_for`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Asker<'a> {
+    /// The limiter's number.
+    pub limiter: u32,
+    /// The request carried its whole list.
+    pub full: bool,
+    /// Keys it listed, by shard.
+    pub listed: &'a [Vec<CounterKey>],
+    /// Keys it sent deltas for, by shard.
+    pub sent: &'a [Vec<CounterKey>],
+}
+
+impl Asker<'_> {
+    fn told(&self, shard: usize) -> Told<'_> {
+        fn of(lists: &[Vec<CounterKey>], shard: usize) -> &[CounterKey] {
+            lists.get(shard).map_or(&[], |l| l.as_slice())
+        }
+        Told {
+            full: self.full,
+            listed: of(self.listed, shard),
+            sent: of(self.sent, shard),
+        }
+    }
 }
 
 /// Shards for this machine: four per core the process may run on (so two
@@ -70,6 +100,8 @@ pub struct CounterSizes {
     pub levels_capped: u64,
     /// Limiter allowances held.
     pub allowances: usize,
+    /// The limiters' interest records.
+    pub interest: InterestSizes,
 }
 
 /// Every counter of one root, in shards.
@@ -97,8 +129,15 @@ impl Counters {
     /// `shards` shards (at least one) holding at most `limits.max_keys`
     /// key counters together, each limiter's share split over them.
     pub fn new(shards: usize, limits: KeyLimits) -> Self {
+        Self::with_interest(shards, limits, InterestLimits::default())
+    }
+
+    /// As [`Self::new`], the limiters' interest records within
+    /// `interest`.
+    pub fn with_interest(shards: usize, limits: KeyLimits, interest: InterestLimits) -> Self {
         let shards = shards.max(1);
         let clock = Arc::new(BookClock::default());
+        let interest_count = Arc::default();
         let per_shard_allowances = (MAX_ALLOWANCES / shards).max(1024);
         let per_shard = limits.per_shard(shards);
         Self {
@@ -109,6 +148,7 @@ impl Counters {
                         allowances: Allowances::with_max(per_shard_allowances),
                         held: Default::default(),
                         templates: TemplateRejections::default(),
+                        interest: Interest::shard(interest, shards, Arc::clone(&interest_count)),
                     })
                 })
                 .collect(),
@@ -237,17 +277,76 @@ impl Counters {
     /// the same counters and version one book gives, taking one shard at a
     /// time, in counter order (see `merge_changed`).
     pub fn changed_since(&self, since: u64, max: usize, now: Nanos) -> ChangedCounters {
+        self.changed_for(since, max, now, None).0
+    }
+
+    /// As [`Self::changed_since`], for `asker` when given: each shard
+    /// first takes in what its request tells of its keys there, then
+    /// lists only the changed counters the limiter wants (every named
+    /// counter and the keys it holds; everything in a shard that has no
+    /// record of it or whose record overflowed), plus the keys it listed
+    /// anew whatever their version. Also returns true when every shard
+    /// holds a record of the limiter (false: the reply asks for its whole
+    /// list).
+    pub fn changed_for(
+        &self,
+        since: u64,
+        max: usize,
+        now: Nanos,
+        asker: Option<Asker<'_>>,
+    ) -> (ChangedCounters, bool) {
         let upto = self.clock.version();
         let mut entries = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = locked(shard);
+        let mut fresh = Vec::new();
+        let mut known = true;
+        for (index, shard) in self.shards.iter().enumerate() {
+            let mut guard = locked(shard);
+            let shard = &mut *guard;
+            let wanted = match &asker {
+                Some(asker) => {
+                    let listed = shard.interest.learn(asker.limiter, asker.told(index), now);
+                    // Keys listed anew that no walk from `since` finds.
+                    fresh.extend(
+                        listed
+                            .into_iter()
+                            .filter_map(|k| shard.book.entry(k))
+                            .filter(|e| e.version <= since),
+                    );
+                    known &= shard.interest.knows(asker.limiter);
+                    shard.interest.wanted(asker.limiter)
+                }
+                None => super::interest::Wanted::All,
+            };
             if shard.book.newest_version() > since {
-                shard
-                    .book
-                    .changed_between(since, upto, max, now, &mut entries);
+                shard.book.changed_between(
+                    (since, upto),
+                    max,
+                    now,
+                    |c| wanted.wants(c),
+                    &mut entries,
+                );
             }
         }
-        merge_changed(entries, since, upto, max)
+        (merge_changed(entries, fresh, since, upto, max), known)
+    }
+
+    /// Takes in what `asker`'s request tells of its keys, sending
+    /// nothing (a reply that carries no counters); returns true when
+    /// every shard holds a record of it.
+    pub fn learn_interest(&self, asker: Asker<'_>, now: Nanos) -> bool {
+        let mut known = true;
+        for (index, shard) in self.shards.iter().enumerate() {
+            let mut shard = locked(shard);
+            shard.interest.learn(asker.limiter, asker.told(index), now);
+            known &= shard.interest.knows(asker.limiter);
+        }
+        known
+    }
+
+    /// Forgets the interest records of limiters no sync touched for
+    /// [`super::interest::IDLE_NANOS`]; returns how many.
+    pub fn forget_idle_interest(&self, now: Nanos) -> usize {
+        self.each(|s| s.interest.forget_idle(now)).sum()
     }
 
     /// Every shard held at once, for the admin API's reads: syncs wait
@@ -260,7 +359,9 @@ impl Counters {
     }
 }
 
-/// Builds a reply's counters from the shards' entries in `(since, upto]`:
+/// Builds a reply's counters from the shards' entries in `(since, upto]`
+/// (and `fresh` ones, listed anew by the limiter, sent whatever their
+/// version and beside the page):
 /// at most `max` sent, the oldest changes first when they do not all fit.
 /// When the page is full, its version is the last one considered (each
 /// shard listed up to `max` sent counters, so every version up to that one
@@ -273,9 +374,11 @@ impl Counters {
 /// lookups a cache miss. Sorting by counter instead of by version costs
 /// nothing when the page fits; when not, the oldest `max` are selected
 /// (linear) before the page is sorted, which costs less than the sort by
-/// version of every entry it replaces.
+/// version of every entry it replaces. A reply by interest sorts only
+/// what the limiter receives.
 fn merge_changed(
     mut entries: Vec<ChangedEntry>,
+    fresh: Vec<ChangedEntry>,
     since: u64,
     upto: u64,
     max: usize,
@@ -299,6 +402,7 @@ fn merge_changed(
             changed.version = entries[max - 1].version;
         }
     }
+    entries.extend(fresh);
     entries.sort_unstable_by_key(|e| e.counter);
     let mut groups: FxHashMap<u64, usize> = FxHashMap::default();
     for entry in entries {
@@ -405,6 +509,7 @@ impl CountersView<'_> {
             sizes.keys_forgotten += s.book.keys_forgotten();
             sizes.levels_capped += s.book.capped();
             sizes.allowances += s.allowances.len();
+            s.interest.add_sizes(&mut sizes.interest);
         }
         sizes
     }
@@ -502,6 +607,73 @@ mod tests {
             assert_eq!(Some(level), counters.view(id, 0).map(|v| v.level), "{id}");
         }
         assert_eq!(levels.len(), writers * 500);
+    }
+
+    #[test]
+    fn a_reply_by_interest_carries_named_counters_and_the_askers_keys_and_a_key_listed_anew() {
+        let counters = Counters::new(4, KeyLimits::unbounded());
+        let key = |k| CounterKey { id: 9, key: k };
+        let add_key = |k| {
+            let counter = key(k);
+            let mut shard = counters.lock(counters.shard_of(counter));
+            let delta = super::super::counter_book::Delta {
+                weight: 1.0,
+                window: None,
+            };
+            shard
+                .book
+                .add_counter(counter, delta, 0, None, || Some(Counting::Leak(0.0).into()));
+        };
+        let by_shard = |keys: &[CounterKey]| {
+            let mut out = vec![Vec::new(); counters.shard_count()];
+            for &k in keys {
+                out[counters.shard_of(k)].push(k);
+            }
+            out
+        };
+        let keys_of = |c: &ChangedCounters| -> Vec<u64> {
+            c.keyed
+                .iter()
+                .flat_map(|g| g.values.iter().map(|v| v.0))
+                .collect()
+        };
+        for k in 1..=6 {
+            add_key(k);
+        }
+        add(&counters, 1, 1.0);
+        let (none, sent) = (by_shard(&[]), by_shard(&[]));
+        let asker = |full, listed| Asker {
+            limiter: 5,
+            full,
+            listed,
+            sent: &sent,
+        };
+        // No record: everything, and the reply asks for the list.
+        let (all, known) = counters.changed_for(0, 100, 0, Some(asker(false, &none)));
+        assert_eq!((keys_of(&all).len(), known), (6, false));
+        // The whole list (keys 2 and 4): only they and the named counter,
+        // and both go at once though the cursor is past their changes.
+        let listed = by_shard(&[key(2), key(4)]);
+        let (mine, known) = counters.changed_for(all.version, 100, 0, Some(asker(true, &listed)));
+        assert!(known);
+        let mut got = keys_of(&mine);
+        got.sort_unstable();
+        assert_eq!(got, [2, 4]);
+        // Every key changes again: the reply carries the named counter
+        // and the asker's keys only.
+        for k in 1..=6 {
+            add_key(k);
+        }
+        add(&counters, 1, 1.0);
+        let (next, _) = counters.changed_for(mine.version, 100, 0, Some(asker(false, &none)));
+        let mut got = keys_of(&next);
+        got.sort_unstable();
+        assert_eq!((got, ids(&next)), (vec![2, 4], vec![1]));
+        // A root that does not answer by interest sends them all.
+        assert_eq!(
+            keys_of(&counters.changed_since(mine.version, 100, 0)).len(),
+            6
+        );
     }
 
     #[test]

@@ -572,7 +572,7 @@ fn render_connections(c: &ConnectionStats, out: &mut String) {
 fn render_state(scrape: &Scrape, out: &mut String) {
     let s = &scrape.stats;
     let h = &scrape.health;
-    let gauges: [(&str, &str, f64); 12] = [
+    let gauges: [(&str, &str, f64); 14] = [
         ("quotas", "Live quotas held.", s.quotas as f64),
         (
             "quota_tombstones",
@@ -600,6 +600,16 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "limiters_seen",
             "Limiters held in the registry (heard from within limiter_expiry).",
             s.limiters as f64,
+        ),
+        (
+            "interest_keys",
+            "Keys the limiters hold, as the root records them to answer each only with its own keys' counters (sync_interest_total bounds them).",
+            s.sizes.interest.keys as f64,
+        ),
+        (
+            "interest_overflowed",
+            "Limiters' interest records (one per limiter and counter shard) past sync_interest_per_limiter or sync_interest_total: those limiters are sent every changed counter until their next whole list.",
+            s.sizes.interest.overflowed as f64,
         ),
         (
             "limiters_active",
@@ -649,6 +659,11 @@ fn render_state(scrape: &Scrape, out: &mut String) {
             "keys_forgotten_total",
             "Key counters forgotten after leaking to nothing.",
             s.sizes.keys_forgotten,
+        ),
+        (
+            "interest_overflows_total",
+            "Limiters' interest records that went past a bound (their keys let go, every changed counter sent).",
+            s.sizes.interest.overflows,
         ),
     ],
     );

@@ -40,6 +40,8 @@
 //!   - `counter_shards.rs` — the counter books in shards, each under its
 //!     own lock, sharing one version clock: syncs from different limiters
 //!     add in parallel, "changed since" stays exact;
+//!   - `interest.rs` — the keys each limiter holds, per shard, bounded:
+//!     a reply carries only those keys' counters (and every named one);
 //!   - `limiters.rs` — the limiters that synced, the ones heard from
 //!     last (bounded, idle ones forgotten);
 //!   - `tier_book.rs` — overrides by key and by `(epoch, id)`, and the
@@ -66,6 +68,7 @@ pub mod health;
 pub mod in_flight;
 #[cfg(test)]
 mod in_flight_tests;
+pub mod interest;
 pub mod ledger;
 pub mod limiters;
 pub mod listener;

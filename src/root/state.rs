@@ -12,6 +12,7 @@ use super::api::admission::Admission;
 use super::config::RootConfig;
 use super::connections::Connections;
 use super::counter_book::KeyLimits;
+use super::counter_shards::{default_shards, Counters};
 use super::credentials::{Credentials, LogGate};
 use super::health::Health;
 use super::ledger::Ledger;
@@ -80,7 +81,12 @@ impl RootState {
             level_cap_seconds: config.level_cap_seconds,
             in_flight_lease: config.in_flight_lease.as_nanos() as crate::core::Nanos,
             limiters: Mutex::new(Limiters::new(config.max_limiters, config.limiter_expiry)),
-            ..Ledger::with_key_limits(KeyLimits::new(config.max_keys, config.max_keys_per_limiter))
+            counters: Counters::with_interest(
+                default_shards(),
+                KeyLimits::new(config.max_keys, config.max_keys_per_limiter),
+                config.interest,
+            ),
+            ..Ledger::default()
         };
         Ok(Self {
             connections: Connections::new(config.connection_limits()),
@@ -110,14 +116,16 @@ impl RootState {
 
     /// Forgets a slice of the key counters that have drained (the whole
     /// book about once a minute when called every second), every
-    /// limiter allowance back at full, and the limiters not heard from
-    /// within `limiter_expiry`.
+    /// limiter allowance back at full, the interest records of limiters
+    /// that stopped syncing, and the limiters not heard from within
+    /// `limiter_expiry`.
     pub fn forget_drained_keys(&self) {
         let now = self.now();
         let ledger = self.ledger();
         let budget = (ledger.counters.len() / 60).max(1000);
         ledger.counters.forget_drained(budget, now);
         ledger.counters.forget_refilled(now);
+        ledger.counters.forget_idle_interest(now);
         ledger.limiters().expire(now);
     }
 

@@ -326,6 +326,26 @@ pub fn groups_summary(r: &RunResult) -> String {
             ratios.len()
         );
     }
+    let sum = |f: fn(&series::RootWork) -> u64| -> u64 { r.series.root_work.iter().map(f).sum() };
+    let (requests, steady) = (sum(|w| w.requests), sum(|w| w.steady_requests));
+    if requests > 0 {
+        let (bytes, own, first) = (
+            sum(|w| w.reply_bytes),
+            sum(|w| w.own_bytes),
+            sum(|w| w.first_bytes),
+        );
+        let _ = writeln!(
+            out,
+            "   reply bytes per sync (binary) from a host's sync {} on: {:.0}, of the host's own \
+             counters {:.0}: {:.2}x; the syncs before, {:.0} each; root time per sync {:.1} us",
+            root::STEADY_SYNC,
+            bytes as f64 / steady.max(1) as f64,
+            own as f64 / steady.max(1) as f64,
+            bytes as f64 / own.max(1) as f64,
+            first as f64 / (requests - steady).max(1) as f64,
+            sum(|w| w.busy_ns) as f64 / requests as f64 / 1e3
+        );
+    }
     for (i, w) in r.series.root_work.iter().enumerate() {
         let per_request = w.received as f64 / w.requests.max(1) as f64;
         let _ = writeln!(

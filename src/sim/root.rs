@@ -48,7 +48,29 @@ pub struct SimRoot {
     pub requests: u64,
     /// Counter values sent back in replies (named and keyed).
     pub replied: u64,
+    /// Bytes of those replies from each host's [`STEADY_SYNC`]th sync on,
+    /// encoded by the real binary encoder.
+    pub reply_bytes: u64,
+    /// Bytes of replies of the same named counters and, once each, every
+    /// key the asking host holds of the root's group (see `count_bytes`),
+    /// from each host's [`STEADY_SYNC`]th sync on.
+    pub own_bytes: u64,
+    /// Bytes of the replies before (a host's first list not yet taken).
+    pub first_bytes: u64,
+    /// Replies from each host's [`STEADY_SYNC`]th sync on.
+    pub steady_requests: u64,
+    /// Time spent in the ledger's sync step and building replies (the
+    /// root's work per sync; the simulator is one thread, so about its
+    /// CPU), nanoseconds.
+    pub busy_ns: u64,
+    /// Each host's syncs and the keys it sent deltas for, by limiter id.
+    held: rustc_hash::FxHashMap<String, (u32, rustc_hash::FxHashSet<crate::wire::CounterKey>)>,
 }
+
+/// Replies are measured from a host's this many-th sync with a root on:
+/// the first tells it the root answers by interest, the second carries
+/// its list, the third is answered by it.
+pub const STEADY_SYNC: u32 = 3;
 
 impl SimRoot {
     /// A running root serving `quotas`, started at root time `now`, whose
@@ -73,6 +95,12 @@ impl SimRoot {
             foreign: 0,
             requests: 0,
             replied: 0,
+            reply_bytes: 0,
+            own_bytes: 0,
+            first_bytes: 0,
+            steady_requests: 0,
+            busy_ns: 0,
+            held: Default::default(),
         };
         root.ledger.utc_offset = utc_offset;
         root.ledger.load(root.quotas.clone(), now);
@@ -86,6 +114,12 @@ impl SimRoot {
         self.level_cap_seconds = seconds;
         self.ledger.level_cap_seconds = seconds;
         self
+    }
+
+    /// Answers by interest (the real root's way) or with every changed
+    /// counter (a root before interest).
+    pub fn set_interest(&mut self, on: bool) {
+        self.ledger.by_interest = on;
     }
 
     /// Stops answering; the counters are gone (roots keep them in memory
@@ -129,6 +163,7 @@ impl SimRoot {
         Ledger {
             utc_offset: self.utc_offset,
             level_cap_seconds: self.level_cap_seconds,
+            by_interest: self.ledger.by_interest,
             ..Ledger::default()
         }
     }
@@ -137,6 +172,45 @@ impl SimRoot {
     /// root knows it.
     pub fn counter_level(&self, counter: crate::wire::CounterKey, now: Nanos) -> Option<f64> {
         Some(self.ledger.counters.view_counter(counter, now)?.level)
+    }
+
+    /// Counts the bytes of `response` to `request` in the binary
+    /// encoding, and of a reply of the same named counters carrying each
+    /// key the asking host holds of this root's group (every key it sent
+    /// deltas for so far) once: its own counters, as if each changed.
+    fn count_bytes(&mut self, request: &SyncRequest, response: &SyncResponse) {
+        use crate::wire::binary::encode_response;
+        use crate::wire::{CounterKey, KeyValue, KeyedValues, RefusedKeys};
+        let size = |r: &SyncResponse| encode_response(r).map_or(0, |b| b.len() as u64);
+        let (syncs, held) = self.held.entry(request.limiter.clone()).or_default();
+        *syncs += 1;
+        for group in &request.keyed {
+            held.extend(group.deltas.iter().map(|d| CounterKey {
+                id: group.id,
+                key: d.0,
+            }));
+        }
+        if *syncs < STEADY_SYNC {
+            self.first_bytes += size(response);
+            return;
+        }
+        self.steady_requests += 1;
+        self.reply_bytes += size(response);
+        // Values half a second old, as a changed key's typically is.
+        let at = response.root_time.saturating_sub(500_000_000);
+        let keyed = RefusedKeys::by_template(held.iter().copied().collect())
+            .into_iter()
+            .map(|g| KeyedValues {
+                id: g.id,
+                values: g.keys.iter().map(|&k| KeyValue(k, 1.0, at)).collect(),
+                prev: Vec::new(),
+            })
+            .collect();
+        let own = SyncResponse {
+            keyed,
+            ..response.clone()
+        };
+        self.own_bytes += size(&own);
     }
 
     /// The level of quota `id` at root time `now`, as this root knows it.
@@ -148,11 +222,14 @@ impl SimRoot {
     /// the sync endpoint does.
     pub fn sync(&mut self, request: &SyncRequest, now: Nanos) -> SyncResponse {
         self.count_work(request);
+        let started = std::time::Instant::now();
         let step = self.ledger.sync(request, self.instance, now, self.paging);
         self.clipped += step.clipped as u64;
         let response = step.into_response(self.instance, now, self.ledger.utc_offset);
+        self.busy_ns += started.elapsed().as_nanos() as u64;
         let keyed: usize = response.keyed.iter().map(|k| k.values.len()).sum();
         self.replied += (response.counters.len() + keyed) as u64;
+        self.count_bytes(request, &response);
         // As the real root's reload task does every second, a slice at a
         // time: drained keys are forgotten; and full allowances.
         self.ledger.counters.forget_drained(1000, now);
@@ -161,6 +238,7 @@ impl SimRoot {
         self.ledger.expire_leases(now);
         if now.saturating_sub(self.swept_at) >= 1_000_000_000 {
             self.ledger.counters.forget_refilled(now);
+            self.ledger.counters.forget_idle_interest(now);
             self.swept_at = now;
         }
         response

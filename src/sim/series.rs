@@ -136,6 +136,20 @@ pub struct RootWork {
     pub requests: u64,
     /// Counter values sent back in replies.
     pub replied: u64,
+    /// Bytes of those replies in the binary encoding, from each host's
+    /// third sync with the root on ([`super::root::STEADY_SYNC`]).
+    pub reply_bytes: u64,
+    /// Bytes of the replies before.
+    pub first_bytes: u64,
+    /// Replies from each host's third sync with the root on.
+    pub steady_requests: u64,
+    /// Bytes of replies of the same named counters carrying, once each,
+    /// every key the asking host holds of the root's group (its own
+    /// counters).
+    pub own_bytes: u64,
+    /// Time its sync steps took (about CPU: the simulator is one thread),
+    /// nanoseconds.
+    pub busy_ns: u64,
 }
 
 /// Traffic of each key of one keyed load, per second.

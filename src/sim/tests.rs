@@ -493,3 +493,78 @@ fn estimates_settled_after_the_response_hold_the_limit_and_overshoot_least() {
     let t = settled.series.quotas[0].total(0.0, 240.0);
     assert_eq!(t.offered, t.admitted + t.rejected);
 }
+
+/// Replies by interest at a small scale: 50 hosts, each on its own 100
+/// of 5,000 keys (neighbours share theirs), 2 groups of one root; and one
+/// key every host shares, at 2x its limit.
+const INTEREST: &str = r#"
+    name = "interest"
+    duration = 8
+    hosts = { count = 50, clock_skew_ms = 50, keys = 1024 }
+    network = { latency_ms = 1.0, jitter_ms = 1.0 }
+    roots = 2
+    root_groups = [0, 1]
+    [[quotas]]
+    name = "per_user"
+    limit = 10
+    low_burst = 10
+    high_burst = 30
+    per_key = true
+    [[quotas]]
+    name = "shared"
+    limit = 200
+    low_burst = 200
+    high_burst = 600
+    per_key = true
+    [[load]]
+    quota = "per_user"
+    keys = { count = 5000, per_host = 100 }
+    phases = [{ at = 0, rate = 5000 }]
+    [[load]]
+    quota = "shared"
+    keys = { count = 1 }
+    phases = [{ at = 0, x = 2.0 }]
+    [[report]]
+    metric = "key_admitted_ratio"
+    quota = "shared"
+    from = 3
+"#;
+
+fn interest_run(on: bool) -> RunResult {
+    let mut checked = parse(INTEREST).unwrap();
+    checked.scenario.interest = on;
+    run_scenario(&checked, None, None)
+}
+
+#[test]
+fn replies_by_interest_carry_a_hosts_own_keys_and_keep_a_shared_key_at_its_limit() {
+    let bytes = |r: &RunResult| {
+        r.series
+            .root_work
+            .iter()
+            .fold((0, 0), |a, w| (a.0 + w.reply_bytes, a.1 + w.own_bytes))
+    };
+    let on = interest_run(true);
+    let (reply, own) = bytes(&on);
+    assert!(own > 0);
+    // Each host is sent about its own keys: at most 1.2x their bytes.
+    let ratio = reply as f64 / own as f64;
+    assert!(
+        ratio <= 1.2,
+        "by interest: {reply} bytes for {own} own: {ratio:.2}x"
+    );
+    // The key every host shares reaches every host: its limit holds.
+    let shared = on.rows[0].value.unwrap();
+    assert!(
+        (0.9..=1.1).contains(&shared),
+        "shared key admitted/limit {shared}"
+    );
+    // Without interest every host gets every changed key of the group.
+    let (off_reply, off_own) = bytes(&interest_run(false));
+    let off = off_reply as f64 / off_own as f64;
+    println!("reply/own bytes: by interest {ratio:.2}x, without {off:.2}x");
+    assert!(
+        off > 3.0 * ratio,
+        "without interest {off:.2}x, with {ratio:.2}x"
+    );
+}

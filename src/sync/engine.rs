@@ -121,12 +121,14 @@ impl SyncEngine {
     }
 
     /// Root `root` refused this exchange's numbered request as malformed in
-    /// every encoding: it predates numbered requests (a rollback), so it
-    /// took nothing in. It is sent unnumbered requests, the unconfirmed
-    /// ones' weight among them, until a reply says it takes sequences.
+    /// every encoding: it predates numbered requests, held slots or
+    /// interest lists (a rollback), so it took nothing in. It is sent
+    /// unnumbered requests, the unconfirmed ones' weight among them, until
+    /// a reply says it takes sequences (and, for the rest, them).
     pub fn refused_numbered(&mut self, root: usize) {
         self.links[root].takes_sequence = false;
         self.links[root].takes_held = false;
+        self.links[root].interest.takes = false;
     }
 
     /// Gives this sync thread the id `incarnation` in its numbered

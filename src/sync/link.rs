@@ -320,6 +320,10 @@ pub struct RootLink {
     /// numbered requests to it carry them ([`crate::wire::SyncRequest::held`]),
     /// and it needs no slots sent again when another instance answers.
     pub takes_held: bool,
+    /// What the root knows of the keys this host holds, and what it is
+    /// told next (to a root that answers by interest; numbered requests
+    /// only).
+    pub interest: super::interest::LinkInterest,
     /// The number the next new request to this root takes.
     pub next_seq: u64,
     /// The number of the request under way, when it is numbered.
@@ -448,6 +452,7 @@ impl RootLink {
             ask_all: false,
             takes_sequence: false,
             takes_held: false,
+            interest: Default::default(),
             next_seq: 1,
             sending: None,
             sending_replay: Vec::new(),
@@ -651,6 +656,7 @@ impl RootLink {
         self.takes_returns = reply.takes_returns;
         self.takes_sequence = reply.takes_sequence;
         self.takes_held = reply.takes_held;
+        self.interest.succeeded(reply, received);
         self.failures = 0;
         self.skip = 0;
         self.metrics.up = true;
@@ -670,6 +676,7 @@ impl RootLink {
     pub fn failed(&mut self, back_off: bool, error: String) {
         let unsent = std::mem::take(&mut self.penalties_sent);
         self.tiers.penalties.extend(unsent);
+        self.interest.failed();
         self.failures = self.failures.saturating_add(1);
         self.skip = if back_off {
             (1u32 << self.failures.saturating_sub(1).min(3)) - 1

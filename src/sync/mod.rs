@@ -107,6 +107,9 @@
 //!   counters no root reported stood still.
 //! - `link.rs` — what a limiter knows of one root: cursor, versions,
 //!   clock offset, what it is owed, health.
+//! - `interest.rs` — the keys a limiter tells a root that answers by
+//!   interest it holds: the whole list when asked and every 30 s, new
+//!   keys in between.
 //! - `status.rs` — the metrics published in the table's status block for
 //!   every process, and what a later sync thread should know of each root.
 //! - `config.rs` — [`SyncConfig`] and the rules every front end checks it
@@ -132,6 +135,7 @@ mod early;
 pub mod engine;
 mod health;
 pub mod ids;
+pub mod interest;
 pub mod link;
 mod log;
 mod metrics;

@@ -20,9 +20,31 @@ use crate::core::tier::Penalty;
 use crate::core::Nanos;
 use crate::table::Table;
 use crate::wire::{
-    keyed_entries, ClockReport, CounterDelta, CounterKey, KeyDelta, KeyedDeltas, QuotaCursor,
-    Replay, Sequence, SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
+    keyed_entries, ClockReport, CounterDelta, CounterKey, Interest, KeyDelta, KeyedDeltas,
+    QuotaCursor, Replay, Sequence, SyncRequest, SyncResponse, TierRequest, MAX_DELTAS_PER_SYNC,
 };
+
+/// Every key `table` holds at `now`, as counters (its template's quota id
+/// and its hash), sorted.
+fn held_keys(table: &Table, now: Nanos) -> Vec<CounterKey> {
+    let templates: HashMap<_, u64> = table
+        .books()
+        .slot_ids()
+        .into_iter()
+        .map(|(id, slot)| (slot, id))
+        .collect();
+    let mut all: Vec<CounterKey> = table
+        .keys(None, now)
+        .into_iter()
+        .filter_map(|k| {
+            let id = *templates.get(&k.template)?;
+            Some(CounterKey { id, key: k.hash })
+        })
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
 
 /// A request to send to one root, with the deltas it carries.
 #[derive(Clone, Debug)]
@@ -281,6 +303,7 @@ impl Requests {
             rejected,
             held: None,
             held_slots: None,
+            interest: None,
         }
     }
 }
@@ -306,6 +329,9 @@ pub(super) struct CyclePlan<'a> {
     /// once for the roots that take them (after the cycle's collection
     /// nothing moves them until the next one).
     held_slots: Option<Vec<(u64, u64)>>,
+    /// Every key the table holds, as counters, sorted: read once for the
+    /// roots that are sent a list of them this cycle.
+    interest: Option<Vec<CounterKey>>,
 }
 
 impl CyclePlan<'_> {
@@ -347,10 +373,14 @@ impl CyclePlan<'_> {
             }
         }
         let (replay, replay_entries) = self.replay(link, now);
+        // At most half a request.
+        let interest = self.interest(table, link, now);
+        let interest_entries = interest.as_ref().map_or(0, Interest::entry_count);
         if !link.unconfirmed.is_empty() {
             // Earlier requests alone fill this one.
             let mut out = self.replay_only(root, link, replay);
             out.request.held = self.held(table, link);
+            out.request.interest = interest;
             return out;
         }
         let mut owed = std::mem::take(&mut link.owed);
@@ -359,8 +389,13 @@ impl CyclePlan<'_> {
         // A numbered request keeps one entry free: sent again later as a
         // part of another, it takes one more.
         let numbered = usize::from(link.takes_sequence);
-        let room = max_entries
-            .saturating_sub(rejected.len() + link.penalties_sent.len() + replay_entries + numbered);
+        let room = max_entries.saturating_sub(
+            rejected.len()
+                + link.penalties_sent.len()
+                + replay_entries
+                + numbered
+                + interest_entries,
+        );
         let mut due = due_deltas(&owed, now, link.takes_returns);
         if due.entry_count() > room {
             // Each owed counter takes at most four entries (an add and
@@ -382,6 +417,7 @@ impl CyclePlan<'_> {
         let mut request = self.body(link, due, rejected, penalties, seq);
         request.replay = replay;
         request.held = self.held(table, link);
+        request.interest = interest;
         Outgoing {
             root,
             request,
@@ -415,6 +451,30 @@ impl CyclePlan<'_> {
             .copied()
             .filter(|&(id, _)| shard(CounterKey::named(id), groups) == link.group)
             .collect()
+    }
+
+    /// The keys this host holds of `link`'s group, for a numbered request
+    /// to a root that answers by interest, when a list is due (see
+    /// [`super::interest`]); none otherwise. Its keys take at most a
+    /// quarter of a request: a table holding more keys than that (far
+    /// more than a root's share of a limiter) leaves the rest out, which
+    /// the root learns from their deltas.
+    fn interest(&mut self, table: &Table, link: &mut RootLink, now: Nanos) -> Option<Interest> {
+        if !link.takes_sequence {
+            return None;
+        }
+        let groups = self.groups;
+        let cached = &mut self.interest;
+        let mine = || {
+            let all = cached.get_or_insert_with(|| held_keys(table, now));
+            all.iter()
+                .copied()
+                .filter(|&k| shard(k, groups) == link.group)
+                .collect()
+        };
+        let stamp = super::interest::key_stamp(table);
+        let most = self.requests.max_entries / 4;
+        link.interest.next(now, stamp, most, mine)
     }
 
     /// Moves the oldest of `link`'s unconfirmed requests that fit half a
@@ -511,6 +571,7 @@ impl CyclePlan<'_> {
             }),
             replay: Vec::new(),
             held: Vec::new(),
+            interest: None,
         }
     }
 

@@ -74,13 +74,22 @@
 //! ([`SyncResponse::refused`]): a count of templates, and per template
 //! its id, a count of keys and the keys' hashes (8 bytes each).
 //!
-//! Request format 5 ([`BINARY_REQUEST_VERSION`]) is format 4 plus, last,
+//! Request format 5 ([`BINARY_HELD_REQUEST_VERSION`]) is format 4 plus, last,
 //! the slots the limiter holds ([`SyncRequest::held`]): a count, then per
 //! named in-flight quota its id and its slots, as varints. It is sent
 //! only to a root whose replies say it takes them: reply format 7
-//! ([`BINARY_REPLY_VERSION`], `version=7`) is format 6 whose flags may
+//! ([`BINARY_HELD_REPLY_VERSION`], `version=7`) is format 6 whose flags may
 //! have bit 3 (the root takes held slots); an older limiter never asks
-//! for it, and reads no flag it does not know. The
+//! for it, and reads no flag it does not know.
+//!
+//! Request format 6 ([`BINARY_REQUEST_VERSION`]) is format 5 plus, last,
+//! the keys the limiter holds ([`SyncRequest::interest`]): a byte (0: no
+//! list, 1: keys to add, 2: the whole list), then, unless 0, a count of
+//! templates and per template its id, a count of keys and the keys'
+//! hashes (8 bytes each). It is sent only to a root whose replies say it
+//! answers by interest: reply format 8 ([`BINARY_REPLY_VERSION`],
+//! `version=8`) is format 7 whose flags may have bit 4 (the root answers
+//! by interest) and bit 5 (it wants the limiter's whole list). The
 //! tiers section, in a request or a reply, is a length-prefixed JSON object (empty when it says nothing):
 //! overrides change rarely and penalties are few, so a compact encoding
 //! would buy little and cost a second one to keep in step with serde.
@@ -88,26 +97,28 @@
 use crate::core::Quota;
 
 use super::{
-    too_many_entries, CounterValue, KeyValue, KeyedValues, QuotaCursor, RefusedKeys, Replay,
-    Sequence, SyncRequest, SyncResponse, TierReply, TierRequest, WireError, MAX_DELTAS_PER_SYNC,
+    too_many_entries, CounterValue, KeyValue, KeyedValues, QuotaCursor, Replay, Sequence,
+    SyncRequest, SyncResponse, TierReply, TierRequest, WireError, MAX_DELTAS_PER_SYNC,
     MAX_LIMITER_ID_LEN,
 };
 
 mod codec;
 
 use codec::{
-    unzigzag, zigzag, Reader, Writer, KIND_REPLY, KIND_REQUEST, TAKES_HELD, TAKES_RETURNS,
-    TAKES_SEQUENCE, TAKES_TIERS,
+    unzigzag, zigzag, Reader, Writer, KIND_REPLY, KIND_REQUEST, TAKES_HELD, TAKES_INTEREST,
+    TAKES_RETURNS, TAKES_SEQUENCE, TAKES_TIERS, WANTS_INTEREST,
 };
 pub use codec::{
-    BinaryError, BINARY_CONTENT_TYPE, BINARY_FLAGS_VERSION, BINARY_PREV_VERSION,
-    BINARY_REFUSED_REPLY_VERSION, BINARY_REPLY_VERSION, BINARY_REQUEST_VERSION,
-    BINARY_RETURNS_VERSION, BINARY_SEQUENCE_REPLY_VERSION, BINARY_SEQUENCE_REQUEST_VERSION,
-    BINARY_TIERS_REPLY_VERSION, BINARY_TIERS_REQUEST_VERSION, BINARY_VERSION,
+    BinaryError, BINARY_CONTENT_TYPE, BINARY_FLAGS_VERSION, BINARY_HELD_REPLY_VERSION,
+    BINARY_HELD_REQUEST_VERSION, BINARY_PREV_VERSION, BINARY_REFUSED_REPLY_VERSION,
+    BINARY_REPLY_VERSION, BINARY_REQUEST_VERSION, BINARY_RETURNS_VERSION,
+    BINARY_SEQUENCE_REPLY_VERSION, BINARY_SEQUENCE_REQUEST_VERSION, BINARY_TIERS_REPLY_VERSION,
+    BINARY_TIERS_REQUEST_VERSION, BINARY_VERSION,
 };
 
 /// Encodes a request: format 1, 2 when it gives weight back, 3 when it
-/// carries tiers, 4 when it is numbered, 5 when it reports held slots.
+/// carries tiers, 4 when it is numbered, 5 when it reports held slots, 6
+/// when it carries an interest list.
 pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
     let tiers = super::tiers::encode_section(&request.tiers);
     let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
@@ -118,8 +129,10 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    let version = if !request.held.is_empty() {
+    let version = if request.interest.is_some() {
         BINARY_REQUEST_VERSION
+    } else if !request.held.is_empty() {
+        BINARY_HELD_REQUEST_VERSION
     } else if request.sequence.is_some() {
         BINARY_SEQUENCE_REQUEST_VERSION
     } else if !tiers.is_empty() {
@@ -163,11 +176,20 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             w.keyed(&part.keyed_returned);
         }
     }
-    if version >= BINARY_REQUEST_VERSION {
+    if version >= BINARY_HELD_REQUEST_VERSION {
         w.varint(request.held.len() as u64);
         for &(id, slots) in &request.held {
             w.varint(id);
             w.varint(slots);
+        }
+    }
+    if version >= BINARY_REQUEST_VERSION {
+        match &request.interest {
+            None => w.0.push(0),
+            Some(interest) => {
+                w.0.push(if interest.full { 2 } else { 1 });
+                w.key_groups(&interest.keys);
+            }
         }
     }
     w.0
@@ -234,7 +256,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
         (None, Vec::new())
     };
     let mut held = Vec::new();
-    if version >= BINARY_REQUEST_VERSION {
+    if version >= BINARY_HELD_REQUEST_VERSION {
         // An entry is at least 2 bytes (id, slots).
         let n = r.entries(2, || "held".into())?;
         held.reserve(n);
@@ -243,8 +265,26 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
             held.push((id, r.varint_or(|| format!("held[{i}]"))?));
         }
     }
+    let interest = if version >= BINARY_REQUEST_VERSION {
+        let full = match r.byte(|| "interest".into())? {
+            0 => None,
+            1 => Some(false),
+            2 => Some(true),
+            b => return Err(WireError::new("interest", format!("{b} is not 0, 1 or 2")).into()),
+        };
+        match full {
+            Some(full) => Some(super::Interest {
+                full,
+                keys: r.key_groups("interest.keys", true)?,
+            }),
+            None => None,
+        }
+    } else {
+        None
+    };
     r.end()?;
     Ok(SyncRequest {
+        interest,
         limiter,
         quotas_after,
         counter_version,
@@ -337,8 +377,16 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         if version >= BINARY_SEQUENCE_REPLY_VERSION && reply.takes_sequence {
             flags |= TAKES_SEQUENCE;
         }
-        if version >= BINARY_REPLY_VERSION && reply.takes_held {
+        if version >= BINARY_HELD_REPLY_VERSION && reply.takes_held {
             flags |= TAKES_HELD;
+        }
+        if version >= BINARY_REPLY_VERSION {
+            if reply.takes_interest {
+                flags |= TAKES_INTEREST;
+            }
+            if reply.wants_interest {
+                flags |= WANTS_INTEREST;
+            }
         }
         w.varint(flags);
         if tiers {
@@ -349,14 +397,7 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         }
     }
     if version >= BINARY_REFUSED_REPLY_VERSION {
-        w.varint(reply.refused.len() as u64);
-        for group in &reply.refused {
-            w.varint(group.id);
-            w.varint(group.keys.len() as u64);
-            for &key in &group.keys {
-                w.fixed(key);
-            }
-        }
+        w.key_groups(&reply.refused);
     }
     Ok(w.0)
 }
@@ -442,6 +483,8 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         0
     };
     let known = if version >= BINARY_REPLY_VERSION {
+        TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD | TAKES_INTEREST | WANTS_INTEREST
+    } else if version >= BINARY_HELD_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD
     } else if version >= BINARY_SEQUENCE_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE
@@ -463,27 +506,19 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     } else {
         0
     };
-    let mut refused = Vec::new();
-    if version >= BINARY_REFUSED_REPLY_VERSION {
-        // A group is at least 2 bytes (id, count), a key 8.
-        let groups = r.count(2, || "refused".into())?;
-        refused.reserve(groups);
-        for g in 0..groups {
-            let id = r.varint_or(|| format!("refused[{g}].id"))?;
-            let n = r.count(8, || format!("refused[{g}].keys"))?;
-            let mut keys = Vec::with_capacity(n);
-            for i in 0..n {
-                keys.push(r.fixed(|| format!("refused[{g}].keys[{i}]"))?);
-            }
-            refused.push(RefusedKeys { id, keys });
-        }
-    }
+    let refused = if version >= BINARY_REFUSED_REPLY_VERSION {
+        r.key_groups("refused", false)?
+    } else {
+        Vec::new()
+    };
     r.end()?;
     Ok(SyncResponse {
         takes_returns: flags & TAKES_RETURNS != 0,
         takes_tiers: flags & TAKES_TIERS != 0,
         takes_sequence: flags & TAKES_SEQUENCE != 0,
         takes_held: flags & TAKES_HELD != 0,
+        takes_interest: flags & TAKES_INTEREST != 0,
+        wants_interest: flags & WANTS_INTEREST != 0,
         applied_through,
         root_instance,
         root_time,
@@ -503,6 +538,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
 mod tests {
     use super::codec::TAKES_SEQUENCE;
     use super::*;
+    use crate::wire::RefusedKeys;
     use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, MAX_DELTAS_PER_SYNC};
     use proptest::prelude::*;
 
@@ -765,7 +801,7 @@ mod tests {
             ..returning_request()
         };
         let body = encode_request(&r);
-        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(body[3], BINARY_HELD_REQUEST_VERSION);
         assert_eq!(decode_request(&body).unwrap(), r);
         for n in 0..body.len() {
             assert!(
@@ -800,6 +836,74 @@ mod tests {
     }
 
     #[test]
+    fn an_interest_list_is_request_format_6_and_reads_back_whole_or_added() {
+        for full in [true, false] {
+            let r = SyncRequest {
+                sequence: Some(Sequence {
+                    incarnation: 9,
+                    seq: 3,
+                }),
+                held: vec![(4, 1)],
+                interest: Some(crate::wire::Interest {
+                    full,
+                    keys: vec![RefusedKeys {
+                        id: 7,
+                        keys: vec![1, u64::MAX],
+                    }],
+                }),
+                ..returning_request()
+            };
+            let body = encode_request(&r);
+            assert_eq!(body[3], BINARY_REQUEST_VERSION);
+            assert_eq!(decode_request(&body).unwrap(), r);
+            for n in 0..body.len() {
+                assert!(decode_request(&body[..n]).is_err(), "{n}");
+            }
+        }
+        // Without a list, a request keeps the format an older root reads.
+        let plain = SyncRequest {
+            sequence: Some(Sequence {
+                incarnation: 9,
+                seq: 3,
+            }),
+            held: vec![(4, 1)],
+            ..returning_request()
+        };
+        assert_eq!(encode_request(&plain)[3], BINARY_HELD_REQUEST_VERSION);
+        // An unnumbered list is refused whole.
+        let unnumbered = SyncRequest {
+            limiter: "h".into(),
+            interest: Some(crate::wire::Interest::default()),
+            ..SyncRequest::default()
+        };
+        assert_eq!(unnumbered.check().unwrap_err().field, "interest");
+    }
+
+    #[test]
+    fn reply_format_8_says_whether_the_root_answers_by_interest_and_older_ones_never_do() {
+        let r = SyncResponse {
+            takes_sequence: true,
+            takes_held: true,
+            takes_interest: true,
+            wants_interest: true,
+            applied_through: 5,
+            ..tiered_reply()
+        };
+        let body = encode_response(&r).unwrap();
+        assert_eq!(body[3], BINARY_REPLY_VERSION);
+        let read = decode_response(&body).unwrap();
+        assert!(read.takes_interest && read.wants_interest && read.takes_held);
+        // To a limiter that asked for format 7 neither flag is set.
+        let v7 = decode_response(&encode_response_as(&r, BINARY_HELD_REPLY_VERSION).unwrap());
+        let v7 = v7.unwrap();
+        assert!(!v7.takes_interest && !v7.wants_interest && v7.takes_held);
+        // Format 8 read as format 7: the flags are unknown, refused.
+        let mut as_v7 = body.clone();
+        as_v7[3] = BINARY_HELD_REPLY_VERSION;
+        assert!(decode_response(&as_v7).is_err());
+    }
+
+    #[test]
     fn reply_format_7_says_whether_the_root_takes_held_slots_and_older_ones_never_do() {
         let r = SyncResponse {
             takes_sequence: true,
@@ -807,8 +911,8 @@ mod tests {
             applied_through: 5,
             ..tiered_reply()
         };
-        let body = encode_response_as(&r, BINARY_REPLY_VERSION).unwrap();
-        assert_eq!(body[3], BINARY_REPLY_VERSION);
+        let body = encode_response_as(&r, BINARY_HELD_REPLY_VERSION).unwrap();
+        assert_eq!(body[3], BINARY_HELD_REPLY_VERSION);
         assert!(decode_response(&body).unwrap().takes_held);
         // To a limiter that asked for format 6 (it predates held slots)
         // the flag is never set: it would refuse it as unknown.

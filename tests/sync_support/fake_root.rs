@@ -64,6 +64,13 @@ impl Versioned {
     /// that reports them is refused as such a root refuses it (415 for
     /// the binary format, 400 for JSON with a field it does not know).
     pub const PREDATES_HELD: u8 = 3;
+    /// The root predates replies by interest (request format 6, reply
+    /// format 8): a request for reply format 8 is answered in format 7,
+    /// whose flags cannot say it answers by interest (nor can a JSON
+    /// reply), and a request that carries an interest list is refused as
+    /// such a root refuses it (415 for the binary format, 400 for JSON
+    /// with a field it does not know).
+    pub const PREDATES_INTEREST: u8 = 4;
 }
 
 /// Quota names the garbage replies carry; a limiter must never hold one.
@@ -83,6 +90,9 @@ pub struct FakeRoot {
     /// Of those, requests that report held slots (binary format 5, or
     /// JSON with `held`).
     pub held: Arc<AtomicUsize>,
+    /// Of those, requests that carry an interest list (binary format 6
+    /// with one, or JSON with `interest`).
+    pub interest: Arc<AtomicUsize>,
     /// The [`Versioned`] mode of a versioned proxy.
     pub mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
@@ -99,12 +109,14 @@ impl FakeRoot {
         let binary = Arc::new(AtomicUsize::new(0));
         let numbered = Arc::new(AtomicUsize::new(0));
         let held = Arc::new(AtomicUsize::new(0));
+        let interest = Arc::new(AtomicUsize::new(0));
         let mode = Arc::new(AtomicU8::new(Versioned::CURRENT));
         let seen = Seen {
             requests: Arc::clone(&requests),
             binary: Arc::clone(&binary),
             numbered: Arc::clone(&numbered),
             held: Arc::clone(&held),
+            interest: Arc::clone(&interest),
             mode: Arc::clone(&mode),
             stop: Arc::clone(&stop),
         };
@@ -124,6 +136,7 @@ impl FakeRoot {
             binary,
             numbered,
             held,
+            interest,
             mode,
             stop,
             accept: Some(accept),
@@ -149,6 +162,7 @@ struct Seen {
     binary: Arc<AtomicUsize>,
     numbered: Arc<AtomicUsize>,
     held: Arc<AtomicUsize>,
+    interest: Arc<AtomicUsize>,
     mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
 }
@@ -187,6 +201,15 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
     if reports_held {
         seen.held.fetch_add(1, Ordering::AcqRel);
     }
+    // A limiter writes format 6 only for a request with a list.
+    let lists_interest = if is_binary {
+        body.get(3).is_some_and(|&v| v >= 6)
+    } else {
+        find(body, b"\"interest\"").is_some()
+    };
+    if lists_interest {
+        seen.interest.fetch_add(1, Ordering::AcqRel);
+    }
     let reply = match how {
         Misbehaviour::Versioned { root } => {
             match seen.mode.load(Ordering::Acquire) {
@@ -194,18 +217,24 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
                     refuse_as_older(&mut stream, is_binary, 4, "sequence");
                     return;
                 }
+                Versioned::PREDATES_INTEREST if lists_interest => {
+                    refuse_as_older(&mut stream, is_binary, 6, "interest");
+                    return;
+                }
                 Versioned::PREDATES_HELD if reports_held => {
                     refuse_as_older(&mut stream, is_binary, 5, "held");
                     return;
                 }
-                Versioned::PREDATES_HELD => {
-                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 6);
-                    let mut older = head.into_bytes();
-                    older.extend_from_slice(&request[end..]);
-                    request = older;
-                }
-                Versioned::PREDATES_SEQUENCES => {
-                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), 4);
+                mode @ (Versioned::PREDATES_SEQUENCES
+                | Versioned::PREDATES_HELD
+                | Versioned::PREDATES_INTEREST) => {
+                    // The newest reply format such a root writes.
+                    let most = match mode {
+                        Versioned::PREDATES_SEQUENCES => 4,
+                        Versioned::PREDATES_HELD => 6,
+                        _ => 7,
+                    };
+                    let head = older_accept(&String::from_utf8_lossy(&request[..end]), most);
                     let mut older = head.into_bytes();
                     older.extend_from_slice(&request[end..]);
                     request = older;
@@ -219,6 +248,11 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
             }
             if mode == Versioned::PREDATES_HELD {
                 reply = reply.map(|r| without_json_field(&r, "\"takes_held\":true"));
+            }
+            if mode == Versioned::PREDATES_HELD || mode == Versioned::PREDATES_INTEREST {
+                for field in ["\"takes_interest\":true", "\"wants_interest\":true"] {
+                    reply = reply.map(|r| without_json_field(&r, field));
+                }
             }
             if let Some(reply) = reply {
                 let _ = stream.write_all(&reply);

@@ -334,6 +334,23 @@ impl Limiter {
         )
     }
 
+    /// Checks one request of weight 1 on key `key` of the per-key quota
+    /// `name`; true if it passed.
+    pub fn check_key(&self, name: &str, key: &str) -> bool {
+        let item = sluice::table::CheckItem {
+            name: name.as_bytes(),
+            key: Some(key.as_bytes()),
+            weight: 1,
+            max_wait: None,
+        };
+        let options = sluice::table::CheckOptions::default();
+        let r = self
+            .table
+            .gate()
+            .check_many(&[item], self.now(), options, || 0.5);
+        r.outcome == Outcome::Pass
+    }
+
     /// The quota `name` as this limiter holds it, if it does.
     pub fn quota(&self, name: &str) -> Option<QuotaState> {
         self.table.quota(name.as_bytes(), self.now())

@@ -367,7 +367,7 @@ mod tests {
         assert_eq!(formats(None, &[old]).binary_reply, Some(1));
         // A newer format than this root writes: its newest; case and
         // spaces do not matter; JSON when binary is not named.
-        let f = formats(None, &["Application/X-Sluice-Sync ; Version = 7"]);
+        let f = formats(None, &["Application/X-Sluice-Sync ; Version = 9"]);
         assert_eq!(f.binary_reply, Some(binary::BINARY_REPLY_VERSION));
         assert_eq!(
             formats(None, &["application/x-sluice-sync;version=x"]).binary_reply,

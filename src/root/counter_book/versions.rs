@@ -169,16 +169,18 @@ impl CounterBook {
         changed
     }
 
-    /// Appends to `out` the counters with a version in `(since, upto]`,
-    /// oldest first, stopping after `max` that are sent (with `since ==
-    /// 0`, counters at the floor at `now` are listed as skipped): the
-    /// part of one shard in a reply, merged by version with the others'.
+    /// Appends to `out` the counters with a version in `(since, upto]`
+    /// that `wanted` keeps, oldest first, stopping after `max` that are
+    /// sent (with `since == 0`, counters at the floor at `now` are listed
+    /// as skipped; counters `wanted` drops are passed over, never listed):
+    /// the part of one shard in a reply, merged by version with the
+    /// others'.
     pub fn changed_between(
         &self,
-        since: u64,
-        upto: u64,
+        (since, upto): (u64, u64),
         max: usize,
         now: Nanos,
+        wanted: impl Fn(CounterKey) -> bool,
         out: &mut Vec<ChangedEntry>,
     ) {
         let mut first = NIL;
@@ -194,6 +196,10 @@ impl CounterBook {
             if slot.version > upto {
                 break;
             }
+            if !wanted(slot.counter) {
+                cursor = slot.newer;
+                continue;
+            }
             let skipped = since == 0 && slot.counting.is_empty(slot.tally, now);
             out.push(ChangedEntry {
                 version: slot.version,
@@ -204,6 +210,18 @@ impl CounterBook {
             sent += usize::from(!skipped);
             cursor = slot.newer;
         }
+    }
+
+    /// `counter` as a reply would carry it, whatever its version; `None`
+    /// when the book holds no such counter.
+    pub fn entry(&self, counter: CounterKey) -> Option<ChangedEntry> {
+        let slot = &self.slots[*self.index.get(&counter)? as usize];
+        Some(ChangedEntry {
+            version: slot.version,
+            counter,
+            tally: slot.tally,
+            skipped: false,
+        })
     }
 
     /// The version of the most recently updated counter, 0 when none.

@@ -21,7 +21,7 @@ use crate::wire::{CounterKey, RefusedKeys, Sequence, SyncRequest, SyncResponse, 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits, Uncounted};
-use super::counter_shards::{CounterSizes, Counters, CountersView};
+use super::counter_shards::{Asker, CounterSizes, Counters, CountersView};
 use super::in_flight::{lease_expired, HELD_BURSTS};
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
@@ -131,6 +131,11 @@ pub struct SyncStep {
     /// the root's keys, or the root holds `max_keys` (see
     /// [`SyncResponse::refused`]).
     pub refused: Vec<CounterKey>,
+    /// The root answers by interest ([`Ledger::by_interest`]).
+    pub takes_interest: bool,
+    /// Some shard holds no record of the limiter's keys: the reply asks
+    /// for its whole list.
+    pub wants_interest: bool,
 }
 
 impl SyncStep {
@@ -156,6 +161,8 @@ impl SyncStep {
             takes_tiers: true,
             takes_sequence: true,
             takes_held: true,
+            takes_interest: self.takes_interest,
+            wants_interest: self.wants_interest,
             applied_through: self.applied_through,
             tiers: self.tiers,
             refused: RefusedKeys::by_template(self.refused),
@@ -213,6 +220,10 @@ pub struct Ledger {
     /// How long a limiter keeps the in-flight slots it holds without
     /// syncing (see [`super::in_flight`]), nanoseconds.
     pub in_flight_lease: Nanos,
+    /// Replies carry only the keys' counters each limiter holds (see
+    /// [`super::interest`]); false: every changed counter, as a root
+    /// that predates interest (the simulator's comparison).
+    pub by_interest: bool,
 }
 
 impl Default for Ledger {
@@ -226,6 +237,7 @@ impl Default for Ledger {
             utc_offset: 0,
             level_cap_seconds: DEFAULT_CAP_SECONDS,
             in_flight_lease: super::in_flight::DEFAULT_LEASE.as_nanos() as Nanos,
+            by_interest: true,
         }
     }
 }
@@ -432,16 +444,53 @@ impl Ledger {
         step.tiers = self.tiers_step(request, &quotas, instance, now, step.quotas.more, paging);
         drop(quotas);
         let since = self.counters_since(request, instance);
-        step.counters = if step.quotas.more {
-            ChangedCounters {
+        let (listed, sent) = self.interest_told(request);
+        let asker = self.by_interest.then_some(Asker {
+            limiter: number,
+            full: request.interest.as_ref().is_some_and(|i| i.full),
+            listed: &listed,
+            sent: &sent,
+        });
+        let known = if step.quotas.more {
+            step.counters = ChangedCounters {
                 counters: Vec::new(),
                 keyed: Vec::new(),
                 version: since,
-            }
+            };
+            asker.is_none_or(|asker| self.counters.learn_interest(asker, now))
         } else {
-            self.counters.changed_since(since, paging.counters, now)
+            let (changed, known) = self
+                .counters
+                .changed_for(since, paging.counters, now, asker);
+            step.counters = changed;
+            known
         };
+        step.takes_interest = self.by_interest;
+        step.wants_interest = !known;
         step
+    }
+
+    /// The keys `request` lists as held and the keys it sent deltas for
+    /// (its own and its earlier parts'), by counter shard; none when the
+    /// root does not answer by interest.
+    fn interest_told(&self, request: &SyncRequest) -> (Vec<Vec<CounterKey>>, Vec<Vec<CounterKey>>) {
+        if !self.by_interest {
+            return (Vec::new(), Vec::new());
+        }
+        let shards = self.counters.shard_count();
+        let by_shard = |keys: &mut dyn Iterator<Item = CounterKey>| {
+            let mut out = vec![Vec::new(); shards];
+            for k in keys {
+                out[self.counters.shard_of(k)].push(k);
+            }
+            out
+        };
+        let listed = request.interest.iter().flat_map(|i| i.counters());
+        let keyed = std::iter::once(&request.keyed)
+            .chain(request.replay.iter().map(|p| &p.keyed))
+            .flatten();
+        let sent = keyed.flat_map(|g| g.deltas.iter().map(|d| CounterKey { id: g.id, key: d.0 }));
+        (by_shard(&mut { listed }), by_shard(&mut { sent }))
     }
 
     /// Applies one part of a sync's weight (a replayed earlier request's,

@@ -25,7 +25,9 @@ impl Sim<'_> {
         if !self.hosts[host].alive {
             return;
         }
-        let rank = self.keys[load].as_mut().map(|k| k.pick(&mut self.key_rng));
+        let rank = self.keys[load]
+            .as_mut()
+            .map(|k| k.pick(&mut self.key_rng, host));
         let slot = (load, rank.unwrap_or(0));
         let in_flight = self.in_flight.get(&slot).copied().unwrap_or(0);
         if charge.in_flight.is_some_and(|most| in_flight >= most) {

@@ -21,14 +21,22 @@ pub(super) struct LoadKeys {
     pub(super) next_one_off: u64,
     /// Index of the load's per-key record in the series, if tracked.
     pub(super) tracked: Option<usize>,
+    /// Each host draws from its own run of this many keys
+    /// ([`crate::sim::scenario::KeysSpec::per_host`]), and the hosts.
+    pub(super) per_host: Option<(u64, u64)>,
 }
 
 impl LoadKeys {
-    /// The rank (1..) of the next request's key.
-    pub(super) fn pick(&mut self, rng: &mut Rng) -> u64 {
+    /// The rank (1..) of the next request's key at `host`.
+    pub(super) fn pick(&mut self, rng: &mut Rng, host: usize) -> u64 {
         if self.count == 0 {
             self.next_one_off += 1;
             return self.next_one_off;
+        }
+        if let Some((run, hosts)) = self.per_host {
+            // The host's run of keys, uniform in it.
+            let start = host as u64 * self.count / hosts.max(1);
+            return 1 + (start + rng.next_u64() % run) % self.count;
         }
         match &self.cdf {
             Some(cdf) => {
@@ -164,7 +172,9 @@ impl Sim<'_> {
         let weight = spec.weight;
         let q = self.load_quota[load];
         let local = h.local(now);
-        let rank = self.keys[load].as_mut().map(|k| k.pick(&mut self.key_rng));
+        let rank = self.keys[load]
+            .as_mut()
+            .map(|k| k.pick(&mut self.key_rng, host));
         let key = key_bytes(load, rank);
         let item = CheckItem {
             name: self.quotas[q].name.as_bytes(),

@@ -86,6 +86,11 @@ pub fn simulate(checked: &Checked, options: RunOptions) -> Series {
             foreign: r.foreign,
             requests: r.requests,
             replied: r.replied,
+            reply_bytes: r.reply_bytes,
+            own_bytes: r.own_bytes,
+            first_bytes: r.first_bytes,
+            steady_requests: r.steady_requests,
+            busy_ns: r.busy_ns,
         })
         .collect();
     sim.series
@@ -189,6 +194,7 @@ impl<'a> Sim<'a> {
                 let mut root = SimRoot::new(&quotas, net_rng.next_u64() | 1, started, utc_offset)
                     .with_level_cap_seconds(longest_wait);
                 root.group = (s.root_groups.get(r).map_or(0, |&g| g as usize), groups);
+                root.set_interest(s.interest);
                 root
             })
             .collect();
@@ -234,6 +240,9 @@ impl<'a> Sim<'a> {
                     cdf,
                     next_one_off: 0,
                     tracked,
+                    per_host: spec
+                        .per_host
+                        .map(|run| (run.clamp(1, count.max(1)), s.hosts.count as u64)),
                 })
             })
             .collect();

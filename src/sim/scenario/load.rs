@@ -20,6 +20,11 @@ pub struct KeysSpec {
     /// Every request a key never seen before (a scan).
     #[serde(default)]
     pub one_off: bool,
+    /// Each host draws from its own run of this many of the `count` keys
+    /// (host `h`'s starts at `h * count / hosts`, so neighbouring hosts
+    /// share keys): each host touches only its part of the key space.
+    #[serde(default)]
+    pub per_host: Option<u64>,
 }
 
 /// Load offered on one quota.

@@ -83,6 +83,11 @@ pub struct Scenario {
     /// (empty: one group).
     #[serde(default)]
     pub root_groups: Vec<u32>,
+    /// The roots answer by interest (default): each host gets only the
+    /// keys' counters it holds. False: every changed counter, as roots
+    /// before interest (to measure what interest saves in one run).
+    #[serde(default = "default_true")]
+    pub interest: bool,
     /// Every quota and load is repeated this many times (default 1): copy
     /// `i` of quota `name` is `name-i` (copy 0 keeps the name, so reports
     /// measure it), its load and its parent renamed alike. Many quotas
@@ -194,6 +199,10 @@ pub struct HostsSpec {
     /// Keys of per-key quotas each host's table holds.
     #[serde(default = "default_host_keys")]
     pub keys: u64,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_host_keys() -> u64 {

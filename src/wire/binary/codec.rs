@@ -4,7 +4,8 @@
 //! holds is in the parent module's doc.
 
 use crate::wire::{
-    too_many_entries, CounterDelta, KeyDelta, KeyedDeltas, WireError, MAX_DELTAS_PER_SYNC,
+    too_many_entries, CounterDelta, KeyDelta, KeyedDeltas, RefusedKeys, WireError,
+    MAX_DELTAS_PER_SYNC,
 };
 
 /// Content type of a binary sync body (request or reply).
@@ -24,9 +25,13 @@ pub const BINARY_TIERS_REQUEST_VERSION: u8 = 3;
 /// ([`super::Sequence`]).
 pub const BINARY_SEQUENCE_REQUEST_VERSION: u8 = 4;
 
-/// The newest request format: [`BINARY_SEQUENCE_REQUEST_VERSION`]'s with
-/// the slots the limiter holds ([`super::SyncRequest::held`]).
-pub const BINARY_REQUEST_VERSION: u8 = 5;
+/// The request format that adds the slots the limiter holds
+/// ([`super::SyncRequest::held`]).
+pub const BINARY_HELD_REQUEST_VERSION: u8 = 5;
+
+/// The newest request format: [`BINARY_HELD_REQUEST_VERSION`]'s with the
+/// keys the limiter holds ([`super::SyncRequest::interest`]).
+pub const BINARY_REQUEST_VERSION: u8 = 6;
 
 /// The reply format that adds keyed groups' previous-window counts.
 pub const BINARY_PREV_VERSION: u8 = 2;
@@ -44,9 +49,13 @@ pub const BINARY_SEQUENCE_REPLY_VERSION: u8 = 5;
 /// The reply format that adds the keys the root refused to hold.
 pub const BINARY_REFUSED_REPLY_VERSION: u8 = 6;
 
-/// The newest reply format: [`BINARY_REFUSED_REPLY_VERSION`]'s whose
-/// flags may also say the root takes held slots.
-pub const BINARY_REPLY_VERSION: u8 = 7;
+/// The reply format whose flags may also say the root takes held slots.
+pub const BINARY_HELD_REPLY_VERSION: u8 = 7;
+
+/// The newest reply format: [`BINARY_HELD_REPLY_VERSION`]'s whose flags
+/// may also say the root answers by interest, and wants the limiter's
+/// whole list.
+pub const BINARY_REPLY_VERSION: u8 = 8;
 
 /// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
 pub(super) const TAKES_RETURNS: u64 = 1;
@@ -59,6 +68,14 @@ pub(super) const TAKES_SEQUENCE: u64 = 4;
 
 /// Reply flag: the root takes held slots ([`SyncResponse::takes_held`]).
 pub(super) const TAKES_HELD: u64 = 8;
+
+/// Reply flag: the root answers by interest
+/// ([`SyncResponse::takes_interest`]).
+pub(super) const TAKES_INTEREST: u64 = 16;
+
+/// Reply flag: the root wants the limiter's whole interest list
+/// ([`SyncResponse::wants_interest`]).
+pub(super) const WANTS_INTEREST: u64 = 32;
 
 /// The header's first two bytes.
 pub(super) const MAGIC: [u8; 2] = *b"SL";
@@ -130,6 +147,19 @@ impl Writer {
             for d in &group.deltas {
                 self.fixed(d.0);
                 self.varint(d.1);
+            }
+        }
+    }
+
+    /// Keys by template (a reply's refused keys, a request's interest):
+    /// per template its id, a count and the keys' hashes.
+    pub(super) fn key_groups(&mut self, groups: &[RefusedKeys]) {
+        self.varint(groups.len() as u64);
+        for group in groups {
+            self.varint(group.id);
+            self.varint(group.keys.len() as u64);
+            for &key in &group.keys {
+                self.fixed(key);
             }
         }
     }
@@ -304,6 +334,35 @@ impl<'a> Reader<'a> {
             });
         }
         Ok(keyed)
+    }
+
+    /// Keys by template called `what` (see [`Writer::key_groups`]); in a
+    /// request (`entries`) they take entries of [`MAX_DELTAS_PER_SYNC`].
+    pub(super) fn key_groups(
+        &mut self,
+        what: &str,
+        entries: bool,
+    ) -> Result<Vec<RefusedKeys>, WireError> {
+        let count = |r: &mut Self, min: usize, field: &dyn Fn() -> String| {
+            if entries {
+                r.entries(min, field)
+            } else {
+                r.count(min, field)
+            }
+        };
+        // A group is at least 2 bytes (id, count), a key 8.
+        let groups = count(self, 2, &|| what.into())?;
+        let mut out = Vec::with_capacity(groups);
+        for g in 0..groups {
+            let id = self.varint_or(|| format!("{what}[{g}].id"))?;
+            let n = count(self, 8, &|| format!("{what}[{g}].keys"))?;
+            let mut keys = Vec::with_capacity(n);
+            for i in 0..n {
+                keys.push(self.fixed(|| format!("{what}[{g}].keys[{i}]"))?);
+            }
+            out.push(RefusedKeys { id, keys });
+        }
+        Ok(out)
     }
 
     #[inline]
