@@ -69,7 +69,8 @@
 //!   `wire/tiers.rs` — the
 //!   overrides and penalties a sync carries (cursors, pages, versions);
 //!   `wire/interest.rs` — the keys a limiter holds, told to a root that
-//!   answers by interest.
+//!   answers by interest; `wire/sequence.rs` — numbered requests and the
+//!   earlier ones a request carries again.
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers), in three floors: the region core

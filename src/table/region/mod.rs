@@ -7,6 +7,9 @@
 //! - `sections.rs` — [`Region`]: a heap mapping or lent memory (an nginx
 //!   zone), formatted or attached to, and the accessors that turn its
 //!   offsets into sections; table-wide numbers and settings.
+//! - `words.rs` — how numbers are packed into the region's words (a
+//!   key's level and time, a sliding key's rate, a sliding slot's rate
+//!   and previous count) and the keys' coarse clock.
 //! - `layout.rs` — the format: header, status block, slot, index entry,
 //!   key entry and tier entry layouts, their flags and packings.
 //! - `geometry.rs` — where each section starts for a given size, and the
@@ -51,6 +54,7 @@ mod sections;
 pub(in crate::table) mod slots;
 pub(in crate::table) mod status;
 pub(in crate::table) mod tier_section;
+mod words;
 
 pub(in crate::table) use sections::{read_pause, region_view, ACQ, READ_ATTEMPTS, REL, RLX};
 pub use sections::{Region, SlotId, TableError};
