@@ -121,8 +121,8 @@ impl Restarts {
 /// the root for a later sync thread. When the page comes from another
 /// instance than the last one, and one that did not answer at this URL
 /// lately (the root restarted), starts the grace and returns what the
-/// root must be sent again ([`held_before`]; nothing to a root that takes
-/// held slots, which every numbered request carries); `groups` is the
+/// root must be sent again ([`held_before`]: only keys' slots to a root
+/// that takes held slots, which every numbered request carries); `groups` is the
 /// number of root groups. One that did answer lately is another process
 /// behind the same URL answering in turn: not a restart.
 pub(super) fn take_answer(
@@ -148,14 +148,7 @@ pub(super) fn take_answer(
             link.found_restart();
             link.restart_seen = Some(now);
             let absolute = page.reply.takes_held && page.reply.takes_sequence;
-            let mut again = if absolute {
-                Vec::new()
-            } else {
-                held_before(table, link, sent, groups, now)
-            };
-            // Keys' slots go as adds and returns to every root: sent again.
-            again.extend(keys_held_before(table, link, sent, groups, now));
-            resend = Some(again);
+            resend = Some(held_before(table, link, sent, groups, now, !absolute));
         }
     }
     let known = link.remembered();
@@ -166,48 +159,44 @@ pub(super) fn take_answer(
     resend
 }
 
-/// [`held_before`] for the keys of per-key in-flight quotas: the slots
-/// this host's requests hold of each key of the root's group (as the
-/// hold records count them), less what the new instance counts of `sent`
-/// and what the link still owes it. Without them, as for named counters,
-/// the returns of those slots would hide as many later ones there
-/// (fail-open: a restarted root read 0 of 6 held slots in the fault
-/// suite's `root-restarts`). Also to a root that takes held counts
-/// absolute: a key's are not in them.
-fn keys_held_before(
-    table: &Table,
-    link: &RootLink,
-    sent: &OwedDeltas,
-    groups: usize,
-    now: Nanos,
-) -> Vec<(CounterKey, Owed)> {
-    owed_again(link, sent, groups, now, table.books().held_key_counts())
-}
-
 /// What the root of `link`, found restarted by the reply to a request
-/// that carried `sent`, must be sent again: for each named in-flight
-/// counter of its group, the slots this host held before what it sent
-/// that root and still owes it. The new instance counts nothing from
-/// before; without these, the returns of those slots would take this
-/// host's holding there below zero and hide as many of its later slots
-/// for as long as it syncs (fail-open). Its held word less what the new
+/// that carried `sent`, must be sent again: for each in-flight counter
+/// of its group, the slots this host held before what it sent that root
+/// and still owes it. The new instance counts nothing from before;
+/// without these, the returns of those slots would take this host's
+/// holding there below zero and hide as many of its later slots for as
+/// long as it syncs (fail-open). What this host holds less what the new
 /// instance counts of `sent` and of what the link still owes is exactly
 /// that: the restarted root then holds what this host holds. That
 /// includes units resent to an earlier restart that the new instance got
 /// (or will): a root restarting again before a resend was acknowledged is
-/// not sent the same slots twice. Per-key counters keep no held word:
-/// [`keys_held_before`] counts their slots from the hold records.
+/// not sent the same slots twice.
+///
+/// A named counter's holding is its held word, sent only when `named`
+/// (a root that takes held counts absolute gets them with every numbered
+/// request). A key's is counted from the hold records
+/// ([`crate::table::Books::held_key_counts`]), sent to every root: the
+/// keys' slots go as adds and returns (before, nothing was, and a
+/// restarted root read 0 of 6 held slots in the fault suite's
+/// `root-restarts`).
 fn held_before(
     table: &Table,
     link: &RootLink,
     sent: &OwedDeltas,
     groups: usize,
     now: Nanos,
+    named: bool,
 ) -> Vec<(CounterKey, Owed)> {
-    let named = table.books().held_counts();
+    let books = table.books();
+    let named = if named {
+        books.held_counts()
+    } else {
+        Vec::new()
+    };
     let held = named
         .into_iter()
-        .map(|(id, held)| (CounterKey::named(id), held));
+        .map(|(id, held)| (CounterKey::named(id), held))
+        .chain(books.held_key_counts());
     owed_again(link, sent, groups, now, held)
 }
 
