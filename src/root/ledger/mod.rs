@@ -20,6 +20,9 @@ use crate::wire::{CounterKey, RefusedKeys, Sequence, SyncRequest, SyncResponse, 
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
+#[cfg(test)]
+pub(crate) use tests::test_request;
+
 use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits, Uncounted};
 use super::counter_shards::{Asker, CounterSizes, Counters, CountersView};
 use super::in_flight::{lease_expired, HELD_BURSTS};
@@ -778,48 +781,47 @@ impl Ledger {
     }
 }
 
-/// A sync request as a limiter sends it: from `limiter`, asking for
-/// counters after `counter_version` of `root_instance`, with named
-/// `deltas` (`(quota id, delta)`) and keyed ones (`(template id, key
-/// hash, delta)`). For the tests of the ledger and of what is built on it.
-#[cfg(test)]
-pub(crate) fn test_request(
-    limiter: &str,
-    counter_version: u64,
-    root_instance: u64,
-    deltas: &[(u64, u64)],
-    keyed: &[(u64, u64, u64)],
-) -> SyncRequest {
-    use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, QuotaCursor};
-    SyncRequest {
-        limiter: limiter.into(),
-        quotas_after: QuotaCursor::default(),
-        counter_version,
-        root_instance,
-        deltas: deltas
-            .iter()
-            .map(|&(id, delta)| CounterDelta {
-                id,
-                delta,
-                window: None,
-            })
-            .collect(),
-        keyed: keyed
-            .iter()
-            .map(|&(id, hash, delta)| KeyedDeltas {
-                id,
-                deltas: vec![KeyDelta(hash, delta)],
-                window: None,
-            })
-            .collect(),
-        rejected: Vec::new(),
-        ..Default::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sync request as a limiter sends it: from `limiter`, asking for
+    /// counters after `counter_version` of `root_instance`, with named
+    /// `deltas` (`(quota id, delta)`) and keyed ones (`(template id, key
+    /// hash, delta)`). For the tests of the ledger and of what is built on it.
+    pub(crate) fn test_request(
+        limiter: &str,
+        counter_version: u64,
+        root_instance: u64,
+        deltas: &[(u64, u64)],
+        keyed: &[(u64, u64, u64)],
+    ) -> SyncRequest {
+        use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, QuotaCursor};
+        SyncRequest {
+            limiter: limiter.into(),
+            quotas_after: QuotaCursor::default(),
+            counter_version,
+            root_instance,
+            deltas: deltas
+                .iter()
+                .map(|&(id, delta)| CounterDelta {
+                    id,
+                    delta,
+                    window: None,
+                })
+                .collect(),
+            keyed: keyed
+                .iter()
+                .map(|&(id, hash, delta)| KeyedDeltas {
+                    id,
+                    deltas: vec![KeyDelta(hash, delta)],
+                    window: None,
+                })
+                .collect(),
+            rejected: Vec::new(),
+            ..Default::default()
+        }
+    }
     use crate::core::tier::{Override, Rule};
     use crate::wire::CounterDelta;
 
