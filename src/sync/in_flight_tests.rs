@@ -634,6 +634,15 @@ fn in_turn(hosts: [(&Table, &mut SyncEngine); 2], pair: &mut [SimRoot; 2], s: u6
     }
 }
 
+/// Two root processes of `uploads` (instances 1 and 2), to stand behind
+/// one URL.
+fn two_processes() -> [SimRoot; 2] {
+    [
+        SimRoot::new(&uploads(), 1, 0, 0),
+        SimRoot::new(&uploads(), 2, 0, 0),
+    ]
+}
+
 /// Two root processes behind one URL (a load balancer) answer host `a`'s
 /// requests in turn, host `b`'s the other way round, while slots come and
 /// go: each process holds every slot (both take held slots, absolute),
@@ -641,10 +650,7 @@ fn in_turn(hosts: [(&Table, &mut SyncEngine); 2], pair: &mut [SimRoot; 2], s: u6
 /// restart.
 #[test]
 fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_found() {
-    let mut pair = [
-        SimRoot::new(&uploads(), 1, 0, 0),
-        SimRoot::new(&uploads(), 2, 0, 0),
-    ];
+    let mut pair = two_processes();
     let (a, mut ea) = in_flight_host("a");
     let (b, mut eb) = in_flight_host("b");
     let (mut a_held, mut b_held) = (Vec::new(), Vec::new());
@@ -706,10 +712,7 @@ fn two_processes_behind_one_url_each_hold_every_slot_once_and_no_restart_is_foun
 /// counted once at each.
 #[test]
 fn after_a_reload_two_processes_behind_one_url_are_still_switches() {
-    let mut pair = [
-        SimRoot::new(&uploads(), 1, 0, 0),
-        SimRoot::new(&uploads(), 2, 0, 0),
-    ];
+    let mut pair = two_processes();
     let (a, mut ea) = in_flight_host("a");
     let (b, mut eb) = in_flight_host("b");
     let held = take(&a, 3, SEC);
