@@ -1037,11 +1037,6 @@ def run_case(cluster, name, fault, seconds, options):
         "dup_bound": options.get("dup_bound", 0),
         "converge_s": None if converge is None else round(max(converge, 0.0), 1),
         "in_flight": in_flight,
-        # Per-key in-flight slots go to the roots as adds and returns, not
-        # as absolute held counts (docs/not-done.md); a restarted root is
-        # sent them again from the hold records. Required exact unless a
-        # case says otherwise.
-        "in_flight_key_exact": options.get("in_flight_key_exact", True),
     }
     if "clock_offsets" in ctx:
         row["clock_offsets"] = ctx["clock_offsets"]
@@ -1104,8 +1099,6 @@ def in_flight_exact(cluster, holds, churn_end):
                 "held": held,
                 "levels": levels,
                 "exact": exact,
-                "named_exact": held is not None
-                and all(pair[0] is not None and round(pair[0]) == held for pair in levels.values()),
                 "after_s": round(max(after, 0.0), 1),
             }
         time.sleep(0.1)
@@ -1191,8 +1184,7 @@ def check(rows):
             failures.append(f"{r['case']}: admitted/limit after the fault {r['after']:.2f}")
         f = r.get("in_flight")
         if f is not None:
-            wanted = f["exact"] if r.get("in_flight_key_exact", True) else f["named_exact"]
-            if not wanted:
+            if not f["exact"]:
                 failures.append(
                     f"{r['case']}: in-flight slots not exact at the roots within "
                     f"{IN_FLIGHT_EXACT} s of the churn's end: {in_flight_cell(r)}"
