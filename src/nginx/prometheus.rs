@@ -58,6 +58,24 @@ pub fn render(table: &Table, roots: &[String], top: usize, now: Nanos) -> String
          should their worker die.",
         holds.unrecorded as f64,
     );
+    let handover = table.handover_stats();
+    counter(
+        &mut out,
+        "sluice_sync_handover_overflows_total",
+        "Handover records the sync thread could not leave (larger than a third of the zone's \
+         handover section): a sync worker killed then has its unconfirmed weight sent \
+         again as new.",
+        handover.overflowed as f64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP sluice_sync_takeovers_total Sync threads that took over from one whose worker \
+         died: continuing its numbered requests from its handover record (continued), or \
+         sending its weight again as new (resent).\n# TYPE sluice_sync_takeovers_total \
+         counter\nsluice_sync_takeovers_total{{outcome=\"continued\"}} {}\n\
+         sluice_sync_takeovers_total{{outcome=\"resent\"}} {}",
+        handover.continued, handover.resent
+    );
     gauge(
         &mut out,
         "sluice_quota_epoch",
@@ -925,6 +943,17 @@ mod tests {
         assert!(text.contains("sluice_sync_root_syncs_total{root=\"http://r1:7070\"} 3\n"));
         assert!(text.contains("sluice_sync_all_roots_down 0\n"));
         assert!(text.contains("sluice_sync_groups_down 0\n"));
+        t.books().count_takeover(true);
+        t.books().count_takeover(false);
+        t.books().count_takeover(true);
+        let text = render(&t, &["http://r1:7070".to_string()], 10, 0);
+        assert!(
+            text.contains("sluice_sync_takeovers_total{outcome=\"continued\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_sync_takeovers_total{outcome=\"resent\"} 1\n"));
+        assert!(text.contains("# TYPE sluice_sync_takeovers_total counter\n"));
+        assert!(text.contains("sluice_sync_handover_overflows_total 0\n"));
     }
 
     #[test]

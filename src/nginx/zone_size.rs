@@ -5,7 +5,7 @@
 use crate::table::geometry::Geometry;
 use crate::table::layout::MAX_CAPACITY;
 
-/// Zone size when `sluice_zone` is not given: about 180,000 quotas with
+/// Zone size when `sluice_zone` is not given: about 168,000 quotas with
 /// 32-byte names.
 pub const DEFAULT_ZONE_SIZE: usize = 32 << 20;
 

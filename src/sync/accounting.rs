@@ -315,6 +315,45 @@ impl Accounts {
         });
     }
 
+    /// Weight sent and acknowledged by no root, per counter: its slot,
+    /// weight added, weight given back (for the handover record).
+    pub(super) fn unacked(&self) -> Vec<(CounterKey, SlotId, u64, u64)> {
+        self.unacked
+            .by_counter
+            .iter()
+            .map(|(&c, &(slot, added, returned))| (c, slot, added, returned))
+            .collect()
+    }
+
+    /// Takes a dead predecessor's unacknowledged weight over as this
+    /// thread's own (it is in the table's unacked weight already).
+    pub(super) fn adopt_unacked(
+        &mut self,
+        entries: impl IntoIterator<Item = (CounterKey, SlotId, u64, u64)>,
+    ) {
+        for (c, slot, added, returned) in entries {
+            let e = self.unacked.by_counter.entry(c).or_insert((slot, 0, 0));
+            e.1 += added;
+            e.2 += returned;
+        }
+    }
+
+    /// Drops `left` (per counter: weight added, weight given back) from
+    /// this thread's unacknowledged weight; it stays unacknowledged in the
+    /// table (a retired record hands it to the next thread).
+    pub(super) fn forget_unacked(
+        &mut self,
+        left: &std::collections::HashMap<CounterKey, (u64, u64)>,
+    ) {
+        self.unacked.by_counter.retain(|c, (_, added, returned)| {
+            if let Some(&(a, r)) = left.get(c) {
+                *added -= a.min(*added);
+                *returned -= r.min(*returned);
+            }
+            *added > 0 || *returned > 0
+        });
+    }
+
     /// The sync thread stops: weight sent but acknowledged by no root goes
     /// back to the table's pending (see `SyncEngine::abandon`).
     pub(super) fn abandon(&mut self, table: &Table) {

@@ -40,6 +40,7 @@ use super::request::{Outgoing, Page, Requests};
 use super::restart::{self, Restarts};
 use super::routing::shard;
 use super::schedule::key_sweep_budget;
+use super::takeover;
 use super::vouch::Recent;
 use crate::core::Nanos;
 use crate::table::file::purge_seeds;
@@ -71,6 +72,8 @@ pub struct SyncEngine {
     pressure: KeyPressure,
     /// Cycles begun.
     cycles: u64,
+    /// The last handover record left had nothing in it.
+    handover_empty: bool,
 }
 
 impl SyncEngine {
@@ -97,6 +100,7 @@ impl SyncEngine {
             recent: Recent::default(),
             pressure: KeyPressure::default(),
             cycles: 0,
+            handover_empty: false,
         }
     }
 
@@ -205,6 +209,9 @@ impl SyncEngine {
     /// back to [`SyncEngine::finish`], whenever it ends.
     pub fn begin_cycle(&mut self, table: &Table, now: Nanos) -> Vec<Outgoing> {
         self.cycles += 1;
+        if table.books().has_retired_handover() {
+            takeover::adopt_retired(table, &self.requests, &mut self.accounts, &mut self.links);
+        }
         let rejected = self.accounts.collect(table, now);
         // Penalties started here go to every root (a penalty merges by
         // max, wherever it lands).
@@ -217,10 +224,50 @@ impl SyncEngine {
         for (root, link) in self.links.iter_mut().enumerate() {
             link.owe_penalties(&started);
             if plan.asks(link) {
-                out.push(plan.request(table, root, link, now));
+                let request = plan.request(table, root, link, now);
+                link.in_way = request.owed.clone();
+                out.push(request);
             }
         }
+        // Before any of it is sent: a thread that takes over should this
+        // one die sends it again under the same numbers.
+        self.leave_handover(table);
         out
+    }
+
+    /// Leaves in the region what a thread taking over from this one
+    /// (should it die) needs (see `takeover.rs`).
+    fn leave_handover(&mut self, table: &Table) {
+        let was_empty = self.handover_empty;
+        self.handover_empty = takeover::leave(
+            table,
+            &self.requests,
+            &self.accounts,
+            &self.links,
+            was_empty,
+        );
+    }
+
+    /// Takes over from the table's previous sync thread, which died
+    /// (`predecessor`, its process, from [`crate::table::Books::claim_sync`]):
+    /// from its handover record, this thread continues its incarnation
+    /// (each request it sent goes again under its number, counted once by
+    /// a root that applied it) and keeps its unacknowledged weight as its
+    /// own; what the record does not cover, or all of it without a record
+    /// this build can read, goes back to pending to be sent as new (a root
+    /// that had applied it counts it twice). Call after
+    /// [`SyncEngine::resume`], before the first cycle.
+    pub fn take_over(&mut self, table: &Table, predecessor: u32) -> Vec<LogLine> {
+        let line = takeover::take_over(
+            table,
+            predecessor,
+            &mut self.requests,
+            &mut self.accounts,
+            &mut self.links,
+        );
+        self.handover_empty = false;
+        self.leave_handover(table);
+        vec![(LogLevel::Info, line)]
     }
 
     /// Takes in the outcome of one exchange with root `root`: the pages that
@@ -240,6 +287,7 @@ impl SyncEngine {
         // Another root of the same group serves the shard meanwhile.
         let others_up = others_up(&self.links, root);
         self.links[root].busy = false;
+        self.links[root].in_way = OwedDeltas::default();
         if pages.is_empty() {
             return self.failed(table, root, owed, others_up, error, now);
         }
@@ -486,6 +534,27 @@ impl SyncEngine {
                 link.ask_for_all_counters();
             }
         }
+    }
+
+    /// The sync thread stops cleanly (every exchange under way finished):
+    /// the requests still unconfirmed (a root down, or its replies lost)
+    /// are left in the region as a retired record, with the weight they
+    /// pay off, for whichever thread syncs the table next to send again
+    /// under this thread's numbers (see `takeover.rs`); the rest of the
+    /// unacknowledged weight is handed back ([`SyncEngine::abandon`]).
+    pub fn stop(&mut self, table: &Table) -> Vec<LogLine> {
+        let line = takeover::retire(table, &self.requests, &mut self.accounts, &self.links);
+        self.hand_back(table);
+        line.map(|l| vec![(LogLevel::Info, l)]).unwrap_or_default()
+    }
+
+    /// This engine is done with the table: what no root acknowledged goes
+    /// back to pending ([`SyncEngine::abandon`]), and its handover record
+    /// is cleared, so no thread sends that weight again from it.
+    pub fn hand_back(&mut self, table: &Table) {
+        self.abandon(table);
+        table.books().clear_handover();
+        self.handover_empty = true;
     }
 
     /// The sync thread stops: weight sent but acknowledged by no root goes

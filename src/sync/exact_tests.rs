@@ -22,11 +22,41 @@ fn quotas() -> Vec<Quota> {
 }
 
 fn host(name: &str, incarnation: u64) -> (Table, SyncEngine) {
-    let t = Table::new_heap(8, 16);
+    let t = Table::new_heap_handing_over(8, 16, 0, 64 << 10);
     t.books().apply_quotas(&quotas());
+    // As a sync thread starts: this process owns the table's sync (and
+    // leaves its handover records).
+    t.books().claim_sync();
+    (t, engine(name, incarnation))
+}
+
+fn engine(name: &str, incarnation: u64) -> SyncEngine {
     let mut e = SyncEngine::new(&["http://root0".to_string()], name.into(), SEC, 100, 0);
     e.set_incarnation(incarnation);
-    (t, e)
+    e
+}
+
+/// The id of a process that has exited.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// `e`'s thread dies (an nginx worker killed: nothing of it runs again)
+/// and a new one on `t` takes its sync over, as `SyncHandle::start` and
+/// the networked loop do; returns the new thread's engine.
+fn die_and_take_over(e: SyncEngine, t: &Table, incarnation: u64) -> SyncEngine {
+    drop(e);
+    let dead = dead_pid();
+    t.books().pretend_handover_of(dead);
+    assert_eq!(t.books().claim_sync(), Some(dead));
+    let mut next = engine("h", incarnation);
+    next.resume(t);
+    let log = next.take_over(t, dead);
+    assert!(log[0].1.contains(&format!("process {dead}")), "{log:?}");
+    next
 }
 
 fn root() -> SimRoot {
@@ -112,6 +142,19 @@ fn settle(e: &mut SyncEngine, t: &Table, r: &mut SimRoot, mut now: Nanos, n: usi
         now += SEC;
     }
     now
+}
+
+/// A host `h` (incarnation 1) that synced once, then admitted 4 and 5
+/// units in two cycles whose replies were lost (the root applied both).
+fn replies_lost_twice(r: &mut SimRoot) -> (Table, SyncEngine) {
+    let (t, mut e) = host("h", 1);
+    let mut sent = Vec::new();
+    exchange(&mut e, &t, r, Fate::Answered, SEC, &mut sent);
+    admit(&t, 4, 2 * SEC);
+    exchange(&mut e, &t, r, Fate::ReplyLost, 2 * SEC, &mut sent);
+    admit(&t, 5, 3 * SEC);
+    exchange(&mut e, &t, r, Fate::ReplyLost, 3 * SEC, &mut sent);
+    (t, e)
 }
 
 /// The scenario the issue measured: replies lost for `lost` seconds of
@@ -257,6 +300,108 @@ fn a_new_sync_thread_is_a_new_stream_and_an_old_one_still_counts_once() {
 }
 
 #[test]
+fn a_thread_that_dies_after_the_root_applied_its_request_is_taken_over_and_counts_once() {
+    // The issue's one case left: the root applied the request, the
+    // thread died before it read the reply (its worker killed), after
+    // replies had been lost for a while. Before handover records the new
+    // thread sent all of it again as new: 4 + 5 + 3 = 12 counted twice.
+    let mut r = root();
+    let (t, mut e) = replies_lost_twice(&mut r);
+    admit(&t, 3, 4 * SEC);
+    for o in e.begin_cycle(&t, 4 * SEC) {
+        r.sync(&o.request, 4 * SEC);
+    }
+    assert_eq!(r.level(1, 4 * SEC), Some(12.0));
+    let mut e = die_and_take_over(e, &t, 2);
+    admit(&t, 6, 5 * SEC);
+    let now = settle(&mut e, &t, &mut r, 5 * SEC, 3);
+    assert_eq!(r.level(1, now), Some(18.0));
+    let seen = t.quota(b"day", now).unwrap().level;
+    assert!((seen - 18.0).abs() < 0.5, "{seen}");
+}
+
+#[test]
+fn a_thread_that_dies_before_its_request_left_is_taken_over_and_counts_once() {
+    // The record is left before the request goes: here it never reached
+    // the root, which counts it once when the new thread sends it.
+    let mut r = root();
+    let (t, mut e) = host("h", 1);
+    admit(&t, 7, SEC);
+    let _unsent = e.begin_cycle(&t, SEC);
+    let mut e = die_and_take_over(e, &t, 2);
+    admit(&t, 1, 2 * SEC);
+    let now = settle(&mut e, &t, &mut r, 2 * SEC, 3);
+    assert_eq!(r.level(1, now), Some(8.0));
+}
+
+#[test]
+fn a_thread_whose_record_is_gone_hands_its_weight_back_whole() {
+    // No record (another process wrote the last one): the weight is sent
+    // again as new, as before records; a root that did not apply it
+    // counts it once.
+    let mut r = root();
+    let (t, mut e) = host("h", 1);
+    admit(&t, 7, SEC);
+    let _unsent = e.begin_cycle(&t, SEC);
+    drop(e);
+    let dead = dead_pid();
+    t.books().pretend_handover_of(dead);
+    t.books().clear_handover_of(dead);
+    assert_eq!(t.books().claim_sync(), Some(dead));
+    let mut e = engine("h", 2);
+    let log = e.take_over(&t, dead);
+    assert!(log[0].1.contains("left no record"), "{log:?}");
+    let now = settle(&mut e, &t, &mut r, 2 * SEC, 3);
+    assert_eq!(r.level(1, now), Some(7.0));
+}
+
+#[test]
+fn a_reload_while_replies_are_lost_counts_once() {
+    // An nginx reload during lost replies: the old thread stops with its
+    // requests unconfirmed (they reached the root), the new one already
+    // syncs. Before retired records the old thread handed their weight
+    // back and the new one sent it as new: 9 counted twice.
+    let mut r = root();
+    let (t, mut old) = replies_lost_twice(&mut r);
+    let mut sent = Vec::new();
+    // The new thread starts (this process owns the sync now) and syncs
+    // beside the old one for a cycle.
+    t.books().claim_sync();
+    let mut new = engine("h", 2);
+    new.resume(&t);
+    admit(&t, 2, 4 * SEC);
+    exchange(&mut new, &t, &mut r, Fate::Answered, 4 * SEC, &mut sent);
+    let log = old.stop(&t);
+    assert!(
+        log[0]
+            .1
+            .contains("2 request(s) unconfirmed and weight owed to 1 root(s): left"),
+        "{log:?}"
+    );
+    admit(&t, 3, 5 * SEC);
+    let now = settle(&mut new, &t, &mut r, 5 * SEC, 3);
+    assert_eq!(r.level(1, now), Some(14.0));
+    let seen = t.quota(b"day", now).unwrap().level;
+    assert!((seen - 14.0).abs() < 0.5, "{seen}");
+    assert_eq!(t.quota(b"day", now).unwrap().unacked, 0);
+}
+
+#[test]
+fn requests_a_stopped_thread_never_got_to_the_root_count_once_through_the_next() {
+    let mut r = root();
+    let (t, mut old) = host("h", 1);
+    let mut sent = Vec::new();
+    admit(&t, 6, SEC);
+    exchange(&mut old, &t, &mut r, Fate::RequestLost, SEC, &mut sent);
+    t.books().claim_sync();
+    let mut new = engine("h", 2);
+    new.resume(&t);
+    old.stop(&t);
+    let now = settle(&mut new, &t, &mut r, 2 * SEC, 3);
+    assert_eq!(r.level(1, now), Some(6.0));
+}
+
+#[test]
 fn a_restarted_root_counts_a_request_its_earlier_instance_applied() {
     // The earlier instance applied it and then died with its counts: the
     // new one counts it once (it starts from nothing).
@@ -367,11 +512,13 @@ proptest! {
 
     /// Any mix of admissions and exchanges that are answered, lose their
     /// request, lose their reply or arrive twice, with old copies turning
-    /// up late: once every exchange is answered again, the root's count
-    /// is exactly what the host admitted.
+    /// up late, sync threads dying mid-exchange (another taking over) and
+    /// stopping for a reload (another starting beside them):
+    /// once every exchange is answered again, the root's count is exactly
+    /// what the host admitted.
     #[test]
     fn any_mix_of_losses_copies_and_late_copies_counts_once(
-        steps in proptest::collection::vec((0u64..5, 0u8..4, any::<bool>()), 1..40),
+        steps in proptest::collection::vec((0u64..5, 0u8..4, any::<bool>(), 0u8..12), 1..40),
         small in any::<bool>(),
     ) {
         let (t, mut e) = host("h", 3);
@@ -384,7 +531,8 @@ proptest! {
         let mut admitted = 0u64;
         let mut now = SEC;
         exchange(&mut e, &t, &mut r, Fate::Answered, now, &mut sent);
-        for (weight, fate, late) in steps {
+        let mut incarnation = 3;
+        for (weight, fate, late, death) in steps {
             now += SEC;
             if weight > 0 {
                 admit(&t, weight, now);
@@ -392,6 +540,37 @@ proptest! {
             }
             let fate = [Fate::Answered, Fate::RequestLost, Fate::ReplyLost, Fate::Twice]
                 [fate as usize];
+            if death == 1 {
+                // An nginx reload: this exchange meets its fate, then a
+                // new thread starts beside the old one, which stops.
+                exchange(&mut e, &t, &mut r, fate, now, &mut sent);
+                incarnation += 1;
+                t.books().claim_sync();
+                let mut next = engine("h", incarnation);
+                next.resume(&t);
+                if small {
+                    next.limit_request_entries(4);
+                }
+                e.stop(&t);
+                e = next;
+                continue;
+            }
+            if death == 0 {
+                // The thread dies after the root applied (or lost) its
+                // request, before any reply; another takes over.
+                for o in e.begin_cycle(&t, now) {
+                    sent.push(o.request.clone());
+                    if !matches!(fate, Fate::RequestLost) {
+                        r.sync(&o.request, now);
+                    }
+                }
+                incarnation += 1;
+                e = die_and_take_over(e, &t, incarnation);
+                if small {
+                    e.limit_request_entries(4);
+                }
+                continue;
+            }
             exchange(&mut e, &t, &mut r, fate, now, &mut sent);
             if late && !sent.is_empty() {
                 let old = sent[(now / SEC) as usize % sent.len()].clone();

@@ -336,6 +336,17 @@ pub struct RootLink {
     /// root carries them again, each under its number, before its own
     /// weight; the root applies each once.
     pub unconfirmed: Vec<Unconfirmed>,
+    /// What the exchange under way pays off (a copy: the exchange hands
+    /// its own back with its outcome), for the handover record.
+    pub in_way: OwedDeltas,
+    /// Requests of earlier sync threads that stopped or died with them
+    /// unconfirmed (see `takeover.rs`), per thread: sent again under its
+    /// incarnation and numbers, the first thread's first, before this
+    /// thread's own.
+    pub orphans: Vec<Orphans>,
+    /// The exchange under way carries the first thread's orphans, not
+    /// this thread's own requests.
+    pub sending_orphans: bool,
     /// Counters exposed to metrics.
     pub metrics: RootMetrics,
 }
@@ -353,12 +364,23 @@ pub const MOST_UNCONFIRMED: usize = 64;
 
 /// A numbered request whose exchange failed (see
 /// [`RootLink::unconfirmed`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Unconfirmed {
     /// Its number.
     pub seq: u64,
     /// What it paid off: sent again, leaked to the time it goes.
     pub owed: OwedDeltas,
+}
+
+/// An earlier sync thread's unconfirmed requests to one root (see
+/// [`RootLink::orphans`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Orphans {
+    /// That thread's incarnation.
+    pub incarnation: u64,
+    /// Its requests not confirmed yet, in increasing order of number
+    /// (those of the exchange under way are in `sending_replay`).
+    pub parts: Vec<Unconfirmed>,
 }
 
 /// Adds `from` to `into`, counter by counter.
@@ -381,6 +403,16 @@ impl RootLink {
     /// again stay unconfirmed, before those it left for later. Past
     /// [`MOST_UNCONFIRMED`] the two oldest are carried as one.
     pub fn unconfirmed_after_failure(&mut self, owed: OwedDeltas) {
+        if std::mem::take(&mut self.sending_orphans) {
+            // The orphans go again, all of them, in order.
+            if let Some(o) = self.orphans.first_mut() {
+                let mut parts = std::mem::take(&mut self.sending_replay);
+                parts.append(&mut o.parts);
+                o.parts = parts;
+            }
+            self.owe_again(owed);
+            return;
+        }
         let mut parts = std::mem::take(&mut self.sending_replay);
         parts.append(&mut self.unconfirmed);
         if let Some(seq) = self.sending.take() {
@@ -407,6 +439,18 @@ impl RootLink {
         for part in std::mem::take(&mut self.sending_replay) {
             merge_owed(owed, part.owed);
         }
+        if std::mem::take(&mut self.sending_orphans) {
+            // The reply speaks of the orphans' incarnation.
+            if let Some(o) = self.orphans.first_mut() {
+                while o.parts.first().is_some_and(|u| u.seq <= applied_through) {
+                    merge_owed(owed, o.parts.remove(0).owed);
+                }
+                if o.parts.is_empty() {
+                    self.orphans.remove(0);
+                }
+            }
+            return;
+        }
         while self
             .unconfirmed
             .first()
@@ -415,6 +459,61 @@ impl RootLink {
             merge_owed(owed, self.unconfirmed.remove(0).owed);
         }
         self.metrics.unconfirmed = self.unconfirmed.len() as u64;
+    }
+
+    /// What a thread taking over should this one die or stop sends this
+    /// root (see `takeover.rs`), as thread `incarnation` (this one): every
+    /// numbered request not confirmed yet, the one under way among them
+    /// (`with_in_way`: it is under way), and what it is owed unnumbered
+    /// (an unnumbered request under way included); then the orphans it
+    /// holds, each under its own thread's incarnation.
+    pub(super) fn handover(
+        &self,
+        incarnation: u64,
+        with_in_way: bool,
+    ) -> Vec<super::handover::LinkRecord> {
+        let mut in_orphans = Vec::new();
+        let mut parts: Vec<Unconfirmed> = self.unconfirmed.clone();
+        if self.sending_orphans {
+            in_orphans = self.sending_replay.clone();
+        } else {
+            parts.extend(self.sending_replay.iter().cloned());
+        }
+        let mut owed = self.owed.clone();
+        if with_in_way {
+            match self.sending {
+                Some(seq) => parts.push(Unconfirmed {
+                    seq,
+                    owed: self.in_way.clone(),
+                }),
+                None => merge_owed(&mut owed, self.in_way.clone()),
+            }
+        }
+        parts.sort_by_key(|p| p.seq);
+        let mut records = vec![super::handover::LinkRecord {
+            url: self.url.clone(),
+            incarnation,
+            next_seq: self.next_seq,
+            parts,
+            owed,
+        }];
+        for (i, o) in self.orphans.iter().enumerate() {
+            let mut parts = if i == 0 {
+                in_orphans.clone()
+            } else {
+                Vec::new()
+            };
+            parts.extend(o.parts.iter().cloned());
+            parts.sort_by_key(|p| p.seq);
+            records.push(super::handover::LinkRecord {
+                url: self.url.clone(),
+                incarnation: o.incarnation,
+                next_seq: 0,
+                parts,
+                owed: OwedDeltas::default(),
+            });
+        }
+        records
     }
 
     /// Owes `owed` to the root again, whatever the bound on what it is
@@ -457,6 +556,9 @@ impl RootLink {
             sending: None,
             sending_replay: Vec::new(),
             unconfirmed: Vec::new(),
+            in_way: OwedDeltas::default(),
+            orphans: Vec::new(),
+            sending_orphans: false,
             metrics,
         }
     }

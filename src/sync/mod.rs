@@ -98,6 +98,12 @@
 //! - `request.rs` — a cycle's request to each root ([`Outgoing`]), numbered
 //!   with the unconfirmed earlier ones it carries again, and the
 //!   pages that answer it ([`Page`]).
+//! - `takeover.rs` — numbered requests outliving their thread: the
+//!   handover record a thread leaves in the region before each
+//!   exchange, which a thread taking over after it died continues from,
+//!   and the retired record of a thread that stopped with requests
+//!   unconfirmed, which the next thread sends again under its numbers;
+//!   `handover.rs` — the records' encoding.
 //! - `restart.rs` — a root found restarted: what it is sent again, when
 //!   its new instance's levels are adopted, what a later thread resumes.
 //! - `health.rs` — root and group health: down after two silent
@@ -133,6 +139,7 @@ mod clock_watch;
 pub mod config;
 mod early;
 pub mod engine;
+mod handover;
 mod health;
 pub mod ids;
 pub mod interest;
@@ -149,6 +156,7 @@ mod schedule;
 mod shared;
 mod standalone;
 pub mod status;
+mod takeover;
 mod thread;
 mod vouch;
 

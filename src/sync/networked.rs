@@ -81,7 +81,12 @@ impl Encoding {
     }
 }
 
-pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
+pub(super) fn run(
+    table: Arc<Table>,
+    config: SyncConfig,
+    shared: Arc<Shared>,
+    predecessor: Option<u32>,
+) {
     let skew = config.clock_skew;
     let mut engine = SyncEngine::new(
         &config.roots,
@@ -92,6 +97,11 @@ pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
     );
     engine.set_groups(&config.groups());
     engine.resume(&table);
+    if let Some(pid) = predecessor {
+        for (level, line) in engine.take_over(&table, pid) {
+            (config.log)(level, &line);
+        }
+    }
     engine.set_early_sync(config.early_sync);
     engine
         .set_in_flight_lease(u64::try_from(config.in_flight_lease.as_nanos()).unwrap_or(u64::MAX));
@@ -148,11 +158,15 @@ pub(super) fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
             (_, Err(e)) => format!("cannot build the HTTP client: {e}; standalone"),
         };
         (config.log)(LogLevel::Error, &error);
-        engine.abandon(&table);
+        engine.hand_back(&table);
         run_standalone(&table, &config, &shared);
         return;
     }
-    engine.abandon(&table);
+    // Requests still unconfirmed go to the next thread under their
+    // numbers; the rest of what no root acknowledged is handed back.
+    for (level, line) in engine.stop(&table) {
+        (config.log)(level, &line);
+    }
 }
 
 /// Why [`run_loop`] returned.

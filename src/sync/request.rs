@@ -234,6 +234,16 @@ impl Requests {
 
     /// Gives this sync thread another id (the simulator's hosts, tests:
     /// ids that do not depend on the system's randomness).
+    /// The limiter id requests carry.
+    pub(super) fn limiter_id(&self) -> &str {
+        &self.limiter_id
+    }
+
+    /// The incarnation numbered requests carry.
+    pub(super) fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     pub(super) fn set_incarnation(&mut self, incarnation: u64) {
         self.incarnation = incarnation.max(1);
     }
@@ -365,6 +375,19 @@ impl CyclePlan<'_> {
         now: Nanos,
     ) -> Outgoing {
         let max_entries = self.requests.max_entries;
+        if !link.orphans.is_empty() {
+            if link.takes_sequence {
+                return self.orphan_request(root, link, now);
+            }
+            // The root no longer takes numbered requests: what they paid
+            // off is owed as anything else.
+            for u in std::mem::take(&mut link.orphans)
+                .into_iter()
+                .flat_map(|o| o.parts)
+            {
+                link.owe_again(u.owed);
+            }
+        }
         if !link.takes_sequence && !link.unconfirmed.is_empty() {
             // The root no longer says it takes sequences: what the
             // failed requests paid off is owed as anything else.
@@ -378,7 +401,7 @@ impl CyclePlan<'_> {
         let interest_entries = interest.as_ref().map_or(0, Interest::entry_count);
         if !link.unconfirmed.is_empty() {
             // Earlier requests alone fill this one.
-            let mut out = self.replay_only(root, link, replay);
+            let mut out = self.replay_only(root, link, replay, None);
             out.request.held = self.held(table, link);
             out.request.interest = interest;
             return out;
@@ -511,9 +534,36 @@ impl CyclePlan<'_> {
         (parts, entries)
     }
 
+    /// A request carrying the requests an earlier thread left unconfirmed
+    /// ([`RootLink::orphans`]), as many as fit half a request, under that
+    /// thread's incarnation and numbers; this thread's own weight waits
+    /// for the next cycle.
+    fn orphan_request(&self, root: usize, link: &mut RootLink, now: Nanos) -> Outgoing {
+        if link.orphans.is_empty() {
+            return self.replay_only(root, link, Vec::new(), None);
+        }
+        let mut orphans = link.orphans.remove(0);
+        // The orphans take the place of this thread's unconfirmed
+        // requests while their request is made.
+        std::mem::swap(&mut link.unconfirmed, &mut orphans.parts);
+        let (replay, _) = self.replay(link, now);
+        std::mem::swap(&mut link.unconfirmed, &mut orphans.parts);
+        link.sending_orphans = true;
+        let incarnation = orphans.incarnation;
+        link.orphans.insert(0, orphans);
+        self.replay_only(root, link, replay, Some(incarnation))
+    }
+
     /// A request to `link`'s root that carries earlier requests only
     /// (`replay`): the last of them as its own weight, under its number.
-    fn replay_only(&self, root: usize, link: &mut RootLink, mut replay: Vec<Replay>) -> Outgoing {
+    /// Under `incarnation` when it is an earlier thread's (orphans).
+    fn replay_only(
+        &self,
+        root: usize,
+        link: &mut RootLink,
+        mut replay: Vec<Replay>,
+        incarnation: Option<u64>,
+    ) -> Outgoing {
         link.sending = None;
         // Under the number of the last part with weight: the root takes
         // every number up to it as applied.
@@ -531,6 +581,9 @@ impl CyclePlan<'_> {
         };
         let mut request = self.body(link, due, Vec::new(), Vec::new(), Some(seq));
         request.replay = replay;
+        if let (Some(incarnation), Some(s)) = (incarnation, request.sequence.as_mut()) {
+            s.incarnation = incarnation;
+        }
         Outgoing {
             root,
             request,

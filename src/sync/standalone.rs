@@ -34,6 +34,11 @@ pub(super) fn run_standalone(table: &Table, config: &SyncConfig, shared: &Shared
         let wait = window_wake(table, now, 0).map_or(tick, |ns| tick.min(Duration::from_nanos(ns)));
         shared.wake.wait_timeout(wait);
         let now = local_now(config.clock_skew);
+        if table.books().has_retired_handover() {
+            // A thread with roots stopped with requests unconfirmed
+            // (a reload to a configuration without roots).
+            super::takeover::hand_back_retired(table);
+        }
         reclaim_abandoned(table, now, config);
         table.books().fold_local(now);
         table

@@ -24,16 +24,9 @@ pub struct SyncHandle {
 impl SyncHandle {
     /// Starts the sync thread for `table`.
     pub fn start(table: Arc<Table>, config: SyncConfig) -> std::io::Result<SyncHandle> {
-        let requeued = table.books().claim_sync();
-        if requeued > 0 {
-            (config.log)(
-                LogLevel::Info,
-                &format!(
-                    "the previous sync thread of this table died with {requeued} units \
-                     unacked; they are sent again"
-                ),
-            );
-        }
+        // A predecessor that died: the networked loop takes its sync over
+        // (its handover record); the others hand its weight back whole.
+        let predecessor = table.books().claim_sync();
         if table.utc_offset() == 0 {
             // Until a root says its time (or with none), this machine's.
             table.set_utc_offset(crate::clock::utc_offset() - config.clock_skew);
@@ -42,7 +35,7 @@ impl SyncHandle {
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("sluice-sync".into())
-            .spawn(move || run(table, config, thread_shared))?;
+            .spawn(move || run(table, config, thread_shared, predecessor))?;
         Ok(SyncHandle {
             shared,
             thread: Some(thread),
@@ -81,11 +74,24 @@ impl Drop for SyncHandle {
 }
 
 /// The thread's body: the loop its configuration and build call for.
-fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>) {
+fn run(table: Arc<Table>, config: SyncConfig, shared: Arc<Shared>, predecessor: Option<u32>) {
     #[cfg(feature = "sync")]
     if !config.roots.is_empty() {
-        super::networked::run(table, config, shared);
+        super::networked::run(table, config, shared, predecessor);
         return;
+    }
+    if let Some(pid) = predecessor {
+        let requeued = table.books().requeue_unacked_beyond(|_, _, _| 0);
+        table.books().clear_handover_of(pid);
+        if requeued > 0 {
+            (config.log)(
+                LogLevel::Info,
+                &format!(
+                    "the previous sync thread of this table (process {pid}) died with \
+                     {requeued} units unacked; they are counted here"
+                ),
+            );
+        }
     }
     if !config.roots.is_empty() {
         (config.log)(

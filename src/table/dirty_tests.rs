@@ -177,11 +177,10 @@ fn a_dead_sync_owners_weight_is_collected_again() {
     t.books().collect_deltas(&mut Vec::new());
     t.gate().check(b"q", 7, SEC);
     assert_eq!(collect_ring_only(&t), vec![(0, 7)]);
-    t.region()
-        .header()
-        .sync_owner
-        .store(super::tests::dead_pid(), Relaxed);
-    assert_eq!(t.books().claim_sync(), 7);
+    let dead = super::tests::dead_pid();
+    t.region().header().sync_owner.store(dead, Relaxed);
+    assert_eq!(t.books().claim_sync(), Some(dead));
+    assert_eq!(t.books().requeue_unacked_beyond(|_, _, _| 0), 7);
     // The claim asks for a scan (a new sync thread's rejection
     // baseline); the requeue queued the slot besides.
     t.region().header().slot_ring.overflow.store(0, Relaxed);

@@ -388,7 +388,8 @@ fn a_zone_that_changed_size_keeps_which_roots_reply_an_in_flight_level_is() {
 #[test]
 fn what_this_host_holds_outlives_the_table_handle_over_the_same_region() {
     // An nginx reload attaches new workers to the same zone.
-    let len = crate::table::geometry::Geometry::new(8, 16).region_len();
+    // Room for 8 quotas and the sections beside them.
+    let len = crate::table::geometry::Geometry::new(8, 16).region_len() + 4096;
     let mut region = vec![0u128; len.div_ceil(16) + 4];
     let base = region.as_mut_ptr().cast::<u8>();
     // SAFETY: the offset to the next 64-byte line is within the 64 spare

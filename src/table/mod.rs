@@ -69,12 +69,13 @@ pub mod gate;
 
 pub mod region;
 
-pub use books::{ApplyReport, Books, CollectedDelta};
+pub use books::{ApplyReport, Books, CollectedDelta, HandoverRecord};
 pub use gate::{
     Cause, CheckItem, CheckOptions, Gate, Grant, Headroom, HeldSlot, ManyOutcome, Outcome,
     Rejection, Reservation, MAX_CHECKS,
 };
 pub use layout::Source;
+pub use region::handover::HandoverStats;
 pub use region::holds::HoldStats;
 pub use region::key_entries::{KeyOverflow, KeyState, KeyStats};
 pub use region::key_moves::MAX_MOVE_DEPTH;
@@ -87,6 +88,7 @@ use crate::core::key::KeySecret;
 use crate::table::region::listing::Listing;
 use gate::local::Local;
 use geometry::Geometry;
+use region::handover::Handover;
 use region::holds::Holds;
 use region::key_entries::KeyEntries;
 use region::slots::Slots;
@@ -135,6 +137,24 @@ impl Table {
             .with_keys(keys)
             .with_tiers(tiers)
             .with_holds(geometry::HEAP_HOLD_RECORDS);
+        Self::over(Region::new_heap(geometry))
+    }
+
+    /// [`crate::table::Table::new_heap_with_keys`] with a handover
+    /// section of `handover_bytes` (see `region/handover.rs`): a heap
+    /// table needs none (no other process takes its sync over), but tests
+    /// take a sync thread over in one process, and benchmarks measure what
+    /// leaving the records costs.
+    pub fn new_heap_handing_over(
+        capacity: u32,
+        avg_name_bytes: usize,
+        keys: u64,
+        handover_bytes: u32,
+    ) -> Table {
+        let geometry = Geometry::new(capacity, avg_name_bytes)
+            .with_keys(keys)
+            .with_holds(geometry::HEAP_HOLD_RECORDS)
+            .with_handover(handover_bytes);
         Self::over(Region::new_heap(geometry))
     }
 
@@ -361,6 +381,12 @@ impl Table {
     /// back for dead processes.
     pub fn hold_stats(&self) -> HoldStats {
         Holds::of(&self.region).stats()
+    }
+
+    /// The handover section's counters: records left by the sync thread,
+    /// those that did not fit, takeovers from a dead sync thread.
+    pub fn handover_stats(&self) -> HandoverStats {
+        Handover::of(&self.region).stats()
     }
 
     /// Gives back every in-flight slot recorded for a process that

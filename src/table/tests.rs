@@ -866,22 +866,36 @@ pub(super) fn dead_pid() -> u32 {
 }
 
 #[test]
-fn a_dead_sync_owners_in_flight_weight_is_sent_again() {
+fn a_dead_sync_owners_unacked_weight_is_sent_again_but_what_is_kept() {
     let t = Table::new_heap(16, 16);
     t.books()
         .apply_quotas(&[quota(1, "q", None, 0.0, 100.0, 100.0)]);
-    assert_eq!(t.books().claim_sync(), 0, "no previous owner");
+    assert_eq!(t.books().claim_sync(), None, "no previous owner");
     assert_eq!(t.gate().check(b"q", 7, 0), Outcome::Pass);
     let mut collected = Vec::new();
     t.books().collect_deltas(&mut collected);
     // A live previous owner (this process) keeps its in-flight weight.
-    assert_eq!(t.books().claim_sync(), 0);
+    assert_eq!(t.books().claim_sync(), None);
     // A previous owner that is gone: a child that has exited.
-    t.region().header().sync_owner.store(dead_pid(), RLX);
-    assert_eq!(t.books().claim_sync(), 7);
+    let dead = dead_pid();
+    t.region().header().sync_owner.store(dead, RLX);
+    assert_eq!(t.books().claim_sync(), Some(dead));
+    // Without a record of it, all of its weight goes again.
+    assert_eq!(t.books().requeue_unacked_beyond(|_, _, _| 0), 7);
     let s = t.quota(b"q", 0).unwrap();
     assert_eq!((s.pending, s.unacked), (7, 0));
     assert_eq!(t.region().header().sync_owner.load(RLX), std::process::id());
+    // What `keep` keeps stays unacked (at most all of it); the rest goes.
+    t.books().collect_deltas(&mut collected);
+    let mut asked = Vec::new();
+    let moved = t.books().requeue_unacked_beyond(|c, _, unacked| {
+        asked.push((c.id, c.key, unacked));
+        5
+    });
+    assert_eq!((moved, asked), (2, vec![(1, 0, 7)]));
+    let s = t.quota(b"q", 0).unwrap();
+    assert_eq!((s.pending, s.unacked), (2, 5));
+    assert_eq!(t.books().requeue_unacked_beyond(|_, _, _| 99), 0);
 }
 
 #[test]

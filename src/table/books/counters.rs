@@ -26,6 +26,7 @@ use crate::core::key::KeyHash;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::books::key_sync::KeySync;
 use crate::table::books::merge::{merge, Known};
+use crate::table::books::tally::kept_of;
 use crate::table::books::tally::{
     fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
     slot_source, slot_tally, store_tally, CollectedDelta,
@@ -35,6 +36,7 @@ use crate::table::region::lock::{own_pid, process_alive};
 use crate::table::region::ring::DirtySlots;
 use crate::table::region::slots::Slots;
 use crate::table::region::{read_pause, region_view, SlotId, ACQ, READ_ATTEMPTS, REL, RLX};
+use crate::wire::CounterKey;
 use std::sync::atomic::{fence, Ordering::SeqCst};
 
 region_view!(
@@ -381,24 +383,35 @@ impl Counters<'_> {
     }
 
     /// Makes this process the table's sync owner (a sync thread starts).
-    /// When the previous owner's process is gone, it died mid-sync (a
-    /// crashed nginx worker) and nobody will acknowledge the weight it had
-    /// unacked: all of it goes back to pending, to be sent again.
-    /// Returns the weight requeued (adds and returns alike).
-    pub(in crate::table) fn claim_sync(&self) -> u64 {
+    /// Returns the previous owner's process id when that process is gone:
+    /// it died mid-sync (a crashed nginx worker), and its weight is the
+    /// new thread's to send (see `handover.rs`).
+    pub(in crate::table) fn claim_sync(&self) -> Option<u32> {
         // The new sync thread's first collection reads every slot: its
         // rejection counts start from every quota's, not only the queued
         // ones'.
         DirtySlots::of(self).ring().scan_next();
         let me = own_pid();
         let previous = self.header().sync_owner.swap(me, ACQ);
-        if previous == 0 || previous == me || process_alive(previous) {
-            return 0;
-        }
+        (previous != 0 && previous != me && !process_alive(previous)).then_some(previous)
+    }
+
+    /// Hands every counter's unacknowledged weight back to pending but
+    /// what `keep` says to keep of it (given the counter and its weight;
+    /// clamped to that weight), as the new sync thread's own unacked
+    /// weight. Returns the weight handed back (adds and returns alike).
+    pub(in crate::table) fn requeue_unacked_beyond(
+        &self,
+        mut keep: impl FnMut(CounterKey, SlotId, i64) -> i64,
+    ) -> u64 {
         let _guard = self.lock();
         let mut requeued = 0u64;
         for (i, s) in self.used_slots() {
-            let moved = signed(&s.unacked);
+            let unacked = signed(&s.unacked);
+            let Some(id) = s.quota_id().filter(|_| unacked != 0) else {
+                continue;
+            };
+            let moved = unacked - kept_of(keep(CounterKey::named(id), i, unacked), unacked);
             if moved != 0 {
                 let moved = requeue(&s.pending, &s.unacked, moved);
                 Slots::of(self).count_held(i, s, -moved);
@@ -406,6 +419,7 @@ impl Counters<'_> {
                 requeued = requeued.saturating_add(moved.unsigned_abs());
             }
         }
-        requeued.saturating_add(KeySync::of(self).requeue_all_keys())
+        let ids = |slot: SlotId| self.slot(slot).and_then(|s| s.quota_id());
+        requeued.saturating_add(KeySync::of(self).requeue_keys_beyond(ids, keep))
     }
 }

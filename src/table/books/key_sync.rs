@@ -34,6 +34,7 @@ use crate::table::region::ring::DirtySlots;
 use crate::table::region::slots::Slots;
 use crate::table::region::tier_section::{TierLock, TierSection};
 use crate::table::region::{region_view, Region, SlotId, ACQ, REL, RLX};
+use crate::wire::CounterKey;
 
 region_view!(
     /// The keys outside the request path.
@@ -323,17 +324,38 @@ impl KeySync<'_> {
         }
     }
 
-    /// Hands every key's in-flight weight back to pending (a dead sync
-    /// thread's, see [`crate::table::Books::claim_sync`]); returns the weight moved.
-    pub(in crate::table) fn requeue_all_keys(&self) -> u64 {
+    /// Hands every key's unacknowledged weight back to pending but what
+    /// `keep` keeps of it (see
+    /// [`crate::table::Books::requeue_unacked_beyond`]); `ids` gives a
+    /// template slot's quota id. Returns the weight moved.
+    pub(in crate::table) fn requeue_keys_beyond(
+        &self,
+        ids: impl Fn(SlotId) -> Option<u64>,
+        mut keep: impl FnMut(CounterKey, SlotId, i64) -> i64,
+    ) -> u64 {
         let _keys = KeyMoves::of(self).key_lock();
         let mut moved = 0u64;
         for (b, bucket) in self.key_buckets().iter().enumerate() {
             for (way, e) in bucket.ways.iter().enumerate() {
                 let unacked = e.unacked.load(RLX) as i64;
-                if unacked != 0 {
-                    tally::requeue(&e.pending, &e.unacked, unacked);
-                    moved = moved.saturating_add(unacked.unsigned_abs());
+                if unacked == 0 {
+                    continue;
+                }
+                let template = e.template.load(RLX).checked_sub(1);
+                let kept = match template.and_then(|t| Some((t, ids(t)?))) {
+                    Some((slot, id)) => {
+                        let counter = CounterKey {
+                            id,
+                            key: e.hash.load(RLX),
+                        };
+                        tally::kept_of(keep(counter, slot, unacked), unacked)
+                    }
+                    None => 0,
+                };
+                let back = unacked - kept;
+                if back != 0 {
+                    tally::requeue(&e.pending, &e.unacked, back);
+                    moved = moved.saturating_add(back.unsigned_abs());
                     KeyEntries::of(self).mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
                 }
             }

@@ -45,6 +45,8 @@ use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::tier::{Override, Penalty};
 use crate::core::{Counting, Nanos, Quota, Tally};
+use crate::table::region::handover::Handover;
+pub use crate::table::region::handover::Record as HandoverRecord;
 use crate::table::region::layout::Source;
 use crate::table::region::tier_section::TierReport;
 use crate::table::region::{Region, SlotId};
@@ -199,12 +201,84 @@ impl<'t> Books<'t> {
     }
 
     /// Makes this process the table's sync owner (a sync thread starts).
-    /// When the previous owner's process is gone, it died mid-sync (a
-    /// crashed nginx worker) and nobody will acknowledge the weight it had
-    /// unacked: all of it goes back to pending, to be sent again.
-    /// Returns the weight requeued (adds and returns alike).
-    pub fn claim_sync(&self) -> u64 {
+    /// Returns the previous owner's process id when that process is gone:
+    /// it died mid-sync (a crashed nginx worker), and what it had sent
+    /// and no root acknowledged is the new thread's to send, from its
+    /// handover record ([`crate::table::Books::handover_of`]) or, without
+    /// one, all of it again ([`crate::table::Books::requeue_unacked_beyond`]).
+    pub fn claim_sync(&self) -> Option<u32> {
         Counters::of(self.region).claim_sync()
+    }
+
+    /// Hands every counter's unacknowledged weight back to pending, to be
+    /// collected and sent again, but what `keep` keeps of it: `keep` is
+    /// given the counter, its slot and its unacknowledged net weight, and
+    /// says how much of that stays unacknowledged (clamped to it). Returns
+    /// the weight handed back (adds and returns alike).
+    pub fn requeue_unacked_beyond(&self, keep: impl FnMut(CounterKey, SlotId, i64) -> i64) -> u64 {
+        Counters::of(self.region).requeue_unacked_beyond(keep)
+    }
+
+    /// Leaves `record` in the handover section for a thread that takes
+    /// over should this one die (see `region/handover.rs`); false when
+    /// it did not fit, the region has no section, or this process is not
+    /// the table's sync owner.
+    pub fn write_handover(&self, record: &[u8]) -> bool {
+        Handover::of(self.region).write(record)
+    }
+
+    /// True when the region has a handover section (a heap table has
+    /// none: no other process can take its sync over).
+    pub fn has_handover(&self) -> bool {
+        self.region.geometry().handover_bytes > 0
+    }
+
+    /// The handover record process `writer` left (a dead predecessor).
+    pub fn handover_of(&self, writer: u32) -> HandoverRecord {
+        Handover::of(self.region).read(writer)
+    }
+
+    /// Forgets this process's handover record: its weight was handed
+    /// back (the thread stops) and is nobody's to send again from it.
+    pub fn clear_handover(&self) {
+        Handover::of(self.region).clear(crate::table::region::lock::own_pid())
+    }
+
+    /// Forgets the handover record of process `writer` (a dead
+    /// predecessor's, once taken over).
+    pub fn clear_handover_of(&self, writer: u32) {
+        Handover::of(self.region).clear(writer)
+    }
+
+    /// Leaves `record` as the retired record of this thread, which stops
+    /// cleanly with requests unconfirmed; false when the section holds
+    /// one already or it does not fit (see `region/handover.rs`).
+    pub fn retire_handover(&self, record: &[u8]) -> bool {
+        Handover::of(self.region).retire(record)
+    }
+
+    /// True when a thread that stopped left a retired record.
+    pub fn has_retired_handover(&self) -> bool {
+        Handover::of(self.region).has_retired()
+    }
+
+    /// Takes the retired record a thread that stopped left, if any.
+    pub fn take_retired_handover(&self) -> Option<Vec<u8>> {
+        Handover::of(self.region).take_retired()
+    }
+
+    /// Counts a takeover from a dead sync thread: by its handover record
+    /// (`continued`), or with its weight sent again as new.
+    pub fn count_takeover(&self, continued: bool) {
+        Handover::of(self.region).count_takeover(continued)
+    }
+
+    /// Makes process `pid` the writer of the current handover record and
+    /// the table's sync owner (tests: a predecessor that died, in one
+    /// process).
+    #[cfg(test)]
+    pub(crate) fn pretend_handover_of(&self, pid: u32) {
+        Handover::of(self.region).pretend_written_by(pid)
     }
 
     /// The slots this host holds of the named in-flight quota `name`:

@@ -32,6 +32,8 @@ pub struct Geometry {
     /// Hold records: in-flight slots recorded with the process holding
     /// them (see `holds.rs`).
     pub hold_records: u32,
+    /// Bytes of the handover section (see `handover.rs`; 0: none).
+    pub handover_bytes: u32,
 }
 
 /// Most hold records a region has: in-flight slots held at once on one
@@ -109,6 +111,7 @@ impl Geometry {
             tier_entries: 0,
             tier_filter_blocks: 0,
             hold_records: 0,
+            handover_bytes: 0,
         }
     }
 
@@ -118,6 +121,22 @@ impl Geometry {
             hold_records: records.min(MAX_HOLD_RECORDS),
             ..self
         }
+    }
+
+    /// The same geometry with a handover section of `bytes` (rounded
+    /// down to whole cache lines).
+    pub fn with_handover(self, bytes: u32) -> Self {
+        Self {
+            handover_bytes: bytes & !63,
+            ..self
+        }
+    }
+
+    /// Offset of the handover section.
+    pub fn handover_offset(&self) -> usize {
+        line_up(
+            self.holds_offset() + self.hold_records as usize * std::mem::size_of::<HoldRecord>(),
+        )
     }
 
     /// Offset of hold record 0.
@@ -255,7 +274,7 @@ impl Geometry {
 
     /// Total bytes of a region with this geometry.
     pub fn region_len(&self) -> usize {
-        self.holds_offset() + self.hold_records as usize * std::mem::size_of::<HoldRecord>()
+        self.handover_offset() + self.handover_bytes as usize
     }
 
     /// The largest geometry that fits `bytes` with `key_bytes` of them
@@ -280,16 +299,20 @@ impl Geometry {
         let buckets = key_bytes / BYTES_PER_KEY_BUCKET;
         let keys = buckets as u64 * KEY_WAYS as u64;
         let tiers = tier_bytes as u64 / TIER_BYTES;
-        let holds = hold_records_for(bytes.saturating_sub(key_bytes + tier_bytes));
+        let quota_bytes = bytes.saturating_sub(key_bytes + tier_bytes);
+        let holds = hold_records_for(quota_bytes);
+        let handover = super::handover::handover_bytes_for(quota_bytes);
         let sections = Self::new(1, avg_name_bytes)
             .with_keys(keys)
             .with_tiers(tiers)
-            .with_holds(holds);
+            .with_holds(holds)
+            .with_handover(handover);
         let sections_len = sections.region_len() - sections.key_ring_offset();
         let g = Self::fitting(bytes.checked_sub(sections_len)?, avg_name_bytes)?
             .with_keys(keys)
             .with_tiers(tiers)
-            .with_holds(holds);
+            .with_holds(holds)
+            .with_handover(handover);
         (g.region_len() <= bytes).then_some(g)
     }
 }

@@ -66,7 +66,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// Marks a formatted region: "SLUICE" + layout version 1.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICE\x00\x01");
 /// Bumped whenever the layout changes, so an old zone is never misread.
-pub const LAYOUT_VERSION: u32 = 20;
+pub const LAYOUT_VERSION: u32 = 21;
 /// Bytes of one name-arena granule.
 pub const GRANULE: usize = 16;
 /// Size classes of name allocations: 1..=16 granules (names ≤ 256 bytes).
@@ -280,6 +280,8 @@ pub struct Header {
     pub holds: HoldHeader,
     /// The named quotas' dirty ring's positions (see `ring.rs`).
     pub slot_ring: RingHead,
+    /// The handover section's shared words (see `handover.rs`).
+    pub handover: super::handover::HandoverHeader,
 }
 
 /// Named in-flight quotas [`InFlightList`] lists by slot; with more, the

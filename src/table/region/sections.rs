@@ -109,6 +109,7 @@ struct Offsets {
     tier_entries: usize,
     tier_filter: usize,
     holds: usize,
+    handover: usize,
 }
 
 impl Offsets {
@@ -123,6 +124,7 @@ impl Offsets {
             tier_entries: g.tier_entries_offset(),
             tier_filter: g.tier_filter_offset(),
             holds: g.holds_offset(),
+            handover: g.handover_offset(),
         }
     }
 }
@@ -212,6 +214,7 @@ impl Region {
             tier_entries: header.tiers.entries.load(RLX),
             tier_filter_blocks: header.tiers.filter_blocks.load(RLX),
             hold_records: header.holds.records.load(RLX),
+            handover_bytes: header.handover.bytes.load(RLX),
         };
         if found.region_len() > len {
             return Err(TableError::Incompatible(
@@ -238,6 +241,7 @@ impl Region {
         h.tiers.entries.store(g.tier_entries, RLX);
         h.tiers.filter_blocks.store(g.tier_filter_blocks, RLX);
         h.holds.records.store(g.hold_records, RLX);
+        h.handover.bytes.store(g.handover_bytes, RLX);
         let (k0, k1) = crate::core::key::KeySecret::built_in().to_words();
         h.keys.config.secret[0].store(k0, RLX);
         h.keys.config.secret[1].store(k1, RLX);
@@ -384,6 +388,13 @@ impl Region {
                 words,
             )
         }
+    }
+
+    /// The first byte of the handover section (see `handover.rs`),
+    /// [`Geometry::handover_bytes`] long.
+    pub(in crate::table) fn handover_base(&self) -> *mut u8 {
+        // SAFETY: the section starts at its offset inside the region.
+        unsafe { self.base.add(self.offsets.handover) }
     }
 
     /// The hold records (see `holds.rs`).
