@@ -560,6 +560,25 @@ class Nginx:
         if workers:
             os.kill(random.choice(workers), signal.SIGKILL)
 
+    def kill_sync_worker(self):
+        """Kills (SIGKILL) the worker running the sync thread (the one
+        with a thread named sluice-sync); returns its pid, or None."""
+        for pid in self.workers():
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for task in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{task}/comm") as f:
+                        named = f.read().strip() == "sluice-sync"
+                except OSError:
+                    continue
+                if named:
+                    os.kill(pid, signal.SIGKILL)
+                    return pid
+        return None
+
     def stop(self):
         master = self.master()
         if master:
@@ -786,6 +805,41 @@ def asymmetric(cluster, ctx):
     return relay_fault(cluster, ctx, cluster.hosts_names, up="pass", down="blackhole")
 
 
+def sync_killed(cluster, ctx):
+    """r1's replies lost (as asymmetric); halfway through, every host's sync worker killed (SIGKILL)."""
+    cluster.relay.set([f"{h}-r1" for h in cluster.hosts_names], up="pass", down="blackhole")
+    time.sleep(ctx["fault"] / 2)
+    killed = [h.kill_sync_worker() for h in cluster.hosts]
+    if None in killed:
+        raise RuntimeError(f"no sync worker found to kill on some host: {killed}")
+    time.sleep(ctx["fault"] / 2)
+    cluster.relay.heal()
+    # How each host's new sync thread took over (from its metrics).
+    ctx["takeovers"] = [takeovers(h) for h in cluster.hosts]
+    return []
+
+
+def sync_reloaded(cluster, ctx):
+    """r1's replies lost (as asymmetric); halfway through, every host reloaded (SIGHUP)."""
+    cluster.relay.set([f"{h}-r1" for h in cluster.hosts_names], up="pass", down="blackhole")
+    time.sleep(ctx["fault"] / 2)
+    for h in cluster.hosts:
+        h.reload()
+    time.sleep(ctx["fault"] / 2)
+    cluster.relay.heal()
+    return []
+
+
+def takeovers(host):
+    """The host's sync takeovers by outcome, from its metrics."""
+    found = {"continued": 0, "resent": 0}
+    for line in (host.metrics() or "").splitlines():
+        m = re.match(r'sluice_sync_takeovers_total\{outcome="(\w+)"\} (\S+)', line)
+        if m:
+            found[m.group(1)] = int(float(m.group(2)))
+    return found
+
+
 def lossy_link(cluster, ctx):
     """Every link to r1 slow (50 ms each way) and lossy (5% of chunks reset the connection)."""
     return relay_fault(cluster, ctx, cluster.hosts_names, delay_ms=50, drop=0.05)
@@ -902,6 +956,16 @@ CASES = [
     # truth at 4 s). Now the roots count each unit once.
     ("lost-replies-4s", asymmetric, 4, {}),
     ("lost-replies-30s", asymmetric, 30, {}),
+    # A sync thread killed while its requests to r1 go unconfirmed (every
+    # worker killed then: nginx respawns it). Before handover records the
+    # new thread sent that backlog again as new, and r1 counted it twice;
+    # now it continues the dead thread's numbers.
+    ("sync-killed", sync_killed, 6, {}),
+    # The same with a reload instead: the old sync thread stops with its
+    # requests to r1 unconfirmed and leaves them to the new one, which
+    # sends them under the old thread's numbers (before, as new: counted
+    # twice at r1).
+    ("sync-reloaded", sync_reloaded, 6, {}),
     # The root stopped past the in-flight lease (10 s) does not take
     # its own stall for its limiters' silence (`Wakefulness`): before,
     # it forgot their slots when it woke, and per-key slots, which were
@@ -927,7 +991,8 @@ CASES = [
     ("reloads+kills", reloads_and_kills, 25, {}),
     ("root-restarts", root_restarts, 60, {}),
 ]
-SHORT = ["partition-half", "asymmetric", "sigstop-10s", "lost-replies-4s"]
+SHORT = ["partition-half", "asymmetric", "sigstop-10s", "lost-replies-4s", "sync-killed",
+         "sync-reloaded"]
 
 
 def run_case(cluster, name, fault, seconds, options):
@@ -1040,6 +1105,8 @@ def run_case(cluster, name, fault, seconds, options):
     }
     if "clock_offsets" in ctx:
         row["clock_offsets"] = ctx["clock_offsets"]
+    if "takeovers" in ctx:
+        row["takeovers"] = ctx["takeovers"]
     if "writes" in ctx:
         writes = ctx["writes"]
         failed = [w for w in writes if w[3] not in (200, 201)]
@@ -1156,6 +1223,12 @@ def table(rows):
                 f"accepted {w['ok_after_restart_s']} s after PostgreSQL was back; both roots "
                 f"serve the last write: {'yes' if w.get('last_write_served') else 'NO'}."
             )
+        if "takeovers" in r:
+            per_host = ", ".join(f"{t['continued']}/{t['resent']}" for t in r["takeovers"])
+            lines.append(
+                f"\n{r['case']}: sync takeovers per host (continued from the handover "
+                f"record / resent as new): {per_host}."
+            )
         if "clock_offsets" in r:
             before, after = r["clock_offsets"]["before"], r["clock_offsets"]["after"]
             moved = ", ".join(f"{a - b:+.1f} s" for a, b in zip(after, before))
@@ -1189,6 +1262,9 @@ def check(rows):
                     f"{r['case']}: in-flight slots not exact at the roots within "
                     f"{IN_FLIGHT_EXACT} s of the churn's end: {in_flight_cell(r)}"
                 )
+        if "takeovers" in r and any(t["continued"] < 1 or t["resent"] for t in r["takeovers"]):
+            failures.append(f"{r['case']}: a killed sync thread was not taken over from its "
+                            f"handover record on every host: {r['takeovers']}")
         if "writes" in r and not r["writes"].get("last_write_served"):
             failures.append(f"{r['case']}: the last admin write is not what both roots serve")
     return failures
