@@ -58,34 +58,96 @@ pub(super) struct LinkRecord {
 }
 
 impl LinkRecord {
+    /// The record borrowed, to encode.
+    pub fn view(&self) -> LinkView<'_> {
+        LinkView {
+            url: &self.url,
+            incarnation: self.incarnation,
+            next_seq: self.next_seq,
+            parts: self.parts.iter().map(|p| (p.seq, &p.owed)).collect(),
+            owed: vec![&self.owed],
+        }
+    }
+}
+
+/// A [`LinkRecord`] borrowed from a link's state, to encode without
+/// copying what its requests pay off (the live record is left before
+/// every exchange).
+pub(super) struct LinkView<'a> {
+    pub url: &'a str,
+    pub incarnation: u64,
+    pub next_seq: u64,
+    /// Numbered requests, in increasing order of number.
+    pub parts: Vec<(u64, &'a OwedDeltas)>,
+    /// Owed weight, in one or more maps (a counter in several is owed
+    /// their sum).
+    pub owed: Vec<&'a OwedDeltas>,
+}
+
+impl LinkView<'_> {
     /// Nothing under way and nothing owed.
     pub fn is_empty(&self) -> bool {
-        self.parts.is_empty() && self.owed.is_empty()
+        self.parts.is_empty() && self.owed.iter().all(|o| o.is_empty())
+    }
+
+    /// The record owned.
+    pub fn to_record(&self) -> LinkRecord {
+        let mut owed = OwedDeltas::default();
+        for map in &self.owed {
+            for (&c, &o) in map.iter() {
+                owed.entry(c).and_modify(|e| *e = e.combine(o)).or_insert(o);
+            }
+        }
+        LinkRecord {
+            url: self.url.to_string(),
+            incarnation: self.incarnation,
+            next_seq: self.next_seq,
+            parts: self
+                .parts
+                .iter()
+                .map(|&(seq, owed)| Unconfirmed {
+                    seq,
+                    owed: owed.clone(),
+                })
+                .collect(),
+            owed,
+        }
     }
 }
 
 /// `record` encoded.
 pub(super) fn encode(record: &Record) -> Vec<u8> {
+    let links: Vec<LinkView<'_>> = record.links.iter().map(LinkRecord::view).collect();
+    encode_parts(&record.limiter, record.incarnation, &record.unacked, &links)
+}
+
+/// A record of these parts encoded (see [`Record`]).
+pub(super) fn encode_parts(
+    limiter: &str,
+    incarnation: u64,
+    unacked: &[(CounterKey, SlotId, u64, u64)],
+    links: &[LinkView<'_>],
+) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(256));
     w.u64(VERSION);
-    w.bytes(record.limiter.as_bytes());
-    w.u64(record.incarnation);
-    w.u64(record.unacked.len() as u64);
-    for &(c, slot, added, returned) in &record.unacked {
+    w.bytes(limiter.as_bytes());
+    w.u64(incarnation);
+    w.u64(unacked.len() as u64);
+    for &(c, slot, added, returned) in unacked {
         w.counter(c);
         w.u64(u64::from(slot));
         w.u64(added);
         w.u64(returned);
     }
-    w.u64(record.links.len() as u64);
-    for link in &record.links {
+    w.u64(links.len() as u64);
+    for link in links {
         w.bytes(link.url.as_bytes());
         w.u64(link.incarnation);
         w.u64(link.next_seq);
         w.u64(link.parts.len() as u64);
-        for part in &link.parts {
-            w.u64(part.seq);
-            w.owed(&part.owed);
+        for &(seq, owed) in &link.parts {
+            w.u64(seq);
+            w.owed(&[owed]);
         }
         w.owed(&link.owed);
     }
@@ -161,9 +223,11 @@ impl Writer {
         self.u64(c.key);
     }
 
-    fn owed(&mut self, owed: &OwedDeltas) {
-        self.u64(owed.len() as u64);
-        for (&c, o) in owed {
+    /// The entries of `maps`, as one list (a counter in several maps
+    /// appears in several entries: decoded, they add up).
+    fn owed(&mut self, maps: &[&OwedDeltas]) {
+        self.u64(maps.iter().map(|m| m.len()).sum::<usize>() as u64);
+        for (&c, o) in maps.iter().flat_map(|m| m.iter()) {
             self.counter(c);
             self.f64(o.level.level);
             self.u64(o.level.at);
@@ -253,7 +317,9 @@ impl Reader<'_> {
                 returned: self.u64()?,
                 returned_due: self.u64()?,
             };
-            owed.insert(c, entry);
+            owed.entry(c)
+                .and_modify(|e| *e = e.combine(entry))
+                .or_insert(entry);
         }
         Ok(owed)
     }
@@ -324,6 +390,27 @@ mod tests {
     fn a_record_reads_back_as_written() {
         let record = sample();
         assert_eq!(decode(&encode(&record)), Ok(record));
+    }
+
+    #[test]
+    fn owed_weight_in_two_maps_reads_back_as_their_sum() {
+        // A link owes weight and has an unnumbered request under way for
+        // the same counter: the record lists both, the reader adds them.
+        let (c, first) = owed(5, 30, None);
+        let (_, second) = owed(5, 12, None);
+        let a: OwedDeltas = [(c, first)].into_iter().collect();
+        let b: OwedDeltas = [(c, second)].into_iter().collect();
+        let view = LinkView {
+            url: "http://r",
+            incarnation: 9,
+            next_seq: 3,
+            parts: Vec::new(),
+            owed: vec![&a, &b],
+        };
+        let bytes = encode_parts("h", 9, &[], &[view]);
+        let read = decode(&bytes).unwrap();
+        assert_eq!(read.links[0].owed[&c].weight, 42);
+        assert_eq!(read.links[0].owed[&c], first.combine(second));
     }
 
     #[test]

@@ -463,35 +463,31 @@ impl RootLink {
 
     /// What a thread taking over should this one die or stop sends this
     /// root (see `takeover.rs`), as thread `incarnation` (this one): every
-    /// numbered request not confirmed yet, the one under way among them
-    /// (`with_in_way`: it is under way), and what it is owed unnumbered
-    /// (an unnumbered request under way included); then the orphans it
-    /// holds, each under its own thread's incarnation.
-    pub(super) fn handover(
-        &self,
-        incarnation: u64,
-        with_in_way: bool,
-    ) -> Vec<super::handover::LinkRecord> {
-        let mut in_orphans = Vec::new();
-        let mut parts: Vec<Unconfirmed> = self.unconfirmed.clone();
-        if self.sending_orphans {
-            in_orphans = self.sending_replay.clone();
+    /// numbered request not confirmed yet, the one under way among them,
+    /// and what it is owed unnumbered (an unnumbered request under way
+    /// included); then the orphans it holds, each under its own thread's
+    /// incarnation. Borrowed from the link: nothing is copied.
+    pub(super) fn handover(&self, incarnation: u64) -> Vec<super::handover::LinkView<'_>> {
+        fn seq_of(u: &Unconfirmed) -> (u64, &OwedDeltas) {
+            (u.seq, &u.owed)
+        }
+        let (mut parts, in_orphans): (Vec<_>, Vec<_>) = if self.sending_orphans {
+            (
+                self.unconfirmed.iter().map(seq_of).collect(),
+                self.sending_replay.iter().map(seq_of).collect(),
+            )
         } else {
-            parts.extend(self.sending_replay.iter().cloned());
+            let all = self.sending_replay.iter().chain(&self.unconfirmed);
+            (all.map(seq_of).collect(), Vec::new())
+        };
+        let mut owed = vec![&self.owed];
+        match self.sending {
+            Some(seq) => parts.push((seq, &self.in_way)),
+            None => owed.push(&self.in_way),
         }
-        let mut owed = self.owed.clone();
-        if with_in_way {
-            match self.sending {
-                Some(seq) => parts.push(Unconfirmed {
-                    seq,
-                    owed: self.in_way.clone(),
-                }),
-                None => merge_owed(&mut owed, self.in_way.clone()),
-            }
-        }
-        parts.sort_by_key(|p| p.seq);
-        let mut records = vec![super::handover::LinkRecord {
-            url: self.url.clone(),
+        parts.sort_by_key(|p| p.0);
+        let mut views = vec![super::handover::LinkView {
+            url: &self.url,
             incarnation,
             next_seq: self.next_seq,
             parts,
@@ -503,17 +499,17 @@ impl RootLink {
             } else {
                 Vec::new()
             };
-            parts.extend(o.parts.iter().cloned());
-            parts.sort_by_key(|p| p.seq);
-            records.push(super::handover::LinkRecord {
-                url: self.url.clone(),
+            parts.extend(o.parts.iter().map(seq_of));
+            parts.sort_by_key(|p| p.0);
+            views.push(super::handover::LinkView {
+                url: &self.url,
                 incarnation: o.incarnation,
                 next_seq: 0,
                 parts,
-                owed: OwedDeltas::default(),
+                owed: Vec::new(),
             });
         }
-        records
+        views
     }
 
     /// Owes `owed` to the root again, whatever the bound on what it is

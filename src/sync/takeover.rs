@@ -36,18 +36,20 @@ pub(super) fn leave(
     if !table.books().has_handover() {
         return true;
     }
-    let record = Record {
-        limiter: requests.limiter_id().to_string(),
-        incarnation: requests.incarnation(),
-        unacked: accounts.unacked(),
-        links: links
-            .iter()
-            .flat_map(|l| l.handover(requests.incarnation(), true))
-            .collect(),
-    };
-    let empty = record.unacked.is_empty() && record.links.iter().all(LinkRecord::is_empty);
+    let unacked = accounts.unacked();
+    let views: Vec<_> = links
+        .iter()
+        .flat_map(|l| l.handover(requests.incarnation()))
+        .collect();
+    let empty = unacked.is_empty() && views.iter().all(|v| v.is_empty());
     if !(empty && was_empty) {
-        table.books().write_handover(&handover::encode(&record));
+        let record = handover::encode_parts(
+            requests.limiter_id(),
+            requests.incarnation(),
+            &unacked,
+            &views,
+        );
+        table.books().write_handover(&record);
     }
     empty
 }
@@ -221,8 +223,9 @@ pub(super) fn retire(
 ) -> Option<String> {
     let taken: Vec<LinkRecord> = links
         .iter()
-        .flat_map(|l| l.handover(requests.incarnation(), true))
-        .filter(|l| !l.is_empty())
+        .flat_map(|l| l.handover(requests.incarnation()))
+        .filter(|v| !v.is_empty())
+        .map(|v| v.to_record())
         .collect();
     if taken.is_empty() || !table.books().has_handover() {
         return None;
