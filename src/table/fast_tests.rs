@@ -28,11 +28,13 @@ fn table(fast: bool) -> Table {
     t
 }
 
-/// Named quotas: one alone (`solo`, the named fast path's case), one
-/// under a parent (`under`), one counting windows (`windowed`), one with
-/// a penalty (`penalized`, flagged for the tier section, started by a
-/// rejection at its high burst) and a per-key template (`keyed`), with
-/// bursts small enough that checks reach the band and the limit.
+/// Named quotas: one alone (`solo`) and one under a parent and a
+/// grandparent (`leaf`, under `under`, under `top`), the named fast
+/// path's cases; one counting windows (`windowed`), one with a penalty
+/// (`penalized`, flagged for the tier section, started by a rejection at
+/// its high burst), one under each of those (`timed`, `guarded`) and a
+/// per-key template (`keyed`), with bursts small enough that checks reach
+/// the band and the limit.
 fn named_table(fast: bool) -> Table {
     let t = Table::new_heap_with(16, 16, 64, 64);
     let t = if fast { t } else { t.without_fast_path() };
@@ -44,6 +46,9 @@ fn named_table(fast: bool) -> Table {
         Quota::new(5, "penalized", 5.0, 6.0, 6.0)
             .penalized(Some(PenaltyTime::parse("1m").unwrap())),
         Quota::new(6, "keyed", 5.0, 6.0, 10.0).keyed(),
+        Quota::new(7, "leaf", 5.0, 6.0, 10.0).with_parent(Some(3)),
+        Quota::new(8, "timed", 5.0, 6.0, 10.0).with_parent(Some(4)),
+        Quota::new(9, "guarded", 5.0, 6.0, 10.0).with_parent(Some(5)),
     ]);
     t
 }
@@ -133,9 +138,12 @@ proptest::proptest! {
     #[test]
     fn the_named_fast_path_decides_and_counts_as_the_general_path(
         seed in 0u64..u64::MAX,
-        steps in proptest::collection::vec((0usize..8, proptest::bool::ANY, 0u64..4, 0u64..400), 1..200),
+        steps in proptest::collection::vec((0usize..11, proptest::bool::ANY, 0u64..4, 0u64..400), 1..200),
     ) {
-        let names: [&[u8]; 7] = [b"solo", b"top", b"under", b"windowed", b"penalized", b"keyed", b"nothing"];
+        let names: [&[u8]; 10] = [
+            b"solo", b"top", b"under", b"leaf", b"windowed", b"timed", b"penalized", b"guarded",
+            b"keyed", b"nothing",
+        ];
         let (fast, slow) = (named_table(true), named_table(false));
         let (mut r1, mut r2) = (Rng::new(seed), Rng::new(seed));
         let mut now = 1_000 * MS;
@@ -181,8 +189,17 @@ fn a_named_quota_far_from_its_limit_is_decided_on_the_fast_path() {
     let mut deltas = Vec::new();
     t.books().collect_deltas(&mut deltas);
     assert_eq!(deltas.len(), 1);
+    // A quota under a parent and a grandparent: counted in all three.
+    for i in 0..4 {
+        assert_eq!(check_item(&t, b"leaf", None, 1, 0, &mut rng), Outcome::Pass);
+        assert_eq!(FAST_PASSES.with(|n| n.get()), 4 + i);
+    }
+    for (name, passed, pending) in [("leaf", 4, 4), ("under", 0, 4), ("top", 0, 4)] {
+        let q = t.quota(name.as_bytes(), 0).unwrap();
+        assert_eq!((q.passed, q.pending), (passed, pending), "{name}");
+    }
     // The kinds it declines never take it.
-    for name in [&b"under"[..], b"windowed", b"penalized"] {
+    for name in [&b"windowed"[..], b"timed", b"penalized", b"guarded"] {
         for _ in 0..3 {
             assert_eq!(check_item(&t, name, None, 1, 0, &mut rng), Outcome::Pass);
         }
@@ -191,7 +208,7 @@ fn a_named_quota_far_from_its_limit_is_decided_on_the_fast_path() {
         check_item(&t, b"keyed", None, 1, 0, &mut rng),
         Outcome::NoKey
     );
-    assert_eq!(FAST_PASSES.with(|n| n.get()), 4);
+    assert_eq!(FAST_PASSES.with(|n| n.get()), 7);
 }
 
 #[test]
