@@ -31,7 +31,9 @@ use crate::core::quota::{weight_f64, MAX_DEPTH, MAX_WEIGHT};
 use crate::core::Nanos;
 use crate::table::region::key_entries::{apply_key, KeyEntries};
 use crate::table::region::keys::Keys;
-use crate::table::region::layout::DIRTY_REFUSED;
+use crate::table::region::layout::{
+    DIRTY_REFUSED, FLAG_PER_KEY, FLAG_SLIDING, FLAG_TIERS, FLAG_WINDOW_MASK,
+};
 use crate::table::region::slots::Slots;
 use crate::table::region::RLX;
 use std::mem::MaybeUninit;
@@ -69,8 +71,22 @@ impl FastPath<'_> {
     /// no view is kept.
     #[inline(always)]
     pub(in crate::table) fn check_named_fast(&self, name: &[u8], weight: u64) -> Fast {
+        let Some((first, name_at)) = self.view(Reader::of).hinted(name) else {
+            return Fast::Declined(None);
+        };
+        // A look at the hinted slot's flags first: a quota declined for
+        // them (most often a window) is left to the general path before a
+        // read under its seqlock, which it would only make again. Only
+        // the read decides: what this saw may be a moment old.
+        let declined = FLAG_PER_KEY | FLAG_WINDOW_MASK | FLAG_SLIDING | FLAG_TIERS;
+        if self
+            .slot(first)
+            .is_none_or(|s| s.flags.load(RLX) & declined != 0)
+        {
+            return Fast::Declined(None);
+        }
         let mut view = MaybeUninit::uninit();
-        let Some((first, read)) = self.view(Reader::of).find_hinted_into(name, &mut view) else {
+        let Some(read) = Slots::of(self).read_named_into(first, name_at, name, &mut view) else {
             return Fast::Declined(None);
         };
         let weight = weight.min(MAX_WEIGHT);
