@@ -6,14 +6,15 @@
 //! with no parent whose key already has an entry). For those the
 //! general path's bookkeeping (the chain of views, its outcome structs,
 //! the tier and overflow branches) was about 220 of a hot keyed check's
-//! 720 instructions (callgrind), and a quarter of its time; of a named
-//! check in cache, 155 of 415 (210 of 615 with two ancestors). These
-//! paths read the same things with the same functions (the name's hint,
-//! each quota's view under its seqlock, the key's entry,
-//! [`passes_for_sure`]) and count the same way; they only decline (with
-//! nothing counted) whatever they do not decide at once, and the general
-//! path then decides the check from the start, given the key's hash so
-//! that it is not computed twice.
+//! 720 instructions (callgrind), and a quarter of its time; a named
+//! check in cache takes 333 instead of 415 (489 instead of 617 with two
+//! ancestors) and a sixth less time (BENCHMARKS.md, "Hot path before and
+//! after issue 33's two faces"). These paths read the same things with
+//! the same functions (the name's hint, each quota's view under its
+//! seqlock, the key's entry, [`passes_for_sure`]) and count the same
+//! way; they only decline (with nothing counted) whatever they do not
+//! decide at once, and the general path then decides the check from the
+//! start, given the key's hash so that it is not computed twice.
 //!
 //! Declined: a name not in its hint yet; a quota of the chain with a
 //! window or tiers, or that might be near its limit; a per-key template
