@@ -56,8 +56,8 @@
 //!   `in_flight_tests.rs`, `fast_tests.rs`, `dirty_tests.rs` — unit tests
 //!   by subject: named quotas, per-key quotas, window quotas with partial
 //!   grants and reservations, overrides and penalties, in-flight slots,
-//!   the keyed fast path against the general one, the named quotas'
-//!   dirty ring.
+//!   the named and keyed fast paths against the general one, the named
+//!   quotas' dirty ring.
 
 pub mod books;
 #[cfg(test)]
@@ -197,7 +197,7 @@ impl Table {
         self
     }
 
-    /// This table with the fast path off (tests: the general path alone).
+    /// This table with the fast paths off (tests: the general path alone).
     #[cfg(test)]
     pub(crate) fn without_fast_path(mut self) -> Self {
         self.local.fast_path = false;

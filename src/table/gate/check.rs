@@ -120,9 +120,10 @@ impl Checker<'_> {
     /// [`crate::table::Gate::check_many`] of one plain item without headroom (the C
     /// ABI's checks, nginx's single `sluice` directive without headers):
     /// the same reading, decision and counting, without the bookkeeping
-    /// of several items (a fifth of a hot keyed check's instructions). A
-    /// keyed item tries the fast path first (`fast.rs`); what it declines
-    /// is decided here from the start, with the key's hash it computed.
+    /// of several items (a fifth of a hot keyed check's instructions). An
+    /// item tries a fast path first (`fast.rs`: the keyed one, or the
+    /// named one without a key); what it declines is decided here from
+    /// the start, with the key's hash it computed.
     fn check_one(
         &self,
         item: &CheckItem,
@@ -138,11 +139,13 @@ impl Checker<'_> {
             overflow: false,
         };
         let mut key_hash = None;
-        if let Some(key) = item.key.filter(|k| !k.is_empty() && self.fast_path_on()) {
-            match self
-                .view(FastPath::of)
-                .check_key_fast(item.name, key, item.weight, now)
-            {
+        if self.fast_path_on() {
+            let fast = self.view(FastPath::of);
+            let tried = match item.key.filter(|k| !k.is_empty()) {
+                Some(key) => fast.check_key_fast(item.name, key, item.weight, now),
+                None => fast.check_named_fast(item.name, item.weight),
+            };
+            match tried {
                 Fast::Passed => return outcome(Outcome::Pass, None),
                 Fast::Declined(hash) => key_hash = hash,
             }

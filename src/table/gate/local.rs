@@ -15,14 +15,14 @@ pub(in crate::table) struct Local {
     /// Passed checks are counted per quota, for `sluice_metrics`; off
     /// for a table nothing reads them from.
     pub(in crate::table) pass_tally: bool,
-    /// Single keyed checks try the fast path first (`fast.rs`); tests
-    /// turn it off to compare it with the general path.
+    /// Single checks try a fast path first (`fast.rs`); tests turn them
+    /// off to compare them with the general path.
     #[cfg(test)]
     pub(in crate::table) fast_path: bool,
 }
 
 impl Local {
-    /// No hints, passes counted, the fast path on.
+    /// No hints, passes counted, the fast paths on.
     pub(in crate::table) fn new() -> Self {
         Local {
             hints: NameHints::new(),

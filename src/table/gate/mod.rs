@@ -23,8 +23,8 @@
 //!   the index, a key's counter in place of its template's, ancestors.
 //! - `count.rs` — counting a decision: a pass's weight and the pass, or
 //!   a rejection.
-//! - `fast.rs` — the keyed fast path: a single keyed check far from its
-//!   limit, decided and counted without a chain.
+//! - `fast.rs` — the fast paths: a single named or keyed check far from
+//!   its limit, decided and counted without a chain.
 //! - `check.rs` — the one decide-and-count path of plain and paced
 //!   checks, of one item or several.
 //! - `grants.rs` — partial grants, reservations, weight given back,

@@ -56,10 +56,18 @@ impl Reader<'_> {
         name: &[u8],
         out: &mut MaybeUninit<QuotaSnapshot>,
     ) -> Option<(SlotId, SlotRead)> {
-        let fp = names::fingerprint(name);
-        let (slot, name_at) = self.local.hints.of(fp).get(fp)?;
+        let (slot, name_at) = self.hinted(name)?;
         let read = Slots::of(self).read_named_into(slot, name_at, name, out)?;
         Some((slot, read))
+    }
+
+    /// The slot and name place the hint of `name`'s fingerprint holds,
+    /// if any: a guess, until the name is compared under the slot's
+    /// seqlock.
+    #[inline(always)]
+    pub(in crate::table) fn hinted(&self, name: &[u8]) -> Option<(SlotId, u32)> {
+        let fp = names::fingerprint(name);
+        self.local.hints.of(fp).get(fp)
     }
 
     /// `find_named_into` through the index, when the hint missed.
