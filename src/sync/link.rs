@@ -461,57 +461,6 @@ impl RootLink {
         self.metrics.unconfirmed = self.unconfirmed.len() as u64;
     }
 
-    /// What a thread taking over should this one die or stop sends this
-    /// root (see `takeover.rs`), as thread `incarnation` (this one): every
-    /// numbered request not confirmed yet, the one under way among them,
-    /// and what it is owed unnumbered (an unnumbered request under way
-    /// included); then the orphans it holds, each under its own thread's
-    /// incarnation. Borrowed from the link: nothing is copied.
-    pub(super) fn handover(&self, incarnation: u64) -> Vec<super::handover::LinkView<'_>> {
-        fn seq_of(u: &Unconfirmed) -> (u64, &OwedDeltas) {
-            (u.seq, &u.owed)
-        }
-        let (mut parts, in_orphans): (Vec<_>, Vec<_>) = if self.sending_orphans {
-            (
-                self.unconfirmed.iter().map(seq_of).collect(),
-                self.sending_replay.iter().map(seq_of).collect(),
-            )
-        } else {
-            let all = self.sending_replay.iter().chain(&self.unconfirmed);
-            (all.map(seq_of).collect(), Vec::new())
-        };
-        let mut owed = vec![&self.owed];
-        match self.sending {
-            Some(seq) => parts.push((seq, &self.in_way)),
-            None => owed.push(&self.in_way),
-        }
-        parts.sort_by_key(|p| p.0);
-        let mut views = vec![super::handover::LinkView {
-            url: &self.url,
-            incarnation,
-            next_seq: self.next_seq,
-            parts,
-            owed,
-        }];
-        for (i, o) in self.orphans.iter().enumerate() {
-            let mut parts = if i == 0 {
-                in_orphans.clone()
-            } else {
-                Vec::new()
-            };
-            parts.extend(o.parts.iter().map(seq_of));
-            parts.sort_by_key(|p| p.0);
-            views.push(super::handover::LinkView {
-                url: &self.url,
-                incarnation: o.incarnation,
-                next_seq: 0,
-                parts,
-                owed: Vec::new(),
-            });
-        }
-        views
-    }
-
     /// Owes `owed` to the root again, whatever the bound on what it is
     /// owed (weight that was sent once, and fitted then).
     pub fn owe_again(&mut self, owed: OwedDeltas) {

@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 
 use super::accounting::Accounts;
-use super::handover::{self, LinkRecord, Record};
-use super::link::{Orphans, RootLink};
+use super::handover::{self, LinkRecord, LinkView, Record};
+use super::link::{Orphans, OwedDeltas, RootLink, Unconfirmed};
 use super::request::Requests;
 use crate::table::{HandoverRecord, SlotId, Table};
 use crate::wire::CounterKey;
@@ -39,7 +39,7 @@ pub(super) fn leave(
     let unacked = accounts.unacked();
     let views: Vec<_> = links
         .iter()
-        .flat_map(|l| l.handover(requests.incarnation()))
+        .flat_map(|l| views(l, requests.incarnation()))
         .collect();
     let empty = unacked.is_empty() && views.iter().all(|v| v.is_empty());
     if !(empty && was_empty) {
@@ -223,7 +223,7 @@ pub(super) fn retire(
 ) -> Option<String> {
     let taken: Vec<LinkRecord> = links
         .iter()
-        .flat_map(|l| l.handover(requests.incarnation()))
+        .flat_map(|l| views(l, requests.incarnation()))
         .filter(|v| !v.is_empty())
         .map(|v| v.to_record())
         .collect();
@@ -315,4 +315,55 @@ pub(super) fn hand_back_retired(table: &Table) {
             table.books().requeue_unacked(slot, c.id, c.key, net);
         }
     }
+}
+
+/// What a thread taking over should this one die or stop sends `link`'s
+/// root, as thread `incarnation` (this one): every
+/// numbered request not confirmed yet, the one under way among them,
+/// and what it is owed unnumbered (an unnumbered request under way
+/// included); then the orphans it holds, each under its own thread's
+/// incarnation. Borrowed from the link: nothing is copied.
+fn views(link: &RootLink, incarnation: u64) -> Vec<LinkView<'_>> {
+    fn seq_of(u: &Unconfirmed) -> (u64, &OwedDeltas) {
+        (u.seq, &u.owed)
+    }
+    let (mut parts, in_orphans): (Vec<_>, Vec<_>) = if link.sending_orphans {
+        (
+            link.unconfirmed.iter().map(seq_of).collect(),
+            link.sending_replay.iter().map(seq_of).collect(),
+        )
+    } else {
+        let all = link.sending_replay.iter().chain(&link.unconfirmed);
+        (all.map(seq_of).collect(), Vec::new())
+    };
+    let mut owed = vec![&link.owed];
+    match link.sending {
+        Some(seq) => parts.push((seq, &link.in_way)),
+        None => owed.push(&link.in_way),
+    }
+    parts.sort_by_key(|p| p.0);
+    let mut views = vec![LinkView {
+        url: &link.url,
+        incarnation,
+        next_seq: link.next_seq,
+        parts,
+        owed,
+    }];
+    for (i, o) in link.orphans.iter().enumerate() {
+        let mut parts = if i == 0 {
+            in_orphans.clone()
+        } else {
+            Vec::new()
+        };
+        parts.extend(o.parts.iter().map(seq_of));
+        parts.sort_by_key(|p| p.0);
+        views.push(LinkView {
+            url: &link.url,
+            incarnation: o.incarnation,
+            next_seq: 0,
+            parts,
+            owed: Vec::new(),
+        });
+    }
+    views
 }

@@ -51,6 +51,15 @@ pub fn hold_records_for(bytes: usize) -> u32 {
     (bytes >> 10).min(MAX_HOLD_RECORDS as usize) as u32
 }
 
+/// Bytes of a region's handover section for a quota table of `bytes`
+/// (`sluice_zone`'s size besides keys and tiers): a sixteenth, at most
+/// 16 MiB, in whole cache lines (a 1 MiB zone's holds 21 KiB a part). A
+/// record costs about 80 bytes per counter sent and not confirmed yet,
+/// per root, and 40 per counter unacknowledged.
+pub fn handover_bytes_for(bytes: usize) -> u32 {
+    ((bytes / 16).min(16 << 20) & !63) as u32
+}
+
 /// Most keys a region holds: 2^30 (48 GiB of entries), the one ceiling
 /// nginx's `sluice_keys` and the C ABI's `key_capacity` are checked
 /// against ([`check_key_capacity`]). Entry numbers plus one then stay well
@@ -301,7 +310,7 @@ impl Geometry {
         let tiers = tier_bytes as u64 / TIER_BYTES;
         let quota_bytes = bytes.saturating_sub(key_bytes + tier_bytes);
         let holds = hold_records_for(quota_bytes);
-        let handover = super::handover::handover_bytes_for(quota_bytes);
+        let handover = handover_bytes_for(quota_bytes);
         let sections = Self::new(1, avg_name_bytes)
             .with_keys(keys)
             .with_tiers(tiers)

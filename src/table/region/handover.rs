@@ -16,35 +16,9 @@
 //! the stopped thread's numbers. Every access holds the writer lock. The
 //! bytes are the sync side's own encoding; the region only keeps them.
 
+use super::handover_header::{CURRENT_SECOND, CURRENT_SET, OVERFLOWED};
 use super::lock::own_pid;
 use super::sections::{region_view, ACQ, REL, RLX};
-use std::sync::atomic::{AtomicU32, AtomicU64};
-
-/// The handover section's shared words (in the region's header).
-#[repr(C, align(64))]
-#[derive(Default)]
-pub struct HandoverHeader {
-    /// Bytes of the section, both halves (0: the region has none).
-    pub bytes: AtomicU32,
-    /// Process id of the sync thread that wrote the current record.
-    pub writer: AtomicU32,
-    /// The current record: [`CURRENT_SECOND`] says which of the first two
-    /// parts holds it, the low 32 bits its length; 0 when there is none.
-    pub current: AtomicU64,
-    /// Records written.
-    pub written: AtomicU64,
-    /// Records that did not fit a part: the current one then says
-    /// [`OVERFLOWED`], and a successor sends the weight again as new.
-    pub overflowed: AtomicU64,
-    /// The retired record: [`CURRENT_SET`] and its length; 0 when there
-    /// is none.
-    pub retired: AtomicU64,
-    /// Sync threads that took over from a dead one by its record.
-    pub continued: AtomicU64,
-    /// Sync threads that took over from a dead one without a record they
-    /// could use: its weight was sent again as new.
-    pub resent: AtomicU64,
-}
 
 /// The handover section's counters, since the region was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,23 +33,6 @@ pub struct HandoverStats {
     pub continued: u64,
     /// Takeovers without a usable record (its weight sent again as new).
     pub resent: u64,
-}
-
-/// [`HandoverHeader::current`] bit: the record is in the second part.
-pub const CURRENT_SECOND: u64 = 1 << 63;
-/// [`HandoverHeader::current`] bit: a record is there (a 0-byte record
-/// is one).
-pub const CURRENT_SET: u64 = 1 << 62;
-/// [`HandoverHeader::current`] value: the last record did not fit.
-pub const OVERFLOWED: u64 = 1 << 61;
-
-/// Bytes of a region's handover section for a quota table of `bytes`
-/// (`sluice_zone`'s size besides keys and tiers): a sixteenth, at most
-/// 16 MiB, in whole cache lines (a 1 MiB zone's holds 21 KiB a part). A
-/// record costs about 80 bytes per counter sent and not confirmed yet,
-/// per root, and 40 per counter unacknowledged.
-pub fn handover_bytes_for(bytes: usize) -> u32 {
-    ((bytes / 16).min(16 << 20) & !63) as u32
 }
 
 /// What a successor found of its predecessor's record.
@@ -256,6 +213,7 @@ mod tests {
 
     #[test]
     fn sizes_are_a_sixteenth_at_most_16_mib_in_whole_lines() {
+        use crate::table::region::geometry::handover_bytes_for;
         assert_eq!(handover_bytes_for(0), 0);
         // Three parts of whole lines: 21 KiB each at 1 MiB.
         assert_eq!((handover_bytes_for(1 << 20) / 3) & !63, 21824);

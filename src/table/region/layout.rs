@@ -281,7 +281,7 @@ pub struct Header {
     /// The named quotas' dirty ring's positions (see `ring.rs`).
     pub slot_ring: RingHead,
     /// The handover section's shared words (see `handover.rs`).
-    pub handover: super::handover::HandoverHeader,
+    pub handover: super::handover_header::HandoverHeader,
 }
 
 /// Named in-flight quotas [`InFlightList`] lists by slot; with more, the

@@ -36,12 +36,14 @@
 //! - `holds.rs` — hold records: which process holds which in-flight
 //!   slots, claimed, freed, and taken over from a dead process.
 //! - `handover.rs` — the handover section: what a sync thread leaves
-//!   for one that takes over from it should it die.
+//!   for one that takes over from it should it die or stop;
+//!   `handover_header.rs` — its shared words in the header.
 //! - `listing.rs` — the table read whole: every quota with its live state
 //!   (listings, snapshots, the busiest quotas).
 
 pub mod geometry;
 pub mod handover;
+pub mod handover_header;
 pub(in crate::table) mod heap;
 pub(in crate::table) mod holds;
 pub(in crate::table) mod index;
