@@ -101,6 +101,16 @@ impl Level {
     }
 }
 
+/// What is kept of signed weight `of` (added, or given back when
+/// negative) when `keep` is asked: at most all of it, and of its sign.
+pub fn kept_of(keep: i64, of: i64) -> i64 {
+    if of >= 0 {
+        keep.clamp(0, of)
+    } else {
+        keep.clamp(of, 0)
+    }
+}
+
 /// A counter's state whatever it counts: for a leaky bucket the level at
 /// `at` (`prev` unused, 0); for a window quota the count of the window
 /// holding `at` and the count of the window before it.

@@ -221,11 +221,16 @@ impl SyncEngine {
             .owe_collected(&mut self.links, self.groups, now);
         let mut plan = self.requests.plan(&self.links, self.groups, rejected);
         let mut out = Vec::new();
+        // What an exchange pays off is kept for the handover record only
+        // where there is one (not in a heap table: the simulator's).
+        let handing_over = table.books().has_handover();
         for (root, link) in self.links.iter_mut().enumerate() {
             link.owe_penalties(&started);
             if plan.asks(link) {
                 let request = plan.request(table, root, link, now);
-                link.in_way = request.owed.clone();
+                if handing_over {
+                    link.in_way = request.owed.clone();
+                }
                 out.push(request);
             }
         }

@@ -375,9 +375,9 @@ impl CyclePlan<'_> {
         now: Nanos,
     ) -> Outgoing {
         let max_entries = self.requests.max_entries;
-        if !link.orphans.is_empty() {
+        if let Some(incarnation) = link.orphans.first().map(|o| o.incarnation) {
             if link.takes_sequence {
-                return self.orphan_request(root, link, now);
+                return self.orphan_request(root, link, incarnation, now);
             }
             // The root no longer takes numbered requests: what they paid
             // off is owed as anything else.
@@ -538,19 +538,25 @@ impl CyclePlan<'_> {
     /// ([`RootLink::orphans`]), as many as fit half a request, under that
     /// thread's incarnation and numbers; this thread's own weight waits
     /// for the next cycle.
-    fn orphan_request(&self, root: usize, link: &mut RootLink, now: Nanos) -> Outgoing {
-        if link.orphans.is_empty() {
-            return self.replay_only(root, link, Vec::new(), None);
-        }
-        let mut orphans = link.orphans.remove(0);
+    /// The first thread's orphans (`incarnation`) are sent.
+    fn orphan_request(
+        &self,
+        root: usize,
+        link: &mut RootLink,
+        incarnation: u64,
+        now: Nanos,
+    ) -> Outgoing {
         // The orphans take the place of this thread's unconfirmed
         // requests while their request is made.
-        std::mem::swap(&mut link.unconfirmed, &mut orphans.parts);
+        let swap = |link: &mut RootLink| {
+            if let Some(first) = link.orphans.first_mut() {
+                std::mem::swap(&mut link.unconfirmed, &mut first.parts);
+            }
+        };
+        swap(link);
         let (replay, _) = self.replay(link, now);
-        std::mem::swap(&mut link.unconfirmed, &mut orphans.parts);
+        swap(link);
         link.sending_orphans = true;
-        let incarnation = orphans.incarnation;
-        link.orphans.insert(0, orphans);
         self.replay_only(root, link, replay, Some(incarnation))
     }
 

@@ -14,12 +14,13 @@
 //! in a retired record), and hands the rest back to pending, to be sent
 //! as new.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::accounting::Accounts;
 use super::handover::{self, LinkRecord, LinkView, Record};
 use super::link::{Orphans, OwedDeltas, RootLink, Unconfirmed};
 use super::request::Requests;
+use crate::core::counter::kept_of;
 use crate::table::{HandoverRecord, SlotId, Table};
 use crate::wire::CounterKey;
 
@@ -112,13 +113,8 @@ fn continue_from(
     links: &mut [RootLink],
 ) -> (usize, usize, u64) {
     let taken = place(record.links, record.incarnation, links);
-    let parts = taken.iter().map(|l| l.parts.len()).sum();
-    let mut roots: Vec<&str> = taken
-        .iter()
-        .filter(|l| !l.parts.is_empty())
-        .map(|l| l.url.as_str())
-        .collect();
-    roots.dedup();
+    let with_parts: Vec<&LinkRecord> = taken.iter().filter(|l| !l.parts.is_empty()).collect();
+    let (parts, roots) = parts_and_roots(&with_parts);
     let mut wanted = covered(&record.unacked, &taken);
     let mut kept = Vec::new();
     let requeued = table.books().requeue_unacked_beyond(|c, slot, unacked| {
@@ -128,11 +124,7 @@ fn continue_from(
         // A reply acknowledged some of it after the record was left, or
         // weight collected since is not in it: what both have stays.
         let net = added as i64 - returned as i64;
-        let keep = if unacked > 0 {
-            net.clamp(0, unacked)
-        } else {
-            net.clamp(unacked, 0)
-        };
+        let keep = kept_of(net, unacked);
         if keep == net {
             kept.push((c, slot, added, returned));
         } else {
@@ -141,7 +133,14 @@ fn continue_from(
         keep
     });
     accounts.adopt_unacked(kept);
-    (parts, roots.len(), requeued)
+    (parts, roots, requeued)
+}
+
+/// The requests `links` hold and the distinct roots they go to.
+fn parts_and_roots(links: &[&LinkRecord]) -> (usize, usize) {
+    let parts = links.iter().map(|l| l.parts.len()).sum();
+    let roots: HashSet<&str> = links.iter().map(|l| l.url.as_str()).collect();
+    (parts, roots.len())
 }
 
 /// Gives each of `records` to the link of its root (by URL): what it
@@ -241,10 +240,7 @@ pub(super) fn retire(
             .collect(),
         links: taken,
     };
-    let parts: usize = record.links.iter().map(|l| l.parts.len()).sum();
-    let mut roots: Vec<&str> = record.links.iter().map(|l| l.url.as_str()).collect();
-    roots.dedup();
-    let roots = roots.len();
+    let (parts, roots) = parts_and_roots(&record.links.iter().collect::<Vec<_>>());
     if table.books().retire_handover(&handover::encode(&record)) {
         accounts.forget_unacked(&wanted);
         Some(format!(
@@ -285,16 +281,28 @@ pub(super) fn adopt_retired(
         Vec::new()
     };
     let wanted = covered(&record.unacked, &adopted);
+    accounts.adopt_unacked(hand_back_beyond(table, &record.unacked, &wanted));
+}
+
+/// Hands each counter's weight of `unacked` back to pending but what
+/// `wanted` keeps of it; returns what is kept.
+fn hand_back_beyond(
+    table: &Table,
+    unacked: &[(CounterKey, SlotId, u64, u64)],
+    wanted: &HashMap<CounterKey, (u64, u64)>,
+) -> Vec<(CounterKey, SlotId, u64, u64)> {
     let mut kept = Vec::new();
-    for &(c, slot, added, returned) in &record.unacked {
+    for &(c, slot, added, returned) in unacked {
         let (a, r) = wanted.get(&c).copied().unwrap_or_default();
-        kept.push((c, slot, a, r));
+        if a > 0 || r > 0 {
+            kept.push((c, slot, a, r));
+        }
         let back = (added - a) as i64 - (returned - r) as i64;
         if back != 0 {
             table.books().requeue_unacked(slot, c.id, c.key, back);
         }
     }
-    accounts.adopt_unacked(kept.into_iter().filter(|&(_, _, a, r)| a > 0 || r > 0));
+    kept
 }
 
 /// The retired record a thread that stopped left, taken from the region.
@@ -310,10 +318,7 @@ fn take_retired(table: &Table) -> Option<Record> {
 /// weight back to pending, to be counted here.
 pub(super) fn hand_back_retired(table: &Table) {
     if let Some(record) = take_retired(table) {
-        for (c, slot, added, returned) in record.unacked {
-            let net = added as i64 - returned as i64;
-            table.books().requeue_unacked(slot, c.id, c.key, net);
-        }
+        hand_back_beyond(table, &record.unacked, &HashMap::new());
     }
 }
 

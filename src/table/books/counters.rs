@@ -21,12 +21,12 @@
 //! reply of the same root replaces it where another root's is max-merged
 //! ([`crate::core::Counting::merge_reply`]).
 
+use crate::core::counter::kept_of;
 use crate::core::estimate::Acked;
 use crate::core::key::KeyHash;
 use crate::core::{Counting, Nanos, Tally};
 use crate::table::books::key_sync::KeySync;
 use crate::table::books::merge::{merge, Known};
-use crate::table::books::tally::kept_of;
 use crate::table::books::tally::{
     fold_weight, folded_source, requeue, send_pending, set_slot_source, settle_unacked, signed,
     slot_source, slot_tally, store_tally, CollectedDelta,

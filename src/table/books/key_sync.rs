@@ -348,7 +348,7 @@ impl KeySync<'_> {
                             id,
                             key: e.hash.load(RLX),
                         };
-                        tally::kept_of(keep(counter, slot, unacked), unacked)
+                        crate::core::counter::kept_of(keep(counter, slot, unacked), unacked)
                     }
                     None => 0,
                 };

@@ -237,13 +237,3 @@ pub(in crate::table) fn attributed(counting: &Counting, now: Nanos) -> Option<i6
         Counting::Leak(_) => None,
     }
 }
-
-/// What is kept of unacked weight `unacked` when `keep` is asked: at most
-/// all of it, and of the same sign.
-pub(in crate::table) fn kept_of(keep: i64, unacked: i64) -> i64 {
-    if unacked >= 0 {
-        keep.clamp(0, unacked)
-    } else {
-        keep.clamp(unacked, 0)
-    }
-}
