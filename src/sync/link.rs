@@ -124,12 +124,24 @@ impl Owed {
         }
     }
 
+    /// `units` given back that a restarted root must take (it counts
+    /// more of this host's slots than this host holds: see
+    /// `restart::owed_again`): sent as a return that acknowledges
+    /// nothing collected (`returned` 0).
+    pub fn resent_returned(units: u64, now: Nanos) -> Self {
+        Self {
+            weight: 0,
+            returned_due: units,
+            ..Self::new(0, 0.0, now)
+        }
+    }
+
     /// What a root counts of the entry once it has it, net: its adds
-    /// before any leak (units [`Owed::resent`] included) less its
-    /// returns. For an in-flight counter (no leak, no window) that is
-    /// exactly what the entry moves this host's holding there by.
+    /// before any leak (units [`Owed::resent`] included) less the
+    /// returns it takes. For an in-flight counter (no leak, no window)
+    /// that is exactly what the entry moves this host's holding there by.
     pub fn counted_net(&self) -> i128 {
-        i128::from(self.added()) - i128::from(self.returned)
+        i128::from(self.added()) - i128::from(self.returned_due)
     }
 
     /// The same entry, owing `returned` units given back as well.

@@ -174,11 +174,13 @@ pub(super) fn take_answer(
 ///
 /// A named counter's holding is its held word, sent only when `named`
 /// (a root that takes held counts absolute gets them with every numbered
-/// request). A key's is counted from the hold records
-/// ([`crate::table::Books::held_key_counts`]), sent to every root: the
-/// keys' slots go as adds and returns (before, nothing was, and a
-/// restarted root read 0 of 6 held slots in the fault suite's
-/// `root-restarts`).
+/// request). A key's is its held slots, kept as a named counter's held
+/// word is ([`crate::table::Books::held_key_counts`]), sent to every
+/// root: the keys' slots go as adds and returns (before, nothing was,
+/// and a restarted root read 0 of 6 held slots in the fault suite's
+/// `root-restarts`; then they were counted from the hold records, which
+/// miss a slot taken or given back while they are read and one that
+/// found no record).
 fn held_before(
     table: &Table,
     link: &RootLink,
@@ -196,7 +198,10 @@ fn held_before(
     let held = named
         .into_iter()
         .map(|(id, held)| (CounterKey::named(id), held))
-        .chain(books.held_key_counts());
+        // A key holding none now that `sent` or the owed weight moves
+        // (given back since: the new instance lacks its slots from
+        // before all the same).
+        .chain(books.held_key_counts(|c| sent.contains_key(&c) || link.owed.contains_key(&c)));
     owed_again(link, sent, groups, now, held)
 }
 
@@ -218,8 +223,20 @@ fn owed_again(
                 return None;
             }
             let before = i128::from(held) - net(sent, &c) - net(&link.owed, &c);
-            let before = u64::try_from(before).ok().filter(|&n| n > 0)?;
-            Some((c, Owed::resent(before, now)))
+            let units = u64::try_from(before.unsigned_abs())
+                .ok()
+                .filter(|&n| n > 0)?;
+            // Below 0: the new instance counts more than this host
+            // holds (units resent to an earlier instance, to make up for
+            // returns it took before their adds, reached this one).
+            Some((
+                c,
+                if before > 0 {
+                    Owed::resent(units, now)
+                } else {
+                    Owed::resent_returned(units, now)
+                },
+            ))
         })
         .collect()
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::core::{Nanos, Quota};
+use crate::wire::CounterKey;
 
 const SEC: Nanos = 1_000_000_000;
 
@@ -194,6 +195,84 @@ fn held_counts_are_the_collected_slots_of_each_named_in_flight_quota() {
     t.books().collect_deltas(&mut Vec::new());
     // Only the named in-flight quota: not the rate, not the template.
     assert_eq!(t.books().held_counts(), vec![(1, 2)]);
+}
+
+/// A key of a per-key in-flight quota keeps its held slots as a named
+/// counter keeps its held word: what was collected, less what a sync
+/// thread handed back to pending; kept through a move of the table to
+/// another zone size (less what went back to pending there); 0 for keys
+/// of other quotas. No hold record is needed (none is claimed here).
+#[test]
+fn a_keys_held_slots_are_what_was_collected_less_what_was_handed_back() {
+    let keyed = Quota::new(3, "per_client", 50.0, 50.0, 50.0)
+        .keyed()
+        .in_flight_if(true);
+    let rate = Quota::new(4, "per_ip", 1.0, 50.0, 50.0).keyed();
+    let t = Table::new_heap_with_keys(8, 16, 256);
+    t.books().apply_quotas(&[keyed, rate]);
+    let item = |name: &'static [u8], key: &'static [u8]| CheckItem {
+        name,
+        key: Some(key),
+        weight: 1,
+        max_wait: None,
+    };
+    let hash = |key: &[u8]| t.key_secret().hash(key);
+    let held_of = |t: &Table| {
+        let mut v = t.books().held_key_counts(|_| false);
+        v.sort_by_key(|(c, _)| c.key);
+        v
+    };
+    let mut slots = Vec::new();
+    for _ in 0..3 {
+        slots.push(
+            t.gate()
+                .acquire(&item(b"per_client", b"a"), SEC, false, never)
+                .1
+                .unwrap(),
+        );
+    }
+    t.gate()
+        .acquire(&item(b"per_client", b"b"), SEC, false, never);
+    t.gate()
+        .check_many(&[item(b"per_ip", b"a")], SEC, Default::default(), never);
+    // Not collected yet: pending, not held.
+    assert_eq!(held_of(&t), vec![]);
+    let mut out = Vec::new();
+    t.books().collect_deltas(&mut out);
+    let a = CounterKey {
+        id: 3,
+        key: hash(b"a"),
+    };
+    let b = CounterKey {
+        id: 3,
+        key: hash(b"b"),
+    };
+    let mut want = vec![(a, 3), (b, 1)];
+    want.sort_by_key(|(c, _)| c.key);
+    assert_eq!(held_of(&t), want);
+    // A release collected: a return, held one less.
+    t.gate()
+        .release(&item(b"per_client", b"a"), slots.pop().unwrap(), 2 * SEC);
+    t.books().collect_deltas(&mut out);
+    assert!(held_of(&t).contains(&(a, 2)));
+    // A sync thread that takes over keeps 1 of a's unacknowledged weight
+    // (3 - 1) and hands the rest back to pending: held 1 now.
+    t.books()
+        .requeue_unacked_beyond(|c, _, _| if c == a { 1 } else { 0 });
+    assert_eq!(held_of(&t), vec![(a, 1)]);
+    // A key holding none is listed when asked for.
+    assert_eq!(t.books().held_key_counts(|c| c == b).len(), 2);
+    // Collected again, it is all held; a larger zone keeps it, less what
+    // was unacknowledged there (pending again in the new zone).
+    t.books().collect_deltas(&mut out);
+    want = vec![(a, 2), (b, 1)];
+    want.sort_by_key(|(c, _)| c.key);
+    assert_eq!(held_of(&t), want);
+    let bigger = Table::new_heap_with_keys(16, 16, 512);
+    bigger.books().adopt(t.books(), 3 * SEC);
+    assert_eq!(held_of(&bigger), vec![]);
+    bigger.books().collect_deltas(&mut Vec::new());
+    assert_eq!(held_of(&bigger), want);
 }
 
 /// Walks of every slot for named in-flight quotas so far on this thread.

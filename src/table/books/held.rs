@@ -9,8 +9,8 @@
 //! (the held section, one word per slot) so that it outlives the sync
 //! thread: an nginx reload starts a new one while the old workers'
 //! requests still give their slots back. Only the sync thread writes it,
-//! under the writer lock; it is kept for named in-flight counters only
-//! (not yet for the keys of per-key ones).
+//! under the writer lock. The keys of per-key in-flight quotas keep
+//! theirs in their entries (`key_sync.rs`, `key_held`).
 //!
 //! The quotas this walks are found through the header's list of named
 //! in-flight slots ([`InFlightList`]), which quota writes keep: a table

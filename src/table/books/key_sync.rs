@@ -33,6 +33,7 @@ use crate::table::region::layout::{
 use crate::table::region::ring::DirtySlots;
 use crate::table::region::slots::Slots;
 use crate::table::region::tier_section::{TierLock, TierSection};
+use crate::table::region::words::{pack_key_held, unpack_key_held};
 use crate::table::region::{region_view, Region, SlotId, ACQ, REL, RLX};
 use crate::wire::CounterKey;
 
@@ -110,7 +111,10 @@ impl KeySync<'_> {
             let Some(slot) = e.template.load(RLX).checked_sub(1) else {
                 return;
             };
-            let Some(id) = slots.get(slot as usize).and_then(|s| s.quota_id()) else {
+            let Some(s) = slots.get(slot as usize) else {
+                return;
+            };
+            let Some(id) = s.quota_id() else {
                 return;
             };
             let net = e.pending.load(SeqCst) as i64;
@@ -118,6 +122,7 @@ impl KeySync<'_> {
                 return;
             }
             send_pending(&e.pending, &e.unacked, net);
+            count_key_held(e, s, net);
             out.push(CollectedDelta::of(slot, id, hash, net));
         });
     }
@@ -136,12 +141,15 @@ impl KeySync<'_> {
             let unacked = e.unacked.load(RLX);
             let known = key_tally(e, &counting, now);
             let weight = pending.wrapping_add(unacked) as i64;
+            let template = (e.template.load(RLX).checked_sub(1)).and_then(|t| self.slot(t));
+            if let Some(s) = template {
+                // In flight was counted as held when it was collected.
+                count_key_held(e, s, pending as i64);
+            }
             if weight != 0 {
                 // As for named counters: own weight folded in, the level is
                 // no longer only its root's (see `merge.rs`).
-                let flags = (e.template.load(RLX).checked_sub(1))
-                    .and_then(|t| self.slot(t))
-                    .map_or(0, |s| s.flags.load(RLX));
+                let flags = template.map_or(0, |s| s.flags.load(RLX));
                 set_key_source(e, folded_source(flags));
             }
             store_key_tally(e, &counting, fold_weight(&counting, known, weight, now));
@@ -269,7 +277,8 @@ impl KeySync<'_> {
             return;
         };
         if requeue {
-            tally::requeue(&e.pending, &e.unacked, amount);
+            let moved = tally::requeue(&e.pending, &e.unacked, amount);
+            count_key_held(e, s, -moved);
             KeyEntries::of(self).mark_dirty(at, e);
         } else if e.dirty.load(SeqCst) & DIRTY_REFUSED != 0 {
             self.fold_refused(s, e, amount, now);
@@ -342,6 +351,7 @@ impl KeySync<'_> {
                     continue;
                 }
                 let template = e.template.load(RLX).checked_sub(1);
+                let slot = template.and_then(|t| self.slot(t));
                 let kept = match template.and_then(|t| Some((t, ids(t)?))) {
                     Some((slot, id)) => {
                         let counter = CounterKey {
@@ -354,13 +364,54 @@ impl KeySync<'_> {
                 };
                 let back = unacked - kept;
                 if back != 0 {
-                    tally::requeue(&e.pending, &e.unacked, back);
+                    let back = tally::requeue(&e.pending, &e.unacked, back);
+                    if let Some(s) = slot {
+                        count_key_held(e, s, -back);
+                    }
                     moved = moved.saturating_add(back.unsigned_abs());
                     KeyEntries::of(self).mark_dirty((b * KEY_WAYS + way) as KeyAt, e);
                 }
             }
         }
         moved
+    }
+
+    /// The held slots of every key of a live per-key in-flight quota that
+    /// holds some or that `also` names, by quota id and key hash (see
+    /// [`key_held`]): what this host holds of each beyond its next
+    /// collection, exactly (what the sync thread sends a root that
+    /// restarted again). Reads the whole key section under the key lock:
+    /// only when a root restarted.
+    pub(in crate::table) fn held_keys(
+        &self,
+        also: impl Fn(CounterKey) -> bool,
+    ) -> Vec<(CounterKey, i64)> {
+        let _keys = KeyMoves::of(self).key_lock();
+        let mut out = Vec::new();
+        for bucket in self.key_buckets() {
+            for e in &bucket.ways {
+                let held = key_held(e);
+                let hash = e.hash.load(RLX);
+                if hash == 0 || hash == KEY_CLAIMED {
+                    continue;
+                }
+                let Some(s) = (e.template.load(RLX).checked_sub(1)).and_then(|t| self.slot(t))
+                else {
+                    continue;
+                };
+                if s.flags.load(RLX) & FLAG_IN_FLIGHT == 0 {
+                    continue;
+                }
+                let Some(id) = s.quota_id() else {
+                    continue;
+                };
+                let counter = CounterKey { id, key: hash };
+                if held != 0 || also(counter) {
+                    out.push((counter, held));
+                }
+            }
+        }
+        out
     }
 
     /// Frees every key of the template in `slot` (it was deleted). The
@@ -492,6 +543,11 @@ impl KeySync<'_> {
                 to.used.store(e.used.load(RLX), RLX);
                 to.dirty.fetch_or(e.dirty.load(RLX) & DIRTY_REFUSED, SeqCst);
                 set_key_rate_bits(to, e.dirty.load(RLX));
+                // What was unacked is pending again here: held no longer
+                // counts it.
+                if let Some(s) = self.slot(slot) {
+                    count_key_held(to, s, -(e.unacked.load(RLX) as i64));
+                }
                 let unsent = e.pending.load(RLX).wrapping_add(e.unacked.load(RLX));
                 if unsent != 0 {
                     to.pending.fetch_add(unsent, SeqCst);
@@ -499,6 +555,29 @@ impl KeySync<'_> {
                 }
             }
         }
+    }
+}
+
+/// A key's *held* slots (see `held.rs`, where a named counter keeps its
+/// in a word of its own): for a key of a per-key in-flight quota, this
+/// host's net weight that left its `pending`, collected for a sync or
+/// folded, less what a stopping or dead sync thread's successor handed
+/// back to `pending`. It lives in the 16 bits of the entry's `dirty`
+/// word that a sliding key keeps its rate in (an in-flight quota has no
+/// window, and its keys keep no rate: see `merge_key`), so it moves with
+/// the entry and outlives the sync thread, and the checks never read it.
+/// Kept within `0..=`[`MAX_KEY_HELD`](crate::table::region::words::MAX_KEY_HELD)
+/// per key. Only the sync thread
+/// writes it, under the writer and key locks.
+fn key_held(e: &KeyEntry) -> i64 {
+    unpack_key_held(e.dirty.load(RLX))
+}
+
+/// Adds `net` (signed) to the held slots of the key in `e` if its
+/// template (`s`) is an in-flight quota's (see [`key_held`]).
+fn count_key_held(e: &KeyEntry, s: &Slot, net: i64) {
+    if net != 0 && s.flags.load(RLX) & FLAG_IN_FLIGHT != 0 {
+        set_key_rate_bits(e, pack_key_held(key_held(e).saturating_add(net)));
     }
 }
 

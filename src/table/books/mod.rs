@@ -54,6 +54,7 @@ use crate::wire::CounterKey;
 use adopt::Adopt;
 use counters::Counters;
 use held::Held;
+use key_sync::KeySync;
 use tiers::TierBooks;
 use write::Writer;
 
@@ -295,17 +296,14 @@ impl<'t> Books<'t> {
         Held::of(self.region).held_counts()
     }
 
-    /// The slots this host's requests hold of each key of its per-key
-    /// in-flight quotas beyond what its next collection sends, as the hold
-    /// records count them (see `region/holds.rs`): what a restarted root
-    /// is sent again. A slot taken or given back while this reads, or one
-    /// no record was free for, is missed.
-    pub fn held_key_counts(&self) -> Vec<(CounterKey, i64)> {
-        crate::table::region::holds::Holds::of(self.region)
-            .held_keys()
-            .into_iter()
-            .map(|(id, key, held)| (CounterKey { id, key }, held))
-            .collect()
+    /// The slots this host holds of each key of its per-key in-flight
+    /// quotas beyond what its next collection sends: each key's held
+    /// slots, kept by the sync thread as a named counter's held word is
+    /// (see `key_sync.rs`), so exact whatever the requests do meanwhile.
+    /// What a restarted root is sent again. Keys holding none are left
+    /// out, but those `also` names.
+    pub fn held_key_counts(&self, also: impl Fn(CounterKey) -> bool) -> Vec<(CounterKey, i64)> {
+        KeySync::of(self.region).held_keys(also)
     }
 
     /// True when some live named quota counts slots in flight (the sync

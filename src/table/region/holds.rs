@@ -18,8 +18,7 @@
 //! of overlapping sync threads give it back once) and its slot given back
 //! through the same path a release takes.
 
-use super::key_entries::KeyEntries;
-use super::layout::{FLAG_IN_FLIGHT, HOLD_OVERFLOWED, HOLD_READY, HOLD_RECLAIMING};
+use super::layout::{HOLD_OVERFLOWED, HOLD_READY, HOLD_RECLAIMING};
 use super::sections::{region_view, SlotId, ACQ, REL, RLX};
 use crate::core::key::KeyHash;
 use crate::core::Nanos;
@@ -140,49 +139,6 @@ impl Holds<'_> {
         }
         self.header().holds.reclaimed.fetch_add(given, RLX);
         given
-    }
-
-    /// The slots the live records hold of each key of a per-key
-    /// in-flight quota, less the key's `pending` (slots not collected for
-    /// a sync yet): by quota id and key hash, what this host's requests
-    /// hold of each key beyond what its next collection sends. Records are
-    /// read first, `pending` after: a slot taken or given back in between
-    /// is missed (it is counted in `pending` and not in the records), and
-    /// so is a slot no record was free for (`unrecorded`).
-    pub(in crate::table) fn held_keys(&self) -> Vec<(u64, KeyHash, i64)> {
-        if self.header().holds.live.load(RLX) == 0 {
-            return Vec::new();
-        }
-        let mut counts: HashMap<(SlotId, u64, KeyHash), i64> = HashMap::new();
-        for r in self.hold_records() {
-            let owner = r.owner.load(ACQ);
-            if owner == 0 || owner == HOLD_RECLAIMING {
-                continue;
-            }
-            let state = r.state.load(ACQ);
-            let key = r.key.load(RLX);
-            if state & HOLD_READY == 0 || state & HOLD_OVERFLOWED != 0 || key == 0 {
-                continue;
-            }
-            *counts
-                .entry((r.slot.load(RLX), r.quota.load(RLX), key))
-                .or_default() += 1;
-        }
-        let entries = KeyEntries::of(self);
-        counts
-            .into_iter()
-            .filter_map(|((slot, id, key), held)| {
-                let s = self.slot(slot)?;
-                if s.quota_id() != Some(id) || s.flags.load(RLX) & FLAG_IN_FLIGHT == 0 {
-                    return None;
-                }
-                let pending = entries
-                    .find_key(slot, key)
-                    .and_then(|at| entries.key_at(at))
-                    .map_or(0, |e| e.pending.load(RLX) as i64);
-                Some((id, key, held - pending))
-            })
-            .collect()
     }
 
     /// Records in use, slots that found none, and slots given back for a

@@ -735,7 +735,9 @@ pub struct KeyEntry {
     /// [`DIRTY_QUEUED`] while the entry sits in the dirty ring,
     /// [`DIRTY_TIERS`] while the tier section may hold something of the
     /// key; the known level's source in [`DIRTY_SOURCE_MASK`], a sliding
-    /// key's fill rate in [`DIRTY_RATE_MASK`].
+    /// key's fill rate in [`DIRTY_RATE_MASK`] (a key of an in-flight
+    /// quota, never sliding, keeps this host's held slots there instead:
+    /// `books/key_sync.rs`).
     pub dirty: AtomicU32,
 }
 

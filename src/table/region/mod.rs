@@ -59,7 +59,7 @@ mod sections;
 pub(in crate::table) mod slots;
 pub(in crate::table) mod status;
 pub(in crate::table) mod tier_section;
-mod words;
+pub(in crate::table) mod words;
 
 pub(in crate::table) use sections::{read_pause, region_view, ACQ, READ_ATTEMPTS, REL, RLX};
 pub use sections::{Region, SlotId, TableError};

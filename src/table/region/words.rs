@@ -1,6 +1,7 @@
 //! How numbers are packed into the region's words: a key's level and
 //! time in one word ([`pack_known`]), a sliding key's fill rate in 16
-//! bits of its `dirty` word ([`pack_key_rate`]), a sliding slot's rate
+//! bits of its `dirty` word ([`pack_key_rate`]) or an in-flight key's
+//! held slots there ([`pack_key_held`]), a sliding slot's rate
 //! and previous count in one word ([`pack_rate_prev`]), and the keys'
 //! coarse clock ([`key_tick`]).
 
@@ -31,6 +32,23 @@ pub fn pack_key_rate(rate: f64) -> u32 {
 #[inline(always)]
 pub fn unpack_key_rate(dirty: u32) -> f64 {
     f64::from(f32::from_bits((dirty >> RATE_SHIFT) << 15))
+}
+
+/// The most slots [`pack_key_held`] keeps of one key: a key of a
+/// per-key in-flight quota keeps this host's held slots in the 16 bits
+/// a sliding key keeps its rate in (an in-flight quota has no window).
+pub const MAX_KEY_HELD: i64 = 0xffff;
+
+/// A key's held slots (see `books/key_sync.rs`, `count_key_held`) in 16
+/// bits, for the layout's `DIRTY_RATE_MASK`: clamped to
+/// `0..=`[`MAX_KEY_HELD`].
+pub fn pack_key_held(held: i64) -> u32 {
+    (held.clamp(0, MAX_KEY_HELD) as u32) << RATE_SHIFT
+}
+
+/// The held slots [`pack_key_held`] put in a `dirty` word.
+pub fn unpack_key_held(dirty: u32) -> i64 {
+    i64::from(dirty >> RATE_SHIFT)
 }
 
 /// A sliding window slot's `fill_rate` word: the others' fill rate and
