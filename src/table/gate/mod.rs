@@ -107,6 +107,9 @@ impl<'t> Gate<'t> {
     /// and all their ancestors pass, and only then is each weight counted
     /// (check all, then commit). Unknown names are skipped. At most
     /// [`MAX_CHECKS`] items are checked; later ones are ignored.
+    // Inlined: a single check's fast path runs in the caller's body (see
+    // `check.rs`, `Checker::check_many`).
+    #[inline(always)]
     pub fn check_many(
         &self,
         items: &[CheckItem],
