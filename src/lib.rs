@@ -70,7 +70,8 @@
 //!   overrides and penalties a sync carries (cursors, pages, versions);
 //!   `wire/interest.rs` — the keys a limiter holds, told to a root that
 //!   answers by interest; `wire/sequence.rs` — numbered requests and the
-//!   earlier ones a request carries again.
+//!   earlier ones a request carries again; `wire/held.rs` — the check of
+//!   the held slots of keys a limiter reports absolute.
 //! - [`table`] — the fixed-capacity quota + counter table in one contiguous
 //!   region, shared by threads and processes (atomics, per-slot seqlock,
 //!   offsets instead of pointers), in three floors: the region core

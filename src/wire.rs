@@ -21,6 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod binary;
+pub mod held;
 pub mod interest;
 pub mod sequence;
 pub mod tiers;
@@ -333,6 +334,21 @@ pub struct SyncRequest {
     /// root refuses the field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<(u64, u64)>,
+    /// The slots this limiter holds of keys of per-key in-flight quotas,
+    /// absolute, by template (each group's `deltas` are `[hash, slots]`,
+    /// in increasing order of hash; groups in increasing order of id, no
+    /// window): for every such key the request or a part it carries
+    /// again has adds or returns of, and for the keys the limiter is told
+    /// to report whole (a root found restarted, one silent past the
+    /// lease, the other process behind its URL). The root sets what it
+    /// counts of this limiter on each key to it, as for [`Self::held`],
+    /// and takes none of the request's adds and returns of those keys.
+    /// Only in a numbered request, applied only when its number is new;
+    /// sent only to a root whose replies say it takes them
+    /// ([`SyncResponse::takes_keyed_held`]): an older root refuses the
+    /// field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keyed_held: Vec<KeyedDeltas>,
     /// The keys this limiter holds of the root's group, or keys to add to
     /// what the root knows it holds (see [`interest`]). Only in a
     /// numbered request; sent only to a root whose replies say it answers
@@ -355,6 +371,7 @@ impl SyncRequest {
             + self.tiers.penalties.len()
             + self.replay.iter().map(Replay::entry_count).sum::<usize>()
             + self.held.len()
+            + keyed_entries(&self.keyed_held)
             + self.interest.as_ref().map_or(0, Interest::entry_count)
     }
 
@@ -401,6 +418,7 @@ impl SyncRequest {
                 "held slots go only with a numbered request (sequence)",
             ));
         }
+        held::check_keyed_held(&self.keyed_held, self.sequence.is_some())?;
         if self.interest.is_some() && self.sequence.is_none() {
             return Err(WireError::new(
                 "interest",
@@ -460,7 +478,7 @@ fn check_named(what: &str, deltas: &[CounterDelta]) -> Result<(), WireError> {
 
 /// Checks keys' deltas (or returns) grouped by template, called `what`:
 /// no key hash 0, none above [`MAX_DELTA`].
-fn check_keyed(what: &str, groups: &[KeyedDeltas]) -> Result<(), WireError> {
+pub(crate) fn check_keyed(what: &str, groups: &[KeyedDeltas]) -> Result<(), WireError> {
     for (g, group) in groups.iter().enumerate() {
         for (i, d) in group.deltas.iter().enumerate() {
             if d.0 == 0 {
@@ -610,6 +628,13 @@ pub struct SyncResponse {
     /// predates them refuses the field).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub takes_held: bool,
+    /// The root takes the held slots of keys in absolute form
+    /// ([`SyncRequest::keyed_held`]): a limiter reports them only to a
+    /// root that says so (one that predates them refuses the field). A
+    /// limiter that predates it ignores it in JSON, and the binary
+    /// encoding carries it only to one that asks for format 9.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_keyed_held: bool,
     /// The root answers by interest: of the keys' counters, it sends only
     /// those the limiter holds (it learns them from the deltas and from
     /// [`SyncRequest::interest`], which a limiter sends only to a root

@@ -154,6 +154,70 @@ fn a_keys_slots_go_with_the_lease_too() {
     assert_eq!(ledger.expire_leases(7 * SEC), 0.0);
 }
 
+/// A limiter reports a key's slots absolute (`keyed_held`): the root
+/// sets its count there to them, takes none of the request's adds and
+/// returns of that key, applies a copy of the request once, and after
+/// the lease dropped the key's slots counts them again from the next
+/// report (what the lease forgave is settled by it: a later report of 0
+/// leaves nothing counted).
+#[test]
+fn a_keys_held_slots_reported_absolute_set_its_count() {
+    let ledger = Ledger {
+        in_flight_lease: LEASE,
+        ..Ledger::default()
+    };
+    let q = Quota::new(ID, "per_client", 5.0, 5.0, 5.0)
+        .in_flight_if(true)
+        .keyed();
+    ledger.load(vec![q], 0);
+    let key = CounterKey { id: ID, key: 42 };
+    let level = |now| {
+        ledger
+            .counters
+            .view_counter(key, now)
+            .map_or(0.0, |v| v.level)
+    };
+    let report = |seq, held: u64, add: u64| SyncRequest {
+        sequence: Some(crate::wire::Sequence {
+            incarnation: 7,
+            seq,
+        }),
+        keyed_held: vec![KeyedDeltas {
+            id: ID,
+            deltas: vec![crate::wire::KeyDelta(42, held)],
+            window: None,
+        }],
+        ..test_request("a", 0, 0, &[], &[(ID, 42, add)])
+    };
+    // 3 held, though the request's own add says 2: the held count wins.
+    let first = report(1, 3, 2);
+    assert_eq!(first.check(), Ok(()));
+    ledger.sync(&first, 77, SEC, PAGING);
+    assert_eq!(level(SEC), 3.0);
+    // A copy of the same request: applied once.
+    ledger.sync(&first, 77, SEC, PAGING);
+    assert_eq!(level(SEC), 3.0);
+    // Another limiter's add of the key adds to it.
+    ledger.sync(
+        &test_request("b", 0, 0, &[], &[(ID, 42, 1)]),
+        77,
+        SEC,
+        PAGING,
+    );
+    assert_eq!(level(SEC), 4.0);
+    ledger.sync(&report(2, 1, 0), 77, 2 * SEC, PAGING);
+    assert_eq!(level(2 * SEC), 2.0);
+    // Silent past the lease, both limiters lose their slots there.
+    assert_eq!(ledger.expire_leases(2 * SEC + LEASE + 1), 2.0);
+    assert_eq!(level(9 * SEC), 0.0);
+    // Back, "a" still holds 2: its report counts them again.
+    ledger.sync(&report(3, 2, 0), 77, 9 * SEC, PAGING);
+    assert_eq!(level(9 * SEC), 2.0);
+    // Given back, nothing of the forgiven slots stays counted.
+    ledger.sync(&report(4, 0, 0), 77, 10 * SEC, PAGING);
+    assert_eq!(level(10 * SEC), 0.0);
+}
+
 #[test]
 fn leaky_quotas_are_untouched_by_the_lease() {
     let ledger = Ledger {

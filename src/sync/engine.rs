@@ -132,6 +132,7 @@ impl SyncEngine {
     pub fn refused_numbered(&mut self, root: usize) {
         self.links[root].takes_sequence = false;
         self.links[root].takes_held = false;
+        self.links[root].key_report.takes = false;
         self.links[root].interest.takes = false;
     }
 
@@ -379,12 +380,13 @@ impl SyncEngine {
     ) {
         let used = owed.len();
         let mut nothing = OwedDeltas::default();
+        let lease = self.health.in_flight_lease();
         for (k, page) in pages.iter().enumerate() {
             // Deltas went out with the first page only.
             let sent = if k == 0 { &mut owed } else { &mut nothing };
             let link = &mut self.links[root];
             if let Some(resend) =
-                restart::take_answer(table, root, link, page, sent, self.groups, now)
+                restart::take_answer(table, root, link, page, sent, (self.groups, lease), now)
             {
                 self.accounts.owe(link, resend, now);
             }

@@ -67,6 +67,12 @@ struct GroupHealth {
 
 impl Health {
     /// Nothing heard yet from roots in one group, from `started` on.
+    /// The in-flight lease (a root drops the slots of a limiter silent
+    /// for it).
+    pub(super) fn in_flight_lease(&self) -> Nanos {
+        self.in_flight_lease
+    }
+
     pub(super) fn new(started: Nanos, interval: Nanos, in_flight_lease: Nanos) -> Self {
         Self {
             started,

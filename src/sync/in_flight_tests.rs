@@ -806,6 +806,102 @@ fn a_restarted_root_is_sent_a_keys_slots_again() {
     assert_eq!(roots[0].counter_level(key, 11 * SEC).unwrap_or(0.0), 0.0);
 }
 
+/// A host silent to a root past its lease (its requests lost) finds
+/// the root dropped its slots: to a root that takes keys' held slots, it
+/// reports every key it holds with the request after the one that got
+/// through, and the root counts them again; given back, they leave
+/// nothing counted there. Before, the root counted none of them until
+/// they ended (fail-open).
+#[test]
+fn a_host_back_after_the_lease_reports_its_keys_slots_again() {
+    let mut root = SimRoot::new(&per_upload(), 1, 0, 0);
+    let host = |name: &str| {
+        let t = Table::new_heap_with_keys(8, 16, 1024);
+        t.books().apply_quotas(&per_upload());
+        (t, keyed_engine(name, if name == "a" { 1 } else { 2 }))
+    };
+    let ((ta, mut ea), (tb, mut eb)) = (host("a"), host("b"));
+    let item = key_slot(0);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(ta.gate().acquire(&item, SEC, false, || 0.5).1.unwrap());
+    }
+    let key = CounterKey {
+        id: 6,
+        key: ta.key_secret().hash(KEYS[0]),
+    };
+    let mut now = SEC;
+    for _ in 0..2 {
+        exchange(
+            &mut ea,
+            &ta,
+            &mut root,
+            Fate::Answered,
+            now,
+            &mut Vec::new(),
+        );
+        exchange(
+            &mut eb,
+            &tb,
+            &mut root,
+            Fate::Answered,
+            now,
+            &mut Vec::new(),
+        );
+        now += SEC;
+    }
+    assert_eq!(root.counter_level(key, now), Some(3.0));
+    // 12 s of lost requests from "a"; "b" syncs on, and the root's lease
+    // drops what "a" held.
+    for _ in 0..12 {
+        exchange(
+            &mut ea,
+            &ta,
+            &mut root,
+            Fate::RequestLost,
+            now,
+            &mut Vec::new(),
+        );
+        exchange(
+            &mut eb,
+            &tb,
+            &mut root,
+            Fate::Answered,
+            now,
+            &mut Vec::new(),
+        );
+        now += SEC;
+    }
+    assert_eq!(root.counter_level(key, now).unwrap_or(0.0), 0.0);
+    for _ in 0..2 {
+        exchange(
+            &mut ea,
+            &ta,
+            &mut root,
+            Fate::Answered,
+            now,
+            &mut Vec::new(),
+        );
+        now += SEC;
+    }
+    assert_eq!(root.counter_level(key, now), Some(3.0), "a's slots again");
+    for slot in held.drain(..) {
+        assert!(ta.gate().release(&item, slot, now));
+    }
+    for _ in 0..2 {
+        exchange(
+            &mut ea,
+            &ta,
+            &mut root,
+            Fate::Answered,
+            now,
+            &mut Vec::new(),
+        );
+        now += SEC;
+    }
+    assert_eq!(root.counter_level(key, now).unwrap_or(0.0), 0.0);
+}
+
 /// What becomes of one host's sync in [`held_steps`].
 #[derive(Clone, Copy, Debug)]
 enum Trouble {

@@ -113,9 +113,14 @@
 //!   counters no root reported stood still.
 //! - `link.rs` — what a limiter knows of one root: cursor, versions,
 //!   clock offset, what it is owed, health.
+//! - `owed.rs` — [`link::Owed`]: the weight a root has not received
+//!   yet, per counter, leaked as the root would have leaked it.
 //! - `interest.rs` — the keys a limiter tells a root that answers by
 //!   interest it holds: the whole list when asked and every 30 s, new
 //!   keys in between.
+//! - `key_report.rs` — the held slots of keys reported absolute to a
+//!   root that takes them: those a request moves, and every key held
+//!   when the root may lack them.
 //! - `status.rs` — the metrics published in the table's status block for
 //!   every process, and what a later sync thread should know of each root.
 //! - `config.rs` — [`SyncConfig`] and the rules every front end checks it
@@ -143,11 +148,13 @@ mod handover;
 mod health;
 pub mod ids;
 pub mod interest;
+mod key_report;
 pub mod link;
 mod log;
 mod metrics;
 #[cfg(feature = "sync")]
 mod networked;
+mod owed;
 mod pressure;
 mod request;
 mod restart;

@@ -507,7 +507,7 @@ async fn post(
 /// sync thread's requests, the keys the root refused; a root that
 /// predates it answers an older format), or JSON from a root that cannot
 /// write binary.
-const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=8, application/json;q=0.5";
+const BINARY_ACCEPT: &str = "application/x-sluice-sync;version=9, application/json;q=0.5";
 
 /// Decodes and validates a reply body, binary or JSON by its content
 /// type: a reply that fails either is dropped whole (the limiter keeps

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use super::ids::IdMap;
+use super::key_report::{keyed_held, KeyReportCache};
 use super::link::{OwedDeltas, RootLink, NO_QUOTAS};
 use super::routing::shard;
 use crate::core::tier::Penalty;
@@ -314,6 +315,7 @@ impl Requests {
             held: None,
             held_slots: None,
             interest: None,
+            key_report: KeyReportCache::default(),
         }
     }
 }
@@ -342,6 +344,8 @@ pub(super) struct CyclePlan<'a> {
     /// Every key the table holds, as counters, sorted: read once for the
     /// roots that are sent a list of them this cycle.
     interest: Option<Vec<CounterKey>>,
+    /// What the keys' held slots reported this cycle read of the table.
+    key_report: KeyReportCache,
 }
 
 impl CyclePlan<'_> {
@@ -377,7 +381,9 @@ impl CyclePlan<'_> {
         let max_entries = self.requests.max_entries;
         if let Some(incarnation) = link.orphans.first().map(|o| o.incarnation) {
             if link.takes_sequence {
-                return self.orphan_request(root, link, incarnation, now);
+                let mut out = self.orphan_request(root, link, incarnation, now);
+                out.request.keyed_held = self.keyed_held(table, link, &out.request);
+                return out;
             }
             // The root no longer takes numbered requests: what they paid
             // off is owed as anything else.
@@ -404,6 +410,7 @@ impl CyclePlan<'_> {
             let mut out = self.replay_only(root, link, replay, None);
             out.request.held = self.held(table, link);
             out.request.interest = interest;
+            out.request.keyed_held = self.keyed_held(table, link, &out.request);
             return out;
         }
         let mut owed = std::mem::take(&mut link.owed);
@@ -441,6 +448,7 @@ impl CyclePlan<'_> {
         request.replay = replay;
         request.held = self.held(table, link);
         request.interest = interest;
+        request.keyed_held = self.keyed_held(table, link, &request);
         Outgoing {
             root,
             request,
@@ -474,6 +482,22 @@ impl CyclePlan<'_> {
             .copied()
             .filter(|&(id, _)| shard(CounterKey::named(id), groups) == link.group)
             .collect()
+    }
+
+    /// The held slots of keys `request` to the root of `link` reports
+    /// (see `key_report.rs`), in the entries the request leaves free.
+    fn keyed_held(
+        &mut self,
+        table: &Table,
+        link: &mut RootLink,
+        request: &SyncRequest,
+    ) -> Vec<KeyedDeltas> {
+        let room = self
+            .requests
+            .max_entries
+            .saturating_sub(request.entry_count());
+        let report = (&mut link.key_report, link.group, self.groups);
+        keyed_held(table, report, request, &mut self.key_report, room)
     }
 
     /// The keys this host holds of `link`'s group, for a numbered request
@@ -630,6 +654,7 @@ impl CyclePlan<'_> {
             }),
             replay: Vec::new(),
             held: Vec::new(),
+            keyed_held: Vec::new(),
             interest: None,
         }
     }

@@ -30,6 +30,7 @@
 //! A root that takes held slots needs no resend after a restart either:
 //! the next numbered request carries them.
 
+use super::key_report::silent_past;
 use super::link::{Owed, OwedDeltas, RootLink};
 use super::request::Page;
 use super::routing::shard;
@@ -131,27 +132,42 @@ pub(super) fn take_answer(
     link: &mut RootLink,
     page: &Page,
     sent: &OwedDeltas,
-    groups: usize,
+    (groups, lease): (usize, Nanos),
     now: Nanos,
 ) -> Option<Vec<(CounterKey, Owed)>> {
     let instance = link.root_instance;
     let answered = page.reply.root_instance;
     let mut resend = None;
+    let (mut switched, mut restarted) = (false, false);
+    // A root that takes keys' held slots is sent every key held instead
+    // of its slots again (see `key_report.rs`).
+    let keys_absolute = page.reply.takes_keyed_held && page.reply.takes_sequence;
     if instance != 0 && answered != instance {
         if link.switch_to(answered) {
+            switched = true;
             link.metrics.switches += 1;
             // Asked with the other process's cursor, it answers with
             // every counter it holds that is not empty: one it leaves
             // out is empty there.
             link.ask_all = true;
         } else {
+            restarted = true;
             link.found_restart();
             link.restart_seen = Some(now);
             let absolute = page.reply.takes_held && page.reply.takes_sequence;
-            resend = Some(held_before(table, link, sent, groups, now, !absolute));
+            let kinds = (!absolute, !keys_absolute);
+            resend = Some(held_before(table, link, sent, groups, now, kinds));
         }
     }
+    let silent = silent_past(link.metrics.last_success, page.sent_at, lease);
+    let moved = || {
+        let replayed = link.sending_replay.iter().flat_map(|u| u.owed.keys());
+        let keys = sent.keys().chain(replayed).filter(|c| c.key != 0);
+        keys.copied().collect()
+    };
+    let seen = (switched, restarted, silent);
     let known = link.remembered();
+    link.key_report.answered(keys_absolute, seen, moved);
     link.succeeded(page.sent_at, page.received_at, &page.reply);
     if link.remembered() != known {
         remember_root(table, root, &link.url, link.remembered());
@@ -175,8 +191,9 @@ pub(super) fn take_answer(
 /// A named counter's holding is its held word, sent only when `named`
 /// (a root that takes held counts absolute gets them with every numbered
 /// request). A key's is its held slots, kept as a named counter's held
-/// word is ([`crate::table::Books::held_key_counts`]), sent to every
-/// root: the keys' slots go as adds and returns (before, nothing was,
+/// word is ([`crate::table::Books::held_key_counts`]), sent only when
+/// `keys` (a root that takes keys' held slots is sent them all instead:
+/// `key_report.rs`): the keys' slots go as adds and returns (before, nothing was,
 /// and a restarted root read 0 of 6 held slots in the fault suite's
 /// `root-restarts`; then they were counted from the hold records, which
 /// miss a slot taken or given back while they are read and one that
@@ -187,7 +204,7 @@ fn held_before(
     sent: &OwedDeltas,
     groups: usize,
     now: Nanos,
-    named: bool,
+    (named, keys): (bool, bool),
 ) -> Vec<(CounterKey, Owed)> {
     let books = table.books();
     let named = if named {
@@ -195,13 +212,18 @@ fn held_before(
     } else {
         Vec::new()
     };
+    // A key holding none now that `sent` or the owed weight moves (given
+    // back since: the new instance lacks its slots from before all the
+    // same).
+    let keys = if keys {
+        books.held_key_counts(|c| sent.contains_key(&c) || link.owed.contains_key(&c))
+    } else {
+        Vec::new()
+    };
     let held = named
         .into_iter()
         .map(|(id, held)| (CounterKey::named(id), held))
-        // A key holding none now that `sent` or the owed weight moves
-        // (given back since: the new instance lacks its slots from
-        // before all the same).
-        .chain(books.held_key_counts(|c| sent.contains_key(&c) || link.owed.contains_key(&c)));
+        .chain(keys);
     owed_again(link, sent, groups, now, held)
 }
 

@@ -53,6 +53,8 @@ pub struct RememberedRoot {
     pub takes_sequence: bool,
     /// Its last answer said it takes held slots.
     pub takes_held: bool,
+    /// Its last answer said it takes the held slots of keys.
+    pub takes_keyed_held: bool,
     /// Other instances that answered at its URL lately, oldest first (0:
     /// none; see `RootLink::others`).
     pub others: [u64; REMEMBERED_INSTANCES],
@@ -62,6 +64,7 @@ pub struct RememberedRoot {
 const TAKES_RETURNS: u64 = 1;
 const TAKES_SEQUENCE: u64 = 2;
 const TAKES_HELD: u64 = 4;
+const TAKES_KEYED_HELD: u64 = 8;
 
 /// Remembers in `table` what is known of the root at `index` in the
 /// configuration (`url`). Only the first [`STATUS_ROOTS`] roots are
@@ -83,7 +86,12 @@ pub fn remember_root(table: &Table, index: usize, url: &str, root: RememberedRoo
                     } else {
                         0
                     }
-                    | if root.takes_held { TAKES_HELD } else { 0 };
+                    | if root.takes_held { TAKES_HELD } else { 0 }
+                    | if root.takes_keyed_held {
+                        TAKES_KEYED_HELD
+                    } else {
+                        0
+                    };
                 r.takes.store(takes, Relaxed);
                 for (to, &other) in r.others.iter().zip(&root.others) {
                     to.store(other, Relaxed);
@@ -111,6 +119,7 @@ pub fn remembered_root(table: &Table, url: &str) -> Option<RememberedRoot> {
                     takes_returns: r.takes.load(Relaxed) & TAKES_RETURNS != 0,
                     takes_sequence: r.takes.load(Relaxed) & TAKES_SEQUENCE != 0,
                     takes_held: r.takes.load(Relaxed) & TAKES_HELD != 0,
+                    takes_keyed_held: r.takes.load(Relaxed) & TAKES_KEYED_HELD != 0,
                     others: r.others.each_ref().map(|o| o.load(Relaxed)),
                 })
         })
@@ -198,6 +207,7 @@ mod tests {
             takes_returns: true,
             takes_sequence: restarts % 2 == 0,
             takes_held: restarts % 2 == 0,
+            takes_keyed_held: restarts % 2 == 1,
             others: [instance + 100, instance + 200, 0, 0],
         };
         assert_eq!(remembered_root(&t, "http://a"), None);

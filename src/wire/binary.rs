@@ -82,14 +82,23 @@
 //! have bit 3 (the root takes held slots); an older limiter never asks
 //! for it, and reads no flag it does not know.
 //!
-//! Request format 6 ([`BINARY_REQUEST_VERSION`]) is format 5 plus, last,
+//! Request format 6 ([`BINARY_INTEREST_REQUEST_VERSION`]) is format 5 plus, last,
 //! the keys the limiter holds ([`SyncRequest::interest`]): a byte (0: no
 //! list, 1: keys to add, 2: the whole list), then, unless 0, a count of
 //! templates and per template its id, a count of keys and the keys'
 //! hashes (8 bytes each). It is sent only to a root whose replies say it
-//! answers by interest: reply format 8 ([`BINARY_REPLY_VERSION`],
+//! answers by interest: reply format 8 ([`BINARY_INTEREST_REPLY_VERSION`],
 //! `version=8`) is format 7 whose flags may have bit 4 (the root answers
-//! by interest) and bit 5 (it wants the limiter's whole list). The
+//! by interest) and bit 5 (it wants the limiter's whole list).
+//!
+//! Request format 7 ([`BINARY_REQUEST_VERSION`]) is format 6 plus, last,
+//! the slots the limiter holds of keys ([`SyncRequest::keyed_held`]), as
+//! keyed deltas are: a count of templates, and per template its id, a
+//! count of keys and per key its hash (8 bytes) and its slots (a
+//! varint). It is sent only to a root whose replies say it takes them:
+//! reply format 9 ([`BINARY_REPLY_VERSION`], `version=9`) is format 8
+//! whose flags may have bit 6 (the root takes the held slots of keys).
+//! The
 //! tiers section, in a request or a reply, is a length-prefixed JSON object (empty when it says nothing):
 //! overrides change rarely and penalties are few, so a compact encoding
 //! would buy little and cost a second one to keep in step with serde.
@@ -106,19 +115,20 @@ mod codec;
 
 use codec::{
     unzigzag, zigzag, Reader, Writer, KIND_REPLY, KIND_REQUEST, TAKES_HELD, TAKES_INTEREST,
-    TAKES_RETURNS, TAKES_SEQUENCE, TAKES_TIERS, WANTS_INTEREST,
+    TAKES_KEYED_HELD, TAKES_RETURNS, TAKES_SEQUENCE, TAKES_TIERS, WANTS_INTEREST,
 };
 pub use codec::{
     BinaryError, BINARY_CONTENT_TYPE, BINARY_FLAGS_VERSION, BINARY_HELD_REPLY_VERSION,
-    BINARY_HELD_REQUEST_VERSION, BINARY_PREV_VERSION, BINARY_REFUSED_REPLY_VERSION,
-    BINARY_REPLY_VERSION, BINARY_REQUEST_VERSION, BINARY_RETURNS_VERSION,
-    BINARY_SEQUENCE_REPLY_VERSION, BINARY_SEQUENCE_REQUEST_VERSION, BINARY_TIERS_REPLY_VERSION,
-    BINARY_TIERS_REQUEST_VERSION, BINARY_VERSION,
+    BINARY_HELD_REQUEST_VERSION, BINARY_INTEREST_REPLY_VERSION, BINARY_INTEREST_REQUEST_VERSION,
+    BINARY_PREV_VERSION, BINARY_REFUSED_REPLY_VERSION, BINARY_REPLY_VERSION,
+    BINARY_REQUEST_VERSION, BINARY_RETURNS_VERSION, BINARY_SEQUENCE_REPLY_VERSION,
+    BINARY_SEQUENCE_REQUEST_VERSION, BINARY_TIERS_REPLY_VERSION, BINARY_TIERS_REQUEST_VERSION,
+    BINARY_VERSION,
 };
 
 /// Encodes a request: format 1, 2 when it gives weight back, 3 when it
 /// carries tiers, 4 when it is numbered, 5 when it reports held slots, 6
-/// when it carries an interest list.
+/// when it carries an interest list, 7 when it reports keys' held slots.
 pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
     let tiers = super::tiers::encode_section(&request.tiers);
     let keys: usize = request.keyed.iter().map(|k| k.deltas.len()).sum();
@@ -129,8 +139,10 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             + 16 * request.keyed.len()
             + 8 * request.rejected.len(),
     );
-    let version = if request.interest.is_some() {
+    let version = if !request.keyed_held.is_empty() {
         BINARY_REQUEST_VERSION
+    } else if request.interest.is_some() {
+        BINARY_INTEREST_REQUEST_VERSION
     } else if !request.held.is_empty() {
         BINARY_HELD_REQUEST_VERSION
     } else if request.sequence.is_some() {
@@ -183,7 +195,7 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
             w.varint(slots);
         }
     }
-    if version >= BINARY_REQUEST_VERSION {
+    if version >= BINARY_INTEREST_REQUEST_VERSION {
         match &request.interest {
             None => w.0.push(0),
             Some(interest) => {
@@ -191,6 +203,9 @@ pub fn encode_request(request: &SyncRequest) -> Vec<u8> {
                 w.key_groups(&interest.keys);
             }
         }
+    }
+    if version >= BINARY_REQUEST_VERSION {
+        w.keyed(&request.keyed_held);
     }
     w.0
 }
@@ -265,7 +280,7 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
             held.push((id, r.varint_or(|| format!("held[{i}]"))?));
         }
     }
-    let interest = if version >= BINARY_REQUEST_VERSION {
+    let interest = if version >= BINARY_INTEREST_REQUEST_VERSION {
         let full = match r.byte(|| "interest".into())? {
             0 => None,
             1 => Some(false),
@@ -282,9 +297,15 @@ pub fn decode_request(body: &[u8]) -> Result<SyncRequest, BinaryError> {
     } else {
         None
     };
+    let keyed_held = if version >= BINARY_REQUEST_VERSION {
+        r.keyed("keyed_held")?
+    } else {
+        Vec::new()
+    };
     r.end()?;
     Ok(SyncRequest {
         interest,
+        keyed_held,
         limiter,
         quotas_after,
         counter_version,
@@ -380,7 +401,10 @@ pub fn encode_response_as(reply: &SyncResponse, version: u8) -> Result<Vec<u8>, 
         if version >= BINARY_HELD_REPLY_VERSION && reply.takes_held {
             flags |= TAKES_HELD;
         }
-        if version >= BINARY_REPLY_VERSION {
+        if version >= BINARY_REPLY_VERSION && reply.takes_keyed_held {
+            flags |= TAKES_KEYED_HELD;
+        }
+        if version >= BINARY_INTEREST_REPLY_VERSION {
             if reply.takes_interest {
                 flags |= TAKES_INTEREST;
             }
@@ -482,8 +506,11 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
     } else {
         0
     };
+    let interest = TAKES_INTEREST | WANTS_INTEREST;
     let known = if version >= BINARY_REPLY_VERSION {
-        TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD | TAKES_INTEREST | WANTS_INTEREST
+        TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD | interest | TAKES_KEYED_HELD
+    } else if version >= BINARY_INTEREST_REPLY_VERSION {
+        TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD | interest
     } else if version >= BINARY_HELD_REPLY_VERSION {
         TAKES_RETURNS | TAKES_TIERS | TAKES_SEQUENCE | TAKES_HELD
     } else if version >= BINARY_SEQUENCE_REPLY_VERSION {
@@ -517,6 +544,7 @@ pub fn decode_response(body: &[u8]) -> Result<SyncResponse, BinaryError> {
         takes_tiers: flags & TAKES_TIERS != 0,
         takes_sequence: flags & TAKES_SEQUENCE != 0,
         takes_held: flags & TAKES_HELD != 0,
+        takes_keyed_held: flags & TAKES_KEYED_HELD != 0,
         takes_interest: flags & TAKES_INTEREST != 0,
         wants_interest: flags & WANTS_INTEREST != 0,
         applied_through,
@@ -539,7 +567,7 @@ mod tests {
     use super::codec::TAKES_SEQUENCE;
     use super::*;
     use crate::wire::RefusedKeys;
-    use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, MAX_DELTAS_PER_SYNC};
+    use crate::wire::{CounterDelta, KeyDelta, KeyedDeltas, MAX_DELTA, MAX_DELTAS_PER_SYNC};
     use proptest::prelude::*;
 
     fn request() -> SyncRequest {
@@ -836,6 +864,95 @@ mod tests {
     }
 
     #[test]
+    fn keys_held_slots_are_request_format_7_and_checked_whole() {
+        let held = |id, keys: &[(u64, u64)]| KeyedDeltas {
+            id,
+            deltas: keys.iter().map(|&(k, n)| KeyDelta(k, n)).collect(),
+            window: None,
+        };
+        let r = SyncRequest {
+            limiter: "h".into(),
+            sequence: Some(Sequence {
+                incarnation: 9,
+                seq: 3,
+            }),
+            keyed_held: vec![held(4, &[(1, 0), (u64::MAX, 7)]), held(9, &[(5, 2)])],
+            ..SyncRequest::default()
+        };
+        assert_eq!(r.check(), Ok(()));
+        let body = encode_request(&r);
+        assert_eq!(body[3], BINARY_REQUEST_VERSION);
+        assert_eq!(decode_request(&body).unwrap(), r);
+        for n in 0..body.len() {
+            assert!(decode_request(&body[..n]).is_err(), "{n}");
+        }
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"keyed_held\""), "{json}");
+        assert_eq!(serde_json::from_str::<SyncRequest>(&json).unwrap(), r);
+        // Without them a request keeps the format an older root reads.
+        let none = SyncRequest {
+            keyed_held: Vec::new(),
+            ..r.clone()
+        };
+        assert_eq!(encode_request(&none)[3], BINARY_SEQUENCE_REQUEST_VERSION);
+        let refused = |keyed_held: Vec<KeyedDeltas>, sequence| {
+            let bad = SyncRequest {
+                keyed_held,
+                sequence,
+                ..r.clone()
+            };
+            bad.check().unwrap_err().field
+        };
+        let seq = r.sequence;
+        assert_eq!(refused(r.keyed_held.clone(), None), "keyed_held");
+        assert_eq!(
+            refused(vec![held(9, &[(5, 2)]), held(4, &[(1, 1)])], seq),
+            "keyed_held[1].id"
+        );
+        assert_eq!(
+            refused(vec![held(4, &[(5, 2), (5, 1)])], seq),
+            "keyed_held[0].deltas[1]"
+        );
+        assert_eq!(
+            refused(vec![held(4, &[(0, 2)])], seq),
+            "keyed_held[0].deltas[0]"
+        );
+        let windowed = KeyedDeltas {
+            window: Some(3),
+            ..held(4, &[(1, 1)])
+        };
+        assert_eq!(refused(vec![windowed], seq), "keyed_held[0].window");
+        assert_eq!(
+            refused(vec![held(4, &[(1, MAX_DELTA + 1)])], seq),
+            "keyed_held[0].deltas[0]"
+        );
+    }
+
+    #[test]
+    fn reply_format_9_says_whether_the_root_takes_keys_held_slots_and_older_ones_never_do() {
+        let r = SyncResponse {
+            takes_sequence: true,
+            takes_held: true,
+            takes_keyed_held: true,
+            takes_interest: true,
+            ..tiered_reply()
+        };
+        let body = encode_response(&r).unwrap();
+        assert_eq!(body[3], BINARY_REPLY_VERSION);
+        let read = decode_response(&body).unwrap();
+        assert!(read.takes_keyed_held && read.takes_interest && read.takes_held);
+        // To a limiter that asked for format 8 (it predates them) the flag
+        // is not set, the others are.
+        let v8 = encode_response_as(&r, BINARY_INTEREST_REPLY_VERSION).unwrap();
+        let v8 = decode_response(&v8).unwrap();
+        assert!(!v8.takes_keyed_held && v8.takes_interest && v8.takes_held);
+        // Format 9 read as format 8: the flag is unknown there, refused.
+        let mut as_v8 = body.clone();
+        as_v8[3] = BINARY_INTEREST_REPLY_VERSION;
+        assert!(decode_response(&as_v8).is_err());
+    }
+
+    #[test]
     fn an_interest_list_is_request_format_6_and_reads_back_whole_or_added() {
         for full in [true, false] {
             let r = SyncRequest {
@@ -854,7 +971,7 @@ mod tests {
                 ..returning_request()
             };
             let body = encode_request(&r);
-            assert_eq!(body[3], BINARY_REQUEST_VERSION);
+            assert_eq!(body[3], BINARY_INTEREST_REQUEST_VERSION);
             assert_eq!(decode_request(&body).unwrap(), r);
             for n in 0..body.len() {
                 assert!(decode_request(&body[..n]).is_err(), "{n}");

@@ -12,6 +12,8 @@
 //! - `mod.rs` — the ledger, its quotas, limiters and counters, and the
 //!   sync step: weight applied once per numbered request, held slots,
 //!   leases, the counters and quota pages a reply carries;
+//! - `held.rs` — held slots reported absolute (named and keys'): set,
+//!   not added, and the adds and returns they cover passed over;
 //! - `tiers.rs` — overrides and penalties: loaded, started by limiters,
 //!   answered to a sync; a key's rule under its override.
 
@@ -25,13 +27,16 @@ pub(crate) use tests::test_request;
 
 use super::counter_book::{AllowanceShape, ChangedCounters, Delta, KeyLimits, Uncounted};
 use super::counter_shards::{Asker, CounterSizes, Counters, CountersView};
-use super::in_flight::{lease_expired, HELD_BURSTS};
+use super::in_flight::lease_expired;
 use super::limiters::Limiters;
 use super::quota_book::{QuotaBook, QuotaChange, QuotaPage};
 use super::tier_book::{OverrideBook, PenaltyBook};
 use super::trust::{counter_rule, plausible_rejections, DEFAULT_CAP_SECONDS, FREE_SECONDS};
 
+mod held;
 mod tiers;
+
+use held::{in_flight_limit, reported};
 
 /// Page sizes of a sync reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,24 +49,6 @@ pub struct SyncPaging {
 
 /// A request's `(counter, delta)` pairs: named ones, then keys' by
 /// template (its deltas, or its returns).
-/// The limit of the in-flight quota `counter` counts on, or `None` when
-/// it is not one (a plain or unknown quota).
-fn in_flight_limit(quotas: &QuotaBook, counter: CounterKey) -> Option<f64> {
-    quotas
-        .counting_quota(counter.id, counter.key != 0)
-        .filter(|q| q.in_flight)
-        .map(|q| q.high_burst)
-}
-
-/// True when `counter` is a named one whose slots the request reports in
-/// `held` (sorted by id, as [`SyncRequest::check`] requires).
-fn reported(held: &[(u64, u64)], counter: CounterKey) -> bool {
-    counter.key == 0
-        && held
-            .binary_search_by_key(&counter.id, |&(id, _)| id)
-            .is_ok()
-}
-
 fn counter_deltas<'a>(
     named: &'a [crate::wire::CounterDelta],
     keyed: &'a [crate::wire::KeyedDeltas],
@@ -92,6 +79,9 @@ struct Weight<'a> {
     /// returns of those counters are not taken, the held count covers
     /// them.
     held: &'a [(u64, u64)],
+    /// The request's held slots of keys ([`SyncRequest::keyed_held`]),
+    /// likewise.
+    keyed_held: &'a [crate::wire::KeyedDeltas],
     deltas: &'a [crate::wire::CounterDelta],
     keyed: &'a [crate::wire::KeyedDeltas],
     returned: &'a [crate::wire::CounterDelta],
@@ -164,6 +154,7 @@ impl SyncStep {
             takes_tiers: true,
             takes_sequence: true,
             takes_held: true,
+            takes_keyed_held: true,
             takes_interest: self.takes_interest,
             wants_interest: self.wants_interest,
             applied_through: self.applied_through,
@@ -405,6 +396,7 @@ impl Ledger {
             if self.limiters().admit(number, numbered(part.seq)) {
                 let weight = Weight {
                     held: &request.held,
+                    keyed_held: &request.keyed_held,
                     deltas: &part.deltas,
                     keyed: &part.keyed,
                     returned: &part.returned,
@@ -422,9 +414,19 @@ impl Ledger {
             // one that reaches another process behind the same URL or a
             // restarted root counts each slot once. Only from a request
             // whose number is new: an older one's count may be stale.
-            self.apply_held(number, &request.held, now, &mut step);
+            let named = request
+                .held
+                .iter()
+                .map(|&(id, n)| (CounterKey::named(id), n));
+            let keyed = request.keyed_held.iter().flat_map(|g| {
+                g.deltas
+                    .iter()
+                    .map(move |d| (CounterKey { id: g.id, key: d.0 }, d.1))
+            });
+            self.apply_held(number, named.chain(keyed), now, &mut step);
             let weight = Weight {
                 held: &request.held,
+                keyed_held: &request.keyed_held,
                 deltas: &request.deltas,
                 keyed: &request.keyed,
                 returned: &request.returned,
@@ -539,7 +541,7 @@ impl Ledger {
             // the room of the adds that follow (see `trust.rs`).
             for &(counter, delta) in returns {
                 let in_flight = in_flight_limit(&quotas, counter);
-                if in_flight.is_some() && reported(weight.held, counter) {
+                if in_flight.is_some() && reported(&weight, counter) {
                     continue;
                 }
                 let (allowances, held) = (&mut shard.allowances, &shard.held);
@@ -578,7 +580,7 @@ impl Ledger {
                     })
                 };
                 let in_flight = in_flight_limit(&quotas, counter);
-                if in_flight.is_some() && reported(weight.held, counter) {
+                if in_flight.is_some() && reported(&weight, counter) {
                     continue;
                 }
                 // An in-flight add beyond a limiter's room is clipped; the
@@ -631,62 +633,6 @@ impl Ledger {
             }
         }
         drop(overrides);
-    }
-
-    /// Sets what limiter `number` holds of each named in-flight counter in
-    /// `held` to the slots it reports there (at most [`HELD_BURSTS`] of
-    /// the quota's `high_burst`, as an add is clipped), moving the
-    /// counter by the difference. A quota that is not an in-flight one
-    /// here is passed over.
-    fn apply_held(&self, number: u32, held: &[(u64, u64)], now: Nanos, step: &mut SyncStep) {
-        if held.is_empty() {
-            return;
-        }
-        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
-        let quotas = self.quotas_read();
-        for &(id, slots) in held {
-            let counter = CounterKey::named(id);
-            let Some(limit) = in_flight_limit(&quotas, counter) else {
-                continue;
-            };
-            let target = (slots as f64).min(HELD_BURSTS * limit);
-            if target < slots as f64 {
-                step.clipped += 1;
-                step.clipped_weight += slots as f64 - target;
-            }
-            let mut guard = self.counters.lock(self.counters.shard_of(counter));
-            let shard = &mut *guard;
-            let change = target - shard.held.of(number, counter);
-            let delta = |weight: f64| Delta {
-                weight,
-                window: None,
-            };
-            if change > 0.0 {
-                let rule_of = || {
-                    let quota = quotas.counting_quota(id, false)?;
-                    Some(counter_rule(quota, utc_offset, cap_seconds, now))
-                };
-                let added = shard.book.add_allowed(
-                    counter,
-                    delta(change),
-                    now,
-                    Some(number),
-                    rule_of,
-                    |_| change,
-                );
-                if added.is_err() {
-                    step.ignored += 1;
-                    continue;
-                }
-                step.applied += 1;
-            } else if change < 0.0 {
-                step.returned_weight += shard
-                    .book
-                    .give_back(counter, delta(-change), now, |_| -change)
-                    .unwrap_or(0.0);
-            }
-            shard.held.set(number, counter, target);
-        }
     }
 
     /// Takes the in-flight slots of every limiter past its lease (not

@@ -414,6 +414,22 @@ impl KeySync<'_> {
         out
     }
 
+    /// The held slots of each of `keys` (a template's slot and the key)
+    /// that is a key of a live per-key in-flight quota with an entry here
+    /// (see [`key_held`]); the others are left out.
+    pub(in crate::table) fn key_held_of(
+        &self,
+        keys: &[(SlotId, CounterKey)],
+    ) -> Vec<(CounterKey, i64)> {
+        let lock = KeyMoves::of(self).key_lock();
+        keys.iter()
+            .filter_map(|&(slot, c)| {
+                let (s, e) = self.template_key(&lock, slot, c.id, c.key)?;
+                (s.flags.load(RLX) & FLAG_IN_FLIGHT != 0).then(|| (c, key_held(e)))
+            })
+            .collect()
+    }
+
     /// Frees every key of the template in `slot` (it was deleted). The
     /// writer lock is held.
     pub(in crate::table) fn drop_keys_of(&self, slot: SlotId) {

@@ -306,6 +306,14 @@ impl<'t> Books<'t> {
         KeySync::of(self.region).held_keys(also)
     }
 
+    /// The held slots of each of `keys` (its template's slot, and the
+    /// counter) that is a key of a per-key in-flight quota this table
+    /// holds an entry for, as [`Books::held_key_counts`] counts them:
+    /// what a numbered request reports of the keys it carries.
+    pub fn key_held_of(&self, keys: &[(SlotId, CounterKey)]) -> Vec<(CounterKey, i64)> {
+        KeySync::of(self.region).key_held_of(keys)
+    }
+
     /// True when some live named quota counts slots in flight (the sync
     /// thread then asks the roots for all their counters after a fold).
     pub fn holds_in_flight(&self) -> bool {

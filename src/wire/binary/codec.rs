@@ -29,9 +29,13 @@ pub const BINARY_SEQUENCE_REQUEST_VERSION: u8 = 4;
 /// ([`super::SyncRequest::held`]).
 pub const BINARY_HELD_REQUEST_VERSION: u8 = 5;
 
-/// The newest request format: [`BINARY_HELD_REQUEST_VERSION`]'s with the
-/// keys the limiter holds ([`super::SyncRequest::interest`]).
-pub const BINARY_REQUEST_VERSION: u8 = 6;
+/// The request format that adds the keys the limiter holds
+/// ([`super::SyncRequest::interest`]).
+pub const BINARY_INTEREST_REQUEST_VERSION: u8 = 6;
+
+/// The newest request format: [`BINARY_INTEREST_REQUEST_VERSION`]'s with
+/// the slots the limiter holds of keys ([`super::SyncRequest::keyed_held`]).
+pub const BINARY_REQUEST_VERSION: u8 = 7;
 
 /// The reply format that adds keyed groups' previous-window counts.
 pub const BINARY_PREV_VERSION: u8 = 2;
@@ -52,10 +56,13 @@ pub const BINARY_REFUSED_REPLY_VERSION: u8 = 6;
 /// The reply format whose flags may also say the root takes held slots.
 pub const BINARY_HELD_REPLY_VERSION: u8 = 7;
 
-/// The newest reply format: [`BINARY_HELD_REPLY_VERSION`]'s whose flags
-/// may also say the root answers by interest, and wants the limiter's
-/// whole list.
-pub const BINARY_REPLY_VERSION: u8 = 8;
+/// The reply format whose flags may also say the root answers by
+/// interest, and wants the limiter's whole list.
+pub const BINARY_INTEREST_REPLY_VERSION: u8 = 8;
+
+/// The newest reply format: [`BINARY_INTEREST_REPLY_VERSION`]'s whose
+/// flags may also say the root takes the held slots of keys.
+pub const BINARY_REPLY_VERSION: u8 = 9;
 
 /// Reply flag: the root takes returns ([`SyncResponse::takes_returns`]).
 pub(super) const TAKES_RETURNS: u64 = 1;
@@ -76,6 +83,10 @@ pub(super) const TAKES_INTEREST: u64 = 16;
 /// Reply flag: the root wants the limiter's whole interest list
 /// ([`SyncResponse::wants_interest`]).
 pub(super) const WANTS_INTEREST: u64 = 32;
+
+/// Reply flag: the root takes the held slots of keys
+/// ([`SyncResponse::takes_keyed_held`]).
+pub(super) const TAKES_KEYED_HELD: u64 = 64;
 
 /// The header's first two bytes.
 pub(super) const MAGIC: [u8; 2] = *b"SL";
