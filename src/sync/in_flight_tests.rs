@@ -806,6 +806,11 @@ fn a_restarted_root_is_sent_a_keys_slots_again() {
     assert_eq!(roots[0].counter_level(key, 11 * SEC).unwrap_or(0.0), 0.0);
 }
 
+/// One exchange of host `(e, t)` with `r` at `now`, meeting `fate`.
+fn meet((e, t): (&mut SyncEngine, &Table), r: &mut SimRoot, fate: Fate, now: Nanos) {
+    exchange(e, t, r, fate, now, &mut Vec::new());
+}
+
 /// A host silent to a root past its lease (its requests lost) finds
 /// the root dropped its slots: to a root that takes keys' held slots, it
 /// reports every key it holds with the request after the one that got
@@ -832,56 +837,21 @@ fn a_host_back_after_the_lease_reports_its_keys_slots_again() {
     };
     let mut now = SEC;
     for _ in 0..2 {
-        exchange(
-            &mut ea,
-            &ta,
-            &mut root,
-            Fate::Answered,
-            now,
-            &mut Vec::new(),
-        );
-        exchange(
-            &mut eb,
-            &tb,
-            &mut root,
-            Fate::Answered,
-            now,
-            &mut Vec::new(),
-        );
+        meet((&mut ea, &ta), &mut root, Fate::Answered, now);
+        meet((&mut eb, &tb), &mut root, Fate::Answered, now);
         now += SEC;
     }
     assert_eq!(root.counter_level(key, now), Some(3.0));
     // 12 s of lost requests from "a"; "b" syncs on, and the root's lease
     // drops what "a" held.
     for _ in 0..12 {
-        exchange(
-            &mut ea,
-            &ta,
-            &mut root,
-            Fate::RequestLost,
-            now,
-            &mut Vec::new(),
-        );
-        exchange(
-            &mut eb,
-            &tb,
-            &mut root,
-            Fate::Answered,
-            now,
-            &mut Vec::new(),
-        );
+        meet((&mut ea, &ta), &mut root, Fate::RequestLost, now);
+        meet((&mut eb, &tb), &mut root, Fate::Answered, now);
         now += SEC;
     }
     assert_eq!(root.counter_level(key, now).unwrap_or(0.0), 0.0);
     for _ in 0..2 {
-        exchange(
-            &mut ea,
-            &ta,
-            &mut root,
-            Fate::Answered,
-            now,
-            &mut Vec::new(),
-        );
+        meet((&mut ea, &ta), &mut root, Fate::Answered, now);
         now += SEC;
     }
     assert_eq!(root.counter_level(key, now), Some(3.0), "a's slots again");
@@ -889,14 +859,7 @@ fn a_host_back_after_the_lease_reports_its_keys_slots_again() {
         assert!(ta.gate().release(&item, slot, now));
     }
     for _ in 0..2 {
-        exchange(
-            &mut ea,
-            &ta,
-            &mut root,
-            Fate::Answered,
-            now,
-            &mut Vec::new(),
-        );
+        meet((&mut ea, &ta), &mut root, Fate::Answered, now);
         now += SEC;
     }
     assert_eq!(root.counter_level(key, now).unwrap_or(0.0), 0.0);

@@ -8,7 +8,6 @@
 use super::super::counter_book::{Delta, Uncounted};
 use super::super::in_flight::HELD_BURSTS;
 use super::super::quota_book::QuotaBook;
-use super::super::trust::counter_rule;
 use super::{Ledger, SyncStep, Weight};
 use crate::core::Nanos;
 use crate::wire::CounterKey;
@@ -61,7 +60,6 @@ impl Ledger {
         if held.peek().is_none() {
             return;
         }
-        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         let quotas = self.quotas_read();
         let overrides = self.overrides();
         for (counter, slots) in held {
@@ -81,15 +79,7 @@ impl Ledger {
                 window: None,
             };
             if change > 0.0 {
-                let rule_of = || {
-                    let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
-                    Some(if counter.key == 0 {
-                        counter_rule(quota, utc_offset, cap_seconds, now)
-                    } else {
-                        let row = overrides.get(counter.id, counter.key);
-                        self.key_rule(quota, row.map(|r| &r.ov), now)
-                    })
-                };
+                let rule_of = || self.rule_of((&quotas, &overrides), counter, now);
                 let added = shard.book.add_allowed(
                     counter,
                     delta(change),

@@ -518,7 +518,6 @@ impl Ledger {
         for &(id, count) in &rejections {
             rejected[self.counters.shard_of(CounterKey::named(id))].push((id, count));
         }
-        let (utc_offset, cap_seconds) = (self.utc_offset, self.level_cap_seconds);
         let quotas = self.quotas_read();
         // Taken after the quotas, as everywhere: a key with an override
         // counts with its numbers.
@@ -570,15 +569,7 @@ impl Ledger {
                 // A named delta counts on a plain quota, a key's on a
                 // template. Looked up only for a counter the root does not
                 // hold yet.
-                let rule_of = || {
-                    let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
-                    Some(if counter.key == 0 {
-                        counter_rule(quota, utc_offset, cap_seconds, now)
-                    } else {
-                        let row = overrides.get(counter.id, counter.key);
-                        self.key_rule(quota, row.map(|r| &r.ov), now)
-                    })
-                };
+                let rule_of = || self.rule_of((&quotas, &overrides), counter, now);
                 let in_flight = in_flight_limit(&quotas, counter);
                 if in_flight.is_some() && reported(&weight, counter) {
                     continue;

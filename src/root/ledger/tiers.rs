@@ -94,6 +94,24 @@ impl Ledger {
     /// moved from 15/s to 100/s is not clipped to 15/s; an allowed key's
     /// are unbounded (what a limiter admits for it is never limited),
     /// a denied key's the template's (its checks are not counted).
+    /// How `counter` counts at `now`: a named counter by its quota, a
+    /// key by its template under its override (`overrides`, read after
+    /// `quotas`, as everywhere); `None` for a quota `quotas` lacks.
+    pub(super) fn rule_of(
+        &self,
+        (quotas, overrides): (&QuotaBook, &OverrideBook),
+        counter: CounterKey,
+        now: Nanos,
+    ) -> Option<CounterRule> {
+        let quota = quotas.counting_quota(counter.id, counter.key != 0)?;
+        Some(if counter.key == 0 {
+            counter_rule(quota, self.utc_offset, self.level_cap_seconds, now)
+        } else {
+            let row = overrides.get(counter.id, counter.key);
+            self.key_rule(quota, row.map(|r| &r.ov), now)
+        })
+    }
+
     pub(super) fn key_rule(
         &self,
         template: &Quota,
