@@ -964,6 +964,14 @@ fn held_steps() -> impl proptest::strategy::Strategy<Value = Vec<HeldStep>> {
     })
 }
 
+/// One answered sync of each host of [`NAMES`] (`hosts`) with `root` at
+/// `now`.
+fn answer_all(hosts: &mut [(Table, SyncEngine); 2], root: &mut SimRoot, now: Nanos) {
+    for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
+        sync_meeting((name, e, t), root, Trouble::Exchange(Fate::Answered), now);
+    }
+}
+
 /// One sync of host `name`'s `e` on `t` with root `r` at `now`, meeting
 /// `trouble`; a thread that dies is replaced by a new one on the same
 /// region.
@@ -1006,9 +1014,7 @@ proptest::proptest! {
         // Each host learns that the root takes numbered requests and held
         // slots (its first request, knowing nothing of the root, is not
         // numbered: one that predates them would refuse it).
-        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
-        }
+        answer_all(&mut hosts, &mut root, now);
         for s in &steps {
             if s.root_restarts {
                 instance += 1;
@@ -1031,9 +1037,7 @@ proptest::proptest! {
             sync_meeting((NAMES[s.host], e, t), &mut root, s.fate, now);
             now += SEC / 4;
         }
-        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
-        }
+        answer_all(&mut hosts, &mut root, now);
         let want = (held[0].len() + held[1].len()) as f64;
         proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), want);
         for (h, (t, _)) in hosts.iter().enumerate() {
@@ -1042,9 +1046,7 @@ proptest::proptest! {
             }
         }
         now += SEC;
-        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
-        }
+        answer_all(&mut hosts, &mut root, now);
         proptest::prop_assert_eq!(root.level(5, now).unwrap_or(0.0), 0.0);
     }
 
@@ -1072,9 +1074,7 @@ proptest::proptest! {
         let mut held: [[Vec<crate::table::HeldSlot>; 2]; 2] = Default::default();
         let mut now = SEC;
         let mut instance = 1;
-        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
-        }
+        answer_all(&mut hosts, &mut root, now);
         for s in &steps {
             if s.root_restarts {
                 instance += 1;
@@ -1112,9 +1112,7 @@ proptest::proptest! {
         // Two rounds: a host finds the restart in the first reply of the
         // new instance, and its resend goes with the next request.
         for _ in 0..2 {
-            for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-                sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
-            }
+            answer_all(&mut hosts, &mut root, now);
         }
         let counter = |t: &Table, key: usize| CounterKey {
             id: 6,
@@ -1133,9 +1131,7 @@ proptest::proptest! {
             }
         }
         now += SEC;
-        for (name, (t, e)) in NAMES.into_iter().zip(hosts.iter_mut()) {
-            sync_meeting((name, e, t), &mut root, Trouble::Exchange(Fate::Answered), now);
-        }
+        answer_all(&mut hosts, &mut root, now);
         for key in 0..KEYS.len() {
             let got = root.counter_level(counter(&hosts[0].0, key), now).unwrap_or(0.0);
             proptest::prop_assert_eq!(got, 0.0, "key {}", key);
