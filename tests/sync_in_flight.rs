@@ -287,3 +287,103 @@ fn held_slots_reach_a_root_upgraded_under_a_limiter_then_rolled_back_exactly() {
     release(&l, held);
     wait_until("every slot given back", || root_level(&root) == 0.0);
 }
+
+/// The slots of one key of `per_upload` at `root` (`keys?top=1`).
+fn root_key_level(root: &Root) -> f64 {
+    let (_, top) = sync_support::http(&root.url, "GET", "/v1/quotas/per_upload/keys?top=1", None)
+        .expect("keys");
+    top["keys"][0]["level"].as_f64().unwrap_or(0.0)
+}
+
+/// A rolling upgrade of the held slots of keys: a root that predates them
+/// (`Versioned::PREDATES_KEYED_HELD`: numbered requests, a key's slots
+/// counted as adds and returns), then upgraded (every numbered request
+/// reports the keys it moves), replies lost meanwhile, then rolled back
+/// (it refuses the next request that reports them, and the limiter goes
+/// on without): the root counts the key's slots exactly throughout.
+#[test]
+fn keys_held_slots_reach_a_root_upgraded_under_a_limiter_then_rolled_back_exactly() {
+    const ITEM: CheckItem<'static> = CheckItem {
+        name: b"per_upload",
+        key: Some(b"tenant-a"),
+        weight: 1,
+        max_wait: None,
+    };
+    let db = Db::new();
+    let root = Root::start(&db, "root");
+    root.put(
+        "per_upload",
+        json!({"limit": 50, "in_flight": true, "per_key": true}),
+    );
+    let proxy = FakeRoot::start(Misbehaviour::Versioned { root: addr(&root) });
+    proxy
+        .mode
+        .store(Versioned::PREDATES_KEYED_HELD, Ordering::Release);
+    let l = Limiter::start("host0", &[proxy.url.as_str()], 0);
+    wait_until("the limiter holds the quota", || {
+        l.quota("per_upload").is_some()
+    });
+    let take = |n: usize| -> Vec<HeldSlot> {
+        (0..n)
+            .map(|_| {
+                let (r, held) = l.table.gate().acquire(&ITEM, l.now(), false, || 0.5);
+                assert_eq!(r.outcome, Outcome::Pass);
+                held.unwrap()
+            })
+            .collect()
+    };
+    let release = |held: Vec<HeldSlot>| {
+        for slot in held {
+            assert!(l.table.gate().release(&ITEM, slot, l.now()));
+        }
+    };
+    let counts = |held: &[HeldSlot]| {
+        let want = held.len() as f64;
+        wait_until("the root counts the key's slots held", || {
+            root_key_level(&root) == want
+        });
+        syncs(&l, 4);
+        assert_eq!(root_key_level(&root), want);
+    };
+
+    let mut held = take(5);
+    counts(&held);
+    assert!(proxy.numbered.load(Ordering::Acquire) > 0);
+    assert_eq!(proxy.keyed_held.load(Ordering::Acquire), 0);
+
+    // Upgraded: the key's slots are reported with the requests that move
+    // them.
+    proxy.mode.store(Versioned::CURRENT, Ordering::Release);
+    syncs(&l, 2);
+    release(held.drain(..2).collect());
+    held.extend(take(4));
+    wait_until("keys' held slots reported", || {
+        proxy.keyed_held.load(Ordering::Acquire) >= 1
+    });
+    counts(&held);
+
+    // Replies lost for 2 s while slots come and go.
+    proxy.mode.store(Versioned::REPLIES_LOST, Ordering::Release);
+    for _ in 0..4 {
+        held.extend(take(2));
+        release(held.drain(..1).collect());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    proxy.mode.store(Versioned::CURRENT, Ordering::Release);
+    counts(&held);
+
+    // Rolled back.
+    proxy
+        .mode
+        .store(Versioned::PREDATES_KEYED_HELD, Ordering::Release);
+    release(held.drain(..3).collect());
+    held.extend(take(1));
+    counts(&held);
+    let reported = proxy.keyed_held.load(Ordering::Acquire);
+    release(held.drain(..2).collect());
+    counts(&held);
+    assert_eq!(proxy.keyed_held.load(Ordering::Acquire), reported);
+
+    release(held);
+    wait_until("every slot given back", || root_key_level(&root) == 0.0);
+}

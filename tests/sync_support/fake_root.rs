@@ -71,6 +71,13 @@ impl Versioned {
     /// such a root refuses it (415 for the binary format, 400 for JSON
     /// with a field it does not know).
     pub const PREDATES_INTEREST: u8 = 4;
+    /// The root predates the held slots of keys (request format 7, reply
+    /// format 9): a request for reply format 9 is answered in format 8,
+    /// whose flags cannot say it takes them (nor can a JSON reply), and a
+    /// request that reports them is refused as such a root refuses it
+    /// (415 for the binary format, 400 for JSON with a field it does not
+    /// know).
+    pub const PREDATES_KEYED_HELD: u8 = 5;
 }
 
 /// Quota names the garbage replies carry; a limiter must never hold one.
@@ -91,8 +98,11 @@ pub struct FakeRoot {
     /// JSON with `held`).
     pub held: Arc<AtomicUsize>,
     /// Of those, requests that carry an interest list (binary format 6
-    /// with one, or JSON with `interest`).
+    /// with one, or 7, or JSON with `interest`).
     pub interest: Arc<AtomicUsize>,
+    /// Of those, requests that report the held slots of keys (binary
+    /// format 7, or JSON with `keyed_held`).
+    pub keyed_held: Arc<AtomicUsize>,
     /// The [`Versioned`] mode of a versioned proxy.
     pub mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
@@ -110,6 +120,7 @@ impl FakeRoot {
         let numbered = Arc::new(AtomicUsize::new(0));
         let held = Arc::new(AtomicUsize::new(0));
         let interest = Arc::new(AtomicUsize::new(0));
+        let keyed_held = Arc::new(AtomicUsize::new(0));
         let mode = Arc::new(AtomicU8::new(Versioned::CURRENT));
         let seen = Seen {
             requests: Arc::clone(&requests),
@@ -117,6 +128,7 @@ impl FakeRoot {
             numbered: Arc::clone(&numbered),
             held: Arc::clone(&held),
             interest: Arc::clone(&interest),
+            keyed_held: Arc::clone(&keyed_held),
             mode: Arc::clone(&mode),
             stop: Arc::clone(&stop),
         };
@@ -137,6 +149,7 @@ impl FakeRoot {
             numbered,
             held,
             interest,
+            keyed_held,
             mode,
             stop,
             accept: Some(accept),
@@ -163,6 +176,7 @@ struct Seen {
     numbered: Arc<AtomicUsize>,
     held: Arc<AtomicUsize>,
     interest: Arc<AtomicUsize>,
+    keyed_held: Arc<AtomicUsize>,
     mode: Arc<AtomicU8>,
     stop: Arc<AtomicBool>,
 }
@@ -201,7 +215,15 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
     if reports_held {
         seen.held.fetch_add(1, Ordering::AcqRel);
     }
-    // A limiter writes format 6 only for a request with a list.
+    // A limiter writes format 6 only for a request with a list, format 7
+    // only for one that reports keys' held slots (with a list or not).
+    let reports_keys = if is_binary {
+        body.get(3) == Some(&7)
+    } else {
+        find(body, b"\"keyed_held\"").is_some()
+    };
+    // Format 7 may carry a list or not: a root that predates format 6
+    // refuses it either way.
     let lists_interest = if is_binary {
         body.get(3).is_some_and(|&v| v >= 6)
     } else {
@@ -209,6 +231,9 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
     };
     if lists_interest {
         seen.interest.fetch_add(1, Ordering::AcqRel);
+    }
+    if reports_keys {
+        seen.keyed_held.fetch_add(1, Ordering::AcqRel);
     }
     let reply = match how {
         Misbehaviour::Versioned { root } => {
@@ -225,14 +250,20 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
                     refuse_as_older(&mut stream, is_binary, 5, "held");
                     return;
                 }
+                Versioned::PREDATES_KEYED_HELD if reports_keys => {
+                    refuse_as_older(&mut stream, is_binary, 7, "keyed_held");
+                    return;
+                }
                 mode @ (Versioned::PREDATES_SEQUENCES
                 | Versioned::PREDATES_HELD
-                | Versioned::PREDATES_INTEREST) => {
+                | Versioned::PREDATES_INTEREST
+                | Versioned::PREDATES_KEYED_HELD) => {
                     // The newest reply format such a root writes.
                     let most = match mode {
                         Versioned::PREDATES_SEQUENCES => 4,
                         Versioned::PREDATES_HELD => 6,
-                        _ => 7,
+                        Versioned::PREDATES_INTEREST => 7,
+                        _ => 8,
                     };
                     let head = older_accept(&String::from_utf8_lossy(&request[..end]), most);
                     let mut older = head.into_bytes();
@@ -253,6 +284,14 @@ fn serve(mut stream: TcpStream, how: Misbehaviour, seen: &Seen) {
                 for field in ["\"takes_interest\":true", "\"wants_interest\":true"] {
                     reply = reply.map(|r| without_json_field(&r, field));
                 }
+            }
+            if matches!(
+                mode,
+                Versioned::PREDATES_HELD
+                    | Versioned::PREDATES_INTEREST
+                    | Versioned::PREDATES_KEYED_HELD
+            ) {
+                reply = reply.map(|r| without_json_field(&r, "\"takes_keyed_held\":true"));
             }
             if let Some(reply) = reply {
                 let _ = stream.write_all(&reply);
