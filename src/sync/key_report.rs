@@ -37,12 +37,12 @@ pub struct KeyReport {
 }
 
 impl KeyReport {
-    /// An answer came back (from instance `answered`, after one from
-    /// `instance`; `switched`: another process behind the URL; `restarted`
-    /// a new instance), `silent` after the previous one: a report the
-    /// request carried is done, and one is due when the root may lack
-    /// this host's key slots.
-    /// `sent` lists the keys the request moved.
+    /// An answer came back from a root that `takes` keys' held slots or
+    /// not: from another process behind its URL (`switched`), from a new
+    /// instance (`restarted`), or after a silence longer than the lease
+    /// (`silent`). A report the request carried is done, and one is due
+    /// when the root may lack this host's key slots, with the keys `sent`
+    /// lists (those the request moved).
     pub fn answered(
         &mut self,
         takes: bool,
